@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package that troupe's build, tests and `make run` need.
+# Non-interactive and idempotent: packages already present are left as they are.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libcaf-dev                 # CAF 0.17.6: actors, deterministic scheduler, middleman
+  capnproto libcapnp-dev     # wire schemas
+  libtomlplusplus-dev        # topology files
+  libcli11-dev               # the troupe CLI
+  libspdlog-dev libfmt-dev   # logging
+  nlohmann-json3-dev         # JSON reports
+  libxxhash-dev              # block hashes
+  doctest-dev                # tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

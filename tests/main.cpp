@@ -1,0 +1,3 @@
+// The doctest entry point shared by every test executable.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
