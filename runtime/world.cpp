@@ -1,0 +1,74 @@
+#include "runtime/world.hpp"
+
+#include "runtime/check.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/log.hpp"
+#include "runtime/ports/device.hpp"
+#include "runtime/ports/link.hpp"
+#include "runtime/ports/store.hpp"
+#include "runtime/supervisor.hpp"
+#include "runtime/type_ids.hpp"
+
+#include <caf/io/middleman.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+namespace troupe::runtime {
+
+std::string to_string(world_mode m) {
+  return m == world_mode::real ? "real" : "sim";
+}
+
+namespace {
+
+std::unique_ptr<caf::actor_system_config> make_config(const world_options& opts) {
+  auto cfg = std::make_unique<caf::actor_system_config>();
+  cfg->add_message_types<caf::id_block::troupe_runtime>();
+  cfg->add_error_category(error_category,
+                          [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
+                            auto text = "troupe: " + to_string(static_cast<errc>(code));
+                            if (ctx.match_elements<std::string>())
+                              text += " (" + ctx.get_as<std::string>(0) + ")";
+                            return text;
+                          });
+  if (opts.mode == world_mode::sim) {
+    cfg->set("scheduler.policy", caf::atom("testing"));
+  } else {
+    if (opts.threads > 0)
+      cfg->set("scheduler.max-threads", opts.threads);
+    if (opts.network)
+      cfg->load<caf::io::middleman>();
+  }
+  if (opts.configure)
+    opts.configure(*cfg);
+  return cfg;
+}
+
+} // namespace
+
+world::world(world_options opts)
+  : mode_(opts.mode), root_(opts.seed), config_(make_config(opts)),
+    system_(std::make_unique<caf::actor_system>(*config_)) {
+  if (mode_ == world_mode::sim) {
+    driver_ = std::make_unique<sim_driver>(*system_);
+    // Nobody runs the actors once the driver stops: waiting for them would never end.
+    system_->await_actors_before_shutdown(false);
+  }
+  log::set_clock(&system_->clock(), mode_ == world_mode::sim, system_->clock().now());
+}
+
+world::~world() {
+  log::set_clock(nullptr, false, {});
+  driver_.reset();
+  system_.reset();
+}
+
+time_point world::now() const {
+  return system_->clock().now();
+}
+
+sim_driver& world::driver() {
+  TROUPE_CHECK(driver_ != nullptr, "world::driver() is only available in sim mode");
+  return *driver_;
+}
+
+} // namespace troupe::runtime
