@@ -763,15 +763,16 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
   }
 }
 
-void read_nodes(checker& c, const toml::table& root, topology& t) {
+// Reads the [[node]] sections; returns true when every one of them is valid.
+bool read_nodes(checker& c, const toml::table& root, topology& t) {
   auto* n = root.get("node");
   if (n == nullptr)
-    return;
+    return true;
   auto* arr = n->as_array();
   if (arr == nullptr || !arr->is_array_of_tables()) {
     c.wrong_type(*n, "node", "an array of tables",
                  "write [[node]] (double brackets) before each node");
-    return;
+    return false;
   }
   std::map<std::string, std::uint32_t> names;
   std::map<std::string, std::uint32_t> endpoints;
@@ -857,6 +858,7 @@ void read_nodes(checker& c, const toml::table& root, topology& t) {
     if (ok)
       t.nodes.push_back(std::move(node));
   }
+  return t.nodes.size() == arr->size();
 }
 
 // With nodes given, each pool role must be served by nodes with enough GPUs for its pools'
@@ -922,7 +924,7 @@ load_result parse_topology(std::string_view text, std::string_view file_name) {
   bool pools_complete = pools != nullptr && pools->is_array_of_tables()
                         && pools->as_array()->size() == t.pools.size();
   read_autoscaler(c, root, t, pools_complete);
-  read_nodes(c, root, t);
+  bool nodes_complete = read_nodes(c, root, t);
   if (pools_complete) {
     bool has_prefill = false;
     bool has_decode = false;
@@ -936,7 +938,8 @@ load_result parse_topology(std::string_view text, std::string_view file_name) {
                           "one has no {} pool",
                           has_prefill ? "decode" : "prefill"),
               fmt::format("add a [[pool]] with role = \"{}\"", has_prefill ? "decode" : "prefill"));
-    check_node_capacity(c, t, positions);
+    if (nodes_complete)
+      check_node_capacity(c, t, positions);
   }
   if (c.failed()) {
     result.errors = c.take_errors();
