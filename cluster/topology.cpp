@@ -13,8 +13,8 @@
 #include <fstream>
 #include <limits>
 #include <numeric>
-#include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 namespace troupe::cluster {
@@ -104,7 +104,10 @@ std::optional<std::string_view> closest(std::string_view word,
       best_distance = d;
     }
   }
-  auto limit = std::max<std::size_t>(2, std::max(word.size(), best ? best->size() : 0) / 3);
+  // Short words are only "close" to a word one edit away; longer ones allow a third of their
+  // length (at least two edits).
+  auto length = std::max(word.size(), best ? best->size() : 0);
+  auto limit = word.size() <= 3 ? std::size_t{1} : std::max<std::size_t>(2, length / 3);
   if (best && best_distance <= limit)
     return best;
   return std::nullopt;
@@ -590,6 +593,11 @@ void read_pools(checker& c, const toml::table& root, topology& t,
     return;
   }
   auto* arr = n->as_array();
+  if (arr != nullptr && arr->empty()) {
+    c.error(n->source(), "pool", "must list at least one pool",
+            "add [[pool]] sections with name, role, instances and gpus_per_instance");
+    return;
+  }
   if (arr == nullptr || !arr->is_array_of_tables()) {
     c.wrong_type(*n, "pool", "an array of tables",
                  "write [[pool]] (double brackets) before each pool");
@@ -769,6 +777,8 @@ bool read_nodes(checker& c, const toml::table& root, topology& t) {
   if (n == nullptr)
     return true;
   auto* arr = n->as_array();
+  if (arr != nullptr && arr->empty())
+    return true; // node = []: no nodes, as if the key were absent
   if (arr == nullptr || !arr->is_array_of_tables()) {
     c.wrong_type(*n, "node", "an array of tables",
                  "write [[node]] (double brackets) before each node");

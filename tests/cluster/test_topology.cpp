@@ -326,3 +326,23 @@ TEST_CASE("inline text is labelled with the file name given") {
   CHECK(name_error->line == 2);
   CHECK(name_error->message == "expected a string, got an integer");
 }
+
+TEST_CASE("an empty pool list is an error") {
+  auto r = parse_topology("pool = []\n[cluster]\nname = \"a\"\nmodel = \"deepseek-v3\"\n"
+                          "hardware = \"cpu\"\n[storage]\ncapacity = \"1GiB\"\n",
+                          "empty-pools.toml");
+  REQUIRE_FALSE(r.ok());
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].line == 1);
+  CHECK(r.errors[0].message == "must list at least one pool");
+}
+
+TEST_CASE("an unknown key far from every known key lists the keys allowed there") {
+  auto r = parse_topology("[autoscaler]\nfoo = 1\n", "far.toml");
+  REQUIRE_FALSE(r.ok());
+  auto it = std::find_if(r.errors.begin(), r.errors.end(),
+                         [](const diagnostic& d) { return d.path == "autoscaler.foo"; });
+  REQUIRE(it != r.errors.end());
+  CHECK(it->line == 2);
+  CHECK(it->hint.rfind("expected one of: interval, max_step_up", 0) == 0);
+}
