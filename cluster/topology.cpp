@@ -550,7 +550,8 @@ std::vector<std::uint64_t> default_buckets() {
 void read_buckets(checker& c, const toml::node& n, const std::string& path, pool_spec& pool) {
   auto* arr = n.as_array();
   if (arr == nullptr) {
-    c.wrong_type(n, path, "an array of token counts", "write e.g. buckets = [16384, 65536, 262144]");
+    c.wrong_type(n, path, "an array of token counts",
+                 "write e.g. buckets = [16384, 65536, 262144]");
     return;
   }
   std::vector<std::uint64_t> bounds;

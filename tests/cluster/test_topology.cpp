@@ -79,7 +79,8 @@ ep_size = 4
 
 TEST_CASE("every example topology is valid") {
   std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(source_dir / "examples" / "topologies"))
+  for (const auto& entry :
+       std::filesystem::directory_iterator(source_dir / "examples" / "topologies"))
     if (entry.path().extension() == ".toml")
       files.push_back(entry.path());
   CHECK(files.size() >= 3);
@@ -184,7 +185,8 @@ TEST_CASE("a file that cannot be read is one error naming the file") {
   auto r = load_topology(source_dir / "no-such-topology.toml");
   REQUIRE_FALSE(r.ok());
   REQUIRE(r.errors.size() == 1);
-  CHECK(r.errors[0].to_string().find("no-such-topology.toml:1:1: cannot read") != std::string::npos);
+  CHECK(r.errors[0].to_string().find("no-such-topology.toml:1:1: cannot read")
+        != std::string::npos);
 }
 
 // -- malformed files: each names its line and says what is wrong ------------------------------
@@ -194,7 +196,8 @@ TEST_CASE("a TOML syntax error is reported with its line") {
 }
 
 TEST_CASE("an unknown pool key is an error with a did-you-mean") {
-  expect_error("unknown-pool-key.toml", 21, "pool[1].ep_szie: unknown key (did you mean 'ep_size'?)");
+  expect_error("unknown-pool-key.toml", 21,
+               "pool[1].ep_szie: unknown key (did you mean 'ep_size'?)");
 }
 
 TEST_CASE("an unknown section is an error with a did-you-mean") {
@@ -214,7 +217,8 @@ TEST_CASE("an unknown model is an error with a did-you-mean") {
 }
 
 TEST_CASE("an unsupported hardware name is an error with a did-you-mean") {
-  expect_error("unknown-hardware.toml", 5, "unknown hardware 'Ascend910' (did you mean 'Ascend950'?)");
+  expect_error("unknown-hardware.toml", 5,
+               "unknown hardware 'Ascend910' (did you mean 'Ascend950'?)");
 }
 
 TEST_CASE("an unknown pool role is an error with a did-you-mean") {
@@ -230,7 +234,8 @@ TEST_CASE("min instances above max are an error") {
 }
 
 TEST_CASE("an ep_size unrelated to gpus_per_instance is an error") {
-  expect_error("ep-size-mismatch.toml", 15, "neither divides nor is a multiple of gpus_per_instance 8");
+  expect_error("ep-size-mismatch.toml", 15,
+               "neither divides nor is a multiple of gpus_per_instance 8");
 }
 
 TEST_CASE("instance counts of a pool whose EP group spans instances must be whole groups") {
@@ -238,11 +243,13 @@ TEST_CASE("instance counts of a pool whose EP group spans instances must be whol
 }
 
 TEST_CASE("duplicate pool names are an error pointing at the first definition") {
-  expect_error("duplicate-pool-name.toml", 17, "duplicate pool name 'prefill' (first defined on line 11");
+  expect_error("duplicate-pool-name.toml", 17,
+               "duplicate pool name 'prefill' (first defined on line 11");
 }
 
 TEST_CASE("bucket bounds that do not increase strictly are an error at the offending bound") {
-  expect_error("buckets-not-increasing.toml", 17, "pool[0].buckets[2]: bucket bounds must increase strictly");
+  expect_error("buckets-not-increasing.toml", 17,
+               "pool[0].buckets[2]: bucket bounds must increase strictly");
 }
 
 TEST_CASE("buckets on a decode pool are an error") {
@@ -254,7 +261,8 @@ TEST_CASE("a capacity with an unknown size unit is an error") {
 }
 
 TEST_CASE("a TTL with an unknown duration unit is an error") {
-  expect_error("bad-ttl.toml", 12, "storage.ttl.chatbot: '7days' has an unknown duration unit 'days'");
+  expect_error("bad-ttl.toml", 12,
+               "storage.ttl.chatbot: '7days' has an unknown duration unit 'days'");
 }
 
 TEST_CASE("a grace period without a unit is an error that suggests one") {
@@ -262,11 +270,13 @@ TEST_CASE("a grace period without a unit is an error that suggests one") {
 }
 
 TEST_CASE("a quota below the pools' minimum GPUs is an error") {
-  expect_error("quota-below-min.toml", 23, "quota of 16 GPUs is below the 32 GPUs the pools need at their minimum sizes");
+  expect_error("quota-below-min.toml", 23,
+               "quota of 16 GPUs is below the 32 GPUs the pools need at their minimum sizes");
 }
 
 TEST_CASE("an over-provision fraction above one is an error") {
-  expect_error("over-provision-range.toml", 23, "autoscaler.over_provision: must be at least 0 and at most 1, got 10");
+  expect_error("over-provision-range.toml", 23,
+               "autoscaler.over_provision: must be at least 0 and at most 1, got 10");
 }
 
 TEST_CASE("a single [pool] table instead of [[pool]] is an error") {
@@ -282,7 +292,8 @@ TEST_CASE("a posix store without a path is an error") {
 }
 
 TEST_CASE("a count written as a string is an error that says to drop the quotes") {
-  expect_error("quoted-integer.toml", 14, "expected an integer, got a string (write 8 without quotes)");
+  expect_error("quoted-integer.toml", 14,
+               "expected an integer, got a string (write 8 without quotes)");
 }
 
 TEST_CASE("duplicate node names are an error") {
