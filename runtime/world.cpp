@@ -3,6 +3,7 @@
 #include "runtime/check.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/log.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/link.hpp"
 #include "runtime/ports/store.hpp"
@@ -20,16 +21,22 @@ std::string to_string(world_mode m) {
 
 namespace {
 
+/// Renders an error of one of troupe's categories: "<category>: <code name> (<context>)".
+template <class Code>
+caf::actor_system_config::error_renderer renderer(std::string category) {
+  return [category](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
+    auto text = category + ": " + to_string(static_cast<Code>(code));
+    if (ctx.match_elements<std::string>())
+      text += " (" + ctx.get_as<std::string>(0) + ")";
+    return text;
+  };
+}
+
 std::unique_ptr<caf::actor_system_config> make_config(const world_options& opts) {
   auto cfg = std::make_unique<caf::actor_system_config>();
   cfg->add_message_types<caf::id_block::troupe_runtime>();
-  cfg->add_error_category(error_category,
-                          [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
-                            auto text = "troupe: " + to_string(static_cast<errc>(code));
-                            if (ctx.match_elements<std::string>())
-                              text += " (" + ctx.get_as<std::string>(0) + ")";
-                            return text;
-                          });
+  cfg->add_error_category(error_category, renderer<errc>("troupe"));
+  cfg->add_error_category(metrics_error_category, renderer<metrics_errc>("metrics"));
   if (opts.mode == world_mode::sim) {
     cfg->set("scheduler.policy", caf::atom("testing"));
   } else {
@@ -58,6 +65,17 @@ world::world(world_options opts)
 
 world::~world() {
   log::set_clock(nullptr, false, {});
+  if (mode_ == world_mode::sim) {
+    // CAF's test_coordinator, when stopped, runs jobs and fires timers until none are left,
+    // which never ends for an actor with a periodic timer. Drain the ready jobs with every
+    // timer cancelled, so that the coordinator finds nothing to do.
+    auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(system_->scheduler());
+    do {
+      sched.clock().cancel_all();
+      while (sched.try_run_once()) {
+      }
+    } while (sched.clock().has_pending_timeout());
+  }
   driver_.reset();
   system_.reset();
 }

@@ -1,0 +1,31 @@
+# troupe: the two README commands (make run, make test) and their parts.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: deps configure build test run bench clean
+
+deps:
+	bash scripts/install-deps.sh
+
+configure:
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Installs the dependencies, builds, and runs the whole test suite (every ctest label).
+test: deps
+	$(MAKE) build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+# Installs the dependencies, builds, and runs the main job on a built-in default.
+run: deps
+	$(MAKE) build
+	$(BUILD_DIR)/troupe topology show examples/topologies/v4flash-1k.toml
+
+bench: build
+	$(BUILD_DIR)/bench/bench_supervisor
+
+clean:
+	rm -rf $(BUILD_DIR)
