@@ -1,0 +1,88 @@
+// decode_balancer: the routing policy of decode_lb (request count and KV length per
+// instance; long and short requests kept apart).
+//
+// A decode step's time grows with both the batch (requests in compute) and the KV it attends
+// over. Balancing by request count alone piles long contexts onto one instance; balancing by
+// KV alone lets one instance collect hundreds of short requests. So an instance's load counts
+// both, each relative to the instance's limits. Long requests also slow every request batched
+// with them, so instances are split into a "long" and a "short" class: a request whose KV
+// length reaches `long_threshold` goes to a long instance, others to short ones, and within
+// the class to the least-loaded instance. When a class has no instance with room, the other
+// class serves (counted as a spill).
+#pragma once
+
+#include "actors/lb/prefill_balancer.hpp"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+
+namespace troupe::actors {
+
+struct decode_balancer_params {
+  /// KV length (tokens) from which a request counts as long.
+  std::uint64_t long_threshold = 32768;
+  /// Share of instances reserved for long requests (at least one when there are two or more
+  /// instances and the share is > 0).
+  double long_share = 0.25;
+  /// Per-instance limits: the load is requests/max_requests + kv_tokens/max_kv_tokens, and an
+  /// instance at either limit takes no more requests.
+  std::uint32_t max_requests = 4096;
+  std::uint64_t max_kv_tokens = 64ull << 20;
+};
+
+struct decode_balancer_stats {
+  std::uint64_t routed_long = 0;
+  std::uint64_t routed_short = 0;
+  std::uint64_t spilled = 0;
+  std::uint64_t rejected = 0;
+};
+
+class decode_balancer {
+public:
+  explicit decode_balancer(decode_balancer_params params);
+
+  /// Adds an idle instance; classes are re-derived (lowest ids are short). Twice: no change.
+  void add_instance(instance_id id);
+
+  /// Removes an instance (failed or draining). Unknown ids are ignored.
+  void remove_instance(instance_id id);
+
+  /// Picks an instance for a request with `kv_tokens` of KV and books it there (one request,
+  /// kv_tokens). nullopt when no instance has room.
+  std::optional<instance_id> route(std::uint64_t kv_tokens);
+
+  /// Adds `tokens` of KV growth to a request booked on `id` (decode appends tokens).
+  void grow(instance_id id, std::uint64_t tokens);
+
+  /// Releases one request with `kv_tokens` of KV from `id`.
+  void complete(instance_id id, std::uint64_t kv_tokens);
+
+  /// Whether an instance serves long requests.
+  std::optional<bool> is_long(instance_id id) const;
+
+  /// The load score of an instance (0 for unknown ids).
+  double load(instance_id id) const;
+
+  std::uint32_t requests(instance_id id) const;
+  std::uint64_t kv_tokens(instance_id id) const;
+
+  const decode_balancer_stats& stats() const noexcept { return stats_; }
+
+private:
+  struct instance_state {
+    bool long_class = false;
+    std::uint32_t requests = 0;
+    std::uint64_t kv_tokens = 0;
+  };
+
+  void assign_classes();
+  double score(const instance_state& st) const;
+  bool has_room(const instance_state& st, std::uint64_t kv) const;
+
+  decode_balancer_params params_;
+  std::map<instance_id, instance_state> instances_;
+  decode_balancer_stats stats_;
+};
+
+} // namespace troupe::actors
