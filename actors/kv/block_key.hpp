@@ -13,8 +13,8 @@
 // same parent (the layouts differ in a flag bit), so a world must use one form throughout.
 //
 // Byte layout hashed by XXH3-128 (all integers little-endian):
-//   token form:        parent.hi (u64) | parent.lo (u64) | n (u32)                | n × token id (u32)
-//   content-key form:  parent.hi (u64) | parent.lo (u64) | n | 0x8000'0000 (u32)  | content key (u64)
+//   token form:       parent.hi (u64) | parent.lo (u64) | n (u32)               | n × token (u32)
+//   content-key form: parent.hi (u64) | parent.lo (u64) | n | 0x8000'0000 (u32) | content key (u64)
 // where n is the block's token count (1..128). The result's high 64 bits become `hi`, the
 // low 64 bits `lo`.
 //
