@@ -1,0 +1,216 @@
+// kv_index: the metadata index of the cluster KV cache (one shard), without an actor.
+//
+// The CHECK role answers "how many leading blocks of this prompt are cached?" on the critical
+// path of every request, and records the blocks that decode instances persist. It keeps
+// metadata only (the bytes live in the store behind the store port): for each block key, when
+// it expires and whether it is visible yet. The cache is bounded twice: by time (a TTL per
+// traffic class: chatbot 7 days, agent 3 days) and by space (a byte capacity, each block
+// costing the model's bytes per block). This class is that bookkeeping, as plain C++ so it can
+// be tested with plain time values; `kv_store` wraps it in an actor.
+//
+// Rules (docs/kv-store.md says why):
+// - A block is a *hit* when present, committed and unexpired; `match` counts the leading run
+//   of hits of a chain. A block expires at `expiry` (`now >= expiry` is expired): an entry
+//   whose age reached its class TTL is not a hit.
+// - Expiry is lazy: an expired entry is removed when a lookup finds it, or when room is made.
+// - A hit refreshes: expiry becomes max(expiry, now + TTL of the asking request's class), so
+//   the TTL counts from the last use, and a block's parents never expire before it.
+// - When full, room is made oldest-expiry first; among equal expiries the most recently
+//   written / refreshed entry goes first (a chain's deeper blocks before its prefix, since a
+//   prefix without its tail is still useful and a tail without its prefix is not). A block is
+//   never placed by evicting one that expires no earlier than itself: it is rejected instead,
+//   with the rest of its chain.
+// - Blocks may be inserted visible at once (`insert`), or reserved first and made visible once
+//   their bytes are in the store (`reserve`, then `commit`), so a match never names a block
+//   whose bytes are not written yet.
+// Everything observable is deterministic: lookups use a hash map, but every decision that
+// iterates (eviction, expiry) walks an ordered set.
+#pragma once
+
+#include "actors/kv/block_key.hpp"
+#include "runtime/time.hpp"
+#include "schemas/convert.hpp"
+
+#include <caf/meta/type_name.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <span>
+#include <unordered_map>
+
+namespace troupe::actors {
+
+using schemas::traffic_class;
+
+/// Approximate bytes of one persisted 128-token block of DeepSeek-V4.1-Flash: ~890 bytes of
+/// block KV (FP4 main KV plus indexer keys) per token, 113,920 bytes ≈ 111 KiB per block.
+inline constexpr std::uint64_t v41_flash_block_bytes = 890ull * block_tokens;
+
+/// How long a block lives after its last write or hit, per traffic class.
+struct kv_ttls {
+  runtime::duration chatbot = std::chrono::hours(24 * 7);
+  runtime::duration agent = std::chrono::hours(24 * 3);
+  /// The design names no batch TTL; batch prompts rarely recur, so one day.
+  runtime::duration batch = std::chrono::hours(24);
+
+  /// The TTL of `c`.
+  runtime::duration of(traffic_class c) const;
+};
+
+struct kv_index_params {
+  /// Bytes of block data this shard may account for (the store's share behind it).
+  std::uint64_t capacity_bytes = 0;
+  /// Bytes per block, from the model; > 0.
+  std::uint64_t block_bytes = v41_flash_block_bytes;
+  kv_ttls ttl;
+};
+
+/// The answer to a match: the leading run of hit blocks and the tokens they hold.
+struct kv_match_result {
+  std::uint32_t hit_blocks = 0;
+  std::uint64_t hit_tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_match_result& x) {
+  return f(caf::meta::type_name("kv_match_result"), x.hit_blocks, x.hit_tokens);
+}
+
+/// The outcome of an insert or reserve, in blocks.
+struct kv_insert_result {
+  /// New entries, plus (for insert) pending ones made visible, or (for reserve) pending ones
+  /// reserved again: the caller should write these blocks' bytes.
+  std::uint32_t inserted = 0;
+  /// Already present and committed: their expiry was extended; nothing to write.
+  std::uint32_t refreshed = 0;
+  /// Not placed for lack of room (the first such block and every block after it).
+  std::uint32_t rejected = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_insert_result& x) {
+  return f(caf::meta::type_name("kv_insert_result"), x.inserted, x.refreshed, x.rejected);
+}
+
+/// The outcome of a commit, in blocks.
+struct kv_commit_result {
+  /// Visible now (were pending, or already committed).
+  std::uint32_t committed = 0;
+  /// Gone (never reserved, evicted or expired meanwhile): their bytes may be deleted.
+  std::uint32_t missing = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_commit_result& x) {
+  return f(caf::meta::type_name("kv_commit_result"), x.committed, x.missing);
+}
+
+/// Counters and occupancy of an index (or, summed, of a sharded cache).
+struct kv_stats {
+  std::uint64_t entries = 0;     ///< entries held, pending ones included
+  std::uint64_t pending = 0;     ///< reserved, not committed yet
+  std::uint64_t bytes = 0;       ///< entries × block_bytes
+  std::uint64_t capacity_bytes = 0;
+  std::uint64_t lookups = 0;     ///< match calls
+  std::uint64_t hit_blocks = 0;  ///< blocks in the leading hit runs of all matches
+  std::uint64_t miss_blocks = 0; ///< the chains' other blocks
+  std::uint64_t hit_tokens = 0;
+  std::uint64_t miss_tokens = 0; ///< prompt tokens not hit, partial last blocks included
+  std::uint64_t inserted = 0;
+  std::uint64_t refreshed = 0;   ///< by insert/reserve of a present block (not by hits)
+  std::uint64_t rejected = 0;
+  std::uint64_t committed = 0;
+  std::uint64_t evictions = 0;   ///< unexpired entries removed to make room
+  std::uint64_t expirations = 0; ///< expired entries removed (lazily)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_stats& x) {
+  return f(caf::meta::type_name("kv_stats"), x.entries, x.pending, x.bytes, x.capacity_bytes,
+           x.lookups, x.hit_blocks, x.miss_blocks, x.hit_tokens, x.miss_tokens, x.inserted,
+           x.refreshed, x.rejected, x.committed, x.evictions, x.expirations);
+}
+
+/// Adds one match to the hit accounting of `s`: `hits` leading blocks of a chain of
+/// `chain_blocks` full blocks, for a prompt of `prompt_tokens` tokens (0, or fewer than the
+/// chain's tokens, counts as exactly the chain's tokens).
+void account_match(kv_stats& s, std::uint32_t hits, std::size_t chain_blocks,
+                   std::uint64_t prompt_tokens);
+
+class kv_index {
+public:
+  /// Requires params.block_bytes > 0.
+  explicit kv_index(kv_index_params params);
+
+  /// The leading run of hits of `chain` at `now`; refreshes those blocks' expiry with the TTL
+  /// of `cls` and counts the match (by block, and by token over `prompt_tokens`, see
+  /// account_match). Expired entries met on the way are removed.
+  kv_match_result match(std::span<const block_key> chain, traffic_class cls,
+                        runtime::time_point now, std::uint64_t prompt_tokens = 0);
+
+  /// The leading run of hits of `blocks` at `now`, without refreshing or counting hits (the
+  /// first phase of a sharded match). Expired entries met on the way are removed.
+  std::size_t probe(std::span<const block_key> blocks, runtime::time_point now);
+
+  /// Refreshes every block of `blocks` that is a hit at `now` with the TTL of `cls` (the
+  /// second phase of a sharded match); others are left alone.
+  void touch(std::span<const block_key> blocks, traffic_class cls, runtime::time_point now);
+
+  /// Makes `blocks` visible at once, in order, with the TTL of `cls`: new ones are added
+  /// (making room when full), present ones refreshed, pending ones committed. Stops at the
+  /// first block that finds no room.
+  kv_insert_result insert(std::span<const block_key> blocks, traffic_class cls,
+                          runtime::time_point now);
+
+  /// Like insert, but new blocks are added pending: they take room, and are not hits until
+  /// committed. Pending blocks reserved again count as inserted (whoever writes first wins).
+  kv_insert_result reserve(std::span<const block_key> blocks, traffic_class cls,
+                           runtime::time_point now);
+
+  /// Makes reserved blocks visible; expiry becomes max(expiry, now + TTL of their class).
+  kv_commit_result commit(std::span<const block_key> blocks, runtime::time_point now);
+
+  /// True when `k` is a hit at `now`. No side effects.
+  bool contains(const block_key& k, runtime::time_point now) const;
+
+  /// When `k` expires, if held (pending or not, expired or not).
+  std::optional<runtime::time_point> expiry(const block_key& k) const;
+
+  kv_stats stats() const;
+  const kv_index_params& params() const noexcept { return params_; }
+
+private:
+  struct entry {
+    runtime::time_point expiry;
+    std::uint64_t seq = 0;
+    traffic_class cls = traffic_class::chatbot;
+    bool pending = false;
+  };
+
+  /// Eviction order: expiry first, then most recently placed first (rank = ~seq).
+  struct order_key {
+    runtime::time_point expiry;
+    std::uint64_t rank = 0;
+    block_key key;
+    friend auto operator<=>(const order_key&, const order_key&) = default;
+  };
+
+  using map_type = std::unordered_map<block_key, entry>;
+
+  kv_insert_result put(std::span<const block_key> blocks, traffic_class cls,
+                       runtime::time_point now, bool pending);
+  void place(const block_key& k, entry& e, runtime::time_point expiry);
+  void extend(const block_key& k, entry& e, runtime::time_point expiry);
+  void remove(map_type::iterator it, bool expired);
+  bool make_room(runtime::time_point now, runtime::time_point expiry);
+
+  kv_index_params params_;
+  map_type entries_;
+  std::set<order_key> order_;
+  std::uint64_t next_seq_ = 0;
+  kv_stats stats_;
+};
+
+} // namespace troupe::actors

@@ -1,0 +1,150 @@
+// kv_store: the CHECK role of the cluster KV cache as actors (one shard, and a sharding front).
+//
+// Every request asks "how much of my prompt is cached?" before it is routed, so the answer
+// sits on the critical path: it must be a metadata-only round trip. Decode instances persist
+// each full 128-token block as it fills and tell the CHECK role, so later requests (and a
+// rerouted one) hit it. A cluster's cache is too large for one index, so it is sharded by
+// block key across several `kv_store` actors; the `kv_router` front makes them look like
+// one: the same protocol, the same answers as a single index of the summed capacity (as long
+// as no shard is full; each shard evicts on its own).
+//
+// Sharding: each block lives on shard `shard_of(key, S)` (its key's low 64 bits mod S), not
+// on the shard of its chain's first block: chains share prefixes (a system prompt's first
+// blocks start most conversations), so routing by first block would put most traffic on a
+// few shards. A match therefore asks every shard that owns some block of the chain, in
+// parallel, for the leading run of hits among *its* blocks (`kv_probe`); the chain's leading
+// run ends at the earliest first miss over all shards. Only then are the hit blocks refreshed
+// (`kv_touch`), so a block after a miss is neither counted nor refreshed. A shard that fails
+// or does not answer in time counts as a miss from its first block: the cache is an
+// optimization, and a match never fails.
+//
+// All time comes from the actor clock; nothing here blocks.
+#pragma once
+
+#include "actors/kv/block_key.hpp"
+#include "actors/kv/kv_index.hpp"
+#include "runtime/time.hpp"
+
+#include <caf/atom.hpp>
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace troupe::actors {
+
+/// Asks for the longest cached prefix of a prompt. `chain` holds the keys of the prompt's
+/// full blocks (make_chain); `prompt_tokens` its full length (for the by-token miss count;
+/// 0 counts the chain's tokens only). Hits are refreshed with the TTL of `traffic`.
+/// Reply: kv_match_result.
+struct kv_match {
+  std::vector<block_key> chain;
+  traffic_class traffic = traffic_class::chatbot;
+  std::uint64_t prompt_tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_match& x) {
+  return f(caf::meta::type_name("kv_match"), x.chain, x.traffic, x.prompt_tokens);
+}
+
+/// Records blocks as cached and visible at once (their bytes are already in the store, or
+/// the world carries none). Reply: kv_insert_result (kv_index::insert).
+struct kv_insert {
+  std::vector<block_key> blocks;
+  traffic_class traffic = traffic_class::chatbot;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_insert& x) {
+  return f(caf::meta::type_name("kv_insert"), x.blocks, x.traffic);
+}
+
+/// Reserves room for blocks about to be written; they are no hits until a kv_commit.
+/// Reply: kv_insert_result (kv_index::reserve): `inserted` blocks should be written.
+struct kv_reserve {
+  std::vector<block_key> blocks;
+  traffic_class traffic = traffic_class::chatbot;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_reserve& x) {
+  return f(caf::meta::type_name("kv_reserve"), x.blocks, x.traffic);
+}
+
+/// Makes reserved blocks visible once their bytes are in the store. Reply: kv_commit_result
+/// (`missing` blocks were evicted or expired meanwhile; their bytes may be deleted).
+struct kv_commit {
+  std::vector<block_key> blocks;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_commit& x) {
+  return f(caf::meta::type_name("kv_commit"), x.blocks);
+}
+
+/// Shard-internal, first phase of a sharded match: the leading run of hits among `blocks`
+/// (this shard's blocks of one chain, in chain order), without refresh or accounting.
+/// Reply: std::uint32_t.
+struct kv_probe {
+  std::vector<block_key> blocks;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_probe& x) {
+  return f(caf::meta::type_name("kv_probe"), x.blocks);
+}
+
+/// Shard-internal, second phase of a sharded match: refresh these hit blocks with the TTL of
+/// `traffic`. No reply.
+struct kv_touch {
+  std::vector<block_key> blocks;
+  traffic_class traffic = traffic_class::chatbot;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_touch& x) {
+  return f(caf::meta::type_name("kv_touch"), x.blocks, x.traffic);
+}
+
+/// Asks for kv_stats (a router sums its shards' and adds its own match accounting).
+using kv_stats_atom = caf::atom_constant<caf::atom("kvstats")>;
+
+/// The CHECK role as its clients see it: one shard or a sharded front.
+using kv_check_actor = caf::typed_actor<
+  caf::replies_to<kv_match>::with<kv_match_result>,
+  caf::replies_to<kv_insert>::with<kv_insert_result>,
+  caf::replies_to<kv_reserve>::with<kv_insert_result>,
+  caf::replies_to<kv_commit>::with<kv_commit_result>,
+  caf::replies_to<kv_stats_atom>::with<kv_stats>>;
+
+/// One shard: the CHECK role plus the two phases of a sharded match.
+using kv_shard_actor = kv_check_actor::extend<caf::replies_to<kv_probe>::with<std::uint32_t>,
+                                              caf::reacts_to<kv_touch>>;
+
+/// Spawns one shard holding a kv_index with `params` (params.block_bytes > 0). It reads time
+/// from its actor clock. It stops like any actor (no state survives: the index is rebuilt
+/// from writes after a restart, and a restarted shard just misses until then).
+kv_shard_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params);
+
+struct kv_router_params {
+  /// The shards, in shard-number order; not empty. The router keeps them alive.
+  std::vector<kv_shard_actor> shards;
+  /// How long the router waits for a shard; a shard that does not answer counts as a miss
+  /// (match), as rejecting its blocks (insert, reserve), as missing them (commit), or as
+  /// nothing (stats).
+  runtime::duration shard_timeout = std::chrono::seconds(1);
+};
+
+/// Spawns the sharding front over `params.shards`. Blocks go to shard_of(key, shards.size()).
+kv_check_actor spawn_kv_router(caf::actor_system& sys, kv_router_params params);
+
+/// Spawns `shards` shards, each with `per_shard` (its own capacity), and a router over them.
+kv_check_actor spawn_sharded_kv_store(caf::actor_system& sys, kv_index_params per_shard,
+                                      std::uint32_t shards);
+
+} // namespace troupe::actors
