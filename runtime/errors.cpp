@@ -18,6 +18,8 @@ std::string to_string(errc code) {
       return "not_found";
     case errc::invalid_argument:
       return "invalid_argument";
+    case errc::unavailable:
+      return "unavailable";
   }
   return "unknown_error_" + std::to_string(static_cast<int>(code));
 }

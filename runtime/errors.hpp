@@ -32,6 +32,8 @@ enum class errc : std::uint8_t {
   not_found,
   /// The argument of a request is invalid (its context says why).
   invalid_argument,
+  /// No instance (or other resource) can take the request now.
+  unavailable,
 };
 
 /// The name of an error code, e.g. "store_full".

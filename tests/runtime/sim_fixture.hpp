@@ -20,7 +20,7 @@ inline journal make_journal() {
 }
 
 struct sim_fixture {
-  runtime::world world{runtime::world_options{runtime::world_mode::sim, 42}};
+  runtime::world world{runtime::world_options{runtime::world_mode::sim, 42, 0, false, nullptr}};
   caf::actor_system& sys = world.system();
 
   /// Runs until nothing is left to do.

@@ -1,0 +1,85 @@
+// decode_engine: the scheduler of one decode instance (continuous batching over its EP group).
+//
+// A decode instance generates tokens for many requests at once: every device step produces
+// one token for each request in the running batch, and its time grows with the batch and the
+// KV it attends over. Requests join and leave the batch at step boundaries (continuous
+// batching), up to `max_batch` over the instance. A request arrives with its prompt's KV,
+// which crosses the link from the prefill instance before it can join. Every time a
+// request's KV fills a 128-token block, the block is persisted (the block writer), so that
+// prefill and decode KV are both reusable by later requests.
+//
+// Protocol: a `decode_job` request is answered with `decode_done` when its last token is
+// generated. Requests that arrive while the batch is full wait in arrival order.
+#pragma once
+
+#include "actors/engine/prefill_engine.hpp"
+#include "runtime/ports/device.hpp"
+#include "runtime/ports/link.hpp"
+#include "runtime/time.hpp"
+
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <cstdint>
+#include <functional>
+
+namespace troupe::actors {
+
+/// Decode a request whose context (prompt, plus tokens generated elsewhere before) is
+/// `context_tokens` long, generating `output_tokens` more; its KV (`kv_bytes`) is transferred
+/// in first.
+struct decode_job {
+  std::uint64_t request = 0;
+  std::uint64_t context_tokens = 0;
+  std::uint64_t output_tokens = 0;
+  std::uint64_t kv_bytes = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
+  return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
+           x.kv_bytes);
+}
+
+struct decode_done {
+  std::uint64_t request = 0;
+  instance_id instance = 0;
+  /// When the KV had arrived, when the request joined the batch, and when its last token
+  /// was generated.
+  runtime::time_point arrived{};
+  runtime::time_point joined{};
+  runtime::time_point finished{};
+  std::uint64_t tokens = 0;
+  /// Full 128-token blocks persisted for this request while decoding.
+  std::uint64_t blocks_persisted = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_done& x) {
+  return f(caf::meta::type_name("decode_done"), x.request, x.instance, x.arrived, x.joined,
+           x.finished, x.tokens, x.blocks_persisted);
+}
+
+using decode_engine_actor
+  = caf::typed_actor<caf::replies_to<decode_job>::with<decode_done>,
+                     caf::replies_to<engine_stats_atom>::with<engine_stats>>;
+
+struct decode_engine_params {
+  instance_id instance = 0;
+  /// Requests in the running batch, over the whole instance.
+  std::uint32_t max_batch = 256;
+};
+
+/// Called once per step with the requests whose KV filled a block in that step and how many
+/// blocks each filled (the block writer persists them).
+using block_sink = std::function<void(const std::vector<std::pair<std::uint64_t, std::uint64_t>>&)>;
+
+/// Spawns a decode engine that runs its steps on `device` (the instance's leader rank) and
+/// receives KV over `ingress` (from prefill instances). `persist` may be empty.
+decode_engine_actor spawn_decode_engine(caf::local_actor* parent, decode_engine_params params,
+                                        runtime::device_port device, runtime::link_port ingress,
+                                        block_sink persist);
+
+} // namespace troupe::actors

@@ -1,0 +1,178 @@
+#include "actors/engine/prefill_engine.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+
+namespace troupe::actors {
+
+namespace {
+
+struct job_state {
+  prefill_job job;
+  std::uint64_t remaining = 0;
+  std::uint64_t computed = 0;
+  bool ready = false;
+  bool fetched = false;
+  bool started = false;
+  runtime::time_point started_at{};
+  caf::typed_response_promise<prefill_done> rp;
+};
+
+struct prefill_engine_state {
+  prefill_engine_params params;
+  runtime::device_port device;
+  runtime::link_port link;
+  std::map<std::uint64_t, job_state> jobs;
+  std::deque<std::uint64_t> order;
+  bool stepping = false;
+  std::uint64_t next_step = 1;
+  engine_stats stats;
+  static inline const char* name = "prefill_engine";
+};
+
+using engine_ptr = prefill_engine_actor::stateful_pointer<prefill_engine_state>;
+
+void try_finish(engine_ptr self, std::uint64_t request) {
+  auto& st = self->state;
+  auto i = st.jobs.find(request);
+  if (i == st.jobs.end() || i->second.remaining > 0 || !i->second.fetched)
+    return;
+  auto& j = i->second;
+  j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now()});
+  st.jobs.erase(i);
+  std::erase(st.order, request);
+  ++st.stats.jobs_done;
+}
+
+void step(engine_ptr self) {
+  auto& st = self->state;
+  if (st.stepping)
+    return;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
+  runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0};
+  auto budget = st.params.step_tokens;
+  for (auto id : st.order) {
+    if (budget == 0)
+      break;
+    auto& j = st.jobs.at(id);
+    if (!j.ready || j.remaining == 0)
+      continue;
+    auto take = std::min(budget, j.remaining);
+    budget -= take;
+    batch.emplace_back(id, take);
+    ds.tokens += take;
+    ds.sequences += 1;
+    // Attention of this chunk covers everything before it in the prompt.
+    ds.context_tokens += j.job.input_tokens - j.remaining + take;
+  }
+  if (batch.empty())
+    return;
+  st.stepping = true;
+  ++st.next_step;
+  auto now = self->clock().now();
+  for (auto& [id, take] : batch) {
+    auto& j = st.jobs.at(id);
+    if (!j.started) {
+      j.started = true;
+      j.started_at = now;
+    }
+  }
+  self->request(st.device, caf::infinite, ds)
+    .then(
+      [self, batch](const runtime::device_result& r) {
+        auto& st = self->state;
+        st.stepping = false;
+        ++st.stats.steps;
+        st.stats.busy += r.finished - r.started;
+        for (auto& [id, take] : batch) {
+          auto i = st.jobs.find(id);
+          if (i == st.jobs.end())
+            continue;
+          i->second.remaining -= take;
+          i->second.computed += take;
+          st.stats.tokens += take;
+          try_finish(self, id);
+        }
+        step(self);
+      },
+      [self](const caf::error& err) {
+        // The device is gone (its rank failed): so is this instance.
+        self->quit(err);
+      });
+}
+
+prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
+                                                       prefill_engine_params params,
+                                                       runtime::device_port device,
+                                                       runtime::link_port link) {
+  auto& st = self->state;
+  st.params = params;
+  st.device = std::move(device);
+  st.link = std::move(link);
+  st.stats.instance = params.instance;
+  return {
+    [self](const prefill_job& job) -> caf::typed_response_promise<prefill_done> {
+      auto& st = self->state;
+      auto cached = std::min(job.cached_tokens, job.input_tokens);
+      auto replay = std::min(job.input_tokens, st.params.replay_tokens);
+      job_state j;
+      j.job = job;
+      j.remaining = std::max(job.input_tokens - cached, replay);
+      j.rp = self->make_response_promise<prefill_done>();
+      auto rp = j.rp;
+      auto id = job.request;
+      if (job.fetch_bytes == 0 || st.link == nullptr) {
+        j.ready = true;
+        j.fetched = true;
+      } else {
+        // Two transfers back to back on the fetch path: the first layer (compute may start
+        // when it is there) and the rest (the job cannot finish before it is there).
+        auto layers = std::max<std::uint32_t>(1, st.params.fetch_layers);
+        auto first = job.fetch_bytes / layers;
+        self->request(st.link, caf::infinite, runtime::link_transfer{id, first})
+          .then([self, id](const runtime::link_delivery&) {
+            auto i = self->state.jobs.find(id);
+            if (i == self->state.jobs.end())
+              return;
+            i->second.ready = true;
+            step(self);
+          });
+        self->request(st.link, caf::infinite,
+                      runtime::link_transfer{id, job.fetch_bytes - first})
+          .then([self, id](const runtime::link_delivery&) {
+            auto i = self->state.jobs.find(id);
+            if (i == self->state.jobs.end())
+              return;
+            i->second.fetched = true;
+            try_finish(self, id);
+          });
+      }
+      st.jobs.emplace(id, std::move(j));
+      st.order.push_back(id);
+      step(self);
+      return rp;
+    },
+    [self](engine_stats_atom) {
+      auto s = self->state.stats;
+      s.jobs_in_flight = self->state.jobs.size();
+      return s;
+    },
+  };
+}
+
+} // namespace
+
+prefill_engine_actor spawn_prefill_engine(caf::local_actor* parent, prefill_engine_params params,
+                                          runtime::device_port device,
+                                          runtime::link_port fetch_link) {
+  return parent->spawn(prefill_engine_fn, params, std::move(device), std::move(fetch_link));
+}
+
+} // namespace troupe::actors

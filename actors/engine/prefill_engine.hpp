@@ -1,0 +1,101 @@
+// prefill_engine: the scheduler of one prefill instance (chunked prefill over its EP group).
+//
+// A prefill instance computes the uncached part of each prompt and hands the KV on. Long
+// prompts must not block short ones for seconds, so the engine cuts work into chunks: each
+// device step takes up to `step_tokens` tokens from the jobs in arrival order (a job may span
+// several steps) and runs them as one batch on the instance's leader rank, whose step time
+// covers the whole EP group. Cached blocks are not computed: the instance's block fetcher
+// reads them (store → host → device) layer by layer, so a job may start computing once the
+// first layer has arrived and finishes no earlier than the last one. The sliding-window KV
+// is never persisted, so even a fully cached prompt recomputes its last `replay_tokens`
+// (bounded replay: a fixed cost whatever the context length).
+//
+// Protocol: a `prefill_job` request is answered with `prefill_done` when the job's last token
+// is computed and its fetched KV is complete.
+#pragma once
+
+#include "actors/lb/prefill_balancer.hpp"
+#include "runtime/ports/device.hpp"
+#include "runtime/ports/link.hpp"
+#include "runtime/time.hpp"
+
+#include <caf/atom.hpp>
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <cstdint>
+
+namespace troupe::actors {
+
+/// Prefill `input_tokens` of a request, `cached_tokens` of which (a prefix) come from the
+/// store as `fetch_bytes` of KV.
+struct prefill_job {
+  std::uint64_t request = 0;
+  std::uint64_t input_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+  std::uint64_t fetch_bytes = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
+  return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
+           x.fetch_bytes);
+}
+
+struct prefill_done {
+  std::uint64_t request = 0;
+  instance_id instance = 0;
+  /// When the job's first chunk started computing, and when the job was complete.
+  runtime::time_point started{};
+  runtime::time_point finished{};
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_done& x) {
+  return f(caf::meta::type_name("prefill_done"), x.request, x.instance, x.started, x.finished);
+}
+
+/// Work counters of an engine (prefill or decode).
+struct engine_stats {
+  instance_id instance = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t tokens = 0;
+  std::uint64_t jobs_done = 0;
+  /// Jobs accepted and not finished.
+  std::uint64_t jobs_in_flight = 0;
+  /// Device time spent in steps (for utilisation).
+  runtime::duration busy{0};
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
+  return f(caf::meta::type_name("engine_stats"), x.instance, x.steps, x.tokens, x.jobs_done,
+           x.jobs_in_flight, x.busy);
+}
+
+using engine_stats_atom = caf::atom_constant<caf::atom("engstats")>;
+
+using prefill_engine_actor
+  = caf::typed_actor<caf::replies_to<prefill_job>::with<prefill_done>,
+                     caf::replies_to<engine_stats_atom>::with<engine_stats>>;
+
+struct prefill_engine_params {
+  instance_id instance = 0;
+  /// Tokens per device step (chunked prefill budget), over the whole instance.
+  std::uint64_t step_tokens = 16384;
+  /// Layers the fetched KV streams in by (the first must arrive before compute starts).
+  std::uint32_t fetch_layers = 40;
+  /// Tokens recomputed at the end of a prompt even when all of it is cached: the sliding
+  /// window KV is not persisted, so it is rebuilt by bounded replay.
+  std::uint64_t replay_tokens = 128;
+};
+
+/// Spawns a prefill engine that runs its steps on `device` (the instance's leader rank) and
+/// fetches cached KV over `fetch_link` (store → host → device).
+prefill_engine_actor spawn_prefill_engine(caf::local_actor* parent, prefill_engine_params params,
+                                          runtime::device_port device,
+                                          runtime::link_port fetch_link);
+
+} // namespace troupe::actors

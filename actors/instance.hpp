@@ -1,0 +1,45 @@
+// instance: an EP group (its ranks and its engine) as a supervisor.
+//
+// An instance's ranks form one communication domain: if one fails, the collective steps of
+// the others cannot go on. So an instance is a one_for_all supervisor with intensity 0: any
+// child's failure escalates, the instance stops as a whole, and its pool's supervisor decides
+// when it comes back (after the modelled restart time). Its children start in order: the
+// ranks, then the engine, which announces itself to its load balancer; the balancer monitors
+// the engine, so a stopped instance leaves the balancer by itself.
+//
+// Where a rank's device and an instance's link come from is the world's business: the
+// caller passes factories (simulated ports in the simulated world).
+#pragma once
+
+#include "actors/engine/decode_engine.hpp"
+#include "actors/engine/prefill_engine.hpp"
+#include "actors/lb/decode_lb.hpp"
+#include "actors/lb/prefill_lb.hpp"
+#include "runtime/supervisor.hpp"
+
+#include <functional>
+#include <string>
+
+namespace troupe::actors {
+
+/// How an instance gets its ports.
+struct instance_ports {
+  /// The device of rank `rank` of instance `id`.
+  std::function<runtime::device_port(caf::local_actor*, instance_id id, std::uint32_t rank)>
+    device;
+  /// The instance's KV link: store → device for prefill, prefill → device for decode. May
+  /// return an invalid handle (no transfer time).
+  std::function<runtime::link_port(caf::local_actor*, instance_id id)> link;
+};
+
+/// The child spec of prefill instance `id` with `ranks` ranks (named "<pool>/<id>").
+runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint32_t ranks,
+                                     prefill_engine_params engine, instance_ports ports,
+                                     prefill_lb_actor lb);
+
+/// The child spec of decode instance `id` with `ranks` ranks (named "<pool>/<id>").
+runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint32_t ranks,
+                                    decode_engine_params engine, instance_ports ports,
+                                    decode_lb_actor lb, block_sink persist);
+
+} // namespace troupe::actors

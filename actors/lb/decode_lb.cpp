@@ -1,0 +1,68 @@
+#include "actors/lb/decode_lb.hpp"
+
+#include "runtime/errors.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <map>
+
+namespace troupe::actors {
+
+namespace {
+
+struct decode_lb_state {
+  std::unique_ptr<decode_balancer> balancer;
+  std::map<instance_id, decode_engine_actor> engines;
+  static inline const char* name = "decode_lb";
+};
+
+using lb_ptr = decode_lb_actor::stateful_pointer<decode_lb_state>;
+
+decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params params) {
+  self->state.balancer = std::make_unique<decode_balancer>(params);
+  self->set_down_handler([self](caf::down_msg& msg) {
+    auto& st = self->state;
+    for (auto i = st.engines.begin(); i != st.engines.end(); ++i)
+      if (i->second.address() == msg.source) {
+        st.balancer->remove_instance(i->first);
+        st.engines.erase(i);
+        return;
+      }
+  });
+  return {
+    [self](const decode_route& r) -> caf::result<decode_assignment> {
+      auto& st = self->state;
+      auto id = st.balancer->route(r.kv_tokens);
+      if (!id)
+        return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
+      return decode_assignment{*id, st.engines.at(*id)};
+    },
+    [self](const decode_release& r) { self->state.balancer->complete(r.instance, r.kv_tokens); },
+    [self](add_instance_atom, instance_id id, decode_engine_actor& engine) {
+      auto& st = self->state;
+      self->monitor(engine);
+      st.engines[id] = std::move(engine);
+      st.balancer->add_instance(id);
+    },
+    [self](lb_stats_atom) {
+      auto& s = self->state.balancer->stats();
+      lb_counters c;
+      c.lb = "decode";
+      c.add("routed_long", s.routed_long);
+      c.add("routed_short", s.routed_short);
+      c.add("spilled", s.spilled);
+      c.add("rejected", s.rejected);
+      return c;
+    },
+  };
+}
+
+} // namespace
+
+decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params) {
+  return sys.spawn(decode_lb_fn, params);
+}
+
+} // namespace troupe::actors

@@ -1,0 +1,38 @@
+// The messages every load balancer shares: instance membership and inspectable counters.
+//
+// An engine announces itself to its balancer when it starts (`add_instance_atom`), and the
+// balancer monitors it: when the engine exits (its instance failed, drained or was
+// restarted) the balancer forgets it. So membership follows supervision, with no polling.
+// Every balancer answers `lb_stats_atom` with named counters for reports.
+#pragma once
+
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::actors {
+
+using add_instance_atom = caf::atom_constant<caf::atom("addinst")>;
+using lb_stats_atom = caf::atom_constant<caf::atom("lbstats")>;
+
+/// Named counters of one balancer, e.g. {"routed_16K-64K", 1234}.
+struct lb_counters {
+  std::string lb;
+  std::vector<std::string> names;
+  std::vector<std::uint64_t> values;
+
+  void add(std::string name, std::uint64_t value) {
+    names.push_back(std::move(name));
+    values.push_back(value);
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lb_counters& x) {
+  return f(caf::meta::type_name("lb_counters"), x.lb, x.names, x.values);
+}
+
+} // namespace troupe::actors

@@ -1,0 +1,92 @@
+#include "actors/lb/prefill_lb.hpp"
+
+#include "runtime/errors.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <map>
+
+namespace troupe::actors {
+
+namespace {
+
+/// The compute a request books on its instance: its uncached tokens (at least the bounded
+/// replay every prefill does).
+double compute_of(std::uint64_t uncached) {
+  return static_cast<double>(std::max<std::uint64_t>(uncached, 128));
+}
+
+struct prefill_lb_state {
+  prefill_lb_params params;
+  std::unique_ptr<prefill_balancer> balancer;
+  std::map<instance_id, prefill_engine_actor> engines;
+  runtime::time_point last_rebalance{};
+  static inline const char* name = "prefill_lb";
+};
+
+using lb_ptr = prefill_lb_actor::stateful_pointer<prefill_lb_state>;
+
+prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params params) {
+  auto& st = self->state;
+  st.params = params;
+  st.balancer = std::make_unique<prefill_balancer>(params.balancer);
+  st.last_rebalance = self->clock().now();
+  self->set_down_handler([self](caf::down_msg& msg) {
+    auto& st = self->state;
+    for (auto i = st.engines.begin(); i != st.engines.end(); ++i)
+      if (i->second.address() == msg.source) {
+        st.balancer->remove_instance(i->first);
+        st.engines.erase(i);
+        return;
+      }
+  });
+  return {
+    [self](const prefill_route& r) -> caf::result<prefill_assignment> {
+      auto& st = self->state;
+      auto now = self->clock().now();
+      if (now - st.last_rebalance >= st.params.rebalance_interval) {
+        st.balancer->rebalance();
+        st.last_rebalance = now;
+      }
+      auto id = st.balancer->route(r.uncached_tokens, compute_of(r.uncached_tokens));
+      if (!id)
+        return runtime::make_error(runtime::errc::unavailable, "no prefill instance is up");
+      return prefill_assignment{*id, st.engines.at(*id)};
+    },
+    [self](const prefill_release& r) {
+      self->state.balancer->complete(r.instance, compute_of(r.uncached_tokens));
+    },
+    [self](add_instance_atom, instance_id id, prefill_engine_actor& engine) {
+      auto& st = self->state;
+      self->monitor(engine);
+      st.engines[id] = std::move(engine);
+      st.balancer->add_instance(id);
+    },
+    [self](lb_stats_atom) {
+      auto& b = *self->state.balancer;
+      lb_counters c;
+      c.lb = "prefill";
+      auto& s = b.stats();
+      auto counts = b.instances_per_bucket();
+      for (std::size_t i = 0; i < b.buckets(); ++i) {
+        c.add("routed_" + b.bucket_name(i), s.routed[i]);
+        c.add("instances_" + b.bucket_name(i), counts[i]);
+      }
+      c.add("spilled", s.spilled);
+      c.add("rejected", s.rejected);
+      c.add("moves", s.moves);
+      c.add("rebalances", s.rebalances);
+      return c;
+    },
+  };
+}
+
+} // namespace
+
+prefill_lb_actor spawn_prefill_lb(caf::actor_system& sys, prefill_lb_params params) {
+  return sys.spawn(prefill_lb_fn, std::move(params));
+}
+
+} // namespace troupe::actors

@@ -1,0 +1,66 @@
+// prefill_lb: the actor that routes requests to prefill instances.
+//
+// It owns a prefill_balancer (buckets by uncached input length, least outstanding compute,
+// engine counts per bucket re-derived from measured load) and keeps its membership in step
+// with the engines that are alive. Rebalancing happens on the routing path once per
+// `rebalance_interval` of actor-clock time, so an idle cluster has no timers pending.
+#pragma once
+
+#include "actors/engine/prefill_engine.hpp"
+#include "actors/lb/lb_protocol.hpp"
+#include "actors/lb/prefill_balancer.hpp"
+#include "runtime/time.hpp"
+
+#include <caf/fwd.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+namespace troupe::actors {
+
+/// Where to prefill a request with `uncached_tokens` tokens to compute.
+struct prefill_route {
+  std::uint64_t request = 0;
+  std::uint64_t uncached_tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_route& x) {
+  return f(caf::meta::type_name("prefill_route"), x.request, x.uncached_tokens);
+}
+
+struct prefill_assignment {
+  instance_id instance = 0;
+  prefill_engine_actor engine;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_assignment& x) {
+  return f(caf::meta::type_name("prefill_assignment"), x.instance, x.engine);
+}
+
+/// The request routed with `uncached_tokens` left `instance` (finished or failed).
+struct prefill_release {
+  instance_id instance = 0;
+  std::uint64_t uncached_tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_release& x) {
+  return f(caf::meta::type_name("prefill_release"), x.instance, x.uncached_tokens);
+}
+
+/// Replies: prefill_route -> prefill_assignment, or errc::unavailable when no engine is up.
+using prefill_lb_actor
+  = caf::typed_actor<caf::replies_to<prefill_route>::with<prefill_assignment>,
+                     caf::reacts_to<prefill_release>,
+                     caf::reacts_to<add_instance_atom, instance_id, prefill_engine_actor>,
+                     caf::replies_to<lb_stats_atom>::with<lb_counters>>;
+
+struct prefill_lb_params {
+  prefill_balancer_params balancer;
+  runtime::duration rebalance_interval = std::chrono::seconds(30);
+};
+
+prefill_lb_actor spawn_prefill_lb(caf::actor_system& sys, prefill_lb_params params);
+
+} // namespace troupe::actors
