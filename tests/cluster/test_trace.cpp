@@ -387,6 +387,19 @@ TEST_CASE("agent traffic reuses more of its prompts than chat traffic") {
     REQUIRE(r.traffic == traffic_class::agent);
 }
 
+TEST_CASE("chat turns with images count them and carry their tokens in the prompt") {
+  auto p = short_chat(2, 300s);
+  p.image_chance = 1.0;
+  p.one_off_share = 0; // one-offs carry no images
+  auto w = generate_chat(p, rng{9});
+  REQUIRE_FALSE(w.records.empty());
+  for (const auto& r : w.records) {
+    REQUIRE(r.images >= 1);
+    REQUIRE(r.images <= p.max_images);
+    REQUIRE(r.input_tokens >= r.images * p.image_tokens);
+  }
+}
+
 TEST_CASE("invalid generator parameters give an error and no records") {
   auto p = short_chat(0, 60s);
   auto w = generate_chat(p, rng{1});
