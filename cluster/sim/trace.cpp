@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <unordered_set>
@@ -393,6 +394,22 @@ trace_load load_azure(const std::filesystem::path& file, const load_options& opt
   if (!failure.ok)
     return failure;
   return parse_azure(in, file.string(), options);
+}
+
+trace_load load_trace(const std::filesystem::path& file, const load_options& options) {
+  auto ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".jsonl")
+    return load_mooncake(file, options);
+  if (ext == ".csv")
+    return load_azure(file, options);
+  trace_load failure;
+  failure.ok = false;
+  failure.diagnostics.push_back(
+    {file.string(), 0,
+     "unknown trace format \"" + ext + "\": expected .jsonl (Mooncake) or .csv (Azure)"});
+  return failure;
 }
 
 double hit_rate::block_rate() const noexcept {

@@ -146,6 +146,11 @@ trace_load parse_azure(std::istream& in, std::string_view file_name,
 /// diagnostic at line 0.
 trace_load load_azure(const std::filesystem::path& file, const load_options& options = {});
 
+/// Reads a trace file in the format its extension names: `.jsonl` is Mooncake, `.csv` is
+/// Azure (case-insensitive). Any other extension fails the load with one diagnostic at line 0
+/// naming the accepted ones.
+trace_load load_trace(const std::filesystem::path& file, const load_options& options = {});
+
 /// Hits and totals of a cache replay.
 struct hit_rate {
   std::uint64_t blocks = 0;

@@ -279,6 +279,16 @@ TEST_CASE("an Azure file without the expected header fails the load") {
   CHECK(has_diagnostic(t, 1, "header"));
 }
 
+TEST_CASE("load_trace picks the reader from the file extension") {
+  load_options o;
+  o.max_records = 5;
+  CHECK(load_trace(mooncake_file, o).records == load_mooncake(mooncake_file, o).records);
+  CHECK(load_trace(azure_file, o).records == load_azure(azure_file, o).records);
+  auto t = load_trace(bad_dir / "trace.parquet");
+  CHECK_FALSE(t.ok);
+  CHECK(has_diagnostic(t, 0, "unknown trace format"));
+}
+
 } // TEST_SUITE
 
 TEST_SUITE("workload") {
