@@ -52,8 +52,8 @@ struct perf_options {
   /// Fraction of the kernel-level roofline that the whole engine reaches (launch gaps, norms,
   /// rope, quantization, routing and permutation kernels, micro-batch bookkeeping). Fitted to
   /// DeepSeek's V3 H800 profile.
-  double prefill_efficiency = 0.58;
-  double decode_efficiency = 0.61;
+  double prefill_efficiency = 0.615;
+  double decode_efficiency = 0.527;
   /// Split the batch into two micro-batches so one's all-to-all overlaps the other's compute.
   bool two_micro_batches = true;
   /// Fraction of Engram rows found in the host-memory cache (the rest are SSD random reads).
