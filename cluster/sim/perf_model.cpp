@@ -184,51 +184,10 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
   return c;
 }
 
-} // namespace
-
-std::string to_string(phase p) {
-  return p == phase::prefill ? "prefill" : "decode";
-}
-
-batch prefill_batch(std::uint64_t tokens_per_gpu, std::uint64_t prompt_tokens) {
-  batch b;
-  b.tokens = tokens_per_gpu;
-  if (prompt_tokens == 0 || tokens_per_gpu == 0)
-    return b;
-  std::uint64_t whole = tokens_per_gpu / prompt_tokens;
-  std::uint64_t rest = tokens_per_gpu % prompt_tokens;
-  b.sequences = whole + (rest > 0 ? 1 : 0);
-  b.context_tokens = tokens_per_gpu;
-  return b;
-}
-
-batch decode_batch(std::uint64_t requests_per_gpu, std::uint64_t context_tokens) {
-  batch b;
-  b.tokens = requests_per_gpu;
-  b.sequences = requests_per_gpu;
-  b.context_tokens = requests_per_gpu * std::max<std::uint64_t>(context_tokens, 1);
-  return b;
-}
-
-result<step_breakdown> step_time(const model_profile& m, const hardware_profile& hw, phase p,
-                                 std::uint32_t ep, const batch& b, const perf_options& opt) {
-  using r_t = result<step_breakdown>;
-  if (ep == 0)
-    return r_t::failure("ep must be at least 1");
-  if (b.tokens == 0)
-    return r_t::failure("a step needs at least one token");
-  if (b.sequences == 0)
-    return r_t::failure("a step needs at least one sequence");
-  if (b.sequences > b.tokens)
-    return r_t::failure("a step cannot have more sequences (" + std::to_string(b.sequences)
-                        + ") than tokens (" + std::to_string(b.tokens) + ")");
-  if (m.layers.empty())
-    return r_t::failure("the model has no layers");
-  double eff = p == phase::prefill ? opt.prefill_efficiency : opt.decode_efficiency;
-  if (!(eff > 0 && eff <= 1))
-    return r_t::failure("end-to-end efficiency must be in (0, 1]");
-
-  const bool split = opt.two_micro_batches && ep > 1 && b.tokens >= 2;
+// One step with (split) or without two micro-batches; `eff` is the end-to-end efficiency.
+step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phase p,
+                        std::uint32_t ep, const batch& b, const perf_options& opt, double eff,
+                        bool split) {
   const double parts = split ? 2.0 : 1.0;
   // Prefill's all-to-all kernels occupy SMs while they overlap compute; decode's do not.
   const double sm_share = split && p == phase::prefill ? 1.0 - hw.comm_sm_fraction : 1.0;
@@ -285,6 +244,62 @@ result<step_breakdown> step_time(const model_profile& m, const hardware_profile&
   out.dense_s += head;
   elapsed += head;
   out.total_s = elapsed;
+  return out;
+}
+
+} // namespace
+
+std::string to_string(phase p) {
+  return p == phase::prefill ? "prefill" : "decode";
+}
+
+batch prefill_batch(std::uint64_t tokens_per_gpu, std::uint64_t prompt_tokens) {
+  batch b;
+  b.tokens = tokens_per_gpu;
+  if (prompt_tokens == 0 || tokens_per_gpu == 0)
+    return b;
+  std::uint64_t whole = tokens_per_gpu / prompt_tokens;
+  std::uint64_t rest = tokens_per_gpu % prompt_tokens;
+  b.sequences = whole + (rest > 0 ? 1 : 0);
+  b.context_tokens = b.sequences * prompt_tokens;
+  return b;
+}
+
+batch decode_batch(std::uint64_t requests_per_gpu, std::uint64_t context_tokens) {
+  batch b;
+  b.tokens = requests_per_gpu;
+  b.sequences = requests_per_gpu;
+  b.context_tokens = requests_per_gpu * std::max<std::uint64_t>(context_tokens, 1);
+  return b;
+}
+
+result<step_breakdown> step_time(const model_profile& m, const hardware_profile& hw, phase p,
+                                 std::uint32_t ep, const batch& b, const perf_options& opt) {
+  using r_t = result<step_breakdown>;
+  if (ep == 0)
+    return r_t::failure("ep must be at least 1");
+  if (b.tokens == 0)
+    return r_t::failure("a step needs at least one token");
+  if (b.sequences == 0)
+    return r_t::failure("a step needs at least one sequence");
+  if (b.sequences > b.tokens)
+    return r_t::failure("a step cannot have more sequences (" + std::to_string(b.sequences)
+                        + ") than tokens (" + std::to_string(b.tokens) + ")");
+  if (m.layers.empty())
+    return r_t::failure("the model has no layers");
+  double eff = p == phase::prefill ? opt.prefill_efficiency : opt.decode_efficiency;
+  if (!(eff > 0 && eff <= 1))
+    return r_t::failure("end-to-end efficiency must be in (0, 1]");
+
+  // The engine splits the batch into two micro-batches when that is faster (it usually is once
+  // the all-to-all is worth hiding); a one-token batch cannot be split.
+  auto best = run_step(m, hw, p, ep, b, opt, eff, false);
+  if (opt.two_micro_batches && ep > 1 && b.tokens >= 2) {
+    auto split = run_step(m, hw, p, ep, b, opt, eff, true);
+    if (split.total_s < best.total_s)
+      best = split;
+  }
+  auto& out = best;
   out.tokens_per_s_per_node = double(b.tokens) * hw.gpus_per_node / out.total_s;
   return out;
 }

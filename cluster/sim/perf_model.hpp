@@ -39,8 +39,10 @@ struct batch {
   std::uint64_t context_tokens = 0;
 };
 
-/// Prefill of whole prompts: `tokens_per_gpu` tokens from prompts of `prompt_tokens` each (the
-/// last prompt may be partial, as when a scheduler splits prompts across micro-batches).
+/// Prefill of prompts of `prompt_tokens` each, `tokens_per_gpu` tokens per GPU: whole prompts,
+/// and where the tokens do not divide evenly, one more sequence that is the tail of a prompt
+/// whose head ran earlier (a prompt split across micro-batches or steps), so every sequence
+/// attends over a whole prompt. Fewer tokens than one prompt is one chunk of a chunked prefill.
 batch prefill_batch(std::uint64_t tokens_per_gpu, std::uint64_t prompt_tokens);
 
 /// Decode: one new token for each of `requests_per_gpu` sequences with `context_tokens` of KV.
