@@ -1,8 +1,14 @@
 // troupe: the command-line interface of the troupe serving runtime.
+#include "cluster/sim/hardware.hpp"
+#include "cluster/sim/model_profile.hpp"
+#include "cluster/sim/perf_model.hpp"
 #include "cluster/topology.hpp"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -41,6 +47,93 @@ int show_topology(const std::string& file) {
   return 0;
 }
 
+// Options of `troupe perf-model`.
+struct perf_model_args {
+  std::string model;
+  std::string hardware;
+  std::string phase;
+  std::uint32_t ep = 0;
+  std::uint64_t context = 0;
+  std::uint64_t tokens_per_gpu = 0;
+  std::uint64_t requests_per_gpu = 0;
+  bool json = false;
+};
+
+// `troupe perf-model`: prints the modelled step time and tokens/s per node (or one JSON object
+// with --json). Returns 0 on success, 1 with a message on stderr for a bad model, hardware or
+// batch.
+int perf_model(const perf_model_args& a, bool tokens_given, bool requests_given) {
+  namespace sim = troupe::cluster::sim;
+  auto fail = [](const std::string& msg) {
+    std::cerr << "troupe perf-model: " << msg << "\n";
+    return 1;
+  };
+  auto model = sim::resolve_model(a.model, sim::default_models_dir());
+  if (!model)
+    return fail(model.error());
+  auto hw = sim::resolve_hardware(a.hardware);
+  if (!hw)
+    return fail(hw.error());
+  sim::phase p = a.phase == "prefill" ? sim::phase::prefill : sim::phase::decode;
+  sim::batch b;
+  if (p == sim::phase::prefill) {
+    if (requests_given)
+      return fail("--requests-per-gpu is for decode; prefill takes --tokens-per-gpu");
+    if (!tokens_given)
+      return fail("prefill needs --tokens-per-gpu T (tokens per GPU per step)");
+    if (a.tokens_per_gpu == 0)
+      return fail("--tokens-per-gpu must be at least 1");
+    b = sim::prefill_batch(a.tokens_per_gpu, a.context);
+  } else {
+    if (tokens_given)
+      return fail("--tokens-per-gpu is for prefill; decode takes --requests-per-gpu");
+    if (!requests_given)
+      return fail("decode needs --requests-per-gpu R (sequences per GPU)");
+    if (a.requests_per_gpu == 0)
+      return fail("--requests-per-gpu must be at least 1");
+    b = sim::decode_batch(a.requests_per_gpu, a.context);
+  }
+  auto r = sim::step_time(*model, *hw, p, a.ep, b);
+  if (!r)
+    return fail(r.error());
+  double step_ms = r->total_s * 1e3;
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = model->name;
+    j["hardware"] = hw->name;
+    j["phase"] = sim::to_string(p);
+    j["ep"] = a.ep;
+    j["context"] = a.context;
+    j["tokens_per_gpu"] = b.tokens;
+    j["sequences_per_gpu"] = b.sequences;
+    j["step_ms"] = step_ms;
+    j["tokens_per_s_per_node"] = r->tokens_per_s_per_node;
+    j["breakdown_ms"] = {{"attention", r->attention_s * 1e3},
+                         {"moe", r->moe_s * 1e3},
+                         {"dense", r->dense_s * 1e3},
+                         {"engram_read", r->engram_read_s * 1e3},
+                         {"engram_wait", r->engram_wait_s * 1e3},
+                         {"communication", r->communication_s * 1e3},
+                         {"overlap", r->overlap_s * 1e3}};
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("model       {}\nhardware    {}\nphase       {}, EP{}, context {}\n",
+                           model->name, hw->name, sim::to_string(p), a.ep, a.context);
+  std::cout << fmt::format("batch       {} tokens, {} sequences per GPU\n", b.tokens,
+                           b.sequences);
+  std::cout << fmt::format("step        {:.3f} ms\n", step_ms);
+  std::cout << fmt::format("throughput  {:.0f} {} tokens/s per {}-GPU node\n",
+                           r->tokens_per_s_per_node,
+                           p == sim::phase::prefill ? "input" : "output", hw->gpus_per_node);
+  std::cout << fmt::format("breakdown   attention {:.3f} ms, moe {:.3f} ms, dense {:.3f} ms, "
+                           "engram wait {:.3f} ms, communication {:.3f} ms, overlap {:.3f} ms\n",
+                           r->attention_s * 1e3, r->moe_s * 1e3, r->dense_s * 1e3,
+                           r->engram_wait_s * 1e3, r->communication_s * 1e3,
+                           r->overlap_s * 1e3);
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -65,6 +158,35 @@ int main(int argc, char** argv) {
     "show", "print the normalized view of a topology: pools, GPUs, storage, autoscaler, nodes");
   show->add_option("FILE", show_file, "a topology file (TOML)")->required();
   show->callback([&] { rc = show_topology(show_file); });
+
+  perf_model_args pm;
+  auto* perf = app.add_subcommand(
+    "perf-model", "model the step time and tokens/s per node of a model on a hardware");
+  perf->add_option("--model", pm.model,
+                   "deepseek-v4.1-flash, deepseek-v4-flash, deepseek-v3, or an HF config.json")
+    ->required();
+  perf->add_option("--hardware", pm.hardware,
+                   "H800, H100, H200, B200, Ascend950, or a hardware profile .json")
+    ->required();
+  perf->add_option("--phase", pm.phase, "prefill or decode")
+    ->required()
+    ->check(CLI::IsMember({"prefill", "decode"}));
+  perf->add_option("--ep", pm.ep, "expert-parallel size (GPUs per instance)")
+    ->required()
+    ->check(CLI::Range(1u, 1u << 20));
+  perf->add_option("--context", pm.context,
+                   "prefill: prompt length; decode: KV tokens per sequence")
+    ->required()
+    ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+  auto* tokens_opt =
+    perf->add_option("--tokens-per-gpu", pm.tokens_per_gpu, "prefill: tokens per GPU per step");
+  auto* requests_opt =
+    perf->add_option("--requests-per-gpu", pm.requests_per_gpu, "decode: sequences per GPU");
+  tokens_opt->excludes(requests_opt);
+  perf->add_flag("--json", pm.json, "print one JSON object (step_ms, tokens_per_s_per_node, ...)");
+  perf->callback([&] {
+    rc = perf_model(pm, tokens_opt->count() > 0, requests_opt->count() > 0);
+  });
 
   CLI11_PARSE(app, argc, argv);
   return rc;

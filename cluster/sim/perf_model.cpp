@@ -1,0 +1,323 @@
+// The performance model: per-layer roofline, EP all-to-all, two-micro-batch overlap.
+#include "cluster/sim/perf_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace troupe::cluster::sim {
+
+namespace {
+
+// Time of an operation bound by arithmetic or by memory traffic, whichever is slower.
+double roofline(double flops, double peak_flops, double bytes, double bandwidth) {
+  return std::max(flops / peak_flops, bytes / bandwidth);
+}
+
+// Expected distinct bins hit when `k` items fall uniformly into `n` bins.
+double distinct(double n, double k) {
+  if (n <= 1)
+    return n;
+  return n * (1.0 - std::pow(1.0 - 1.0 / n, k));
+}
+
+struct rates {
+  double gemm;      // FP8 GEMM FLOP/s reached
+  double attention; // BF16 attention FLOP/s reached
+  double memory;    // HBM bytes/s reached
+};
+
+// The costs of one micro-batch in one layer.
+struct layer_cost {
+  double attention = 0;
+  double attention_core = 0;
+  double moe = 0;
+  double dense = 0;
+  double engram_read = 0;
+  double comm = 0;
+  double compute() const { return attention + moe + dense; }
+};
+
+struct shape {
+  double tokens;    // tokens per GPU in this micro-batch
+  double sequences; // sequences per GPU in this micro-batch
+  double new_per_seq;
+  double context;   // KV length per sequence after the step
+};
+
+// All-to-all time of one dispatch (bytes_per_copy = one token's activation) for `tokens`.
+double all_to_all(const model_profile& m, const hardware_profile& hw, phase p, std::uint32_t ep,
+                  double tokens, double bytes_per_copy) {
+  if (ep <= 1 || tokens <= 0)
+    return 0;
+  const double k = m.experts_per_token;
+  const double gpus = distinct(ep, k); // destination GPUs per token
+  const double domain = std::min<double>(hw.scale_up_domain, ep);
+  const double nodes = std::ceil(ep / domain);
+  const double up_bw = hw.scale_up_bytes_per_s * hw.scale_up_efficiency;
+  const double out_bw = hw.scale_out_bytes_per_s * hw.scale_out_efficiency;
+  if (nodes <= 1) {
+    double bytes = tokens * gpus * (ep - 1.0) / ep * bytes_per_copy;
+    return hw.scale_up_latency_s + bytes / up_bw;
+  }
+  double remote_copies;
+  if (p == phase::prefill) {
+    // Throughput kernels send a token once per remote node and forward it inside the node over
+    // the scale-up fabric; node-limited routing caps the nodes a token reaches.
+    double reached = distinct(nodes, k);
+    if (m.expert_groups > 1 && m.groups_per_token < m.expert_groups)
+      reached = std::min(reached, double(m.groups_per_token));
+    remote_copies = reached * (nodes - 1.0) / nodes;
+  } else {
+    // Low-latency kernels send each copy straight to its GPU.
+    remote_copies = gpus * (1.0 - domain / ep);
+  }
+  double out = tokens * remote_copies * bytes_per_copy / out_bw;
+  double up = tokens * gpus * bytes_per_copy / up_bw;
+  return hw.scale_out_latency_s + std::max(out, up);
+}
+
+layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const layer_profile& l,
+                      phase p, std::uint32_t ep, const shape& s, const rates& r,
+                      const perf_options& opt) {
+  layer_cost c;
+  // Tokens this layer runs on: bounded replay runs tail-only layers on the last tokens.
+  double n = s.new_per_seq;
+  if (p == phase::prefill && l.prefill_tail_only && m.replay_tokens > 0)
+    n = std::min<double>(n, m.replay_tokens);
+  const double t = s.sequences * n;
+  // Positions a token sees on average: its prefix plus, causally, half its own chunk.
+  const double visible = std::max(1.0, s.context - (n - 1.0) / 2.0);
+
+  // Attention projections (FP8 GEMMs); a tail-only KV source still compresses every token.
+  double proj_params = m.attention_params + (l.index_source ? m.indexer_params : 0);
+  double proj_flops = 2.0 * t * proj_params;
+  double proj_bytes = proj_params * m.dense_bytes_per_param;
+  if (l.kv_source && m.compressor_params > 0) {
+    proj_flops += 2.0 * s.tokens * m.compressor_params;
+    proj_bytes += m.compressor_params * m.dense_bytes_per_param;
+  }
+  double proj = roofline(proj_flops, r.gemm, proj_bytes, r.memory);
+
+  // Core attention: positions attended per token, bytes of KV read per layer.
+  double per_pair = 2.0 * m.heads * (m.qk_head_dim + m.v_head_dim);
+  double pairs = 0, kv_bytes = 0, index_flops = 0, index_bytes = 0;
+  const double window = std::min<double>(m.sliding_window, visible);
+  const double ratio = std::max<std::uint32_t>(l.compress_ratio, 1);
+  switch (l.attention) {
+    case attention_kind::mla:
+      pairs = t * visible;
+      if (p == phase::decode) // absorbed (MQA) form over the latent cache
+        per_pair = 2.0 * m.heads * (m.kv_latent_dim + (m.kv_latent_dim - m.rope_dim));
+      kv_bytes = s.sequences * s.context * m.kv_entry_bytes;
+      break;
+    case attention_kind::sliding:
+      pairs = t * window;
+      kv_bytes = s.sequences * std::min<double>(m.sliding_window, s.context) * m.swa_entry_bytes;
+      break;
+    case attention_kind::hca: {
+      double latents = visible / ratio;
+      pairs = t * (window + latents);
+      kv_bytes = s.sequences * (std::min<double>(m.sliding_window, s.context) * m.swa_entry_bytes
+                                + s.context / ratio * m.kv_entry_bytes);
+      break;
+    }
+    case attention_kind::csa:
+    case attention_kind::ced_encoder:
+    case attention_kind::ced_decoder: {
+      double latents = visible / ratio;
+      double chosen = std::min<double>(m.index_topk, latents);
+      pairs = t * (window + chosen);
+      // Sparse reads: each token gathers its own top-k (decode); prefill tiles share them.
+      double gathered = p == phase::decode ? t * chosen : s.sequences * s.context / ratio;
+      kv_bytes = s.sequences * std::min<double>(m.sliding_window, s.context) * m.swa_entry_bytes
+                 + gathered * m.kv_entry_bytes;
+      if (l.index_source) {
+        double scored = l.candidate_limited && m.candidate_positions > 0
+                          ? std::min<double>(latents, m.candidate_positions)
+                          : latents;
+        index_flops = 2.0 * t * m.index_heads * m.index_head_dim * scored;
+        index_bytes = s.sequences * s.context / ratio * m.index_entry_bytes;
+      }
+      break;
+    }
+  }
+  double core = roofline(pairs * per_pair, r.attention, kv_bytes, r.memory);
+  double indexer = index_flops > 0 ? roofline(index_flops, r.gemm, index_bytes, r.memory) : 0;
+  c.attention_core = core;
+  c.attention = proj + core + indexer;
+
+  // Experts or dense FFN.
+  if (l.moe) {
+    const double k = m.experts_per_token;
+    const double local_experts = std::ceil(double(m.routed_experts) / ep);
+    const double pairs_local = t * k; // balanced: each GPU receives what it sends
+    const double active = std::min(local_experts, pairs_local);
+    double routed = roofline(2.0 * pairs_local * m.expert_params, r.gemm,
+                             active * m.expert_params * m.expert_bytes_per_param, r.memory);
+    double shared = m.shared_experts == 0
+                      ? 0
+                      : roofline(2.0 * t * m.shared_experts * m.expert_params, r.gemm,
+                                 m.shared_experts * m.expert_params * m.dense_bytes_per_param,
+                                 r.memory);
+    double router_params = double(m.hidden) * m.routed_experts;
+    double router = roofline(2.0 * t * router_params, r.gemm, router_params * 4.0, r.memory);
+    c.moe = routed + shared + router;
+    // Dispatch in FP8 (with a 4-byte scale per 128 channels), combine in BF16.
+    double fp8_copy = m.hidden + m.hidden / 128.0 * 4.0;
+    double bf16_copy = 2.0 * m.hidden;
+    c.comm = all_to_all(m, hw, p, ep, t, fp8_copy) + all_to_all(m, hw, p, ep, t, bf16_copy);
+  } else {
+    double params = 3.0 * m.hidden * m.dense_intermediate;
+    c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
+  }
+
+  // Engram: the projection is a dense GEMM; the lookups read table rows from host memory (the
+  // cached share) or SSD (one random read per row).
+  if (l.engram && m.engram_rows_per_token > 0) {
+    double params = m.engram_projection_params;
+    c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
+    double rows = t * m.engram_rows_per_token;
+    double hit = std::clamp(opt.engram_host_hit_ratio, 0.0, 1.0);
+    c.engram_read = hit * rows * m.engram_row_bytes / hw.host_to_device_bytes_per_s
+                    + (1.0 - hit) * rows / hw.ssd_read_iops;
+  }
+  return c;
+}
+
+// One step with (split) or without two micro-batches; `eff` is the end-to-end efficiency.
+step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phase p,
+                        std::uint32_t ep, const batch& b, const perf_options& opt, double eff,
+                        bool split) {
+  const double parts = split ? 2.0 : 1.0;
+  // Prefill's all-to-all kernels occupy SMs while they overlap compute; decode's do not.
+  const double sm_share = split && p == phase::prefill ? 1.0 - hw.comm_sm_fraction : 1.0;
+  rates r;
+  r.gemm = hw.fp8_flops * hw.gemm_efficiency * sm_share;
+  r.attention = hw.bf16_flops * hw.attention_efficiency * sm_share;
+  r.memory = hw.hbm_bytes_per_s * hw.memory_efficiency * sm_share;
+
+  shape s;
+  s.tokens = double(b.tokens) / parts;
+  s.sequences = std::max(1.0, double(b.sequences) / parts);
+  s.new_per_seq = s.tokens / s.sequences;
+  s.context = std::max(double(b.context_tokens) / double(b.sequences),
+                       double(b.tokens) / double(b.sequences));
+
+  step_breakdown out;
+  double elapsed = 0;        // compute timeline, for Engram prefetch
+  double engram_ready = 0;   // when the reads issued so far have landed
+  double first_comm = -1;
+  for (const auto& l : m.layers) {
+    auto c = cost_layer(m, hw, l, p, ep, s, r, opt);
+    double compute = parts * c.compute() / eff;
+    double comm = parts * c.comm;
+    double layer = split ? std::max(compute, comm) : compute + comm;
+    if (split && first_comm < 0 && comm > 0)
+      first_comm = c.comm; // the first micro-batch's all-to-all has nothing to hide behind
+    if (c.engram_read > 0) {
+      engram_ready += parts * c.engram_read;
+      out.engram_read_s += parts * c.engram_read;
+      if (engram_ready > elapsed) {
+        out.engram_wait_s += engram_ready - elapsed;
+        elapsed = engram_ready;
+      }
+    }
+    elapsed += layer;
+    out.attention_s += parts * c.attention / eff;
+    out.attention_by_kind_s[static_cast<std::size_t>(l.attention)] +=
+      parts * c.attention_core / eff;
+    out.moe_s += parts * c.moe / eff;
+    out.dense_s += parts * c.dense / eff;
+    out.communication_s += comm;
+    out.overlap_s += compute + comm - layer;
+  }
+  if (first_comm > 0) {
+    elapsed += first_comm;
+    out.overlap_s -= first_comm;
+  }
+  // The lm head: once per sequence in prefill, once per token in decode (BF16 weights).
+  double head_tokens = p == phase::prefill ? double(b.sequences) : double(b.tokens);
+  double head_params = double(m.hidden) * m.vocab;
+  double head = roofline(2.0 * head_tokens * head_params, r.gemm,
+                         head_params * m.head_bytes_per_param, r.memory)
+                / eff;
+  out.dense_s += head;
+  elapsed += head;
+  out.total_s = elapsed;
+  return out;
+}
+
+} // namespace
+
+std::string to_string(phase p) {
+  return p == phase::prefill ? "prefill" : "decode";
+}
+
+batch prefill_batch(std::uint64_t tokens_per_gpu, std::uint64_t prompt_tokens) {
+  batch b;
+  b.tokens = tokens_per_gpu;
+  if (prompt_tokens == 0 || tokens_per_gpu == 0)
+    return b;
+  std::uint64_t whole = tokens_per_gpu / prompt_tokens;
+  std::uint64_t rest = tokens_per_gpu % prompt_tokens;
+  b.sequences = whole + (rest > 0 ? 1 : 0);
+  b.context_tokens = b.sequences * prompt_tokens;
+  return b;
+}
+
+batch decode_batch(std::uint64_t requests_per_gpu, std::uint64_t context_tokens) {
+  batch b;
+  b.tokens = requests_per_gpu;
+  b.sequences = requests_per_gpu;
+  b.context_tokens = requests_per_gpu * std::max<std::uint64_t>(context_tokens, 1);
+  return b;
+}
+
+result<step_breakdown> step_time(const model_profile& m, const hardware_profile& hw, phase p,
+                                 std::uint32_t ep, const batch& b, const perf_options& opt) {
+  using r_t = result<step_breakdown>;
+  if (ep == 0)
+    return r_t::failure("ep must be at least 1");
+  if (b.tokens == 0)
+    return r_t::failure("a step needs at least one token");
+  if (b.sequences == 0)
+    return r_t::failure("a step needs at least one sequence");
+  if (b.sequences > b.tokens)
+    return r_t::failure("a step cannot have more sequences (" + std::to_string(b.sequences)
+                        + ") than tokens (" + std::to_string(b.tokens) + ")");
+  if (m.layers.empty())
+    return r_t::failure("the model has no layers");
+  double eff = p == phase::prefill ? opt.prefill_efficiency : opt.decode_efficiency;
+  if (!(eff > 0 && eff <= 1))
+    return r_t::failure("end-to-end efficiency must be in (0, 1]");
+
+  // The engine splits the batch into two micro-batches when that is faster (it usually is once
+  // the all-to-all is worth hiding); a one-token batch cannot be split.
+  auto best = run_step(m, hw, p, ep, b, opt, eff, false);
+  if (opt.two_micro_batches && ep > 1 && b.tokens >= 2) {
+    auto split = run_step(m, hw, p, ep, b, opt, eff, true);
+    if (split.total_s < best.total_s)
+      best = split;
+  }
+  auto& out = best;
+  out.tokens_per_s_per_node = double(b.tokens) * hw.gpus_per_node / out.total_s;
+  return out;
+}
+
+runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,
+                                     perf_options opt) {
+  return [model = std::move(model), hw = std::move(hw), ep,
+          opt](const runtime::device_step& step) -> runtime::duration {
+    if (step.tokens == 0)
+      return runtime::duration{0};
+    batch b;
+    b.tokens = step.tokens;
+    b.sequences = std::clamp<std::uint64_t>(step.sequences, 1, step.tokens);
+    b.context_tokens = step.context_tokens;
+    phase p = step.phase == runtime::step_phase::decode ? phase::decode : phase::prefill;
+    auto r = step_time(model, hw, p, std::max<std::uint32_t>(ep, 1), b, opt);
+    return r ? r->step() : runtime::duration{0};
+  };
+}
+
+} // namespace troupe::cluster::sim

@@ -1,0 +1,98 @@
+// The performance model: how long one device step of a DeepSeek MoE model takes on a hardware.
+//
+// The simulated world replaces every GPU with a device port that answers each step after a
+// modelled duration, so the cluster's control code (batching, routing, autoscaling) sees
+// realistic timing without GPUs. That duration comes from here: a roofline per layer (attention
+// by layer kind, MoE grouped GEMMs, dense parts, Engram table reads) with efficiency factors
+// from published kernel measurements, plus the expert-parallel dispatch/combine all-to-all over
+// the fabric it crosses, overlapped with compute by two micro-batches as DeepSeek's engine does.
+// Two end-to-end factors are fitted so that DeepSeek-V3 on H800 reproduces DeepSeek's published
+// profile; docs/perf-model.md lists every factor, its source and the calibration results.
+//
+// Everything is a pure function of its arguments: same inputs, same duration, so the simulated
+// world stays deterministic.
+#pragma once
+
+#include "cluster/sim/hardware.hpp"
+#include "cluster/sim/model_profile.hpp"
+#include "cluster/sim/result.hpp"
+#include "runtime/ports/device.hpp"
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace troupe::cluster::sim {
+
+enum class phase : std::uint8_t { prefill, decode };
+
+std::string to_string(phase p);
+
+/// What one GPU computes in one step.
+struct batch {
+  /// Tokens computed (summed over sequences); at least 1.
+  std::uint64_t tokens = 0;
+  /// Sequences in the batch; at least 1 and at most `tokens`.
+  std::uint64_t sequences = 0;
+  /// KV length each sequence has after the step, summed over sequences (prefix + new tokens).
+  /// Values below `tokens` are read as `tokens` (no cached prefix).
+  std::uint64_t context_tokens = 0;
+};
+
+/// Prefill of prompts of `prompt_tokens` each, `tokens_per_gpu` tokens per GPU: whole prompts,
+/// and where the tokens do not divide evenly, one more sequence that is the tail of a prompt
+/// whose head ran earlier (a prompt split across micro-batches or steps), so every sequence
+/// attends over a whole prompt. Fewer tokens than one prompt is one chunk of a chunked prefill.
+batch prefill_batch(std::uint64_t tokens_per_gpu, std::uint64_t prompt_tokens);
+
+/// Decode: one new token for each of `requests_per_gpu` sequences with `context_tokens` of KV.
+batch decode_batch(std::uint64_t requests_per_gpu, std::uint64_t context_tokens);
+
+/// Knobs of the model that are not hardware: the fitted end-to-end factors and the serving
+/// choices. Defaults are the calibrated values (docs/perf-model.md).
+struct perf_options {
+  /// Fraction of the kernel-level roofline that the whole engine reaches (launch gaps, norms,
+  /// rope, quantization, routing and permutation kernels, micro-batch bookkeeping). Fitted to
+  /// DeepSeek's V3 H800 profile.
+  double prefill_efficiency = 0.615;
+  double decode_efficiency = 0.527;
+  /// Split the batch into two micro-batches so one's all-to-all overlaps the other's compute.
+  bool two_micro_batches = true;
+  /// Fraction of Engram rows found in the host-memory cache (the rest are SSD random reads).
+  double engram_host_hit_ratio = 0.95;
+};
+
+/// Where a step's time goes, in seconds. `total_s` is the step time; the parts are the modelled
+/// busy times (already divided by the end-to-end efficiency) and do not add up to it:
+/// attention + moe + dense + communication - overlap + engram_wait = total.
+struct step_breakdown {
+  double attention_s = 0;      // attention blocks: projections, indexer, core attention
+  double moe_s = 0;            // routed and shared experts, router
+  double dense_s = 0;          // dense FFN layers, Engram projections, lm head
+  double engram_read_s = 0;    // Engram table reads (prefetched in parallel with compute)
+  double engram_wait_s = 0;    // the part of the reads compute had to wait for
+  double communication_s = 0;  // EP dispatch + combine
+  double overlap_s = 0;        // communication hidden behind compute by micro-batching
+  double total_s = 0;
+  /// Core-attention time by layer kind (indexed by attention_kind).
+  std::array<double, 6> attention_by_kind_s{};
+  /// Tokens this step produces per second per node (prefill: input tokens; decode: tokens).
+  double tokens_per_s_per_node = 0;
+
+  runtime::duration step() const { return runtime::from_seconds(total_s); }
+};
+
+/// The time of one step of `model` on `hw` in `p` with expert parallelism `ep`, for the batch
+/// one GPU holds (every GPU of the EP group is assumed to hold a like batch and a balanced share
+/// of the routed experts). Fails, with a message, when ep is 0, the batch has no tokens or
+/// sequences, or sequences exceed tokens.
+result<step_breakdown> step_time(const model_profile& model, const hardware_profile& hw, phase p,
+                                 std::uint32_t ep, const batch& b, const perf_options& opt = {});
+
+/// A device-port cost function for one GPU rank of an EP group: each `device_step` is costed by
+/// `step_time` from its phase (encode is costed as prefill), tokens, sequences and
+/// context_tokens. A step with no tokens costs nothing; zero sequences count as one.
+runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,
+                                     perf_options opt = {});
+
+} // namespace troupe::cluster::sim

@@ -1,0 +1,362 @@
+// Tests of cluster/sim: hardware profiles, model profiles from HF configs, and the perf model
+// (calibration against DeepSeek's published V3 profile, monotonicity, parse errors).
+#include "cluster/sim/hardware.hpp"
+#include "cluster/sim/model_profile.hpp"
+#include "cluster/sim/perf_model.hpp"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+using namespace troupe::cluster::sim;
+using nlohmann::json;
+
+namespace {
+
+const std::filesystem::path source_dir{TROUPE_SOURCE_DIR};
+const std::filesystem::path models_dir = source_dir / "examples" / "models";
+
+model_profile model(const char* name) {
+  auto m = resolve_model(name, models_dir);
+  INFO(m.error());
+  REQUIRE(m.ok());
+  return *m;
+}
+
+hardware_profile hardware(const char* name) {
+  auto h = hardware_by_name(name);
+  INFO(h.error());
+  REQUIRE(h.ok());
+  return *h;
+}
+
+step_breakdown step(const model_profile& m, const hardware_profile& h, phase p, std::uint32_t ep,
+                    const batch& b) {
+  auto r = step_time(m, h, p, ep, b);
+  INFO(r.error());
+  REQUIRE(r.ok());
+  return *r;
+}
+
+json read_json(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  return json::parse(in);
+}
+
+// The error of model_from_config on `config`; empty if it parsed.
+std::string parse_error(const json& config) {
+  auto m = model_from_config(config, "test");
+  return m.ok() ? std::string{} : m.error();
+}
+
+const char* const all_models[] = {"deepseek-v3", "deepseek-v4-flash", "deepseek-v4.1-flash"};
+const char* const all_hardware[] = {"H800", "H100", "H200", "B200", "Ascend950"};
+
+} // namespace
+
+// --- calibration -----------------------------------------------------------------------------
+
+TEST_CASE("V3 prefill on H800, EP32, 4K prompts, 16K tokens per GPU is within 10% of 62.7k "
+          "input tokens/s per node") {
+  auto r = step(model("deepseek-v3"), hardware("H800"), phase::prefill, 32,
+                prefill_batch(16384, 4096));
+  INFO("modelled: ", r.tokens_per_s_per_node, " tokens/s per node, step ", r.total_s * 1e3, " ms");
+  CHECK(r.tokens_per_s_per_node >= 62700 * 0.9);
+  CHECK(r.tokens_per_s_per_node <= 62700 * 1.1);
+}
+
+TEST_CASE("V3 decode on H800, EP128, 4K context, 128 requests per GPU is within 10% of 18.6k "
+          "output tokens/s per node") {
+  auto r = step(model("deepseek-v3"), hardware("H800"), phase::decode, 128,
+                decode_batch(128, 4096));
+  INFO("modelled: ", r.tokens_per_s_per_node, " tokens/s per node, step ", r.total_s * 1e3, " ms");
+  CHECK(r.tokens_per_s_per_node >= 18600 * 0.9);
+  CHECK(r.tokens_per_s_per_node <= 18600 * 1.1);
+}
+
+// --- monotonicity ----------------------------------------------------------------------------
+
+TEST_CASE("more prefill tokens per GPU never make a step shorter") {
+  for (auto name : all_models) {
+    auto m = model(name);
+    for (auto hw_name : {"H800", "B200"}) {
+      auto h = hardware(hw_name);
+      double previous = 0;
+      for (std::uint64_t t = 1; t <= 65536; t = t < 64 ? t + 1 : t + t / 7) {
+        auto r = step(m, h, phase::prefill, 32, prefill_batch(t, 4096));
+        INFO(name, " on ", hw_name, " at ", t, " tokens");
+        CHECK(r.total_s >= previous);
+        previous = r.total_s;
+      }
+    }
+  }
+}
+
+TEST_CASE("more decode requests per GPU never make a step shorter") {
+  for (auto name : all_models) {
+    auto m = model(name);
+    auto h = hardware("H200");
+    double previous = 0;
+    for (std::uint64_t r = 1; r <= 512; ++r) {
+      auto s = step(m, h, phase::decode, 128, decode_batch(r, 8192));
+      INFO(name, " at ", r, " requests");
+      CHECK(s.total_s >= previous);
+      previous = s.total_s;
+    }
+  }
+}
+
+TEST_CASE("more decode context never makes a step shorter") {
+  for (auto name : all_models) {
+    auto m = model(name);
+    auto h = hardware("H800");
+    double previous = 0;
+    for (std::uint64_t ctx = 1; ctx <= (1u << 20); ctx = ctx * 3 / 2 + 1) {
+      auto s = step(m, h, phase::decode, 64, decode_batch(64, ctx));
+      INFO(name, " at context ", ctx);
+      CHECK(s.total_s >= previous);
+      previous = s.total_s;
+    }
+  }
+}
+
+TEST_CASE("a longer cached prefix never makes a prefill step shorter") {
+  for (auto name : all_models) {
+    auto m = model(name);
+    auto h = hardware("H800");
+    double previous = 0;
+    for (std::uint64_t prefix = 0; prefix <= 256 * 1024; prefix = prefix * 2 + 512) {
+      batch b{8192, 2, 2 * (4096 + prefix)};
+      auto s = step(m, h, phase::prefill, 16, b);
+      INFO(name, " with prefix ", prefix);
+      CHECK(s.total_s >= previous);
+      previous = s.total_s;
+    }
+  }
+}
+
+TEST_CASE("tokens per second per node is positive for every model on every hardware") {
+  for (auto name : all_models)
+    for (auto hw_name : all_hardware)
+      for (auto p : {phase::prefill, phase::decode}) {
+        auto b = p == phase::prefill ? prefill_batch(8192, 4096) : decode_batch(64, 4096);
+        auto r = step(model(name), hardware(hw_name), p, 64, b);
+        INFO(name, " on ", hw_name, " ", to_string(p));
+        CHECK(r.tokens_per_s_per_node > 0);
+        CHECK(r.total_s > 0);
+      }
+}
+
+TEST_CASE("V4.1-Flash prefill is cheaper per token than V3 prefill") {
+  auto h = hardware("H800");
+  auto b = prefill_batch(16384, 4096);
+  auto v3 = step(model("deepseek-v3"), h, phase::prefill, 32, b);
+  auto v41 = step(model("deepseek-v4.1-flash"), h, phase::prefill, 32, b);
+  // 8B against 37B active parameters per prefill token: at least twice as fast.
+  CHECK(v41.total_s * 2 < v3.total_s);
+}
+
+TEST_CASE("decode on H200 is no slower than on H800, whose HBM and NVLink are slower") {
+  auto b = decode_batch(128, 16384);
+  for (auto name : all_models) {
+    auto h800 = step(model(name), hardware("H800"), phase::decode, 128, b);
+    auto h200 = step(model(name), hardware("H200"), phase::decode, 128, b);
+    CHECK(h200.total_s <= h800.total_s);
+  }
+}
+
+TEST_CASE("the breakdown adds up to the step time") {
+  auto r = step(model("deepseek-v4.1-flash"), hardware("H800"), phase::prefill, 32,
+                prefill_batch(16384, 8192));
+  double parts = r.attention_s + r.moe_s + r.dense_s + r.communication_s - r.overlap_s
+                 + r.engram_wait_s;
+  CHECK(parts == doctest::Approx(r.total_s).epsilon(1e-9));
+}
+
+TEST_CASE("a step with no sequences, more sequences than tokens or EP 0 is an error") {
+  auto m = model("deepseek-v3");
+  auto h = hardware("H800");
+  CHECK_FALSE(step_time(m, h, phase::decode, 0, decode_batch(8, 128)).ok());
+  CHECK_FALSE(step_time(m, h, phase::decode, 8, batch{0, 0, 0}).ok());
+  CHECK_FALSE(step_time(m, h, phase::decode, 8, batch{4, 0, 4}).ok());
+  auto r = step_time(m, h, phase::decode, 8, batch{4, 8, 4096});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("more sequences") != std::string::npos);
+}
+
+TEST_CASE("the device-port cost function charges a step what step_time says") {
+  auto m = model("deepseek-v4.1-flash");
+  auto h = hardware("H800");
+  auto cost = make_step_cost(m, h, 64);
+  troupe::runtime::device_step s;
+  s.phase = troupe::runtime::step_phase::decode;
+  s.tokens = 96;
+  s.sequences = 96;
+  s.context_tokens = 96 * 4096;
+  auto expected = step(m, h, phase::decode, 64, batch{96, 96, 96 * 4096});
+  CHECK(cost(s) == expected.step());
+  CHECK(cost(s) > troupe::runtime::duration{0});
+  s.tokens = 0;
+  CHECK(cost(s) == troupe::runtime::duration{0});
+}
+
+// --- model profiles ----------------------------------------------------------------------------
+
+TEST_CASE("the V3 config reads as 61 MLA layers, 3 dense, 256 experts top-8, ~37B active") {
+  auto m = model("deepseek-v3");
+  CHECK(m.family == model_family::deepseek_v3);
+  CHECK(m.layers.size() == 61);
+  CHECK(m.moe_layer_count() == 58);
+  CHECK(m.routed_experts == 256);
+  CHECK(m.shared_experts == 1);
+  CHECK(m.experts_per_token == 8);
+  CHECK(m.active_params_decode == doctest::Approx(37e9).epsilon(0.03));
+  CHECK(m.total_params == doctest::Approx(671e9).epsilon(0.02));
+  CHECK(m.kv_bytes_per_token == doctest::Approx(61.0 * 576 * 2));
+}
+
+TEST_CASE("the V4.1-Flash config reads as the causal encoder-decoder with FP4 KV of ~890 bytes "
+          "per token") {
+  auto m = model("deepseek-v4.1-flash");
+  CHECK(m.family == model_family::deepseek_v41);
+  REQUIRE(m.layers.size() == 40);
+  auto count = [&](attention_kind k) {
+    return std::count_if(m.layers.begin(), m.layers.end(),
+                         [&](const layer_profile& l) { return l.attention == k; });
+  };
+  CHECK(count(attention_kind::sliding) == 2);
+  CHECK(count(attention_kind::ced_encoder) == 18);
+  CHECK(count(attention_kind::ced_decoder) == 20);
+  CHECK(m.hidden == 5120);
+  CHECK(m.heads == 64);
+  CHECK(m.qk_head_dim == 512);
+  CHECK(m.routed_experts == 384);
+  CHECK(m.experts_per_token == 6);
+  CHECK(m.moe_intermediate == 2304);
+  CHECK(m.index_topk == 512);
+  CHECK(m.layers[1].engram);
+  CHECK(m.layers[14].engram);
+  CHECK(m.layers[2].kv_source);
+  CHECK(m.layers[20].kv_source);
+  CHECK_FALSE(m.layers[3].kv_source);
+  CHECK(m.layers[24].index_source);
+  CHECK(m.layers[24].candidate_limited);
+  CHECK(m.draft_layers == 3);
+  CHECK(m.kv_bytes_per_token == doctest::Approx(890).epsilon(0.02));
+  CHECK(m.kv_bytes_per_block() / 1024 == doctest::Approx(111).epsilon(0.02));
+  CHECK(m.active_params_prefill == doctest::Approx(8e9).epsilon(0.05));
+  CHECK(m.active_params_decode == doctest::Approx(16e9).epsilon(0.05));
+}
+
+TEST_CASE("the V4-Flash config reads as 43 layers of sliding, CSA and HCA attention, ~13B active") {
+  auto m = model("deepseek-v4-flash");
+  CHECK(m.family == model_family::deepseek_v4);
+  REQUIRE(m.layers.size() == 43);
+  auto count = [&](attention_kind k) {
+    return std::count_if(m.layers.begin(), m.layers.end(),
+                         [&](const layer_profile& l) { return l.attention == k; });
+  };
+  CHECK(count(attention_kind::sliding) == 2);
+  CHECK(count(attention_kind::csa) == 21);
+  CHECK(count(attention_kind::hca) == 20);
+  CHECK(m.active_params_decode == doctest::Approx(13e9).epsilon(0.05));
+  CHECK(m.total_params == doctest::Approx(284e9).epsilon(0.03));
+  // About four times V4.1-Flash's KV per token.
+  CHECK(m.kv_bytes_per_token == doctest::Approx(4 * 890).epsilon(0.05));
+}
+
+TEST_CASE("topology model names resolve case-insensitively and unknown names list the known") {
+  CHECK(resolve_model("DeepSeek-V4.1-Flash", models_dir).ok());
+  auto r = resolve_model("deepseek-v5", models_dir);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("deepseek-v4.1-flash") != std::string::npos);
+}
+
+TEST_CASE("a config without a required field names that field") {
+  auto c = read_json(models_dir / "DeepSeek-V3" / "config.json");
+  c.erase("kv_lora_rank");
+  CHECK(parse_error(c) == "kv_lora_rank: missing");
+}
+
+TEST_CASE("a config field of the wrong type names the field and the value") {
+  auto c = read_json(models_dir / "DeepSeek-V3" / "config.json");
+  c["num_hidden_layers"] = "61";
+  auto e = parse_error(c);
+  CHECK(e.find("num_hidden_layers") != std::string::npos);
+  CHECK(e.find("\"61\"") != std::string::npos);
+}
+
+TEST_CASE("a V4.1 config reports its missing fields under text_config") {
+  auto c = read_json(models_dir / "DeepSeek-V4.1-Flash" / "config.json");
+  c["text_config"].erase("kv_source_layer_ids");
+  CHECK(parse_error(c) == "text_config.kv_source_layer_ids: missing");
+  c.erase("text_config");
+  CHECK(parse_error(c).rfind("text_config: missing", 0) == 0);
+}
+
+TEST_CASE("a V4.1 KV source on a sliding-only layer is an error") {
+  auto c = read_json(models_dir / "DeepSeek-V4.1-Flash" / "config.json");
+  c["text_config"]["kv_source_layer_ids"] = {0, 8, 14, 20};
+  CHECK(parse_error(c).find("kv_source_layer_ids: layer 0") != std::string::npos);
+}
+
+TEST_CASE("a V4 compress ratio other than 0, 4 or 128 is an error") {
+  auto c = read_json(models_dir / "DeepSeek-V4-Flash" / "config.json");
+  c["compress_ratios"][5] = 16;
+  CHECK(parse_error(c).find("compress_ratios[5]") != std::string::npos);
+}
+
+TEST_CASE("an unsupported model_type is an error that lists the supported ones") {
+  json c{{"model_type", "llama"}};
+  CHECK(parse_error(c).find("deepseek_v41") != std::string::npos);
+  CHECK(parse_error(json::object()).rfind("model_type: missing", 0) == 0);
+}
+
+TEST_CASE("a missing config file is an error naming the path") {
+  auto r = load_model_config(source_dir / "no-such-model" / "config.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("no-such-model") != std::string::npos);
+}
+
+// --- hardware ----------------------------------------------------------------------------------
+
+TEST_CASE("hardware names resolve case-insensitively") {
+  for (auto name : {"h800", "H100", "h200", "b200", "ascend950", "ASCEND950"})
+    CHECK(hardware_by_name(name).ok());
+  CHECK(hardware("h800").name == "H800");
+}
+
+TEST_CASE("cpu hardware is rejected with a message that says why") {
+  auto r = hardware_by_name("cpu");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("no performance model") != std::string::npos);
+}
+
+TEST_CASE("an unknown hardware name lists the known ones") {
+  auto r = hardware_by_name("H900");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("H800") != std::string::npos);
+}
+
+TEST_CASE("a JSON hardware profile overrides the fields of its base") {
+  auto r = hardware_from_json(json{{"base", "Ascend950"}, {"name", "a950-slow"},
+                                   {"hbm_bytes_per_s", 1.6e12}});
+  INFO(r.error());
+  REQUIRE(r.ok());
+  CHECK(r->name == "a950-slow");
+  CHECK(r->hbm_bytes_per_s == 1.6e12);
+  CHECK(r->fp8_flops == hardware("Ascend950").fp8_flops);
+}
+
+TEST_CASE("a JSON hardware profile with an unknown field or a missing rate is an error") {
+  auto unknown = hardware_from_json(json{{"base", "H800"}, {"hbm_bandwidth", 1}});
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().find("hbm_bandwidth") != std::string::npos);
+  auto missing = hardware_from_json(json{{"name", "x"}, {"bf16_flops", 1e15}});
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().find("missing") != std::string::npos);
+}
