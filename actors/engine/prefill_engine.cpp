@@ -55,22 +55,42 @@ void step(engine_ptr self) {
   auto& st = self->state;
   if (st.stepping)
     return;
+  // Each ready job first gets an equal share of the budget (at least one block), so a short
+  // prompt is not held behind a long one; budget left over goes to jobs in arrival order.
+  std::vector<std::uint64_t> ready;
+  for (auto id : st.order) {
+    auto& j = st.jobs.at(id);
+    if (j.ready && j.remaining > 0)
+      ready.push_back(id);
+  }
+  if (ready.empty())
+    return;
+  std::map<std::uint64_t, std::uint64_t> take;
+  auto budget = st.params.step_tokens;
+  auto share = std::max<std::uint64_t>(budget / ready.size(), 128);
+  for (int pass = 0; pass < 2 && budget > 0; ++pass) {
+    for (auto id : ready) {
+      if (budget == 0)
+        break;
+      auto& j = st.jobs.at(id);
+      auto left = j.remaining - take[id];
+      auto n = std::min({budget, left, pass == 0 ? share : left});
+      take[id] += n;
+      budget -= n;
+    }
+  }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
   runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0};
-  auto budget = st.params.step_tokens;
-  for (auto id : st.order) {
-    if (budget == 0)
-      break;
-    auto& j = st.jobs.at(id);
-    if (!j.ready || j.remaining == 0)
+  for (auto id : ready) {
+    auto n = take[id];
+    if (n == 0)
       continue;
-    auto take = std::min(budget, j.remaining);
-    budget -= take;
-    batch.emplace_back(id, take);
-    ds.tokens += take;
+    auto& j = st.jobs.at(id);
+    batch.emplace_back(id, n);
+    ds.tokens += n;
     ds.sequences += 1;
     // Attention of this chunk covers everything before it in the prompt.
-    ds.context_tokens += j.job.input_tokens - j.remaining + take;
+    ds.context_tokens += j.job.input_tokens - j.remaining + n;
   }
   if (batch.empty())
     return;

@@ -2,8 +2,9 @@
 //
 // A prefill instance computes the uncached part of each prompt and hands the KV on. Long
 // prompts must not block short ones for seconds, so the engine cuts work into chunks: each
-// device step takes up to `step_tokens` tokens from the jobs in arrival order (a job may span
-// several steps) and runs them as one batch on the instance's leader rank, whose step time
+// device step takes up to `step_tokens` tokens — every ready job first gets an equal share
+// (at least one 128-token block), what is left goes to jobs in arrival order; a job may span
+// several steps — and runs them as one batch on the instance's leader rank, whose step time
 // covers the whole EP group. Cached blocks are not computed: the instance's block fetcher
 // reads them (store → host → device) layer by layer, so a job may start computing once the
 // first layer has arrived and finishes no earlier than the last one. The sliding-window KV

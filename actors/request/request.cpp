@@ -2,6 +2,7 @@
 
 #include <caf/event_based_actor.hpp>
 #include <caf/local_actor.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
 namespace troupe::actors {
@@ -76,8 +77,9 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
               st.outcome.prefill_started = done.started;
               st.outcome.first_token = done.finished;
               // The prompt's full blocks are persisted as the KV moves on to decode.
+              // (Anonymous: the store's reply must not come back to this actor.)
               if (!st.spec.chain.empty())
-                self->send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
+                caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
               decode(self);
             },
             [self, a, uncached](const caf::error& err) {

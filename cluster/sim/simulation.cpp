@@ -1,0 +1,411 @@
+#include "cluster/sim/simulation.hpp"
+
+#include "actors/instance.hpp"
+#include "actors/kv/kv_store.hpp"
+#include "actors/lb/decode_lb.hpp"
+#include "actors/lb/prefill_lb.hpp"
+#include "actors/request/request.hpp"
+#include "actors/type_ids.hpp"
+#include "cluster/sim/hardware.hpp"
+#include "cluster/sim/model_profile.hpp"
+#include "cluster/sim/perf_model.hpp"
+#include "cluster/sim/trace_source.hpp"
+#include "runtime/ports/device.hpp"
+#include "runtime/ports/link.hpp"
+#include "runtime/supervisor.hpp"
+#include "runtime/world.hpp"
+
+#include <caf/all.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+
+namespace troupe::cluster::sim {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const pool_spec* find_pool(const topology& topo, pool_role role) {
+  for (auto& p : topo.pools)
+    if (p.role == role)
+      return &p;
+  return nullptr;
+}
+
+/// Device time per instance, accumulated by the cost functions (one thread in the sim).
+struct busy_table {
+  std::map<std::string, double> seconds;
+};
+
+/// A device cost for the leader rank of an instance: the engine's step covers the whole
+/// instance, so each GPU's share is 1/ranks of it.
+runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_profile& hw,
+                                    std::uint32_t ep, std::uint32_t ranks,
+                                    std::shared_ptr<busy_table> busy, std::string key) {
+  auto per_gpu = make_step_cost(model, hw, ep);
+  return [per_gpu, ranks, busy, key](const runtime::device_step& s) {
+    auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
+    runtime::device_step g = s;
+    g.tokens = share(s.tokens);
+    g.sequences = static_cast<std::uint32_t>(share(s.sequences));
+    g.context_tokens = share(s.context_tokens);
+    auto d = per_gpu(g);
+    busy->seconds[key] += runtime::to_seconds(d);
+    return d;
+  };
+}
+
+double percentile(std::vector<double> xs, double p) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  auto rank = p / 100.0 * static_cast<double>(xs.size() - 1);
+  auto lo = static_cast<std::size_t>(std::floor(rank));
+  auto hi = static_cast<std::size_t>(std::ceil(rank));
+  return xs[lo] + (xs[hi] - xs[lo]) * (rank - static_cast<double>(lo));
+}
+
+nlohmann::json percentiles(const std::vector<double>& xs) {
+  return {{"p50", percentile(xs, 50)}, {"p90", percentile(xs, 90)}, {"p99", percentile(xs, 99)}};
+}
+
+/// Rounds to 6 significant decimals so that reports compare as text across compilers.
+double tidy(double x) {
+  return std::round(x * 1e6) / 1e6;
+}
+
+long peak_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+template <class T, class Handle, class... Ts>
+std::shared_ptr<std::optional<T>> ask(caf::actor_system& sys, const Handle& dest, Ts... xs) {
+  auto out = std::make_shared<std::optional<T>>();
+  sys.spawn([dest, out, xs...](caf::event_based_actor* self) {
+    self->request(dest, caf::infinite, xs...).then([out](T& x) { *out = std::move(x); });
+  });
+  return out;
+}
+
+/// The time series of a run, binned by virtual time, computed from the outcomes.
+nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
+                           runtime::time_point origin, double span_s) {
+  auto bin_s = std::max(1.0, std::ceil(span_s / 120.0));
+  auto bins = static_cast<std::size_t>(std::ceil(span_s / bin_s)) + 1;
+  std::vector<double> input(bins), output(bins), in_flight(bins), hit_tokens(bins),
+    prompt_tokens(bins);
+  std::vector<std::vector<double>> ttft(bins);
+  auto at = [&](runtime::time_point t) {
+    auto s = runtime::to_seconds(t - origin);
+    return std::min(bins - 1, static_cast<std::size_t>(std::max(0.0, s) / bin_s));
+  };
+  for (auto& o : outcomes) {
+    if (!o.completed)
+      continue;
+    auto b = at(o.finished);
+    input[b] += static_cast<double>(o.input_tokens);
+    output[b] += static_cast<double>(o.output_tokens);
+    auto a = at(o.admitted);
+    ttft[a].push_back(runtime::to_seconds(o.first_token - o.admitted) * 1e3);
+    hit_tokens[a] += static_cast<double>(o.hit_tokens);
+    prompt_tokens[a] += static_cast<double>(o.input_tokens);
+    for (auto i = a; i <= b; ++i)
+      in_flight[i] += 1;
+  }
+  nlohmann::json series;
+  series["bin_s"] = bin_s;
+  for (std::size_t i = 0; i < bins; ++i) {
+    series["t_s"].push_back(tidy(static_cast<double>(i) * bin_s));
+    series["input_tokens_per_s"].push_back(tidy(input[i] / bin_s));
+    series["output_tokens_per_s"].push_back(tidy(output[i] / bin_s));
+    series["requests_in_flight"].push_back(in_flight[i]);
+    series["token_hit_rate"].push_back(
+      tidy(prompt_tokens[i] > 0 ? hit_tokens[i] / prompt_tokens[i] : 0));
+    series["ttft_p50_ms"].push_back(tidy(percentile(ttft[i], 50)));
+    series["ttft_p99_ms"].push_back(tidy(percentile(ttft[i], 99)));
+  }
+  return series;
+}
+
+} // namespace
+
+result<sim_outcome> run_simulation(const topology& topo, const std::vector<request_record>& records,
+                                   const sim_options& options) {
+  auto wall_start = std::chrono::steady_clock::now();
+  auto model = resolve_model(topo.cluster.model, default_models_dir());
+  if (!model)
+    return result<sim_outcome>::failure(model.error());
+  auto hw = resolve_hardware(topo.cluster.hardware);
+  if (!hw)
+    return result<sim_outcome>::failure(hw.error());
+  auto* prefill_pool = find_pool(topo, pool_role::prefill);
+  auto* decode_pool = find_pool(topo, pool_role::decode);
+  if (prefill_pool == nullptr || decode_pool == nullptr)
+    return result<sim_outcome>::failure("the topology needs a prefill and a decode pool");
+  const auto& p = options.params;
+
+  runtime::world w{runtime::world_options{runtime::world_mode::sim, options.seed, 0, false,
+                                          actors::register_actor_types}};
+  auto& sys = w.system();
+  auto origin = w.now();
+  auto kv_bytes_per_token = static_cast<std::uint64_t>(std::llround(model->kv_bytes_per_token));
+
+  // Control: the KV CHECK role and the balancers.
+  actors::kv_index_params kv;
+  kv.capacity_bytes = topo.storage.capacity_bytes / std::max<std::uint32_t>(1, p.kv_shards);
+  kv.block_bytes = static_cast<std::uint64_t>(std::llround(model->kv_bytes_per_block()));
+  if (auto i = topo.storage.ttl.find("chatbot"); i != topo.storage.ttl.end())
+    kv.ttl.chatbot = i->second;
+  if (auto i = topo.storage.ttl.find("agent"); i != topo.storage.ttl.end())
+    kv.ttl.agent = i->second;
+  auto kv_store = actors::spawn_sharded_kv_store(sys, kv, std::max<std::uint32_t>(1, p.kv_shards));
+  actors::prefill_lb_params plb;
+  plb.balancer.bucket_bounds = prefill_pool->buckets;
+  plb.rebalance_interval = p.rebalance_interval;
+  auto prefill_lb = actors::spawn_prefill_lb(sys, plb);
+  actors::decode_balancer_params dlb;
+  dlb.long_threshold = p.decode_long_threshold;
+  dlb.long_share = p.decode_long_share;
+  dlb.max_requests = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
+  auto decode_lb = actors::spawn_decode_lb(sys, dlb);
+
+  // Pools: a supervisor each, instances as its children.
+  auto busy = std::make_shared<busy_table>();
+  auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
+    actors::instance_ports ports;
+    auto m = *model;
+    auto h = *hw;
+    auto ranks = pool.gpus_per_instance;
+    auto ep = pool.ep_size;
+    auto name = pool.name;
+    ports.device = [m, h, ranks, ep, busy, name](caf::local_actor* self, actors::instance_id id,
+                                                  std::uint32_t rank) {
+      // Only the leader rank runs the instance's steps (its cost covers the EP group).
+      auto key = name + "/" + std::to_string(id);
+      runtime::step_cost_fn cost
+        = rank == 0 ? instance_cost(m, h, ep, ranks, busy, key)
+                    : runtime::step_cost_fn{[](const runtime::device_step&) {
+                        return runtime::duration{0};
+                      }};
+      return runtime::spawn_sim_device(self->system(), std::move(cost));
+    };
+    ports.link = [link_bw, link_lat](caf::local_actor* self, actors::instance_id) {
+      return runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
+    };
+    return ports;
+  };
+  runtime::supervisor_flags pool_flags{runtime::strategy::one_for_one, 1000, 1h, p.restart_time,
+                                       1.0, p.restart_time};
+  runtime::supervisor_config prefill_cfg{prefill_pool->name, pool_flags, {}};
+  actors::prefill_engine_params pe;
+  pe.step_tokens = p.prefill_tokens_per_gpu * prefill_pool->gpus_per_instance;
+  pe.fetch_layers = static_cast<std::uint32_t>(model->layers.size());
+  for (std::uint32_t i = 0; i < prefill_pool->instances.initial; ++i)
+    prefill_cfg.children.push_back(actors::prefill_instance(
+      prefill_pool->name, i, prefill_pool->gpus_per_instance, pe,
+      ports_for(*prefill_pool, p.fetch_bandwidth, p.fetch_latency), prefill_lb));
+  runtime::supervisor_config decode_cfg{decode_pool->name, pool_flags, {}};
+  actors::decode_engine_params de;
+  de.max_batch = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
+  for (std::uint32_t i = 0; i < decode_pool->instances.initial; ++i)
+    decode_cfg.children.push_back(actors::decode_instance(
+      decode_pool->name, i, decode_pool->gpus_per_instance, de,
+      ports_for(*decode_pool, p.handoff_bandwidth, p.handoff_latency), decode_lb, {}));
+  auto cluster = runtime::spawn_supervisor(
+    sys, {topo.cluster.name,
+          {runtime::strategy::one_for_one, 10, 1h},
+          {runtime::supervisor_child(std::move(prefill_cfg)),
+           runtime::supervisor_child(std::move(decode_cfg))}});
+  w.driver().run_for(0s);
+
+  // The workload, as request specs.
+  auto workload = std::make_shared<std::vector<admission>>();
+  workload->reserve(records.size());
+  std::uint64_t chain_blocks = 0;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    auto& r = records[i];
+    actors::request_spec spec;
+    spec.id = i + 1;
+    spec.input_tokens = r.input_tokens;
+    spec.output_tokens = r.output_tokens;
+    spec.chain = actors::make_chain(std::span<const std::uint64_t>{r.blocks}, r.input_tokens);
+    spec.traffic = r.traffic == traffic_class::agent ? schemas::traffic_class::agent
+                                                     : schemas::traffic_class::chatbot;
+    chain_blocks += spec.chain.size();
+    workload->push_back(admission{r.arrival, std::move(spec)});
+  }
+  auto log = std::make_shared<source_log>();
+  actors::request_services services{kv_store, prefill_lb, decode_lb, kv_bytes_per_token, {}};
+  auto source = spawn_trace_source(sys, workload, services, log);
+
+  // Drive the virtual clock in slices until every request has ended.
+  auto& driver = w.driver();
+  auto total = records.size();
+  auto report_progress = [&] {
+    if (options.progress)
+      options.progress(sim_progress_info{runtime::to_seconds(w.now() - origin), driver.events(),
+                                         log->admitted, log->outcomes.size(), total});
+  };
+  bool finished = false;
+  for (;;) {
+    auto next = w.now() + options.progress_every;
+    if (options.until && next > origin + *options.until)
+      next = origin + *options.until;
+    driver.run_until(next);
+    report_progress();
+    if (log->outcomes.size() == total) {
+      finished = true;
+      break;
+    }
+    if (options.until && w.now() >= origin + *options.until)
+      break;
+  }
+  auto end = w.now();
+  auto events = driver.events();
+
+  // Final counters from the control actors (asked after the clock stopped: no time passes).
+  auto prefill_stats = ask<actors::lb_counters>(sys, prefill_lb, actors::lb_stats_atom::value);
+  auto decode_stats = ask<actors::lb_counters>(sys, decode_lb, actors::lb_stats_atom::value);
+  auto kv_stats = ask<actors::kv_stats>(sys, kv_store, actors::kv_stats_atom::value);
+  driver.run_until(w.now());
+
+  // The report: only what the run itself determines.
+  auto& outcomes = log->outcomes;
+  std::sort(outcomes.begin(), outcomes.end(),
+            [](auto& a, auto& b) { return a.id < b.id; });
+  std::vector<double> ttft, tbt, e2e;
+  std::uint64_t completed = 0, failed = 0, in_tokens = 0, out_tokens = 0, hit_blocks = 0,
+                hit_tokens = 0, prompt_tokens = 0;
+  std::map<std::string, std::uint64_t> failures;
+  runtime::time_point last = origin;
+  for (auto& o : outcomes) {
+    prompt_tokens += o.input_tokens;
+    hit_blocks += o.hit_blocks;
+    hit_tokens += o.hit_tokens;
+    if (!o.completed) {
+      ++failed;
+      ++failures[o.failure];
+      continue;
+    }
+    ++completed;
+    in_tokens += o.input_tokens;
+    out_tokens += o.output_tokens;
+    last = std::max(last, o.finished);
+    ttft.push_back(runtime::to_seconds(o.first_token - o.admitted) * 1e3);
+    e2e.push_back(runtime::to_seconds(o.finished - o.admitted) * 1e3);
+    if (o.output_tokens > 1)
+      tbt.push_back(runtime::to_seconds(o.finished - o.first_token) * 1e3
+                    / static_cast<double>(o.output_tokens - 1));
+  }
+  auto virtual_s = runtime::to_seconds(end - origin);
+  auto span_s = std::max(1e-9, runtime::to_seconds(last - origin));
+  nlohmann::json report;
+  report["topology"] = topo.cluster.name;
+  report["model"] = model->name;
+  report["hardware"] = hw->name;
+  report["seed"] = options.seed;
+  report["requests"] = {{"total", total},
+                        {"admitted", log->admitted},
+                        {"completed", completed},
+                        {"failed", failed},
+                        {"unfinished", log->admitted - outcomes.size()}};
+  if (!failures.empty())
+    report["requests"]["failures"] = failures;
+  auto tidy_all = [](nlohmann::json j) {
+    for (auto& [k, v] : j.items())
+      v = tidy(v.get<double>());
+    return j;
+  };
+  report["latency_ms"] = {{"ttft", tidy_all(percentiles(ttft))},
+                          {"tbt", tidy_all(percentiles(tbt))},
+                          {"e2e", tidy_all(percentiles(e2e))}};
+  report["throughput"] = {{"input_tokens_per_s", tidy(static_cast<double>(in_tokens) / span_s)},
+                          {"output_tokens_per_s", tidy(static_cast<double>(out_tokens) / span_s)}};
+  report["kv"] = {
+    {"block_hit_rate",
+     tidy(chain_blocks > 0 ? static_cast<double>(hit_blocks) / static_cast<double>(chain_blocks)
+                           : 0)},
+    {"token_hit_rate",
+     tidy(prompt_tokens > 0 ? static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens)
+                            : 0)}};
+  if (*kv_stats)
+    report["kv"]["store"] = {{"entries", (*kv_stats)->entries},
+                             {"bytes", (*kv_stats)->bytes},
+                             {"evictions", (*kv_stats)->evictions},
+                             {"expirations", (*kv_stats)->expirations}};
+  for (auto* s : {prefill_stats.get(), decode_stats.get()})
+    if (*s)
+      for (std::size_t i = 0; i < (*s)->names.size(); ++i)
+        report["lb"][(*s)->lb][(*s)->names[i]] = (*s)->values[i];
+  double gpu_seconds = 0;
+  nlohmann::json per_instance;
+  for (auto& [key, seconds] : busy->seconds) {
+    auto pool = key.substr(0, key.find('/'));
+    auto gpus = pool == prefill_pool->name ? prefill_pool->gpus_per_instance
+                                           : decode_pool->gpus_per_instance;
+    gpu_seconds += seconds * gpus;
+    per_instance[key] = tidy(virtual_s > 0 ? seconds / virtual_s : 0);
+  }
+  auto total_gpus = prefill_pool->gpus(prefill_pool->instances.initial)
+                    + decode_pool->gpus(decode_pool->instances.initial);
+  report["gpus"] = {{"total", total_gpus},
+                    {"utilization",
+                     tidy(virtual_s > 0 ? gpu_seconds / (static_cast<double>(total_gpus) * virtual_s)
+                                        : 0)},
+                    {"instance_utilization", per_instance}};
+  report["sim"] = {{"virtual_s", tidy(virtual_s)}, {"events", events}};
+  report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0));
+
+  auto wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  nlohmann::json run;
+  run["wall_s"] = wall_s;
+  run["virtual_s_per_wall_s"] = wall_s > 0 ? virtual_s / wall_s : 0;
+  run["events_per_s"] = wall_s > 0 ? static_cast<double>(events) / wall_s : 0;
+  run["peak_rss_mib"] = static_cast<double>(peak_rss_kib()) / 1024.0;
+  caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(source, caf::exit_reason::user_shutdown);
+  return sim_outcome{std::move(report), std::move(run), finished};
+}
+
+std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
+  auto num = [](const nlohmann::json& j, int prec = 1) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", prec, j.get<double>());
+    return std::string{buf};
+  };
+  std::string out;
+  out += "troupe sim: " + r["topology"].get<std::string>() + " (" + r["model"].get<std::string>()
+         + " on " + r["hardware"].get<std::string>() + "), seed "
+         + std::to_string(r["seed"].get<std::uint64_t>()) + "\n";
+  auto& q = r["requests"];
+  out += "  requests    " + std::to_string(q["admitted"].get<std::uint64_t>()) + " admitted, "
+         + std::to_string(q["completed"].get<std::uint64_t>()) + " completed, "
+         + std::to_string(q["failed"].get<std::uint64_t>()) + " failed, "
+         + std::to_string(q["unfinished"].get<std::uint64_t>()) + " unfinished\n";
+  for (auto name : {"ttft", "tbt", "e2e"}) {
+    auto& l = r["latency_ms"][name];
+    out += std::string{"  "} + name + std::string(12 - std::strlen(name), ' ') + "p50 "
+           + num(l["p50"]) + " ms, p90 " + num(l["p90"]) + " ms, p99 " + num(l["p99"]) + " ms\n";
+  }
+  out += "  throughput  " + num(r["throughput"]["input_tokens_per_s"], 0) + " input tok/s, "
+         + num(r["throughput"]["output_tokens_per_s"], 0) + " output tok/s\n";
+  out += "  kv cache    block hit rate " + num(r["kv"]["block_hit_rate"].get<double>() * 100)
+         + "%, token hit rate " + num(r["kv"]["token_hit_rate"].get<double>() * 100) + "%\n";
+  out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
+         + ", utilization " + num(r["gpus"]["utilization"].get<double>() * 100) + "%\n";
+  out += "  simulated   " + num(r["sim"]["virtual_s"]) + " s virtual, "
+         + std::to_string(r["sim"]["events"].get<std::uint64_t>()) + " events in "
+         + num(run["wall_s"], 2) + " s wall (" + num(run["virtual_s_per_wall_s"], 0)
+         + "x real time, peak RSS " + num(run["peak_rss_mib"], 0) + " MiB)\n";
+  return out;
+}
+
+} // namespace troupe::cluster::sim

@@ -1,0 +1,89 @@
+// simulation: replays a workload through the serving actor graph in the simulated world.
+//
+// This is troupe's main job on a laptop. From a topology it builds the actor graph of the
+// design — the KV store's CHECK role (sharded), prefill_lb and decode_lb, a supervisor per
+// pool whose children are instances (ranks + engine, each rank on a simulated device costed
+// by the performance model), and an entrypoint that admits the workload's requests as
+// request actors — then drives the virtual clock until every request has ended (or a
+// deadline), and summarises what happened: a report that depends only on the topology,
+// workload and seed (so it is byte-identical across runs and machines) and host figures kept
+// apart.
+#pragma once
+
+#include "cluster/sim/result.hpp"
+#include "cluster/sim/trace.hpp"
+#include "cluster/topology.hpp"
+#include "runtime/time.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace troupe::cluster::sim {
+
+/// Knobs of the simulated world that a topology does not carry (documented defaults).
+struct sim_params {
+  /// Tokens per GPU per prefill step (chunked prefill budget).
+  std::uint64_t prefill_tokens_per_gpu = 4096;
+  /// Requests per GPU in a decode batch.
+  std::uint32_t decode_requests_per_gpu = 128;
+  /// KV length from which decode_lb treats a request as long.
+  std::uint64_t decode_long_threshold = 32768;
+  /// Share of decode instances reserved for long requests.
+  double decode_long_share = 0.25;
+  /// Store → device fetch path of one prefill instance (bytes/s, latency).
+  double fetch_bandwidth = 40e9;
+  runtime::duration fetch_latency = std::chrono::microseconds(200);
+  /// Prefill → decode KV hand-off into one decode instance (bytes/s, latency).
+  double handoff_bandwidth = 400e9;
+  runtime::duration handoff_latency = std::chrono::microseconds(20);
+  /// Shards of the KV CHECK role.
+  std::uint32_t kv_shards = 8;
+  /// Time an instance takes to come back after a failure.
+  runtime::duration restart_time = std::chrono::minutes(3);
+  /// prefill_lb re-derives engines per bucket this often.
+  runtime::duration rebalance_interval = std::chrono::seconds(30);
+};
+
+/// How to run.
+struct sim_options {
+  std::uint64_t seed = 0;
+  /// Stop at this virtual time even if requests are still running (they count as unfinished).
+  std::optional<runtime::duration> until;
+  sim_params params;
+  /// Called every `progress_every` of virtual time and at the end.
+  std::function<void(const struct sim_progress_info&)> progress;
+  runtime::duration progress_every = std::chrono::seconds(10);
+};
+
+struct sim_progress_info {
+  double virtual_s = 0;
+  std::uint64_t events = 0;
+  std::uint64_t admitted = 0;
+  std::uint64_t finished = 0;
+  std::uint64_t total = 0;
+};
+
+/// What a run produced.
+struct sim_outcome {
+  /// Reproducible: depends only on topology, workload, options and seed.
+  nlohmann::json report;
+  /// Host figures: wall time, speed, events/s, peak RSS.
+  nlohmann::json run;
+  /// Every request ended (completed or failed); false when stopped by `until`.
+  bool finished = false;
+};
+
+/// Runs `records` (arrival order) on `topo`. Fails with a message when the topology's model
+/// or hardware has no profile or the topology lacks a prefill or decode pool.
+result<sim_outcome> run_simulation(const topology& topo, const std::vector<request_record>& records,
+                                   const sim_options& options);
+
+/// The terminal summary of a report.
+std::string summarize(const nlohmann::json& report, const nlohmann::json& run);
+
+} // namespace troupe::cluster::sim
