@@ -90,10 +90,14 @@ stop_reason sim_driver::drive(std::optional<time_point> deadline) {
       return finish(stop_reason::deadline);
     }
     if (progress_ && progress_every_.count() > 0 && due >= next_progress_) {
-      // Report at the instant the clock passes the mark, with the clock still before it.
+      // Report at the last interval mark the clock passes on its way to `due`, with the clock
+      // standing on that mark: nothing is due before `due`, so the world is as it is there,
+      // and the callback sees at least `every` more virtual time than at its last call.
+      auto mark = next_progress_ + ((due - next_progress_) / progress_every_) * progress_every_;
+      if (clock.current_time < mark)
+        clock.current_time = mark;
       report(deadline);
-      while (next_progress_ <= due)
-        next_progress_ += progress_every_;
+      next_progress_ = mark + progress_every_;
     }
     clock.trigger_timeout();
     ++events_;

@@ -77,6 +77,22 @@ world::~world() {
     } while (sched.clock().has_pending_timeout());
   }
   driver_.reset();
+  if (mode_ == world_mode::sim) {
+    // The test_coordinator's stop() (run by ~actor_system) loops "run every job, fire every
+    // timer" until nothing is left, so a periodic actor would keep the destructor busy for
+    // ever, and anything else still pending would run. Drop every timer and every ready job
+    // first: the actors are not run any further. Releasing a job or a timer's message may
+    // destroy an actor and send down messages (new jobs), hence the loop.
+    auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(system_->scheduler());
+    while (sched.clock().has_pending_timeout() || !sched.jobs.empty()) {
+      sched.clock().cancel_all();
+      while (!sched.jobs.empty()) {
+        auto* job = sched.jobs.front();
+        sched.jobs.pop_front();
+        intrusive_ptr_release(job); // the reference the scheduler held for the job
+      }
+    }
+  }
   system_.reset();
 }
 

@@ -34,13 +34,19 @@ struct sim_fixture {
     return runtime::to_seconds(world.now() - start);
   }
 
-  /// Sends `xs` to `dest` from a probe actor and keeps the reply (or the error). The reply
-  /// is there once the world has run far enough.
+  /// Sends `xs` to `dest` from a probe actor and keeps the reply (or the error) and the
+  /// virtual instant it arrived. The reply is there once the world has run far enough.
   template <class T>
   struct answer {
     std::shared_ptr<std::optional<T>> value = std::make_shared<std::optional<T>>();
     std::shared_ptr<caf::error> error = std::make_shared<caf::error>();
+    std::shared_ptr<std::optional<runtime::time_point>> at =
+      std::make_shared<std::optional<runtime::time_point>>();
     bool ready() const { return value->has_value() || static_cast<bool>(*error); }
+    /// Virtual seconds from `origin` to the arrival of the reply (or error); -1 if none yet.
+    double seconds_since(runtime::time_point origin) const {
+      return at->has_value() ? runtime::to_seconds(**at - origin) : -1.0;
+    }
   };
 
   template <class T, class Handle, class... Ts>
@@ -48,8 +54,15 @@ struct sim_fixture {
     answer<T> a;
     sys.spawn([dest, a, xs...](caf::event_based_actor* self) {
       self->request(dest, caf::infinite, xs...)
-        .then([a](T& x) { *a.value = std::move(x); },
-              [a](caf::error& e) { *a.error = std::move(e); });
+        .then(
+          [a, self](T& x) {
+            *a.at = self->clock().now();
+            *a.value = std::move(x);
+          },
+          [a, self](caf::error& e) {
+            *a.at = self->clock().now();
+            *a.error = std::move(e);
+          });
     });
     return a;
   }
