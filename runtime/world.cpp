@@ -65,17 +65,6 @@ world::world(world_options opts)
 
 world::~world() {
   log::set_clock(nullptr, false, {});
-  if (mode_ == world_mode::sim) {
-    // CAF's test_coordinator, when stopped, runs jobs and fires timers until none are left,
-    // which never ends for an actor with a periodic timer. Drain the ready jobs with every
-    // timer cancelled, so that the coordinator finds nothing to do.
-    auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(system_->scheduler());
-    do {
-      sched.clock().cancel_all();
-      while (sched.try_run_once()) {
-      }
-    } while (sched.clock().has_pending_timeout());
-  }
   driver_.reset();
   if (mode_ == world_mode::sim) {
     // The test_coordinator's stop() (run by ~actor_system) loops "run every job, fire every
