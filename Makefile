@@ -19,10 +19,14 @@ test: deps
 	$(MAKE) build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
-# Installs the dependencies, builds, and runs the main job on a built-in default.
+# Installs the dependencies, builds, and runs the main job on a built-in default: the
+# ≈1,000-GPU example cluster replaying the bundled Mooncake conversation trace.
+RUN_TOPOLOGY ?= examples/topologies/v4flash-1k.toml
+RUN_TRACE ?= examples/traces/mooncake_fast25_conversation_trace.jsonl
+RUN_REPORT ?= $(BUILD_DIR)/report
 run: deps
 	$(MAKE) build
-	$(BUILD_DIR)/troupe topology show examples/topologies/v4flash-1k.toml
+	$(BUILD_DIR)/troupe sim $(RUN_TOPOLOGY) --trace $(RUN_TRACE) --report $(RUN_REPORT)
 
 bench: build
 	$(BUILD_DIR)/bench/bench_supervisor

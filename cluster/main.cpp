@@ -2,6 +2,7 @@
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
+#include "cluster/sim/sim_command.hpp"
 #include "cluster/topology.hpp"
 
 #include <CLI/CLI.hpp>
@@ -186,6 +187,34 @@ int main(int argc, char** argv) {
   perf->add_flag("--json", pm.json, "print one JSON object (step_ms, tokens_per_s_per_node, ...)");
   perf->callback([&] {
     rc = perf_model(pm, tokens_opt->count() > 0, requests_opt->count() > 0);
+  });
+
+  troupe::cluster::sim::sim_command_options sim_opts;
+  std::size_t sim_limit = 0;
+  auto* sim = app.add_subcommand(
+    "sim", "replay a trace or a synthetic workload through a simulated cluster and report");
+  sim->add_option("TOPOLOGY", sim_opts.topology, "a topology file (TOML)")->required();
+  auto* trace_opt
+    = sim->add_option("--trace", sim_opts.trace, "a Mooncake .jsonl or Azure .csv trace");
+  auto* workload_opt
+    = sim->add_option("--workload", sim_opts.workload, "chat | agent | mixed (default chat)");
+  trace_opt->excludes(workload_opt);
+  sim->add_option("--rate", sim_opts.rate, "synthetic workload: requests per second (default 1)");
+  sim->add_option("--duration", sim_opts.duration,
+                  "synthetic workload: how long arrivals go on (default 10min)");
+  sim->add_option("--speedup", sim_opts.speedup, "trace: replay K times faster (default 1)");
+  sim->add_option("--seed", sim_opts.seed, "seed of every random choice (default 0)");
+  sim->add_option("--until", sim_opts.until, "stop at this virtual time (e.g. 1h)");
+  sim->add_option("--limit", sim_limit, "use only the first N requests");
+  sim->add_option("--report", sim_opts.report_dir,
+                  "write report.json, run.json and report.html to this folder");
+  sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");
+  sim->add_flag("--json", sim_opts.json, "print report.json instead of the summary");
+  sim->add_flag("--strict", sim_opts.strict, "a bad trace line is fatal");
+  sim->callback([&] {
+    if (sim_limit > 0)
+      sim_opts.limit = sim_limit;
+    rc = troupe::cluster::sim::run_sim_command(sim_opts, std::cout, std::cerr);
   });
 
   CLI11_PARSE(app, argc, argv);

@@ -268,7 +268,13 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
     if (options.until && w.now() >= origin + *options.until)
       break;
   }
+  // A finished run ends with its last request (not at the end of the last slice).
   auto end = w.now();
+  if (finished) {
+    end = origin;
+    for (auto& o : log->outcomes)
+      end = std::max(end, o.finished);
+  }
   auto events = driver.events();
 
   // Final counters from the control actors (asked after the clock stopped: no time passes).

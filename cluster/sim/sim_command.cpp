@@ -1,0 +1,168 @@
+#include "cluster/sim/sim_command.hpp"
+
+#include "cluster/sim/report_html.hpp"
+#include "cluster/sim/simulation.hpp"
+#include "cluster/sim/trace.hpp"
+#include "cluster/sim/workload.hpp"
+#include "runtime/random.hpp"
+#include "runtime/units.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace troupe::cluster::sim {
+
+namespace {
+
+bool write_file(const std::filesystem::path& path, const std::string& text, std::ostream& err) {
+  std::ofstream f{path, std::ios::binary};
+  f << text;
+  f.close();
+  if (!f) {
+    err << "troupe sim: cannot write " << path.string() << "\n";
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostream& err) {
+  auto topo = load_topology(o.topology);
+  if (!topo.ok()) {
+    for (auto& d : topo.errors)
+      err << d.to_string() << "\n";
+    return 1;
+  }
+  sim_options options;
+  options.seed = o.seed;
+  if (!o.until.empty()) {
+    auto until = runtime::parse_duration(o.until);
+    if (!until) {
+      err << "troupe sim: --until: " << until.error << "\n";
+      return 1;
+    }
+    options.until = until.value;
+  }
+
+  // The workload.
+  std::vector<request_record> records;
+  if (!o.trace.empty()) {
+    load_options lo;
+    lo.speedup = o.speedup;
+    lo.strict = o.strict;
+    lo.max_records = o.limit;
+    auto loaded = load_trace(o.trace, lo);
+    for (auto& d : loaded.diagnostics)
+      err << d.to_string() << "\n";
+    if (!loaded.ok)
+      return 1;
+    if (!loaded.diagnostics.empty() && !o.quiet)
+      err << "troupe sim: " << loaded.diagnostics.size() << " bad line(s) skipped (--strict "
+          << "makes them fatal)\n";
+    records = std::move(loaded.records);
+  } else {
+    auto duration = runtime::parse_duration(o.duration);
+    if (!duration) {
+      err << "troupe sim: --duration: " << duration.error << "\n";
+      return 1;
+    }
+    if (!(o.rate > 0)) {
+      err << "troupe sim: --rate must be > 0 requests per second\n";
+      return 1;
+    }
+    runtime::rng root{o.seed};
+    auto random = root.split("workload");
+    workload w;
+    if (o.workload == "chat") {
+      chat_params p;
+      p.rate = o.rate;
+      p.duration = duration.value;
+      w = generate_chat(p, random);
+    } else if (o.workload == "agent") {
+      agent_params p;
+      p.rate = o.rate;
+      p.duration = duration.value;
+      w = generate_agent(p, random);
+    } else if (o.workload == "mixed") {
+      mixed_params p;
+      p.rate = o.rate;
+      p.duration = duration.value;
+      w = generate_mixed(p, random);
+    } else {
+      err << "troupe sim: --workload must be chat, agent or mixed, not '" << o.workload << "'\n";
+      return 1;
+    }
+    if (!w.ok()) {
+      err << "troupe sim: " << w.error << "\n";
+      return 1;
+    }
+    records = std::move(w.records);
+    if (o.limit && records.size() > *o.limit)
+      records.resize(*o.limit);
+  }
+  if (records.empty()) {
+    err << "troupe sim: the workload has no requests\n";
+    return 1;
+  }
+
+  // Progress on stderr: a bar redrawn in place on a terminal, a line per tenth otherwise.
+  bool tty = isatty(fileno(stderr)) != 0;
+  auto wall_start = std::chrono::steady_clock::now();
+  std::size_t next_tenth = 1;
+  if (!o.quiet)
+    options.progress = [&](const sim_progress_info& p) {
+      auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)
+                    .count();
+      auto done = static_cast<double>(p.finished) / static_cast<double>(p.total);
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "[%-30s] %5.1f%%  %llu/%llu requests  t=%.0fs virtual  %.1fs wall",
+                    std::string(static_cast<std::size_t>(done * 30), '#').c_str(), done * 100,
+                    static_cast<unsigned long long>(p.finished),
+                    static_cast<unsigned long long>(p.total), p.virtual_s, wall);
+      if (tty) {
+        err << "\r" << line << std::flush;
+      } else if (done * 10 >= static_cast<double>(next_tenth)) {
+        err << line << "\n";
+        while (done * 10 >= static_cast<double>(next_tenth))
+          ++next_tenth;
+      }
+    };
+  auto outcome = run_simulation(*topo.value, records, options);
+  if (!o.quiet && tty)
+    err << "\n";
+  if (!outcome) {
+    err << "troupe sim: " << outcome.error() << "\n";
+    return 1;
+  }
+  auto& result = *outcome;
+  if (!o.report_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.report_dir, ec);
+    if (ec) {
+      err << "troupe sim: cannot create " << o.report_dir << ": " << ec.message() << "\n";
+      return 1;
+    }
+    auto dir = std::filesystem::path{o.report_dir};
+    if (!write_file(dir / "report.json", result.report.dump(2) + "\n", err)
+        || !write_file(dir / "run.json", result.run.dump(2) + "\n", err)
+        || !write_file(dir / "report.html", render_html(result.report, result.run), err))
+      return 1;
+  }
+  if (o.json) {
+    out << result.report.dump(2) << "\n";
+  } else {
+    out << summarize(result.report, result.run);
+    if (!o.report_dir.empty())
+      out << "  report      " << (std::filesystem::path{o.report_dir} / "report.html").string()
+          << "\n";
+  }
+  return 0;
+}
+
+} // namespace troupe::cluster::sim

@@ -1,0 +1,37 @@
+// sim_command: `troupe sim`, the simulated cluster from the command line.
+//
+// Loads a topology and a workload (a trace file, or a seeded synthetic generator), runs the
+// simulation with a progress bar on stderr, writes the report files, and prints the terminal
+// summary (or report.json with --json). Kept out of main.cpp so that tests can call it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+namespace troupe::cluster::sim {
+
+struct sim_command_options {
+  std::string topology;
+  /// A Mooncake .jsonl or Azure .csv trace; or, when empty, `workload`.
+  std::string trace;
+  /// chat | agent | mixed (used when no trace is given).
+  std::string workload = "chat";
+  double rate = 1.0;
+  std::string duration = "10min";
+  double speedup = 1.0;
+  std::uint64_t seed = 0;
+  std::string until;
+  std::optional<std::size_t> limit;
+  std::string report_dir;
+  bool quiet = false;
+  bool json = false;
+  bool strict = false;
+};
+
+/// Runs the command; the summary (or JSON) goes to `out`, diagnostics and progress to `err`.
+/// Returns the process exit status: 0 on success, 1 on a bad input or a failed run.
+int run_sim_command(const sim_command_options& options, std::ostream& out, std::ostream& err);
+
+} // namespace troupe::cluster::sim

@@ -1,0 +1,123 @@
+// The simulated cluster end to end: a shipped topology replaying the start of the shipped
+// Mooncake trace. Reproducible from the seed, and every request accounted for.
+#include "cluster/sim/simulation.hpp"
+#include "cluster/sim/trace.hpp"
+#include "cluster/topology.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace troupe::cluster;
+using namespace troupe::cluster::sim;
+
+namespace {
+
+const std::string root = TROUPE_SOURCE_DIR;
+
+struct replay {
+  topology topo;
+  std::vector<request_record> records;
+
+  explicit replay(std::size_t n, double speedup = 1.0) {
+    auto t = load_topology(root + "/examples/topologies/small.toml");
+    REQUIRE(t.ok());
+    topo = *t.value;
+    load_options lo;
+    lo.max_records = n;
+    lo.speedup = speedup;
+    auto loaded = load_mooncake(root + "/examples/traces/mooncake_fast25_conversation_trace.jsonl", lo);
+    REQUIRE(loaded.ok);
+    records = std::move(loaded.records);
+  }
+
+  sim_outcome run(std::uint64_t seed) const {
+    sim_options o;
+    o.seed = seed;
+    auto r = run_simulation(topo, records, o);
+    REQUIRE(r.ok());
+    return *r;
+  }
+};
+
+} // namespace
+
+TEST_CASE("every admitted request of a replayed trace completes") {
+  replay r{300};
+  auto out = r.run(1);
+  CHECK(out.finished);
+  auto& q = out.report["requests"];
+  CHECK(q["admitted"] == 300);
+  CHECK(q["completed"] == 300);
+  CHECK(q["failed"] == 0);
+  CHECK(out.report["latency_ms"]["ttft"]["p50"].get<double>() > 0);
+  CHECK(out.report["latency_ms"]["ttft"]["p99"].get<double>()
+        >= out.report["latency_ms"]["ttft"]["p50"].get<double>());
+  CHECK(out.report["throughput"]["output_tokens_per_s"].get<double>() > 0);
+}
+
+TEST_CASE("the same topology, trace and seed give a byte-identical report") {
+  replay r{300};
+  CHECK(r.run(3).report.dump() == r.run(3).report.dump());
+}
+
+TEST_CASE("the report keeps host figures out") {
+  replay r{50};
+  auto out = r.run(1);
+  auto text = out.report.dump();
+  CHECK(text.find("wall") == std::string::npos);
+  CHECK(text.find("rss") == std::string::npos);
+  CHECK(out.run.contains("wall_s"));
+  CHECK(out.run.contains("peak_rss_mib"));
+  CHECK(out.run.contains("events_per_s"));
+}
+
+TEST_CASE("repeated prefixes of the trace hit the cluster KV cache") {
+  replay r{1000};
+  auto out = r.run(1);
+  auto rate = out.report["kv"]["block_hit_rate"].get<double>();
+  // The unlimited-cache replay of these records (an upper bound: the simulated cache also
+  // sees prefixes only after their prefill finished).
+  auto bound = prefix_hit_rate(r.records, block_tokens).block_rate();
+  CHECK(rate > 0.5 * bound);
+  CHECK(rate <= bound + 0.02);
+  CHECK(out.report["kv"]["token_hit_rate"].get<double>() > 0);
+}
+
+TEST_CASE("the load balancers' counters are in the report") {
+  replay r{200};
+  auto out = r.run(1);
+  auto& lb = out.report["lb"];
+  std::uint64_t routed = 0;
+  for (auto& [name, value] : lb["prefill"].items())
+    if (name.starts_with("routed_"))
+      routed += value.get<std::uint64_t>();
+  CHECK(routed == 200);
+  CHECK(lb["decode"]["routed_long"].get<std::uint64_t>()
+          + lb["decode"]["routed_short"].get<std::uint64_t>()
+        == 200);
+}
+
+TEST_CASE("a run stopped by its deadline reports the unfinished requests") {
+  replay r{300};
+  sim_options o;
+  o.until = std::chrono::seconds(30);
+  auto res = run_simulation(r.topo, r.records, o);
+  REQUIRE(res.ok());
+  CHECK(!res->finished);
+  auto& q = res->report["requests"];
+  CHECK(q["unfinished"].get<std::uint64_t>() > 0);
+  CHECK(q["completed"].get<std::uint64_t>() + q["failed"].get<std::uint64_t>()
+          + q["unfinished"].get<std::uint64_t>()
+        == q["admitted"].get<std::uint64_t>());
+  CHECK(res->report["sim"]["virtual_s"].get<double>() == doctest::Approx(30.0));
+}
+
+TEST_CASE("a topology whose model has no profile is refused with a message") {
+  replay r{10};
+  auto topo = r.topo;
+  topo.cluster.hardware = "cpu";
+  auto res = run_simulation(topo, r.records, sim_options{});
+  CHECK(!res.ok());
+  CHECK(!res.error().empty());
+}
