@@ -13,6 +13,7 @@ packages=(
   nlohmann-json3-dev         # JSON reports
   libxxhash-dev              # block hashes
   doctest-dev                # tests
+  chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
 )
 
 missing=()

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe::cluster::sim {
@@ -42,12 +45,21 @@ struct line {
   std::string label;
   std::string color;
   std::vector<double> ys;
+  /// Dashed (aggregates: a pool's mean or max), solid otherwise.
+  bool dashed = false;
 };
+
+const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
 /// A line chart of `lines` over `xs` as an inline SVG with axes, ticks and a legend.
 std::string chart(const std::string& id, const std::string& title, const std::string& unit,
                   const std::vector<double>& xs, const std::vector<line>& lines) {
-  const double w = 640, h = 240, left = 64, right = 16, top = 28, bottom = 36;
+  // The legend sits in rows of four under the x axis, so it never hides a line.
+  const std::size_t per_row = 4;
+  const auto legend_rows = (lines.size() + per_row - 1) / per_row;
+  const double w = 640, plot_h = 240, left = 64, right = 16, top = 28, bottom = 36;
+  const double h = plot_h + 16.0 * static_cast<double>(legend_rows) + (legend_rows > 0 ? 4 : 0);
   double xmax = xs.empty() ? 1 : std::max(1e-9, xs.back());
   double ymax = 0;
   for (auto& l : lines)
@@ -55,34 +67,39 @@ std::string chart(const std::string& id, const std::string& title, const std::st
       ymax = std::max(ymax, y);
   ymax = ymax > 0 ? ymax * 1.1 : 1;
   auto px = [&](double x) { return left + (w - left - right) * x / xmax; };
-  auto py = [&](double y) { return h - bottom - (h - top - bottom) * y / ymax; };
+  auto py = [&](double y) { return plot_h - bottom - (plot_h - top - bottom) * y / ymax; };
   std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 " + fmt(w, 0) + " "
                     + fmt(h, 0) + "\" width=\"" + fmt(w, 0) + "\" height=\"" + fmt(h, 0)
                     + "\" role=\"img\" aria-label=\"" + escape(title) + "\">";
   svg += "<text x=\"" + fmt(left, 0) + "\" y=\"18\" class=\"title\">" + escape(title) + " ("
          + escape(unit) + ")</text>";
-  svg += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(h - bottom) + "\" x2=\"" + fmt(w - right)
-         + "\" y2=\"" + fmt(h - bottom) + "\" class=\"axis\"/>";
+  svg += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(plot_h - bottom) + "\" x2=\""
+         + fmt(w - right) + "\" y2=\"" + fmt(plot_h - bottom) + "\" class=\"axis\"/>";
   svg += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(top) + "\" x2=\"" + fmt(left) + "\" y2=\""
-         + fmt(h - bottom) + "\" class=\"axis\"/>";
+         + fmt(plot_h - bottom) + "\" class=\"axis\"/>";
   for (int i = 0; i <= 4; ++i) {
     auto y = ymax * i / 4;
     svg += "<text x=\"" + fmt(left - 6) + "\" y=\"" + fmt(py(y) + 4) + "\" class=\"tick\" "
            "text-anchor=\"end\">" + fmt(y, y < 10 ? 2 : 0) + "</text>";
     auto x = xmax * i / 4;
-    svg += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(h - bottom + 16) + "\" class=\"tick\" "
+    svg += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(plot_h - bottom + 16) + "\" class=\"tick\" "
            "text-anchor=\"middle\">" + fmt(x, 0) + " s</text>";
   }
-  double legend_x = w - right - 160;
   int n = 0;
   for (auto& l : lines) {
     std::string points;
     for (std::size_t i = 0; i < xs.size() && i < l.ys.size(); ++i)
       points += fmt(px(xs[i])) + "," + fmt(py(l.ys[i])) + " ";
-    svg += "<polyline class=\"series\" fill=\"none\" stroke=\"" + l.color
+    const std::string dash = l.dashed ? "\" stroke-dasharray=\"5 3" : "";
+    svg += "<polyline class=\"series\" fill=\"none\" stroke=\"" + l.color + dash
            + "\" stroke-width=\"1.8\" points=\"" + points + "\"/>";
-    svg += "<text x=\"" + fmt(legend_x) + "\" y=\"" + fmt(top + 4 + 14.0 * n)
-           + "\" class=\"legend\" fill=\"" + l.color + "\">" + escape(l.label) + "</text>";
+    auto lx = left + 140.0 * static_cast<double>(n % per_row);
+    auto ly = plot_h + 16.0 * static_cast<double>(n / per_row);
+    svg += "<line x1=\"" + fmt(lx) + "\" y1=\"" + fmt(ly - 4) + "\" x2=\"" + fmt(lx + 16)
+           + "\" y2=\"" + fmt(ly - 4) + "\" stroke=\"" + l.color + dash
+           + "\" stroke-width=\"2\"/>";
+    svg += "<text x=\"" + fmt(lx + 20) + "\" y=\"" + fmt(ly) + "\" class=\"legend\">"
+           + escape(l.label) + "</text>";
     ++n;
   }
   svg += "</svg>";
@@ -94,6 +111,95 @@ std::vector<double> numbers(const nlohmann::json& j) {
   if (j.is_array())
     for (auto& x : j)
       out.push_back(x.get<double>());
+  return out;
+}
+
+/// The instances of `pool` in a per-instance series object ("<pool>/<id>" keys), by id.
+std::vector<std::pair<std::string, std::vector<double>>> pool_series(const nlohmann::json& obj,
+                                                                     const std::string& pool) {
+  std::vector<std::pair<std::uint64_t, std::pair<std::string, std::vector<double>>>> found;
+  if (obj.is_object())
+    for (auto& [key, v] : obj.items())
+      if (key.size() > pool.size() && key.compare(0, pool.size() + 1, pool + "/") == 0)
+        found.push_back({std::strtoull(key.c_str() + pool.size() + 1, nullptr, 10),
+                         {key, numbers(v)}});
+  std::sort(found.begin(), found.end(),
+            [](auto& a, auto& b) { return a.first < b.first; });
+  std::vector<std::pair<std::string, std::vector<double>>> out;
+  for (auto& f : found)
+    out.push_back(std::move(f.second));
+  return out;
+}
+
+/// Mean and max over instances, bin by bin.
+std::pair<std::vector<double>, std::vector<double>>
+mean_max(const std::vector<std::pair<std::string, std::vector<double>>>& xs) {
+  std::vector<double> mean, max;
+  for (auto& [k, v] : xs) {
+    mean.resize(std::max(mean.size(), v.size()), 0.0);
+    max.resize(std::max(max.size(), v.size()), 0.0);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      mean[i] += v[i] / static_cast<double>(xs.size());
+      max[i] = std::max(max[i], v[i]);
+    }
+  }
+  return {mean, max};
+}
+
+/// A pool's load lines: one per instance for a small pool; otherwise the busiest few
+/// instances (by total) and the pool's mean, so a 1k-GPU topology keeps the page light.
+std::vector<line> load_lines(const nlohmann::json& obj, const std::string& pool) {
+  const std::size_t top_n = 4, all_up_to = 6;
+  auto xs = pool_series(obj, pool);
+  std::vector<line> out;
+  if (xs.size() <= all_up_to) {
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      out.push_back({xs[i].first, palette[i % 10], xs[i].second});
+    return out;
+  }
+  std::vector<std::size_t> order(xs.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  auto total = [&](std::size_t i) {
+    double s = 0;
+    for (auto y : xs[i].second)
+      s += y;
+    return s;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return total(a) > total(b); });
+  for (std::size_t k = 0; k < top_n; ++k)
+    out.push_back({xs[order[k]].first, palette[k % 10], xs[order[k]].second});
+  out.push_back({pool + " mean (" + std::to_string(xs.size()) + ")", "#333333",
+                 mean_max(xs).first, true});
+  return out;
+}
+
+/// Busy share lines over every pool: per instance when there are few, else each pool's mean
+/// (solid) and max (dashed).
+std::vector<line> busy_lines(const nlohmann::json& obj, const std::vector<std::string>& pools) {
+  const std::size_t all_up_to = 8;
+  std::vector<std::vector<std::pair<std::string, std::vector<double>>>> per_pool;
+  std::size_t count = 0;
+  for (auto& p : pools) {
+    per_pool.push_back(pool_series(obj, p));
+    count += per_pool.back().size();
+  }
+  std::vector<line> out;
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    if (count <= all_up_to) {
+      for (auto& [k, v] : per_pool[i])
+        out.push_back({k, palette[c++ % 10], v});
+      continue;
+    }
+    if (per_pool[i].empty())
+      continue;
+    auto [mean, max] = mean_max(per_pool[i]);
+    auto color = palette[c++ % 10];
+    out.push_back({pools[i] + " mean", color, mean});
+    out.push_back({pools[i] + " max", color, max, true});
+  }
   return out;
 }
 
@@ -146,6 +252,17 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
                 {{"in flight", "#ff7f0e", numbers(s["requests_in_flight"])}});
   body += chart("hit-rate", "KV token hit rate by arrival", "fraction", xs,
                 {{"token hit rate", "#17becf", numbers(s["token_hit_rate"])}});
+  std::vector<std::string> pools;
+  if (s.contains("pools"))
+    for (auto& p : s["pools"])
+      pools.push_back(p.get<std::string>());
+  if (s.contains("instance_load"))
+    for (auto& pool : pools)
+      body += chart(pool + "-load", "Load per " + pool + " instance", "mean requests held", xs,
+                    load_lines(s["instance_load"], pool));
+  if (s.contains("instance_busy"))
+    body += chart("utilization", "Device busy share per instance", "fraction", xs,
+                  busy_lines(s["instance_busy"], pools));
   body += "<h2>Load balancers</h2><table id=\"lb\">";
   if (r.contains("lb"))
     for (auto& [lb, counters] : r["lb"].items())
@@ -165,7 +282,7 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
            "table{border-collapse:collapse;margin:12px 0}th{text-align:left;padding:2px 12px 2px 0;"
            "font-weight:normal;color:#555}td{padding:2px 0}.chart{display:block;margin:16px 0}"
            ".axis{stroke:#888}.tick{font-size:10px;fill:#555}.title{font-size:13px}"
-           ".legend{font-size:11px}</style></head><body>"
+           ".legend{font-size:11px;fill:#333}</style></head><body>"
          + body + "</body></html>\n";
 }
 

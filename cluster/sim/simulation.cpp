@@ -39,8 +39,40 @@ const pool_spec* find_pool(const topology& topo, pool_role role) {
 }
 
 /// Device time per instance, accumulated by the cost functions (one thread in the sim).
+///
+/// A cost function has no clock of its own: it reads the world's virtual clock and mirrors
+/// the simulated device's queue (a step starts when it arrives or when the previous one ends,
+/// whichever is later), so each step's busy time lands in the one-second buckets it covers.
+/// Everything here is virtual time, so the table is as deterministic as the run.
 struct busy_table {
-  std::map<std::string, double> seconds;
+  const runtime::world* clock = nullptr;
+  runtime::time_point origin{};
+  struct instance {
+    double seconds = 0;
+    runtime::time_point free_at{};
+    /// Busy seconds in [i, i+1) s after `origin`.
+    std::vector<double> per_second;
+  };
+  std::map<std::string, instance> by_key;
+
+  void add(const std::string& key, runtime::duration d) {
+    auto& in = by_key[key];
+    in.seconds += runtime::to_seconds(d);
+    if (clock == nullptr)
+      return;
+    auto start = std::max(clock->now(), in.free_at);
+    auto end = start + d;
+    in.free_at = end;
+    auto a = std::max(0.0, runtime::to_seconds(start - origin));
+    auto b = std::max(a, runtime::to_seconds(end - origin));
+    for (auto i = static_cast<std::size_t>(a); static_cast<double>(i) < b; ++i) {
+      if (in.per_second.size() <= i)
+        in.per_second.resize(i + 1);
+      auto lo = std::max(a, static_cast<double>(i));
+      auto hi = std::min(b, static_cast<double>(i + 1));
+      in.per_second[i] += hi - lo;
+    }
+  }
 };
 
 /// A device cost for the leader rank of an instance: the engine's step covers the whole
@@ -56,7 +88,7 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
     g.sequences = static_cast<std::uint32_t>(share(s.sequences));
     g.context_tokens = share(s.context_tokens);
     auto d = per_gpu(g);
-    busy->seconds[key] += runtime::to_seconds(d);
+    busy->add(key, d);
     return d;
   };
 }
@@ -97,7 +129,9 @@ std::shared_ptr<std::optional<T>> ask(caf::actor_system& sys, const Handle& dest
 
 /// The time series of a run, binned by virtual time, computed from the outcomes.
 nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
-                           runtime::time_point origin, double span_s) {
+                           runtime::time_point origin, double span_s,
+                           const std::string& prefill_pool, const std::string& decode_pool,
+                           const busy_table& busy) {
   auto bin_s = std::max(1.0, std::ceil(span_s / 120.0));
   auto bins = static_cast<std::size_t>(std::ceil(span_s / bin_s)) + 1;
   std::vector<double> input(bins), output(bins), in_flight(bins), hit_tokens(bins),
@@ -131,6 +165,49 @@ nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
       tidy(prompt_tokens[i] > 0 ? hit_tokens[i] / prompt_tokens[i] : 0));
     series["ttft_p50_ms"].push_back(tidy(percentile(ttft[i], 50)));
     series["ttft_p99_ms"].push_back(tidy(percentile(ttft[i], 99)));
+  }
+
+  // Per instance: mean requests held per bin (time-weighted), and the device's busy share.
+  // Prefill holds a request from routing (which takes no virtual time after admission) to its
+  // first token, decode from the first token to the end. Every instance of the busy table
+  // gets a line, idle or not.
+  std::map<std::string, std::vector<double>> load;
+  for (auto& [key, in] : busy.by_key)
+    load[key].assign(bins, 0.0);
+  auto hold = [&](const std::string& key, runtime::time_point from, runtime::time_point to) {
+    auto& v = load[key];
+    v.resize(bins, 0.0);
+    auto a = std::max(0.0, runtime::to_seconds(from - origin));
+    auto b = std::max(a, runtime::to_seconds(to - origin));
+    for (auto i = static_cast<std::size_t>(a / bin_s); i < bins && static_cast<double>(i) * bin_s < b;
+         ++i) {
+      auto lo = std::max(a, static_cast<double>(i) * bin_s);
+      auto hi = std::min(b, static_cast<double>(i + 1) * bin_s);
+      if (hi > lo)
+        v[i] += (hi - lo) / bin_s;
+    }
+  };
+  for (auto& o : outcomes) {
+    if (!o.completed)
+      continue;
+    hold(prefill_pool + "/" + std::to_string(o.prefill_instance), o.admitted, o.first_token);
+    hold(decode_pool + "/" + std::to_string(o.decode_instance), o.first_token, o.finished);
+  }
+  series["pools"] = {prefill_pool, decode_pool};
+  auto step = static_cast<std::size_t>(bin_s);
+  for (auto& [key, v] : load) {
+    auto& out = series["instance_load"][key];
+    for (auto x : v)
+      out.push_back(tidy(x));
+  }
+  for (auto& [key, in] : busy.by_key) {
+    auto& out = series["instance_busy"][key];
+    for (std::size_t i = 0; i < bins; ++i) {
+      double s = 0;
+      for (std::size_t k = i * step; k < (i + 1) * step && k < in.per_second.size(); ++k)
+        s += in.per_second[k];
+      out.push_back(tidy(std::min(1.0, s / bin_s)));
+    }
   }
   return series;
 }
@@ -179,6 +256,11 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
 
   // Pools: a supervisor each, instances as its children.
   auto busy = std::make_shared<busy_table>();
+  busy->clock = &w;
+  busy->origin = origin;
+  for (auto* pool : {prefill_pool, decode_pool})
+    for (std::uint32_t i = 0; i < pool->instances.initial; ++i)
+      busy->by_key[pool->name + "/" + std::to_string(i)];
   auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
     actors::instance_ports ports;
     auto m = *model;
@@ -353,7 +435,8 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
         report["lb"][(*s)->lb][(*s)->names[i]] = (*s)->values[i];
   double gpu_seconds = 0;
   nlohmann::json per_instance;
-  for (auto& [key, seconds] : busy->seconds) {
+  for (auto& [key, in] : busy->by_key) {
+    auto seconds = in.seconds;
     auto pool = key.substr(0, key.find('/'));
     auto gpus = pool == prefill_pool->name ? prefill_pool->gpus_per_instance
                                            : decode_pool->gpus_per_instance;
@@ -368,7 +451,8 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
                                         : 0)},
                     {"instance_utilization", per_instance}};
   report["sim"] = {{"virtual_s", tidy(virtual_s)}, {"events", events}};
-  report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0));
+  report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,
+                                 decode_pool->name, *busy);
 
   auto wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   nlohmann::json run;

@@ -121,3 +121,40 @@ TEST_CASE("a topology whose model has no profile is refused with a message") {
   CHECK(!res.ok());
   CHECK(!res.error().empty());
 }
+
+TEST_CASE("the report has load and busy share over time for every instance") {
+  replay r{300};
+  auto out = r.run(1);
+  auto& s = out.report["series"];
+  auto bins = s["t_s"].size();
+  auto bin_s = s["bin_s"].get<double>();
+  REQUIRE(bins > 1);
+  CHECK(s["pools"] == nlohmann::json::array({"prefill", "decode"}));
+  auto& per_instance = out.report["gpus"]["instance_utilization"];
+  // small.toml: 2 prefill instances and 1 decode instance, each with both series.
+  CHECK(per_instance.size() == 3);
+  double load_area = 0;
+  for (auto& [key, utilization] : per_instance.items()) {
+    CAPTURE(key);
+    REQUIRE(s["instance_load"].contains(key));
+    REQUIRE(s["instance_busy"].contains(key));
+    auto& load = s["instance_load"][key];
+    auto& busy = s["instance_busy"][key];
+    CHECK(load.size() == bins);
+    CHECK(busy.size() == bins);
+    double busy_s = 0;
+    for (auto& b : busy) {
+      CHECK(b.get<double>() >= 0);
+      CHECK(b.get<double>() <= 1);
+      busy_s += b.get<double>() * bin_s;
+    }
+    for (auto& l : load) {
+      CHECK(l.get<double>() >= 0);
+      load_area += l.get<double>() * bin_s;
+    }
+    // The binned busy time adds up to the instance's total (its utilization over the run).
+    auto total_s = utilization.get<double>() * out.report["sim"]["virtual_s"].get<double>();
+    CHECK(busy_s == doctest::Approx(total_s).epsilon(0.01));
+  }
+  CHECK(load_area > 0);
+}
