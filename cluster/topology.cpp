@@ -585,6 +585,33 @@ struct pool_positions {
   const toml::table* table = nullptr;
 };
 
+/// Reads the required `name` of array entry `path` into `out`: a valid name not used by an
+/// earlier entry (`names` maps each name to the line of its first definition). Reports and
+/// returns false otherwise. `kind` ("pool", "node") and `example` shape the messages.
+bool unique_name(checker& c, const toml::table& tbl, const std::string& path,
+                 std::string_view kind, std::string_view example,
+                 std::map<std::string, std::uint32_t>& names, std::string& out) {
+  auto name = c.string(tbl, path, "name", true, fmt::format("add e.g. name = \"{}\"", example));
+  if (!name)
+    return false;
+  out = *name;
+  const auto* node = tbl.get("name");
+  if (!valid_name(*name)) {
+    c.error(node->source(), join_path(path, "name"),
+            fmt::format("'{}' is not a valid {} name", *name, kind),
+            "use letters, digits, '-', '_' and '.'");
+    return false;
+  }
+  if (auto it = names.find(*name); it != names.end()) {
+    c.error(node->source(), join_path(path, "name"),
+            fmt::format("duplicate {} name '{}'", kind, *name),
+            fmt::format("first defined on line {}; {} names must be unique", it->second, kind));
+    return false;
+  }
+  names.emplace(*name, node->source().begin.line);
+  return true;
+}
+
 void read_pools(checker& c, const toml::table& root, topology& t,
                 std::vector<pool_positions>& positions) {
   auto* n = root.get("pool");
@@ -612,25 +639,7 @@ void read_pools(checker& c, const toml::table& root, topology& t,
                  {"name", "role", "instances", "gpus_per_instance", "ep_size", "buckets", "grace"});
     pool_spec pool;
     bool ok = true;
-    if (auto name = c.string(tbl, path, "name", true, "add e.g. name = \"prefill\"")) {
-      const auto* nn = tbl.get("name");
-      if (!valid_name(*name)) {
-        c.error(nn->source(), join_path(path, "name"),
-                fmt::format("'{}' is not a valid pool name", *name),
-                "use letters, digits, '-', '_' and '.'");
-        ok = false;
-      } else if (auto it = names.find(*name); it != names.end()) {
-        c.error(nn->source(), join_path(path, "name"),
-                fmt::format("duplicate pool name '{}'", *name),
-                fmt::format("first defined on line {}; pool names must be unique", it->second));
-        ok = false;
-      } else {
-        names.emplace(*name, nn->source().begin.line);
-      }
-      pool.name = *name;
-    } else {
-      ok = false;
-    }
+    ok = unique_name(c, tbl, path, "pool", "prefill", names, pool.name) && ok;
     auto role = c.choice(tbl, path, "role", role_names, "pool role", true,
                          "add role = \"prefill\", \"decode\" or \"vision\"");
     if (role)
@@ -793,25 +802,7 @@ bool read_nodes(checker& c, const toml::table& root, topology& t) {
     c.check_keys(tbl, path, {"name", "host", "port", "gpus", "roles"});
     node_spec node;
     bool ok = true;
-    if (auto name = c.string(tbl, path, "name", true, "add e.g. name = \"node-0\"")) {
-      const auto* nn = tbl.get("name");
-      if (!valid_name(*name)) {
-        c.error(nn->source(), join_path(path, "name"),
-                fmt::format("'{}' is not a valid node name", *name),
-                "use letters, digits, '-', '_' and '.'");
-        ok = false;
-      } else if (auto it = names.find(*name); it != names.end()) {
-        c.error(nn->source(), join_path(path, "name"),
-                fmt::format("duplicate node name '{}'", *name),
-                fmt::format("first defined on line {}; node names must be unique", it->second));
-        ok = false;
-      } else {
-        names.emplace(*name, nn->source().begin.line);
-      }
-      node.name = *name;
-    } else {
-      ok = false;
-    }
+    ok = unique_name(c, tbl, path, "node", "node-0", names, node.name) && ok;
     auto host = c.string(tbl, path, "host", true, "add e.g. host = \"10.0.0.1\"");
     auto port = c.integer(tbl, path, "port", 1, 65535, true, "add e.g. port = 4242");
     auto gpus = c.integer(tbl, path, "gpus", 1, max_gpus_per_instance, true,
