@@ -3,7 +3,7 @@
 #   cmake -DBUILD_DIR=<troupe build> -DSOURCE_DIR=<troupe source> -DWORK_DIR=<scratch>
 #         [-DGENERATOR=Ninja] [-DCXX_COMPILER=...] [-DBUILD_TYPE=...] -P run_embed.cmake
 #
-# 1. `cmake --install` the current build into WORK_DIR/prefix;
+# 1. `cmake --install` the current build into WORK_DIR/prefix; run the installed CLI once;
 # 2. configure examples/embed against that prefix only (find_package(troupe CONFIG)), build it;
 # 3. check that it compiles against the installed headers, not the source or build tree;
 # 4. run it: it exits non-zero when one of its own checks fails.
@@ -29,6 +29,10 @@ set(example_build ${WORK_DIR}/build)
 file(REMOVE_RECURSE ${WORK_DIR})
 
 run(install ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+# The installed CLI finds the installed model configs (<prefix>/share/troupe/models).
+run(installed_cli ${CMAKE_COMMAND} -E env --unset=TROUPE_MODELS_DIR
+  ${prefix}/bin/troupe perf-model --model deepseek-v4.1-flash --hardware H200 --phase decode
+  --ep 8 --context 4096 --requests-per-gpu 16 --json)
 
 set(configure_args -S ${SOURCE_DIR}/examples/embed -B ${example_build} -G ${GENERATOR}
   -Dtroupe_DIR=${prefix}/lib/cmake/troupe
