@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -456,7 +458,22 @@ result<model_profile> resolve_model(std::string_view name_or_path,
 }
 
 std::filesystem::path default_models_dir() {
-  return std::filesystem::path(TROUPE_MODELS_DIR);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (const char* env = std::getenv("TROUPE_MODELS_DIR"); env != nullptr && *env != '\0')
+    return fs::path(env);
+  // An installed program: <prefix>/<bindir>/program -> <prefix>/<datadir>/troupe/models.
+  if (auto exe = fs::read_symlink("/proc/self/exe", ec); !ec) {
+    auto prefix = exe.parent_path();
+    for (const auto& part : fs::path(TROUPE_INSTALL_BINDIR)) {
+      (void)part;
+      prefix = prefix.parent_path();
+    }
+    auto installed = prefix / TROUPE_INSTALL_MODELS_RELDIR;
+    if (fs::is_directory(installed, ec))
+      return installed;
+  }
+  return fs::path(TROUPE_MODELS_DIR);
 }
 
 } // namespace troupe::cluster::sim

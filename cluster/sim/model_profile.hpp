@@ -150,7 +150,10 @@ const std::vector<std::pair<std::string_view, std::string_view>>& known_model_co
 result<model_profile> resolve_model(std::string_view name_or_path,
                                     const std::filesystem::path& models_dir);
 
-/// examples/models of this source tree (compiled in), where the shipped configs live.
+/// Where the shipped configs live: $TROUPE_MODELS_DIR if set; else, for a program installed
+/// in <prefix>/bin, <prefix>/share/troupe/models if it exists; else examples/models of the
+/// source tree troupe was built from (compiled in). A program of its own linking an installed
+/// troupe should pass troupe_MODELS_DIR (set by find_package(troupe)) to resolve_model instead.
 std::filesystem::path default_models_dir();
 
 } // namespace troupe::cluster::sim

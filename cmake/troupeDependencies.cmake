@@ -1,0 +1,69 @@
+# The third-party packages troupe's libraries link publicly, found the same way by troupe's own
+# build (cmake/dependencies.cmake includes this file) and by an installed troupe's
+# troupeConfig.cmake (which installs this file beside itself). Every target named in the
+# exported link interfaces is (re)created here: caf::core, caf::io, CapnProto::capnp, fmt::fmt,
+# spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
+# Threads::Threads.
+#
+# Inside find_package(troupe) a missing dependency makes troupe not found (troupe_FOUND FALSE
+# with a message naming it) instead of stopping the consumer's configure; in troupe's own build
+# it is a fatal error.
+
+if(CMAKE_FIND_PACKAGE_NAME)
+  include(CMakeFindDependencyMacro)
+  macro(_troupe_dependency)
+    find_dependency(${ARGN})
+  endmacro()
+  macro(_troupe_missing what)
+    set(${CMAKE_FIND_PACKAGE_NAME}_NOT_FOUND_MESSAGE "${what}")
+    set(${CMAKE_FIND_PACKAGE_NAME}_FOUND FALSE)
+    return()
+  endmacro()
+else()
+  macro(_troupe_dependency)
+    find_package(${ARGN} REQUIRED)
+  endmacro()
+  macro(_troupe_missing what)
+    message(FATAL_ERROR "${what}")
+  endmacro()
+endif()
+
+# CAF 0.17.6 ships neither a CMake package config nor pkg-config.
+if(NOT TARGET caf::core)
+  find_path(CAF_INCLUDE_DIR caf/all.hpp)
+  find_library(CAF_CORE_LIBRARY caf_core)
+  find_library(CAF_IO_LIBRARY caf_io)
+  if(NOT CAF_INCLUDE_DIR OR NOT CAF_CORE_LIBRARY OR NOT CAF_IO_LIBRARY)
+    _troupe_missing("CAF 0.17 not found (caf/all.hpp, libcaf_core, libcaf_io; Debian: libcaf-dev)")
+  endif()
+  add_library(caf::core UNKNOWN IMPORTED)
+  set_target_properties(caf::core PROPERTIES
+    IMPORTED_LOCATION "${CAF_CORE_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}")
+  add_library(caf::io UNKNOWN IMPORTED)
+  set_target_properties(caf::io PROPERTIES
+    IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
+    INTERFACE_LINK_LIBRARIES caf::core)
+endif()
+
+_troupe_dependency(Threads)
+# Debian's CapnProtoConfig probes libatomic with check_library_exists, which only works when C
+# is enabled (as a C++ probe the declaration of __atomic_load_8 clashes with the builtin).
+get_property(_troupe_languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+if(NOT "C" IN_LIST _troupe_languages)
+  enable_language(C)
+endif()
+_troupe_dependency(CapnProto)
+_troupe_dependency(fmt)
+_troupe_dependency(spdlog)
+_troupe_dependency(nlohmann_json)
+_troupe_dependency(tomlplusplus)
+
+# xxHash: pkg-config only.
+_troupe_dependency(PkgConfig)
+if(NOT TARGET PkgConfig::XXHASH)
+  pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)
+  if(NOT XXHASH_FOUND)
+    _troupe_missing("xxHash not found through pkg-config (libxxhash; Debian: libxxhash-dev)")
+  endif()
+endif()
