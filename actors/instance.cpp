@@ -65,15 +65,50 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
 
 runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                     decode_engine_params engine, instance_ports ports,
-                                    decode_lb_actor lb, block_sink persist) {
+                                    decode_lb_actor lb, block_writer_params writer) {
   auto table = std::make_shared<std::vector<runtime::device_port>>();
   auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
+  // The engine's block sink sends each step's filled blocks to the writer that is current
+  // (the slot is refilled when the instance restarts).
+  auto slot = std::make_shared<block_writer_actor>();
+  block_sink persist;
+  if (writer.kv) {
+    writer.instance = id;
+    runtime::child_spec w;
+    w.id = "block_writer";
+    w.start = [writer, slot](caf::local_actor* self) {
+      *slot = spawn_block_writer(self, writer);
+      return caf::actor_cast<caf::actor>(*slot);
+    };
+    cfg.children.push_back(std::move(w));
+    persist = [slot](const std::vector<filled_blocks>& filled) {
+      if (*slot)
+        caf::anon_send(*slot, persist_blocks{filled});
+    };
+  }
   runtime::child_spec spec;
   spec.id = "engine";
   engine.instance = id;
   spec.start = [engine, ports, lb, table, id, persist](caf::local_actor* self) {
     auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
     auto e = spawn_decode_engine(self, engine, table->at(0), link, persist);
+    caf::anon_send(lb, add_instance_atom::value, id, e);
+    return caf::actor_cast<caf::actor>(e);
+  };
+  cfg.children.push_back(std::move(spec));
+  return runtime::supervisor_child(std::move(cfg));
+}
+
+runtime::child_spec vision_instance(std::string pool, instance_id id, std::uint32_t ranks,
+                                    vision_engine_params engine, instance_ports ports,
+                                    vision_lb_actor lb) {
+  auto table = std::make_shared<std::vector<runtime::device_port>>();
+  auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
+  runtime::child_spec spec;
+  spec.id = "engine";
+  engine.instance = id;
+  spec.start = [engine, lb, table, id](caf::local_actor* self) {
+    auto e = spawn_vision_engine(self, engine, table->at(0));
     caf::anon_send(lb, add_instance_atom::value, id, e);
     return caf::actor_cast<caf::actor>(e);
   };

@@ -4,8 +4,9 @@
 // the others cannot go on. So an instance is a one_for_all supervisor with intensity 0: any
 // child's failure escalates, the instance stops as a whole, and its pool's supervisor decides
 // when it comes back (after the modelled restart time). Its children start in order: the
-// ranks, then the engine, which announces itself to its load balancer; the balancer monitors
-// the engine, so a stopped instance leaves the balancer by itself.
+// ranks, (for decode) the KV block writer, then the engine, which announces itself to its
+// load balancer; the balancer monitors the engine, so a stopped instance leaves the balancer
+// by itself.
 //
 // Where a rank's device and an instance's link come from is the world's business: the
 // caller passes factories (simulated ports in the simulated world).
@@ -13,8 +14,11 @@
 
 #include "actors/engine/decode_engine.hpp"
 #include "actors/engine/prefill_engine.hpp"
+#include "actors/engine/vision_engine.hpp"
+#include "actors/kv/block_writer.hpp"
 #include "actors/lb/decode_lb.hpp"
 #include "actors/lb/prefill_lb.hpp"
+#include "actors/lb/vision_lb.hpp"
 #include "runtime/supervisor.hpp"
 
 #include <functional>
@@ -37,9 +41,17 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
                                      prefill_engine_params engine, instance_ports ports,
                                      prefill_lb_actor lb);
 
-/// The child spec of decode instance `id` with `ranks` ranks (named "<pool>/<id>").
+/// The child spec of decode instance `id` with `ranks` ranks (named "<pool>/<id>"). With a
+/// valid `writer.kv`, a block writer child (started before the engine) persists every block
+/// the engine fills; with an invalid one, filled blocks are not persisted.
 runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                     decode_engine_params engine, instance_ports ports,
-                                    decode_lb_actor lb, block_sink persist);
+                                    decode_lb_actor lb, block_writer_params writer);
+
+/// The child spec of vision instance `id` with `ranks` ranks (named "<pool>/<id>"); it uses
+/// `ports.device` only (an encoder has no KV link).
+runtime::child_spec vision_instance(std::string pool, instance_id id, std::uint32_t ranks,
+                                    vision_engine_params engine, instance_ports ports,
+                                    vision_lb_actor lb);
 
 } // namespace troupe::actors

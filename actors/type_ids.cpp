@@ -1,8 +1,11 @@
 #include "actors/type_ids.hpp"
 
+#include "actors/engine/vision_engine.hpp"
 #include "actors/kv/block_key.hpp"
+#include "actors/kv/block_writer.hpp"
 #include "actors/kv/kv_index.hpp"
 #include "actors/kv/kv_store.hpp"
+#include "actors/lb/vision_lb.hpp"
 
 #include <caf/actor_system_config.hpp>
 

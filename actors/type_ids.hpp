@@ -23,6 +23,14 @@ struct kv_commit_result;
 struct kv_probe;
 struct kv_touch;
 struct kv_stats;
+struct vision_job;
+struct vision_done;
+struct vision_route;
+struct vision_assignment;
+struct vision_release;
+struct filled_blocks;
+struct persist_blocks;
+struct block_writer_stats;
 } // namespace troupe::actors
 
 CAF_BEGIN_TYPE_ID_BLOCK(troupe_actors, troupe::runtime::runtime_type_ids_end)
@@ -37,6 +45,14 @@ CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_commit_result))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_probe))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_touch))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_stats))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::vision_job))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::vision_done))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::vision_route))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::vision_assignment))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::vision_release))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::filled_blocks))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::persist_blocks))
+CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::block_writer_stats))
 CAF_END_TYPE_ID_BLOCK(troupe_actors)
 
 namespace troupe::actors {

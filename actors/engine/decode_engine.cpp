@@ -70,17 +70,21 @@ void step(engine_ptr self) {
         ++st.stats.steps;
         st.stats.busy += r.finished - r.started;
         st.stats.tokens += st.batch.size();
-        std::vector<std::pair<std::uint64_t, std::uint64_t>> filled;
+        std::vector<filled_blocks> filled;
         for (auto i = st.batch.begin(); i != st.batch.end();) {
           auto& run = i->second;
           ++run.generated;
           ++st.batch_kv;
           auto length = run.job.context_tokens + run.generated;
-          if (length % block_size == 0) {
+          auto done = run.generated >= run.job.output_tokens;
+          bool full = length % block_size == 0;
+          if (full)
             ++run.blocks;
-            filled.emplace_back(i->first, 1);
-          }
-          if (run.generated >= run.job.output_tokens) {
+          if (full || (done && run.blocks > 0))
+            filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
+                                           length / block_size - 1, full ? 1u : 0u,
+                                           run.job.traffic, done});
+          if (done) {
             run.rp.deliver(decode_done{i->first, st.params.instance, run.arrived, run.joined,
                                        r.finished, run.generated, run.blocks});
             st.batch_kv -= length;

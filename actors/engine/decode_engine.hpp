@@ -13,6 +13,7 @@
 #pragma once
 
 #include "actors/engine/prefill_engine.hpp"
+#include "actors/kv/block_writer.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/link.hpp"
 #include "runtime/time.hpp"
@@ -29,18 +30,23 @@ namespace troupe::actors {
 
 /// Decode a request whose context (prompt, plus tokens generated elsewhere before) is
 /// `context_tokens` long, generating `output_tokens` more; its KV (`kv_bytes`) is transferred
-/// in first.
+/// in first. The blocks it fills continue the chain whose last key is `parent`, covering
+/// `parent_blocks` blocks (the prompt's keyed blocks; block_writer.hpp), persisted with the
+/// TTL of `traffic`.
 struct decode_job {
   std::uint64_t request = 0;
   std::uint64_t context_tokens = 0;
   std::uint64_t output_tokens = 0;
   std::uint64_t kv_bytes = 0;
+  block_key parent;
+  std::uint64_t parent_blocks = 0;
+  traffic_class traffic = traffic_class::chatbot;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
   return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
-           x.kv_bytes);
+           x.kv_bytes, x.parent, x.parent_blocks, x.traffic);
 }
 
 struct decode_done {
@@ -72,9 +78,10 @@ struct decode_engine_params {
   std::uint32_t max_batch = 256;
 };
 
-/// Called once per step with the requests whose KV filled a block in that step and how many
-/// blocks each filled (the block writer persists them).
-using block_sink = std::function<void(const std::vector<std::pair<std::uint64_t, std::uint64_t>>&)>;
+/// Called once per step that filled a block, with an entry for each request whose KV filled a
+/// block in that step (and a `last` entry with `count` 0 for a request that filled blocks
+/// earlier and leaves in that step), for the block writer to persist.
+using block_sink = std::function<void(const std::vector<filled_blocks>&)>;
 
 /// Spawns a decode engine that runs its steps on `device` (the instance's leader rank) and
 /// receives KV over `ingress` (from prefill instances). `persist` may be empty.

@@ -44,6 +44,12 @@ void decode(request_ptr self) {
         // The first token came with prefill; decode generates the rest.
         auto rest = st.spec.output_tokens > 0 ? st.spec.output_tokens - 1 : 0;
         decode_job job{st.spec.id, kv_tokens, rest, kv_tokens * st.services.kv_bytes_per_token};
+        // The blocks decode fills continue the prompt's chain.
+        if (!st.spec.chain.empty()) {
+          job.parent = st.spec.chain.back();
+          job.parent_blocks = st.spec.chain.size();
+        }
+        job.traffic = st.spec.traffic;
         self->request(a.engine, caf::infinite, job)
           .then(
             [self, a, kv_tokens](const decode_done& done) {
@@ -90,14 +96,8 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
       fail_with(self, "prefill routing"));
 }
 
-caf::behavior request_fn(request_ptr self, request_spec spec, request_services services) {
+void match(request_ptr self) {
   auto& st = self->state;
-  st.outcome.id = spec.id;
-  st.outcome.admitted = self->clock().now();
-  st.outcome.input_tokens = spec.input_tokens;
-  st.outcome.output_tokens = spec.output_tokens;
-  st.spec = std::move(spec);
-  st.services = std::move(services);
   self->request(st.services.kv, caf::infinite,
                 kv_match{st.spec.chain, st.spec.traffic, st.spec.input_tokens})
     .then(
@@ -109,6 +109,52 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
       },
       // The cache is an optimisation: without an answer, prefill everything.
       [self](const caf::error&) { prefill(self, 0); });
+}
+
+/// Encodes the request's images on a vision instance, then goes on to match.
+void encode(request_ptr self) {
+  auto& st = self->state;
+  if (!st.services.vision) {
+    finish(self, "vision routing: no vision tier");
+    return;
+  }
+  auto tokens = st.spec.image_tokens;
+  self->request(st.services.vision, caf::infinite, vision_route{st.spec.id, tokens})
+    .then(
+      [self, tokens](const vision_assignment& a) {
+        auto& st = self->state;
+        st.outcome.vision_instance = a.instance;
+        self->request(a.engine, caf::infinite, vision_job{st.spec.id, st.spec.images, tokens})
+          .then(
+            [self, a, tokens](const vision_done& done) {
+              auto& st = self->state;
+              self->send(st.services.vision, vision_release{a.instance, tokens});
+              st.outcome.vision_started = done.started;
+              st.outcome.encoded = done.finished;
+              match(self);
+            },
+            [self, a, tokens](const caf::error& err) {
+              self->send(self->state.services.vision, vision_release{a.instance, tokens});
+              finish(self, "vision: " + self->system().render(err));
+            });
+      },
+      fail_with(self, "vision routing"));
+}
+
+caf::behavior request_fn(request_ptr self, request_spec spec, request_services services) {
+  auto& st = self->state;
+  st.outcome.id = spec.id;
+  st.outcome.admitted = self->clock().now();
+  st.outcome.vision_started = st.outcome.admitted;
+  st.outcome.encoded = st.outcome.admitted;
+  st.outcome.input_tokens = spec.input_tokens;
+  st.outcome.output_tokens = spec.output_tokens;
+  st.spec = std::move(spec);
+  st.services = std::move(services);
+  if (st.spec.images > 0)
+    encode(self);
+  else
+    match(self);
   return {[](caf::unit_t) {}};
 }
 

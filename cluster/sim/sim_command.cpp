@@ -83,6 +83,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
       p.rate = o.rate;
       p.duration = duration.value;
       w = generate_chat(p, random);
+      options.params.image_tokens = p.image_tokens;
     } else if (o.workload == "agent") {
       agent_params p;
       p.rate = o.rate;
@@ -93,6 +94,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
       p.rate = o.rate;
       p.duration = duration.value;
       w = generate_mixed(p, random);
+      options.params.image_tokens = p.chat.image_tokens;
     } else {
       err << "troupe sim: --workload must be chat, agent or mixed, not '" << o.workload << "'\n";
       return 1;

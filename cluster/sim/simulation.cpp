@@ -4,6 +4,7 @@
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/decode_lb.hpp"
 #include "actors/lb/prefill_lb.hpp"
+#include "actors/lb/vision_lb.hpp"
 #include "actors/request/request.hpp"
 #include "actors/type_ids.hpp"
 #include "cluster/sim/hardware.hpp"
@@ -225,6 +226,7 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
     return result<sim_outcome>::failure(hw.error());
   auto* prefill_pool = find_pool(topo, pool_role::prefill);
   auto* decode_pool = find_pool(topo, pool_role::decode);
+  auto* vision_pool = find_pool(topo, pool_role::vision);
   if (prefill_pool == nullptr || decode_pool == nullptr)
     return result<sim_outcome>::failure("the topology needs a prefill and a decode pool");
   const auto& p = options.params;
@@ -253,6 +255,9 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
   dlb.long_share = p.decode_long_share;
   dlb.max_requests = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
   auto decode_lb = actors::spawn_decode_lb(sys, dlb);
+  actors::vision_lb_actor vision_lb;
+  if (vision_pool != nullptr)
+    vision_lb = actors::spawn_vision_lb(sys);
 
   // Pools: a supervisor each, instances as its children.
   auto busy = std::make_shared<busy_table>();
@@ -297,15 +302,29 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
   runtime::supervisor_config decode_cfg{decode_pool->name, pool_flags, {}};
   actors::decode_engine_params de;
   de.max_batch = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
+  // Blocks the decode instances' writers made visible in the store (one thread in the sim).
+  auto persisted = std::make_shared<std::uint64_t>(0);
+  actors::block_writer_params writer;
+  writer.kv = kv_store;
+  writer.on_persisted = [persisted](std::uint64_t n) { *persisted += n; };
   for (std::uint32_t i = 0; i < decode_pool->instances.initial; ++i)
     decode_cfg.children.push_back(actors::decode_instance(
       decode_pool->name, i, decode_pool->gpus_per_instance, de,
-      ports_for(*decode_pool, p.handoff_bandwidth, p.handoff_latency), decode_lb, {}));
+      ports_for(*decode_pool, p.handoff_bandwidth, p.handoff_latency), decode_lb, writer));
+  std::vector<runtime::child_spec> pools{runtime::supervisor_child(std::move(prefill_cfg)),
+                                         runtime::supervisor_child(std::move(decode_cfg))};
+  if (vision_pool != nullptr) {
+    runtime::supervisor_config vision_cfg{vision_pool->name, pool_flags, {}};
+    actors::vision_engine_params ve;
+    ve.step_images = p.vision_images_per_gpu * vision_pool->gpus_per_instance;
+    for (std::uint32_t i = 0; i < vision_pool->instances.initial; ++i)
+      vision_cfg.children.push_back(actors::vision_instance(
+        vision_pool->name, i, vision_pool->gpus_per_instance, ve,
+        ports_for(*vision_pool, 0, 0s), vision_lb));
+    pools.push_back(runtime::supervisor_child(std::move(vision_cfg)));
+  }
   auto cluster = runtime::spawn_supervisor(
-    sys, {topo.cluster.name,
-          {runtime::strategy::one_for_one, 10, 1h},
-          {runtime::supervisor_child(std::move(prefill_cfg)),
-           runtime::supervisor_child(std::move(decode_cfg))}});
+    sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
 
   // The workload, as request specs.
@@ -321,11 +340,14 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
     spec.chain = actors::make_chain(std::span<const std::uint64_t>{r.blocks}, r.input_tokens);
     spec.traffic = r.traffic == traffic_class::agent ? schemas::traffic_class::agent
                                                      : schemas::traffic_class::chatbot;
+    spec.images = r.images;
+    spec.image_tokens = r.images * p.image_tokens;
     chain_blocks += spec.chain.size();
     workload->push_back(admission{r.arrival, std::move(spec)});
   }
   auto log = std::make_shared<source_log>();
-  actors::request_services services{kv_store, prefill_lb, decode_lb, kv_bytes_per_token, {}};
+  actors::request_services services{kv_store, prefill_lb, decode_lb, kv_bytes_per_token, {},
+                                    vision_lb};
   auto source = spawn_trace_source(sys, workload, services, log);
 
   // Drive the virtual clock in slices until every request has ended.
@@ -363,6 +385,9 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
   auto prefill_stats = ask<actors::lb_counters>(sys, prefill_lb, actors::lb_stats_atom::value);
   auto decode_stats = ask<actors::lb_counters>(sys, decode_lb, actors::lb_stats_atom::value);
   auto kv_stats = ask<actors::kv_stats>(sys, kv_store, actors::kv_stats_atom::value);
+  auto vision_stats = std::make_shared<std::optional<actors::lb_counters>>();
+  if (vision_lb)
+    vision_stats = ask<actors::lb_counters>(sys, vision_lb, actors::lb_stats_atom::value);
   driver.run_until(w.now());
 
   // The report: only what the run itself determines.
@@ -423,13 +448,14 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
                            : 0)},
     {"token_hit_rate",
      tidy(prompt_tokens > 0 ? static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens)
-                            : 0)}};
+                            : 0)},
+    {"persisted_blocks", *persisted}};
   if (*kv_stats)
     report["kv"]["store"] = {{"entries", (*kv_stats)->entries},
                              {"bytes", (*kv_stats)->bytes},
                              {"evictions", (*kv_stats)->evictions},
                              {"expirations", (*kv_stats)->expirations}};
-  for (auto* s : {prefill_stats.get(), decode_stats.get()})
+  for (auto* s : {prefill_stats.get(), decode_stats.get(), vision_stats.get()})
     if (*s)
       for (std::size_t i = 0; i < (*s)->names.size(); ++i)
         report["lb"][(*s)->lb][(*s)->names[i]] = (*s)->values[i];
@@ -438,13 +464,16 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
   for (auto& [key, in] : busy->by_key) {
     auto seconds = in.seconds;
     auto pool = key.substr(0, key.find('/'));
-    auto gpus = pool == prefill_pool->name ? prefill_pool->gpus_per_instance
-                                           : decode_pool->gpus_per_instance;
+    auto gpus = pool == prefill_pool->name  ? prefill_pool->gpus_per_instance
+                : pool == decode_pool->name ? decode_pool->gpus_per_instance
+                                            : vision_pool->gpus_per_instance;
     gpu_seconds += seconds * gpus;
     per_instance[key] = tidy(virtual_s > 0 ? seconds / virtual_s : 0);
   }
   auto total_gpus = prefill_pool->gpus(prefill_pool->instances.initial)
-                    + decode_pool->gpus(decode_pool->instances.initial);
+                    + decode_pool->gpus(decode_pool->instances.initial)
+                    + (vision_pool != nullptr ? vision_pool->gpus(vision_pool->instances.initial)
+                                              : 0);
   report["gpus"] = {{"total", total_gpus},
                     {"utilization",
                      tidy(virtual_s > 0 ? gpu_seconds / (static_cast<double>(total_gpus) * virtual_s)
@@ -488,7 +517,12 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
   out += "  throughput  " + num(r["throughput"]["input_tokens_per_s"], 0) + " input tok/s, "
          + num(r["throughput"]["output_tokens_per_s"], 0) + " output tok/s\n";
   out += "  kv cache    block hit rate " + num(r["kv"]["block_hit_rate"].get<double>() * 100)
-         + "%, token hit rate " + num(r["kv"]["token_hit_rate"].get<double>() * 100) + "%\n";
+         + "%, token hit rate " + num(r["kv"]["token_hit_rate"].get<double>() * 100) + "%, "
+         + std::to_string(r["kv"]["persisted_blocks"].get<std::uint64_t>())
+         + " blocks persisted by decode\n";
+  if (r.contains("lb") && r["lb"].contains("vision"))
+    out += "  vision      " + std::to_string(r["lb"]["vision"]["routed"].get<std::uint64_t>())
+           + " requests encoded\n";
   out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
          + ", utilization " + num(r["gpus"]["utilization"].get<double>() * 100) + "%\n";
   out += "  simulated   " + num(r["sim"]["virtual_s"]) + " s virtual, "

@@ -1,9 +1,10 @@
 // simulation: replays a workload through the serving actor graph in the simulated world.
 //
 // This is troupe's main job on a laptop. From a topology it builds the actor graph of the
-// design — the KV store's CHECK role (sharded), prefill_lb and decode_lb, a supervisor per
-// pool whose children are instances (ranks + engine, each rank on a simulated device costed
-// by the performance model), and an entrypoint that admits the workload's requests as
+// design — the KV store's CHECK role (sharded), prefill_lb, decode_lb and (with a vision
+// pool) vision_lb, a supervisor per pool whose children are instances (ranks + engine, each
+// rank on a simulated device costed by the performance model; decode instances also persist
+// the blocks they fill), and an entrypoint that admits the workload's requests as
 // request actors — then drives the virtual clock until every request has ended (or a
 // deadline), and summarises what happened: a report that depends only on the topology,
 // workload and seed (so it is byte-identical across runs and machines) and host figures kept
@@ -47,6 +48,10 @@ struct sim_params {
   runtime::duration restart_time = std::chrono::minutes(3);
   /// prefill_lb re-derives engines per bucket this often.
   runtime::duration rebalance_interval = std::chrono::seconds(30);
+  /// Encoder tokens per image (a request record carries only its image count).
+  std::uint64_t image_tokens = 576;
+  /// Images per GPU per vision encoder step.
+  std::uint32_t vision_images_per_gpu = 16;
 };
 
 /// How to run.
@@ -79,7 +84,8 @@ struct sim_outcome {
 };
 
 /// Runs `records` (arrival order) on `topo`. Fails with a message when the topology's model
-/// or hardware has no profile or the topology lacks a prefill or decode pool.
+/// or hardware has no profile or the topology lacks a prefill or decode pool. Without a
+/// vision pool, requests with images fail ("no vision tier").
 result<sim_outcome> run_simulation(const topology& topo, const std::vector<request_record>& records,
                                    const sim_options& options);
 

@@ -1,0 +1,126 @@
+#include "actors/kv/block_writer.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/local_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <xxhash.h>
+
+#include <array>
+#include <map>
+
+namespace troupe::actors {
+
+std::uint64_t decode_content_key(std::uint64_t request, std::uint64_t block_index) {
+  // Little-endian bytes of (request, block_index), seeded apart from other uses of XXH3.
+  std::array<unsigned char, 16> bytes{};
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<unsigned char>(request >> (8 * i));
+    bytes[8 + i] = static_cast<unsigned char>(block_index >> (8 * i));
+  }
+  constexpr XXH64_hash_t seed = 0x646563'6f6465'6b76; // "decodekv"
+  return XXH3_64bits_withSeed(bytes.data(), bytes.size(), seed);
+}
+
+std::vector<block_key> decode_chain(const block_key& parent, std::uint64_t parent_blocks,
+                                    std::uint64_t request, std::uint64_t first_block,
+                                    std::uint64_t count) {
+  std::vector<block_key> keys;
+  keys.reserve(count);
+  auto key = parent;
+  for (auto i = parent_blocks; i < first_block + count; ++i) {
+    key = chain_hash(key, decode_content_key(request, i), block_tokens);
+    if (i >= first_block)
+      keys.push_back(key);
+  }
+  return keys;
+}
+
+namespace {
+
+/// The key of a request's last block keyed so far, and its index.
+struct chain_tip {
+  std::uint64_t index = 0;
+  block_key key;
+};
+
+struct block_writer_state {
+  block_writer_params params;
+  std::map<std::uint64_t, chain_tip> tips;
+  block_writer_stats stats;
+  static inline const char* name = "block_writer";
+};
+
+using writer_ptr = block_writer_actor::stateful_pointer<block_writer_state>;
+
+/// The keys of `f`'s blocks, continuing from the request's tip when it is the block before.
+std::vector<block_key> keys_of(block_writer_state& st, const filled_blocks& f) {
+  std::vector<block_key> keys;
+  if (f.count > 0) {
+    auto tip = st.tips.find(f.request);
+    if (tip != st.tips.end() && tip->second.index + 1 == f.first_block)
+      keys = decode_chain(tip->second.key, f.first_block, f.request, f.first_block, f.count);
+    else
+      keys = decode_chain(f.parent, f.parent_blocks, f.request, f.first_block, f.count);
+  }
+  if (f.last)
+    st.tips.erase(f.request);
+  else if (!keys.empty())
+    st.tips[f.request] = chain_tip{f.first_block + f.count - 1, keys.back()};
+  return keys;
+}
+
+void write(writer_ptr self, std::vector<block_key> keys, traffic_class traffic) {
+  auto n = keys.size();
+  self->request(self->state.params.kv, caf::infinite, kv_reserve{keys, traffic})
+    .then(
+      [self, keys](const kv_insert_result& r) {
+        auto& s = self->state.stats;
+        s.reserved += r.inserted;
+        s.refreshed += r.refreshed;
+        s.rejected += r.rejected;
+        // The bytes would be written to the store here (the simulated world carries none).
+        auto n = keys.size();
+        self->request(self->state.params.kv, caf::infinite, kv_commit{keys})
+          .then(
+            [self](const kv_commit_result& c) {
+              auto& st = self->state;
+              st.stats.committed += c.committed;
+              st.stats.missing += c.missing;
+              if (st.params.on_persisted)
+                st.params.on_persisted(c.committed);
+            },
+            [self, n](const caf::error&) { self->state.stats.failed += n; });
+      },
+      [self, n](const caf::error&) { self->state.stats.failed += n; });
+}
+
+block_writer_actor::behavior_type block_writer_fn(writer_ptr self, block_writer_params params) {
+  self->state.params = std::move(params);
+  self->state.stats.instance = self->state.params.instance;
+  return {
+    [self](const persist_blocks& msg) {
+      auto& st = self->state;
+      std::map<traffic_class, std::vector<block_key>> by_class;
+      for (auto& f : msg.filled) {
+        auto keys = keys_of(st, f);
+        st.stats.blocks += keys.size();
+        auto& out = by_class[f.traffic];
+        out.insert(out.end(), keys.begin(), keys.end());
+      }
+      for (auto& [traffic, keys] : by_class)
+        if (!keys.empty())
+          write(self, std::move(keys), traffic);
+    },
+    [self](block_writer_stats_atom) { return self->state.stats; },
+  };
+}
+
+} // namespace
+
+block_writer_actor spawn_block_writer(caf::local_actor* parent, block_writer_params params) {
+  return parent->spawn(block_writer_fn, std::move(params));
+}
+
+} // namespace troupe::actors
