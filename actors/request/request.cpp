@@ -43,7 +43,11 @@ void decode(request_ptr self) {
         st.outcome.decode_instance = a.instance;
         // The first token came with prefill; decode generates the rest.
         auto rest = st.spec.output_tokens > 0 ? st.spec.output_tokens - 1 : 0;
-        decode_job job{st.spec.id, kv_tokens, rest, kv_tokens * st.services.kv_bytes_per_token};
+        decode_job job;
+        job.request = st.spec.id;
+        job.context_tokens = kv_tokens;
+        job.output_tokens = rest;
+        job.kv_bytes = kv_tokens * st.services.kv_bytes_per_token;
         // The blocks decode fills continue the prompt's chain.
         if (!st.spec.chain.empty()) {
           job.parent = st.spec.chain.back();

@@ -81,7 +81,7 @@ struct serving {
     for (std::uint64_t b = 0; b < input / 128; ++b)
       contents.push_back(first_content_key + b);
     spec.chain = make_chain(std::span<const std::uint64_t>{contents}, input);
-    request_services services{kv, plb, dlb, 100, sink};
+    request_services services{kv, plb, dlb, 100, sink, {}};
     sys.spawn([spec, services, this](caf::event_based_actor* self) {
       requests.push_back(spawn_request(self, spec, services));
     });
