@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace troupe::cluster::sim {
 
@@ -207,6 +208,37 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
   return c;
 }
 
+// Each layer's index among the model's distinct layer profiles (first-seen order).
+struct layer_class_map {
+  std::vector<std::size_t> of;
+  std::size_t distinct = 0;
+};
+
+layer_class_map make_layer_classes(const std::vector<layer_profile>& layers) {
+  layer_class_map out;
+  std::vector<const layer_profile*> seen;
+  for (const auto& l : layers) {
+    auto i = std::find_if(seen.begin(), seen.end(), [&l](auto* x) { return *x == l; });
+    out.of.push_back(static_cast<std::size_t>(i - seen.begin()));
+    if (i == seen.end())
+      seen.push_back(&l);
+  }
+  out.distinct = seen.size();
+  return out;
+}
+
+// The classes of `m`'s layers, remembered for the last model seen (the simulation costs every
+// step of a run against the same few models; one thread per simulated world).
+const layer_class_map& layer_classes(const model_profile& m) {
+  thread_local std::vector<layer_profile> key;
+  thread_local layer_class_map value;
+  if (key != m.layers) {
+    key = m.layers;
+    value = make_layer_classes(m.layers);
+  }
+  return value;
+}
+
 // One step with (split) or without two micro-batches; `eff` is the end-to-end efficiency.
 step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phase p,
                         std::uint32_t ep, const batch& b, const perf_options& opt, double eff,
@@ -226,12 +258,24 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
   s.context = std::max(double(b.context_tokens) / double(b.sequences),
                        double(b.tokens) / double(b.sequences));
 
+  // Layers with equal profiles cost the same (cost_layer is a pure function of the profile and
+  // the step): each distinct profile is costed once per step, then accumulated in layer order.
+  const auto& classes = layer_classes(m);
+  std::vector<layer_cost> costs(classes.distinct);
+  std::vector<bool> costed(classes.distinct, false);
+
   step_breakdown out;
   double elapsed = 0;        // compute timeline, for Engram prefetch
   double engram_ready = 0;   // when the reads issued so far have landed
   double first_comm = -1;
-  for (const auto& l : m.layers) {
-    auto c = cost_layer(m, hw, l, p, ep, s, r, opt, a2a);
+  for (std::size_t li = 0; li < m.layers.size(); ++li) {
+    const auto& l = m.layers[li];
+    auto ci = classes.of[li];
+    if (!costed[ci]) {
+      costs[ci] = cost_layer(m, hw, l, p, ep, s, r, opt, a2a);
+      costed[ci] = true;
+    }
+    const auto& c = costs[ci];
     double compute = parts * c.compute() / eff;
     double comm = parts * c.comm;
     double layer = split ? std::max(compute, comm) : compute + comm;
