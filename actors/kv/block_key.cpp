@@ -49,13 +49,19 @@ block_key chain_hash(const block_key& parent, std::span<const std::uint32_t> tok
 
 block_key chain_hash(const block_key& parent, std::uint64_t content_key,
                      std::uint32_t token_count) {
-  std::vector<std::uint8_t> bytes;
-  bytes.reserve(28);
-  put_u64(bytes, parent.hi);
-  put_u64(bytes, parent.lo);
-  put_u32(bytes, token_count | content_key_flag);
-  put_u64(bytes, content_key);
-  return hash_bytes(bytes);
+  // The same layout as the token form's helpers write, in a fixed buffer (this runs once per
+  // block of every simulated prompt).
+  std::uint8_t bytes[28];
+  auto put = [&bytes](std::size_t at, std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i)
+      bytes[at + static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v >> (8 * i));
+  };
+  put(0, parent.hi, 8);
+  put(8, parent.lo, 8);
+  put(16, token_count | content_key_flag, 4);
+  put(20, content_key, 8);
+  auto h = XXH3_128bits(bytes, sizeof bytes);
+  return block_key{h.high64, h.low64};
 }
 
 std::vector<block_key> make_chain(std::span<const std::uint32_t> tokens,

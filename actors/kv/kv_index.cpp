@@ -167,11 +167,18 @@ kv_stats kv_index::stats() const {
 }
 
 void kv_index::place(const block_key& k, entry& e, runtime::time_point expiry) {
-  if (e.seq != 0)
+  if (ordered_ && e.seq != 0)
     order_.erase(order_key{e.expiry, ~e.seq, k});
   e.expiry = expiry;
   e.seq = ++next_seq_;
-  order_.insert(order_key{e.expiry, ~e.seq, k});
+  if (ordered_)
+    order_.insert(order_key{e.expiry, ~e.seq, k});
+}
+
+void kv_index::build_order() {
+  for (const auto& [k, e] : entries_)
+    order_.insert(order_key{e.expiry, ~e.seq, k});
+  ordered_ = true;
 }
 
 void kv_index::extend(const block_key& k, entry& e, runtime::time_point expiry) {
@@ -181,7 +188,8 @@ void kv_index::extend(const block_key& k, entry& e, runtime::time_point expiry) 
 
 void kv_index::remove(map_type::iterator it, bool expired) {
   auto& e = it->second;
-  order_.erase(order_key{e.expiry, ~e.seq, it->first});
+  if (ordered_)
+    order_.erase(order_key{e.expiry, ~e.seq, it->first});
   if (e.pending)
     stats_.pending -= 1;
   stats_.bytes -= params_.block_bytes;
@@ -194,6 +202,8 @@ void kv_index::remove(map_type::iterator it, bool expired) {
 
 bool kv_index::make_room(runtime::time_point now, runtime::time_point expiry) {
   while (stats_.bytes + params_.block_bytes > params_.capacity_bytes) {
+    if (!ordered_)
+      build_order();
     if (order_.empty())
       return false;
     const auto& oldest = *order_.begin();

@@ -206,9 +206,16 @@ private:
   void remove(map_type::iterator it, bool expired);
   bool make_room(runtime::time_point now, runtime::time_point expiry);
 
+  /// Builds `order_` from `entries_` (the first time room must be made).
+  void build_order();
+
   kv_index_params params_;
   map_type entries_;
+  /// The eviction order, {expiry, ~seq, key} of every entry. It is derived from `entries_`, so
+  /// it is kept only once a shard has had to make room (`ordered_`): a shard that never fills
+  /// (the usual case for a petabyte store) does not pay a tree node per block.
   std::set<order_key> order_;
+  bool ordered_ = false;
   std::uint64_t next_seq_ = 0;
   kv_stats stats_;
 };

@@ -61,6 +61,8 @@ struct layer_profile {
   /// In prefill, runs only on the last `replay_tokens` of each sequence (V4.1 decoder layers:
   /// bounded replay).
   bool prefill_tail_only = false;
+
+  friend bool operator==(const layer_profile&, const layer_profile&) = default;
 };
 
 /// Everything the performance model and the KV store need to know about a model.

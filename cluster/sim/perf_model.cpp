@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace troupe::cluster::sim {
 
@@ -44,41 +45,64 @@ struct shape {
   double context;   // KV length per sequence after the step
 };
 
-// All-to-all time of one dispatch (bytes_per_copy = one token's activation) for `tokens`.
-double all_to_all(const model_profile& m, const hardware_profile& hw, phase p, std::uint32_t ep,
-                  double tokens, double bytes_per_copy) {
-  if (ep <= 1 || tokens <= 0)
-    return 0;
+// The step-independent factors of the all-to-all for one (model, hardware, phase, ep): they cost
+// two `pow`s, so a step computes them once rather than per layer and dispatch.
+struct a2a_factors {
+  bool none = true;       // ep <= 1: no all-to-all
+  bool one_node = false;  // the EP group fits one scale-up domain
+  double gpus = 0;        // destination GPUs per token
+  double remote_copies = 0;
+  double up_bw = 0;
+  double out_bw = 0;
+};
+
+a2a_factors make_a2a(const model_profile& m, const hardware_profile& hw, phase p,
+                     std::uint32_t ep) {
+  a2a_factors f;
+  if (ep <= 1)
+    return f;
+  f.none = false;
   const double k = m.experts_per_token;
-  const double gpus = distinct(ep, k); // destination GPUs per token
+  f.gpus = distinct(ep, k);
   const double domain = std::min<double>(hw.scale_up_domain, ep);
   const double nodes = std::ceil(ep / domain);
-  const double up_bw = hw.scale_up_bytes_per_s * hw.scale_up_efficiency;
-  const double out_bw = hw.scale_out_bytes_per_s * hw.scale_out_efficiency;
+  f.up_bw = hw.scale_up_bytes_per_s * hw.scale_up_efficiency;
+  f.out_bw = hw.scale_out_bytes_per_s * hw.scale_out_efficiency;
   if (nodes <= 1) {
-    double bytes = tokens * gpus * (ep - 1.0) / ep * bytes_per_copy;
-    return hw.scale_up_latency_s + bytes / up_bw;
+    f.one_node = true;
+    return f;
   }
-  double remote_copies;
   if (p == phase::prefill) {
     // Throughput kernels send a token once per remote node and forward it inside the node over
     // the scale-up fabric; node-limited routing caps the nodes a token reaches.
     double reached = distinct(nodes, k);
     if (m.expert_groups > 1 && m.groups_per_token < m.expert_groups)
       reached = std::min(reached, double(m.groups_per_token));
-    remote_copies = reached * (nodes - 1.0) / nodes;
+    f.remote_copies = reached * (nodes - 1.0) / nodes;
   } else {
     // Low-latency kernels send each copy straight to its GPU.
-    remote_copies = gpus * (1.0 - domain / ep);
+    f.remote_copies = f.gpus * (1.0 - domain / ep);
   }
-  double out = tokens * remote_copies * bytes_per_copy / out_bw;
-  double up = tokens * gpus * bytes_per_copy / up_bw;
+  return f;
+}
+
+// All-to-all time of one dispatch (bytes_per_copy = one token's activation) for `tokens`.
+double all_to_all(const hardware_profile& hw, const a2a_factors& f, std::uint32_t ep,
+                  double tokens, double bytes_per_copy) {
+  if (f.none || tokens <= 0)
+    return 0;
+  if (f.one_node) {
+    double bytes = tokens * f.gpus * (ep - 1.0) / ep * bytes_per_copy;
+    return hw.scale_up_latency_s + bytes / f.up_bw;
+  }
+  double out = tokens * f.remote_copies * bytes_per_copy / f.out_bw;
+  double up = tokens * f.gpus * bytes_per_copy / f.up_bw;
   return hw.scale_out_latency_s + std::max(out, up);
 }
 
 layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const layer_profile& l,
                       phase p, std::uint32_t ep, const shape& s, const rates& r,
-                      const perf_options& opt) {
+                      const perf_options& opt, const a2a_factors& a2a) {
   layer_cost c;
   // Tokens this layer runs on: bounded replay runs tail-only layers on the last tokens.
   double n = s.new_per_seq;
@@ -165,7 +189,7 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
     // Dispatch in FP8 (with a 4-byte scale per 128 channels), combine in BF16.
     double fp8_copy = m.hidden + m.hidden / 128.0 * 4.0;
     double bf16_copy = 2.0 * m.hidden;
-    c.comm = all_to_all(m, hw, p, ep, t, fp8_copy) + all_to_all(m, hw, p, ep, t, bf16_copy);
+    c.comm = all_to_all(hw, a2a, ep, t, fp8_copy) + all_to_all(hw, a2a, ep, t, bf16_copy);
   } else {
     double params = 3.0 * m.hidden * m.dense_intermediate;
     c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
@@ -184,10 +208,41 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
   return c;
 }
 
+// Each layer's index among the model's distinct layer profiles (first-seen order).
+struct layer_class_map {
+  std::vector<std::size_t> of;
+  std::size_t distinct = 0;
+};
+
+layer_class_map make_layer_classes(const std::vector<layer_profile>& layers) {
+  layer_class_map out;
+  std::vector<const layer_profile*> seen;
+  for (const auto& l : layers) {
+    auto i = std::find_if(seen.begin(), seen.end(), [&l](auto* x) { return *x == l; });
+    out.of.push_back(static_cast<std::size_t>(i - seen.begin()));
+    if (i == seen.end())
+      seen.push_back(&l);
+  }
+  out.distinct = seen.size();
+  return out;
+}
+
+// The classes of `m`'s layers, remembered for the last model seen (the simulation costs every
+// step of a run against the same few models; one thread per simulated world).
+const layer_class_map& layer_classes(const model_profile& m) {
+  thread_local std::vector<layer_profile> key;
+  thread_local layer_class_map value;
+  if (key != m.layers) {
+    key = m.layers;
+    value = make_layer_classes(m.layers);
+  }
+  return value;
+}
+
 // One step with (split) or without two micro-batches; `eff` is the end-to-end efficiency.
 step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phase p,
                         std::uint32_t ep, const batch& b, const perf_options& opt, double eff,
-                        bool split) {
+                        bool split, const a2a_factors& a2a) {
   const double parts = split ? 2.0 : 1.0;
   // Prefill's all-to-all kernels occupy SMs while they overlap compute; decode's do not.
   const double sm_share = split && p == phase::prefill ? 1.0 - hw.comm_sm_fraction : 1.0;
@@ -203,12 +258,24 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
   s.context = std::max(double(b.context_tokens) / double(b.sequences),
                        double(b.tokens) / double(b.sequences));
 
+  // Layers with equal profiles cost the same (cost_layer is a pure function of the profile and
+  // the step): each distinct profile is costed once per step, then accumulated in layer order.
+  const auto& classes = layer_classes(m);
+  std::vector<layer_cost> costs(classes.distinct);
+  std::vector<bool> costed(classes.distinct, false);
+
   step_breakdown out;
   double elapsed = 0;        // compute timeline, for Engram prefetch
   double engram_ready = 0;   // when the reads issued so far have landed
   double first_comm = -1;
-  for (const auto& l : m.layers) {
-    auto c = cost_layer(m, hw, l, p, ep, s, r, opt);
+  for (std::size_t li = 0; li < m.layers.size(); ++li) {
+    const auto& l = m.layers[li];
+    auto ci = classes.of[li];
+    if (!costed[ci]) {
+      costs[ci] = cost_layer(m, hw, l, p, ep, s, r, opt, a2a);
+      costed[ci] = true;
+    }
+    const auto& c = costs[ci];
     double compute = parts * c.compute() / eff;
     double comm = parts * c.comm;
     double layer = split ? std::max(compute, comm) : compute + comm;
@@ -293,9 +360,10 @@ result<step_breakdown> step_time(const model_profile& m, const hardware_profile&
 
   // The engine splits the batch into two micro-batches when that is faster (it usually is once
   // the all-to-all is worth hiding); a one-token batch cannot be split.
-  auto best = run_step(m, hw, p, ep, b, opt, eff, false);
+  auto a2a = make_a2a(m, hw, p, ep);
+  auto best = run_step(m, hw, p, ep, b, opt, eff, false, a2a);
   if (opt.two_micro_batches && ep > 1 && b.tokens >= 2) {
-    auto split = run_step(m, hw, p, ep, b, opt, eff, true);
+    auto split = run_step(m, hw, p, ep, b, opt, eff, true, a2a);
     if (split.total_s < best.total_s)
       best = split;
   }

@@ -215,8 +215,39 @@ nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
 
 } // namespace
 
+namespace {
+result<sim_outcome> simulate(const topology& topo, record_stream next_record, std::uint64_t total,
+                             std::optional<std::uint64_t> all_chain_blocks,
+                             const sim_options& options);
+} // namespace
+
 result<sim_outcome> run_simulation(const topology& topo, const std::vector<request_record>& records,
                                    const sim_options& options) {
+  // The hit rate's denominator covers every record, admitted or not (as make_chain counts).
+  std::uint64_t all_chain_blocks = 0;
+  for (auto& r : records)
+    all_chain_blocks += std::min<std::uint64_t>(r.blocks.size(), r.input_tokens / actors::block_tokens);
+  std::size_t i = 0;
+  record_stream next = [&records, &i]() -> std::optional<request_record> {
+    if (i >= records.size())
+      return std::nullopt;
+    return records[i++];
+  };
+  return simulate(topo, std::move(next), records.size(), all_chain_blocks, options);
+}
+
+result<sim_outcome> run_simulation(const topology& topo, record_stream next, std::uint64_t total,
+                                   const sim_options& options) {
+  return simulate(topo, std::move(next), total, std::nullopt, options);
+}
+
+namespace {
+
+/// Both forms: `all_chain_blocks` is the hit rate's denominator when known up front; without
+/// it, the chains of the records pulled so far count.
+result<sim_outcome> simulate(const topology& topo, record_stream next_record, std::uint64_t total,
+                             std::optional<std::uint64_t> all_chain_blocks,
+                             const sim_options& options) {
   auto wall_start = std::chrono::steady_clock::now();
   auto model = resolve_model(topo.cluster.model, default_models_dir());
   if (!model)
@@ -327,32 +358,33 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
     sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
 
-  // The workload, as request specs.
-  auto workload = std::make_shared<std::vector<admission>>();
-  workload->reserve(records.size());
-  std::uint64_t chain_blocks = 0;
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    auto& r = records[i];
+  // The workload, as request specs made as the source pulls them.
+  auto chain_blocks = std::make_shared<std::uint64_t>(0);
+  auto next_id = std::make_shared<std::uint64_t>(0);
+  admission_stream workload = [next_record = std::move(next_record), chain_blocks, next_id,
+                               image_tokens = p.image_tokens]() -> std::optional<admission> {
+    auto r = next_record();
+    if (!r)
+      return std::nullopt;
     actors::request_spec spec;
-    spec.id = i + 1;
-    spec.input_tokens = r.input_tokens;
-    spec.output_tokens = r.output_tokens;
-    spec.chain = actors::make_chain(std::span<const std::uint64_t>{r.blocks}, r.input_tokens);
-    spec.traffic = r.traffic == traffic_class::agent ? schemas::traffic_class::agent
-                                                     : schemas::traffic_class::chatbot;
-    spec.images = r.images;
-    spec.image_tokens = r.images * p.image_tokens;
-    chain_blocks += spec.chain.size();
-    workload->push_back(admission{r.arrival, std::move(spec)});
-  }
+    spec.id = ++*next_id;
+    spec.input_tokens = r->input_tokens;
+    spec.output_tokens = r->output_tokens;
+    spec.chain = actors::make_chain(std::span<const std::uint64_t>{r->blocks}, r->input_tokens);
+    spec.traffic = r->traffic == traffic_class::agent ? schemas::traffic_class::agent
+                                                      : schemas::traffic_class::chatbot;
+    spec.images = r->images;
+    spec.image_tokens = r->images * image_tokens;
+    *chain_blocks += spec.chain.size();
+    return admission{r->arrival, std::move(spec)};
+  };
   auto log = std::make_shared<source_log>();
   actors::request_services services{kv_store, prefill_lb, decode_lb, kv_bytes_per_token, {},
                                     vision_lb};
-  auto source = spawn_trace_source(sys, workload, services, log);
+  auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.
   auto& driver = w.driver();
-  auto total = records.size();
   auto report_progress = [&] {
     if (options.progress)
       options.progress(sim_progress_info{runtime::to_seconds(w.now() - origin), driver.events(),
@@ -418,6 +450,7 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
       tbt.push_back(runtime::to_seconds(o.finished - o.first_token) * 1e3
                     / static_cast<double>(o.output_tokens - 1));
   }
+  auto blocks_asked = all_chain_blocks.value_or(*chain_blocks);
   auto virtual_s = runtime::to_seconds(end - origin);
   auto span_s = std::max(1e-9, runtime::to_seconds(last - origin));
   nlohmann::json report;
@@ -444,7 +477,7 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
                           {"output_tokens_per_s", tidy(static_cast<double>(out_tokens) / span_s)}};
   report["kv"] = {
     {"block_hit_rate",
-     tidy(chain_blocks > 0 ? static_cast<double>(hit_blocks) / static_cast<double>(chain_blocks)
+     tidy(blocks_asked > 0 ? static_cast<double>(hit_blocks) / static_cast<double>(blocks_asked)
                            : 0)},
     {"token_hit_rate",
      tidy(prompt_tokens > 0 ? static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens)
@@ -493,6 +526,8 @@ result<sim_outcome> run_simulation(const topology& topo, const std::vector<reque
   caf::anon_send_exit(source, caf::exit_reason::user_shutdown);
   return sim_outcome{std::move(report), std::move(run), finished};
 }
+
+} // namespace
 
 std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
   auto num = [](const nlohmann::json& j, int prec = 1) {

@@ -89,6 +89,15 @@ struct sim_outcome {
 result<sim_outcome> run_simulation(const topology& topo, const std::vector<request_record>& records,
                                    const sim_options& options);
 
+/// Yields a workload's records in arrival order, one per call; nullopt once it is exhausted.
+using record_stream = std::function<std::optional<request_record>()>;
+
+/// The same as above for a workload of `total` records pulled from `next` as they fall due, so
+/// that a long workload (a trace tiled many times) is never held in memory whole. The report
+/// is the one the vector form gives for the same records.
+result<sim_outcome> run_simulation(const topology& topo, record_stream next, std::uint64_t total,
+                                   const sim_options& options);
+
 /// The terminal summary of a report.
 std::string summarize(const nlohmann::json& report, const nlohmann::json& run);
 

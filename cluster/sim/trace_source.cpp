@@ -13,10 +13,11 @@ namespace {
 using next_atom = caf::atom_constant<caf::atom("nextarr")>;
 
 struct source_state {
-  std::shared_ptr<const std::vector<admission>> workload;
+  admission_stream pull;
+  /// The next admission not yet due (none once the stream is exhausted).
+  std::optional<admission> next;
   actors::request_services services;
   std::shared_ptr<source_log> log;
-  std::size_t next = 0;
   runtime::time_point start{};
   std::map<std::uint64_t, caf::actor> in_flight;
   static inline const char* name = "trace_source";
@@ -26,17 +27,18 @@ using source_ptr = caf::stateful_actor<source_state>*;
 
 void schedule_next(source_ptr self) {
   auto& st = self->state;
-  if (st.next >= st.workload->size())
+  if (!st.next)
     return;
-  auto due = st.start + (*st.workload)[st.next].arrival;
+  auto due = st.start + st.next->arrival;
   auto now = self->clock().now();
   self->delayed_send(self, due > now ? due - now : runtime::duration{0}, next_atom::value);
 }
 
-caf::behavior source_fn(source_ptr self, std::shared_ptr<const std::vector<admission>> workload,
-                        actors::request_services services, std::shared_ptr<source_log> log) {
+caf::behavior source_fn(source_ptr self, admission_stream pull, actors::request_services services,
+                        std::shared_ptr<source_log> log) {
   auto& st = self->state;
-  st.workload = std::move(workload);
+  st.pull = std::move(pull);
+  st.next = st.pull();
   st.services = std::move(services);
   st.services.sink = caf::actor_cast<caf::actor>(self);
   st.log = std::move(log);
@@ -46,11 +48,12 @@ caf::behavior source_fn(source_ptr self, std::shared_ptr<const std::vector<admis
     [self](next_atom) {
       auto& st = self->state;
       auto now = self->clock().now();
-      while (st.next < st.workload->size()
-             && st.start + (*st.workload)[st.next].arrival <= now) {
-        auto& a = (*st.workload)[st.next++];
-        st.in_flight.emplace(a.spec.id, actors::spawn_request(self, a.spec, st.services));
+      while (st.next && st.start + st.next->arrival <= now) {
+        auto& a = *st.next;
+        st.in_flight.emplace(a.spec.id,
+                             actors::spawn_request(self, std::move(a.spec), st.services));
         ++st.log->admitted;
+        st.next = st.pull();
       }
       schedule_next(self);
     },
@@ -58,7 +61,7 @@ caf::behavior source_fn(source_ptr self, std::shared_ptr<const std::vector<admis
       auto& st = self->state;
       st.in_flight.erase(outcome.id);
       st.log->outcomes.push_back(std::move(outcome));
-      if (st.next >= st.workload->size() && st.in_flight.empty())
+      if (!st.next && st.in_flight.empty())
         self->quit();
     },
   };
@@ -70,7 +73,19 @@ caf::actor spawn_trace_source(caf::actor_system& sys,
                               std::shared_ptr<const std::vector<admission>> workload,
                               actors::request_services services,
                               std::shared_ptr<source_log> log) {
-  return sys.spawn(source_fn, std::move(workload), std::move(services), std::move(log));
+  auto i = std::make_shared<std::size_t>(0);
+  admission_stream next = [workload = std::move(workload), i]() -> std::optional<admission> {
+    if (*i >= workload->size())
+      return std::nullopt;
+    return (*workload)[(*i)++];
+  };
+  return spawn_trace_source(sys, std::move(next), std::move(services), std::move(log));
+}
+
+caf::actor spawn_trace_source(caf::actor_system& sys, admission_stream next,
+                              actors::request_services services,
+                              std::shared_ptr<source_log> log) {
+  return sys.spawn(source_fn, std::move(next), std::move(services), std::move(log));
 }
 
 } // namespace troupe::cluster::sim

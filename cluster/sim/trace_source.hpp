@@ -11,7 +11,9 @@
 
 #include <caf/fwd.hpp>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace troupe::cluster::sim {
@@ -28,10 +30,20 @@ struct source_log {
   std::uint64_t admitted = 0;
 };
 
+/// Yields the workload's admissions in arrival order, one per call; nullopt once it is
+/// exhausted (and on every later call). The source pulls one admission ahead of the clock, so
+/// a long workload is never held in memory whole.
+using admission_stream = std::function<std::optional<admission>()>;
+
 /// Spawns the source. It starts admitting at once (arrivals are relative to now) and stops
 /// after the last outcome is in.
 caf::actor spawn_trace_source(caf::actor_system& sys,
                               std::shared_ptr<const std::vector<admission>> workload,
+                              actors::request_services services,
+                              std::shared_ptr<source_log> log);
+
+/// The same, pulling admissions from `next` as they fall due.
+caf::actor spawn_trace_source(caf::actor_system& sys, admission_stream next,
                               actors::request_services services,
                               std::shared_ptr<source_log> log);
 
