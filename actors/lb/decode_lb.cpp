@@ -24,12 +24,8 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
   self->state.balancer = std::make_unique<decode_balancer>(params);
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
-    for (auto i = st.engines.begin(); i != st.engines.end(); ++i)
-      if (i->second.address() == msg.source) {
-        st.balancer->remove_instance(i->first);
-        st.engines.erase(i);
-        return;
-      }
+    if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; }))
+      st.balancer->remove_instance(*id);
   });
   return {
     [self](const decode_route& r) -> caf::result<decode_assignment> {

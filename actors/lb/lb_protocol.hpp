@@ -6,8 +6,13 @@
 // Every balancer answers `lb_stats_atom` with named counters for reports.
 #pragma once
 
+#include "actors/lb/prefill_balancer.hpp"
+
+#include <caf/actor_addr.hpp>
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
+
+#include <optional>
 
 #include <cstdint>
 #include <string>
@@ -33,6 +38,21 @@ struct lb_counters {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lb_counters& x) {
   return f(caf::meta::type_name("lb_counters"), x.lb, x.names, x.values);
+}
+
+/// Removes from `members` (a map from instance id to a member) the member whose engine —
+/// `engine_of(member)` — is `source`, the actor a down message came from. Returns its id, or
+/// nullopt when `source` is no member's engine.
+template <class Map, class EngineOf>
+std::optional<instance_id> forget_member(Map& members, const caf::actor_addr& source,
+                                         EngineOf engine_of) {
+  for (auto i = members.begin(); i != members.end(); ++i)
+    if (engine_of(i->second).address() == source) {
+      auto id = i->first;
+      members.erase(i);
+      return id;
+    }
+  return std::nullopt;
 }
 
 } // namespace troupe::actors

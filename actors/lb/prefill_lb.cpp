@@ -35,12 +35,8 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
   st.last_rebalance = self->clock().now();
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
-    for (auto i = st.engines.begin(); i != st.engines.end(); ++i)
-      if (i->second.address() == msg.source) {
-        st.balancer->remove_instance(i->first);
-        st.engines.erase(i);
-        return;
-      }
+    if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; }))
+      st.balancer->remove_instance(*id);
   });
   return {
     [self](const prefill_route& r) -> caf::result<prefill_assignment> {

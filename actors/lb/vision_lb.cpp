@@ -31,12 +31,7 @@ using lb_ptr = vision_lb_actor::stateful_pointer<vision_lb_state>;
 
 vision_lb_actor::behavior_type vision_lb_fn(lb_ptr self) {
   self->set_down_handler([self](caf::down_msg& msg) {
-    auto& m = self->state.members;
-    for (auto i = m.begin(); i != m.end(); ++i)
-      if (i->second.engine.address() == msg.source) {
-        m.erase(i);
-        return;
-      }
+    forget_member(self->state.members, msg.source, [](auto& m) -> auto& { return m.engine; });
   });
   return {
     [self](const vision_route& r) -> caf::result<vision_assignment> {

@@ -42,6 +42,8 @@ struct cluster_shape {
   std::uint32_t step_images = 16;
   /// Decode persists the blocks it fills (a block writer per decode instance).
   bool block_writer = false;
+  /// The chunked-prefill budget per step of each prefill instance.
+  std::uint64_t prefill_step_tokens = 4096;
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -88,7 +90,7 @@ struct serving_cluster {
     };
     runtime::supervisor_config cfg{"pools", {runtime::strategy::one_for_one, 10, 1h}, {}};
     prefill_engine_params pe;
-    pe.step_tokens = 4096;
+    pe.step_tokens = shape.prefill_step_tokens;
     pe.fetch_layers = 4;
     for (instance_id i = 0; i < shape.prefill_instances; ++i)
       cfg.children.push_back(prefill_instance("prefill", i, 2, pe, ports, plb));

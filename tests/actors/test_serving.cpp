@@ -1,94 +1,25 @@
 // The serving path end to end on the deterministic scheduler: request → KV match → prefill
 // (chunked, fetch of cached blocks) → hand-off → decode (continuous batching) → outcome, with
 // simple device costs so that every time can be checked by hand.
-#include "actors/instance.hpp"
-#include "actors/kv/kv_store.hpp"
-#include "actors/request/request.hpp"
-#include "actors/type_ids.hpp"
-#include "runtime/ports/device.hpp"
-#include "runtime/ports/link.hpp"
-#include "runtime/world.hpp"
+#include "serving_fixture.hpp"
 
-#include <caf/all.hpp>
 #include <doctest/doctest.h>
-
-#include <map>
-#include <memory>
 
 using namespace troupe;
 using namespace troupe::actors;
 using namespace std::chrono_literals;
+using testing::cluster_shape;
 
 namespace {
 
-/// Prefill costs 1 µs per token; a decode step costs 10 ms whatever the batch.
-runtime::duration cost(const runtime::device_step& s) {
-  if (s.phase == runtime::step_phase::decode)
-    return 10ms;
-  return std::chrono::microseconds(s.tokens);
+using serving = testing::serving_cluster;
+
+cluster_shape prefill(std::uint32_t instances, std::uint64_t step_tokens = 4096) {
+  cluster_shape shape;
+  shape.prefill_instances = instances;
+  shape.prefill_step_tokens = step_tokens;
+  return shape;
 }
-
-struct serving {
-  runtime::world world{runtime::world_options{runtime::world_mode::sim, 1, 0, false,
-                                              register_actor_types}};
-  caf::actor_system& sys = world.system();
-  runtime::time_point origin = world.now();
-  kv_check_actor kv;
-  prefill_lb_actor plb;
-  decode_lb_actor dlb;
-  caf::actor pools;
-  caf::actor sink;
-  std::shared_ptr<std::map<std::uint64_t, request_outcome>> outcomes
-    = std::make_shared<std::map<std::uint64_t, request_outcome>>();
-  std::vector<caf::actor> requests;
-
-  explicit serving(std::uint32_t prefill_instances = 1, std::uint64_t step_tokens = 4096) {
-    kv_index_params kvp;
-    kvp.capacity_bytes = 1ull << 40;
-    kv = spawn_sharded_kv_store(sys, kvp, 2);
-    plb = spawn_prefill_lb(sys, prefill_lb_params{});
-    dlb = spawn_decode_lb(sys, decode_balancer_params{});
-    instance_ports ports;
-    ports.device = [](caf::local_actor* self, instance_id, std::uint32_t) {
-      return runtime::spawn_sim_device(self->system(), cost);
-    };
-    // 1 GB/s, no latency: a fetch or hand-off of B bytes takes B ns.
-    ports.link = [](caf::local_actor* self, instance_id) {
-      return runtime::spawn_sim_link(self->system(), runtime::sim_link_params{1e9, 0s});
-    };
-    runtime::supervisor_config cfg{"pools", {runtime::strategy::one_for_one, 10, 1h}, {}};
-    prefill_engine_params pe;
-    pe.step_tokens = step_tokens;
-    pe.fetch_layers = 4;
-    for (instance_id i = 0; i < prefill_instances; ++i)
-      cfg.children.push_back(prefill_instance("prefill", i, 2, pe, ports, plb));
-    cfg.children.push_back(decode_instance("decode", 0, 2, decode_engine_params{}, ports, dlb, {}));
-    pools = runtime::spawn_supervisor(sys, std::move(cfg));
-    auto out = outcomes;
-    sink = sys.spawn([out](caf::event_based_actor*) -> caf::behavior {
-      return {[out](const request_outcome& o) { (*out)[o.id] = o; }};
-    });
-    world.driver().run();
-  }
-
-  void submit(std::uint64_t id, std::uint64_t input, std::uint64_t output,
-              std::uint64_t first_content_key = 1000) {
-    request_spec spec;
-    spec.id = id;
-    spec.input_tokens = input;
-    spec.output_tokens = output;
-    std::vector<std::uint64_t> contents;
-    for (std::uint64_t b = 0; b < input / 128; ++b)
-      contents.push_back(first_content_key + b);
-    spec.chain = make_chain(std::span<const std::uint64_t>{contents}, input);
-    request_services services{kv, plb, dlb, 100, sink, {}};
-    sys.spawn([spec, services, this](caf::event_based_actor* self) {
-      requests.push_back(spawn_request(self, spec, services));
-    });
-  }
-
-  double ms(runtime::time_point t) const { return runtime::to_seconds(t - origin) * 1e3; }
-};
 
 } // namespace
 
@@ -108,7 +39,7 @@ TEST_CASE("a request is prefilled, handed off and decoded, and reports its times
 }
 
 TEST_CASE("chunked prefill splits a long prompt into steps of the token budget") {
-  serving s{1, 1024};
+  serving s{prefill(1, 1024)};
   s.submit(1, 4096, 1);
   s.submit(2, 512, 1, 9000);
   s.world.driver().run();
@@ -160,7 +91,7 @@ TEST_CASE("decode batches requests: two requests decode in the same steps") {
 
 TEST_CASE("prefill requests are spread over instances by least outstanding compute") {
   // Five instances over four buckets: the short bucket gets two.
-  serving s{5};
+  serving s{prefill(5)};
   s.submit(1, 8192, 1);
   s.submit(2, 8192, 1, 7000);
   s.world.driver().run();
@@ -168,7 +99,7 @@ TEST_CASE("prefill requests are spread over instances by least outstanding compu
 }
 
 TEST_CASE("a request with no prefill instance fails with an explicit reason") {
-  serving s{0};
+  serving s{prefill(0)};
   s.submit(1, 1024, 4);
   s.world.driver().run();
   REQUIRE(s.outcomes->count(1) == 1);
@@ -176,4 +107,35 @@ TEST_CASE("a request with no prefill instance fails with an explicit reason") {
   CHECK(!o.completed);
   CHECK(o.failure.find("prefill routing") != std::string::npos);
   CHECK(o.failure.find("unavailable") != std::string::npos);
+}
+
+TEST_CASE("an instance whose engine dies restarts as a whole and its new engine serves") {
+  serving s;
+  // The pools supervisor's children: prefill/0, then decode/0. Kill prefill/0's engine.
+  auto pools = testing::ask<std::vector<runtime::child_info>>(s.sys, s.pools,
+                                                              runtime::which_children_atom::value);
+  s.run();
+  REQUIRE(pools->has_value());
+  auto instance = (**pools)[0].handle;
+  REQUIRE((**pools)[0].id == "prefill/0");
+  auto children
+    = testing::ask<std::vector<runtime::child_info>>(s.sys, instance,
+                                                     runtime::which_children_atom::value);
+  s.run();
+  REQUIRE(children->has_value());
+  auto engine = (**children).back();
+  REQUIRE(engine.id == "engine");
+  caf::anon_send_exit(engine.handle, caf::exit_reason::kill);
+  s.run();
+  // The instance went down as a whole and came back; its new engine announced itself.
+  auto after = testing::ask<std::vector<runtime::child_info>>(s.sys, s.pools,
+                                                              runtime::which_children_atom::value);
+  s.run();
+  REQUIRE(after->has_value());
+  CHECK((**after)[0].restarts == 1);
+  s.submit(1, 2048, 2);
+  s.run();
+  REQUIRE(s.outcomes->count(1) == 1);
+  CHECK(s.outcomes->at(1).completed);
+  CHECK(s.outcomes->at(1).failure.empty());
 }
