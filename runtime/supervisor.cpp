@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <list>
 #include <map>
 
 namespace troupe::runtime {
@@ -80,7 +81,11 @@ struct child_entry {
 struct supervisor_state {
   std::string sup_name;
   supervisor_flags flags;
-  std::vector<child_entry> children; // start order
+  /// In start order; the indexes find a child by id and by the address of its running actor
+  /// without a scan (a supervisor may hold thousands of children).
+  std::list<child_entry> children;
+  std::map<std::string, std::list<child_entry>::iterator> by_id;
+  std::map<caf::actor_addr, std::list<child_entry>::iterator> by_addr;
   std::deque<time_point> restart_times;
   std::vector<caf::actor> subscribers;
   // The stop sequence in progress, if any: ids in the order they are stopped.
@@ -107,27 +112,38 @@ struct supervisor_state {
 };
 
 using sup_actor = caf::stateful_actor<supervisor_state>;
+using child_iter = std::list<child_entry>::iterator;
 
 child_entry* find(sup_actor* self, const std::string& id) {
-  for (auto& c : self->state.children)
-    if (c.spec.id == id)
-      return &c;
-  return nullptr;
+  auto i = self->state.by_id.find(id);
+  return i == self->state.by_id.end() ? nullptr : &*i->second;
 }
 
 child_entry* find(sup_actor* self, const caf::actor_addr& addr) {
-  for (auto& c : self->state.children)
-    if (c.handle && c.handle.address() == addr)
-      return &c;
-  return nullptr;
+  auto i = self->state.by_addr.find(addr);
+  return i == self->state.by_addr.end() ? nullptr : &*i->second;
 }
 
-std::size_t index_of(sup_actor* self, const std::string& id) {
-  auto& cs = self->state.children;
-  for (std::size_t i = 0; i < cs.size(); ++i)
-    if (cs[i].spec.id == id)
-      return i;
-  return cs.size();
+/// Appends a child (not started) and indexes it by id.
+child_iter add_child(sup_actor* self, child_spec spec) {
+  auto& st = self->state;
+  auto it = st.children.insert(st.children.end(), child_entry{std::move(spec), caf::actor{}});
+  st.by_id.emplace(it->spec.id, it);
+  return it;
+}
+
+/// Forgets a child (which must not be running).
+void remove_child(sup_actor* self, child_iter it) {
+  auto& st = self->state;
+  st.by_id.erase(it->spec.id);
+  st.children.erase(it);
+}
+
+/// Forgets the running actor of a child (it exited).
+void clear_handle(sup_actor* self, child_entry& c) {
+  if (c.handle)
+    self->state.by_addr.erase(c.handle.address());
+  c.handle = nullptr;
 }
 
 std::string render(sup_actor* self, const caf::error& reason) {
@@ -155,8 +171,9 @@ bool abnormal(const caf::error& reason) {
   return reason && reason != caf::exit_reason::user_shutdown;
 }
 
-/// Starts `c`; returns false if its start function gave no actor.
-bool start(sup_actor* self, child_entry& c) {
+/// Starts the child at `it`; returns false if its start function gave no actor.
+bool start(sup_actor* self, child_iter it) {
+  auto& c = *it;
   auto handle = c.spec.start ? c.spec.start(self) : caf::actor{};
   if (!handle) {
     c.status = child_status::down;
@@ -166,6 +183,7 @@ bool start(sup_actor* self, child_entry& c) {
   c.status = child_status::running;
   c.last_start = self->clock().now();
   ++c.generation;
+  self->state.by_addr.emplace(c.handle.address(), it);
   self->monitor(c.handle);
   return true;
 }
@@ -231,14 +249,20 @@ void stop_children(sup_actor* self, std::vector<std::string> ids, std::function<
   stop_next(self);
 }
 
-/// The ids of the running children from index `first` on, in reverse start order.
-std::vector<std::string> running_from(sup_actor* self, std::size_t first) {
+/// The ids of the running children from `first` on, in reverse start order.
+std::vector<std::string> running_from(sup_actor* self, child_iter first) {
   std::vector<std::string> ids;
   auto& cs = self->state.children;
-  for (auto i = cs.size(); i > first; --i)
-    if (cs[i - 1].handle)
-      ids.push_back(cs[i - 1].spec.id);
+  for (auto i = cs.end(); i != first;) {
+    --i;
+    if (i->handle)
+      ids.push_back(i->spec.id);
+  }
   return ids;
+}
+
+std::vector<std::string> running_children(sup_actor* self) {
+  return running_from(self, self->state.children.begin());
 }
 
 void shutdown(sup_actor* self, caf::error reason) {
@@ -248,7 +272,7 @@ void shutdown(sup_actor* self, caf::error reason) {
   st.shutting_down = true;
   st.pending_restarts.clear();
   auto go = [self, reason] {
-    stop_children(self, running_from(self, 0), [self, reason] { self->quit(reason); });
+    stop_children(self, running_children(self), [self, reason] { self->quit(reason); });
   };
   if (st.busy)
     st.deferred.push_front(go);
@@ -270,12 +294,14 @@ void restart_now(sup_actor* self, const std::vector<std::string>& ids) {
   if (st.shutting_down)
     return;
   std::vector<std::string> failed;
-  for (auto& c : st.children) {
-    if (std::find(ids.begin(), ids.end(), c.spec.id) == ids.end() || c.handle)
+  for (auto& id : ids) { // in start order
+    auto i = st.by_id.find(id);
+    if (i == st.by_id.end() || i->second->handle)
       continue;
+    auto& c = *i->second;
     ++c.restarts;
     ++c.consecutive;
-    if (start(self, c))
+    if (start(self, i->second))
       emit(self, supervisor_event_kind::restarted, c.spec.id, "", c.restarts);
     else
       failed.push_back(c.spec.id);
@@ -322,13 +348,14 @@ void handle_failure(sup_actor* self, const std::string& id, const caf::error& re
   auto& st = self->state;
   if (st.shutting_down)
     return;
-  auto pos = index_of(self, id);
-  if (pos == st.children.size())
+  auto found = st.by_id.find(id);
+  if (found == st.by_id.end())
     return;
-  auto& c = st.children[pos];
+  auto pos = found->second;
+  auto& c = *pos;
   const auto policy = c.spec.restart;
   if (policy == restart_policy::temporary) {
-    st.children.erase(st.children.begin() + static_cast<std::ptrdiff_t>(pos));
+    remove_child(self, pos);
     return;
   }
   if (policy == restart_policy::transient && !abnormal(reason)) {
@@ -352,14 +379,14 @@ void handle_failure(sup_actor* self, const std::string& id, const caf::error& re
       to_restart.push_back(id);
       break;
     case strategy::one_for_all:
-      to_stop = running_from(self, 0);
+      to_stop = running_children(self);
       for (auto& other : st.children)
         to_restart.push_back(other.spec.id);
       break;
     case strategy::rest_for_one:
-      to_stop = running_from(self, pos + 1);
-      for (auto i = pos; i < st.children.size(); ++i)
-        to_restart.push_back(st.children[i].spec.id);
+      to_stop = running_from(self, std::next(pos));
+      for (auto i = pos; i != st.children.end(); ++i)
+        to_restart.push_back(i->spec.id);
       break;
   }
   c.status = child_status::down;
@@ -370,9 +397,12 @@ void handle_failure(sup_actor* self, const std::string& id, const caf::error& re
   stop_children(self, std::move(to_stop), [self, id, to_restart]() mutable {
     // Temporary siblings that were stopped are not restarted: OTP forgets them.
     auto& cs = self->state.children;
-    std::erase_if(cs, [&](const child_entry& e) {
-      return e.spec.restart == restart_policy::temporary && e.spec.id != id && !e.handle;
-    });
+    for (auto i = cs.begin(); i != cs.end();) {
+      auto next = std::next(i);
+      if (i->spec.restart == restart_policy::temporary && i->spec.id != id && !i->handle)
+        remove_child(self, i);
+      i = next;
+    }
     std::erase_if(to_restart, [self](const std::string& x) { return find(self, x) == nullptr; });
     schedule_restart(self, id, std::move(to_restart));
   });
@@ -381,7 +411,7 @@ void handle_failure(sup_actor* self, const std::string& id, const caf::error& re
 void on_child_exit(sup_actor* self, child_entry& c, const caf::error& reason) {
   auto& st = self->state;
   auto id = c.spec.id;
-  c.handle = nullptr;
+  clear_handle(self, c);
   emit(self, supervisor_event_kind::exited, id, render(self, reason), c.restarts);
   if (c.status == child_status::stopping) {
     c.status = child_status::down;
@@ -412,14 +442,14 @@ caf::behavior supervisor_fn(sup_actor* self, supervisor_config cfg) {
   self->set_exit_handler([self](caf::exit_msg& msg) { shutdown(self, msg.reason); });
   for (auto& spec : cfg.children) {
     TROUPE_CHECK(find(self, spec.id) == nullptr, "supervisor: duplicate child id " + spec.id);
-    st.children.push_back(child_entry{std::move(spec), caf::actor{}});
-    auto& c = st.children.back();
-    if (!start(self, c)) {
+    auto it = add_child(self, std::move(spec));
+    auto& c = *it;
+    if (!start(self, it)) {
       auto reason = make_error(errc::child_start_failed, c.spec.id);
       st.log->error("{}: child {} failed to start", st.sup_name, c.spec.id);
-      st.children.pop_back();
+      remove_child(self, it);
       st.shutting_down = true;
-      stop_children(self, running_from(self, 0), [self, reason] { self->quit(reason); });
+      stop_children(self, running_children(self), [self, reason] { self->quit(reason); });
       return {};
     }
     emit(self, supervisor_event_kind::started, c.spec.id, "", 0);
@@ -431,11 +461,11 @@ caf::behavior supervisor_fn(sup_actor* self, supervisor_config cfg) {
         return make_error(errc::invalid_argument, st.sup_name + " is shutting down");
       if (find(self, spec.id) != nullptr)
         return make_error(errc::duplicate_child, spec.id);
-      st.children.push_back(child_entry{std::move(spec), caf::actor{}});
-      auto& c = st.children.back();
-      if (!start(self, c)) {
+      auto it = add_child(self, std::move(spec));
+      auto& c = *it;
+      if (!start(self, it)) {
         auto id = c.spec.id;
-        st.children.pop_back();
+        remove_child(self, it);
         return make_error(errc::child_start_failed, id);
       }
       emit(self, supervisor_event_kind::started, c.spec.id, "", 0);
@@ -455,8 +485,8 @@ caf::behavior supervisor_fn(sup_actor* self, supervisor_config cfg) {
         // Removed first, so that its exit is not taken for a failure.
         c->spec.restart = restart_policy::temporary;
         stop_children(self, {id}, [self, id, rp]() mutable {
-          std::erase_if(self->state.children,
-                        [&](const child_entry& e) { return e.spec.id == id; });
+          if (auto i = self->state.by_id.find(id); i != self->state.by_id.end())
+            remove_child(self, i->second);
           rp.deliver(caf::unit);
         });
       };
