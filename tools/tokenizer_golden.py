@@ -8,7 +8,9 @@ three modes of recipe::encode_mode, and decode_each.jsonl.gz (HF decode of every
   trusted  Tokenizer.encode, default (every added token matched)
   raw      the same tokenizer.json with its added_tokens removed (no added token matched)
 
-ids.<mode>.bin.gz: for each corpus record, LEB128 varint count, then each id as a LEB128 varint.
+ids.raw.bin.gz: for each corpus record, LEB128 varint count, then each id as a LEB128 varint.
+ids.plain.bin.gz, ids.trusted.bin.gz: per record, varint 0 when the ids equal raw's, otherwise
+varint count + 1 and the ids (most records hold no added-token string, so these stay small).
 
     tools/.venv-tokenizer/bin/python tools/tokenizer_golden.py
 """
@@ -47,18 +49,24 @@ def main():
     with gzip.open(GOLDEN / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
         corpus = [json.loads(line) for line in f]
     nbytes = sum(len(s.encode()) for s in corpus)
-    for name, tok in [("plain", plain), ("trusted", trusted), ("raw", raw)]:
+    raw_ids = None
+    for name, tok in [("raw", raw), ("plain", plain), ("trusted", trusted)]:
         t0 = time.perf_counter()
         encs = [tok.encode(s).ids for s in corpus]
         dt = time.perf_counter() - t0
         out = bytearray()
         ntok = 0
         bad_roundtrip = 0
-        for s, ids in zip(corpus, encs):
-            varint(len(ids), out)
+        for r, ids in enumerate(encs):
+            ntok += len(ids)
+            if raw_ids is not None and raw_ids[r] == ids:
+                varint(0, out)
+                continue
+            varint(len(ids) + (raw_ids is not None), out)
             for i in ids:
                 varint(i, out)
-            ntok += len(ids)
+        if raw_ids is None:
+            raw_ids = encs
         for s, ids in list(zip(corpus, encs))[:2000]:
             if trusted.decode(ids, skip_special_tokens=False) != s:
                 bad_roundtrip += 1
