@@ -3,7 +3,7 @@
 # troupeConfig.cmake (which installs this file beside itself). Every target named in the
 # exported link interfaces is (re)created here: caf::core, caf::io, CapnProto::capnp, fmt::fmt,
 # spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
-# Threads::Threads.
+# ICU::uc, ZLIB::ZLIB, Threads::Threads.
 #
 # Inside find_package(troupe) a missing dependency makes troupe not found (troupe_FOUND FALSE
 # with a message naming it) instead of stopping the consumer's configure; in troupe's own build
@@ -58,6 +58,9 @@ _troupe_dependency(fmt)
 _troupe_dependency(spdlog)
 _troupe_dependency(nlohmann_json)
 _troupe_dependency(tomlplusplus)
+# The recipe's tokenizer: Unicode general categories (ICU) and gzip-compressed tokenizer.json.
+_troupe_dependency(ICU COMPONENTS uc)
+_troupe_dependency(ZLIB)
 
 # xxHash: pkg-config only.
 _troupe_dependency(PkgConfig)

@@ -12,6 +12,8 @@ packages=(
   libspdlog-dev libfmt-dev   # logging
   nlohmann-json3-dev         # JSON reports
   libxxhash-dev              # block hashes
+  libicu-dev                 # tokenizer: Unicode general categories
+  zlib1g-dev                 # tokenizer: tokenizer.json.gz
   doctest-dev                # tests
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
 )

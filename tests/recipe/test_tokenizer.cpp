@@ -1,0 +1,71 @@
+// The byte-level BPE tokenizer on the shipped DeepSeek-V4 tokenizer.json: known ids (from HF
+// tokenizers 0.23.3), the three added-token modes, invalid UTF-8, decode and the incremental
+// detokenizer.
+#include "recipe/tokenizer.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+using namespace troupe::recipe;
+
+namespace {
+const tokenizer& v4() {
+  static const tokenizer t =
+      tokenizer::from_file(std::string(TROUPE_SOURCE_DIR) + "/recipe/data/deepseek-v4/tokenizer.json.gz");
+  return t;
+}
+using ids = std::vector<token_id>;
+}  // namespace
+
+TEST_CASE("tokenizer: added tokens in the three modes (ids from HF tokenizers)") {
+  const std::string s = "hi <｜User｜> x <｜begin▁of▁sentence｜>y";
+  CHECK(v4().encode(s, encode_mode::trusted) == ids{6366, 223, 128803, 1527, 223, 0, 91});
+  CHECK(v4().encode(s, encode_mode::plain) ==
+        ids{6366, 223, 128803, 1527, 818, 28217, 8277, 5487, 226, 2154, 5487, 226, 85, 51015, 28217, 32, 91});
+  const auto raw = v4().encode(s, encode_mode::raw);
+  CHECK(std::find(raw.begin(), raw.end(), token_id{128803}) == raw.end());
+  CHECK(v4().decode(raw) == s);
+  CHECK(v4().is_special(0));
+  CHECK_FALSE(v4().is_special(128803));
+  CHECK(v4().token_to_id("<｜User｜>") == token_id{128803});
+}
+
+TEST_CASE("tokenizer: decode round-trips and skips special tokens on request") {
+  const std::string s = "Hello  world\n\n  x 1234567 中文字 👨‍👩 !abc";
+  const auto t = v4().encode(s, encode_mode::trusted);
+  CHECK(v4().decode(t) == s);
+  ids with_bos{0};
+  with_bos.insert(with_bos.end(), t.begin(), t.end());
+  CHECK(v4().decode(with_bos, true) == s);
+  CHECK(v4().decode(with_bos).starts_with("<｜begin▁of▁sentence｜>"));
+}
+
+TEST_CASE("tokenizer: invalid UTF-8 is replaced by U+FFFD per maximal subpart") {
+  CHECK(utf8_sanitize("a\xF0\x9F\x98z") == "a\xEF\xBF\xBDz");
+  CHECK(utf8_sanitize("\xC0\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD");
+  CHECK(utf8_sanitize("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  CHECK(v4().encode("x\xFFy", encode_mode::plain) == v4().encode("x\xEF\xBF\xBDy", encode_mode::plain));
+}
+
+TEST_CASE("incremental detokenizer: never a broken sequence, nothing dropped") {
+  const std::string s = "naïve café 中文 👨‍👩‍👧 ok\n\t漢字かな😀";
+  const auto t = v4().encode(s, encode_mode::plain);
+  incremental_detokenizer d(v4());
+  std::string all;
+  for (const auto id : t) {
+    const auto part = d.push(id);
+    CHECK(utf8_sanitize(part) == part);
+    all += part;
+  }
+  all += d.flush();
+  CHECK(all == s);
+  // An emoji split over byte-level tokens: nothing until it is complete, then all of it.
+  incremental_detokenizer e(v4());
+  const auto b0 = *v4().token_to_id("ð");  // byte 0xF0
+  CHECK(e.push(b0).empty());
+  CHECK(e.pending_bytes() == 1);
+  CHECK(e.flush() == "\xEF\xBF\xBD");
+}
