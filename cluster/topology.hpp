@@ -14,6 +14,8 @@
 // The keys, their types, defaults and constraints are documented in docs/topology.md.
 #pragma once
 
+#include "cluster/diagnostic.hpp"
+
 #include <caf/timespan.hpp>
 
 #include <cstdint>
@@ -115,20 +117,6 @@ struct topology {
   std::vector<pool_spec> pools; // in file order; names unique
   autoscaler_spec autoscaler;
   std::vector<node_spec> nodes; // empty: the simulated world places the pools itself
-};
-
-/// One problem found in a topology file. `line` and `column` are 1-based; `path` is the key
-/// path (`pool[1].instances.min`), empty for syntax errors.
-struct diagnostic {
-  std::string file;
-  std::uint32_t line = 0;
-  std::uint32_t column = 0;
-  std::string path;
-  std::string message;
-  std::string hint; // may be empty
-
-  /// `file:line:col: path: message (hint)`, leaving out an empty path or hint.
-  std::string to_string() const;
 };
 
 /// The outcome of loading a topology: the topology when the file is valid, otherwise every

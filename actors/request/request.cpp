@@ -58,6 +58,7 @@ void decode(request_ptr self) {
           .then(
             [self, a, kv_tokens](const decode_done& done) {
               auto& st = self->state;
+              st.outcome.delivered_tokens += done.tokens;
               self->send(st.services.decode, decode_release{a.instance, kv_tokens});
               finish(self, "");
             },
@@ -86,6 +87,9 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
               self->send(st.services.prefill, prefill_release{a.instance, uncached});
               st.outcome.prefill_started = done.started;
               st.outcome.first_token = done.finished;
+              // The first token leaves with the end of prefill.
+              if (st.spec.output_tokens > 0)
+                st.outcome.delivered_tokens = 1;
               // The prompt's full blocks are persisted as the KV moves on to decode.
               // (Anonymous: the store's reply must not come back to this actor.)
               if (!st.spec.chain.empty())

@@ -64,6 +64,9 @@ struct request_outcome {
   runtime::time_point finished{};
   std::uint64_t input_tokens = 0;
   std::uint64_t output_tokens = 0;
+  /// Output tokens the client received: the first with the end of prefill (when the request
+  /// asks for any), the rest as decode reports them. Equals `output_tokens` when completed.
+  std::uint64_t delivered_tokens = 0;
   std::uint64_t hit_blocks = 0;
   std::uint64_t hit_tokens = 0;
   instance_id prefill_instance = 0;
@@ -76,7 +79,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_outcome& x) {
   return f(caf::meta::type_name("request_outcome"), x.id, x.completed, x.failure, x.admitted,
            x.vision_started, x.encoded, x.prefill_started, x.first_token, x.finished,
-           x.input_tokens, x.output_tokens, x.hit_blocks, x.hit_tokens, x.prefill_instance,
+           x.input_tokens, x.output_tokens, x.delivered_tokens, x.hit_blocks, x.hit_tokens, x.prefill_instance,
            x.decode_instance, x.vision_instance);
 }
 

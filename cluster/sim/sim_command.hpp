@@ -28,10 +28,15 @@ struct sim_command_options {
   bool quiet = false;
   bool json = false;
   bool strict = false;
+  /// A fault plan (TOML) to validate against the topology and list in the report's `faults`
+  /// timeline. Not injected yet: injection lands with the supervision work.
+  std::string faults;
 };
 
 /// Runs the command; the summary (or JSON) goes to `out`, diagnostics and progress to `err`.
-/// Returns the process exit status: 0 on success, 1 on a bad input or a failed run.
+/// Returns the process exit status: 0 on success, 1 on a bad input (including an invalid
+/// fault plan) or a failed run, 2 when the run broke an invariant (each violation is printed
+/// to `err` as `request <id>: <what happened>`, after the report was written).
 int run_sim_command(const sim_command_options& options, std::ostream& out, std::ostream& err);
 
 } // namespace troupe::cluster::sim

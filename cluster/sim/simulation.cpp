@@ -513,6 +513,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                                         : 0)},
                     {"instance_utilization", per_instance}};
   report["sim"] = {{"virtual_s", tidy(virtual_s)}, {"events", events}};
+  auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
+  report["invariants"] = invariants.to_json();
   report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,
                                  decode_pool->name, *busy);
 
@@ -524,7 +526,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   run["peak_rss_mib"] = static_cast<double>(peak_rss_kib()) / 1024.0;
   caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(source, caf::exit_reason::user_shutdown);
-  return sim_outcome{std::move(report), std::move(run), finished};
+  return sim_outcome{std::move(report), std::move(run), finished, std::move(invariants)};
 }
 
 } // namespace
@@ -558,6 +560,19 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
   if (r.contains("lb") && r["lb"].contains("vision"))
     out += "  vision      " + std::to_string(r["lb"]["vision"]["routed"].get<std::uint64_t>())
            + " requests encoded\n";
+  if (r.contains("invariants")) {
+    auto& inv = r["invariants"];
+    auto broken = inv["violations"].size();
+    out += "  invariants  " + std::to_string(inv["checked"].get<std::uint64_t>())
+           + " requests checked, " + std::to_string(broken)
+           + (broken == 1 ? " violation\n" : " violations\n");
+  }
+  if (r.contains("faults")) {
+    auto& f = r["faults"];
+    out += "  faults      " + std::to_string(f["timeline"].size()) + " planned by "
+           + f["plan"].get<std::string>()
+           + " (listed, not injected: injection lands with the supervision work)\n";
+  }
   out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
          + ", utilization " + num(r["gpus"]["utilization"].get<double>() * 100) + "%\n";
   out += "  simulated   " + num(r["sim"]["virtual_s"]) + " s virtual, "

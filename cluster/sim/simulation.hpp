@@ -11,6 +11,7 @@
 // apart.
 #pragma once
 
+#include "cluster/sim/invariants.hpp"
 #include "cluster/sim/result.hpp"
 #include "cluster/sim/trace.hpp"
 #include "cluster/topology.hpp"
@@ -81,11 +82,14 @@ struct sim_outcome {
   nlohmann::json run;
   /// Every request ended (completed or failed); false when stopped by `until`.
   bool finished = false;
+  /// The end-of-run invariant checks (also in `report["invariants"]`).
+  invariant_report invariants;
 };
 
 /// Runs `records` (arrival order) on `topo`. Fails with a message when the topology's model
 /// or hardware has no profile or the topology lacks a prefill or decode pool. Without a
-/// vision pool, requests with images fail ("no vision tier").
+/// vision pool, requests with images fail ("no vision tier"). A run that breaks an invariant
+/// still succeeds: its violations are in `invariants` and `report["invariants"]`.
 result<sim_outcome> run_simulation(const topology& topo, const std::vector<request_record>& records,
                                    const sim_options& options);
 

@@ -50,6 +50,7 @@ caf::behavior source_fn(source_ptr self, admission_stream pull, actors::request_
       auto now = self->clock().now();
       while (st.next && st.start + st.next->arrival <= now) {
         auto& a = *st.next;
+        st.log->admitted_ids.push_back(a.spec.id);
         st.in_flight.emplace(a.spec.id,
                              actors::spawn_request(self, std::move(a.spec), st.services));
         ++st.log->admitted;

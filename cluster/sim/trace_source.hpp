@@ -28,6 +28,8 @@ struct admission {
 struct source_log {
   std::vector<actors::request_outcome> outcomes;
   std::uint64_t admitted = 0;
+  /// The ids of the admitted requests, in admission order (for the invariant checker).
+  std::vector<std::uint64_t> admitted_ids;
 };
 
 /// Yields the workload's admissions in arrival order, one per call; nullopt once it is
