@@ -243,7 +243,6 @@ TEST_CASE("a missing tensor is an error naming the checkpoint") {
 }
 
 TEST_CASE("malformed headers are refused with the reason") {
-  CHECK(header_error("", 0).find("expected an object") == std::string::npos);  // "" is bad JSON
   CHECK(header_error("", 0) == "bad.safetensors: the header is not valid JSON");
   CHECK(header_error("{\"a\":", 0) == "bad.safetensors: the header is not valid JSON");
   CHECK(header_error("[1]", 0) == "bad.safetensors: the header is not a JSON object");
