@@ -15,7 +15,6 @@ packages=(
   libicu-dev                 # tokenizer: Unicode general categories
   zlib1g-dev                 # tokenizer: tokenizer.json.gz
   doctest-dev                # tests
-  clang libclang-rt-14-dev   # optional: the libFuzzer target fuzz_safetensors_header
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
 )
 
