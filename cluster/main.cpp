@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
                   "write report.json, run.json and report.html to this folder");
   sim->add_option("--faults", sim_opts.faults,
                   "a fault plan (TOML, docs/faults.md): validated against the topology and "
-                  "listed in the report's faults timeline; not injected yet (injection lands "
-                  "with the supervision work)");
+                  "injected (fail of a gpu or an instance; other kinds are listed as not "
+                  "injected yet) and listed in the report's faults timeline");
   sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");
   sim->add_flag("--json", sim_opts.json, "print report.json instead of the summary");
   sim->add_flag("--strict", sim_opts.strict, "a bad trace line is fatal");

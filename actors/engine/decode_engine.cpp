@@ -1,6 +1,7 @@
 #include "actors/engine/decode_engine.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
@@ -21,6 +22,8 @@ struct running {
   std::uint64_t generated = 0;
   std::uint64_t blocks = 0;
   caf::typed_response_promise<decode_done> rp;
+  /// Where progress notices go (the job's sender), when the job asks for them.
+  caf::actor progress_to;
 };
 
 struct decode_engine_state {
@@ -84,6 +87,10 @@ void step(engine_ptr self) {
             filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
                                            length / block_size - 1, full ? 1u : 0u,
                                            run.job.traffic, done});
+          if (!done && run.job.progress_every > 0 && run.generated % run.job.progress_every == 0
+              && run.progress_to)
+            caf::anon_send(run.progress_to,
+                           decode_progress{i->first, st.params.instance, run.generated});
           if (done) {
             run.rp.deliver(decode_done{i->first, st.params.instance, run.arrived, run.joined,
                                        r.finished, run.generated, run.blocks});
@@ -116,6 +123,9 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
       auto& st = self->state;
       running r;
       r.job = job;
+      // (Before the promise is made: making it takes over the current message's sender.)
+      if (job.progress_every > 0)
+        r.progress_to = caf::actor_cast<caf::actor>(self->current_sender());
       r.rp = self->make_response_promise<decode_done>();
       auto rp = r.rp;
       if (job.output_tokens == 0) {

@@ -9,7 +9,11 @@
 // prefill and decode KV are both reusable by later requests.
 //
 // Protocol: a `decode_job` request is answered with `decode_done` when its last token is
-// generated. Requests that arrive while the batch is full wait in arrival order.
+// generated. Requests that arrive while the batch is full wait in arrival order. With
+// `progress_every` = N > 0, the sender of the job also gets a `decode_progress` (not a
+// reply: an asynchronous notice) every N generated tokens: the tokens it carries have left
+// for the client, so a request whose decode instance dies knows exactly how many tokens were
+// delivered and resumes elsewhere from there (request.hpp).
 #pragma once
 
 #include "actors/engine/prefill_engine.hpp"
@@ -41,12 +45,27 @@ struct decode_job {
   block_key parent;
   std::uint64_t parent_blocks = 0;
   traffic_class traffic = traffic_class::chatbot;
+  /// Send the job's sender a decode_progress every this many generated tokens (0: never).
+  std::uint64_t progress_every = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
   return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
-           x.kv_bytes, x.parent, x.parent_blocks, x.traffic);
+           x.kv_bytes, x.parent, x.parent_blocks, x.traffic, x.progress_every);
+}
+
+/// `tokens` of the job's output have been generated and delivered so far (a multiple of the
+/// job's `progress_every`, below its `output_tokens`: the last ones come with decode_done).
+struct decode_progress {
+  std::uint64_t request = 0;
+  instance_id instance = 0;
+  std::uint64_t tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_progress& x) {
+  return f(caf::meta::type_name("decode_progress"), x.request, x.instance, x.tokens);
 }
 
 struct decode_done {

@@ -1,18 +1,38 @@
 #include "actors/request/request.hpp"
 
+#include "runtime/errors.hpp"
+
+#include <caf/atom.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/local_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <algorithm>
+#include <functional>
+
 namespace troupe::actors {
 
 namespace {
+
+using retry_atom = caf::atom_constant<caf::atom("rqretry")>;
 
 struct request_state {
   request_spec spec;
   request_services services;
   request_outcome outcome;
+  /// Bumped whenever a job is given up: handlers of an older job ignore what they get.
+  std::uint64_t attempt = 0;
+  /// The engine of the current job (monitored) and what to do if it goes down.
+  caf::actor_addr watched;
+  std::function<void(const caf::error&)> on_lost;
+  /// What to do when the retry timer fires.
+  std::function<void()> retry;
+  /// The first token has been delivered (with the end of the first prefill).
+  bool first_delivered = false;
+  /// Decode tokens delivered by earlier decode jobs, and by the current one so far.
+  std::uint64_t decoded = 0;
+  std::uint64_t progress = 0;
   static inline const char* name = "request";
 };
 
@@ -27,22 +47,91 @@ void finish(request_ptr self, std::string failure) {
   self->quit();
 }
 
-auto fail_with(request_ptr self, std::string phase) {
-  return [self, phase](const caf::error& err) {
-    finish(self, phase + ": " + self->system().render(err));
+std::string seconds_text(runtime::duration d) {
+  return std::to_string(static_cast<long long>(runtime::to_seconds(d))) + " s";
+}
+
+bool past_deadline(request_ptr self, runtime::duration ahead = runtime::duration{0}) {
+  auto& st = self->state;
+  return self->clock().now() + ahead - st.outcome.admitted > st.services.deadline;
+}
+
+/// A balancer had no instance for it: try `again` after the retry interval unless that is
+/// past the deadline; any other routing error ends the request.
+auto retry_or_fail(request_ptr self, std::string phase, std::function<void()> again) {
+  return [self, phase, again](const caf::error& err) {
+    auto& st = self->state;
+    auto why = phase + ": " + self->system().render(err);
+    if (!runtime::is(err, runtime::errc::unavailable)) {
+      finish(self, why);
+      return;
+    }
+    if (past_deadline(self, st.services.retry_interval)) {
+      finish(self, why + "; not served within the deadline ("
+                     + seconds_text(st.services.deadline) + ")");
+      return;
+    }
+    st.retry = again;
+    self->delayed_send(self, st.services.retry_interval, retry_atom::value);
   };
+}
+
+/// Monitors the engine of a new job; returns the job's attempt number.
+template <class Handle>
+std::uint64_t watch(request_ptr self, const Handle& engine,
+                    std::function<void(const caf::error&)> on_lost) {
+  auto& st = self->state;
+  st.watched = engine.address();
+  st.on_lost = std::move(on_lost);
+  self->monitor(engine);
+  return ++st.attempt;
+}
+
+/// The current job ended (answered or failed): stop watching its engine.
+void unwatch(request_ptr self) {
+  auto& st = self->state;
+  if (st.watched)
+    self->demonitor(st.watched);
+  st.watched = caf::actor_addr{};
+  st.on_lost = nullptr;
+  ++st.attempt;
+}
+
+void match(request_ptr self);
+
+/// The instance of the current job is gone: go through the balancers again.
+void reroute(request_ptr self, const std::string& phase, const std::string& why) {
+  auto& st = self->state;
+  auto& o = st.outcome;
+  ++o.reroutes;
+  if (o.reroutes > st.services.max_reroutes) {
+    finish(self, phase + ": " + why + "; gave up after "
+                   + std::to_string(st.services.max_reroutes) + " reroutes");
+    return;
+  }
+  if (past_deadline(self)) {
+    finish(self, phase + ": " + why + "; not served within the deadline ("
+                   + seconds_text(st.services.deadline) + ")");
+    return;
+  }
+  match(self);
+}
+
+std::uint64_t first_token_count(const request_state& st) {
+  return st.first_delivered && st.spec.output_tokens > 0 ? 1 : 0;
 }
 
 void decode(request_ptr self) {
   auto& st = self->state;
-  auto kv_tokens = st.spec.input_tokens;
+  // The context: the prompt plus every token delivered by earlier decode jobs.
+  auto kv_tokens = st.spec.input_tokens + st.decoded;
   self->request(st.services.decode, caf::infinite, decode_route{st.spec.id, kv_tokens})
     .then(
       [self, kv_tokens](const decode_assignment& a) {
         auto& st = self->state;
         st.outcome.decode_instance = a.instance;
         // The first token came with prefill; decode generates the rest.
-        auto rest = st.spec.output_tokens > 0 ? st.spec.output_tokens - 1 : 0;
+        auto rest = st.spec.output_tokens > 0 ? st.spec.output_tokens - 1 - st.decoded : 0;
         decode_job job;
         job.request = st.spec.id;
         job.context_tokens = kv_tokens;
@@ -54,54 +143,94 @@ void decode(request_ptr self) {
           job.parent_blocks = st.spec.chain.size();
         }
         job.traffic = st.spec.traffic;
+        job.progress_every = st.services.progress_every;
+        st.progress = 0;
+        auto lost = [self, a, kv_tokens](const std::string& why) {
+          auto& st = self->state;
+          self->send(st.services.decode, decode_release{a.instance, kv_tokens});
+          // What the client has, it keeps: the next job starts after it.
+          st.decoded += st.progress;
+          st.progress = 0;
+          reroute(self, "decode", why);
+        };
+        auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
+          lost("decode instance " + std::to_string(a.instance)
+               + " down: " + self->system().render(reason));
+        });
         self->request(a.engine, caf::infinite, job)
           .then(
-            [self, a, kv_tokens](const decode_done& done) {
+            [self, a, kv_tokens, attempt](const decode_done& done) {
               auto& st = self->state;
-              st.outcome.delivered_tokens += done.tokens;
+              if (attempt != st.attempt)
+                return;
+              unwatch(self);
+              st.outcome.delivered_tokens = first_token_count(st) + st.decoded + done.tokens;
               self->send(st.services.decode, decode_release{a.instance, kv_tokens});
               finish(self, "");
             },
-            [self, a, kv_tokens](const caf::error& err) {
-              self->send(self->state.services.decode, decode_release{a.instance, kv_tokens});
-              finish(self, "decode: " + self->system().render(err));
+            [self, lost, attempt](const caf::error& err) {
+              if (attempt != self->state.attempt)
+                return;
+              unwatch(self);
+              lost(self->system().render(err));
             });
       },
-      fail_with(self, "decode routing"));
+      retry_or_fail(self, "decode routing", [self] { decode(self); }));
 }
 
 void prefill(request_ptr self, std::uint64_t cached_tokens) {
   auto& st = self->state;
-  auto uncached = st.spec.input_tokens - std::min(cached_tokens, st.spec.input_tokens);
+  // After a decode failure the context also holds the tokens delivered so far.
+  auto context = st.spec.input_tokens + st.decoded;
+  cached_tokens = std::min(cached_tokens, context);
+  auto uncached = context - cached_tokens;
   self->request(st.services.prefill, caf::infinite, prefill_route{st.spec.id, uncached})
     .then(
-      [self, cached_tokens, uncached](const prefill_assignment& a) {
+      [self, cached_tokens, uncached, context](const prefill_assignment& a) {
         auto& st = self->state;
         st.outcome.prefill_instance = a.instance;
-        prefill_job job{st.spec.id, st.spec.input_tokens, cached_tokens,
+        prefill_job job{st.spec.id, context, cached_tokens,
                         cached_tokens * st.services.kv_bytes_per_token};
+        auto lost = [self, a, uncached](const std::string& why) {
+          self->send(self->state.services.prefill, prefill_release{a.instance, uncached});
+          reroute(self, "prefill", why);
+        };
+        auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
+          lost("prefill instance " + std::to_string(a.instance)
+               + " down: " + self->system().render(reason));
+        });
         self->request(a.engine, caf::infinite, job)
           .then(
-            [self, a, uncached](const prefill_done& done) {
+            [self, a, uncached, attempt](const prefill_done& done) {
               auto& st = self->state;
+              if (attempt != st.attempt)
+                return;
+              unwatch(self);
               self->send(st.services.prefill, prefill_release{a.instance, uncached});
-              st.outcome.prefill_started = done.started;
-              st.outcome.first_token = done.finished;
-              // The first token leaves with the end of prefill.
-              if (st.spec.output_tokens > 0)
-                st.outcome.delivered_tokens = 1;
-              // The prompt's full blocks are persisted as the KV moves on to decode.
-              // (Anonymous: the store's reply must not come back to this actor.)
-              if (!st.spec.chain.empty())
-                caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
+              if (!st.first_delivered) {
+                st.first_delivered = true;
+                st.outcome.prefill_started = done.started;
+                st.outcome.first_token = done.finished;
+                // The first token leaves with the end of prefill.
+                if (st.spec.output_tokens > 0)
+                  st.outcome.delivered_tokens = 1;
+                // The prompt's full blocks are persisted as the KV moves on to decode.
+                // (Anonymous: the store's reply must not come back to this actor.)
+                if (!st.spec.chain.empty())
+                  caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
+              }
               decode(self);
             },
-            [self, a, uncached](const caf::error& err) {
-              self->send(self->state.services.prefill, prefill_release{a.instance, uncached});
-              finish(self, "prefill: " + self->system().render(err));
+            [self, lost, attempt](const caf::error& err) {
+              if (attempt != self->state.attempt)
+                return;
+              unwatch(self);
+              lost(self->system().render(err));
             });
       },
-      fail_with(self, "prefill routing"));
+      retry_or_fail(self, "prefill routing", [self, cached_tokens] {
+        prefill(self, cached_tokens);
+      }));
 }
 
 void match(request_ptr self) {
@@ -111,12 +240,22 @@ void match(request_ptr self) {
     .then(
       [self](const kv_match_result& m) {
         auto& st = self->state;
-        st.outcome.hit_blocks = m.hit_blocks;
-        st.outcome.hit_tokens = m.hit_tokens;
+        // The hit figures are those of its first match (a reroute's match re-hits blocks
+        // the request itself persisted).
+        if (st.outcome.reroutes == 0) {
+          st.outcome.hit_blocks = m.hit_blocks;
+          st.outcome.hit_tokens = m.hit_tokens;
+        }
         prefill(self, m.hit_tokens);
       },
       // The cache is an optimisation: without an answer, prefill everything.
       [self](const caf::error&) { prefill(self, 0); });
+}
+
+auto fail_with(request_ptr self, std::string phase) {
+  return [self, phase](const caf::error& err) {
+    finish(self, phase + ": " + self->system().render(err));
+  };
 }
 
 /// Encodes the request's images on a vision instance, then goes on to match.
@@ -163,7 +302,32 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
     encode(self);
   else
     match(self);
-  return {[](caf::unit_t) {}};
+  self->set_down_handler([self](caf::down_msg& msg) {
+    auto& st = self->state;
+    if (!st.watched || msg.source != st.watched)
+      return;
+    auto lost = std::move(st.on_lost);
+    st.watched = caf::actor_addr{};
+    st.on_lost = nullptr;
+    ++st.attempt;
+    if (lost)
+      lost(msg.reason);
+  });
+  return {
+    [self](const decode_progress& p) {
+      auto& st = self->state;
+      if (p.tokens > st.progress) {
+        st.progress = p.tokens;
+        st.outcome.delivered_tokens = first_token_count(st) + st.decoded + st.progress;
+      }
+    },
+    [self](retry_atom) {
+      auto again = std::move(self->state.retry);
+      self->state.retry = nullptr;
+      if (again)
+        again();
+    },
+  };
 }
 
 } // namespace

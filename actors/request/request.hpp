@@ -6,9 +6,23 @@
 // by uncached length, prefill (cached blocks are fetched, not computed), persist the
 // prompt's full blocks, hand the KV to a decode instance chosen by request count and KV
 // length, decode (which persists the blocks it fills), and report its outcome. It holds the
-// balancers' bookings and releases them when a phase ends, so load figures stay true. Any
-// error ends it with an explicit failure reason in its outcome: it is the unit of "nothing
-// lost".
+// balancers' bookings and releases them when a phase ends, so load figures stay true. It is
+// the unit of "nothing lost":
+//
+//   - it monitors the engine it has a job on; when that engine's instance goes down (a rank
+//     failed: the instance stops as a whole), or the job cannot reach it, the request
+//     REROUTES: it releases its booking and goes back through match → prefill_lb → prefill →
+//     decode_lb → decode on instances that are up. Its persisted blocks (the prompt's, stored
+//     as its first prefill ended) still hit, so a re-prefill computes only what is not
+//     persisted. A request whose decode instance died resumes from prompt + the tokens
+//     already delivered: decode reports progress every `progress_every` tokens
+//     (decode_progress), those tokens have reached the client, and the rest are generated
+//     elsewhere — none is delivered twice, and the client sees one stream;
+//   - when no instance can take it (routing answers `unavailable`, e.g. while the only decode
+//     instance restarts), it asks again every `retry_interval`;
+//   - it fails with an explicit reason when it cannot be served within `deadline` of its
+//     admission or after `max_reroutes` reroutes (the deadline is checked whenever it would
+//     retry or reroute, not while a job runs).
 #pragma once
 
 #include "actors/kv/block_key.hpp"
@@ -73,6 +87,8 @@ struct request_outcome {
   instance_id decode_instance = 0;
   /// The vision instance that encoded its images (0 without images).
   instance_id vision_instance = 0;
+  /// Times its prefill or decode instance died under it and it went elsewhere.
+  std::uint32_t reroutes = 0;
 };
 
 template <class Inspector>
@@ -80,7 +96,7 @@ typename Inspector::result_type inspect(Inspector& f, request_outcome& x) {
   return f(caf::meta::type_name("request_outcome"), x.id, x.completed, x.failure, x.admitted,
            x.vision_started, x.encoded, x.prefill_started, x.first_token, x.finished,
            x.input_tokens, x.output_tokens, x.delivered_tokens, x.hit_blocks, x.hit_tokens, x.prefill_instance,
-           x.decode_instance, x.vision_instance);
+           x.decode_instance, x.vision_instance, x.reroutes);
 }
 
 /// The services a request talks to, and where its outcome goes.
@@ -94,6 +110,15 @@ struct request_services {
   caf::actor sink;
   /// The vision tier. May be invalid: a request with images then fails ("no vision tier").
   vision_lb_actor vision;
+  /// A request not served within this time of its admission fails ("deadline").
+  runtime::duration deadline = std::chrono::minutes(10);
+  /// Reroutes after which a request gives up.
+  std::uint32_t max_reroutes = 3;
+  /// How long a request waits before asking a balancer again that had no instance for it.
+  runtime::duration retry_interval = std::chrono::seconds(1);
+  /// Decode reports delivered tokens every this many tokens (0: only at the end, so a decode
+  /// failure would lose the count: do not use 0 with faults).
+  std::uint64_t progress_every = 16;
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.

@@ -11,9 +11,9 @@
 // and `*` wildcards into concrete timed faults with a seeded rng: same plan, seed and
 // horizon ⇒ same timeline.
 //
-// The format is documented in docs/faults.md. Injection into the actor graph is not here: it
-// lands with the supervision work; today `troupe sim --faults` validates a plan and lists its
-// timeline in the report.
+// The format is documented in docs/faults.md. Injection into the actor graph is not here:
+// simulation.cpp turns `fail` of a gpu or an instance into orders for actors/fault_injector;
+// the other kinds are listed in the report as not injected yet.
 #pragma once
 
 #include "cluster/diagnostic.hpp"

@@ -114,7 +114,8 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   }
 
   // The fault plan: validated and expanded up to the horizon (--until, or the last arrival),
-  // listed in the report. Not injected: injection lands with the supervision work.
+  // injected into the run (fail of a gpu or an instance; other kinds are listed as not
+  // injected yet) and listed in the report.
   nlohmann::json faults;
   if (!o.faults.empty()) {
     fault_limits limits;
@@ -131,6 +132,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     if (options.until)
       horizon = *options.until;
     auto timeline = expand(*plan.value, runtime::rng{o.seed}.split("faults"), horizon);
+    options.faults = timeline;
     faults = {{"plan", o.faults},
               {"name", plan.value->name},
               {"injected", false},
@@ -169,8 +171,12 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     return 1;
   }
   auto& result = *outcome;
-  if (!faults.is_null())
+  if (!faults.is_null()) {
+    // The run's own account (what was injected) wins over the plan's listing.
+    if (result.report.contains("faults"))
+      faults.update(result.report["faults"]);
     result.report["faults"] = std::move(faults);
+  }
   if (!o.report_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.report_dir, ec);

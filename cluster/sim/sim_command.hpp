@@ -28,8 +28,8 @@ struct sim_command_options {
   bool quiet = false;
   bool json = false;
   bool strict = false;
-  /// A fault plan (TOML) to validate against the topology and list in the report's `faults`
-  /// timeline. Not injected yet: injection lands with the supervision work.
+  /// A fault plan (TOML) to validate against the topology, inject (fail of a gpu or an
+  /// instance; other kinds not yet) and list in the report's `faults` timeline.
   std::string faults;
 };
 

@@ -1,5 +1,6 @@
 #include "cluster/sim/simulation.hpp"
 
+#include "actors/fault_injector.hpp"
 #include "actors/instance.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/decode_lb.hpp"
@@ -11,6 +12,7 @@
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
 #include "cluster/sim/trace_source.hpp"
+#include "runtime/errors.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/link.hpp"
 #include "runtime/supervisor.hpp"
@@ -24,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <set>
 #include <memory>
 
 namespace troupe::cluster::sim {
@@ -358,6 +361,41 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
 
+  // Faults: `fail` of a gpu or an instance is an exit sent down the supervision tree at its
+  // time; the other kinds are not injected yet.
+  auto injected_log = std::make_shared<std::vector<actors::fault_record>>();
+  std::vector<std::size_t> order_of_fault(options.faults.size(), SIZE_MAX);
+  caf::actor injector;
+  {
+    std::vector<actors::fault_order> orders;
+    auto started = w.now() - origin;
+    for (std::size_t i = 0; i < options.faults.size(); ++i) {
+      auto& f = options.faults[i];
+      if (f.kind != fault_kind::fail
+          || (f.target.kind != target_kind::gpu && f.target.kind != target_kind::instance)
+          || !f.target.place.instance)
+        continue;
+      auto& place = f.target.place;
+      actors::fault_order order;
+      order.at = std::max(runtime::duration{0}, f.at - started);
+      order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
+      if (f.target.kind == target_kind::gpu && place.rank) {
+        order.path.push_back("rank" + std::to_string(*place.rank));
+        order.reason = runtime::make_error(runtime::errc::unavailable,
+                                           "gpu failure (fault plan line "
+                                             + std::to_string(f.line) + ")");
+      } else {
+        order.reason = runtime::make_error(runtime::errc::unavailable,
+                                           "instance failure (fault plan line "
+                                             + std::to_string(f.line) + ")");
+      }
+      order_of_fault[i] = orders.size();
+      orders.push_back(std::move(order));
+    }
+    if (!orders.empty())
+      injector = actors::spawn_fault_injector(sys, cluster, std::move(orders), injected_log);
+  }
+
   // The workload, as request specs made as the source pulls them.
   auto chain_blocks = std::make_shared<std::uint64_t>(0);
   auto next_id = std::make_shared<std::uint64_t>(0);
@@ -381,6 +419,10 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto log = std::make_shared<source_log>();
   actors::request_services services{kv_store, prefill_lb, decode_lb, kv_bytes_per_token, {},
                                     vision_lb};
+  services.deadline = p.request_deadline;
+  services.max_reroutes = p.max_reroutes;
+  services.retry_interval = p.retry_interval;
+  services.progress_every = p.progress_every;
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.
@@ -430,8 +472,11 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   std::uint64_t completed = 0, failed = 0, in_tokens = 0, out_tokens = 0, hit_blocks = 0,
                 hit_tokens = 0, prompt_tokens = 0;
   std::map<std::string, std::uint64_t> failures;
+  std::uint64_t rerouted = 0, reroutes = 0;
   runtime::time_point last = origin;
   for (auto& o : outcomes) {
+    rerouted += o.reroutes > 0 ? 1 : 0;
+    reroutes += o.reroutes;
     prompt_tokens += o.input_tokens;
     hit_blocks += o.hit_blocks;
     hit_tokens += o.hit_tokens;
@@ -462,7 +507,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                         {"admitted", log->admitted},
                         {"completed", completed},
                         {"failed", failed},
-                        {"unfinished", log->admitted - outcomes.size()}};
+                        {"unfinished", log->admitted - outcomes.size()},
+                        {"rerouted", rerouted},
+                        {"reroutes", reroutes}};
   if (!failures.empty())
     report["requests"]["failures"] = failures;
   auto tidy_all = [](nlohmann::json j) {
@@ -513,6 +560,42 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                                         : 0)},
                     {"instance_utilization", per_instance}};
   report["sim"] = {{"virtual_s", tidy(virtual_s)}, {"events", events}};
+  if (!options.faults.empty()) {
+    // Every fault of the timeline, marked injected or not (and why not).
+    auto timeline = to_json(options.faults);
+    std::map<std::size_t, const actors::fault_record*> done;
+    for (auto& r : *injected_log)
+      done[r.order] = &r;
+    std::uint64_t injected = 0;
+    std::set<std::string> not_yet;
+    for (std::size_t i = 0; i < options.faults.size(); ++i) {
+      auto& entry = timeline[i];
+      auto o = order_of_fault[i];
+      if (o == SIZE_MAX) {
+        auto kind = std::string{to_string(options.faults[i].kind)};
+        if (options.faults[i].kind == fault_kind::fail)
+          kind += " of a " + std::string{to_string(options.faults[i].target.kind)};
+        not_yet.insert(kind);
+        entry["injected"] = false;
+        entry["skipped"] = "not injected yet: " + kind;
+      } else if (auto d = done.find(o); d == done.end()) {
+        entry["injected"] = false;
+        entry["skipped"] = "after the end of the run";
+      } else {
+        entry["injected"] = d->second->injected;
+        if (d->second->injected)
+          ++injected;
+        else
+          entry["skipped"] = d->second->skipped;
+      }
+    }
+    report["faults"] = {{"injected", injected > 0},
+                        {"injected_count", injected},
+                        {"injects", "fail of a gpu or an instance (the instance restarts after "
+                                    "sim_params.restart_time with all its GPUs: no EP shrink yet)"},
+                        {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},
+                        {"timeline", std::move(timeline)}};
+  }
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
   report["invariants"] = invariants.to_json();
   report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,
@@ -526,6 +609,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   run["peak_rss_mib"] = static_cast<double>(peak_rss_kib()) / 1024.0;
   caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(source, caf::exit_reason::user_shutdown);
+  if (injector)
+    caf::anon_send_exit(injector, caf::exit_reason::user_shutdown);
   return sim_outcome{std::move(report), std::move(run), finished, std::move(invariants)};
 }
 
@@ -567,11 +652,21 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + " requests checked, " + std::to_string(broken)
            + (broken == 1 ? " violation\n" : " violations\n");
   }
+  if (q.contains("rerouted"))
+    out += "  reroutes    " + std::to_string(q["rerouted"].get<std::uint64_t>())
+           + " requests rerouted (" + std::to_string(q["reroutes"].get<std::uint64_t>())
+           + " reroutes)\n";
   if (r.contains("faults")) {
     auto& f = r["faults"];
     out += "  faults      " + std::to_string(f["timeline"].size()) + " planned by "
-           + f["plan"].get<std::string>()
-           + " (listed, not injected: injection lands with the supervision work)\n";
+           + f.value("plan", std::string{"the plan"}) + ", "
+           + std::to_string(f.value("injected_count", std::uint64_t{0})) + " injected";
+    if (f.contains("not_injected_yet") && !f["not_injected_yet"].empty()) {
+      out += "; not injected yet:";
+      for (auto& k : f["not_injected_yet"])
+        out += " " + k.get<std::string>();
+    }
+    out += "\n";
   }
   out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
          + ", utilization " + num(r["gpus"]["utilization"].get<double>() * 100) + "%\n";

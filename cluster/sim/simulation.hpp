@@ -11,6 +11,7 @@
 // apart.
 #pragma once
 
+#include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/invariants.hpp"
 #include "cluster/sim/result.hpp"
 #include "cluster/sim/trace.hpp"
@@ -53,6 +54,14 @@ struct sim_params {
   std::uint64_t image_tokens = 576;
   /// Images per GPU per vision encoder step.
   std::uint32_t vision_images_per_gpu = 16;
+  /// A request not served within this time of its admission fails ("deadline").
+  runtime::duration request_deadline = std::chrono::minutes(10);
+  /// Reroutes (its instance died under it) after which a request gives up.
+  std::uint32_t max_reroutes = 3;
+  /// A request that no instance can take asks its balancer again this often.
+  runtime::duration retry_interval = std::chrono::seconds(1);
+  /// Decode reports delivered tokens to the request every this many tokens.
+  std::uint64_t progress_every = 16;
 };
 
 /// How to run.
@@ -64,6 +73,10 @@ struct sim_options {
   /// Called every `progress_every` of virtual time and at the end.
   std::function<void(const struct sim_progress_info&)> progress;
   runtime::duration progress_every = std::chrono::seconds(10);
+  /// The expanded fault timeline to inject (times since the start of the run). Injected
+  /// today: `fail` of a gpu or an instance; the others are listed as not injected yet. With
+  /// faults, the report gets `faults` = {injected, timeline (each entry marked), ...}.
+  std::vector<fault> faults;
 };
 
 struct sim_progress_info {

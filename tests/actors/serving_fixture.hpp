@@ -3,16 +3,19 @@
 // step 10 ms whatever the batch, links at 1 GB/s without latency.
 #pragma once
 
+#include "actors/fault_injector.hpp"
 #include "actors/instance.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/request/request.hpp"
 #include "actors/type_ids.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/link.hpp"
+#include "runtime/errors.hpp"
 #include "runtime/world.hpp"
 
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +47,11 @@ struct cluster_shape {
   bool block_writer = false;
   /// The chunked-prefill budget per step of each prefill instance.
   std::uint64_t prefill_step_tokens = 4096;
+  std::uint32_t decode_instances = 1;
+  /// The pools supervisor's delay before it restarts a failed instance.
+  runtime::duration restart_delay{0};
+  /// The requests' deadline.
+  runtime::duration deadline = std::chrono::minutes(10);
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -72,8 +80,13 @@ struct serving_cluster {
   std::shared_ptr<std::uint64_t> persisted = std::make_shared<std::uint64_t>(0);
   /// Request handles, held so that no request actor goes away unreferenced.
   std::shared_ptr<std::vector<caf::actor>> requests = std::make_shared<std::vector<caf::actor>>();
+  /// What fault injectors did (inject()).
+  std::shared_ptr<std::vector<fault_record>> faults
+    = std::make_shared<std::vector<fault_record>>();
+  std::vector<caf::actor> injectors;
+  runtime::duration deadline;
 
-  explicit serving_cluster(cluster_shape shape = {}) {
+  explicit serving_cluster(cluster_shape shape = {}) : deadline(shape.deadline) {
     kv_index_params kvp;
     kvp.capacity_bytes = 1ull << 40;
     kv = spawn_sharded_kv_store(sys, kvp, 2);
@@ -88,7 +101,10 @@ struct serving_cluster {
     ports.link = [](caf::local_actor* self, instance_id) {
       return runtime::spawn_sim_link(self->system(), runtime::sim_link_params{1e9, 0s});
     };
-    runtime::supervisor_config cfg{"pools", {runtime::strategy::one_for_one, 10, 1h}, {}};
+    runtime::supervisor_config cfg{"pools",
+                                   {runtime::strategy::one_for_one, 10, 1h, shape.restart_delay,
+                                    1.0, std::max<runtime::duration>(shape.restart_delay, 1s)},
+                                   {}};
     prefill_engine_params pe;
     pe.step_tokens = shape.prefill_step_tokens;
     pe.fetch_layers = 4;
@@ -99,8 +115,9 @@ struct serving_cluster {
       writer.kv = kv;
       writer.on_persisted = [p = persisted](std::uint64_t n) { *p += n; };
     }
-    cfg.children.push_back(
-      decode_instance("decode", 0, 2, decode_engine_params{}, ports, dlb, writer));
+    for (instance_id i = 0; i < shape.decode_instances; ++i)
+      cfg.children.push_back(
+        decode_instance("decode", i, 2, decode_engine_params{}, ports, dlb, writer));
     vision_engine_params ve;
     ve.step_images = shape.step_images;
     for (instance_id i = 0; shape.vision_tier && i < shape.vision_instances; ++i)
@@ -132,12 +149,21 @@ struct serving_cluster {
     spec.images = images;
     spec.image_tokens = image_tokens;
     request_services services{kv, plb, dlb, 100, sink, vlb};
+    services.deadline = deadline;
     sys.spawn([spec, services, held = requests](caf::event_based_actor* self) {
       held->push_back(spawn_request(self, spec, services));
     });
   }
 
   void run() { world.driver().run(); }
+
+  /// Kills the child at `path` under the pools supervisor (e.g. {"decode/0", "rank1"}) `at`
+  /// from now, with a "gpu failure" reason.
+  void inject(runtime::duration at, std::vector<std::string> path) {
+    fault_order order{at, std::move(path),
+                      runtime::make_error(runtime::errc::unavailable, "gpu failure")};
+    injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
+  }
 
   double ms(runtime::time_point t) const { return runtime::to_seconds(t - origin) * 1e3; }
 };

@@ -1,5 +1,6 @@
 // The simulated cluster end to end: a shipped topology replaying the start of the shipped
 // Mooncake trace. Reproducible from the seed, and every request accounted for.
+#include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/trace.hpp"
 #include "cluster/topology.hpp"
@@ -10,6 +11,7 @@
 
 using namespace troupe::cluster;
 using namespace troupe::cluster::sim;
+namespace runtime = troupe::runtime;
 
 namespace {
 
@@ -157,4 +159,29 @@ TEST_CASE("the report has load and busy share over time for every instance") {
     CHECK(busy_s == doctest::Approx(total_s).epsilon(0.01));
   }
   CHECK(load_area > 0);
+}
+
+TEST_CASE("a decode rank failure: every request completes, rerouted, none lost") {
+  replay r{500};
+  auto plan = load_fault_plan(root + "/examples/faults/decode-rank-failure.toml", r.topo);
+  REQUIRE(plan.ok());
+  runtime::duration horizon{0};
+  for (auto& rec : r.records)
+    horizon = std::max(horizon, rec.arrival);
+  sim_options o;
+  o.seed = 1;
+  o.faults = expand(*plan.value, runtime::rng{1}.split("faults"), horizon);
+  REQUIRE(o.faults.size() == 1); // the recovery at 32 min is past the horizon
+  auto out = run_simulation(r.topo, r.records, o);
+  REQUIRE(out.ok());
+  CHECK(out->finished);
+  auto& q = out->report["requests"];
+  CHECK(q["completed"] == 500);
+  CHECK(q["failed"] == 0);
+  CHECK(q["rerouted"].get<std::uint64_t>() > 0);
+  CHECK(out->invariants.ok());
+  CHECK(out->report["invariants"]["violations"].empty());
+  auto& f = out->report["faults"];
+  CHECK(f["injected"] == true);
+  CHECK(f["timeline"][0]["injected"] == true);
 }

@@ -1,0 +1,53 @@
+// fault_injector: makes parts of the actor graph fail at given virtual times.
+//
+// A failure is an actor exit (DESIGN.md, "Failure and elasticity"), so injecting one is
+// sending an exit to the right actor at the right time. The injector finds its target by
+// walking the supervision tree with `which_children` (one child id per level, e.g.
+// {"decode", "decode/0", "rank3"} from the cluster's supervisor), at the moment the fault
+// falls due — so it hits whatever incarnation is current — and sends it `reason`. A rank
+// has no exit handler and quits with that reason, which takes its instance down (one_for_all,
+// intensity 0); an instance supervisor stops its children and exits with it; either way the
+// pool's supervisor restarts the instance after its restart delay. A target that is down at
+// that moment (or does not exist) is skipped, and the log says so.
+//
+// Every delay goes through the actor clock: in the simulated world the faults fall on exact
+// virtual times.
+#pragma once
+
+#include "runtime/time.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/error.hpp>
+#include <caf/fwd.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::actors {
+
+/// One exit to inject: when (since the injector's start), the child-id path from the root
+/// supervisor to the target, and the exit reason it gets.
+struct fault_order {
+  runtime::duration at{0};
+  std::vector<std::string> path;
+  caf::error reason;
+};
+
+/// What the injector did with an order (appended when the order fell due and was resolved).
+struct fault_record {
+  std::size_t order = 0;
+  runtime::time_point at{};
+  /// The path joined with '/'.
+  std::string target;
+  bool injected = false;
+  /// Why not, when it was not ("target down", "no child 'x'").
+  std::string skipped;
+};
+
+/// Spawns an injector over the supervision tree under `root`; the caller keeps the handle.
+caf::actor spawn_fault_injector(caf::actor_system& sys, caf::actor root,
+                                std::vector<fault_order> orders,
+                                std::shared_ptr<std::vector<fault_record>> log);
+
+} // namespace troupe::actors
