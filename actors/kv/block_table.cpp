@@ -14,7 +14,7 @@ static_assert(std::is_trivially_copyable_v<block_slot>, "block_slot: moved with 
 
 /// The smallest number of home slots.
 constexpr std::size_t min_capacity = 1024;
-/// Spare slots after the last home slot (runs spill there instead of wrapping around).
+/// Spare slots after the last home slot at least (runs spill there instead of wrapping around).
 constexpr std::size_t tail_slots = 1024;
 
 /// Grow when size > 9/10 of the home slots; grow by 1/8.
@@ -48,7 +48,7 @@ const block_slot* block_table::find(const block_key& k) const noexcept {
 block_slot& block_table::insert(const block_key& k) {
   for (;;) {
     if (capacity_ == 0 || over_load(size_ + 1, capacity_)) {
-      rehash(grown(capacity_));
+      rehash(grown(capacity_), 0);
       continue;
     }
     auto p = home(k.hi);
@@ -57,8 +57,10 @@ block_slot& block_table::insert(const block_key& k) {
     auto e = p;
     while (!slots_[e].empty())
       ++e;
-    if (e + 1 >= length_) { // the last slot stays empty
-      rehash(grown(capacity_));
+    if (e + 1 >= length_) {
+      // The last slot stays empty: a run reached it. Lengthen the tail, not the capacity, so
+      // keys crowding the top of the key space (chosen, not hashed) cannot grow it unbounded.
+      rehash(capacity_, length_ + (length_ - capacity_));
       continue;
     }
     std::memmove(&slots_[p + 1], &slots_[p], (e - p) * sizeof(block_slot));
@@ -80,40 +82,33 @@ void block_table::erase(block_slot* s) noexcept {
   --size_;
 }
 
-void block_table::rehash(std::size_t capacity) {
-  for (;;) {
-    auto length = capacity + tail_slots;
-    // calloc: an all-zero slot is empty, and large zeroed blocks come from the kernel untouched.
-    auto* fresh = static_cast<block_slot*>(std::calloc(length, sizeof(block_slot)));
-    if (fresh == nullptr)
-      throw std::bad_alloc();
-    std::unique_ptr<block_slot[], free_deleter> next(fresh);
-    // The old slots are in key order and the home is monotone in the key: one merge.
-    std::size_t pos = 0;
-    bool fits = true;
-    for (std::size_t i = 0; i < length_ && fits; ++i) {
-      const auto& s = slots_[i];
-      if (s.empty())
-        continue;
-      auto h = static_cast<std::size_t>((static_cast<unsigned __int128>(s.key.hi) * capacity) >>
-                                        64);
-      auto at = std::max(h, pos);
-      if (at + 1 >= length) {
-        fits = false;
-        break;
-      }
-      fresh[at] = s;
-      pos = at + 1;
-    }
-    if (!fits) {
-      capacity = grown(capacity);
+void block_table::rehash(std::size_t capacity, std::size_t min_length) {
+  auto home_in = [capacity](std::uint64_t hi) {
+    return static_cast<std::size_t>((static_cast<unsigned __int128>(hi) * capacity) >> 64);
+  };
+  // The old slots are in key order and the home is monotone in the key: each entry goes to
+  // max(its home, the slot after the previous one). A first pass finds the length needed.
+  std::size_t end = 0;
+  for (std::size_t i = 0; i < length_; ++i)
+    if (!slots_[i].empty())
+      end = std::max(home_in(slots_[i].key.hi), end) + 1;
+  auto length = std::max({capacity + tail_slots, min_length, end + 1});
+  // calloc: an all-zero slot is empty, and large zeroed blocks come from the kernel untouched.
+  auto* fresh = static_cast<block_slot*>(std::calloc(length, sizeof(block_slot)));
+  if (fresh == nullptr)
+    throw std::bad_alloc();
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < length_; ++i) {
+    const auto& s = slots_[i];
+    if (s.empty())
       continue;
-    }
-    slots_ = std::move(next);
-    capacity_ = capacity;
-    length_ = length;
-    return;
+    auto at = std::max(home_in(s.key.hi), pos);
+    fresh[at] = s;
+    pos = at + 1;
   }
+  slots_.reset(fresh);
+  capacity_ = capacity;
+  length_ = length;
 }
 
 } // namespace troupe::actors

@@ -13,9 +13,9 @@
 // stops at an empty slot or a larger key; an insert shifts the run after its place right by one
 // slot; an erase shifts the displaced entries after it left by one (backward-shift deletion, no
 // tombstones). The array ends with a tail of spare slots instead of wrapping around; its last
-// slot is always empty, so every scan ends. Growth (load above 0.9, or a run reaching the
-// tail) rehashes into a table 1/8 larger by one sequential merge, so the load stays between
-// 0.8 and 0.9: 35.6-40 bytes per entry.
+// slot is always empty, so every scan ends (a run that reaches it doubles the tail). Growth
+// (load above 0.9) rehashes into a table with 1/8 more home slots by one sequential merge, so
+// the load stays between 0.8 and 0.9: 35.6-40 bytes per entry.
 //
 // Nothing observable depends on the slot order: kv_index only looks keys up, and the one
 // iteration (`for_each`, building the eviction order) feeds an ordered set.
@@ -103,11 +103,12 @@ private:
     return static_cast<std::size_t>((static_cast<unsigned __int128>(hi) * capacity_) >> 64);
   }
 
-  /// Rehashes into at least `capacity` home slots (more if the merge would overflow).
-  void rehash(std::size_t capacity);
+  /// Moves the entries into a fresh array of `capacity` home slots and at least `min_length`
+  /// slots in all (and as many as the entries' runs need, plus the empty last slot).
+  void rehash(std::size_t capacity, std::size_t min_length);
 
   std::unique_ptr<block_slot[], free_deleter> slots_;
-  /// Home slots; the array holds capacity_ + tail slots.
+  /// Home slots; the array holds length_ >= capacity_ + 1024 slots (the rest is the tail).
   std::size_t capacity_ = 0;
   std::size_t length_ = 0;
   std::size_t size_ = 0;
