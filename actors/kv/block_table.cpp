@@ -86,27 +86,51 @@ void block_table::rehash(std::size_t capacity, std::size_t min_length) {
   auto home_in = [capacity](std::uint64_t hi) {
     return static_cast<std::size_t>((static_cast<unsigned __int128>(hi) * capacity) >> 64);
   };
-  // The old slots are in key order and the home is monotone in the key: each entry goes to
-  // max(its home, the slot after the previous one). A first pass finds the length needed.
-  std::size_t end = 0;
-  for (std::size_t i = 0; i < length_; ++i)
-    if (!slots_[i].empty())
-      end = std::max(home_in(slots_[i].key.hi), end) + 1;
-  auto length = std::max({capacity + tail_slots, min_length, end + 1});
-  // calloc: an all-zero slot is empty, and large zeroed blocks come from the kernel untouched.
-  auto* fresh = static_cast<block_slot*>(std::calloc(length, sizeof(block_slot)));
-  if (fresh == nullptr)
-    throw std::bad_alloc();
-  std::size_t pos = 0;
+  // In place, so a growing shard never holds two arrays: the j-th entry in key order goes to
+  // pos_j = max(home_j, pos_{j-1} + 1) = j + max_{i<=j}(home_i - i), and the array must end
+  // after pos_{n-1} + 1 = n + max_i(home_i - i) (plus the empty last slot).
+  std::size_t n = 0;
+  std::size_t lift = 0; // max(0, max_i(home_i - i))
   for (std::size_t i = 0; i < length_; ++i) {
-    const auto& s = slots_[i];
-    if (s.empty())
+    if (slots_[i].empty())
       continue;
-    auto at = std::max(home_in(s.key.hi), pos);
-    fresh[at] = s;
+    auto h = home_in(slots_[i].key.hi);
+    if (h > n)
+      lift = std::max(lift, h - n);
+    ++n;
+  }
+  auto length = std::max({capacity + tail_slots, min_length, n + lift + 1, length_});
+  if (length != length_) {
+    // realloc: a large array is remapped by the kernel, not copied.
+    auto* grown_slots =
+      static_cast<block_slot*>(std::realloc(slots_.get(), length * sizeof(block_slot)));
+    if (grown_slots == nullptr)
+      throw std::bad_alloc();
+    (void) slots_.release();
+    slots_.reset(grown_slots);
+    std::memset(static_cast<void*>(slots_.get() + length_), 0, (length - length_) * sizeof(block_slot));
+  }
+  // Pack the entries, in order, against the end: [length - n, length); each moves right.
+  auto w = length;
+  for (auto i = length_; i-- > 0;) {
+    if (slots_[i].empty())
+      continue;
+    if (--w != i)
+      slots_[w] = slots_[i];
+  }
+  std::memset(static_cast<void*>(slots_.get()), 0, (length - n) * sizeof(block_slot));
+  // Spread them to their places; each moves left (pos_j <= length - n + j since
+  // lift <= length - n - 1), never onto an entry not yet moved.
+  std::size_t pos = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    auto from = length - n + j;
+    auto at = std::max(home_in(slots_[from].key.hi), pos);
+    if (at != from) {
+      slots_[at] = slots_[from];
+      slots_[from] = block_slot{};
+    }
     pos = at + 1;
   }
-  slots_.reset(fresh);
   capacity_ = capacity;
   length_ = length;
 }

@@ -14,8 +14,10 @@
 // slot; an erase shifts the displaced entries after it left by one (backward-shift deletion, no
 // tombstones). The array ends with a tail of spare slots instead of wrapping around; its last
 // slot is always empty, so every scan ends (a run that reaches it doubles the tail). Growth
-// (load above 0.9) rehashes into a table with 1/8 more home slots by one sequential merge, so
-// the load stays between 0.8 and 0.9: 35.6-40 bytes per entry.
+// (load above 0.9) rehashes into 1/8 more home slots, in place (the array is realloc'ed, then
+// the entries, still in key order, are packed to its end and spread to their new places), so
+// the load stays between 0.8 and 0.9 (35.6-40 bytes per entry) and a growing table never
+// holds two arrays.
 //
 // Nothing observable depends on the slot order: kv_index only looks keys up, and the one
 // iteration (`for_each`, building the eviction order) feeds an ordered set.
