@@ -27,6 +27,25 @@ constexpr std::size_t grown(std::size_t capacity) {
 
 } // namespace
 
+block_table::block_table(const block_table& other)
+    : capacity_(other.capacity_), length_(other.length_), size_(other.size_) {
+  if (length_ == 0)
+    return;
+  auto* copy = static_cast<block_slot*>(std::malloc(length_ * sizeof(block_slot)));
+  if (copy == nullptr)
+    throw std::bad_alloc();
+  std::memcpy(static_cast<void*>(copy), other.slots_.get(), length_ * sizeof(block_slot));
+  slots_.reset(copy);
+}
+
+block_table& block_table::operator=(const block_table& other) {
+  if (this != &other) {
+    block_table copy(other);
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
 block_slot* block_table::find(const block_key& k) noexcept {
   return const_cast<block_slot*>(std::as_const(*this).find(k));
 }

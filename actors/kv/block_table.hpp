@@ -65,8 +65,8 @@ static_assert(sizeof(block_slot) == 32, "block_slot: one entry must take 32 byte
 class block_table {
 public:
   block_table() = default;
-  block_table(const block_table&) = delete;
-  block_table& operator=(const block_table&) = delete;
+  block_table(const block_table& other);
+  block_table& operator=(const block_table& other);
   block_table(block_table&&) noexcept = default;
   block_table& operator=(block_table&&) noexcept = default;
 

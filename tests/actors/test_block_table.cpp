@@ -102,3 +102,26 @@ TEST_CASE("a block slot packs sequence number, class and pending flag apart") {
   CHECK(s.seq() == 1);
   CHECK(s.cls() == troupe::schemas::traffic_class::agent);
 }
+
+TEST_CASE("a copied block table holds the same entries, apart from the original") {
+  block_table t;
+  std::mt19937_64 rng(3);
+  std::vector<block_key> keys;
+  for (int i = 0; i < 5000; ++i) {
+    keys.push_back(block_key{rng(), rng()});
+    t.insert(keys.back()).set_seq(static_cast<std::uint64_t>(i) + 1);
+  }
+  block_table c = t;
+  t.erase(t.find(keys[0]));
+  CHECK(c.size() == 5000);
+  CHECK(t.size() == 4999);
+  for (int i = 0; i < 5000; ++i) {
+    auto* s = c.find(keys[static_cast<std::size_t>(i)]);
+    REQUIRE(s != nullptr);
+    CHECK(s->seq() == static_cast<std::uint64_t>(i) + 1);
+  }
+  CHECK(t.find(keys[0]) == nullptr);
+  c = t;
+  CHECK(c.size() == 4999);
+  CHECK(c.find(keys[0]) == nullptr);
+}
