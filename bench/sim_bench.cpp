@@ -10,7 +10,8 @@
 // the simulation pulls them (run_simulation's stream form), never held all at once.
 //
 // Printed: wall time of run_simulation (set-up and report included), virtual seconds per wall
-// second, events (messages handled + timers fired) per second, peak RSS, requests completed.
+// second, events (messages handled + timers fired) per second, peak RSS, requests completed,
+// the KV index's entries at the end.
 // The named peer, measured in the same run: **caf-ping-pong**, two plain event-based actors
 // bouncing one integer on a fresh sim world driven by the same sim_driver, for the same number
 // of events as the simulation handled — the events/s of an empty CAF message loop. The ratio
@@ -217,11 +218,12 @@ int main(int argc, char** argv) {
   auto sim_eps = static_cast<double>(events) / wall_s;
   std::printf("troupe sim: %.1f s virtual in %.2f s wall: %.0fx real time, %llu events "
               "(%.0f events/s), peak RSS %.0f MiB, %llu/%llu requests completed, "
-              "block hit rate %.1f%%\n",
+              "block hit rate %.1f%%, KV index %llu entries\n",
               virtual_s, wall_s, virtual_s / wall_s, static_cast<unsigned long long>(events),
               sim_eps, rss_mib, static_cast<unsigned long long>(completed),
               static_cast<unsigned long long>(total),
-              rep["kv"]["block_hit_rate"].get<double>() * 100);
+              rep["kv"]["block_hit_rate"].get<double>() * 100,
+              static_cast<unsigned long long>(rep["kv"]["store"]["entries"].get<std::uint64_t>()));
   if (peer) {
     auto f = caf_ping_pong(events);
     auto peer_eps = static_cast<double>(f.events) / f.wall_s;

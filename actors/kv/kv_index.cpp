@@ -6,6 +6,23 @@
 
 namespace troupe::actors {
 
+namespace {
+
+std::int64_t to_ns(runtime::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+runtime::time_point from_ns(std::int64_t ns) {
+  return runtime::time_point{std::chrono::duration_cast<runtime::time_point::duration>(
+    std::chrono::nanoseconds{ns})};
+}
+
+runtime::time_point expiry_of(const block_slot& e) {
+  return from_ns(e.expiry_ns);
+}
+
+} // namespace
+
 runtime::duration kv_ttls::of(traffic_class c) const {
   switch (c) {
     case traffic_class::chatbot:
@@ -45,14 +62,14 @@ kv_match_result kv_index::match(std::span<const block_key> chain, traffic_class 
 
 std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_point now) {
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    auto it = entries_.find(blocks[i]);
-    if (it == entries_.end())
+    auto* e = entries_.find(blocks[i]);
+    if (e == nullptr)
       return i;
-    if (now >= it->second.expiry) {
-      remove(it, true);
+    if (now >= expiry_of(*e)) {
+      remove(e, true);
       return i;
     }
-    if (it->second.pending)
+    if (e->pending())
       return i;
   }
   return blocks.size();
@@ -62,9 +79,9 @@ void kv_index::touch(std::span<const block_key> blocks, traffic_class cls,
                      runtime::time_point now) {
   auto expiry = now + params_.ttl.of(cls);
   for (const auto& k : blocks) {
-    auto it = entries_.find(k);
-    if (it != entries_.end() && !it->second.pending && now < it->second.expiry)
-      extend(k, it->second, expiry);
+    auto* e = entries_.find(k);
+    if (e != nullptr && !e->pending() && now < expiry_of(*e))
+      extend(*e, expiry);
   }
 }
 
@@ -84,35 +101,34 @@ kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class 
   auto expiry = now + params_.ttl.of(cls);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& k = blocks[i];
-    auto it = entries_.find(k);
-    if (it != entries_.end() && now >= it->second.expiry) {
-      remove(it, true);
-      it = entries_.end();
+    auto* e = entries_.find(k);
+    if (e != nullptr && now >= expiry_of(*e)) {
+      remove(e, true);
+      e = nullptr;
     }
-    if (it != entries_.end()) {
-      auto& e = it->second;
-      if (!e.pending) {
+    if (e != nullptr) {
+      if (!e->pending()) {
         r.refreshed += 1;
       } else {
         r.inserted += 1;
         if (!pending) {
-          e.pending = false;
+          e->set_pending(false);
           stats_.pending -= 1;
           stats_.committed += 1;
         }
       }
-      e.cls = cls;
-      extend(k, e, expiry);
+      e->set_cls(cls);
+      extend(*e, expiry);
       continue;
     }
     if (!make_room(now, expiry)) {
       r.rejected += static_cast<std::uint32_t>(blocks.size() - i);
       break;
     }
-    auto& e = entries_[k];
-    e.cls = cls;
-    e.pending = pending;
-    place(k, e, expiry);
+    auto& n = entries_.insert(k);
+    n.set_cls(cls);
+    n.set_pending(pending);
+    place(n, expiry);
     stats_.bytes += params_.block_bytes;
     if (pending)
       stats_.pending += 1;
@@ -127,21 +143,20 @@ kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class 
 kv_commit_result kv_index::commit(std::span<const block_key> blocks, runtime::time_point now) {
   kv_commit_result r;
   for (const auto& k : blocks) {
-    auto it = entries_.find(k);
-    if (it != entries_.end() && now >= it->second.expiry) {
-      remove(it, true);
-      it = entries_.end();
+    auto* e = entries_.find(k);
+    if (e != nullptr && now >= expiry_of(*e)) {
+      remove(e, true);
+      e = nullptr;
     }
-    if (it == entries_.end()) {
+    if (e == nullptr) {
       r.missing += 1;
       continue;
     }
-    auto& e = it->second;
-    if (e.pending) {
-      e.pending = false;
+    if (e->pending()) {
+      e->set_pending(false);
       stats_.pending -= 1;
       stats_.committed += 1;
-      extend(k, e, now + params_.ttl.of(e.cls));
+      extend(*e, now + params_.ttl.of(e->cls()));
     }
     r.committed += 1;
   }
@@ -149,15 +164,15 @@ kv_commit_result kv_index::commit(std::span<const block_key> blocks, runtime::ti
 }
 
 bool kv_index::contains(const block_key& k, runtime::time_point now) const {
-  auto it = entries_.find(k);
-  return it != entries_.end() && !it->second.pending && now < it->second.expiry;
+  const auto* e = entries_.find(k);
+  return e != nullptr && !e->pending() && now < expiry_of(*e);
 }
 
 std::optional<runtime::time_point> kv_index::expiry(const block_key& k) const {
-  auto it = entries_.find(k);
-  if (it == entries_.end())
+  const auto* e = entries_.find(k);
+  if (e == nullptr)
     return std::nullopt;
-  return it->second.expiry;
+  return expiry_of(*e);
 }
 
 kv_stats kv_index::stats() const {
@@ -166,38 +181,38 @@ kv_stats kv_index::stats() const {
   return s;
 }
 
-void kv_index::place(const block_key& k, entry& e, runtime::time_point expiry) {
-  if (ordered_ && e.seq != 0)
-    order_.erase(order_key{e.expiry, ~e.seq, k});
-  e.expiry = expiry;
-  e.seq = ++next_seq_;
+void kv_index::place(block_slot& e, runtime::time_point expiry) {
+  if (ordered_ && e.seq() != 0)
+    order_.erase(order_key{expiry_of(e), ~e.seq(), e.key});
+  TROUPE_CHECK(next_seq_ < block_slot::max_seq, "kv_index: sequence numbers exhausted");
+  e.expiry_ns = to_ns(expiry);
+  e.set_seq(++next_seq_);
   if (ordered_)
-    order_.insert(order_key{e.expiry, ~e.seq, k});
+    order_.insert(order_key{expiry_of(e), ~e.seq(), e.key});
 }
 
 void kv_index::build_order() {
-  for (const auto& [k, e] : entries_)
-    order_.insert(order_key{e.expiry, ~e.seq, k});
+  entries_.for_each(
+    [this](const block_slot& e) { order_.insert(order_key{expiry_of(e), ~e.seq(), e.key}); });
   ordered_ = true;
 }
 
-void kv_index::extend(const block_key& k, entry& e, runtime::time_point expiry) {
-  if (expiry > e.expiry)
-    place(k, e, expiry);
+void kv_index::extend(block_slot& e, runtime::time_point expiry) {
+  if (expiry > expiry_of(e))
+    place(e, expiry);
 }
 
-void kv_index::remove(map_type::iterator it, bool expired) {
-  auto& e = it->second;
+void kv_index::remove(block_slot* e, bool expired) {
   if (ordered_)
-    order_.erase(order_key{e.expiry, ~e.seq, it->first});
-  if (e.pending)
+    order_.erase(order_key{expiry_of(*e), ~e->seq(), e->key});
+  if (e->pending())
     stats_.pending -= 1;
   stats_.bytes -= params_.block_bytes;
   if (expired)
     stats_.expirations += 1;
   else
     stats_.evictions += 1;
-  entries_.erase(it);
+  entries_.erase(e);
 }
 
 bool kv_index::make_room(runtime::time_point now, runtime::time_point expiry) {
@@ -206,13 +221,13 @@ bool kv_index::make_room(runtime::time_point now, runtime::time_point expiry) {
       build_order();
     if (order_.empty())
       return false;
-    const auto& oldest = *order_.begin();
+    const auto oldest = *order_.begin();
     bool expired = now >= oldest.expiry;
     if (!expired && oldest.expiry >= expiry)
       return false;
-    auto it = entries_.find(oldest.key);
-    TROUPE_CHECK(it != entries_.end(), "kv_index: eviction order names a missing entry");
-    remove(it, expired);
+    auto* e = entries_.find(oldest.key);
+    TROUPE_CHECK(e != nullptr, "kv_index: eviction order names a missing entry");
+    remove(e, expired);
   }
   return true;
 }

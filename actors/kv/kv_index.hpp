@@ -23,11 +23,12 @@
 // - Blocks may be inserted visible at once (`insert`), or reserved first and made visible once
 //   their bytes are in the store (`reserve`, then `commit`), so a match never names a block
 //   whose bytes are not written yet.
-// Everything observable is deterministic: lookups use a hash map, but every decision that
-// iterates (eviction, expiry) walks an ordered set.
+// Everything observable is deterministic: lookups use a flat hash table (block_table, 32 bytes
+// per entry), but every decision that iterates (eviction, expiry) walks an ordered set.
 #pragma once
 
 #include "actors/kv/block_key.hpp"
+#include "actors/kv/block_table.hpp"
 #include "runtime/time.hpp"
 #include "schemas/convert.hpp"
 
@@ -38,7 +39,6 @@
 #include <optional>
 #include <set>
 #include <span>
-#include <unordered_map>
 
 namespace troupe::actors {
 
@@ -182,13 +182,6 @@ public:
   const kv_index_params& params() const noexcept { return params_; }
 
 private:
-  struct entry {
-    runtime::time_point expiry;
-    std::uint64_t seq = 0;
-    traffic_class cls = traffic_class::chatbot;
-    bool pending = false;
-  };
-
   /// Eviction order: expiry first, then most recently placed first (rank = ~seq).
   struct order_key {
     runtime::time_point expiry;
@@ -197,20 +190,19 @@ private:
     friend auto operator<=>(const order_key&, const order_key&) = default;
   };
 
-  using map_type = std::unordered_map<block_key, entry>;
-
   kv_insert_result put(std::span<const block_key> blocks, traffic_class cls,
                        runtime::time_point now, bool pending);
-  void place(const block_key& k, entry& e, runtime::time_point expiry);
-  void extend(const block_key& k, entry& e, runtime::time_point expiry);
-  void remove(map_type::iterator it, bool expired);
+  void place(block_slot& e, runtime::time_point expiry);
+  void extend(block_slot& e, runtime::time_point expiry);
+  void remove(block_slot* e, bool expired);
   bool make_room(runtime::time_point now, runtime::time_point expiry);
 
   /// Builds `order_` from `entries_` (the first time room must be made).
   void build_order();
 
   kv_index_params params_;
-  map_type entries_;
+  /// The entries: 32 bytes per slot in a flat ordered linear-probing table (block_table.hpp).
+  block_table entries_;
   /// The eviction order, {expiry, ~seq, key} of every entry. It is derived from `entries_`, so
   /// it is kept only once a shard has had to make room (`ordered_`): a shard that never fills
   /// (the usual case for a petabyte store) does not pay a tree node per block.
