@@ -43,6 +43,20 @@ runtime::supervisor_config instance_config(std::string name, instance_id id,
   return cfg;
 }
 
+/// The engine child of instance `id`: `spawn(self)` makes the engine, which is then announced
+/// to its balancer `lb` (the balancer monitors it from there on).
+template <class Lb, class Spawn>
+runtime::child_spec engine_child(instance_id id, Lb lb, Spawn spawn) {
+  runtime::child_spec spec;
+  spec.id = "engine";
+  spec.start = [id, lb, spawn](caf::local_actor* self) {
+    auto e = spawn(self);
+    caf::anon_send(lb, add_instance_atom::value, id, e);
+    return caf::actor_cast<caf::actor>(e);
+  };
+  return spec;
+}
+
 } // namespace
 
 runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint32_t ranks,
@@ -50,16 +64,11 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
                                      prefill_lb_actor lb) {
   auto table = std::make_shared<std::vector<runtime::device_port>>();
   auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
-  runtime::child_spec spec;
-  spec.id = "engine";
   engine.instance = id;
-  spec.start = [engine, ports, lb, table, id](caf::local_actor* self) {
+  cfg.children.push_back(engine_child(id, lb, [engine, ports, table, id](caf::local_actor* self) {
     auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
-    auto e = spawn_prefill_engine(self, engine, table->at(0), link);
-    caf::anon_send(lb, add_instance_atom::value, id, e);
-    return caf::actor_cast<caf::actor>(e);
-  };
-  cfg.children.push_back(std::move(spec));
+    return spawn_prefill_engine(self, engine, table->at(0), link);
+  }));
   return runtime::supervisor_child(std::move(cfg));
 }
 
@@ -86,16 +95,12 @@ runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint3
         caf::anon_send(*slot, persist_blocks{filled});
     };
   }
-  runtime::child_spec spec;
-  spec.id = "engine";
   engine.instance = id;
-  spec.start = [engine, ports, lb, table, id, persist](caf::local_actor* self) {
-    auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
-    auto e = spawn_decode_engine(self, engine, table->at(0), link, persist);
-    caf::anon_send(lb, add_instance_atom::value, id, e);
-    return caf::actor_cast<caf::actor>(e);
-  };
-  cfg.children.push_back(std::move(spec));
+  cfg.children.push_back(
+    engine_child(id, lb, [engine, ports, table, id, persist](caf::local_actor* self) {
+      auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
+      return spawn_decode_engine(self, engine, table->at(0), link, persist);
+    }));
   return runtime::supervisor_child(std::move(cfg));
 }
 
@@ -104,15 +109,10 @@ runtime::child_spec vision_instance(std::string pool, instance_id id, std::uint3
                                     vision_lb_actor lb) {
   auto table = std::make_shared<std::vector<runtime::device_port>>();
   auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
-  runtime::child_spec spec;
-  spec.id = "engine";
   engine.instance = id;
-  spec.start = [engine, lb, table, id](caf::local_actor* self) {
-    auto e = spawn_vision_engine(self, engine, table->at(0));
-    caf::anon_send(lb, add_instance_atom::value, id, e);
-    return caf::actor_cast<caf::actor>(e);
-  };
-  cfg.children.push_back(std::move(spec));
+  cfg.children.push_back(engine_child(id, lb, [engine, table](caf::local_actor* self) {
+    return spawn_vision_engine(self, engine, table->at(0));
+  }));
   return runtime::supervisor_child(std::move(cfg));
 }
 
