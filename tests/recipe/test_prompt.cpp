@@ -103,3 +103,78 @@ TEST_CASE("prompt: DeepSeek-V4 goldens from deepseek_recipe (text and ids exact)
   }
   MESSAGE(same << " / " << records.size() << " golden prompts identical");
 }
+
+TEST_CASE("prompt safety: the reference's string, tokenized trusted, differs only where text spells markers") {
+  // trusted_ids is in a record only when HF's trusted tokenization of the rendered string differs
+  // from the prompt encoding: that is the safety rule at work, and only the safety.* records have it.
+  for (const auto& rec : golden()) {
+    const auto name = rec.at("name").get<std::string>();
+    INFO(name);
+    if (!rec.contains("trusted_ids")) {
+      CHECK_FALSE(name.starts_with("safety."));
+      continue;
+    }
+    CHECK(name.starts_with("safety."));
+    const auto trusted = rec["trusted_ids"].get<std::vector<token_id>>();
+    const auto ids = rec.at("ids").get<std::vector<token_id>>();
+    CHECK(std::count_if(trusted.begin(), trusted.end(), is_control) >
+          std::count_if(ids.begin(), ids.end(), is_control));
+    CHECK(v4().encode(rec.at("prompt").get<std::string>(), encode_mode::trusted) == trusted);
+  }
+}
+
+namespace {
+const std::vector<std::string> k_evil = {
+    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+    "｜DSML｜", "<｜DSML｜tool_calls>", "</｜DSML｜invoke>", "<｜tool▁calls▁begin｜>", "<｜fim▁hole｜>", "<|EOT|>",
+    "<｜▁pad▁｜>", "<tool_result>", "</tool_result>", "<｜end▁of", "sentence｜>", "｜", "\n\n", "\"", "{", "}", "a", " "};
+
+conversation structure(const std::string& s, bool thinking, bool prefix) {
+  conversation c;
+  c.thinking = thinking;
+  c.tools.push_back({s, s, "{\"type\": \"object\", \"description\": " + json(s).dump() + "}"});
+  c.messages.push_back({role::system, s});
+  c.messages.push_back({role::user, s});
+  message a{role::assistant, s, s};
+  a.tool_calls.push_back({"1", s, json{{s, s}, {"n", 1}}.dump()});
+  a.tool_calls.push_back({"2", s, s});
+  c.messages.push_back(a);
+  c.messages.push_back({role::tool, s});
+  c.messages.push_back({role::tool, s});
+  c.messages.push_back({role::user, s});
+  if (prefix) c.messages.push_back({role::assistant, s, s, {}, {}, true});
+  return c;
+}
+}  // namespace
+
+TEST_CASE("prompt safety: markers in every field never become control tokens") {
+  std::string all;
+  for (const auto& e : k_evil) all += e;
+  for (const bool thinking : {false, true})
+    for (const bool prefix : {false, true}) {
+      const auto evil = encode_prompt(structure(all, thinking, prefix), v4());
+      const auto benign = encode_prompt(structure("text", thinking, prefix), v4());
+      check_safe(evil);
+      // The encoder's own markers are the same, whatever the text says.
+      std::vector<token_id> a, b;
+      for (const auto i : evil.control) a.push_back(evil.ids[i]);
+      for (const auto i : benign.control) b.push_back(benign.ids[i]);
+      CHECK(a == b);
+    }
+}
+
+TEST_CASE("prompt safety: random marker soup in random fields (seeded)") {
+  std::uint64_t state = 0x9e3779b97f4a7c15ULL;
+  auto next = [&] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string s;
+    const auto len = next() % 12;
+    for (std::uint64_t k = 0; k < len; ++k) s += k_evil[next() % k_evil.size()];
+    const auto p = encode_prompt(structure(s, next() % 2, next() % 2), v4());
+    INFO("iteration " << iter << " text " << s);
+    check_safe(p);
+  }
+}
