@@ -133,8 +133,13 @@ conversation structure(const std::string& s, bool thinking, bool prefix) {
   conversation c;
   c.thinking = thinking;
   c.tools.push_back({s, s, "{\"type\": \"object\", \"description\": " + json(s).dump() + "}"});
-  c.messages.push_back({role::system, s});
-  c.messages.push_back({role::user, s});
+  message system;
+  system.role = role::system;
+  system.content = s;
+  c.messages.push_back(system);
+  message user;
+  user.content = s;
+  c.messages.push_back(user);
   message a{role::assistant, s, s};
   a.tool_calls.push_back({"1", s, json{{s, s}, {"n", 1}}.dump()});
   a.tool_calls.push_back({"2", s, s});
