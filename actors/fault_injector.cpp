@@ -1,5 +1,6 @@
 #include "actors/fault_injector.hpp"
 
+#include "actors/engine/decode_engine.hpp"
 #include "runtime/supervisor.hpp"
 
 #include <caf/actor_system.hpp>
@@ -30,16 +31,51 @@ std::string joined(const std::vector<std::string>& path) {
   return out;
 }
 
-void record(injector_ptr self, std::size_t i, bool injected, std::string skipped) {
+fault_record& record(injector_ptr self, std::size_t i, bool injected, std::string skipped) {
   auto& st = self->state;
-  if (st.log)
-    st.log->push_back(fault_record{i, self->clock().now(), joined(st.orders[i].path), injected,
-                                   std::move(skipped)});
+  static fault_record unlogged;
+  if (!st.log)
+    return unlogged;
+  st.log->push_back(fault_record{i, self->clock().now(), joined(st.orders[i].path), injected,
+                                 std::move(skipped), nullptr});
+  return st.log->back();
+}
+
+/// Drain order `i` reached its instance supervisor `node` (a child of `parent`): the notice
+/// goes to the instance's engine; when its hand-off is done, the instance is stopped.
+void drain(injector_ptr self, std::size_t i, caf::actor parent, caf::actor node) {
+  self->request(node, caf::infinite, runtime::which_children_atom::value)
+    .then(
+      [self, i, parent](const std::vector<runtime::child_info>& children) {
+        auto& order = self->state.orders[i];
+        for (auto& c : children)
+          if (c.id == "engine" && c.handle) {
+            auto forwarded = std::make_shared<std::uint64_t>(0);
+            record(self, i, true, "").forwarded = forwarded;
+            auto id = order.path.back();
+            self->request(c.handle, caf::infinite, drain_atom::value, *order.drain)
+              .then(
+                [parent, id, forwarded](std::uint64_t n) {
+                  *forwarded = n;
+                  // Anonymous: the supervisor's answer is not for the injector.
+                  caf::anon_send(parent, runtime::stop_child_atom::value, id);
+                },
+                [](const caf::error&) {});
+            return;
+          }
+        record(self, i, false, "target down");
+      },
+      [self, i](const caf::error&) { record(self, i, false, "target down"); });
 }
 
 /// Resolves level `depth` of order `i`'s path under `node`, then goes on or strikes.
-void walk(injector_ptr self, std::size_t i, std::size_t depth, caf::actor node) {
+void walk(injector_ptr self, std::size_t i, std::size_t depth, caf::actor node,
+          caf::actor parent = {}) {
   auto& path = self->state.orders[i].path;
+  if (depth == path.size() && self->state.orders[i].drain) {
+    drain(self, i, parent, node);
+    return;
+  }
   if (depth == path.size()) {
     self->send_exit(node, self->state.orders[i].reason);
     record(self, i, true, "");
@@ -47,14 +83,14 @@ void walk(injector_ptr self, std::size_t i, std::size_t depth, caf::actor node) 
   }
   self->request(node, caf::infinite, runtime::which_children_atom::value)
     .then(
-      [self, i, depth](const std::vector<runtime::child_info>& children) {
+      [self, i, depth, node](const std::vector<runtime::child_info>& children) {
         auto& id = self->state.orders[i].path[depth];
         for (auto& c : children)
           if (c.id == id) {
             if (!c.handle)
               record(self, i, false, "target down");
             else
-              walk(self, i, depth + 1, c.handle);
+              walk(self, i, depth + 1, c.handle, node);
             return;
           }
         record(self, i, false, "no child '" + id + "'");

@@ -10,6 +10,13 @@
 // pool's supervisor restarts the instance after its restart delay. A target that is down at
 // that moment (or does not exist) is skipped, and the log says so.
 //
+// A drain order (`drain` set) targets an instance supervisor ({"decode", "decode/0"}): the
+// injector gives the instance's engine the leave notice (drain_atom with the grace; the engine
+// has its balancer exclude it, serves for the grace, then forwards what is left with its KV —
+// decode_engine.hpp), and when the engine answers that the hand-off is done it stops the
+// instance through its pool supervisor's stop_child: the instance is removed, not restarted
+// (a drain is a departure, not a failure).
+//
 // Every delay goes through the actor clock: in the simulated world the faults fall on exact
 // virtual times.
 #pragma once
@@ -21,6 +28,7 @@
 #include <caf/fwd.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +40,8 @@ struct fault_order {
   runtime::duration at{0};
   std::vector<std::string> path;
   caf::error reason;
+  /// A drain notice with this grace period instead of an exit (the path names an instance).
+  std::optional<runtime::duration> drain;
 };
 
 /// What the injector did with an order (appended when the order fell due and was resolved).
@@ -43,6 +53,9 @@ struct fault_record {
   bool injected = false;
   /// Why not, when it was not ("target down", "no child 'x'").
   std::string skipped;
+  /// Drains: the jobs the instance forwarded (set when its hand-off is done; a second record
+  /// is not made).
+  std::shared_ptr<std::uint64_t> forwarded;
 };
 
 /// Spawns an injector over the supervision tree under `root`; the caller keeps the handle.

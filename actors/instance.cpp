@@ -97,9 +97,11 @@ runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint3
   }
   engine.instance = id;
   cfg.children.push_back(
-    engine_child(id, lb, [engine, ports, table, id, persist](caf::local_actor* self) {
+    engine_child(id, lb, [engine, ports, table, id, persist, lb](caf::local_actor* self) {
       auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
-      return spawn_decode_engine(self, engine, table->at(0), link, persist);
+      // On a drain notice the engine has its balancer exclude the instance.
+      auto leave = [lb, id] { caf::anon_send(lb, drain_instance_atom::value, id); };
+      return spawn_decode_engine(self, engine, table->at(0), link, persist, leave);
     }));
   return runtime::supervisor_child(std::move(cfg));
 }

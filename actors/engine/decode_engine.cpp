@@ -37,6 +37,14 @@ struct decode_engine_state {
   std::uint64_t in_transfer = 0;
   bool stepping = false;
   std::uint64_t next_step = 1;
+  std::function<void()> leave;
+  /// Drain: a notice came; the grace ended (hand off at the next step boundary); handed off.
+  bool draining = false;
+  bool handoff_due = false;
+  bool handed_off = false;
+  std::uint64_t forwarded = 0;
+  caf::typed_response_promise<std::uint64_t> drain_rp;
+  bool drain_answered = false;
   engine_stats stats;
   static inline const char* name = "decode_engine";
 };
@@ -55,10 +63,61 @@ void admit(engine_ptr self) {
   }
 }
 
+/// Answers a job that leaves unfinished: its request continues elsewhere with its KV.
+void forward(engine_ptr self, running& run, std::vector<filled_blocks>& filled) {
+  auto& st = self->state;
+  // The block writer forgets the request's chain tip (no block is filled by leaving).
+  if (run.blocks > 0)
+    filled.push_back(filled_blocks{run.job.request, run.job.parent, run.job.parent_blocks,
+                                   (run.job.context_tokens + run.generated) / block_size, 0,
+                                   run.job.traffic, true});
+  decode_done d{run.job.request, st.params.instance, run.arrived, run.joined,
+                self->clock().now(), run.generated, run.blocks};
+  d.forwarded = true;
+  run.rp.deliver(d);
+  ++st.forwarded;
+}
+
+/// The drain is answered once the hand-off is done and no KV is still coming in.
+void maybe_answer_drain(engine_ptr self) {
+  auto& st = self->state;
+  if (st.handed_off && st.in_transfer == 0 && !st.drain_answered) {
+    st.drain_answered = true;
+    st.drain_rp.deliver(st.forwarded);
+  }
+}
+
+/// The hand-off: every job still here is forwarded, all in this one step.
+void hand_off(engine_ptr self) {
+  auto& st = self->state;
+  st.handoff_due = false;
+  st.handed_off = true;
+  std::vector<filled_blocks> filled;
+  for (auto& [id, run] : st.batch)
+    forward(self, run, filled);
+  st.batch.clear();
+  st.batch_kv = 0;
+  for (auto& run : st.waiting)
+    forward(self, run, filled);
+  st.waiting.clear();
+  if (!filled.empty() && st.persist)
+    st.persist(filled);
+  maybe_answer_drain(self);
+}
+
+bool idle(const decode_engine_state& st) {
+  return st.batch.empty() && st.waiting.empty() && st.in_transfer == 0 && !st.stepping;
+}
+
 void step(engine_ptr self) {
   auto& st = self->state;
-  if (st.stepping)
+  if (st.stepping || st.handed_off)
     return;
+  // A draining instance whose work is all done leaves at once (nothing to forward).
+  if (st.draining && (st.handoff_due || idle(st))) {
+    hand_off(self);
+    return;
+  }
   admit(self);
   if (st.batch.empty())
     return;
@@ -111,8 +170,10 @@ void step(engine_ptr self) {
 decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engine_params params,
                                                      runtime::device_port device,
                                                      runtime::link_port ingress,
-                                                     block_sink persist) {
+                                                     block_sink persist,
+                                                     std::function<void()> leave) {
   auto& st = self->state;
+  st.leave = std::move(leave);
   st.params = params;
   st.device = std::move(device);
   st.ingress = std::move(ingress);
@@ -134,8 +195,16 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
         return rp;
       }
       auto arrive = [self](running&& run) {
+        auto& st = self->state;
         run.arrived = self->clock().now();
-        self->state.waiting.push_back(std::move(run));
+        if (st.handed_off) {
+          // Routed here before the drain excluded the instance: straight on, with its KV.
+          std::vector<filled_blocks> filled;
+          forward(self, run, filled);
+          maybe_answer_drain(self);
+          return;
+        }
+        st.waiting.push_back(std::move(run));
         step(self);
       };
       if (job.kv_bytes == 0 || st.ingress == nullptr) {
@@ -151,6 +220,26 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
         });
       return rp;
     },
+    [self](drain_atom, runtime::duration grace) -> caf::result<std::uint64_t> {
+      auto& st = self->state;
+      if (st.draining)
+        return caf::make_error(caf::sec::invalid_argument, "already draining");
+      st.draining = true;
+      st.drain_rp = self->make_response_promise<std::uint64_t>();
+      auto rp = st.drain_rp;
+      if (st.leave)
+        st.leave();
+      self->delayed_send(self, grace, drain_end_atom::value);
+      step(self);
+      return rp;
+    },
+    [self](drain_end_atom) {
+      auto& st = self->state;
+      if (st.handed_off)
+        return;
+      st.handoff_due = true;
+      step(self); // hands off now, or at the end of the step in flight
+    },
     [self](engine_stats_atom) {
       auto s = self->state.stats;
       s.jobs_in_flight = self->state.batch.size() + self->state.waiting.size()
@@ -164,9 +253,9 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
 
 decode_engine_actor spawn_decode_engine(caf::local_actor* parent, decode_engine_params params,
                                         runtime::device_port device, runtime::link_port ingress,
-                                        block_sink persist) {
+                                        block_sink persist, std::function<void()> leave) {
   return parent->spawn(decode_engine_fn, params, std::move(device), std::move(ingress),
-                       std::move(persist));
+                       std::move(persist), std::move(leave));
 }
 
 } // namespace troupe::actors

@@ -14,6 +14,17 @@
 // reply: an asynchronous notice) every N generated tokens: the tokens it carries have left
 // for the client, so a request whose decode instance dies knows exactly how many tokens were
 // delivered and resumes elsewhere from there (request.hpp).
+//
+// Drain: `(drain_atom, grace)` tells the engine its instance is leaving. It calls its `leave`
+// callback at once (decode_lb excludes the instance: no new routes), keeps stepping its batch
+// (jobs already routed to it are still taken), and when its work is done or at the first step
+// boundary at or after `grace` — whichever comes first — hands off: every job not finished is
+// answered with a `decode_done` marked `forwarded`, carrying the exact number of tokens it
+// generated here, so that its request goes to another decode instance with its KV (no
+// re-prefill; request.hpp). The drain request is then answered with the number of jobs
+// forwarded; the caller stops the instance (fault_injector: the pool supervisor's
+// stop_child, so it is not restarted). A job that reaches the engine after the hand-off
+// (routed before the exclusion) is forwarded as soon as its KV has arrived.
 #pragma once
 
 #include "actors/engine/prefill_engine.hpp"
@@ -79,17 +90,28 @@ struct decode_done {
   std::uint64_t tokens = 0;
   /// Full 128-token blocks persisted for this request while decoding.
   std::uint64_t blocks_persisted = 0;
+  /// The instance drained before the job was done: `tokens` (< the job's output_tokens) were
+  /// generated and delivered here, and the request continues elsewhere with its KV.
+  bool forwarded = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_done& x) {
   return f(caf::meta::type_name("decode_done"), x.request, x.instance, x.arrived, x.joined,
-           x.finished, x.tokens, x.blocks_persisted);
+           x.finished, x.tokens, x.blocks_persisted, x.forwarded);
 }
 
+/// A leave notice: serve for the grace period, then hand off (see above).
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+/// The engine's own grace timer.
+using drain_end_atom = caf::atom_constant<caf::atom("drainend")>;
+
+/// Replies: (drain_atom, grace) -> the number of jobs forwarded, once the hand-off is done.
 using decode_engine_actor
   = caf::typed_actor<caf::replies_to<decode_job>::with<decode_done>,
-                     caf::replies_to<engine_stats_atom>::with<engine_stats>>;
+                     caf::replies_to<engine_stats_atom>::with<engine_stats>,
+                     caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
+                     caf::reacts_to<drain_end_atom>>;
 
 struct decode_engine_params {
   instance_id instance = 0;
@@ -103,9 +125,10 @@ struct decode_engine_params {
 using block_sink = std::function<void(const std::vector<filled_blocks>&)>;
 
 /// Spawns a decode engine that runs its steps on `device` (the instance's leader rank) and
-/// receives KV over `ingress` (from prefill instances). `persist` may be empty.
+/// receives KV over `ingress` (from prefill instances). `persist` may be empty. `leave` is
+/// called when a drain starts (the instance tells its balancer to exclude it); may be empty.
 decode_engine_actor spawn_decode_engine(caf::local_actor* parent, decode_engine_params params,
                                         runtime::device_port device, runtime::link_port ingress,
-                                        block_sink persist);
+                                        block_sink persist, std::function<void()> leave = {});
 
 } // namespace troupe::actors

@@ -15,6 +15,7 @@ namespace {
 struct decode_lb_state {
   std::unique_ptr<decode_balancer> balancer;
   std::map<instance_id, decode_engine_actor> engines;
+  std::uint64_t drained = 0;
   static inline const char* name = "decode_lb";
 };
 
@@ -42,6 +43,11 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       st.engines[id] = std::move(engine);
       st.balancer->add_instance(id);
     },
+    [self](drain_instance_atom, instance_id id) {
+      // Its engine stays a member (monitored) until it exits; it just takes no new routes.
+      self->state.balancer->remove_instance(id);
+      ++self->state.drained;
+    },
     [self](lb_stats_atom) {
       auto& s = self->state.balancer->stats();
       lb_counters c;
@@ -50,6 +56,7 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       c.add("routed_short", s.routed_short);
       c.add("spilled", s.spilled);
       c.add("rejected", s.rejected);
+      c.add("drained", self->state.drained);
       return c;
     },
   };

@@ -3,7 +3,9 @@
 // It owns a decode_balancer (request count and KV length per instance, long and short
 // requests on different instances, least-loaded within the class) and keeps its membership in
 // step with the engines that are alive (engines announce themselves; the balancer monitors
-// them).
+// them). A draining instance is excluded at once (`drain_instance_atom`, sent by its engine
+// when a drain notice reaches it): no new request is routed to it, and the requests it still
+// holds release their bookings as they leave.
 #pragma once
 
 #include "actors/engine/decode_engine.hpp"
@@ -48,11 +50,15 @@ typename Inspector::result_type inspect(Inspector& f, decode_release& x) {
   return f(caf::meta::type_name("decode_release"), x.instance, x.kv_tokens);
 }
 
+/// Instance `id` is draining: route nothing more to it.
+using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
+
 /// Replies: decode_route -> decode_assignment, or errc::unavailable when no engine has room.
 using decode_lb_actor
   = caf::typed_actor<caf::replies_to<decode_route>::with<decode_assignment>,
                      caf::reacts_to<decode_release>,
                      caf::reacts_to<add_instance_atom, instance_id, decode_engine_actor>,
+                     caf::reacts_to<drain_instance_atom, instance_id>,
                      caf::replies_to<lb_stats_atom>::with<lb_counters>>;
 
 decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params);

@@ -166,6 +166,15 @@ void decode(request_ptr self) {
               unwatch(self);
               st.outcome.delivered_tokens = first_token_count(st) + st.decoded + done.tokens;
               self->send(st.services.decode, decode_release{a.instance, kv_tokens});
+              if (done.forwarded) {
+                // Its instance drained: the tokens generated there have reached the client
+                // (an exact count), and the KV goes with the request to another instance.
+                st.decoded += done.tokens;
+                st.progress = 0;
+                ++st.outcome.forwards;
+                decode(self);
+                return;
+              }
               finish(self, "");
             },
             [self, lost, attempt](const caf::error& err) {

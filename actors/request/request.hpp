@@ -18,6 +18,11 @@
 //     already delivered: decode reports progress every `progress_every` tokens
 //     (decode_progress), those tokens have reached the client, and the rest are generated
 //     elsewhere — none is delivered twice, and the client sees one stream;
+//   - when its decode instance drains and hands it off (decode_done marked `forwarded`, with
+//     the exact tokens generated there), it goes straight back to decode_lb WITH its KV: the
+//     new decode job carries (prompt + tokens delivered) × kv_bytes_per_token, which crosses
+//     the new instance's link; nothing is re-prefilled. A forward is not a reroute (it does
+//     not count towards `max_reroutes`); `forwards` counts them;
 //   - when no instance can take it (routing answers `unavailable`, e.g. while the only decode
 //     instance restarts), it asks again every `retry_interval`;
 //   - it fails with an explicit reason when it cannot be served within `deadline` of its
@@ -89,6 +94,8 @@ struct request_outcome {
   instance_id vision_instance = 0;
   /// Times its prefill or decode instance died under it and it went elsewhere.
   std::uint32_t reroutes = 0;
+  /// Times its decode instance drained and handed it, with its KV, to another one.
+  std::uint32_t forwards = 0;
 };
 
 template <class Inspector>
@@ -96,7 +103,7 @@ typename Inspector::result_type inspect(Inspector& f, request_outcome& x) {
   return f(caf::meta::type_name("request_outcome"), x.id, x.completed, x.failure, x.admitted,
            x.vision_started, x.encoded, x.prefill_started, x.first_token, x.finished,
            x.input_tokens, x.output_tokens, x.delivered_tokens, x.hit_blocks, x.hit_tokens, x.prefill_instance,
-           x.decode_instance, x.vision_instance, x.reroutes);
+           x.decode_instance, x.vision_instance, x.reroutes, x.forwards);
 }
 
 /// The services a request talks to, and where its outcome goes.

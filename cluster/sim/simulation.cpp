@@ -362,7 +362,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   w.driver().run_for(0s);
 
   // Faults: `fail` of a gpu or an instance is an exit sent down the supervision tree at its
-  // time; the other kinds are not injected yet.
+  // time; `drain` of a decode instance is a leave notice to its engine (fault_injector.hpp);
+  // the other kinds are not injected yet.
   auto injected_log = std::make_shared<std::vector<actors::fault_record>>();
   std::vector<std::size_t> order_of_fault(options.faults.size(), SIZE_MAX);
   caf::actor injector;
@@ -371,11 +372,22 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto started = w.now() - origin;
     for (std::size_t i = 0; i < options.faults.size(); ++i) {
       auto& f = options.faults[i];
+      auto& place = f.target.place;
+      // A drain of a decode instance: the leave notice, then the hand-off and the stop.
+      if (f.kind == fault_kind::drain && f.target.kind == target_kind::instance
+          && place.instance && place.pool == decode_pool->name) {
+        actors::fault_order order;
+        order.at = std::max(runtime::duration{0}, f.at - started);
+        order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
+        order.drain = f.grace;
+        order_of_fault[i] = orders.size();
+        orders.push_back(std::move(order));
+        continue;
+      }
       if (f.kind != fault_kind::fail
           || (f.target.kind != target_kind::gpu && f.target.kind != target_kind::instance)
           || !f.target.place.instance)
         continue;
-      auto& place = f.target.place;
       actors::fault_order order;
       order.at = std::max(runtime::duration{0}, f.at - started);
       order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
@@ -472,11 +484,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   std::uint64_t completed = 0, failed = 0, in_tokens = 0, out_tokens = 0, hit_blocks = 0,
                 hit_tokens = 0, prompt_tokens = 0;
   std::map<std::string, std::uint64_t> failures;
-  std::uint64_t rerouted = 0, reroutes = 0;
+  std::uint64_t rerouted = 0, reroutes = 0, forwarded = 0, forwards = 0;
   runtime::time_point last = origin;
   for (auto& o : outcomes) {
     rerouted += o.reroutes > 0 ? 1 : 0;
     reroutes += o.reroutes;
+    forwarded += o.forwards > 0 ? 1 : 0;
+    forwards += o.forwards;
     prompt_tokens += o.input_tokens;
     hit_blocks += o.hit_blocks;
     hit_tokens += o.hit_tokens;
@@ -509,7 +523,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                         {"failed", failed},
                         {"unfinished", log->admitted - outcomes.size()},
                         {"rerouted", rerouted},
-                        {"reroutes", reroutes}};
+                        {"reroutes", reroutes},
+                        {"forwarded", forwarded},
+                        {"forwards", forwards}};
   if (!failures.empty())
     report["requests"]["failures"] = failures;
   auto tidy_all = [](nlohmann::json j) {
@@ -587,12 +603,16 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
           ++injected;
         else
           entry["skipped"] = d->second->skipped;
+        if (d->second->forwarded)
+          entry["forwarded"] = *d->second->forwarded;
       }
     }
     report["faults"] = {{"injected", injected > 0},
                         {"injected_count", injected},
                         {"injects", "fail of a gpu or an instance (the instance restarts after "
-                                    "sim_params.restart_time with all its GPUs: no EP shrink yet)"},
+                                    "sim_params.restart_time with all its GPUs: no EP shrink yet); "
+                                    "drain of a decode instance (grace, then its requests are "
+                                    "forwarded with their KV and it is removed)"},
                         {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},
                         {"timeline", std::move(timeline)}};
   }
@@ -656,6 +676,10 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
     out += "  reroutes    " + std::to_string(q["rerouted"].get<std::uint64_t>())
            + " requests rerouted (" + std::to_string(q["reroutes"].get<std::uint64_t>())
            + " reroutes)\n";
+  if (q.contains("forwarded") && q["forwarded"].get<std::uint64_t>() > 0)
+    out += "  drains      " + std::to_string(q["forwarded"].get<std::uint64_t>())
+           + " requests forwarded with their KV (" + std::to_string(q["forwards"].get<std::uint64_t>())
+           + " forwards)\n";
   if (r.contains("faults")) {
     auto& f = r["faults"];
     out += "  faults      " + std::to_string(f["timeline"].size()) + " planned by "

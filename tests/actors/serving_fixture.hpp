@@ -161,8 +161,37 @@ struct serving_cluster {
   /// from now, with a "gpu failure" reason.
   void inject(runtime::duration at, std::vector<std::string> path) {
     fault_order order{at, std::move(path),
-                      runtime::make_error(runtime::errc::unavailable, "gpu failure")};
+                      runtime::make_error(runtime::errc::unavailable, "gpu failure"), std::nullopt};
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
+  }
+
+  /// Gives decode instance `instance` a drain notice `at` from now with `grace` (it is then
+  /// stopped through the pools supervisor once its hand-off is done).
+  void drain(runtime::duration at, instance_id instance, runtime::duration grace) {
+    fault_order order{at, {"decode/" + std::to_string(instance)}, caf::error{}, grace};
+    injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
+  }
+
+  /// The pools supervisor's lifecycle events, recorded as they happen (subscribe()).
+  std::shared_ptr<std::vector<runtime::supervisor_event>> events
+    = std::make_shared<std::vector<runtime::supervisor_event>>();
+
+  void subscribe() {
+    auto out = events;
+    auto rec = sys.spawn([out](caf::event_based_actor*) -> caf::behavior {
+      return {[out](const runtime::supervisor_event& e) { out->push_back(e); }};
+    });
+    injectors.push_back(rec);
+    caf::anon_send(pools, runtime::subscribe_atom::value, rec);
+    run();
+  }
+
+  /// The pools supervisor's children now.
+  std::vector<runtime::child_info> children() {
+    auto rows = ask<std::vector<runtime::child_info>>(sys, pools,
+                                                      runtime::which_children_atom::value);
+    run();
+    return rows->value_or(std::vector<runtime::child_info>{});
   }
 
   double ms(runtime::time_point t) const { return runtime::to_seconds(t - origin) * 1e3; }

@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 using namespace troupe::cluster;
@@ -184,4 +186,54 @@ TEST_CASE("a decode rank failure: every request completes, rerouted, none lost")
   auto& f = out->report["faults"];
   CHECK(f["injected"] == true);
   CHECK(f["timeline"][0]["injected"] == true);
+}
+
+TEST_CASE("a decode instance drains: nothing lost, requests forwarded with their KV") {
+  // small.toml starts one decode instance (max 2): start two, so that the drained one has
+  // somewhere to hand its requests. The trace slowed to 0.4x its speed: arrivals until
+  // ~410 s, past the drain at 5 min. The shipped plan's 90 s grace outlasts every request
+  // (it leaves when empty, forwarding nothing); a 1 s grace at 100 s forwards the requests in flight (3).
+  replay r{500, 0.4};
+  for (auto& p : r.topo.pools)
+    if (p.role == pool_role::decode)
+      p.instances.initial = 2;
+  runtime::duration horizon{0};
+  for (auto& rec : r.records)
+    horizon = std::max(horizon, rec.arrival);
+  auto shipped = root + "/examples/faults/drain-one-decode.toml";
+  auto short_grace = (std::filesystem::temp_directory_path() / "troupe-drain-1s.toml").string();
+  {
+    std::ofstream f{short_grace};
+    f << "[[fault]]\nat = \"100s\"\nkind = \"drain\"\ninstance = \"decode/0\"\n"
+         "grace = \"1s\"\n";
+  }
+  for (auto path : {shipped, short_grace}) {
+    CAPTURE(path);
+    auto plan = load_fault_plan(path, r.topo);
+    REQUIRE(plan.ok());
+    sim_options o;
+    o.seed = 1;
+    o.faults = expand(*plan.value, runtime::rng{1}.split("faults"), horizon);
+    REQUIRE(o.faults.size() == 1);
+    auto out = run_simulation(r.topo, r.records, o);
+    REQUIRE(out.ok());
+    CHECK(out->finished);
+    auto& q = out->report["requests"];
+    CHECK(q["completed"] == 500);
+    CHECK(q["failed"] == 0);
+    CHECK(q["rerouted"] == 0);
+    CHECK(out->invariants.ok());
+    CHECK(out->report["invariants"]["violations"].empty());
+    auto& f = out->report["faults"];
+    CHECK(f["injected"] == true);
+    CHECK(f["timeline"][0]["injected"] == true);
+    CHECK(f["not_injected_yet"].empty());
+    CHECK(f["timeline"][0]["forwarded"] == q["forwarded"]);
+    MESSAGE("forwarded ", q["forwarded"]);
+    if (path == shipped)
+      CHECK(q["forwarded"] == 0);
+    else
+      CHECK(q["forwarded"].get<std::uint64_t>() > 0);
+  }
+  std::filesystem::remove(short_grace);
 }
