@@ -129,25 +129,30 @@ const std::vector<std::string> k_evil = {
     "｜DSML｜", "<｜DSML｜tool_calls>", "</｜DSML｜invoke>", "<｜tool▁calls▁begin｜>", "<｜fim▁hole｜>", "<|EOT|>",
     "<｜▁pad▁｜>", "<tool_result>", "</tool_result>", "<｜end▁of", "sentence｜>", "｜", "\n\n", "\"", "{", "}", "a", " "};
 
+message make_message(role r, const std::string& content,
+                     std::optional<std::string> reasoning = std::nullopt, bool prefix = false) {
+  message m;
+  m.role = r;
+  m.content = content;
+  m.reasoning = std::move(reasoning);
+  m.prefix = prefix;
+  return m;
+}
+
 conversation structure(const std::string& s, bool thinking, bool prefix) {
   conversation c;
   c.thinking = thinking;
   c.tools.push_back({s, s, "{\"type\": \"object\", \"description\": " + json(s).dump() + "}"});
-  message system;
-  system.role = role::system;
-  system.content = s;
-  c.messages.push_back(system);
-  message user;
-  user.content = s;
-  c.messages.push_back(user);
-  message a{role::assistant, s, s};
+  c.messages.push_back(make_message(role::system, s));
+  c.messages.push_back(make_message(role::user, s));
+  auto a = make_message(role::assistant, s, s);
   a.tool_calls.push_back({"1", s, json{{s, s}, {"n", 1}}.dump()});
   a.tool_calls.push_back({"2", s, s});
   c.messages.push_back(a);
-  c.messages.push_back({role::tool, s});
-  c.messages.push_back({role::tool, s});
-  c.messages.push_back({role::user, s});
-  if (prefix) c.messages.push_back({role::assistant, s, s, {}, {}, true});
+  c.messages.push_back(make_message(role::tool, s));
+  c.messages.push_back(make_message(role::tool, s));
+  c.messages.push_back(make_message(role::user, s));
+  if (prefix) c.messages.push_back(make_message(role::assistant, s, s, true));
   return c;
 }
 }  // namespace
