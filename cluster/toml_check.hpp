@@ -106,6 +106,15 @@ public:
     error(parent.source(), join_path(path, key), "missing required key", std::move(hint));
   }
 
+  /// The node under `key`, or nullptr when it is absent (reported if `required`).
+  const toml::node* field(const toml::table& parent, std::string_view path,
+                          std::string_view key, bool required, std::string hint_if_missing) {
+    auto* n = parent.get(key);
+    if (n == nullptr && required)
+      missing(parent, path, key, std::move(hint_if_missing));
+    return n;
+  }
+
   void wrong_type(const toml::node& n, std::string_view path, std::string_view expected,
                   std::string hint = {}) {
     error(n.source(), std::string(path),
@@ -115,13 +124,10 @@ public:
   // A table-valued key. Missing and required: an error; missing and optional: nullptr.
   const toml::table* table(const toml::table& parent, std::string_view path, std::string_view key,
                            bool required, std::string hint_if_missing = {}) {
-    auto* n = parent.get(key);
+    auto* n = field(parent, path, key, required, std::move(hint_if_missing));
     auto p = join_path(path, key);
-    if (n == nullptr) {
-      if (required)
-        missing(parent, path, key, std::move(hint_if_missing));
+    if (n == nullptr)
       return nullptr;
-    }
     if (auto* t = n->as_table())
       return t;
     wrong_type(*n, p, "a table", fmt::format("write a [{}] section", p));
@@ -131,13 +137,10 @@ public:
   std::optional<std::string> string(const toml::table& parent, std::string_view path,
                                     std::string_view key, bool required,
                                     std::string hint_if_missing = {}) {
-    auto* n = parent.get(key);
+    auto* n = field(parent, path, key, required, std::move(hint_if_missing));
     auto p = join_path(path, key);
-    if (n == nullptr) {
-      if (required)
-        missing(parent, path, key, std::move(hint_if_missing));
+    if (n == nullptr)
       return std::nullopt;
-    }
     if (auto* s = n->as_string()) {
       if (s->get().empty()) {
         error(n->source(), p, "must not be empty");
@@ -179,12 +182,9 @@ public:
   std::optional<std::int64_t> integer(const toml::table& parent, std::string_view path,
                                       std::string_view key, std::int64_t lo, std::int64_t hi,
                                       bool required, std::string hint_if_missing = {}) {
-    auto* n = parent.get(key);
-    if (n == nullptr) {
-      if (required)
-        missing(parent, path, key, std::move(hint_if_missing));
+    auto* n = field(parent, path, key, required, std::move(hint_if_missing));
+    if (n == nullptr)
       return std::nullopt;
-    }
     return integer_node(*n, join_path(path, key), lo, hi);
   }
 
@@ -219,13 +219,10 @@ public:
   std::optional<std::uint64_t> size(const toml::table& parent, std::string_view path,
                                     std::string_view key, bool required,
                                     std::string hint_if_missing = {}) {
-    auto* n = parent.get(key);
+    auto* n = field(parent, path, key, required, std::move(hint_if_missing));
     auto p = join_path(path, key);
-    if (n == nullptr) {
-      if (required)
-        missing(parent, path, key, std::move(hint_if_missing));
+    if (n == nullptr)
       return std::nullopt;
-    }
     if (auto* i = n->as_integer()) {
       if (i->get() < 0) {
         error(n->source(), p, "a size cannot be negative");
@@ -281,13 +278,10 @@ public:
                                          const std::vector<std::string_view>& candidates,
                                          std::string_view what, bool required,
                                          std::string hint_if_missing = {}) {
-    auto* n = parent.get(key);
+    auto* n = field(parent, path, key, required, std::move(hint_if_missing));
     auto p = join_path(path, key);
-    if (n == nullptr) {
-      if (required)
-        missing(parent, path, key, std::move(hint_if_missing));
+    if (n == nullptr)
       return std::nullopt;
-    }
     return choice_node(*n, p, candidates, what);
   }
 
