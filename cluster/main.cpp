@@ -3,6 +3,7 @@
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
 #include "cluster/sim/sim_command.hpp"
+#include "cluster/sim/swarm.hpp"
 #include "cluster/topology.hpp"
 
 #include <CLI/CLI.hpp>
@@ -212,13 +213,38 @@ int main(int argc, char** argv) {
                   "a fault plan (TOML, docs/faults.md): validated against the topology and "
                   "injected (fail of a gpu or an instance; other kinds are listed as not "
                   "injected yet) and listed in the report's faults timeline");
+  std::uint64_t swarm_seed = 0;
+  auto* swarm_seed_opt = sim->add_option(
+    "--swarm-seed", swarm_seed,
+    "replay seed S of `troupe swarm`: its drawn workload, fault plan and bound");
+  swarm_seed_opt->excludes(trace_opt)->excludes(workload_opt);
+  // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
+  sim->add_flag("--plant-bug", sim_opts.plant_bug)->group("");
   sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");
   sim->add_flag("--json", sim_opts.json, "print report.json instead of the summary");
   sim->add_flag("--strict", sim_opts.strict, "a bad trace line is fatal");
   sim->callback([&] {
     if (sim_limit > 0)
       sim_opts.limit = sim_limit;
+    if (swarm_seed_opt->count() > 0)
+      sim_opts.swarm_seed = swarm_seed;
     rc = troupe::cluster::sim::run_sim_command(sim_opts, std::cout, std::cerr);
+  });
+
+  troupe::cluster::sim::swarm_command_options swarm_opts;
+  swarm_opts.program = argv[0];
+  auto* swarm = app.add_subcommand(
+    "swarm", "run many seeds, each with a fault plan and workload drawn from the seed; check "
+             "invariants; print the replay command of every failing seed");
+  swarm->add_option("TOPOLOGY", swarm_opts.topology, "a topology file (TOML)")->required();
+  swarm->add_option("--seeds", swarm_opts.seeds, "seeds A..B, inclusive (default 0..99)");
+  swarm->add_option("--jobs", swarm_opts.jobs, "threads (default 1)")
+    ->check(CLI::Range(1u, 1024u));
+  swarm->add_flag("--quiet", swarm_opts.quiet, "no progress lines");
+  // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
+  swarm->add_flag("--plant-bug", swarm_opts.plant_bug)->group("");
+  swarm->callback([&] {
+    rc = troupe::cluster::sim::run_swarm_command(swarm_opts, std::cout, std::cerr);
   });
 
   CLI11_PARSE(app, argc, argv);

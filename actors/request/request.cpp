@@ -104,6 +104,10 @@ void reroute(request_ptr self, const std::string& phase, const std::string& why)
   auto& st = self->state;
   auto& o = st.outcome;
   ++o.reroutes;
+  if (st.services.test_drop_on_reroute) {
+    finish(self, ""); // the planted bug: claims completion with the stream cut short
+    return;
+  }
   if (o.reroutes > st.services.max_reroutes) {
     finish(self, phase + ": " + why + "; gave up after "
                    + std::to_string(st.services.max_reroutes) + " reroutes");

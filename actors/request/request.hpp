@@ -126,6 +126,9 @@ struct request_services {
   /// Decode reports delivered tokens every this many tokens (0: only at the end, so a decode
   /// failure would lose the count: do not use 0 with faults).
   std::uint64_t progress_every = 16;
+  /// TEST ONLY (sim_params::test_drop_on_reroute): a planted bug — on a reroute the request
+  /// drops the rest of its stream and reports itself completed.
+  bool test_drop_on_reroute = false;
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.

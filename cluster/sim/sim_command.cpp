@@ -3,6 +3,7 @@
 #include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/report_html.hpp"
 #include "cluster/sim/simulation.hpp"
+#include "cluster/sim/swarm.hpp"
 #include "cluster/sim/trace.hpp"
 #include "cluster/sim/workload.hpp"
 #include "runtime/random.hpp"
@@ -52,7 +53,17 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
 
   // The workload.
   std::vector<request_record> records;
-  if (!o.trace.empty()) {
+  nlohmann::json faults;
+  if (o.swarm_seed) {
+    // A swarm seed brings its own workload, plan, seed and bound.
+    auto c = draw_swarm_case(*topo.value, *o.swarm_seed, o.plant_bug);
+    records = std::move(c.records);
+    options = std::move(c.options);
+    faults = {{"plan", "swarm seed " + std::to_string(*o.swarm_seed)},
+              {"drawn", c.drawn},
+              {"injected", false},
+              {"timeline", to_json(options.faults)}};
+  } else if (!o.trace.empty()) {
     load_options lo;
     lo.speedup = o.speedup;
     lo.strict = o.strict;
@@ -116,8 +127,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   // The fault plan: validated and expanded up to the horizon (--until, or the last arrival),
   // injected into the run (fail of a gpu or an instance; other kinds are listed as not
   // injected yet) and listed in the report.
-  nlohmann::json faults;
-  if (!o.faults.empty()) {
+  if (!o.swarm_seed && !o.faults.empty()) {
     fault_limits limits;
     limits.store_shards = options.params.kv_shards;
     auto plan = load_fault_plan(o.faults, *topo.value, limits);
@@ -144,6 +154,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   bool tty = isatty(fileno(stderr)) != 0;
   auto wall_start = std::chrono::steady_clock::now();
   std::size_t next_tenth = 1;
+  options.params.test_drop_on_reroute = options.params.test_drop_on_reroute || o.plant_bug;
   if (!o.quiet)
     options.progress = [&](const sim_progress_info& p) {
       auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)
@@ -203,6 +214,12 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
       err << v.to_string() << "\n";
     err << "troupe sim: " << result.invariants.violations.size()
         << " invariant violation(s) in " << result.invariants.checked << " requests\n";
+    return 2;
+  }
+  if (o.swarm_seed && !result.finished) {
+    err << "troupe sim: liveness: "
+        << result.report["requests"].value("unfinished", std::uint64_t{0})
+        << " request(s) still unfinished at the swarm's bound\n";
     return 2;
   }
   return 0;

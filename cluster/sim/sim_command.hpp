@@ -31,6 +31,12 @@ struct sim_command_options {
   /// A fault plan (TOML) to validate against the topology, inject (fail of a gpu or an
   /// instance; other kinds not yet) and list in the report's `faults` timeline.
   std::string faults;
+  /// Replays `troupe swarm`'s seed S: its drawn workload, fault plan, seed and liveness bound
+  /// (cluster/sim/swarm.hpp) instead of --trace / --workload / --faults / --seed / --until.
+  /// Requests still unfinished at the bound are a failure (exit 2), as in the swarm.
+  std::optional<std::uint64_t> swarm_seed;
+  /// TEST ONLY: sim_params::test_drop_on_reroute (hidden `--plant-bug`).
+  bool plant_bug = false;
 };
 
 /// Runs the command; the summary (or JSON) goes to `out`, diagnostics and progress to `err`.

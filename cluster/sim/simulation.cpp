@@ -435,6 +435,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   services.max_reroutes = p.max_reroutes;
   services.retry_interval = p.retry_interval;
   services.progress_every = p.progress_every;
+  services.test_drop_on_reroute = p.test_drop_on_reroute;
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.

@@ -62,6 +62,11 @@ struct sim_params {
   runtime::duration retry_interval = std::chrono::seconds(1);
   /// Decode reports delivered tokens to the request every this many tokens.
   std::uint64_t progress_every = 16;
+  /// TEST ONLY — a planted bug that proves the invariant checker and the swarm catch lost
+  /// requests: on a reroute, a request drops the rest of its stream and reports itself
+  /// completed. Reachable from the CLI only through the hidden `--plant-bug` flag of
+  /// `troupe sim` / `troupe swarm` (docs/faults.md, "Swarm"). Never set it otherwise.
+  bool test_drop_on_reroute = false;
 };
 
 /// How to run.

@@ -1,0 +1,257 @@
+#include "cluster/sim/swarm.hpp"
+
+#include "cluster/sim/workload.hpp"
+#include "runtime/random.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+namespace troupe::cluster::sim {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+runtime::duration seconds_between(runtime::rng& r, std::int64_t lo, std::int64_t hi) {
+  return std::chrono::duration_cast<runtime::duration>(std::chrono::seconds{r.between(lo, hi)});
+}
+
+fault_place place_of(const pool_spec& pool, std::uint32_t instance) {
+  fault_place p;
+  p.pool = pool.name;
+  p.instance = instance;
+  p.initial_instances = pool.instances.initial;
+  p.gpus_per_instance = pool.gpus_per_instance;
+  return p;
+}
+
+} // namespace
+
+swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_bug) {
+  swarm_case c;
+  c.seed = seed;
+  auto root = runtime::rng{seed}.split("swarm");
+
+  // The workload: a minute or two of chat and agent sessions at a small rate.
+  auto wr = root.split("workload");
+  auto knobs = root.split("workload-knobs");
+  mixed_params wp;
+  wp.rate = 0.5 + 1.5 * knobs.uniform();
+  wp.duration = seconds_between(knobs, 60, 120);
+  wp.agent_share = knobs.uniform() * 0.6;
+  // Short agent sessions: a swarm seed should run in well under a second.
+  wp.agent.mean_steps = 4;
+  auto w = generate_mixed(wp, wr);
+  c.records = std::move(w.records);
+  c.options.params.image_tokens = wp.chat.image_tokens;
+
+  // The plan (BUGGIFY-style): the seed switches each injectable kind on or off, then draws
+  // how many faults, when and on what.
+  auto pr = root.split("plan");
+  std::vector<const pool_spec*> all, decode;
+  for (const auto& p : topo.pools) {
+    if (p.instances.initial == 0)
+      continue;
+    all.push_back(&p);
+    if (p.role == pool_role::decode)
+      decode.push_back(&p);
+  }
+  bool gpu_fail = pr.chance(0.6), instance_fail = pr.chance(0.4),
+       drain = !decode.empty() && pr.chance(0.3);
+  std::vector<int> kinds; // 0 gpu fail, 1 instance fail, 2 decode drain
+  if (gpu_fail)
+    kinds.push_back(0);
+  if (instance_fail)
+    kinds.push_back(1);
+  if (drain)
+    kinds.push_back(2);
+  auto count = kinds.empty() || all.empty() ? 0 : pr.between(0, 4);
+  // Faults fall while requests arrive and a little after.
+  auto window = std::chrono::duration_cast<std::chrono::seconds>(wp.duration).count() + 30;
+  for (std::int64_t i = 0; i < count; ++i) {
+    fault f;
+    f.at = seconds_between(pr, 0, window);
+    f.entry = static_cast<std::size_t>(i);
+    f.line = 0;
+    f.note = "swarm seed " + std::to_string(seed);
+    switch (kinds[pr.below(kinds.size())]) {
+      case 0: {
+        auto& pool = *all[pr.below(all.size())];
+        f.kind = fault_kind::fail;
+        f.target.kind = target_kind::gpu;
+        f.target.place = place_of(pool, static_cast<std::uint32_t>(pr.below(pool.instances.initial)));
+        f.target.place.rank = static_cast<std::uint32_t>(pr.below(pool.gpus_per_instance));
+        break;
+      }
+      case 1: {
+        auto& pool = *all[pr.below(all.size())];
+        f.kind = fault_kind::fail;
+        f.target.kind = target_kind::instance;
+        f.target.place = place_of(pool, static_cast<std::uint32_t>(pr.below(pool.instances.initial)));
+        break;
+      }
+      default: {
+        auto& pool = *decode[pr.below(decode.size())];
+        f.kind = fault_kind::drain;
+        f.target.kind = target_kind::instance;
+        f.target.place = place_of(pool, static_cast<std::uint32_t>(pr.below(pool.instances.initial)));
+        f.grace = seconds_between(pr, 1, 90);
+        break;
+      }
+    }
+    c.options.faults.push_back(std::move(f));
+  }
+  std::stable_sort(c.options.faults.begin(), c.options.faults.end(),
+                   [](const fault& a, const fault& b) { return a.at < b.at; });
+
+  c.options.seed = seed;
+  c.options.params.test_drop_on_reroute = plant_bug;
+  // The liveness bound: every request has ended by its deadline, restarts included, long
+  // before this.
+  c.options.until = wp.duration + 30s + c.options.params.request_deadline
+                    + 4 * c.options.params.restart_time;
+  std::vector<std::string> enabled;
+  if (gpu_fail)
+    enabled.emplace_back("gpu fail");
+  if (instance_fail)
+    enabled.emplace_back("instance fail");
+  if (drain)
+    enabled.emplace_back("decode drain");
+  c.drawn = {{"seed", seed},
+             {"rate", wp.rate},
+             {"duration_s", runtime::to_seconds(wp.duration)},
+             {"agent_share", wp.agent_share},
+             {"requests", c.records.size()},
+             {"kinds", enabled},
+             {"faults", to_json(c.options.faults)},
+             {"until_s", runtime::to_seconds(*c.options.until)}};
+  return c;
+}
+
+std::vector<std::string> swarm_problems(const result<sim_outcome>& outcome) {
+  std::vector<std::string> out;
+  if (!outcome) {
+    out.push_back("run failed: " + outcome.error());
+    return out;
+  }
+  for (const auto& v : outcome->invariants.violations)
+    out.push_back(v.to_string());
+  if (!outcome->finished) {
+    auto unfinished = outcome->report["requests"].value("unfinished", std::uint64_t{0});
+    out.push_back("liveness: " + std::to_string(unfinished)
+                  + " request(s) still unfinished at the swarm's bound");
+  }
+  return out;
+}
+
+swarm_seed_result run_swarm_seed(const topology& topo, std::uint64_t seed, bool plant_bug) {
+  auto c = draw_swarm_case(topo, seed, plant_bug);
+  swarm_seed_result r;
+  r.seed = seed;
+  r.requests = c.records.size();
+  r.faults = c.options.faults.size();
+  if (c.records.empty())
+    return r; // nothing to run: trivially passes
+  auto outcome = run_simulation(topo, c.records, c.options);
+  r.problems = swarm_problems(outcome);
+  return r;
+}
+
+bool parse_seed_range(const std::string& text, std::uint64_t& first, std::uint64_t& last,
+                      std::string& error) {
+  auto number = [](std::string_view s, std::uint64_t& v) {
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return !s.empty() && ec == std::errc{} && p == s.data() + s.size();
+  };
+  auto dots = text.find("..");
+  std::string_view t{text};
+  bool ok = dots == std::string::npos
+              ? number(t, first) && (last = first, true)
+              : number(t.substr(0, dots), first) && number(t.substr(dots + 2), last);
+  if (!ok) {
+    error = "--seeds must be A..B or A (non-negative integers), not '" + text + "'";
+    return false;
+  }
+  if (first > last) {
+    error = "--seeds " + text + ": the first seed is after the last";
+    return false;
+  }
+  return true;
+}
+
+int run_swarm_command(const swarm_command_options& o, std::ostream& out, std::ostream& err) {
+  auto topo = load_topology(o.topology);
+  if (!topo.ok()) {
+    for (auto& d : topo.errors)
+      err << d.to_string() << "\n";
+    return 1;
+  }
+  std::uint64_t first = 0, last = 0;
+  std::string why;
+  if (!parse_seed_range(o.seeds, first, last, why)) {
+    err << "troupe swarm: " << why << "\n";
+    return 1;
+  }
+  if (o.jobs == 0) {
+    err << "troupe swarm: --jobs must be at least 1\n";
+    return 1;
+  }
+  auto total = last - first + 1;
+  std::vector<swarm_seed_result> results(total);
+  std::atomic<std::uint64_t> next{0}, done{0};
+  std::mutex io;
+  auto wall_start = std::chrono::steady_clock::now();
+  std::uint64_t next_tenth = 1;
+  auto worker = [&] {
+    for (;;) {
+      auto i = next.fetch_add(1);
+      if (i >= total)
+        return;
+      results[i] = run_swarm_seed(*topo.value, first + i, o.plant_bug);
+      auto n = done.fetch_add(1) + 1;
+      std::lock_guard lock{io};
+      if (!results[i].passed())
+        err << "seed " << first + i << ": FAILED (" << results[i].problems.front() << ")\n";
+      if (!o.quiet && n * 10 >= next_tenth * total) {
+        auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)
+                      .count();
+        err << "swarm: " << n << "/" << total << " seeds  " << static_cast<long long>(wall)
+            << " s wall\n";
+        while (n * 10 >= next_tenth * total)
+          ++next_tenth;
+      }
+    }
+  };
+  auto jobs = static_cast<unsigned>(std::min<std::uint64_t>(o.jobs, total));
+  std::vector<std::thread> threads;
+  for (unsigned j = 1; j < jobs; ++j)
+    threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads)
+    t.join();
+
+  std::uint64_t failed = 0;
+  for (auto& r : results)
+    failed += r.passed() ? 0 : 1;
+  auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  out << (total - failed) << " passed, " << failed << " failed";
+  if (!o.quiet && wall > 0)
+    out << "  (" << static_cast<long long>(static_cast<double>(total) / wall * 60)
+        << " seeds/min)";
+  out << "\n";
+  for (auto& r : results) {
+    if (r.passed())
+      continue;
+    out << "seed " << r.seed << ": " << r.problems.size() << " problem(s), first: "
+        << r.problems.front() << "\n";
+    out << "  replay: " << o.program << " sim " << o.topology << " --swarm-seed " << r.seed
+        << (o.plant_bug ? " --plant-bug" : "") << "\n";
+  }
+  return failed == 0 ? 0 : 2;
+}
+
+} // namespace troupe::cluster::sim

@@ -1,0 +1,183 @@
+// Tests of cluster/sim/swarm: seeded fault plans and workloads, the verdict, the planted bug.
+#include "cluster/sim/sim_command.hpp"
+#include "cluster/sim/swarm.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+#include <thread>
+
+using namespace troupe;
+using namespace troupe::cluster;
+using namespace troupe::cluster::sim;
+
+namespace {
+
+const std::string small = std::string{TROUPE_SOURCE_DIR} + "/examples/topologies/small.toml";
+
+topology load_small() {
+  auto t = load_topology(small);
+  REQUIRE(t.ok());
+  return *t.value;
+}
+
+// The first seed from `from` whose planted-bug run fails (a request was rerouted).
+std::uint64_t first_caught_seed(const topology& topo, std::uint64_t from) {
+  for (std::uint64_t s = from; s < from + 60; ++s)
+    if (!run_swarm_seed(topo, s, true).passed())
+      return s;
+  FAIL("no seed in 60 rerouted a request");
+  return 0;
+}
+
+} // namespace
+
+TEST_CASE("a swarm seed draws the same workload and plan every time, another seed another") {
+  auto topo = load_small();
+  for (std::uint64_t seed : {0u, 1u, 7u, 123456u}) {
+    CAPTURE(seed);
+    auto a = draw_swarm_case(topo, seed);
+    auto b = draw_swarm_case(topo, seed);
+    CHECK(a.records == b.records);
+    CHECK(to_json(a.options.faults) == to_json(b.options.faults));
+    CHECK(a.drawn == b.drawn);
+    CHECK(a.options.seed == seed);
+    CHECK_FALSE(a.records.empty());
+    CHECK_FALSE(a.options.params.test_drop_on_reroute);
+  }
+  CHECK(draw_swarm_case(topo, 1).records != draw_swarm_case(topo, 2).records);
+}
+
+TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and vary") {
+  auto topo = load_small();
+  std::size_t faults = 0, drains = 0, gpus = 0, instances = 0, empty = 0;
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    auto c = draw_swarm_case(topo, seed);
+    empty += c.options.faults.empty() ? 1 : 0;
+    runtime::duration last{0};
+    for (auto& f : c.options.faults) {
+      ++faults;
+      CHECK(f.at >= last); // ordered by time
+      last = f.at;
+      REQUIRE(f.target.place.instance);
+      const pool_spec* pool = nullptr;
+      for (auto& p : topo.pools)
+        if (p.name == f.target.place.pool)
+          pool = &p;
+      REQUIRE(pool != nullptr);
+      CHECK(*f.target.place.instance < pool->instances.initial);
+      if (f.kind == fault_kind::drain) {
+        ++drains;
+        CHECK(pool->role == pool_role::decode);
+        CHECK(f.target.kind == target_kind::instance);
+        CHECK(f.grace > runtime::duration{0});
+      } else {
+        REQUIRE(f.kind == fault_kind::fail);
+        if (f.target.kind == target_kind::gpu) {
+          ++gpus;
+          REQUIRE(f.target.place.rank);
+          CHECK(*f.target.place.rank < pool->gpus_per_instance);
+        } else {
+          ++instances;
+          CHECK(f.target.kind == target_kind::instance);
+        }
+      }
+    }
+  }
+  CHECK(faults > 200);
+  CHECK(drains > 0);
+  CHECK(gpus > 0);
+  CHECK(instances > 0);
+  CHECK(empty > 0); // some seeds run fault-free
+}
+
+TEST_CASE("a swarm seed gives the same report on parallel threads as alone") {
+  auto topo = load_small();
+  std::vector<std::string> alone, parallel(4);
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    auto c = draw_swarm_case(topo, s);
+    auto out = run_simulation(topo, c.records, c.options);
+    REQUIRE(out.ok());
+    alone.push_back(out->report.dump());
+  }
+  std::vector<std::thread> threads;
+  for (std::uint64_t s = 0; s < 4; ++s)
+    threads.emplace_back([&, s] {
+      auto c = draw_swarm_case(topo, s);
+      auto out = run_simulation(topo, c.records, c.options);
+      parallel[s] = out.ok() ? out->report.dump() : out.error();
+    });
+  for (auto& t : threads)
+    t.join();
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    CHECK(alone[s] == parallel[s]);
+  }
+}
+
+TEST_CASE("seed ranges parse") {
+  std::uint64_t a = 0, b = 0;
+  std::string e;
+  CHECK(parse_seed_range("3..17", a, b, e));
+  CHECK(a == 3);
+  CHECK(b == 17);
+  CHECK(parse_seed_range("5", a, b, e));
+  CHECK(a == 5);
+  CHECK(b == 5);
+  CHECK_FALSE(parse_seed_range("9..2", a, b, e));
+  CHECK_FALSE(parse_seed_range("x..2", a, b, e));
+  CHECK_FALSE(parse_seed_range("1..", a, b, e));
+}
+
+TEST_CASE("the planted bug is caught by the checker and the swarm, and its seed replays it") {
+  auto topo = load_small();
+  auto seed = first_caught_seed(topo, 0);
+  CAPTURE(seed);
+
+  // Without the bug the same seed passes; with it, the checker names the dropped requests.
+  CHECK(run_swarm_seed(topo, seed, false).passed());
+  auto c = draw_swarm_case(topo, seed, true);
+  auto out = run_simulation(topo, c.records, c.options);
+  REQUIRE(out.ok());
+  REQUIRE_FALSE(out->invariants.ok());
+  auto problems = swarm_problems(out);
+  CHECK(problems.front().find("completed") != std::string::npos);
+
+  // The swarm over a range holding the seed reports it with its replay command.
+  swarm_command_options so;
+  so.topology = small;
+  so.seeds = std::to_string(seed) + ".." + std::to_string(seed + 1);
+  so.jobs = 2;
+  so.plant_bug = true;
+  so.quiet = true;
+  std::ostringstream sout, serr;
+  CHECK(run_swarm_command(so, sout, serr) == 2);
+  auto replay = "troupe sim " + small + " --swarm-seed " + std::to_string(seed) + " --plant-bug";
+  CHECK(sout.str().find(" failed") != std::string::npos);
+  CHECK(sout.str().find(replay) != std::string::npos);
+
+  // The replay (what that command runs) reproduces the same violations exactly, twice.
+  for (int i = 0; i < 2; ++i) {
+    sim_command_options r;
+    r.topology = small;
+    r.swarm_seed = seed;
+    r.plant_bug = true;
+    r.quiet = true;
+    std::ostringstream rout, rerr;
+    CHECK(run_sim_command(r, rout, rerr) == 2);
+    for (auto& p : problems)
+      CHECK(rerr.str().find(p + "\n") != std::string::npos);
+  }
+}
+
+TEST_CASE("a clean swarm over a few seeds passes") {
+  swarm_command_options so;
+  so.topology = small;
+  so.seeds = "0..5";
+  so.jobs = 2;
+  so.quiet = true;
+  std::ostringstream out, err;
+  CHECK(run_swarm_command(so, out, err) == 0);
+  CHECK(out.str().rfind("6 passed, 0 failed", 0) == 0);
+}
