@@ -79,8 +79,9 @@ struct sim_options {
   std::function<void(const struct sim_progress_info&)> progress;
   runtime::duration progress_every = std::chrono::seconds(10);
   /// The expanded fault timeline to inject (times since the start of the run). Injected
-  /// today: `fail` of a gpu or an instance; the others are listed as not injected yet. With
-  /// faults, the report gets `faults` = {injected, timeline (each entry marked), ...}.
+  /// today: `fail` of a gpu or an instance and `drain` of a decode instance; the other kinds
+  /// are listed as not injected yet. With faults, the report gets `faults` = {injected,
+  /// timeline (each entry marked), ...}.
   std::vector<fault> faults;
 };
 
