@@ -3,9 +3,9 @@
 // encoder's own positions, whatever the conversation text spells.
 #include "recipe/prompt.hpp"
 #include "recipe/tokenizer.hpp"
+#include "recipe_fixture.hpp"
 
 #include <doctest/doctest.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -19,26 +19,10 @@ using namespace troupe::recipe;
 using json = nlohmann::ordered_json;  // keeps the key order of tool parameters
 
 namespace {
-const tokenizer& v4() {
-  static const tokenizer t =
-      tokenizer::from_file(std::string(TROUPE_SOURCE_DIR) + "/recipe/data/deepseek-v4/tokenizer.json.gz");
-  return t;
-}
+using testing::v4;
 
 std::vector<json> golden() {
-  const std::string path = std::string(TROUPE_SOURCE_DIR) + "/tests/recipe/golden/prompts.v4.jsonl.gz";
-  gzFile f = gzopen(path.c_str(), "rb");
-  REQUIRE(f != nullptr);
-  std::string all;
-  std::array<char, 1 << 16> buf{};
-  int n = 0;
-  while ((n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()))) > 0) all.append(buf.data(), n);
-  gzclose(f);
-  std::vector<json> out;
-  std::istringstream in(all);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
+  return testing::json_records(testing::golden_path("prompts.v4.jsonl.gz"));
 }
 
 conversation from_json(const json& j) {

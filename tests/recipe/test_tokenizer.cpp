@@ -2,6 +2,7 @@
 // tokenizers 0.23.3), the three added-token modes, invalid UTF-8, decode and the incremental
 // detokenizer.
 #include "recipe/tokenizer.hpp"
+#include "recipe_fixture.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,11 +13,7 @@
 using namespace troupe::recipe;
 
 namespace {
-const tokenizer& v4() {
-  static const tokenizer t =
-      tokenizer::from_file(std::string(TROUPE_SOURCE_DIR) + "/recipe/data/deepseek-v4/tokenizer.json.gz");
-  return t;
-}
+using testing::v4;
 using ids = std::vector<token_id>;
 }  // namespace
 

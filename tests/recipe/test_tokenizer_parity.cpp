@@ -2,9 +2,9 @@
 // tools/tokenizer_corpus.py and tools/tokenizer_golden.py): every record's ids in the plain,
 // trusted and raw modes, decode of every single id, and decode(encode(x)) == x. No Python.
 #include "recipe/tokenizer.hpp"
+#include "recipe_fixture.hpp"
 
 #include <doctest/doctest.h>
-#include <zlib.h>
 
 #include <array>
 #include <chrono>
@@ -18,17 +18,7 @@ using namespace troupe::recipe;
 namespace {
 const std::string golden = std::string(TROUPE_SOURCE_DIR) + "/tests/recipe/golden/";
 
-std::string gunzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  REQUIRE_MESSAGE(f != nullptr, "cannot open ", path);
-  std::string out;
-  std::array<char, 1 << 16> buf;
-  int n;
-  while ((n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()))) > 0)
-    out.append(buf.data(), static_cast<std::size_t>(n));
-  gzclose(f);
-  return out;
-}
+using testing::gunzip;
 
 std::vector<std::string> json_lines(const std::string& path) {
   std::vector<std::string> out;
@@ -74,11 +64,7 @@ std::string show(const std::vector<token_id>& v, std::size_t from, std::size_t n
   return s;
 }
 
-const tokenizer& v4() {
-  static const tokenizer t =
-      tokenizer::from_file(std::string(TROUPE_SOURCE_DIR) + "/recipe/data/deepseek-v4/tokenizer.json.gz");
-  return t;
-}
+using testing::v4;
 
 void check_mode(const char* name, encode_mode mode) {
   const auto corpus = json_lines(golden + "corpus.jsonl.gz");
