@@ -28,6 +28,7 @@ import transformers
 from safetensors.torch import save_file
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+ORACLE_SHA256 = {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -489,7 +490,8 @@ def run_config(name, spec, out_root, cfg_mod, modeling, tokenizer):
             "primes": [list(map(int, [p for per in layer for p in per])) for layer in hs.layout.primes],
             "offsets": hs.offsets.tolist(),
         }, indent=1) + "\n")
-    meta["oracle"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    meta["oracle"] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                      "files_sha256": ORACLE_SHA256}
     (directory / "golden.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     print(name, json.dumps(meta["prompts"]))
     worst = max(max(p["max_abs_diff_full_vs_prefill"], p["max_abs_diff_full_vs_decode"]) for p in meta["prompts"])
@@ -509,6 +511,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg_mod, modeling = load_oracle(args.oracle.resolve())
+    for stem in ("configuration_deepseek_v41", "modeling_deepseek_v41"):
+        ORACLE_SHA256[f"{stem}.py"] = hashlib.sha256((args.oracle / f"{stem}.py").read_bytes()).hexdigest()
     tokenizer = build_tokenizer()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or CONFIGS:
