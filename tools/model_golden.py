@@ -546,9 +546,9 @@ def load_released(directory, modeling):
     return out
 
 
-def check_model_dir(directory, cfg_mod, modeling):
-    """Loads a model directory written by `troupe model init` into the reference (strict: every
-    parameter present, no extra tensor, same shapes) and runs a short prompt with a decode step."""
+def reference_from_dir(directory, cfg_mod, modeling):
+    """The reference model with a model directory's weights, loaded strictly (every parameter
+    present, no extra tensor, same shapes). Returns (model, number of tensors loaded)."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
@@ -568,14 +568,22 @@ def check_model_dir(directory, cfg_mod, modeling):
     model.load_state_dict(weights, strict=True)
     if tokenizer is not None:
         model.model.bind_tokenizer(tokenizer)
-    ids = torch.arange(3, 3 + 12)[None] % text["vocab_size"]
+    return model, len(weights)
+
+
+def check_model_dir(directory, cfg_mod, modeling):
+    """Loads a model directory written by `troupe model init` into the reference and runs a
+    short prompt with a decode step."""
+    model, loaded = reference_from_dir(directory, cfg_mod, modeling)
+    vocab = model.config.vocab_size
+    ids = torch.arange(3, 3 + 12)[None] % vocab
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         step = model(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
     logits = torch.cat([out.logits, step.logits], dim=1)
     assert torch.isfinite(logits).all(), "non-finite logits"
     n = sum(p.numel() for p in model.parameters())
-    print(f"{directory}: the reference loads all {len(weights)} tensors ({n / 1e6:.1f} M parameters) strictly; "
+    print(f"{directory}: the reference loads all {loaded} tensors ({n / 1e6:.1f} M parameters) strictly; "
           f"logits finite, std {logits.std().item():.3f}")
 
 
