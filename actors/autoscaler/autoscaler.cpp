@@ -162,7 +162,7 @@ void finish_prefill(autoscaler_ptr self, std::size_t pool, instance_id id, caf::
         auto& ps = self->state.pools[pool];
         self->request(ps.supervisor, caf::infinite, runtime::stop_child_atom::value,
                       child_name(ps, id))
-          .then([self, pool, id](caf::unit_t) {
+          .then([self, pool, id]() {
             event(self, self->state.pools[pool].spec.name, id, "removed");
           },
                 [](const caf::error&) {});
@@ -194,7 +194,7 @@ void remove_instance(autoscaler_ptr self, std::size_t pool, instance_id id) {
                   self->request(ps.supervisor, caf::infinite, runtime::stop_child_atom::value,
                                 child_name(ps, id))
                     .then(
-                      [self, pool, id, forwarded](caf::unit_t) {
+                      [self, pool, id, forwarded]() {
                         event(self, self->state.pools[pool].spec.name, id, "removed",
                               fmt::format("{} forwarded", forwarded));
                       },
@@ -243,10 +243,12 @@ void decide_and_act(autoscaler_ptr self) {
     in.pools.push_back(std::move(pi));
   }
   auto d = decide_scale(in, p.limits);
+  // Decisions that change a pool at info level, holds at debug.
   auto logger = runtime::log::get("autoscaler");
   for (std::size_t k = 0; k < d.pools.size(); ++k) {
     auto& i = in.pools[k];
-    logger->info("{}: demand {:.6g}, online {}, starting {}, draining {}, occupancy {:.3g}%, "
+    auto level = d.pools[k].up + d.pools[k].down > 0 ? spdlog::level::info : spdlog::level::debug;
+    logger->log(level, "{}: demand {:.6g}, online {}, starting {}, draining {}, occupancy {:.3g}%, "
                  "inventory {} ready / {} refilling -> target {}: {}",
                  i.pool, i.demand, i.online, i.starting, i.draining, d.occupancy * 100,
                  in.inventory_ready, in.inventory_refilling, d.pools[k].target,
