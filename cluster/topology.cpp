@@ -388,8 +388,8 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
     return;
   const std::string p = "autoscaler";
   c.check_keys(*tbl, p,
-               {"enabled", "interval", "max_step_up", "max_step_down", "over_provision",
-                "ready_inventory", "quota", "scale_down_occupancy_limit", "inventory_join",
+               {"interval", "max_step_up", "max_step_down", "over_provision", "ready_inventory",
+                "quota", "scale_down_occupancy_limit", "enabled", "inventory_join",
                 "inventory_refill"});
   if (auto b = c.boolean(*tbl, p, "enabled"))
     a.enabled = *b;
