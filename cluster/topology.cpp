@@ -374,6 +374,7 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
   a.enabled = false;
   a.inventory_join = std::chrono::seconds{10};
   a.inventory_refill = std::chrono::minutes{5};
+  a.scale_down_after = std::chrono::seconds{60};
   std::uint64_t min_gpus = 0;
   std::uint64_t initial_gpus = 0;
   std::uint64_t max_gpus = 0;
@@ -390,7 +391,7 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
   c.check_keys(*tbl, p,
                {"interval", "max_step_up", "max_step_down", "over_provision", "ready_inventory",
                 "quota", "scale_down_occupancy_limit", "enabled", "inventory_join",
-                "inventory_refill"});
+                "inventory_refill", "scale_down_after"});
   if (auto b = c.boolean(*tbl, p, "enabled"))
     a.enabled = *b;
   if (auto d = c.duration(*tbl, p, "interval"))
@@ -399,6 +400,8 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
     a.inventory_join = *d;
   if (auto d = c.duration(*tbl, p, "inventory_refill"))
     a.inventory_refill = *d;
+  if (auto d = c.duration(*tbl, p, "scale_down_after", true))
+    a.scale_down_after = *d;
   if (auto v = c.integer(*tbl, p, "max_step_up", 1, max_instances, false))
     a.max_step_up = static_cast<std::uint32_t>(*v);
   if (auto v = c.integer(*tbl, p, "max_step_down", 1, max_instances, false))
@@ -715,6 +718,8 @@ std::string describe(const topology& t) {
   line("  occupancy at initial size   {} / {} GPUs = {:.1f}%", s.initial_gpus, s.quota,
        s.initial_occupancy * 100);
   line("  scale-down occupancy limit  {:g}%", a.scale_down_occupancy_limit * 100);
+  line("  scale-down delay            {} of wanting fewer instances",
+       runtime::format_duration(a.scale_down_after));
   line("");
   if (t.nodes.empty()) {
     line("nodes       none (the simulated world places the pools)");

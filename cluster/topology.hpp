@@ -101,6 +101,7 @@ struct autoscaler_spec {
   double scale_down_occupancy_limit = 0.8; // no scale-down while occupancy exceeds it, (0, 1]
   caf::timespan inventory_join{0};         // a ready instance starts serving after this, > 0
   caf::timespan inventory_refill{0};       // an instance from the quota is ready after this, > 0
+  caf::timespan scale_down_after{0};       // desired below current this long before shrinking, ≥ 0
 };
 
 /// [[node]]: one machine of a real deployment.

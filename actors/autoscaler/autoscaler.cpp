@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace troupe::actors {
@@ -38,8 +39,10 @@ scale_decision decide_scale(const scale_inputs& in, const scale_limits& limits) 
                                       - 1e-9)));
     d.desired = std::clamp(wanted, p.min, p.max);
     d.current = p.online + p.starting;
-    std::string why = fmt::format("need {} = ceil({:.6g} / {:.6g} per instance), desired {}",
-                                  d.need, p.demand, p.capacity, d.desired);
+    std::string why
+      = fmt::format("need {} = ceil({:.6g} / {:.6g} per instance ({})), desired {}", d.need,
+                    p.demand, p.capacity, p.capacity_measured ? "measured" : "configured",
+                    d.desired);
     if (d.desired != wanted)
       why += fmt::format(" (bounds [{}, {}])", p.min, p.max);
     if (d.desired > d.current) {
@@ -66,6 +69,11 @@ scale_decision decide_scale(const scale_inputs& in, const scale_limits& limits) 
       if (out.occupancy > limits.occupancy_limit) {
         why += fmt::format("; hold: occupancy {:.3g}% above {:.3g}% blocks scale-down",
                            out.occupancy * 100, limits.occupancy_limit * 100);
+      } else if (p.below_for < limits.scale_down_after) {
+        why += fmt::format("; hold: below current for {:.3g} s of the {:.3g} s before a "
+                           "scale-down",
+                           runtime::to_seconds(p.below_for),
+                           runtime::to_seconds(limits.scale_down_after));
       } else {
         auto want = d.current - d.desired;
         d.down = std::min({want, limits.max_step_down, p.online});
@@ -110,6 +118,8 @@ struct pool_state {
   std::uint32_t pending = 0;
   instance_id next_id = 0;
   pool_load load;
+  /// Since when the desired count has been below the current one (unset: it is not).
+  std::optional<runtime::time_point> below_since;
 };
 
 struct autoscaler_state {
@@ -118,6 +128,9 @@ struct autoscaler_state {
   std::uint32_t ready = 0;
   std::uint32_t refilling = 0;
   std::uint64_t last_routed = 0;
+  /// The prefill engines' work counters, summed at the current gathering.
+  std::uint64_t prefill_tokens = 0;
+  runtime::duration prefill_busy{0};
   /// Answers still awaited by the current gathering.
   int waiting = 0;
   static inline const char* name = "autoscaler";
@@ -230,6 +243,10 @@ void decide_and_act(autoscaler_ptr self) {
     pi.max = ps.spec.max;
     pi.gpus_per_instance = ps.spec.gpus_per_instance;
     pi.capacity = ps.spec.capacity;
+    if (!ps.spec.decode && st.prefill_busy >= p.measure_after && st.prefill_tokens > 0) {
+      pi.capacity = static_cast<double>(st.prefill_tokens) / runtime::to_seconds(st.prefill_busy);
+      pi.capacity_measured = true;
+    }
     if (ps.spec.decode) {
       pi.demand = static_cast<double>(ps.load.in_compute);
     } else {
@@ -240,6 +257,8 @@ void decide_and_act(autoscaler_ptr self) {
     pi.online = std::min(ps.load.online, staying);
     pi.starting = ps.pending + (staying - pi.online);
     pi.draining = static_cast<std::uint32_t>(ps.leaving.size());
+    if (ps.below_since)
+      pi.below_for = self->clock().now() - *ps.below_since;
     in.pools.push_back(std::move(pi));
   }
   auto d = decide_scale(in, p.limits);
@@ -258,6 +277,10 @@ void decide_and_act(autoscaler_ptr self) {
   for (std::size_t k = 0; k < d.pools.size(); ++k) {
     auto& ps = st.pools[k];
     auto& pd = d.pools[k];
+    if (pd.desired >= pd.current)
+      ps.below_since.reset();
+    else if (!ps.below_since)
+      ps.below_since = self->clock().now();
     for (std::uint32_t n = 0; n < pd.up; ++n) {
       auto id = ps.next_id++;
       ++ps.pending;
@@ -291,10 +314,35 @@ void gathered(autoscaler_ptr self) {
     decide_and_act(self);
 }
 
+/// Adds the work counters of the engine of prefill instance `node` to the measurement.
+void measure_prefill(autoscaler_ptr self, caf::actor node) {
+  ++self->state.waiting;
+  self->request(node, caf::infinite, runtime::which_children_atom::value)
+    .then(
+      [self](const std::vector<runtime::child_info>& children) {
+        for (auto& c : children)
+          if (c.id == "engine" && c.handle) {
+            ++self->state.waiting;
+            self->request(c.handle, caf::infinite, engine_stats_atom::value)
+              .then(
+                [self](const engine_stats& s) {
+                  self->state.prefill_tokens += s.tokens;
+                  self->state.prefill_busy += s.busy;
+                  gathered(self);
+                },
+                [self](const caf::error&) { gathered(self); });
+          }
+        gathered(self);
+      },
+      [self](const caf::error&) { gathered(self); });
+}
+
 /// Asks every source of the decision's inputs; decides when the last answer is in.
 void gather(autoscaler_ptr self) {
   auto& st = self->state;
   st.waiting = 1;
+  st.prefill_tokens = 0;
+  st.prefill_busy = runtime::duration{0};
   self->request(st.params.root, caf::infinite, runtime::which_children_atom::value)
     .then(
       [self](const std::vector<runtime::child_info>& pools) {
@@ -317,6 +365,10 @@ void gather(autoscaler_ptr self) {
                 for (auto& c : children)
                   if (c.id.rfind(prefix, 0) == 0)
                     ps.members[std::stoul(c.id.substr(prefix.size()))] = c.handle;
+                if (!ps.spec.decode)
+                  for (auto& [id, node] : ps.members)
+                    if (node)
+                      measure_prefill(self, node);
                 gathered(self);
               },
               [self](const caf::error&) { gathered(self); });

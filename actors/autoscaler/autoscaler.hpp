@@ -11,11 +11,13 @@
 //   - an added instance comes from the ready-but-unassigned inventory when one is ready
 //     (it joins in seconds), otherwise from the quota (minutes), and only while the GPUs held
 //     stay within the quota; a used inventory slot is refilled from the quota;
-//   - no scale-down while quota occupancy (GPUs held / quota) is above the limit (0.8).
+//   - no scale-down while quota occupancy (GPUs held / quota) is above the limit (0.8), nor
+//     before the desired count has stayed below the current one for `scale_down_after`.
 //
 // The `autoscaler` actor runs it every `interval`: it asks the cluster supervisor for the pool
-// supervisors and each of those for its instances (down, restarting ones included), asks
-// prefill_lb and decode_lb for their `pool_load`, decides, and acts through the pool
+// supervisors and each of those for its instances (down, restarting ones included), the
+// prefill engines for their work counters (the measured prefill capacity: tokens computed per
+// second of device time), prefill_lb and decode_lb for their `pool_load`, decides, and acts through the pool
 // supervisors: `start_child` with a fresh instance id to add (after the join or refill delay),
 // and to remove, for decode ALWAYS the drain path (the engine's leave notice: excluded from
 // decode_lb at once, serves for the pool's grace, forwards what is left with its KV, then
@@ -51,12 +53,17 @@ struct scale_pool_input {
   double demand = 0;
   /// What one instance serves, in the unit of `demand` (> 0).
   double capacity = 1;
+  /// Whether `capacity` was measured on the running engines (else it is the model's figure).
+  bool capacity_measured = false;
   /// Instances taking work.
   std::uint32_t online = 0;
   /// Instances ordered or restarting, not serving yet (they count as capacity to come).
   std::uint32_t starting = 0;
   /// Instances leaving (draining or finishing their work); not counted as capacity.
   std::uint32_t draining = 0;
+  /// How long the pool's desired count has been below its current one, without a break
+  /// (zero at the first such decision).
+  runtime::duration below_for{0};
 };
 
 struct scale_limits {
@@ -69,6 +76,9 @@ struct scale_limits {
   std::uint64_t quota = 0;
   /// Ready-but-unassigned instance slots to keep.
   std::uint32_t inventory = 0;
+  /// A pool shrinks only once its desired count has stayed below its current one this long
+  /// (a noisy demand does not make it go down and up again).
+  runtime::duration scale_down_after{0};
 };
 
 struct scale_inputs {
@@ -120,7 +130,9 @@ struct autoscaled_pool {
   std::uint32_t initial = 0;
   std::uint32_t max = 0;
   std::uint32_t gpus_per_instance = 1;
-  /// Per-instance capacity (see scale_pool_input::capacity).
+  /// Per-instance capacity (see scale_pool_input::capacity). For prefill this is the figure
+  /// used until the engines have run `measure_after` of device time; from then on the
+  /// measured one is: tokens computed per second of device time, over the live engines.
   double capacity = 1;
   /// Decode: the drain grace of a removed instance.
   runtime::duration grace{0};
@@ -168,6 +180,9 @@ struct autoscaler_params {
   autoscaled_pool decode;
   /// GPUs of pools the autoscaler does not manage (held all along).
   std::uint64_t fixed_gpus = 0;
+  /// Device time the prefill engines must have run before their measured throughput replaces
+  /// the configured capacity.
+  runtime::duration measure_after = std::chrono::seconds(1);
   /// Polling period while a removed prefill instance finishes its work.
   runtime::duration finish_poll = std::chrono::seconds(1);
   std::shared_ptr<autoscaler_log> log;

@@ -218,6 +218,19 @@ nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
   return series;
 }
 
+/// The autoscaler's limits from the topology.
+actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
+  actors::scale_limits l;
+  l.max_step_up = a.max_step_up;
+  l.max_step_down = a.max_step_down;
+  l.over_provision = a.over_provision;
+  l.occupancy_limit = a.scale_down_occupancy_limit;
+  l.quota = a.quota;
+  l.inventory = a.ready_inventory;
+  l.scale_down_after = a.scale_down_after;
+  return l;
+}
+
 /// The autoscaler's parameters from the topology. Per-instance capacities come from the
 /// performance model: a prefill instance computes `step_tokens` cache-missed tokens per full
 /// chunked-prefill step, a decode instance holds `max_batch` requests in compute.
@@ -232,8 +245,7 @@ actors::autoscaler_params autoscaler_params_for(
   const auto& a = topo.autoscaler;
   actors::autoscaler_params ap;
   ap.interval = a.interval;
-  ap.limits = actors::scale_limits{a.max_step_up,   a.max_step_down,   a.over_provision,
-                                   a.scale_down_occupancy_limit, a.quota, a.ready_inventory};
+  ap.limits = scale_limits_of(a);
   ap.join = a.inventory_join;
   ap.refill = a.inventory_refill;
   ap.root = std::move(cluster);
@@ -741,14 +753,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
   if (scale_log) {
     report["autoscaler"] = autoscaler_json(*scale_log, origin);
-    auto broken = check_autoscaler(*scale_log, actors::scale_limits{
-                                                 topo.autoscaler.max_step_up,
-                                                 topo.autoscaler.max_step_down,
-                                                 topo.autoscaler.over_provision,
-                                                 topo.autoscaler.scale_down_occupancy_limit,
-                                                 topo.autoscaler.quota,
-                                                 topo.autoscaler.ready_inventory},
-                                   origin);
+    auto broken = check_autoscaler(*scale_log, scale_limits_of(topo.autoscaler), origin);
     invariants.violations.insert(invariants.violations.end(), broken.begin(), broken.end());
   }
   report["invariants"] = invariants.to_json();

@@ -128,6 +128,23 @@ TEST_CASE("no scale-down while quota occupancy is above the limit") {
   CHECK(d.pools[0].up == 2);
 }
 
+TEST_CASE("a pool shrinks only after wanting fewer instances for scale_down_after") {
+  auto l = limits(2, 1);
+  l.scale_down_after = std::chrono::seconds(60);
+  auto p = pool(100, 100, 4);
+  auto d = decide_scale(inputs(p), l);
+  CHECK(d.pools[0].desired == 1);
+  CHECK(d.pools[0].down == 0);
+  CHECK(d.pools[0].reason.find("below current for 0 s of the 60 s") != std::string::npos);
+  p.below_for = std::chrono::seconds(50);
+  CHECK(decide_scale(inputs(p), l).pools[0].down == 0);
+  p.below_for = std::chrono::seconds(60);
+  CHECK(decide_scale(inputs(p), l).pools[0].down == 1);
+  // Growing is never delayed.
+  p = pool(800, 100, 4);
+  CHECK(decide_scale(inputs(p), l).pools[0].up == 2);
+}
+
 TEST_CASE("growth comes from the ready inventory first, then from the quota while it lasts") {
   auto l = limits(3, 1);
   l.quota = 110;
