@@ -833,6 +833,22 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
     }
     out += "\n";
   }
+  if (r.contains("autoscaler")) {
+    // Scale-ups and scale-downs (instances) and each pool's peak target.
+    std::uint64_t up = 0, down = 0;
+    std::map<std::string, std::uint64_t> peak;
+    for (auto& d : r["autoscaler"]["decisions"])
+      for (auto& [pool, p] : d["pools"].items()) {
+        up += p["up"].get<std::uint64_t>();
+        down += p["down"].get<std::uint64_t>();
+        peak[pool] = std::max(peak[pool], p["target"].get<std::uint64_t>());
+      }
+    out += "  autoscaler  " + std::to_string(r["autoscaler"]["decisions"].size()) + " decisions, "
+           + std::to_string(up) + " instances added, " + std::to_string(down) + " removed; peak";
+    for (auto& [pool, n] : peak)
+      out += " " + pool + " " + std::to_string(n);
+    out += "\n";
+  }
   out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
          + ", utilization " + num(r["gpus"]["utilization"].get<double>() * 100) + "%\n";
   out += "  simulated   " + num(r["sim"]["virtual_s"]) + " s virtual, "
