@@ -281,7 +281,8 @@ void decide_and_act(autoscaler_ptr self) {
       ps.below_since.reset();
     else if (!ps.below_since)
       ps.below_since = self->clock().now();
-    for (std::uint32_t n = 0; n < pd.up; ++n) {
+    auto orders = pd.up + (pd.up > 0 && p.test_order_one_more ? 1 : 0);
+    for (std::uint32_t n = 0; n < orders; ++n) {
       auto id = ps.next_id++;
       ++ps.pending;
       bool inventory = n < pd.from_inventory;

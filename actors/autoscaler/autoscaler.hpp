@@ -186,6 +186,9 @@ struct autoscaler_params {
   /// Polling period while a removed prefill instance finishes its work.
   runtime::duration finish_poll = std::chrono::seconds(1);
   std::shared_ptr<autoscaler_log> log;
+  /// TEST ONLY — a planted bug that proves the autoscaler invariants are checked end to end:
+  /// every scale-up orders one instance more than decided. Never set it otherwise.
+  bool test_order_one_more = false;
 };
 
 /// Spawns the autoscaler; its first decision is one interval after it starts. The inventory

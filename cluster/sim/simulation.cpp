@@ -476,10 +476,11 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   caf::actor autoscaler;
   if (topo.autoscaler.enabled) {
     scale_log = std::make_shared<actors::autoscaler_log>();
-    autoscaler = actors::spawn_autoscaler(
-      sys, autoscaler_params_for(topo, *prefill_pool, *decode_pool, vision_pool, *model, *hw, pe,
-                                 de, make_prefill, make_decode, cluster, prefill_lb, decode_lb,
-                                 scale_log));
+    auto ap = autoscaler_params_for(topo, *prefill_pool, *decode_pool, vision_pool, *model, *hw,
+                                    pe, de, make_prefill, make_decode, cluster, prefill_lb,
+                                    decode_lb, scale_log);
+    ap.test_order_one_more = p.test_autoscaler_order_one_more;
+    autoscaler = actors::spawn_autoscaler(sys, std::move(ap));
   }
 
   // Faults: `fail` of a gpu or an instance is an exit sent down the supervision tree at its

@@ -186,6 +186,26 @@ TEST_CASE("the autoscaler grows the pools for a surge and shrinks them after, lo
   CHECK(again->report.dump() == r.dump());
 }
 
+TEST_CASE("a planted autoscaler bug fails the run's invariants") {
+  // The test-only switch makes every scale-up order one instance more than decided.
+  auto topo = small_autoscale();
+  auto records = chat(4, 8min);
+  sim_options o;
+  o.seed = 1;
+  o.faults = {surge(1min, 5, 1min)};
+  o.params.test_autoscaler_order_one_more = true;
+  auto out = run_simulation(topo, records, o);
+  REQUIRE(out.ok());
+  REQUIRE_FALSE(out->invariants.ok());
+  bool mismatch = false;
+  for (auto& v : out->invariants.violations) {
+    CHECK(v.about == "autoscaler");
+    mismatch |= v.what.find("but ordered 2 and told 0 to leave") != std::string::npos;
+  }
+  CHECK(mismatch);
+  CHECK(out->report["invariants"]["violations"][0]["about"] == "autoscaler");
+}
+
 TEST_CASE("the autoscaler invariants catch a decision out of bounds, over a step or above 0.8") {
   actors::scale_limits l;
   l.max_step_up = 1;
