@@ -391,7 +391,7 @@ void gather(autoscaler_ptr self) {
             [self](const caf::error&) { gathered(self); });
         gathered(self);
       },
-      [self](const caf::error&) {}); // no cluster: no decision this interval
+      [self](const caf::error&) { self->state.waiting = 0; }); // no cluster: no decision
 }
 
 caf::behavior autoscaler_fn(autoscaler_ptr self, autoscaler_params params) {
@@ -415,6 +415,13 @@ caf::behavior autoscaler_fn(autoscaler_ptr self, autoscaler_params params) {
   return {
     [self](tick_atom) {
       self->delayed_send(self, self->state.params.interval, tick_atom::value);
+      // The previous gathering is still waiting for answers (a slow cluster in the real
+      // world): skip this interval rather than mix two gatherings' counts.
+      if (self->state.waiting > 0) {
+        runtime::log::get("autoscaler")->warn("inputs of the previous interval still pending; "
+                                              "no decision this interval");
+        return;
+      }
       gather(self);
     },
     [self](join_atom, std::size_t k, instance_id id) {
