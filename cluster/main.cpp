@@ -212,8 +212,9 @@ int main(int argc, char** argv) {
                   "write report.json, run.json and report.html to this folder");
   sim->add_option("--faults", sim_opts.faults,
                   "a fault plan (TOML, docs/faults.md): validated against the topology and "
-                  "injected (fail of a gpu or an instance; other kinds are listed as not "
-                  "injected yet) and listed in the report's faults timeline");
+                  "injected (fail of a gpu or an instance, drain of a decode instance, surge; "
+                  "other kinds are listed as not injected yet) and listed in the report's "
+                  "faults timeline");
   std::uint64_t swarm_seed = 0;
   auto* swarm_seed_opt = sim->add_option(
     "--swarm-seed", swarm_seed,

@@ -152,6 +152,21 @@ public:
     return std::nullopt;
   }
 
+  // A boolean (`true` / `false`); nullopt after an error or when the key is absent.
+  std::optional<bool> boolean(const toml::table& parent, std::string_view path,
+                              std::string_view key) {
+    auto* n = parent.get(key);
+    if (n == nullptr)
+      return std::nullopt;
+    if (auto* b = n->as_boolean())
+      return b->get();
+    std::string hint = "write true or false";
+    if (auto* s = n->as_string(); s != nullptr && (s->get() == "true" || s->get() == "false"))
+      hint = fmt::format("write {} without quotes", s->get());
+    wrong_type(*n, join_path(path, key), "a boolean", std::move(hint));
+    return std::nullopt;
+  }
+
   // An integer in [lo, hi]; nullopt (after an error, or when optional and missing) otherwise.
   std::optional<std::int64_t> integer_node(const toml::node& n, std::string_view path,
                                            std::int64_t lo, std::int64_t hi) {

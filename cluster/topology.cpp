@@ -371,6 +371,10 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
   a.over_provision = 0.1;
   a.ready_inventory = 0;
   a.scale_down_occupancy_limit = 0.8;
+  a.enabled = false;
+  a.inventory_join = std::chrono::seconds{10};
+  a.inventory_refill = std::chrono::minutes{5};
+  a.scale_down_after = std::chrono::seconds{60};
   std::uint64_t min_gpus = 0;
   std::uint64_t initial_gpus = 0;
   std::uint64_t max_gpus = 0;
@@ -386,9 +390,18 @@ void read_autoscaler(checker& c, const toml::table& root, topology& t, bool pool
   const std::string p = "autoscaler";
   c.check_keys(*tbl, p,
                {"interval", "max_step_up", "max_step_down", "over_provision", "ready_inventory",
-                "quota", "scale_down_occupancy_limit"});
+                "quota", "scale_down_occupancy_limit", "enabled", "inventory_join",
+                "inventory_refill", "scale_down_after"});
+  if (auto b = c.boolean(*tbl, p, "enabled"))
+    a.enabled = *b;
   if (auto d = c.duration(*tbl, p, "interval"))
     a.interval = *d;
+  if (auto d = c.duration(*tbl, p, "inventory_join"))
+    a.inventory_join = *d;
+  if (auto d = c.duration(*tbl, p, "inventory_refill"))
+    a.inventory_refill = *d;
+  if (auto d = c.duration(*tbl, p, "scale_down_after", true))
+    a.scale_down_after = *d;
   if (auto v = c.integer(*tbl, p, "max_step_up", 1, max_instances, false))
     a.max_step_up = static_cast<std::uint32_t>(*v);
   if (auto v = c.integer(*tbl, p, "max_step_down", 1, max_instances, false))
@@ -693,15 +706,20 @@ std::string describe(const topology& t) {
   line("");
   const auto& a = t.autoscaler;
   line("autoscaler");
+  line("  enabled                     {}", a.enabled ? "yes" : "no (the simulation keeps initial sizes)");
   line("  interval                    {}", runtime::format_duration(a.interval));
   line("  max step up / down          {} / {} instances per pool", a.max_step_up,
        a.max_step_down);
   line("  over-provision              {:g}%", a.over_provision * 100);
-  line("  ready inventory             {} instances", a.ready_inventory);
+  line("  ready inventory             {} instances (join in {}, refilled in {})",
+       a.ready_inventory, runtime::format_duration(a.inventory_join),
+       runtime::format_duration(a.inventory_refill));
   line("  quota                       {} GPUs", a.quota);
   line("  occupancy at initial size   {} / {} GPUs = {:.1f}%", s.initial_gpus, s.quota,
        s.initial_occupancy * 100);
   line("  scale-down occupancy limit  {:g}%", a.scale_down_occupancy_limit * 100);
+  line("  scale-down delay            {} of wanting fewer instances",
+       runtime::format_duration(a.scale_down_after));
   line("");
   if (t.nodes.empty()) {
     line("nodes       none (the simulated world places the pools)");

@@ -91,6 +91,7 @@ struct pool_spec {
 
 /// [autoscaler]: how pools may grow and shrink.
 struct autoscaler_spec {
+  bool enabled = false;                    // the simulation runs the autoscaler only when set
   caf::timespan interval{0};               // > 0
   std::uint32_t max_step_up = 0;           // instances per pool per interval, ≥ 1
   std::uint32_t max_step_down = 0;         // instances per pool per interval, ≥ 1
@@ -98,6 +99,9 @@ struct autoscaler_spec {
   std::uint32_t ready_inventory = 0;       // ready-but-unassigned instances kept for bursts
   std::uint64_t quota = 0;                 // GPUs the cluster may hold at once
   double scale_down_occupancy_limit = 0.8; // no scale-down while occupancy exceeds it, (0, 1]
+  caf::timespan inventory_join{0};         // a ready instance starts serving after this, > 0
+  caf::timespan inventory_refill{0};       // an instance from the quota is ready after this, > 0
+  caf::timespan scale_down_after{0};       // desired below current this long before shrinking, ≥ 0
 };
 
 /// [[node]]: one machine of a real deployment.

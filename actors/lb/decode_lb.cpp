@@ -7,6 +7,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <map>
+#include <set>
 
 namespace troupe::actors {
 
@@ -16,6 +17,8 @@ struct decode_lb_state {
   std::unique_ptr<decode_balancer> balancer;
   std::map<instance_id, decode_engine_actor> engines;
   std::uint64_t drained = 0;
+  /// Members excluded by a drain notice (until their engine exits).
+  std::set<instance_id> draining;
   static inline const char* name = "decode_lb";
 };
 
@@ -25,8 +28,10 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
   self->state.balancer = std::make_unique<decode_balancer>(params);
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
-    if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; }))
+    if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; })) {
       st.balancer->remove_instance(*id);
+      st.draining.erase(*id);
+    }
   });
   return {
     [self](const decode_route& r) -> caf::result<decode_assignment> {
@@ -47,6 +52,18 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       // Its engine stays a member (monitored) until it exits; it just takes no new routes.
       self->state.balancer->remove_instance(id);
       ++self->state.drained;
+      if (self->state.engines.count(id) != 0)
+        self->state.draining.insert(id);
+    },
+    [self](pool_load_atom) {
+      auto& st = self->state;
+      pool_load load;
+      for (auto& [id, engine] : st.engines)
+        if (st.draining.count(id) == 0) {
+          ++load.online;
+          load.in_compute += st.balancer->requests(id);
+        }
+      return load;
     },
     [self](lb_stats_atom) {
       auto& s = self->state.balancer->stats();

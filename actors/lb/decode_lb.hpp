@@ -50,16 +50,14 @@ typename Inspector::result_type inspect(Inspector& f, decode_release& x) {
   return f(caf::meta::type_name("decode_release"), x.instance, x.kv_tokens);
 }
 
-/// Instance `id` is draining: route nothing more to it.
-using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
-
 /// Replies: decode_route -> decode_assignment, or errc::unavailable when no engine has room.
 using decode_lb_actor
   = caf::typed_actor<caf::replies_to<decode_route>::with<decode_assignment>,
                      caf::reacts_to<decode_release>,
                      caf::reacts_to<add_instance_atom, instance_id, decode_engine_actor>,
                      caf::reacts_to<drain_instance_atom, instance_id>,
-                     caf::replies_to<lb_stats_atom>::with<lb_counters>>;
+                     caf::replies_to<lb_stats_atom>::with<lb_counters>,
+                     caf::replies_to<pool_load_atom>::with<pool_load>>;
 
 decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params);
 

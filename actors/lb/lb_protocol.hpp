@@ -22,6 +22,26 @@ namespace troupe::actors {
 
 using add_instance_atom = caf::atom_constant<caf::atom("addinst")>;
 using lb_stats_atom = caf::atom_constant<caf::atom("lbstats")>;
+/// Instance `id` is leaving: route nothing more to it (it stays a member until it exits).
+using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
+/// Asks a balancer for its pool's load (`pool_load`), as the autoscaler reads it.
+using pool_load_atom = caf::atom_constant<caf::atom("poolload")>;
+
+/// A pool's load as its balancer sees it.
+struct pool_load {
+  /// Members that take new work (announced, alive, not draining).
+  std::uint32_t online = 0;
+  /// prefill_lb: uncached (cache-missed) prompt tokens routed since the balancer started;
+  /// the autoscaler divides its growth by the interval. decode_lb: 0.
+  std::uint64_t routed_tokens = 0;
+  /// decode_lb: requests booked on the online members (in compute). prefill_lb: 0.
+  std::uint64_t in_compute = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pool_load& x) {
+  return f(caf::meta::type_name("pool_load"), x.online, x.routed_tokens, x.in_compute);
+}
 
 /// Named counters of one balancer, e.g. {"routed_16K-64K", 1234}.
 struct lb_counters {

@@ -7,6 +7,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <map>
+#include <set>
 
 namespace troupe::actors {
 
@@ -23,6 +24,10 @@ struct prefill_lb_state {
   std::unique_ptr<prefill_balancer> balancer;
   std::map<instance_id, prefill_engine_actor> engines;
   runtime::time_point last_rebalance{};
+  /// Members excluded by a drain notice (until their engine exits).
+  std::set<instance_id> draining;
+  /// Uncached tokens of every request routed (the autoscaler's prefill demand).
+  std::uint64_t routed_tokens = 0;
   static inline const char* name = "prefill_lb";
 };
 
@@ -35,8 +40,10 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
   st.last_rebalance = self->clock().now();
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
-    if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; }))
+    if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; })) {
       st.balancer->remove_instance(*id);
+      st.draining.erase(*id);
+    }
   });
   return {
     [self](const prefill_route& r) -> caf::result<prefill_assignment> {
@@ -49,6 +56,7 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       auto id = st.balancer->route(r.uncached_tokens, compute_of(r.uncached_tokens));
       if (!id)
         return runtime::make_error(runtime::errc::unavailable, "no prefill instance is up");
+      st.routed_tokens += r.uncached_tokens;
       return prefill_assignment{*id, st.engines.at(*id)};
     },
     [self](const prefill_release& r) {
@@ -59,6 +67,16 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       self->monitor(engine);
       st.engines[id] = std::move(engine);
       st.balancer->add_instance(id);
+    },
+    [self](drain_instance_atom, instance_id id) {
+      auto& st = self->state;
+      if (st.engines.count(id) != 0 && st.draining.insert(id).second)
+        st.balancer->remove_instance(id);
+    },
+    [self](pool_load_atom) {
+      auto& st = self->state;
+      return pool_load{static_cast<std::uint32_t>(st.engines.size() - st.draining.size()),
+                       st.routed_tokens, 0};
     },
     [self](lb_stats_atom) {
       auto& b = *self->state.balancer;

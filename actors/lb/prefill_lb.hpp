@@ -50,11 +50,15 @@ typename Inspector::result_type inspect(Inspector& f, prefill_release& x) {
 }
 
 /// Replies: prefill_route -> prefill_assignment, or errc::unavailable when no engine is up.
+/// (drain_instance_atom, id) excludes an instance that is leaving (autoscaler scale-down): no
+/// new routes; it stays a member until its engine exits. pool_load_atom -> pool_load.
 using prefill_lb_actor
   = caf::typed_actor<caf::replies_to<prefill_route>::with<prefill_assignment>,
                      caf::reacts_to<prefill_release>,
                      caf::reacts_to<add_instance_atom, instance_id, prefill_engine_actor>,
-                     caf::replies_to<lb_stats_atom>::with<lb_counters>>;
+                     caf::reacts_to<drain_instance_atom, instance_id>,
+                     caf::replies_to<lb_stats_atom>::with<lb_counters>,
+                     caf::replies_to<pool_load_atom>::with<pool_load>>;
 
 struct prefill_lb_params {
   prefill_balancer_params balancer;

@@ -9,13 +9,18 @@
 namespace troupe::cluster::sim {
 
 std::string violation::to_string() const {
+  if (!about.empty())
+    return fmt::format("{}: {}", about, what);
   return fmt::format("request {}: {}", request, what);
 }
 
 nlohmann::json invariant_report::to_json() const {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& v : violations)
-    list.push_back({{"request", v.request}, {"what", v.what}});
+    if (v.about.empty())
+      list.push_back({{"request", v.request}, {"what", v.what}});
+    else
+      list.push_back({{"about", v.about}, {"what", v.what}});
   return {{"checked", checked}, {"violations", std::move(list)}};
 }
 
@@ -29,7 +34,7 @@ std::string describe(const actors::request_outcome& o) {
 
 // The checks of one outcome taken alone.
 void check_outcome(const actors::request_outcome& o, std::vector<violation>& out) {
-  auto add = [&](std::string what) { out.push_back({o.id, std::move(what)}); };
+  auto add = [&](std::string what) { out.push_back({o.id, std::move(what), {}}); };
   if (o.completed) {
     if (!o.failure.empty())
       add(fmt::format("completed, yet carries the failure reason '{}'", o.failure));
@@ -79,25 +84,73 @@ invariant_report check_invariants(const std::vector<std::uint64_t>& admitted,
     auto it = by_id.find(id);
     if (it == by_id.end()) {
       if (run_finished)
-        report.violations.push_back({id, "admitted but never reached a terminal state"});
+        report.violations.push_back({id, "admitted but never reached a terminal state", {}});
       continue;
     }
     const auto& list = it->second;
     if (!was_admitted)
       report.violations.push_back(
-        {id, fmt::format("{} without having been admitted", describe(*list.front()))});
+        {id, fmt::format("{} without having been admitted", describe(*list.front())), {}});
     if (list.size() > 1) {
       std::string states;
       for (const auto* o : list)
         states += (states.empty() ? "" : ", ") + describe(*o);
       report.violations.push_back(
         {id, fmt::format("ended {} times ({}); a request ends exactly once", list.size(),
-                         states)});
+                         states),
+         {}});
     }
     for (const auto* o : list)
       check_outcome(*o, report.violations);
   }
   return report;
+}
+
+std::vector<violation> check_autoscaler(const actors::autoscaler_log& log,
+                                        const actors::scale_limits& limits,
+                                        runtime::time_point origin) {
+  std::vector<violation> out;
+  // Actions per (time, pool): instances ordered and told to leave.
+  std::map<std::pair<runtime::time_point, std::string>, std::pair<std::uint32_t, std::uint32_t>>
+    acted;
+  for (const auto& e : log.events) {
+    if (e.kind == "ordered")
+      ++acted[{e.at, e.pool}].first;
+    else if (e.kind == "leaving")
+      ++acted[{e.at, e.pool}].second;
+  }
+  for (const auto& r : log.decisions) {
+    auto t = runtime::to_seconds(r.at - origin);
+    for (std::size_t k = 0; k < r.decision.pools.size() && k < r.inputs.pools.size(); ++k) {
+      const auto& in = r.inputs.pools[k];
+      const auto& d = r.decision.pools[k];
+      auto add = [&](std::string what) {
+        out.push_back({0, fmt::format("at {:.3f} s, pool {}: {}", t, in.pool, what), "autoscaler"});
+      };
+      if (in.online + in.starting > in.max)
+        add(fmt::format("{} instances held (online + starting), above max {}",
+                        in.online + in.starting, in.max));
+      if (d.target > in.max)
+        add(fmt::format("target {} above max {}", d.target, in.max));
+      if (d.down > 0 && d.target < in.min)
+        add(fmt::format("scaled down to {}, below min {}", d.target, in.min));
+      if (d.up > limits.max_step_up)
+        add(fmt::format("added {} instances, above max_step_up {}", d.up, limits.max_step_up));
+      if (d.down > limits.max_step_down)
+        add(fmt::format("removed {} instances, above max_step_down {}", d.down,
+                        limits.max_step_down));
+      if (d.down > 0 && r.decision.occupancy > limits.occupancy_limit)
+        add(fmt::format("scaled down at occupancy {:.4g} above the limit {:.4g}",
+                        r.decision.occupancy, limits.occupancy_limit));
+      auto a = acted.find({r.at, in.pool});
+      auto ordered = a == acted.end() ? 0u : a->second.first;
+      auto leaving = a == acted.end() ? 0u : a->second.second;
+      if (ordered != d.up || leaving != d.down)
+        add(fmt::format("decided +{} / -{} but ordered {} and told {} to leave", d.up, d.down,
+                        ordered, leaving));
+    }
+  }
+  return out;
 }
 
 } // namespace troupe::cluster::sim

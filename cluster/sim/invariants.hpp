@@ -8,10 +8,12 @@
 // state (completed, or failed with a reason the client sees); a completed request delivered
 // exactly its output length and carries no failure; no request delivered more tokens than its
 // output (a token delivered twice); outcome times are ordered (admitted ≤ first token ≤
-// finished). `troupe sim` runs it at the end of every simulation and exits non-zero on a
-// violation. The KV-leak, autoscaler and liveness invariants join with their mechanisms.
+// finished). With the autoscaler, its decisions are checked too (check_autoscaler). `troupe
+// sim` runs the checks at the end of every simulation and exits non-zero on a violation. The
+// KV-leak and liveness invariants join with their mechanisms.
 #pragma once
 
+#include "actors/autoscaler/autoscaler.hpp"
 #include "actors/request/request.hpp"
 
 #include <nlohmann/json.hpp>
@@ -26,8 +28,10 @@ namespace troupe::cluster::sim {
 struct violation {
   std::uint64_t request = 0;
   std::string what;
+  /// What it concerns when that is not a request (e.g. "autoscaler"); empty for requests.
+  std::string about;
 
-  /// `request <id>: <what>`.
+  /// `request <id>: <what>`, or `<about>: <what>`.
   std::string to_string() const;
 };
 
@@ -50,5 +54,14 @@ struct invariant_report {
 invariant_report check_invariants(const std::vector<std::uint64_t>& admitted,
                                   const std::vector<actors::request_outcome>& outcomes,
                                   bool run_finished);
+
+/// The autoscaler's invariants over its log (about "autoscaler"): no decision leaves a pool's
+/// [min, max] (a target above max, or a scale-down to below min), adds more than
+/// `max_step_up` or removes more than `max_step_down` instances of a pool, or scales down
+/// while quota occupancy is above the limit; no pool held more than max instances; and the
+/// actions taken at a decision (instances ordered / told to leave) match it.
+std::vector<violation> check_autoscaler(const actors::autoscaler_log& log,
+                                        const actors::scale_limits& limits,
+                                        runtime::time_point origin);
 
 } // namespace troupe::cluster::sim

@@ -52,15 +52,26 @@ struct line {
 const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
-/// A line chart of `lines` over `xs` as an inline SVG with axes, ticks and a legend.
+/// A vertical marker at `x` (an event on the time axis) with a short label.
+struct mark {
+  double x = 0;
+  std::string label;
+  std::string color;
+};
+
+/// A line chart of `lines` over `xs` as an inline SVG with axes, ticks and a legend, and
+/// `marks` drawn as labelled vertical lines.
 std::string chart(const std::string& id, const std::string& title, const std::string& unit,
-                  const std::vector<double>& xs, const std::vector<line>& lines) {
+                  const std::vector<double>& xs, const std::vector<line>& lines,
+                  const std::vector<mark>& marks = {}) {
   // The legend sits in rows of four under the x axis, so it never hides a line.
   const std::size_t per_row = 4;
   const auto legend_rows = (lines.size() + per_row - 1) / per_row;
   const double w = 640, plot_h = 240, left = 64, right = 16, top = 28, bottom = 36;
   const double h = plot_h + 16.0 * static_cast<double>(legend_rows) + (legend_rows > 0 ? 4 : 0);
   double xmax = xs.empty() ? 1 : std::max(1e-9, xs.back());
+  for (auto& m : marks)
+    xmax = std::max(xmax, m.x);
   double ymax = 0;
   for (auto& l : lines)
     for (auto y : l.ys)
@@ -84,6 +95,16 @@ std::string chart(const std::string& id, const std::string& title, const std::st
     auto x = xmax * i / 4;
     svg += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(plot_h - bottom + 16) + "\" class=\"tick\" "
            "text-anchor=\"middle\">" + fmt(x, 0) + " s</text>";
+  }
+  for (std::size_t i = 0; i < marks.size(); ++i) {
+    auto& m = marks[i];
+    // Labels step down in three rows so that close events stay readable.
+    auto label_y = top + 8 + 11.0 * static_cast<double>(i % 3);
+    svg += "<line class=\"mark\" x1=\"" + fmt(px(m.x)) + "\" y1=\"" + fmt(top) + "\" x2=\""
+           + fmt(px(m.x)) + "\" y2=\"" + fmt(plot_h - bottom) + "\" stroke=\"" + m.color
+           + "\" stroke-dasharray=\"2 2\"/>";
+    svg += "<text x=\"" + fmt(px(m.x) + 2) + "\" y=\"" + fmt(label_y) + "\" class=\"tick\" fill=\""
+           + m.color + "\">" + escape(m.label) + "</text>";
   }
   int n = 0;
   for (auto& l : lines) {
@@ -207,6 +228,51 @@ std::string row(const std::string& k, const std::string& v) {
   return "<tr><th>" + escape(k) + "</th><td>" + escape(v) + "</td></tr>";
 }
 
+/// Instances per pool at each autoscaler decision (online, and the target it set), the scale
+/// events marked on the time axis, and a table of the decisions that changed something.
+std::string autoscaler_section(const nlohmann::json& a) {
+  std::vector<double> xs;
+  std::vector<std::string> pools;
+  std::vector<std::vector<double>> online, target;
+  std::vector<mark> marks;
+  std::string rows;
+  for (auto& d : a["decisions"]) {
+    auto t = d["t_s"].get<double>();
+    xs.push_back(t);
+    std::size_t k = 0;
+    for (auto& [pool, p] : d["pools"].items()) {
+      if (k == pools.size()) {
+        pools.push_back(pool);
+        online.emplace_back();
+        target.emplace_back();
+      }
+      online[k].push_back(p["online"].get<double>());
+      target[k].push_back(p["target"].get<double>());
+      auto up = p["up"].get<std::uint64_t>();
+      auto down = p["down"].get<std::uint64_t>();
+      if (up > 0)
+        marks.push_back({t, "+" + std::to_string(up) + " " + pool, "#2ca02c"});
+      if (down > 0)
+        marks.push_back({t, "-" + std::to_string(down) + " " + pool, "#d62728"});
+      if (up > 0 || down > 0)
+        rows += "<tr><th>" + fmt(t) + " s</th><td>" + escape(pool) + ": "
+                + escape(p["reason"].get<std::string>()) + " (occupancy "
+                + fmt(d["occupancy"].get<double>() * 100) + "%)</td></tr>";
+      ++k;
+    }
+  }
+  std::vector<line> lines;
+  for (std::size_t k = 0; k < pools.size(); ++k) {
+    lines.push_back({pools[k] + " online", palette[k % 10], online[k]});
+    lines.push_back({pools[k] + " target", palette[k % 10], target[k], true});
+  }
+  std::string out = "<h2>Autoscaler</h2>";
+  out += chart("scale-instances", "Instances per pool (scale events marked)", "instances", xs, lines,
+               marks);
+  out += "<table id=\"scale-events\">" + rows + "</table>";
+  return out;
+}
+
 } // namespace
 
 std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
@@ -263,6 +329,8 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
   if (s.contains("instance_busy"))
     body += chart("utilization", "Device busy share per instance", "fraction", xs,
                   busy_lines(s["instance_busy"], pools));
+  if (r.contains("autoscaler"))
+    body += autoscaler_section(r["autoscaler"]);
   body += "<h2>Load balancers</h2><table id=\"lb\">";
   if (r.contains("lb"))
     for (auto& [lb, counters] : r["lb"].items())

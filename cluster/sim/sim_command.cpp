@@ -125,8 +125,8 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   }
 
   // The fault plan: validated and expanded up to the horizon (--until, or the last arrival),
-  // injected into the run (fail of a gpu or an instance; other kinds are listed as not
-  // injected yet) and listed in the report.
+  // injected into the run (fail of a gpu or an instance, drain of a decode instance, surge;
+  // other kinds are listed as not injected yet) and listed in the report.
   if (!o.swarm_seed && !o.faults.empty()) {
     fault_limits limits;
     limits.store_shards = options.params.kv_shards;

@@ -1,5 +1,6 @@
 #include "cluster/sim/simulation.hpp"
 
+#include "actors/autoscaler/autoscaler.hpp"
 #include "actors/fault_injector.hpp"
 #include "actors/instance.hpp"
 #include "actors/kv/kv_store.hpp"
@@ -11,6 +12,7 @@
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
+#include "cluster/sim/surge.hpp"
 #include "cluster/sim/trace_source.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/ports/device.hpp"
@@ -216,6 +218,108 @@ nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
   return series;
 }
 
+/// The autoscaler's limits from the topology.
+actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
+  actors::scale_limits l;
+  l.max_step_up = a.max_step_up;
+  l.max_step_down = a.max_step_down;
+  l.over_provision = a.over_provision;
+  l.occupancy_limit = a.scale_down_occupancy_limit;
+  l.quota = a.quota;
+  l.inventory = a.ready_inventory;
+  l.scale_down_after = a.scale_down_after;
+  return l;
+}
+
+/// The autoscaler's parameters from the topology. Per-instance capacities come from the
+/// performance model: a prefill instance computes `step_tokens` cache-missed tokens per full
+/// chunked-prefill step, a decode instance holds `max_batch` requests in compute.
+actors::autoscaler_params autoscaler_params_for(
+  const topology& topo, const pool_spec& prefill, const pool_spec& decode, const pool_spec* vision,
+  const model_profile& model, const hardware_profile& hw, const actors::prefill_engine_params& pe,
+  const actors::decode_engine_params& de,
+  std::function<runtime::child_spec(actors::instance_id)> make_prefill,
+  std::function<runtime::child_spec(actors::instance_id)> make_decode, caf::actor cluster,
+  actors::prefill_lb_actor prefill_lb, actors::decode_lb_actor decode_lb,
+  std::shared_ptr<actors::autoscaler_log> log) {
+  const auto& a = topo.autoscaler;
+  actors::autoscaler_params ap;
+  ap.interval = a.interval;
+  ap.limits = scale_limits_of(a);
+  ap.join = a.inventory_join;
+  ap.refill = a.inventory_refill;
+  ap.root = std::move(cluster);
+  ap.prefill_lb = std::move(prefill_lb);
+  ap.decode_lb = std::move(decode_lb);
+  auto ranks = prefill.gpus_per_instance;
+  auto per_gpu = make_step_cost(model, hw, prefill.ep_size);
+  runtime::device_step step;
+  step.phase = runtime::step_phase::prefill;
+  step.tokens = (pe.step_tokens + ranks - 1) / ranks;
+  step.sequences = 1;
+  step.context_tokens = step.tokens;
+  auto step_s = std::max(1e-9, runtime::to_seconds(per_gpu(step)));
+  ap.prefill = actors::autoscaled_pool{prefill.name,
+                                       false,
+                                       prefill.instances.min,
+                                       prefill.instances.initial,
+                                       prefill.instances.max,
+                                       prefill.gpus_per_instance,
+                                       static_cast<double>(pe.step_tokens) / step_s,
+                                       runtime::duration{0},
+                                       std::move(make_prefill)};
+  ap.decode = actors::autoscaled_pool{decode.name,
+                                      true,
+                                      decode.instances.min,
+                                      decode.instances.initial,
+                                      decode.instances.max,
+                                      decode.gpus_per_instance,
+                                      static_cast<double>(de.max_batch),
+                                      decode.grace,
+                                      std::move(make_decode)};
+  ap.fixed_gpus = vision != nullptr ? vision->gpus(vision->instances.initial) : 0;
+  ap.log = std::move(log);
+  return ap;
+}
+
+/// `report.autoscaler`: every decision with its inputs, and every scale event.
+nlohmann::json autoscaler_json(const actors::autoscaler_log& log, runtime::time_point origin) {
+  auto secs = [&](runtime::time_point t) { return tidy(runtime::to_seconds(t - origin)); };
+  nlohmann::json decisions = nlohmann::json::array();
+  for (auto& r : log.decisions) {
+    nlohmann::json pools = nlohmann::json::object();
+    for (std::size_t k = 0; k < r.inputs.pools.size(); ++k) {
+      auto& i = r.inputs.pools[k];
+      auto& d = r.decision.pools[k];
+      pools[i.pool] = {{"demand", tidy(i.demand)},     {"capacity", tidy(i.capacity)},
+                       {"online", i.online},           {"starting", i.starting},
+                       {"draining", i.draining},       {"min", i.min},
+                       {"max", i.max},                 {"need", d.need},
+                       {"desired", d.desired},         {"current", d.current},
+                       {"target", d.target},           {"up", d.up},
+                       {"from_inventory", d.from_inventory}, {"down", d.down},
+                       {"reason", d.reason}};
+    }
+    decisions.push_back({{"t_s", secs(r.at)},
+                         {"occupancy", tidy(r.decision.occupancy)},
+                         {"gpus_held", r.inputs.gpus_held},
+                         {"inventory_ready", r.inputs.inventory_ready},
+                         {"inventory_refilling", r.inputs.inventory_refilling},
+                         {"refill", r.decision.refill},
+                         {"pools", std::move(pools)}});
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (auto& e : log.events) {
+    nlohmann::json j = {{"t_s", secs(e.at)}, {"pool", e.pool}, {"kind", e.kind}};
+    if (e.pool != "inventory")
+      j["instance"] = e.instance;
+    if (!e.detail.empty())
+      j["detail"] = e.detail;
+    events.push_back(std::move(j));
+  }
+  return {{"decisions", std::move(decisions)}, {"events", std::move(events)}};
+}
+
 } // namespace
 
 namespace {
@@ -329,10 +433,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   actors::prefill_engine_params pe;
   pe.step_tokens = p.prefill_tokens_per_gpu * prefill_pool->gpus_per_instance;
   pe.fetch_layers = static_cast<std::uint32_t>(model->layers.size());
+  auto make_prefill = [name = prefill_pool->name, ranks = prefill_pool->gpus_per_instance, pe,
+                       ports = ports_for(*prefill_pool, p.fetch_bandwidth, p.fetch_latency),
+                       prefill_lb](actors::instance_id i) {
+    return actors::prefill_instance(name, i, ranks, pe, ports, prefill_lb);
+  };
   for (std::uint32_t i = 0; i < prefill_pool->instances.initial; ++i)
-    prefill_cfg.children.push_back(actors::prefill_instance(
-      prefill_pool->name, i, prefill_pool->gpus_per_instance, pe,
-      ports_for(*prefill_pool, p.fetch_bandwidth, p.fetch_latency), prefill_lb));
+    prefill_cfg.children.push_back(make_prefill(i));
   runtime::supervisor_config decode_cfg{decode_pool->name, pool_flags, {}};
   actors::decode_engine_params de;
   de.max_batch = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
@@ -341,10 +448,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   actors::block_writer_params writer;
   writer.kv = kv_store;
   writer.on_persisted = [persisted](std::uint64_t n) { *persisted += n; };
+  auto make_decode = [name = decode_pool->name, ranks = decode_pool->gpus_per_instance, de,
+                      ports = ports_for(*decode_pool, p.handoff_bandwidth, p.handoff_latency),
+                      decode_lb, writer](actors::instance_id i) {
+    return actors::decode_instance(name, i, ranks, de, ports, decode_lb, writer);
+  };
   for (std::uint32_t i = 0; i < decode_pool->instances.initial; ++i)
-    decode_cfg.children.push_back(actors::decode_instance(
-      decode_pool->name, i, decode_pool->gpus_per_instance, de,
-      ports_for(*decode_pool, p.handoff_bandwidth, p.handoff_latency), decode_lb, writer));
+    decode_cfg.children.push_back(make_decode(i));
   std::vector<runtime::child_spec> pools{runtime::supervisor_child(std::move(prefill_cfg)),
                                          runtime::supervisor_child(std::move(decode_cfg))};
   if (vision_pool != nullptr) {
@@ -360,6 +470,18 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto cluster = runtime::spawn_supervisor(
     sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
+
+  // The autoscaler (actors/autoscaler), when the topology enables it.
+  std::shared_ptr<actors::autoscaler_log> scale_log;
+  caf::actor autoscaler;
+  if (topo.autoscaler.enabled) {
+    scale_log = std::make_shared<actors::autoscaler_log>();
+    auto ap = autoscaler_params_for(topo, *prefill_pool, *decode_pool, vision_pool, *model, *hw,
+                                    pe, de, make_prefill, make_decode, cluster, prefill_lb,
+                                    decode_lb, scale_log);
+    ap.test_order_one_more = p.test_autoscaler_order_one_more;
+    autoscaler = actors::spawn_autoscaler(sys, std::move(ap));
+  }
 
   // Faults: `fail` of a gpu or an instance is an exit sent down the supervision tree at its
   // time; `drain` of a decode instance is a leave notice to its engine (fault_injector.hpp);
@@ -411,11 +533,15 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   // The workload, as request specs made as the source pulls them.
   auto chain_blocks = std::make_shared<std::uint64_t>(0);
   auto next_id = std::make_shared<std::uint64_t>(0);
+  // Surges (fault kind `surge`) speed the workload's clock up by their factor while they last.
+  surge_clock surges{options.faults, w.now() - origin};
   admission_stream workload = [next_record = std::move(next_record), chain_blocks, next_id,
-                               image_tokens = p.image_tokens]() -> std::optional<admission> {
+                               image_tokens = p.image_tokens,
+                               surges]() -> std::optional<admission> {
     auto r = next_record();
     if (!r)
       return std::nullopt;
+    r->arrival = surges.arrival(r->arrival);
     actors::request_spec spec;
     spec.id = ++*next_id;
     spec.input_tokens = r->input_tokens;
@@ -588,7 +714,14 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     for (std::size_t i = 0; i < options.faults.size(); ++i) {
       auto& entry = timeline[i];
       auto o = order_of_fault[i];
-      if (o == SIZE_MAX) {
+      if (options.faults[i].kind == fault_kind::surge) {
+        // Applied at admission (surge.hpp): injected when it began before the run ended.
+        entry["injected"] = options.faults[i].at <= end - origin;
+        if (options.faults[i].at <= end - origin)
+          ++injected;
+        else
+          entry["skipped"] = "after the end of the run";
+      } else if (o == SIZE_MAX) {
         auto kind = std::string{to_string(options.faults[i].kind)};
         if (options.faults[i].kind == fault_kind::fail)
           kind += " of a " + std::string{to_string(options.faults[i].target.kind)};
@@ -613,11 +746,17 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                         {"injects", "fail of a gpu or an instance (the instance restarts after "
                                     "sim_params.restart_time with all its GPUs: no EP shrink yet); "
                                     "drain of a decode instance (grace, then its requests are "
-                                    "forwarded with their KV and it is removed)"},
+                                    "forwarded with their KV and it is removed); surge (the "
+                                    "workload's clock runs factor times faster while it lasts)"},
                         {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},
                         {"timeline", std::move(timeline)}};
   }
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
+  if (scale_log) {
+    report["autoscaler"] = autoscaler_json(*scale_log, origin);
+    auto broken = check_autoscaler(*scale_log, scale_limits_of(topo.autoscaler), origin);
+    invariants.violations.insert(invariants.violations.end(), broken.begin(), broken.end());
+  }
   report["invariants"] = invariants.to_json();
   report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,
                                  decode_pool->name, *busy);
@@ -632,6 +771,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   caf::anon_send_exit(source, caf::exit_reason::user_shutdown);
   if (injector)
     caf::anon_send_exit(injector, caf::exit_reason::user_shutdown);
+  if (autoscaler)
+    caf::anon_send_exit(autoscaler, caf::exit_reason::user_shutdown);
   return sim_outcome{std::move(report), std::move(run), finished, std::move(invariants)};
 }
 
@@ -691,6 +832,22 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
       for (auto& k : f["not_injected_yet"])
         out += " " + k.get<std::string>();
     }
+    out += "\n";
+  }
+  if (r.contains("autoscaler")) {
+    // Scale-ups and scale-downs (instances) and each pool's peak target.
+    std::uint64_t up = 0, down = 0;
+    std::map<std::string, std::uint64_t> peak;
+    for (auto& d : r["autoscaler"]["decisions"])
+      for (auto& [pool, p] : d["pools"].items()) {
+        up += p["up"].get<std::uint64_t>();
+        down += p["down"].get<std::uint64_t>();
+        peak[pool] = std::max(peak[pool], p["target"].get<std::uint64_t>());
+      }
+    out += "  autoscaler  " + std::to_string(r["autoscaler"]["decisions"].size()) + " decisions, "
+           + std::to_string(up) + " instances added, " + std::to_string(down) + " removed; peak";
+    for (auto& [pool, n] : peak)
+      out += " " + pool + " " + std::to_string(n);
     out += "\n";
   }
   out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())

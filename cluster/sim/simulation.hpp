@@ -67,6 +67,9 @@ struct sim_params {
   /// completed. Reachable from the CLI only through the hidden `--plant-bug` flag of
   /// `troupe sim` / `troupe swarm` (docs/faults.md, "Swarm"). Never set it otherwise.
   bool test_drop_on_reroute = false;
+  /// TEST ONLY — a planted autoscaler bug (autoscaler_params::test_order_one_more): every
+  /// scale-up orders one instance more than decided, which the autoscaler invariants catch.
+  bool test_autoscaler_order_one_more = false;
 };
 
 /// How to run.

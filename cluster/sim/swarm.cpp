@@ -105,6 +105,21 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     }
     c.options.faults.push_back(std::move(f));
   }
+  // Surges, from their own stream (so the draws above are the same with or without them):
+  // on for some seeds, one or two, traffic x1.5-5 for 10-60 s within the arrival window.
+  auto sr = root.split("surge");
+  bool surges = sr.chance(0.3);
+  for (std::int64_t i = 0, n = surges ? sr.between(1, 2) : 0; i < n; ++i) {
+    fault f;
+    f.kind = fault_kind::surge;
+    f.at = seconds_between(sr, 0, window - 30);
+    f.factor = 1.5 + 3.5 * sr.uniform();
+    f.duration = seconds_between(sr, 10, 60);
+    f.entry = static_cast<std::size_t>(count + i);
+    f.line = 0;
+    f.note = "swarm seed " + std::to_string(seed);
+    c.options.faults.push_back(std::move(f));
+  }
   std::stable_sort(c.options.faults.begin(), c.options.faults.end(),
                    [](const fault& a, const fault& b) { return a.at < b.at; });
 
@@ -121,6 +136,8 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     enabled.emplace_back("instance fail");
   if (drain)
     enabled.emplace_back("decode drain");
+  if (surges)
+    enabled.emplace_back("surge");
   c.drawn = {{"seed", seed},
              {"rate", wp.rate},
              {"duration_s", runtime::to_seconds(wp.duration)},

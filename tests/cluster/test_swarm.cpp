@@ -51,7 +51,7 @@ TEST_CASE("a swarm seed draws the same workload and plan every time, another see
 
 TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and vary") {
   auto topo = load_small();
-  std::size_t faults = 0, drains = 0, gpus = 0, instances = 0, empty = 0;
+  std::size_t faults = 0, drains = 0, gpus = 0, instances = 0, empty = 0, surges = 0;
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
     auto c = draw_swarm_case(topo, seed);
     empty += c.options.faults.empty() ? 1 : 0;
@@ -60,6 +60,13 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
       ++faults;
       CHECK(f.at >= last); // ordered by time
       last = f.at;
+      if (f.kind == fault_kind::surge) { // no target: the whole workload
+        ++surges;
+        CHECK(f.factor > 1);
+        REQUIRE(f.duration);
+        CHECK(*f.duration > runtime::duration{0});
+        continue;
+      }
       REQUIRE(f.target.place.instance);
       const pool_spec* pool = nullptr;
       for (auto& p : topo.pools)
@@ -89,6 +96,7 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
   CHECK(drains > 0);
   CHECK(gpus > 0);
   CHECK(instances > 0);
+  CHECK(surges > 0);
   CHECK(empty > 0); // some seeds run fault-free
 }
 
