@@ -7,6 +7,7 @@
 // Validation errors are values: status 400, a message and the offending parameter
 // (`messages[2].role`), rendered in OpenAI's error shape by api_error::to_json().
 
+#include "recipe/api_error.hpp"
 #include "recipe/prompt.hpp"
 
 #include <cstdint>
@@ -17,16 +18,6 @@
 #include <vector>
 
 namespace troupe::recipe {
-
-struct api_error {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::optional<std::string> param;  // null in the JSON when unset
-  std::optional<std::string> code;
-  // {"error": {"message": ..., "type": ..., "param": ... | null, "code": ... | null}}
-  std::string to_json() const;
-};
 
 enum class image_policy { placeholder, reject };
 
@@ -49,10 +40,11 @@ struct sampling_params {
   bool stream = false;
   bool include_usage = false;              // stream_options.include_usage
   bool logprobs = false;
-  std::optional<int> top_logprobs;         // [0, 20], needs logprobs
+  std::optional<int> top_logprobs;         // [0, 20], needs logprobs (Responses: without logprobs)
+  std::optional<int> top_k;                // Messages
   std::optional<std::int64_t> seed;
   std::optional<double> presence_penalty, frequency_penalty;  // [-2, 2]
-  std::string response_format_type = "text";  // text | json_object | json_schema
+  std::string response_format_type = "text";  // text | json_object | json_schema | regex
   std::optional<std::string> response_format_json;  // the whole response_format, compact JSON
   std::optional<std::string> reasoning_effort;      // as sent
   std::optional<std::string> tool_choice_function;  // tool_choice named one function

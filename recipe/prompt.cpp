@@ -47,6 +47,11 @@ constexpr std::string_view k_tools_head =
 constexpr std::string_view k_tools_tail =
     "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
 
+constexpr std::string_view k_format_json_object =
+    "\n\nYou are a helpful assistant designed to output JSON.\n## Response Format:\n\nReply with JSON object ONLY.";
+constexpr std::string_view k_format_json_schema =
+    "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
+
 using ojson = nlohmann::ordered_json;
 
 // JSON with Python json.dumps separators (", " / ": "), keys in their order, non-ASCII kept.
@@ -206,6 +211,14 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
       b.text(line);
     }
     b.markup(k_tools_tail);
+  }
+  if (c.format.type == response_format::kind::json_object) {
+    b.text(k_format_json_object);
+  } else if (c.format.type == response_format::kind::json_schema) {
+    b.text(k_format_json_schema);
+    std::string schema;
+    dump(ojson::parse(c.format.schema_json), schema);
+    b.text(schema);
   }
 
   std::optional<role> prev;  // the previous non-system message's role

@@ -40,6 +40,16 @@ struct tool_definition {
 };
 
 enum class tool_choice { automatic, none, required };
+
+// The requested answer format. json_object and json_schema add an instruction to the system part of
+// the prompt (as deepseek_recipe renders it); regex adds nothing to the prompt. All of them are
+// carried to the constraint engine.
+struct response_format {
+  enum class kind { text, json_object, json_schema, regex };
+  response_format::kind type = kind::text;
+  std::string schema_json;  // json_schema: the schema as sent (key order kept)
+  std::string regex;        // regex: the pattern
+};
 enum class reasoning_effort { low, high, xhigh, max };
 
 struct conversation {
@@ -48,6 +58,7 @@ struct conversation {
   recipe::tool_choice tool_choice = tool_choice::automatic;
   bool thinking = true;
   std::optional<reasoning_effort> effort;  // thinking mode only; unset = high
+  response_format format;
 };
 
 struct encoded_prompt {

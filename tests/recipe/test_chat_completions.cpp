@@ -194,8 +194,8 @@ TEST_CASE("chat completions: golden requests against the official CreateChatComp
   // tools/protocol_golden.py validates each request with Python jsonschema against
   // tests/recipe/fixtures/openai/create_chat_completion_request.schema.json and records the result.
   // Here: every request that reaches a prompt is valid by the spec, except the documented
-  // DeepSeek extensions (reasoning_effort "ultra").
-  const std::set<std::string> extensions = {"think.effort_ultra"};
+  // DeepSeek extensions (reasoning_effort "ultra", the regex response format).
+  const std::set<std::string> extensions = {"think.effort_ultra", "format.regex"};
   int checked = 0;
   for (const json& g : golden()) {
     if (!g.contains("schema_valid") || g.contains("error")) continue;
