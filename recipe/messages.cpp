@@ -271,6 +271,10 @@ messages_result parse_messages(std::string_view body, const chat_completions_con
     return convert(j, config);
   } catch (detail::request_failure& e) {
     if (e.error.param && e.error.param->empty()) e.error.param.reset();
+    // The shared checks (model, thinking, effort, ranges) word their messages OpenAI's way; here
+    // every message starts with the field, as Anthropic's do.
+    if (e.error.param && e.error.message.rfind(*e.error.param + ": ", 0) != 0)
+      e.error.message = *e.error.param + ": " + e.error.message;
     return std::move(e.error);
   }
 }

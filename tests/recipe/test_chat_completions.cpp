@@ -166,6 +166,13 @@ TEST_CASE("chat completions: validation errors carry status, message and param")
       {"{" + M + U + R"(, "response_format": {"type": "xml"}})", {"", "response_format.type", "Invalid value: 'xml'"}},
       {"{" + M + U + R"(, "response_format": {"type": "json_schema", "json_schema": {}}})",
        {"", "response_format.json_schema.name", "Missing required"}},
+      {"{" + M + U + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "n"}}})",
+       {"", "response_format.json_schema.schema", "Missing required"}},
+      {"{" + M + U + R"(, "response_format": {"type": "json_object"}})", {"", "response_format.type", "the word 'json'"}},
+      {"{" + M + U + R"(, "response_format": {"type": "regex"}})", {"", "response_format.regex", "Missing required"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
+          {"type": "object", "properties": {"a": {"type": "object", "additionalProperties": true}}}}}]})",
+       {"", "tools[0].function.parameters.properties.a.additionalProperties", "must be false"}},
   };
   for (const auto& [body, e] : cases) {
     CAPTURE(body);

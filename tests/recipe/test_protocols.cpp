@@ -130,3 +130,190 @@ TEST_CASE("responses: golden requests against the official CreateResponse schema
   }
   CHECK(checked >= 40);
 }
+
+TEST_CASE("responses: validation errors carry status, message and param in OpenAI's shape") {
+  struct expect {
+    std::string body;
+    const char* param;  // "" = null
+    const char* message_part;
+  };
+  const std::string M = R"({"model": "DeepSeek-V4-Pro", )";
+  const std::vector<expect> cases = {
+      {"{", "", "could not parse the JSON"},
+      {R"({"input": "x"})", "model", "Missing required parameter: 'model'"},
+      {M + R"("x": 1})", "input", "Either input or instructions"},
+      {M + R"("input": 5})", "input", "expected a string or an array"},
+      {M + R"("input": []})", "input", "empty array"},
+      {M + R"("input": [3]})", "input[0]", "expected an object"},
+      {M + R"("input": [{"role": "bogus", "content": "x"}]})", "input[0].role", "Invalid value: 'bogus'"},
+      {M + R"("input": [{"role": "user"}]})", "input[0].content", "Missing required parameter"},
+      {M + R"("input": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]})", "input[0].content[0].type",
+       "Invalid value: 'refusal'"},
+      {M + R"("input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "u"}]}]})",
+       "input[0].content[0].type", "not supported in this message role"},
+      {M + R"("input": [{"type": "item_reference", "id": "x"}]})", "input[0].type", "Invalid value: 'item_reference'"},
+      {M + R"("input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]})", "input[0].name", "Missing"},
+      {M + R"("input": [{"type": "function_call_output", "call_id": "zz", "output": "o"}]})", "input[0].call_id",
+       "No tool call found for tool output with call_id zz"},
+      {M + R"("input": "x", "reasoning": {"effort": "bogus"}})", "reasoning.effort", "Invalid value: 'bogus'"},
+      {M + R"("input": "x", "tools": [{"type": "file_search"}]})", "tools[0].type", "'file_search' are not supported"},
+      {M + R"("input": "x", "tools": [{"type": "function"}]})", "tools[0].name", "Missing"},
+      {M + R"("input": "x", "tools": [{"type": "function", "name": "f", "strict": true, "parameters": {"type": "object",
+          "properties": {"a": {}}, "required": []}}]})",
+       "tools[0].parameters.required", "Required properties must match"},
+      {M + R"("input": "x", "tool_choice": "bogus"})", "tool_choice", "Invalid value: 'bogus'"},
+      {M + R"("input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"})", "tool_choice",
+       "Thinking mode does not support"},
+      {M + R"("input": "x", "reasoning": {"effort": "none"}, "tools": [{"type": "function", "name": "f"}],
+          "tool_choice": {"type": "function", "name": "g"}})",
+       "tool_choice.name", "no function named 'g'"},
+      {M + R"("input": "x", "text": {"format": {"type": "json_object"}}})", "text.format.type", "must contain the word 'json'"},
+      {M + R"("input": "x", "text": {"format": {"type": "json_schema", "name": "s"}}})", "text.format.schema", "Missing"},
+      {M + R"("input": "x", "text": {"format": {"type": "regex"}}})", "text.format.type", "Invalid value: 'regex'"},
+      {M + R"("input": "x", "max_output_tokens": 0})", "max_output_tokens", "[1, 393216]"},
+      {M + R"("input": "x", "temperature": 2.5})", "temperature", "[0.0, 2.0]"},
+      {M + R"("input": "x", "top_p": 0})", "top_p", "(0.0, 1.0]"},
+      {M + R"("input": "x", "top_logprobs": 21})", "top_logprobs", "[0, 20]"},
+      {M + R"("input": "x", "stream": "yes"})", "stream", "expected a boolean"},
+      {M + R"("input": "x", "metadata": []})", "metadata", "expected an object"},
+  };
+  for (const auto& e : cases) {
+    CAPTURE(e.body);
+    const api_error err = error_of(responses, e.body);
+    CHECK(err.status == 400);
+    CHECK(err.type == "invalid_request_error");
+    CHECK(err.message.find(e.message_part) != std::string::npos);
+    if (*e.param == '\0') CHECK(!err.param.has_value());
+    else CHECK(err.param == std::string(e.param));
+    const json j = json::parse(err.to_json());
+    CHECK(j.size() == 1);
+    CHECK(j["error"]["message"] == err.message);
+    CHECK(j["error"]["param"] == (err.param ? json(*err.param) : json(nullptr)));
+  }
+  CHECK(error_of(responses, R"({"model": "gpt-4o", "input": "x"})").code == "model_not_found");
+}
+
+TEST_CASE("messages: validation errors carry status, message and param in Anthropic's shape") {
+  struct expect {
+    std::string body;
+    const char* param;  // "" = none
+    const char* message_part;
+  };
+  const std::string M = R"({"model": "DeepSeek-V4-Pro", "max_tokens": 16, )";
+  const std::string U = R"("messages": [{"role": "user", "content": "x"}])";
+  const std::vector<expect> cases = {
+      {"{", "", "not valid JSON"},
+      {M + R"("x": 1})", "body.messages", "Field required"},
+      {M + R"("messages": []})", "messages", "at least one message is required"},
+      {M + R"("messages": [{"role": "bogus", "content": "x"}]})", "messages.0.role", "'user', 'assistant' or 'system'"},
+      {M + R"("messages": [{"role": "user"}]})", "messages.0.content", "Field required"},
+      {M + R"("messages": [{"role": "user", "content": [{"type": "video"}]}]})", "messages.0.content.0.type",
+       "'video' blocks are not supported"},
+      {M + R"("messages": [{"role": "user", "content": [{"text": "x"}]}]})", "messages.0.content.0.type", "Field required"},
+      {M + R"("messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "redacted_thinking",
+          "data": "a"}]}]})",
+       "messages.1.content.0.type", "'redacted_thinking' blocks are not supported"},
+      {M + R"("messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t",
+          "name": "f", "input": "s"}]}]})",
+       "messages.1.content.0.input", "Input should be an object"},
+      {M + R"("messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "zz"}]}]})",
+       "messages.0.content.0.tool_use_id", "must have a corresponding `tool_use` block"},
+      {M + R"("messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t",
+          "name": "f", "input": {}}]}, {"role": "user", "content": "y"}, {"role": "user", "content": [{"type": "tool_result",
+          "tool_use_id": "t"}]}]})",
+       "messages.3.content.0.tool_use_id", "in the previous message"},
+      {M + U + R"(, "system": 5})", "system", "valid string or a list of blocks"},
+      {M + U + R"(, "thinking": {"type": "bogus"}})", "thinking.type", "Invalid value: 'bogus'"},
+      {M + U + R"(, "output_config": {"effort": "bogus"}})", "output_config.effort", "Invalid value: 'bogus'"},
+      {M + U + R"(, "tools": [{"name": "f"}]})", "tools.0.input_schema", "Field required"},
+      {M + U + R"(, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})", "tools.0.type",
+       "server tools are not supported"},
+      {M + U + R"(, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "f"}})", "tool_choice",
+       "thinking mode does not support"},
+      {M + U + R"(, "thinking": {"type": "disabled"}, "tools": [{"name": "f", "input_schema": {}}],
+          "tool_choice": {"type": "tool", "name": "g"}})",
+       "tool_choice.name", "no tool named 'g'"},
+      {M + U + R"(, "tool_choice": {"type": "sometimes"}})", "tool_choice.type", "'auto', 'any', 'tool' or 'none'"},
+      {R"({"model": "DeepSeek-V4-Pro", "max_tokens": 0, )" + U + "}", "max_tokens", "greater than or equal to 1"},
+      {M + U + R"(, "temperature": -1})", "temperature", "[0.0, 2.0]"},
+      {M + U + R"(, "top_p": 1.5})", "top_p", "(0.0, 1.0]"},
+      {M + U + R"(, "top_k": -1})", "top_k", "greater than or equal to 0"},
+      {M + U + R"(, "stop_sequences": "END"})", "stop_sequences", "valid list"},
+      {M + U + R"(, "stop_sequences": ["a", 1]})", "stop_sequences.1", "valid string"},
+  };
+  for (const auto& e : cases) {
+    CAPTURE(e.body);
+    const api_error err = error_of(messages, e.body);
+    CHECK(err.status == 400);
+    CHECK(err.message.find(e.message_part) != std::string::npos);
+    if (*e.param == '\0') {
+      CHECK(!err.param.has_value());
+    } else {
+      CHECK(err.param == std::string(e.param));
+      CHECK(err.message.rfind(std::string(e.param) + ": ", 0) == 0);  // Anthropic style: the field first
+    }
+    const json j = json::parse(err.to_anthropic_json());
+    CHECK(j.size() == 2);
+    CHECK(j["type"] == "error");
+    CHECK(j["error"]["type"] == "invalid_request_error");
+    CHECK(j["error"]["message"] == err.message);
+  }
+}
+
+TEST_CASE("responses: serving fields are carried") {
+  auto r = parse_responses(R"({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"},
+      {"type": "input_image", "image_url": "https://x/y.png"}]}], "instructions": "ins", "max_output_tokens": 20,
+      "temperature": 0.5, "top_p": 0.9, "top_logprobs": 2, "stream": true, "store": false, "previous_response_id": "resp_9",
+      "parallel_tool_calls": false, "user": "u", "metadata": {"k": "v"}, "reasoning": {"effort": "xhigh"},
+      "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}}})");
+  REQUIRE(std::holds_alternative<responses_request>(r));
+  const auto& [conv, sp, f] = std::get<responses_request>(r);
+  CHECK(sp.model == "m");
+  CHECK(sp.max_tokens == 20);
+  CHECK(sp.temperature == 0.5);
+  CHECK(sp.top_p == 0.9);
+  CHECK(sp.logprobs);
+  CHECK(sp.top_logprobs == 2);
+  CHECK(sp.stream);
+  CHECK(sp.image_parts == 1);
+  CHECK(sp.reasoning_effort == "xhigh");
+  CHECK(sp.response_format_type == "json_schema");
+  CHECK(f.instructions == "ins");
+  CHECK(!f.store);
+  CHECK(f.previous_response_id == "resp_9");
+  CHECK(f.parallel_tool_calls == false);
+  CHECK(f.user == "u");
+  CHECK(f.metadata_json == R"({"k":"v"})");
+  CHECK(f.text_format_json == R"({"type":"json_schema","name":"s","schema":{"type":"object"}})");
+  CHECK(conv.effort == reasoning_effort::xhigh);
+  CHECK(conv.format.type == response_format::kind::json_schema);
+  REQUIRE(conv.messages.size() == 2);
+  CHECK(conv.messages[0].role == role::system);
+  CHECK(conv.messages[1].content == "a\n\n[Unsupported Image]");
+}
+
+TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit") {
+  chat_completions_config cfg;
+  cfg.max_tokens_limit = 1000;
+  auto r = parse_messages(R"({"model": "m", "max_tokens": 5000, "messages": [{"role": "user", "content": [{"type": "image",
+      "source": {"type": "url", "url": "https://x/y.png"}}]}], "stop_sequences": ["a", "b", "c", "d", "e"], "top_k": 7,
+      "temperature": 0.1, "top_p": 0.5, "stream": true, "metadata": {"user_id": "who"}, "output_config": {"effort": "max"}})",
+                          cfg);
+  REQUIRE(std::holds_alternative<messages_request>(r));
+  const auto& [conv, sp, user_id] = std::get<messages_request>(r);
+  CHECK(sp.max_tokens == 1000);
+  CHECK(sp.stop == std::vector<std::string>{"a", "b", "c", "d", "e"});
+  CHECK(sp.top_k == 7);
+  CHECK(sp.temperature == 0.1);
+  CHECK(sp.top_p == 0.5);
+  CHECK(sp.stream);
+  CHECK(sp.image_parts == 1);
+  CHECK(user_id == "who");
+  CHECK(conv.effort == reasoning_effort::max);
+  cfg.images = image_policy::reject;
+  auto rejected = parse_messages(R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image",
+      "source": {"type": "url", "url": "u"}}]}]})",
+                                 cfg);
+  REQUIRE(std::holds_alternative<api_error>(rejected));
+  CHECK(std::get<api_error>(rejected).param == "messages.0.content.0.type");
+}
