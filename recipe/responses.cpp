@@ -78,7 +78,7 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
       if (ec.none) thinking = false;
       effort = ec.level;
     }
-    if (const ojson* s = find(*rs, "summary")) need_string(*s, "reasoning.summary");
+    if (const ojson* s = find(*rs, "summary")) f.reasoning_summary = need_string(*s, "reasoning.summary");
   }
   conv.thinking = thinking;
   if (thinking) conv.effort = effort;
@@ -181,6 +181,7 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
   }
 
   // tools: function tools; web search tools are dropped (the reference's default).
+  ojson echo_tools = ojson::array();
   if (const ojson* tools = find(body, "tools")) {
     if (!tools->is_array()) fail("Invalid type for 'tools': expected an array, got " + type_of(*tools) + ".", "tools");
     for (std::size_t i = 0; i < tools->size(); ++i) {
@@ -201,15 +202,22 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
       if (params && !params->is_object())
         fail("Invalid type for '" + p + ".parameters': expected an object.", p + ".parameters");
       ojson schema = params ? *params : ojson::object();
-      if (const ojson* strict = find(t, "strict"); strict && need_bool(*strict, p + ".strict"))
-        make_strict(schema, p + ".parameters");
+      const ojson* strict = find(t, "strict");
+      if (strict && need_bool(*strict, p + ".strict")) make_strict(schema, p + ".parameters");
+      echo_tools.push_back({{"type", "function"},
+                            {"name", d.name},
+                            {"description", d.description ? ojson(*d.description) : ojson(nullptr)},
+                            {"parameters", params ? *params : ojson(nullptr)},
+                            {"strict", strict ? *strict : ojson(nullptr)}});
       d.parameters_json = schema.dump();
       conv.tools.push_back(std::move(d));
     }
   }
+  f.tools_json = echo_tools.dump();
 
   // tool_choice
   if (const ojson* tc = find(body, "tool_choice")) {
+    f.tool_choice_json = tc->dump();
     if (tc->is_string()) {
       const std::string v = tc->get<std::string>();
       if (v == "auto") conv.tool_choice = tool_choice::automatic;

@@ -20,6 +20,9 @@ struct responses_fields {
   std::optional<std::string> user;
   std::optional<std::string> metadata_json;  // compact JSON object
   std::optional<std::string> text_format_json;  // the whole text.format, compact JSON
+  std::optional<std::string> reasoning_summary;  // reasoning.summary as sent
+  std::string tools_json = "[]";                 // the function tools as sent, in the response's shape
+  std::optional<std::string> tool_choice_json;   // tool_choice as sent, compact JSON
 };
 
 struct responses_request {
