@@ -1,5 +1,6 @@
-// DeepSeek-V4 prompt rendering (format learned from deepseek_recipe 0.2.0's DeepseekV4Encoding
-// output; see docs/recipe.md and tests/recipe/golden/prompts.v4.jsonl.gz).
+// DeepSeek-V4 and V4.1 prompt rendering (formats learned from deepseek_recipe 0.2.0's
+// DeepseekV4Encoding / DeepseekV41Encoding output; see docs/recipe.md and the goldens under
+// tests/recipe/golden/).
 #include "recipe/prompt.hpp"
 
 #include <nlohmann/json.hpp>
@@ -18,7 +19,9 @@ constexpr std::string_view k_assistant = "<｜Assistant｜>";
 constexpr std::string_view k_think = "<think>";
 constexpr std::string_view k_end_think = "</think>";
 constexpr std::string_view k_dsml = "｜DSML｜";
-constexpr std::array<std::string_view, 7> k_markers{k_bos, k_eos, k_user, k_assistant, k_think, k_end_think, k_dsml};
+constexpr std::string_view k_system = "<｜System｜>";  // V4.1 only
+constexpr std::array<std::string_view, 8> k_markers{k_bos,   k_eos,       k_user, k_assistant,
+                                                    k_think, k_end_think, k_dsml, k_system};
 
 constexpr std::string_view k_effort_high =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your "
@@ -81,24 +84,31 @@ void dump(const ojson& j, std::string& out) {
   }
 }
 
+// Collects the prompt: conversation text (tokenized in raw mode: never an added token) and the
+// encoder's markers (appended as their ids). Without a tokenizer only the text and the markers'
+// byte ranges are kept.
 class builder {
  public:
-  explicit builder(const tokenizer& tok) : tok_(tok) {
+  builder(const tokenizer* tok, bool system_marker) : tok_(tok) {
+    if (!tok) return;
     for (std::size_t i = 0; i < k_markers.size(); ++i) {
-      const auto id = tok.token_to_id(k_markers[i]);
+      if (k_markers[i] == k_system && !system_marker) continue;
+      const auto id = tok->token_to_id(k_markers[i]);
       if (!id) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(k_markers[i]));
       marker_ids_[i] = *id;
     }
   }
-  // Conversation text: tokenized in raw mode (never an added token).
   void text(std::string_view s) { pending_ += s; }
   // An encoder marker: flushes the pending text, appends the marker's id.
   void marker(std::string_view m) {
     flush();
     for (std::size_t i = 0; i < k_markers.size(); ++i)
       if (k_markers[i] == m) {
-        out_.control.push_back(out_.ids.size());
-        out_.ids.push_back(marker_ids_[i]);
+        ranges_.emplace_back(out_.text.size(), out_.text.size() + m.size());
+        if (tok_) {
+          out_.control.push_back(out_.ids.size());
+          out_.ids.push_back(marker_ids_[i]);
+        }
         out_.text += m;
         return;
       }
@@ -125,32 +135,45 @@ class builder {
     flush();
     return std::move(out_);
   }
+  std::vector<std::pair<std::size_t, std::size_t>> ranges() const { return ranges_; }
 
  private:
   void flush() {
     if (pending_.empty()) return;
-    tok_.encode(pending_, encode_mode::raw, out_.ids);
+    if (tok_) tok_->encode(pending_, encode_mode::raw, out_.ids);
     out_.text += pending_;
     pending_.clear();
   }
-  const tokenizer& tok_;
+  const tokenizer* tok_;
   std::array<token_id, k_markers.size()> marker_ids_{};
   std::string pending_;
   encoded_prompt out_;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges_;
 };
 
-void render_tool_calls(builder& b, const std::vector<tool_call>& calls) {
-  b.markup("\n\n<｜DSML｜tool_calls>\n");
+// V4.1 spells the DSML names with a space: `<｜DSML｜ calls>`, `<｜DSML｜ invoke`, `<｜DSML｜ parameter`.
+std::string dsml(std::string_view v4_text, prompt_format f) {
+  std::string out(v4_text);
+  if (f == prompt_format::v4) return out;
+  for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"｜DSML｜tool_calls", "｜DSML｜ calls"},
+                          {"｜DSML｜invoke", "｜DSML｜ invoke"},
+                          {"｜DSML｜parameter", "｜DSML｜ parameter"}})
+    for (std::size_t p = 0; (p = out.find(from, p)) != std::string::npos; p += to.size()) out.replace(p, from.size(), to);
+  return out;
+}
+
+void render_tool_calls(builder& b, const std::vector<tool_call>& calls, prompt_format f) {
+  b.markup(dsml("\n\n<｜DSML｜tool_calls>\n", f));
   for (const auto& call : calls) {
-    b.markup("<｜DSML｜invoke name=\"");
+    b.markup(dsml("<｜DSML｜invoke name=\"", f));
     b.text(call.name);
     b.text("\">\n");
     auto write_param = [&](std::string_view name, bool is_string, std::string_view value) {
-      b.markup("<｜DSML｜parameter name=\"");
+      b.markup(dsml("<｜DSML｜parameter name=\"", f));
       b.text(name);
       b.text(is_string ? "\" string=\"true\">" : "\" string=\"false\">");
       b.text(value);
-      b.markup("</｜DSML｜parameter>\n");
+      b.markup(dsml("</｜DSML｜parameter>\n", f));
     };
     const auto args = ojson::parse(call.arguments, nullptr, false);
     if (args.is_object()) {
@@ -166,37 +189,17 @@ void render_tool_calls(builder& b, const std::vector<tool_call>& calls) {
     } else {
       write_param("arguments", true, call.arguments);
     }
-    b.markup("</｜DSML｜invoke>\n");
+    if (f == prompt_format::v41 && args.is_object() && args.empty()) b.text("\n");  // V4.1: an empty line
+    b.markup(dsml("</｜DSML｜invoke>\n", f));
   }
-  b.markup("</｜DSML｜tool_calls>");
+  b.markup(dsml("</｜DSML｜tool_calls>", f));
 }
 
-}  // namespace
-
-encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
-  builder b(tok);
-  const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
-  const auto& msgs = c.messages;
-  const bool ends_in_prefix =
-      !msgs.empty() && msgs.back().role == role::assistant && msgs.back().prefix;
-
-  b.marker(k_bos);
-  if (c.thinking) {
-    const auto effort = c.effort.value_or(reasoning_effort::high);
-    if (effort == reasoning_effort::max)
-      b.text(k_effort_max);
-    else if (effort != reasoning_effort::low)
-      b.text(k_effort_high);
-  }
-  bool first_system = true;
-  for (const auto& m : msgs) {
-    if (m.role != role::system) continue;
-    if (!first_system) b.text("\n\n");
-    first_system = false;
-    b.text(m.content);
-  }
-  if (tools_on) {
-    b.markup(k_tools_head);
+// The system part of the prompt after the effort text: the tools block, then the response-format
+// instruction.
+void render_tools_and_format(builder& b, const conversation& c, prompt_format f) {
+  if (!c.tools.empty() && c.tool_choice != tool_choice::none) {
+    b.markup(dsml(k_tools_head, f));
     bool first = true;
     for (const auto& t : c.tools) {
       if (!first) b.text("\n");
@@ -212,21 +215,84 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
     }
     b.markup(k_tools_tail);
   }
-  if (c.format.type == response_format::kind::json_object) {
+  if (c.format.type == response_format::kind::json_object && f == prompt_format::v4) {
     b.text(k_format_json_object);
+  } else if (c.format.type == response_format::kind::json_object) {  // V4.1: as a schema
+    b.text(k_format_json_schema);
+    b.text("{\"type\": \"json_object\"}");
   } else if (c.format.type == response_format::kind::json_schema) {
     b.text(k_format_json_schema);
     std::string schema;
     dump(ojson::parse(c.format.schema_json), schema);
     b.text(schema);
   }
+}
 
-  std::optional<role> prev;  // the previous non-system message's role
-  for (std::size_t i = 0; i < msgs.size(); ++i) {
-    const auto& m = msgs[i];
+// V4.1's effort: the continuous level when set, else the named one (low 50, high / xhigh / unset
+// 75, max 100).
+int effort_level(const conversation& c) {
+  if (c.effort_level) return *c.effort_level;
+  switch (c.effort.value_or(reasoning_effort::high)) {
+    case reasoning_effort::low: return 50;
+    case reasoning_effort::max: return 100;
+    default: return 75;
+  }
+}
+
+encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
+  const bool v41 = f == prompt_format::v41;
+  const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
+  // V4.1 leaves empty system messages out; V4 joins every system message into the header.
+  std::vector<const message*> msgs;
+  for (const auto& m : c.messages)
+    if (!(v41 && m.role == role::system && m.content.empty())) msgs.push_back(&m);
+  const bool ends_in_prefix = !msgs.empty() && msgs.back()->role == role::assistant && msgs.back()->prefix;
+  std::size_t first = 0;  // the first message rendered in the conversation part
+
+  b.marker(k_bos);
+  if (!v41) {
+    if (c.thinking) {
+      const auto effort = c.effort.value_or(reasoning_effort::high);
+      if (effort == reasoning_effort::max)
+        b.text(k_effort_max);
+      else if (effort != reasoning_effort::low)
+        b.text(k_effort_high);
+    }
+    bool first_system = true;
+    for (const message* m : msgs) {
+      if (m->role != role::system) continue;
+      if (!first_system) b.text("\n\n");
+      first_system = false;
+      b.text(m->content);
+    }
+    render_tools_and_format(b, c, f);
+  } else {
+    // `<｜System｜>` + effort line + a leading system message + tools + format, when not empty.
+    const bool leading_system = !msgs.empty() && msgs.front()->role == role::system;
+    const bool format_text = c.format.type == response_format::kind::json_object ||
+                             c.format.type == response_format::kind::json_schema;
+    if (c.thinking || leading_system || tools_on || format_text) {
+      b.marker(k_system);
+      if (c.thinking)
+        b.text("Reasoning Effort: " + std::to_string(effort_level(c)) +
+               " (range 1-100, the higher the value, the more thorough the reasoning)\n\n");
+      if (leading_system) {
+        b.text(msgs.front()->content);
+        first = 1;
+      }
+      render_tools_and_format(b, c, f);
+    }
+  }
+
+  std::optional<role> prev;  // the previous rendered message's role
+  for (std::size_t i = first; i < msgs.size(); ++i) {
+    const message& m = *msgs[i];
     switch (m.role) {
       case role::system:
-        continue;
+        if (!v41) continue;  // V4: all in the header
+        b.marker(k_system);
+        b.text(m.content);
+        break;
       case role::user:
         if (prev == role::user || prev == role::tool)
           b.text("\n\n");
@@ -262,7 +328,7 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
           }
           b.marker(k_end_think);
           b.text(m.content);
-          if (!m.tool_calls.empty()) render_tool_calls(b, m.tool_calls);
+          if (!m.tool_calls.empty()) render_tool_calls(b, m.tool_calls, f);
           b.marker(k_eos);
         }
         break;
@@ -273,9 +339,24 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
   if (!ends_in_prefix) {
     b.marker(k_assistant);
     b.marker(c.thinking ? k_think : k_end_think);
-    if (tools_on && c.tool_choice == tool_choice::required) b.markup("\n\n<｜DSML｜tool_calls>\n");
+    if (tools_on && c.tool_choice == tool_choice::required) b.markup(dsml("\n\n<｜DSML｜tool_calls>\n", f));
   }
   return b.finish();
+}
+
+}  // namespace
+
+encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format f) {
+  builder b(&tok, f == prompt_format::v41);
+  return render(c, f, b);
+}
+
+rendered_prompt render_prompt(const conversation& c, prompt_format f) {
+  builder b(nullptr, f == prompt_format::v41);
+  rendered_prompt out;
+  out.text = render(c, f, b).text;
+  out.control = b.ranges();
+  return out;
 }
 
 }  // namespace troupe::recipe

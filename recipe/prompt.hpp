@@ -58,6 +58,7 @@ struct conversation {
   recipe::tool_choice tool_choice = tool_choice::automatic;
   bool thinking = true;
   std::optional<reasoning_effort> effort;  // thinking mode only; unset = high
+  std::optional<int> effort_level;         // V4.1's continuous scale, 1-100; wins over `effort` there
   response_format format;
 };
 
@@ -67,7 +68,18 @@ struct encoded_prompt {
   std::vector<std::size_t> control;  // positions in ids that the encoder emitted as control tokens
 };
 
-// Throws std::runtime_error when the tokenizer lacks one of the V4 control tokens.
-encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok);
+// The prompt formats: DeepSeek-V4 (DeepseekV4Encoding) and DeepSeek-V4.1 (DeepseekV41Encoding).
+enum class prompt_format { v4, v41 };
+
+// Throws std::runtime_error when the tokenizer lacks one of the format's control tokens (the
+// shipped V4 tokenizer has no `<｜System｜>`, which V4.1 prompts use).
+encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format format = prompt_format::v4);
+
+// The prompt text alone, with the byte ranges [begin, end) of the encoder's control tokens.
+struct rendered_prompt {
+  std::string text;
+  std::vector<std::pair<std::size_t, std::size_t>> control;
+};
+rendered_prompt render_prompt(const conversation& c, prompt_format format = prompt_format::v4);
 
 }  // namespace troupe::recipe

@@ -5,7 +5,9 @@ Three files, one per protocol: Chat Completions (`ChatCompletionRequest`), Respo
 (`ResponsesRequest`) and Anthropic Messages (`MessagesRequest`). Each record: `name`, the request
 body, and either the oracle's prompt (`<Protocol>Request.convert` ->
 `DeepseekV4Encoding.render_conversation`) and ids (`DeepseekV4Encoding.encode`, our shipped V4
-tokenizer attached), or `error` (the oracle's message) when it rejects the request. Chat
+tokenizer attached) plus the same conversation rendered by `DeepseekV41Encoding` (`prompt_v41`, and
+`control_v41`: the spelling of each of its special-token ranges, in order; text only, as the V4
+vocabulary lacks V4.1's `<｜System｜>`), or `error` (the oracle's message) when it rejects the request. Chat
 Completions and Responses requests are also validated against the official OpenAI schemas
 (tests/recipe/fixtures/openai/create_chat_completion_request.schema.json,
 create_response_request.schema.json) with Python `jsonschema`; `schema_valid` records the result.
@@ -348,6 +350,7 @@ def main():
         path = pathlib.Path(d) / "tokenizer.json"
         path.write_bytes(gzip.decompress(TOK_GZ.read_bytes()))
         enc = dr.DeepseekV4Encoding().with_tokenizer(dr.Tokenizer.from_file(str(path)))
+    enc41 = dr.DeepseekV41Encoding()  # text only: the V4 vocabulary has no <｜System｜>
     total = 0
     for proto, cases, cls, schema in PROTOCOLS:
         validator = None
@@ -365,6 +368,9 @@ def main():
                 conv = cls(json.loads(json.dumps(case["request"]))).convert(dr.ConversionOptions()).conversation
                 rec["prompt"] = enc.render_conversation(conv).prompt
                 rec["ids"] = enc.encode(conv)
+                r41 = enc41.render_conversation(conv)
+                rec["prompt_v41"] = r41.prompt
+                rec["control_v41"] = [r41.prompt[a:b] for a, b in r41.special_ranges]
             except (ValueError, dr.ConversionError) as e:
                 rec["error"] = str(e)
                 errors += 1

@@ -44,8 +44,15 @@ const parse_fn chat = [](const std::string& b) { return conversation_of(parse_ch
 bool is_control(token_id id) { return id < 3 || id >= 128000; }
 
 struct tally {
-  int prompts = 0, rejected = 0;
+  int prompts = 0, rejected = 0, v41 = 0;
 };
+
+// The spellings of a rendered prompt's control tokens, in order.
+std::vector<std::string> control_strings(const rendered_prompt& r) {
+  std::vector<std::string> out;
+  for (const auto& [b, e] : r.control) out.push_back(r.text.substr(b, e - b));
+  return out;
+}
 
 // Every golden: the oracle's prompt text and ids, or a rejection; the safety rule on each prompt.
 tally check_goldens(const std::string& file, const parse_fn& parse, const std::set<std::string>& accepted_more = {}) {
@@ -78,6 +85,11 @@ tally check_goldens(const std::string& file, const parse_fn& parse, const std::s
     const std::set<std::size_t> own(p.control.begin(), p.control.end());
     for (std::size_t i = 0; i < p.ids.size(); ++i) CHECK(is_control(p.ids[i]) == own.contains(i));
     ++t.prompts;
+    // DeepSeek-V4.1 (text and control-token positions; no V4.1 tokenizer to check ids with).
+    const rendered_prompt r41 = render_prompt(std::get<conversation>(r), prompt_format::v41);
+    CHECK(r41.text == g["prompt_v41"].get<std::string>());
+    CHECK(control_strings(r41) == g["control_v41"].get<std::vector<std::string>>());
+    ++t.v41;
   }
   return t;
 }
@@ -107,6 +119,7 @@ TEST_CASE("protocols: at least 100 goldens across the three protocols, each chec
   const tally r = check_goldens("responses.v4.jsonl.gz", responses);
   const tally m = check_goldens("messages.v4.jsonl.gz", messages);
   CHECK(c.prompts + r.prompts + m.prompts >= 100);
+  CHECK(c.v41 + r.v41 + m.v41 >= 100);
   CHECK(c.rejected + r.rejected + m.rejected >= 40);
 }
 
