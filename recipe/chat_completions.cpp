@@ -147,6 +147,8 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
                "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
            p + ".role");
     }
+    // deepseek_recipe leaves empty system messages out (visible in V4.1 prompts).
+    if (msg.role == role::system && msg.content.empty()) continue;
     conv.messages.push_back(std::move(msg));
   }
 

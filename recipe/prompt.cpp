@@ -242,10 +242,8 @@ int effort_level(const conversation& c) {
 encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
   const bool v41 = f == prompt_format::v41;
   const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
-  // V4.1 leaves empty system messages out; V4 joins every system message into the header.
   std::vector<const message*> msgs;
-  for (const auto& m : c.messages)
-    if (!(v41 && m.role == role::system && m.content.empty())) msgs.push_back(&m);
+  for (const auto& m : c.messages) msgs.push_back(&m);
   const bool ends_in_prefix = !msgs.empty() && msgs.back()->role == role::assistant && msgs.back()->prefix;
   std::size_t first = 0;  // the first message rendered in the conversation part
 
@@ -260,14 +258,15 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
     }
     bool first_system = true;
     for (const message* m : msgs) {
-      if (m->role != role::system) continue;
+      if (m->role != role::system || m->content.empty()) continue;  // empty ones are left out
       if (!first_system) b.text("\n\n");
       first_system = false;
       b.text(m->content);
     }
     render_tools_and_format(b, c, f);
   } else {
-    // `<｜System｜>` + effort line + a leading system message + tools + format, when not empty.
+    // `<｜System｜>` + effort line + a leading system message (even empty) + tools + format, when
+    // there is any of them.
     const bool leading_system = !msgs.empty() && msgs.front()->role == role::system;
     const bool format_text = c.format.type == response_format::kind::json_object ||
                              c.format.type == response_format::kind::json_schema;
@@ -300,8 +299,8 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
           b.marker(k_user);
         b.text(m.content);
         break;
-      case role::tool:
-        if (prev == role::tool)
+      case role::tool:  // V4.1 also joins a tool result to the user turn before it
+        if (prev == role::tool || (v41 && prev == role::user))
           b.text("\n\n");
         else
           b.marker(k_user);
@@ -312,7 +311,16 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
       case role::assistant: {
         b.marker(k_assistant);
         const bool is_prefix = m.prefix && i + 1 == msgs.size();
-        if (is_prefix) {
+        if (is_prefix && v41) {  // V4.1: the reasoning part follows the thinking mode
+          if (c.thinking) {
+            b.marker(k_think);
+            b.text(m.reasoning.value_or(""));
+            if (!m.content.empty()) b.marker(k_end_think);
+          } else {
+            b.marker(k_end_think);
+          }
+          b.text(m.content);
+        } else if (is_prefix) {
           if (m.reasoning) {
             b.marker(k_think);
             b.text(*m.reasoning);
@@ -322,14 +330,16 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
           }
           b.text(m.content);
         } else {
-          if (tools_on && m.reasoning) {
+          // Earlier reasoning is kept only in tool-using conversations: V4 when the message has
+          // reasoning, V4.1 in thinking mode (empty when the message has none).
+          if (v41 ? (tools_on && c.thinking) : (tools_on && m.reasoning.has_value())) {
             b.marker(k_think);
-            b.text(*m.reasoning);
+            b.text(m.reasoning.value_or(""));
           }
           b.marker(k_end_think);
           b.text(m.content);
           if (!m.tool_calls.empty()) render_tool_calls(b, m.tool_calls, f);
-          b.marker(k_eos);
+          if (!(v41 && m.prefix)) b.marker(k_eos);  // V4.1: a prefix message that is not last has no EOS
         }
         break;
       }

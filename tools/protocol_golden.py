@@ -57,6 +57,7 @@ CASES = [
     R("chat.content_parts", [SY([TXT("s1"), TXT("s2")]), U([TXT("a"), TXT("b")])], thinking=OFF),
     R("chat.assistant_parts", [U("a"), A([TXT("x"), TXT("y")]), U("b")], thinking=OFF),
     R("chat.image_part", [U([TXT("look"), IMG, TXT("what is it?")])], thinking=OFF),
+    R("chat.empty_system_messages", [SY(""), U("a"), SY(""), U("b")], thinking=OFF),
     R("chat.user_name_ignored", [U("hi", name="bob")], thinking=OFF),
     R("chat.sampling_fields", [U("Hi")], thinking=OFF, temperature=0.3, top_p=0.9, max_tokens=100, stop=["\n\n", "END"],
       stream=True, stream_options={"include_usage": True}, logprobs=True, top_logprobs=5, seed=7),
