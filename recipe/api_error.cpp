@@ -62,8 +62,15 @@ void make_strict(ojson& schema, const std::string& param) {
 }
 
 effort_choice parse_effort(const ojson& j, const std::string& param) {
-  const std::string v = need_string(j, param);
   effort_choice e;
+  if (j.is_number_integer()) {
+    const std::int64_t n = j.get<std::int64_t>();
+    if (n < 1 || n > 100) fail("Invalid " + param + " value, the valid range of " + param + " is [1, 100].", param);
+    e.number = static_cast<int>(n);
+    e.level = n <= 50 ? reasoning_effort::low : n < 100 ? reasoning_effort::high : reasoning_effort::max;
+    return e;
+  }
+  const std::string v = need_string(j, param);
   if (v == "none") e.none = true;
   else if (v == "minimal" || v == "low") e.level = reasoning_effort::low;
   else if (v == "medium" || v == "high") e.level = reasoning_effort::high;

@@ -77,14 +77,19 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
     thinking_given = true;
   }
   std::optional<reasoning_effort> effort;
+  std::optional<int> effort_number;
   if (const ojson* e = find(body, "reasoning_effort")) {
     const effort_choice ec = parse_effort(*e, "reasoning_effort");
-    sp.reasoning_effort = e->get<std::string>();
+    sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
     if (ec.none && !thinking_given) thinking = false;
     effort = ec.level;
+    effort_number = ec.number;
   }
   conv.thinking = thinking;
-  if (thinking) conv.effort = effort;
+  if (thinking) {
+    conv.effort = effort;
+    conv.effort_level = effort_number;
+  }
 
   // messages
   const ojson* msgs = find(body, "messages");

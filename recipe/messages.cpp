@@ -76,17 +76,22 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
     thinking_given = true;
   }
   std::optional<reasoning_effort> effort;
+  std::optional<int> effort_number;
   if (const ojson* oc = find(body, "output_config")) {
     if (!oc->is_object()) fail("output_config", "Input should be an object");
     if (const ojson* e = find(*oc, "effort")) {
       const detail::effort_choice ec = detail::parse_effort(*e, "output_config.effort");
-      sp.reasoning_effort = e->get<std::string>();
+      sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
       if (ec.none && !thinking_given) thinking = false;
       effort = ec.level;
+      effort_number = ec.number;
     }
   }
   conv.thinking = thinking;
-  if (thinking) conv.effort = effort;
+  if (thinking) {
+    conv.effort = effort;
+    conv.effort_level = effort_number;
+  }
 
   if (const ojson* s = find(body, "system"))
     conv.messages.push_back(make_message(role::system, text_blocks(*s, "system", false, cfg, sp.image_parts)));

@@ -68,10 +68,13 @@ inline double need_number(const ojson& j, const std::string& param, double lo, d
 }
 
 /// A reasoning-effort name as deepseek_recipe maps it: "none" turns thinking off (`none`), minimal /
-/// low -> low, medium / high -> high, xhigh, ultra / max -> max; anything else fails.
+/// low -> low, medium / high -> high, xhigh, ultra / max -> max; or (ours only) an integer 1-100,
+/// V4.1's continuous scale (`number`), with the V4 level 1-50 -> low, 51-99 -> high, 100 -> max.
+/// Anything else fails.
 struct effort_choice {
   bool none = false;
   std::optional<reasoning_effort> level;
+  std::optional<int> number;
 };
 effort_choice parse_effort(const ojson& j, const std::string& param);
 

@@ -70,18 +70,23 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
   // part of this protocol and is ignored (as the reference does).
   bool thinking = cfg.default_thinking;
   std::optional<reasoning_effort> effort;
+  std::optional<int> effort_number;
   if (const ojson* rs = find(body, "reasoning")) {
     if (!rs->is_object()) fail("Invalid type for 'reasoning': expected an object, got " + type_of(*rs) + ".", "reasoning");
     if (const ojson* e = find(*rs, "effort")) {
       const effort_choice ec = parse_effort(*e, "reasoning.effort");
-      sp.reasoning_effort = e->get<std::string>();
+      sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
       if (ec.none) thinking = false;
       effort = ec.level;
+      effort_number = ec.number;
     }
     if (const ojson* s = find(*rs, "summary")) f.reasoning_summary = need_string(*s, "reasoning.summary");
   }
   conv.thinking = thinking;
-  if (thinking) conv.effort = effort;
+  if (thinking) {
+    conv.effort = effort;
+    conv.effort_level = effort_number;
+  }
 
   // instructions, then the input items
   if (const ojson* ins = find(body, "instructions")) {

@@ -330,3 +330,32 @@ TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit
   REQUIRE(std::holds_alternative<api_error>(rejected));
   CHECK(std::get<api_error>(rejected).param == "messages.0.content.0.type");
 }
+
+TEST_CASE("protocols: V4.1's continuous reasoning effort (1-100) in all three, beyond the reference") {
+  const std::vector<std::pair<parse_fn, std::string>> bodies = {
+      {chat, R"({"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": EFF})"},
+      {responses, R"({"model": "DeepSeek-V4.1-Flash", "input": "x", "reasoning": {"effort": EFF}})"},
+      {messages, R"({"model": "DeepSeek-V4.1-Flash", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+                     "output_config": {"effort": EFF}})"},
+  };
+  auto with = [](std::string body, const std::string& effort) { return body.replace(body.find("EFF"), 3, effort); };
+  for (const auto& [parse, body] : bodies) {
+    CAPTURE(body);
+    for (const auto& [n, named] : std::vector<std::pair<int, reasoning_effort>>{
+             {1, reasoning_effort::low}, {50, reasoning_effort::low}, {51, reasoning_effort::high},
+             {99, reasoning_effort::high}, {100, reasoning_effort::max}}) {
+      auto r = parse(with(body, std::to_string(n)));
+      REQUIRE(std::holds_alternative<conversation>(r));
+      const conversation& c = std::get<conversation>(r);
+      CHECK(c.effort_level == n);
+      CHECK(c.effort == named);
+      CHECK(render_prompt(c, prompt_format::v41).text.find("Reasoning Effort: " + std::to_string(n) + " (range 1-100") !=
+            std::string::npos);
+    }
+    for (const char* bad : {"0", "101", "-5"}) {
+      auto r = parse(with(body, bad));
+      REQUIRE(std::holds_alternative<api_error>(r));
+      CHECK(std::get<api_error>(r).message.find("[1, 100]") != std::string::npos);
+    }
+  }
+}
