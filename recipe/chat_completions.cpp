@@ -17,9 +17,10 @@ using namespace detail;
 std::string type_name(const ojson& j) { return j.type_name(); }
 
 // Content: a string or an array of parts; text parts are joined with "\n\n" (deepseek_recipe),
-// an image part becomes "[Unsupported Image]" (V4 has no vision) or is rejected.
+// an image part becomes "[Unsupported Image]" (V4 has no vision), an image of the message in a
+// V4.1 conversion (`images`), or is rejected.
 std::string content_text(const ojson& c, const std::string& param, bool images_allowed, const chat_completions_config& cfg,
-                         int& image_parts) {
+                         int& image_parts, std::vector<std::size_t>* images = nullptr) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array())
     fail("Invalid type for '" + param + "': expected a string or an array of content parts, got " + type_name(c) + ".",
@@ -47,7 +48,9 @@ std::string content_text(const ojson& c, const std::string& param, bool images_a
         fail("Missing required parameter: '" + p + ".image_url.url'.", p + ".image_url.url");
       need_string((*url)["url"], p + ".image_url.url");
       ++image_parts;
-      piece = "[Unsupported Image]";
+      if (i > 0) out += "\n\n";
+      add_image(out, images);
+      continue;
     } else if (t == "input_audio" || t == "file" || t == "refusal") {
       fail("Content parts of type '" + t + "' are not supported.", p + ".type");
     } else {
@@ -68,6 +71,7 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
   if (!body.is_object()) fail("The request body must be a JSON object.", "");
 
   sp.model = check_model(body, cfg.models);
+  sp.format = format_of(sp.model, cfg.v41_models);
 
   // thinking mode and effort
   bool thinking = cfg.default_thinking;
@@ -108,7 +112,8 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
     if (role_s == "system" || role_s == "developer" || role_s == "user") {
       msg.role = role_s == "user" ? role::user : role::system;
       if (!content) fail("Missing required parameter: '" + p + ".content'.", p + ".content");
-      msg.content = content_text(*content, p + ".content", role_s == "user", cfg, sp.image_parts);
+      msg.content = content_text(*content, p + ".content", role_s == "user", cfg, sp.image_parts,
+                                 role_s == "user" && sp.format == prompt_format::v41 ? &msg.images : nullptr);
     } else if (role_s == "tool") {
       msg.role = role::tool;
       if (!content) fail("Missing required parameter: '" + p + ".content'.", p + ".content");

@@ -27,6 +27,9 @@ struct chat_completions_config {
   std::int64_t max_tokens_limit = 393216;
   int max_n = 128;
   image_policy images = image_policy::placeholder;  // V4 has no vision: "[Unsupported Image]"
+  // Models whose requests are converted for DeepSeek-V4.1 (prompt_format::v41): images stay
+  // images (`<｜image｜>`), and the V4.1 differences of Responses and Messages apply.
+  std::vector<std::string> v41_models = {"DeepSeek-V4.1-Flash"};
 };
 
 // The serving fields of the request, validated; unset = not in the request.
@@ -48,7 +51,8 @@ struct sampling_params {
   std::optional<std::string> response_format_json;  // the whole response_format, compact JSON
   std::optional<std::string> reasoning_effort;      // as sent
   std::optional<std::string> tool_choice_function;  // tool_choice named one function
-  int image_parts = 0;                              // image_url parts replaced by the placeholder
+  int image_parts = 0;                              // image parts (placeholders in the prompt)
+  prompt_format format = prompt_format::v4;         // the model's prompt format (config.v41_models)
 };
 
 struct chat_completions_request {

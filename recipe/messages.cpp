@@ -68,6 +68,8 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
   conversation& conv = r.conversation;
   if (!body.is_object()) detail::fail("The request body must be a JSON object.", "");
   sp.model = detail::check_model(body, cfg.models);
+  sp.format = detail::format_of(sp.model, cfg.v41_models);
+  const bool v41 = sp.format == prompt_format::v41;
 
   bool thinking = cfg.default_thinking;
   bool thinking_given = false;
@@ -109,7 +111,9 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
     const std::string cp = p + ".content";
     std::vector<std::string> tool_uses;
     if (role_s == "user" || role_s == "system") {
-      if (role_s == "system") {  // the reference turns it into a reminder inside the user turn
+      if (role_s == "system" && v41) {  // the reference: a system message for V4.1,
+        conv.messages.push_back(make_message(role::system, text_blocks(content, cp, false, cfg, sp.image_parts)));
+      } else if (role_s == "system") {  // a reminder inside the user turn for V4
         conv.messages.push_back(make_message(
             role::user, "<system-reminder>\n" + text_blocks(content, cp, false, cfg, sp.image_parts) + "\n</system-reminder>"));
       } else if (content.is_string()) {
@@ -117,9 +121,14 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
       } else if (content.is_array()) {
         // Text-like blocks are joined into one user turn; each tool_result is a tool message.
         std::optional<std::string> text;
+        std::vector<std::size_t> images;  // V4.1: the images of `text`
         auto flush = [&] {
-          if (text) conv.messages.push_back(make_message(role::user, std::move(*text)));
+          if (text) {
+            conv.messages.push_back(make_message(role::user, std::move(*text)));
+            conv.messages.back().images = std::move(images);
+          }
           text.reset();
+          images.clear();
         };
         for (std::size_t k = 0; k < content.size(); ++k) {
           const std::string q = at(cp, k);
@@ -146,6 +155,12 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
             if (cfg.images == image_policy::reject) fail(q + ".type", "image blocks are not supported by this model");
             if (!need(b, "source", q).is_object()) fail(q + ".source", "Input should be an object");
             ++sp.image_parts;
+            if (v41) {  // an image at the end of the text so far
+              if (text) *text += "\n\n";
+              else text.emplace();
+              images.push_back(text->size());
+              continue;
+            }
             piece = "[Unsupported Image]";
           } else if (t == "document") {
             const ojson& src = need(b, "source", q);

@@ -20,8 +20,9 @@ constexpr std::string_view k_think = "<think>";
 constexpr std::string_view k_end_think = "</think>";
 constexpr std::string_view k_dsml = "｜DSML｜";
 constexpr std::string_view k_system = "<｜System｜>";  // V4.1 only
-constexpr std::array<std::string_view, 8> k_markers{k_bos,   k_eos,       k_user, k_assistant,
-                                                    k_think, k_end_think, k_dsml, k_system};
+constexpr std::string_view k_image = "<｜image｜>";    // V4.1 only
+constexpr std::array<std::string_view, 9> k_markers{k_bos,       k_eos,  k_user,   k_assistant, k_think,
+                                                    k_end_think, k_dsml, k_system, k_image};
 
 constexpr std::string_view k_effort_high =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your "
@@ -89,14 +90,9 @@ void dump(const ojson& j, std::string& out) {
 // byte ranges are kept.
 class builder {
  public:
-  builder(const tokenizer* tok, bool system_marker) : tok_(tok) {
+  explicit builder(const tokenizer* tok) : tok_(tok) {
     if (!tok) return;
-    for (std::size_t i = 0; i < k_markers.size(); ++i) {
-      if (k_markers[i] == k_system && !system_marker) continue;
-      const auto id = tok->token_to_id(k_markers[i]);
-      if (!id) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(k_markers[i]));
-      marker_ids_[i] = *id;
-    }
+    for (std::size_t i = 0; i < k_markers.size(); ++i) marker_ids_[i] = tok->token_to_id(k_markers[i]);
   }
   void text(std::string_view s) { pending_ += s; }
   // An encoder marker: flushes the pending text, appends the marker's id.
@@ -106,8 +102,9 @@ class builder {
       if (k_markers[i] == m) {
         ranges_.emplace_back(out_.text.size(), out_.text.size() + m.size());
         if (tok_) {
+          if (!marker_ids_[i]) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(m));
           out_.control.push_back(out_.ids.size());
-          out_.ids.push_back(marker_ids_[i]);
+          out_.ids.push_back(*marker_ids_[i]);
         }
         out_.text += m;
         return;
@@ -145,7 +142,7 @@ class builder {
     pending_.clear();
   }
   const tokenizer* tok_;
-  std::array<token_id, k_markers.size()> marker_ids_{};
+  std::array<std::optional<token_id>, k_markers.size()> marker_ids_{};
   std::string pending_;
   encoded_prompt out_;
   std::vector<std::pair<std::size_t, std::size_t>> ranges_;
@@ -292,13 +289,23 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
         b.marker(k_system);
         b.text(m.content);
         break;
-      case role::user:
+      case role::user: {
         if (prev == role::user || prev == role::tool)
           b.text("\n\n");
         else
           b.marker(k_user);
-        b.text(m.content);
+        std::size_t at = 0;
+        for (const std::size_t image : m.images) {
+          b.text(std::string_view(m.content).substr(at, image - at));
+          if (v41)
+            b.marker(k_image);
+          else
+            b.text("[Unsupported Image]");
+          at = image;
+        }
+        b.text(std::string_view(m.content).substr(at));
         break;
+      }
       case role::tool:  // V4.1 also joins a tool result to the user turn before it
         if (prev == role::tool || (v41 && prev == role::user))
           b.text("\n\n");
@@ -357,12 +364,12 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
 }  // namespace
 
 encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format f) {
-  builder b(&tok, f == prompt_format::v41);
+  builder b(&tok);
   return render(c, f, b);
 }
 
 rendered_prompt render_prompt(const conversation& c, prompt_format f) {
-  builder b(nullptr, f == prompt_format::v41);
+  builder b(nullptr);
   rendered_prompt out;
   out.text = render(c, f, b).text;
   out.control = b.ranges();

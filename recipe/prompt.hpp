@@ -31,6 +31,9 @@ struct message {
   std::vector<tool_call> tool_calls;     // assistant
   std::string tool_call_id;              // tool (not rendered by V4)
   bool prefix = false;                   // assistant, last message: continue it, no new turn
+  // user: byte offsets in `content` where an image stands (ascending); rendered as V4.1's
+  // `<｜image｜>` control token, or as the text "[Unsupported Image]" in V4.
+  std::vector<std::size_t> images;
 };
 
 struct tool_definition {
@@ -71,8 +74,8 @@ struct encoded_prompt {
 // The prompt formats: DeepSeek-V4 (DeepseekV4Encoding) and DeepSeek-V4.1 (DeepseekV41Encoding).
 enum class prompt_format { v4, v41 };
 
-// Throws std::runtime_error when the tokenizer lacks one of the format's control tokens (the
-// shipped V4 tokenizer has no `<｜System｜>`, which V4.1 prompts use).
+// Throws std::runtime_error when the prompt needs a control token the tokenizer lacks (the
+// shipped V4 tokenizer has no `<｜System｜>`, which V4.1 prompts with a system part use).
 encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format format = prompt_format::v4);
 
 // The prompt text alone, with the byte ranges [begin, end) of the encoder's control tokens.

@@ -34,6 +34,20 @@ inline message make_message(role r, std::string content) {
   return m;
 }
 
+/// The prompt format a model's requests are converted for.
+inline prompt_format format_of(const std::string& model, const std::vector<std::string>& v41_models) {
+  for (const auto& m : v41_models)
+    if (m == model) return prompt_format::v41;
+  return prompt_format::v4;
+}
+
+/// An image in text being built: its offset is recorded when `images` is given (V4.1 conversion,
+/// user turns), else V4's placeholder text is written.
+inline void add_image(std::string& out, std::vector<std::size_t>* images) {
+  if (images) images->push_back(out.size());
+  else out += "[Unsupported Image]";
+}
+
 /// The member `key` of `obj`, or nullptr when absent or null.
 inline const ojson* find(const ojson& obj, const char* key) {
   auto it = obj.find(key);

@@ -16,7 +16,7 @@ std::string idx(const std::string& p, std::size_t i) { return p + "[" + std::to_
 // Message content: a string or parts (input_text / output_text, input_image -> the image
 // placeholder, input_file -> the document placeholder), joined with "\n\n" as deepseek_recipe.
 std::string content_text(const ojson& c, const std::string& param, bool user, const chat_completions_config& cfg,
-                         int& image_parts) {
+                         int& image_parts, std::vector<std::size_t>* images = nullptr) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array())
     fail("Invalid type for '" + param + "': expected a string or an array of content parts, got " + type_of(c) + ".",
@@ -43,7 +43,9 @@ std::string content_text(const ojson& c, const std::string& param, bool user, co
       if (!url && !file) fail("Missing required parameter: '" + p + ".image_url'.", p + ".image_url");
       need_string(url ? *url : *file, p + (url ? ".image_url" : ".file_id"));
       ++image_parts;
-      piece = "[Unsupported Image]";
+      if (i > 0) out += "\n\n";
+      add_image(out, images);
+      continue;
     } else if (t == "input_file") {
       if (!user) fail("File content parts are not supported in this message role.", p + ".type");
       piece = "[Unsupported Document]";
@@ -65,6 +67,8 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
   responses_fields& f = r.fields;
   if (!body.is_object()) fail("The request body must be a JSON object.", "");
   sp.model = check_model(body, cfg.models);
+  sp.format = format_of(sp.model, cfg.v41_models);
+  const bool v41 = sp.format == prompt_format::v41;
 
   // thinking: reasoning.effort "none" turns it off; the Chat Completions `thinking` field is not
   // part of this protocol and is ignored (as the reference does).
@@ -114,13 +118,15 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
         const ojson* content = find(item, "content");
         if (!content) fail("Missing required parameter: '" + p + ".content'.", p + ".content");
         message m;
-        if (role_s == "user" || role_s == "developer") m.role = role::user;  // reference: developer is a user turn
-        else if (role_s == "system") m.role = role::system;
+        // The reference: a developer item is a user turn for V4, a system message for V4.1.
+        if (role_s == "user" || (role_s == "developer" && !v41)) m.role = role::user;
+        else if (role_s == "system" || role_s == "developer") m.role = role::system;
         else if (role_s == "assistant") m.role = role::assistant;
         else
           fail("Invalid value: '" + role_s + "'. Supported values are: 'user', 'assistant', 'system' and 'developer'.",
                p + ".role");
-        m.content = content_text(*content, p + ".content", m.role == role::user, cfg, sp.image_parts);
+        m.content = content_text(*content, p + ".content", m.role == role::user, cfg, sp.image_parts,
+                                 m.role == role::user && v41 ? &m.images : nullptr);
         if (m.role == role::assistant) {
           m.reasoning = std::move(pending_reasoning);
           pending_reasoning.reset();

@@ -7,7 +7,8 @@ body, and either the oracle's prompt (`<Protocol>Request.convert` ->
 `DeepseekV4Encoding.render_conversation`) and ids (`DeepseekV4Encoding.encode`, our shipped V4
 tokenizer attached) plus the same conversation rendered by `DeepseekV41Encoding` (`prompt_v41`, and
 `control_v41`: the spelling of each of its special-token ranges, in order; text only, as the V4
-vocabulary lacks V4.1's `<｜System｜>`), or `error` (the oracle's message) when it rejects the request. Chat
+vocabulary lacks V4.1's `<｜System｜>`) and the request converted for model DeepSeek-V4.1-Flash and
+rendered by `DeepseekV41Encoding` (`prompt_v41_model`, `control_v41_model`), or `error` (the oracle's message) when it rejects the request. Chat
 Completions and Responses requests are also validated against the official OpenAI schemas
 (tests/recipe/fixtures/openai/create_chat_completion_request.schema.json,
 create_response_request.schema.json) with Python `jsonschema`; `schema_valid` records the result.
@@ -23,6 +24,7 @@ TOK_GZ = ROOT / "recipe/data/deepseek-v4/tokenizer.json.gz"
 GOLDEN = ROOT / "tests/recipe/golden"
 FIXTURES = ROOT / "tests/recipe/fixtures/openai"
 MODEL = "DeepSeek-V4-Pro"
+MODEL_V41 = "DeepSeek-V4.1-Flash"
 
 W = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather for a city.",
      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
@@ -372,6 +374,11 @@ def main():
                 r41 = enc41.render_conversation(conv)
                 rec["prompt_v41"] = r41.prompt
                 rec["control_v41"] = [r41.prompt[a:b] for a, b in r41.special_ranges]
+                # The same request for the V4.1 model: its conversion differs (images stay images, ...).
+                body41 = dict(json.loads(json.dumps(case["request"])), model=MODEL_V41)
+                c41 = enc41.render_conversation(cls(body41).convert(dr.ConversionOptions()).conversation)
+                rec["prompt_v41_model"] = c41.prompt
+                rec["control_v41_model"] = [c41.prompt[a:b] for a, b in c41.special_ranges]
             except (ValueError, dr.ConversionError) as e:
                 rec["error"] = str(e)
                 errors += 1

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -90,6 +91,14 @@ tally check_goldens(const std::string& file, const parse_fn& parse, const std::s
     CHECK(r41.text == g["prompt_v41"].get<std::string>());
     CHECK(control_strings(r41) == g["control_v41"].get<std::vector<std::string>>());
     ++t.v41;
+    // The same request for the V4.1 model (its conversion keeps images as images, ...).
+    json body41 = g["request"];
+    body41["model"] = "DeepSeek-V4.1-Flash";
+    auto r41m = parse(body41.dump());
+    REQUIRE(std::holds_alternative<conversation>(r41m));
+    const rendered_prompt m41 = render_prompt(std::get<conversation>(r41m), prompt_format::v41);
+    CHECK(m41.text == g["prompt_v41_model"].get<std::string>());
+    CHECK(control_strings(m41) == g["control_v41_model"].get<std::vector<std::string>>());
   }
   return t;
 }
@@ -358,4 +367,25 @@ TEST_CASE("protocols: V4.1's continuous reasoning effort (1-100) in all three, b
       CHECK(std::get<api_error>(r).message.find("[1, 100]") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("protocols: V4.1 images are control tokens only where the request has an image") {
+  // Text spelling <｜image｜> stays text; the image part becomes the one <｜image｜> id. (The V4
+  // vocabulary has <｜image｜>, so this V4.1 prompt without <｜System｜> encodes with it.)
+  const std::string body = R"({"model": "DeepSeek-V4.1-Flash", "thinking": {"type": "disabled"}, "messages": [{"role": "user",
+      "content": [{"type": "text", "text": "a <｜image｜> b"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+      {"type": "text", "text": "c"}]}]})";
+  auto r = chat(body);
+  REQUIRE(std::holds_alternative<conversation>(r));
+  const conversation& c = std::get<conversation>(r);
+  REQUIRE(c.messages.size() == 1);
+  CHECK(c.messages[0].images == std::vector<std::size_t>{std::string("a <｜image｜> b\n\n").size()});
+  const encoded_prompt p = encode_prompt(c, v4(), prompt_format::v41);
+  const token_id image = *v4().token_to_id("<｜image｜>");
+  CHECK(std::count(p.ids.begin(), p.ids.end(), image) == 1);
+  const std::set<std::size_t> own(p.control.begin(), p.control.end());
+  for (std::size_t i = 0; i < p.ids.size(); ++i) CHECK(is_control(p.ids[i]) == own.contains(i));
+  CHECK(p.text == "<｜begin▁of▁sentence｜><｜User｜>a <｜image｜> b\n\n<｜image｜>\n\nc<｜Assistant｜></think>");
+  // The same conversation rendered for V4 has the text placeholder.
+  CHECK(render_prompt(c, prompt_format::v4).text.find("b\n\n[Unsupported Image]\n\nc") != std::string::npos);
 }
