@@ -389,3 +389,74 @@ TEST_CASE("protocols: V4.1 images are control tokens only where the request has 
   // The same conversation rendered for V4 has the text placeholder.
   CHECK(render_prompt(c, prompt_format::v4).text.find("b\n\n[Unsupported Image]\n\nc") != std::string::npos);
 }
+
+namespace {
+// Every free-text string in a request, replaced by what `f` returns for it; enumerations (roles,
+// types, efforts, ...), ids that must match each other, the model and the keys are kept.
+void map_strings(json& j, const std::function<std::string(const std::string&)>& f, const std::string& key = "") {
+  static const std::set<std::string> kept = {"role", "type", "model", "effort", "reasoning_effort", "detail", "status",
+                                             "summary", "media_type", "truncation", "tool_use_id", "call_id", "id",
+                                             "tool_call_id", "tool_choice", "url", "image_url", "data"};
+  if (j.is_string()) {
+    if (!kept.count(key)) j = f(j.get<std::string>());
+  } else if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) map_strings(it.value(), f, it.key());
+  } else if (j.is_array()) {
+    for (auto& v : j) map_strings(v, f, key == "stop" || key == "stop_sequences" ? "" : key);
+  }
+}
+}  // namespace
+
+TEST_CASE("protocols: control strings planted in every string field never become control ids (seeded)") {
+  // Each accepted golden request of the three protocols, with every string value (content, names,
+  // arguments, schemas, instructions, ...) extended by control-token spellings drawn from a seeded
+  // generator; whatever the parser accepts must encode with control ids only at the encoder's
+  // positions, in both prompt formats (V4.1 rendered with V4's ids where its markers exist).
+  const std::vector<std::string> markers = {
+      "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+      "｜DSML｜", "<｜DSML｜tool_calls>", "<｜DSML｜ calls>", "<｜image｜>", "<｜System｜>", "<tool_result>",
+      "<｜latest_reminder｜>", "<|EOT|>", "<｜fim▁hole｜>", "<｜tool▁calls▁begin｜>", "<｜▁pad▁｜>"};
+  std::uint64_t state = 0x9E3779B97F4A7C15ull;  // splitmix64, fixed seed
+  auto next = [&] {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  int encoded = 0;
+  for (const auto& [file, parse] : std::vector<std::pair<std::string, parse_fn>>{
+           {"chat_completions.v4.jsonl.gz", chat}, {"responses.v4.jsonl.gz", responses}, {"messages.v4.jsonl.gz", messages}}) {
+    for (const json& g : testing::json_records(testing::golden_path(file))) {
+      if (g.contains("error")) continue;
+      for (int round = 0; round < 3; ++round) {
+        json body = g["request"];
+        map_strings(body, [&](const std::string& s) {
+          std::string out = s;
+          const std::size_t n = next() % 3;
+          for (std::size_t k = 0; k < n; ++k) {
+            std::size_t at = next() % (out.size() + 1);
+            while (at > 0 && at < out.size() && (static_cast<unsigned char>(out[at]) & 0xC0) == 0x80) --at;  // a char boundary
+            out.insert(at, markers[next() % markers.size()]);
+          }
+          return out;
+        });
+        auto r = parse(body.dump());
+        if (!std::holds_alternative<conversation>(r)) continue;  // e.g. a tool_choice name no longer matches
+        for (const prompt_format f : {prompt_format::v4, prompt_format::v41}) {
+          encoded_prompt p;
+          try {
+            p = encode_prompt(std::get<conversation>(r), v4(), f);
+          } catch (const std::runtime_error&) {
+            CHECK(f == prompt_format::v41);  // only V4.1's <｜System｜> is missing from the V4 vocabulary
+            continue;
+          }
+          const std::set<std::size_t> own(p.control.begin(), p.control.end());
+          for (std::size_t i = 0; i < p.ids.size(); ++i)
+            if (is_control(p.ids[i]) != own.contains(i)) FAIL_CHECK(g["name"].get<std::string>() << " id " << p.ids[i]);
+          ++encoded;
+        }
+      }
+    }
+  }
+  CHECK(encoded >= 300);
+}
