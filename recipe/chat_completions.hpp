@@ -43,7 +43,7 @@ struct sampling_params {
   bool stream = false;
   bool include_usage = false;              // stream_options.include_usage
   bool logprobs = false;
-  std::optional<int> top_logprobs;         // [0, 20], needs logprobs (Responses: without logprobs)
+  std::optional<int> top_logprobs;         // [0, 20]; Chat Completions: needs logprobs; Responses: sets it
   std::optional<int> top_k;                // Messages
   std::optional<std::int64_t> seed;
   std::optional<double> presence_penalty, frequency_penalty;  // [-2, 2]
