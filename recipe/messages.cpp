@@ -284,6 +284,9 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
 }  // namespace
 
 messages_result parse_messages(std::string_view body, const chat_completions_config& config) {
+  if (detail::nesting_depth(body) > detail::max_nesting)
+    return api_error{400, "The request body is nested more than " + std::to_string(detail::max_nesting) + " levels deep.",
+                     "invalid_request_error", std::nullopt, std::nullopt};
   ojson j = ojson::parse(body.begin(), body.end(), nullptr, false);
   if (j.is_discarded())
     return api_error{400, "The request body is not valid JSON.", "invalid_request_error", std::nullopt, std::nullopt};

@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace troupe::recipe::detail {
@@ -33,6 +34,12 @@ inline message make_message(role r, std::string content) {
   m.content = std::move(content);
   return m;
 }
+
+/// The deepest nesting of arrays and objects in JSON text (brackets inside strings not counted).
+/// Requests nested deeper than max_nesting are refused before parsing: the checks, the strict
+/// schema rewrite and the prompt's JSON rendering recurse on the structure.
+constexpr std::size_t max_nesting = 128;
+std::size_t nesting_depth(std::string_view text);
 
 /// The prompt format a model's requests are converted for.
 inline prompt_format format_of(const std::string& model, const std::vector<std::string>& v41_models) {

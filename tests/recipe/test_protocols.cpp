@@ -460,3 +460,21 @@ TEST_CASE("protocols: control strings planted in every string field never become
   }
   CHECK(encoded >= 300);
 }
+
+TEST_CASE("protocols: deeply nested bodies are refused, not recursed into") {
+  std::string deep = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "input": "x", "max_tokens": 8, "tools": [{"type": "function", "name": "f", "function": {"name": "f", "strict": true, "parameters": )";
+  std::string nest;
+  for (int i = 0; i < 100000; ++i) nest += R"({"type": "object", "properties": {"a": )";
+  deep += nest + "{}";
+  for (int i = 0; i < 100000; ++i) deep += "}}";
+  deep += "}}]}";
+  for (const auto& parse : {chat, responses, messages}) {
+    auto r = parse(deep);
+    REQUIRE(std::holds_alternative<api_error>(r));
+    CHECK(std::get<api_error>(r).message.find("nested more than 128 levels") != std::string::npos);
+  }
+  // Brackets inside strings do not count.
+  auto ok = chat(R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": ")" + std::string(1000, '[') +
+                 R"(\"{"}]})");
+  CHECK(std::holds_alternative<conversation>(ok));
+}
