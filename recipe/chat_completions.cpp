@@ -1,6 +1,8 @@
 // OpenAI Chat Completions request -> conversation (see chat_completions.hpp, docs/recipe.md).
 #include "recipe/chat_completions.hpp"
 
+#include "recipe/request_json.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -10,53 +12,15 @@ namespace troupe::recipe {
 
 namespace {
 
-using ojson = nlohmann::ordered_json;
-
-struct failure {
-  api_error error;
-};
-
-[[noreturn]] void fail(std::string message, std::string param) {
-  throw failure{api_error{400, std::move(message), "invalid_request_error", std::move(param), std::nullopt}};
-}
+using namespace detail;
 
 std::string type_name(const ojson& j) { return j.type_name(); }
 
-const ojson* find(const ojson& obj, const char* key) {
-  auto it = obj.find(key);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string need_string(const ojson& j, const std::string& param) {
-  if (!j.is_string()) fail("Invalid type for '" + param + "': expected a string, got " + type_name(j) + ".", param);
-  return j.get<std::string>();
-}
-
-bool need_bool(const ojson& j, const std::string& param) {
-  if (!j.is_boolean()) fail("Invalid type for '" + param + "': expected a boolean, got " + type_name(j) + ".", param);
-  return j.get<bool>();
-}
-
-std::int64_t need_int(const ojson& j, const std::string& param) {
-  if (!j.is_number_integer())
-    fail("Invalid type for '" + param + "': expected an integer, got " + type_name(j) + ".", param);
-  return j.get<std::int64_t>();
-}
-
-double need_number(const ojson& j, const std::string& param, double lo, double hi) {
-  if (!j.is_number()) fail("Invalid type for '" + param + "': expected a number, got " + type_name(j) + ".", param);
-  double v = j.get<double>();
-  if (!(v >= lo && v <= hi))
-    fail("Invalid " + param + " value, the valid range of " + param + " is [" + ojson(lo).dump() + ", " +
-             ojson(hi).dump() + "].",
-         param);
-  return v;
-}
-
 // Content: a string or an array of parts; text parts are joined with "\n\n" (deepseek_recipe),
-// an image part becomes "[Unsupported Image]" (V4 has no vision) or is rejected.
+// an image part becomes "[Unsupported Image]" (V4 has no vision), an image of the message in a
+// V4.1 conversion (`images`), or is rejected.
 std::string content_text(const ojson& c, const std::string& param, bool images_allowed, const chat_completions_config& cfg,
-                         int& image_parts) {
+                         int& image_parts, std::vector<std::size_t>* images = nullptr) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array())
     fail("Invalid type for '" + param + "': expected a string or an array of content parts, got " + type_name(c) + ".",
@@ -84,7 +48,9 @@ std::string content_text(const ojson& c, const std::string& param, bool images_a
         fail("Missing required parameter: '" + p + ".image_url.url'.", p + ".image_url.url");
       need_string((*url)["url"], p + ".image_url.url");
       ++image_parts;
-      piece = "[Unsupported Image]";
+      if (i > 0) out += "\n\n";
+      add_image(out, images);
+      continue;
     } else if (t == "input_audio" || t == "file" || t == "refusal") {
       fail("Content parts of type '" + t + "' are not supported.", p + ".type");
     } else {
@@ -104,45 +70,30 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
   conversation& conv = r.conversation;
   if (!body.is_object()) fail("The request body must be a JSON object.", "");
 
-  // model
-  const ojson* model = find(body, "model");
-  if (!model) fail("Missing required parameter: 'model'.", "model");
-  sp.model = need_string(*model, "model");
-  if (!cfg.models.empty() && std::find(cfg.models.begin(), cfg.models.end(), sp.model) == cfg.models.end()) {
-    std::string names;
-    for (const auto& m : cfg.models) names += (names.empty() ? "" : ", ") + m;
-    throw failure{api_error{400, "The model '" + sp.model + "' does not exist; supported models: " + names + ".",
-                            "invalid_request_error", "model", "model_not_found"}};
-  }
+  sp.model = check_model(body, cfg.models);
+  sp.format = format_of(sp.model, cfg.v41_models);
 
   // thinking mode and effort
   bool thinking = cfg.default_thinking;
   bool thinking_given = false;
   if (const ojson* t = find(body, "thinking")) {
-    if (!t->is_object() || !find(*t, "type")) fail("Invalid value for 'thinking': expected {\"type\": ...}.", "thinking");
-    std::string type = need_string((*t)["type"], "thinking.type");
-    if (type == "enabled" || type == "adaptive") thinking = true;
-    else if (type == "disabled") thinking = false;
-    else fail("Invalid value: '" + type + "'. Supported values are: 'enabled', 'disabled' and 'adaptive'.", "thinking.type");
+    thinking = parse_thinking(*t, "thinking");
     thinking_given = true;
   }
   std::optional<reasoning_effort> effort;
+  std::optional<int> effort_number;
   if (const ojson* e = find(body, "reasoning_effort")) {
-    std::string v = need_string(*e, "reasoning_effort");
-    sp.reasoning_effort = v;
-    if (v == "none") {
-      if (!thinking_given) thinking = false;
-    } else if (v == "minimal" || v == "low") effort = reasoning_effort::low;
-    else if (v == "medium" || v == "high") effort = reasoning_effort::high;
-    else if (v == "xhigh") effort = reasoning_effort::xhigh;
-    else if (v == "ultra" || v == "max") effort = reasoning_effort::max;
-    else
-      fail("Invalid value: '" + v +
-               "'. Supported values are: 'none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'ultra' and 'max'.",
-           "reasoning_effort");
+    const effort_choice ec = parse_effort(*e, "reasoning_effort");
+    sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
+    if (ec.none && !thinking_given) thinking = false;
+    effort = ec.level;
+    effort_number = ec.number;
   }
   conv.thinking = thinking;
-  if (thinking) conv.effort = effort;
+  if (thinking) {
+    conv.effort = effort;
+    conv.effort_level = effort_number;
+  }
 
   // messages
   const ojson* msgs = find(body, "messages");
@@ -161,7 +112,8 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
     if (role_s == "system" || role_s == "developer" || role_s == "user") {
       msg.role = role_s == "user" ? role::user : role::system;
       if (!content) fail("Missing required parameter: '" + p + ".content'.", p + ".content");
-      msg.content = content_text(*content, p + ".content", role_s == "user", cfg, sp.image_parts);
+      msg.content = content_text(*content, p + ".content", role_s == "user", cfg, sp.image_parts,
+                                 role_s == "user" && sp.format == prompt_format::v41 ? &msg.images : nullptr);
     } else if (role_s == "tool") {
       msg.role = role::tool;
       if (!content) fail("Missing required parameter: '" + p + ".content'.", p + ".content");
@@ -205,6 +157,8 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
                "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
            p + ".role");
     }
+    // deepseek_recipe leaves empty system messages out (visible in V4.1 prompts).
+    if (msg.role == role::system && msg.content.empty()) continue;
     conv.messages.push_back(std::move(msg));
   }
 
@@ -229,7 +183,10 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
       const ojson* params = find(*fn, "parameters");
       if (params && !params->is_object())
         fail("Invalid type for '" + p + ".function.parameters': expected an object.", p + ".function.parameters");
-      d.parameters_json = params ? compact(*params) : "{}";  // deepseek_recipe: absent -> {}
+      ojson schema = params ? *params : ojson::object();  // deepseek_recipe: absent -> {}
+      if (const ojson* strict = find(*fn, "strict"); strict && need_bool(*strict, p + ".function.strict"))
+        make_strict(schema, p + ".function.parameters");
+      d.parameters_json = compact(schema);
       conv.tools.push_back(std::move(d));
     }
   }
@@ -322,8 +279,23 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
       if (!js || !js->is_object() || !find(*js, "name"))
         fail("Missing required parameter: 'response_format.json_schema.name'.", "response_format.json_schema.name");
       need_string((*js)["name"], "response_format.json_schema.name");
-    } else if (t != "text" && t != "json_object") {
-      fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object' and 'json_schema'.",
+      const ojson* schema = find(*js, "schema");
+      if (!schema)
+        fail("Missing required parameter: 'response_format.json_schema.schema'.", "response_format.json_schema.schema");
+      conv.format.type = response_format::kind::json_schema;
+      conv.format.schema_json = compact(*schema);
+    } else if (t == "json_object") {
+      conv.format.type = response_format::kind::json_object;
+      if (!mentions_json(conv))
+        fail("Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
+             "response_format.type");
+    } else if (t == "regex") {  // DeepSeek's extension: {"type": "regex", "regex": PATTERN}
+      const ojson* re = find(*rf, "regex");
+      if (!re) fail("Missing required parameter: 'response_format.regex'.", "response_format.regex");
+      conv.format.type = response_format::kind::regex;
+      conv.format.regex = need_string(*re, "response_format.regex");
+    } else if (t != "text") {
+      fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema' and 'regex'.",
            "response_format.type");
     }
     sp.response_format_type = t;
@@ -334,25 +306,17 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
 
 }  // namespace
 
-std::string api_error::to_json() const {
-  ojson e;
-  e["message"] = message;
-  e["type"] = type;
-  e["param"] = param ? ojson(*param) : ojson(nullptr);
-  e["code"] = code ? ojson(*code) : ojson(nullptr);
-  ojson out;
-  out["error"] = std::move(e);
-  return out.dump();
-}
-
 chat_completions_result parse_chat_completions(std::string_view body, const chat_completions_config& config) {
+  if (detail::nesting_depth(body) > detail::max_nesting)
+    return api_error{400, "The request body is nested more than " + std::to_string(detail::max_nesting) + " levels deep.",
+                     "invalid_request_error", std::nullopt, std::nullopt};
   ojson j = ojson::parse(body.begin(), body.end(), nullptr, false);
   if (j.is_discarded())
     return api_error{400, "We could not parse the JSON body of your request.", "invalid_request_error", std::nullopt,
                      std::nullopt};
   try {
     return convert(j, config);
-  } catch (failure& f) {
+  } catch (request_failure& f) {
     if (f.error.param && f.error.param->empty()) f.error.param.reset();
     return std::move(f.error);
   }

@@ -7,6 +7,7 @@
 // Validation errors are values: status 400, a message and the offending parameter
 // (`messages[2].role`), rendered in OpenAI's error shape by api_error::to_json().
 
+#include "recipe/api_error.hpp"
 #include "recipe/prompt.hpp"
 
 #include <cstdint>
@@ -18,16 +19,6 @@
 
 namespace troupe::recipe {
 
-struct api_error {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::optional<std::string> param;  // null in the JSON when unset
-  std::optional<std::string> code;
-  // {"error": {"message": ..., "type": ..., "param": ... | null, "code": ... | null}}
-  std::string to_json() const;
-};
-
 enum class image_policy { placeholder, reject };
 
 struct chat_completions_config {
@@ -36,6 +27,9 @@ struct chat_completions_config {
   std::int64_t max_tokens_limit = 393216;
   int max_n = 128;
   image_policy images = image_policy::placeholder;  // V4 has no vision: "[Unsupported Image]"
+  // Models whose requests are converted for DeepSeek-V4.1 (prompt_format::v41): images stay
+  // images (`<｜image｜>`), and the V4.1 differences of Responses and Messages apply.
+  std::vector<std::string> v41_models = {"DeepSeek-V4.1-Flash"};
 };
 
 // The serving fields of the request, validated; unset = not in the request.
@@ -49,14 +43,16 @@ struct sampling_params {
   bool stream = false;
   bool include_usage = false;              // stream_options.include_usage
   bool logprobs = false;
-  std::optional<int> top_logprobs;         // [0, 20], needs logprobs
+  std::optional<int> top_logprobs;         // [0, 20]; Chat Completions: needs logprobs; Responses: sets it
+  std::optional<int> top_k;                // Messages
   std::optional<std::int64_t> seed;
   std::optional<double> presence_penalty, frequency_penalty;  // [-2, 2]
-  std::string response_format_type = "text";  // text | json_object | json_schema
+  std::string response_format_type = "text";  // text | json_object | json_schema | regex
   std::optional<std::string> response_format_json;  // the whole response_format, compact JSON
   std::optional<std::string> reasoning_effort;      // as sent
   std::optional<std::string> tool_choice_function;  // tool_choice named one function
-  int image_parts = 0;                              // image_url parts replaced by the placeholder
+  int image_parts = 0;                              // image parts (placeholders in the prompt)
+  prompt_format format = prompt_format::v4;         // the model's prompt format (config.v41_models)
 };
 
 struct chat_completions_request {

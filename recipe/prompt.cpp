@@ -1,5 +1,6 @@
-// DeepSeek-V4 prompt rendering (format learned from deepseek_recipe 0.2.0's DeepseekV4Encoding
-// output; see docs/recipe.md and tests/recipe/golden/prompts.v4.jsonl.gz).
+// DeepSeek-V4 and V4.1 prompt rendering (formats learned from deepseek_recipe 0.2.0's
+// DeepseekV4Encoding / DeepseekV41Encoding output; see docs/recipe.md and the goldens under
+// tests/recipe/golden/).
 #include "recipe/prompt.hpp"
 
 #include <nlohmann/json.hpp>
@@ -18,7 +19,10 @@ constexpr std::string_view k_assistant = "<｜Assistant｜>";
 constexpr std::string_view k_think = "<think>";
 constexpr std::string_view k_end_think = "</think>";
 constexpr std::string_view k_dsml = "｜DSML｜";
-constexpr std::array<std::string_view, 7> k_markers{k_bos, k_eos, k_user, k_assistant, k_think, k_end_think, k_dsml};
+constexpr std::string_view k_system = "<｜System｜>";  // V4.1 only
+constexpr std::string_view k_image = "<｜image｜>";    // V4.1 only
+constexpr std::array<std::string_view, 9> k_markers{k_bos,       k_eos,  k_user,   k_assistant, k_think,
+                                                    k_end_think, k_dsml, k_system, k_image};
 
 constexpr std::string_view k_effort_high =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your "
@@ -46,6 +50,11 @@ constexpr std::string_view k_tools_head =
     "</think> with tool calls or final response.\n\n### Available Tool Schemas\n\n";
 constexpr std::string_view k_tools_tail =
     "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
+
+constexpr std::string_view k_format_json_object =
+    "\n\nYou are a helpful assistant designed to output JSON.\n## Response Format:\n\nReply with JSON object ONLY.";
+constexpr std::string_view k_format_json_schema =
+    "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
 
 using ojson = nlohmann::ordered_json;
 
@@ -76,24 +85,27 @@ void dump(const ojson& j, std::string& out) {
   }
 }
 
+// Collects the prompt: conversation text (tokenized in raw mode: never an added token) and the
+// encoder's markers (appended as their ids). Without a tokenizer only the text and the markers'
+// byte ranges are kept.
 class builder {
  public:
-  explicit builder(const tokenizer& tok) : tok_(tok) {
-    for (std::size_t i = 0; i < k_markers.size(); ++i) {
-      const auto id = tok.token_to_id(k_markers[i]);
-      if (!id) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(k_markers[i]));
-      marker_ids_[i] = *id;
-    }
+  explicit builder(const tokenizer* tok) : tok_(tok) {
+    if (!tok) return;
+    for (std::size_t i = 0; i < k_markers.size(); ++i) marker_ids_[i] = tok->token_to_id(k_markers[i]);
   }
-  // Conversation text: tokenized in raw mode (never an added token).
   void text(std::string_view s) { pending_ += s; }
   // An encoder marker: flushes the pending text, appends the marker's id.
   void marker(std::string_view m) {
     flush();
     for (std::size_t i = 0; i < k_markers.size(); ++i)
       if (k_markers[i] == m) {
-        out_.control.push_back(out_.ids.size());
-        out_.ids.push_back(marker_ids_[i]);
+        ranges_.emplace_back(out_.text.size(), out_.text.size() + m.size());
+        if (tok_) {
+          if (!marker_ids_[i]) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(m));
+          out_.control.push_back(out_.ids.size());
+          out_.ids.push_back(*marker_ids_[i]);
+        }
         out_.text += m;
         return;
       }
@@ -120,32 +132,45 @@ class builder {
     flush();
     return std::move(out_);
   }
+  std::vector<std::pair<std::size_t, std::size_t>> ranges() const { return ranges_; }
 
  private:
   void flush() {
     if (pending_.empty()) return;
-    tok_.encode(pending_, encode_mode::raw, out_.ids);
+    if (tok_) tok_->encode(pending_, encode_mode::raw, out_.ids);
     out_.text += pending_;
     pending_.clear();
   }
-  const tokenizer& tok_;
-  std::array<token_id, k_markers.size()> marker_ids_{};
+  const tokenizer* tok_;
+  std::array<std::optional<token_id>, k_markers.size()> marker_ids_{};
   std::string pending_;
   encoded_prompt out_;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges_;
 };
 
-void render_tool_calls(builder& b, const std::vector<tool_call>& calls) {
-  b.markup("\n\n<｜DSML｜tool_calls>\n");
+// V4.1 spells the DSML names with a space: `<｜DSML｜ calls>`, `<｜DSML｜ invoke`, `<｜DSML｜ parameter`.
+std::string dsml(std::string_view v4_text, prompt_format f) {
+  std::string out(v4_text);
+  if (f == prompt_format::v4) return out;
+  for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"｜DSML｜tool_calls", "｜DSML｜ calls"},
+                          {"｜DSML｜invoke", "｜DSML｜ invoke"},
+                          {"｜DSML｜parameter", "｜DSML｜ parameter"}})
+    for (std::size_t p = 0; (p = out.find(from, p)) != std::string::npos; p += to.size()) out.replace(p, from.size(), to);
+  return out;
+}
+
+void render_tool_calls(builder& b, const std::vector<tool_call>& calls, prompt_format f) {
+  b.markup(dsml("\n\n<｜DSML｜tool_calls>\n", f));
   for (const auto& call : calls) {
-    b.markup("<｜DSML｜invoke name=\"");
+    b.markup(dsml("<｜DSML｜invoke name=\"", f));
     b.text(call.name);
     b.text("\">\n");
     auto write_param = [&](std::string_view name, bool is_string, std::string_view value) {
-      b.markup("<｜DSML｜parameter name=\"");
+      b.markup(dsml("<｜DSML｜parameter name=\"", f));
       b.text(name);
       b.text(is_string ? "\" string=\"true\">" : "\" string=\"false\">");
       b.text(value);
-      b.markup("</｜DSML｜parameter>\n");
+      b.markup(dsml("</｜DSML｜parameter>\n", f));
     };
     const auto args = ojson::parse(call.arguments, nullptr, false);
     if (args.is_object()) {
@@ -161,37 +186,17 @@ void render_tool_calls(builder& b, const std::vector<tool_call>& calls) {
     } else {
       write_param("arguments", true, call.arguments);
     }
-    b.markup("</｜DSML｜invoke>\n");
+    if (f == prompt_format::v41 && args.is_object() && args.empty()) b.text("\n");  // V4.1: an empty line
+    b.markup(dsml("</｜DSML｜invoke>\n", f));
   }
-  b.markup("</｜DSML｜tool_calls>");
+  b.markup(dsml("</｜DSML｜tool_calls>", f));
 }
 
-}  // namespace
-
-encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
-  builder b(tok);
-  const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
-  const auto& msgs = c.messages;
-  const bool ends_in_prefix =
-      !msgs.empty() && msgs.back().role == role::assistant && msgs.back().prefix;
-
-  b.marker(k_bos);
-  if (c.thinking) {
-    const auto effort = c.effort.value_or(reasoning_effort::high);
-    if (effort == reasoning_effort::max)
-      b.text(k_effort_max);
-    else if (effort != reasoning_effort::low)
-      b.text(k_effort_high);
-  }
-  bool first_system = true;
-  for (const auto& m : msgs) {
-    if (m.role != role::system) continue;
-    if (!first_system) b.text("\n\n");
-    first_system = false;
-    b.text(m.content);
-  }
-  if (tools_on) {
-    b.markup(k_tools_head);
+// The system part of the prompt after the effort text: the tools block, then the response-format
+// instruction.
+void render_tools_and_format(builder& b, const conversation& c, prompt_format f) {
+  if (!c.tools.empty() && c.tool_choice != tool_choice::none) {
+    b.markup(dsml(k_tools_head, f));
     bool first = true;
     for (const auto& t : c.tools) {
       if (!first) b.text("\n");
@@ -207,22 +212,102 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
     }
     b.markup(k_tools_tail);
   }
+  if (c.format.type == response_format::kind::json_object && f == prompt_format::v4) {
+    b.text(k_format_json_object);
+  } else if (c.format.type == response_format::kind::json_object) {  // V4.1: as a schema
+    b.text(k_format_json_schema);
+    b.text("{\"type\": \"json_object\"}");
+  } else if (c.format.type == response_format::kind::json_schema) {
+    b.text(k_format_json_schema);
+    std::string schema;
+    dump(ojson::parse(c.format.schema_json), schema);
+    b.text(schema);
+  }
+}
 
-  std::optional<role> prev;  // the previous non-system message's role
-  for (std::size_t i = 0; i < msgs.size(); ++i) {
-    const auto& m = msgs[i];
+// V4.1's effort: the continuous level when set, else the named one (low 50, high / xhigh / unset
+// 75, max 100).
+int effort_level(const conversation& c) {
+  if (c.effort_level) return *c.effort_level;
+  switch (c.effort.value_or(reasoning_effort::high)) {
+    case reasoning_effort::low: return 50;
+    case reasoning_effort::max: return 100;
+    default: return 75;
+  }
+}
+
+encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
+  const bool v41 = f == prompt_format::v41;
+  const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
+  std::vector<const message*> msgs;
+  for (const auto& m : c.messages) msgs.push_back(&m);
+  const bool ends_in_prefix = !msgs.empty() && msgs.back()->role == role::assistant && msgs.back()->prefix;
+  std::size_t first = 0;  // the first message rendered in the conversation part
+
+  b.marker(k_bos);
+  if (!v41) {
+    if (c.thinking) {
+      const auto effort = c.effort.value_or(reasoning_effort::high);
+      if (effort == reasoning_effort::max)
+        b.text(k_effort_max);
+      else if (effort != reasoning_effort::low)
+        b.text(k_effort_high);
+    }
+    bool first_system = true;
+    for (const message* m : msgs) {
+      if (m->role != role::system || m->content.empty()) continue;  // empty ones are left out
+      if (!first_system) b.text("\n\n");
+      first_system = false;
+      b.text(m->content);
+    }
+    render_tools_and_format(b, c, f);
+  } else {
+    // `<｜System｜>` + effort line + a leading system message (even empty) + tools + format, when
+    // there is any of them.
+    const bool leading_system = !msgs.empty() && msgs.front()->role == role::system;
+    const bool format_text = c.format.type == response_format::kind::json_object ||
+                             c.format.type == response_format::kind::json_schema;
+    if (c.thinking || leading_system || tools_on || format_text) {
+      b.marker(k_system);
+      if (c.thinking)
+        b.text("Reasoning Effort: " + std::to_string(effort_level(c)) +
+               " (range 1-100, the higher the value, the more thorough the reasoning)\n\n");
+      if (leading_system) {
+        b.text(msgs.front()->content);
+        first = 1;
+      }
+      render_tools_and_format(b, c, f);
+    }
+  }
+
+  std::optional<role> prev;  // the previous rendered message's role
+  for (std::size_t i = first; i < msgs.size(); ++i) {
+    const message& m = *msgs[i];
     switch (m.role) {
       case role::system:
-        continue;
-      case role::user:
+        if (!v41) continue;  // V4: all in the header
+        b.marker(k_system);
+        b.text(m.content);
+        break;
+      case role::user: {
         if (prev == role::user || prev == role::tool)
           b.text("\n\n");
         else
           b.marker(k_user);
-        b.text(m.content);
+        std::size_t at = 0;
+        for (const std::size_t image : m.images) {
+          b.text(std::string_view(m.content).substr(at, image - at));
+          if (v41)
+            b.marker(k_image);
+          else
+            b.text("[Unsupported Image]");
+          at = image;
+        }
+        b.text(std::string_view(m.content).substr(at));
         break;
-      case role::tool:
-        if (prev == role::tool)
+      }
+      case role::tool:  // V4.1 also joins a tool result to the user turn before it
+        if (prev == role::tool || (v41 && prev == role::user))
           b.text("\n\n");
         else
           b.marker(k_user);
@@ -233,7 +318,16 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
       case role::assistant: {
         b.marker(k_assistant);
         const bool is_prefix = m.prefix && i + 1 == msgs.size();
-        if (is_prefix) {
+        if (is_prefix && v41) {  // V4.1: the reasoning part follows the thinking mode
+          if (c.thinking) {
+            b.marker(k_think);
+            b.text(m.reasoning.value_or(""));
+            if (!m.content.empty()) b.marker(k_end_think);
+          } else {
+            b.marker(k_end_think);
+          }
+          b.text(m.content);
+        } else if (is_prefix) {
           if (m.reasoning) {
             b.marker(k_think);
             b.text(*m.reasoning);
@@ -243,14 +337,16 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
           }
           b.text(m.content);
         } else {
-          if (tools_on && m.reasoning) {
+          // Earlier reasoning is kept only in tool-using conversations: V4 when the message has
+          // reasoning, V4.1 in thinking mode (empty when the message has none).
+          if (v41 ? (tools_on && c.thinking) : (tools_on && m.reasoning.has_value())) {
             b.marker(k_think);
-            b.text(*m.reasoning);
+            b.text(m.reasoning.value_or(""));
           }
           b.marker(k_end_think);
           b.text(m.content);
-          if (!m.tool_calls.empty()) render_tool_calls(b, m.tool_calls);
-          b.marker(k_eos);
+          if (!m.tool_calls.empty()) render_tool_calls(b, m.tool_calls, f);
+          if (!(v41 && m.prefix)) b.marker(k_eos);  // V4.1: a prefix message that is not last has no EOS
         }
         break;
       }
@@ -260,9 +356,24 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
   if (!ends_in_prefix) {
     b.marker(k_assistant);
     b.marker(c.thinking ? k_think : k_end_think);
-    if (tools_on && c.tool_choice == tool_choice::required) b.markup("\n\n<｜DSML｜tool_calls>\n");
+    if (tools_on && c.tool_choice == tool_choice::required) b.markup(dsml("\n\n<｜DSML｜tool_calls>\n", f));
   }
   return b.finish();
+}
+
+}  // namespace
+
+encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format f) {
+  builder b(&tok);
+  return render(c, f, b);
+}
+
+rendered_prompt render_prompt(const conversation& c, prompt_format f) {
+  builder b(nullptr);
+  rendered_prompt out;
+  out.text = render(c, f, b).text;
+  out.control = b.ranges();
+  return out;
 }
 
 }  // namespace troupe::recipe

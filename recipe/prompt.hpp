@@ -31,6 +31,9 @@ struct message {
   std::vector<tool_call> tool_calls;     // assistant
   std::string tool_call_id;              // tool (not rendered by V4)
   bool prefix = false;                   // assistant, last message: continue it, no new turn
+  // user: byte offsets in `content` where an image stands (ascending); rendered as V4.1's
+  // `<｜image｜>` control token, or as the text "[Unsupported Image]" in V4.
+  std::vector<std::size_t> images;
 };
 
 struct tool_definition {
@@ -40,6 +43,16 @@ struct tool_definition {
 };
 
 enum class tool_choice { automatic, none, required };
+
+// The requested answer format. json_object and json_schema add an instruction to the system part of
+// the prompt (as deepseek_recipe renders it); regex adds nothing to the prompt. All of them are
+// carried to the constraint engine.
+struct response_format {
+  enum class kind { text, json_object, json_schema, regex };
+  response_format::kind type = kind::text;
+  std::string schema_json;  // json_schema: the schema as sent (key order kept)
+  std::string regex;        // regex: the pattern
+};
 enum class reasoning_effort { low, high, xhigh, max };
 
 struct conversation {
@@ -48,6 +61,8 @@ struct conversation {
   recipe::tool_choice tool_choice = tool_choice::automatic;
   bool thinking = true;
   std::optional<reasoning_effort> effort;  // thinking mode only; unset = high
+  std::optional<int> effort_level;         // V4.1's continuous scale, 1-100; wins over `effort` there
+  response_format format;
 };
 
 struct encoded_prompt {
@@ -56,7 +71,18 @@ struct encoded_prompt {
   std::vector<std::size_t> control;  // positions in ids that the encoder emitted as control tokens
 };
 
-// Throws std::runtime_error when the tokenizer lacks one of the V4 control tokens.
-encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok);
+// The prompt formats: DeepSeek-V4 (DeepseekV4Encoding) and DeepSeek-V4.1 (DeepseekV41Encoding).
+enum class prompt_format { v4, v41 };
+
+// Throws std::runtime_error when the prompt needs a control token the tokenizer lacks (the
+// shipped V4 tokenizer has no `<｜System｜>`, which V4.1 prompts with a system part use).
+encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format format = prompt_format::v4);
+
+// The prompt text alone, with the byte ranges [begin, end) of the encoder's control tokens.
+struct rendered_prompt {
+  std::string text;
+  std::vector<std::pair<std::size_t, std::size_t>> control;
+};
+rendered_prompt render_prompt(const conversation& c, prompt_format format = prompt_format::v4);
 
 }  // namespace troupe::recipe

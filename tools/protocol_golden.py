@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Golden Chat Completions requests -> DeepSeek-V4 prompts, from deepseek_recipe 0.2.0 (PyPI, MIT).
+"""Golden protocol requests -> DeepSeek-V4 prompts, from deepseek_recipe 0.2.0 (PyPI, MIT).
 
-Each record: `name`, the request body, and either the oracle's prompt (`ChatCompletionRequest
-.convert` -> `DeepseekV4Encoding.render_conversation`) and ids (`DeepseekV4Encoding.encode`,
-our shipped V4 tokenizer attached), or `error` (the oracle's message) when it rejects the request.
-Every request is also validated against the official CreateChatCompletionRequest schema
-(tests/recipe/fixtures/openai/create_chat_completion_request.schema.json) with Python
-`jsonschema` when it is installed; `schema_valid` records the result.
+Three files, one per protocol: Chat Completions (`ChatCompletionRequest`), Responses
+(`ResponsesRequest`) and Anthropic Messages (`MessagesRequest`). Each record: `name`, the request
+body, and either the oracle's prompt (`<Protocol>Request.convert` ->
+`DeepseekV4Encoding.render_conversation`) and ids (`DeepseekV4Encoding.encode`, our shipped V4
+tokenizer attached) plus the same conversation rendered by `DeepseekV41Encoding` (`prompt_v41`, and
+`control_v41`: the spelling of each of its special-token ranges, in order; text only, as the V4
+vocabulary lacks V4.1's `<｜System｜>`) and the request converted for model DeepSeek-V4.1-Flash and
+rendered by `DeepseekV41Encoding` (`prompt_v41_model`, `control_v41_model`), or `error` (the oracle's message) when it rejects the request. Chat
+Completions and Responses requests are also validated against the official OpenAI schemas
+(tests/recipe/fixtures/openai/create_chat_completion_request.schema.json,
+create_response_request.schema.json) with Python `jsonschema`; `schema_valid` records the result.
 
-  tools/.venv-recipe/bin/python tools/protocol_golden.py  # writes tests/recipe/golden/chat_completions.v4.jsonl.gz
+  tools/.venv-recipe/bin/python tools/protocol_golden.py  # writes tests/recipe/golden/{chat_completions,responses,messages}.v4.jsonl.gz
 """
 import gzip, json, pathlib, tempfile
 
@@ -16,9 +21,10 @@ import deepseek_recipe as dr
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOK_GZ = ROOT / "recipe/data/deepseek-v4/tokenizer.json.gz"
-OUT = ROOT / "tests/recipe/golden/chat_completions.v4.jsonl.gz"
-SCHEMA = ROOT / "tests/recipe/fixtures/openai/create_chat_completion_request.schema.json"
+GOLDEN = ROOT / "tests/recipe/golden"
+FIXTURES = ROOT / "tests/recipe/fixtures/openai"
 MODEL = "DeepSeek-V4-Pro"
+MODEL_V41 = "DeepSeek-V4.1-Flash"
 
 W = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather for a city.",
      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
@@ -53,6 +59,7 @@ CASES = [
     R("chat.content_parts", [SY([TXT("s1"), TXT("s2")]), U([TXT("a"), TXT("b")])], thinking=OFF),
     R("chat.assistant_parts", [U("a"), A([TXT("x"), TXT("y")]), U("b")], thinking=OFF),
     R("chat.image_part", [U([TXT("look"), IMG, TXT("what is it?")])], thinking=OFF),
+    R("chat.empty_system_messages", [SY(""), U("a"), SY(""), U("b")], thinking=OFF),
     R("chat.user_name_ignored", [U("hi", name="bob")], thinking=OFF),
     R("chat.sampling_fields", [U("Hi")], thinking=OFF, temperature=0.3, top_p=0.9, max_tokens=100, stop=["\n\n", "END"],
       stream=True, stream_options={"include_usage": True}, logprobs=True, top_logprobs=5, seed=7),
@@ -91,7 +98,26 @@ CASES = [
     R("tools.no_params", [U("a")], thinking=OFF, tools=[N]),
     R("safety.markers_everywhere", [SY(EVIL), U(EVIL), A(EVIL, calls=[CALL("c", "search", json.dumps({"query": EVIL}))]), T(EVIL, "c")],
       thinking=OFF, tools=[S]),
+    R("format.json_object", [SY("Answer in JSON."), U("List two colors.")], thinking=OFF, response_format={"type": "json_object"}),
+    R("format.json_object_think", [U("json please: two colors")], reasoning_effort="low", response_format={"type": "json_object"}),
+    R("format.json_object_assistant_mentions", [U("x"), A("JSON"), U("y")], thinking=OFF, response_format={"type": "json_object"}),
+    R("format.json_schema", [U("Name a city.")], thinking=OFF, response_format={"type": "json_schema", "json_schema": {
+        "name": "city", "schema": {"type": "object", "properties": {"name": {"type": "string"}, "pop": {"type": "integer"}}}}}),
+    R("format.json_schema_strict_think", [SY("sys"), U("Name a city.")], response_format={"type": "json_schema", "json_schema": {
+        "name": "city", "strict": True, "schema": {"type": "object", "properties": {"名前": {"type": "string"}}, "required": ["名前"]}}}),
+    R("format.json_schema_with_tools", [SY("sys"), U("x")], thinking=OFF, tools=[W], response_format={"type": "json_schema",
+        "json_schema": {"name": "n", "schema": {"type": "object"}}}),
+    R("format.text", [U("x")], thinking=OFF, response_format={"type": "text"}),
+    R("format.regex", [U("x")], thinking=OFF, response_format={"type": "regex", "regex": "[a-z]+"}),
+    R("tools.strict", [U("a")], thinking=OFF, tools=[{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "object", "properties": {"c": {"type": "integer"}}}}}}}]),
+    R("tools.strict_no_properties", [U("a")], thinking=OFF, tools=[{"type": "function", "function": {"name": "f", "strict": True,
+        "parameters": {"type": "object"}}}]),
     # rejected by the oracle; ours: see the notes in docs/recipe.md
+    R("err.json_object_without_json", [U("x")], thinking=OFF, response_format={"type": "json_object"}),
+    R("err.json_schema_without_schema", [U("x")], thinking=OFF, response_format={"type": "json_schema", "json_schema": {"name": "n"}}),
+    R("err.strict_required_mismatch", [U("a")], thinking=OFF, tools=[{"type": "function", "function": {"name": "f", "strict": True,
+        "parameters": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a"]}}}]),
     R("err.empty_messages", []),
     R("err.bad_role", [{"role": "bogus", "content": "x"}]),
     R("err.developer_role", [DEV("dev"), U("x")]),
@@ -112,34 +138,257 @@ CASES = [
 ]
 
 
+
+# ---- Responses -------------------------------------------------------------------------------
+# The spec's FunctionTool requires `strict` and `parameters`; an output (assistant) message item
+# requires `id` and `status`; a typed user message would match two branches of its oneOf, so user
+# messages are written without `type` (EasyInputMessage).
+RW = {"type": "function", "name": "get_weather", "strict": False, "description": "Get the current weather for a city.",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+                     "required": ["city"]}}
+RS = {"type": "function", "name": "search", "strict": False, "description": "Search 搜索.",
+      "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "top_k": {"type": "integer"}}}}
+RN = {"type": "function", "name": "noop", "strict": False, "parameters": {"type": "object", "properties": {}}}
+NOTHINK = {"effort": "none"}
+
+
+def RR(name, inp=None, **kw):
+    body = {"model": MODEL}
+    if inp is not None: body["input"] = inp
+    return {"name": name, "request": {**body, **kw}}
+def MSG(role, c):
+    if role == "assistant" and not isinstance(c, str):
+        return {"type": "message", "id": "msg_1", "status": "completed", "role": role, "content": c}
+    return {"role": role, "content": c}
+def IT(t): return {"type": "input_text", "text": t}
+def OT(t): return {"type": "output_text", "text": t, "annotations": [], "logprobs": []}
+def FC(i, n, a): return {"type": "function_call", "call_id": i, "name": n, "arguments": a}
+def FO(i, o): return {"type": "function_call_output", "call_id": i, "output": o}
+def RZ(t): return {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": t}]}
+RIMG = {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "auto"}
+
+RESPONSES = [
+    RR("resp.string_input", "Hello", reasoning=NOTHINK),
+    RR("resp.default_thinking", "Hello"),
+    RR("resp.instructions", "Hi", instructions="Be brief.", reasoning=NOTHINK),
+    RR("resp.instructions_only", None, instructions="Say hi."),
+    RR("resp.message_items", [MSG("user", "Hi"), MSG("assistant", [OT("Hello!")]), MSG("user", [IT("a"), IT("b")])], reasoning=NOTHINK),
+    RR("resp.easy_messages", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}, {"role": "user", "content": "2+2?"}],
+       reasoning=NOTHINK),
+    RR("resp.system_items", [MSG("system", "s1"), MSG("user", "x"), MSG("system", "s2")], instructions="INS", reasoning=NOTHINK),
+    RR("resp.developer_item", [MSG("developer", "dev rules"), MSG("user", "x")], reasoning=NOTHINK),
+    RR("resp.assistant_first", [MSG("assistant", [OT("prev")]), MSG("user", "x")], reasoning=NOTHINK),
+    RR("resp.assistant_last", [MSG("user", "a"), MSG("assistant", "b")], reasoning=NOTHINK),
+    RR("resp.image", [MSG("user", [IT("look"), RIMG, IT("what is it?")])], reasoning=NOTHINK),
+    RR("resp.image_data_url", [MSG("user", [{"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}])]),
+    RR("resp.input_file", [MSG("user", [IT("read"), {"type": "input_file", "file_id": "file-1"}])], reasoning=NOTHINK),
+    RR("resp.unicode", [MSG("system", "系统 🧠"), MSG("user", "naïve café 中文 👨‍👩‍👧 \t\n"), MSG("assistant", "Ответ مرحبا"), MSG("user", "1234567")],
+       reasoning=NOTHINK),
+    RR("resp.effort_minimal", "x", reasoning={"effort": "minimal"}),
+    RR("resp.effort_low", "x", reasoning={"effort": "low"}),
+    RR("resp.effort_medium", "x", reasoning={"effort": "medium", "summary": "auto"}),
+    RR("resp.effort_high", "x", reasoning={"effort": "high"}),
+    RR("resp.effort_xhigh", "x", reasoning={"effort": "xhigh"}),
+    RR("resp.effort_max", "x", reasoning={"effort": "max"}),
+    RR("resp.thinking_field_ignored", "x", thinking=OFF),
+    RR("resp.multi_turn_think", [MSG("user", "a"), RZ("r1"), MSG("assistant", "x"), MSG("user", "b")], reasoning={"effort": "low"}),
+    RR("resp.sampling_fields", "x", reasoning=NOTHINK, max_output_tokens=64, temperature=0.3, top_p=0.9, stream=True, store=False,
+       top_logprobs=3, parallel_tool_calls=True, user="u1", metadata={"k": "v"}, truncation="disabled", previous_response_id="resp_1"),
+    RR("resp.tools_auto_think", [MSG("system", "weather bot"), MSG("user", "Paris?")], tools=[RW, RS]),
+    RR("resp.tools_call_and_output", [MSG("user", "Paris?"), FC("c0", "get_weather", '{"city": "Paris"}'), FO("c0", "sunny")], tools=[RW],
+       reasoning={"effort": "low"}),
+    RR("resp.tools_reasoning_item", [MSG("user", "Paris?"), RZ("need the tool"), FC("c0", "get_weather", '{"city": "Paris"}'),
+                                     FO("c0", "sunny")], tools=[RW], reasoning={"effort": "low"}),
+    RR("resp.tools_summary_only_reasoning", [MSG("user", "Paris?"), {"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "s"}]},
+                                            FC("c0", "get_weather", '{"city": "Paris"}'), FO("c0", "sunny")], tools=[RW]),
+    RR("resp.tools_parallel", [MSG("user", "Paris and Rome?"), FC("a", "get_weather", '{"city": "Paris"}'),
+                               FC("b", "get_weather", '{"city":"Rome","unit":"c"}'), FO("a", "sunny"), FO("b", "rain"),
+                               MSG("assistant", "Paris sunny, Rome rain.")], tools=[RW], reasoning=NOTHINK),
+    RR("resp.tools_call_after_text", [MSG("user", "Paris?"), MSG("assistant", [OT("Let me check.")]), FC("c0", "get_weather", '{"city": "Paris"}'),
+                                      FO("c0", "sunny")], tools=[RW], reasoning=NOTHINK),
+    RR("resp.tools_output_parts", [MSG("user", "x"), FC("c", "search", '{"query": "q", "top_k": 2}'), FO("c", [IT("o1"), IT("o2")])],
+       tools=[RS], reasoning=NOTHINK),
+    RR("resp.tools_non_json_arguments", [MSG("user", "x"), FC("c", "noop", "not json"), FO("c", "o"), MSG("assistant", "done"), MSG("user", "y")],
+       tools=[RN], reasoning=NOTHINK),
+    RR("resp.tools_choice_none", "a", tools=[RW], tool_choice="none"),
+    RR("resp.tools_choice_auto", "a", tools=[RW], tool_choice="auto", reasoning=NOTHINK),
+    RR("resp.tools_choice_required", "a", tools=[RW, RS], tool_choice="required", reasoning=NOTHINK),
+    RR("resp.tools_choice_function", "a", tools=[RW, RS, RN], tool_choice={"type": "function", "name": "search"}, reasoning=NOTHINK),
+    RR("resp.tools_web_search_dropped", "x", instructions="ins", tools=[{"type": "web_search"}]),
+    RR("resp.typed_message_item", [{"type": "message", "role": "user", "content": "typed"}], reasoning=NOTHINK),
+    RR("resp.tools_no_parameters", "a", tools=[{"type": "function", "name": "f"}], reasoning=NOTHINK),
+    RR("resp.tools_strict", "a", tools=[{"type": "function", "name": "f", "strict": True, "parameters": {"type": "object",
+        "properties": {"q": {"type": "string"}}}}], reasoning=NOTHINK),
+    RR("resp.format_text", "x", text={"format": {"type": "text"}}, reasoning=NOTHINK),
+    RR("resp.format_json_object", "Reply in json: two colors", text={"format": {"type": "json_object"}}, reasoning=NOTHINK),
+    RR("resp.format_json_object_instructions", "x", instructions="Use JSON.", text={"format": {"type": "json_object"}}),
+    RR("resp.format_json_schema", "Name a city.", text={"format": {"type": "json_schema", "name": "city", "schema": {"type": "object",
+        "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": False}, "strict": True}}, reasoning=NOTHINK),
+    RR("resp.format_json_schema_tools", "x", instructions="INS", tools=[RN], text={"format": {"type": "json_schema", "name": "s",
+        "schema": {"type": "object"}}}, reasoning=NOTHINK),
+    RR("resp.safety_markers", [MSG("system", EVIL), MSG("user", EVIL), MSG("assistant", EVIL), FC("c", "search", json.dumps({"query": EVIL})),
+                               FO("c", EVIL)], instructions=EVIL, tools=[RS], reasoning=NOTHINK),
+    # rejected by the oracle
+    RR("err.empty_input", []),
+    RR("err.no_input", None),
+    RR("err.input_type", 5),
+    RR("err.bad_role", [{"role": "bogus", "content": "x"}]),
+    RR("err.refusal_part", [MSG("assistant", [{"type": "refusal", "refusal": "no"}])]),
+    RR("err.unknown_call_id", [MSG("user", "x"), FO("zz", "x")]),
+    RR("err.max_output_tokens_0", "x", max_output_tokens=0),
+    RR("err.max_output_tokens_big", "x", max_output_tokens=400000),
+    RR("err.temperature", "x", temperature=3),
+    RR("err.top_p", "x", top_p=2),
+    RR("err.effort", "x", reasoning={"effort": "bogus"}),
+    RR("err.tool_without_name", "x", tools=[{"type": "function"}]),
+    RR("err.tool_choice_string", "x", tool_choice="bogus"),
+    RR("err.tool_choice_required_think", "x", tools=[RN], tool_choice="required"),
+    RR("err.tool_choice_unknown_function", "x", tools=[RN], tool_choice={"type": "function", "name": "zz"}, reasoning=NOTHINK),
+    RR("err.json_object_without_json", "x", text={"format": {"type": "json_object"}}),
+    RR("err.json_schema_without_schema", "x", text={"format": {"type": "json_schema", "name": "s"}}),
+    RR("err.regex_format", "x", text={"format": {"type": "regex", "pattern": "[a-z]+"}}),
+    RR("err.unknown_model", "x", model="gpt-4o"),
+]
+
+# ---- Anthropic Messages ------------------------------------------------------------------------
+MW = {"name": "get_weather", "description": "Get the current weather for a city.",
+      "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+                       "required": ["city"]}}
+MS = {"name": "search", "description": "Search 搜索.",
+      "input_schema": {"type": "object", "properties": {"query": {"type": "string"}, "top_k": {"type": "integer"}}}}
+MN = {"name": "noop", "input_schema": {"type": "object"}}
+
+
+def MR(name, msgs, **kw): return {"name": name, "request": {"model": MODEL, "max_tokens": 1024, "messages": msgs, **kw}}
+def MU(c): return {"role": "user", "content": c}
+def MA(c): return {"role": "assistant", "content": c}
+def TX(t): return {"type": "text", "text": t}
+def TH(t): return {"type": "thinking", "thinking": t, "signature": "sig"}
+def TU(i, n, inp): return {"type": "tool_use", "id": i, "name": n, "input": inp}
+def TRES(i, c=None, **kw):
+    b = {"type": "tool_result", "tool_use_id": i, **kw}
+    if c is not None: b["content"] = c
+    return b
+MIMG = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+MIMG64 = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+
+MESSAGES = [
+    MR("msg.single", [MU("Hello")], thinking=OFF),
+    MR("msg.default_thinking", [MU("Hello")]),
+    MR("msg.system_string", [MU("Hi")], system="You are helpful.", thinking=OFF),
+    MR("msg.system_blocks", [MU([TX("a"), TX("b")])], system=[TX("s1"), TX("s2")], thinking=OFF),
+    MR("msg.multi_turn", [MU("Hi"), MA("Hello!"), MU("2+2?"), MA([TX("4")]), MU("3+3?")], system="Be brief.", thinking=OFF),
+    MR("msg.assistant_text_blocks", [MU("x"), MA([TX("a1"), TX("a2")]), MU("y")], thinking=OFF),
+    MR("msg.assistant_last_not_prefix", [MU("Write a poem"), MA("Roses are")], thinking=OFF),
+    MR("msg.assistant_first", [MA("first"), MU("x")], thinking=OFF),
+    MR("msg.system_role_reminder", [MU("a"), {"role": "system", "content": "mid"}, MU("b")], system="S0", thinking=OFF),
+    MR("msg.system_role_only", [{"role": "system", "content": "x"}]),
+    MR("msg.image_url", [MU([MIMG, TX("what")])], thinking=OFF),
+    MR("msg.image_base64", [MU([TX("see"), MIMG64])]),
+    MR("msg.document", [MU([{"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "AAA"}}, TX("sum")])],
+       thinking=OFF),
+    MR("msg.document_text", [MU([{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc"}}])]),
+    MR("msg.unicode", [MU("naïve café 中文 👨‍👩‍👧 \t\n"), MA("Ответ مرحبا"), MU("1234567")], system="系统 🧠", thinking=OFF),
+    MR("msg.sampling_fields", [MU("x")], thinking=OFF, stop_sequences=["END", "\n\n"], temperature=0.2, top_p=0.3, top_k=5, stream=True,
+       metadata={"user_id": "u"}),
+    MR("msg.max_tokens_lowered", [MU("x")], max_tokens=1000000),
+    MR("msg.thinking_enabled_budget", [MU("Hello")], thinking={"type": "enabled", "budget_tokens": 2048}),
+    MR("msg.thinking_adaptive_effort_low", [MU("x")], thinking={"type": "adaptive"}, output_config={"effort": "low"}),
+    MR("msg.effort_medium", [MU("x")], output_config={"effort": "medium"}),
+    MR("msg.effort_xhigh", [MU("x")], output_config={"effort": "xhigh"}),
+    MR("msg.effort_max", [MU("x")], output_config={"effort": "max"}),
+    MR("msg.effort_none", [MU("x")], output_config={"effort": "none"}),
+    MR("msg.thinking_dropped", [MU("x"), MA([TH("t"), TX("a")]), MU("y")]),
+    MR("msg.tools_auto_think", [MU("Paris?")], system="weather bot", tools=[MW, MS]),
+    MR("msg.tools_call_and_result_think", [MU("Paris?"), MA([TH("need tool"), TX("Checking."), TU("t0", "get_weather", {"city": "Paris", "n": 2})]),
+                                           MU([TRES("t0", "sunny"), TX("and?")])], tools=[MW]),
+    MR("msg.tools_missing_thinking_filled", [MU("x"), MA("a"), MU("y")], tools=[MN], output_config={"effort": "low"}),
+    MR("msg.tools_result_blocks", [MU("Paris?"), MA([TU("t0", "get_weather", {"city": "Paris"})]), MU([TRES("t0", [TX("r1"), TX("r2")])])],
+       tools=[MW], thinking=OFF),
+    MR("msg.tools_parallel", [MU("Paris?"), MA([TU("t0", "get_weather", {"city": "Paris"}), TU("t1", "get_weather", {"city": "Rome", "unit": "c"})]),
+                              MU([TRES("t0", "r0"), TRES("t1")]), MA("Done.")], tools=[MW], thinking=OFF),
+    MR("msg.tools_result_error", [MU("x"), MA([TU("t", "noop", {})]), MU([TRES("t", "boom", is_error=True)])], tools=[MN], thinking=OFF),
+    MR("msg.tools_nested_input", [MU("x"), MA([TU("t", "search", {"query": "a", "top_k": 3, "filters": {"lang": ["en", "zh"]}, "exact": True})]),
+                                  MU([TRES("t", "ok")])], tools=[MS], thinking=OFF),
+    MR("msg.tool_choice_auto", [MU("x")], tools=[MN], tool_choice={"type": "auto", "disable_parallel_tool_use": True}),
+    MR("msg.tool_choice_any", [MU("x")], tools=[MN], tool_choice={"type": "any"}, thinking=OFF),
+    MR("msg.tool_choice_any_think", [MU("x")], tools=[MN], tool_choice={"type": "any"}),
+    MR("msg.tool_choice_tool", [MU("x")], tools=[MW, MS, MN], tool_choice={"type": "tool", "name": "search"}, thinking=OFF),
+    MR("msg.tool_choice_none", [MU("x")], tools=[MW], tool_choice={"type": "none"}),
+    MR("msg.safety_markers", [MU(EVIL), MA([TX(EVIL), TU("c", "search", {"query": EVIL})]), MU([TRES("c", EVIL), TX(EVIL)])], system=EVIL,
+       tools=[MS], thinking=OFF),
+    # rejected by the oracle
+    MR("err.empty_messages", []),
+    MR("err.bad_role", [{"role": "bogus", "content": "x"}]),
+    MR("err.missing_content", [{"role": "user"}]),
+    MR("err.unknown_block", [MU([{"type": "video"}])]),
+    MR("err.redacted_thinking", [MU("x"), MA([{"type": "redacted_thinking", "data": "abc"}, TX("y")]), MU("z")]),
+    MR("err.tool_result_without_use", [MU([TRES("zz", "r")])]),
+    MR("err.max_tokens_0", [MU("x")], max_tokens=0),
+    MR("err.temperature", [MU("x")], temperature=3),
+    MR("err.top_p", [MU("x")], top_p=3),
+    MR("err.thinking_type", [MU("x")], thinking={"type": "bogus"}),
+    MR("err.effort", [MU("x")], output_config={"effort": "bogus"}),
+    MR("err.tool_without_schema", [MU("x")], tools=[{"name": "f"}]),
+    MR("err.server_tool", [MU("x")], tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+    MR("err.tool_choice_tool_think", [MU("x")], tools=[MN], tool_choice={"type": "tool", "name": "noop"}),
+    MR("err.tool_choice_unknown_tool", [MU("x")], tools=[MN], tool_choice={"type": "tool", "name": "zz"}, thinking=OFF),
+    MR("err.unknown_model", [MU("x")], model="gpt"),
+]
+
+PROTOCOLS = [
+    ("chat_completions", CASES, dr.ChatCompletionRequest, "create_chat_completion_request"),
+    ("responses", RESPONSES, dr.ResponsesRequest, "create_response_request"),
+    ("messages", MESSAGES, dr.MessagesRequest, None),
+]
+
+
 def main():
-    validator = None
     try:
         import jsonschema
-        validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
     except ImportError:
+        jsonschema = None
         print("jsonschema not installed: schema_valid not recorded")
     with tempfile.TemporaryDirectory() as d:
         path = pathlib.Path(d) / "tokenizer.json"
         path.write_bytes(gzip.decompress(TOK_GZ.read_bytes()))
         enc = dr.DeepseekV4Encoding().with_tokenizer(dr.Tokenizer.from_file(str(path)))
-    lines, errors, invalid = [], 0, []
-    for case in CASES:
-        rec = dict(case)
-        if validator is not None:
-            rec["schema_valid"] = validator.is_valid(case["request"])
-            if not rec["schema_valid"]: invalid.append(case["name"])
-        try:
-            conv = dr.ChatCompletionRequest(json.loads(json.dumps(case["request"]))).convert(dr.ConversionOptions()).conversation
-            rec["prompt"] = enc.render_conversation(conv).prompt
-            rec["ids"] = enc.encode(conv)
-        except (ValueError, dr.ConversionError) as e:
-            rec["error"] = str(e)
-            errors += 1
-        lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
-    OUT.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
-    print(f"{len(CASES)} requests -> {OUT.relative_to(ROOT)} (deepseek_recipe {dr.__version__}); {errors} rejected; "
-          f"schema-invalid: {invalid}")
+    enc41 = dr.DeepseekV41Encoding()  # text only: the V4 vocabulary has no <｜System｜>
+    total = 0
+    for proto, cases, cls, schema in PROTOCOLS:
+        validator = None
+        if jsonschema is not None and schema is not None:
+            validator = jsonschema.Draft202012Validator(json.loads((FIXTURES / f"{schema}.schema.json").read_text()))
+        names = [c["name"] for c in cases]
+        assert len(names) == len(set(names)), f"{proto}: duplicate names"
+        lines, errors, invalid = [], 0, []
+        for case in cases:
+            rec = dict(case)
+            if validator is not None:
+                rec["schema_valid"] = validator.is_valid(case["request"])
+                if not rec["schema_valid"]: invalid.append(case["name"])
+            try:
+                conv = cls(json.loads(json.dumps(case["request"]))).convert(dr.ConversionOptions()).conversation
+                rec["prompt"] = enc.render_conversation(conv).prompt
+                rec["ids"] = enc.encode(conv)
+                r41 = enc41.render_conversation(conv)
+                rec["prompt_v41"] = r41.prompt
+                rec["control_v41"] = [r41.prompt[a:b] for a, b in r41.special_ranges]
+                # The same request for the V4.1 model: its conversion differs (images stay images, ...).
+                body41 = dict(json.loads(json.dumps(case["request"])), model=MODEL_V41)
+                c41 = enc41.render_conversation(cls(body41).convert(dr.ConversionOptions()).conversation)
+                rec["prompt_v41_model"] = c41.prompt
+                rec["control_v41_model"] = [c41.prompt[a:b] for a, b in c41.special_ranges]
+            except (ValueError, dr.ConversionError) as e:
+                rec["error"] = str(e)
+                errors += 1
+            lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
+        out = GOLDEN / f"{proto}.v4.jsonl.gz"
+        out.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+        total += len(cases)
+        print(f"{proto}: {len(cases)} requests -> {out.relative_to(ROOT)} (deepseek_recipe {dr.__version__}); {errors} rejected; "
+              f"schema-invalid: {invalid}")
+    print(f"{total} protocol goldens")
 
 
 if __name__ == "__main__":

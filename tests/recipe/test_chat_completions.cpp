@@ -166,6 +166,13 @@ TEST_CASE("chat completions: validation errors carry status, message and param")
       {"{" + M + U + R"(, "response_format": {"type": "xml"}})", {"", "response_format.type", "Invalid value: 'xml'"}},
       {"{" + M + U + R"(, "response_format": {"type": "json_schema", "json_schema": {}}})",
        {"", "response_format.json_schema.name", "Missing required"}},
+      {"{" + M + U + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "n"}}})",
+       {"", "response_format.json_schema.schema", "Missing required"}},
+      {"{" + M + U + R"(, "response_format": {"type": "json_object"}})", {"", "response_format.type", "the word 'json'"}},
+      {"{" + M + U + R"(, "response_format": {"type": "regex"}})", {"", "response_format.regex", "Missing required"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
+          {"type": "object", "properties": {"a": {"type": "object", "additionalProperties": true}}}}}]})",
+       {"", "tools[0].function.parameters.properties.a.additionalProperties", "must be false"}},
   };
   for (const auto& [body, e] : cases) {
     CAPTURE(body);
@@ -194,8 +201,8 @@ TEST_CASE("chat completions: golden requests against the official CreateChatComp
   // tools/protocol_golden.py validates each request with Python jsonschema against
   // tests/recipe/fixtures/openai/create_chat_completion_request.schema.json and records the result.
   // Here: every request that reaches a prompt is valid by the spec, except the documented
-  // DeepSeek extensions (reasoning_effort "ultra").
-  const std::set<std::string> extensions = {"think.effort_ultra"};
+  // DeepSeek extensions (reasoning_effort "ultra", the regex response format).
+  const std::set<std::string> extensions = {"think.effort_ultra", "format.regex"};
   int checked = 0;
   for (const json& g : golden()) {
     if (!g.contains("schema_valid") || g.contains("error")) continue;

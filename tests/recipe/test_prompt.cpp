@@ -88,6 +88,44 @@ TEST_CASE("prompt: DeepSeek-V4 goldens from deepseek_recipe (text and ids exact)
   MESSAGE(same << " / " << records.size() << " golden prompts identical");
 }
 
+TEST_CASE("prompt: DeepSeek-V4.1 goldens from deepseek_recipe (text and control positions exact)") {
+  // No V4.1 tokenizer is shipped and the V4 vocabulary has no <｜System｜>: checked as text, plus
+  // the spelling of every control token in order (the reference's special ranges).
+  const auto records = golden();
+  for (const auto& rec : records) {
+    INFO(rec.at("name").get<std::string>());
+    const auto r = render_prompt(from_json(rec.at("conversation")), prompt_format::v41);
+    CHECK(r.text == rec.at("prompt_v41").get<std::string>());
+    std::vector<std::string> control;
+    for (const auto& [b, e] : r.control) control.push_back(r.text.substr(b, e - b));
+    CHECK(control == rec.at("control_v41").get<std::vector<std::string>>());
+  }
+  // With the V4 tokenizer a V4.1 prompt that needs <｜System｜> cannot be encoded.
+  conversation c;
+  c.messages.resize(2);
+  c.messages[0].role = role::system;
+  c.messages[0].content = "s";
+  c.messages[1].content = "u";
+  CHECK_THROWS_AS(encode_prompt(c, v4(), prompt_format::v41), std::runtime_error);
+}
+
+TEST_CASE("prompt: V4.1's continuous reasoning effort") {
+  conversation c;
+  c.messages.resize(1);
+  c.messages[0].content = "u";
+  c.effort = reasoning_effort::low;
+  CHECK(render_prompt(c, prompt_format::v41).text.find("Reasoning Effort: 50 (range 1-100") != std::string::npos);
+  c.effort_level = 37;
+  CHECK(render_prompt(c, prompt_format::v41).text.find("Reasoning Effort: 37 (range 1-100") != std::string::npos);
+  c.thinking = false;
+  CHECK(render_prompt(c, prompt_format::v41).text.find("Reasoning Effort") == std::string::npos);
+  // V4 keeps its named levels: the level does not change a V4 prompt.
+  c.thinking = true;
+  conversation named = c;
+  named.effort_level.reset();
+  CHECK(render_prompt(c, prompt_format::v4).text == render_prompt(named, prompt_format::v4).text);
+}
+
 TEST_CASE("prompt safety: the reference's string, tokenized trusted, differs only where text spells markers") {
   // trusted_ids is in a record only when HF's trusted tokenization of the rendered string differs
   // from the prompt encoding: that is the safety rule at work, and only the safety.* records have it.

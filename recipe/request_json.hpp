@@ -1,0 +1,118 @@
+#pragma once
+// Internal to recipe/: checked reads of a request body's JSON, shared by the protocol parsers.
+// A failed check throws request_failure, which each parser's entry point turns into an api_error
+// value before returning (no exception leaves the library).
+
+#include "recipe/api_error.hpp"
+#include "recipe/prompt.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace troupe::recipe::detail {
+
+using ojson = nlohmann::ordered_json;
+
+struct request_failure {
+  api_error error;
+};
+
+[[noreturn]] inline void fail(std::string message, std::string param) {
+  throw request_failure{api_error{400, std::move(message), "invalid_request_error", std::move(param), std::nullopt}};
+}
+
+inline std::string type_of(const ojson& j) { return j.type_name(); }
+
+/// A message with just a role and content.
+inline message make_message(role r, std::string content) {
+  message m;
+  m.role = r;
+  m.content = std::move(content);
+  return m;
+}
+
+/// The deepest nesting of arrays and objects in JSON text (brackets inside strings not counted).
+/// Requests nested deeper than max_nesting are refused before parsing: the checks, the strict
+/// schema rewrite and the prompt's JSON rendering recurse on the structure.
+constexpr std::size_t max_nesting = 128;
+std::size_t nesting_depth(std::string_view text);
+
+/// The prompt format a model's requests are converted for.
+inline prompt_format format_of(const std::string& model, const std::vector<std::string>& v41_models) {
+  for (const auto& m : v41_models)
+    if (m == model) return prompt_format::v41;
+  return prompt_format::v4;
+}
+
+/// An image in text being built: its offset is recorded when `images` is given (V4.1 conversion,
+/// user turns), else V4's placeholder text is written.
+inline void add_image(std::string& out, std::vector<std::size_t>* images) {
+  if (images) images->push_back(out.size());
+  else out += "[Unsupported Image]";
+}
+
+/// The member `key` of `obj`, or nullptr when absent or null.
+inline const ojson* find(const ojson& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+inline std::string need_string(const ojson& j, const std::string& param) {
+  if (!j.is_string()) fail("Invalid type for '" + param + "': expected a string, got " + j.type_name() + ".", param);
+  return j.get<std::string>();
+}
+
+inline bool need_bool(const ojson& j, const std::string& param) {
+  if (!j.is_boolean()) fail("Invalid type for '" + param + "': expected a boolean, got " + j.type_name() + ".", param);
+  return j.get<bool>();
+}
+
+inline std::int64_t need_int(const ojson& j, const std::string& param) {
+  if (!j.is_number_integer())
+    fail("Invalid type for '" + param + "': expected an integer, got " + j.type_name() + ".", param);
+  return j.get<std::int64_t>();
+}
+
+/// A number in [lo, hi] (or (lo, hi] with `open_low`).
+inline double need_number(const ojson& j, const std::string& param, double lo, double hi, bool open_low = false) {
+  if (!j.is_number()) fail("Invalid type for '" + param + "': expected a number, got " + j.type_name() + ".", param);
+  double v = j.get<double>();
+  if (!((open_low ? v > lo : v >= lo) && v <= hi))
+    fail("Invalid " + param + " value, the valid range of " + param + " is " + (open_low ? "(" : "[") + ojson(lo).dump() +
+             ", " + ojson(hi).dump() + "].",
+         param);
+  return v;
+}
+
+/// A reasoning-effort name as deepseek_recipe maps it: "none" turns thinking off (`none`), minimal /
+/// low -> low, medium / high -> high, xhigh, ultra / max -> max; or (ours only) an integer 1-100,
+/// V4.1's continuous scale (`number`), with the V4 level 1-50 -> low, 51-99 -> high, 100 -> max.
+/// Anything else fails.
+struct effort_choice {
+  bool none = false;
+  std::optional<reasoning_effort> level;
+  std::optional<int> number;
+};
+effort_choice parse_effort(const ojson& j, const std::string& param);
+
+/// `thinking: {"type": "enabled" | "adaptive" | "disabled"}` -> whether thinking mode is on.
+bool parse_thinking(const ojson& j, const std::string& param);
+
+/// The request's `model`, checked against config.models (empty = any); code model_not_found.
+std::string check_model(const ojson& body, const std::vector<std::string>& models);
+
+/// deepseek_recipe's strict function schemas: every object schema gets `additionalProperties: false`
+/// and all its properties required, recursively through properties, items and the combinators.
+/// An object schema without `properties` gets an empty one; `required` naming fewer than all the
+/// properties, or `additionalProperties` other than false, fails (param = `param`).
+void make_strict(ojson& schema, const std::string& param);
+
+/// True when some message of the conversation mentions "json" in any letter case: the reference
+/// requires it for the `json_object` response format.
+bool mentions_json(const conversation& c);
+
+}  // namespace troupe::recipe::detail
