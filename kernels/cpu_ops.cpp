@@ -1,0 +1,160 @@
+#include "kernels/cpu_ops.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cblas.h>
+#include <cmath>
+
+namespace troupe::kernels {
+
+void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,
+            float* y) {
+  if (rows == 0 || out == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows),
+              static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x,
+              static_cast<blasint>(in), w, static_cast<blasint>(in), 0.0f, y,
+              static_cast<blasint>(out));
+}
+
+void rms_norm(float* x, std::int64_t n, const float* weight, float eps) {
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+  if (weight != nullptr) {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = weight[i] * (x[i] * inv);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
+  }
+}
+
+rope_table make_rope_table(const rope_parameters& p, std::int64_t head_dim) {
+  rope_table t;
+  const auto dim = static_cast<std::int64_t>(static_cast<double>(head_dim) * p.partial_rotary_factor);
+  t.rope_dim = dim;
+  const auto half = dim / 2;
+  const auto base = static_cast<float>(p.rope_theta);
+  std::vector<float> pos_freq(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    pos_freq[static_cast<std::size_t>(i)] =
+        std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+  t.inv_freq.resize(static_cast<std::size_t>(half));
+  if (p.rope_type != "yarn") {
+    for (std::int64_t i = 0; i < half; ++i)
+      t.inv_freq[static_cast<std::size_t>(i)] = 1.0f / pos_freq[static_cast<std::size_t>(i)];
+    t.scaling = static_cast<float>(p.attention_factor);
+    return t;
+  }
+  // YaRN: frequencies below the correction range are interpolated (divided by `factor`), those
+  // above it kept, with a linear ramp in between (bounds floored / ceiled, as `truncate`).
+  const double pi = 3.14159265358979323846;
+  const auto original = static_cast<double>(p.original_max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return (static_cast<double>(dim) * std::log(original / (rotations * 2 * pi))) /
+           (2 * std::log(p.rope_theta));
+  };
+  double low = std::max(std::floor(correction_dim(p.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(p.beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  const auto lowf = static_cast<float>(low);
+  const auto spanf = static_cast<float>(high - low);
+  const auto factor = static_cast<float>(p.factor);
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float ramp = std::clamp((static_cast<float>(i) - lowf) / spanf, 0.0f, 1.0f);
+    const float extrapolation = 1.0f - ramp;
+    const float f = pos_freq[static_cast<std::size_t>(i)];
+    t.inv_freq[static_cast<std::size_t>(i)] =
+        (1.0f / (factor * f)) * (1.0f - extrapolation) + (1.0f / f) * extrapolation;
+  }
+  t.scaling = static_cast<float>(p.attention_factor);
+  return t;
+}
+
+void apply_rope(float* v, std::int64_t dim, const rope_table& t, std::int64_t position,
+                bool inverse) {
+  float* r = v + (dim - t.rope_dim);
+  const auto pos = static_cast<float>(position);
+  const auto half = t.rope_dim / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float angle = t.inv_freq[static_cast<std::size_t>(i)] * pos;
+    const float c = std::cos(angle) * t.scaling;
+    const float s = (inverse ? -std::sin(angle) : std::sin(angle)) * t.scaling;
+    const float even = r[2 * i];
+    const float odd = r[2 * i + 1];
+    r[2 * i] = even * c - odd * s;
+    r[2 * i + 1] = even * s + odd * c;
+  }
+}
+
+float round_to_e4m3(float x) {
+  if (x == 0.0f || !std::isfinite(x)) return x;
+  const float a = std::fabs(x);
+  int e = 0;
+  std::frexp(a, &e);                  // a = m · 2^e, m in [0.5, 1)
+  const int exponent = std::max(e - 1, -6);  // below 2^-6 the grid is the subnormal step 2^-9
+  const float step = std::ldexp(1.0f, exponent - 3);
+  const float q = std::min(std::nearbyint(a / step) * step, 448.0f);
+  return std::copysign(q, x);
+}
+
+namespace {
+
+// 2^ceil(log2(t)) for a positive normal float, as the reference computes it from the bits.
+float pow2_ceil(float t) {
+  const auto bits = std::bit_cast<std::uint32_t>(t);
+  const int exponent = static_cast<int>((bits >> 23) & 0xffu);
+  const int mantissa_nonzero = (bits & 0x7fffffu) != 0 ? 1 : 0;
+  return std::ldexp(1.0f, exponent - 127 + mantissa_nonzero);
+}
+
+constexpr float e2m1_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// |q| ≤ 6 onto the e2m1 grid, ties to the even code.
+float round_to_e2m1(float q) {
+  static const float thresholds[7] = {
+      std::nextafter(0.25f, 1.0f), 0.75f, std::nextafter(1.25f, 2.0f), 1.75f,
+      std::nextafter(2.5f, 3.0f),  3.5f,  std::nextafter(5.0f, 6.0f)};
+  const float m = std::fabs(q);
+  int code = 0;
+  for (float th : thresholds) code += m >= th ? 1 : 0;
+  const float v = e2m1_values[code];
+  return std::signbit(q) ? -v : v;
+}
+
+}  // namespace
+
+void fake_quant_fp8_block32(float* x, std::int64_t n) {
+  constexpr std::int64_t block = 32;
+  if (n % block != 0) return;
+  for (std::int64_t b = 0; b < n; b += block) {
+    float amax = 0.0f;
+    for (std::int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+    amax = std::max(amax, 1e-4f);
+    const float scale = pow2_ceil(amax * (1.0f / 448.0f));
+    for (std::int64_t i = 0; i < block; ++i) {
+      const float q = std::clamp(x[b + i] / scale, -448.0f, 448.0f);
+      x[b + i] = round_to_e4m3(q) * scale;
+    }
+  }
+}
+
+void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales) {
+  if (block <= 0 || n % block != 0) return;
+  for (std::int64_t b = 0; b < n; b += block) {
+    float amax = 0.0f;
+    for (std::int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+    float scale;
+    if (e4m3_scales) {
+      scale = round_to_e4m3(std::max(amax, 6.0f * 0x1p-9f) / 6.0f);
+    } else {
+      scale = pow2_ceil(std::max(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+    }
+    for (std::int64_t i = 0; i < block; ++i) {
+      const float q = std::clamp(x[b + i] / scale, -6.0f, 6.0f);
+      x[b + i] = round_to_e2m1(q) * scale;
+    }
+  }
+}
+
+}  // namespace troupe::kernels
