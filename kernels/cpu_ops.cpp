@@ -157,4 +157,71 @@ void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m
   }
 }
 
+void sinkhorn(float* cm, std::int64_t hc, std::int64_t iters, float eps) {
+  for (std::int64_t j = 0; j < hc; ++j) {
+    float* row = cm + j * hc;
+    float mx = row[0];
+    for (std::int64_t k = 1; k < hc; ++k) mx = std::max(mx, row[k]);
+    float sum = 0.0f;
+    for (std::int64_t k = 0; k < hc; ++k) sum += row[k] = std::exp(row[k] - mx);
+    for (std::int64_t k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
+  }
+  auto normalise_columns = [&] {
+    for (std::int64_t k = 0; k < hc; ++k) {
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < hc; ++j) sum += cm[j * hc + k];
+      for (std::int64_t j = 0; j < hc; ++j) cm[j * hc + k] /= sum + eps;
+    }
+  };
+  auto normalise_rows = [&] {
+    for (std::int64_t j = 0; j < hc; ++j) {
+      float sum = 0.0f;
+      for (std::int64_t k = 0; k < hc; ++k) sum += cm[j * hc + k];
+      for (std::int64_t k = 0; k < hc; ++k) cm[j * hc + k] /= sum + eps;
+    }
+  };
+  normalise_columns();
+  for (std::int64_t it = 0; it + 1 < iters; ++it) {
+    normalise_rows();
+    normalise_columns();
+  }
+}
+
+void route_token(const text_config& c, float* scores, const float* bias,
+                 std::vector<std::int64_t>& experts, std::vector<float>& weights) {
+  const std::int64_t n = c.n_routed_experts;
+  const auto temp = static_cast<float>(c.gate_temp);
+  for (std::int64_t e = 0; e < n; ++e) scores[e] = scores[e] / temp;
+  if (c.scoring_func == "sqrtsoftplus") {
+    for (std::int64_t e = 0; e < n; ++e) {
+      const float x = scores[e];
+      scores[e] = std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x)));
+    }
+  } else if (c.scoring_func == "sigmoid") {
+    for (std::int64_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + std::exp(-scores[e]));
+  } else {  // softmax
+    float mx = scores[0];
+    for (std::int64_t e = 1; e < n; ++e) mx = std::max(mx, scores[e]);
+    float sum = 0.0f;
+    for (std::int64_t e = 0; e < n; ++e) sum += scores[e] = std::exp(scores[e] - mx);
+    for (std::int64_t e = 0; e < n; ++e) scores[e] /= sum;
+  }
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  for (std::int64_t e = 0; e < n; ++e) order[static_cast<std::size_t>(e)] = e;
+  const std::int64_t k = std::min(c.num_experts_per_tok, n);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t b) {
+    const float sa = scores[a] + bias[a], sb = scores[b] + bias[b];
+    return sa != sb ? sa > sb : a < b;
+  });
+  experts.assign(order.begin(), order.begin() + k);
+  weights.resize(static_cast<std::size_t>(k));
+  float total = 0.0f;
+  for (std::int64_t e : experts) total += scores[e];
+  for (std::int64_t i = 0; i < k; ++i) {
+    float w = scores[experts[static_cast<std::size_t>(i)]];
+    if (c.norm_topk_prob && k > 1) w = w / (total + 1e-20f);
+    weights[static_cast<std::size_t>(i)] = w * static_cast<float>(c.routed_scaling_factor);
+  }
+}
+
 }  // namespace troupe::kernels

@@ -90,6 +90,65 @@ struct model::weights {
   }
 };
 
+std::vector<tensor_spec> model_tensors(const text_config& c) {
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
+  const i64 hc = c.hc_mult, mix = (2 + hc) * hc, I = c.moe_intermediate_size;
+  const i64 G = c.o_groups, R = c.o_lora_rank, nh = c.index_n_heads, idh = c.index_head_dim;
+  std::vector<tensor_spec> out = {{"model.embed.weight", {c.vocab_size, D}},
+                                  {"model.norm.weight", {D}},
+                                  {"lm_head.weight", {c.vocab_size, D}}};
+  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto add = [&](const std::string& n, std::vector<i64> shape) { out.push_back({p + n, std::move(shape)}); };
+    add("attn.wq_a.weight", {qr, D});
+    add("attn.q_norm.weight", {qr});
+    add("attn.wq_b.weight", {H * hd, qr});
+    add("attn.wkv.weight", {hd, D});
+    add("attn.kv_norm.weight", {hd});
+    add("attn.wo_a.weight", {G * R, H * hd / G});
+    add("attn.wo_b.weight", {D, G * R});
+    add("attn.attn_sink", {H});
+    const i64 ratio = c.compress_ratios[sz(l)];
+    if (c.is_kv_source(l)) {
+      add("attn.compressor.wkv.weight", {hd, D});
+      if (ratio > 1) add("attn.compressor.wgate.weight", {hd, D});
+      add("attn.compressor.norm.weight", {hd});
+    }
+    if (c.is_index_source(l)) {
+      add("attn.indexer.wq_b.weight", {nh * idh, qr});
+      add("attn.indexer.weights_proj.weight", {nh, D});
+      if (c.is_kv_source(l)) {
+        add("attn.indexer.wk.weight", {idh, hd});
+        add("attn.indexer.k_norm.weight", {idh});
+      }
+    }
+    for (const char* site : {"attn", "ffn"}) {
+      add(std::string("hc_") + site + "_fn", {mix, hc * D});
+      add(std::string("hc_") + site + "_base", {mix});
+      add(std::string("hc_") + site + "_scale", {3});
+    }
+    add("attn_norm.weight", {D});
+    add("ffn_norm.weight", {D});
+    add("ffn.gate.weight", {c.n_routed_experts, D});
+    add("ffn.gate.bias", {c.n_routed_experts});
+    for (i64 e = 0; e <= c.n_routed_experts; ++e) {
+      const std::string q = e < c.n_routed_experts ? "ffn.experts." + std::to_string(e) + "." : "ffn.shared_experts.";
+      add(q + "w1.weight", {I, D});
+      add(q + "w2.weight", {D, I});
+      add(q + "w3.weight", {I, D});
+    }
+    const i64 ei = c.engram_index(l);
+    if (ei >= 0) {
+      const i64 cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+      add("engram.embed.weight", {c.engram_num_embeddings[sz(ei)], c.engram_head_dim});
+      add("engram.wkv.weight", {D * (hc + 1), cols * c.engram_head_dim});
+      add("engram.q_weight", {hc, D});
+      add("engram.k_weight", {hc, D});
+    }
+  }
+  return out;
+}
+
 model::model(model&&) noexcept = default;
 model& model::operator=(model&&) noexcept = default;
 model::~model() = default;
@@ -272,7 +331,6 @@ void gemm_nt(i64 M, i64 N, i64 K, const float* x, i64 ldx, const float* w, i64 l
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // What the reference's per-forward `shared` dict carries, for one sequence.
 struct shared_state {
@@ -324,36 +382,8 @@ void hc_mixes(const text_config& c, const std::vector<float>& streams, i64 T, co
       post[sz(t * hc + k)] = 2.0f * sigmoid(m[hc + k] * s[1] + b[hc + k]);
     }
     float* cm = comb.data() + t * hc * hc;  // [j][k]
-    for (i64 j = 0; j < hc; ++j) {
-      float* row = cm + j * hc;
-      float mx = neg_inf;
-      for (i64 k = 0; k < hc; ++k) {
-        row[k] = m[2 * hc + j * hc + k] * s[2] + b[2 * hc + j * hc + k];
-        mx = std::max(mx, row[k]);
-      }
-      float sum = 0.0f;
-      for (i64 k = 0; k < hc; ++k) sum += row[k] = std::exp(row[k] - mx);
-      for (i64 k = 0; k < hc; ++k) row[k] = row[k] / sum + hc_eps;
-    }
-    auto normalise_columns = [&] {
-      for (i64 k = 0; k < hc; ++k) {
-        float sum = 0.0f;
-        for (i64 j = 0; j < hc; ++j) sum += cm[j * hc + k];
-        for (i64 j = 0; j < hc; ++j) cm[j * hc + k] /= sum + hc_eps;
-      }
-    };
-    auto normalise_rows = [&] {
-      for (i64 j = 0; j < hc; ++j) {
-        float sum = 0.0f;
-        for (i64 k = 0; k < hc; ++k) sum += cm[j * hc + k];
-        for (i64 k = 0; k < hc; ++k) cm[j * hc + k] /= sum + hc_eps;
-      }
-    };
-    normalise_columns();
-    for (i64 it = 0; it + 1 < c.hc_sinkhorn_iters; ++it) {
-      normalise_rows();
-      normalise_columns();
-    }
+    for (i64 i = 0; i < hc * hc; ++i) cm[i] = m[2 * hc + i] * s[2] + b[2 * hc + i];
+    sinkhorn(cm, hc, c.hc_sinkhorn_iters, hc_eps);
   }
 }
 
@@ -827,34 +857,16 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch)
     hc_collapse(c, streams, attn_pre, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    const i64 E = c.n_routed_experts, K = c.num_experts_per_tok;
+    const i64 E = c.n_routed_experts;
     std::vector<float> gl(sz(T * E));
     linear(a.data(), T, D, L.gate.data(), E, gl.data());
-    const auto temp = static_cast<float>(c.gate_temp);
     std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
-    std::vector<float> sc(sz(E)), biased(sz(E));
+    std::vector<i64> chosen;
+    std::vector<float> chosen_w;
     for (i64 t = 0; t < T; ++t) {
-      float* row = gl.data() + t * E;
-      for (i64 e = 0; e < E; ++e) sc[sz(e)] = row[e] / temp;
-      if (c.scoring_func == "sqrtsoftplus") {
-        for (auto& v : sc) v = std::sqrt(softplus(v));
-      } else if (c.scoring_func == "sigmoid") {
-        for (auto& v : sc) v = sigmoid(v);
-      } else {  // softmax
-        const float mx = *std::max_element(sc.begin(), sc.end());
-        float sum = 0.0f;
-        for (auto& v : sc) sum += v = std::exp(v - mx);
-        for (auto& v : sc) v /= sum;
-      }
-      for (i64 e = 0; e < E; ++e) biased[sz(e)] = sc[sz(e)] + L.gate_bias.v[sz(e)];
-      auto chosen = top_finite(biased, K);
-      float total = 0.0f;
-      for (i64 e : chosen) total += sc[sz(e)];
-      for (i64 e : chosen) {
-        float wgt = sc[sz(e)];
-        if (c.norm_topk_prob && K > 1) wgt = wgt / (total + 1e-20f);
-        routed[sz(e)].emplace_back(t, wgt * static_cast<float>(c.routed_scaling_factor));
-      }
+      route_token(c, gl.data() + t * E, L.gate_bias.data(), chosen, chosen_w);
+      for (std::size_t i = 0; i < chosen.size(); ++i)
+        routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
     }
     std::vector<float> y(sz(T * D), 0.0f), xe, ye, we;
     for (i64 e = 0; e < E; ++e) {

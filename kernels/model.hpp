@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/engram_hash.hpp"
@@ -28,6 +29,16 @@ struct sequence_input {
   sequence_cache* cache = nullptr;
   std::span<const std::int64_t> tokens;
 };
+
+/// A tensor a checkpoint holds: its reference name and shape.
+struct tensor_spec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+
+/// Every backbone tensor a checkpoint must hold for `c` (reference names; an FP8 / FP4 tensor
+/// also has its scale companion). The DSpark draft layers (`mtp.*`) are not listed.
+std::vector<tensor_spec> model_tensors(const text_config& c);
 
 struct model_options {
   int threads = 2;  // BLAS threads
