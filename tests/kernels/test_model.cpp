@@ -1,0 +1,177 @@
+// The CPU model on a random tiny checkpoint (tests/kernels/fixtures/tiny-v41-config.json:
+// sliding, ratio-2 and ratio-1 layers, two KV sources, three index sources, the candidate
+// source, an Engram layer, hc_mult 4, window 8): loading, refusals, and the invariances of the
+// cache: chunked prefill at several chunk sizes equals one prefill, prefill then decode equals
+// one prefill, and a batch of sequences equals each sequence alone.
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "kernels/model.hpp"
+#include "model_fixture.hpp"
+
+using namespace troupe::kernels;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path tiny_config =
+    fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/fixtures/tiny-v41-config.json";
+
+model load_tiny() {
+  static const fs::path dir = testing::write_random_model(tiny_config, "tiny", 7);
+  auto m = model::load(dir);
+  REQUIRE_MESSAGE(m.ok(), m.error());
+  std::vector<std::int64_t> map(static_cast<std::size_t>(m->text().vocab_size));
+  for (std::size_t i = 0; i < map.size(); ++i)
+    map[i] = std::int64_t(i) % m->text().engram_compressed_vocab_size;
+  REQUIRE(m->set_engram_token_map(map).ok());
+  return std::move(*m);
+}
+
+std::vector<std::int64_t> prompt(std::size_t n, std::uint32_t seed) {
+  std::vector<std::int64_t> t(n);
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (auto& v : t) {
+    x = x * 1664525u + 1013904223u;
+    v = std::int64_t(3 + (x >> 8) % 240);
+  }
+  return t;
+}
+
+std::vector<float> run(const model& m, sequence_cache& cache, std::span<const std::int64_t> toks) {
+  sequence_input in{&cache, toks};
+  auto r = m.forward(std::span(&in, 1));
+  REQUIRE_MESSAGE(r.ok(), r.error());
+  return std::move(*r);
+}
+
+}  // namespace
+
+TEST_CASE("the tiny model loads and produces finite logits") {
+  auto m = load_tiny();
+  auto cache = m.new_sequence();
+  auto toks = prompt(40, 1);
+  auto logits = run(m, cache, toks);
+  REQUIRE(logits.size() == 40u * 256u);
+  for (float v : logits) REQUIRE(std::isfinite(v));
+  CHECK(cache.length == 40);
+  // Ratio-2 KV source (layer 1): 20 groups; ratio-1 KV source (layer 3): 40 entries, paged in
+  // blocks of 128 / ratio rows.
+  CHECK(cache.layers[1].compressed.kv.size() == 20);
+  CHECK(cache.layers[1].compressed.index_keys.size() == 20);
+  CHECK(cache.layers[1].compressed.kv.rows_per_block() == 64);
+  CHECK(cache.layers[3].compressed.kv.size() == 40);
+  CHECK(cache.layers[3].compressed.pending_tokens == 0);
+}
+
+TEST_CASE("chunked prefill at every chunk size equals one prefill") {
+  auto m = load_tiny();
+  auto toks = prompt(37, 2);
+  auto whole_cache = m.new_sequence();
+  auto whole = run(m, whole_cache, toks);
+  for (std::size_t chunk : {1u, 2u, 3u, 5u, 8u, 13u, 36u}) {
+    CAPTURE(chunk);
+    auto cache = m.new_sequence();
+    std::vector<float> got;
+    for (std::size_t at = 0; at < toks.size(); at += chunk) {
+      const auto n = std::min(chunk, toks.size() - at);
+      auto part = run(m, cache, std::span(toks).subspan(at, n));
+      got.insert(got.end(), part.begin(), part.end());
+    }
+    REQUIRE(got.size() == whole.size());
+    CHECK(testing::relative_error(got, whole) <= 1e-5);
+  }
+}
+
+TEST_CASE("a batch of sequences equals each sequence alone, in prefill and in decode") {
+  auto m = load_tiny();
+  std::vector<std::vector<std::int64_t>> prompts = {prompt(19, 3), prompt(4, 4), prompt(30, 5)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) {
+    auto cache = m.new_sequence();
+    alone.push_back(run(m, cache, p));
+  }
+  // Prefill the first 15 / 1 / 22 tokens batched, then the rest as batched decode steps of up
+  // to three tokens.
+  std::vector<sequence_cache> caches;
+  for (std::size_t i = 0; i < prompts.size(); ++i) caches.push_back(m.new_sequence());
+  std::vector<std::size_t> done = {0, 0, 0};
+  std::vector<std::vector<float>> got(prompts.size());
+  std::vector<std::size_t> first = {15, 1, 22};
+  bool progress = true;
+  for (int step = 0; progress; ++step) {
+    std::vector<sequence_input> batch;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const std::size_t n = step == 0 ? first[i] : std::min<std::size_t>(1 + i, prompts[i].size() - done[i]);
+      if (n == 0) continue;
+      batch.push_back({&caches[i], std::span(prompts[i]).subspan(done[i], n)});
+      who.push_back(i);
+    }
+    progress = !batch.empty();
+    if (!progress) break;
+    auto r = m.forward(batch);
+    REQUIRE_MESSAGE(r.ok(), r.error());
+    std::size_t at = 0;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      const auto n = batch[b].tokens.size() * 256;
+      got[who[b]].insert(got[who[b]].end(), r->begin() + long(at), r->begin() + long(at + n));
+      at += n;
+      done[who[b]] += batch[b].tokens.size();
+    }
+  }
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(got[i].size() == alone[i].size());
+    CHECK(testing::relative_error(got[i], alone[i]) <= 1e-5);
+  }
+}
+
+TEST_CASE("forward refuses what it cannot run, as values") {
+  auto m = load_tiny();
+  auto cache = m.new_sequence();
+  std::vector<std::int64_t> bad = {5, 256};
+  sequence_input in{&cache, bad};
+  auto r = m.forward(std::span(&in, 1));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("token 1 is 256") != std::string::npos);
+  sequence_cache foreign;
+  std::vector<std::int64_t> ok = {5};
+  sequence_input in2{&foreign, ok};
+  CHECK_FALSE(m.forward(std::span(&in2, 1)).ok());
+  CHECK(cache.length == 0);
+
+  auto dir = testing::write_random_model(tiny_config, "no-map", 9);
+  auto fresh = model::load(dir);
+  REQUIRE(fresh.ok());
+  auto c2 = fresh->new_sequence();
+  sequence_input in3{&c2, ok};
+  auto r3 = fresh->forward(std::span(&in3, 1));
+  REQUIRE_FALSE(r3.ok());
+  CHECK(r3.error().find("compressed token map") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint with a wrongly shaped tensor is refused naming it") {
+  auto dir = testing::write_random_model(tiny_config, "bad-shape", 11);
+  // Rewrite the file with one tensor transposed.
+  auto ck = checkpoint::open(dir);
+  REQUIRE(ck.ok());
+  std::vector<tensor_to_write> tensors;
+  for (const auto& name : ck->names()) {
+    std::vector<std::int64_t> shape;
+    auto v = ck->load_float(name, &shape);
+    REQUIRE(v.ok());
+    if (name == "model.layers.2.attn.wkv.weight") std::swap(shape[0], shape[1]);
+    tensor_to_write t{name, dtype::F32, shape, {}};
+    t.data.resize(v->size() * 4);
+    std::memcpy(t.data.data(), v->data(), t.data.size());
+    tensors.push_back(std::move(t));
+  }
+  ck = result<checkpoint>::failure("closed");
+  REQUIRE(write_safetensors(dir / "model.safetensors", tensors).ok());
+  auto m = model::load(dir);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error() == "tensor model.layers.2.attn.wkv.weight: expected shape [32, 64], found [64, 32]");
+}
