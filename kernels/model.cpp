@@ -450,7 +450,8 @@ void expert_forward(const text_config& c, const expert_weights& e, const float* 
 
 }  // namespace
 
-result<std::vector<float>> model::forward(std::span<const sequence_input> batch) const {
+result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
+                                          std::vector<std::vector<float>>* layer_streams) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
@@ -483,6 +484,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch)
   const i64 T = static_cast<i64>(tokens.size());
   const i64 S = static_cast<i64>(batch.size());
   if (T == 0) return std::vector<float>{};
+  if (layer_streams != nullptr) layer_streams->clear();
   const bool has_engram = !c.engram_layer_ids.empty();
   if (has_engram && W.token_map.empty())
     return fail::failure("forward: the Engram layers need the compressed token map "
@@ -891,6 +893,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch)
     for (i64 i = 0; i < T * D; ++i) y[sz(i)] += ye[sz(i)];
     hc_expand(c, y, post, comb, T, streams);
     pre_mix = next_pre;
+    if (layer_streams != nullptr) layer_streams->push_back(streams);
   }
 
   // Final collapse, norm and LM head.

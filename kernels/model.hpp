@@ -69,7 +69,10 @@ class model {
 
   /// Runs the tokens of every sequence in `batch` (each continuing from its cache, which is
   /// advanced) and returns the logits [total tokens, vocab_size], sequences in batch order.
-  result<std::vector<float>> forward(std::span<const sequence_input> batch) const;
+  /// `layer_streams`, when given, receives every layer's output residual streams [total tokens,
+  /// hc_mult, hidden_size] (what the parity tests compare layer by layer with the reference).
+  result<std::vector<float>> forward(std::span<const sequence_input> batch,
+                                     std::vector<std::vector<float>>* layer_streams = nullptr) const;
 
   struct weights;
 

@@ -1,0 +1,162 @@
+// Parity of the CPU model with the `transformers` reference: the tiny random checkpoints and
+// golden logits under tests/kernels/golden/model/ (written by tools/model_golden.py, running
+// the upstream deepseek_v41 modeling file on torch CPU in fp32). Each config is checked in
+// full prefill (prompt + decode tokens in one call), prefill then step-by-step decode, and
+// with its prompts batched together; fp32, max relative error ≤ 1e-4.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "kernels/model.hpp"
+#include "model_fixture.hpp"
+
+using namespace troupe::kernels;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path golden_root = fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model";
+constexpr double tolerance = 1e-4;
+
+struct golden_prompt {
+  std::vector<std::int64_t> input, decode;
+  std::vector<float> prefill, decode_logits, full;
+};
+
+std::vector<std::int64_t> ids(const checkpoint& g, const std::string& name) {
+  auto v = g.load_float(name);
+  REQUIRE_MESSAGE(v.ok(), v.error());
+  return {v->begin(), v->end()};
+}
+
+std::vector<float> floats(const checkpoint& g, const std::string& name) {
+  auto v = g.load_float(name);
+  REQUIRE_MESSAGE(v.ok(), v.error());
+  return *v;
+}
+
+std::vector<golden_prompt> load_goldens(const fs::path& dir) {
+  auto g = checkpoint::open(dir / "golden.safetensors");
+  REQUIRE_MESSAGE(g.ok(), g.error());
+  std::vector<golden_prompt> out;
+  for (int p = 0; g->contains("prompt" + std::to_string(p) + ".input_ids"); ++p) {
+    const std::string k = "prompt" + std::to_string(p) + ".";
+    out.push_back({ids(*g, k + "input_ids"), ids(*g, k + "decode_ids"),
+                   floats(*g, k + "prefill_logits"), floats(*g, k + "decode_logits"),
+                   floats(*g, k + "full_logits")});
+  }
+  REQUIRE(!out.empty());
+  return out;
+}
+
+model load_golden_model(const fs::path& dir) {
+  auto m = model::load(dir);
+  REQUIRE_MESSAGE(m.ok(), m.error());
+  if (fs::exists(dir / "engram_meta.json")) {
+    std::ifstream f(dir / "engram_meta.json");
+    auto meta = nlohmann::json::parse(f);
+    REQUIRE(m->set_engram_token_map(meta.at("token_map").get<std::vector<std::int64_t>>()).ok());
+    // The hash layout the reference derived: multipliers (NumPy's generator), primes, offsets.
+    auto layout = engram_hash_layout::from_config(m->text());
+    for (std::size_t l = 0; l < layout.multipliers.size(); ++l) {
+      std::vector<std::int64_t> mult;
+      for (const auto& s : meta.at("multipliers").at(l)) mult.push_back(std::stoll(s.get<std::string>()));
+      CHECK(layout.multipliers[l] == mult);
+      CHECK(layout.primes[l] == meta.at("primes").at(l).get<std::vector<std::int64_t>>());
+      CHECK(layout.offsets[l] == meta.at("offsets").at(l).get<std::vector<std::int64_t>>());
+    }
+  }
+  return std::move(*m);
+}
+
+std::span<const float> rows(const std::vector<float>& v, std::size_t from, std::size_t n,
+                            std::size_t vocab) {
+  return std::span(v).subspan(from * vocab, n * vocab);
+}
+
+void check_config(const std::string& name) {
+  const fs::path dir = golden_root / name;
+  auto m = load_golden_model(dir);
+  const auto vocab = static_cast<std::size_t>(m.text().vocab_size);
+  auto goldens = load_goldens(dir);
+  for (std::size_t p = 0; p < goldens.size(); ++p) {
+    const auto& g = goldens[p];
+    CAPTURE(name);
+    CAPTURE(p);
+    std::vector<std::int64_t> full = g.input;
+    full.insert(full.end(), g.decode.begin(), g.decode.end());
+
+    // Full prefill.
+    auto cache = m.new_sequence();
+    sequence_input in{&cache, full};
+    auto logits = m.forward(std::span(&in, 1));
+    REQUIRE_MESSAGE(logits.ok(), logits.error());
+    CHECK(testing::relative_error(*logits, g.full) <= tolerance);
+
+    // Prefill (layer by layer for the first prompt), then one token at a time.
+    auto c2 = m.new_sequence();
+    sequence_input pin{&c2, g.input};
+    std::vector<std::vector<float>> streams;
+    auto pre = m.forward(std::span(&pin, 1), &streams);
+    REQUIRE(pre.ok());
+    if (p == 0) {
+      auto gf = checkpoint::open(dir / "golden.safetensors");
+      REQUIRE(gf.ok());
+      for (std::size_t l = 0; l < streams.size(); ++l) {
+        CAPTURE(l);
+        CHECK(testing::relative_error(streams[l], floats(*gf, "prompt0.layer" + std::to_string(l) + ".streams")) <= tolerance);
+      }
+    }
+    CHECK(testing::relative_error(*pre, g.prefill) <= tolerance);
+    for (std::size_t i = 0; i < g.decode.size(); ++i) {
+      CAPTURE(i);
+      sequence_input din{&c2, std::span(g.decode).subspan(i, 1)};
+      auto step = m.forward(std::span(&din, 1));
+      REQUIRE(step.ok());
+      CHECK(testing::relative_error(*step, rows(g.decode_logits, i, 1, vocab)) <= tolerance);
+    }
+  }
+
+  // Every prompt prefilled in one batch, then decoded together.
+  std::vector<sequence_cache> caches;
+  for (std::size_t p = 0; p < goldens.size(); ++p) caches.push_back(m.new_sequence());
+  std::vector<sequence_input> batch;
+  for (std::size_t p = 0; p < goldens.size(); ++p) batch.push_back({&caches[p], goldens[p].input});
+  auto out = m.forward(batch);
+  REQUIRE(out.ok());
+  std::size_t at = 0;
+  for (const auto& g : goldens) {
+    CHECK(testing::relative_error(std::span(*out).subspan(at, g.prefill.size()), g.prefill) <= tolerance);
+    at += g.prefill.size();
+  }
+  for (std::size_t i = 0;; ++i) {
+    batch.clear();
+    std::vector<std::size_t> who;
+    for (std::size_t p = 0; p < goldens.size(); ++p)
+      if (i < goldens[p].decode.size()) {
+        batch.push_back({&caches[p], std::span(goldens[p].decode).subspan(i, 1)});
+        who.push_back(p);
+      }
+    if (batch.empty()) break;
+    auto step = m.forward(batch);
+    REQUIRE(step.ok());
+    for (std::size_t b = 0; b < who.size(); ++b)
+      CHECK(testing::relative_error(rows(*step, b, 1, vocab),
+                                    rows(goldens[who[b]].decode_logits, i, 1, vocab)) <= tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("parity with the reference: sliding-window only") { check_config("sliding"); }
+TEST_CASE("parity with the reference: ratio-2 / ratio-1 groups, candidates, Engram, FP8 / FP4, shards") {
+  check_config("mixed");
+}
+TEST_CASE("parity with the reference: ratio-4 group with a Reindex source, Engram") {
+  check_config("ratio4");
+}
+TEST_CASE("parity with the reference: the cache quantisers active (FP8 window, FP4 keys and latents)") {
+  check_config("qat");
+}
