@@ -469,6 +469,10 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     if (in.cache == nullptr || static_cast<i64>(in.cache->layers.size()) != c.num_hidden_layers)
       return fail::failure("forward: sequence " + std::to_string(s) +
                            " has no cache made by this model");
+    for (std::size_t o = 0; o < s; ++o)
+      if (batch[o].cache == in.cache)
+        return fail::failure("forward: sequences " + std::to_string(o) + " and " +
+                             std::to_string(s) + " share one cache");
     seq_begin.push_back(static_cast<i64>(tokens.size()));
     for (std::size_t i = 0; i < in.tokens.size(); ++i) {
       const i64 t = in.tokens[i];

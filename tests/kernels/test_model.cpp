@@ -142,6 +142,10 @@ TEST_CASE("forward refuses what it cannot run, as values") {
   sequence_input in2{&foreign, ok};
   CHECK_FALSE(m.forward(std::span(&in2, 1)).ok());
   CHECK(cache.length == 0);
+  std::vector<sequence_input> twice = {{&cache, ok}, {&cache, ok}};
+  auto r2 = m.forward(twice);
+  REQUIRE_FALSE(r2.ok());
+  CHECK(r2.error() == "forward: sequences 0 and 1 share one cache");
 
   auto dir = testing::write_random_model(tiny_config, "no-map", 9);
   auto fresh = model::load(dir);
