@@ -2,7 +2,7 @@
 // golden logits under tests/kernels/golden/model/ (written by tools/model_golden.py, running
 // the upstream deepseek_v41 modeling file on torch CPU in fp32). Each config is checked in
 // full prefill (prompt + decode tokens in one call), prefill then step-by-step decode, and
-// with its prompts batched together; fp32, max relative error ≤ 1e-4.
+// with its prompts batched together, and in chunked prefill; fp32, max relative error ≤ 1e-4.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -117,6 +117,23 @@ void check_config(const std::string& name) {
       REQUIRE(step.ok());
       CHECK(testing::relative_error(*step, rows(g.decode_logits, i, 1, vocab)) <= tolerance);
     }
+  }
+
+  // Chunked prefill of prompt + decode tokens at several chunk sizes.
+  for (std::size_t chunk : {2u, 3u, 5u}) {
+    CAPTURE(chunk);
+    const auto& g = goldens[0];
+    std::vector<std::int64_t> full = g.input;
+    full.insert(full.end(), g.decode.begin(), g.decode.end());
+    auto cache = m.new_sequence();
+    std::vector<float> got;
+    for (std::size_t at = 0; at < full.size(); at += chunk) {
+      sequence_input in{&cache, std::span(full).subspan(at, std::min(chunk, full.size() - at))};
+      auto part = m.forward(std::span(&in, 1));
+      REQUIRE(part.ok());
+      got.insert(got.end(), part->begin(), part->end());
+    }
+    CHECK(testing::relative_error(got, g.full) <= tolerance);
   }
 
   // Every prompt prefilled in one batch, then decoded together.
