@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "kernels/cpu_ops.hpp"
 
@@ -63,6 +64,7 @@ struct layer_weights {
 
 struct model::weights {
   model_config cfg;
+  int threads = 2;
   std::optional<checkpoint> ckpt;
   bool released_names = false;
   matrix embed, norm, lm_head;
@@ -167,6 +169,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   m.w_ = std::make_unique<weights>();
   auto& w = *m.w_;
   w.cfg = std::move(*cfg);
+  w.threads = std::max(1, options.threads);
   w.ckpt.emplace(std::move(*ck));
   w.released_names = !w.ckpt->contains("model.embed.weight") && w.ckpt->contains("embed.weight");
   const auto& c = w.cfg.text;
@@ -327,6 +330,24 @@ void gemm_nt(i64 M, i64 N, i64 K, const float* x, i64 ldx, const float* w, i64 l
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M),
               static_cast<blasint>(N), static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx),
               w, static_cast<blasint>(ldw), 0.0f, y, static_cast<blasint>(ldy));
+}
+
+// fn(i) for i in [0, n), split into contiguous ranges over up to `threads` threads (the calling
+// thread takes the first). Each i is computed the same way whatever the split.
+template <class F>
+void parallel_for(i64 n, int threads, F&& fn) {
+  const i64 parts = std::min<i64>(threads, n);
+  if (parts <= 1) {
+    for (i64 i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  auto range = [&](i64 part) {
+    for (i64 i = n * part / parts; i < n * (part + 1) / parts; ++i) fn(i);
+  };
+  for (i64 part = 1; part < parts; ++part) pool.emplace_back(range, part);
+  range(0);
+  for (auto& th : pool) th.join();
 }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -733,8 +754,15 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
             std::vector<std::vector<i64>> picks(sz(n));
             std::vector<std::vector<char>> cands;
             if (L.candidate_source) cands.resize(sz(n));
-            std::vector<float> scores(sz(n_idx));
-            for (i64 t = t0; t < t1; ++t) {
+            const bool apply_candidates = !L.candidate_source && L.uses_candidates && sh.has_candidates;
+            if (apply_candidates && sh.candidates_len != n_idx)
+              return fail::failure("forward: layer " + std::to_string(l) + " scores " +
+                                   std::to_string(n_idx) +
+                                   " compressed entries but the candidate source selected over " +
+                                   std::to_string(sh.candidates_len));
+            parallel_for(n, W.threads, [&](i64 i) {
+              const i64 t = t0 + i;
+              std::vector<float> scores(sz(n_idx));
               const i64 visible = (positions[sz(t)] + 1) / L.ratio;
               for (i64 e = 0; e < n_idx; ++e) {
                 if (e >= visible) {
@@ -766,18 +794,13 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
                 mask.assign(sz(n_idx), 0);
                 for (i64 b : keep)
                   for (i64 e = b * bs; e < std::min(n_idx, (b + 1) * bs); ++e) mask[sz(e)] = 1;
-              } else if (L.uses_candidates && sh.has_candidates) {
-                if (sh.candidates_len != n_idx)
-                  return fail::failure("forward: layer " + std::to_string(l) + " scores " +
-                                       std::to_string(n_idx) +
-                                       " compressed entries but the candidate source selected over " +
-                                       std::to_string(sh.candidates_len));
+              } else if (apply_candidates) {
                 const auto& mask = sh.candidates[sz(t - t0)];
                 for (i64 e = 0; e < n_idx; ++e)
                   if (!mask[sz(e)]) scores[sz(e)] = neg_inf;
               }
               picks[sz(t - t0)] = top_finite(scores, std::min(c.index_topk, n_idx));
-            }
+            });
             sh.has_topk = true;
             sh.topk_len = n_idx;
             sh.topk = std::move(picks);
@@ -813,11 +836,11 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
                              " compressed entries but its top-k was selected over " +
                              std::to_string(sh.topk_len));
       const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
-      std::vector<const float*> keys;
-      std::vector<float> logits;
-      for (i64 t = t0; t < t1; ++t) {
+      parallel_for(n, W.threads, [&](i64 i) {
+        const i64 t = t0 + i;
         const i64 p = positions[sz(t)];
-        keys.clear();
+        std::vector<const float*> keys;
+        std::vector<float> logits;
         for (i64 kp = std::max<i64>(0, p - win + 1); kp <= p; ++kp)
           keys.push_back(kp < start ? lc.window.at(kp) : kv.data() + (t0 + kp - start) * hd);
         if (n_comp > 0 && sh.has_topk)
@@ -844,7 +867,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
           }
           apply_rope(o, hd, rope, p, /*inverse=*/true);
         }
-      }
+      });
       for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
     }
 
