@@ -764,20 +764,23 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
               const i64 t = t0 + i;
               std::vector<float> scores(sz(n_idx));
               const i64 visible = (positions[sz(t)] + 1) / L.ratio;
-              for (i64 e = 0; e < n_idx; ++e) {
-                if (e >= visible) {
-                  scores[sz(e)] = neg_inf;
-                  continue;
+              // Scores of every index head against each block of keys: [nh, rows] GEMMs.
+              const auto& keys = sh.index_src->index_keys;
+              const float* qt = i_q.data() + t * nh * idh;
+              const i64 rows_per_block = keys.rows_per_block();
+              const i64 reach = std::min(visible, n_idx);
+              std::vector<float> head_scores(sz(nh * rows_per_block));
+              std::fill(scores.begin(), scores.end(), neg_inf);
+              for (i64 b0 = 0; b0 < reach; b0 += rows_per_block) {
+                const i64 rows = std::min(rows_per_block, reach - b0);
+                gemm_nt(nh, rows, idh, qt, idh, keys.row(b0), idh, head_scores.data(), rows);
+                for (i64 r = 0; r < rows; ++r) {
+                  float acc = 0.0f;
+                  for (i64 h = 0; h < nh; ++h)
+                    acc += std::max(head_scores[sz(h * rows + r)], 0.0f) * sm_scale *
+                           (i_w[sz(t * nh + h)] * heads_scale);
+                  scores[sz(b0 + r)] = acc;
                 }
-                const float* k = sh.index_src->index_keys.row(e);
-                float acc = 0.0f;
-                for (i64 h = 0; h < nh; ++h) {
-                  const float* qv = i_q.data() + (t * nh + h) * idh;
-                  float dot = 0.0f;
-                  for (i64 d = 0; d < idh; ++d) dot += qv[d] * k[d];
-                  acc += std::max(dot, 0.0f) * sm_scale * (i_w[sz(t * nh + h)] * heads_scale);
-                }
-                scores[sz(e)] = acc;
               }
               if (L.candidate_source) {
                 const i64 bs = c.candidate_block_size;
@@ -839,34 +842,36 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
       parallel_for(n, W.threads, [&](i64 i) {
         const i64 t = t0 + i;
         const i64 p = positions[sz(t)];
-        std::vector<const float*> keys;
-        std::vector<float> logits;
-        for (i64 kp = std::max<i64>(0, p - win + 1); kp <= p; ++kp)
-          keys.push_back(kp < start ? lc.window.at(kp) : kv.data() + (t0 + kp - start) * hd);
-        if (n_comp > 0 && sh.has_topk)
-          for (i64 e : sh.topk[sz(t - t0)]) keys.push_back(comp->kv.row(e));
-        const i64 nk = static_cast<i64>(keys.size());
-        logits.resize(sz(nk));
+        // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
+        // compressed entries.
+        const i64 first = std::max<i64>(0, p - win + 1);
+        const i64 n_sel = n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
+        const i64 nk = p - first + 1 + n_sel;
+        std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
+        i64 row = 0;
+        for (i64 kp = first; kp <= p; ++kp, ++row)
+          std::copy_n(kp < start ? lc.window.at(kp) : kv.data() + (t0 + kp - start) * hd, hd,
+                      kbuf.data() + row * hd);
+        for (i64 k = 0; k < n_sel; ++k, ++row)
+          std::copy_n(comp->kv.row(sh.topk[sz(t - t0)][sz(k)]), hd, kbuf.data() + row * hd);
+        // logits [H, nk] = q · Kᵀ, softmax with the per-head sink in the denominator, then
+        // out [H, hd] = P · K (K = V).
+        gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
         for (i64 h = 0; h < H; ++h) {
-          const float* qv = q.data() + (t * H + h) * hd;
+          float* lg = probs.data() + h * nk;
           const float sink = L.attn_sink.v[sz(h)];
           float mx = sink;
-          for (i64 k = 0; k < nk; ++k) {
-            float dot = 0.0f;
-            for (i64 d = 0; d < hd; ++d) dot += qv[d] * keys[sz(k)][d];
-            logits[sz(k)] = dot * scaling;
-            mx = std::max(mx, logits[sz(k)]);
-          }
+          for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
           float sum = std::exp(sink - mx);
-          for (i64 k = 0; k < nk; ++k) sum += logits[sz(k)] = std::exp(logits[sz(k)] - mx);
-          float* o = attn_out.data() + (t * H + h) * hd;
-          std::fill(o, o + hd, 0.0f);
-          for (i64 k = 0; k < nk; ++k) {
-            const float pk = logits[sz(k)] / sum;
-            for (i64 d = 0; d < hd; ++d) o[d] += pk * keys[sz(k)][d];
-          }
-          apply_rope(o, hd, rope, p, /*inverse=*/true);
+          for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
+          for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
         }
+        float* o = attn_out.data() + t * H * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
+                    static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
+                    static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
+                    static_cast<blasint>(hd));
+        for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, rope, p, /*inverse=*/true);
       });
       for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
     }
