@@ -151,6 +151,48 @@ std::vector<tensor_spec> model_tensors(const text_config& c) {
   return out;
 }
 
+namespace {
+
+// Within one forward a compressed layer attends over the compressed KV of the last KV source
+// before it, masked by the top-k of the last index source before it, which scored the keys of
+// the last index source before *that* one that owns its keys (is also a KV source); the
+// candidate mask of the candidate source constrains later index sources the same way. The
+// lengths agree in every call exactly when each pair of sources pools at the same ratio
+// (sources see the same tokens); the reference fails on a mismatch. Checked once here so that
+// a forward call never fails half way. Returns the problem, or "" when there is none.
+std::string check_csa2_schedule(const text_config& c) {
+  auto owner_of = [&](i64 index_source) {
+    i64 owner = -1;
+    for (i64 l = 0; l <= index_source; ++l)
+      if (c.is_kv_source(l) && c.is_index_source(l)) owner = l;
+    return owner;
+  };
+  auto ratio = [&](i64 l) { return c.compress_ratios[sz(l)]; };
+  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
+    if (ratio(l) == 0) continue;
+    const i64 kv = c.kv_source_of(l), idx = c.index_source_of(l);
+    const i64 keys = idx >= 0 ? owner_of(idx) : -1;
+    if (kv >= 0 && keys >= 0 && ratio(kv) != ratio(keys))
+      return "layer " + std::to_string(l) + " attends over the compressed KV of layer " +
+             std::to_string(kv) + " (ratio " + std::to_string(ratio(kv)) +
+             ") with a top-k over the keys of layer " + std::to_string(keys) + " (ratio " +
+             std::to_string(ratio(keys)) + "): expected equal ratios";
+    const i64 cand = c.candidate_source_layer_id;
+    if (c.is_index_source(l) && cand >= 0 && cand < l && keys >= 0) {
+      const i64 cand_keys = owner_of(cand);
+      if (cand_keys >= 0 && ratio(cand_keys) != ratio(keys))
+        return "index source " + std::to_string(l) + " scores the keys of layer " +
+               std::to_string(keys) + " (ratio " + std::to_string(ratio(keys)) +
+               ") inside candidates selected over the keys of layer " +
+               std::to_string(cand_keys) + " (ratio " + std::to_string(ratio(cand_keys)) +
+               "): expected equal ratios";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 model::model(model&&) noexcept = default;
 model& model::operator=(model&&) noexcept = default;
 model::~model() = default;
@@ -270,6 +312,8 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     }
   }
   if (!failure.empty()) return result<model>::failure(failure);
+  if (auto schedule = check_csa2_schedule(c); !schedule.empty())
+    return result<model>::failure((dir / "config.json").string() + ": " + schedule);
   w.rope_main = make_rope_table(c.rope_main, hd);
   w.rope_compress = make_rope_table(c.rope_compress, hd);
   if (!c.engram_layer_ids.empty()) {
@@ -358,10 +402,8 @@ struct shared_state {
   const compressed_cache* compress_src = nullptr;  // the group's compressed KV
   const compressed_cache* index_src = nullptr;     // the group's indexer keys
   bool has_topk = false;
-  i64 topk_len = 0;                       // compressed entries the selection was made over
   std::vector<std::vector<i64>> topk;     // per token of the call: selected entries
   bool has_candidates = false;
-  i64 candidates_len = 0;
   std::vector<std::vector<char>> candidates;  // per token: entry allowed by the candidate source
 };
 
@@ -754,12 +796,8 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
             std::vector<std::vector<i64>> picks(sz(n));
             std::vector<std::vector<char>> cands;
             if (L.candidate_source) cands.resize(sz(n));
+            // Same length as the candidate mask: check_csa2_schedule.
             const bool apply_candidates = !L.candidate_source && L.uses_candidates && sh.has_candidates;
-            if (apply_candidates && sh.candidates_len != n_idx)
-              return fail::failure("forward: layer " + std::to_string(l) + " scores " +
-                                   std::to_string(n_idx) +
-                                   " compressed entries but the candidate source selected over " +
-                                   std::to_string(sh.candidates_len));
             parallel_for(n, W.threads, [&](i64 i) {
               const i64 t = t0 + i;
               std::vector<float> scores(sz(n_idx));
@@ -805,11 +843,9 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
               picks[sz(t - t0)] = top_finite(scores, std::min(c.index_topk, n_idx));
             });
             sh.has_topk = true;
-            sh.topk_len = n_idx;
             sh.topk = std::move(picks);
             if (L.candidate_source) {
               sh.has_candidates = true;
-              sh.candidates_len = n_idx;
               sh.candidates = std::move(cands);
             }
           }
@@ -833,11 +869,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
       // Attention over the window and the selected compressed entries.
       const compressed_cache* comp = L.ratio != 0 ? sh.compress_src : nullptr;
       const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
-      if (n_comp > 0 && sh.has_topk && sh.topk_len != n_comp)
-        return fail::failure("forward: layer " + std::to_string(l) + " attends over " +
-                             std::to_string(n_comp) +
-                             " compressed entries but its top-k was selected over " +
-                             std::to_string(sh.topk_len));
+      // The top-k was selected over exactly these n_comp entries: check_csa2_schedule.
       const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
       parallel_for(n, W.threads, [&](i64 i) {
         const i64 t = t0 + i;

@@ -5,6 +5,8 @@
 // one prefill, and a batch of sequences equals each sequence alone.
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <vector>
 
@@ -178,4 +180,21 @@ TEST_CASE("a checkpoint with a wrongly shaped tensor is refused naming it") {
   auto m = model::load(dir);
   REQUIRE_FALSE(m.ok());
   CHECK(m.error() == "tensor model.layers.2.attn.wkv.weight: expected shape [32, 64], found [64, 32]");
+}
+
+TEST_CASE("a CSA2 schedule whose top-k and compressed KV pool at different ratios is refused at load") {
+  // Layers 3..5 attend over the ratio-1 KV of layer 3 but would reuse the top-k that layer 1
+  // selected over its ratio-2 keys.
+  std::ifstream in(tiny_config);
+  auto j = nlohmann::json::parse(in);
+  j["text_config"]["index_source_layer_ids"] = {1};
+  j["text_config"]["candidate_source_layer_id"] = -1;
+  const fs::path cfg = fs::temp_directory_path() / ("troupe-test-schedule-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(cfg) << j.dump();
+  auto dir = testing::write_random_model(cfg, "schedule", 13);
+  auto m = model::load(dir);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error() == (dir / "config.json").string() +
+                         ": layer 3 attends over the compressed KV of layer 3 (ratio 1) with a top-k "
+                         "over the keys of layer 1 (ratio 2): expected equal ratios");
 }
