@@ -429,7 +429,9 @@ def run_config(name, spec, out_root, cfg_mod, modeling, tokenizer):
         w64 = w.double()
         listing[out] = {"shape": list(w.shape), "dtype": str(tensors[out].dtype).replace("torch.", ""),
                         "sum": w64.sum().item(), "sum_abs": w64.abs().sum().item(),
-                        "sum_sq": (w64 * w64).sum().item()}
+                        "sum_sq": (w64 * w64).sum().item(),
+                        # position-weighted, so a permutation (a swapped nibble order) shows
+                        "sum_pos": (w64.flatten() * (torch.arange(w.numel(), dtype=torch.float64) % 251 + 1)).sum().item()}
     meta = {"tensors": listing, "prompts": []}
     for p, length in enumerate(spec["prompts"]):
         prompt = torch.randint(3, VOCAB - 1, (length,), generator=gen)
