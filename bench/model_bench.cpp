@@ -1,6 +1,5 @@
 // The CPU model's prefill and decode throughput on a random V4.1-shaped model of about 100M
-// parameters (bench/models/bench-v41-config.json: 8 layers with sliding, ratio-2 and ratio-1
-// CSA2 layers, candidates, Engram, 8 experts top-2 + shared, hc_mult 4), beside its peer
+// parameters (`troupe model init --preset small`, kernels/model_init.hpp), beside its peer
 // measured in the same run: the GEMM floor, i.e. OpenBLAS sgemm over exactly the weight
 // matrices the same tokens pass through (active experts only), with the same thread count.
 // The ratio model / floor is what everything that is not a dense GEMM costs (attention,
@@ -9,17 +8,20 @@
 //   build/bench/bench_model [--prompt 1024] [--decode 32] [--threads 2]
 #include <cblas.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu_ops.hpp"
 #include "kernels/model.hpp"
-#include "tests/kernels/model_fixture.hpp"
+#include "kernels/model_init.hpp"
 
 using namespace troupe::kernels;
 using clock_type = std::chrono::steady_clock;
@@ -92,8 +94,13 @@ int main(int argc, char** argv) {
     else if (a == "--decode") decode = std::atoll(argv[i + 1]);
     else if (a == "--threads") threads = std::atoi(argv[i + 1]);
   }
-  const auto config = std::filesystem::path(TROUPE_SOURCE_DIR) / "bench/models/bench-v41-config.json";
-  const auto dir = testing::write_random_model(config, "bench", 1);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("troupe-bench-model-" + std::to_string(::getpid()));
+  auto written = write_random_model(dir, "small", 1);
+  if (!written) {
+    std::fprintf(stderr, "%s\n", written.error().c_str());
+    return 1;
+  }
   auto m = model::load(dir, {.threads = threads});
   if (!m) {
     std::fprintf(stderr, "%s\n", m.error().c_str());
@@ -103,13 +110,8 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> map(std::size_t(c.vocab_size));
   for (std::size_t i = 0; i < map.size(); ++i) map[i] = std::int64_t(i) % c.engram_compressed_vocab_size;
   (void)m->set_engram_token_map(map);
-  std::int64_t params = 0;
-  for (const auto& t : model_tensors(c)) {
-    std::int64_t n = 1;
-    for (auto d : t.shape) n *= d;
-    params += n;
-  }
-  std::printf("model: %s, %.1fM parameters, %d threads\n", config.filename().c_str(), params / 1e6, threads);
+  std::printf("model: preset small, %.1fM parameters, %d threads\n",
+              double(written->parameters) / 1e6, threads);
 
   auto tokens = [&](std::int64_t n, std::uint32_t seed) {
     std::vector<std::int64_t> t(static_cast<std::size_t>(n));

@@ -1,7 +1,9 @@
 #include "kernels/cpu_ops.hpp"
 
+#include "kernels/model_init.hpp"
+#include "kernels/safetensors.hpp"
+
 #include <algorithm>
-#include <bit>
 #include <cblas.h>
 #include <cmath>
 
@@ -87,40 +89,15 @@ void apply_rope(float* v, std::int64_t dim, const rope_table& t, std::int64_t po
   }
 }
 
-float round_to_e4m3(float x) {
-  if (x == 0.0f || !std::isfinite(x)) return x;
-  const float a = std::fabs(x);
-  int e = 0;
-  std::frexp(a, &e);                  // a = m · 2^e, m in [0.5, 1)
-  const int exponent = std::max(e - 1, -6);  // below 2^-6 the grid is the subnormal step 2^-9
-  const float step = std::ldexp(1.0f, exponent - 3);
-  const float q = std::min(std::nearbyint(a / step) * step, 448.0f);
-  return std::copysign(q, x);
-}
+float round_to_e4m3(float x) { return fp8_e4m3_to_float(float_to_fp8_e4m3(x)); }
 
 namespace {
 
 // 2^ceil(log2(t)) for a positive normal float, as the reference computes it from the bits.
-float pow2_ceil(float t) {
-  const auto bits = std::bit_cast<std::uint32_t>(t);
-  const int exponent = static_cast<int>((bits >> 23) & 0xffu);
-  const int mantissa_nonzero = (bits & 0x7fffffu) != 0 ? 1 : 0;
-  return std::ldexp(1.0f, exponent - 127 + mantissa_nonzero);
-}
-
-constexpr float e2m1_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+float pow2_ceil(float t) { return std::ldexp(1.0f, pow2_ceil_exponent(t)); }
 
 // |q| ≤ 6 onto the e2m1 grid, ties to the even code.
-float round_to_e2m1(float q) {
-  static const float thresholds[7] = {
-      std::nextafter(0.25f, 1.0f), 0.75f, std::nextafter(1.25f, 2.0f), 1.75f,
-      std::nextafter(2.5f, 3.0f),  3.5f,  std::nextafter(5.0f, 6.0f)};
-  const float m = std::fabs(q);
-  int code = 0;
-  for (float th : thresholds) code += m >= th ? 1 : 0;
-  const float v = e2m1_values[code];
-  return std::signbit(q) ? -v : v;
-}
+float round_to_e2m1(float q) { return fp4_e2m1_to_float(float_to_fp4_e2m1(q)); }
 
 }  // namespace
 

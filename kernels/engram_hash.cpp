@@ -1,5 +1,7 @@
 #include "kernels/engram_hash.hpp"
 
+#include "kernels/model_layout.hpp"
+
 #include <array>
 #include <limits>
 
@@ -58,13 +60,6 @@ std::array<std::uint64_t, 4> seed_sequence_state(std::uint64_t seed) {
 constexpr unsigned __int128 pcg_multiplier =
     (static_cast<unsigned __int128>(0x2360ed051fc65da4ull) << 64) | 0x4385df649fccf645ull;
 
-bool is_prime(std::int64_t n) {
-  if (n < 2) return false;
-  for (std::int64_t d = 2; d * d <= n; ++d)
-    if (n % d == 0) return false;
-  return true;
-}
-
 }  // namespace
 
 numpy_rng::numpy_rng(std::uint64_t seed) {
@@ -112,21 +107,19 @@ engram_hash_layout engram_hash_layout::from_config(const text_config& c) {
   const std::int64_t bound =
       std::max<std::int64_t>(1, (std::numeric_limits<std::int64_t>::max() /
                                  c.engram_compressed_vocab_size) / 2);
-  std::int64_t candidate = c.engram_vocab_size - 1;
-  for (std::int64_t layer : c.engram_layer_ids) {
-    numpy_rng rng(static_cast<std::uint64_t>(10007 * layer));
+  const auto primes = engram_primes(c);
+  for (std::size_t i = 0; i < c.engram_layer_ids.size(); ++i) {
+    numpy_rng rng(static_cast<std::uint64_t>(10007 * c.engram_layer_ids[i]));
     std::vector<std::int64_t> mult;
-    for (std::int64_t i = 0; i < l.max_ngram_size; ++i) mult.push_back(rng.integers(bound) * 2 + 1);
+    for (std::int64_t n = 0; n < l.max_ngram_size; ++n) mult.push_back(rng.integers(bound) * 2 + 1);
     l.multipliers.push_back(std::move(mult));
-    std::vector<std::int64_t> primes, offsets;
+    std::vector<std::int64_t> offsets;
     std::int64_t total = 0;
-    for (std::int64_t col = 0; col < l.columns; ++col) {
-      do ++candidate; while (!is_prime(candidate));
-      primes.push_back(candidate);
+    for (std::int64_t p : primes[i]) {
       offsets.push_back(total);
-      total += candidate;
+      total += p;
     }
-    l.primes.push_back(std::move(primes));
+    l.primes.push_back(primes[i]);
     l.offsets.push_back(std::move(offsets));
   }
   return l;

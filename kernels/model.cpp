@@ -92,65 +92,6 @@ struct model::weights {
   }
 };
 
-std::vector<tensor_spec> model_tensors(const text_config& c) {
-  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
-  const i64 hc = c.hc_mult, mix = (2 + hc) * hc, I = c.moe_intermediate_size;
-  const i64 G = c.o_groups, R = c.o_lora_rank, nh = c.index_n_heads, idh = c.index_head_dim;
-  std::vector<tensor_spec> out = {{"model.embed.weight", {c.vocab_size, D}},
-                                  {"model.norm.weight", {D}},
-                                  {"lm_head.weight", {c.vocab_size, D}}};
-  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto add = [&](const std::string& n, std::vector<i64> shape) { out.push_back({p + n, std::move(shape)}); };
-    add("attn.wq_a.weight", {qr, D});
-    add("attn.q_norm.weight", {qr});
-    add("attn.wq_b.weight", {H * hd, qr});
-    add("attn.wkv.weight", {hd, D});
-    add("attn.kv_norm.weight", {hd});
-    add("attn.wo_a.weight", {G * R, H * hd / G});
-    add("attn.wo_b.weight", {D, G * R});
-    add("attn.attn_sink", {H});
-    const i64 ratio = c.compress_ratios[sz(l)];
-    if (c.is_kv_source(l)) {
-      add("attn.compressor.wkv.weight", {hd, D});
-      if (ratio > 1) add("attn.compressor.wgate.weight", {hd, D});
-      add("attn.compressor.norm.weight", {hd});
-    }
-    if (c.is_index_source(l)) {
-      add("attn.indexer.wq_b.weight", {nh * idh, qr});
-      add("attn.indexer.weights_proj.weight", {nh, D});
-      if (c.is_kv_source(l)) {
-        add("attn.indexer.wk.weight", {idh, hd});
-        add("attn.indexer.k_norm.weight", {idh});
-      }
-    }
-    for (const char* site : {"attn", "ffn"}) {
-      add(std::string("hc_") + site + "_fn", {mix, hc * D});
-      add(std::string("hc_") + site + "_base", {mix});
-      add(std::string("hc_") + site + "_scale", {3});
-    }
-    add("attn_norm.weight", {D});
-    add("ffn_norm.weight", {D});
-    add("ffn.gate.weight", {c.n_routed_experts, D});
-    add("ffn.gate.bias", {c.n_routed_experts});
-    for (i64 e = 0; e <= c.n_routed_experts; ++e) {
-      const std::string q = e < c.n_routed_experts ? "ffn.experts." + std::to_string(e) + "." : "ffn.shared_experts.";
-      add(q + "w1.weight", {I, D});
-      add(q + "w2.weight", {D, I});
-      add(q + "w3.weight", {I, D});
-    }
-    const i64 ei = c.engram_index(l);
-    if (ei >= 0) {
-      const i64 cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
-      add("engram.embed.weight", {c.engram_num_embeddings[sz(ei)], c.engram_head_dim});
-      add("engram.wkv.weight", {D * (hc + 1), cols * c.engram_head_dim});
-      add("engram.q_weight", {hc, D});
-      add("engram.k_weight", {hc, D});
-    }
-  }
-  return out;
-}
-
 namespace {
 
 // Within one forward a compressed layer attends over the compressed KV of the last KV source

@@ -30,16 +30,6 @@ struct sequence_input {
   std::span<const std::int64_t> tokens;
 };
 
-/// A tensor a checkpoint holds: its reference name and shape.
-struct tensor_spec {
-  std::string name;
-  std::vector<std::int64_t> shape;
-};
-
-/// Every backbone tensor a checkpoint must hold for `c` (reference names; an FP8 / FP4 tensor
-/// also has its scale companion). The DSpark draft layers (`mtp.*`) are not listed.
-std::vector<tensor_spec> model_tensors(const text_config& c);
-
 struct model_options {
   int threads = 2;  // BLAS threads
 };
@@ -48,8 +38,9 @@ class model {
  public:
   /// Loads DIR/config.json and the checkpoint in DIR (single file or sharded). Tensor names are
   /// the reference's (`model.layers.N.attn.wq_a.weight`, `lm_head.weight`) or the released
-  /// checkpoint's (`layers.N.attn.wq_a.weight`, `head.weight`). Every tensor is checked against
-  /// the shape the config implies; errors name the tensor, expected and found.
+  /// checkpoint's (`layers.N.attn.wq_a.weight`, `head.weight`; kernels/model_layout lists them).
+  /// Every tensor is checked against the shape the config implies; errors name the tensor,
+  /// expected and found.
   static result<model> load(const std::filesystem::path& dir, model_options options = {});
 
   model(model&&) noexcept;

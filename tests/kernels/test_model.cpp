@@ -161,25 +161,22 @@ TEST_CASE("forward refuses what it cannot run, as values") {
 
 TEST_CASE("a checkpoint with a wrongly shaped tensor is refused naming it") {
   auto dir = testing::write_random_model(tiny_config, "bad-shape", 11);
-  // Rewrite the file with one tensor transposed.
+  // Rewrite the file with one tensor's shape transposed.
   auto ck = checkpoint::open(dir);
   REQUIRE(ck.ok());
   std::vector<tensor_to_write> tensors;
   for (const auto& name : ck->names()) {
-    std::vector<std::int64_t> shape;
-    auto v = ck->load_float(name, &shape);
+    auto v = ck->get(name);
     REQUIRE(v.ok());
-    if (name == "model.layers.2.attn.wkv.weight") std::swap(shape[0], shape[1]);
-    tensor_to_write t{name, dtype::F32, shape, {}};
-    t.data.resize(v->size() * 4);
-    std::memcpy(t.data.data(), v->data(), t.data.size());
-    tensors.push_back(std::move(t));
+    auto shape = v->shape();
+    if (name == "layers.2.attn.wkv.weight") std::swap(shape[0], shape[1]);
+    tensors.push_back({name, v->type(), shape, {v->bytes.begin(), v->bytes.end()}});
   }
   ck = result<checkpoint>::failure("closed");
   REQUIRE(write_safetensors(dir / "model.safetensors", tensors).ok());
   auto m = model::load(dir);
   REQUIRE_FALSE(m.ok());
-  CHECK(m.error() == "tensor model.layers.2.attn.wkv.weight: expected shape [32, 64], found [64, 32]");
+  CHECK(m.error() == "tensor layers.2.attn.wkv.weight: expected shape [32, 64], found [64, 32]");
 }
 
 TEST_CASE("a CSA2 schedule whose top-k and compressed KV pool at different ratios is refused at load") {
