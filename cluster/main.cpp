@@ -5,6 +5,7 @@
 #include "cluster/sim/sim_command.hpp"
 #include "cluster/sim/swarm.hpp"
 #include "cluster/topology.hpp"
+#include "kernels/model_init.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -245,6 +246,29 @@ int main(int argc, char** argv) {
   swarm->add_flag("--plant-bug", swarm_opts.plant_bug)->group("");
   swarm->callback([&] {
     rc = troupe::cluster::sim::run_swarm_command(swarm_opts, std::cout, std::cerr);
+  });
+
+  auto* model = app.add_subcommand("model", "create and inspect DeepSeek-V4.1 model directories");
+  model->require_subcommand(1);
+  std::string init_preset, init_out;
+  std::uint64_t init_seed = 0;
+  auto* init = model->add_subcommand(
+    "init", "write a random V4.1 model directory (config.json + safetensors in the released layout)");
+  init->add_option("--preset", init_preset, "tiny or small (~100M parameters)")
+    ->required()
+    ->check(CLI::IsMember({"tiny", "small"}));
+  init->add_option("--seed", init_seed, "seed of the random weights (default 0)");
+  init->add_option("--out", init_out, "the directory to write")->required();
+  init->callback([&] {
+    auto written = troupe::kernels::write_random_model(init_out, init_preset, init_seed);
+    if (!written) {
+      std::cerr << "troupe model init: " << written.error() << "\n";
+      rc = 1;
+      return;
+    }
+    std::cout << fmt::format("{}: {} preset, seed {}, {:.1f} M parameters, {} files, {:.1f} MiB\n",
+                             init_out, init_preset, init_seed, written->parameters / 1e6,
+                             written->files.size(), written->bytes / (1024.0 * 1024.0));
   });
 
   CLI11_PARSE(app, argc, argv);

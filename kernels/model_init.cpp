@@ -8,18 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/counter_rng.hpp"
+
 namespace troupe::kernels {
 
 namespace {
 
 using json = nlohmann::ordered_json;
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -29,10 +24,8 @@ std::uint64_t fnv1a(std::string_view s) {
 
 // A standard normal that depends only on (key, i): Box-Muller over two counter draws.
 float normal(std::uint64_t key, std::uint64_t i) {
-  const std::uint64_t a = splitmix64(key ^ splitmix64(2 * i));
-  const std::uint64_t b = splitmix64(key ^ splitmix64(2 * i + 1));
-  const double u1 = (double(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = double(b >> 11) * 0x1.0p-53;
+  const double u1 = 1.0 - counter_uniform(key, 2 * i);  // (0, 1]
+  const double u2 = counter_uniform(key, 2 * i + 1);
   return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 

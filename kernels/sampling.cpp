@@ -8,13 +8,6 @@ namespace troupe::kernels {
 
 namespace {
 
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // argmax with the lowest id on ties; logits are finite or -inf, at least one > -inf.
 std::int64_t argmax(std::span<const float> logits) {
   std::int64_t best = 0;
@@ -85,11 +78,6 @@ std::vector<std::pair<double, std::int64_t>> kept(std::span<const float> logits,
 }
 
 }  // namespace
-
-double counter_uniform(std::uint64_t seed, std::uint64_t position) {
-  const std::uint64_t x = splitmix64(seed ^ splitmix64(position ^ 0x6a09e667f3bcc909ULL));
-  return double(x >> 11) * 0x1.0p-53;
-}
 
 result<bool> validate(const sampling_params& p) {
   if (!(p.temperature >= 0.0) || std::isinf(p.temperature))

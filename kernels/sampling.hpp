@@ -7,13 +7,15 @@
 // batch is sampled on its own. The rules run in the order `transformers` applies its logits
 // warpers: temperature, then top-k, top-p and min-p on the resulting distribution, then one
 // draw by inverse CDF over the kept tokens in a fixed order (probability descending, token id
-// ascending on ties). Invalid parameters and rows with NaN are errors (values), not crashes.
+// ascending on ties), with the uniform counter_uniform(seed, position) (counter_rng.hpp).
+// Invalid parameters and rows with NaN are errors (values), not crashes.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "kernels/counter_rng.hpp"
 #include "kernels/result.hpp"
 
 namespace troupe::kernels {
@@ -26,10 +28,6 @@ struct sampling_params {
   double min_p = 0.0;        // keep tokens with p >= min_p * p_max; [0, 1], 0 = off
   std::uint64_t seed = 0;    // the request's seed
 };
-
-/// The counter-based generator: a uniform double in [0, 1) that depends only on (seed,
-/// position) (SplitMix64 finalisers over both words; 53 random bits).
-double counter_uniform(std::uint64_t seed, std::uint64_t position);
 
 /// Checks the parameters (temperature >= 0, top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1).
 result<bool> validate(const sampling_params& p);

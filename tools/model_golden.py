@@ -463,7 +463,16 @@ def run_config(name, spec, out_root, cfg_mod, modeling, tokenizer):
             if text["engram_layer_ids"]:
                 model.model.bind_tokenizer(tokenizer)
             whole = model(input_ids=full[None], use_cache=True).logits[0].float()
+            # chunked prefill: the prompt in two chunks through the cache, split at an odd
+            # length so a compress group straddles the chunks
+            split = length // 2 + 1 if length > 2 else 1
+            if text["engram_layer_ids"]:
+                model.model.bind_tokenizer(tokenizer)
+            first = model(input_ids=prompt[None, :split], use_cache=True)
+            second = model(input_ids=prompt[None, split:], past_key_values=first.past_key_values, use_cache=True)
+            chunked = torch.cat([first.logits[0], second.logits[0]]).float()
         key = f"prompt{p}"
+        golden[f"{key}.chunked_prefill_logits"] = chunked.contiguous()
         golden[f"{key}.input_ids"] = prompt.to(torch.int64)
         golden[f"{key}.decode_ids"] = decode.to(torch.int64)
         golden[f"{key}.prefill_logits"] = prefill_logits.contiguous()
@@ -477,7 +486,8 @@ def run_config(name, spec, out_root, cfg_mod, modeling, tokenizer):
             golden[f"{key}.engram_hash_ids"] = ids.to(torch.int64).contiguous()
         diff_prefill = (whole[:length] - prefill_logits).abs().max().item()
         diff_decode = (whole[length:] - decode_logits).abs().max().item()
-        meta["prompts"].append({"length": length, "decode_steps": int(decode.numel()),
+        meta["prompts"].append({"length": length, "decode_steps": int(decode.numel()), "chunk_split": split,
+                                "max_abs_diff_chunked_vs_prefill": (chunked - prefill_logits).abs().max().item(),
                                 "max_abs_diff_full_vs_prefill": diff_prefill,
                                 "max_abs_diff_full_vs_decode": diff_decode})
     save_file(golden, str(directory / "golden.safetensors"), metadata={"format": "pt"})
@@ -496,12 +506,77 @@ def run_config(name, spec, out_root, cfg_mod, modeling, tokenizer):
                       "files_sha256": ORACLE_SHA256}
     (directory / "golden.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     print(name, json.dumps(meta["prompts"]))
-    worst = max(max(p["max_abs_diff_full_vs_prefill"], p["max_abs_diff_full_vs_decode"]) for p in meta["prompts"])
+    worst = max(max(p["max_abs_diff_full_vs_prefill"], p["max_abs_diff_full_vs_decode"],
+                    p["max_abs_diff_chunked_vs_prefill"]) for p in meta["prompts"])
     if worst > 1e-4:
         # a discontinuity (a top-k tie or a rounding boundary) decided differently for the
         # same positions: the goldens would not pin the function down; change the config
         sys.exit(f"{name}: the reference disagrees with itself (full vs prefill / decode) by {worst}")
     return meta
+
+
+def load_released(directory, modeling):
+    """The tensors of a model directory (single file or sharded) dequantized to float32, under
+    the reference's parameter names."""
+    from safetensors.torch import load_file
+
+    raw = {}
+    index = directory / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    for f in files:
+        raw.update(load_file(str(directory / f)))
+    out = {}
+    for name, t in raw.items():
+        if name.endswith(".scale") and not name.endswith("engram.embed.scale"):
+            continue
+        scale = raw.get(name[: -len(".weight")] + ".scale") if name.endswith(".weight") else None
+        if scale is not None and t.dtype == torch.int8:  # packed FP4, per-32 scales
+            u = t.view(torch.uint8)
+            codes = torch.stack([u & 0xF, u >> 4], dim=-1).flatten(-2)
+            values = modeling._FP4_TABLE[codes.long()]
+            s = scale.float().repeat_interleave(32, dim=-1)
+            w = values * s
+        elif scale is not None and t.dtype == torch.float8_e4m3fn and not name.endswith("engram.embed.weight"):
+            s = scale.float().repeat_interleave(128, 0).repeat_interleave(128, 1)[: t.shape[0], : t.shape[1]]
+            w = t.float() * s
+        else:
+            w = t.float()
+        hf = "lm_head.weight" if name == "head.weight" else "model." + name
+        out[hf] = w
+    return out
+
+
+def check_model_dir(directory, cfg_mod, modeling):
+    """Loads a model directory written by `troupe model init` into the reference (strict: every
+    parameter present, no extra tensor, same shapes) and runs a short prompt with a decode step."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    composite = json.loads((directory / "config.json").read_text())
+    text = composite["text_config"]
+    tokenizer = None
+    if text.get("engram_layer_ids"):
+        # No tokenizer ships with a random model: bind distinct lowercase words, one per id,
+        # so the compressed vocabulary is the identity.
+        vocab = {f"t{i}": i for i in range(text["vocab_size"])}
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")))
+        text["engram_compressed_vocab_size"] = text["vocab_size"]
+    config = cfg_mod.DeepseekV41Config(**composite)
+    model = modeling.DeepseekV41ForCausalLM(config).eval()
+    model.config._attn_implementation = "eager"
+    weights = load_released(directory, modeling)
+    model.load_state_dict(weights, strict=True)
+    if tokenizer is not None:
+        model.model.bind_tokenizer(tokenizer)
+    ids = torch.arange(3, 3 + 12)[None] % text["vocab_size"]
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        step = model(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
+    logits = torch.cat([out.logits, step.logits], dim=1)
+    assert torch.isfinite(logits).all(), "non-finite logits"
+    n = sum(p.numel() for p in model.parameters())
+    print(f"{directory}: the reference loads all {len(weights)} tensors ({n / 1e6:.1f} M parameters) strictly; "
+          f"logits finite, std {logits.std().item():.3f}")
 
 
 def main():
@@ -510,11 +585,17 @@ def main():
                     help="directory holding the upstream configuration_deepseek_v41.py and modeling_deepseek_v41.py")
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "tests" / "kernels" / "golden" / "model")
     ap.add_argument("--only", nargs="*", help="config names (default: all)")
+    ap.add_argument("--check-model", type=pathlib.Path, nargs="*",
+                    help="instead: load these `troupe model init` directories into the reference and run them")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg_mod, modeling = load_oracle(args.oracle.resolve())
     for stem in ("configuration_deepseek_v41", "modeling_deepseek_v41"):
         ORACLE_SHA256[f"{stem}.py"] = hashlib.sha256((args.oracle / f"{stem}.py").read_bytes()).hexdigest()
+    if args.check_model:
+        for d in args.check_model:
+            check_model_dir(d, cfg_mod, modeling)
+        return
     tokenizer = build_tokenizer()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or CONFIGS:

@@ -148,7 +148,11 @@ TEST_CASE("golden checkpoints: the goldens have the documented tensors and shape
       CHECK(g->find(k + "prefill_logits")->shape() == std::vector<std::int64_t>{S, t.vocab_size});
       CHECK(g->find(k + "decode_logits")->shape() == std::vector<std::int64_t>{K, t.vocab_size});
       CHECK(g->find(k + "full_logits")->shape() == std::vector<std::int64_t>{S + K, t.vocab_size});
-      // The reference agrees with itself (full sequence vs prefill and decode) to 1e-4.
+      CHECK(g->find(k + "chunked_prefill_logits")->shape() == std::vector<std::int64_t>{S, t.vocab_size});
+      CHECK(prompts[p].at("chunk_split").get<std::int64_t>() < S);
+      CHECK(prompts[p].at("max_abs_diff_chunked_vs_prefill").get<double>() < 1e-4);
+      // The reference agrees with itself (full sequence vs prefill and decode, chunked vs one
+      // prefill) to 1e-4.
       CHECK(prompts[p].at("max_abs_diff_full_vs_prefill").get<double>() < 1e-4);
       CHECK(prompts[p].at("max_abs_diff_full_vs_decode").get<double>() < 1e-4);
       if (!t.engram_layer_ids.empty()) {
