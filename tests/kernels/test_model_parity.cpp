@@ -2,7 +2,8 @@
 // golden logits under tests/kernels/golden/model/ (written by tools/model_golden.py, running
 // the upstream deepseek_v41 modeling file on torch CPU in fp32). Each config is checked in
 // full prefill (prompt + decode tokens in one call), prefill then step-by-step decode, and
-// with its prompts batched together, and in chunked prefill; fp32, max relative error ≤ 1e-4.
+// with its prompts batched together, and in chunked prefill (the reference's two chunks, and
+// more); fp32, max relative error ≤ 1e-4. The Engram hash ids equal the reference's.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -22,7 +23,9 @@ constexpr double tolerance = 1e-4;
 
 struct golden_prompt {
   std::vector<std::int64_t> input, decode;
-  std::vector<float> prefill, decode_logits, full;
+  std::vector<float> prefill, decode_logits, full, chunked;
+  std::size_t chunk_split = 0;
+  std::vector<std::int64_t> hash_ids;  // [S + K, engram layers, columns] when Engram
 };
 
 std::vector<std::int64_t> ids(const checkpoint& g, const std::string& name) {
@@ -40,14 +43,38 @@ std::vector<float> floats(const checkpoint& g, const std::string& name) {
 std::vector<golden_prompt> load_goldens(const fs::path& dir) {
   auto g = checkpoint::open(dir / "golden.safetensors");
   REQUIRE_MESSAGE(g.ok(), g.error());
+  std::ifstream meta_file(dir / "golden.json");
+  const auto meta = nlohmann::json::parse(meta_file);
   std::vector<golden_prompt> out;
   for (int p = 0; g->contains("prompt" + std::to_string(p) + ".input_ids"); ++p) {
     const std::string k = "prompt" + std::to_string(p) + ".";
     out.push_back({ids(*g, k + "input_ids"), ids(*g, k + "decode_ids"),
                    floats(*g, k + "prefill_logits"), floats(*g, k + "decode_logits"),
-                   floats(*g, k + "full_logits")});
+                   floats(*g, k + "full_logits"), floats(*g, k + "chunked_prefill_logits"),
+                   meta.at("prompts").at(std::size_t(p)).at("chunk_split").get<std::size_t>(),
+                   {}});
+    if (g->contains(k + "engram_hash_ids")) out.back().hash_ids = ids(*g, k + "engram_hash_ids");
   }
   REQUIRE(!out.empty());
+  return out;
+}
+
+// The Engram hash ids of a whole sequence, as the forward pass computes them (look-back over
+// the compressed ids, the compressed pad id before the start).
+std::vector<std::int64_t> hash_ids(const model& m, const std::vector<std::int64_t>& token_map,
+                                   const std::vector<std::int64_t>& seq) {
+  const auto& c = m.text();
+  const auto layout = engram_hash_layout::from_config(c);
+  const auto pad = token_map[std::size_t(c.engram_pad_id)];
+  std::vector<std::int64_t> out, look(std::size_t(c.engram_max_ngram_size)), row(std::size_t(layout.columns));
+  for (std::size_t p = 0; p < seq.size(); ++p) {
+    for (std::size_t k = 0; k < look.size(); ++k)
+      look[k] = p < k ? pad : token_map[std::size_t(seq[p - k])];
+    for (std::size_t e = 0; e < c.engram_layer_ids.size(); ++e) {
+      layout.hash(std::int64_t(e), look, row.data());
+      out.insert(out.end(), row.begin(), row.end());
+    }
+  }
   return out;
 }
 
@@ -87,6 +114,25 @@ void check_config(const std::string& name) {
     CAPTURE(p);
     std::vector<std::int64_t> full = g.input;
     full.insert(full.end(), g.decode.begin(), g.decode.end());
+
+    if (!g.hash_ids.empty()) {
+      std::ifstream f(dir / "engram_meta.json");
+      const auto map = nlohmann::json::parse(f).at("token_map").get<std::vector<std::int64_t>>();
+      CHECK(hash_ids(m, map, full) == g.hash_ids);
+    }
+
+    // The prompt in the two chunks the reference used.
+    {
+      auto cache = m.new_sequence();
+      std::vector<float> got;
+      for (auto part : {std::span(g.input).first(g.chunk_split), std::span(g.input).subspan(g.chunk_split)}) {
+        sequence_input in{&cache, part};
+        auto r = m.forward(std::span(&in, 1));
+        REQUIRE(r.ok());
+        got.insert(got.end(), r->begin(), r->end());
+      }
+      CHECK(testing::relative_error(got, g.chunked) <= tolerance);
+    }
 
     // Full prefill.
     auto cache = m.new_sequence();
