@@ -5,7 +5,10 @@
 // The ratio model / floor is what everything that is not a dense GEMM costs (attention,
 // indexer, mHC, routing, norms, quantisers).
 //
-//   build/bench/bench_model [--prompt 1024] [--decode 32] [--threads 2]
+//   build/bench/bench_model [--model DIR] [--prompt 1024] [--decode 32] [--threads 2]
+//
+// --model runs on an existing model directory (e.g. the one tools/model_bench_reference.py
+// times the `transformers` reference on) instead of writing the small preset.
 #include <cblas.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -88,18 +91,24 @@ double gemm_floor(const text_config& c, std::int64_t rows, int calls) {
 int main(int argc, char** argv) {
   std::int64_t prompt = 1024, decode = 32;
   int threads = 2;
+  std::string model_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--prompt") prompt = std::atoll(argv[i + 1]);
+    if (a == "--model") model_dir = argv[i + 1];
+    else if (a == "--prompt") prompt = std::atoll(argv[i + 1]);
     else if (a == "--decode") decode = std::atoll(argv[i + 1]);
     else if (a == "--threads") threads = std::atoi(argv[i + 1]);
   }
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("troupe-bench-model-" + std::to_string(::getpid()));
-  auto written = write_random_model(dir, "small", 1);
-  if (!written) {
-    std::fprintf(stderr, "%s\n", written.error().c_str());
-    return 1;
+  const bool generated = model_dir.empty();
+  const auto dir = generated ? std::filesystem::temp_directory_path() /
+                                   ("troupe-bench-model-" + std::to_string(::getpid()))
+                             : std::filesystem::path(model_dir);
+  if (generated) {
+    auto written = write_random_model(dir, "small", 1);
+    if (!written) {
+      std::fprintf(stderr, "%s\n", written.error().c_str());
+      return 1;
+    }
   }
   auto m = model::load(dir, {.threads = threads});
   if (!m) {
@@ -110,8 +119,8 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> map(std::size_t(c.vocab_size));
   for (std::size_t i = 0; i < map.size(); ++i) map[i] = std::int64_t(i) % c.engram_compressed_vocab_size;
   (void)m->set_engram_token_map(map);
-  std::printf("model: preset small, %.1fM parameters, %d threads\n",
-              double(written->parameters) / 1e6, threads);
+  std::printf("model: %s, %d threads\n", generated ? "small preset (seed 1)" : model_dir.c_str(),
+              threads);
 
   auto tokens = [&](std::int64_t n, std::uint32_t seed) {
     std::vector<std::int64_t> t(static_cast<std::size_t>(n));
@@ -161,6 +170,6 @@ int main(int argc, char** argv) {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("peak RSS %.0f MiB\n", ru.ru_maxrss / 1024.0);
-  std::filesystem::remove_all(dir);
+  if (generated) std::filesystem::remove_all(dir);
   return 0;
 }
