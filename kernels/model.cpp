@@ -66,6 +66,7 @@ struct model::weights {
   model_config cfg;
   int threads = 2;
   std::optional<checkpoint> ckpt;
+  bool batch_invariant = false;
   bool released_names = false;
   matrix embed, norm, lm_head;
   std::vector<layer_weights> layers;
@@ -153,6 +154,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   auto& w = *m.w_;
   w.cfg = std::move(*cfg);
   w.threads = std::max(1, options.threads);
+  w.batch_invariant = options.batch_invariant;
   w.ckpt.emplace(std::move(*ck));
   w.released_names = !w.ckpt->contains("model.embed.weight") && w.ckpt->contains("embed.weight");
   const auto& c = w.cfg.text;
@@ -335,6 +337,28 @@ void parallel_for(i64 n, int threads, F&& fn) {
   for (auto& th : pool) th.join();
 }
 
+// How projections over many rows run: one GEMM (fast; its reduction order may depend on how
+// many rows there are), or one GEMV per row (batch-invariant: a row's result depends on that
+// row alone, so a sequence's logits are bitwise the same whatever shares its batch and however
+// its prefill is chunked).
+struct gemm_mode {
+  bool per_row = false;
+};
+
+// y[rows, out] = x[rows, in] (row stride ldx) · w[out, in]ᵀ, y row stride ldy.
+void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i64 out, float* y,
+             i64 ldx = 0, i64 ldy = 0) {
+  if (ldx == 0) ldx = in;
+  if (ldy == 0) ldy = out;
+  if (!mode.per_row) {
+    gemm_nt(rows, out, in, x, ldx, w, in, y, ldy);
+    return;
+  }
+  for (i64 r = 0; r < rows; ++r)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out), static_cast<blasint>(in),
+                1.0f, w, static_cast<blasint>(in), x + r * ldx, 1, 0.0f, y + r * ldy, 1);
+}
+
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
@@ -364,7 +388,8 @@ std::vector<i64> top_finite(const std::vector<float>& scores, i64 k) {
 
 // One projection of the normalised flattened streams → pre [hc], post [hc], comb [hc, hc]
 // (Sinkhorn-normalised), per token.
-void hc_mixes(const text_config& c, const std::vector<float>& streams, i64 T, const matrix& fn,
+void hc_mixes(const text_config& c, gemm_mode mode, const std::vector<float>& streams, i64 T,
+              const matrix& fn,
               const matrix& base, const matrix& scale, std::vector<float>& pre,
               std::vector<float>& post, std::vector<float>& comb) {
   const i64 hc = c.hc_mult, D = c.hidden_size, width = hc * D, mix = (2 + hc) * hc;
@@ -373,7 +398,7 @@ void hc_mixes(const text_config& c, const std::vector<float>& streams, i64 T, co
   std::vector<float> flat(streams.begin(), streams.begin() + T * width);
   for (i64 t = 0; t < T; ++t) rms_norm(flat.data() + t * width, width, nullptr, eps);
   std::vector<float> mixes(sz(T * mix));
-  linear(flat.data(), T, width, fn.data(), mix, mixes.data());
+  project(mode, flat.data(), T, width, fn.data(), mix, mixes.data());
   pre.assign(sz(T * hc), 0.0f);
   post.assign(sz(T * hc), 0.0f);
   comb.assign(sz(T * hc * hc), 0.0f);
@@ -431,13 +456,13 @@ void hc_expand(const text_config& c, const std::vector<float>& x, const std::vec
 }
 
 // The clamped SwiGLU expert on rows x [n, D], scaled per row by `scale` (null: 1), added to y.
-void expert_forward(const text_config& c, const expert_weights& e, const float* x, i64 n,
-                    const float* scale, float* y_out) {
+void expert_forward(const text_config& c, gemm_mode mode, const expert_weights& e, const float* x,
+                    i64 n, const float* scale, float* y_out) {
   const i64 D = c.hidden_size, I = c.moe_intermediate_size;
   const auto limit = static_cast<float>(c.swiglu_limit);
   std::vector<float> g(sz(n * I)), u(sz(n * I));
-  linear(x, n, D, e.w1.data(), I, g.data());
-  linear(x, n, D, e.w3.data(), I, u.data());
+  project(mode, x, n, D, e.w1.data(), I, g.data());
+  project(mode, x, n, D, e.w3.data(), I, u.data());
   for (i64 r = 0; r < n; ++r)
     for (i64 i = 0; i < I; ++i) {
       float gv = g[sz(r * I + i)], uv = u[sz(r * I + i)];
@@ -449,7 +474,7 @@ void expert_forward(const text_config& c, const expert_weights& e, const float* 
       if (scale != nullptr) v = scale[r] * v;
       g[sz(r * I + i)] = v;
     }
-  linear(g.data(), n, I, e.w2.data(), D, y_out);
+  project(mode, g.data(), n, I, e.w2.data(), D, y_out);
 }
 
 }  // namespace
@@ -463,6 +488,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
   const i64 G = c.o_groups, R = c.o_lora_rank;
   const i64 nh = c.index_n_heads, idh = c.index_head_dim;
   const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode{W.batch_invariant};
   using fail = result<std::vector<float>>;
 
   // Tokens in batch order, their positions, and each sequence's slice.
@@ -589,7 +615,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
         }
       const i64 out_w = D * (hc + 1);
       std::vector<float> kv(sz(T * out_w));
-      linear(rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
+      project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
       std::vector<float> weight(sz(hc * D));
       for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q.v[sz(i)] * L.engram_k.v[sz(i)];
       const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
@@ -616,17 +642,17 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     }
 
     // --- Attention site.
-    hc_mixes(c, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post, comb);
+    hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post, comb);
     hc_collapse(c, streams, pre_mix, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
 
     const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
     std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
-    linear(a.data(), T, D, L.wq_a.data(), qr, q_res.data());
+    project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
     for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
-    linear(q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
-    linear(a.data(), T, D, L.wkv.data(), hd, kv.data());
+    project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
+    project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
     for (i64 t = 0; t < T; ++t) {
       for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
       float* k = kv.data() + t * hd;
@@ -639,17 +665,17 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     std::vector<float> c_kv, c_gate, i_q, i_w;
     if (L.kv_source) {
       c_kv.resize(sz(T * hd));
-      linear(a.data(), T, D, L.c_wkv.data(), hd, c_kv.data());
+      project(mode, a.data(), T, D, L.c_wkv.data(), hd, c_kv.data());
       if (L.ratio > 1) {
         c_gate.resize(sz(T * hd));
-        linear(a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
+        project(mode, a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
       }
     }
     if (L.index_source) {
       i_q.resize(sz(T * nh * idh));
       i_w.resize(sz(T * nh));
-      linear(q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
-      linear(a.data(), T, D, L.i_weights.data(), nh, i_w.data());
+      project(mode, q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
+      project(mode, a.data(), T, D, L.i_weights.data(), nh, i_w.data());
       for (i64 t = 0; t < T; ++t) {
         for (i64 h = 0; h < nh; ++h) {
           float* v = i_q.data() + (t * nh + h) * idh;
@@ -716,7 +742,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
           // The index keys of the new groups (from the pre-RoPE latents).
           if (L.owns_index_keys && n_lat > 0) {
             std::vector<float> keys(sz(n_lat * idh));
-            linear(latents.data(), n_lat, hd, L.i_wk.data(), idh, keys.data());
+            project(mode, latents.data(), n_lat, hd, L.i_wk.data(), idh, keys.data());
             for (i64 g = 0; g < n_lat; ++g) {
               float* k = keys.data() + g * idh;
               rms_norm(k, idh, L.i_k_norm.data(), eps);
@@ -853,20 +879,20 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     std::vector<float> grouped(sz(T * G * R)), out(sz(T * D));
     const i64 per_group = H * hd / G;
     for (i64 g = 0; g < G; ++g)
-      gemm_nt(T, R, per_group, attn_out.data() + g * per_group, H * hd,
-              L.wo_a.data() + g * R * per_group, per_group, grouped.data() + g * R, G * R);
-    linear(grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
+      project(mode, attn_out.data() + g * per_group, T, per_group,
+              L.wo_a.data() + g * R * per_group, R, grouped.data() + g * R, H * hd, G * R);
+    project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
     hc_expand(c, out, post, comb, T, streams);
     std::vector<float> attn_pre = next_pre;
 
     // --- FFN site: MoE.
-    hc_mixes(c, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
+    hc_mixes(c, mode, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
     hc_collapse(c, streams, attn_pre, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
     const i64 E = c.n_routed_experts;
     std::vector<float> gl(sz(T * E));
-    linear(a.data(), T, D, L.gate.data(), E, gl.data());
+    project(mode, a.data(), T, D, L.gate.data(), E, gl.data());
     std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
     std::vector<i64> chosen;
     std::vector<float> chosen_w;
@@ -887,14 +913,14 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
         std::copy_n(a.data() + list[sz(r)].first * D, D, xe.data() + r * D);
         we[sz(r)] = list[sz(r)].second;
       }
-      expert_forward(c, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
+      expert_forward(c, mode, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
       for (i64 r = 0; r < m; ++r) {
         float* dst = y.data() + list[sz(r)].first * D;
         for (i64 d = 0; d < D; ++d) dst[d] += ye[sz(r * D + d)];
       }
     }
     ye.resize(sz(T * D));
-    expert_forward(c, L.shared, a.data(), T, nullptr, ye.data());
+    expert_forward(c, mode, L.shared, a.data(), T, nullptr, ye.data());
     for (i64 i = 0; i < T * D; ++i) y[sz(i)] += ye[sz(i)];
     hc_expand(c, y, post, comb, T, streams);
     pre_mix = next_pre;
@@ -905,7 +931,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
   hc_collapse(c, streams, pre_mix, T, collapsed);
   for (i64 t = 0; t < T; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
   std::vector<float> logits(sz(T * V));
-  linear(collapsed.data(), T, D, W.lm_head.data(), V, logits.data());
+  project(mode, collapsed.data(), T, D, W.lm_head.data(), V, logits.data());
 
   // Advance the caches.
   for (i64 s = 0; s < S; ++s) {

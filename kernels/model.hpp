@@ -31,7 +31,11 @@ struct sequence_input {
 };
 
 struct model_options {
-  int threads = 2;  // BLAS threads
+  int threads = 2;  // BLAS and attention threads
+  // Batch-invariant mode: every projection runs row by row (GEMV), so a sequence's logits are
+  // bitwise identical whatever else shares its batch and however its prefill is chunked
+  // (everything else is per token already). Slower in prefill.
+  bool batch_invariant = false;
 };
 
 class model {

@@ -21,9 +21,9 @@ namespace {
 const fs::path tiny_config =
     fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/fixtures/tiny-v41-config.json";
 
-model load_tiny() {
+model load_tiny(model_options options = {}) {
   static const fs::path dir = testing::write_random_model(tiny_config, "tiny", 7);
-  auto m = model::load(dir);
+  auto m = model::load(dir, options);
   REQUIRE_MESSAGE(m.ok(), m.error());
   std::vector<std::int64_t> map(static_cast<std::size_t>(m->text().vocab_size));
   for (std::size_t i = 0; i < map.size(); ++i)
@@ -194,4 +194,48 @@ TEST_CASE("a CSA2 schedule whose top-k and compressed KV pool at different ratio
   CHECK(m.error() == (dir / "config.json").string() +
                          ": layer 3 attends over the compressed KV of layer 3 (ratio 1) with a top-k "
                          "over the keys of layer 1 (ratio 2): expected equal ratios");
+}
+
+TEST_CASE("batch-invariant mode: a sequence's logits are bitwise the same in any batch and any chunking") {
+  auto m = load_tiny({.threads = 2, .batch_invariant = true});
+  const auto a = prompt(29, 21), b = prompt(17, 22), c = prompt(40, 23);
+  auto alone_cache = m.new_sequence();
+  const auto alone = run(m, alone_cache, a);
+
+  // Chunked prefill: bitwise equal to one prefill.
+  for (std::size_t chunk : {1u, 2u, 3u, 7u, 16u}) {
+    CAPTURE(chunk);
+    auto cache = m.new_sequence();
+    std::vector<float> got;
+    for (std::size_t at = 0; at < a.size(); at += chunk) {
+      auto part = run(m, cache, std::span(a).subspan(at, std::min(chunk, a.size() - at)));
+      got.insert(got.end(), part.begin(), part.end());
+    }
+    CHECK(got == alone);
+  }
+
+  // In a batch with other sequences (before and after it), prefilled together, then decoded
+  // with different companions each step: bitwise equal to alone.
+  auto ca = m.new_sequence(), cb = m.new_sequence(), cc = m.new_sequence();
+  std::vector<sequence_input> batch = {{&cb, b}, {&ca, std::span(a).first(20)}, {&cc, c}};
+  auto r = m.forward(batch);
+  REQUIRE(r.ok());
+  const std::size_t V = 256;
+  std::vector<float> got(r->begin() + long(b.size() * V), r->begin() + long((b.size() + 20) * V));
+  const std::vector<std::int64_t> other = {9};
+  for (std::size_t i = 20; i < a.size(); ++i) {
+    std::vector<sequence_input> step = {{&ca, std::span(a).subspan(i, 1)}};
+    if (i % 2 == 0) step.insert(step.begin(), {&cb, other});
+    if (i % 3 == 0) step.push_back({&cc, other});
+    auto s = m.forward(step);
+    REQUIRE(s.ok());
+    const std::size_t at = i % 2 == 0 ? V : 0;
+    got.insert(got.end(), s->begin() + long(at), s->begin() + long(at + V));
+  }
+  CHECK(got == alone);
+
+  // The default mode agrees with the invariant one to rounding.
+  auto fast = load_tiny();
+  auto fc = fast.new_sequence();
+  CHECK(testing::relative_error(run(fast, fc, a), alone) <= 1e-5);
 }

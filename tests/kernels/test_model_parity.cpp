@@ -78,8 +78,8 @@ std::vector<std::int64_t> hash_ids(const model& m, const std::vector<std::int64_
   return out;
 }
 
-model load_golden_model(const fs::path& dir) {
-  auto m = model::load(dir);
+model load_golden_model(const fs::path& dir, model_options options = {}) {
+  auto m = model::load(dir, options);
   REQUIRE_MESSAGE(m.ok(), m.error());
   if (fs::exists(dir / "engram_meta.json")) {
     std::ifstream f(dir / "engram_meta.json");
@@ -180,6 +180,19 @@ void check_config(const std::string& name) {
       got.insert(got.end(), part->begin(), part->end());
     }
     CHECK(testing::relative_error(got, g.full) <= tolerance);
+  }
+
+  // Batch-invariant mode is at parity too.
+  {
+    auto inv = load_golden_model(dir, {.threads = 2, .batch_invariant = true});
+    const auto& g = goldens[0];
+    std::vector<std::int64_t> full = g.input;
+    full.insert(full.end(), g.decode.begin(), g.decode.end());
+    auto cache = inv.new_sequence();
+    sequence_input in{&cache, full};
+    auto r = inv.forward(std::span(&in, 1));
+    REQUIRE(r.ok());
+    CHECK(testing::relative_error(*r, g.full) <= tolerance);
   }
 
   // Every prompt prefilled in one batch, then decoded together.
