@@ -57,7 +57,8 @@ std::vector<std::pair<std::int64_t, std::int64_t>> active_gemms(const text_confi
       out.push_back({c.index_n_heads, D});
     }
     if (c.engram_index(l) >= 0)
-      out.push_back({D * (hc + 1), (c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim});
+      out.push_back(
+          {D * (hc + 1), (c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim});
     out.push_back({c.n_routed_experts, D});
     for (std::int64_t e = 0; e <= c.num_experts_per_tok; ++e) {  // routed + shared
       out.push_back({c.moe_intermediate_size, D});
@@ -94,10 +95,14 @@ int main(int argc, char** argv) {
   std::string model_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--model") model_dir = argv[i + 1];
-    else if (a == "--prompt") prompt = std::atoll(argv[i + 1]);
-    else if (a == "--decode") decode = std::atoll(argv[i + 1]);
-    else if (a == "--threads") threads = std::atoi(argv[i + 1]);
+    if (a == "--model")
+      model_dir = argv[i + 1];
+    else if (a == "--prompt")
+      prompt = std::atoll(argv[i + 1]);
+    else if (a == "--decode")
+      decode = std::atoll(argv[i + 1]);
+    else if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
   }
   const bool generated = model_dir.empty();
   const auto dir = generated ? std::filesystem::temp_directory_path() /
@@ -117,7 +122,8 @@ int main(int argc, char** argv) {
   }
   const auto& c = m->text();
   std::vector<std::int64_t> map(std::size_t(c.vocab_size));
-  for (std::size_t i = 0; i < map.size(); ++i) map[i] = std::int64_t(i) % c.engram_compressed_vocab_size;
+  for (std::size_t i = 0; i < map.size(); ++i)
+    map[i] = std::int64_t(i) % c.engram_compressed_vocab_size;
   (void)m->set_engram_token_map(map);
   std::printf("model: %s, %d threads\n", generated ? "small preset (seed 1)" : model_dir.c_str(),
               threads);
@@ -138,8 +144,9 @@ int main(int argc, char** argv) {
     const double s = seconds_since(t0);
     if (!r) return std::fprintf(stderr, "%s\n", r.error().c_str()), 1;
     const double floor = gemm_floor(c, prompt, 1);
-    std::printf("prefill %lld tokens: %.0f tokens/s; GEMM floor %.0f tokens/s; model / floor = %.2f\n",
-                (long long)prompt, prompt / s, prompt / floor, s / floor);
+    std::printf(
+        "prefill %lld tokens: %.0f tokens/s; GEMM floor %.0f tokens/s; model / floor = %.2f\n",
+        (long long)prompt, prompt / s, prompt / floor, s / floor);
   }
   // Decode at batch 1 and 8 after a prefill of `prompt` tokens each.
   for (std::int64_t batch : {1, 8}) {
@@ -154,7 +161,8 @@ int main(int argc, char** argv) {
     auto t0 = clock_type::now();
     for (std::int64_t step = 0; step < decode; ++step) {
       std::vector<sequence_input> in;
-      for (std::int64_t b = 0; b < batch; ++b) in.push_back({&caches[std::size_t(b)], next[std::size_t(b)]});
+      for (std::int64_t b = 0; b < batch; ++b)
+        in.push_back({&caches[std::size_t(b)], next[std::size_t(b)]});
       auto r = m->forward(in);
       if (!r) return std::fprintf(stderr, "%s\n", r.error().c_str()), 1;
       for (std::int64_t b = 0; b < batch; ++b) {  // greedy
@@ -164,8 +172,10 @@ int main(int argc, char** argv) {
     }
     const double s = seconds_since(t0);
     const double floor = gemm_floor(c, batch, int(decode));
-    std::printf("decode batch %lld (context %lld): %.1f tokens/s; GEMM floor %.1f tokens/s; model / floor = %.2f\n",
-                (long long)batch, (long long)prompt, batch * decode / s, batch * decode / floor, s / floor);
+    std::printf(
+        "decode batch %lld (context %lld): %.1f tokens/s; GEMM floor %.1f tokens/s; model / floor "
+        "= %.2f\n",
+        (long long)batch, (long long)prompt, batch * decode / s, batch * decode / floor, s / floor);
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

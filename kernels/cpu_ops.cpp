@@ -1,11 +1,12 @@
 #include "kernels/cpu_ops.hpp"
 
-#include "kernels/model_init.hpp"
-#include "kernels/safetensors.hpp"
+#include <cblas.h>
 
 #include <algorithm>
-#include <cblas.h>
 #include <cmath>
+
+#include "kernels/model_init.hpp"
+#include "kernels/safetensors.hpp"
 
 namespace troupe::kernels {
 
@@ -33,7 +34,8 @@ void rms_norm(float* x, std::int64_t n, const float* weight, float eps) {
 
 rope_table make_rope_table(const rope_parameters& p, std::int64_t head_dim) {
   rope_table t;
-  const auto dim = static_cast<std::int64_t>(static_cast<double>(head_dim) * p.partial_rotary_factor);
+  const auto dim =
+      static_cast<std::int64_t>(static_cast<double>(head_dim) * p.partial_rotary_factor);
   t.rope_dim = dim;
   const auto half = dim / 2;
   const auto base = static_cast<float>(p.rope_theta);
@@ -186,10 +188,11 @@ void route_token(const text_config& c, float* scores, const float* bias,
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   for (std::int64_t e = 0; e < n; ++e) order[static_cast<std::size_t>(e)] = e;
   const std::int64_t k = std::min(c.num_experts_per_tok, n);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t b) {
-    const float sa = scores[a] + bias[a], sb = scores[b] + bias[b];
-    return sa != sb ? sa > sb : a < b;
-  });
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](std::int64_t a, std::int64_t b) {
+                      const float sa = scores[a] + bias[a], sb = scores[b] + bias[b];
+                      return sa != sb ? sa > sb : a < b;
+                    });
   experts.assign(order.begin(), order.begin() + k);
   weights.resize(static_cast<std::size_t>(k));
   float total = 0.0f;

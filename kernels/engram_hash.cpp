@@ -1,9 +1,9 @@
 #include "kernels/engram_hash.hpp"
 
-#include "kernels/model_layout.hpp"
-
 #include <array>
 #include <limits>
+
+#include "kernels/model_layout.hpp"
 
 namespace troupe::kernels {
 
@@ -104,9 +104,8 @@ engram_hash_layout engram_hash_layout::from_config(const text_config& c) {
   l.max_ngram_size = c.engram_max_ngram_size;
   l.n_heads = c.engram_n_heads;
   l.columns = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
-  const std::int64_t bound =
-      std::max<std::int64_t>(1, (std::numeric_limits<std::int64_t>::max() /
-                                 c.engram_compressed_vocab_size) / 2);
+  const std::int64_t bound = std::max<std::int64_t>(
+      1, (std::numeric_limits<std::int64_t>::max() / c.engram_compressed_vocab_size) / 2);
   const auto primes = engram_primes(c);
   for (std::size_t i = 0; i < c.engram_layer_ids.size(); ++i) {
     numpy_rng rng(static_cast<std::uint64_t>(10007 * c.engram_layer_ids[i]));

@@ -56,7 +56,8 @@ result<std::vector<std::int64_t>> load_engram_token_map(const model& m, const st
   auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return fail::failure(source + ": not JSON");
   if (j.is_object() && j.contains("token_map")) j = j["token_map"];
-  if (!j.is_array()) return fail::failure(source + ": expected an array of ids or {\"token_map\": [...]}");
+  if (!j.is_array())
+    return fail::failure(source + ": expected an array of ids or {\"token_map\": [...]}");
   std::vector<std::int64_t> map;
   for (const auto& v : j) {
     if (!v.is_number_integer()) return fail::failure(source + ": token_map holds a non-integer");

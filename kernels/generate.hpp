@@ -15,10 +15,10 @@
 namespace troupe::kernels {
 
 struct generate_options {
-  std::int64_t max_new = 32;      // tokens to generate at most (>= 0)
-  sampling_params sampling;       // per request; draws depend on (seed, position) only
-  bool stop_at_eos = true;        // stop after generating one of the config's eos_token_ids
-  bool keep_logits = false;       // return the logits of every position
+  std::int64_t max_new = 32;  // tokens to generate at most (>= 0)
+  sampling_params sampling;   // per request; draws depend on (seed, position) only
+  bool stop_at_eos = true;    // stop after generating one of the config's eos_token_ids
+  bool keep_logits = false;   // return the logits of every position
 };
 
 struct generation {

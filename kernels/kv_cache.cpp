@@ -9,8 +9,7 @@ paged_rows::paged_rows(std::int64_t width, std::int64_t rows_per_block)
 
 void paged_rows::append(const float* row) {
   const auto in_block = size_ % rows_per_block_;
-  if (in_block == 0)
-    blocks_.emplace_back(static_cast<std::size_t>(rows_per_block_ * width_), 0.0f);
+  if (in_block == 0) blocks_.emplace_back(static_cast<std::size_t>(rows_per_block_ * width_), 0.0f);
   std::copy(row, row + width_, blocks_.back().data() + in_block * width_);
   ++size_;
 }

@@ -76,12 +76,12 @@ class swa_ring {
 /// A KV-source layer's pooling state and published caches.
 struct compressed_cache {
   std::int64_t ratio = 0;
-  std::int64_t groups = 0;             // groups emitted so far
-  std::int64_t pending_tokens = 0;     // tokens of the unfinished group
-  std::vector<float> pending_kv;       // [pending_tokens, head_dim]
-  std::vector<float> pending_gate;     // [pending_tokens, head_dim] (ratio > 1)
-  paged_rows kv;                       // [groups, head_dim]: rotated, FP4-rounded latents
-  paged_rows index_keys;               // [groups, index_head_dim] when an index source
+  std::int64_t groups = 0;          // groups emitted so far
+  std::int64_t pending_tokens = 0;  // tokens of the unfinished group
+  std::vector<float> pending_kv;    // [pending_tokens, head_dim]
+  std::vector<float> pending_gate;  // [pending_tokens, head_dim] (ratio > 1)
+  paged_rows kv;                    // [groups, head_dim]: rotated, FP4-rounded latents
+  paged_rows index_keys;            // [groups, index_head_dim] when an index source
 };
 
 struct layer_cache {

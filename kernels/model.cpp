@@ -1,7 +1,8 @@
 #include "kernels/model.hpp"
 
-#include <algorithm>
 #include <cblas.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -40,13 +41,13 @@ struct layer_weights {
   i64 ratio = 0;
   bool kv_source = false;
   bool index_source = false;
-  bool owns_index_keys = false;    // an index source that is also its group's KV source
+  bool owns_index_keys = false;  // an index source that is also its group's KV source
   bool candidate_source = false;
   bool uses_candidates = false;
   // attention
   matrix wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
-  matrix c_wkv, c_wgate, c_norm;              // compressor (KV sources)
-  matrix i_wq_b, i_weights, i_wk, i_k_norm;   // indexer (index sources; wk / k_norm: owners)
+  matrix c_wkv, c_wgate, c_norm;             // compressor (KV sources)
+  matrix i_wq_b, i_weights, i_wk, i_k_norm;  // indexer (index sources; wk / k_norm: owners)
   // mHC
   matrix hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
   matrix attn_norm, ffn_norm;
@@ -125,9 +126,8 @@ std::string check_csa2_schedule(const text_config& c) {
       if (cand_keys >= 0 && ratio(cand_keys) != ratio(keys))
         return "index source " + std::to_string(l) + " scores the keys of layer " +
                std::to_string(keys) + " (ratio " + std::to_string(ratio(keys)) +
-               ") inside candidates selected over the keys of layer " +
-               std::to_string(cand_keys) + " (ratio " + std::to_string(ratio(cand_keys)) +
-               "): expected equal ratios";
+               ") inside candidates selected over the keys of layer " + std::to_string(cand_keys) +
+               " (ratio " + std::to_string(ratio(cand_keys)) + "): expected equal ratios";
     }
   }
   return "";
@@ -165,12 +165,15 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   auto get = [&](matrix& out, const std::string& name, std::vector<i64> shape) {
     if (!failure.empty()) return;
     auto r = w.load(name, shape);
-    if (!r) failure = r.error();
-    else out = std::move(*r);
+    if (!r)
+      failure = r.error();
+    else
+      out = std::move(*r);
   };
   get(w.embed, "model.embed.weight", {c.vocab_size, D});
   get(w.norm, "model.norm.weight", {D});
-  if (w.ckpt->contains(w.name("lm_head.weight")) || !(c.tie_word_embeddings || w.cfg.tie_word_embeddings))
+  if (w.ckpt->contains(w.name("lm_head.weight")) ||
+      !(c.tie_word_embeddings || w.cfg.tie_word_embeddings))
     get(w.lm_head, "lm_head.weight", {c.vocab_size, D});
   else
     w.lm_head = w.embed;
@@ -265,10 +268,10 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
       const auto& pr = w.engram.primes[i];
       const i64 need = w.engram.offsets[i].back() + pr.back();
       if (need > c.engram_num_embeddings[i])
-        return result<model>::failure(
-            "engram layer " + std::to_string(c.engram_layer_ids[i]) + ": the hash buckets need " +
-            std::to_string(need) + " rows, engram_num_embeddings has " +
-            std::to_string(c.engram_num_embeddings[i]));
+        return result<model>::failure("engram layer " + std::to_string(c.engram_layer_ids[i]) +
+                                      ": the hash buckets need " + std::to_string(need) +
+                                      " rows, engram_num_embeddings has " +
+                                      std::to_string(c.engram_num_embeddings[i]));
     }
   }
   return m;
@@ -367,7 +370,7 @@ struct shared_state {
   const compressed_cache* compress_src = nullptr;  // the group's compressed KV
   const compressed_cache* index_src = nullptr;     // the group's indexer keys
   bool has_topk = false;
-  std::vector<std::vector<i64>> topk;     // per token of the call: selected entries
+  std::vector<std::vector<i64>> topk;  // per token of the call: selected entries
   bool has_candidates = false;
   std::vector<std::vector<char>> candidates;  // per token: entry allowed by the candidate source
 };
@@ -389,8 +392,7 @@ std::vector<i64> top_finite(const std::vector<float>& scores, i64 k) {
 // One projection of the normalised flattened streams → pre [hc], post [hc], comb [hc, hc]
 // (Sinkhorn-normalised), per token.
 void hc_mixes(const text_config& c, gemm_mode mode, const std::vector<float>& streams, i64 T,
-              const matrix& fn,
-              const matrix& base, const matrix& scale, std::vector<float>& pre,
+              const matrix& fn, const matrix& base, const matrix& scale, std::vector<float>& pre,
               std::vector<float>& post, std::vector<float>& comb) {
   const i64 hc = c.hc_mult, D = c.hidden_size, width = hc * D, mix = (2 + hc) * hc;
   const auto eps = static_cast<float>(c.rms_norm_eps);
@@ -521,8 +523,9 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
   if (layer_streams != nullptr) layer_streams->clear();
   const bool has_engram = !c.engram_layer_ids.empty();
   if (has_engram && W.token_map.empty())
-    return fail::failure("forward: the Engram layers need the compressed token map "
-                         "(set_engram_token_map)");
+    return fail::failure(
+        "forward: the Engram layers need the compressed token map "
+        "(set_engram_token_map)");
 
   // Engram hash ids: [T, engram layers, columns].
   const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size());
@@ -538,8 +541,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
       for (i64 t = seq_begin[sz(s)]; t < seq_begin[sz(s + 1)]; ++t) {
         history.push_back(W.token_map[sz(tokens[sz(t)])]);
         const i64 p = positions[sz(t)];
-        for (i64 k = 0; k < N; ++k)
-          look[sz(k)] = p < k ? pad : history[history.size() - 1 - sz(k)];
+        for (i64 k = 0; k < N; ++k) look[sz(k)] = p < k ? pad : history[history.size() - 1 - sz(k)];
         for (i64 e = 0; e < n_engram; ++e)
           W.engram.hash(e, look, hash_ids.data() + (t * n_engram + e) * cols);
       }
@@ -634,15 +636,15 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
           const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(D) + eps)) *
                              (1.0f / std::sqrt(kk / static_cast<float>(D) + eps));
           const float x = dot * rstd * inv_sqrt_d;
-          const float gate =
-              sigmoid(std::copysign(std::sqrt(std::max(std::fabs(x), 1e-6f)), x));
+          const float gate = sigmoid(std::copysign(std::sqrt(std::max(std::fabs(x), 1e-6f)), x));
           for (i64 d = 0; d < D; ++d) h[d] = h[d] + gate * value[d];
         }
       }
     }
 
     // --- Attention site.
-    hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post, comb);
+    hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
+             comb);
     hc_collapse(c, streams, pre_mix, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
@@ -654,7 +656,8 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
     project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
     for (i64 t = 0; t < T; ++t) {
-      for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
+      for (i64 h = 0; h < H; ++h)
+        apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
       float* k = kv.data() + t * hd;
       rms_norm(k, hd, L.kv_norm.data(), eps);
       apply_rope(k, hd, rope, positions[sz(t)]);
@@ -721,7 +724,8 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
                 for (i64 j = 0; j < r; ++j)
                   mx = std::max(mx, cc.pending_gate[sz((g * r + j) * hd + d)]);
                 float sum = 0.0f;
-                for (i64 j = 0; j < r; ++j) sum += std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx);
+                for (i64 j = 0; j < r; ++j)
+                  sum += std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx);
                 float acc = 0.0f;
                 for (i64 j = 0; j < r; ++j)
                   acc += cc.pending_kv[sz((g * r + j) * hd + d)] *
@@ -737,7 +741,8 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
             cc.pending_tokens -= complete * r;
           }
           const i64 n_lat = static_cast<i64>(latent_pos.size());
-          for (i64 g = 0; g < n_lat; ++g) rms_norm(latents.data() + g * hd, hd, L.c_norm.data(), eps);
+          for (i64 g = 0; g < n_lat; ++g)
+            rms_norm(latents.data() + g * hd, hd, L.c_norm.data(), eps);
 
           // The index keys of the new groups (from the pre-RoPE latents).
           if (L.owns_index_keys && n_lat > 0) {
@@ -764,7 +769,8 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
             std::vector<std::vector<char>> cands;
             if (L.candidate_source) cands.resize(sz(n));
             // Same length as the candidate mask: check_csa2_schedule.
-            const bool apply_candidates = !L.candidate_source && L.uses_candidates && sh.has_candidates;
+            const bool apply_candidates =
+                !L.candidate_source && L.uses_candidates && sh.has_candidates;
             parallel_for(n, W.threads, [&](i64 i) {
               const i64 t = t0 + i;
               std::vector<float> scores(sz(n_idx));
@@ -844,7 +850,8 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
         // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
         // compressed entries.
         const i64 first = std::max<i64>(0, p - win + 1);
-        const i64 n_sel = n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
+        const i64 n_sel =
+            n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
         const i64 nk = p - first + 1 + n_sel;
         std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
         i64 row = 0;

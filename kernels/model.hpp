@@ -66,8 +66,9 @@ class model {
   /// advanced) and returns the logits [total tokens, vocab_size], sequences in batch order.
   /// `layer_streams`, when given, receives every layer's output residual streams [total tokens,
   /// hc_mult, hidden_size] (what the parity tests compare layer by layer with the reference).
-  result<std::vector<float>> forward(std::span<const sequence_input> batch,
-                                     std::vector<std::vector<float>>* layer_streams = nullptr) const;
+  result<std::vector<float>> forward(
+      std::span<const sequence_input> batch,
+      std::vector<std::vector<float>>* layer_streams = nullptr) const;
 
   struct weights;
 

@@ -2,14 +2,14 @@
 // and the relative error the parity tests bound.
 #pragma once
 
+#include <doctest/doctest.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
-
-#include <doctest/doctest.h>
 
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
@@ -33,8 +33,8 @@ inline double relative_error(std::span<const float> a, std::span<const float> b)
 inline std::filesystem::path write_random_model(const std::filesystem::path& config_path,
                                                 const std::string& name, unsigned seed) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() /
-                 ("troupe-test-model-" + std::to_string(::getpid()) + "-" + name);
+  fs::path dir =
+      fs::temp_directory_path() / ("troupe-test-model-" + std::to_string(::getpid()) + "-" + name);
   fs::create_directories(dir);
   fs::copy_file(config_path, dir / "config.json", fs::copy_options::overwrite_existing);
   auto cfg = load_model_config(dir);

@@ -25,7 +25,9 @@ std::vector<float> golden_floats(const fs::path& dir, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("greedy generation: the reference's prefill logits, then each token the argmax of the last row") {
+TEST_CASE(
+    "greedy generation: the reference's prefill logits, then each token the argmax of the last "
+    "row") {
   const auto dir = golden_root / "sliding";
   auto m = model::load(dir);
   REQUIRE(m.ok());
@@ -90,8 +92,8 @@ TEST_CASE("generation stops after an end-of-sequence id") {
   auto free_run = generate(*m, prompt, o);
   REQUIRE(free_run.ok());
   const std::int64_t third = free_run->tokens[2];
-  const auto first_at = std::find(free_run->tokens.begin(), free_run->tokens.end(), third) -
-                        free_run->tokens.begin();
+  const auto first_at =
+      std::find(free_run->tokens.begin(), free_run->tokens.end(), third) - free_run->tokens.begin();
 
   const auto dir = fs::temp_directory_path() / ("troupe-test-eos-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -123,7 +125,9 @@ TEST_CASE("generate and the Engram map loader refuse bad input as values") {
   CHECK(identity->size() == std::size_t(m->text().vocab_size));
   CHECK(load_engram_token_map(*m, "/nonexistent/map.json").error() ==
         "/nonexistent/map.json: cannot be read");
-  const auto bad = fs::temp_directory_path() / ("troupe-test-map-" + std::to_string(::getpid()) + ".json");
+  const auto bad =
+      fs::temp_directory_path() / ("troupe-test-map-" + std::to_string(::getpid()) + ".json");
   std::ofstream(bad) << "{\"token_map\": [1, \"x\"]}";
-  CHECK(load_engram_token_map(*m, bad.string()).error() == bad.string() + ": token_map holds a non-integer");
+  CHECK(load_engram_token_map(*m, bad.string()).error() ==
+        bad.string() + ": token_map holds a non-integer");
 }

@@ -107,7 +107,8 @@ TEST_CASE("a batch of sequences equals each sequence alone, in prefill and in de
     std::vector<sequence_input> batch;
     std::vector<std::size_t> who;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-      const std::size_t n = step == 0 ? first[i] : std::min<std::size_t>(1 + i, prompts[i].size() - done[i]);
+      const std::size_t n =
+          step == 0 ? first[i] : std::min<std::size_t>(1 + i, prompts[i].size() - done[i]);
       if (n == 0) continue;
       batch.push_back({&caches[i], std::span(prompts[i]).subspan(done[i], n)});
       who.push_back(i);
@@ -179,24 +180,29 @@ TEST_CASE("a checkpoint with a wrongly shaped tensor is refused naming it") {
   CHECK(m.error() == "tensor layers.2.attn.wkv.weight: expected shape [32, 64], found [64, 32]");
 }
 
-TEST_CASE("a CSA2 schedule whose top-k and compressed KV pool at different ratios is refused at load") {
+TEST_CASE(
+    "a CSA2 schedule whose top-k and compressed KV pool at different ratios is refused at load") {
   // Layers 3..5 attend over the ratio-1 KV of layer 3 but would reuse the top-k that layer 1
   // selected over its ratio-2 keys.
   std::ifstream in(tiny_config);
   auto j = nlohmann::json::parse(in);
   j["text_config"]["index_source_layer_ids"] = {1};
   j["text_config"]["candidate_source_layer_id"] = -1;
-  const fs::path cfg = fs::temp_directory_path() / ("troupe-test-schedule-" + std::to_string(::getpid()) + ".json");
+  const fs::path cfg =
+      fs::temp_directory_path() / ("troupe-test-schedule-" + std::to_string(::getpid()) + ".json");
   std::ofstream(cfg) << j.dump();
   auto dir = testing::write_random_model(cfg, "schedule", 13);
   auto m = model::load(dir);
   REQUIRE_FALSE(m.ok());
-  CHECK(m.error() == (dir / "config.json").string() +
-                         ": layer 3 attends over the compressed KV of layer 3 (ratio 1) with a top-k "
-                         "over the keys of layer 1 (ratio 2): expected equal ratios");
+  CHECK(m.error() ==
+        (dir / "config.json").string() +
+            ": layer 3 attends over the compressed KV of layer 3 (ratio 1) with a top-k "
+            "over the keys of layer 1 (ratio 2): expected equal ratios");
 }
 
-TEST_CASE("batch-invariant mode: a sequence's logits are bitwise the same in any batch and any chunking") {
+TEST_CASE(
+    "batch-invariant mode: a sequence's logits are bitwise the same in any batch and any "
+    "chunking") {
   auto m = load_tiny({.threads = 2, .batch_invariant = true});
   const auto a = prompt(29, 21), b = prompt(17, 22), c = prompt(40, 23);
   auto alone_cache = m.new_sequence();

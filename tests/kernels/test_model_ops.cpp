@@ -13,14 +13,14 @@
 using namespace troupe::kernels;
 
 TEST_CASE("round_to_e4m3 rounds to the nearest e4m3 value, ties to even") {
-  CHECK(round_to_e4m3(0.3f) == 0.3125f);          // step 2^-5 at [0.25, 0.5): 9.6 steps -> 10
-  CHECK(round_to_e4m3(1.0625f) == 1.0f);          // halfway between 1 and 1.125: even mantissa
-  CHECK(round_to_e4m3(1.1875f) == 1.25f);         // halfway between 1.125 and 1.25: even
+  CHECK(round_to_e4m3(0.3f) == 0.3125f);   // step 2^-5 at [0.25, 0.5): 9.6 steps -> 10
+  CHECK(round_to_e4m3(1.0625f) == 1.0f);   // halfway between 1 and 1.125: even mantissa
+  CHECK(round_to_e4m3(1.1875f) == 1.25f);  // halfway between 1.125 and 1.25: even
   CHECK(round_to_e4m3(-448.0f) == -448.0f);
-  CHECK(round_to_e4m3(0x1p-9f) == 0x1p-9f);       // smallest subnormal
-  CHECK(round_to_e4m3(0x1p-11f) == 0.0f);         // a quarter step rounds to zero
+  CHECK(round_to_e4m3(0x1p-9f) == 0x1p-9f);          // smallest subnormal
+  CHECK(round_to_e4m3(0x1p-11f) == 0.0f);            // a quarter step rounds to zero
   CHECK(round_to_e4m3(3.0f * 0x1p-10f) == 0x1p-8f);  // 1.5 subnormal steps -> 2 (even)
-  CHECK(round_to_e4m3(15.5f) == 16.0f);           // mantissa carry into the next binade
+  CHECK(round_to_e4m3(15.5f) == 16.0f);              // mantissa carry into the next binade
 }
 
 TEST_CASE("FP4 block quantiser: power-of-two scale and the e2m1 tie rules") {
@@ -64,7 +64,8 @@ TEST_CASE("FP8 block quantiser keeps every value on its block's e4m3 grid") {
     for (std::size_t i = 0; i < 32; ++i) {
       const float q = v[b * 32 + i] / scale;
       CHECK(round_to_e4m3(q) == q);
-      CHECK(std::fabs(v[b * 32 + i] - orig[b * 32 + i]) <= std::fabs(orig[b * 32 + i]) / 16 + 1e-12f);
+      CHECK(std::fabs(v[b * 32 + i] - orig[b * 32 + i]) <=
+            std::fabs(orig[b * 32 + i]) / 16 + 1e-12f);
     }
   }
 }
@@ -83,7 +84,7 @@ TEST_CASE("RoPE rotates adjacent pairs of the trailing slice; the inverse undoes
   apply_rope(v.data(), 8, t, 3);
   for (int i = 0; i < 4; ++i) CHECK(v[i] == orig[i]);  // the nope channels pass through
   const float a0 = 3.0f, a1 = 0.03f;
-  CHECK(v[4] == doctest::Approx(std::cos(a0)));   // (1, 0) rotated by 3 rad
+  CHECK(v[4] == doctest::Approx(std::cos(a0)));  // (1, 0) rotated by 3 rad
   CHECK(v[5] == doctest::Approx(std::sin(a0)));
   CHECK(v[6] == doctest::Approx(-std::sin(a1)));  // (0, 1) rotated by 0.03 rad
   CHECK(v[7] == doctest::Approx(std::cos(a1)));
@@ -107,8 +108,8 @@ TEST_CASE("YaRN keeps high frequencies, divides low ones by the factor") {
 }
 
 TEST_CASE("Sinkhorn mixing is close to doubly stochastic") {
-  std::vector<float> m = {3.0f, -1.0f, 0.5f, 2.0f, 0.0f, 0.0f, 1.0f, -2.0f,
-                          -3.0f, 4.0f, 0.1f, 0.2f, 1.0f, 1.0f, 1.0f, 1.0f};
+  std::vector<float> m = {3.0f,  -1.0f, 0.5f, 2.0f, 0.0f, 0.0f, 1.0f, -2.0f,
+                          -3.0f, 4.0f,  0.1f, 0.2f, 1.0f, 1.0f, 1.0f, 1.0f};
   sinkhorn(m.data(), 4, 20, 1e-6f);
   for (int j = 0; j < 4; ++j) {
     float row = 0, col = 0;

@@ -48,9 +48,12 @@ std::vector<golden_prompt> load_goldens(const fs::path& dir) {
   std::vector<golden_prompt> out;
   for (int p = 0; g->contains("prompt" + std::to_string(p) + ".input_ids"); ++p) {
     const std::string k = "prompt" + std::to_string(p) + ".";
-    out.push_back({ids(*g, k + "input_ids"), ids(*g, k + "decode_ids"),
-                   floats(*g, k + "prefill_logits"), floats(*g, k + "decode_logits"),
-                   floats(*g, k + "full_logits"), floats(*g, k + "chunked_prefill_logits"),
+    out.push_back({ids(*g, k + "input_ids"),
+                   ids(*g, k + "decode_ids"),
+                   floats(*g, k + "prefill_logits"),
+                   floats(*g, k + "decode_logits"),
+                   floats(*g, k + "full_logits"),
+                   floats(*g, k + "chunked_prefill_logits"),
                    meta.at("prompts").at(std::size_t(p)).at("chunk_split").get<std::size_t>(),
                    {}});
     if (g->contains(k + "engram_hash_ids")) out.back().hash_ids = ids(*g, k + "engram_hash_ids");
@@ -66,7 +69,8 @@ std::vector<std::int64_t> hash_ids(const model& m, const std::vector<std::int64_
   const auto& c = m.text();
   const auto layout = engram_hash_layout::from_config(c);
   const auto pad = token_map[std::size_t(c.engram_pad_id)];
-  std::vector<std::int64_t> out, look(std::size_t(c.engram_max_ngram_size)), row(std::size_t(layout.columns));
+  std::vector<std::int64_t> out, look(std::size_t(c.engram_max_ngram_size)),
+      row(std::size_t(layout.columns));
   for (std::size_t p = 0; p < seq.size(); ++p) {
     for (std::size_t k = 0; k < look.size(); ++k)
       look[k] = p < k ? pad : token_map[std::size_t(seq[p - k])];
@@ -89,7 +93,8 @@ model load_golden_model(const fs::path& dir, model_options options = {}) {
     auto layout = engram_hash_layout::from_config(m->text());
     for (std::size_t l = 0; l < layout.multipliers.size(); ++l) {
       std::vector<std::int64_t> mult;
-      for (const auto& s : meta.at("multipliers").at(l)) mult.push_back(std::stoll(s.get<std::string>()));
+      for (const auto& s : meta.at("multipliers").at(l))
+        mult.push_back(std::stoll(s.get<std::string>()));
       CHECK(layout.multipliers[l] == mult);
       CHECK(layout.primes[l] == meta.at("primes").at(l).get<std::vector<std::int64_t>>());
       CHECK(layout.offsets[l] == meta.at("offsets").at(l).get<std::vector<std::int64_t>>());
@@ -125,7 +130,8 @@ void check_config(const std::string& name) {
     {
       auto cache = m.new_sequence();
       std::vector<float> got;
-      for (auto part : {std::span(g.input).first(g.chunk_split), std::span(g.input).subspan(g.chunk_split)}) {
+      for (auto part :
+           {std::span(g.input).first(g.chunk_split), std::span(g.input).subspan(g.chunk_split)}) {
         sequence_input in{&cache, part};
         auto r = m.forward(std::span(&in, 1));
         REQUIRE(r.ok());
@@ -152,7 +158,8 @@ void check_config(const std::string& name) {
       REQUIRE(gf.ok());
       for (std::size_t l = 0; l < streams.size(); ++l) {
         CAPTURE(l);
-        CHECK(testing::relative_error(streams[l], floats(*gf, "prompt0.layer" + std::to_string(l) + ".streams")) <= tolerance);
+        CHECK(testing::relative_error(streams[l], floats(*gf, "prompt0.layer" + std::to_string(l) +
+                                                                  ".streams")) <= tolerance);
       }
     }
     CHECK(testing::relative_error(*pre, g.prefill) <= tolerance);
@@ -204,7 +211,8 @@ void check_config(const std::string& name) {
   REQUIRE(out.ok());
   std::size_t at = 0;
   for (const auto& g : goldens) {
-    CHECK(testing::relative_error(std::span(*out).subspan(at, g.prefill.size()), g.prefill) <= tolerance);
+    CHECK(testing::relative_error(std::span(*out).subspan(at, g.prefill.size()), g.prefill) <=
+          tolerance);
     at += g.prefill.size();
   }
   for (std::size_t i = 0;; ++i) {
@@ -227,12 +235,14 @@ void check_config(const std::string& name) {
 }  // namespace
 
 TEST_CASE("parity with the reference: sliding-window only") { check_config("sliding"); }
-TEST_CASE("parity with the reference: ratio-2 / ratio-1 groups, candidates, Engram, FP8 / FP4, shards") {
+TEST_CASE(
+    "parity with the reference: ratio-2 / ratio-1 groups, candidates, Engram, FP8 / FP4, shards") {
   check_config("mixed");
 }
 TEST_CASE("parity with the reference: ratio-4 group with a Reindex source, Engram") {
   check_config("ratio4");
 }
-TEST_CASE("parity with the reference: the cache quantisers active (FP8 window, FP4 keys and latents)") {
+TEST_CASE(
+    "parity with the reference: the cache quantisers active (FP8 window, FP4 keys and latents)") {
   check_config("qat");
 }
