@@ -546,9 +546,9 @@ def load_released(directory, modeling):
     return out
 
 
-def check_model_dir(directory, cfg_mod, modeling):
-    """Loads a model directory written by `troupe model init` into the reference (strict: every
-    parameter present, no extra tensor, same shapes) and runs a short prompt with a decode step."""
+def reference_from_dir(directory, cfg_mod, modeling):
+    """The reference model with a model directory's weights, loaded strictly (every parameter
+    present, no extra tensor, same shapes). Returns (model, number of tensors loaded)."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
@@ -568,15 +568,72 @@ def check_model_dir(directory, cfg_mod, modeling):
     model.load_state_dict(weights, strict=True)
     if tokenizer is not None:
         model.model.bind_tokenizer(tokenizer)
-    ids = torch.arange(3, 3 + 12)[None] % text["vocab_size"]
+    return model, len(weights)
+
+
+def check_model_dir(directory, cfg_mod, modeling):
+    """Loads a model directory written by `troupe model init` into the reference and runs a
+    short prompt with a decode step."""
+    model, loaded = reference_from_dir(directory, cfg_mod, modeling)
+    vocab = model.config.vocab_size
+    ids = torch.arange(3, 3 + 12)[None] % vocab
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         step = model(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
     logits = torch.cat([out.logits, step.logits], dim=1)
     assert torch.isfinite(logits).all(), "non-finite logits"
     n = sum(p.numel() for p in model.parameters())
-    print(f"{directory}: the reference loads all {len(weights)} tensors ({n / 1e6:.1f} M parameters) strictly; "
+    print(f"{directory}: the reference loads all {loaded} tensors ({n / 1e6:.1f} M parameters) strictly; "
           f"logits finite, std {logits.std().item():.3f}")
+
+
+def fnv1a64_int32(values):
+    """FNV-1a 64 over the values as little-endian int32 bytes (easy to recompute in C++)."""
+    h = 0xcbf29ce484222325
+    for b in np.asarray(values, dtype="<i4").tobytes():
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def engram_flash_golden(out_root, modeling):
+    """The Engram hashing inputs of the released model: the compressed token map the reference
+    derives from the DeepSeek-V4 tokenizer (recipe/data/deepseek-v4, the tokenizer of the V4
+    family) and the hash multipliers of the released Engram layers [1, 14] (max n-gram 4)."""
+    import gzip
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    path = REPO / "recipe" / "data" / "deepseek-v4" / "tokenizer.json.gz"
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(gzip.open(path).read().decode()))
+    token_map, size = modeling.build_compressed_token_map(tok)
+    flash = json.loads((REPO / "examples" / "models" / "DeepSeek-V4.1-Flash" / "config.json").read_text())["text_config"]
+    layers, ngram = tuple(flash["engram_layer_ids"]), flash["engram_max_ngram_size"]
+    multipliers = modeling.compute_hash_multipliers(layers, ngram, size)
+    step = 97  # a deterministic sample of the map, plus every id whose key merged with an earlier one
+    first_of = {}
+    merged = []
+    for i, c in enumerate(token_map):
+        if c in first_of:
+            merged.append(i)
+        else:
+            first_of[c] = i
+    sample = sorted(set(range(0, len(token_map), step)) | set(merged[:: max(1, len(merged) // 1500)]))
+    doc = {
+        "tokenizer": "recipe/data/deepseek-v4/tokenizer.json.gz",
+        "vocab_size": len(token_map),
+        "compressed_vocab_size": size,
+        "config_engram_compressed_vocab_size": flash["engram_compressed_vocab_size"],
+        "token_map_fnv1a64_int32le": str(fnv1a64_int32(token_map)),
+        "token_map_sample": {str(i): token_map[i] for i in sample},
+        "engram_layer_ids": list(layers),
+        "engram_max_ngram_size": ngram,
+        "multipliers": [[str(int(v)) for v in row] for row in multipliers],
+        "pad_id": flash.get("engram_pad_id", 2),
+        "pad_compressed_id": token_map[flash.get("engram_pad_id", 2)],
+    }
+    (out_root / "engram-v41-flash.json").write_text(json.dumps(doc, indent=0, sort_keys=True) + "\n")
+    print(f"engram-v41-flash: compressed vocabulary {size} (config says {flash['engram_compressed_vocab_size']}), "
+          f"{len(sample)} sampled ids")
 
 
 def main():
@@ -600,6 +657,8 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or CONFIGS:
         run_config(name, CONFIGS[name], args.out, cfg_mod, modeling, tokenizer)
+    if not args.only:
+        engram_flash_golden(args.out, modeling)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
 
 

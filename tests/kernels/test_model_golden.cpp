@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -184,5 +185,38 @@ TEST_CASE("golden checkpoints: engram_primes gives the reference's table sizes a
       for (auto p : primes[l]) rows += p;
       CHECK(rows == cfg->text.engram_num_embeddings[l]);
     }
+  }
+}
+
+TEST_CASE("released config: engram_primes gives the released table sizes; the compressed vocabulary matches the tokenizer") {
+  auto cfg = load_model_config(fs::path(TROUPE_SOURCE_DIR) / "examples/models/DeepSeek-V4.1-Flash/config.json");
+  REQUIRE_MESSAGE(cfg.ok(), cfg.error());
+  const auto& t = cfg->text;
+  const auto primes = engram_primes(t);
+  REQUIRE(primes.size() == t.engram_layer_ids.size());
+  for (std::size_t l = 0; l < primes.size(); ++l) {
+    CHECK(primes[l].size() == std::size_t((t.engram_max_ngram_size - 1) * t.engram_n_heads));
+    std::int64_t rows = 0;
+    for (auto p : primes[l]) rows += p;
+    CHECK(rows == t.engram_num_embeddings[l]);  // 384006168 and 384016682
+  }
+  // The reference's token map from the DeepSeek-V4 tokenizer (recipe/data/deepseek-v4)
+  // collapses to exactly the compressed vocabulary the released config declares.
+  const auto meta = read_json(golden_root / "engram-v41-flash.json");
+  CHECK(meta.at("compressed_vocab_size").get<std::int64_t>() == t.engram_compressed_vocab_size);
+  CHECK(meta.at("vocab_size").get<std::int64_t>() == t.vocab_size);
+  CHECK(meta.at("engram_layer_ids").get<std::vector<std::int64_t>>() == t.engram_layer_ids);
+  CHECK(meta.at("multipliers").size() == t.engram_layer_ids.size());
+  for (const auto& row : meta.at("multipliers")) {
+    REQUIRE(row.size() == std::size_t(t.engram_max_ngram_size));
+    for (const auto& m : row) {
+      const long long v = std::stoll(m.get<std::string>());
+      CHECK(v % 2 == 1);  // odd
+      CHECK(v <= (std::numeric_limits<std::int64_t>::max() / t.engram_compressed_vocab_size));  // no overflow in id * m
+    }
+  }
+  for (const auto& [id, compressed] : meta.at("token_map_sample").items()) {
+    CHECK(std::stoll(id) < t.vocab_size);
+    CHECK(compressed.get<std::int64_t>() < t.engram_compressed_vocab_size);
   }
 }
