@@ -4,6 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <vector>
 
@@ -151,4 +154,24 @@ TEST_CASE("numpy_rng reproduces NumPy's default_rng integers") {
   numpy_rng b(0);
   CHECK(b.integers(std::int64_t(1) << 40) == 700346781657);
   CHECK(b.integers(std::int64_t(1) << 40) == 296633628802);
+}
+
+TEST_CASE("the released model's Engram hash multipliers equal the reference's") {
+  // tests/kernels/golden/model/engram-v41-flash.json: the multipliers the reference derives for
+  // the released config (layers 1 and 14, 4-grams, compressed vocabulary 99,092).
+  const auto root = std::filesystem::path(TROUPE_SOURCE_DIR);
+  auto cfg = load_model_config(root / "examples/models/DeepSeek-V4.1-Flash/config.json");
+  REQUIRE_MESSAGE(cfg.ok(), cfg.error());
+  std::ifstream f(root / "tests/kernels/golden/model/engram-v41-flash.json");
+  const auto j = nlohmann::json::parse(f);
+  REQUIRE(cfg->text.engram_compressed_vocab_size ==
+          j.at("compressed_vocab_size").get<std::int64_t>());
+  const auto layout = engram_hash_layout::from_config(cfg->text);
+  REQUIRE(layout.multipliers.size() == 2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    std::vector<std::int64_t> want;
+    for (const auto& s : j.at("multipliers").at(l))
+      want.push_back(std::stoll(s.get<std::string>()));
+    CHECK(layout.multipliers[l] == want);
+  }
 }
