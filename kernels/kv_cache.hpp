@@ -92,7 +92,8 @@ struct layer_cache {
 
 /// Everything one sequence carries between forward calls.
 struct sequence_cache {
-  std::int64_t length = 0;  // tokens processed so far (the next token's position)
+  const void* owner = nullptr;  // the model that made it (model::new_sequence)
+  std::int64_t length = 0;      // tokens processed so far (the next token's position)
   std::vector<layer_cache> layers;
   std::vector<std::int64_t> engram_recent;  // compressed ids of the last max_ngram_size - 1 tokens
 };

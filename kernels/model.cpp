@@ -294,6 +294,7 @@ result<bool> model::set_engram_token_map(std::vector<std::int64_t> map) {
 sequence_cache model::new_sequence() const {
   const auto& c = w_->cfg.text;
   sequence_cache s;
+  s.owner = w_.get();
   s.layers.resize(sz(c.num_hidden_layers));
   for (i64 l = 0; l < c.num_hidden_layers; ++l) {
     auto& L = s.layers[sz(l)];
@@ -498,7 +499,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
   std::vector<i64> seq_begin;
   for (std::size_t s = 0; s < batch.size(); ++s) {
     const auto& in = batch[s];
-    if (in.cache == nullptr || static_cast<i64>(in.cache->layers.size()) != c.num_hidden_layers)
+    if (in.cache == nullptr || in.cache->owner != w_.get())
       return fail::failure("forward: sequence " + std::to_string(s) +
                            " has no cache made by this model");
     for (std::size_t o = 0; o < s; ++o)

@@ -144,6 +144,11 @@ TEST_CASE("forward refuses what it cannot run, as values") {
   std::vector<std::int64_t> ok = {5};
   sequence_input in2{&foreign, ok};
   CHECK_FALSE(m.forward(std::span(&in2, 1)).ok());
+  auto other = load_tiny();  // the same weights, another model object
+  auto other_cache = other.new_sequence();
+  sequence_input in4{&other_cache, ok};
+  CHECK(m.forward(std::span(&in4, 1)).error() ==
+        "forward: sequence 0 has no cache made by this model");
   CHECK(cache.length == 0);
   std::vector<sequence_input> twice = {{&cache, ok}, {&cache, ok}};
   auto r2 = m.forward(twice);
