@@ -243,6 +243,12 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
                   shape_text({rows, c.engram_head_dim}) + ", found " + shape_text(table->shape());
         break;
       }
+      const auto tt = table->type();
+      if (tt != dtype::F32 && tt != dtype::BF16 && tt != dtype::F16 && tt != dtype::F8_E4M3) {
+        failure = "tensor " + table->name() + ": expected dtype F32, BF16, F16 or F8_E4M3, found " +
+                  std::string(dtype_name(tt));
+        break;
+      }
       L.engram_table = *table;
       if (table->type() == dtype::F8_E4M3) {
         auto scale = w.ckpt->get(w.name(p + "engram.embed.scale"));
@@ -480,16 +486,401 @@ void expert_forward(const text_config& c, gemm_mode mode, const expert_weights& 
   project(mode, g.data(), n, I, e.w2.data(), D, y_out);
 }
 
+// One row element of an Engram table (F32 / BF16 / F16, or FP8 e4m3 times its block scale;
+// the loader admits no other type).
+float table_value(const layer_weights& L, i64 row, i64 d, i64 width) {
+  const auto& table = *L.engram_table;
+  const i64 at = row * width + d;
+  const auto* base = table.bytes.data();
+  switch (table.type()) {
+    case dtype::F32: {
+      float v;
+      std::memcpy(&v, base + at * 4, 4);
+      return v;
+    }
+    case dtype::BF16:
+    case dtype::F16: {
+      std::uint16_t b;
+      std::memcpy(&b, base + at * 2, 2);
+      return table.type() == dtype::BF16 ? bf16_to_float(b) : fp16_to_float(b);
+    }
+    default: {  // F8_E4M3
+      float v = fp8_e4m3_to_float(static_cast<std::uint8_t>(base[at]));
+      if (L.engram_scale) {
+        const auto& sc = *L.engram_scale;
+        const i64 per_row = sc.shape().size() == 2 ? sc.shape()[1] : 1;
+        const i64 block = per_row > 0 ? width / per_row : width;
+        const i64 si = row * per_row + d / block;
+        float scale = 1.0f;
+        if (sc.type() == dtype::F8_E8M0)
+          scale = fp8_e8m0_to_float(static_cast<std::uint8_t>(sc.bytes[sz(si)]));
+        else if (sc.type() == dtype::F32)
+          std::memcpy(&scale, sc.bytes.data() + si * 4, 4);
+        v *= scale;
+      }
+      return v;
+    }
+  }
+}
+
+// What one forward call runs over: the batch, each sequence's token slice, every token's
+// position, the projection mode, and the per-sequence state the reference keeps in `shared`.
+struct call_context {
+  std::span<const sequence_input> batch;
+  std::vector<i64> seq_begin;  // sequence s owns tokens [seq_begin[s], seq_begin[s + 1])
+  std::vector<i64> positions;
+  i64 T = 0, S = 0;
+  gemm_mode mode;
+  std::vector<shared_state> shared;
+};
+
+// Engram at layer L: the hashed table rows, projected to one key per stream and a shared value,
+// gated into every stream.
+void engram_site(const model::weights& W, const layer_weights& L, const call_context& cx,
+                 const std::vector<i64>& hash_ids, std::vector<float>& streams) {
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, hc = c.hc_mult, T = cx.T;
+  const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size()), cols = W.engram.columns;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode = cx.mode;
+  const i64 ehd = c.engram_head_dim;
+  std::vector<float> rows(sz(T * cols * ehd));
+  for (i64 t = 0; t < T; ++t)
+    for (i64 k = 0; k < cols; ++k) {
+      const i64 id = hash_ids[sz((t * n_engram + L.engram_index) * cols + k)];
+      float* dst = rows.data() + (t * cols + k) * ehd;
+      for (i64 d = 0; d < ehd; ++d) dst[d] = table_value(L, id, d, ehd);
+    }
+  const i64 out_w = D * (hc + 1);
+  std::vector<float> kv(sz(T * out_w));
+  project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
+  std::vector<float> weight(sz(hc * D));
+  for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q.v[sz(i)] * L.engram_k.v[sz(i)];
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  for (i64 t = 0; t < T; ++t) {
+    const float* value = kv.data() + t * out_w + hc * D;
+    for (i64 k = 0; k < hc; ++k) {
+      float* h = streams.data() + (t * hc + k) * D;
+      const float* key = kv.data() + t * out_w + k * D;
+      const float* wk = weight.data() + k * D;
+      float hh = 0.0f, kk = 0.0f, dot = 0.0f;
+      for (i64 d = 0; d < D; ++d) {
+        hh += h[d] * h[d];
+        kk += key[d] * key[d];
+        dot += h[d] * wk[d] * key[d];
+      }
+      const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(D) + eps)) *
+                         (1.0f / std::sqrt(kk / static_cast<float>(D) + eps));
+      const float x = dot * rstd * inv_sqrt_d;
+      const float gate = sigmoid(std::copysign(std::sqrt(std::max(std::fabs(x), 1e-6f)), x));
+      for (i64 d = 0; d < D; ++d) h[d] = h[d] + gate * value[d];
+    }
+  }
+}
+
+// The attention of layer l on its normed input a [T, D]: queries, the shared K=V window, the
+// CSA2 compressor / indexer / compressed KV, attention with sinks, the grouped output
+// projection → out [T, D]. Advances the layer's caches.
+void attention_site(const model::weights& W, const layer_weights& L, i64 l, call_context& cx,
+                    const std::vector<float>& a, std::vector<float>& out) {
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
+  const i64 win = c.sliding_window, G = c.o_groups, R = c.o_lora_rank;
+  const i64 nh = c.index_n_heads, idh = c.index_head_dim, T = cx.T, S = cx.S;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode = cx.mode;
+  const auto& batch = cx.batch;
+  const auto& seq_begin = cx.seq_begin;
+  const auto& positions = cx.positions;
+  auto& shared = cx.shared;
+  const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
+  std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
+  project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
+  for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
+  project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
+  project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
+  for (i64 t = 0; t < T; ++t) {
+    for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
+    float* k = kv.data() + t * hd;
+    rms_norm(k, hd, L.kv_norm.data(), eps);
+    apply_rope(k, hd, rope, positions[sz(t)]);
+    fake_quant_fp8_block32(k, hd);
+  }
+
+  // Compressor projections (KV sources) and indexer projections (index sources), batched.
+  std::vector<float> c_kv, c_gate, i_q, i_w;
+  if (L.kv_source) {
+    c_kv.resize(sz(T * hd));
+    project(mode, a.data(), T, D, L.c_wkv.data(), hd, c_kv.data());
+    if (L.ratio > 1) {
+      c_gate.resize(sz(T * hd));
+      project(mode, a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
+    }
+  }
+  if (L.index_source) {
+    i_q.resize(sz(T * nh * idh));
+    i_w.resize(sz(T * nh));
+    project(mode, q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
+    project(mode, a.data(), T, D, L.i_weights.data(), nh, i_w.data());
+    for (i64 t = 0; t < T; ++t) {
+      for (i64 h = 0; h < nh; ++h) {
+        float* v = i_q.data() + (t * nh + h) * idh;
+        apply_rope(v, idh, W.rope_compress, positions[sz(t)]);
+        fake_quant_fp4_block(v, idh, 32, false);
+      }
+    }
+  }
+
+  std::vector<float> attn_out(sz(T * H * hd));
+  for (i64 s = 0; s < S; ++s) {
+    auto& cache = *batch[sz(s)].cache;
+    auto& lc = cache.layers[sz(l)];
+    auto& sh = shared[sz(s)];
+    const i64 t0 = seq_begin[sz(s)], t1 = seq_begin[sz(s + 1)], n = t1 - t0;
+    const i64 start = cache.length;
+
+    if (L.ratio != 0) {
+      // Compressor: the groups completing in this call (pre-RoPE latents).
+      std::vector<float> latents;
+      std::vector<i64> latent_pos;
+      if (L.kv_source) {
+        auto& cc = lc.compressed;
+        if (L.ratio == 1) {
+          for (i64 t = t0; t < t1; ++t) {
+            latents.insert(latents.end(), c_kv.begin() + t * hd, c_kv.begin() + (t + 1) * hd);
+            latent_pos.push_back(cc.groups + (t - t0));
+          }
+        } else {
+          for (i64 t = t0; t < t1; ++t) {
+            cc.pending_kv.insert(cc.pending_kv.end(), c_kv.begin() + t * hd,
+                                 c_kv.begin() + (t + 1) * hd);
+            cc.pending_gate.insert(cc.pending_gate.end(), c_gate.begin() + t * hd,
+                                   c_gate.begin() + (t + 1) * hd);
+            ++cc.pending_tokens;
+          }
+          const i64 r = L.ratio;
+          const i64 complete = cc.pending_tokens / r;
+          std::vector<float> latent(sz(hd));
+          for (i64 g = 0; g < complete; ++g) {
+            for (i64 d = 0; d < hd; ++d) {
+              float mx = neg_inf;
+              for (i64 j = 0; j < r; ++j)
+                mx = std::max(mx, cc.pending_gate[sz((g * r + j) * hd + d)]);
+              float sum = 0.0f;
+              for (i64 j = 0; j < r; ++j)
+                sum += std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx);
+              float acc = 0.0f;
+              for (i64 j = 0; j < r; ++j)
+                acc += cc.pending_kv[sz((g * r + j) * hd + d)] *
+                       (std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx) / sum);
+              latent[sz(d)] = acc;
+            }
+            latents.insert(latents.end(), latent.begin(), latent.end());
+            latent_pos.push_back((cc.groups + g) * r);
+          }
+          const i64 used = complete * r * hd;
+          cc.pending_kv.erase(cc.pending_kv.begin(), cc.pending_kv.begin() + used);
+          cc.pending_gate.erase(cc.pending_gate.begin(), cc.pending_gate.begin() + used);
+          cc.pending_tokens -= complete * r;
+        }
+        const i64 n_lat = static_cast<i64>(latent_pos.size());
+        for (i64 g = 0; g < n_lat; ++g) rms_norm(latents.data() + g * hd, hd, L.c_norm.data(), eps);
+
+        // The index keys of the new groups (from the pre-RoPE latents).
+        if (L.owns_index_keys && n_lat > 0) {
+          std::vector<float> keys(sz(n_lat * idh));
+          project(mode, latents.data(), n_lat, hd, L.i_wk.data(), idh, keys.data());
+          for (i64 g = 0; g < n_lat; ++g) {
+            float* k = keys.data() + g * idh;
+            rms_norm(k, idh, L.i_k_norm.data(), eps);
+            apply_rope(k, idh, W.rope_compress, latent_pos[sz(g)]);
+            fake_quant_fp4_block(k, idh, 32, false);
+            cc.index_keys.append(k);
+          }
+        }
+      }
+      if (L.owns_index_keys) sh.index_src = &lc.compressed;
+
+      // Indexer: per-query top-k over the group's compressed entries.
+      if (L.index_source) {
+        const i64 n_idx = sh.index_src != nullptr ? sh.index_src->index_keys.size() : 0;
+        if (n_idx > 0) {
+          const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
+          const float heads_scale = 1.0f / std::sqrt(static_cast<float>(nh));
+          std::vector<std::vector<i64>> picks(sz(n));
+          std::vector<std::vector<char>> cands;
+          if (L.candidate_source) cands.resize(sz(n));
+          // Same length as the candidate mask: check_csa2_schedule.
+          const bool apply_candidates =
+              !L.candidate_source && L.uses_candidates && sh.has_candidates;
+          parallel_for(n, W.threads, [&](i64 i) {
+            const i64 t = t0 + i;
+            std::vector<float> scores(sz(n_idx));
+            const i64 visible = (positions[sz(t)] + 1) / L.ratio;
+            // Scores of every index head against each block of keys: [nh, rows] GEMMs.
+            const auto& keys = sh.index_src->index_keys;
+            const float* qt = i_q.data() + t * nh * idh;
+            const i64 rows_per_block = keys.rows_per_block();
+            const i64 reach = std::min(visible, n_idx);
+            std::vector<float> head_scores(sz(nh * rows_per_block));
+            std::fill(scores.begin(), scores.end(), neg_inf);
+            for (i64 b0 = 0; b0 < reach; b0 += rows_per_block) {
+              const i64 rows = std::min(rows_per_block, reach - b0);
+              gemm_nt(nh, rows, idh, qt, idh, keys.row(b0), idh, head_scores.data(), rows);
+              for (i64 r = 0; r < rows; ++r) {
+                float acc = 0.0f;
+                for (i64 h = 0; h < nh; ++h)
+                  acc += std::max(head_scores[sz(h * rows + r)], 0.0f) * sm_scale *
+                         (i_w[sz(t * nh + h)] * heads_scale);
+                scores[sz(b0 + r)] = acc;
+              }
+            }
+            if (L.candidate_source) {
+              const i64 bs = c.candidate_block_size;
+              const i64 blocks = (n_idx + bs - 1) / bs;
+              std::vector<float> block_score(sz(blocks), neg_inf);
+              for (i64 e = 0; e < n_idx; ++e)
+                block_score[sz(e / bs)] = std::max(block_score[sz(e / bs)], scores[sz(e)]);
+              if (visible >= 1) {
+                const i64 last = (visible - 1) / bs;
+                if (last < blocks) block_score[sz(last)] = std::numeric_limits<float>::infinity();
+              }
+              auto keep = top_finite(block_score, c.candidate_topk_blocks);
+              auto& mask = cands[sz(t - t0)];
+              mask.assign(sz(n_idx), 0);
+              for (i64 b : keep)
+                for (i64 e = b * bs; e < std::min(n_idx, (b + 1) * bs); ++e) mask[sz(e)] = 1;
+            } else if (apply_candidates) {
+              const auto& mask = sh.candidates[sz(t - t0)];
+              for (i64 e = 0; e < n_idx; ++e)
+                if (!mask[sz(e)]) scores[sz(e)] = neg_inf;
+            }
+            picks[sz(t - t0)] = top_finite(scores, std::min(c.index_topk, n_idx));
+          });
+          sh.has_topk = true;
+          sh.topk = std::move(picks);
+          if (L.candidate_source) {
+            sh.has_candidates = true;
+            sh.candidates = std::move(cands);
+          }
+        }
+      }
+
+      // The new groups join the compressed KV, rotated and FP4-rounded.
+      if (L.kv_source) {
+        auto& cc = lc.compressed;
+        const i64 n_lat = static_cast<i64>(latent_pos.size());
+        for (i64 g = 0; g < n_lat; ++g) {
+          float* v = latents.data() + g * hd;
+          apply_rope(v, hd, W.rope_compress, latent_pos[sz(g)]);
+          fake_quant_fp4_block(v, hd, 16, true);
+          cc.kv.append(v);
+        }
+        cc.groups += n_lat;
+        sh.compress_src = &lc.compressed;
+      }
+    }
+
+    // Attention over the window and the selected compressed entries.
+    const compressed_cache* comp = L.ratio != 0 ? sh.compress_src : nullptr;
+    const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
+    // The top-k was selected over exactly these n_comp entries: check_csa2_schedule.
+    const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
+    parallel_for(n, W.threads, [&](i64 i) {
+      const i64 t = t0 + i;
+      const i64 p = positions[sz(t)];
+      // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
+      // compressed entries.
+      const i64 first = std::max<i64>(0, p - win + 1);
+      const i64 n_sel =
+          n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
+      const i64 nk = p - first + 1 + n_sel;
+      std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
+      i64 row = 0;
+      for (i64 kp = first; kp <= p; ++kp, ++row)
+        std::copy_n(kp < start ? lc.window.at(kp) : kv.data() + (t0 + kp - start) * hd, hd,
+                    kbuf.data() + row * hd);
+      for (i64 k = 0; k < n_sel; ++k, ++row)
+        std::copy_n(comp->kv.row(sh.topk[sz(t - t0)][sz(k)]), hd, kbuf.data() + row * hd);
+      // logits [H, nk] = q · Kᵀ, softmax with the per-head sink in the denominator, then
+      // out [H, hd] = P · K (K = V).
+      gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
+      for (i64 h = 0; h < H; ++h) {
+        float* lg = probs.data() + h * nk;
+        const float sink = L.attn_sink.v[sz(h)];
+        float mx = sink;
+        for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
+        float sum = std::exp(sink - mx);
+        for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
+        for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
+      }
+      float* o = attn_out.data() + t * H * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
+                  static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
+                  static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
+                  static_cast<blasint>(hd));
+      for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, rope, p, /*inverse=*/true);
+    });
+    for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
+  }
+
+  // Grouped low-rank output projection.
+  std::vector<float> grouped(sz(T * G * R));
+  out.assign(sz(T * D), 0.0f);
+  const i64 per_group = H * hd / G;
+  for (i64 g = 0; g < G; ++g)
+    project(mode, attn_out.data() + g * per_group, T, per_group, L.wo_a.data() + g * R * per_group,
+            R, grouped.data() + g * R, H * hd, G * R);
+  project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
+}
+
+// The MoE of a layer on its normed input a [T, D] → y [T, D]: routed experts in expert order,
+// then the shared expert.
+void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode,
+              const std::vector<float>& a, i64 T, std::vector<float>& y) {
+  const i64 D = c.hidden_size;
+  const i64 E = c.n_routed_experts;
+  std::vector<float> gl(sz(T * E));
+  project(mode, a.data(), T, D, L.gate.data(), E, gl.data());
+  std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
+  std::vector<i64> chosen;
+  std::vector<float> chosen_w;
+  for (i64 t = 0; t < T; ++t) {
+    route_token(c, gl.data() + t * E, L.gate_bias.data(), chosen, chosen_w);
+    for (std::size_t i = 0; i < chosen.size(); ++i)
+      routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
+  }
+  y.assign(sz(T * D), 0.0f);
+  std::vector<float> xe, ye, we;
+  for (i64 e = 0; e < E; ++e) {
+    const auto& list = routed[sz(e)];
+    if (list.empty()) continue;
+    const i64 m = static_cast<i64>(list.size());
+    xe.resize(sz(m * D));
+    ye.resize(sz(m * D));
+    we.resize(sz(m));
+    for (i64 r = 0; r < m; ++r) {
+      std::copy_n(a.data() + list[sz(r)].first * D, D, xe.data() + r * D);
+      we[sz(r)] = list[sz(r)].second;
+    }
+    expert_forward(c, mode, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
+    for (i64 r = 0; r < m; ++r) {
+      float* dst = y.data() + list[sz(r)].first * D;
+      for (i64 d = 0; d < D; ++d) dst[d] += ye[sz(r * D + d)];
+    }
+  }
+  ye.resize(sz(T * D));
+  expert_forward(c, mode, L.shared, a.data(), T, nullptr, ye.data());
+  for (i64 i = 0; i < T * D; ++i) y[sz(i)] += ye[sz(i)];
+}
+
 }  // namespace
 
 result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
                                           std::vector<std::vector<float>>* layer_streams) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
-  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
-  const i64 hc = c.hc_mult, V = c.vocab_size, win = c.sliding_window;
-  const i64 G = c.o_groups, R = c.o_lora_rank;
-  const i64 nh = c.index_n_heads, idh = c.index_head_dim;
+  const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const gemm_mode mode{W.batch_invariant};
   using fail = result<std::vector<float>>;
@@ -557,380 +948,30 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
   std::vector<float> pre_mix(sz(T * hc), 0.0f);
   for (i64 t = 0; t < T; ++t) pre_mix[sz(t * hc)] = 1.0f;
 
-  std::vector<shared_state> shared(sz(S));
-  std::vector<float> pre, post, comb, next_pre, collapsed, a;
+  call_context cx{batch, seq_begin, positions, T, S, mode, std::vector<shared_state>(sz(S))};
+  std::vector<float> post, comb, next_pre, collapsed, a, out;
   for (i64 l = 0; l < c.num_hidden_layers; ++l) {
     const auto& L = W.layers[sz(l)];
 
-    // --- Engram: gated n-gram memory written into every stream.
-    if (L.engram_index >= 0) {
-      const i64 ehd = c.engram_head_dim;
-      const auto& table = *L.engram_table;
-      std::vector<float> rows(sz(T * cols * ehd));
-      for (i64 t = 0; t < T; ++t)
-        for (i64 k = 0; k < cols; ++k) {
-          const i64 id = hash_ids[sz((t * n_engram + L.engram_index) * cols + k)];
-          float* dst = rows.data() + (t * cols + k) * ehd;
-          const auto* base = table.bytes.data();
-          for (i64 d = 0; d < ehd; ++d) {
-            const i64 at = id * ehd + d;
-            switch (table.type()) {
-              case dtype::F32: {
-                float v;
-                std::memcpy(&v, base + at * 4, 4);
-                dst[d] = v;
-                break;
-              }
-              case dtype::BF16: {
-                std::uint16_t b;
-                std::memcpy(&b, base + at * 2, 2);
-                dst[d] = bf16_to_float(b);
-                break;
-              }
-              case dtype::F16: {
-                std::uint16_t b;
-                std::memcpy(&b, base + at * 2, 2);
-                dst[d] = fp16_to_float(b);
-                break;
-              }
-              case dtype::F8_E4M3: {
-                dst[d] = fp8_e4m3_to_float(static_cast<std::uint8_t>(base[at]));
-                if (L.engram_scale) {
-                  const auto& sc = *L.engram_scale;
-                  const i64 per_row = sc.shape().size() == 2 ? sc.shape()[1] : 1;
-                  const i64 block = per_row > 0 ? ehd / per_row : ehd;
-                  const i64 si = id * per_row + d / block;
-                  float sv = 1.0f;
-                  if (sc.type() == dtype::F8_E8M0)
-                    sv = fp8_e8m0_to_float(static_cast<std::uint8_t>(sc.bytes[sz(si)]));
-                  else if (sc.type() == dtype::F32)
-                    std::memcpy(&sv, sc.bytes.data() + si * 4, 4);
-                  dst[d] *= sv;
-                }
-                break;
-              }
-              default:
-                return fail::failure("tensor " + table.name() + ": dtype " +
-                                     std::string(dtype_name(table.type())) +
-                                     " not supported for an Engram table");
-            }
-          }
-        }
-      const i64 out_w = D * (hc + 1);
-      std::vector<float> kv(sz(T * out_w));
-      project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
-      std::vector<float> weight(sz(hc * D));
-      for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q.v[sz(i)] * L.engram_k.v[sz(i)];
-      const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-      for (i64 t = 0; t < T; ++t) {
-        const float* value = kv.data() + t * out_w + hc * D;
-        for (i64 k = 0; k < hc; ++k) {
-          float* h = streams.data() + (t * hc + k) * D;
-          const float* key = kv.data() + t * out_w + k * D;
-          const float* wk = weight.data() + k * D;
-          float hh = 0.0f, kk = 0.0f, dot = 0.0f;
-          for (i64 d = 0; d < D; ++d) {
-            hh += h[d] * h[d];
-            kk += key[d] * key[d];
-            dot += h[d] * wk[d] * key[d];
-          }
-          const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(D) + eps)) *
-                             (1.0f / std::sqrt(kk / static_cast<float>(D) + eps));
-          const float x = dot * rstd * inv_sqrt_d;
-          const float gate = sigmoid(std::copysign(std::sqrt(std::max(std::fabs(x), 1e-6f)), x));
-          for (i64 d = 0; d < D; ++d) h[d] = h[d] + gate * value[d];
-        }
-      }
-    }
+    if (L.engram_index >= 0) engram_site(W, L, cx, hash_ids, streams);
 
-    // --- Attention site.
+    // Attention site.
     hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
              comb);
     hc_collapse(c, streams, pre_mix, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
-
-    const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
-    std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
-    project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
-    for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
-    project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
-    project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
-    for (i64 t = 0; t < T; ++t) {
-      for (i64 h = 0; h < H; ++h)
-        apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
-      float* k = kv.data() + t * hd;
-      rms_norm(k, hd, L.kv_norm.data(), eps);
-      apply_rope(k, hd, rope, positions[sz(t)]);
-      fake_quant_fp8_block32(k, hd);
-    }
-
-    // Compressor projections (KV sources) and indexer projections (index sources), batched.
-    std::vector<float> c_kv, c_gate, i_q, i_w;
-    if (L.kv_source) {
-      c_kv.resize(sz(T * hd));
-      project(mode, a.data(), T, D, L.c_wkv.data(), hd, c_kv.data());
-      if (L.ratio > 1) {
-        c_gate.resize(sz(T * hd));
-        project(mode, a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
-      }
-    }
-    if (L.index_source) {
-      i_q.resize(sz(T * nh * idh));
-      i_w.resize(sz(T * nh));
-      project(mode, q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
-      project(mode, a.data(), T, D, L.i_weights.data(), nh, i_w.data());
-      for (i64 t = 0; t < T; ++t) {
-        for (i64 h = 0; h < nh; ++h) {
-          float* v = i_q.data() + (t * nh + h) * idh;
-          apply_rope(v, idh, W.rope_compress, positions[sz(t)]);
-          fake_quant_fp4_block(v, idh, 32, false);
-        }
-      }
-    }
-
-    std::vector<float> attn_out(sz(T * H * hd));
-    for (i64 s = 0; s < S; ++s) {
-      auto& cache = *batch[sz(s)].cache;
-      auto& lc = cache.layers[sz(l)];
-      auto& sh = shared[sz(s)];
-      const i64 t0 = seq_begin[sz(s)], t1 = seq_begin[sz(s + 1)], n = t1 - t0;
-      const i64 start = cache.length;
-
-      if (L.ratio != 0) {
-        // Compressor: the groups completing in this call (pre-RoPE latents).
-        std::vector<float> latents;
-        std::vector<i64> latent_pos;
-        if (L.kv_source) {
-          auto& cc = lc.compressed;
-          if (L.ratio == 1) {
-            for (i64 t = t0; t < t1; ++t) {
-              latents.insert(latents.end(), c_kv.begin() + t * hd, c_kv.begin() + (t + 1) * hd);
-              latent_pos.push_back(cc.groups + (t - t0));
-            }
-          } else {
-            for (i64 t = t0; t < t1; ++t) {
-              cc.pending_kv.insert(cc.pending_kv.end(), c_kv.begin() + t * hd,
-                                   c_kv.begin() + (t + 1) * hd);
-              cc.pending_gate.insert(cc.pending_gate.end(), c_gate.begin() + t * hd,
-                                     c_gate.begin() + (t + 1) * hd);
-              ++cc.pending_tokens;
-            }
-            const i64 r = L.ratio;
-            const i64 complete = cc.pending_tokens / r;
-            std::vector<float> latent(sz(hd));
-            for (i64 g = 0; g < complete; ++g) {
-              for (i64 d = 0; d < hd; ++d) {
-                float mx = neg_inf;
-                for (i64 j = 0; j < r; ++j)
-                  mx = std::max(mx, cc.pending_gate[sz((g * r + j) * hd + d)]);
-                float sum = 0.0f;
-                for (i64 j = 0; j < r; ++j)
-                  sum += std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx);
-                float acc = 0.0f;
-                for (i64 j = 0; j < r; ++j)
-                  acc += cc.pending_kv[sz((g * r + j) * hd + d)] *
-                         (std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx) / sum);
-                latent[sz(d)] = acc;
-              }
-              latents.insert(latents.end(), latent.begin(), latent.end());
-              latent_pos.push_back((cc.groups + g) * r);
-            }
-            const i64 used = complete * r * hd;
-            cc.pending_kv.erase(cc.pending_kv.begin(), cc.pending_kv.begin() + used);
-            cc.pending_gate.erase(cc.pending_gate.begin(), cc.pending_gate.begin() + used);
-            cc.pending_tokens -= complete * r;
-          }
-          const i64 n_lat = static_cast<i64>(latent_pos.size());
-          for (i64 g = 0; g < n_lat; ++g)
-            rms_norm(latents.data() + g * hd, hd, L.c_norm.data(), eps);
-
-          // The index keys of the new groups (from the pre-RoPE latents).
-          if (L.owns_index_keys && n_lat > 0) {
-            std::vector<float> keys(sz(n_lat * idh));
-            project(mode, latents.data(), n_lat, hd, L.i_wk.data(), idh, keys.data());
-            for (i64 g = 0; g < n_lat; ++g) {
-              float* k = keys.data() + g * idh;
-              rms_norm(k, idh, L.i_k_norm.data(), eps);
-              apply_rope(k, idh, W.rope_compress, latent_pos[sz(g)]);
-              fake_quant_fp4_block(k, idh, 32, false);
-              cc.index_keys.append(k);
-            }
-          }
-        }
-        if (L.owns_index_keys) sh.index_src = &lc.compressed;
-
-        // Indexer: per-query top-k over the group's compressed entries.
-        if (L.index_source) {
-          const i64 n_idx = sh.index_src != nullptr ? sh.index_src->index_keys.size() : 0;
-          if (n_idx > 0) {
-            const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
-            const float heads_scale = 1.0f / std::sqrt(static_cast<float>(nh));
-            std::vector<std::vector<i64>> picks(sz(n));
-            std::vector<std::vector<char>> cands;
-            if (L.candidate_source) cands.resize(sz(n));
-            // Same length as the candidate mask: check_csa2_schedule.
-            const bool apply_candidates =
-                !L.candidate_source && L.uses_candidates && sh.has_candidates;
-            parallel_for(n, W.threads, [&](i64 i) {
-              const i64 t = t0 + i;
-              std::vector<float> scores(sz(n_idx));
-              const i64 visible = (positions[sz(t)] + 1) / L.ratio;
-              // Scores of every index head against each block of keys: [nh, rows] GEMMs.
-              const auto& keys = sh.index_src->index_keys;
-              const float* qt = i_q.data() + t * nh * idh;
-              const i64 rows_per_block = keys.rows_per_block();
-              const i64 reach = std::min(visible, n_idx);
-              std::vector<float> head_scores(sz(nh * rows_per_block));
-              std::fill(scores.begin(), scores.end(), neg_inf);
-              for (i64 b0 = 0; b0 < reach; b0 += rows_per_block) {
-                const i64 rows = std::min(rows_per_block, reach - b0);
-                gemm_nt(nh, rows, idh, qt, idh, keys.row(b0), idh, head_scores.data(), rows);
-                for (i64 r = 0; r < rows; ++r) {
-                  float acc = 0.0f;
-                  for (i64 h = 0; h < nh; ++h)
-                    acc += std::max(head_scores[sz(h * rows + r)], 0.0f) * sm_scale *
-                           (i_w[sz(t * nh + h)] * heads_scale);
-                  scores[sz(b0 + r)] = acc;
-                }
-              }
-              if (L.candidate_source) {
-                const i64 bs = c.candidate_block_size;
-                const i64 blocks = (n_idx + bs - 1) / bs;
-                std::vector<float> block_score(sz(blocks), neg_inf);
-                for (i64 e = 0; e < n_idx; ++e)
-                  block_score[sz(e / bs)] = std::max(block_score[sz(e / bs)], scores[sz(e)]);
-                if (visible >= 1) {
-                  const i64 last = (visible - 1) / bs;
-                  if (last < blocks) block_score[sz(last)] = std::numeric_limits<float>::infinity();
-                }
-                auto keep = top_finite(block_score, c.candidate_topk_blocks);
-                auto& mask = cands[sz(t - t0)];
-                mask.assign(sz(n_idx), 0);
-                for (i64 b : keep)
-                  for (i64 e = b * bs; e < std::min(n_idx, (b + 1) * bs); ++e) mask[sz(e)] = 1;
-              } else if (apply_candidates) {
-                const auto& mask = sh.candidates[sz(t - t0)];
-                for (i64 e = 0; e < n_idx; ++e)
-                  if (!mask[sz(e)]) scores[sz(e)] = neg_inf;
-              }
-              picks[sz(t - t0)] = top_finite(scores, std::min(c.index_topk, n_idx));
-            });
-            sh.has_topk = true;
-            sh.topk = std::move(picks);
-            if (L.candidate_source) {
-              sh.has_candidates = true;
-              sh.candidates = std::move(cands);
-            }
-          }
-        }
-
-        // The new groups join the compressed KV, rotated and FP4-rounded.
-        if (L.kv_source) {
-          auto& cc = lc.compressed;
-          const i64 n_lat = static_cast<i64>(latent_pos.size());
-          for (i64 g = 0; g < n_lat; ++g) {
-            float* v = latents.data() + g * hd;
-            apply_rope(v, hd, W.rope_compress, latent_pos[sz(g)]);
-            fake_quant_fp4_block(v, hd, 16, true);
-            cc.kv.append(v);
-          }
-          cc.groups += n_lat;
-          sh.compress_src = &lc.compressed;
-        }
-      }
-
-      // Attention over the window and the selected compressed entries.
-      const compressed_cache* comp = L.ratio != 0 ? sh.compress_src : nullptr;
-      const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
-      // The top-k was selected over exactly these n_comp entries: check_csa2_schedule.
-      const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
-      parallel_for(n, W.threads, [&](i64 i) {
-        const i64 t = t0 + i;
-        const i64 p = positions[sz(t)];
-        // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
-        // compressed entries.
-        const i64 first = std::max<i64>(0, p - win + 1);
-        const i64 n_sel =
-            n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
-        const i64 nk = p - first + 1 + n_sel;
-        std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
-        i64 row = 0;
-        for (i64 kp = first; kp <= p; ++kp, ++row)
-          std::copy_n(kp < start ? lc.window.at(kp) : kv.data() + (t0 + kp - start) * hd, hd,
-                      kbuf.data() + row * hd);
-        for (i64 k = 0; k < n_sel; ++k, ++row)
-          std::copy_n(comp->kv.row(sh.topk[sz(t - t0)][sz(k)]), hd, kbuf.data() + row * hd);
-        // logits [H, nk] = q · Kᵀ, softmax with the per-head sink in the denominator, then
-        // out [H, hd] = P · K (K = V).
-        gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
-        for (i64 h = 0; h < H; ++h) {
-          float* lg = probs.data() + h * nk;
-          const float sink = L.attn_sink.v[sz(h)];
-          float mx = sink;
-          for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
-          float sum = std::exp(sink - mx);
-          for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
-          for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
-        }
-        float* o = attn_out.data() + t * H * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
-                    static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
-                    static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
-                    static_cast<blasint>(hd));
-        for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, rope, p, /*inverse=*/true);
-      });
-      for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
-    }
-
-    // Grouped low-rank output projection.
-    std::vector<float> grouped(sz(T * G * R)), out(sz(T * D));
-    const i64 per_group = H * hd / G;
-    for (i64 g = 0; g < G; ++g)
-      project(mode, attn_out.data() + g * per_group, T, per_group,
-              L.wo_a.data() + g * R * per_group, R, grouped.data() + g * R, H * hd, G * R);
-    project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
+    attention_site(W, L, l, cx, a, out);
     hc_expand(c, out, post, comb, T, streams);
     std::vector<float> attn_pre = next_pre;
 
-    // --- FFN site: MoE.
+    // FFN site.
     hc_mixes(c, mode, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
     hc_collapse(c, streams, attn_pre, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    const i64 E = c.n_routed_experts;
-    std::vector<float> gl(sz(T * E));
-    project(mode, a.data(), T, D, L.gate.data(), E, gl.data());
-    std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
-    std::vector<i64> chosen;
-    std::vector<float> chosen_w;
-    for (i64 t = 0; t < T; ++t) {
-      route_token(c, gl.data() + t * E, L.gate_bias.data(), chosen, chosen_w);
-      for (std::size_t i = 0; i < chosen.size(); ++i)
-        routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
-    }
-    std::vector<float> y(sz(T * D), 0.0f), xe, ye, we;
-    for (i64 e = 0; e < E; ++e) {
-      const auto& list = routed[sz(e)];
-      if (list.empty()) continue;
-      const i64 m = static_cast<i64>(list.size());
-      xe.resize(sz(m * D));
-      ye.resize(sz(m * D));
-      we.resize(sz(m));
-      for (i64 r = 0; r < m; ++r) {
-        std::copy_n(a.data() + list[sz(r)].first * D, D, xe.data() + r * D);
-        we[sz(r)] = list[sz(r)].second;
-      }
-      expert_forward(c, mode, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
-      for (i64 r = 0; r < m; ++r) {
-        float* dst = y.data() + list[sz(r)].first * D;
-        for (i64 d = 0; d < D; ++d) dst[d] += ye[sz(r * D + d)];
-      }
-    }
-    ye.resize(sz(T * D));
-    expert_forward(c, mode, L.shared, a.data(), T, nullptr, ye.data());
-    for (i64 i = 0; i < T * D; ++i) y[sz(i)] += ye[sz(i)];
-    hc_expand(c, y, post, comb, T, streams);
+    moe_site(c, L, mode, a, T, out);
+    hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
     if (layer_streams != nullptr) layer_streams->push_back(streams);
   }
