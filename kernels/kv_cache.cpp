@@ -14,6 +14,11 @@ void paged_rows::append(const float* row) {
   ++size_;
 }
 
+void paged_rows::pop_back(std::int64_t n) {
+  size_ -= n;
+  blocks_.resize(static_cast<std::size_t>((size_ + rows_per_block_ - 1) / rows_per_block_));
+}
+
 const float* paged_rows::row(std::int64_t i) const {
   return blocks_[static_cast<std::size_t>(i / rows_per_block_)].data() +
          (i % rows_per_block_) * width_;
@@ -33,6 +38,45 @@ void swa_ring::push(const float* row) {
 
 const float* swa_ring::at(std::int64_t position) const {
   return rows_.data() + (position % capacity_) * width_;
+}
+
+result<bool> rollback(sequence_cache& s, std::int64_t k) {
+  auto fail = [](std::string msg) { return result<bool>::failure(std::move(msg)); };
+  if (k < 0 || k > swa_rollback_tokens)
+    return fail("rollback: " + std::to_string(k) + " tokens, expected 0 to " +
+                std::to_string(swa_rollback_tokens));
+  if (k > s.length)
+    return fail("rollback: " + std::to_string(k) + " tokens of a " + std::to_string(s.length) +
+                "-token sequence");
+  const std::int64_t length = s.length - k;
+  for (auto& layer : s.layers) {
+    layer.window.truncate(length);
+    if (!layer.is_kv_source) continue;
+    auto& c = layer.compressed;
+    const std::int64_t r = c.ratio;
+    const std::int64_t groups = r > 1 ? length / r : length;
+    c.kv.pop_back(c.kv.size() - std::min(c.kv.size(), groups));
+    c.index_keys.pop_back(c.index_keys.size() - std::min(c.index_keys.size(), groups));
+    c.groups = groups;
+    if (r > 1) {
+      const std::int64_t width = c.kv.width();
+      // recent rows cover positions [s.length - recent_tokens, s.length).
+      const std::int64_t first = s.length - c.recent_tokens;
+      const std::int64_t from = groups * r - first, to = length - first;
+      c.pending_kv.assign(c.recent_kv.begin() + from * width, c.recent_kv.begin() + to * width);
+      c.pending_gate.assign(c.recent_gate.begin() + from * width,
+                            c.recent_gate.begin() + to * width);
+      c.pending_tokens = to - from;
+      c.recent_kv.resize(static_cast<std::size_t>(to * width));
+      c.recent_gate.resize(static_cast<std::size_t>(to * width));
+      c.recent_tokens = to;
+    }
+  }
+  s.engram_recent.resize(
+      s.engram_recent.size() -
+      std::min<std::size_t>(s.engram_recent.size(), static_cast<std::size_t>(k)));
+  s.length = length;
+  return true;
 }
 
 }  // namespace troupe::kernels

@@ -18,7 +18,10 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
+
+#include "kernels/result.hpp"
 
 namespace troupe::kernels {
 
@@ -35,6 +38,8 @@ class paged_rows {
   paged_rows(std::int64_t width, std::int64_t rows_per_block);
 
   void append(const float* row);
+  /// Drops the last n rows (n <= size()).
+  void pop_back(std::int64_t n);
   std::int64_t size() const { return size_; }
   std::int64_t width() const { return width_; }
   std::int64_t rows_per_block() const { return rows_per_block_; }
@@ -59,6 +64,8 @@ class swa_ring {
 
   /// Stores the row of position end().
   void push(const float* row);
+  /// Forgets the rows of positions >= end (begin() <= end <= end()); the rows before stay.
+  void truncate(std::int64_t end) { end_ = end; }
   /// Positions pushed so far.
   std::int64_t end() const { return end_; }
   /// The oldest position still held.
@@ -80,8 +87,12 @@ struct compressed_cache {
   std::int64_t pending_tokens = 0;  // tokens of the unfinished group
   std::vector<float> pending_kv;    // [pending_tokens, head_dim]
   std::vector<float> pending_gate;  // [pending_tokens, head_dim] (ratio > 1)
-  paged_rows kv;                    // [groups, head_dim]: rotated, FP4-rounded latents
-  paged_rows index_keys;            // [groups, index_head_dim] when an index source
+  // The projected rows of the last recent_tokens tokens (ratio > 1; at most ratio - 1 +
+  // swa_rollback_tokens): what a rollback needs to rebuild the unfinished group.
+  std::int64_t recent_tokens = 0;
+  std::vector<float> recent_kv, recent_gate;
+  paged_rows kv;          // [groups, head_dim]: rotated, FP4-rounded latents
+  paged_rows index_keys;  // [groups, index_head_dim] when an index source
 };
 
 struct layer_cache {
@@ -95,7 +106,14 @@ struct sequence_cache {
   const void* owner = nullptr;  // the model that made it (model::new_sequence)
   std::int64_t length = 0;      // tokens processed so far (the next token's position)
   std::vector<layer_cache> layers;
-  std::vector<std::int64_t> engram_recent;  // compressed ids of the last max_ngram_size - 1 tokens
+  // Compressed ids of the last max_ngram_size - 1 + swa_rollback_tokens tokens.
+  std::vector<std::int64_t> engram_recent;
 };
+
+/// Rolls `s` back by `k` tokens (a rejected speculative draft): afterwards it is exactly the
+/// cache of the sequence without its last k tokens — window rows, compressed KV and indexer
+/// keys of groups those tokens completed, the unfinished group's rows, the Engram look-back.
+/// Errors: k < 0, k > swa_rollback_tokens, k > the sequence length.
+result<bool> rollback(sequence_cache& s, std::int64_t k);
 
 }  // namespace troupe::kernels

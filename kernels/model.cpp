@@ -657,6 +657,11 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
             cc.pending_gate.insert(cc.pending_gate.end(), c_gate.begin() + t * hd,
                                    c_gate.begin() + (t + 1) * hd);
             ++cc.pending_tokens;
+            cc.recent_kv.insert(cc.recent_kv.end(), c_kv.begin() + t * hd,
+                                c_kv.begin() + (t + 1) * hd);
+            cc.recent_gate.insert(cc.recent_gate.end(), c_gate.begin() + t * hd,
+                                  c_gate.begin() + (t + 1) * hd);
+            ++cc.recent_tokens;
           }
           const i64 r = L.ratio;
           const i64 complete = cc.pending_tokens / r;
@@ -682,6 +687,13 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
           cc.pending_kv.erase(cc.pending_kv.begin(), cc.pending_kv.begin() + used);
           cc.pending_gate.erase(cc.pending_gate.begin(), cc.pending_gate.begin() + used);
           cc.pending_tokens -= complete * r;
+          const i64 keep = r - 1 + swa_rollback_tokens;
+          if (cc.recent_tokens > keep) {
+            const auto drop = static_cast<std::ptrdiff_t>((cc.recent_tokens - keep) * hd);
+            cc.recent_kv.erase(cc.recent_kv.begin(), cc.recent_kv.begin() + drop);
+            cc.recent_gate.erase(cc.recent_gate.begin(), cc.recent_gate.begin() + drop);
+            cc.recent_tokens = keep;
+          }
         }
         const i64 n_lat = static_cast<i64>(latent_pos.size());
         for (i64 g = 0; g < n_lat; ++g) rms_norm(latents.data() + g * hd, hd, L.c_norm.data(), eps);
@@ -987,7 +999,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     auto& cache = *batch[sz(s)].cache;
     cache.length += seq_begin[sz(s + 1)] - seq_begin[sz(s)];
     if (has_engram) {
-      const auto keep = sz(c.engram_max_ngram_size - 1);
+      const auto keep = sz(c.engram_max_ngram_size - 1 + swa_rollback_tokens);
       for (i64 t = seq_begin[sz(s)]; t < seq_begin[sz(s + 1)]; ++t)
         cache.engram_recent.push_back(W.token_map[sz(tokens[sz(t)])]);
       if (cache.engram_recent.size() > keep)

@@ -250,3 +250,78 @@ TEST_CASE(
   auto fc = fast.new_sequence();
   CHECK(testing::relative_error(run(fast, fc, a), alone) <= 1e-5);
 }
+
+namespace {
+
+// Everything the next tokens read: the window rows (head_dim wide) of the last `window`
+// positions, the compressed KV, indexer keys and unfinished group of every KV source, the
+// Engram look-back.
+void check_same_state(const sequence_cache& a, const sequence_cache& b, std::int64_t window,
+                      std::int64_t head_dim, std::size_t lookback) {
+  REQUIRE(a.length == b.length);
+  REQUIRE(a.layers.size() == b.layers.size());
+  for (std::size_t l = 0; l < a.layers.size(); ++l) {
+    CAPTURE(l);
+    const auto& x = a.layers[l];
+    const auto& y = b.layers[l];
+    for (std::int64_t p = std::max<std::int64_t>(0, a.length - window); p < a.length; ++p)
+      CHECK(std::equal(x.window.at(p), x.window.at(p) + head_dim, y.window.at(p)));
+    if (!x.is_kv_source) continue;
+    const auto& cx = x.compressed;
+    const auto& cy = y.compressed;
+    CHECK(cx.groups == cy.groups);
+    REQUIRE(cx.kv.size() == cy.kv.size());
+    for (std::int64_t e = 0; e < cx.kv.size(); ++e)
+      CHECK(std::equal(cx.kv.row(e), cx.kv.row(e) + cx.kv.width(), cy.kv.row(e)));
+    REQUIRE(cx.index_keys.size() == cy.index_keys.size());
+    for (std::int64_t e = 0; e < cx.index_keys.size(); ++e)
+      CHECK(std::equal(cx.index_keys.row(e), cx.index_keys.row(e) + cx.index_keys.width(),
+                       cy.index_keys.row(e)));
+    CHECK(cx.pending_tokens == cy.pending_tokens);
+    CHECK(cx.pending_kv == cy.pending_kv);
+    CHECK(cx.pending_gate == cy.pending_gate);
+  }
+  const auto tail = [&](const std::vector<std::int64_t>& v) {
+    return std::vector<std::int64_t>(v.end() - long(std::min(lookback, v.size())), v.end());
+  };
+  CHECK(tail(a.engram_recent) == tail(b.engram_recent));
+}
+
+}  // namespace
+
+TEST_CASE("rolling back a rejected draft equals never having drafted") {
+  auto m = load_tiny({.threads = 2, .batch_invariant = true});
+  const auto seq = prompt(40, 31);
+  const auto draft = prompt(6, 32);
+  for (std::size_t p : {19u, 20u, 23u}) {  // ratio-2 groups open and closed at the cut
+    for (std::int64_t k = 1; k <= 6; ++k) {
+      CAPTURE(p);
+      CAPTURE(k);
+      // Never drafted: the prefix, then the continuation.
+      auto clean = m.new_sequence();
+      run(m, clean, std::span(seq).first(p));
+      // Drafted k tokens (one per step when k is odd, in one call when even), rolled back.
+      auto cache = m.new_sequence();
+      run(m, cache, std::span(seq).first(p));
+      if (k % 2 == 1) {
+        for (std::int64_t i = 0; i < k; ++i)
+          run(m, cache, std::span(draft).subspan(std::size_t(i), 1));
+      } else {
+        run(m, cache, std::span(draft).first(std::size_t(k)));
+      }
+      auto back = rollback(cache, k);
+      REQUIRE_MESSAGE(back.ok(), back.error());
+      check_same_state(cache, clean, m.text().sliding_window, m.text().head_dim,
+                       std::size_t(m.text().engram_max_ngram_size - 1));
+      // The continuation, in two calls, gives the same logits.
+      for (auto part : {std::span(seq).subspan(p, 5), std::span(seq).subspan(p + 5, 9)})
+        CHECK(run(m, cache, part) == run(m, clean, part));
+    }
+  }
+  auto cache = m.new_sequence();
+  run(m, cache, std::span(seq).first(3));
+  CHECK(rollback(cache, 7).error() == "rollback: 7 tokens, expected 0 to 6");
+  CHECK(rollback(cache, 4).error() == "rollback: 4 tokens of a 3-token sequence");
+  CHECK(rollback(cache, 3).ok());
+  CHECK(cache.length == 0);
+}
