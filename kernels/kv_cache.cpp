@@ -45,9 +45,10 @@ result<bool> rollback(sequence_cache& s, std::int64_t k) {
   if (k < 0 || k > swa_rollback_tokens)
     return fail("rollback: " + std::to_string(k) + " tokens, expected 0 to " +
                 std::to_string(swa_rollback_tokens));
-  if (k > s.length)
-    return fail("rollback: " + std::to_string(k) + " tokens of a " + std::to_string(s.length) +
-                "-token sequence");
+  if (s.length - k < s.rollback_floor)
+    return fail("rollback: " + std::to_string(k) + " tokens, only " +
+                std::to_string(s.length - s.rollback_floor) +
+                " since the start or the previous rollback");
   const std::int64_t length = s.length - k;
   for (auto& layer : s.layers) {
     layer.window.truncate(length);
@@ -76,6 +77,7 @@ result<bool> rollback(sequence_cache& s, std::int64_t k) {
       s.engram_recent.size() -
       std::min<std::size_t>(s.engram_recent.size(), static_cast<std::size_t>(k)));
   s.length = length;
+  s.rollback_floor = length;
   return true;
 }
 

@@ -103,8 +103,9 @@ struct layer_cache {
 
 /// Everything one sequence carries between forward calls.
 struct sequence_cache {
-  const void* owner = nullptr;  // the model that made it (model::new_sequence)
-  std::int64_t length = 0;      // tokens processed so far (the next token's position)
+  const void* owner = nullptr;      // the model that made it (model::new_sequence)
+  std::int64_t length = 0;          // tokens processed so far (the next token's position)
+  std::int64_t rollback_floor = 0;  // a rollback cannot go below the previous one's point
   std::vector<layer_cache> layers;
   // Compressed ids of the last max_ngram_size - 1 + swa_rollback_tokens tokens.
   std::vector<std::int64_t> engram_recent;
@@ -113,7 +114,9 @@ struct sequence_cache {
 /// Rolls `s` back by `k` tokens (a rejected speculative draft): afterwards it is exactly the
 /// cache of the sequence without its last k tokens — window rows, compressed KV and indexer
 /// keys of groups those tokens completed, the unfinished group's rows, the Engram look-back.
-/// Errors: k < 0, k > swa_rollback_tokens, k > the sequence length.
+/// Only tokens added since the previous rollback can be rolled back (the window ring and the
+/// recent rows hold swa_rollback_tokens beyond what the next tokens read, not more).
+/// Errors: k < 0, k > swa_rollback_tokens, k more than the tokens since the previous rollback.
 result<bool> rollback(sequence_cache& s, std::int64_t k);
 
 }  // namespace troupe::kernels
