@@ -33,6 +33,7 @@ run: deps
 bench: build
 	$(BUILD_DIR)/bench/bench_supervisor
 	$(BUILD_DIR)/bench/bench_sim --minutes 5
+	$(BUILD_DIR)/bench/bench_model
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -5,14 +5,18 @@
 #include "cluster/sim/sim_command.hpp"
 #include "cluster/sim/swarm.hpp"
 #include "cluster/topology.hpp"
+#include "kernels/generate.hpp"
 #include "kernels/model_init.hpp"
+#include "kernels/npy.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cstdint>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -270,6 +274,66 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("{}: {} preset, seed {}, {:.1f} M parameters, {} files, {:.1f} MiB\n",
                              init_out, init_preset, init_seed, written->parameters / 1e6,
                              written->files.size(), written->bytes / (1024.0 * 1024.0));
+  });
+
+  // troupe generate: one request end to end on the CPU model (token ids in and out).
+  std::string gen_model, gen_tokens, gen_engram_map, gen_logits_out;
+  troupe::kernels::generate_options gen_opts;
+  int gen_threads = 2;
+  bool gen_ignore_eos = false;
+  auto* gen = app.add_subcommand("generate", "run a prompt of token ids through a model directory on the CPU");
+  gen->add_option("--model", gen_model, "the model directory (config.json + safetensors)")->required();
+  gen->add_option("--tokens", gen_tokens, "the prompt: comma-separated token ids")->required();
+  gen->add_option("--max-new", gen_opts.max_new, "tokens to generate at most (default 32)");
+  gen->add_flag("--greedy", gen_opts.sampling.greedy, "argmax decoding");
+  gen->add_option("--temperature", gen_opts.sampling.temperature, "sampling temperature (default 1)");
+  gen->add_option("--top-k", gen_opts.sampling.top_k, "keep the k most likely tokens (0: off)");
+  gen->add_option("--top-p", gen_opts.sampling.top_p, "nucleus probability (1: off)");
+  gen->add_option("--min-p", gen_opts.sampling.min_p, "keep tokens with p >= min_p * p_max (0: off)");
+  gen->add_option("--seed", gen_opts.sampling.seed, "the request's sampling seed (default 0)");
+  gen->add_flag("--ignore-eos", gen_ignore_eos, "do not stop at an end-of-sequence id");
+  gen->add_option("--threads", gen_threads, "CPU threads (default 2)");
+  gen->add_option("--engram-map", gen_engram_map,
+                  "the Engram compressed-token map: a JSON file, or 'identity' for random models");
+  gen->add_option("--logits-out", gen_logits_out,
+                  "write the fp32 logits of every position (prompt and generated) as .npy");
+  gen->callback([&] {
+    auto fail = [&](const std::string& msg) {
+      std::cerr << "troupe generate: " << msg << "\n";
+      rc = 1;
+    };
+    std::vector<std::int64_t> prompt;
+    std::stringstream in(gen_tokens);
+    for (std::string item; std::getline(in, item, ',');) {
+      std::int64_t v = -1;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+      if (ec != std::errc{} || end != item.data() + item.size() || item.empty() || v < 0)
+        return fail("--tokens: expected comma-separated non-negative ids, found '" + item + "'");
+      prompt.push_back(v);
+    }
+    auto m = troupe::kernels::model::load(gen_model, {.threads = gen_threads});
+    if (!m) return fail(m.error());
+    if (!m->text().engram_layer_ids.empty()) {
+      if (gen_engram_map.empty())
+        return fail("the model has Engram layers: give --engram-map FILE.json (or identity for a "
+                    "random model directory)");
+      auto map = troupe::kernels::load_engram_token_map(*m, gen_engram_map);
+      if (!map) return fail(map.error());
+      if (auto ok = m->set_engram_token_map(std::move(*map)); !ok) return fail(ok.error());
+    }
+    gen_opts.stop_at_eos = !gen_ignore_eos;
+    gen_opts.keep_logits = !gen_logits_out.empty();
+    auto out = troupe::kernels::generate(*m, prompt, gen_opts);
+    if (!out) return fail(out.error());
+    std::string ids;
+    for (auto t : out->tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    std::cout << ids << "\n";
+    if (!gen_logits_out.empty()) {
+      const std::int64_t vocab = m->text().vocab_size;
+      const std::vector<std::int64_t> shape = {std::int64_t(out->logits.size()) / vocab, vocab};
+      auto written = troupe::kernels::write_npy(gen_logits_out, shape, out->logits);
+      if (!written) return fail(written.error());
+    }
   });
 
   CLI11_PARSE(app, argc, argv);

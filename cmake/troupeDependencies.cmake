@@ -3,7 +3,7 @@
 # troupeConfig.cmake (which installs this file beside itself). Every target named in the
 # exported link interfaces is (re)created here: caf::core, caf::io, CapnProto::capnp, fmt::fmt,
 # spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
-# ICU::uc, ZLIB::ZLIB, Threads::Threads.
+# ICU::uc, ZLIB::ZLIB, PkgConfig::OPENBLAS, Threads::Threads.
 #
 # Inside find_package(troupe) a missing dependency makes troupe not found (troupe_FOUND FALSE
 # with a message naming it) instead of stopping the consumer's configure; in troupe's own build
@@ -68,5 +68,13 @@ if(NOT TARGET PkgConfig::XXHASH)
   pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)
   if(NOT XXHASH_FOUND)
     _troupe_missing("xxHash not found through pkg-config (libxxhash; Debian: libxxhash-dev)")
+  endif()
+endif()
+
+# OpenBLAS (the CPU model's GEMMs): pkg-config only.
+if(NOT TARGET PkgConfig::OPENBLAS)
+  pkg_check_modules(OPENBLAS QUIET IMPORTED_TARGET openblas)
+  if(NOT OPENBLAS_FOUND)
+    _troupe_missing("OpenBLAS not found through pkg-config (openblas; Debian: libopenblas-dev)")
   endif()
 endif()

@@ -14,6 +14,7 @@ packages=(
   libxxhash-dev              # block hashes
   libicu-dev                 # tokenizer: Unicode general categories
   zlib1g-dev                 # tokenizer: tokenizer.json.gz
+  libopenblas-dev            # kernels: the CPU model's GEMMs
   doctest-dev                # tests
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
 )

@@ -1,0 +1,185 @@
+// The CPU model's prefill and decode throughput on a random V4.1-shaped model of about 100M
+// parameters (`troupe model init --preset small`, kernels/model_init.hpp), beside its peer
+// measured in the same run: the GEMM floor, i.e. OpenBLAS sgemm over exactly the weight
+// matrices the same tokens pass through (active experts only), with the same thread count.
+// The ratio model / floor is what everything that is not a dense GEMM costs (attention,
+// indexer, mHC, routing, norms, quantisers).
+//
+//   build/bench/bench_model [--model DIR] [--prompt 1024] [--decode 32] [--threads 2]
+//
+// --model runs on an existing model directory (e.g. the one tools/model_bench_reference.py
+// times the `transformers` reference on) instead of writing the small preset.
+#include <cblas.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_ops.hpp"
+#include "kernels/model.hpp"
+#include "kernels/model_init.hpp"
+
+using namespace troupe::kernels;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The (out, in) shapes of the matrices one token passes through.
+std::vector<std::pair<std::int64_t, std::int64_t>> active_gemms(const text_config& c) {
+  const std::int64_t D = c.hidden_size, hc = c.hc_mult, mix = (2 + hc) * hc;
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    out.push_back({mix, hc * D});
+    out.push_back({mix, hc * D});
+    out.push_back({c.q_lora_rank, D});
+    out.push_back({c.num_attention_heads * c.head_dim, c.q_lora_rank});
+    out.push_back({c.head_dim, D});
+    for (std::int64_t g = 0; g < c.o_groups; ++g)
+      out.push_back({c.o_lora_rank, c.num_attention_heads * c.head_dim / c.o_groups});
+    out.push_back({D, c.o_groups * c.o_lora_rank});
+    if (c.is_kv_source(l)) {
+      out.push_back({c.head_dim, D});
+      if (c.compress_ratios[std::size_t(l)] > 1) out.push_back({c.head_dim, D});
+    }
+    if (c.is_index_source(l)) {
+      out.push_back({c.index_n_heads * c.index_head_dim, c.q_lora_rank});
+      out.push_back({c.index_n_heads, D});
+    }
+    if (c.engram_index(l) >= 0)
+      out.push_back(
+          {D * (hc + 1), (c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim});
+    out.push_back({c.n_routed_experts, D});
+    for (std::int64_t e = 0; e <= c.num_experts_per_tok; ++e) {  // routed + shared
+      out.push_back({c.moe_intermediate_size, D});
+      out.push_back({c.moe_intermediate_size, D});
+      out.push_back({D, c.moe_intermediate_size});
+    }
+  }
+  out.push_back({c.vocab_size, D});
+  return out;
+}
+
+// Seconds for sgemm over every active matrix with `rows` token rows, `calls` times.
+double gemm_floor(const text_config& c, std::int64_t rows, int calls) {
+  auto shapes = active_gemms(c);
+  std::vector<std::vector<float>> weights;
+  std::int64_t widest = 0;
+  for (auto [o, i] : shapes) {
+    weights.emplace_back(std::size_t(o * i), 0.01f);
+    widest = std::max({widest, o, i});
+  }
+  std::vector<float> x(std::size_t(rows * widest), 0.5f), y(std::size_t(rows * widest));
+  auto t0 = clock_type::now();
+  for (int k = 0; k < calls; ++k)
+    for (std::size_t m = 0; m < shapes.size(); ++m)
+      linear(x.data(), rows, shapes[m].second, weights[m].data(), shapes[m].first, y.data());
+  return seconds_since(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t prompt = 1024, decode = 32;
+  int threads = 2;
+  std::string model_dir;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--model")
+      model_dir = argv[i + 1];
+    else if (a == "--prompt")
+      prompt = std::atoll(argv[i + 1]);
+    else if (a == "--decode")
+      decode = std::atoll(argv[i + 1]);
+    else if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
+  }
+  const bool generated = model_dir.empty();
+  const auto dir = generated ? std::filesystem::temp_directory_path() /
+                                   ("troupe-bench-model-" + std::to_string(::getpid()))
+                             : std::filesystem::path(model_dir);
+  if (generated) {
+    auto written = write_random_model(dir, "small", 1);
+    if (!written) {
+      std::fprintf(stderr, "%s\n", written.error().c_str());
+      return 1;
+    }
+  }
+  auto m = model::load(dir, {.threads = threads});
+  if (!m) {
+    std::fprintf(stderr, "%s\n", m.error().c_str());
+    return 1;
+  }
+  const auto& c = m->text();
+  std::vector<std::int64_t> map(std::size_t(c.vocab_size));
+  for (std::size_t i = 0; i < map.size(); ++i)
+    map[i] = std::int64_t(i) % c.engram_compressed_vocab_size;
+  (void)m->set_engram_token_map(map);
+  std::printf("model: %s, %d threads\n", generated ? "small preset (seed 1)" : model_dir.c_str(),
+              threads);
+
+  auto tokens = [&](std::int64_t n, std::uint32_t seed) {
+    std::vector<std::int64_t> t(static_cast<std::size_t>(n));
+    for (auto& v : t) v = std::int64_t((seed = seed * 1664525u + 1013904223u) >> 8) % c.vocab_size;
+    return t;
+  };
+
+  // Prefill: one sequence of `prompt` tokens in one call.
+  {
+    auto cache = m->new_sequence();
+    auto p = tokens(prompt, 1);
+    sequence_input in{&cache, p};
+    auto t0 = clock_type::now();
+    auto r = m->forward(std::span(&in, 1));
+    const double s = seconds_since(t0);
+    if (!r) return std::fprintf(stderr, "%s\n", r.error().c_str()), 1;
+    const double floor = gemm_floor(c, prompt, 1);
+    std::printf(
+        "prefill %lld tokens: %.0f tokens/s; GEMM floor %.0f tokens/s; model / floor = %.2f\n",
+        (long long)prompt, prompt / s, prompt / floor, s / floor);
+  }
+  // Decode at batch 1 and 8 after a prefill of `prompt` tokens each.
+  for (std::int64_t batch : {1, 8}) {
+    std::vector<sequence_cache> caches;
+    for (std::int64_t b = 0; b < batch; ++b) {
+      caches.push_back(m->new_sequence());
+      auto p = tokens(prompt, 100 + std::uint32_t(b));
+      sequence_input in{&caches.back(), p};
+      if (!m->forward(std::span(&in, 1))) return 1;
+    }
+    std::vector<std::vector<std::int64_t>> next(std::size_t(batch), std::vector<std::int64_t>{5});
+    auto t0 = clock_type::now();
+    for (std::int64_t step = 0; step < decode; ++step) {
+      std::vector<sequence_input> in;
+      for (std::int64_t b = 0; b < batch; ++b)
+        in.push_back({&caches[std::size_t(b)], next[std::size_t(b)]});
+      auto r = m->forward(in);
+      if (!r) return std::fprintf(stderr, "%s\n", r.error().c_str()), 1;
+      for (std::int64_t b = 0; b < batch; ++b) {  // greedy
+        const float* row = r->data() + b * c.vocab_size;
+        next[std::size_t(b)][0] = std::max_element(row, row + c.vocab_size) - row;
+      }
+    }
+    const double s = seconds_since(t0);
+    const double floor = gemm_floor(c, batch, int(decode));
+    std::printf(
+        "decode batch %lld (context %lld): %.1f tokens/s; GEMM floor %.1f tokens/s; model / floor "
+        "= %.2f\n",
+        (long long)batch, (long long)prompt, batch * decode / s, batch * decode / floor, s / floor);
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("peak RSS %.0f MiB\n", ru.ru_maxrss / 1024.0);
+  if (generated) std::filesystem::remove_all(dir);
+  return 0;
+}

@@ -1,0 +1,67 @@
+// The CPU building blocks of the DeepSeek-V4.1 forward pass: GEMMs through OpenBLAS, RMS norm,
+// interleaved partial RoPE (plain and YaRN inverse frequencies), and the fake quantisers the
+// reference applies to its caches (FP8 window KV, FP4 compressed KV and indexer keys / queries).
+//
+// Everything is fp32, row-major, on plain pointers so the loops stay simple and vectorisable. The
+// quantisers reproduce the reference's rounding exactly (round-to-nearest-even onto the e4m3 and
+// e2m1 grids, power-of-two ue8m0 scales), because their outputs feed top-k selections where a
+// one-ulp difference can change which compressed entries a query attends to.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/model_config.hpp"
+
+namespace troupe::kernels {
+
+/// Sets how many threads the BLAS uses (the model runs its GEMMs on two by default).
+void set_blas_threads(int threads);
+
+/// y[rows, out] = x[rows, in] · w[out, in]ᵀ (a torch Linear without bias). `y` is overwritten.
+void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,
+            float* y);
+
+/// In place: x[i] = x[i] / sqrt(mean(x²) + eps) * weight[i] (weight may be null: unweighted).
+void rms_norm(float* x, std::int64_t n, const float* weight, float eps);
+
+/// The inverse frequencies of one RoPE parameter set over the rotated slice of a head
+/// (`rope_dim` channels, rope_dim / 2 frequencies), plus the cos/sin scaling.
+struct rope_table {
+  std::int64_t rope_dim = 0;
+  std::vector<float> inv_freq;
+  float scaling = 1.0f;
+};
+rope_table make_rope_table(const rope_parameters& p, std::int64_t head_dim);
+
+/// Rotates the trailing `rope_dim` channels of `v` (length `dim`) at `position`: adjacent
+/// pairs (even, odd) are one complex number each. `inverse` rotates by -angle.
+void apply_rope(float* v, std::int64_t dim, const rope_table& t, std::int64_t position,
+                bool inverse = false);
+
+/// x rounded to the nearest float8 e4m3fn value (ties to even; |x| ≤ 448 expected).
+float round_to_e4m3(float x);
+
+/// The reference's window-KV quantiser: per block of 32 channels a power-of-two scale
+/// ≥ amax / 448, values rounded onto e4m3. A length not divisible by 32 is left as is.
+void fake_quant_fp8_block32(float* x, std::int64_t n);
+
+/// The FP4 (e2m1) quantiser: per block of `block` channels a scale — power-of-two (ue8m0) from
+/// amax / 6, or, with `e4m3_scales`, amax / 6 rounded to e4m3 — and values rounded onto the
+/// e2m1 grid. A length not divisible by `block` is left as is.
+void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales);
+
+/// The mHC residual mixing matrix from its logits `comb` [hc][hc] (in place): a softmax over
+/// each row plus eps, then alternating column and row normalisations (each sum + eps) for
+/// `iters` column passes in all — approximately doubly stochastic.
+void sinkhorn(float* comb, std::int64_t hc, std::int64_t iters, float eps);
+
+/// MoE routing of one token: `scores` are the gate logits [n_experts], turned in place into
+/// the scoring function's values (logits / gate_temp, then sqrtsoftplus, sigmoid or softmax).
+/// The top `num_experts_per_tok` of scores + `bias` are chosen (the bias steers selection only;
+/// ties go to the lower expert); their weights are the unbiased scores, normalised to sum 1
+/// when norm_topk_prob (and more than one is chosen), times routed_scaling_factor.
+void route_token(const text_config& c, float* scores, const float* bias,
+                 std::vector<std::int64_t>& experts, std::vector<float>& weights);
+
+}  // namespace troupe::kernels

@@ -1,0 +1,1013 @@
+#include "kernels/model.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "kernels/cpu_ops.hpp"
+
+namespace troupe::kernels {
+
+namespace {
+
+using i64 = std::int64_t;
+constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+std::size_t sz(i64 v) { return static_cast<std::size_t>(v); }
+
+std::string shape_text(const std::vector<i64>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+struct matrix {
+  std::vector<float> v;
+  const float* data() const { return v.data(); }
+};
+
+struct expert_weights {
+  matrix w1, w2, w3;  // gate [I, D], down [D, I], up [I, D]
+};
+
+struct layer_weights {
+  i64 ratio = 0;
+  bool kv_source = false;
+  bool index_source = false;
+  bool owns_index_keys = false;  // an index source that is also its group's KV source
+  bool candidate_source = false;
+  bool uses_candidates = false;
+  // attention
+  matrix wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
+  matrix c_wkv, c_wgate, c_norm;             // compressor (KV sources)
+  matrix i_wq_b, i_weights, i_wk, i_k_norm;  // indexer (index sources; wk / k_norm: owners)
+  // mHC
+  matrix hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  matrix attn_norm, ffn_norm;
+  // MoE
+  matrix gate, gate_bias;
+  std::vector<expert_weights> experts;
+  expert_weights shared;
+  // Engram
+  i64 engram_index = -1;
+  std::optional<tensor_view> engram_table, engram_scale;
+  matrix engram_wkv, engram_q, engram_k;
+};
+
+}  // namespace
+
+struct model::weights {
+  model_config cfg;
+  int threads = 2;
+  std::optional<checkpoint> ckpt;
+  bool batch_invariant = false;
+  bool released_names = false;
+  matrix embed, norm, lm_head;
+  std::vector<layer_weights> layers;
+  rope_table rope_main, rope_compress;
+  engram_hash_layout engram;
+  std::vector<i64> token_map;  // token id -> compressed id (Engram)
+
+  std::string name(const std::string& hf) const {
+    if (!released_names) return hf;
+    if (hf == "lm_head.weight") return "head.weight";
+    if (hf.rfind("model.", 0) == 0) return hf.substr(6);
+    return hf;
+  }
+
+  result<matrix> load(const std::string& hf, const std::vector<i64>& shape) const {
+    const auto n = name(hf);
+    std::vector<i64> found;
+    auto v = ckpt->load_float(n, &found);
+    if (!v) return result<matrix>::failure(v.error());
+    if (found != shape)
+      return result<matrix>::failure("tensor " + n + ": expected shape " + shape_text(shape) +
+                                     ", found " + shape_text(found));
+    return matrix{std::move(*v)};
+  }
+};
+
+namespace {
+
+// Within one forward a compressed layer attends over the compressed KV of the last KV source
+// before it, masked by the top-k of the last index source before it, which scored the keys of
+// the last index source before *that* one that owns its keys (is also a KV source); the
+// candidate mask of the candidate source constrains later index sources the same way. The
+// lengths agree in every call exactly when each pair of sources pools at the same ratio
+// (sources see the same tokens); the reference fails on a mismatch. Checked once here so that
+// a forward call never fails half way. Returns the problem, or "" when there is none.
+std::string check_csa2_schedule(const text_config& c) {
+  auto owner_of = [&](i64 index_source) {
+    i64 owner = -1;
+    for (i64 l = 0; l <= index_source; ++l)
+      if (c.is_kv_source(l) && c.is_index_source(l)) owner = l;
+    return owner;
+  };
+  auto ratio = [&](i64 l) { return c.compress_ratios[sz(l)]; };
+  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
+    if (ratio(l) == 0) continue;
+    const i64 kv = c.kv_source_of(l), idx = c.index_source_of(l);
+    const i64 keys = idx >= 0 ? owner_of(idx) : -1;
+    if (kv >= 0 && keys >= 0 && ratio(kv) != ratio(keys))
+      return "layer " + std::to_string(l) + " attends over the compressed KV of layer " +
+             std::to_string(kv) + " (ratio " + std::to_string(ratio(kv)) +
+             ") with a top-k over the keys of layer " + std::to_string(keys) + " (ratio " +
+             std::to_string(ratio(keys)) + "): expected equal ratios";
+    const i64 cand = c.candidate_source_layer_id;
+    if (c.is_index_source(l) && cand >= 0 && cand < l && keys >= 0) {
+      const i64 cand_keys = owner_of(cand);
+      if (cand_keys >= 0 && ratio(cand_keys) != ratio(keys))
+        return "index source " + std::to_string(l) + " scores the keys of layer " +
+               std::to_string(keys) + " (ratio " + std::to_string(ratio(keys)) +
+               ") inside candidates selected over the keys of layer " + std::to_string(cand_keys) +
+               " (ratio " + std::to_string(ratio(cand_keys)) + "): expected equal ratios";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+model::model(model&&) noexcept = default;
+model& model::operator=(model&&) noexcept = default;
+model::~model() = default;
+
+const model_config& model::config() const { return w_->cfg; }
+const text_config& model::text() const { return w_->cfg.text; }
+
+result<model> model::load(const std::filesystem::path& dir, model_options options) {
+  auto cfg = load_model_config(dir);
+  if (!cfg) return result<model>::failure(cfg.error());
+  auto ck = checkpoint::open(dir);
+  if (!ck) return result<model>::failure(ck.error());
+  set_blas_threads(options.threads);
+
+  model m;
+  m.w_ = std::make_unique<weights>();
+  auto& w = *m.w_;
+  w.cfg = std::move(*cfg);
+  w.threads = std::max(1, options.threads);
+  w.batch_invariant = options.batch_invariant;
+  w.ckpt.emplace(std::move(*ck));
+  w.released_names = !w.ckpt->contains("model.embed.weight") && w.ckpt->contains("embed.weight");
+  const auto& c = w.cfg.text;
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
+  const i64 hc = c.hc_mult, mix = (2 + hc) * hc, I = c.moe_intermediate_size;
+  const i64 G = c.o_groups, R = c.o_lora_rank;
+  std::string failure;
+  auto get = [&](matrix& out, const std::string& name, std::vector<i64> shape) {
+    if (!failure.empty()) return;
+    auto r = w.load(name, shape);
+    if (!r)
+      failure = r.error();
+    else
+      out = std::move(*r);
+  };
+  get(w.embed, "model.embed.weight", {c.vocab_size, D});
+  get(w.norm, "model.norm.weight", {D});
+  if (w.ckpt->contains(w.name("lm_head.weight")) ||
+      !(c.tie_word_embeddings || w.cfg.tie_word_embeddings))
+    get(w.lm_head, "lm_head.weight", {c.vocab_size, D});
+  else
+    w.lm_head = w.embed;
+  w.layers.resize(sz(c.num_hidden_layers));
+  for (i64 l = 0; l < c.num_hidden_layers && failure.empty(); ++l) {
+    auto& L = w.layers[sz(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    L.ratio = c.compress_ratios[sz(l)];
+    L.kv_source = c.is_kv_source(l);
+    L.index_source = c.is_index_source(l);
+    L.owns_index_keys = L.index_source && L.kv_source;
+    L.candidate_source = l == c.candidate_source_layer_id;
+    L.uses_candidates = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < l;
+    get(L.wq_a, p + "attn.wq_a.weight", {qr, D});
+    get(L.q_norm, p + "attn.q_norm.weight", {qr});
+    get(L.wq_b, p + "attn.wq_b.weight", {H * hd, qr});
+    get(L.wkv, p + "attn.wkv.weight", {hd, D});
+    get(L.kv_norm, p + "attn.kv_norm.weight", {hd});
+    get(L.wo_a, p + "attn.wo_a.weight", {G * R, H * hd / G});
+    get(L.wo_b, p + "attn.wo_b.weight", {D, G * R});
+    get(L.attn_sink, p + "attn.attn_sink", {H});
+    if (L.kv_source) {
+      get(L.c_wkv, p + "attn.compressor.wkv.weight", {hd, D});
+      if (L.ratio > 1) get(L.c_wgate, p + "attn.compressor.wgate.weight", {hd, D});
+      get(L.c_norm, p + "attn.compressor.norm.weight", {hd});
+    }
+    if (L.index_source) {
+      const i64 nh = c.index_n_heads, idh = c.index_head_dim;
+      get(L.i_wq_b, p + "attn.indexer.wq_b.weight", {nh * idh, qr});
+      get(L.i_weights, p + "attn.indexer.weights_proj.weight", {nh, D});
+      if (L.owns_index_keys) {
+        get(L.i_wk, p + "attn.indexer.wk.weight", {idh, hd});
+        get(L.i_k_norm, p + "attn.indexer.k_norm.weight", {idh});
+      }
+    }
+    get(L.hc_attn_fn, p + "hc_attn_fn", {mix, hc * D});
+    get(L.hc_attn_base, p + "hc_attn_base", {mix});
+    get(L.hc_attn_scale, p + "hc_attn_scale", {3});
+    get(L.hc_ffn_fn, p + "hc_ffn_fn", {mix, hc * D});
+    get(L.hc_ffn_base, p + "hc_ffn_base", {mix});
+    get(L.hc_ffn_scale, p + "hc_ffn_scale", {3});
+    get(L.attn_norm, p + "attn_norm.weight", {D});
+    get(L.ffn_norm, p + "ffn_norm.weight", {D});
+    get(L.gate, p + "ffn.gate.weight", {c.n_routed_experts, D});
+    get(L.gate_bias, p + "ffn.gate.bias", {c.n_routed_experts});
+    L.experts.resize(sz(c.n_routed_experts));
+    for (i64 e = 0; e < c.n_routed_experts; ++e) {
+      const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
+      get(L.experts[sz(e)].w1, q + "w1.weight", {I, D});
+      get(L.experts[sz(e)].w2, q + "w2.weight", {D, I});
+      get(L.experts[sz(e)].w3, q + "w3.weight", {I, D});
+    }
+    get(L.shared.w1, p + "ffn.shared_experts.w1.weight", {I, D});
+    get(L.shared.w2, p + "ffn.shared_experts.w2.weight", {D, I});
+    get(L.shared.w3, p + "ffn.shared_experts.w3.weight", {I, D});
+    L.engram_index = c.engram_index(l);
+    if (L.engram_index >= 0 && failure.empty()) {
+      const i64 rows = c.engram_num_embeddings[sz(L.engram_index)];
+      const i64 cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+      auto table = w.ckpt->get(w.name(p + "engram.embed.weight"));
+      if (!table) {
+        failure = table.error();
+        break;
+      }
+      if (table->shape() != std::vector<i64>{rows, c.engram_head_dim}) {
+        failure = "tensor " + table->name() + ": expected shape " +
+                  shape_text({rows, c.engram_head_dim}) + ", found " + shape_text(table->shape());
+        break;
+      }
+      const auto tt = table->type();
+      if (tt != dtype::F32 && tt != dtype::BF16 && tt != dtype::F16 && tt != dtype::F8_E4M3) {
+        failure = "tensor " + table->name() + ": expected dtype F32, BF16, F16 or F8_E4M3, found " +
+                  std::string(dtype_name(tt));
+        break;
+      }
+      L.engram_table = *table;
+      if (table->type() == dtype::F8_E4M3) {
+        auto scale = w.ckpt->get(w.name(p + "engram.embed.scale"));
+        if (!scale) {
+          failure = scale.error();
+          break;
+        }
+        L.engram_scale = *scale;
+      }
+      get(L.engram_wkv, p + "engram.wkv.weight", {D * (hc + 1), cols * c.engram_head_dim});
+      get(L.engram_q, p + "engram.q_weight", {hc, D});
+      get(L.engram_k, p + "engram.k_weight", {hc, D});
+    }
+  }
+  if (!failure.empty()) return result<model>::failure(failure);
+  if (auto schedule = check_csa2_schedule(c); !schedule.empty())
+    return result<model>::failure((dir / "config.json").string() + ": " + schedule);
+  w.rope_main = make_rope_table(c.rope_main, hd);
+  w.rope_compress = make_rope_table(c.rope_compress, hd);
+  if (!c.engram_layer_ids.empty()) {
+    w.engram = engram_hash_layout::from_config(c);
+    for (std::size_t i = 0; i < w.engram.primes.size(); ++i) {
+      const auto& pr = w.engram.primes[i];
+      const i64 need = w.engram.offsets[i].back() + pr.back();
+      if (need > c.engram_num_embeddings[i])
+        return result<model>::failure("engram layer " + std::to_string(c.engram_layer_ids[i]) +
+                                      ": the hash buckets need " + std::to_string(need) +
+                                      " rows, engram_num_embeddings has " +
+                                      std::to_string(c.engram_num_embeddings[i]));
+    }
+  }
+  return m;
+}
+
+result<bool> model::set_engram_token_map(std::vector<std::int64_t> map) {
+  const auto& c = w_->cfg.text;
+  if (static_cast<i64>(map.size()) < c.vocab_size)
+    return result<bool>::failure("engram token map: expected " + std::to_string(c.vocab_size) +
+                                 " entries, found " + std::to_string(map.size()));
+  for (std::size_t i = 0; i < map.size(); ++i)
+    if (map[i] < 0 || map[i] >= c.engram_compressed_vocab_size)
+      return result<bool>::failure("engram token map: entry " + std::to_string(i) + " is " +
+                                   std::to_string(map[i]) + ", expected 0 <= id < " +
+                                   std::to_string(c.engram_compressed_vocab_size));
+  w_->token_map = std::move(map);
+  return true;
+}
+
+sequence_cache model::new_sequence() const {
+  const auto& c = w_->cfg.text;
+  sequence_cache s;
+  s.owner = w_.get();
+  s.layers.resize(sz(c.num_hidden_layers));
+  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
+    auto& L = s.layers[sz(l)];
+    L.window = swa_ring(c.head_dim, c.sliding_window + swa_rollback_tokens);
+    const auto& lw = w_->layers[sz(l)];
+    if (lw.kv_source) {
+      L.is_kv_source = true;
+      auto& cc = L.compressed;
+      cc.ratio = lw.ratio;
+      const i64 rows_per_block = std::max<i64>(1, kv_block_tokens / lw.ratio);
+      cc.kv = paged_rows(c.head_dim, rows_per_block);
+      cc.index_keys = paged_rows(c.index_head_dim, rows_per_block);
+    }
+  }
+  return s;
+}
+
+namespace {
+
+// y[M, N] = x[M, K] (row stride ldx) · w[N, K]ᵀ (row stride ldw), y row stride ldy.
+void gemm_nt(i64 M, i64 N, i64 K, const float* x, i64 ldx, const float* w, i64 ldw, float* y,
+             i64 ldy) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M),
+              static_cast<blasint>(N), static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx),
+              w, static_cast<blasint>(ldw), 0.0f, y, static_cast<blasint>(ldy));
+}
+
+// fn(i) for i in [0, n), split into contiguous ranges over up to `threads` threads (the calling
+// thread takes the first). Each i is computed the same way whatever the split.
+template <class F>
+void parallel_for(i64 n, int threads, F&& fn) {
+  const i64 parts = std::min<i64>(threads, n);
+  if (parts <= 1) {
+    for (i64 i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  auto range = [&](i64 part) {
+    for (i64 i = n * part / parts; i < n * (part + 1) / parts; ++i) fn(i);
+  };
+  for (i64 part = 1; part < parts; ++part) pool.emplace_back(range, part);
+  range(0);
+  for (auto& th : pool) th.join();
+}
+
+// How projections over many rows run: one GEMM (fast; its reduction order may depend on how
+// many rows there are), or one GEMV per row (batch-invariant: a row's result depends on that
+// row alone, so a sequence's logits are bitwise the same whatever shares its batch and however
+// its prefill is chunked).
+struct gemm_mode {
+  bool per_row = false;
+};
+
+// y[rows, out] = x[rows, in] (row stride ldx) · w[out, in]ᵀ, y row stride ldy.
+void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i64 out, float* y,
+             i64 ldx = 0, i64 ldy = 0) {
+  if (ldx == 0) ldx = in;
+  if (ldy == 0) ldy = out;
+  if (!mode.per_row) {
+    gemm_nt(rows, out, in, x, ldx, w, in, y, ldy);
+    return;
+  }
+  for (i64 r = 0; r < rows; ++r)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out), static_cast<blasint>(in),
+                1.0f, w, static_cast<blasint>(in), x + r * ldx, 1, 0.0f, y + r * ldy, 1);
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// What the reference's per-forward `shared` dict carries, for one sequence.
+struct shared_state {
+  const compressed_cache* compress_src = nullptr;  // the group's compressed KV
+  const compressed_cache* index_src = nullptr;     // the group's indexer keys
+  bool has_topk = false;
+  std::vector<std::vector<i64>> topk;  // per token of the call: selected entries
+  bool has_candidates = false;
+  std::vector<std::vector<char>> candidates;  // per token: entry allowed by the candidate source
+};
+
+// The top `k` of `scores` (ties: lower index first), dropping -inf picks.
+std::vector<i64> top_finite(const std::vector<float>& scores, i64 k) {
+  std::vector<i64> idx(scores.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  k = std::min<i64>(k, static_cast<i64>(idx.size()));
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](i64 a, i64 b) {
+    if (scores[sz(a)] != scores[sz(b)]) return scores[sz(a)] > scores[sz(b)];
+    return a < b;
+  });
+  idx.resize(sz(k));
+  std::erase_if(idx, [&](i64 i) { return scores[sz(i)] == neg_inf; });
+  return idx;
+}
+
+// One projection of the normalised flattened streams → pre [hc], post [hc], comb [hc, hc]
+// (Sinkhorn-normalised), per token.
+void hc_mixes(const text_config& c, gemm_mode mode, const std::vector<float>& streams, i64 T,
+              const matrix& fn, const matrix& base, const matrix& scale, std::vector<float>& pre,
+              std::vector<float>& post, std::vector<float>& comb) {
+  const i64 hc = c.hc_mult, D = c.hidden_size, width = hc * D, mix = (2 + hc) * hc;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const auto hc_eps = static_cast<float>(c.hc_eps);
+  std::vector<float> flat(streams.begin(), streams.begin() + T * width);
+  for (i64 t = 0; t < T; ++t) rms_norm(flat.data() + t * width, width, nullptr, eps);
+  std::vector<float> mixes(sz(T * mix));
+  project(mode, flat.data(), T, width, fn.data(), mix, mixes.data());
+  pre.assign(sz(T * hc), 0.0f);
+  post.assign(sz(T * hc), 0.0f);
+  comb.assign(sz(T * hc * hc), 0.0f);
+  const float* b = base.data();
+  const float* s = scale.data();
+  for (i64 t = 0; t < T; ++t) {
+    const float* m = mixes.data() + t * mix;
+    for (i64 k = 0; k < hc; ++k) {
+      pre[sz(t * hc + k)] = sigmoid(m[k] * s[0] + b[k]) + hc_eps;
+      post[sz(t * hc + k)] = 2.0f * sigmoid(m[hc + k] * s[1] + b[hc + k]);
+    }
+    float* cm = comb.data() + t * hc * hc;  // [j][k]
+    for (i64 i = 0; i < hc * hc; ++i) cm[i] = m[2 * hc + i] * s[2] + b[2 * hc + i];
+    sinkhorn(cm, hc, c.hc_sinkhorn_iters, hc_eps);
+  }
+}
+
+// Σ_j pre_j · stream_j per token → [T, D].
+void hc_collapse(const text_config& c, const std::vector<float>& streams,
+                 const std::vector<float>& pre, i64 T, std::vector<float>& out) {
+  const i64 hc = c.hc_mult, D = c.hidden_size;
+  out.assign(sz(T * D), 0.0f);
+  for (i64 t = 0; t < T; ++t) {
+    float* o = out.data() + t * D;
+    for (i64 j = 0; j < hc; ++j) {
+      const float p = pre[sz(t * hc + j)];
+      const float* s = streams.data() + (t * hc + j) * D;
+      for (i64 d = 0; d < D; ++d) o[d] += p * s[d];
+    }
+  }
+}
+
+// streams_k ← post_k · x + Σ_j comb[j][k] · streams_j.
+void hc_expand(const text_config& c, const std::vector<float>& x, const std::vector<float>& post,
+               const std::vector<float>& comb, i64 T, std::vector<float>& streams) {
+  const i64 hc = c.hc_mult, D = c.hidden_size;
+  std::vector<float> out(sz(hc * D));
+  for (i64 t = 0; t < T; ++t) {
+    const float* res = streams.data() + t * hc * D;
+    const float* cm = comb.data() + t * hc * hc;
+    const float* xt = x.data() + t * D;
+    for (i64 k = 0; k < hc; ++k) {
+      float* o = out.data() + k * D;
+      std::fill(o, o + D, 0.0f);
+      for (i64 j = 0; j < hc; ++j) {
+        const float cjk = cm[j * hc + k];
+        const float* r = res + j * D;
+        for (i64 d = 0; d < D; ++d) o[d] += cjk * r[d];
+      }
+      const float p = post[sz(t * hc + k)];
+      for (i64 d = 0; d < D; ++d) o[d] = p * xt[d] + o[d];
+    }
+    std::copy(out.begin(), out.end(), streams.begin() + t * hc * D);
+  }
+}
+
+// The clamped SwiGLU expert on rows x [n, D], scaled per row by `scale` (null: 1), added to y.
+void expert_forward(const text_config& c, gemm_mode mode, const expert_weights& e, const float* x,
+                    i64 n, const float* scale, float* y_out) {
+  const i64 D = c.hidden_size, I = c.moe_intermediate_size;
+  const auto limit = static_cast<float>(c.swiglu_limit);
+  std::vector<float> g(sz(n * I)), u(sz(n * I));
+  project(mode, x, n, D, e.w1.data(), I, g.data());
+  project(mode, x, n, D, e.w3.data(), I, u.data());
+  for (i64 r = 0; r < n; ++r)
+    for (i64 i = 0; i < I; ++i) {
+      float gv = g[sz(r * I + i)], uv = u[sz(r * I + i)];
+      if (limit > 0) {
+        uv = std::clamp(uv, -limit, limit);
+        gv = std::min(gv, limit);
+      }
+      float v = silu(gv) * uv;
+      if (scale != nullptr) v = scale[r] * v;
+      g[sz(r * I + i)] = v;
+    }
+  project(mode, g.data(), n, I, e.w2.data(), D, y_out);
+}
+
+// One row element of an Engram table (F32 / BF16 / F16, or FP8 e4m3 times its block scale;
+// the loader admits no other type).
+float table_value(const layer_weights& L, i64 row, i64 d, i64 width) {
+  const auto& table = *L.engram_table;
+  const i64 at = row * width + d;
+  const auto* base = table.bytes.data();
+  switch (table.type()) {
+    case dtype::F32: {
+      float v;
+      std::memcpy(&v, base + at * 4, 4);
+      return v;
+    }
+    case dtype::BF16:
+    case dtype::F16: {
+      std::uint16_t b;
+      std::memcpy(&b, base + at * 2, 2);
+      return table.type() == dtype::BF16 ? bf16_to_float(b) : fp16_to_float(b);
+    }
+    default: {  // F8_E4M3
+      float v = fp8_e4m3_to_float(static_cast<std::uint8_t>(base[at]));
+      if (L.engram_scale) {
+        const auto& sc = *L.engram_scale;
+        const i64 per_row = sc.shape().size() == 2 ? sc.shape()[1] : 1;
+        const i64 block = per_row > 0 ? width / per_row : width;
+        const i64 si = row * per_row + d / block;
+        float scale = 1.0f;
+        if (sc.type() == dtype::F8_E8M0)
+          scale = fp8_e8m0_to_float(static_cast<std::uint8_t>(sc.bytes[sz(si)]));
+        else if (sc.type() == dtype::F32)
+          std::memcpy(&scale, sc.bytes.data() + si * 4, 4);
+        v *= scale;
+      }
+      return v;
+    }
+  }
+}
+
+// What one forward call runs over: the batch, each sequence's token slice, every token's
+// position, the projection mode, and the per-sequence state the reference keeps in `shared`.
+struct call_context {
+  std::span<const sequence_input> batch;
+  std::vector<i64> seq_begin;  // sequence s owns tokens [seq_begin[s], seq_begin[s + 1])
+  std::vector<i64> positions;
+  i64 T = 0, S = 0;
+  gemm_mode mode;
+  std::vector<shared_state> shared;
+};
+
+// Engram at layer L: the hashed table rows, projected to one key per stream and a shared value,
+// gated into every stream.
+void engram_site(const model::weights& W, const layer_weights& L, const call_context& cx,
+                 const std::vector<i64>& hash_ids, std::vector<float>& streams) {
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, hc = c.hc_mult, T = cx.T;
+  const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size()), cols = W.engram.columns;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode = cx.mode;
+  const i64 ehd = c.engram_head_dim;
+  std::vector<float> rows(sz(T * cols * ehd));
+  for (i64 t = 0; t < T; ++t)
+    for (i64 k = 0; k < cols; ++k) {
+      const i64 id = hash_ids[sz((t * n_engram + L.engram_index) * cols + k)];
+      float* dst = rows.data() + (t * cols + k) * ehd;
+      for (i64 d = 0; d < ehd; ++d) dst[d] = table_value(L, id, d, ehd);
+    }
+  const i64 out_w = D * (hc + 1);
+  std::vector<float> kv(sz(T * out_w));
+  project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
+  std::vector<float> weight(sz(hc * D));
+  for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q.v[sz(i)] * L.engram_k.v[sz(i)];
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  for (i64 t = 0; t < T; ++t) {
+    const float* value = kv.data() + t * out_w + hc * D;
+    for (i64 k = 0; k < hc; ++k) {
+      float* h = streams.data() + (t * hc + k) * D;
+      const float* key = kv.data() + t * out_w + k * D;
+      const float* wk = weight.data() + k * D;
+      float hh = 0.0f, kk = 0.0f, dot = 0.0f;
+      for (i64 d = 0; d < D; ++d) {
+        hh += h[d] * h[d];
+        kk += key[d] * key[d];
+        dot += h[d] * wk[d] * key[d];
+      }
+      const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(D) + eps)) *
+                         (1.0f / std::sqrt(kk / static_cast<float>(D) + eps));
+      const float x = dot * rstd * inv_sqrt_d;
+      const float gate = sigmoid(std::copysign(std::sqrt(std::max(std::fabs(x), 1e-6f)), x));
+      for (i64 d = 0; d < D; ++d) h[d] = h[d] + gate * value[d];
+    }
+  }
+}
+
+// The attention of layer l on its normed input a [T, D]: queries, the shared K=V window, the
+// CSA2 compressor / indexer / compressed KV, attention with sinks, the grouped output
+// projection → out [T, D]. Advances the layer's caches.
+void attention_site(const model::weights& W, const layer_weights& L, i64 l, call_context& cx,
+                    const std::vector<float>& a, std::vector<float>& out) {
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
+  const i64 win = c.sliding_window, G = c.o_groups, R = c.o_lora_rank;
+  const i64 nh = c.index_n_heads, idh = c.index_head_dim, T = cx.T, S = cx.S;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode = cx.mode;
+  const auto& batch = cx.batch;
+  const auto& seq_begin = cx.seq_begin;
+  const auto& positions = cx.positions;
+  auto& shared = cx.shared;
+  const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
+  std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
+  project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
+  for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
+  project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
+  project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
+  for (i64 t = 0; t < T; ++t) {
+    for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
+    float* k = kv.data() + t * hd;
+    rms_norm(k, hd, L.kv_norm.data(), eps);
+    apply_rope(k, hd, rope, positions[sz(t)]);
+    fake_quant_fp8_block32(k, hd);
+  }
+
+  // Compressor projections (KV sources) and indexer projections (index sources), batched.
+  std::vector<float> c_kv, c_gate, i_q, i_w;
+  if (L.kv_source) {
+    c_kv.resize(sz(T * hd));
+    project(mode, a.data(), T, D, L.c_wkv.data(), hd, c_kv.data());
+    if (L.ratio > 1) {
+      c_gate.resize(sz(T * hd));
+      project(mode, a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
+    }
+  }
+  if (L.index_source) {
+    i_q.resize(sz(T * nh * idh));
+    i_w.resize(sz(T * nh));
+    project(mode, q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
+    project(mode, a.data(), T, D, L.i_weights.data(), nh, i_w.data());
+    for (i64 t = 0; t < T; ++t) {
+      for (i64 h = 0; h < nh; ++h) {
+        float* v = i_q.data() + (t * nh + h) * idh;
+        apply_rope(v, idh, W.rope_compress, positions[sz(t)]);
+        fake_quant_fp4_block(v, idh, 32, false);
+      }
+    }
+  }
+
+  std::vector<float> attn_out(sz(T * H * hd));
+  for (i64 s = 0; s < S; ++s) {
+    auto& cache = *batch[sz(s)].cache;
+    auto& lc = cache.layers[sz(l)];
+    auto& sh = shared[sz(s)];
+    const i64 t0 = seq_begin[sz(s)], t1 = seq_begin[sz(s + 1)], n = t1 - t0;
+    const i64 start = cache.length;
+
+    if (L.ratio != 0) {
+      // Compressor: the groups completing in this call (pre-RoPE latents).
+      std::vector<float> latents;
+      std::vector<i64> latent_pos;
+      if (L.kv_source) {
+        auto& cc = lc.compressed;
+        if (L.ratio == 1) {
+          for (i64 t = t0; t < t1; ++t) {
+            latents.insert(latents.end(), c_kv.begin() + t * hd, c_kv.begin() + (t + 1) * hd);
+            latent_pos.push_back(cc.groups + (t - t0));
+          }
+        } else {
+          for (i64 t = t0; t < t1; ++t) {
+            cc.pending_kv.insert(cc.pending_kv.end(), c_kv.begin() + t * hd,
+                                 c_kv.begin() + (t + 1) * hd);
+            cc.pending_gate.insert(cc.pending_gate.end(), c_gate.begin() + t * hd,
+                                   c_gate.begin() + (t + 1) * hd);
+            ++cc.pending_tokens;
+            cc.recent_kv.insert(cc.recent_kv.end(), c_kv.begin() + t * hd,
+                                c_kv.begin() + (t + 1) * hd);
+            cc.recent_gate.insert(cc.recent_gate.end(), c_gate.begin() + t * hd,
+                                  c_gate.begin() + (t + 1) * hd);
+            ++cc.recent_tokens;
+          }
+          const i64 r = L.ratio;
+          const i64 complete = cc.pending_tokens / r;
+          std::vector<float> latent(sz(hd));
+          for (i64 g = 0; g < complete; ++g) {
+            for (i64 d = 0; d < hd; ++d) {
+              float mx = neg_inf;
+              for (i64 j = 0; j < r; ++j)
+                mx = std::max(mx, cc.pending_gate[sz((g * r + j) * hd + d)]);
+              float sum = 0.0f;
+              for (i64 j = 0; j < r; ++j)
+                sum += std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx);
+              float acc = 0.0f;
+              for (i64 j = 0; j < r; ++j)
+                acc += cc.pending_kv[sz((g * r + j) * hd + d)] *
+                       (std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx) / sum);
+              latent[sz(d)] = acc;
+            }
+            latents.insert(latents.end(), latent.begin(), latent.end());
+            latent_pos.push_back((cc.groups + g) * r);
+          }
+          const i64 used = complete * r * hd;
+          cc.pending_kv.erase(cc.pending_kv.begin(), cc.pending_kv.begin() + used);
+          cc.pending_gate.erase(cc.pending_gate.begin(), cc.pending_gate.begin() + used);
+          cc.pending_tokens -= complete * r;
+          const i64 keep = r - 1 + swa_rollback_tokens;
+          if (cc.recent_tokens > keep) {
+            const auto drop = static_cast<std::ptrdiff_t>((cc.recent_tokens - keep) * hd);
+            cc.recent_kv.erase(cc.recent_kv.begin(), cc.recent_kv.begin() + drop);
+            cc.recent_gate.erase(cc.recent_gate.begin(), cc.recent_gate.begin() + drop);
+            cc.recent_tokens = keep;
+          }
+        }
+        const i64 n_lat = static_cast<i64>(latent_pos.size());
+        for (i64 g = 0; g < n_lat; ++g) rms_norm(latents.data() + g * hd, hd, L.c_norm.data(), eps);
+
+        // The index keys of the new groups (from the pre-RoPE latents).
+        if (L.owns_index_keys && n_lat > 0) {
+          std::vector<float> keys(sz(n_lat * idh));
+          project(mode, latents.data(), n_lat, hd, L.i_wk.data(), idh, keys.data());
+          for (i64 g = 0; g < n_lat; ++g) {
+            float* k = keys.data() + g * idh;
+            rms_norm(k, idh, L.i_k_norm.data(), eps);
+            apply_rope(k, idh, W.rope_compress, latent_pos[sz(g)]);
+            fake_quant_fp4_block(k, idh, 32, false);
+            cc.index_keys.append(k);
+          }
+        }
+      }
+      if (L.owns_index_keys) sh.index_src = &lc.compressed;
+
+      // Indexer: per-query top-k over the group's compressed entries.
+      if (L.index_source) {
+        const i64 n_idx = sh.index_src != nullptr ? sh.index_src->index_keys.size() : 0;
+        if (n_idx > 0) {
+          const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
+          const float heads_scale = 1.0f / std::sqrt(static_cast<float>(nh));
+          std::vector<std::vector<i64>> picks(sz(n));
+          std::vector<std::vector<char>> cands;
+          if (L.candidate_source) cands.resize(sz(n));
+          // Same length as the candidate mask: check_csa2_schedule.
+          const bool apply_candidates =
+              !L.candidate_source && L.uses_candidates && sh.has_candidates;
+          parallel_for(n, W.threads, [&](i64 i) {
+            const i64 t = t0 + i;
+            std::vector<float> scores(sz(n_idx));
+            const i64 visible = (positions[sz(t)] + 1) / L.ratio;
+            // Scores of every index head against each block of keys: [nh, rows] GEMMs.
+            const auto& keys = sh.index_src->index_keys;
+            const float* qt = i_q.data() + t * nh * idh;
+            const i64 rows_per_block = keys.rows_per_block();
+            const i64 reach = std::min(visible, n_idx);
+            std::vector<float> head_scores(sz(nh * rows_per_block));
+            std::fill(scores.begin(), scores.end(), neg_inf);
+            for (i64 b0 = 0; b0 < reach; b0 += rows_per_block) {
+              const i64 rows = std::min(rows_per_block, reach - b0);
+              gemm_nt(nh, rows, idh, qt, idh, keys.row(b0), idh, head_scores.data(), rows);
+              for (i64 r = 0; r < rows; ++r) {
+                float acc = 0.0f;
+                for (i64 h = 0; h < nh; ++h)
+                  acc += std::max(head_scores[sz(h * rows + r)], 0.0f) * sm_scale *
+                         (i_w[sz(t * nh + h)] * heads_scale);
+                scores[sz(b0 + r)] = acc;
+              }
+            }
+            if (L.candidate_source) {
+              const i64 bs = c.candidate_block_size;
+              const i64 blocks = (n_idx + bs - 1) / bs;
+              std::vector<float> block_score(sz(blocks), neg_inf);
+              for (i64 e = 0; e < n_idx; ++e)
+                block_score[sz(e / bs)] = std::max(block_score[sz(e / bs)], scores[sz(e)]);
+              if (visible >= 1) {
+                const i64 last = (visible - 1) / bs;
+                if (last < blocks) block_score[sz(last)] = std::numeric_limits<float>::infinity();
+              }
+              auto keep = top_finite(block_score, c.candidate_topk_blocks);
+              auto& mask = cands[sz(t - t0)];
+              mask.assign(sz(n_idx), 0);
+              for (i64 b : keep)
+                for (i64 e = b * bs; e < std::min(n_idx, (b + 1) * bs); ++e) mask[sz(e)] = 1;
+            } else if (apply_candidates) {
+              const auto& mask = sh.candidates[sz(t - t0)];
+              for (i64 e = 0; e < n_idx; ++e)
+                if (!mask[sz(e)]) scores[sz(e)] = neg_inf;
+            }
+            picks[sz(t - t0)] = top_finite(scores, std::min(c.index_topk, n_idx));
+          });
+          sh.has_topk = true;
+          sh.topk = std::move(picks);
+          if (L.candidate_source) {
+            sh.has_candidates = true;
+            sh.candidates = std::move(cands);
+          }
+        }
+      }
+
+      // The new groups join the compressed KV, rotated and FP4-rounded.
+      if (L.kv_source) {
+        auto& cc = lc.compressed;
+        const i64 n_lat = static_cast<i64>(latent_pos.size());
+        for (i64 g = 0; g < n_lat; ++g) {
+          float* v = latents.data() + g * hd;
+          apply_rope(v, hd, W.rope_compress, latent_pos[sz(g)]);
+          fake_quant_fp4_block(v, hd, 16, true);
+          cc.kv.append(v);
+        }
+        cc.groups += n_lat;
+        sh.compress_src = &lc.compressed;
+      }
+    }
+
+    // Attention over the window and the selected compressed entries.
+    const compressed_cache* comp = L.ratio != 0 ? sh.compress_src : nullptr;
+    const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
+    // The top-k was selected over exactly these n_comp entries: check_csa2_schedule.
+    const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
+    parallel_for(n, W.threads, [&](i64 i) {
+      const i64 t = t0 + i;
+      const i64 p = positions[sz(t)];
+      // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
+      // compressed entries.
+      const i64 first = std::max<i64>(0, p - win + 1);
+      const i64 n_sel =
+          n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
+      const i64 nk = p - first + 1 + n_sel;
+      std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
+      i64 row = 0;
+      for (i64 kp = first; kp <= p; ++kp, ++row)
+        std::copy_n(kp < start ? lc.window.at(kp) : kv.data() + (t0 + kp - start) * hd, hd,
+                    kbuf.data() + row * hd);
+      for (i64 k = 0; k < n_sel; ++k, ++row)
+        std::copy_n(comp->kv.row(sh.topk[sz(t - t0)][sz(k)]), hd, kbuf.data() + row * hd);
+      // logits [H, nk] = q · Kᵀ, softmax with the per-head sink in the denominator, then
+      // out [H, hd] = P · K (K = V).
+      gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
+      for (i64 h = 0; h < H; ++h) {
+        float* lg = probs.data() + h * nk;
+        const float sink = L.attn_sink.v[sz(h)];
+        float mx = sink;
+        for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
+        float sum = std::exp(sink - mx);
+        for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
+        for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
+      }
+      float* o = attn_out.data() + t * H * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
+                  static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
+                  static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
+                  static_cast<blasint>(hd));
+      for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, rope, p, /*inverse=*/true);
+    });
+    for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
+  }
+
+  // Grouped low-rank output projection.
+  std::vector<float> grouped(sz(T * G * R));
+  out.assign(sz(T * D), 0.0f);
+  const i64 per_group = H * hd / G;
+  for (i64 g = 0; g < G; ++g)
+    project(mode, attn_out.data() + g * per_group, T, per_group, L.wo_a.data() + g * R * per_group,
+            R, grouped.data() + g * R, H * hd, G * R);
+  project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
+}
+
+// The MoE of a layer on its normed input a [T, D] → y [T, D]: routed experts in expert order,
+// then the shared expert.
+void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode,
+              const std::vector<float>& a, i64 T, std::vector<float>& y) {
+  const i64 D = c.hidden_size;
+  const i64 E = c.n_routed_experts;
+  std::vector<float> gl(sz(T * E));
+  project(mode, a.data(), T, D, L.gate.data(), E, gl.data());
+  std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
+  std::vector<i64> chosen;
+  std::vector<float> chosen_w;
+  for (i64 t = 0; t < T; ++t) {
+    route_token(c, gl.data() + t * E, L.gate_bias.data(), chosen, chosen_w);
+    for (std::size_t i = 0; i < chosen.size(); ++i)
+      routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
+  }
+  y.assign(sz(T * D), 0.0f);
+  std::vector<float> xe, ye, we;
+  for (i64 e = 0; e < E; ++e) {
+    const auto& list = routed[sz(e)];
+    if (list.empty()) continue;
+    const i64 m = static_cast<i64>(list.size());
+    xe.resize(sz(m * D));
+    ye.resize(sz(m * D));
+    we.resize(sz(m));
+    for (i64 r = 0; r < m; ++r) {
+      std::copy_n(a.data() + list[sz(r)].first * D, D, xe.data() + r * D);
+      we[sz(r)] = list[sz(r)].second;
+    }
+    expert_forward(c, mode, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
+    for (i64 r = 0; r < m; ++r) {
+      float* dst = y.data() + list[sz(r)].first * D;
+      for (i64 d = 0; d < D; ++d) dst[d] += ye[sz(r * D + d)];
+    }
+  }
+  ye.resize(sz(T * D));
+  expert_forward(c, mode, L.shared, a.data(), T, nullptr, ye.data());
+  for (i64 i = 0; i < T * D; ++i) y[sz(i)] += ye[sz(i)];
+}
+
+}  // namespace
+
+result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
+                                          std::vector<std::vector<float>>* layer_streams) const {
+  const auto& W = *w_;
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode{W.batch_invariant};
+  using fail = result<std::vector<float>>;
+
+  // Tokens in batch order, their positions, and each sequence's slice.
+  std::vector<i64> tokens, positions;
+  std::vector<i64> seq_begin;
+  for (std::size_t s = 0; s < batch.size(); ++s) {
+    const auto& in = batch[s];
+    if (in.cache == nullptr || in.cache->owner != w_.get())
+      return fail::failure("forward: sequence " + std::to_string(s) +
+                           " has no cache made by this model");
+    for (std::size_t o = 0; o < s; ++o)
+      if (batch[o].cache == in.cache)
+        return fail::failure("forward: sequences " + std::to_string(o) + " and " +
+                             std::to_string(s) + " share one cache");
+    seq_begin.push_back(static_cast<i64>(tokens.size()));
+    for (std::size_t i = 0; i < in.tokens.size(); ++i) {
+      const i64 t = in.tokens[i];
+      if (t < 0 || t >= V)
+        return fail::failure("forward: sequence " + std::to_string(s) + " token " +
+                             std::to_string(i) + " is " + std::to_string(t) +
+                             ", expected 0 <= id < " + std::to_string(V));
+      tokens.push_back(t);
+      positions.push_back(in.cache->length + static_cast<i64>(i));
+    }
+  }
+  seq_begin.push_back(static_cast<i64>(tokens.size()));
+  const i64 T = static_cast<i64>(tokens.size());
+  const i64 S = static_cast<i64>(batch.size());
+  if (T == 0) return std::vector<float>{};
+  if (layer_streams != nullptr) layer_streams->clear();
+  const bool has_engram = !c.engram_layer_ids.empty();
+  if (has_engram && W.token_map.empty())
+    return fail::failure(
+        "forward: the Engram layers need the compressed token map "
+        "(set_engram_token_map)");
+
+  // Engram hash ids: [T, engram layers, columns].
+  const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size());
+  const i64 cols = has_engram ? W.engram.columns : 0;
+  std::vector<i64> hash_ids(sz(T * n_engram * cols));
+  if (has_engram) {
+    const i64 N = c.engram_max_ngram_size;
+    const i64 pad = W.token_map[sz(c.engram_pad_id)];
+    for (i64 s = 0; s < S; ++s) {
+      const auto& cache = *batch[sz(s)].cache;
+      std::vector<i64> history = cache.engram_recent;  // oldest first
+      std::vector<i64> look(sz(N));
+      for (i64 t = seq_begin[sz(s)]; t < seq_begin[sz(s + 1)]; ++t) {
+        history.push_back(W.token_map[sz(tokens[sz(t)])]);
+        const i64 p = positions[sz(t)];
+        for (i64 k = 0; k < N; ++k) look[sz(k)] = p < k ? pad : history[history.size() - 1 - sz(k)];
+        for (i64 e = 0; e < n_engram; ++e)
+          W.engram.hash(e, look, hash_ids.data() + (t * n_engram + e) * cols);
+      }
+    }
+  }
+
+  // Embeddings, copied into every stream; the first site collapses stream 0 only.
+  std::vector<float> streams(sz(T * hc * D));
+  for (i64 t = 0; t < T; ++t)
+    for (i64 j = 0; j < hc; ++j)
+      std::copy_n(W.embed.data() + tokens[sz(t)] * D, D, streams.data() + (t * hc + j) * D);
+  std::vector<float> pre_mix(sz(T * hc), 0.0f);
+  for (i64 t = 0; t < T; ++t) pre_mix[sz(t * hc)] = 1.0f;
+
+  call_context cx{batch, seq_begin, positions, T, S, mode, std::vector<shared_state>(sz(S))};
+  std::vector<float> post, comb, next_pre, collapsed, a, out;
+  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
+    const auto& L = W.layers[sz(l)];
+
+    if (L.engram_index >= 0) engram_site(W, L, cx, hash_ids, streams);
+
+    // Attention site.
+    hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
+             comb);
+    hc_collapse(c, streams, pre_mix, T, collapsed);
+    a = collapsed;
+    for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
+    attention_site(W, L, l, cx, a, out);
+    hc_expand(c, out, post, comb, T, streams);
+    std::vector<float> attn_pre = next_pre;
+
+    // FFN site.
+    hc_mixes(c, mode, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
+    hc_collapse(c, streams, attn_pre, T, collapsed);
+    a = collapsed;
+    for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
+    moe_site(c, L, mode, a, T, out);
+    hc_expand(c, out, post, comb, T, streams);
+    pre_mix = next_pre;
+    if (layer_streams != nullptr) layer_streams->push_back(streams);
+  }
+
+  // Final collapse, norm and LM head.
+  hc_collapse(c, streams, pre_mix, T, collapsed);
+  for (i64 t = 0; t < T; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
+  std::vector<float> logits(sz(T * V));
+  project(mode, collapsed.data(), T, D, W.lm_head.data(), V, logits.data());
+
+  // Advance the caches.
+  for (i64 s = 0; s < S; ++s) {
+    auto& cache = *batch[sz(s)].cache;
+    cache.length += seq_begin[sz(s + 1)] - seq_begin[sz(s)];
+    if (has_engram) {
+      const auto keep = sz(c.engram_max_ngram_size - 1 + swa_rollback_tokens);
+      for (i64 t = seq_begin[sz(s)]; t < seq_begin[sz(s + 1)]; ++t)
+        cache.engram_recent.push_back(W.token_map[sz(tokens[sz(t)])]);
+      if (cache.engram_recent.size() > keep)
+        cache.engram_recent.erase(cache.engram_recent.begin(),
+                                  cache.engram_recent.end() - static_cast<std::ptrdiff_t>(keep));
+    }
+  }
+  return logits;
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,80 @@
+// The DeepSeek-V4.1 text model on the CPU: weights loaded from a checkpoint directory and the
+// exact forward pass (prefill and batched decode) of `transformers`' `deepseek_v41` reference.
+//
+// A `model` holds every dense weight as fp32 (dequantised at load) and keeps the checkpoint
+// mapped for the Engram tables, whose rows are gathered on lookup. `forward` runs the tokens of
+// one or more sequences, each continuing from its own `sequence_cache`, and returns the logits of
+// every token: prefill (many tokens), chunked prefill (the rest of a prompt after an earlier
+// call) and decode (a few tokens per sequence, batched) are the same call. docs/model.md
+// describes what each part computes and the cache layouts.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/engram_hash.hpp"
+#include "kernels/kv_cache.hpp"
+#include "kernels/model_config.hpp"
+#include "kernels/result.hpp"
+#include "kernels/safetensors.hpp"
+
+namespace troupe::kernels {
+
+/// One sequence's share of a forward call: its cache (advanced by the call) and new tokens.
+struct sequence_input {
+  sequence_cache* cache = nullptr;
+  std::span<const std::int64_t> tokens;
+};
+
+struct model_options {
+  int threads = 2;  // BLAS and attention threads
+  // Batch-invariant mode: every projection runs row by row (GEMV), so a sequence's logits are
+  // bitwise identical whatever else shares its batch and however its prefill is chunked
+  // (everything else is per token already). Slower in prefill.
+  bool batch_invariant = false;
+};
+
+class model {
+ public:
+  /// Loads DIR/config.json and the checkpoint in DIR (single file or sharded). Tensor names are
+  /// the reference's (`model.layers.N.attn.wq_a.weight`, `lm_head.weight`) or the released
+  /// checkpoint's (`layers.N.attn.wq_a.weight`, `head.weight`; kernels/model_layout lists them).
+  /// Every tensor is checked against the shape the config implies; errors name the tensor,
+  /// expected and found.
+  static result<model> load(const std::filesystem::path& dir, model_options options = {});
+
+  model(model&&) noexcept;
+  model& operator=(model&&) noexcept;
+  ~model();
+
+  const model_config& config() const;
+  const text_config& text() const;
+
+  /// The Engram layers hash token ids mapped onto the tokenizer-normalised compressed
+  /// vocabulary; this sets that map (one compressed id per token id, each below
+  /// engram_compressed_vocab_size). Without it a model with Engram layers refuses to run.
+  result<bool> set_engram_token_map(std::vector<std::int64_t> map);
+
+  /// A fresh cache for one sequence.
+  sequence_cache new_sequence() const;
+
+  /// Runs the tokens of every sequence in `batch` (each continuing from its cache, which is
+  /// advanced) and returns the logits [total tokens, vocab_size], sequences in batch order.
+  /// `layer_streams`, when given, receives every layer's output residual streams [total tokens,
+  /// hc_mult, hidden_size] (what the parity tests compare layer by layer with the reference).
+  result<std::vector<float>> forward(
+      std::span<const sequence_input> batch,
+      std::vector<std::vector<float>>* layer_streams = nullptr) const;
+
+  struct weights;
+
+ private:
+  model() = default;
+  std::unique_ptr<weights> w_;
+};
+
+}  // namespace troupe::kernels
