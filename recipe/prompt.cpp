@@ -78,7 +78,7 @@ void dump(const ojson& j, std::string& out) {
 
 class builder {
  public:
-  explicit builder(const tokenizer& tok) : tok_(tok) {
+  explicit builder(const tokenizer& tok) {
     for (std::size_t i = 0; i < k_markers.size(); ++i) {
       const auto id = tok.token_to_id(k_markers[i]);
       if (!id) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(k_markers[i]));
@@ -92,9 +92,7 @@ class builder {
     flush();
     for (std::size_t i = 0; i < k_markers.size(); ++i)
       if (k_markers[i] == m) {
-        out_.control.push_back(out_.ids.size());
-        out_.ids.push_back(marker_ids_[i]);
-        out_.text += m;
+        out_.push_back({std::string(m), marker_ids_[i]});
         return;
       }
     throw std::logic_error("prompt: not a marker");
@@ -116,7 +114,7 @@ class builder {
       s.remove_prefix(best + k_markers[which].size());
     }
   }
-  encoded_prompt finish() {
+  std::vector<prompt_piece> finish() {
     flush();
     return std::move(out_);
   }
@@ -124,14 +122,12 @@ class builder {
  private:
   void flush() {
     if (pending_.empty()) return;
-    tok_.encode(pending_, encode_mode::raw, out_.ids);
-    out_.text += pending_;
+    out_.push_back({std::move(pending_), std::nullopt});
     pending_.clear();
   }
-  const tokenizer& tok_;
   std::array<token_id, k_markers.size()> marker_ids_{};
   std::string pending_;
-  encoded_prompt out_;
+  std::vector<prompt_piece> out_;
 };
 
 void render_tool_calls(builder& b, const std::vector<tool_call>& calls) {
@@ -168,7 +164,7 @@ void render_tool_calls(builder& b, const std::vector<tool_call>& calls) {
 
 }  // namespace
 
-encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
+std::vector<prompt_piece> render_prompt(const conversation& c, const tokenizer& tok) {
   builder b(tok);
   const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
   const auto& msgs = c.messages;
@@ -263,6 +259,31 @@ encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
     if (tools_on && c.tool_choice == tool_choice::required) b.markup("\n\n<｜DSML｜tool_calls>\n");
   }
   return b.finish();
+}
+
+encoded_prompt assemble_prompt(std::span<const prompt_piece> pieces,
+                               std::span<const std::vector<token_id>> text_ids) {
+  encoded_prompt out;
+  std::size_t next_text = 0;
+  for (const auto& piece : pieces) {
+    out.text += piece.text;
+    if (piece.control) {
+      out.control.push_back(out.ids.size());
+      out.ids.push_back(*piece.control);
+    } else {
+      const auto& ids = text_ids[next_text++];
+      out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    }
+  }
+  return out;
+}
+
+encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok) {
+  const auto pieces = render_prompt(c, tok);
+  std::vector<std::vector<token_id>> text_ids;
+  for (const auto& piece : pieces)
+    if (!piece.control) text_ids.push_back(tok.encode(piece.text, encode_mode::raw));
+  return assemble_prompt(pieces, text_ids);
 }
 
 }  // namespace troupe::recipe

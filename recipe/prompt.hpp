@@ -10,6 +10,7 @@
 #include "recipe/tokenizer.hpp"
 
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,5 +59,17 @@ struct encoded_prompt {
 
 // Throws std::runtime_error when the tokenizer lacks one of the V4 control tokens.
 encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok);
+
+// The prompt before tokenization, in order: runs of conversation and encoder text (tokenized in
+// encode_mode::raw, each on its own) and the encoder's control tokens (`control` set; `text` is the
+// spelling). encode_prompt tokenizes the runs one after the other; recipe/parallel.hpp on a pool.
+struct prompt_piece {
+  std::string text;
+  std::optional<token_id> control;
+};
+std::vector<prompt_piece> render_prompt(const conversation& c, const tokenizer& tok);
+// The pieces with the ids of their text runs (one vector per run without `control`, in order).
+encoded_prompt assemble_prompt(std::span<const prompt_piece> pieces,
+                               std::span<const std::vector<token_id>> text_ids);
 
 }  // namespace troupe::recipe
