@@ -121,7 +121,8 @@ stream_parser::stream_parser(const tokenizer& tok, stream_options options, token
     case stream_start::reasoning_continuation: st_ = state::reasoning; break;
     case stream_start::tool_calls: st_ = state::block; opt_.parse_tool_calls = true; break;
   }
-  if (st_ == state::reasoning) usage_.reasoning_tokens = 0;
+  if (opt_.start != stream_start::content && opt_.start != stream_start::tool_calls)
+    usage_.reasoning_tokens = 0;  // thinking mode: reasoning tokens are reported
 }
 
 void stream_parser::emit(stream_event::kind k, std::string_view s, std::vector<stream_event>& out,
@@ -296,8 +297,8 @@ void stream_parser::abort_content_tag(std::vector<stream_event>& out) {
 
 void stream_parser::end_tag(std::vector<stream_event>& out) {
   using k = stream_event::kind;
-  const std::string tag = std::move(tag_);
-  tag_.clear();
+  std::string tag;
+  tag.swap(tag_);
   tag_in_quotes_ = false;
   if (st_ == state::content_tag) {
     if (tag == "tool_calls") {
@@ -523,8 +524,9 @@ std::string chat_chunk_renderer::chunk(const std::string& delta_json, const char
 }
 
 std::string chat_chunk_renderer::start() {
-  return chunk(opt_.thinking ? R"({"role":"assistant","content":null,"reasoning_content":""})"
-                             : R"({"role":"assistant","content":""})",
+  return chunk(!opt_.thinking ? R"({"role":"assistant","content":""})"
+               : opt_.starts_in_reasoning ? R"({"role":"assistant","content":null,"reasoning_content":""})"
+                                          : R"({"role":"assistant","content":"","reasoning_content":null})",
                nullptr, nullptr);
 }
 

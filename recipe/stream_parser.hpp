@@ -35,7 +35,8 @@ struct usage_counts {
   std::uint64_t cached_prompt_tokens = 0;
   std::uint64_t completion_tokens = 0;  // every id pushed, the end-of-sentence id included
   // Ids that put at least one byte into the reasoning text (deepseek_recipe's count: leading and
-  // trimmed newlines and `</think>` do not count). Unset when the parser does not start in reasoning.
+  // trimmed newlines and `</think>` do not count). Set in thinking mode (every start but `content`
+  // and `tool_calls`).
   std::optional<std::uint64_t> reasoning_tokens;
 };
 
@@ -60,7 +61,7 @@ struct stream_event {
 // Where the generated text starts, from the prompt's end (deepseek_recipe's ParsingOptions).
 enum class stream_start {
   content,                 // a new answer (chat mode): leading newlines are dropped
-  content_continuation,    // an assistant prefix in content: newlines kept
+  content_continuation,    // thinking mode, an assistant prefix past its reasoning: newlines kept
   reasoning,               // after `<think>` (thinking mode): leading newlines dropped
   reasoning_continuation,  // an assistant prefix inside reasoning: newlines kept
   tool_calls,              // inside the `<｜DSML｜tool_calls>` block the prompt opened (required)
@@ -137,6 +138,7 @@ struct chat_chunk_options {
   std::string model;
   std::int64_t created = 0;
   bool thinking = false;       // deltas name both content and reasoning_content
+  bool starts_in_reasoning = true;  // thinking mode: the role chunk opens reasoning (else content)
   bool include_usage = false;  // stream_options.include_usage
   // The id of tool call `index`; default: "call_<index as 2 digits>_<24 characters>" drawn from a
   // generator seeded by the chunk id.

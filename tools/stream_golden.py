@@ -96,6 +96,15 @@ CASES = [
     ("tools.named", req(tools=True, tool_choice={"type": "function", "function": {"name": "search"}}),
      call("search", ("query", "x", True)) + "</｜DSML｜tool_calls>", "stop"),
     ("tools.unicode_name_value", req(tools=True), block(call("get_weather", ("city", "東京 🗼", True))), "stop"),
+    # prefix continuation (the last assistant message is continued)
+    ("prefix.chat", dict(req(), messages=[{"role": "user", "content": "hi"},
+                                          {"role": "assistant", "content": "Roses are", "prefix": True}]),
+     "\n red,\nviolets", "stop"),
+    ("prefix.think_content", dict(req(thinking=True), messages=[{"role": "user", "content": "hi"},
+                                  {"role": "assistant", "content": "Roses", "prefix": True}]), "\n\n are red", "stop"),
+    ("prefix.think_reasoning", dict(req(thinking=True, usage=True), messages=[{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "", "reasoning_content": "Hmm", "prefix": True}]),
+     "\n\n so</think>\n\nDone", "stop"),
     ("tools.multiline_value", req(tools=True), block(call("search", ("code", "def f():\n    return 1\n", True))), "stop"),
 ]
 

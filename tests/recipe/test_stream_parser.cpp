@@ -173,6 +173,7 @@ TEST_CASE("stream parser: Chat Completions chunks in the reference's shape") {
     co.id = "chatcmpl-test";
     co.model = "DeepSeek-V4-Pro";
     co.thinking = !r.at("thinking").is_null();
+    co.starts_in_reasoning = co.thinking && r.at("thinking") != "ContentContinuation";
     co.include_usage = r.at("request").contains("stream_options");
     co.tool_call_id = [](int i) { return "call_0" + std::to_string(i) + "_X"; };
     chat_chunk_renderer render(co);
