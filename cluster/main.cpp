@@ -1,4 +1,5 @@
 // troupe: the command-line interface of the troupe serving runtime.
+#include "cluster/recipe_cli.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -246,6 +247,8 @@ int main(int argc, char** argv) {
   swarm->callback([&] {
     rc = troupe::cluster::sim::run_swarm_command(swarm_opts, std::cout, std::cerr);
   });
+
+  troupe::cli::add_recipe_commands(app, rc);
 
   CLI11_PARSE(app, argc, argv);
   return rc;
