@@ -38,6 +38,8 @@ struct usage_counts {
   // trimmed newlines and `</think>` do not count). Set in thinking mode (every start but `content`
   // and `tool_calls`).
   std::optional<std::uint64_t> reasoning_tokens;
+
+  bool operator==(const usage_counts&) const = default;
 };
 
 struct stream_event {
