@@ -96,6 +96,7 @@ std::variant<encoded_request, api_error> codec::encode(protocol p, std::string_v
       out.protocol = p;
       out.prompt = encode(req.conversation);
       out.stream = stream_options_for(req.conversation, out.prompt.ids.size());
+      out.stream.stop = req.params.stop;
       out.conversation = std::move(req.conversation);
       out.params = std::move(req.params);
       return out;

@@ -1,5 +1,6 @@
 #include "recipe/stream_parser.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 
@@ -178,6 +179,37 @@ void stream_parser::emit_text(stream_event::kind k, std::string_view bytes,
   utf8_.erase(0, utf8_.size() - keep);
 }
 
+// Answer text: checked against the stop sequences. A suffix that could still grow into one is
+// held; a complete one ends the output there (the text before it is emitted, finish `stop`).
+void stream_parser::emit_content(std::string_view bytes, std::vector<stream_event>& out) {
+  if (opt_.stop.empty()) {
+    emit_text(stream_event::kind::text, bytes, out);
+    return;
+  }
+  stop_buf_.append(bytes);
+  std::size_t first = std::string::npos;
+  for (const auto& stop : opt_.stop)
+    if (!stop.empty()) first = std::min(first, stop_buf_.find(stop));
+  if (first != std::string::npos) {
+    emit_text(stream_event::kind::text, std::string_view(stop_buf_).substr(0, first), out);
+    stop_buf_.clear();
+    hold_.clear();
+    flush_utf8(out);
+    stopped_ = ended_ = true;
+    st_ = state::after_block;
+    return;
+  }
+  std::size_t keep = 0;  // the longest suffix that is a proper prefix of a stop sequence
+  for (const auto& stop : opt_.stop)
+    for (std::size_t n = std::min(stop.size() - 1, stop_buf_.size()); n > keep; --n)
+      if (stop_buf_.compare(stop_buf_.size() - n, n, stop, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  emit_text(stream_event::kind::text, std::string_view(stop_buf_).substr(0, stop_buf_.size() - keep), out);
+  stop_buf_.erase(0, stop_buf_.size() - keep);
+}
+
 void stream_parser::release_hold(std::vector<stream_event>& out) {
   if (hold_.empty()) return;
   const std::string h = std::move(hold_);
@@ -189,11 +221,12 @@ void stream_parser::release_hold(std::vector<stream_event>& out) {
       held_tokens_ = 0;
       break;
     case state::value: emit_text(stream_event::kind::arguments, h, out); break;
-    default: emit_text(stream_event::kind::text, h, out); break;
+    default: emit_content(h, out); break;
   }
 }
 
 void stream_parser::on_byte(char b, std::vector<stream_event>& out) {
+  if (stopped_) return;
   switch (st_) {
     case state::reasoning:
       if (drop_leading_) {
@@ -225,7 +258,7 @@ void stream_parser::on_byte(char b, std::vector<stream_event>& out) {
           return;
         }
       }
-      emit_text(stream_event::kind::text, std::string_view(&b, 1), out);
+      emit_content(std::string_view(&b, 1), out);
       return;
     case state::content_tag:
       if (b == '>') {
@@ -291,7 +324,7 @@ void stream_parser::abort_content_tag(std::vector<stream_event>& out) {
   const std::string rest = std::move(tag_);
   tag_.clear();
   release_hold(out);
-  emit_text(stream_event::kind::text, "<" + std::string(k_dsml), out);
+  emit_content("<" + std::string(k_dsml), out);
   for (const char c : rest) on_byte(c, out);
 }
 
@@ -365,7 +398,7 @@ void stream_parser::on_dsml(std::vector<stream_event>& out) {
         return;
       }
       release_hold(out);
-      emit_text(stream_event::kind::text, k_dsml, out);
+      emit_content(k_dsml, out);
       return;
     case state::content_tag:
       abort_content_tag(out);
@@ -410,7 +443,7 @@ void stream_parser::on_dsml(std::vector<stream_event>& out) {
 }
 
 void stream_parser::push(token_id id, std::vector<stream_event>& out) {
-  if (ended_ || finished_) return;
+  if (ended_ || finished_) return;  // after the end of sentence, a stop sequence or finish()
   ++usage_.completion_tokens;
   if (id == eos_) {
     end_of_output(out);
@@ -462,6 +495,10 @@ void stream_parser::end_of_output(std::vector<stream_event>& out) {
     default: break;
   }
   hold_.clear();
+  if (!stop_buf_.empty()) {  // a beginning of a stop sequence that did not complete
+    emit_text(stream_event::kind::text, stop_buf_, out);
+    stop_buf_.clear();
+  }
   flush_utf8(out);
   st_ = state::after_block;
 }
@@ -472,6 +509,7 @@ void stream_parser::finish(backend_finish why, std::vector<stream_event>& out) {
   finished_ = true;
   stream_event f;
   f.type = stream_event::kind::finish;
+  if (stopped_) why = backend_finish::stop;  // the output ended at a stop sequence
   switch (why) {
     case backend_finish::length: f.finish = finish_reason::length; break;
     case backend_finish::content_filter: f.finish = finish_reason::content_filter; break;

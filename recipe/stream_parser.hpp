@@ -7,8 +7,8 @@
 // `</` of ordinary text) opens or closes a DSML tag, `<｜end▁of▁sentence｜>` ends the output. A model
 // output that spells one of these strings with ordinary tokens is text. Text is returned as soon as
 // it is confirmed: the parser holds back only a trailing `<` / `</` that a DSML id could turn into
-// a tag, trailing newlines that the next tag or `</think>` would trim, and an incomplete UTF-8
-// sequence. The event semantics follow deepseek_recipe 0.2.0's stream processor (goldens:
+// a tag, trailing newlines that the next tag or `</think>` would trim, the beginning of a stop
+// sequence, and an incomplete UTF-8 sequence. The event semantics follow deepseek_recipe 0.2.0's stream processor (goldens:
 // tests/recipe/golden/stream.v4.jsonl.gz; docs/recipe.md lists where ours differs).
 
 #include "recipe/tokenizer.hpp"
@@ -74,6 +74,10 @@ struct stream_options {
   bool parse_tool_calls = false;  // tools are active: parse DSML (else `｜DSML｜` is text)
   std::uint64_t prompt_tokens = 0;
   std::uint64_t cached_prompt_tokens = 0;
+  // Stop sequences (the request's `stop`): the answer text ends before the first one that
+  // appears, and the finish reason is `stop`. Reasoning and tool-call arguments are not checked
+  // (as deepseek_recipe). A text that could still become one is held back.
+  std::vector<std::string> stop;
 };
 
 class stream_parser {
@@ -82,7 +86,7 @@ class stream_parser {
   static std::variant<stream_parser, std::string> create(const tokenizer& tok, stream_options options);
 
   // Feeds generated ids; appends the events they confirm to `out` (adjacent deltas of one kind
-  // merged). Ids after the end-of-sentence id, or after finish(), are ignored.
+  // merged). Ids after the end-of-sentence id, a stop sequence, or finish() are ignored.
   void push(token_id id, std::vector<stream_event>& out);
   void push(std::span<const token_id> ids, std::vector<stream_event>& out);
   // The backend has stopped: emits what is still held, then the finish and the usage event.
@@ -101,6 +105,7 @@ class stream_parser {
   void on_dsml(std::vector<stream_event>& out);
   void emit(stream_event::kind k, std::string_view s, std::vector<stream_event>& out, int index = 0);
   void emit_text(stream_event::kind k, std::string_view bytes, std::vector<stream_event>& out);
+  void emit_content(std::string_view bytes, std::vector<stream_event>& out);
   void flush_utf8(std::vector<stream_event>& out);
   void release_hold(std::vector<stream_event>& out);
   void end_tag(std::vector<stream_event>& out);
@@ -122,7 +127,9 @@ class stream_parser {
   int calls_ = 0;
   bool call_has_args_ = false;
   bool value_is_string_ = false;
-  bool ended_ = false;          // end-of-sentence seen
+  std::string stop_buf_;        // answer text that may be the start of a stop sequence
+  bool stopped_ = false;        // a stop sequence ended the output
+  bool ended_ = false;          // end-of-sentence or a stop sequence seen
   bool finished_ = false;
   // reasoning token accounting
   bool token_put_ = false;      // the current id put a byte into the reasoning text

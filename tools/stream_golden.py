@@ -28,9 +28,10 @@ W = {"type": "function", "function": {"name": "get_weather", "parameters": {
 S = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
 
 
-def req(thinking=False, tools=False, tool_choice=None, usage=False):
+def req(thinking=False, tools=False, tool_choice=None, usage=False, stop=None):
     r = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "hi"}], "stream": True,
          "thinking": {"type": "enabled" if thinking else "disabled"}}
+    if stop: r["stop"] = stop
     if tools: r["tools"] = [W, S]
     if tool_choice: r["tool_choice"] = tool_choice
     if usage: r["stream_options"] = {"include_usage": True}
@@ -105,6 +106,16 @@ CASES = [
     ("prefix.think_reasoning", dict(req(thinking=True, usage=True), messages=[{"role": "user", "content": "hi"},
                                     {"role": "assistant", "content": "", "reasoning_content": "Hmm", "prefix": True}]),
      "\n\n so</think>\n\nDone", "stop"),
+    # stop sequences (the answer only)
+    ("stop.basic", req(stop=["END", "ab"]), "Hello END world", "stop"),
+    ("stop.partial_at_end", req(stop=["END", "ab"]), "Hello EN", "stop"),
+    ("stop.second_candidate", req(stop=["END", "ab"]), "xaEND", "stop"),
+    ("stop.after_newlines", req(stop=["END"]), "first\n\nEND", "stop"),
+    ("stop.beats_length", req(stop=["END"]), "Hello END world", "length"),
+    ("stop.not_in_reasoning", req(thinking=True, usage=True, stop=["END"]), "think END more</think>answer END x", "stop"),
+    ("stop.not_in_arguments", req(tools=True, stop=["END"]), "pre" + block(call("search", ("q", "aENDb", True))), "stop"),
+    ("stop.multibyte", req(stop=["。"]), "你好。再见", "stop"),
+    ("stop.inside_token", req(stop=["orl"]), "hello world peace", "stop"),
     ("tools.multiline_value", req(tools=True), block(call("search", ("code", "def f():\n    return 1\n", True))), "stop"),
 ]
 
@@ -148,8 +159,10 @@ def main():
         ids = hf.encode(generated).ids
         out = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=PROMPT_TOKENS)))
         for i in ids:
+            if sp.finished: break  # a stop sequence ended the output
             out += sp.push(dr.InferenceChunk.tokens([i]))
-        out += sp.push(dr.InferenceChunk.finish(finish[fin]))
+        if not sp.finished:
+            out += sp.push(dr.InferenceChunk.finish(finish[fin]))
         out += sp.finish()
         chunks = [json.loads(c.to_json()) for c in out]
         for c in chunks:

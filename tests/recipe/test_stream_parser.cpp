@@ -30,6 +30,7 @@ stream_options options_of(const nlohmann::ordered_json& r) {
   stream_options o;
   o.parse_tool_calls = r.at("parse_tool_calls").get<bool>();
   o.prompt_tokens = r.at("prompt_tokens").get<std::uint64_t>();
+  if (r.at("request").contains("stop")) o.stop = r.at("request").at("stop").get<std::vector<std::string>>();
   if (r.at("starts_in_tool_calls").get<bool>()) o.start = stream_start::tool_calls;
   else if (r.at("thinking").is_null()) o.start = stream_start::content;
   else if (r.at("thinking") == "ReasoningStart") o.start = stream_start::reasoning;
@@ -153,7 +154,7 @@ const std::string k_block =
 
 TEST_CASE("stream parser: event logs equal deepseek_recipe's stream processor") {
   const auto records = golden();
-  REQUIRE(records.size() >= 39);
+  REQUIRE(records.size() >= 51);
   for (const auto& r : records) {
     CAPTURE(r.at("name").get<std::string>());
     stream_parser p = make(options_of(r));
@@ -283,6 +284,20 @@ TEST_CASE("stream parser: known failure shapes") {
     CHECK(neutral(out).dump()
           == R"([["tool_call",0,"f"],["arguments",0,"{\"k\": \"a\\\"b<"],["finish","length"],["usage",0,)"
                  + std::to_string(ids.size()) + ",null]]");
+  }
+  SUBCASE("a stop sequence split across ids is held back, then ends the answer") {
+    stream_options o;
+    o.stop = {"END"};
+    stream_parser p = make(o);
+    std::vector<stream_event> out;
+    p.push(v4().encode("Hello EN", encode_mode::raw), out);
+    REQUIRE(out.size() == 1);
+    CHECK(out[0].text == "Hello ");  // "EN" may begin "END"
+    p.push(v4().encode("D and more", encode_mode::raw), out);
+    CHECK(out.size() == 1);
+    CHECK(out[0].text == "Hello ");
+    p.finish(backend_finish::length, out);
+    CHECK(out[1].finish == finish_reason::stop);  // the stop sequence, not the backend's length
   }
   SUBCASE("ids after the end of sentence are ignored; it counts as a completion token") {
     auto ids = trusted("Hi<｜end▁of▁sentence｜>more");
