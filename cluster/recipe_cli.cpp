@@ -202,7 +202,7 @@ void add_recipe_commands(CLI::App& app, int& rc) {
   parse->add_option("--protocol", pa->protocol, "chat (chat.completion.chunk objects)");
   auto* req_opt = parse->add_option(
       "--request", pa->request,
-      "the request the ids answer (sets thinking, tools, tool_choice, prefix, include_usage, model)");
+      "the request the ids answer (sets thinking, tools, tool_choice, prefix, stop, include_usage, model)");
   auto* thinking_opt = parse->add_flag("--thinking", pa->thinking, "without --request: thinking mode");
   auto* tools_opt = parse->add_flag("--tools", pa->tools, "without --request: parse DSML tool calls");
   thinking_opt->excludes(req_opt);
