@@ -32,12 +32,14 @@ thread_pool::~thread_pool() {
 void thread_pool::run_tasks() {
   for (;;) {
     std::size_t i = 0;
+    const std::function<void(std::size_t)>* fn = nullptr;
     {
       std::lock_guard lock(m_);
       if (fn_ == nullptr || next_ >= n_) return;
       i = next_++;
+      fn = fn_;  // stays valid until this task is counted finished
     }
-    (*fn_)(i);
+    (*fn)(i);
     std::lock_guard lock(m_);
     if (++finished_ == n_) done_.notify_all();
   }

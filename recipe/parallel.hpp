@@ -32,7 +32,6 @@ class thread_pool {
   void parallel_for(std::size_t n, const std::function<void(std::size_t)>& fn);
 
  private:
-  void work(std::size_t generation);
   void run_tasks();
   std::vector<std::thread> workers_;
   std::mutex batch_mutex_;  // one batch at a time
