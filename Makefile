@@ -29,11 +29,12 @@ run: deps
 	$(BUILD_DIR)/troupe sim $(RUN_TOPOLOGY) --trace $(RUN_TRACE) --report $(RUN_REPORT)
 
 # The benchmarks, each beside its peer; bench_sim on a 5-minute window (the full hour of
-# docs/benchmarks.md: build/bench/bench_sim).
+# docs/benchmarks.md: build/bench/bench_sim); bench_recipe's Python peers need tools/.venv-recipe.
 bench: build
 	$(BUILD_DIR)/bench/bench_supervisor
 	$(BUILD_DIR)/bench/bench_sim --minutes 5
 	$(BUILD_DIR)/bench/bench_model
+	$(BUILD_DIR)/bench/bench_recipe $(if $(wildcard tools/.venv-recipe/bin/python),--peer tools/.venv-recipe/bin/python)
 
 clean:
 	rm -rf $(BUILD_DIR)

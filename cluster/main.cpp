@@ -1,4 +1,5 @@
 // troupe: the command-line interface of the troupe serving runtime.
+#include "cluster/recipe_cli.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -335,6 +336,7 @@ int main(int argc, char** argv) {
       if (!written) return fail(written.error());
     }
   });
+  troupe::cli::add_recipe_commands(app, rc);
 
   CLI11_PARSE(app, argc, argv);
   return rc;

@@ -85,28 +85,22 @@ void dump(const ojson& j, std::string& out) {
   }
 }
 
-// Collects the prompt: conversation text (tokenized in raw mode: never an added token) and the
-// encoder's markers (appended as their ids). Without a tokenizer only the text and the markers'
-// byte ranges are kept.
+// Collects the prompt as pieces: runs of conversation and encoder text (tokenized in raw mode:
+// never an added token) and the encoder's markers (which become control tokens).
+struct piece {
+  std::string text;
+  bool marker = false;
+};
+
 class builder {
  public:
-  explicit builder(const tokenizer* tok) : tok_(tok) {
-    if (!tok) return;
-    for (std::size_t i = 0; i < k_markers.size(); ++i) marker_ids_[i] = tok->token_to_id(k_markers[i]);
-  }
   void text(std::string_view s) { pending_ += s; }
-  // An encoder marker: flushes the pending text, appends the marker's id.
+  // An encoder marker: flushes the pending text, appends the marker.
   void marker(std::string_view m) {
     flush();
-    for (std::size_t i = 0; i < k_markers.size(); ++i)
-      if (k_markers[i] == m) {
-        ranges_.emplace_back(out_.text.size(), out_.text.size() + m.size());
-        if (tok_) {
-          if (!marker_ids_[i]) throw std::runtime_error("prompt: the tokenizer has no token " + std::string(m));
-          out_.control.push_back(out_.ids.size());
-          out_.ids.push_back(*marker_ids_[i]);
-        }
-        out_.text += m;
+    for (const auto k : k_markers)
+      if (k == m) {
+        out_.push_back({std::string(m), true});
         return;
       }
     throw std::logic_error("prompt: not a marker");
@@ -128,24 +122,19 @@ class builder {
       s.remove_prefix(best + k_markers[which].size());
     }
   }
-  encoded_prompt finish() {
+  std::vector<piece> finish() {
     flush();
     return std::move(out_);
   }
-  std::vector<std::pair<std::size_t, std::size_t>> ranges() const { return ranges_; }
 
  private:
   void flush() {
     if (pending_.empty()) return;
-    if (tok_) tok_->encode(pending_, encode_mode::raw, out_.ids);
-    out_.text += pending_;
+    out_.push_back({std::move(pending_), false});
     pending_.clear();
   }
-  const tokenizer* tok_;
-  std::array<std::optional<token_id>, k_markers.size()> marker_ids_{};
   std::string pending_;
-  encoded_prompt out_;
-  std::vector<std::pair<std::size_t, std::size_t>> ranges_;
+  std::vector<piece> out_;
 };
 
 // V4.1 spells the DSML names with a space: `<｜DSML｜ calls>`, `<｜DSML｜ invoke`, `<｜DSML｜ parameter`.
@@ -236,7 +225,7 @@ int effort_level(const conversation& c) {
   }
 }
 
-encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
+std::vector<piece> render(const conversation& c, prompt_format f, builder& b) {
   const bool v41 = f == prompt_format::v41;
   const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
   std::vector<const message*> msgs;
@@ -363,17 +352,61 @@ encoded_prompt render(const conversation& c, prompt_format f, builder& b) {
 
 }  // namespace
 
-encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format f) {
-  builder b(&tok);
-  return render(c, f, b);
+std::optional<std::string> missing_control_token(const tokenizer& tok, prompt_format f) {
+  // V4 prompts use the first seven markers; V4.1 adds <｜System｜> and <｜image｜>.
+  const std::size_t used = f == prompt_format::v4 ? 7 : k_markers.size();
+  for (std::size_t i = 0; i < used; ++i)
+    if (!tok.token_to_id(k_markers[i])) return std::string(k_markers[i]);
+  return std::nullopt;
 }
 
 rendered_prompt render_prompt(const conversation& c, prompt_format f) {
-  builder b(nullptr);
+  builder b;
   rendered_prompt out;
-  out.text = render(c, f, b).text;
-  out.control = b.ranges();
+  for (auto& p : render(c, f, b)) {
+    if (p.marker) out.control.emplace_back(out.text.size(), out.text.size() + p.text.size());
+    out.text += p.text;
+  }
   return out;
+}
+
+std::vector<prompt_piece> prompt_pieces(const conversation& c, const tokenizer& tok, prompt_format f) {
+  builder b;
+  std::vector<prompt_piece> out;
+  for (auto& p : render(c, f, b)) {
+    std::optional<token_id> control;
+    if (p.marker) {
+      control = tok.token_to_id(p.text);
+      if (!control) throw std::runtime_error("prompt: the tokenizer has no token " + p.text);
+    }
+    out.push_back({std::move(p.text), control});
+  }
+  return out;
+}
+
+encoded_prompt assemble_prompt(std::span<const prompt_piece> pieces,
+                               std::span<const std::vector<token_id>> text_ids) {
+  encoded_prompt out;
+  std::size_t next_text = 0;
+  for (const auto& piece : pieces) {
+    out.text += piece.text;
+    if (piece.control) {
+      out.control.push_back(out.ids.size());
+      out.ids.push_back(*piece.control);
+    } else {
+      const auto& ids = text_ids[next_text++];
+      out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    }
+  }
+  return out;
+}
+
+encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format f) {
+  const auto pieces = prompt_pieces(c, tok, f);
+  std::vector<std::vector<token_id>> text_ids;
+  for (const auto& piece : pieces)
+    if (!piece.control) text_ids.push_back(tok.encode(piece.text, encode_mode::raw));
+  return assemble_prompt(pieces, text_ids);
 }
 
 }  // namespace troupe::recipe

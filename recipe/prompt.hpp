@@ -10,6 +10,7 @@
 #include "recipe/tokenizer.hpp"
 
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,11 +79,29 @@ enum class prompt_format { v4, v41 };
 // shipped V4 tokenizer has no `<｜System｜>`, which V4.1 prompts with a system part use).
 encoded_prompt encode_prompt(const conversation& c, const tokenizer& tok, prompt_format format = prompt_format::v4);
 
+// The first control token of `format` that `tok` lacks, if any (the shipped V4 tokenizer has every
+// V4 one but not V4.1's <｜System｜> / <｜image｜>): checked once, encode_prompt cannot fail later.
+std::optional<std::string> missing_control_token(const tokenizer& tok, prompt_format format);
+
 // The prompt text alone, with the byte ranges [begin, end) of the encoder's control tokens.
 struct rendered_prompt {
   std::string text;
   std::vector<std::pair<std::size_t, std::size_t>> control;
 };
 rendered_prompt render_prompt(const conversation& c, prompt_format format = prompt_format::v4);
+
+// The prompt before tokenization, in order: runs of conversation and encoder text (tokenized in
+// encode_mode::raw, each on its own) and the encoder's control tokens (`control` set; `text` is the
+// spelling). encode_prompt tokenizes the runs one after the other; recipe/parallel.hpp on a pool.
+struct prompt_piece {
+  std::string text;
+  std::optional<token_id> control;
+};
+// Throws std::runtime_error, as encode_prompt does, when a control token is missing.
+std::vector<prompt_piece> prompt_pieces(const conversation& c, const tokenizer& tok,
+                                        prompt_format format = prompt_format::v4);
+// The pieces with the ids of their text runs (one vector per run without `control`, in order).
+encoded_prompt assemble_prompt(std::span<const prompt_piece> pieces,
+                               std::span<const std::vector<token_id>> text_ids);
 
 }  // namespace troupe::recipe

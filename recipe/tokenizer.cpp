@@ -307,9 +307,18 @@ struct tokenizer::impl {
   std::vector<std::string> decoded;  // id -> bytes
   std::vector<std::uint8_t> id_kind;  // 0 unknown, 1 model, 2 added, 3 added special
 
-  mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<token_id>> cache;
-  static constexpr std::size_t cache_capacity = 1 << 18;
+  // Pieces already merged, in shards by hash so that threads tokenizing in parallel
+  // (recipe/parallel.hpp) rarely wait for each other.
+  struct cache_shard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<token_id>> pieces;
+  };
+  static constexpr std::size_t cache_shards = 16;
+  static constexpr std::size_t cache_capacity = (1 << 18) / cache_shards;  // per shard
+  mutable std::array<cache_shard, cache_shards> cache;
+  cache_shard& shard(std::string_view piece) const {
+    return cache[std::hash<std::string_view>{}(piece) % cache_shards];
+  }
 
   void load(const json& j);
   void encode(std::string_view text, encode_mode mode, std::vector<token_id>& out) const;
@@ -422,9 +431,10 @@ void tokenizer::impl::bpe(std::string_view piece, std::vector<token_id>& out) co
     out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
     return;
   }
+  cache_shard& cached = shard(piece);
   {
-    std::lock_guard lock(cache_mutex);
-    if (const auto it = cache.find(std::string(piece)); it != cache.end()) {
+    std::lock_guard lock(cached.mutex);
+    if (const auto it = cached.pieces.find(std::string(piece)); it != cached.pieces.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
@@ -474,9 +484,10 @@ void tokenizer::impl::bpe(std::string_view piece, std::vector<token_id>& out) co
   }
   const std::size_t start = out.size();
   for (int i = 0; i >= 0; i = sym[static_cast<std::size_t>(i)].next) out.push_back(sym[static_cast<std::size_t>(i)].id);
-  std::lock_guard lock(cache_mutex);
-  if (cache.size() >= cache_capacity) cache.clear();
-  cache.emplace(std::string(piece), std::vector<token_id>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
+  std::lock_guard lock(cached.mutex);
+  if (cached.pieces.size() >= cache_capacity) cached.pieces.clear();
+  cached.pieces.emplace(std::string(piece),
+                        std::vector<token_id>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
 }
 
 void tokenizer::impl::pre_tokenize_and_bpe(std::string_view text, std::vector<token_id>& out) const {

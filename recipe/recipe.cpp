@@ -1,0 +1,118 @@
+#include "recipe/recipe.hpp"
+
+#include <exception>
+
+namespace troupe::recipe {
+
+struct codec::state {
+  recipe::tokenizer tok;
+  codec_options options;
+  std::unique_ptr<thread_pool> pool;  // threads > 1
+};
+
+std::optional<protocol> protocol_from_name(std::string_view name) {
+  if (name == "chat" || name == "chat_completions") return protocol::chat_completions;
+  return std::nullopt;
+}
+
+stream_options stream_options_for(const conversation& c, std::uint64_t prompt_tokens) {
+  stream_options o;
+  o.prompt_tokens = prompt_tokens;
+  const bool tools_on = !c.tools.empty() && c.tool_choice != tool_choice::none;
+  o.parse_tool_calls = tools_on;
+  const bool prefix = !c.messages.empty() && c.messages.back().role == role::assistant
+                      && c.messages.back().prefix;
+  if (prefix) {
+    const auto& m = c.messages.back();
+    o.start = c.thinking && m.reasoning && m.content.empty() ? stream_start::reasoning_continuation
+            : c.thinking ? stream_start::content_continuation : stream_start::content;
+  } else if (tools_on && c.tool_choice == tool_choice::required) {
+    o.start = stream_start::tool_calls;
+  } else {
+    o.start = c.thinking ? stream_start::reasoning : stream_start::content;
+  }
+  return o;
+}
+
+std::variant<codec, load_error> codec::load(const std::filesystem::path& file, codec_options options) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec))
+    return load_error{"tokenizer file not found: " + file.string()};
+  try {
+    auto s = std::make_unique<state>(state{recipe::tokenizer::from_file(file), options, nullptr});
+    // The prompt encoder and the stream parser need their control tokens: check them now, so that
+    // encode and create_stream_parser cannot fail later.
+    if (auto m = missing_control_token(s->tok, prompt_format::v4))
+      return load_error{file.string() + ": the tokenizer has no token " + *m};
+    if (auto p = stream_parser::create(s->tok, {}); std::holds_alternative<std::string>(p))
+      return load_error{file.string() + ": " + std::get<std::string>(p)};
+    if (options.threads > 1) s->pool = std::make_unique<thread_pool>(options.threads);
+    return codec(std::move(s));
+  } catch (const std::exception& e) {
+    return load_error{file.string() + ": " + e.what()};
+  }
+}
+
+std::variant<codec, load_error> codec::from_json(std::string_view json, codec_options options) {
+  try {
+    auto s = std::make_unique<state>(state{recipe::tokenizer::from_json(json), options, nullptr});
+    if (auto m = missing_control_token(s->tok, prompt_format::v4))
+      return load_error{"tokenizer.json: the tokenizer has no token " + *m};
+    if (auto p = stream_parser::create(s->tok, {}); std::holds_alternative<std::string>(p))
+      return load_error{std::get<std::string>(p)};
+    if (options.threads > 1) s->pool = std::make_unique<thread_pool>(options.threads);
+    return codec(std::move(s));
+  } catch (const std::exception& e) {
+    return load_error{std::string("tokenizer.json: ") + e.what()};
+  }
+}
+
+codec::codec(std::unique_ptr<state> s) : s_(std::move(s)) {}
+codec::codec(codec&&) noexcept = default;
+codec& codec::operator=(codec&&) noexcept = default;
+codec::~codec() = default;
+
+const tokenizer& codec::tokenizer() const { return s_->tok; }
+
+std::vector<token_id> codec::tokenize(std::string_view text, encode_mode mode) const {
+  if (s_->pool) return encode_parallel(s_->tok, text, mode, *s_->pool, s_->options.parallel);
+  return s_->tok.encode(text, mode);
+}
+
+std::string codec::detokenize(std::span<const token_id> ids, bool skip_special) const {
+  return s_->tok.decode(ids, skip_special);
+}
+
+encoded_prompt codec::encode(const conversation& c) const {
+  if (s_->pool) return encode_prompt(c, s_->tok, *s_->pool, s_->options.parallel);
+  return encode_prompt(c, s_->tok);
+}
+
+std::variant<encoded_request, api_error> codec::encode(protocol p, std::string_view body) const {
+  switch (p) {
+    case protocol::chat_completions: {
+      auto parsed = parse_chat_completions(body, s_->options.chat);
+      if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
+      auto& req = std::get<chat_completions_request>(parsed);
+      encoded_request out;
+      out.protocol = p;
+      out.prompt = encode(req.conversation);
+      out.stream = stream_options_for(req.conversation, out.prompt.ids.size());
+      out.stream.stop = req.params.stop;
+      out.conversation = std::move(req.conversation);
+      out.params = std::move(req.params);
+      return out;
+    }
+  }
+  return api_error{400, "unknown protocol", "invalid_request_error", std::nullopt, std::nullopt};
+}
+
+stream_parser codec::create_stream_parser(const stream_options& o) const {
+  return std::get<stream_parser>(stream_parser::create(s_->tok, o));  // checked at load
+}
+
+stream_parser codec::create_stream_parser(const encoded_request& r) const {
+  return create_stream_parser(r.stream);
+}
+
+}  // namespace troupe::recipe
