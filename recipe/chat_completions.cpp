@@ -307,19 +307,7 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
 }  // namespace
 
 chat_completions_result parse_chat_completions(std::string_view body, const chat_completions_config& config) {
-  if (detail::nesting_depth(body) > detail::max_nesting)
-    return api_error{400, "The request body is nested more than " + std::to_string(detail::max_nesting) + " levels deep.",
-                     "invalid_request_error", std::nullopt, std::nullopt};
-  ojson j = ojson::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded())
-    return api_error{400, "We could not parse the JSON body of your request.", "invalid_request_error", std::nullopt,
-                     std::nullopt};
-  try {
-    return convert(j, config);
-  } catch (request_failure& f) {
-    if (f.error.param && f.error.param->empty()) f.error.param.reset();
-    return std::move(f.error);
-  }
+  return detail::parse_body<chat_completions_result>(body, "We could not parse the JSON body of your request.", [&](const ojson& j) { return convert(j, config); });
 }
 
 }  // namespace troupe::recipe

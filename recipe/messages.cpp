@@ -284,22 +284,13 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
 }  // namespace
 
 messages_result parse_messages(std::string_view body, const chat_completions_config& config) {
-  if (detail::nesting_depth(body) > detail::max_nesting)
-    return api_error{400, "The request body is nested more than " + std::to_string(detail::max_nesting) + " levels deep.",
-                     "invalid_request_error", std::nullopt, std::nullopt};
-  ojson j = ojson::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded())
-    return api_error{400, "The request body is not valid JSON.", "invalid_request_error", std::nullopt, std::nullopt};
-  try {
-    return convert(j, config);
-  } catch (detail::request_failure& e) {
-    if (e.error.param && e.error.param->empty()) e.error.param.reset();
-    // The shared checks (model, thinking, effort, ranges) word their messages OpenAI's way; here
-    // every message starts with the field, as Anthropic's do.
-    if (e.error.param && e.error.message.rfind(*e.error.param + ": ", 0) != 0)
-      e.error.message = *e.error.param + ": " + e.error.message;
-    return std::move(e.error);
-  }
+  auto r = detail::parse_body<messages_result>(body, "The request body is not valid JSON.",
+                                               [&](const ojson& j) { return convert(j, config); });
+  // The shared checks (model, thinking, effort, ranges) word their messages OpenAI's way; here
+  // every message starts with the field, as Anthropic's do.
+  if (auto* e = std::get_if<api_error>(&r); e && e->param && e->message.rfind(*e->param + ": ", 0) != 0)
+    e->message = *e->param + ": " + e->message;
+  return r;
 }
 
 }  // namespace troupe::recipe

@@ -41,6 +41,24 @@ inline message make_message(role r, std::string content) {
 constexpr std::size_t max_nesting = 128;
 std::size_t nesting_depth(std::string_view text);
 
+/// Parses a request body and converts it with `convert(json)`: a body nested deeper than
+/// max_nesting or not JSON (`bad_json` is the message) is refused before conversion, and a failed
+/// check (request_failure) becomes the api_error value returned.
+template <class Result, class Convert>
+Result parse_body(std::string_view body, const char* bad_json, Convert&& convert) {
+  if (nesting_depth(body) > max_nesting)
+    return api_error{400, "The request body is nested more than " + std::to_string(max_nesting) + " levels deep.",
+                     "invalid_request_error", std::nullopt, std::nullopt};
+  ojson j = ojson::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded()) return api_error{400, bad_json, "invalid_request_error", std::nullopt, std::nullopt};
+  try {
+    return convert(j);
+  } catch (request_failure& f) {
+    if (f.error.param && f.error.param->empty()) f.error.param.reset();
+    return std::move(f.error);
+  }
+}
+
 /// The prompt format a model's requests are converted for.
 inline prompt_format format_of(const std::string& model, const std::vector<std::string>& v41_models) {
   for (const auto& m : v41_models)

@@ -322,19 +322,7 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
 }  // namespace
 
 responses_result parse_responses(std::string_view body, const chat_completions_config& config) {
-  if (detail::nesting_depth(body) > detail::max_nesting)
-    return api_error{400, "The request body is nested more than " + std::to_string(detail::max_nesting) + " levels deep.",
-                     "invalid_request_error", std::nullopt, std::nullopt};
-  ojson j = ojson::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded())
-    return api_error{400, "We could not parse the JSON body of your request.", "invalid_request_error", std::nullopt,
-                     std::nullopt};
-  try {
-    return convert(j, config);
-  } catch (request_failure& e) {
-    if (e.error.param && e.error.param->empty()) e.error.param.reset();
-    return std::move(e.error);
-  }
+  return detail::parse_body<responses_result>(body, "We could not parse the JSON body of your request.", [&](const ojson& j) { return convert(j, config); });
 }
 
 }  // namespace troupe::recipe
