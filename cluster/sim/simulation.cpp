@@ -8,6 +8,7 @@
 #include "actors/lb/vision_lb.hpp"
 #include "actors/request/request.hpp"
 #include "actors/type_ids.hpp"
+#include "cluster/sim/expert_placement.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -79,19 +80,55 @@ struct busy_table {
   }
 };
 
-/// A device cost for the leader rank of an instance: the engine's step covers the whole
-/// instance, so each GPU's share is 1/ranks of it.
+/// The world's view of its GPUs while faults play out (one thread in the sim): which GPUs are
+/// failed, which instances run slowed, what size each instance re-formed with, and the
+/// events of the fault timeline (restarts, EP resizes, instances that stay down).
+struct fleet_state {
+  const runtime::world* clock = nullptr;
+  runtime::time_point origin{};
+  /// "pool/instance" -> the indices of its failed GPUs.
+  std::map<std::string, std::set<std::uint32_t>> failed;
+  /// "pool/instance" -> the factors of the slowdowns in force (the slowest rank sets the pace
+  /// of an EP group's collective steps).
+  std::map<std::string, std::multiset<double>> slow;
+  /// "pool/instance" -> starts so far, and the size of its current (or last) incarnation.
+  std::map<std::string, std::uint32_t> starts;
+  std::map<std::string, std::uint32_t> size;
+  /// Restarts, EP resizes, instances that stay down, recoveries (report `timeline`).
+  nlohmann::json events = nlohmann::json::array();
+
+  double now_s() const {
+    return clock == nullptr ? 0 : runtime::to_seconds(clock->now() - origin);
+  }
+  double factor(const std::string& key) const {
+    auto i = slow.find(key);
+    return i == slow.end() || i->second.empty() ? 1.0 : *i->second.rbegin();
+  }
+  void event(std::string kind, std::string target, nlohmann::json detail = nlohmann::json::object()) {
+    detail["at_s"] = std::round(now_s() * 1e6) / 1e6;
+    detail["kind"] = std::move(kind);
+    detail["target"] = std::move(target);
+    events.push_back(std::move(detail));
+  }
+};
+
+/// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
+/// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
+/// it, times the instance's slowdown factor.
 runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_profile& hw,
                                     std::uint32_t ep, std::uint32_t ranks,
-                                    std::shared_ptr<busy_table> busy, std::string key) {
+                                    std::shared_ptr<busy_table> busy, std::string key,
+                                    std::shared_ptr<const fleet_state> fleet) {
   auto per_gpu = make_step_cost(model, hw, ep);
-  return [per_gpu, ranks, busy, key](const runtime::device_step& s) {
+  return [per_gpu, ranks, busy, key, fleet](const runtime::device_step& s) {
     auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
     runtime::device_step g = s;
     g.tokens = share(s.tokens);
     g.sequences = static_cast<std::uint32_t>(share(s.sequences));
     g.context_tokens = share(s.context_tokens);
     auto d = per_gpu(g);
+    if (auto f = fleet->factor(key); f != 1.0)
+      d = runtime::from_seconds(runtime::to_seconds(d) * f);
     busy->add(key, d);
     return d;
   };
@@ -300,23 +337,60 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   for (auto* pool : {prefill_pool, decode_pool})
     for (std::uint32_t i = 0; i < pool->instances.initial; ++i)
       busy->by_key[pool->name + "/" + std::to_string(i)];
+  auto fleet = std::make_shared<fleet_state>();
+  fleet->clock = &w;
+  fleet->origin = origin;
   auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
     actors::instance_ports ports;
     auto m = *model;
     auto h = *hw;
-    auto ranks = pool.gpus_per_instance;
-    auto ep = pool.ep_size;
+    auto configured = pool.gpus_per_instance;
+    auto pool_ep = pool.ep_size;
     auto name = pool.name;
-    ports.device = [m, h, ranks, ep, busy, name](caf::local_actor* self, actors::instance_id id,
-                                                  std::uint32_t rank) {
-      // Only the leader rank runs the instance's steps (its cost covers the EP group).
+    ports.device = [m, h, configured, pool_ep, busy, name, fleet](
+                     caf::local_actor* self, actors::instance_id id, std::uint32_t,
+                     std::uint32_t size) {
+      // Only the leader rank is sent steps (its cost covers the EP group); the EP size
+      // shrinks with the incarnation (docs/faults.md, "EP resize on restart").
       auto key = name + "/" + std::to_string(id);
-      runtime::step_cost_fn cost
-        = rank == 0 ? instance_cost(m, h, ep, ranks, busy, key)
-                    : runtime::step_cost_fn{[](const runtime::device_step&) {
-                        return runtime::duration{0};
-                      }};
-      return runtime::spawn_sim_device(self->system(), std::move(cost));
+      auto ep = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(
+                                             std::uint64_t{pool_ep} * size / configured));
+      return runtime::spawn_sim_device(self->system(),
+                                       instance_cost(m, h, ep, size, busy, key, fleet));
+    };
+    auto experts = m.routed_experts;
+    ports.gpus = [configured, experts, name, fleet](actors::instance_id id) {
+      // An incarnation runs on the instance's healthy GPUs, rounded down to a valid EP size.
+      auto key = name + "/" + std::to_string(id);
+      auto& failed = fleet->failed[key];
+      std::vector<std::uint32_t> healthy;
+      for (std::uint32_t g = 0; g < configured; ++g)
+        if (!failed.contains(g))
+          healthy.push_back(g);
+      auto n = resized_ep(configured, static_cast<std::uint32_t>(healthy.size()), experts);
+      healthy.resize(n);
+      auto previous = fleet->size.contains(key) ? fleet->size[key] : configured;
+      if (fleet->starts[key]++ > 0) {
+        if (n == 0) {
+          fleet->event("stays_down", key,
+                       {{"healthy_gpus", configured - failed.size()},
+                        {"reason", "too few healthy GPUs to re-form an EP group (needs "
+                                     + std::to_string((configured + 1) / 2) + ")"}});
+        } else {
+          fleet->event("restart", key, {{"ep", n}});
+          if (n != previous) {
+            auto placed = balanced_placement(experts, n);
+            fleet->event("ep_resize", key,
+                         {{"from", previous},
+                          {"to", n},
+                          {"experts_per_rank_max", placed.empty() ? 0 : placed.front()},
+                          {"experts_per_rank_min", placed.empty() ? 0 : placed.back()}});
+          }
+        }
+      }
+      if (n > 0)
+        fleet->size[key] = n;
+      return healthy;
     };
     ports.link = [link_bw, link_lat](caf::local_actor* self, actors::instance_id) {
       return runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
@@ -361,45 +435,108 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
 
-  // Faults: `fail` of a gpu or an instance is an exit sent down the supervision tree at its
-  // time; `drain` of a decode instance is a leave notice to its engine (fault_injector.hpp);
-  // the other kinds are not injected yet.
+  // Faults (docs/faults.md, "What is injected"): `fail` of a gpu, an instance or a pool is an
+  // exit sent down the supervision tree at its time (a gpu is also marked failed, so the
+  // instance re-forms without it); `recover` of a gpu marks it healthy again; `slow` scales
+  // the device cost of the instances it covers for its duration; `store_fail` / `recover` of
+  // a shard take a KV store shard down (its metadata lost) and back; `drain` of a decode
+  // instance is a leave notice to its engine (fault_injector.hpp). The rest are listed as not
+  // injected yet.
   auto injected_log = std::make_shared<std::vector<actors::fault_record>>();
   std::vector<std::size_t> order_of_fault(options.faults.size(), SIZE_MAX);
   caf::actor injector;
   {
     std::vector<actors::fault_order> orders;
     auto started = w.now() - origin;
+    auto due = [&](runtime::duration at) { return std::max(runtime::duration{0}, at - started); };
+    // An effect-only order at `at` (the end of a timed fault); not tied to a timeline entry.
+    auto later = [&](runtime::duration at, std::function<void()> effect) {
+      actors::fault_order order;
+      order.at = due(at);
+      order.effect = std::move(effect);
+      orders.push_back(std::move(order));
+    };
+    auto instance_key = [](const fault_place& place) {
+      return place.pool + "/" + std::to_string(*place.instance);
+    };
+    // The instances a gpu / instance / pool target covers ("pool/instance" keys).
+    auto covered = [&](const fault_target& t) {
+      std::vector<std::string> keys;
+      if (t.kind == target_kind::pool) {
+        for (auto& pool : topo.pools)
+          if (pool.name == t.place.pool)
+            for (std::uint32_t i = 0; i < pool.instances.max; ++i)
+              keys.push_back(pool.name + "/" + std::to_string(i));
+      } else if (t.place.instance) {
+        keys.push_back(instance_key(t.place));
+      }
+      return keys;
+    };
     for (std::size_t i = 0; i < options.faults.size(); ++i) {
       auto& f = options.faults[i];
       auto& place = f.target.place;
-      // A drain of a decode instance: the leave notice, then the hand-off and the stop.
+      auto target = to_string(f.target);
+      actors::fault_order order;
+      order.at = due(f.at);
+      auto line = " (fault plan line " + std::to_string(f.line) + ")";
       if (f.kind == fault_kind::drain && f.target.kind == target_kind::instance
           && place.instance && place.pool == decode_pool->name) {
-        actors::fault_order order;
-        order.at = std::max(runtime::duration{0}, f.at - started);
-        order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
+        // A drain of a decode instance: the leave notice, then the hand-off and the stop.
+        order.path = {place.pool, instance_key(place)};
         order.drain = f.grace;
-        order_of_fault[i] = orders.size();
-        orders.push_back(std::move(order));
-        continue;
-      }
-      if (f.kind != fault_kind::fail
-          || (f.target.kind != target_kind::gpu && f.target.kind != target_kind::instance)
-          || !f.target.place.instance)
-        continue;
-      actors::fault_order order;
-      order.at = std::max(runtime::duration{0}, f.at - started);
-      order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
-      if (f.target.kind == target_kind::gpu && place.rank) {
-        order.path.push_back("rank" + std::to_string(*place.rank));
-        order.reason = runtime::make_error(runtime::errc::unavailable,
-                                           "gpu failure (fault plan line "
-                                             + std::to_string(f.line) + ")");
+      } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::gpu
+                 && place.instance && place.rank) {
+        auto key = instance_key(place);
+        auto gpu = *place.rank;
+        order.path = {place.pool, key, "rank" + std::to_string(gpu)};
+        order.reason = runtime::make_error(runtime::errc::unavailable, "gpu failure" + line);
+        order.effect = [fleet, key, gpu] { fleet->failed[key].insert(gpu); };
+        if (f.duration)
+          later(f.at + *f.duration, [fleet, key, gpu, target] {
+            fleet->failed[key].erase(gpu);
+            fleet->event("recover", target, {{"after", "fail duration"}});
+          });
+      } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::instance
+                 && place.instance) {
+        order.path = {place.pool, instance_key(place)};
+        order.reason = runtime::make_error(runtime::errc::unavailable, "instance failure" + line);
+      } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::pool) {
+        order.path = {place.pool, "*"};
+        order.reason = runtime::make_error(runtime::errc::unavailable, "pool failure" + line);
+      } else if (f.kind == fault_kind::recover && f.target.kind == target_kind::gpu
+                 && place.instance && place.rank) {
+        auto key = instance_key(place);
+        auto gpu = *place.rank;
+        order.effect = [fleet, key, gpu] { fleet->failed[key].erase(gpu); };
+      } else if (f.kind == fault_kind::slow && f.duration
+                 && (f.target.kind == target_kind::gpu || f.target.kind == target_kind::instance
+                     || f.target.kind == target_kind::pool)) {
+        auto keys = covered(f.target);
+        auto factor = f.factor;
+        order.effect = [fleet, keys, factor] {
+          for (auto& k : keys)
+            fleet->slow[k].insert(factor);
+        };
+        later(f.at + *f.duration, [fleet, keys, factor, target] {
+          for (auto& k : keys)
+            if (auto it = fleet->slow[k].find(factor); it != fleet->slow[k].end())
+              fleet->slow[k].erase(it);
+          fleet->event("slow_end", target);
+        });
+      } else if ((f.kind == fault_kind::store_fail || f.kind == fault_kind::recover)
+                 && f.target.kind == target_kind::shard) {
+        auto shard = f.target.shard;
+        auto down = f.kind == fault_kind::store_fail;
+        order.effect = [kv_store, shard, down] {
+          caf::anon_send(kv_store, actors::kv_shard_fault_atom::value, shard, down);
+        };
+        if (down && f.duration)
+          later(f.at + *f.duration, [kv_store, shard, fleet, target] {
+            caf::anon_send(kv_store, actors::kv_shard_fault_atom::value, shard, false);
+            fleet->event("recover", target, {{"after", "store_fail duration"}});
+          });
       } else {
-        order.reason = runtime::make_error(runtime::errc::unavailable,
-                                           "instance failure (fault plan line "
-                                             + std::to_string(f.line) + ")");
+        continue;
       }
       order_of_fault[i] = orders.size();
       orders.push_back(std::move(order));
@@ -604,18 +741,53 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
           ++injected;
         else
           entry["skipped"] = d->second->skipped;
-        if (d->second->forwarded)
-          entry["forwarded"] = *d->second->forwarded;
+        if (d->second->forwarded && d->second->forwarded->done)
+          entry["forwarded"] = d->second->forwarded->forwarded;
       }
     }
     report["faults"] = {{"injected", injected > 0},
                         {"injected_count", injected},
-                        {"injects", "fail of a gpu or an instance (the instance restarts after "
-                                    "sim_params.restart_time with all its GPUs: no EP shrink yet); "
-                                    "drain of a decode instance (grace, then its requests are "
+                        {"injects", "fail of a gpu, an instance or a pool (an instance restarts "
+                                    "after sim_params.restart_time on its healthy GPUs, EP rounded "
+                                    "down to a valid size, or stays down); recover of a gpu; slow of "
+                                    "a gpu, an instance or a pool; store_fail and recover of a "
+                                    "shard; drain of a decode instance (grace, then its requests are "
                                     "forwarded with their KV and it is removed)"},
                         {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},
                         {"timeline", std::move(timeline)}};
+  }
+  // The run's timeline (docs/report.md): injected faults, then what the cluster did about
+  // them (restarts, EP resizes, instances staying down, recoveries, drain hand-offs), by time.
+  {
+    nlohmann::json timeline = nlohmann::json::array();
+    std::map<std::size_t, const actors::fault_record*> by_order;
+    for (auto& r : *injected_log)
+      by_order[r.order] = &r;
+    for (std::size_t i = 0; i < options.faults.size(); ++i) {
+      auto o = order_of_fault[i];
+      auto d = o == SIZE_MAX ? by_order.end() : by_order.find(o);
+      if (d == by_order.end() || !d->second->injected)
+        continue;
+      auto& f = options.faults[i];
+      nlohmann::json e{{"at_s", tidy(runtime::to_seconds(d->second->at - origin))},
+                       {"kind", std::string{to_string(f.kind)}},
+                       {"target", to_string(f.target)},
+                       {"line", f.line}};
+      if (f.kind == fault_kind::slow)
+        e["factor"] = f.factor;
+      timeline.push_back(std::move(e));
+      if (auto& h = d->second->forwarded; h && h->done)
+        timeline.push_back({{"at_s", tidy(runtime::to_seconds(h->at - origin))},
+                            {"kind", "forward"},
+                            {"target", to_string(f.target)},
+                            {"forwarded", h->forwarded}});
+    }
+    for (auto& e : fleet->events)
+      timeline.push_back(e);
+    std::stable_sort(timeline.begin(), timeline.end(), [](auto& a, auto& b) {
+      return a["at_s"].template get<double>() < b["at_s"].template get<double>();
+    });
+    report["timeline"] = std::move(timeline);
   }
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
   report["invariants"] = invariants.to_json();

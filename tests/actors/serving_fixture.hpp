@@ -95,7 +95,7 @@ struct serving_cluster {
     if (shape.vision_tier)
       vlb = spawn_vision_lb(sys);
     instance_ports ports;
-    ports.device = [](caf::local_actor* self, instance_id, std::uint32_t) {
+    ports.device = [](caf::local_actor* self, instance_id, std::uint32_t, std::uint32_t) {
       return runtime::spawn_sim_device(self->system(), simple_cost);
     };
     ports.link = [](caf::local_actor* self, instance_id) {
@@ -160,15 +160,20 @@ struct serving_cluster {
   /// Kills the child at `path` under the pools supervisor (e.g. {"decode/0", "rank1"}) `at`
   /// from now, with a "gpu failure" reason.
   void inject(runtime::duration at, std::vector<std::string> path) {
-    fault_order order{at, std::move(path),
-                      runtime::make_error(runtime::errc::unavailable, "gpu failure"), std::nullopt};
+    fault_order order;
+    order.at = at;
+    order.path = std::move(path);
+    order.reason = runtime::make_error(runtime::errc::unavailable, "gpu failure");
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
   }
 
   /// Gives decode instance `instance` a drain notice `at` from now with `grace` (it is then
   /// stopped through the pools supervisor once its hand-off is done).
   void drain(runtime::duration at, instance_id instance, runtime::duration grace) {
-    fault_order order{at, {"decode/" + std::to_string(instance)}, caf::error{}, grace};
+    fault_order order;
+    order.at = at;
+    order.path = {"decode/" + std::to_string(instance)};
+    order.drain = grace;
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
   }
 

@@ -75,7 +75,7 @@ TEST_CASE("drain: requests that finish within the grace are not forwarded; it le
   REQUIRE(s.faults->size() == 1);
   CHECK(s.faults->at(0).injected);
   REQUIRE(s.faults->at(0).forwarded);
-  CHECK(*s.faults->at(0).forwarded == 0);
+  CHECK(s.faults->at(0).forwarded->forwarded == 0);
   // Stopped (removed from the pools, not restarted) when its last request ended, not at
   // the end of the grace.
   CHECK(!has_child(s, "decode/0"));
@@ -108,7 +108,7 @@ TEST_CASE("drain: long requests are forwarded with their KV at grace end, none r
   s.run();
   REQUIRE(s.faults->size() == 1);
   REQUIRE(s.faults->at(0).forwarded);
-  CHECK(*s.faults->at(0).forwarded == 3);
+  CHECK(s.faults->at(0).forwarded->forwarded == 3);
   for (std::uint64_t id = 1; id <= 3; ++id) {
     CAPTURE(id);
     auto& o = s.outcomes->at(id);
