@@ -102,9 +102,11 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
                                   std::uint32_t size) {
       auto e = engine;
       e.step_tokens = scaled(e.step_tokens, size, ranks);
-      cfg.children.push_back(engine_child(id, lb, [e, link, table, id](caf::local_actor* self) {
+      cfg.children.push_back(engine_child(id, lb, [e, link, table, id, lb](caf::local_actor* self) {
         auto l = link ? link(self, id) : runtime::link_port{};
-        return spawn_prefill_engine(self, e, table->at(0), l);
+        // On a drain notice the engine has its balancer exclude the instance.
+        auto leave = [lb, id] { caf::anon_send(lb, drain_instance_atom::value, id); };
+        return spawn_prefill_engine(self, e, table->at(0), l, leave);
       }));
     });
 }

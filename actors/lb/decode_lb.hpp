@@ -50,9 +50,6 @@ typename Inspector::result_type inspect(Inspector& f, decode_release& x) {
   return f(caf::meta::type_name("decode_release"), x.instance, x.kv_tokens);
 }
 
-/// Instance `id` is draining: route nothing more to it.
-using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
-
 /// Replies: decode_route -> decode_assignment, or errc::unavailable when no engine has room.
 using decode_lb_actor
   = caf::typed_actor<caf::replies_to<decode_route>::with<decode_assignment>,

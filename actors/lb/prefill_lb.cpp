@@ -23,6 +23,7 @@ struct prefill_lb_state {
   std::unique_ptr<prefill_balancer> balancer;
   std::map<instance_id, prefill_engine_actor> engines;
   runtime::time_point last_rebalance{};
+  std::uint64_t drained = 0;
   static inline const char* name = "prefill_lb";
 };
 
@@ -60,6 +61,14 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       st.engines[id] = std::move(engine);
       st.balancer->add_instance(id);
     },
+    [self](drain_instance_atom, instance_id id) {
+      // Draining: no new routes; the jobs it holds finish there.
+      auto& st = self->state;
+      if (st.engines.contains(id)) {
+        st.balancer->remove_instance(id);
+        ++st.drained;
+      }
+    },
     [self](lb_stats_atom) {
       auto& b = *self->state.balancer;
       lb_counters c;
@@ -74,6 +83,7 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       c.add("rejected", s.rejected);
       c.add("moves", s.moves);
       c.add("rebalances", s.rebalances);
+      c.add("drained", self->state.drained);
       return c;
     },
   };

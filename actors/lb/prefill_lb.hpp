@@ -54,6 +54,7 @@ using prefill_lb_actor
   = caf::typed_actor<caf::replies_to<prefill_route>::with<prefill_assignment>,
                      caf::reacts_to<prefill_release>,
                      caf::reacts_to<add_instance_atom, instance_id, prefill_engine_actor>,
+                     caf::reacts_to<drain_instance_atom, instance_id>,
                      caf::replies_to<lb_stats_atom>::with<lb_counters>>;
 
 struct prefill_lb_params {

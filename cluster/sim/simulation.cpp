@@ -480,8 +480,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       order.at = due(f.at);
       auto line = " (fault plan line " + std::to_string(f.line) + ")";
       if (f.kind == fault_kind::drain && f.target.kind == target_kind::instance
-          && place.instance && place.pool == decode_pool->name) {
-        // A drain of a decode instance: the leave notice, then the hand-off and the stop.
+          && place.instance
+          && (place.pool == decode_pool->name || place.pool == prefill_pool->name)) {
+        // A drain: the leave notice, then (decode) the hand-off, and the stop.
         order.path = {place.pool, instance_key(place)};
         order.drain = f.grace;
       } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::gpu
@@ -573,6 +574,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   services.retry_interval = p.retry_interval;
   services.progress_every = p.progress_every;
   services.test_drop_on_reroute = p.test_drop_on_reroute;
+  services.swa_ring_bytes = static_cast<std::uint64_t>(std::llround(model->swa_ring_bytes()));
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.
@@ -752,7 +754,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                                     "down to a valid size, or stays down); recover of a gpu; slow of "
                                     "a gpu, an instance or a pool; store_fail and recover of a "
                                     "shard; drain of a decode instance (grace, then its requests are "
-                                    "forwarded with their KV and it is removed)"},
+                                    "forwarded with their KV and SWA rings and it is removed) or of "
+                                    "a prefill instance (finishes its work and is removed)"},
                         {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},
                         {"timeline", std::move(timeline)}};
   }

@@ -52,6 +52,8 @@ struct cluster_shape {
   runtime::duration restart_delay{0};
   /// The requests' deadline.
   runtime::duration deadline = std::chrono::minutes(10);
+  /// Sliding-window ring bytes a forwarded request carries (request_services).
+  std::uint64_t swa_ring_bytes = 0;
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -85,8 +87,10 @@ struct serving_cluster {
     = std::make_shared<std::vector<fault_record>>();
   std::vector<caf::actor> injectors;
   runtime::duration deadline;
+  std::uint64_t swa_ring_bytes = 0;
 
-  explicit serving_cluster(cluster_shape shape = {}) : deadline(shape.deadline) {
+  explicit serving_cluster(cluster_shape shape = {})
+    : deadline(shape.deadline), swa_ring_bytes(shape.swa_ring_bytes) {
     kv_index_params kvp;
     kvp.capacity_bytes = 1ull << 40;
     kv = spawn_sharded_kv_store(sys, kvp, 2);
@@ -150,6 +154,7 @@ struct serving_cluster {
     spec.image_tokens = image_tokens;
     request_services services{kv, plb, dlb, 100, sink, vlb};
     services.deadline = deadline;
+    services.swa_ring_bytes = swa_ring_bytes;
     sys.spawn([spec, services, held = requests](caf::event_based_actor* self) {
       held->push_back(spawn_request(self, spec, services));
     });
@@ -167,12 +172,13 @@ struct serving_cluster {
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
   }
 
-  /// Gives decode instance `instance` a drain notice `at` from now with `grace` (it is then
+  /// Gives instance `instance` of `pool` a drain notice `at` from now with `grace` (it is then
   /// stopped through the pools supervisor once its hand-off is done).
-  void drain(runtime::duration at, instance_id instance, runtime::duration grace) {
+  void drain(runtime::duration at, instance_id instance, runtime::duration grace,
+             const std::string& pool = "decode") {
     fault_order order;
     order.at = at;
-    order.path = {"decode/" + std::to_string(instance)};
+    order.path = {pool + "/" + std::to_string(instance)};
     order.drain = grace;
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
   }

@@ -55,6 +55,9 @@ TEST_CASE("a decode rank killed mid-decode: the request resumes on another decod
   CHECK(o.decode_instance != base.decode_instance);
   // Exactly its output length: the 49 delivered before are not delivered again.
   CHECK(o.delivered_tokens == o.output_tokens);
+  // Deterministic decoding: the very tokens of the fault-free run, in order, once each.
+  CHECK(o.token_digest == base.token_digest);
+  CHECK(o.token_digest == stream_digest(0, 1, 0, 101));
   CHECK(o.first_token == base.first_token);
   // Resumed at 500 ms: re-prefill of the 48 decoded tokens (the prompt's 8 blocks hit), the
   // hand-off, then the remaining 52 tokens: it ends about 520 ms after the failure, where the
@@ -75,6 +78,7 @@ TEST_CASE("a decode rank killed before any progress: no token but the first was 
   CHECK(o.completed);
   CHECK(o.reroutes == 1);
   CHECK(o.delivered_tokens == 101);
+  CHECK(o.token_digest == base.token_digest);
 }
 
 TEST_CASE("a prefill instance killed mid-prefill: the request is re-prefilled elsewhere") {
