@@ -620,7 +620,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto& outcomes = log->outcomes;
   std::sort(outcomes.begin(), outcomes.end(),
             [](auto& a, auto& b) { return a.id < b.id; });
-  std::vector<double> ttft, tbt, e2e;
+  std::vector<double> ttft, tbt, e2e, e2e_rerouted;
   std::uint64_t completed = 0, failed = 0, in_tokens = 0, out_tokens = 0, hit_blocks = 0,
                 hit_tokens = 0, prompt_tokens = 0;
   std::map<std::string, std::uint64_t> failures;
@@ -645,6 +645,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     last = std::max(last, o.finished);
     ttft.push_back(runtime::to_seconds(o.first_token - o.admitted) * 1e3);
     e2e.push_back(runtime::to_seconds(o.finished - o.admitted) * 1e3);
+    if (o.reroutes > 0 || o.forwards > 0)
+      e2e_rerouted.push_back(e2e.back());
     if (o.output_tokens > 1)
       tbt.push_back(runtime::to_seconds(o.finished - o.first_token) * 1e3
                     / static_cast<double>(o.output_tokens - 1));
@@ -676,6 +678,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   report["latency_ms"] = {{"ttft", tidy_all(percentiles(ttft))},
                           {"tbt", tidy_all(percentiles(tbt))},
                           {"e2e", tidy_all(percentiles(e2e))}};
+  // The requests a fault touched (rerouted or forwarded, completed): what they paid.
+  if (!e2e_rerouted.empty())
+    report["latency_ms"]["e2e_rerouted"] = tidy_all(percentiles(e2e_rerouted));
   report["throughput"] = {{"input_tokens_per_s", tidy(static_cast<double>(in_tokens) / span_s)},
                           {"output_tokens_per_s", tidy(static_cast<double>(out_tokens) / span_s)}};
   report["kv"] = {
@@ -793,6 +798,25 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     report["timeline"] = std::move(timeline);
   }
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
+  // No KV leaked: once every request has ended, no decode instance still holds a request's
+  // KV (decode_lb's bookings, released by each request as it leaves an instance) and the
+  // store holds no block reserved by a writer and never committed. Reported as request 0.
+  if (finished) {
+    auto counter = [&](const std::string& lb, const std::string& name) -> std::uint64_t {
+      if (!report.contains("lb") || !report["lb"].contains(lb) || !report["lb"][lb].contains(name))
+        return 0;
+      return report["lb"][lb][name].get<std::uint64_t>();
+    };
+    if (auto held = counter("decode", "held_requests"); held > 0)
+      invariants.violations.push_back(
+        {0, "KV leaked: decode instances still hold " + std::to_string(held) + " requests ("
+              + std::to_string(counter("decode", "held_kv_tokens"))
+              + " KV tokens) after every request ended"});
+    if (*kv_stats && (*kv_stats)->pending > 0)
+      invariants.violations.push_back(
+        {0, "KV leaked: the store holds " + std::to_string((*kv_stats)->pending)
+              + " blocks reserved and never committed after every request ended"});
+  }
   report["invariants"] = invariants.to_json();
   report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,
                                  decode_pool->name, *busy);
