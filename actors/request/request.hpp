@@ -142,6 +142,10 @@ struct request_services {
   /// TEST ONLY (sim_params::test_drop_on_reroute): a planted bug — on a reroute the request
   /// drops the rest of its stream and reports itself completed.
   bool test_drop_on_reroute = false;
+  /// TEST ONLY (sim_params::test_replay_on_reroute): a planted bug — after a decode failure
+  /// the request forgets what it delivered and streams those positions again (the count
+  /// comes out right, the stream does not).
+  bool test_replay_on_reroute = false;
   /// Bytes of a request's sliding-window rings, added to the KV a drained decode instance
   /// forwards (they are never persisted, so they travel with the request).
   std::uint64_t swa_ring_bytes = 0;

@@ -574,6 +574,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   services.retry_interval = p.retry_interval;
   services.progress_every = p.progress_every;
   services.test_drop_on_reroute = p.test_drop_on_reroute;
+  services.test_replay_on_reroute = p.test_replay_on_reroute;
   services.swa_ring_bytes = static_cast<std::uint64_t>(std::llround(model->swa_ring_bytes()));
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 

@@ -67,6 +67,10 @@ struct sim_params {
   /// completed. Reachable from the CLI only through the hidden `--plant-bug` flag of
   /// `troupe sim` / `troupe swarm` (docs/faults.md, "Swarm"). Never set it otherwise.
   bool test_drop_on_reroute = false;
+  /// TEST ONLY — a second planted bug, for the token-stream invariant: after a decode
+  /// failure a request streams the positions it had delivered again (its count still comes
+  /// out right). Not reachable from the CLI.
+  bool test_replay_on_reroute = false;
 };
 
 /// How to run.
