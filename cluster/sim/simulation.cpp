@@ -91,6 +91,8 @@ struct fleet_state {
   /// "pool/instance" -> the factors of the slowdowns in force (the slowest rank sets the pace
   /// of an EP group's collective steps).
   std::map<std::string, std::multiset<double>> slow;
+  /// "pool/instance" -> until when its KV link is cut off by a partition.
+  std::map<std::string, runtime::time_point> cut_until;
   /// "pool/instance" -> starts so far, and the size of its current (or last) incarnation.
   std::map<std::string, std::uint32_t> starts;
   std::map<std::string, std::uint32_t> size;
@@ -111,6 +113,53 @@ struct fleet_state {
     events.push_back(std::move(detail));
   }
 };
+
+using link_retry_atom = caf::atom_constant<caf::atom("linkretry")>;
+
+/// A KV link that waits out partitions (docs/faults.md, "partition"): a transfer that starts
+/// while instance `key` is cut off is held until the cut ends (checked again then: a later
+/// partition may extend it), then crosses the real link `inner`. Spawned only when the
+/// plan has partitions, so other runs have the same events as without it.
+caf::behavior partitioned_link(caf::event_based_actor* self, runtime::link_port inner,
+                               std::shared_ptr<const fleet_state> fleet, std::string key) {
+  struct held {
+    runtime::link_transfer transfer;
+    caf::typed_response_promise<runtime::link_delivery> promise;
+  };
+  auto pending = std::make_shared<std::map<std::uint64_t, held>>();
+  auto next = std::make_shared<std::uint64_t>(0);
+  auto cut_left = [self, fleet, key]() -> runtime::duration {
+    auto i = fleet->cut_until.find(key);
+    auto now = self->clock().now();
+    return i == fleet->cut_until.end() || i->second <= now ? runtime::duration{0}
+                                                            : i->second - now;
+  };
+  return {
+    [=](runtime::link_transfer& t) -> caf::result<runtime::link_delivery> {
+      auto wait = cut_left();
+      if (wait == runtime::duration{0})
+        return self->delegate(inner, t);
+      auto n = ++*next;
+      auto rp = self->make_response_promise<runtime::link_delivery>();
+      pending->emplace(n, held{t, rp});
+      self->delayed_send(self, wait, link_retry_atom::value, n);
+      return rp;
+    },
+    [=](link_retry_atom, std::uint64_t n) {
+      auto i = pending->find(n);
+      if (i == pending->end())
+        return;
+      if (auto wait = cut_left(); wait > runtime::duration{0}) {
+        self->delayed_send(self, wait, link_retry_atom::value, n);
+        return;
+      }
+      auto h = std::move(i->second);
+      pending->erase(i);
+      self->request(inner, caf::infinite, h.transfer)
+        .then([rp = h.promise](runtime::link_delivery& d) mutable { rp.deliver(d); });
+    },
+  };
+}
 
 /// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
 /// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
@@ -338,6 +387,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     for (std::uint32_t i = 0; i < pool->instances.initial; ++i)
       busy->by_key[pool->name + "/" + std::to_string(i)];
   auto fleet = std::make_shared<fleet_state>();
+  const bool partitions = std::any_of(options.faults.begin(), options.faults.end(),
+                                      [](const fault& f) { return f.kind == fault_kind::partition; });
   fleet->clock = &w;
   fleet->origin = origin;
   auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
@@ -392,8 +443,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
         fleet->size[key] = n;
       return healthy;
     };
-    ports.link = [link_bw, link_lat](caf::local_actor* self, actors::instance_id) {
-      return runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
+    ports.link = [link_bw, link_lat, partitions, fleet, name](caf::local_actor* self,
+                                                              actors::instance_id id) {
+      auto link = runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
+      if (!partitions)
+        return link;
+      return caf::actor_cast<runtime::link_port>(self->system().spawn(
+        partitioned_link, link, fleet, name + "/" + std::to_string(id)));
     };
     return ports;
   };
@@ -472,6 +528,37 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       }
       return keys;
     };
+    // The KV links a partition cuts: a decode instance's ingress carries the prefill ->
+    // decode hand-offs and drain forwards, a prefill instance's link the store -> device
+    // fetches. An instance or pool target cuts its instances' links; a link target cuts the
+    // ingress of its decode end(s) (the transfers between its two ends cross it; a decode
+    // instance's ingress is shared by every sender, so all its hand-offs wait). A link with no
+    // decode end carries no modelled transfer.
+    auto partition_keys = [&](const fault_target& t) {
+      std::vector<std::string> keys;
+      auto role_of = [&](const std::string& pool) {
+        for (auto& p : topo.pools)
+          if (p.name == pool)
+            return p.role;
+        return pool_role::vision;
+      };
+      auto ends = [&](const fault_place& end) {
+        fault_target one;
+        one.kind = end.instance ? target_kind::instance : target_kind::pool;
+        one.place = end;
+        return covered(one);
+      };
+      if (t.kind == target_kind::instance || t.kind == target_kind::pool) {
+        if (role_of(t.place.pool) != pool_role::vision)
+          keys = covered(t);
+      } else if (t.kind == target_kind::link) {
+        for (auto* end : {&t.place, &t.peer})
+          if (role_of(end->pool) == pool_role::decode)
+            for (auto& k : ends(*end))
+              keys.push_back(k);
+      }
+      return keys;
+    };
     for (std::size_t i = 0; i < options.faults.size(); ++i) {
       auto& f = options.faults[i];
       auto& place = f.target.place;
@@ -524,6 +611,16 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
               fleet->slow[k].erase(it);
           fleet->event("slow_end", target);
         });
+      } else if (f.kind == fault_kind::partition && f.duration
+                 && !partition_keys(f.target).empty()) {
+        auto keys = partition_keys(f.target);
+        auto d = *f.duration;
+        order.effect = [fleet, keys, d] {
+          auto until = fleet->clock->now() + d;
+          for (auto& k : keys)
+            fleet->cut_until[k] = std::max(fleet->cut_until[k], until);
+        };
+        later(f.at + d, [fleet, target] { fleet->event("partition_end", target); });
       } else if ((f.kind == fault_kind::store_fail || f.kind == fault_kind::recover)
                  && f.target.kind == target_kind::shard) {
         auto shard = f.target.shard;
@@ -758,8 +855,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                         {"injects", "fail of a gpu, an instance or a pool (an instance restarts "
                                     "after sim_params.restart_time on its healthy GPUs, EP rounded "
                                     "down to a valid size, or stays down); recover of a gpu; slow of "
-                                    "a gpu, an instance or a pool; store_fail and recover of a "
-                                    "shard; drain of a decode instance (grace, then its requests are "
+                                    "a gpu, an instance or a pool; partition of a link, an instance or a "
+                                    "pool (its KV transfers wait for the cut to heal); store_fail "
+                                    "and recover of a shard; drain of a decode instance (grace, then its requests are "
                                     "forwarded with their KV and SWA rings and it is removed) or of "
                                     "a prefill instance (finishes its work and is removed)"},
                         {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},

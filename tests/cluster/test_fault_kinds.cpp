@@ -265,3 +265,23 @@ TEST_CASE("a planted bug that replays delivered tokens after a reroute: the coun
     CHECK(v.what.find("differs from its fault-free run's") != std::string::npos);
   }
 }
+
+TEST_CASE("a partition cuts a decode instance's KV link: hand-offs wait it out, nothing lost") {
+  faulty_run r{300, 0.5};
+  auto base = r.run("");
+  auto out = r.run("[[fault]]\nat = \"30s\"\nkind = \"partition\"\n"
+                   "link = [\"prefill\", \"decode/0\"]\nduration = \"60s\"\n");
+  nothing_lost(out, 300);
+  CHECK(out.report["requests"]["rerouted"] == 0);
+  CHECK(out.report["faults"]["timeline"][0]["injected"] == true);
+  CHECK(events(out, "partition_end", "link prefill <-> decode/0").size() == 1);
+  // Requests admitted during the cut wait for it to heal before decoding: their first-to-last
+  // token span stays, their end-to-end grows by up to the minute.
+  auto p99 = [](const sim_outcome& o) { return o.report["latency_ms"]["e2e"]["p99"].get<double>(); };
+  MESSAGE("e2e p99 ", p99(base), " ms -> ", p99(out), " ms");
+  CHECK(p99(out) > p99(base) + 10'000);
+  // A partition with no modelled transfer (prefill <-> prefill) is not injected.
+  auto none = r.run("[[fault]]\nat = \"30s\"\nkind = \"partition\"\n"
+                    "link = [\"prefill/0\", \"prefill/1\"]\nduration = \"60s\"\n");
+  CHECK(none.report["faults"]["timeline"][0]["injected"] == false);
+}
