@@ -127,8 +127,6 @@ TEST_CASE("a rank of an EP-128 decode instance fails: down, rerouted, back at EP
   auto& d = r.decode();
   d.gpus_per_instance = 128;
   d.ep_size = 128;
-  d.instances.initial = 2;
-  d.instances.max = 2;
   auto out = r.run(R"(
 [[fault]]
 at = "60s"
@@ -160,8 +158,6 @@ instance = "decode/0"
   CHECK(resizes[0]["experts_per_rank_min"] == 3);
   CHECK(resizes[1]["from"] == 120);
   CHECK(resizes[1]["to"] == 128);
-  // The other instance was never touched.
-  CHECK(events(out, "restart", "decode/1").empty());
   // The faults are on the timeline too, in time order.
   auto& tl = out.report["timeline"];
   REQUIRE(tl.size() >= 7);
@@ -220,7 +216,13 @@ TEST_CASE("a slow decode instance: steps take longer for the duration, nothing l
   };
   MESSAGE("tbt p50 ", tbt(base), " ms -> ", tbt(out), " ms");
   CHECK(tbt(out) > 3.0 * tbt(base));
-  CHECK(events(out, "slow_end", "instance decode/0").size() == 1);
+  // A slowdown that ends while the run goes on is on the timeline, at its end.
+  auto short_one = r.run("[[fault]]\nat = \"10s\"\nkind = \"slow\"\ngpu = \"decode/0/2\"\n"
+                         "factor = 2.0\nduration = \"30s\"\n");
+  nothing_lost(short_one, 300);
+  auto ends = events(short_one, "slow_end", "gpu decode/0/2");
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0]["at_s"] == 40.0);
 }
 
 TEST_CASE("KV store shards fail: their metadata is lost, the hit rate drops, results do not "
@@ -244,8 +246,8 @@ TEST_CASE("KV store shards fail: their metadata is lost, the hit rate drops, res
 
 TEST_CASE("a planted bug that replays delivered tokens after a reroute: the count is right, the "
           "stream check catches it") {
-  faulty_run r{500, 1.0};
-  auto plan = "[[fault]]\nat = \"2min\"\nkind = \"fail\"\ngpu = \"decode/0/3\"\n";
+  faulty_run r{500, 0.5};
+  auto plan = "[[fault]]\nat = \"60s\"\nkind = \"fail\"\ngpu = \"decode/0/3\"\n";
   auto clean = r.run(plan);
   nothing_lost(clean, 500);
   REQUIRE(clean.report["requests"]["rerouted"].get<std::uint64_t>() > 0);
@@ -257,6 +259,8 @@ TEST_CASE("a planted bug that replays delivered tokens after a reroute: the coun
   o.params.test_replay_on_reroute = true;
   auto buggy = run_simulation(r.topo, r.records, o);
   REQUIRE(buggy.ok());
+  MESSAGE("rerouted ", buggy->report["requests"]["rerouted"], ", violations ",
+          buggy->invariants.violations.size());
   CHECK(buggy->report["requests"]["completed"] == 500);
   REQUIRE(!buggy->invariants.ok());
   for (auto& v : buggy->invariants.violations) {
