@@ -54,6 +54,8 @@ struct cluster_shape {
   runtime::duration deadline = std::chrono::minutes(10);
   /// Sliding-window ring bytes a forwarded request carries (request_services).
   std::uint64_t swa_ring_bytes = 0;
+  /// The test-only planted bug request_services::test_replay_on_reroute.
+  bool test_replay_on_reroute = false;
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -88,9 +90,11 @@ struct serving_cluster {
   std::vector<caf::actor> injectors;
   runtime::duration deadline;
   std::uint64_t swa_ring_bytes = 0;
+  bool test_replay_on_reroute = false;
 
   explicit serving_cluster(cluster_shape shape = {})
-    : deadline(shape.deadline), swa_ring_bytes(shape.swa_ring_bytes) {
+    : deadline(shape.deadline), swa_ring_bytes(shape.swa_ring_bytes),
+      test_replay_on_reroute(shape.test_replay_on_reroute) {
     kv_index_params kvp;
     kvp.capacity_bytes = 1ull << 40;
     kv = spawn_sharded_kv_store(sys, kvp, 2);
@@ -155,6 +159,7 @@ struct serving_cluster {
     request_services services{kv, plb, dlb, 100, sink, vlb};
     services.deadline = deadline;
     services.swa_ring_bytes = swa_ring_bytes;
+    services.test_replay_on_reroute = test_replay_on_reroute;
     sys.spawn([spec, services, held = requests](caf::event_based_actor* self) {
       held->push_back(spawn_request(self, spec, services));
     });

@@ -158,3 +158,22 @@ TEST_CASE("a fault on a target that is down is skipped and logged") {
   CHECK(s.faults->at(1).skipped == "target down");
   CHECK(s.faults->at(2).skipped == "no child 'decode/7'");
 }
+
+TEST_CASE("the planted replay bug: the right count, but not the fault-free token stream") {
+  // As above (killed at 500 ms with 49 tokens delivered), with the test-only bug that makes
+  // the request forget what it delivered: it streams positions 1-48 again and still ends
+  // with exactly 101 tokens, so only the stream digest tells.
+  auto sh = shape(1, 2, 10s);
+  auto base = fault_free(sh, 1024, 101);
+  sh.test_replay_on_reroute = true;
+  serving s{sh};
+  s.submit(1, 1024, 101);
+  s.inject(500ms, {"decode/" + std::to_string(base.decode_instance), "rank1"});
+  s.run();
+  auto& o = s.outcomes->at(1);
+  CHECK(o.completed);
+  CHECK(o.reroutes == 1);
+  CHECK(o.delivered_tokens == 101);
+  CHECK(o.token_digest != base.token_digest);
+  CHECK(base.token_digest == stream_digest(0, 1, 0, 101));
+}

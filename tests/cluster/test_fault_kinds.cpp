@@ -5,6 +5,7 @@
 #include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/trace.hpp"
+#include "cluster/sim/workload.hpp"
 #include "cluster/topology.hpp"
 
 #include <doctest/doctest.h>
@@ -24,6 +25,20 @@ struct faulty_run {
   topology topo;
   std::vector<request_record> records;
   runtime::duration horizon{0};
+
+  /// A seeded chat workload at `rate` requests/s for `duration` (busier than the trace's
+  /// start: faults catch requests in flight).
+  faulty_run(double rate, runtime::duration duration) {
+    auto t = load_topology(root + "/examples/topologies/small.toml");
+    REQUIRE(t.ok());
+    topo = *t.value;
+    chat_params cp;
+    cp.rate = rate;
+    cp.duration = duration;
+    records = generate_chat(cp, runtime::rng{7}).records;
+    for (auto& r : records)
+      horizon = std::max(horizon, r.arrival);
+  }
 
   faulty_run(std::size_t n, double speedup) {
     auto t = load_topology(root + "/examples/topologies/small.toml");
@@ -123,7 +138,7 @@ TEST_CASE("balanced_placement: every expert placed once, ranks differ by at most
 
 TEST_CASE("a rank of an EP-128 decode instance fails: down, rerouted, back at EP 120; "
           "recovered, it regains 128 at its next restart") {
-  faulty_run r{500, 0.2}; // arrivals over ~13 minutes
+  faulty_run r{2.0, std::chrono::minutes{12}};
   auto& d = r.decode();
   d.gpus_per_instance = 128;
   d.ep_size = 128;
@@ -141,7 +156,8 @@ at = "400s"
 kind = "fail"
 instance = "decode/0"
 )");
-  nothing_lost(out, 500);
+  nothing_lost(out, r.records.size());
+  MESSAGE("rerouted ", out.report["requests"]["rerouted"], " of ", r.records.size());
   CHECK(out.report["requests"]["rerouted"].get<std::uint64_t>() > 0);
   // Down from 60 s to 60 s + the restart time (3 min), then back with 120 ranks.
   auto restarts = events(out, "restart", "decode/0");
@@ -246,10 +262,14 @@ TEST_CASE("KV store shards fail: their metadata is lost, the hit rate drops, res
 
 TEST_CASE("a planted bug that replays delivered tokens after a reroute: the count is right, the "
           "stream check catches it") {
-  faulty_run r{500, 0.5};
-  auto plan = "[[fault]]\nat = \"60s\"\nkind = \"fail\"\ngpu = \"decode/0/3\"\n";
+  // Two decode instances, each failing once while busy: the rerouted requests resume at once
+  // on the other one.
+  faulty_run r{4.0, std::chrono::minutes{3}};
+  r.decode().instances.initial = 2;
+  auto plan = "[[fault]]\nat = \"60s\"\nkind = \"fail\"\ngpu = \"decode/0/3\"\n"
+              "[[fault]]\nat = \"100s\"\nkind = \"fail\"\ngpu = \"decode/1/3\"\n";
   auto clean = r.run(plan);
-  nothing_lost(clean, 500);
+  nothing_lost(clean, r.records.size());
   REQUIRE(clean.report["requests"]["rerouted"].get<std::uint64_t>() > 0);
   sim_options o;
   o.seed = 1;
@@ -261,7 +281,7 @@ TEST_CASE("a planted bug that replays delivered tokens after a reroute: the coun
   REQUIRE(buggy.ok());
   MESSAGE("rerouted ", buggy->report["requests"]["rerouted"], ", violations ",
           buggy->invariants.violations.size());
-  CHECK(buggy->report["requests"]["completed"] == 500);
+  CHECK(buggy->report["requests"]["completed"] == r.records.size());
   REQUIRE(!buggy->invariants.ok());
   for (auto& v : buggy->invariants.violations) {
     CAPTURE(v.to_string());
