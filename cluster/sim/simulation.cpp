@@ -559,6 +559,31 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       }
       return keys;
     };
+    // Where the GPUs sit, for node targets (docs/faults.md, "Node targets"): with [[node]]
+    // sections, each pool's instances in file order — first every pool's initial instances,
+    // then the rest up to its max — take their GPUs in index order from the first node (in
+    // file order) that serves the pool's role and has GPUs left. node -> ("pool/i", gpu).
+    std::map<std::string, std::vector<std::pair<std::string, std::uint32_t>>> on_node;
+    {
+      std::vector<std::uint32_t> left;
+      for (auto& n : topo.nodes)
+        left.push_back(n.gpus);
+      for (int pass = 0; pass < 2; ++pass)
+        for (auto& pool : topo.pools) {
+          auto lo = pass == 0 ? 0u : pool.instances.initial;
+          auto hi = pass == 0 ? pool.instances.initial : pool.instances.max;
+          for (auto i = lo; i < hi; ++i)
+            for (std::uint32_t g = 0; g < pool.gpus_per_instance; ++g)
+              for (std::size_t k = 0; k < topo.nodes.size(); ++k) {
+                auto& roles = topo.nodes[k].roles;
+                if (left[k] == 0 || std::find(roles.begin(), roles.end(), pool.role) == roles.end())
+                  continue;
+                --left[k];
+                on_node[topo.nodes[k].name].emplace_back(pool.name + "/" + std::to_string(i), g);
+                break;
+              }
+        }
+    }
     for (std::size_t i = 0; i < options.faults.size(); ++i) {
       auto& f = options.faults[i];
       auto& place = f.target.place;
@@ -584,6 +609,36 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
             fleet->failed[key].erase(gpu);
             fleet->event("recover", target, {{"after", "fail duration"}});
           });
+      } else if ((f.kind == fault_kind::fail || f.kind == fault_kind::recover)
+                 && f.target.kind == target_kind::node && !on_node[f.target.node].empty()) {
+        // A node: every GPU on it fails (each instance it hosts goes down) or recovers.
+        auto gpus = on_node[f.target.node];
+        auto down = f.kind == fault_kind::fail;
+        auto mark = [fleet, gpus](bool failed) {
+          for (auto& [key, gpu] : gpus)
+            if (failed)
+              fleet->failed[key].insert(gpu);
+            else
+              fleet->failed[key].erase(gpu);
+        };
+        order.effect = [mark, down] { mark(down); };
+        if (down) {
+          std::set<std::string> hosted;
+          for (auto& [key, gpu] : gpus)
+            hosted.insert(key);
+          for (auto& key : hosted) {
+            actors::fault_order exit;
+            exit.at = order.at;
+            exit.path = {key.substr(0, key.find('/')), key};
+            exit.reason = runtime::make_error(runtime::errc::unavailable, "node failure" + line);
+            orders.push_back(std::move(exit));
+          }
+          if (f.duration)
+            later(f.at + *f.duration, [mark, fleet, target] {
+              mark(false);
+              fleet->event("recover", target, {{"after", "fail duration"}});
+            });
+        }
       } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::instance
                  && place.instance) {
         order.path = {place.pool, instance_key(place)};
@@ -852,9 +907,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     }
     report["faults"] = {{"injected", injected > 0},
                         {"injected_count", injected},
-                        {"injects", "fail of a gpu, an instance or a pool (an instance restarts "
+                        {"injects", "fail of a gpu, an instance, a pool or a node (an instance restarts "
                                     "after sim_params.restart_time on its healthy GPUs, EP rounded "
-                                    "down to a valid size, or stays down); recover of a gpu; slow of "
+                                    "down to a valid size, or stays down); recover of a gpu or a node; slow of "
                                     "a gpu, an instance or a pool; partition of a link, an instance or a "
                                     "pool (its KV transfers wait for the cut to heal); store_fail "
                                     "and recover of a shard; drain of a decode instance (grace, then its requests are "

@@ -10,7 +10,10 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <iterator>
 #include <numeric>
+#include <tuple>
 #include <string>
 
 using namespace troupe::cluster;
@@ -308,4 +311,31 @@ TEST_CASE("a partition cuts a decode instance's KV link: hand-offs wait it out, 
   auto none = r.run("[[fault]]\nat = \"30s\"\nkind = \"partition\"\n"
                     "link = [\"prefill/0\", \"prefill/1\"]\nduration = \"60s\"\n");
   CHECK(none.report["faults"]["timeline"][0]["injected"] == false);
+}
+
+TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the GPUs it has left") {
+  // small.toml with nodes: decode/0's 16 GPUs sit on d0 (0-7) and d1 (8-15).
+  std::ifstream in{root + "/examples/topologies/small.toml"};
+  std::string text{std::istreambuf_iterator<char>{in}, {}};
+  for (auto [name, gpus, role] : {std::tuple{"p0", 16, "prefill"}, std::tuple{"d0", 8, "decode"},
+                                  std::tuple{"d1", 8, "decode"}, std::tuple{"v0", 1, "vision"}})
+    text += std::string{"\n[[node]]\nname = \""} + name + "\"\nhost = \"10.0.0.1\"\nport = "
+            + std::to_string(4000 + gpus) + "\ngpus = " + std::to_string(gpus) + "\nroles = [\""
+            + role + "\"]\n";
+  auto t = parse_topology(text, "small-nodes.toml");
+  for (auto& d : t.errors)
+    MESSAGE(d.message);
+  REQUIRE(t.ok());
+  faulty_run r{2.0, std::chrono::minutes{6}};
+  r.topo = *t.value;
+  auto out = r.run("[[fault]]\nat = \"60s\"\nkind = \"fail\"\nnode = \"d1\"\n"
+                   "[[fault]]\nat = \"5min\"\nkind = \"recover\"\nnode = \"d1\"\n");
+  nothing_lost(out, r.records.size());
+  CHECK(out.report["faults"]["timeline"][0]["injected"] == true);
+  CHECK(out.report["faults"]["timeline"][1]["injected"] == true);
+  auto restarts = events(out, "restart", "decode/0");
+  REQUIRE(restarts.size() == 1);
+  CHECK(restarts[0]["at_s"] == 240.0);
+  CHECK(restarts[0]["ep"] == 8); // GPUs 0-7 on d0
+  CHECK(events(out, "restart", "prefill/0").empty());
 }
