@@ -317,10 +317,11 @@ TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the G
   // small.toml with nodes: decode/0's 16 GPUs sit on d0 (0-7) and d1 (8-15).
   std::ifstream in{root + "/examples/topologies/small.toml"};
   std::string text{std::istreambuf_iterator<char>{in}, {}};
+  int port = 4000;
   for (auto [name, gpus, role] : {std::tuple{"p0", 16, "prefill"}, std::tuple{"d0", 8, "decode"},
                                   std::tuple{"d1", 8, "decode"}, std::tuple{"v0", 1, "vision"}})
     text += std::string{"\n[[node]]\nname = \""} + name + "\"\nhost = \"10.0.0.1\"\nport = "
-            + std::to_string(4000 + gpus) + "\ngpus = " + std::to_string(gpus) + "\nroles = [\""
+            + std::to_string(++port) + "\ngpus = " + std::to_string(gpus) + "\nroles = [\""
             + role + "\"]\n";
   auto t = parse_topology(text, "small-nodes.toml");
   for (auto& d : t.errors)
