@@ -901,6 +901,11 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
           ++injected;
         else
           entry["skipped"] = d->second->skipped;
+        // A gpu fault that found no rank to stop (its instance down, or the GPU outside the
+        // re-formed group) still marked the GPU failed.
+        if (!d->second->injected && options.faults[i].kind == fault_kind::fail
+            && options.faults[i].target.kind == target_kind::gpu)
+          entry["gpu_marked_failed"] = true;
         if (d->second->forwarded && d->second->forwarded->done)
           entry["forwarded"] = d->second->forwarded->forwarded;
       }

@@ -209,8 +209,13 @@ TEST_CASE("too few healthy GPUs: the instance stays down until enough recover") 
   // Only the first of the nine failures hit a running rank; the rest found the instance down
   // (and still marked their GPU failed).
   std::size_t injected = 0;
-  for (auto& e : out.report["faults"]["timeline"])
+  for (auto& e : out.report["faults"]["timeline"]) {
     injected += e["injected"].get<bool>() ? 1 : 0;
+    if (!e["injected"].get<bool>()) {
+      CHECK(e["skipped"] == "target down");
+      CHECK(e["gpu_marked_failed"] == true);
+    }
+  }
   CHECK(injected == 2); // the first failure and the recovery
 }
 
