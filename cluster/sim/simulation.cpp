@@ -8,7 +8,7 @@
 #include "actors/lb/vision_lb.hpp"
 #include "actors/request/request.hpp"
 #include "actors/type_ids.hpp"
-#include "cluster/sim/expert_placement.hpp"
+#include "cluster/sim/fault_injection.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -79,87 +79,6 @@ struct busy_table {
     }
   }
 };
-
-/// The world's view of its GPUs while faults play out (one thread in the sim): which GPUs are
-/// failed, which instances run slowed, what size each instance re-formed with, and the
-/// events of the fault timeline (restarts, EP resizes, instances that stay down).
-struct fleet_state {
-  const runtime::world* clock = nullptr;
-  runtime::time_point origin{};
-  /// "pool/instance" -> the indices of its failed GPUs.
-  std::map<std::string, std::set<std::uint32_t>> failed;
-  /// "pool/instance" -> the factors of the slowdowns in force (the slowest rank sets the pace
-  /// of an EP group's collective steps).
-  std::map<std::string, std::multiset<double>> slow;
-  /// "pool/instance" -> until when its KV link is cut off by a partition.
-  std::map<std::string, runtime::time_point> cut_until;
-  /// "pool/instance" -> starts so far, and the size of its current (or last) incarnation.
-  std::map<std::string, std::uint32_t> starts;
-  std::map<std::string, std::uint32_t> size;
-  /// Restarts, EP resizes, instances that stay down, recoveries (report `timeline`).
-  nlohmann::json events = nlohmann::json::array();
-
-  double now_s() const {
-    return clock == nullptr ? 0 : runtime::to_seconds(clock->now() - origin);
-  }
-  double factor(const std::string& key) const {
-    auto i = slow.find(key);
-    return i == slow.end() || i->second.empty() ? 1.0 : *i->second.rbegin();
-  }
-  void event(std::string kind, std::string target, nlohmann::json detail = nlohmann::json::object()) {
-    detail["at_s"] = std::round(now_s() * 1e6) / 1e6;
-    detail["kind"] = std::move(kind);
-    detail["target"] = std::move(target);
-    events.push_back(std::move(detail));
-  }
-};
-
-using link_retry_atom = caf::atom_constant<caf::atom("linkretry")>;
-
-/// A KV link that waits out partitions (docs/faults.md, "partition"): a transfer that starts
-/// while instance `key` is cut off is held until the cut ends (checked again then: a later
-/// partition may extend it), then crosses the real link `inner`. Spawned only when the
-/// plan has partitions, so other runs have the same events as without it.
-caf::behavior partitioned_link(caf::event_based_actor* self, runtime::link_port inner,
-                               std::shared_ptr<const fleet_state> fleet, std::string key) {
-  struct held {
-    runtime::link_transfer transfer;
-    caf::typed_response_promise<runtime::link_delivery> promise;
-  };
-  auto pending = std::make_shared<std::map<std::uint64_t, held>>();
-  auto next = std::make_shared<std::uint64_t>(0);
-  auto cut_left = [self, fleet, key]() -> runtime::duration {
-    auto i = fleet->cut_until.find(key);
-    auto now = self->clock().now();
-    return i == fleet->cut_until.end() || i->second <= now ? runtime::duration{0}
-                                                            : i->second - now;
-  };
-  return {
-    [=](runtime::link_transfer& t) -> caf::result<runtime::link_delivery> {
-      auto wait = cut_left();
-      if (wait == runtime::duration{0})
-        return self->delegate(inner, t);
-      auto n = ++*next;
-      auto rp = self->make_response_promise<runtime::link_delivery>();
-      pending->emplace(n, held{t, rp});
-      self->delayed_send(self, wait, link_retry_atom::value, n);
-      return rp;
-    },
-    [=](link_retry_atom, std::uint64_t n) {
-      auto i = pending->find(n);
-      if (i == pending->end())
-        return;
-      if (auto wait = cut_left(); wait > runtime::duration{0}) {
-        self->delayed_send(self, wait, link_retry_atom::value, n);
-        return;
-      }
-      auto h = std::move(i->second);
-      pending->erase(i);
-      self->request(inner, caf::infinite, h.transfer)
-        .then([rp = h.promise](runtime::link_delivery& d) mutable { rp.deliver(d); });
-    },
-  };
-}
 
 /// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
 /// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
@@ -411,45 +330,14 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     };
     auto experts = m.routed_experts;
     ports.gpus = [configured, experts, name, fleet](actors::instance_id id) {
-      // An incarnation runs on the instance's healthy GPUs, rounded down to a valid EP size.
-      auto key = name + "/" + std::to_string(id);
-      auto& failed = fleet->failed[key];
-      std::vector<std::uint32_t> healthy;
-      for (std::uint32_t g = 0; g < configured; ++g)
-        if (!failed.contains(g))
-          healthy.push_back(g);
-      auto n = resized_ep(configured, static_cast<std::uint32_t>(healthy.size()), experts);
-      healthy.resize(n);
-      auto previous = fleet->size.contains(key) ? fleet->size[key] : configured;
-      if (fleet->starts[key]++ > 0) {
-        if (n == 0) {
-          fleet->event("stays_down", key,
-                       {{"healthy_gpus", configured - failed.size()},
-                        {"reason", "too few healthy GPUs to re-form an EP group (needs "
-                                     + std::to_string((configured + 1) / 2) + ")"}});
-        } else {
-          fleet->event("restart", key, {{"ep", n}});
-          if (n != previous) {
-            auto placed = balanced_placement(experts, n);
-            fleet->event("ep_resize", key,
-                         {{"from", previous},
-                          {"to", n},
-                          {"experts_per_rank_max", placed.empty() ? 0 : placed.front()},
-                          {"experts_per_rank_min", placed.empty() ? 0 : placed.back()}});
-          }
-        }
-      }
-      if (n > 0)
-        fleet->size[key] = n;
-      return healthy;
+      return incarnation_gpus(*fleet, name + "/" + std::to_string(id), configured, experts);
     };
     ports.link = [link_bw, link_lat, partitions, fleet, name](caf::local_actor* self,
                                                               actors::instance_id id) {
       auto link = runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
       if (!partitions)
         return link;
-      return caf::actor_cast<runtime::link_port>(self->system().spawn(
-        partitioned_link, link, fleet, name + "/" + std::to_string(id)));
+      return spawn_partitioned_link(self->system(), link, fleet, name + "/" + std::to_string(id));
     };
     return ports;
   };
@@ -491,209 +379,16 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
 
-  // Faults (docs/faults.md, "What is injected"): `fail` of a gpu, an instance or a pool is an
-  // exit sent down the supervision tree at its time (a gpu is also marked failed, so the
-  // instance re-forms without it); `recover` of a gpu marks it healthy again; `slow` scales
-  // the device cost of the instances it covers for its duration; `store_fail` / `recover` of
-  // a shard take a KV store shard down (its metadata lost) and back; `drain` of a decode
-  // instance is a leave notice to its engine (fault_injector.hpp). The rest are listed as not
-  // injected yet.
+  // Faults (docs/faults.md, "What is injected"): the plan's orders for the fault injector,
+  // with their effects on the fleet's bookkeeping (fault_injection.hpp).
   auto injected_log = std::make_shared<std::vector<actors::fault_record>>();
   std::vector<std::size_t> order_of_fault(options.faults.size(), SIZE_MAX);
   caf::actor injector;
   {
-    std::vector<actors::fault_order> orders;
-    auto started = w.now() - origin;
-    auto due = [&](runtime::duration at) { return std::max(runtime::duration{0}, at - started); };
-    // An effect-only order at `at` (the end of a timed fault); not tied to a timeline entry.
-    auto later = [&](runtime::duration at, std::function<void()> effect) {
-      actors::fault_order order;
-      order.at = due(at);
-      order.effect = std::move(effect);
-      orders.push_back(std::move(order));
-    };
-    auto instance_key = [](const fault_place& place) {
-      return place.pool + "/" + std::to_string(*place.instance);
-    };
-    // The instances a gpu / instance / pool target covers ("pool/instance" keys).
-    auto covered = [&](const fault_target& t) {
-      std::vector<std::string> keys;
-      if (t.kind == target_kind::pool) {
-        for (auto& pool : topo.pools)
-          if (pool.name == t.place.pool)
-            for (std::uint32_t i = 0; i < pool.instances.max; ++i)
-              keys.push_back(pool.name + "/" + std::to_string(i));
-      } else if (t.place.instance) {
-        keys.push_back(instance_key(t.place));
-      }
-      return keys;
-    };
-    // The KV links a partition cuts: a decode instance's ingress carries the prefill ->
-    // decode hand-offs and drain forwards, a prefill instance's link the store -> device
-    // fetches. An instance or pool target cuts its instances' links; a link target cuts the
-    // ingress of its decode end(s) (the transfers between its two ends cross it; a decode
-    // instance's ingress is shared by every sender, so all its hand-offs wait). A link with no
-    // decode end carries no modelled transfer.
-    auto partition_keys = [&](const fault_target& t) {
-      std::vector<std::string> keys;
-      auto role_of = [&](const std::string& pool) {
-        for (auto& p : topo.pools)
-          if (p.name == pool)
-            return p.role;
-        return pool_role::vision;
-      };
-      auto ends = [&](const fault_place& end) {
-        fault_target one;
-        one.kind = end.instance ? target_kind::instance : target_kind::pool;
-        one.place = end;
-        return covered(one);
-      };
-      if (t.kind == target_kind::instance || t.kind == target_kind::pool) {
-        if (role_of(t.place.pool) != pool_role::vision)
-          keys = covered(t);
-      } else if (t.kind == target_kind::link) {
-        for (auto* end : {&t.place, &t.peer})
-          if (role_of(end->pool) == pool_role::decode)
-            for (auto& k : ends(*end))
-              keys.push_back(k);
-      }
-      return keys;
-    };
-    // Where the GPUs sit, for node targets (docs/faults.md, "Node targets"): with [[node]]
-    // sections, each pool's instances in file order — first every pool's initial instances,
-    // then the rest up to its max — take their GPUs in index order from the first node (in
-    // file order) that serves the pool's role and has GPUs left. node -> ("pool/i", gpu).
-    std::map<std::string, std::vector<std::pair<std::string, std::uint32_t>>> on_node;
-    {
-      std::vector<std::uint32_t> left;
-      for (auto& n : topo.nodes)
-        left.push_back(n.gpus);
-      for (int pass = 0; pass < 2; ++pass)
-        for (auto& pool : topo.pools) {
-          auto lo = pass == 0 ? 0u : pool.instances.initial;
-          auto hi = pass == 0 ? pool.instances.initial : pool.instances.max;
-          for (auto i = lo; i < hi; ++i)
-            for (std::uint32_t g = 0; g < pool.gpus_per_instance; ++g)
-              for (std::size_t k = 0; k < topo.nodes.size(); ++k) {
-                auto& roles = topo.nodes[k].roles;
-                if (left[k] == 0 || std::find(roles.begin(), roles.end(), pool.role) == roles.end())
-                  continue;
-                --left[k];
-                on_node[topo.nodes[k].name].emplace_back(pool.name + "/" + std::to_string(i), g);
-                break;
-              }
-        }
-    }
-    for (std::size_t i = 0; i < options.faults.size(); ++i) {
-      auto& f = options.faults[i];
-      auto& place = f.target.place;
-      auto target = to_string(f.target);
-      actors::fault_order order;
-      order.at = due(f.at);
-      auto line = " (fault plan line " + std::to_string(f.line) + ")";
-      if (f.kind == fault_kind::drain && f.target.kind == target_kind::instance
-          && place.instance
-          && (place.pool == decode_pool->name || place.pool == prefill_pool->name)) {
-        // A drain: the leave notice, then (decode) the hand-off, and the stop.
-        order.path = {place.pool, instance_key(place)};
-        order.drain = f.grace;
-      } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::gpu
-                 && place.instance && place.rank) {
-        auto key = instance_key(place);
-        auto gpu = *place.rank;
-        order.path = {place.pool, key, "rank" + std::to_string(gpu)};
-        order.reason = runtime::make_error(runtime::errc::unavailable, "gpu failure" + line);
-        order.effect = [fleet, key, gpu] { fleet->failed[key].insert(gpu); };
-        if (f.duration)
-          later(f.at + *f.duration, [fleet, key, gpu, target] {
-            fleet->failed[key].erase(gpu);
-            fleet->event("recover", target, {{"after", "fail duration"}});
-          });
-      } else if ((f.kind == fault_kind::fail || f.kind == fault_kind::recover)
-                 && f.target.kind == target_kind::node && !on_node[f.target.node].empty()) {
-        // A node: every GPU on it fails (each instance it hosts goes down) or recovers.
-        auto gpus = on_node[f.target.node];
-        auto down = f.kind == fault_kind::fail;
-        auto mark = [fleet, gpus](bool failed) {
-          for (auto& [key, gpu] : gpus)
-            if (failed)
-              fleet->failed[key].insert(gpu);
-            else
-              fleet->failed[key].erase(gpu);
-        };
-        order.effect = [mark, down] { mark(down); };
-        if (down) {
-          std::set<std::string> hosted;
-          for (auto& [key, gpu] : gpus)
-            hosted.insert(key);
-          for (auto& key : hosted) {
-            actors::fault_order exit;
-            exit.at = order.at;
-            exit.path = {key.substr(0, key.find('/')), key};
-            exit.reason = runtime::make_error(runtime::errc::unavailable, "node failure" + line);
-            orders.push_back(std::move(exit));
-          }
-          if (f.duration)
-            later(f.at + *f.duration, [mark, fleet, target] {
-              mark(false);
-              fleet->event("recover", target, {{"after", "fail duration"}});
-            });
-        }
-      } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::instance
-                 && place.instance) {
-        order.path = {place.pool, instance_key(place)};
-        order.reason = runtime::make_error(runtime::errc::unavailable, "instance failure" + line);
-      } else if (f.kind == fault_kind::fail && f.target.kind == target_kind::pool) {
-        order.path = {place.pool, "*"};
-        order.reason = runtime::make_error(runtime::errc::unavailable, "pool failure" + line);
-      } else if (f.kind == fault_kind::recover && f.target.kind == target_kind::gpu
-                 && place.instance && place.rank) {
-        auto key = instance_key(place);
-        auto gpu = *place.rank;
-        order.effect = [fleet, key, gpu] { fleet->failed[key].erase(gpu); };
-      } else if (f.kind == fault_kind::slow && f.duration
-                 && (f.target.kind == target_kind::gpu || f.target.kind == target_kind::instance
-                     || f.target.kind == target_kind::pool)) {
-        auto keys = covered(f.target);
-        auto factor = f.factor;
-        order.effect = [fleet, keys, factor] {
-          for (auto& k : keys)
-            fleet->slow[k].insert(factor);
-        };
-        later(f.at + *f.duration, [fleet, keys, factor, target] {
-          for (auto& k : keys)
-            if (auto it = fleet->slow[k].find(factor); it != fleet->slow[k].end())
-              fleet->slow[k].erase(it);
-          fleet->event("slow_end", target);
-        });
-      } else if (f.kind == fault_kind::partition && f.duration
-                 && !partition_keys(f.target).empty()) {
-        auto keys = partition_keys(f.target);
-        auto d = *f.duration;
-        order.effect = [fleet, keys, d] {
-          auto until = fleet->clock->now() + d;
-          for (auto& k : keys)
-            fleet->cut_until[k] = std::max(fleet->cut_until[k], until);
-        };
-        later(f.at + d, [fleet, target] { fleet->event("partition_end", target); });
-      } else if ((f.kind == fault_kind::store_fail || f.kind == fault_kind::recover)
-                 && f.target.kind == target_kind::shard) {
-        auto shard = f.target.shard;
-        auto down = f.kind == fault_kind::store_fail;
-        order.effect = [kv_store, shard, down] {
-          caf::anon_send(kv_store, actors::kv_shard_fault_atom::value, shard, down);
-        };
-        if (down && f.duration)
-          later(f.at + *f.duration, [kv_store, shard, fleet, target] {
-            caf::anon_send(kv_store, actors::kv_shard_fault_atom::value, shard, false);
-            fleet->event("recover", target, {{"after", "store_fail duration"}});
-          });
-      } else {
-        continue;
-      }
-      order_of_fault[i] = orders.size();
-      orders.push_back(std::move(order));
-    }
+    auto planned = plan_fault_orders(topo, options.faults, w.now() - origin, fleet, kv_store,
+                                     prefill_pool->name, decode_pool->name);
+    order_of_fault = std::move(planned.order_of_fault);
+    auto& orders = planned.orders;
     if (!orders.empty())
       injector = actors::spawn_fault_injector(sys, cluster, std::move(orders), injected_log);
   }
