@@ -3,6 +3,7 @@
 // failure, slowdowns, KV store shard failures. Every run must lose nothing.
 #include "cluster/sim/expert_placement.hpp"
 #include "cluster/sim/fault_plan.hpp"
+#include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/trace.hpp"
 #include "cluster/sim/workload.hpp"
@@ -344,4 +345,21 @@ TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the G
   CHECK(restarts[0]["at_s"] == 240.0);
   CHECK(restarts[0]["ep"] == 8); // GPUs 0-7 on d0
   CHECK(events(out, "restart", "prefill/0").empty());
+}
+
+TEST_CASE("the sliding-window rings a drain forwards: every windowed layer's window + 6 tokens") {
+  auto v3 = resolve_model("deepseek-v3", default_models_dir());
+  auto v41 = resolve_model("deepseek-v4.1-flash", default_models_dir());
+  REQUIRE(v3.ok());
+  REQUIRE(v41.ok());
+  CHECK(v3->swa_ring_bytes() == 0); // MLA keeps no window
+  std::size_t windowed = 0;
+  for (auto& l : v41->layers)
+    windowed += l.attention != attention_kind::mla ? 1 : 0;
+  REQUIRE(windowed == v41->layers.size());
+  REQUIRE(v41->sliding_window == 128);
+  CHECK(v41->swa_ring_bytes()
+        == doctest::Approx(static_cast<double>(windowed) * 134 * v41->swa_entry_bytes));
+  MESSAGE("V4.1-Flash SWA rings: ", v41->swa_ring_bytes(), " bytes (", windowed, " layers x 134 x ",
+          v41->swa_entry_bytes, ")");
 }
