@@ -15,8 +15,9 @@ using link_retry_atom = caf::atom_constant<caf::atom("linkretry")>;
 
 // A transfer held while its link is cut is checked again when the cut should end (a later
 // partition may have extended it).
-caf::behavior partitioned_link_fn(caf::event_based_actor* self, runtime::link_port inner,
-                               std::shared_ptr<const fleet_state> fleet, std::string key) {
+caf::behavior faulty_link_fn(caf::event_based_actor* self, runtime::link_port inner,
+                             double bandwidth, std::shared_ptr<const fleet_state> fleet,
+                             std::string key) {
   struct held {
     runtime::link_transfer transfer;
     caf::typed_response_promise<runtime::link_delivery> promise;
@@ -32,6 +33,9 @@ caf::behavior partitioned_link_fn(caf::event_based_actor* self, runtime::link_po
   return {
     [=](runtime::link_transfer& t) -> caf::result<runtime::link_delivery> {
       auto wait = cut_left();
+      if (auto s = fleet->link_slow.find(key); s != fleet->link_slow.end() && !s->second.empty())
+        wait += runtime::from_seconds((*s->second.rbegin() - 1.0)
+                                      * static_cast<double>(t.bytes) / bandwidth);
       if (wait == runtime::duration{0})
         return self->delegate(inner, t);
       auto n = ++*next;
@@ -92,11 +96,11 @@ std::vector<std::uint32_t> incarnation_gpus(fleet_state& fleet, const std::strin
   return healthy;
 }
 
-runtime::link_port spawn_partitioned_link(caf::actor_system& sys, runtime::link_port inner,
-                                          std::shared_ptr<const fleet_state> fleet,
-                                          std::string key) {
+runtime::link_port spawn_faulty_link(caf::actor_system& sys, runtime::link_port inner,
+                                     double bandwidth, std::shared_ptr<const fleet_state> fleet,
+                                     std::string key) {
   return caf::actor_cast<runtime::link_port>(
-    sys.spawn(partitioned_link_fn, std::move(inner), std::move(fleet), std::move(key)));
+    sys.spawn(faulty_link_fn, std::move(inner), bandwidth, std::move(fleet), std::move(key)));
 }
 
 planned_orders plan_fault_orders(const topology& topo, const std::vector<fault>& faults,
@@ -265,6 +269,22 @@ planned_orders plan_fault_orders(const topology& topo, const std::vector<fault>&
         for (auto& k : keys)
           if (auto it = fleet->slow[k].find(factor); it != fleet->slow[k].end())
             fleet->slow[k].erase(it);
+        fleet->event("slow_end", target);
+      });
+    } else if (f.kind == fault_kind::slow && f.duration && f.target.kind == target_kind::link
+               && !partition_keys(f.target).empty()) {
+      // A slow link: the same KV links a partition of it would cut carry their transfers
+      // `factor` times slower.
+      auto keys = partition_keys(f.target);
+      auto factor = f.factor;
+      order.effect = [fleet, keys, factor] {
+        for (auto& k : keys)
+          fleet->link_slow[k].insert(factor);
+      };
+      later(f.at + *f.duration, [fleet, keys, factor, target] {
+        for (auto& k : keys)
+          if (auto it = fleet->link_slow[k].find(factor); it != fleet->link_slow[k].end())
+            fleet->link_slow[k].erase(it);
         fleet->event("slow_end", target);
       });
     } else if (f.kind == fault_kind::partition && f.duration

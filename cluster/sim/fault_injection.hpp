@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <caf/actor_system.hpp>
+
 #include <caf/fwd.hpp>
 
 #include <cmath>
@@ -45,6 +47,8 @@ struct fleet_state {
   std::map<std::string, std::multiset<double>> slow;
   /// "pool/instance" -> until when its KV link is cut off by a partition.
   std::map<std::string, runtime::time_point> cut_until;
+  /// "pool/instance" -> the factors of the link slowdowns in force on its KV link.
+  std::map<std::string, std::multiset<double>> link_slow;
   /// "pool/instance" -> starts so far, and the size of its current (or last) incarnation.
   std::map<std::string, std::uint32_t> starts;
   std::map<std::string, std::uint32_t> size;
@@ -73,11 +77,13 @@ struct fleet_state {
 std::vector<std::uint32_t> incarnation_gpus(fleet_state& fleet, const std::string& key,
                                             std::uint32_t configured, std::uint32_t experts);
 
-/// A KV link that waits out partitions: a transfer that starts while instance `key` is cut
-/// off (fleet.cut_until) is held until the cut ends, then crosses `inner`.
-runtime::link_port spawn_partitioned_link(caf::actor_system& sys, runtime::link_port inner,
-                                          std::shared_ptr<const fleet_state> fleet,
-                                          std::string key);
+/// A KV link under faults: a transfer that starts while instance `key` is cut off
+/// (fleet.cut_until) is held until the cut ends; one that starts while the link is slowed by
+/// `factor` (fleet.link_slow, the largest) is held (factor - 1) × bytes / `bandwidth` first,
+/// so it takes `factor` times its bandwidth time; then it crosses `inner`.
+runtime::link_port spawn_faulty_link(caf::actor_system& sys, runtime::link_port inner,
+                                     double bandwidth, std::shared_ptr<const fleet_state> fleet,
+                                     std::string key);
 
 /// The injector's orders for an expanded plan, and for each fault the index of its order
 /// (SIZE_MAX: not injected). Orders past those are effect-only ends of timed faults.

@@ -306,8 +306,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     for (std::uint32_t i = 0; i < pool->instances.initial; ++i)
       busy->by_key[pool->name + "/" + std::to_string(i)];
   auto fleet = std::make_shared<fleet_state>();
-  const bool partitions = std::any_of(options.faults.begin(), options.faults.end(),
-                                      [](const fault& f) { return f.kind == fault_kind::partition; });
+  // KV links get a fault-aware wrapper only when the plan can cut or slow one, so other runs
+  // have the same events as without it.
+  const bool link_faults
+    = std::any_of(options.faults.begin(), options.faults.end(), [](const fault& f) {
+        return f.kind == fault_kind::partition
+               || (f.kind == fault_kind::slow && f.target.kind == target_kind::link);
+      });
   fleet->clock = &w;
   fleet->origin = origin;
   auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
@@ -332,12 +337,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     ports.gpus = [configured, experts, name, fleet](actors::instance_id id) {
       return incarnation_gpus(*fleet, name + "/" + std::to_string(id), configured, experts);
     };
-    ports.link = [link_bw, link_lat, partitions, fleet, name](caf::local_actor* self,
+    ports.link = [link_bw, link_lat, link_faults, fleet, name](caf::local_actor* self,
                                                               actors::instance_id id) {
       auto link = runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
-      if (!partitions)
+      if (!link_faults)
         return link;
-      return spawn_partitioned_link(self->system(), link, fleet, name + "/" + std::to_string(id));
+      return spawn_faulty_link(self->system(), link, link_bw, fleet,
+                               name + "/" + std::to_string(id));
     };
     return ports;
   };
@@ -610,7 +616,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                         {"injects", "fail of a gpu, an instance, a pool or a node (an instance restarts "
                                     "after sim_params.restart_time on its healthy GPUs, EP rounded "
                                     "down to a valid size, or stays down); recover of a gpu or a node; slow of "
-                                    "a gpu, an instance or a pool; partition of a link, an instance or a "
+                                    "a gpu, an instance, a pool or a link; partition of a link, an instance or a "
                                     "pool (its KV transfers wait for the cut to heal); store_fail "
                                     "and recover of a shard; drain of a decode instance (grace, then its requests are "
                                     "forwarded with their KV and SWA rings and it is removed) or of "

@@ -363,3 +363,22 @@ TEST_CASE("the sliding-window rings a drain forwards: every windowed layer's win
   MESSAGE("V4.1-Flash SWA rings: ", v41->swa_ring_bytes(), " bytes (", windowed, " layers x 134 x ",
           v41->swa_entry_bytes, ")");
 }
+
+TEST_CASE("a slow link: the KV hand-offs into its decode end take factor times longer") {
+  faulty_run r{300, 0.5};
+  auto base = r.run("");
+  auto out = r.run("[[fault]]\nat = \"0s\"\nkind = \"slow\"\nlink = [\"prefill\", \"decode/0\"]\n"
+                   "factor = 1000.0\nduration = \"100s\"\n");
+  nothing_lost(out, 300);
+  CHECK(out.report["faults"]["timeline"][0]["injected"] == true);
+  REQUIRE(events(out, "slow_end", "link prefill <-> decode/0").size() == 1);
+  CHECK(events(out, "slow_end", "link prefill <-> decode/0")[0]["at_s"] == 100.0);
+  auto p = [](const sim_outcome& o, const char* q) {
+    return o.report["latency_ms"]["e2e"][q].get<double>();
+  };
+  MESSAGE("e2e p50 ", p(base, "p50"), " -> ", p(out, "p50"), " ms, p90 ", p(base, "p90"), " -> ",
+          p(out, "p90"), " ms");
+  CHECK(p(out, "p90") > p(base, "p90"));
+  // TTFT ends with prefill, before the hand-off: unchanged.
+  CHECK(out.report["latency_ms"]["ttft"] == base.report["latency_ms"]["ttft"]);
+}
