@@ -114,10 +114,14 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     if (p->role == pool_role::prefill)
       prefill.push_back(p);
   bool gpu_blip = more.chance(0.3), slow = more.chance(0.3), store = more.chance(0.3),
-       pool_fail = more.chance(0.1), prefill_drain = !prefill.empty() && more.chance(0.15);
-  std::vector<int> later; // 0 gpu fail + recover, 1 slow, 2 store_fail, 3 pool fail, 4 prefill drain
+       pool_fail = more.chance(0.1), prefill_drain = !prefill.empty() && more.chance(0.15),
+       link_fault = !prefill.empty() && !decode.empty() && more.chance(0.25);
+  // 0 gpu fail + recover, 1 slow, 2 store_fail, 3 pool fail, 4 prefill drain, 5 partition or
+  // slow of a prefill <-> decode link
+  std::vector<int> later;
   for (auto [on, k] : {std::pair{gpu_blip, 0}, std::pair{slow, 1}, std::pair{store, 2},
-                       std::pair{pool_fail, 3}, std::pair{prefill_drain, 4}})
+                       std::pair{pool_fail, 3}, std::pair{prefill_drain, 4},
+                       std::pair{link_fault, 5}})
     if (on)
       later.push_back(k);
   auto more_count = later.empty() || all.empty() ? 0 : more.between(0, 3);
@@ -157,6 +161,17 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
         f.target.kind = target_kind::pool;
         f.target.place.pool = pool.name;
         break;
+      case 5: {
+        auto& d = *decode[more.below(decode.size())];
+        f.kind = more.chance(0.5) ? fault_kind::partition : fault_kind::slow;
+        f.target.kind = target_kind::link;
+        f.target.place.pool = prefill[more.below(prefill.size())]->name;
+        f.target.peer = place_of(d, static_cast<std::uint32_t>(more.below(d.instances.initial)));
+        if (f.kind == fault_kind::slow)
+          f.factor = 2 + 98 * more.uniform();
+        f.duration = seconds_between(more, 5, 90);
+        break;
+      }
       default: {
         auto& p = *prefill[more.below(prefill.size())];
         f.kind = fault_kind::drain;
@@ -185,7 +200,8 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     enabled.emplace_back("decode drain");
   for (auto [on, name] : {std::pair{gpu_blip, "gpu fail + recover"}, std::pair{slow, "slow"},
                           std::pair{store, "store_fail"}, std::pair{pool_fail, "pool fail"},
-                          std::pair{prefill_drain, "prefill drain"}})
+                          std::pair{prefill_drain, "prefill drain"},
+                          std::pair{link_fault, "link partition / slow"}})
     if (on)
       enabled.emplace_back(name);
   c.drawn = {{"seed", seed},
