@@ -50,13 +50,15 @@ void drain(injector_ptr self, std::size_t i, caf::actor parent, caf::actor node)
         auto& order = self->state.orders[i];
         for (auto& c : children)
           if (c.id == "engine" && c.handle) {
-            auto forwarded = std::make_shared<std::uint64_t>(0);
+            auto forwarded = std::make_shared<drain_handoff>();
             record(self, i, true, "").forwarded = forwarded;
             auto id = order.path.back();
             self->request(c.handle, caf::infinite, drain_atom::value, *order.drain)
               .then(
-                [parent, id, forwarded](std::uint64_t n) {
-                  *forwarded = n;
+                [self, parent, id, forwarded](std::uint64_t n) {
+                  forwarded->done = true;
+                  forwarded->at = self->clock().now();
+                  forwarded->forwarded = n;
                   // Anonymous: the supervisor's answer is not for the injector.
                   caf::anon_send(parent, runtime::stop_child_atom::value, id);
                 },
@@ -72,6 +74,22 @@ void drain(injector_ptr self, std::size_t i, caf::actor parent, caf::actor node)
 void walk(injector_ptr self, std::size_t i, std::size_t depth, caf::actor node,
           caf::actor parent = {}) {
   auto& path = self->state.orders[i].path;
+  if (depth + 1 == path.size() && path[depth] == "*") {
+    // Every running child at this level.
+    self->request(node, caf::infinite, runtime::which_children_atom::value)
+      .then(
+        [self, i](const std::vector<runtime::child_info>& children) {
+          std::size_t hit = 0;
+          for (auto& c : children)
+            if (c.handle) {
+              self->send_exit(c.handle, self->state.orders[i].reason);
+              ++hit;
+            }
+          record(self, i, hit > 0, hit > 0 ? "" : "target down");
+        },
+        [self, i](const caf::error&) { record(self, i, false, "target down"); });
+    return;
+  }
   if (depth == path.size() && self->state.orders[i].drain) {
     drain(self, i, parent, node);
     return;
@@ -108,7 +126,14 @@ caf::behavior injector_fn(injector_ptr self, caf::actor root, std::vector<fault_
     self->delayed_send(self, st.orders[i].at, inject_atom::value, i);
   return {
     [self](inject_atom, std::size_t i) {
-      if (i < self->state.orders.size())
+      if (i >= self->state.orders.size())
+        return;
+      auto& order = self->state.orders[i];
+      if (order.effect)
+        order.effect();
+      if (order.path.empty())
+        record(self, i, true, "");
+      else
         walk(self, i, 0, self->state.root);
     },
   };

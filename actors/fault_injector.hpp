@@ -17,6 +17,11 @@
 // instance through its pool supervisor's stop_child: the instance is removed, not restarted
 // (a drain is a departure, not a failure).
 //
+// An order may also carry an `effect`, run when it falls due before anything is sent (the
+// world's own bookkeeping: a GPU marked failed or healthy, a slowdown starting, a KV shard
+// failing); an order with an effect and no path is only that. A path whose last id is "*"
+// hits every running child at that level (a whole pool).
+//
 // Every delay goes through the actor clock: in the simulated world the faults fall on exact
 // virtual times.
 #pragma once
@@ -27,6 +32,7 @@
 #include <caf/error.hpp>
 #include <caf/fwd.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +48,17 @@ struct fault_order {
   caf::error reason;
   /// A drain notice with this grace period instead of an exit (the path names an instance).
   std::optional<runtime::duration> drain;
+  /// Run when the order falls due, before the walk (may be empty; with an empty path the
+  /// order is only this).
+  std::function<void()> effect;
+};
+
+/// A drain's hand-off, filled in when the instance has handed its requests over.
+struct drain_handoff {
+  bool done = false;
+  runtime::time_point at{};
+  /// The jobs the instance forwarded.
+  std::uint64_t forwarded = 0;
 };
 
 /// What the injector did with an order (appended when the order fell due and was resolved).
@@ -53,9 +70,8 @@ struct fault_record {
   bool injected = false;
   /// Why not, when it was not ("target down", "no child 'x'").
   std::string skipped;
-  /// Drains: the jobs the instance forwarded (set when its hand-off is done; a second record
-  /// is not made).
-  std::shared_ptr<std::uint64_t> forwarded;
+  /// Drains: the hand-off (filled in when it is done; a second record is not made).
+  std::shared_ptr<drain_handoff> forwarded;
 };
 
 /// Spawns an injector over the supervision tree under `root`; the caller keeps the handle.

@@ -5,6 +5,7 @@
 #include <caf/local_actor.hpp>
 #include <caf/send.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -14,17 +15,19 @@ namespace {
 
 using rank_table = std::shared_ptr<std::vector<runtime::device_port>>;
 
-/// The rank children of an instance; each start records its handle in `table`.
-std::vector<runtime::child_spec> rank_children(instance_id id, std::uint32_t ranks,
+/// The rank children of one incarnation on `gpus`; each start records its handle in `table`
+/// (position 0 is the leader).
+std::vector<runtime::child_spec> rank_children(instance_id id, const std::vector<std::uint32_t>& gpus,
                                                const instance_ports& ports, rank_table table) {
   std::vector<runtime::child_spec> children;
-  table->resize(ranks);
-  for (std::uint32_t r = 0; r < ranks; ++r) {
+  auto size = static_cast<std::uint32_t>(gpus.size());
+  table->resize(size);
+  for (std::uint32_t r = 0; r < size; ++r) {
     runtime::child_spec spec;
-    spec.id = "rank" + std::to_string(r);
+    spec.id = "rank" + std::to_string(gpus[r]);
     spec.shutdown = std::chrono::seconds(1);
-    spec.start = [id, r, device = ports.device, table](caf::local_actor* self) {
-      auto rank = spawn_gpu_rank(self, gpu_rank_params{id, r}, device(self, id, r));
+    spec.start = [id, r, size, gpu = gpus[r], device = ports.device, table](caf::local_actor* self) {
+      auto rank = spawn_gpu_rank(self, gpu_rank_params{id, gpu}, device(self, id, r, size));
       (*table)[r] = rank;
       return caf::actor_cast<caf::actor>(rank);
     };
@@ -33,14 +36,43 @@ std::vector<runtime::child_spec> rank_children(instance_id id, std::uint32_t ran
   return children;
 }
 
-runtime::supervisor_config instance_config(std::string name, instance_id id,
-                                           std::uint32_t ranks, const instance_ports& ports,
-                                           rank_table table) {
-  // Intensity 0: the first failure of any child takes the whole instance down.
-  runtime::supervisor_config cfg{std::move(name),
-                                 {runtime::strategy::one_for_all, 0, std::chrono::seconds(1)},
-                                 rank_children(id, ranks, ports, table)};
-  return cfg;
+/// The child spec of an instance named `name`: at every (re)start it asks `ports.gpus` which
+/// GPUs to run on, then starts a one_for_all supervisor (intensity 0: the first failure of
+/// any child takes the whole instance down) of its ranks and of what `more(cfg, table, size)`
+/// adds (the engine, the block writer).
+template <class More>
+runtime::child_spec elastic_instance(std::string name, instance_id id, std::uint32_t ranks,
+                                     instance_ports ports, More more) {
+  runtime::child_spec spec;
+  spec.id = name;
+  spec.restart = runtime::restart_policy::permanent;
+  spec.shutdown = runtime::infinite_grace;
+  spec.start = [name, id, ranks, ports, more](caf::local_actor* self) -> caf::actor {
+    std::vector<std::uint32_t> gpus;
+    if (ports.gpus) {
+      gpus = ports.gpus(id);
+    } else {
+      for (std::uint32_t g = 0; g < ranks; ++g)
+        gpus.push_back(g);
+    }
+    if (gpus.empty())
+      return {};
+    auto table = std::make_shared<std::vector<runtime::device_port>>();
+    runtime::supervisor_config cfg{name,
+                                   {runtime::strategy::one_for_all, 0, std::chrono::seconds(1)},
+                                   rank_children(id, gpus, ports, table)};
+    more(cfg, table, static_cast<std::uint32_t>(gpus.size()));
+    return runtime::supervisor_child(std::move(cfg)).start(self);
+  };
+  return spec;
+}
+
+/// `x` scaled by `size / ranks` (at least 1).
+template <class T>
+T scaled(T x, std::uint32_t size, std::uint32_t ranks) {
+  if (size >= ranks || ranks == 0)
+    return x;
+  return std::max<T>(1, static_cast<T>(static_cast<std::uint64_t>(x) * size / ranks));
 }
 
 /// The engine child of instance `id`: `spawn(self)` makes the engine, which is then announced
@@ -62,60 +94,75 @@ runtime::child_spec engine_child(instance_id id, Lb lb, Spawn spawn) {
 runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                      prefill_engine_params engine, instance_ports ports,
                                      prefill_lb_actor lb) {
-  auto table = std::make_shared<std::vector<runtime::device_port>>();
-  auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
   engine.instance = id;
-  cfg.children.push_back(engine_child(id, lb, [engine, ports, table, id](caf::local_actor* self) {
-    auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
-    return spawn_prefill_engine(self, engine, table->at(0), link);
-  }));
-  return runtime::supervisor_child(std::move(cfg));
+  auto link = ports.link;
+  return elastic_instance(
+    pool + "/" + std::to_string(id), id, ranks, std::move(ports),
+    [engine, link, id, lb, ranks](runtime::supervisor_config& cfg, const rank_table& table,
+                                  std::uint32_t size) {
+      auto e = engine;
+      e.step_tokens = scaled(e.step_tokens, size, ranks);
+      cfg.children.push_back(engine_child(id, lb, [e, link, table, id, lb](caf::local_actor* self) {
+        auto l = link ? link(self, id) : runtime::link_port{};
+        // On a drain notice the engine has its balancer exclude the instance.
+        auto leave = [lb, id] { caf::anon_send(lb, drain_instance_atom::value, id); };
+        return spawn_prefill_engine(self, e, table->at(0), l, leave);
+      }));
+    });
 }
 
 runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                     decode_engine_params engine, instance_ports ports,
                                     decode_lb_actor lb, block_writer_params writer) {
-  auto table = std::make_shared<std::vector<runtime::device_port>>();
-  auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
-  // The engine's block sink sends each step's filled blocks to the writer that is current
-  // (the slot is refilled when the instance restarts).
-  auto slot = std::make_shared<block_writer_actor>();
-  block_sink persist;
-  if (writer.kv) {
-    writer.instance = id;
-    runtime::child_spec w;
-    w.id = "block_writer";
-    w.start = [writer, slot](caf::local_actor* self) {
-      *slot = spawn_block_writer(self, writer);
-      return caf::actor_cast<caf::actor>(*slot);
-    };
-    cfg.children.push_back(std::move(w));
-    persist = [slot](const std::vector<filled_blocks>& filled) {
-      if (*slot)
-        caf::anon_send(*slot, persist_blocks{filled});
-    };
-  }
   engine.instance = id;
-  cfg.children.push_back(
-    engine_child(id, lb, [engine, ports, table, id, persist, lb](caf::local_actor* self) {
-      auto link = ports.link ? ports.link(self, id) : runtime::link_port{};
-      // On a drain notice the engine has its balancer exclude the instance.
-      auto leave = [lb, id] { caf::anon_send(lb, drain_instance_atom::value, id); };
-      return spawn_decode_engine(self, engine, table->at(0), link, persist, leave);
-    }));
-  return runtime::supervisor_child(std::move(cfg));
+  writer.instance = id;
+  auto link = ports.link;
+  return elastic_instance(
+    pool + "/" + std::to_string(id), id, ranks, std::move(ports),
+    [engine, link, id, lb, writer, ranks](runtime::supervisor_config& cfg,
+                                          const rank_table& table, std::uint32_t size) {
+      // The engine's block sink sends each step's filled blocks to this incarnation's writer.
+      block_sink persist;
+      if (writer.kv) {
+        auto slot = std::make_shared<block_writer_actor>();
+        runtime::child_spec w;
+        w.id = "block_writer";
+        w.start = [writer, slot](caf::local_actor* self) {
+          *slot = spawn_block_writer(self, writer);
+          return caf::actor_cast<caf::actor>(*slot);
+        };
+        cfg.children.push_back(std::move(w));
+        persist = [slot](const std::vector<filled_blocks>& filled) {
+          if (*slot)
+            caf::anon_send(*slot, persist_blocks{filled});
+        };
+      }
+      auto e = engine;
+      e.max_batch = scaled(e.max_batch, size, ranks);
+      cfg.children.push_back(
+        engine_child(id, lb, [e, link, table, id, persist, lb](caf::local_actor* self) {
+          auto l = link ? link(self, id) : runtime::link_port{};
+          // On a drain notice the engine has its balancer exclude the instance.
+          auto leave = [lb, id] { caf::anon_send(lb, drain_instance_atom::value, id); };
+          return spawn_decode_engine(self, e, table->at(0), l, persist, leave);
+        }));
+    });
 }
 
 runtime::child_spec vision_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                     vision_engine_params engine, instance_ports ports,
                                     vision_lb_actor lb) {
-  auto table = std::make_shared<std::vector<runtime::device_port>>();
-  auto cfg = instance_config(pool + "/" + std::to_string(id), id, ranks, ports, table);
   engine.instance = id;
-  cfg.children.push_back(engine_child(id, lb, [engine, table](caf::local_actor* self) {
-    return spawn_vision_engine(self, engine, table->at(0));
-  }));
-  return runtime::supervisor_child(std::move(cfg));
+  return elastic_instance(
+    pool + "/" + std::to_string(id), id, ranks, std::move(ports),
+    [engine, id, lb, ranks](runtime::supervisor_config& cfg, const rank_table& table,
+                            std::uint32_t size) {
+      auto e = engine;
+      e.step_images = scaled(e.step_images, size, ranks);
+      cfg.children.push_back(engine_child(id, lb, [e, table](caf::local_actor* self) {
+        return spawn_vision_engine(self, e, table->at(0));
+      }));
+    });
 }
 
 } // namespace troupe::actors

@@ -8,6 +8,12 @@
 // load balancer; the balancer monitors the engine, so a stopped instance leaves the balancer
 // by itself.
 //
+// Elasticity: the instance's child spec builds its supervisor anew at every start, on the
+// GPUs `instance_ports::gpus` gives it then — so an instance restarted after a GPU failure
+// re-forms its EP group on the healthy GPUs (fewer ranks, each named after its GPU), or
+// stays down when too few are healthy (the start fails and its pool supervisor retries after
+// the restart delay).
+//
 // Where a rank's device and an instance's link come from is the world's business: the
 // caller passes factories (simulated ports in the simulated world).
 #pragma once
@@ -23,20 +29,31 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace troupe::actors {
 
 /// How an instance gets its ports.
 struct instance_ports {
-  /// The device of rank `rank` of instance `id`.
-  std::function<runtime::device_port(caf::local_actor*, instance_id id, std::uint32_t rank)>
+  /// The device of the rank at position `rank` (0: the leader, which runs the instance's
+  /// steps) of an incarnation of instance `id` with `size` ranks.
+  std::function<runtime::device_port(caf::local_actor*, instance_id id, std::uint32_t rank,
+                                     std::uint32_t size)>
     device;
   /// The instance's KV link: store → device for prefill, prefill → device for decode. May
   /// return an invalid handle (no transfer time).
   std::function<runtime::link_port(caf::local_actor*, instance_id id)> link;
+  /// Elasticity: the GPUs (indices below the instance's configured `ranks`, ascending) an
+  /// incarnation of instance `id` runs on, asked at every start and restart; the rank on GPU g
+  /// is the child "rank<g>". An empty list means too few GPUs are healthy: the start fails
+  /// and the pool's supervisor tries again after its restart delay, so the instance stays
+  /// down until enough recover. Unset: every configured GPU, every time.
+  std::function<std::vector<std::uint32_t>(instance_id id)> gpus;
 };
 
-/// The child spec of prefill instance `id` with `ranks` ranks (named "<pool>/<id>").
+/// The child spec of prefill instance `id` with `ranks` ranks (named "<pool>/<id>"). An
+/// incarnation with fewer ranks (`ports.gpus`) scales its engine's per-step budget (prefill
+/// tokens, decode batch) by its share of `ranks`.
 runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                      prefill_engine_params engine, instance_ports ports,
                                      prefill_lb_actor lb);

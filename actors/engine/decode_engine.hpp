@@ -101,8 +101,8 @@ typename Inspector::result_type inspect(Inspector& f, decode_done& x) {
            x.finished, x.tokens, x.blocks_persisted, x.forwarded);
 }
 
-/// A leave notice: serve for the grace period, then hand off (see above).
-using drain_atom = caf::atom_constant<caf::atom("drain")>;
+// drain_atom (a leave notice: serve for the grace period, then hand off) is in
+// prefill_engine.hpp, shared by both engines.
 /// The engine's own grace timer.
 using drain_end_atom = caf::atom_constant<caf::atom("drainend")>;
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <optional>
 
 namespace troupe::actors {
 
@@ -34,6 +35,10 @@ struct prefill_engine_state {
   bool stepping = false;
   std::uint64_t next_step = 1;
   engine_stats stats;
+  /// Drain: the callback that has the balancer exclude the instance, and the drain request,
+  /// answered when the last job is done.
+  std::function<void()> leave;
+  std::optional<caf::typed_response_promise<std::uint64_t>> drain;
   static inline const char* name = "prefill_engine";
 };
 
@@ -49,6 +54,11 @@ void try_finish(engine_ptr self, std::uint64_t request) {
   st.jobs.erase(i);
   std::erase(st.order, request);
   ++st.stats.jobs_done;
+  // A draining instance leaves once its work is done.
+  if (st.drain && st.jobs.empty()) {
+    st.drain->deliver(std::uint64_t{0});
+    st.drain.reset();
+  }
 }
 
 void step(engine_ptr self) {
@@ -131,8 +141,10 @@ void step(engine_ptr self) {
 prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
                                                        prefill_engine_params params,
                                                        runtime::device_port device,
-                                                       runtime::link_port link) {
+                                                       runtime::link_port link,
+                                                       std::function<void()> leave) {
   auto& st = self->state;
+  st.leave = std::move(leave);
   st.params = params;
   st.device = std::move(device);
   st.link = std::move(link);
@@ -179,6 +191,17 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       step(self);
       return rp;
     },
+    [self](drain_atom, runtime::duration) -> caf::result<std::uint64_t> {
+      auto& st = self->state;
+      if (st.leave) {
+        st.leave();
+        st.leave = nullptr;
+      }
+      if (st.jobs.empty())
+        return std::uint64_t{0};
+      st.drain = self->make_response_promise<std::uint64_t>();
+      return *st.drain;
+    },
     [self](engine_stats_atom) {
       auto s = self->state.stats;
       s.jobs_in_flight = self->state.jobs.size();
@@ -191,8 +214,10 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
 
 prefill_engine_actor spawn_prefill_engine(caf::local_actor* parent, prefill_engine_params params,
                                           runtime::device_port device,
-                                          runtime::link_port fetch_link) {
-  return parent->spawn(prefill_engine_fn, params, std::move(device), std::move(fetch_link));
+                                          runtime::link_port fetch_link,
+                                          std::function<void()> leave) {
+  return parent->spawn(prefill_engine_fn, params, std::move(device), std::move(fetch_link),
+                       std::move(leave));
 }
 
 } // namespace troupe::actors

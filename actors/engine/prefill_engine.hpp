@@ -27,6 +27,7 @@
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
+#include <functional>
 
 namespace troupe::actors {
 
@@ -78,9 +79,16 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
 
 using engine_stats_atom = caf::atom_constant<caf::atom("engstats")>;
 
+/// A leave notice with a grace period (both engines). Prefill: the engine calls its `leave`
+/// callback at once (prefill_lb excludes the instance), finishes every job it holds (and any
+/// routed to it before the exclusion), then answers 0 (it forwards nothing: its jobs are
+/// short); the caller stops the instance. The grace does not cut a prefill short.
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+
 using prefill_engine_actor
   = caf::typed_actor<caf::replies_to<prefill_job>::with<prefill_done>,
-                     caf::replies_to<engine_stats_atom>::with<engine_stats>>;
+                     caf::replies_to<engine_stats_atom>::with<engine_stats>,
+                     caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>>;
 
 struct prefill_engine_params {
   instance_id instance = 0;
@@ -94,9 +102,11 @@ struct prefill_engine_params {
 };
 
 /// Spawns a prefill engine that runs its steps on `device` (the instance's leader rank) and
-/// fetches cached KV over `fetch_link` (store → host → device).
+/// fetches cached KV over `fetch_link` (store → host → device). `leave` is called when a
+/// drain starts (the instance tells its balancer to exclude it); may be empty.
 prefill_engine_actor spawn_prefill_engine(caf::local_actor* parent, prefill_engine_params params,
                                           runtime::device_port device,
-                                          runtime::link_port fetch_link);
+                                          runtime::link_port fetch_link,
+                                          std::function<void()> leave = {});
 
 } // namespace troupe::actors

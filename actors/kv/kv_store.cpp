@@ -19,29 +19,64 @@ namespace {
 
 struct shard_state {
   std::optional<kv_index> index;
+  kv_index_params params;
+  /// Failed by a fault (kv_shard_fault_atom): answers as a failed shard until it comes back.
+  bool down = false;
   static inline const char* name = "kv_store";
 };
 
 kv_shard_actor::behavior_type shard_fn(kv_shard_actor::stateful_pointer<shard_state> self,
                                        kv_index_params params) {
   self->state.index.emplace(params);
+  self->state.params = params;
   auto now = [self] { return self->clock().now(); };
+  auto rejected = [](std::size_t n) {
+    kv_insert_result r;
+    r.rejected = static_cast<std::uint32_t>(n);
+    return r;
+  };
   return {
+    [self](kv_shard_fault_atom, std::uint32_t, bool down) {
+      // Down or back up, the shard's metadata is gone: it starts over empty.
+      auto& st = self->state;
+      st.down = down;
+      st.index.emplace(st.params);
+    },
     [self, now](const kv_match& m) {
+      if (self->state.down) {
+        kv_match_result miss;
+        return miss;
+      }
       return self->state.index->match(m.chain, m.traffic, now(), m.prompt_tokens);
     },
-    [self, now](const kv_insert& m) {
+    [self, now, rejected](const kv_insert& m) {
+      if (self->state.down)
+        return rejected(m.blocks.size());
       return self->state.index->insert(m.blocks, m.traffic, now());
     },
-    [self, now](const kv_reserve& m) {
+    [self, now, rejected](const kv_reserve& m) {
+      if (self->state.down)
+        return rejected(m.blocks.size());
       return self->state.index->reserve(m.blocks, m.traffic, now());
     },
-    [self, now](const kv_commit& m) { return self->state.index->commit(m.blocks, now()); },
+    [self, now](const kv_commit& m) {
+      if (self->state.down) {
+        kv_commit_result r;
+        r.missing = static_cast<std::uint32_t>(m.blocks.size());
+        return r;
+      }
+      return self->state.index->commit(m.blocks, now());
+    },
     [self](kv_stats_atom) { return self->state.index->stats(); },
     [self, now](const kv_probe& m) {
+      if (self->state.down)
+        return std::uint32_t{0};
       return static_cast<std::uint32_t>(self->state.index->probe(m.blocks, now()));
     },
-    [self, now](const kv_touch& m) { self->state.index->touch(m.blocks, m.traffic, now()); },
+    [self, now](const kv_touch& m) {
+      if (!self->state.down)
+        self->state.index->touch(m.blocks, m.traffic, now());
+    },
   };
 }
 
@@ -222,6 +257,11 @@ kv_check_actor::behavior_type router_fn(router_actor self, kv_router_params para
   TROUPE_CHECK(!params.shards.empty(), "kv_router: needs at least one shard");
   self->state.params = std::move(params);
   return {
+    [self](kv_shard_fault_atom, std::uint32_t shard, bool down) {
+      auto& shards = self->state.params.shards;
+      if (shard < shards.size())
+        self->send(shards[shard], kv_shard_fault_atom::value, shard, down);
+    },
     [self](kv_match& m) { return route_match(self, m); },
     [self](kv_insert& m) {
       return scatter<kv_insert, kv_insert_result>(self, m.blocks, add_insert, reject_all,

@@ -114,8 +114,17 @@ typename Inspector::result_type inspect(Inspector& f, kv_touch& x) {
 /// Asks for kv_stats (a router sums its shards' and adds its own match accounting).
 using kv_stats_atom = caf::atom_constant<caf::atom("kvstats")>;
 
+/// Fault injection (simulated world): (kv_shard_fault_atom, shard, down). `down`: the shard
+/// fails — it loses its metadata (its index is emptied) and, until it comes back, counts as
+/// failed (every probe a miss, every insert or reserve rejected, every commit missing); not
+/// `down`: it comes back, empty. A single shard ignores the shard number; a router passes the
+/// order to shard `shard`. No reply. The cache is an optimisation: results do not change,
+/// only hits are lost (docs/faults.md).
+using kv_shard_fault_atom = caf::atom_constant<caf::atom("kvshfault")>;
+
 /// The CHECK role as its clients see it: one shard or a sharded front.
 using kv_check_actor = caf::typed_actor<
+  caf::reacts_to<kv_shard_fault_atom, std::uint32_t, bool>,
   caf::replies_to<kv_match>::with<kv_match_result>,
   caf::replies_to<kv_insert>::with<kv_insert_result>,
   caf::replies_to<kv_reserve>::with<kv_insert_result>,

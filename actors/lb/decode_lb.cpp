@@ -74,6 +74,15 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       c.add("spilled", s.spilled);
       c.add("rejected", s.rejected);
       c.add("drained", self->state.drained);
+      // What the live instances still hold (requests booked, their KV): zero once every
+      // request has ended, or a KV allocation leaked (the invariant checker's KV check).
+      std::uint64_t held = 0, held_kv = 0;
+      for (auto& [id, engine] : self->state.engines) {
+        held += self->state.balancer->requests(id);
+        held_kv += self->state.balancer->kv_tokens(id);
+      }
+      c.add("held_requests", held);
+      c.add("held_kv_tokens", held_kv);
       return c;
     },
   };

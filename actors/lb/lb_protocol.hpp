@@ -75,4 +75,7 @@ std::optional<instance_id> forget_member(Map& members, const caf::actor_addr& so
   return std::nullopt;
 }
 
+/// Instance `id` is draining (prefill_lb, decode_lb): route nothing more to it.
+using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
+
 } // namespace troupe::actors

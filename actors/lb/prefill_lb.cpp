@@ -28,6 +28,8 @@ struct prefill_lb_state {
   std::set<instance_id> draining;
   /// Uncached tokens of every request routed (the autoscaler's prefill demand).
   std::uint64_t routed_tokens = 0;
+  /// Drain notices taken (lb.prefill.drained in the report).
+  std::uint64_t drained = 0;
   static inline const char* name = "prefill_lb";
 };
 
@@ -69,9 +71,12 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       st.balancer->add_instance(id);
     },
     [self](drain_instance_atom, instance_id id) {
+      // Draining: no new routes; the jobs it holds finish there.
       auto& st = self->state;
-      if (st.engines.count(id) != 0 && st.draining.insert(id).second)
+      if (st.engines.count(id) != 0 && st.draining.insert(id).second) {
         st.balancer->remove_instance(id);
+        ++st.drained;
+      }
     },
     [self](pool_load_atom) {
       auto& st = self->state;
@@ -92,6 +97,7 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       c.add("rejected", s.rejected);
       c.add("moves", s.moves);
       c.add("rebalances", s.rebalances);
+      c.add("drained", self->state.drained);
       return c;
     },
   };

@@ -33,6 +33,9 @@ struct request_state {
   /// Decode tokens delivered by earlier decode jobs, and by the current one so far.
   std::uint64_t decoded = 0;
   std::uint64_t progress = 0;
+  /// The last decode job was forwarded by a draining instance: the next one carries the
+  /// sliding-window rings with the KV.
+  bool forwarded_kv = false;
   static inline const char* name = "request";
 };
 
@@ -121,6 +124,14 @@ void reroute(request_ptr self, const std::string& phase, const std::string& why)
   match(self);
 }
 
+/// The client receives positions [from, to) of the output.
+void deliver(request_state& st, std::uint64_t from, std::uint64_t to) {
+  if (to <= from)
+    return;
+  st.outcome.token_digest = stream_digest(st.outcome.token_digest, st.spec.id, from, to);
+  st.outcome.delivered_tokens = to;
+}
+
 std::uint64_t first_token_count(const request_state& st) {
   return st.first_delivered && st.spec.output_tokens > 0 ? 1 : 0;
 }
@@ -141,6 +152,10 @@ void decode(request_ptr self) {
         job.context_tokens = kv_tokens;
         job.output_tokens = rest;
         job.kv_bytes = kv_tokens * st.services.kv_bytes_per_token;
+        // A forwarded request brings its sliding-window rings too.
+        if (st.forwarded_kv)
+          job.kv_bytes += st.services.swa_ring_bytes;
+        st.forwarded_kv = false;
         // The blocks decode fills continue the prompt's chain.
         if (!st.spec.chain.empty()) {
           job.parent = st.spec.chain.back();
@@ -153,7 +168,8 @@ void decode(request_ptr self) {
           auto& st = self->state;
           self->send(st.services.decode, decode_release{a.instance, kv_tokens});
           // What the client has, it keeps: the next job starts after it.
-          st.decoded += st.progress;
+          if (!st.services.test_replay_on_reroute)
+            st.decoded += st.progress;
           st.progress = 0;
           reroute(self, "decode", why);
         };
@@ -168,7 +184,8 @@ void decode(request_ptr self) {
               if (attempt != st.attempt)
                 return;
               unwatch(self);
-              st.outcome.delivered_tokens = first_token_count(st) + st.decoded + done.tokens;
+              auto base = first_token_count(st) + st.decoded;
+              deliver(st, base + st.progress, base + done.tokens);
               self->send(st.services.decode, decode_release{a.instance, kv_tokens});
               if (done.forwarded) {
                 // Its instance drained: the tokens generated there have reached the client
@@ -176,6 +193,7 @@ void decode(request_ptr self) {
                 st.decoded += done.tokens;
                 st.progress = 0;
                 ++st.outcome.forwards;
+                st.forwarded_kv = true;
                 decode(self);
                 return;
               }
@@ -226,7 +244,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
                 st.outcome.first_token = done.finished;
                 // The first token leaves with the end of prefill.
                 if (st.spec.output_tokens > 0)
-                  st.outcome.delivered_tokens = 1;
+                  deliver(st, 0, 1);
                 // The prompt's full blocks are persisted as the KV moves on to decode.
                 // (Anonymous: the store's reply must not come back to this actor.)
                 if (!st.spec.chain.empty())
@@ -330,8 +348,9 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
     [self](const decode_progress& p) {
       auto& st = self->state;
       if (p.tokens > st.progress) {
+        auto base = first_token_count(st) + st.decoded;
+        deliver(st, base + st.progress, base + p.tokens);
         st.progress = p.tokens;
-        st.outcome.delivered_tokens = first_token_count(st) + st.decoded + st.progress;
       }
     },
     [self](retry_atom) {
@@ -348,6 +367,25 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
 caf::actor spawn_request(caf::local_actor* parent, request_spec spec,
                          const request_services& services) {
   return parent->spawn(request_fn, std::move(spec), services);
+}
+
+std::uint64_t token_at(std::uint64_t request, std::uint64_t position) noexcept {
+  // splitmix64 of the pair: a fixed, well-mixed function of (request, position).
+  auto x = request * 0x9e3779b97f4a7c15ull + position + 0x632be59bd9b4e019ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t stream_digest(std::uint64_t digest, std::uint64_t request, std::uint64_t from,
+                            std::uint64_t to) noexcept {
+  for (auto p = from; p < to; ++p) {
+    // Order-sensitive: each step mixes the running digest with the next (position, token).
+    auto x = (digest ^ token_at(request, p)) + p * 0xd6e8feb86659fd93ull;
+    x = (x ^ (x >> 32)) * 0xd6e8feb86659fd93ull;
+    digest = x ^ (x >> 32);
+  }
+  return digest;
 }
 
 } // namespace troupe::actors

@@ -96,14 +96,27 @@ struct request_outcome {
   std::uint32_t reroutes = 0;
   /// Times its decode instance drained and handed it, with its KV, to another one.
   std::uint32_t forwards = 0;
+  /// The delivered stream: every token the client received, in delivery order, folded with
+  /// stream_digest. Equals stream_digest(0, id, 0, output_tokens) exactly when the client
+  /// got positions 0, 1, ..., output_tokens - 1 once each, in order.
+  std::uint64_t token_digest = 0;
 };
+
+/// The simulated world's token at `position` of request `request`'s output: decoding is
+/// deterministic, so a token depends only on the request and its position, wherever (and
+/// after however many reroutes) it is generated.
+std::uint64_t token_at(std::uint64_t request, std::uint64_t position) noexcept;
+
+/// `digest` extended by the tokens at positions [from, to) of `request`, in order.
+std::uint64_t stream_digest(std::uint64_t digest, std::uint64_t request, std::uint64_t from,
+                            std::uint64_t to) noexcept;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_outcome& x) {
   return f(caf::meta::type_name("request_outcome"), x.id, x.completed, x.failure, x.admitted,
            x.vision_started, x.encoded, x.prefill_started, x.first_token, x.finished,
            x.input_tokens, x.output_tokens, x.delivered_tokens, x.hit_blocks, x.hit_tokens, x.prefill_instance,
-           x.decode_instance, x.vision_instance, x.reroutes, x.forwards);
+           x.decode_instance, x.vision_instance, x.reroutes, x.forwards, x.token_digest);
 }
 
 /// The services a request talks to, and where its outcome goes.
@@ -129,6 +142,13 @@ struct request_services {
   /// TEST ONLY (sim_params::test_drop_on_reroute): a planted bug — on a reroute the request
   /// drops the rest of its stream and reports itself completed.
   bool test_drop_on_reroute = false;
+  /// TEST ONLY (sim_params::test_replay_on_reroute): a planted bug — after a decode failure
+  /// the request forgets what it delivered and streams those positions again (the count
+  /// comes out right, the stream does not).
+  bool test_replay_on_reroute = false;
+  /// Bytes of a request's sliding-window rings, added to the KV a drained decode instance
+  /// forwards (they are never persisted, so they travel with the request).
+  std::uint64_t swa_ring_bytes = 0;
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.

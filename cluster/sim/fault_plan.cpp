@@ -480,11 +480,12 @@ private:
     }
     if (e.kind == fault_kind::drain && ok_) {
       const auto* pool = find_pool(topo_, e.target.place.pool);
-      if (pool->role != pool_role::decode) {
+      if (pool->role != pool_role::decode && pool->role != pool_role::prefill) {
         error(*target_node, target_key,
-              fmt::format("drain applies only to decode instances, and pool '{}' is a {} pool",
+              fmt::format("drain applies only to prefill and decode instances, and pool '{}' "
+                          "is a {} pool",
                           pool->name, to_string(pool->role)),
-              "target an instance of a decode pool, or use kind = \"fail\"");
+              "target an instance of a prefill or decode pool, or use kind = \"fail\"");
         return;
       }
       e.grace = pool->grace;

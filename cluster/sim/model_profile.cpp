@@ -376,6 +376,15 @@ std::string to_string(attention_kind k) {
   return "?";
 }
 
+double model_profile::swa_ring_bytes() const {
+  double layers_with_window = 0;
+  for (auto& l : layers)
+    if (l.attention != attention_kind::mla)
+      layers_with_window += 1;
+  return sliding_window == 0 ? 0
+                             : layers_with_window * (sliding_window + 6.0) * swa_entry_bytes;
+}
+
 std::size_t model_profile::moe_layer_count() const {
   return static_cast<std::size_t>(
     std::count_if(layers.begin(), layers.end(), [](const layer_profile& l) { return l.moe; }));

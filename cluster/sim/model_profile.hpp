@@ -132,6 +132,11 @@ struct model_profile {
 
   /// KV bytes of one 128-token block.
   double kv_bytes_per_block() const { return kv_bytes_per_token * kv_block_tokens; }
+  /// Bytes of one request's sliding-window rings: every layer with a window keeps its last
+  /// `sliding_window` + 6 tokens (the window and the entries of a compressor block still
+  /// being filled), `swa_entry_bytes` each; none for MLA (V3). Never persisted, so a decode
+  /// hand-off on drain carries them with the block KV.
+  double swa_ring_bytes() const;
   std::size_t moe_layer_count() const;
 };
 

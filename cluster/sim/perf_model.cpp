@@ -1,6 +1,8 @@
 // The performance model: per-layer roofline, EP all-to-all, two-micro-batch overlap.
 #include "cluster/sim/perf_model.hpp"
 
+#include "cluster/sim/expert_placement.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -173,7 +175,7 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
   // Experts or dense FFN.
   if (l.moe) {
     const double k = m.experts_per_token;
-    const double local_experts = std::ceil(double(m.routed_experts) / ep);
+    const double local_experts = max_experts_per_rank(m.routed_experts, ep); // balanced placement
     const double pairs_local = t * k; // balanced: each GPU receives what it sends
     const double active = std::min(local_experts, pairs_local);
     double routed = roofline(2.0 * pairs_local * m.expert_params, r.gemm,

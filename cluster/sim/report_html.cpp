@@ -49,6 +49,34 @@ struct line {
   bool dashed = false;
 };
 
+/// A vertical mark on the time axis: one event of the run's fault timeline.
+struct marker {
+  double x = 0;
+  std::string label;
+  std::string color;
+};
+
+/// Timeline events as markers: faults red, the cluster's recoveries (restarts, EP resizes,
+/// recoveries, ends of slowdowns) green, instances staying down black, drain hand-offs orange.
+std::vector<marker> timeline_markers(const nlohmann::json& r) {
+  std::vector<marker> out;
+  if (!r.contains("timeline"))
+    return out;
+  for (auto& e : r["timeline"]) {
+    auto kind = e.value("kind", std::string{});
+    auto color = kind == "restart" || kind == "ep_resize" || kind == "recover" || kind == "slow_end"
+                   ? "#2ca02c"
+                 : kind == "stays_down" ? "#000000"
+                 : kind == "forward"    ? "#ff7f0e"
+                                        : "#d62728";
+    auto label = kind + " " + e.value("target", std::string{});
+    if (e.contains("ep"))
+      label += " (EP " + std::to_string(e["ep"].get<std::uint64_t>()) + ")";
+    out.push_back({e.value("at_s", 0.0), std::move(label), color});
+  }
+  return out;
+}
+
 const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
@@ -63,7 +91,11 @@ struct mark {
 /// `marks` drawn as labelled vertical lines.
 std::string chart(const std::string& id, const std::string& title, const std::string& unit,
                   const std::vector<double>& xs, const std::vector<line>& lines,
+<<<<<<< HEAD
                   const std::vector<mark>& marks = {}) {
+=======
+                  const std::vector<marker>& markers = {}) {
+>>>>>>> faults
   // The legend sits in rows of four under the x axis, so it never hides a line.
   const std::size_t per_row = 4;
   const auto legend_rows = (lines.size() + per_row - 1) / per_row;
@@ -96,6 +128,7 @@ std::string chart(const std::string& id, const std::string& title, const std::st
     svg += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(plot_h - bottom + 16) + "\" class=\"tick\" "
            "text-anchor=\"middle\">" + fmt(x, 0) + " s</text>";
   }
+<<<<<<< HEAD
   for (std::size_t i = 0; i < marks.size(); ++i) {
     auto& m = marks[i];
     // Labels step down in three rows so that close events stay readable.
@@ -105,6 +138,19 @@ std::string chart(const std::string& id, const std::string& title, const std::st
            + "\" stroke-dasharray=\"2 2\"/>";
     svg += "<text x=\"" + fmt(px(m.x) + 2) + "\" y=\"" + fmt(label_y) + "\" class=\"tick\" fill=\""
            + m.color + "\">" + escape(m.label) + "</text>";
+=======
+  // The fault timeline: a dashed vertical line per event, its label as a tooltip.
+  if (!markers.empty()) {
+    svg += "<g class=\"markers\">";
+    for (auto& m : markers) {
+      auto x = px(std::min(std::max(0.0, m.x), xmax));
+      svg += "<line class=\"marker\" x1=\"" + fmt(x) + "\" y1=\"" + fmt(top) + "\" x2=\"" + fmt(x)
+             + "\" y2=\"" + fmt(plot_h - bottom) + "\" stroke=\"" + m.color
+             + "\" stroke-width=\"1\" stroke-dasharray=\"2 2\"><title>" + fmt(m.x) + " s: "
+             + escape(m.label) + "</title></line>";
+    }
+    svg += "</g>";
+>>>>>>> faults
   }
   int n = 0;
   for (auto& l : lines) {
@@ -308,16 +354,19 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
   body += row("host", fmt(run["wall_s"].get<double>(), 2) + " s wall, "
                         + fmt(run["virtual_s_per_wall_s"].get<double>(), 0) + "x real time");
   body += "</table>";
+  auto marks = timeline_markers(r);
   body += chart("throughput", "Throughput", "tokens/s", xs,
                 {{"input", "#1f77b4", numbers(s["input_tokens_per_s"])},
-                 {"output", "#d62728", numbers(s["output_tokens_per_s"])}});
+                 {"output", "#d62728", numbers(s["output_tokens_per_s"])}},
+                marks);
   body += chart("ttft", "Time to first token by arrival", "ms", xs,
                 {{"p50", "#2ca02c", numbers(s["ttft_p50_ms"])},
-                 {"p99", "#9467bd", numbers(s["ttft_p99_ms"])}});
+                 {"p99", "#9467bd", numbers(s["ttft_p99_ms"])}},
+                marks);
   body += chart("in-flight", "Requests in flight (queue length)", "requests", xs,
-                {{"in flight", "#ff7f0e", numbers(s["requests_in_flight"])}});
+                {{"in flight", "#ff7f0e", numbers(s["requests_in_flight"])}}, marks);
   body += chart("hit-rate", "KV token hit rate by arrival", "fraction", xs,
-                {{"token hit rate", "#17becf", numbers(s["token_hit_rate"])}});
+                {{"token hit rate", "#17becf", numbers(s["token_hit_rate"])}}, marks);
   std::vector<std::string> pools;
   if (s.contains("pools"))
     for (auto& p : s["pools"])
@@ -325,12 +374,28 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
   if (s.contains("instance_load"))
     for (auto& pool : pools)
       body += chart(pool + "-load", "Load per " + pool + " instance", "mean requests held", xs,
-                    load_lines(s["instance_load"], pool));
+                    load_lines(s["instance_load"], pool), marks);
   if (s.contains("instance_busy"))
     body += chart("utilization", "Device busy share per instance", "fraction", xs,
+<<<<<<< HEAD
                   busy_lines(s["instance_busy"], pools));
   if (r.contains("autoscaler"))
     body += autoscaler_section(r["autoscaler"]);
+=======
+                  busy_lines(s["instance_busy"], pools), marks);
+  if (r.contains("timeline") && !r["timeline"].empty()) {
+    // The fault timeline as a table too (report.json `timeline`).
+    body += "<h2>Fault timeline</h2><table id=\"timeline\">";
+    for (auto& e : r["timeline"]) {
+      std::string what = e.value("target", std::string{});
+      for (auto key : {"ep", "from", "to", "forwarded", "factor", "healthy_gpus"})
+        if (e.contains(key))
+          what += std::string{", "} + key + " " + e[key].dump();
+      body += row(fmt(e.value("at_s", 0.0)) + " s " + e.value("kind", std::string{}), what);
+    }
+    body += "</table>";
+  }
+>>>>>>> faults
   body += "<h2>Load balancers</h2><table id=\"lb\">";
   if (r.contains("lb"))
     for (auto& [lb, counters] : r["lb"].items())

@@ -9,6 +9,7 @@
 #include "actors/lb/vision_lb.hpp"
 #include "actors/request/request.hpp"
 #include "actors/type_ids.hpp"
+#include "cluster/sim/fault_injection.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -81,19 +82,23 @@ struct busy_table {
   }
 };
 
-/// A device cost for the leader rank of an instance: the engine's step covers the whole
-/// instance, so each GPU's share is 1/ranks of it.
+/// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
+/// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
+/// it, times the instance's slowdown factor.
 runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_profile& hw,
                                     std::uint32_t ep, std::uint32_t ranks,
-                                    std::shared_ptr<busy_table> busy, std::string key) {
+                                    std::shared_ptr<busy_table> busy, std::string key,
+                                    std::shared_ptr<const fleet_state> fleet) {
   auto per_gpu = make_step_cost(model, hw, ep);
-  return [per_gpu, ranks, busy, key](const runtime::device_step& s) {
+  return [per_gpu, ranks, busy, key, fleet](const runtime::device_step& s) {
     auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
     runtime::device_step g = s;
     g.tokens = share(s.tokens);
     g.sequences = static_cast<std::uint32_t>(share(s.sequences));
     g.context_tokens = share(s.context_tokens);
     auto d = per_gpu(g);
+    if (auto f = fleet->factor(key); f != 1.0)
+      d = runtime::from_seconds(runtime::to_seconds(d) * f);
     busy->add(key, d);
     return d;
   };
@@ -404,26 +409,45 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   for (auto* pool : {prefill_pool, decode_pool})
     for (std::uint32_t i = 0; i < pool->instances.initial; ++i)
       busy->by_key[pool->name + "/" + std::to_string(i)];
+  auto fleet = std::make_shared<fleet_state>();
+  // KV links get a fault-aware wrapper only when the plan can cut or slow one, so other runs
+  // have the same events as without it.
+  const bool link_faults
+    = std::any_of(options.faults.begin(), options.faults.end(), [](const fault& f) {
+        return f.kind == fault_kind::partition
+               || (f.kind == fault_kind::slow && f.target.kind == target_kind::link);
+      });
+  fleet->clock = &w;
+  fleet->origin = origin;
   auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
     actors::instance_ports ports;
     auto m = *model;
     auto h = *hw;
-    auto ranks = pool.gpus_per_instance;
-    auto ep = pool.ep_size;
+    auto configured = pool.gpus_per_instance;
+    auto pool_ep = pool.ep_size;
     auto name = pool.name;
-    ports.device = [m, h, ranks, ep, busy, name](caf::local_actor* self, actors::instance_id id,
-                                                  std::uint32_t rank) {
-      // Only the leader rank runs the instance's steps (its cost covers the EP group).
+    ports.device = [m, h, configured, pool_ep, busy, name, fleet](
+                     caf::local_actor* self, actors::instance_id id, std::uint32_t,
+                     std::uint32_t size) {
+      // Only the leader rank is sent steps (its cost covers the EP group); the EP size
+      // shrinks with the incarnation (docs/faults.md, "EP resize on restart").
       auto key = name + "/" + std::to_string(id);
-      runtime::step_cost_fn cost
-        = rank == 0 ? instance_cost(m, h, ep, ranks, busy, key)
-                    : runtime::step_cost_fn{[](const runtime::device_step&) {
-                        return runtime::duration{0};
-                      }};
-      return runtime::spawn_sim_device(self->system(), std::move(cost));
+      auto ep = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(
+                                             std::uint64_t{pool_ep} * size / configured));
+      return runtime::spawn_sim_device(self->system(),
+                                       instance_cost(m, h, ep, size, busy, key, fleet));
     };
-    ports.link = [link_bw, link_lat](caf::local_actor* self, actors::instance_id) {
-      return runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
+    auto experts = m.routed_experts;
+    ports.gpus = [configured, experts, name, fleet](actors::instance_id id) {
+      return incarnation_gpus(*fleet, name + "/" + std::to_string(id), configured, experts);
+    };
+    ports.link = [link_bw, link_lat, link_faults, fleet, name](caf::local_actor* self,
+                                                              actors::instance_id id) {
+      auto link = runtime::spawn_sim_link(self->system(), runtime::sim_link_params{link_bw, link_lat});
+      if (!link_faults)
+        return link;
+      return spawn_faulty_link(self->system(), link, link_bw, fleet,
+                               name + "/" + std::to_string(id));
     };
     return ports;
   };
@@ -483,49 +507,16 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     autoscaler = actors::spawn_autoscaler(sys, std::move(ap));
   }
 
-  // Faults: `fail` of a gpu or an instance is an exit sent down the supervision tree at its
-  // time; `drain` of a decode instance is a leave notice to its engine (fault_injector.hpp);
-  // the other kinds are not injected yet.
+  // Faults (docs/faults.md, "What is injected"): the plan's orders for the fault injector,
+  // with their effects on the fleet's bookkeeping (fault_injection.hpp).
   auto injected_log = std::make_shared<std::vector<actors::fault_record>>();
   std::vector<std::size_t> order_of_fault(options.faults.size(), SIZE_MAX);
   caf::actor injector;
   {
-    std::vector<actors::fault_order> orders;
-    auto started = w.now() - origin;
-    for (std::size_t i = 0; i < options.faults.size(); ++i) {
-      auto& f = options.faults[i];
-      auto& place = f.target.place;
-      // A drain of a decode instance: the leave notice, then the hand-off and the stop.
-      if (f.kind == fault_kind::drain && f.target.kind == target_kind::instance
-          && place.instance && place.pool == decode_pool->name) {
-        actors::fault_order order;
-        order.at = std::max(runtime::duration{0}, f.at - started);
-        order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
-        order.drain = f.grace;
-        order_of_fault[i] = orders.size();
-        orders.push_back(std::move(order));
-        continue;
-      }
-      if (f.kind != fault_kind::fail
-          || (f.target.kind != target_kind::gpu && f.target.kind != target_kind::instance)
-          || !f.target.place.instance)
-        continue;
-      actors::fault_order order;
-      order.at = std::max(runtime::duration{0}, f.at - started);
-      order.path = {place.pool, place.pool + "/" + std::to_string(*place.instance)};
-      if (f.target.kind == target_kind::gpu && place.rank) {
-        order.path.push_back("rank" + std::to_string(*place.rank));
-        order.reason = runtime::make_error(runtime::errc::unavailable,
-                                           "gpu failure (fault plan line "
-                                             + std::to_string(f.line) + ")");
-      } else {
-        order.reason = runtime::make_error(runtime::errc::unavailable,
-                                           "instance failure (fault plan line "
-                                             + std::to_string(f.line) + ")");
-      }
-      order_of_fault[i] = orders.size();
-      orders.push_back(std::move(order));
-    }
+    auto planned = plan_fault_orders(topo, options.faults, w.now() - origin, fleet, kv_store,
+                                     prefill_pool->name, decode_pool->name);
+    order_of_fault = std::move(planned.order_of_fault);
+    auto& orders = planned.orders;
     if (!orders.empty())
       injector = actors::spawn_fault_injector(sys, cluster, std::move(orders), injected_log);
   }
@@ -562,6 +553,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   services.retry_interval = p.retry_interval;
   services.progress_every = p.progress_every;
   services.test_drop_on_reroute = p.test_drop_on_reroute;
+  services.test_replay_on_reroute = p.test_replay_on_reroute;
+  services.swa_ring_bytes = static_cast<std::uint64_t>(std::llround(model->swa_ring_bytes()));
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.
@@ -607,7 +600,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto& outcomes = log->outcomes;
   std::sort(outcomes.begin(), outcomes.end(),
             [](auto& a, auto& b) { return a.id < b.id; });
-  std::vector<double> ttft, tbt, e2e;
+  std::vector<double> ttft, tbt, e2e, e2e_rerouted;
   std::uint64_t completed = 0, failed = 0, in_tokens = 0, out_tokens = 0, hit_blocks = 0,
                 hit_tokens = 0, prompt_tokens = 0;
   std::map<std::string, std::uint64_t> failures;
@@ -632,6 +625,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     last = std::max(last, o.finished);
     ttft.push_back(runtime::to_seconds(o.first_token - o.admitted) * 1e3);
     e2e.push_back(runtime::to_seconds(o.finished - o.admitted) * 1e3);
+    if (o.reroutes > 0 || o.forwards > 0)
+      e2e_rerouted.push_back(e2e.back());
     if (o.output_tokens > 1)
       tbt.push_back(runtime::to_seconds(o.finished - o.first_token) * 1e3
                     / static_cast<double>(o.output_tokens - 1));
@@ -663,6 +658,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   report["latency_ms"] = {{"ttft", tidy_all(percentiles(ttft))},
                           {"tbt", tidy_all(percentiles(tbt))},
                           {"e2e", tidy_all(percentiles(e2e))}};
+  // The requests a fault touched (rerouted or forwarded, completed): what they paid.
+  if (!e2e_rerouted.empty())
+    report["latency_ms"]["e2e_rerouted"] = tidy_all(percentiles(e2e_rerouted));
   report["throughput"] = {{"input_tokens_per_s", tidy(static_cast<double>(in_tokens) / span_s)},
                           {"output_tokens_per_s", tidy(static_cast<double>(out_tokens) / span_s)}};
   report["kv"] = {
@@ -737,25 +735,86 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
           ++injected;
         else
           entry["skipped"] = d->second->skipped;
-        if (d->second->forwarded)
-          entry["forwarded"] = *d->second->forwarded;
+        // A gpu fault that found no rank to stop (its instance down, or the GPU outside the
+        // re-formed group) still marked the GPU failed.
+        if (!d->second->injected && options.faults[i].kind == fault_kind::fail
+            && options.faults[i].target.kind == target_kind::gpu)
+          entry["gpu_marked_failed"] = true;
+        if (d->second->forwarded && d->second->forwarded->done)
+          entry["forwarded"] = d->second->forwarded->forwarded;
       }
     }
     report["faults"] = {{"injected", injected > 0},
                         {"injected_count", injected},
-                        {"injects", "fail of a gpu or an instance (the instance restarts after "
-                                    "sim_params.restart_time with all its GPUs: no EP shrink yet); "
-                                    "drain of a decode instance (grace, then its requests are "
-                                    "forwarded with their KV and it is removed); surge (the "
-                                    "workload's clock runs factor times faster while it lasts)"},
+                        {"injects", "fail of a gpu, an instance, a pool or a node (an instance restarts "
+                                    "after sim_params.restart_time on its healthy GPUs, EP rounded "
+                                    "down to a valid size, or stays down); recover of a gpu or a node; slow of "
+                                    "a gpu, an instance, a pool or a link; partition of a link, an instance or a "
+                                    "pool (its KV transfers wait for the cut to heal); store_fail "
+                                    "and recover of a shard; drain of a decode instance (grace, then its requests are "
+                                    "forwarded with their KV and SWA rings and it is removed) or of "
+                                    "a prefill instance (finishes its work and is removed); surge (the workload's clock "
+                                    "runs factor times faster while it lasts)"},
                         {"not_injected_yet", std::vector<std::string>(not_yet.begin(), not_yet.end())},
                         {"timeline", std::move(timeline)}};
+  }
+  // The run's timeline (docs/report.md): injected faults, then what the cluster did about
+  // them (restarts, EP resizes, instances staying down, recoveries, drain hand-offs), by time.
+  {
+    nlohmann::json timeline = nlohmann::json::array();
+    std::map<std::size_t, const actors::fault_record*> by_order;
+    for (auto& r : *injected_log)
+      by_order[r.order] = &r;
+    for (std::size_t i = 0; i < options.faults.size(); ++i) {
+      auto o = order_of_fault[i];
+      auto d = o == SIZE_MAX ? by_order.end() : by_order.find(o);
+      if (d == by_order.end() || !d->second->injected)
+        continue;
+      auto& f = options.faults[i];
+      nlohmann::json e{{"at_s", tidy(runtime::to_seconds(d->second->at - origin))},
+                       {"kind", std::string{to_string(f.kind)}},
+                       {"target", to_string(f.target)},
+                       {"line", f.line}};
+      if (f.kind == fault_kind::slow)
+        e["factor"] = f.factor;
+      timeline.push_back(std::move(e));
+      if (auto& h = d->second->forwarded; h && h->done)
+        timeline.push_back({{"at_s", tidy(runtime::to_seconds(h->at - origin))},
+                            {"kind", "forward"},
+                            {"target", to_string(f.target)},
+                            {"forwarded", h->forwarded}});
+    }
+    for (auto& e : fleet->events)
+      timeline.push_back(e);
+    std::stable_sort(timeline.begin(), timeline.end(), [](auto& a, auto& b) {
+      return a["at_s"].template get<double>() < b["at_s"].template get<double>();
+    });
+    report["timeline"] = std::move(timeline);
   }
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
   if (scale_log) {
     report["autoscaler"] = autoscaler_json(*scale_log, origin);
     auto broken = check_autoscaler(*scale_log, scale_limits_of(topo.autoscaler), origin);
     invariants.violations.insert(invariants.violations.end(), broken.begin(), broken.end());
+  }
+  // No KV leaked: once every request has ended, no decode instance still holds a request's
+  // KV (decode_lb's bookings, released by each request as it leaves an instance) and the
+  // store holds no block reserved by a writer and never committed. Reported as request 0.
+  if (finished) {
+    auto counter = [&](const std::string& lb, const std::string& name) -> std::uint64_t {
+      if (!report.contains("lb") || !report["lb"].contains(lb) || !report["lb"][lb].contains(name))
+        return 0;
+      return report["lb"][lb][name].get<std::uint64_t>();
+    };
+    if (auto held = counter("decode", "held_requests"); held > 0)
+      invariants.violations.push_back(
+        {0, "KV leaked: decode instances still hold " + std::to_string(held) + " requests ("
+              + std::to_string(counter("decode", "held_kv_tokens"))
+              + " KV tokens) after every request ended"});
+    if (*kv_stats && (*kv_stats)->pending > 0)
+      invariants.violations.push_back(
+        {0, "KV leaked: the store holds " + std::to_string((*kv_stats)->pending)
+              + " blocks reserved and never committed after every request ended"});
   }
   report["invariants"] = invariants.to_json();
   report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,

@@ -70,6 +70,10 @@ struct sim_params {
   /// TEST ONLY — a planted autoscaler bug (autoscaler_params::test_order_one_more): every
   /// scale-up orders one instance more than decided, which the autoscaler invariants catch.
   bool test_autoscaler_order_one_more = false;
+  /// TEST ONLY — a second planted bug, for the token-stream invariant: after a decode
+  /// failure a request streams the positions it had delivered again (its count still comes
+  /// out right). Not reachable from the CLI.
+  bool test_replay_on_reroute = false;
 };
 
 /// How to run.

@@ -109,7 +109,8 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
   // on for some seeds, one or two, traffic x1.5-5 for 10-60 s within the arrival window.
   auto sr = root.split("surge");
   bool surges = sr.chance(0.3);
-  for (std::int64_t i = 0, n = surges ? sr.between(1, 2) : 0; i < n; ++i) {
+  const std::int64_t surge_count = surges ? sr.between(1, 2) : 0;
+  for (std::int64_t i = 0; i < surge_count; ++i) {
     fault f;
     f.kind = fault_kind::surge;
     f.at = seconds_between(sr, 0, window - 30);
@@ -118,6 +119,83 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     f.entry = static_cast<std::size_t>(count + i);
     f.line = 0;
     f.note = "swarm seed " + std::to_string(seed);
+    c.options.faults.push_back(std::move(f));
+  }
+  // The later kinds, from a stream of their own (so the draws above are those of earlier
+  // swarms): gpu fail with a recovery, slowdowns, KV store shard failures, whole-pool
+  // failures, prefill drains. Each on or off per seed, then 0-3 faults among those on.
+  auto more = root.split("plan-more");
+  std::vector<const pool_spec*> prefill;
+  for (auto* p : all)
+    if (p->role == pool_role::prefill)
+      prefill.push_back(p);
+  bool gpu_blip = more.chance(0.3), slow = more.chance(0.3), store = more.chance(0.3),
+       pool_fail = more.chance(0.1), prefill_drain = !prefill.empty() && more.chance(0.15),
+       link_fault = !prefill.empty() && !decode.empty() && more.chance(0.25);
+  // 0 gpu fail + recover, 1 slow, 2 store_fail, 3 pool fail, 4 prefill drain, 5 partition or
+  // slow of a prefill <-> decode link
+  std::vector<int> later;
+  for (auto [on, k] : {std::pair{gpu_blip, 0}, std::pair{slow, 1}, std::pair{store, 2},
+                       std::pair{pool_fail, 3}, std::pair{prefill_drain, 4},
+                       std::pair{link_fault, 5}})
+    if (on)
+      later.push_back(k);
+  auto more_count = later.empty() || all.empty() ? 0 : more.between(0, 3);
+  for (std::int64_t i = 0; i < more_count; ++i) {
+    fault f;
+    f.at = seconds_between(more, 0, window);
+    f.entry = static_cast<std::size_t>(count + surge_count + i);
+    f.note = "swarm seed " + std::to_string(seed);
+    auto& pool = *all[more.below(all.size())];
+    auto instance = static_cast<std::uint32_t>(more.below(pool.instances.initial));
+    switch (later[more.below(later.size())]) {
+      case 0:
+        f.kind = fault_kind::fail;
+        f.target.kind = target_kind::gpu;
+        f.target.place = place_of(pool, instance);
+        f.target.place.rank = static_cast<std::uint32_t>(more.below(pool.gpus_per_instance));
+        f.duration = seconds_between(more, 10, 400);
+        break;
+      case 1:
+        f.kind = fault_kind::slow;
+        f.target.kind = more.chance(0.5) ? target_kind::instance : target_kind::gpu;
+        f.target.place = place_of(pool, instance);
+        if (f.target.kind == target_kind::gpu)
+          f.target.place.rank = static_cast<std::uint32_t>(more.below(pool.gpus_per_instance));
+        f.factor = 1.5 + 8.5 * more.uniform();
+        f.duration = seconds_between(more, 5, 120);
+        break;
+      case 2:
+        f.kind = fault_kind::store_fail;
+        f.target.kind = target_kind::shard;
+        f.target.shard = static_cast<std::uint32_t>(more.below(c.options.params.kv_shards));
+        if (more.chance(0.7))
+          f.duration = seconds_between(more, 5, 300);
+        break;
+      case 3:
+        f.kind = fault_kind::fail;
+        f.target.kind = target_kind::pool;
+        f.target.place.pool = pool.name;
+        break;
+      case 5: {
+        auto& d = *decode[more.below(decode.size())];
+        f.kind = more.chance(0.5) ? fault_kind::partition : fault_kind::slow;
+        f.target.kind = target_kind::link;
+        f.target.place.pool = prefill[more.below(prefill.size())]->name;
+        f.target.peer = place_of(d, static_cast<std::uint32_t>(more.below(d.instances.initial)));
+        if (f.kind == fault_kind::slow)
+          f.factor = 2 + 98 * more.uniform();
+        f.duration = seconds_between(more, 5, 90);
+        break;
+      }
+      default: {
+        auto& p = *prefill[more.below(prefill.size())];
+        f.kind = fault_kind::drain;
+        f.target.kind = target_kind::instance;
+        f.target.place = place_of(p, static_cast<std::uint32_t>(more.below(p.instances.initial)));
+        break;
+      }
+    }
     c.options.faults.push_back(std::move(f));
   }
   std::stable_sort(c.options.faults.begin(), c.options.faults.end(),
@@ -138,6 +216,12 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     enabled.emplace_back("decode drain");
   if (surges)
     enabled.emplace_back("surge");
+  for (auto [on, name] : {std::pair{gpu_blip, "gpu fail + recover"}, std::pair{slow, "slow"},
+                          std::pair{store, "store_fail"}, std::pair{pool_fail, "pool fail"},
+                          std::pair{prefill_drain, "prefill drain"},
+                          std::pair{link_fault, "link partition / slow"}})
+    if (on)
+      enabled.emplace_back(name);
   c.drawn = {{"seed", seed},
              {"rate", wp.rate},
              {"duration_s", runtime::to_seconds(wp.duration)},

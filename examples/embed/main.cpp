@@ -334,7 +334,8 @@ int main() {
   // troupe's prefill instances under a pool supervisor; their ports are simulated.
   actors::instance_ports ports;
   auto per_gpu = sim::make_step_cost(*model, *hw, ranks);
-  ports.device = [per_gpu](caf::local_actor* self, actors::instance_id, std::uint32_t rank) {
+  ports.device = [per_gpu](caf::local_actor* self, actors::instance_id, std::uint32_t rank,
+                           std::uint32_t) {
     // The leader rank's step covers the EP group: cost one GPU's share of the batch.
     runtime::step_cost_fn cost = [per_gpu, rank](const runtime::device_step& s) {
       if (rank != 0)

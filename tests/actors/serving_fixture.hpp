@@ -52,6 +52,10 @@ struct cluster_shape {
   runtime::duration restart_delay{0};
   /// The requests' deadline.
   runtime::duration deadline = std::chrono::minutes(10);
+  /// Sliding-window ring bytes a forwarded request carries (request_services).
+  std::uint64_t swa_ring_bytes = 0;
+  /// The test-only planted bug request_services::test_replay_on_reroute.
+  bool test_replay_on_reroute = false;
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -85,8 +89,12 @@ struct serving_cluster {
     = std::make_shared<std::vector<fault_record>>();
   std::vector<caf::actor> injectors;
   runtime::duration deadline;
+  std::uint64_t swa_ring_bytes = 0;
+  bool test_replay_on_reroute = false;
 
-  explicit serving_cluster(cluster_shape shape = {}) : deadline(shape.deadline) {
+  explicit serving_cluster(cluster_shape shape = {})
+    : deadline(shape.deadline), swa_ring_bytes(shape.swa_ring_bytes),
+      test_replay_on_reroute(shape.test_replay_on_reroute) {
     kv_index_params kvp;
     kvp.capacity_bytes = 1ull << 40;
     kv = spawn_sharded_kv_store(sys, kvp, 2);
@@ -95,7 +103,7 @@ struct serving_cluster {
     if (shape.vision_tier)
       vlb = spawn_vision_lb(sys);
     instance_ports ports;
-    ports.device = [](caf::local_actor* self, instance_id, std::uint32_t) {
+    ports.device = [](caf::local_actor* self, instance_id, std::uint32_t, std::uint32_t) {
       return runtime::spawn_sim_device(self->system(), simple_cost);
     };
     ports.link = [](caf::local_actor* self, instance_id) {
@@ -150,6 +158,8 @@ struct serving_cluster {
     spec.image_tokens = image_tokens;
     request_services services{kv, plb, dlb, 100, sink, vlb};
     services.deadline = deadline;
+    services.swa_ring_bytes = swa_ring_bytes;
+    services.test_replay_on_reroute = test_replay_on_reroute;
     sys.spawn([spec, services, held = requests](caf::event_based_actor* self) {
       held->push_back(spawn_request(self, spec, services));
     });
@@ -160,15 +170,21 @@ struct serving_cluster {
   /// Kills the child at `path` under the pools supervisor (e.g. {"decode/0", "rank1"}) `at`
   /// from now, with a "gpu failure" reason.
   void inject(runtime::duration at, std::vector<std::string> path) {
-    fault_order order{at, std::move(path),
-                      runtime::make_error(runtime::errc::unavailable, "gpu failure"), std::nullopt};
+    fault_order order;
+    order.at = at;
+    order.path = std::move(path);
+    order.reason = runtime::make_error(runtime::errc::unavailable, "gpu failure");
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
   }
 
-  /// Gives decode instance `instance` a drain notice `at` from now with `grace` (it is then
+  /// Gives instance `instance` of `pool` a drain notice `at` from now with `grace` (it is then
   /// stopped through the pools supervisor once its hand-off is done).
-  void drain(runtime::duration at, instance_id instance, runtime::duration grace) {
-    fault_order order{at, {"decode/" + std::to_string(instance)}, caf::error{}, grace};
+  void drain(runtime::duration at, instance_id instance, runtime::duration grace,
+             const std::string& pool = "decode") {
+    fault_order order;
+    order.at = at;
+    order.path = {pool + "/" + std::to_string(instance)};
+    order.drain = grace;
     injectors.push_back(spawn_fault_injector(sys, pools, {order}, faults));
   }
 

@@ -75,7 +75,7 @@ TEST_CASE("drain: requests that finish within the grace are not forwarded; it le
   REQUIRE(s.faults->size() == 1);
   CHECK(s.faults->at(0).injected);
   REQUIRE(s.faults->at(0).forwarded);
-  CHECK(*s.faults->at(0).forwarded == 0);
+  CHECK(s.faults->at(0).forwarded->forwarded == 0);
   // Stopped (removed from the pools, not restarted) when its last request ended, not at
   // the end of the grace.
   CHECK(!has_child(s, "decode/0"));
@@ -108,7 +108,7 @@ TEST_CASE("drain: long requests are forwarded with their KV at grace end, none r
   s.run();
   REQUIRE(s.faults->size() == 1);
   REQUIRE(s.faults->at(0).forwarded);
-  CHECK(*s.faults->at(0).forwarded == 3);
+  CHECK(s.faults->at(0).forwarded->forwarded == 3);
   for (std::uint64_t id = 1; id <= 3; ++id) {
     CAPTURE(id);
     auto& o = s.outcomes->at(id);
@@ -119,6 +119,7 @@ TEST_CASE("drain: long requests are forwarded with their KV at grace end, none r
     CHECK(o.decode_instance == 1);
     // Exactly its output: what was generated on instance 0 is not generated again.
     CHECK(o.delivered_tokens == 10001);
+    CHECK(o.token_digest == stream_digest(0, id, 0, 10001));
     // Forwarded at ~6 s with (1024 + ~600) × 100 bytes of KV (~0.16 ms at 1 GB/s), no
     // re-prefill: it ends within a few steps of the fault-free run.
     CHECK(s.ms(o.finished) > s.ms(b.finished));
@@ -167,4 +168,68 @@ TEST_CASE("drain: a draining instance is excluded from routing at once") {
   CHECK(first.forwards == 1);
   CHECK(first.decode_instance == 1);
   CHECK(first.delivered_tokens == 10001);
+}
+
+TEST_CASE("drain: a forwarded request carries its sliding-window rings with its KV") {
+  // The same forward as above, once without rings and once with 1 GB of them: at 1 GB/s the
+  // hand-off takes one second longer, so the request ends ~1 s later (and nothing else
+  // changes: the same tokens, no re-prefill).
+  auto sh = two_decode();
+  serving plain{sh};
+  plain.submit(1, 1024, 10001);
+  plain.drain(1s, 0, 5s);
+  plain.run();
+  sh.swa_ring_bytes = 1'000'000'000;
+  serving rings{sh};
+  rings.submit(1, 1024, 10001);
+  rings.drain(1s, 0, 5s);
+  rings.run();
+  auto& a = plain.outcomes->at(1);
+  auto& b = rings.outcomes->at(1);
+  REQUIRE(a.completed);
+  REQUIRE(b.completed);
+  CHECK(a.forwards == 1);
+  CHECK(b.forwards == 1);
+  CHECK(b.delivered_tokens == a.delivered_tokens);
+  CHECK(rings.ms(b.finished) - plain.ms(a.finished) == doctest::Approx(1000).epsilon(0.01));
+  CHECK(prefill_routed(rings) == 1);
+}
+
+TEST_CASE("drain of a prefill instance: it finishes its work, takes no more, and is removed") {
+  cluster_shape sh;
+  sh.prefill_instances = 2;
+  sh.restart_delay = 10s;
+  // A long prefill (200,000 tokens at 1 µs each: ~0.2 s) in flight when the notice comes, on
+  // the instance a fault-free run puts it on.
+  serving base{sh};
+  base.submit(1, 200000, 4);
+  base.run();
+  auto target = base.outcomes->at(1).prefill_instance;
+  serving s{sh};
+  s.submit(1, 200000, 4);
+  s.drain(10ms, target, 0s, "prefill");
+  // Requests that come after the notice go to the other instance.
+  s.world.driver().run_until(s.origin + 20ms);
+  for (std::uint64_t id = 2; id <= 5; ++id)
+    s.submit(id, 1024, 4, 1000 * id);
+  s.run();
+  for (std::uint64_t id = 2; id <= 5; ++id)
+    CHECK(s.outcomes->at(id).prefill_instance != target);
+  REQUIRE(s.faults->size() == 1);
+  CHECK(s.faults->at(0).injected);
+  REQUIRE(s.faults->at(0).forwarded);
+  CHECK(s.faults->at(0).forwarded->done);
+  CHECK(s.faults->at(0).forwarded->forwarded == 0);
+  auto& first = s.outcomes->at(1);
+  CHECK(first.completed);
+  CHECK(first.prefill_instance == target);
+  CHECK(first.first_token == base.outcomes->at(1).first_token);
+  CHECK(first.reroutes == 0);
+  // It left when its last job was done, not before.
+  CHECK(s.ms(s.faults->at(0).forwarded->at) >= s.ms(first.first_token) - 1);
+  for (std::uint64_t id = 1; id <= 5; ++id)
+    CHECK(s.outcomes->at(id).completed);
+  CHECK(!has_child(s, "prefill/" + std::to_string(target)));
+  for (auto& e : *s.events)
+    CHECK(e.kind != runtime::supervisor_event_kind::restarted);
 }

@@ -55,6 +55,9 @@ TEST_CASE("a decode rank killed mid-decode: the request resumes on another decod
   CHECK(o.decode_instance != base.decode_instance);
   // Exactly its output length: the 49 delivered before are not delivered again.
   CHECK(o.delivered_tokens == o.output_tokens);
+  // Deterministic decoding: the very tokens of the fault-free run, in order, once each.
+  CHECK(o.token_digest == base.token_digest);
+  CHECK(o.token_digest == stream_digest(0, 1, 0, 101));
   CHECK(o.first_token == base.first_token);
   // Resumed at 500 ms: re-prefill of the 48 decoded tokens (the prompt's 8 blocks hit), the
   // hand-off, then the remaining 52 tokens: it ends about 520 ms after the failure, where the
@@ -75,6 +78,7 @@ TEST_CASE("a decode rank killed before any progress: no token but the first was 
   CHECK(o.completed);
   CHECK(o.reroutes == 1);
   CHECK(o.delivered_tokens == 101);
+  CHECK(o.token_digest == base.token_digest);
 }
 
 TEST_CASE("a prefill instance killed mid-prefill: the request is re-prefilled elsewhere") {
@@ -153,4 +157,23 @@ TEST_CASE("a fault on a target that is down is skipped and logged") {
   CHECK(!s.faults->at(1).injected);
   CHECK(s.faults->at(1).skipped == "target down");
   CHECK(s.faults->at(2).skipped == "no child 'decode/7'");
+}
+
+TEST_CASE("the planted replay bug: the right count, but not the fault-free token stream") {
+  // As above (killed at 500 ms with 49 tokens delivered), with the test-only bug that makes
+  // the request forget what it delivered: it streams positions 1-48 again and still ends
+  // with exactly 101 tokens, so only the stream digest tells.
+  auto sh = shape(1, 2, 10s);
+  auto base = fault_free(sh, 1024, 101);
+  sh.test_replay_on_reroute = true;
+  serving s{sh};
+  s.submit(1, 1024, 101);
+  s.inject(500ms, {"decode/" + std::to_string(base.decode_instance), "rank1"});
+  s.run();
+  auto& o = s.outcomes->at(1);
+  CHECK(o.completed);
+  CHECK(o.reroutes == 1);
+  CHECK(o.delivered_tokens == 101);
+  CHECK(o.token_digest != base.token_digest);
+  CHECK(base.token_digest == stream_digest(0, 1, 0, 101));
 }

@@ -3,12 +3,15 @@
 #
 #   check_report_dom.sh TROUPE SOURCE_DIR OUT_DIR
 #
-# Runs `troupe sim` (small topology, 300 requests of the Mooncake trace) with --report OUT_DIR,
+# Runs `troupe sim` (small topology, 300 requests of the Mooncake trace, one decode GPU failing
+# at 30 s) with --report OUT_DIR,
 # has Chromium dump the rendered DOM (OUT_DIR/report.dom.html) and take a screenshot
 # (OUT_DIR/report.png), then asserts on them:
 #   - the summary table is there and says how many requests were admitted and completed;
 #   - every chart is an <svg id=...> with at least one <polyline> of two or more points,
 #     and no coordinate is NaN or infinite;
+#   - the fault timeline: a table of its events, and markers on the charts (the failure, the
+#     restart and the EP resize);
 #   - the page has no error text and Chromium exited cleanly;
 #   - the screenshot is a PNG of more than 20 KB (a blank page compresses to a few KB).
 # Exits 77 (ctest: skipped) when no Chromium is installed (`make deps` installs it).
@@ -33,9 +36,10 @@ fi
 
 rm -rf "$out"
 mkdir -p "$out"
+printf '[[fault]]\nat = "30s"\nkind = "fail"\ngpu = "decode/0/3"\n' > "$out/plan.toml"
 "$troupe" sim "$src/examples/topologies/small.toml" \
   --trace "$src/examples/traces/mooncake_fast25_conversation_trace.jsonl" \
-  --limit 300 --quiet --report "$out" > "$out/sim.txt"
+  --limit 300 --faults "$out/plan.toml" --quiet --report "$out" > "$out/sim.txt"
 [ -s "$out/report.html" ] || fail "troupe sim wrote no report.html"
 
 # Headless, no display, possibly root (hence --no-sandbox), possibly a small /dev/shm; its
@@ -78,6 +82,17 @@ for id in "${charts[@]}"; do
   if printf '%s' "$svg" | grep -qiE 'nan|inf[^o]'; then fail "chart '$id' has NaN/inf"; fi
   echo "check_report_dom: chart $id: $lines line(s)"
 done
+
+# The fault timeline: its table, and markers on the charts (fail, restart, EP resize).
+grep -q '<table id="timeline">' "$dom" || fail "no fault timeline table"
+for event in fail restart ep_resize; do
+  grep -qF "<th>" "$dom" && grep -qE "<th>[0-9.]+ s $event</th>" "$dom" \
+    || fail "the timeline table lacks a '$event' event"
+done
+svg=$(perl -0777 -ne 'print $1 if m{(<svg id="throughput".*?</svg>)}s' "$dom")
+marks=$(printf '%s' "$svg" | grep -o 'class="marker"' | wc -l)
+[ "$marks" -ge 3 ] || fail "the throughput chart has $marks timeline markers, expected 3 or more"
+echo "check_report_dom: $marks timeline markers per chart"
 
 # No error text anywhere on the page.
 if grep -qiE 'error|exception|undefined|nan[,< ]' "$dom"; then

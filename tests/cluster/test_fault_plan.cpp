@@ -165,9 +165,10 @@ TEST_CASE("a slowdown factor of at most 1 is out of range") {
                "fault[0].factor: must be above 1 and at most 1000, got 0.5");
 }
 
-TEST_CASE("only decode instances drain") {
-  expect_error("drain-prefill.toml", 4,
-               "drain applies only to decode instances, and pool 'prefill' is a prefill pool");
+TEST_CASE("only prefill and decode instances drain") {
+  expect_error("drain-vision.toml", 4,
+               "drain applies only to prefill and decode instances, and pool 'vision' is a "
+               "vision pool");
 }
 
 TEST_CASE("a fault has one target") {

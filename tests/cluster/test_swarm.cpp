@@ -51,7 +51,8 @@ TEST_CASE("a swarm seed draws the same workload and plan every time, another see
 
 TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and vary") {
   auto topo = load_small();
-  std::size_t faults = 0, drains = 0, gpus = 0, instances = 0, empty = 0, surges = 0;
+  std::size_t faults = 0, drains = 0, gpus = 0, instances = 0, empty = 0, slows = 0, shards = 0,
+              pools = 0, blips = 0, prefill_drains = 0, links = 0, surges = 0;
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
     auto c = draw_swarm_case(topo, seed);
     empty += c.options.faults.empty() ? 1 : 0;
@@ -67,6 +68,24 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
         CHECK(*f.duration > runtime::duration{0});
         continue;
       }
+      if (f.kind == fault_kind::store_fail) {
+        ++shards;
+        CHECK(f.target.kind == target_kind::shard);
+        CHECK(f.target.shard < c.options.params.kv_shards);
+        continue;
+      }
+      if (f.target.kind == target_kind::link) {
+        ++links;
+        CHECK((f.kind == fault_kind::partition || f.kind == fault_kind::slow));
+        REQUIRE(f.duration);
+        CHECK(f.target.peer.instance);
+        continue;
+      }
+      if (f.target.kind == target_kind::pool) {
+        ++pools;
+        CHECK(f.kind == fault_kind::fail);
+        continue;
+      }
       REQUIRE(f.target.place.instance);
       const pool_spec* pool = nullptr;
       for (auto& p : topo.pools)
@@ -75,14 +94,21 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
       REQUIRE(pool != nullptr);
       CHECK(*f.target.place.instance < pool->instances.initial);
       if (f.kind == fault_kind::drain) {
-        ++drains;
-        CHECK(pool->role == pool_role::decode);
+        ++(pool->role == pool_role::decode ? drains : prefill_drains);
+        CHECK(pool->role != pool_role::vision);
         CHECK(f.target.kind == target_kind::instance);
-        CHECK(f.grace > runtime::duration{0});
+        if (pool->role == pool_role::decode)
+          CHECK(f.grace > runtime::duration{0});
+      } else if (f.kind == fault_kind::slow) {
+        ++slows;
+        CHECK(f.factor > 1);
+        REQUIRE(f.duration);
+        if (f.target.kind == target_kind::gpu)
+          CHECK(*f.target.place.rank < pool->gpus_per_instance);
       } else {
         REQUIRE(f.kind == fault_kind::fail);
         if (f.target.kind == target_kind::gpu) {
-          ++gpus;
+          ++(f.duration ? blips : gpus);
           REQUIRE(f.target.place.rank);
           CHECK(*f.target.place.rank < pool->gpus_per_instance);
         } else {
@@ -97,6 +123,12 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
   CHECK(gpus > 0);
   CHECK(instances > 0);
   CHECK(surges > 0);
+  CHECK(slows > 0);
+  CHECK(shards > 0);
+  CHECK(pools > 0);
+  CHECK(blips > 0);
+  CHECK(prefill_drains > 0);
+  CHECK(links > 0);
   CHECK(empty > 0); // some seeds run fault-free
 }
 
