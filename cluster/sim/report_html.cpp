@@ -49,11 +49,13 @@ struct line {
   bool dashed = false;
 };
 
-/// A vertical mark on the time axis: one event of the run's fault timeline.
+/// A vertical mark on the time axis: an event of the run (the fault timeline, a scale event).
+/// Its label is a tooltip, and written beside the line when `labelled`.
 struct marker {
   double x = 0;
   std::string label;
   std::string color;
+  bool labelled = false;
 };
 
 /// Timeline events as markers: faults red, the cluster's recoveries (restarts, EP resizes,
@@ -80,29 +82,18 @@ std::vector<marker> timeline_markers(const nlohmann::json& r) {
 const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
-/// A vertical marker at `x` (an event on the time axis) with a short label.
-struct mark {
-  double x = 0;
-  std::string label;
-  std::string color;
-};
-
 /// A line chart of `lines` over `xs` as an inline SVG with axes, ticks and a legend, and
-/// `marks` drawn as labelled vertical lines.
+/// `markers` drawn as dashed vertical lines.
 std::string chart(const std::string& id, const std::string& title, const std::string& unit,
                   const std::vector<double>& xs, const std::vector<line>& lines,
-<<<<<<< HEAD
-                  const std::vector<mark>& marks = {}) {
-=======
                   const std::vector<marker>& markers = {}) {
->>>>>>> faults
   // The legend sits in rows of four under the x axis, so it never hides a line.
   const std::size_t per_row = 4;
   const auto legend_rows = (lines.size() + per_row - 1) / per_row;
   const double w = 640, plot_h = 240, left = 64, right = 16, top = 28, bottom = 36;
   const double h = plot_h + 16.0 * static_cast<double>(legend_rows) + (legend_rows > 0 ? 4 : 0);
   double xmax = xs.empty() ? 1 : std::max(1e-9, xs.back());
-  for (auto& m : marks)
+  for (auto& m : markers)
     xmax = std::max(xmax, m.x);
   double ymax = 0;
   for (auto& l : lines)
@@ -128,29 +119,21 @@ std::string chart(const std::string& id, const std::string& title, const std::st
     svg += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(plot_h - bottom + 16) + "\" class=\"tick\" "
            "text-anchor=\"middle\">" + fmt(x, 0) + " s</text>";
   }
-<<<<<<< HEAD
-  for (std::size_t i = 0; i < marks.size(); ++i) {
-    auto& m = marks[i];
-    // Labels step down in three rows so that close events stay readable.
-    auto label_y = top + 8 + 11.0 * static_cast<double>(i % 3);
-    svg += "<line class=\"mark\" x1=\"" + fmt(px(m.x)) + "\" y1=\"" + fmt(top) + "\" x2=\""
-           + fmt(px(m.x)) + "\" y2=\"" + fmt(plot_h - bottom) + "\" stroke=\"" + m.color
-           + "\" stroke-dasharray=\"2 2\"/>";
-    svg += "<text x=\"" + fmt(px(m.x) + 2) + "\" y=\"" + fmt(label_y) + "\" class=\"tick\" fill=\""
-           + m.color + "\">" + escape(m.label) + "</text>";
-=======
-  // The fault timeline: a dashed vertical line per event, its label as a tooltip.
   if (!markers.empty()) {
     svg += "<g class=\"markers\">";
-    for (auto& m : markers) {
+    for (std::size_t i = 0; i < markers.size(); ++i) {
+      auto& m = markers[i];
       auto x = px(std::min(std::max(0.0, m.x), xmax));
       svg += "<line class=\"marker\" x1=\"" + fmt(x) + "\" y1=\"" + fmt(top) + "\" x2=\"" + fmt(x)
              + "\" y2=\"" + fmt(plot_h - bottom) + "\" stroke=\"" + m.color
              + "\" stroke-width=\"1\" stroke-dasharray=\"2 2\"><title>" + fmt(m.x) + " s: "
              + escape(m.label) + "</title></line>";
+      // Labels step down in three rows so that close events stay readable.
+      if (m.labelled)
+        svg += "<text x=\"" + fmt(x + 2) + "\" y=\"" + fmt(top + 8 + 11.0 * static_cast<double>(i % 3))
+               + "\" class=\"tick\" fill=\"" + m.color + "\">" + escape(m.label) + "</text>";
     }
     svg += "</g>";
->>>>>>> faults
   }
   int n = 0;
   for (auto& l : lines) {
@@ -280,7 +263,7 @@ std::string autoscaler_section(const nlohmann::json& a) {
   std::vector<double> xs;
   std::vector<std::string> pools;
   std::vector<std::vector<double>> online, target;
-  std::vector<mark> marks;
+  std::vector<marker> marks;
   std::string rows;
   for (auto& d : a["decisions"]) {
     auto t = d["t_s"].get<double>();
@@ -297,9 +280,9 @@ std::string autoscaler_section(const nlohmann::json& a) {
       auto up = p["up"].get<std::uint64_t>();
       auto down = p["down"].get<std::uint64_t>();
       if (up > 0)
-        marks.push_back({t, "+" + std::to_string(up) + " " + pool, "#2ca02c"});
+        marks.push_back({t, "+" + std::to_string(up) + " " + pool, "#2ca02c", true});
       if (down > 0)
-        marks.push_back({t, "-" + std::to_string(down) + " " + pool, "#d62728"});
+        marks.push_back({t, "-" + std::to_string(down) + " " + pool, "#d62728", true});
       if (up > 0 || down > 0)
         rows += "<tr><th>" + fmt(t) + " s</th><td>" + escape(pool) + ": "
                 + escape(p["reason"].get<std::string>()) + " (occupancy "
@@ -377,11 +360,6 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
                     load_lines(s["instance_load"], pool), marks);
   if (s.contains("instance_busy"))
     body += chart("utilization", "Device busy share per instance", "fraction", xs,
-<<<<<<< HEAD
-                  busy_lines(s["instance_busy"], pools));
-  if (r.contains("autoscaler"))
-    body += autoscaler_section(r["autoscaler"]);
-=======
                   busy_lines(s["instance_busy"], pools), marks);
   if (r.contains("timeline") && !r["timeline"].empty()) {
     // The fault timeline as a table too (report.json `timeline`).
@@ -395,7 +373,8 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
     }
     body += "</table>";
   }
->>>>>>> faults
+  if (r.contains("autoscaler"))
+    body += autoscaler_section(r["autoscaler"]);
   body += "<h2>Load balancers</h2><table id=\"lb\">";
   if (r.contains("lb"))
     for (auto& [lb, counters] : r["lb"].items())

@@ -53,8 +53,8 @@ for label in 'prefill online' 'prefill target' 'decode online' 'decode target'; 
   printf '%s' "$svg" | grep -qF ">$label</text>" || fail "legend lacks '$label'"
 done
 if printf '%s' "$svg" | grep -qiE 'nan|inf[^o]'; then fail "chart has NaN/inf"; fi
-ups=$(printf '%s' "$svg" | grep -oE 'class="mark"[^>]*stroke="#2ca02c"' | wc -l)
-downs=$(printf '%s' "$svg" | grep -oE 'class="mark"[^>]*stroke="#d62728"' | wc -l)
+ups=$(printf '%s' "$svg" | grep -oE 'class="marker"[^>]*stroke="#2ca02c"' | wc -l)
+downs=$(printf '%s' "$svg" | grep -oE 'class="marker"[^>]*stroke="#d62728"' | wc -l)
 [ "$ups" -ge 1 ] || fail "no scale-up marked"
 [ "$downs" -ge 1 ] || fail "no scale-down marked"
 table=$(perl -0777 -ne 'print $1 if m{(<table id="scale-events">.*?</table>)}s' "$dom")
