@@ -590,9 +590,12 @@ void engram_site(const model::weights& W, const layer_weights& L, const call_con
 
 // The attention of layer l on its normed input a [T, D]: queries, the shared K=V window, the
 // CSA2 compressor / indexer / compressed KV, attention with sinks, the grouped output
-// projection → out [T, D]. Advances the layer's caches.
+// projection → out [T, D]. Advances the layer's caches. `publish_only` (a KV source's tokens the
+// encoder–decoder prefill does not run the decoder on): only the compressor runs — the layer's
+// compressed KV and indexer keys are published for later tokens — no attention, no window rows.
 void attention_site(const model::weights& W, const layer_weights& L, i64 l, call_context& cx,
-                    const std::vector<float>& a, std::vector<float>& out) {
+                    const std::vector<float>& a, std::vector<float>& out,
+                    bool publish_only = false) {
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
   const i64 win = c.sliding_window, G = c.o_groups, R = c.o_lora_rank;
@@ -605,6 +608,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   auto& shared = cx.shared;
   const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
   std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
+  if (!publish_only) {
   project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
   for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
   project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
@@ -615,6 +619,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
     rms_norm(k, hd, L.kv_norm.data(), eps);
     apply_rope(k, hd, rope, positions[sz(t)]);
     fake_quant_fp8_block32(k, hd);
+  }
   }
 
   // Compressor projections (KV sources) and indexer projections (index sources), batched.
@@ -627,7 +632,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
       project(mode, a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
     }
   }
-  if (L.index_source) {
+  if (L.index_source && !publish_only) {
     i_q.resize(sz(T * nh * idh));
     i_w.resize(sz(T * nh));
     project(mode, q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
@@ -647,7 +652,9 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
     auto& lc = cache.layers[sz(l)];
     auto& sh = shared[sz(s)];
     const i64 t0 = seq_begin[sz(s)], t1 = seq_begin[sz(s + 1)], n = t1 - t0;
-    const i64 start = cache.length;
+    // The position of the sequence's first token in this call (cache.length, except in the
+    // decoder part of an encoder–decoder prefill, which starts at the prompt's tail).
+    const i64 start = n > 0 ? positions[sz(t0)] : cache.length;
 
     if (L.ratio != 0) {
       // Compressor: the groups completing in this call (pre-RoPE latents).
@@ -725,7 +732,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
       if (L.owns_index_keys) sh.index_src = &lc.compressed;
 
       // Indexer: per-query top-k over the group's compressed entries.
-      if (L.index_source) {
+      if (L.index_source && !publish_only) {
         const i64 n_idx = sh.index_src != nullptr ? sh.index_src->index_keys.size() : 0;
         if (n_idx > 0) {
           const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
@@ -804,6 +811,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
       }
     }
 
+    if (publish_only) continue;
     // Attention over the window and the selected compressed entries.
     const compressed_cache* comp = L.ratio != 0 ? sh.compress_src : nullptr;
     const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
@@ -849,8 +857,9 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   }
 
   // Grouped low-rank output projection.
-  std::vector<float> grouped(sz(T * G * R));
   out.assign(sz(T * D), 0.0f);
+  if (publish_only) return;
+  std::vector<float> grouped(sz(T * G * R));
   const i64 per_group = H * hd / G;
   for (i64 g = 0; g < G; ++g)
     project(mode, attn_out.data() + g * per_group, T, per_group, L.wo_a.data() + g * R * per_group,
@@ -911,6 +920,12 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int 
 
 result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
                                           std::vector<std::vector<float>>* layer_streams) const {
+  return run(batch, layer_streams, 0, 0);
+}
+
+result<std::vector<float>> model::run(std::span<const sequence_input> batch,
+                                      std::vector<std::vector<float>>* layer_streams,
+                                      std::int64_t decoder_begin, std::int64_t head) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
@@ -942,7 +957,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     }
   }
   seq_begin.push_back(static_cast<i64>(tokens.size()));
-  const i64 T = static_cast<i64>(tokens.size());
+  i64 T = static_cast<i64>(tokens.size());
   const i64 S = static_cast<i64>(batch.size());
   if (T == 0) return std::vector<float>{};
   if (layer_streams != nullptr) layer_streams->clear();
@@ -987,6 +1002,34 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     const auto& L = W.layers[sz(l)];
 
     if (L.engram_index >= 0) engram_site(W, L, cx, hash_ids, streams);
+
+    if (head > 0 && l == decoder_begin) {
+      // Encoder–decoder prefill (one sequence): the decoder's first layer, its KV source,
+      // publishes the full-resolution KV and indexer keys of the first `head` tokens from the
+      // encoder's output; from here on only the tail runs.
+      hc_collapse(c, streams, pre_mix, T, collapsed);
+      a.assign(collapsed.begin(), collapsed.begin() + head * D);
+      for (i64 t = 0; t < head; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
+      call_context head_cx{batch, {0, head},
+                           std::vector<i64>(positions.begin(), positions.begin() + head),
+                           head, 1, mode, std::move(cx.shared)};
+      attention_site(W, L, l, head_cx, a, out, /*publish_only=*/true);
+      cx.shared = std::move(head_cx.shared);
+      streams.erase(streams.begin(), streams.begin() + head * hc * D);
+      pre_mix.erase(pre_mix.begin(), pre_mix.begin() + head * hc);
+      hash_ids.erase(hash_ids.begin(), hash_ids.begin() + head * n_engram * cols);
+      cx.positions.erase(cx.positions.begin(), cx.positions.begin() + head);
+      T -= head;
+      cx.T = T;
+      cx.seq_begin = {0, T};
+      auto& sh = cx.shared[0];
+      if (sh.has_topk) sh.topk.erase(sh.topk.begin(), sh.topk.begin() + head);
+      if (sh.has_candidates)
+        sh.candidates.erase(sh.candidates.begin(), sh.candidates.begin() + head);
+      auto& cache = *batch[0].cache;
+      for (i64 d = decoder_begin; d < c.num_hidden_layers; ++d)
+        cache.layers[sz(d)].window.reset(cx.positions[0]);
+    }
 
     // Attention site.
     hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
@@ -1091,6 +1134,36 @@ result<std::vector<float>> model::replay(sequence_cache& s, std::span<const std:
   }
   const sequence_input in{&s, tokens.subspan(sz(start))};
   return forward(std::span<const sequence_input>(&in, 1));
+}
+
+}  // namespace troupe::kernels
+
+namespace troupe::kernels {
+
+result<std::vector<float>> model::prefill_encoder_decoder(sequence_cache& s,
+                                                          std::span<const std::int64_t> tokens,
+                                                          std::int64_t tail) const {
+  const auto& c = w_->cfg.text;
+  using fail = result<std::vector<float>>;
+  if (tail < 0) return fail::failure("prefill_encoder_decoder: tail < 0");
+  if (tail == 0) tail = c.sliding_window;
+  if (s.owner == w_.get() && s.length != 0)
+    return fail::failure("prefill_encoder_decoder: the cache must be fresh (length " +
+                         std::to_string(s.length) + ")");
+  i64 decoder_begin = -1;
+  for (i64 l = 0; l < c.num_hidden_layers && decoder_begin < 0; ++l)
+    if (c.compress_ratios[sz(l)] == 1) decoder_begin = l;
+  if (decoder_begin < 0 || !c.is_kv_source(decoder_begin) || !c.is_index_source(decoder_begin))
+    return fail::failure(
+        "prefill_encoder_decoder: the first ratio-1 (decoder) layer must exist and be a KV and "
+        "index source");
+  for (i64 l = decoder_begin + 1; l < c.num_hidden_layers; ++l)
+    if (c.is_kv_source(l))
+      return fail::failure("prefill_encoder_decoder: layer " + std::to_string(l) +
+                           " is a KV source after the decoder's first layer");
+  const i64 head = std::max<i64>(0, static_cast<i64>(tokens.size()) - tail);
+  const sequence_input in{&s, tokens};
+  return run(std::span<const sequence_input>(&in, 1), nullptr, decoder_begin, head);
 }
 
 }  // namespace troupe::kernels

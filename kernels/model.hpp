@@ -90,10 +90,28 @@ class model {
   result<std::vector<float>> replay(sequence_cache& s, std::span<const std::int64_t> tokens,
                                     std::int64_t recompute = 0) const;
 
+  /// The causal encoder–decoder prefill of a fresh sequence: the encoder (the layers before the
+  /// first ratio-1 layer) runs on every prompt token; the decoder's first layer, its only KV
+  /// source, publishes its full-resolution KV and indexer keys for every token from the
+  /// encoder's output; the decoder layers run only on the last `tail` tokens (0: the sliding
+  /// window), their window rings starting there. Returns the logits of those tail tokens; the
+  /// cache then continues like any other. Approximates the exact prefill: the first tail tokens
+  /// see a truncated window in the decoder (docs/model.md gives the measured divergence).
+  /// Errors: a used cache, a config without that layout (first ratio-1 layer not a KV and
+  /// index source, or a later KV source).
+  result<std::vector<float>> prefill_encoder_decoder(sequence_cache& s,
+                                                     std::span<const std::int64_t> tokens,
+                                                     std::int64_t tail = 0) const;
+
   struct weights;
 
  private:
   model() = default;
+  // forward, where the decoder layers (from decoder_begin) run only after the first `head`
+  // tokens of the one sequence (head 0: everything everywhere).
+  result<std::vector<float>> run(std::span<const sequence_input> batch,
+                                 std::vector<std::vector<float>>* layer_streams,
+                                 std::int64_t decoder_begin, std::int64_t head) const;
   std::unique_ptr<weights> w_;
 };
 

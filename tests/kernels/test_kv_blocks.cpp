@@ -398,3 +398,77 @@ TEST_CASE("the CPU backend runs steps, exports and imports blocks, and replays")
   CHECK_FALSE(be.step(std::span(&in, 1)).ok());
   CHECK_FALSE(be.export_block(a, 0).ok());
 }
+
+TEST_CASE("the encoder-decoder prefill keeps the encoder and the decoder's KV exact") {
+  // Batch-invariant mode, so that running fewer rows changes no rounding: every encoder layer's
+  // cache and the decoder's full-resolution KV (layer 3) equal the exact prefill's bit for bit;
+  // only the decoder's window rings start at the tail.
+  auto m = load_tiny({.batch_invariant = true});
+  const auto V = m.text().vocab_size;
+  const auto toks = prompt(200, 15, V);
+  auto exact = m.new_sequence();
+  const auto ref = run(m, exact, toks);
+  auto ed = m.new_sequence();
+  auto got = m.prefill_encoder_decoder(ed, toks, 32);
+  REQUIRE_MESSAGE(got.ok(), got.error());
+  REQUIRE(std::int64_t(got->size()) == 32 * V);
+  CHECK(ed.length == 200);
+  for (std::size_t l = 0; l < 3; ++l) {  // the encoder: identical rings and compressed KV
+    CAPTURE(l);
+    for (std::int64_t p = exact.layers[l].window.begin(); p < 200; ++p)
+      CHECK(std::memcmp(exact.layers[l].window.at(p), ed.layers[l].window.at(p),
+                        sizeof(float) * 32) == 0);
+  }
+  for (std::size_t l : {1u, 3u}) {
+    const auto& x = exact.layers[l].compressed;
+    const auto& y = ed.layers[l].compressed;
+    REQUIRE(x.kv.size() == y.kv.size());
+    REQUIRE(x.index_keys.size() == y.index_keys.size());
+    for (std::int64_t e = 0; e < x.kv.size(); ++e)
+      CHECK(std::memcmp(x.kv.row(e), y.kv.row(e), sizeof(float) * 32) == 0);
+    for (std::int64_t e = 0; e < x.index_keys.size(); ++e)
+      CHECK(std::memcmp(x.index_keys.row(e), y.index_keys.row(e), sizeof(float) * 16) == 0);
+  }
+  // The decoder (layers 3-5, window 8) reaches back 3 × 7 = 21 positions: a tail of 32 covers
+  // everything the last token depends on, so its logits and what follows are exact.
+  CHECK(last_row(*got, V) == last_row(ref, V));
+  const auto next = prompt(4, 16, V);
+  auto exact_next = exact;
+  const auto ref_next = run(m, exact_next, next);
+  CHECK(run(m, ed, next) == ref_next);
+  // A tail of one window (what full scale does with 128) approximates them.
+  auto short_tail = m.new_sequence();
+  auto got8 = m.prefill_encoder_decoder(short_tail, toks, 8);
+  REQUIRE(got8.ok());
+  REQUIRE(std::int64_t(got8->size()) == 8 * V);
+  const double err = testing::relative_error(last_row(*got8, V), last_row(ref, V));
+  const double err_next = testing::relative_error(run(m, short_tail, next), ref_next);
+  MESSAGE("encoder-decoder prefill, tail 8: next-token divergence " << err << ", next 4 tokens "
+                                                                     << err_next);
+  CHECK(err > 0.0);
+  CHECK(err <= 0.1);  // measured 0.067
+  CHECK(err_next <= 0.1);
+  // The goldens' checkpoints, tail of one window (8) on 200 tokens: measured up to 0.097.
+  const fs::path golden = source_dir / "tests/kernels/golden/model";
+  for (const char* name : {"mixed", "ratio4", "qat"}) {
+    CAPTURE(name);
+    auto g = load_dir(golden / name);
+    const auto gt = prompt(200, 17, g.text().vocab_size);
+    auto gx = g.new_sequence();
+    const auto gref = last_row(run(g, gx, gt), g.text().vocab_size);
+    auto ge = g.new_sequence();
+    auto gl = g.prefill_encoder_decoder(ge, gt, 8);
+    REQUIRE_MESSAGE(gl.ok(), gl.error());
+    const double e = testing::relative_error(last_row(*gl, g.text().vocab_size), gref);
+    MESSAGE(std::string(name) << " encoder-decoder prefill, tail 8: next-token divergence " << e);
+    CHECK(e <= 0.15);
+  }
+  // A tail covering the prompt is the exact prefill.
+  auto whole = m.new_sequence();
+  auto all = m.prefill_encoder_decoder(whole, std::span(toks).first(30), 32);
+  REQUIRE(all.ok());
+  auto exact30 = m.new_sequence();
+  CHECK(*all == run(m, exact30, std::span(toks).first(30)));
+  // Refusals: a used cache; a config whose first ratio-1 layer is not a KV source.
+  CHECK_FALSE(m.prefill_encoder_decoder(ed, toks).ok());
+}
