@@ -1,19 +1,18 @@
 // The per-sequence state of the DeepSeek-V4.1 forward pass: what a sequence must keep between
 // calls so that prefill, chunked prefill and decode all compute the same logits.
 //
-// Per layer:
-//   - the sliding-window ring (every layer): the last window rows of the layer's shared K=V
+// Three parts (each serialised by kernels/kv_blocks.hpp):
+//   - SWA KV, every layer's sliding-window ring: the last window rows of the layer's shared K=V
 //     latent (post-RoPE, FP8-rounded), by absolute position, plus room for the rollback of a
 //     rejected speculative draft;
-// and per KV-source layer (CSA2):
-//   - the compressor state: the projected rows of the unfinished group (fewer than `ratio`
-//     tokens; empty at ratio 1);
-//   - the compressed KV: one rotated, FP4-rounded latent per completed group, paged in blocks
-//     that each cover 128 source tokens (128 / ratio rows), the unit a later step serialises and
-//     pages through a block table;
-//   - the indexer keys (when the source is also an index source): one key per completed group,
-//     paged the same way.
-// The Engram n-gram look-back keeps the last max_ngram_size - 1 compressed token ids.
+//   - Block KV, per KV-source layer (CSA2): the compressed KV — one rotated, FP4-rounded latent
+//     per completed group — and the indexer keys (when the source is also an index source), in
+//     blocks that each cover 128 source tokens (128 / ratio rows): pages of a block_pool listed
+//     in a block table;
+//   - State KV: the compressor state (the projected rows of the unfinished group, fewer than
+//     `ratio` tokens, and the recent rows a rollback needs), the rows of the unfinished block,
+//     the length, and the Engram n-gram look-back (the last max_ngram_size - 1 + 6 compressed
+//     token ids).
 #pragma once
 
 #include <algorithm>
