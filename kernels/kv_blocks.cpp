@@ -302,6 +302,8 @@ result<bool> restore_block(sequence_cache& s, std::int64_t block, std::string_vi
       return fail("truncated layer header");
     if (layer >= s.layers.size() || !s.layers[layer].is_kv_source)
       return fail("layer " + std::to_string(layer) + " is not a KV source of this cache");
+    if (!layers.empty() && layer <= layers.back().layer)
+      return fail("layer " + std::to_string(layer) + " out of order");
     const auto& c = s.layers[layer].compressed;
     const i64 want_rows = rows_in_block(s.layers[layer]);
     if (ratio != c.ratio || rows != want_rows || width != c.kv.width() ||
