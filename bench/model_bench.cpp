@@ -138,7 +138,8 @@ int replay_bench(const model& m, std::int64_t prompt) {
   const auto ref = last(*full);
 
   std::vector<std::string> blocks;
-  for (std::int64_t b = 0; b < full_blocks(exact); ++b) blocks.push_back(*serialize_block(exact, b));
+  for (std::int64_t b = 0; b < full_blocks(exact); ++b)
+    blocks.push_back(*serialize_block(exact, b));
   auto replayed = m.new_sequence();
   t0 = clock_type::now();
   for (std::size_t b = 0; b < blocks.size(); ++b)
@@ -166,7 +167,8 @@ int replay_bench(const model& m, std::int64_t prompt) {
   const double tail = double(std::min(prompt, R));
   const double f_ed = double(prompt) * (enc + publish) + tail * (all - enc);
   std::printf("prompt %lld tokens (%zu full Block KV blocks of %zu bytes), window %lld\n",
-              (long long)prompt, blocks.size(), blocks.empty() ? 0 : blocks[0].size(), (long long)R);
+              (long long)prompt, blocks.size(), blocks.empty() ? 0 : blocks[0].size(),
+              (long long)R);
   std::printf(
       "exact prefill:          %8.3f s  %8.1f GFLOP (GEMMs; %.1f of them the LM head over every "
       "position, as forward returns every position's logits)\n",

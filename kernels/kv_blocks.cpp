@@ -319,7 +319,8 @@ result<bool> restore_block(sequence_cache& s, std::int64_t block, std::string_vi
                   " rows and " + std::to_string(c.index_keys.size()) + " keys, expected " +
                   std::to_string(block) + " full blocks before this one");
     decoded d{layer, {}, {}};
-    if (!r.get_rows(rows, width, d.kv)) return fail("layer " + std::to_string(layer) + ": bad KV rows");
+    if (!r.get_rows(rows, width, d.kv))
+      return fail("layer " + std::to_string(layer) + ": bad KV rows");
     if (key_width != 0 && !r.get_rows(rows, key_width, d.keys))
       return fail("layer " + std::to_string(layer) + ": bad indexer key rows");
     layers.push_back(std::move(d));

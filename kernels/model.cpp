@@ -609,17 +609,18 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
   std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
   if (!publish_only) {
-  project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
-  for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
-  project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
-  project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
-  for (i64 t = 0; t < T; ++t) {
-    for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
-    float* k = kv.data() + t * hd;
-    rms_norm(k, hd, L.kv_norm.data(), eps);
-    apply_rope(k, hd, rope, positions[sz(t)]);
-    fake_quant_fp8_block32(k, hd);
-  }
+    project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
+    for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
+    project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
+    project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
+    for (i64 t = 0; t < T; ++t) {
+      for (i64 h = 0; h < H; ++h)
+        apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
+      float* k = kv.data() + t * hd;
+      rms_norm(k, hd, L.kv_norm.data(), eps);
+      apply_rope(k, hd, rope, positions[sz(t)]);
+      fake_quant_fp8_block32(k, hd);
+    }
   }
 
   // Compressor projections (KV sources) and indexer projections (index sources), batched.
@@ -1111,7 +1112,8 @@ result<std::vector<float>> model::replay(sequence_cache& s, std::span<const std:
   for (const i64 t : tokens)
     if (t < 0 || t >= c.vocab_size)
       return fail::failure("replay: token id " + std::to_string(t) + " out of range");
-  const i64 start = std::min(blocks * kv_block_tokens, std::max<i64>(0, P - recompute) / align * align);
+  const i64 start =
+      std::min(blocks * kv_block_tokens, std::max<i64>(0, P - recompute) / align * align);
 
   s.length = start;
   s.rollback_floor = start;

@@ -142,7 +142,8 @@ TEST_CASE("paged and contiguous KV give identical logits") {
   CHECK(flat.layers[1].compressed.kv.block_table().empty());
   CHECK(run(m, paged, std::span(toks).first(270)) == run(m, flat, std::span(toks).first(270)));
   for (std::size_t i = 270; i < toks.size(); ++i)  // decode across the next block boundary
-    CHECK(run(m, paged, std::span(toks).subspan(i, 1)) == run(m, flat, std::span(toks).subspan(i, 1)));
+    CHECK(run(m, paged, std::span(toks).subspan(i, 1)) ==
+          run(m, flat, std::span(toks).subspan(i, 1)));
   CHECK(flat.layers[1].compressed.kv.block_table().empty());
   CHECK(paged.layers[3].compressed.kv.block_table().size() == 3);
 }
@@ -332,8 +333,9 @@ TEST_CASE("bounded replay from Block KV alone approximates the exact next-token 
   static const fs::path tiny = testing::write_random_model(
       source_dir / "tests/kernels/fixtures/tiny-v41-config.json", "kv-replay", 11);
   const fs::path golden = source_dir / "tests/kernels/golden/model";
-  for (const auto& [name, dir] : {config{"tiny", tiny}, config{"mixed", golden / "mixed"},
-                                  config{"ratio4", golden / "ratio4"}, config{"qat", golden / "qat"}}) {
+  for (const auto& [name, dir] :
+       {config{"tiny", tiny}, config{"mixed", golden / "mixed"}, config{"ratio4", golden / "ratio4"},
+        config{"qat", golden / "qat"}}) {
     auto m = load_dir(dir);
     const auto V = m.text().vocab_size;
     const auto toks = prompt(260, 12, V);  // two full blocks and 4 tokens
@@ -385,7 +387,8 @@ TEST_CASE("the CPU backend runs steps, exports and imports blocks, and replays")
   REQUIRE(replayed.ok());
   // The same as the model's replay on the same blocks.
   auto direct = cpu.cpu_model().new_sequence();
-  for (std::int64_t k = 0; k < 2; ++k) REQUIRE(restore_block(direct, k, *be.export_block(a, k)).ok());
+  for (std::int64_t k = 0; k < 2; ++k)
+    REQUIRE(restore_block(direct, k, *be.export_block(a, k)).ok());
   auto want = cpu.cpu_model().replay(direct, toks);
   REQUIRE(want.ok());
   CHECK(*replayed == *want);
