@@ -5,6 +5,7 @@
 // backend of the backend interface. On the tiny random checkpoint (window 8, ratio-2 and ratio-1
 // KV sources) and the reference goldens' checkpoints.
 #include <doctest/doctest.h>
+#include <xxhash.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -274,6 +275,59 @@ TEST_CASE("corrupt, truncated and foreign KV bytes are refused and leave the cac
   REQUIRE(foreign.ok());
   CHECK_FALSE(restore_block(b, 0, *foreign).ok());
   CHECK(b.layers[1].compressed.kv.size() == 0);
+}
+
+namespace {
+
+// `bytes` with its payload replaced by `payload` and a checksum that matches again: what reaches
+// the payload parsers past the frame.
+std::string reframe(const std::string& bytes, std::string_view payload) {
+  std::string f = bytes.substr(0, 8);
+  const std::uint64_t size = payload.size();
+  f.append(reinterpret_cast<const char*>(&size), sizeof size);
+  f += payload;
+  const std::uint64_t h = XXH3_64bits(f.data(), f.size());
+  f.append(reinterpret_cast<const char*>(&h), sizeof h);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("payloads cut short or padded behind a valid checksum are refused") {
+  auto m = load_tiny();
+  auto a = m.new_sequence();
+  run(m, a, prompt(140, 18, m.text().vocab_size));
+  const auto block = *serialize_block(a, 0);
+  const auto state = *serialize_state(a);
+  const auto swa = *serialize_swa(a);
+  auto payload = [](const std::string& s) { return std::string_view(s).substr(16, s.size() - 24); };
+  // Re-framing the whole payload is accepted (the helper is right) ...
+  {
+    auto b = m.new_sequence();
+    REQUIRE(restore_block(b, 0, reframe(block, payload(block))).ok());
+    REQUIRE(restore_state(b, reframe(state, payload(state))).ok());
+    REQUIRE(restore_swa(b, reframe(swa, payload(swa))).ok());
+    check_identical(a, b);
+  }
+  // ... every strict prefix of it, and it with a byte more, are not.
+  for (const std::string* s : {&block, &state, &swa}) {
+    const auto p = payload(*s);
+    for (std::size_t n = 0; n < p.size(); n += 1 + p.size() / 211) {
+      CAPTURE(n);
+      auto b = m.new_sequence();
+      const auto cut = reframe(*s, p.substr(0, n));
+      CHECK_FALSE(restore_block(b, 0, cut).ok());
+      CHECK_FALSE(restore_state(b, cut).ok());
+      CHECK_FALSE(restore_swa(b, cut).ok());
+      CHECK(b.layers[1].compressed.kv.size() == 0);
+      CHECK(b.layers[0].window.end() == 0);
+    }
+    auto b = m.new_sequence();
+    const auto padded = reframe(*s, std::string(p) + '\0');
+    CHECK_FALSE(restore_block(b, 0, padded).ok());
+    CHECK_FALSE(restore_state(b, padded).ok());
+    CHECK_FALSE(restore_swa(b, padded).ok());
+  }
 }
 
 TEST_CASE("Block KV packs the full-scale config at about 890 bytes per token") {
