@@ -6,6 +6,12 @@
 // indexer, mHC, routing, norms, quantisers).
 //
 //   build/bench/bench_model [--model DIR] [--prompt 1024] [--decode 32] [--threads 2]
+//   build/bench/bench_model --replay 4096 [--model DIR] [--threads 2]
+//
+// --replay N times, on one N-token prompt, the exact prefill against its two bounded peers in
+// the same run: bounded replay (restore the prompt's full Block KV blocks, recompute the last
+// sliding-window tokens) and the encoder-decoder prefill (decoder layers on the last window
+// only); with each one's GEMM FLOPs and next-token divergence from the exact logits.
 //
 // --model runs on an existing model directory (e.g. the one tools/model_bench_reference.py
 // times the `transformers` reference on) instead of writing the small preset.
@@ -15,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +30,7 @@
 #include <vector>
 
 #include "kernels/cpu_ops.hpp"
+#include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
 
@@ -35,11 +43,11 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-// The (out, in) shapes of the matrices one token passes through.
-std::vector<std::pair<std::int64_t, std::int64_t>> active_gemms(const text_config& c) {
+// The (out, in) shapes of the matrices one token passes through in layer l.
+void layer_gemms(const text_config& c, std::int64_t l,
+                 std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
   const std::int64_t D = c.hidden_size, hc = c.hc_mult, mix = (2 + hc) * hc;
-  std::vector<std::pair<std::int64_t, std::int64_t>> out;
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  {
     out.push_back({mix, hc * D});
     out.push_back({mix, hc * D});
     out.push_back({c.q_lora_rank, D});
@@ -66,8 +74,23 @@ std::vector<std::pair<std::int64_t, std::int64_t>> active_gemms(const text_confi
       out.push_back({D, c.moe_intermediate_size});
     }
   }
-  out.push_back({c.vocab_size, D});
+}
+
+// The (out, in) shapes of the matrices one token passes through.
+std::vector<std::pair<std::int64_t, std::int64_t>> active_gemms(const text_config& c) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layer_gemms(c, l, out);
+  out.push_back({c.vocab_size, c.hidden_size});
   return out;
+}
+
+// GEMM FLOPs per token of layers [first, last).
+double layer_flops(const text_config& c, std::int64_t first, std::int64_t last) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> shapes;
+  for (std::int64_t l = first; l < last; ++l) layer_gemms(c, l, shapes);
+  double f = 0;
+  for (auto [o, i] : shapes) f += 2.0 * double(o) * double(i);
+  return f;
 }
 
 // Seconds for sgemm over every active matrix with `rows` token rows, `calls` times.
@@ -87,11 +110,88 @@ double gemm_floor(const text_config& c, std::int64_t rows, int calls) {
   return seconds_since(t0);
 }
 
+// --replay: the exact prefill of one `prompt`-token sequence against bounded replay and the
+// encoder-decoder prefill, in the same run.
+int replay_bench(const model& m, std::int64_t prompt) {
+  const auto& c = m.text();
+  const std::int64_t R = c.sliding_window, V = c.vocab_size;
+  std::vector<std::int64_t> p(static_cast<std::size_t>(prompt));
+  std::uint32_t seed = 7;
+  for (auto& v : p) v = std::int64_t((seed = seed * 1664525u + 1013904223u) >> 8) % V;
+  auto last = [&](const std::vector<float>& logits) {
+    return std::vector<float>(logits.end() - V, logits.end());
+  };
+  auto divergence = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      scale = std::max(scale, double(std::fabs(b[i])));
+    }
+    return diff / scale;
+  };
+  auto exact = m.new_sequence();
+  sequence_input in{&exact, p};
+  auto t0 = clock_type::now();
+  auto full = m.forward(std::span(&in, 1));
+  const double t_exact = seconds_since(t0);
+  if (!full) return std::fprintf(stderr, "%s\n", full.error().c_str()), 1;
+  const auto ref = last(*full);
+
+  std::vector<std::string> blocks;
+  for (std::int64_t b = 0; b < full_blocks(exact); ++b)
+    blocks.push_back(*serialize_block(exact, b));
+  auto replayed = m.new_sequence();
+  t0 = clock_type::now();
+  for (std::size_t b = 0; b < blocks.size(); ++b)
+    if (auto r = restore_block(replayed, std::int64_t(b), blocks[b]); !r)
+      return std::fprintf(stderr, "%s\n", r.error().c_str()), 1;
+  auto rep = m.replay(replayed, p);
+  const double t_replay = seconds_since(t0);
+  if (!rep) return std::fprintf(stderr, "%s\n", rep.error().c_str()), 1;
+  const std::int64_t recomputed = std::int64_t(rep->size()) / V;
+
+  auto ed = m.new_sequence();
+  t0 = clock_type::now();
+  auto edl = m.prefill_encoder_decoder(ed, p);
+  const double t_ed = seconds_since(t0);
+  if (!edl) return std::fprintf(stderr, "%s\n", edl.error().c_str()), 1;
+
+  std::int64_t decoder_begin = 0;
+  while (c.compress_ratios[std::size_t(decoder_begin)] != 1) ++decoder_begin;
+  const double head = 2.0 * double(V) * double(c.hidden_size);
+  const double all = layer_flops(c, 0, c.num_hidden_layers) + head;
+  const double enc = layer_flops(c, 0, decoder_begin);
+  const double publish = 2.0 * double(c.head_dim) * double(c.hidden_size);  // its compressor
+  const double f_exact = double(prompt) * all;
+  const double f_replay = double(recomputed) * all;
+  const double tail = double(std::min(prompt, R));
+  const double f_ed = double(prompt) * (enc + publish) + tail * (all - enc);
+  std::printf("prompt %lld tokens (%zu full Block KV blocks of %zu bytes), window %lld\n",
+              (long long)prompt, blocks.size(), blocks.empty() ? 0 : blocks[0].size(),
+              (long long)R);
+  std::printf(
+      "exact prefill:          %8.3f s  %8.1f GFLOP (GEMMs; %.1f of them the LM head over every "
+      "position, as forward returns every position's logits)\n",
+      t_exact, f_exact / 1e9, double(prompt) * head / 1e9);
+  std::printf(
+      "bounded replay:         %8.3f s  %8.1f GFLOP  (%lld tokens recomputed) time %.1f%% of "
+      "exact, FLOPs %.1f%%; next-token divergence %.3g\n",
+      t_replay, f_replay / 1e9, (long long)recomputed, 100 * t_replay / t_exact,
+      100 * f_replay / f_exact, divergence(last(*rep), ref));
+  std::printf(
+      "encoder-decoder prefill: %7.3f s  %8.1f GFLOP  (decoder from layer %lld on the last %lld) "
+      "time %.1f%% of exact, FLOPs %.1f%%; next-token divergence %.3g\n",
+      t_ed, f_ed / 1e9, (long long)decoder_begin, (long long)tail, 100 * t_ed / t_exact,
+      100 * f_ed / f_exact, divergence(last(*edl), ref));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::int64_t prompt = 1024, decode = 32;
   int threads = 2;
+  std::int64_t replay_prompt = 0;
   std::string model_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -103,6 +203,8 @@ int main(int argc, char** argv) {
       decode = std::atoll(argv[i + 1]);
     else if (a == "--threads")
       threads = std::atoi(argv[i + 1]);
+    else if (a == "--replay")
+      replay_prompt = std::atoll(argv[i + 1]);
   }
   const bool generated = model_dir.empty();
   const auto dir = generated ? std::filesystem::temp_directory_path() /
@@ -127,6 +229,11 @@ int main(int argc, char** argv) {
   (void)m->set_engram_token_map(map);
   std::printf("model: %s, %d threads\n", generated ? "small preset (seed 1)" : model_dir.c_str(),
               threads);
+  if (replay_prompt > 0) {
+    const int rc = replay_bench(*m, replay_prompt);
+    if (generated) std::filesystem::remove_all(dir);
+    return rc;
+  }
 
   auto tokens = [&](std::int64_t n, std::uint32_t seed) {
     std::vector<std::int64_t> t(static_cast<std::size_t>(n));

@@ -1,22 +1,25 @@
 // The per-sequence state of the DeepSeek-V4.1 forward pass: what a sequence must keep between
 // calls so that prefill, chunked prefill and decode all compute the same logits.
 //
-// Per layer:
-//   - the sliding-window ring (every layer): the last window rows of the layer's shared K=V
+// Three parts (each serialised by kernels/kv_blocks.hpp):
+//   - SWA KV, every layer's sliding-window ring: the last window rows of the layer's shared K=V
 //     latent (post-RoPE, FP8-rounded), by absolute position, plus room for the rollback of a
 //     rejected speculative draft;
-// and per KV-source layer (CSA2):
-//   - the compressor state: the projected rows of the unfinished group (fewer than `ratio`
-//     tokens; empty at ratio 1);
-//   - the compressed KV: one rotated, FP4-rounded latent per completed group, paged in blocks
-//     that each cover 128 source tokens (128 / ratio rows), the unit a later step serialises and
-//     pages through a block table;
-//   - the indexer keys (when the source is also an index source): one key per completed group,
-//     paged the same way.
-// The Engram n-gram look-back keeps the last max_ngram_size - 1 compressed token ids.
+//   - Block KV, per KV-source layer (CSA2): the compressed KV — one rotated, FP4-rounded latent
+//     per completed group — and the indexer keys (when the source is also an index source), in
+//     blocks that each cover 128 source tokens (128 / ratio rows): pages of a block_pool listed
+//     in a block table;
+//   - State KV: the compressor state (the projected rows of the unfinished group, fewer than
+//     `ratio` tokens, and the recent rows a rollback needs), the rows of the unfinished block,
+//     the length, and the Engram n-gram look-back (the last max_ngram_size - 1 + 6 compressed
+//     token ids).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,11 +34,44 @@ inline constexpr std::int64_t kv_block_tokens = 128;
 /// tokens can be rolled back.
 inline constexpr std::int64_t swa_rollback_tokens = 6;
 
-/// Fixed-width rows appended one at a time, stored in blocks of `rows_per_block` rows.
+/// Identifies a page of a block_pool.
+using block_id = std::int64_t;
+
+/// Pages of floats shared by the sequences of one model (one pool per rank): a page holds one
+/// 128-token block of one layer's compressed KV or indexer keys. Freed pages are reused.
+/// Allocation and release are thread-safe; a page's address is stable while it is allocated.
+class block_pool {
+ public:
+  block_id allocate(std::int64_t floats);
+  void release(block_id id);
+  float* data(block_id id);
+  std::int64_t pages_in_use() const;
+  std::int64_t pages_allocated() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::deque<std::vector<float>> pages_;
+  std::vector<block_id> free_;
+};
+
+/// How a sequence stores its compressed KV and indexer keys: in pages of a block_pool through a
+/// block table (the default), or in one contiguous array per layer (a peer layout the tests
+/// compare against).
+enum class kv_layout { paged, contiguous };
+
+/// Fixed-width rows appended one at a time, grouped in blocks of `rows_per_block` rows (128
+/// source tokens). Paged: every block is a page of a shared block_pool, listed in the block
+/// table; copying allocates new pages. Contiguous: one array.
 class paged_rows {
  public:
   paged_rows() = default;
-  paged_rows(std::int64_t width, std::int64_t rows_per_block);
+  /// A paged store drawing pages from `pool`, or a contiguous one when `pool` is null.
+  paged_rows(std::int64_t width, std::int64_t rows_per_block, std::shared_ptr<block_pool> pool);
+  paged_rows(const paged_rows& other);
+  paged_rows& operator=(const paged_rows& other);
+  paged_rows(paged_rows&& other) noexcept;
+  paged_rows& operator=(paged_rows&& other) noexcept;
+  ~paged_rows();
 
   void append(const float* row);
   /// Drops the last n rows (n <= size()).
@@ -43,17 +79,22 @@ class paged_rows {
   std::int64_t size() const { return size_; }
   std::int64_t width() const { return width_; }
   std::int64_t rows_per_block() const { return rows_per_block_; }
-  std::int64_t block_count() const { return static_cast<std::int64_t>(blocks_.size()); }
-  /// Row i (0 <= i < size()).
+  std::int64_t block_count() const { return (size_ + rows_per_block_ - 1) / rows_per_block_; }
+  bool paged() const { return pool_ != nullptr; }
+  /// The block table (paged layout): the pool page of each block.
+  const std::vector<block_id>& block_table() const { return table_; }
+  /// Row i (0 <= i < size()); rows of one block are adjacent in memory.
   const float* row(std::int64_t i) const;
-  /// Block b's rows (the last block may be partly filled: only its first rows are valid).
-  std::span<const float> block(std::int64_t b) const;
 
  private:
+  void clear();
   std::int64_t width_ = 0;
   std::int64_t rows_per_block_ = 1;
   std::int64_t size_ = 0;
-  std::vector<std::vector<float>> blocks_;
+  std::shared_ptr<block_pool> pool_;
+  std::vector<block_id> table_;
+  std::vector<float*> pages_;  // pool_->data(table_[b])
+  std::vector<float> flat_;    // the contiguous layout
 };
 
 /// The last `capacity` rows pushed, addressed by absolute position.
@@ -66,10 +107,14 @@ class swa_ring {
   void push(const float* row);
   /// Forgets the rows of positions >= end (begin() <= end <= end()); the rows before stay.
   void truncate(std::int64_t end) { end_ = end; }
+  /// Empties the ring, whose next row is that of `position` (bounded replay starts there).
+  void reset(std::int64_t position) { first_ = end_ = position; }
   /// Positions pushed so far.
   std::int64_t end() const { return end_; }
   /// The oldest position still held.
-  std::int64_t begin() const { return end_ > capacity_ ? end_ - capacity_ : 0; }
+  std::int64_t begin() const { return std::max(first_, end_ - capacity_); }
+  std::int64_t capacity() const { return capacity_; }
+  std::int64_t width() const { return width_; }
   /// The row of `position` (begin() <= position < end()).
   const float* at(std::int64_t position) const;
 
@@ -77,6 +122,7 @@ class swa_ring {
   std::int64_t width_ = 0;
   std::int64_t capacity_ = 0;
   std::int64_t end_ = 0;
+  std::int64_t first_ = 0;  // no row before it (reset)
   std::vector<float> rows_;
 };
 

@@ -74,6 +74,8 @@ struct model::weights {
   rope_table rope_main, rope_compress;
   engram_hash_layout engram;
   std::vector<i64> token_map;  // token id -> compressed id (Engram)
+  std::shared_ptr<block_pool> pool = std::make_shared<block_pool>();
+  int expert_shards = 1;
 
   std::string name(const std::string& hf) const {
     if (!released_names) return hf;
@@ -155,6 +157,11 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   w.cfg = std::move(*cfg);
   w.threads = std::max(1, options.threads);
   w.batch_invariant = options.batch_invariant;
+  if (options.expert_shards < 1 || w.cfg.text.n_routed_experts % options.expert_shards != 0)
+    return result<model>::failure("model: expert_shards " + std::to_string(options.expert_shards) +
+                                  " does not divide n_routed_experts " +
+                                  std::to_string(w.cfg.text.n_routed_experts));
+  w.expert_shards = options.expert_shards;
   w.ckpt.emplace(std::move(*ck));
   w.released_names = !w.ckpt->contains("model.embed.weight") && w.ckpt->contains("embed.weight");
   const auto& c = w.cfg.text;
@@ -297,7 +304,9 @@ result<bool> model::set_engram_token_map(std::vector<std::int64_t> map) {
   return true;
 }
 
-sequence_cache model::new_sequence() const {
+std::shared_ptr<block_pool> model::kv_pool() const { return w_->pool; }
+
+sequence_cache model::new_sequence(kv_layout layout) const {
   const auto& c = w_->cfg.text;
   sequence_cache s;
   s.owner = w_.get();
@@ -311,8 +320,9 @@ sequence_cache model::new_sequence() const {
       auto& cc = L.compressed;
       cc.ratio = lw.ratio;
       const i64 rows_per_block = std::max<i64>(1, kv_block_tokens / lw.ratio);
-      cc.kv = paged_rows(c.head_dim, rows_per_block);
-      cc.index_keys = paged_rows(c.index_head_dim, rows_per_block);
+      auto pool = layout == kv_layout::paged ? w_->pool : nullptr;
+      cc.kv = paged_rows(c.head_dim, rows_per_block, pool);
+      cc.index_keys = paged_rows(c.index_head_dim, rows_per_block, pool);
     }
   }
   return s;
@@ -580,9 +590,12 @@ void engram_site(const model::weights& W, const layer_weights& L, const call_con
 
 // The attention of layer l on its normed input a [T, D]: queries, the shared K=V window, the
 // CSA2 compressor / indexer / compressed KV, attention with sinks, the grouped output
-// projection → out [T, D]. Advances the layer's caches.
+// projection → out [T, D]. Advances the layer's caches. `publish_only` (a KV source's tokens the
+// encoder–decoder prefill does not run the decoder on): only the compressor runs — the layer's
+// compressed KV and indexer keys are published for later tokens — no attention, no window rows.
 void attention_site(const model::weights& W, const layer_weights& L, i64 l, call_context& cx,
-                    const std::vector<float>& a, std::vector<float>& out) {
+                    const std::vector<float>& a, std::vector<float>& out,
+                    bool publish_only = false) {
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
   const i64 win = c.sliding_window, G = c.o_groups, R = c.o_lora_rank;
@@ -595,16 +608,19 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   auto& shared = cx.shared;
   const rope_table& rope = L.ratio != 0 ? W.rope_compress : W.rope_main;
   std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), kv(sz(T * hd));
-  project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
-  for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
-  project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
-  project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
-  for (i64 t = 0; t < T; ++t) {
-    for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
-    float* k = kv.data() + t * hd;
-    rms_norm(k, hd, L.kv_norm.data(), eps);
-    apply_rope(k, hd, rope, positions[sz(t)]);
-    fake_quant_fp8_block32(k, hd);
+  if (!publish_only) {
+    project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
+    for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
+    project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
+    project(mode, a.data(), T, D, L.wkv.data(), hd, kv.data());
+    for (i64 t = 0; t < T; ++t) {
+      for (i64 h = 0; h < H; ++h)
+        apply_rope(q.data() + (t * H + h) * hd, hd, rope, positions[sz(t)]);
+      float* k = kv.data() + t * hd;
+      rms_norm(k, hd, L.kv_norm.data(), eps);
+      apply_rope(k, hd, rope, positions[sz(t)]);
+      fake_quant_fp8_block32(k, hd);
+    }
   }
 
   // Compressor projections (KV sources) and indexer projections (index sources), batched.
@@ -617,7 +633,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
       project(mode, a.data(), T, D, L.c_wgate.data(), hd, c_gate.data());
     }
   }
-  if (L.index_source) {
+  if (L.index_source && !publish_only) {
     i_q.resize(sz(T * nh * idh));
     i_w.resize(sz(T * nh));
     project(mode, q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q.data());
@@ -637,7 +653,9 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
     auto& lc = cache.layers[sz(l)];
     auto& sh = shared[sz(s)];
     const i64 t0 = seq_begin[sz(s)], t1 = seq_begin[sz(s + 1)], n = t1 - t0;
-    const i64 start = cache.length;
+    // The position of the sequence's first token in this call (cache.length, except in the
+    // decoder part of an encoder–decoder prefill, which starts at the prompt's tail).
+    const i64 start = n > 0 ? positions[sz(t0)] : cache.length;
 
     if (L.ratio != 0) {
       // Compressor: the groups completing in this call (pre-RoPE latents).
@@ -707,14 +725,15 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
             rms_norm(k, idh, L.i_k_norm.data(), eps);
             apply_rope(k, idh, W.rope_compress, latent_pos[sz(g)]);
             fake_quant_fp4_block(k, idh, 32, false);
-            cc.index_keys.append(k);
+            // A bounded replay recomputes groups the restored Block KV holds: those stay.
+            if (cc.groups + g >= cc.index_keys.size()) cc.index_keys.append(k);
           }
         }
       }
       if (L.owns_index_keys) sh.index_src = &lc.compressed;
 
       // Indexer: per-query top-k over the group's compressed entries.
-      if (L.index_source) {
+      if (L.index_source && !publish_only) {
         const i64 n_idx = sh.index_src != nullptr ? sh.index_src->index_keys.size() : 0;
         if (n_idx > 0) {
           const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
@@ -786,13 +805,14 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
           float* v = latents.data() + g * hd;
           apply_rope(v, hd, W.rope_compress, latent_pos[sz(g)]);
           fake_quant_fp4_block(v, hd, 16, true);
-          cc.kv.append(v);
+          if (cc.groups + g >= cc.kv.size()) cc.kv.append(v);
         }
         cc.groups += n_lat;
         sh.compress_src = &lc.compressed;
       }
     }
 
+    if (publish_only) continue;
     // Attention over the window and the selected compressed entries.
     const compressed_cache* comp = L.ratio != 0 ? sh.compress_src : nullptr;
     const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
@@ -803,7 +823,8 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
       const i64 p = positions[sz(t)];
       // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
       // compressed entries.
-      const i64 first = std::max<i64>(0, p - win + 1);
+      // (After a bounded replay's reset the ring holds nothing before the replay's start.)
+      const i64 first = std::max<i64>({0, p - win + 1, std::min(lc.window.begin(), start)});
       const i64 n_sel =
           n_comp > 0 && sh.has_topk ? static_cast<i64>(sh.topk[sz(t - t0)].size()) : 0;
       const i64 nk = p - first + 1 + n_sel;
@@ -837,8 +858,9 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   }
 
   // Grouped low-rank output projection.
-  std::vector<float> grouped(sz(T * G * R));
   out.assign(sz(T * D), 0.0f);
+  if (publish_only) return;
+  std::vector<float> grouped(sz(T * G * R));
   const i64 per_group = H * hd / G;
   for (i64 g = 0; g < G; ++g)
     project(mode, attn_out.data() + g * per_group, T, per_group, L.wo_a.data() + g * R * per_group,
@@ -846,9 +868,11 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
 }
 
-// The MoE of a layer on its normed input a [T, D] → y [T, D]: routed experts in expert order,
-// then the shared expert.
-void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode,
+// The MoE of a layer on its normed input a [T, D] → y [T, D]. The routed experts are split into
+// `shards` contiguous ranges (as expert-parallel ranks hold them); each shard sums its experts in
+// expert order into a partial output, the partials are summed in shard order, then the shared
+// expert is added. With one shard this is every routed expert in expert order.
+void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int shards,
               const std::vector<float>& a, i64 T, std::vector<float>& y) {
   const i64 D = c.hidden_size;
   const i64 E = c.n_routed_experts;
@@ -863,23 +887,30 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode,
       routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
   }
   y.assign(sz(T * D), 0.0f);
-  std::vector<float> xe, ye, we;
-  for (i64 e = 0; e < E; ++e) {
-    const auto& list = routed[sz(e)];
-    if (list.empty()) continue;
-    const i64 m = static_cast<i64>(list.size());
-    xe.resize(sz(m * D));
-    ye.resize(sz(m * D));
-    we.resize(sz(m));
-    for (i64 r = 0; r < m; ++r) {
-      std::copy_n(a.data() + list[sz(r)].first * D, D, xe.data() + r * D);
-      we[sz(r)] = list[sz(r)].second;
+  std::vector<float> partial, xe, ye, we;
+  const i64 per_shard = E / shards;
+  for (i64 shard = 0; shard < shards; ++shard) {
+    std::vector<float>& acc = shards == 1 ? y : partial;
+    if (shards > 1) partial.assign(sz(T * D), 0.0f);
+    for (i64 e = shard * per_shard; e < (shard + 1) * per_shard; ++e) {
+      const auto& list = routed[sz(e)];
+      if (list.empty()) continue;
+      const i64 m = static_cast<i64>(list.size());
+      xe.resize(sz(m * D));
+      ye.resize(sz(m * D));
+      we.resize(sz(m));
+      for (i64 r = 0; r < m; ++r) {
+        std::copy_n(a.data() + list[sz(r)].first * D, D, xe.data() + r * D);
+        we[sz(r)] = list[sz(r)].second;
+      }
+      expert_forward(c, mode, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
+      for (i64 r = 0; r < m; ++r) {
+        float* dst = acc.data() + list[sz(r)].first * D;
+        for (i64 d = 0; d < D; ++d) dst[d] += ye[sz(r * D + d)];
+      }
     }
-    expert_forward(c, mode, L.experts[sz(e)], xe.data(), m, we.data(), ye.data());
-    for (i64 r = 0; r < m; ++r) {
-      float* dst = y.data() + list[sz(r)].first * D;
-      for (i64 d = 0; d < D; ++d) dst[d] += ye[sz(r * D + d)];
-    }
+    if (shards > 1)
+      for (i64 i = 0; i < T * D; ++i) y[sz(i)] += partial[sz(i)];
   }
   ye.resize(sz(T * D));
   expert_forward(c, mode, L.shared, a.data(), T, nullptr, ye.data());
@@ -890,6 +921,12 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode,
 
 result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
                                           std::vector<std::vector<float>>* layer_streams) const {
+  return run(batch, layer_streams, 0, 0);
+}
+
+result<std::vector<float>> model::run(std::span<const sequence_input> batch,
+                                      std::vector<std::vector<float>>* layer_streams,
+                                      std::int64_t decoder_begin, std::int64_t head) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
@@ -921,7 +958,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     }
   }
   seq_begin.push_back(static_cast<i64>(tokens.size()));
-  const i64 T = static_cast<i64>(tokens.size());
+  i64 T = static_cast<i64>(tokens.size());
   const i64 S = static_cast<i64>(batch.size());
   if (T == 0) return std::vector<float>{};
   if (layer_streams != nullptr) layer_streams->clear();
@@ -967,6 +1004,34 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
 
     if (L.engram_index >= 0) engram_site(W, L, cx, hash_ids, streams);
 
+    if (head > 0 && l == decoder_begin) {
+      // Encoder–decoder prefill (one sequence): the decoder's first layer, its KV source,
+      // publishes the full-resolution KV and indexer keys of the first `head` tokens from the
+      // encoder's output; from here on only the tail runs.
+      hc_collapse(c, streams, pre_mix, T, collapsed);
+      a.assign(collapsed.begin(), collapsed.begin() + head * D);
+      for (i64 t = 0; t < head; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
+      call_context head_cx{batch, {0, head},
+                           std::vector<i64>(positions.begin(), positions.begin() + head),
+                           head, 1, mode, std::move(cx.shared)};
+      attention_site(W, L, l, head_cx, a, out, /*publish_only=*/true);
+      cx.shared = std::move(head_cx.shared);
+      streams.erase(streams.begin(), streams.begin() + head * hc * D);
+      pre_mix.erase(pre_mix.begin(), pre_mix.begin() + head * hc);
+      hash_ids.erase(hash_ids.begin(), hash_ids.begin() + head * n_engram * cols);
+      cx.positions.erase(cx.positions.begin(), cx.positions.begin() + head);
+      T -= head;
+      cx.T = T;
+      cx.seq_begin = {0, T};
+      auto& sh = cx.shared[0];
+      if (sh.has_topk) sh.topk.erase(sh.topk.begin(), sh.topk.begin() + head);
+      if (sh.has_candidates)
+        sh.candidates.erase(sh.candidates.begin(), sh.candidates.begin() + head);
+      auto& cache = *batch[0].cache;
+      for (i64 d = decoder_begin; d < c.num_hidden_layers; ++d)
+        cache.layers[sz(d)].window.reset(cx.positions[0]);
+    }
+
     // Attention site.
     hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
              comb);
@@ -982,7 +1047,7 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     hc_collapse(c, streams, attn_pre, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    moe_site(c, L, mode, a, T, out);
+    moe_site(c, L, mode, W.expert_shards, a, T, out);
     hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
     if (layer_streams != nullptr) layer_streams->push_back(streams);
@@ -1008,6 +1073,99 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
     }
   }
   return logits;
+}
+
+}  // namespace troupe::kernels
+
+namespace troupe::kernels {
+
+result<std::vector<float>> model::replay(sequence_cache& s, std::span<const std::int64_t> tokens,
+                                         std::int64_t recompute) const {
+  const auto& W = *w_;
+  const auto& c = W.cfg.text;
+  using fail = result<std::vector<float>>;
+  if (s.owner != w_.get()) return fail::failure("replay: the cache was not made by this model");
+  if (recompute < 0) return fail::failure("replay: recompute < 0");
+  if (recompute == 0) recompute = c.sliding_window;
+  if (s.length != 0)
+    return fail::failure("replay: the cache must hold restored Block KV only (length " +
+                         std::to_string(s.length) + ")");
+  // The restored blocks, and the alignment every compress ratio divides.
+  i64 blocks = -1, align = 1;
+  for (const auto& l : s.layers) {
+    if (!l.is_kv_source) continue;
+    const auto& cc = l.compressed;
+    const i64 rows = cc.kv.rows_per_block();
+    if (cc.kv.size() % rows != 0 || cc.pending_tokens != 0 || cc.groups != 0 ||
+        (blocks >= 0 && cc.kv.size() / rows != blocks))
+      return fail::failure("replay: the KV-source layers must hold the same full blocks only");
+    blocks = cc.kv.size() / rows;
+    align = std::lcm(align, std::max<i64>(1, cc.ratio));
+  }
+  blocks = std::max<i64>(0, blocks);
+  const i64 P = static_cast<i64>(tokens.size());
+  if (P < blocks * kv_block_tokens)
+    return fail::failure("replay: " + std::to_string(P) + " tokens, fewer than the " +
+                         std::to_string(blocks * kv_block_tokens) + " the restored blocks cover");
+  if (!c.engram_layer_ids.empty() && W.token_map.empty())
+    return fail::failure("replay: the Engram layers need the compressed token map");
+  for (const i64 t : tokens)
+    if (t < 0 || t >= c.vocab_size)
+      return fail::failure("replay: token id " + std::to_string(t) + " out of range");
+  const i64 start =
+      std::min(blocks * kv_block_tokens, std::max<i64>(0, P - recompute) / align * align);
+
+  s.length = start;
+  s.rollback_floor = start;
+  for (auto& l : s.layers) {
+    l.window.reset(start);
+    if (!l.is_kv_source) continue;
+    auto& cc = l.compressed;
+    cc.groups = cc.ratio > 1 ? start / cc.ratio : start;
+    cc.pending_kv.clear();
+    cc.pending_gate.clear();
+    cc.recent_kv.clear();
+    cc.recent_gate.clear();
+    cc.recent_tokens = 0;
+  }
+  s.engram_recent.clear();
+  if (!c.engram_layer_ids.empty()) {
+    const i64 keep = c.engram_max_ngram_size - 1 + swa_rollback_tokens;
+    for (i64 t = std::max<i64>(0, start - keep); t < start; ++t)
+      s.engram_recent.push_back(W.token_map[sz(tokens[sz(t)])]);
+  }
+  const sequence_input in{&s, tokens.subspan(sz(start))};
+  return forward(std::span<const sequence_input>(&in, 1));
+}
+
+}  // namespace troupe::kernels
+
+namespace troupe::kernels {
+
+result<std::vector<float>> model::prefill_encoder_decoder(sequence_cache& s,
+                                                          std::span<const std::int64_t> tokens,
+                                                          std::int64_t tail) const {
+  const auto& c = w_->cfg.text;
+  using fail = result<std::vector<float>>;
+  if (tail < 0) return fail::failure("prefill_encoder_decoder: tail < 0");
+  if (tail == 0) tail = c.sliding_window;
+  if (s.owner == w_.get() && s.length != 0)
+    return fail::failure("prefill_encoder_decoder: the cache must be fresh (length " +
+                         std::to_string(s.length) + ")");
+  i64 decoder_begin = -1;
+  for (i64 l = 0; l < c.num_hidden_layers && decoder_begin < 0; ++l)
+    if (c.compress_ratios[sz(l)] == 1) decoder_begin = l;
+  if (decoder_begin < 0 || !c.is_kv_source(decoder_begin) || !c.is_index_source(decoder_begin))
+    return fail::failure(
+        "prefill_encoder_decoder: the first ratio-1 (decoder) layer must exist and be a KV and "
+        "index source");
+  for (i64 l = decoder_begin + 1; l < c.num_hidden_layers; ++l)
+    if (c.is_kv_source(l))
+      return fail::failure("prefill_encoder_decoder: layer " + std::to_string(l) +
+                           " is a KV source after the decoder's first layer");
+  const i64 head = std::max<i64>(0, static_cast<i64>(tokens.size()) - tail);
+  const sequence_input in{&s, tokens};
+  return run(std::span<const sequence_input>(&in, 1), nullptr, decoder_begin, head);
 }
 
 }  // namespace troupe::kernels

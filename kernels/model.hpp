@@ -36,6 +36,10 @@ struct model_options {
   // bitwise identical whatever else shares its batch and however its prefill is chunked
   // (everything else is per token already). Slower in prefill.
   bool batch_invariant = false;
+  // The routed experts evaluated as this many expert-parallel shards (contiguous expert ranges,
+  // each summed into a partial output, the partials summed in shard order), as EP ranks hold
+  // them; must divide n_routed_experts. Changes only the summation order.
+  int expert_shards = 1;
 };
 
 class model {
@@ -59,8 +63,12 @@ class model {
   /// engram_compressed_vocab_size). Without it a model with Engram layers refuses to run.
   result<bool> set_engram_token_map(std::vector<std::int64_t> map);
 
-  /// A fresh cache for one sequence.
-  sequence_cache new_sequence() const;
+  /// A fresh cache for one sequence. Paged (the default): its compressed KV and indexer keys
+  /// live in 128-token pages of the model's block pool (kv_pool), listed in block tables.
+  sequence_cache new_sequence(kv_layout layout = kv_layout::paged) const;
+
+  /// The pool every paged sequence of this model draws its Block KV pages from.
+  std::shared_ptr<block_pool> kv_pool() const;
 
   /// Runs the tokens of every sequence in `batch` (each continuing from its cache, which is
   /// advanced) and returns the logits [total tokens, vocab_size], sequences in batch order.
@@ -70,10 +78,40 @@ class model {
       std::span<const sequence_input> batch,
       std::vector<std::vector<float>>* layer_streams = nullptr) const;
 
+  /// Bounded replay: rebuilds a sequence from its persisted Block KV alone. `s` holds only
+  /// restored Block KV blocks 0..B-1 (restore_block; no State KV, no SWA KV) and `tokens` are the
+  /// sequence's P >= 128·B tokens. Instead of recomputing all P tokens, this recomputes only the
+  /// last `recompute` (from a start aligned down to every compress ratio, and never after the
+  /// restored blocks end): their window rings start empty at the replay's start, the compressor
+  /// state and the groups after the restored blocks are rebuilt, the groups the blocks hold are
+  /// kept as restored. Returns the logits of the recomputed tokens; the last row approximates the
+  /// exact next-token logits (the first recomputed tokens see a truncated window; docs/model.md
+  /// gives the measured divergence). `recompute` 0 means the sliding window.
+  result<std::vector<float>> replay(sequence_cache& s, std::span<const std::int64_t> tokens,
+                                    std::int64_t recompute = 0) const;
+
+  /// The causal encoder–decoder prefill of a fresh sequence: the encoder (the layers before the
+  /// first ratio-1 layer) runs on every prompt token; the decoder's first layer, its only KV
+  /// source, publishes its full-resolution KV and indexer keys for every token from the
+  /// encoder's output; the decoder layers run only on the last `tail` tokens (0: the sliding
+  /// window), their window rings starting there. Returns the logits of those tail tokens; the
+  /// cache then continues like any other. Approximates the exact prefill: the first tail tokens
+  /// see a truncated window in the decoder (docs/model.md gives the measured divergence).
+  /// Errors: a used cache, a config without that layout (first ratio-1 layer not a KV and
+  /// index source, or a later KV source).
+  result<std::vector<float>> prefill_encoder_decoder(sequence_cache& s,
+                                                     std::span<const std::int64_t> tokens,
+                                                     std::int64_t tail = 0) const;
+
   struct weights;
 
  private:
   model() = default;
+  // forward, where the decoder layers (from decoder_begin) run only after the first `head`
+  // tokens of the one sequence (head 0: everything everywhere).
+  result<std::vector<float>> run(std::span<const sequence_input> batch,
+                                 std::vector<std::vector<float>>* layer_streams,
+                                 std::int64_t decoder_begin, std::int64_t head) const;
   std::unique_ptr<weights> w_;
 };
 

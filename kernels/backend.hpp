@@ -1,0 +1,82 @@
+// The calls a GPU rank makes on its model, as an interface a CUDA backend can implement later;
+// `cpu_backend` implements it with the exact CPU model (kernels/model.hpp).
+//
+// A backend owns the caches of the sequences it serves, named by ids it hands out. One `step`
+// runs a batch in which each sequence brings new tokens — a prompt (prefill), the rest of a
+// prompt (chunked prefill) or one or a few tokens (decode) — and returns every token's logits.
+// The Block KV of a full 128-token block crosses ranks and the persistent store as the byte
+// string of kernels/kv_blocks.hpp, so a CUDA backend must read and write that same format.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/model.hpp"
+#include "kernels/result.hpp"
+
+namespace troupe::kernels {
+
+using sequence_id = std::uint64_t;
+
+/// One sequence's share of a step.
+struct step_input {
+  sequence_id sequence = 0;
+  std::span<const std::int64_t> tokens;
+};
+
+class model_backend {
+ public:
+  virtual ~model_backend() = default;
+
+  /// A new, empty sequence.
+  virtual sequence_id open_sequence() = 0;
+  /// Frees a sequence's cache. Errors: an unknown id.
+  virtual result<bool> close_sequence(sequence_id id) = 0;
+  /// Tokens processed so far by a sequence.
+  virtual result<std::int64_t> length(sequence_id id) const = 0;
+
+  /// Prefill / decode over a batch (each sequence at most once): logits [total tokens, vocab],
+  /// sequences in batch order. Errors (unknown id, bad token) leave every cache as it was.
+  virtual result<std::vector<float>> step(std::span<const step_input> batch) = 0;
+  /// Undoes a sequence's last k <= 6 tokens (a rejected draft).
+  virtual result<bool> rollback(sequence_id id, std::int64_t k) = 0;
+
+  /// The serialised Block KV of a full block of a sequence.
+  virtual result<std::string> export_block(sequence_id id, std::int64_t block) const = 0;
+  /// Appends a serialised Block KV block to a sequence (blocks in order, before anything else).
+  virtual result<bool> import_block(sequence_id id, std::int64_t block,
+                                    std::string_view bytes) = 0;
+  /// Rebuilds a sequence holding only imported blocks from its tokens by bounded replay;
+  /// returns the logits of the recomputed tokens (the last row: the next token's).
+  virtual result<std::vector<float>> replay(sequence_id id,
+                                            std::span<const std::int64_t> tokens) = 0;
+};
+
+/// The exact CPU backend.
+class cpu_backend final : public model_backend {
+ public:
+  explicit cpu_backend(model m) : model_(std::move(m)) {}
+
+  const model& cpu_model() const { return model_; }
+
+  sequence_id open_sequence() override;
+  result<bool> close_sequence(sequence_id id) override;
+  result<std::int64_t> length(sequence_id id) const override;
+  result<std::vector<float>> step(std::span<const step_input> batch) override;
+  result<bool> rollback(sequence_id id, std::int64_t k) override;
+  result<std::string> export_block(sequence_id id, std::int64_t block) const override;
+  result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;
+  result<std::vector<float>> replay(sequence_id id,
+                                    std::span<const std::int64_t> tokens) override;
+
+ private:
+  model model_;
+  sequence_id next_ = 1;
+  std::map<sequence_id, sequence_cache> sequences_;
+};
+
+}  // namespace troupe::kernels

@@ -1,0 +1,69 @@
+#include "kernels/backend.hpp"
+
+#include "kernels/kv_blocks.hpp"
+
+namespace troupe::kernels {
+
+namespace {
+
+std::string unknown(sequence_id id) { return "backend: no sequence " + std::to_string(id); }
+
+}  // namespace
+
+sequence_id cpu_backend::open_sequence() {
+  const sequence_id id = next_++;
+  sequences_.emplace(id, model_.new_sequence());
+  return id;
+}
+
+result<bool> cpu_backend::close_sequence(sequence_id id) {
+  if (sequences_.erase(id) == 0) return result<bool>::failure(unknown(id));
+  return true;
+}
+
+result<std::int64_t> cpu_backend::length(sequence_id id) const {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<std::int64_t>::failure(unknown(id));
+  return it->second.length;
+}
+
+result<std::vector<float>> cpu_backend::step(std::span<const step_input> batch) {
+  std::vector<sequence_input> inputs;
+  for (const auto& in : batch) {
+    const auto it = sequences_.find(in.sequence);
+    if (it == sequences_.end()) return result<std::vector<float>>::failure(unknown(in.sequence));
+    inputs.push_back({&it->second, in.tokens});
+  }
+  return model_.forward(inputs);
+}
+
+result<bool> cpu_backend::rollback(sequence_id id, std::int64_t k) {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<bool>::failure(unknown(id));
+  return kernels::rollback(it->second, k);
+}
+
+result<std::string> cpu_backend::export_block(sequence_id id, std::int64_t block) const {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<std::string>::failure(unknown(id));
+  return serialize_block(it->second, block);
+}
+
+result<bool> cpu_backend::import_block(sequence_id id, std::int64_t block,
+                                       std::string_view bytes) {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<bool>::failure(unknown(id));
+  if (it->second.length != 0)
+    return result<bool>::failure("backend: sequence " + std::to_string(id) +
+                                 " already ran tokens; blocks are imported into a fresh one");
+  return restore_block(it->second, block, bytes);
+}
+
+result<std::vector<float>> cpu_backend::replay(sequence_id id,
+                                               std::span<const std::int64_t> tokens) {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<std::vector<float>>::failure(unknown(id));
+  return model_.replay(it->second, tokens);
+}
+
+}  // namespace troupe::kernels
