@@ -21,7 +21,14 @@ ojson event(const char* type) {
 // Responses
 
 responses_event_renderer::responses_event_renderer(event_stream_options options, const responses_request& request)
-    : opt_(std::move(options)), request_(&request), rng_(tool_call_id_seed(opt_.id)) {}
+    : responses_event_renderer(std::move(options), request.params, request.fields) {}
+
+responses_event_renderer::responses_event_renderer(event_stream_options options, sampling_params params,
+                                                   responses_fields fields)
+    : opt_(std::move(options)), rng_(tool_call_id_seed(opt_.id)) {
+  echo_.params = std::move(params);
+  echo_.fields = std::move(fields);
+}
 
 std::string responses_event_renderer::next_id_for_call(int index) {
   return opt_.tool_call_id ? opt_.tool_call_id(index) : next_tool_call_id(rng_, index);
@@ -41,7 +48,7 @@ std::string responses_event_renderer::response_object(const char* status, bool f
     meta.prompt_tokens = static_cast<std::int64_t>(usage_.prompt_tokens);
     meta.cached_tokens = static_cast<std::int64_t>(usage_.cached_prompt_tokens);
   }
-  ojson r = ojson::parse(render_response(g, meta, *request_));
+  ojson r = ojson::parse(render_response(g, meta, echo_));
   r["status"] = status;
   ojson output = ojson::array();
   for (const auto& item : done_items_) output.push_back(ojson::parse(item));

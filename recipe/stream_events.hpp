@@ -37,8 +37,9 @@ struct event_stream_options {
 // in_progress / completed / incomplete is results.hpp's render_response.
 class responses_event_renderer {
  public:
-  // `request` supplies the settings the response object reports; it must outlive the renderer.
+  // `request` supplies the settings the response object reports (copied, its conversation left out).
   responses_event_renderer(event_stream_options options, const responses_request& request);
+  responses_event_renderer(event_stream_options options, sampling_params params, responses_fields fields);
   // response.created and response.in_progress; call once, first.
   void start(std::vector<std::string>& out);
   void render(std::span<const stream_event> events, std::vector<std::string>& out);
@@ -53,7 +54,7 @@ class responses_event_renderer {
   void close(bool complete, bool call_follows, std::vector<std::string>& out);
 
   event_stream_options opt_;
-  const responses_request* request_;
+  responses_request echo_;  // params and fields only
   std::uint64_t seq_ = 0;
   std::uint64_t rng_;
   item cur_ = item::none;
