@@ -56,7 +56,7 @@ std::string responses_event_renderer::response_object(const char* status, bool f
   if (!final_usage) {
     r["completed_at"] = nullptr;
     r["incomplete_details"] = nullptr;
-    r["usage"] = nullptr;
+    r.erase("usage");  // not known yet; the spec allows no null here (the reference writes null)
   }
   return r.dump();
 }
@@ -119,6 +119,7 @@ void responses_event_renderer::close(bool complete, bool call_follows, std::vect
     ojson d = event("response.function_call_arguments.done");
     d["arguments"] = text_;
     d["item_id"] = item_id_;
+    d["name"] = call_name_;  // required by the spec (the reference leaves it out)
     d["output_index"] = index;
     d["sequence_number"] = seq_++;
     out.push_back(d.dump());

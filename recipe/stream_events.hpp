@@ -34,7 +34,9 @@ struct event_stream_options {
 // item (output_text part; phase `commentary` when a function call follows, else `final_answer`),
 // one `function_call` item per tool call; an item is done when the next begins or at the finish
 // (the last one `incomplete` when the output was cut). The response object of created /
-// in_progress / completed / incomplete is results.hpp's render_response.
+// in_progress / completed / incomplete is results.hpp's render_response. Where the reference's
+// events break the official OpenAI spec, ours follow the spec: no null `user` or `usage`,
+// `cache_write_tokens` in the usage, `name` in `response.function_call_arguments.done`.
 class responses_event_renderer {
  public:
   // `request` supplies the settings the response object reports (copied, its conversation left out).

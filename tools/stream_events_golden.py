@@ -10,6 +10,14 @@ as in stream_golden.py; each record stores its events (SSE event name, JSON obje
 response id fixed and `created_at` / `completed_at` set to 0 and tool-call ids normalized to
 `call_NN_X`.
 
+Responses records also store `spec_events`: the reference's events with what the official OpenAI
+spec requires put right (tests/recipe/fixtures/openai/response_stream_event.schema.json, the
+spec's ResponseStreamEvent; each event validated against the schema of its type with Python
+`jsonschema`, `spec_valid` records the result): a null `response.user` and a null
+`response.usage` (created / in_progress) left out, `usage.input_tokens_details.cache_write_tokens`
+(0) added, and `name` (the function's) added to `response.function_call_arguments.done`. These
+are what troupe writes.
+
   tools/.venv-recipe/bin/python tools/stream_events_golden.py
   # writes tests/recipe/golden/stream_events.v4.jsonl.gz
 """
@@ -82,6 +90,51 @@ def normalize(name, obj):
     return obj
 
 
+SPEC = ROOT / "tests/recipe/fixtures/openai/response_stream_event.schema.json"
+
+
+def spec_corrected(events):
+    out, names = [], {}
+    for name, e in events:
+        e = json.loads(json.dumps(e))
+        if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call":
+            names[e["item"]["id"]] = e["item"]["name"]
+        r = e.get("response")
+        if isinstance(r, dict):
+            if r.get("user", 0) is None:
+                del r["user"]
+            if r.get("usage", 0) is None:
+                del r["usage"]
+            elif isinstance(r.get("usage"), dict):
+                d = r["usage"]["input_tokens_details"]
+                r["usage"]["input_tokens_details"] = {"cached_tokens": d["cached_tokens"], "cache_write_tokens": 0}
+        if e["type"] == "response.function_call_arguments.done":
+            e = {k: v for k, v in e.items()}
+            items = list(e.items())
+            at = [k for k, _ in items].index("item_id") + 1
+            items.insert(at, ("name", names[e["item_id"]]))
+            e = dict(items)
+        out.append([name, e])
+    return out
+
+
+def spec_validator():
+    import jsonschema
+    schema = json.loads(SPEC.read_text())
+    defs = schema["$defs"]
+    top = defs["ResponseStreamEvent"]
+    by_type = {}
+    for ref in top.get("anyOf", top.get("oneOf", [])):
+        n = ref["$ref"].split("/")[-1]
+        t = defs[n]["properties"]["type"]
+        for v in t.get("enum", [t.get("const")]):
+            by_type[v] = jsonschema.Draft202012Validator(dict(schema, **{"$ref": f"#/$defs/{n}"}))
+
+    def errors(event):
+        return [f"{event['type']}: {e.message[:200]}" for e in by_type[event["type"]].iter_errors(event)]
+    return errors
+
+
 def run(proto, body, ids, fin, tok):
     R = {"responses": dr.ResponsesRequest, "messages": dr.MessagesRequest}[proto]
     S = {"responses": dr.ResponsesResponse, "messages": dr.MessagesResponse}[proto]
@@ -110,6 +163,7 @@ def main():
     finish = {"stop": dr.InferenceFinishReason.Stop, "length": dr.InferenceFinishReason.Length,
               "content_filter": dr.InferenceFinishReason.ContentFilter}
     lines, counts = [], {"responses": 0, "messages": 0}
+    spec_errors, invalid = spec_validator(), 0
     for name, chat, generated, fin in CASES:
         ids = hf.encode(generated).ids
         for proto, make in (("responses", responses_body), ("messages", messages_body)):
@@ -118,12 +172,20 @@ def main():
                 continue
             events = run(proto, body, ids, finish[fin], tok)
             counts[proto] += 1
-            lines.append(json.dumps({"name": name, "protocol": proto, "request": body, "generated": generated,
-                                     "ids": ids, "finish": fin, "prompt_tokens": PROMPT_TOKENS, "id": ID,
-                                     "events": events}, ensure_ascii=False, separators=(",", ":")))
+            rec = {"name": name, "protocol": proto, "request": body, "generated": generated, "ids": ids,
+                   "finish": fin, "prompt_tokens": PROMPT_TOKENS, "id": ID, "events": events}
+            if proto == "responses":
+                rec["spec_events"] = spec_corrected(events)
+                errs = [m for _, e in rec["spec_events"] for m in spec_errors(e)]
+                rec["spec_valid"] = not errs
+                invalid += bool(errs)
+                for m in errs[:3]:
+                    print(f"  {name}: {m}")
+            lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
     OUT.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
     print(f"{counts['responses']} Responses + {counts['messages']} Messages stream cases -> "
-          f"{OUT.relative_to(ROOT)} (deepseek_recipe {dr.__version__})")
+          f"{OUT.relative_to(ROOT)} (deepseek_recipe {dr.__version__}); Responses records whose "
+          f"spec-corrected events fail the spec: {invalid}")
 
 
 if __name__ == "__main__":

@@ -188,7 +188,10 @@ TEST_CASE("codec: a request's stream renderer writes its protocol's events") {
     auto req = std::get<encoded_request>(std::move(r));
     req.stream.prompt_tokens = rec.at("prompt_tokens").get<std::uint64_t>();
     stream_parser parser = c.create_stream_parser(req);
-    stream_renderer render(req, {.id = rec.at("id"), .prompt_tokens = req.stream.prompt_tokens});
+    event_stream_options eo;
+    eo.id = rec.at("id");
+    eo.prompt_tokens = req.stream.prompt_tokens;
+    stream_renderer render(req, eo);
     std::vector<std::string> out;
     render.start(out);
     std::vector<stream_event> ev;
