@@ -290,7 +290,8 @@ void messages_event_renderer::close(std::vector<std::string>& out) {
 void messages_event_renderer::render(std::span<const stream_event> events, std::vector<std::string>& out) {
   using k = stream_event::kind;
   for (const stream_event& ev : events) {
-    if (thinking_ && !thinking_opened_ && (ev.type == k::reasoning || ev.type == k::text || ev.type == k::tool_call))
+    // In thinking mode the thinking block comes first, even when empty (also for an empty reply).
+    if (thinking_ && !thinking_opened_ && ev.type != k::arguments && ev.type != k::usage)
       open(block::thinking, nullptr, out);
     switch (ev.type) {
       case k::reasoning:

@@ -73,7 +73,7 @@ class responses_event_renderer {
 };
 
 // Anthropic Messages streaming. Blocks: `thinking` (opened first in thinking mode, even when the
-// reasoning is empty; closed with a `signature_delta` of the message id), `text`, `tool_use`
+// reasoning or the whole reply is empty; closed with a `signature_delta` of the message id), `text`, `tool_use`
 // (`input_json_delta` of the arguments); `ping` after the first block start; the stop reason
 // (`end_turn`, `stop_sequence` with the sequence, `tool_use`, `max_tokens`, `refusal`) and the
 // usage in `message_delta`, then `message_stop`.

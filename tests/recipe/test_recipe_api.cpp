@@ -226,5 +226,5 @@ TEST_CASE("codec: a request's stream renderer writes its protocol's events") {
     }
     ++n;
   }
-  CHECK(n >= 88);
+  CHECK(n >= 92);
 }
