@@ -65,10 +65,6 @@ class responses_event_renderer {
   std::string call_id_, call_name_;
   std::vector<std::string> done_items_;  // output items, JSON text
   std::optional<finish_reason> finish_;
-  // what the final response object reports
-  std::string content_, reasoning_;
-  bool has_reasoning_ = false;
-  std::vector<tool_call> calls_;
   usage_counts usage_;
 };
 
