@@ -245,8 +245,6 @@ void add_recipe_commands(CLI::App& app, int& rc) {
           : *p == protocol::messages  ? "msg_troupe"
                                       : "chatcmpl-troupe";
     eo.created = pa->created;
-    eo.prompt_tokens = req.stream.prompt_tokens;
-    eo.cached_prompt_tokens = req.stream.cached_prompt_tokens;
     stream_renderer render(req, eo);
     auto print = [&](const std::vector<stream_event>& events) {
       if (pa->neutral) {

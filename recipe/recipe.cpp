@@ -38,6 +38,10 @@ bool starts_in_reasoning(const stream_options& o) {
 std::variant<chat_chunk_renderer, responses_event_renderer, messages_event_renderer> make_renderer(
     const encoded_request& r, event_stream_options o) {
   if (o.model.empty()) o.model = r.params.model;
+  if (o.prompt_tokens == 0) {
+    o.prompt_tokens = r.stream.prompt_tokens;
+    o.cached_prompt_tokens = r.stream.cached_prompt_tokens;
+  }
   switch (r.protocol) {
     case protocol::responses:
       return responses_event_renderer(std::move(o), r.params, r.responses);

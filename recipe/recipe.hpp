@@ -65,8 +65,9 @@ struct encoded_request {
 
 // The stream events of a request's protocol as JSON objects (one string per chunk / event):
 // chat.completion.chunk objects, Responses events (response.created ... response.completed) or
-// Messages events (message_start ... message_stop). `o.id` is the response id; the model, the
-// thinking mode, include_usage and the Responses echo come from the request.
+// Messages events (message_start ... message_stop). `o.id` is the response id; the model and
+// the prompt token counts (when `o` leaves them empty / 0), the thinking mode, include_usage and
+// the Responses echo come from the request.
 class stream_renderer {
  public:
   stream_renderer(const encoded_request& r, event_stream_options o);

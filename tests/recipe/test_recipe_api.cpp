@@ -190,8 +190,7 @@ TEST_CASE("codec: a request's stream renderer writes its protocol's events") {
     stream_parser parser = c.create_stream_parser(req);
     event_stream_options eo;
     eo.id = rec.at("id");
-    eo.prompt_tokens = req.stream.prompt_tokens;
-    stream_renderer render(req, eo);
+    stream_renderer render(req, eo);  // prompt tokens from the request (37, as the golden's)
     std::vector<std::string> out;
     render.start(out);
     std::vector<stream_event> ev;
