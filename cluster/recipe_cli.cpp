@@ -91,7 +91,7 @@ std::string ids_json(const std::vector<token_id>& ids) {
 
 std::optional<protocol> parse_protocol(const std::string& name) {
   auto p = protocol_from_name(name);
-  if (!p) std::cerr << "error: unknown protocol " << name << " (known: chat)\n";
+  if (!p) std::cerr << "error: unknown protocol " << name << " (known: chat, responses, messages)\n";
   return p;
 }
 
@@ -166,7 +166,7 @@ void add_recipe_commands(CLI::App& app, int& rc) {
   auto ea = std::make_shared<encode_args>();
   auto* encode = app.add_subcommand(
       "encode", "encode an API request: prints {\"prompt\": text, \"ids\": [...]} as one JSON line");
-  encode->add_option("--protocol", ea->protocol, "chat (Chat Completions)");
+  encode->add_option("--protocol", ea->protocol, "chat (Chat Completions) | responses (OpenAI Responses) | messages (Anthropic Messages)");
   encode->add_option("REQUEST", ea->request, "the request body, JSON (- = stdin)")->required();
   add_tokenizer(encode);
   encode->callback([ea, common, &rc] {
@@ -178,7 +178,7 @@ void add_recipe_commands(CLI::App& app, int& rc) {
     if (!c) return void(rc = 1);
     auto r = c->encode(*p, *body);
     if (auto* e = std::get_if<api_error>(&r)) {
-      std::cerr << "error: " << e->status << " " << e->to_json() << "\n";
+      std::cerr << "error: " << e->status << " " << error_json(*p, *e) << "\n";
       return void(rc = 1);
     }
     const auto& req = std::get<encoded_request>(r);
@@ -191,7 +191,7 @@ void add_recipe_commands(CLI::App& app, int& rc) {
 
   // troupe parse-stream
   struct parse_args {
-    std::string protocol = "chat", request, finish = "stop", id = "chatcmpl-troupe", model = "troupe";
+    std::string protocol = "chat", request, finish = "stop", id, model = "troupe";
     bool neutral = false, thinking = false, tools = false;
     std::int64_t created = 0;
   };
@@ -199,7 +199,8 @@ void add_recipe_commands(CLI::App& app, int& rc) {
   auto* parse = app.add_subcommand(
       "parse-stream", "read generated token ids (a JSON array on stdin) and print the protocol's "
                       "stream events as JSON lines");
-  parse->add_option("--protocol", pa->protocol, "chat (chat.completion.chunk objects)");
+  parse->add_option("--protocol", pa->protocol,
+                    "chat (chat.completion.chunk objects) | responses (Responses events) | messages (Messages events)");
   auto* req_opt = parse->add_option(
       "--request", pa->request,
       "the request the ids answer (sets thinking, tools, tool_choice, prefix, stop, include_usage, model)");
@@ -209,7 +210,7 @@ void add_recipe_commands(CLI::App& app, int& rc) {
   tools_opt->excludes(req_opt);
   parse->add_option("--finish", pa->finish, "why the backend stopped: stop | length | content_filter")
       ->check(CLI::IsMember({"stop", "length", "content_filter"}));
-  parse->add_option("--id", pa->id, "the response id in the chunks");
+  parse->add_option("--id", pa->id, "the response id (default chatcmpl-troupe, resp_troupe or msg_troupe)");
   parse->add_option("--created", pa->created, "the created time in the chunks (default 0)");
   parse->add_flag("--neutral", pa->neutral, "print troupe's protocol-neutral events instead");
   add_tokenizer(parse);
@@ -218,38 +219,33 @@ void add_recipe_commands(CLI::App& app, int& rc) {
     if (!p) return void(rc = 1);
     auto c = load(*common);
     if (!c) return void(rc = 1);
-    stream_options so;
-    so.start = pa->thinking ? stream_start::reasoning : stream_start::content;
-    so.parse_tool_calls = pa->tools;
-    bool include_usage = false;
-    std::string model = pa->model;
+    encoded_request req;
+    req.protocol = *p;
+    req.stream.start = pa->thinking ? stream_start::reasoning : stream_start::content;
+    req.stream.parse_tool_calls = pa->tools;
+    req.params.model = pa->model;
     if (req_opt->count()) {
       auto body = read_input(pa->request);
       if (!body) return void(rc = 1);
       auto r = c->encode(*p, *body);
       if (auto* e = std::get_if<api_error>(&r)) {
-        std::cerr << "error: --request: " << e->status << " " << e->to_json() << "\n";
+        std::cerr << "error: --request: " << e->status << " " << error_json(*p, *e) << "\n";
         return void(rc = 1);
       }
-      const auto& req = std::get<encoded_request>(r);
-      so = req.stream;
-      include_usage = req.params.include_usage;
-      model = req.params.model;
+      req = std::get<encoded_request>(std::move(r));
     }
     auto in = read_input("-");
     if (!in) return void(rc = 1);
     auto ids = parse_ids(*in, *c, "stdin");
     if (!ids) return void(rc = 1);
-    stream_parser parser = c->create_stream_parser(so);
-    const bool thinking = so.start != stream_start::content && so.start != stream_start::tool_calls;
-    chat_chunk_options co;
-    co.id = pa->id;
-    co.model = model;
-    co.created = pa->created;
-    co.thinking = thinking;
-    co.starts_in_reasoning = so.start == stream_start::reasoning || so.start == stream_start::reasoning_continuation;
-    co.include_usage = include_usage;
-    chat_chunk_renderer render(co);
+    stream_parser parser = c->create_stream_parser(req);
+    event_stream_options eo;
+    eo.id = !pa->id.empty() ? pa->id
+          : *p == protocol::responses ? "resp_troupe"
+          : *p == protocol::messages  ? "msg_troupe"
+                                      : "chatcmpl-troupe";
+    eo.created = pa->created;
+    stream_renderer render(req, eo);
     auto print = [&](const std::vector<stream_event>& events) {
       if (pa->neutral) {
         for (const auto& e : events) {
@@ -275,7 +271,11 @@ void add_recipe_commands(CLI::App& app, int& rc) {
       render.render(events, chunks);
       for (const auto& s : chunks) std::cout << s << "\n";
     };
-    if (!pa->neutral) std::cout << render.start() << "\n";
+    if (!pa->neutral) {
+      std::vector<std::string> first;
+      render.start(first);
+      for (const auto& s : first) std::cout << s << "\n";
+    }
     for (const token_id id : *ids) {
       std::vector<stream_event> events;
       parser.push(id, events);

@@ -12,7 +12,74 @@ struct codec::state {
 
 std::optional<protocol> protocol_from_name(std::string_view name) {
   if (name == "chat" || name == "chat_completions") return protocol::chat_completions;
+  if (name == "responses") return protocol::responses;
+  if (name == "messages") return protocol::messages;
   return std::nullopt;
+}
+
+std::string_view to_string(protocol p) {
+  switch (p) {
+    case protocol::chat_completions: return "chat_completions";
+    case protocol::responses: return "responses";
+    case protocol::messages: return "messages";
+  }
+  return "chat_completions";
+}
+
+std::string error_json(protocol p, const api_error& e) {
+  return p == protocol::messages ? e.to_anthropic_json() : e.to_json();
+}
+
+namespace {
+bool starts_in_reasoning(const stream_options& o) {
+  return o.start == stream_start::reasoning || o.start == stream_start::reasoning_continuation;
+}
+
+std::variant<chat_chunk_renderer, responses_event_renderer, messages_event_renderer> make_renderer(
+    const encoded_request& r, event_stream_options o) {
+  if (o.model.empty()) o.model = r.params.model;
+  if (o.prompt_tokens == 0) {
+    o.prompt_tokens = r.stream.prompt_tokens;
+    o.cached_prompt_tokens = r.stream.cached_prompt_tokens;
+  }
+  switch (r.protocol) {
+    case protocol::responses:
+      return responses_event_renderer(std::move(o), r.params, r.responses);
+    case protocol::messages: {
+      const bool thinking = starts_in_reasoning(r.stream);
+      return messages_event_renderer(std::move(o), thinking);
+    }
+    case protocol::chat_completions: break;
+  }
+  chat_chunk_options co;
+  co.id = std::move(o.id);
+  co.model = std::move(o.model);
+  co.created = o.created;
+  co.thinking = r.stream.start != stream_start::content && r.stream.start != stream_start::tool_calls;
+  co.starts_in_reasoning = starts_in_reasoning(r.stream);
+  co.include_usage = r.params.include_usage;
+  co.tool_call_id = std::move(o.tool_call_id);
+  return chat_chunk_renderer(std::move(co));
+}
+}  // namespace
+
+stream_renderer::stream_renderer(const encoded_request& r, event_stream_options o)
+    : r_(make_renderer(r, std::move(o))) {}
+
+void stream_renderer::start(std::vector<std::string>& out) {
+  if (auto* c = std::get_if<chat_chunk_renderer>(&r_)) out.push_back(c->start());
+  else if (auto* rr = std::get_if<responses_event_renderer>(&r_)) rr->start(out);
+  else std::get<messages_event_renderer>(r_).start(out);
+}
+
+void stream_renderer::render(std::span<const stream_event> events, std::vector<std::string>& out) {
+  std::visit([&](auto& r) { r.render(events, out); }, r_);
+}
+
+std::string stream_renderer::error(const api_error& e) {
+  if (std::holds_alternative<chat_chunk_renderer>(r_)) return e.to_json();
+  if (auto* rr = std::get_if<responses_event_renderer>(&r_)) return rr->error(e);
+  return messages_event_renderer::error(e);
 }
 
 stream_options stream_options_for(const conversation& c, std::uint64_t prompt_tokens) {
@@ -89,22 +156,39 @@ encoded_prompt codec::encode(const conversation& c) const {
 }
 
 std::variant<encoded_request, api_error> codec::encode(protocol p, std::string_view body) const {
+  encoded_request out;
+  out.protocol = p;
   switch (p) {
     case protocol::chat_completions: {
       auto parsed = parse_chat_completions(body, s_->options.chat);
       if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
       auto& req = std::get<chat_completions_request>(parsed);
-      encoded_request out;
-      out.protocol = p;
-      out.prompt = encode(req.conversation);
-      out.stream = stream_options_for(req.conversation, out.prompt.ids.size());
-      out.stream.stop = req.params.stop;
       out.conversation = std::move(req.conversation);
       out.params = std::move(req.params);
-      return out;
+      break;
+    }
+    case protocol::responses: {
+      auto parsed = parse_responses(body, s_->options.chat);
+      if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
+      auto& req = std::get<responses_request>(parsed);
+      out.conversation = std::move(req.conversation);
+      out.params = std::move(req.params);
+      out.responses = std::move(req.fields);
+      break;
+    }
+    case protocol::messages: {
+      auto parsed = parse_messages(body, s_->options.chat);
+      if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
+      auto& req = std::get<messages_request>(parsed);
+      out.conversation = std::move(req.conversation);
+      out.params = std::move(req.params);
+      break;
     }
   }
-  return api_error{400, "unknown protocol", "invalid_request_error", std::nullopt, std::nullopt};
+  out.prompt = encode(out.conversation);
+  out.stream = stream_options_for(out.conversation, out.prompt.ids.size());
+  out.stream.stop = out.params.stop;
+  return out;
 }
 
 stream_parser codec::create_stream_parser(const stream_options& o) const {

@@ -11,10 +11,14 @@
 //   if (auto* e = std::get_if<troupe::recipe::api_error>(&req)) return reply(e->status, e->to_json());
 //   auto& r = std::get<troupe::recipe::encoded_request>(req);   // r.prompt.ids -> the engine
 //   auto parser = codec.create_stream_parser(r);                // generated ids -> events
+//   troupe::recipe::stream_renderer render(r, {.id = "resp_1"});  // events -> protocol events
 
 #include "recipe/chat_completions.hpp"
+#include "recipe/messages.hpp"
 #include "recipe/parallel.hpp"
 #include "recipe/prompt.hpp"
+#include "recipe/responses.hpp"
+#include "recipe/stream_events.hpp"
 #include "recipe/stream_parser.hpp"
 #include "recipe/tokenizer.hpp"
 
@@ -33,15 +37,20 @@ struct load_error {
   std::string message;
 };
 
-// The request protocols. Responses and Messages join this list as their parsers land.
-enum class protocol { chat_completions };
-// "chat" or "chat_completions" -> protocol::chat_completions; nullopt for an unknown name.
+// The request protocols: OpenAI Chat Completions and Responses, Anthropic Messages.
+enum class protocol { chat_completions, responses, messages };
+// "chat" / "chat_completions", "responses", "messages"; nullopt for an unknown name.
 std::optional<protocol> protocol_from_name(std::string_view name);
+std::string_view to_string(protocol p);  // "chat_completions", "responses", "messages"
+
+// An error response body in `p`'s shape: OpenAI's {"error": {...}} for Chat Completions and
+// Responses, Anthropic's {"type": "error", "error": {...}} for Messages.
+std::string error_json(protocol p, const api_error& e);
 
 struct codec_options {
   unsigned threads = 1;  // tokenization threads, the caller included (1 = no pool)
   parallel_options parallel;
-  chat_completions_config chat;
+  chat_completions_config chat;  // the request parsers' settings (all three protocols)
 };
 
 // A request, validated and encoded.
@@ -51,6 +60,26 @@ struct encoded_request {
   sampling_params params;
   encoded_prompt prompt;
   stream_options stream;  // how to parse what the model generates for this prompt
+  responses_fields responses;  // Responses: what the response object reports (else defaults)
+};
+
+// The stream events of a request's protocol as JSON objects (one string per chunk / event):
+// chat.completion.chunk objects, Responses events (response.created ... response.completed) or
+// Messages events (message_start ... message_stop). `o.id` is the response id; the model and
+// the prompt token counts (when `o` leaves them empty / 0), the thinking mode, include_usage and
+// the Responses echo come from the request.
+class stream_renderer {
+ public:
+  stream_renderer(const encoded_request& r, event_stream_options o);
+  // The opening chunk / events; call once, first.
+  void start(std::vector<std::string>& out);
+  void render(std::span<const stream_event> events, std::vector<std::string>& out);
+  // An error in the middle of a stream, in the protocol's shape: Responses' `error` event (with
+  // its sequence number), Messages' `error` event, Chat Completions' {"error": {...}}.
+  std::string error(const api_error& e);
+
+ private:
+  std::variant<chat_chunk_renderer, responses_event_renderer, messages_event_renderer> r_;
 };
 
 // Where the generated text starts and what is parsed, from the conversation as the prompt encoder

@@ -41,8 +41,8 @@ std::string render_chat_completion(std::span<const generation> choices, const re
       msg["tool_calls"] = std::move(calls);
     }
     msg["refusal"] = nullptr;  // required by the spec (the reference omits it)
-    const char* reason = g.finish == finish_reason::length           ? "length"
-                         : g.finish == finish_reason::content_filter ? "content_filter"
+    const char* reason = g.finish == backend_finish::length           ? "length"
+                         : g.finish == backend_finish::content_filter ? "content_filter"
                          : g.tool_calls.empty()                      ? "stop"
                                                                      : "tool_calls";
     list.push_back({{"index", i}, {"message", std::move(msg)}, {"logprobs", nullptr}, {"finish_reason", reason}});
@@ -66,7 +66,7 @@ std::string render_chat_completion(std::span<const generation> choices, const re
 std::string render_response(const generation& g, const response_meta& meta, const responses_request& request) {
   const sampling_params& sp = request.params;
   const responses_fields& f = request.fields;
-  const bool complete = g.finish == finish_reason::stop;
+  const bool complete = g.finish == backend_finish::stop;
 
   // Output items: reasoning (when non-empty), the message (when there is content), the calls.
   // Only the last item is incomplete when the output was cut.
@@ -114,7 +114,7 @@ std::string render_response(const generation& g, const response_meta& meta, cons
   out["frequency_penalty"] = 0.0;
   out["incomplete_details"] =
       complete ? ojson(nullptr)
-               : ojson({{"reason", g.finish == finish_reason::length ? "max_output_tokens" : "content_filter"}});
+               : ojson({{"reason", g.finish == backend_finish::length ? "max_output_tokens" : "content_filter"}});
   out["instructions"] = opt(f.instructions);
   out["max_output_tokens"] = sp.max_tokens ? ojson(*sp.max_tokens) : ojson(nullptr);
   out["max_tool_calls"] = nullptr;
@@ -161,8 +161,8 @@ std::string render_message(const generation& g, const response_meta& meta) {
     if (input.is_discarded()) input = ojson::object();
     content.push_back({{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", std::move(input)}});
   }
-  const char* stop = g.finish == finish_reason::length           ? "max_tokens"
-                     : g.finish == finish_reason::content_filter ? "refusal"
+  const char* stop = g.finish == backend_finish::length           ? "max_tokens"
+                     : g.finish == backend_finish::content_filter ? "refusal"
                      : g.stop_sequence                           ? "stop_sequence"
                      : g.tool_calls.empty()                      ? "end_turn"
                                                                  : "tool_use";
@@ -173,7 +173,7 @@ std::string render_message(const generation& g, const response_meta& meta) {
   out["model"] = meta.model;
   out["content"] = std::move(content);
   out["stop_reason"] = stop;
-  out["stop_sequence"] = g.stop_sequence && g.finish == finish_reason::stop ? ojson(*g.stop_sequence) : ojson(nullptr);
+  out["stop_sequence"] = g.stop_sequence && g.finish == backend_finish::stop ? ojson(*g.stop_sequence) : ojson(nullptr);
   out["usage"] = {{"input_tokens", meta.prompt_tokens - meta.cached_tokens},
                   {"cache_creation_input_tokens", 0},
                   {"cache_read_input_tokens", meta.cached_tokens},

@@ -8,6 +8,7 @@
 
 #include "recipe/prompt.hpp"
 #include "recipe/responses.hpp"
+#include "recipe/stream_parser.hpp"
 
 #include <cstdint>
 #include <optional>
@@ -17,14 +18,11 @@
 
 namespace troupe::recipe {
 
-// Why the backend stopped. With tool calls, `stop` becomes the protocol's tool-call reason.
-enum class finish_reason { stop, length, content_filter };
-
 struct generation {
   std::string content;
   std::optional<std::string> reasoning;  // thinking mode: the reasoning (possibly empty)
   std::vector<tool_call> tool_calls;     // id, name, arguments as JSON text
-  recipe::finish_reason finish = finish_reason::stop;
+  backend_finish finish = backend_finish::stop;  // with tool calls, `stop` is the tool-call reason
   std::optional<std::string> stop_sequence;  // the stop sequence that ended the output
   std::int64_t completion_tokens = 0;        // every generated token
   std::int64_t reasoning_tokens = 0;         // of them, the reasoning's

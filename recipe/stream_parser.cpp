@@ -191,6 +191,11 @@ void stream_parser::emit_content(std::string_view bytes, std::vector<stream_even
   for (const auto& stop : opt_.stop)
     if (!stop.empty()) first = std::min(first, stop_buf_.find(stop));
   if (first != std::string::npos) {
+    for (const auto& stop : opt_.stop)  // the first listed of those that end at `first`
+      if (!stop.empty() && stop_buf_.compare(first, stop.size(), stop) == 0) {
+        stop_sequence_ = stop;
+        break;
+      }
     emit_text(stream_event::kind::text, std::string_view(stop_buf_).substr(0, first), out);
     stop_buf_.clear();
     hold_.clear();
@@ -509,7 +514,10 @@ void stream_parser::finish(backend_finish why, std::vector<stream_event>& out) {
   finished_ = true;
   stream_event f;
   f.type = stream_event::kind::finish;
-  if (stopped_) why = backend_finish::stop;  // the output ended at a stop sequence
+  if (stopped_) {  // the output ended at a stop sequence
+    why = backend_finish::stop;
+    f.text = stop_sequence_;
+  }
   switch (why) {
     case backend_finish::length: f.finish = finish_reason::length; break;
     case backend_finish::content_filter: f.finish = finish_reason::content_filter; break;
@@ -543,9 +551,23 @@ std::string json_quoted(std::string_view s) {
 }
 }  // namespace
 
+std::uint64_t tool_call_id_seed(std::string_view response_id) {
+  std::uint64_t rng = 0xC0FFEEULL;
+  for (const char c : response_id) rng = rng * 131 + static_cast<unsigned char>(c);
+  return rng;
+}
+
+std::string next_tool_call_id(std::uint64_t& rng, int index) {
+  static constexpr std::string_view alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::array<char, 8> idx{};
+  std::snprintf(idx.data(), idx.size(), "%02d", index);
+  std::string id = std::string("call_") + idx.data() + "_";
+  for (int i = 0; i < 24; ++i) id += alnum[splitmix(rng) % alnum.size()];
+  return id;
+}
+
 chat_chunk_renderer::chat_chunk_renderer(chat_chunk_options options) : opt_(std::move(options)) {
-  rng_ = 0xC0FFEEULL;
-  for (const char c : opt_.id) rng_ = rng_ * 131 + static_cast<unsigned char>(c);
+  rng_ = tool_call_id_seed(opt_.id);
 }
 
 std::string chat_chunk_renderer::chunk(const std::string& delta_json, const char* finish,
@@ -586,12 +608,7 @@ void chat_chunk_renderer::render(std::span<const stream_event> events, std::vect
         if (opt_.tool_call_id) {
           id = opt_.tool_call_id(e.index);
         } else {
-          static constexpr std::string_view alnum =
-              "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-          std::array<char, 8> idx{};
-          std::snprintf(idx.data(), idx.size(), "%02d", e.index);
-          id = std::string("call_") + idx.data() + "_";
-          for (int i = 0; i < 24; ++i) id += alnum[splitmix(rng_) % alnum.size()];
+          id = next_tool_call_id(rng_, e.index);
         }
         out.push_back(chunk("{\"tool_calls\":[{\"index\":" + std::to_string(e.index) + ",\"id\":"
                                 + json_quoted(id) + ",\"type\":\"function\",\"function\":{\"name\":"

@@ -48,7 +48,7 @@ struct stream_event {
     reasoning,    // `text`: a reasoning delta
     tool_call,    // a tool call begins: `index`, `text` = the function name
     arguments,    // `index`, `text` = a delta of the call's arguments (JSON text)
-    finish,       // `finish`
+    finish,       // `finish`; `text` = the stop sequence that ended the output, if one did
     usage,        // `usage`
   };
   kind type = kind::text;
@@ -129,6 +129,7 @@ class stream_parser {
   bool value_is_string_ = false;
   std::string stop_buf_;        // answer text that may be the start of a stop sequence
   bool stopped_ = false;        // a stop sequence ended the output
+  std::string stop_sequence_;   // ... this one
   bool ended_ = false;          // end-of-sentence or a stop sequence seen
   bool finished_ = false;
   // reasoning token accounting
@@ -173,5 +174,9 @@ class chat_chunk_renderer {
 // Appends `s` (valid UTF-8) JSON-escaped, without quotes: `"` `\` and control characters escaped
 // (\n \r \t \b \f, others \u00XX), everything else as is.
 void json_escape(std::string_view s, std::string& out);
+// Default tool-call ids, as deepseek_recipe spells them: "call_<index as 2 digits>_" + 24 letters
+// and digits drawn from a generator seeded by the response id.
+std::uint64_t tool_call_id_seed(std::string_view response_id);
+std::string next_tool_call_id(std::uint64_t& rng, int index);
 
 }  // namespace troupe::recipe

@@ -71,6 +71,8 @@ CASES = [
     ("think.no_end", req(thinking=True, usage=True), "still thinking about it", "length"),
     ("think.unicode", req(thinking=True, usage=True), "思考中…🤔</think>答案：四", "stop"),
     ("think.trailing_newline_end", req(thinking=True, usage=True), "r\n\n", "length"),
+    ("think.empty", req(thinking=True, usage=True), "", "stop"),
+    ("think.only_end", req(thinking=True, usage=True), "</think>", "stop"),
     # tool calls
     ("tools.one_call", req(tools=True), "Let me check.\n\n" + block(PARIS), "stop"),
     ("tools.call_only", req(tools=True), block(PARIS), "stop"),

@@ -131,3 +131,99 @@ TEST_CASE("codec: stream options and parser of a request match the reference") {
     CHECK(to_string(out[out.size() - 2].finish) == want_finish);
   }
 }
+
+TEST_CASE("codec: Responses and Messages requests encode to the golden prompts; errors in each shape") {
+  codec_options o;
+  o.chat.models = {"DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash"};  // the reference's model list
+  auto loaded = codec::load(k_tok, o);
+  REQUIRE(std::holds_alternative<codec>(loaded));
+  const codec& c = std::get<codec>(loaded);
+  for (const auto& [file, p] : {std::pair{"responses.v4.jsonl.gz", protocol::responses},
+                                std::pair{"messages.v4.jsonl.gz", protocol::messages}}) {
+    std::size_t accepted = 0, rejected = 0;
+    for (const auto& rec : testing::json_records(testing::golden_path(file))) {
+      CAPTURE(rec.at("name").get<std::string>());
+      const std::string body = rec.at("request").is_string() ? rec.at("request").get<std::string>()
+                                                             : rec.at("request").dump();
+      auto r = c.encode(p, body);
+      if (rec.contains("error")) {
+        REQUIRE(std::holds_alternative<api_error>(r));
+        const auto j = nlohmann::json::parse(error_json(p, std::get<api_error>(r)));
+        if (p == protocol::messages) {
+          CHECK(j.at("type") == "error");
+          CHECK(j.at("error").at("type").is_string());
+          CHECK(j.at("error").at("message").is_string());
+        } else {
+          CHECK(j.at("error").at("message").is_string());
+          CHECK(j.at("error").contains("param"));
+          CHECK(j.at("error").contains("code"));
+        }
+        ++rejected;
+        continue;
+      }
+      REQUIRE(std::holds_alternative<encoded_request>(r));
+      const auto& e = std::get<encoded_request>(r);
+      CHECK(e.protocol == p);
+      CHECK(e.prompt.text == rec.at("prompt").get<std::string>());
+      CHECK(e.prompt.ids == rec.at("ids").get<std::vector<token_id>>());
+      ++accepted;
+    }
+    CHECK(accepted >= 30);
+    CHECK(rejected >= 10);
+  }
+  CHECK(protocol_from_name("responses") == protocol::responses);
+  CHECK(protocol_from_name("messages") == protocol::messages);
+  CHECK(to_string(protocol::messages) == "messages");
+}
+
+TEST_CASE("codec: a request's stream renderer writes its protocol's events") {
+  const codec c = load_v4();
+  std::size_t n = 0;
+  for (const auto& rec : testing::json_records(testing::golden_path("stream_events.v4.jsonl.gz"))) {
+    const std::string name = rec.at("name").get<std::string>() + " / " + rec.at("protocol").get<std::string>();
+    CAPTURE(name);
+    const protocol p = *protocol_from_name(rec.at("protocol").get<std::string>());
+    auto r = c.encode(p, rec.at("request").dump());
+    REQUIRE(std::holds_alternative<encoded_request>(r));
+    auto req = std::get<encoded_request>(std::move(r));
+    req.stream.prompt_tokens = rec.at("prompt_tokens").get<std::uint64_t>();
+    stream_parser parser = c.create_stream_parser(req);
+    event_stream_options eo;
+    eo.id = rec.at("id");
+    stream_renderer render(req, eo);  // prompt tokens from the request (37, as the golden's)
+    std::vector<std::string> out;
+    render.start(out);
+    std::vector<stream_event> ev;
+    parser.push(rec.at("ids").get<std::vector<token_id>>(), ev);
+    const std::string fin = rec.at("finish");
+    parser.finish(fin == "length" ? backend_finish::length : fin == "content_filter" ? backend_finish::content_filter
+                                                                                     : backend_finish::stop, ev);
+    render.render(ev, out);
+    // The event types in order (the reference's deltas, one per token, collapsed).
+    auto types = [](const std::vector<std::string>& v) {
+      std::vector<std::string> t;
+      for (const auto& s : v) {
+        const std::string type = nlohmann::json::parse(s).at("type");
+        if (!t.empty() && t.back() == type && type.find("delta") != std::string::npos && type != "message_delta") continue;
+        t.push_back(type);
+      }
+      return t;
+    };
+    std::vector<std::string> ref;
+    for (const auto& e : rec.at("events")) ref.push_back(e.at(1).dump());
+    CHECK(types(out) == types(ref));
+    // The end: the Responses status and token counts; the Messages stop reason and usage.
+    const auto ours = nlohmann::json::parse(out.size() > 1 ? out[out.size() - 2] : out.back());
+    const auto theirs = nlohmann::json::parse(ref.size() > 1 ? ref[ref.size() - 2] : ref.back());
+    if (p == protocol::responses) {
+      const auto a = nlohmann::json::parse(out.back()).at("response"), b = nlohmann::json::parse(ref.back()).at("response");
+      CHECK(a.at("status") == b.at("status"));
+      CHECK(a.at("usage").at("output_tokens") == b.at("usage").at("output_tokens"));
+      CHECK(a.at("usage").at("output_tokens_details") == b.at("usage").at("output_tokens_details"));
+    } else {
+      CHECK(ours == theirs);  // message_delta
+    }
+    ++n;
+  }
+  CHECK(n >= 92);
+}

@@ -25,7 +25,7 @@ generation generation_of(const json& g) {
   if (!g["reasoning"].is_null()) out.reasoning = g["reasoning"].get<std::string>();
   for (const auto& c : g["tool_calls"]) out.tool_calls.push_back({c["id"], c["name"], c["arguments"]});
   const std::string f = g["finish"];
-  out.finish = f == "length" ? finish_reason::length : f == "content_filter" ? finish_reason::content_filter : finish_reason::stop;
+  out.finish = f == "length" ? backend_finish::length : f == "content_filter" ? backend_finish::content_filter : backend_finish::stop;
   if (!g["stop_sequence"].is_null()) out.stop_sequence = g["stop_sequence"].get<std::string>();
   out.completion_tokens = g["completion_tokens"];
   out.reasoning_tokens = g["reasoning_tokens"];

@@ -154,7 +154,7 @@ const std::string k_block =
 
 TEST_CASE("stream parser: event logs equal deepseek_recipe's stream processor") {
   const auto records = golden();
-  REQUIRE(records.size() >= 51);
+  REQUIRE(records.size() >= 53);
   for (const auto& r : records) {
     CAPTURE(r.at("name").get<std::string>());
     stream_parser p = make(options_of(r));
