@@ -321,7 +321,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     get(w.draft_norm, last + "norm.weight", {D});
     get(w.markov_embed, last + "markov_head.embed.weight", {c.vocab_size, rank});
     get(w.markov_head, last + "markov_head.head.weight", {c.vocab_size, rank});
-    get(w.confidence, last + "confidence_head.weight", {1, D + rank});
+    get(w.confidence, last + "confidence_head.proj.weight", {1, D + rank});
     if (!failure.empty()) w.draft_layers.clear();
   }
   if (!failure.empty()) return result<model>::failure(failure);
@@ -1090,6 +1090,20 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
         cache.layers[sz(d)].window.reset(cx.positions[0]);
     }
 
+    // The DSpark features: the streams this layer's attention site takes, averaged.
+    if (dspark_features != nullptr)
+      for (i64 k = 0; k < n_targets; ++k) {
+        if (c.dspark_target_layer_ids[sz(k)] != l) continue;
+        const float inv = 1.0f / static_cast<float>(hc);
+        for (i64 t = 0; t < T; ++t) {
+          float* f = dspark_features->data() + (t * n_targets + k) * D;
+          for (i64 j = 0; j < hc; ++j) {
+            const float* st = streams.data() + (t * hc + j) * D;
+            for (i64 d = 0; d < D; ++d) f[d] += inv * st[d];
+          }
+        }
+      }
+
     // Attention site.
     hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
              comb);
@@ -1109,19 +1123,6 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
     hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
     if (layer_streams != nullptr) layer_streams->push_back(streams);
-    if (dspark_features != nullptr)
-      for (i64 k = 0; k < n_targets; ++k) {
-        if (c.dspark_target_layer_ids[sz(k)] != l) continue;
-        // The layer's output: the mean of its residual streams.
-        const float inv = 1.0f / static_cast<float>(hc);
-        for (i64 t = 0; t < T; ++t) {
-          float* f = dspark_features->data() + (t * n_targets + k) * D;
-          for (i64 j = 0; j < hc; ++j) {
-            const float* st = streams.data() + (t * hc + j) * D;
-            for (i64 d = 0; d < D; ++d) f[d] += inv * st[d];
-          }
-        }
-      }
   }
 
   // Final collapse, norm and LM head.
@@ -1277,10 +1278,10 @@ void draft_kv_rows(const model::weights& W, const layer_weights& L, gemm_mode mo
   }
 }
 
-// The attention of draft stage `stage` on the block's normed input a [S·B, D]: each block token
-// at position p attends to the context rows of the window (positions > p - window, before the
-// block) and to all B block rows (bidirectional), with the per-head sinks; grouped output
-// projection → out [S·B, D].
+// The attention of draft stage `stage` on the block's normed input a [S·B, D]: every block token
+// attends to the same keys — the last `window` context rows before the block and all B block
+// rows (no causal mask inside the block) — with the per-head sinks; grouped output projection
+// → out [S·B, D].
 void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
                      std::span<const draft_input> batch, i64 B, const std::vector<float>& a,
                      std::vector<float>& out) {
@@ -1303,7 +1304,7 @@ void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
     parallel_for(B, W.threads, [&](i64 i) {
       const i64 t = s * B + i, p = start + i;
       for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, W.rope_main, p);
-      const i64 first = std::max<i64>(ring.begin(), p - win + 1);
+      const i64 first = std::max<i64>(ring.begin(), start - win);
       const i64 n_ctx = std::max<i64>(0, start - first), nk = n_ctx + B;
       std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
       for (i64 r = 0; r < n_ctx; ++r) std::copy_n(ring.at(first + r), hd, kbuf.data() + r * hd);

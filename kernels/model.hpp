@@ -105,8 +105,8 @@ class model {
   /// `layer_streams`, when given, receives every layer's output residual streams [total tokens,
   /// hc_mult, hidden_size] (what the parity tests compare layer by layer with the reference).
   /// `dspark_features`, when given, receives the DSpark draft layers' input for every token
-  /// [total tokens, targets · hidden_size]: the outputs of dspark_target_layer_ids, each the
-  /// mean of its hc_mult residual streams, concatenated in that order.
+  /// [total tokens, targets · hidden_size]: for each of dspark_target_layer_ids in order, the
+  /// mean of the hc_mult residual streams that layer's attention site takes.
   result<std::vector<float>> forward(
       std::span<const sequence_input> batch,
       std::vector<std::vector<float>>* layer_streams = nullptr,
@@ -121,8 +121,8 @@ class model {
 
   /// DSpark block drafting (docs/model.md; NOT verified against a reference implementation):
   /// appends each sequence's features to its draft context, then runs the block [anchor,
-  /// noise × (B - 1)] at positions length .. length+B-1 through the draft stages (window over
-  /// the context, the block attending to itself in both directions), and drafts
+  /// noise × (B - 1)] at positions length .. length+B-1 through the draft stages (every block
+  /// token sees the last `sliding_window` context rows and the whole block), and drafts
   /// semi-autoregressively: draft k = argmax(LM head(norm(h_k)) + Markov bias of the previous
   /// token (the anchor for k = 0)), confidence k = sigmoid(confidence head [h_k ; Markov
   /// embedding of the previous token]). Batched over sequences; errors: no draft weights, a

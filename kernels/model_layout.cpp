@@ -145,7 +145,7 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
       add(p + "norm.weight", {H}, weight_format::bf16);
       add(p + "markov_head.embed.weight", {t.vocab_size, rank}, weight_format::bf16);
       add(p + "markov_head.head.weight", {t.vocab_size, rank}, weight_format::bf16);
-      add(p + "confidence_head.weight", {1, H + rank}, weight_format::bf16);
+      add(p + "confidence_head.proj.weight", {1, H + rank}, weight_format::bf16);
     }
   }
   return out;

@@ -91,7 +91,7 @@ TEST_CASE("dspark: the released layout lists the draft stages and init writes th
   CHECK(mtp.at("mtp.0.main_proj.weight") == std::vector<std::int64_t>{D, 3 * D});
   CHECK(mtp.at("mtp.1.markov_head.embed.weight") == std::vector<std::int64_t>{t.vocab_size, rank});
   CHECK(mtp.at("mtp.1.markov_head.head.weight") == std::vector<std::int64_t>{t.vocab_size, rank});
-  CHECK(mtp.at("mtp.1.confidence_head.weight") == std::vector<std::int64_t>{1, D + rank});
+  CHECK(mtp.at("mtp.1.confidence_head.proj.weight") == std::vector<std::int64_t>{1, D + rank});
   CHECK(mtp.at("mtp.0.ffn.gate.weight") == std::vector<std::int64_t>{t.dspark_n_routed_experts, D});
   CHECK(mtp.count("mtp.0.ffn.experts." + std::to_string(t.dspark_n_routed_experts) + ".w1.weight") == 0);
   CHECK(mtp.count("mtp.0.norm.weight") == 0);  // only the last stage
