@@ -527,6 +527,8 @@ def load_released(directory, modeling):
         raw.update(load_file(str(directory / f)))
     out = {}
     for name, t in raw.items():
+        if name.startswith("mtp."):  # the DSpark draft layers: the reference has none
+            continue
         if name.endswith(".scale") and not name.endswith("engram.embed.scale"):
             continue
         scale = raw.get(name[: -len(".weight")] + ".scale") if name.endswith(".weight") else None
