@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -100,6 +101,34 @@ TEST_CASE("dspark: the released layout lists the draft stages and init writes th
   const auto m = load(tiny_dir());
   CHECK(m.has_draft());
   CHECK(m.new_draft_state().rings.size() == 2);
+}
+
+TEST_CASE("dspark: the features are the target layers' input streams, averaged") {
+  // The streams a layer takes are the previous layer's output streams (no Engram on the tiny
+  // targets 2, 4, 5), which the parity tests compare with the reference layer by layer.
+  const auto m = load(tiny_dir());
+  const auto& t = m.text();
+  REQUIRE(t.dspark_target_layer_ids == std::vector<std::int64_t>{2, 4, 5});
+  const auto tokens = prompt(9, 6);
+  auto cache = m.new_sequence();
+  sequence_input in{&cache, tokens};
+  std::vector<std::vector<float>> streams;
+  std::vector<float> f;
+  REQUIRE(m.forward(std::span(&in, 1), &streams, &f).ok());
+  const std::int64_t D = t.hidden_size, hc = t.hc_mult, T = 9, K = 3;
+  REQUIRE(f.size() == std::size_t(T * K * D));
+  for (std::int64_t k = 0; k < K; ++k) {
+    const auto& prev = streams[std::size_t(t.dspark_target_layer_ids[std::size_t(k)] - 1)];
+    double worst = 0.0;
+    for (std::int64_t i = 0; i < T; ++i)
+      for (std::int64_t d = 0; d < D; ++d) {
+        double mean = 0.0;
+        for (std::int64_t j = 0; j < hc; ++j) mean += prev[std::size_t((i * hc + j) * D + d)];
+        mean /= double(hc);
+        worst = std::max(worst, std::fabs(mean - f[std::size_t((i * K + k) * D + d)]));
+      }
+    CHECK(worst < 1e-5);
+  }
 }
 
 TEST_CASE("dspark: drafts are the argmax of the draft logits, confidences are probabilities") {
