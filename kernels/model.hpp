@@ -44,9 +44,10 @@ struct draft_state {
 };
 
 /// One sequence's share of a draft call: its state, the target features of the tokens the
-/// target ran since the last draft call ([n, targets · hidden_size], from forward's
-/// `dspark_features`), and the anchor: the token at position state.length() after those rows,
-/// i.e. the target's next token, which the block starts from.
+/// sequence kept since the last draft call ([n, targets · hidden_size], rows of forward's
+/// `dspark_features`; after a verify step, the rows of the accepted tokens — or all rows and
+/// a draft_state::rollback of the rejected ones later), and the anchor: the token at position
+/// state.length() after those rows, i.e. the target's next token, which the block starts from.
 struct draft_input {
   draft_state* state = nullptr;
   std::span<const float> features;
