@@ -1,8 +1,9 @@
 // The DSpark draft call on random `troupe model init` checkpoints (the tiny preset: two draft
 // stages, block size 5). No reference implements the draft layers at the pinned transformers
-// commit, so these tests check the structure, not values: shapes, that drafts are the argmax of
-// the returned draft logits and confidences are probabilities, determinism and batch
-// independence, that the context and the Markov chain matter, rollback, and several block sizes.
+// commit: besides a partial oracle (tools/dspark_golden.py, the last test but one), these tests
+// check the structure: shapes, that drafts are the argmax of the returned draft logits and
+// confidences are probabilities, determinism and batch independence, that the context and the
+// Markov chain matter, rollback, and several block sizes.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -66,6 +67,16 @@ std::vector<float> features_of(const model& m, const std::vector<std::int64_t>& 
   auto logits = m.forward(std::span(&in, 1), nullptr, &f);
   REQUIRE_MESSAGE(logits.ok(), logits.error());
   return f;
+}
+
+// max |a - b| / max |b|.
+double testing_relative_error(std::span<const float> a, std::span<const float> b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
 }
 
 draft_output draft_one(const model& m, std::span<const float> f, std::int64_t anchor) {
@@ -226,6 +237,50 @@ TEST_CASE("dspark: the noise block works for several block sizes") {
     CHECK(d.confidences.size() == std::size_t(B));
     for (auto c : d.confidences) CHECK((c > 0.0f && c < 1.0f));
   }
+}
+
+// tests/kernels/golden/model/dspark/golden.json (tools/dspark_golden.py): the draft features
+// from the transformers reference, and drafts from the reference's layer modules glued by the
+// script's reading of DSpark — see the script and docs/model.md for what that does and does not
+// verify. Both golden prompts are drafted in one batch.
+TEST_CASE("dspark: parity with tools/dspark_golden.py (features, draft logits, drafts)") {
+  std::ifstream in(fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/dspark/golden.json");
+  REQUIRE(in.good());
+  const auto golden = nlohmann::json::parse(in);
+  const auto m = load(tiny_dir());  // the same preset and seed as the script's model
+  std::vector<draft_state> states;
+  std::vector<std::vector<float>> feats;
+  std::vector<std::int64_t> anchors;
+  for (const auto& c : golden.at("cases")) {
+    const auto prompt = c.at("prompt").get<std::vector<std::int64_t>>();
+    feats.push_back(features_of(m, prompt));
+    const auto want = c.at("features").get<std::vector<float>>();
+    REQUIRE(feats.back().size() == want.size());
+    CHECK(testing_relative_error(feats.back(), want) <= 1e-4);
+    states.push_back(m.new_draft_state());
+    anchors.push_back(c.at("anchor").get<std::int64_t>());
+  }
+  std::vector<draft_input> batch;
+  for (std::size_t i = 0; i < states.size(); ++i) batch.push_back({&states[i], feats[i], anchors[i]});
+  auto d = m.draft(batch);
+  REQUIRE_MESSAGE(d.ok(), d.error());
+  const std::size_t B = std::size_t(m.text().dspark_block_size), V = std::size_t(m.text().vocab_size);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    CAPTURE(i);
+    const auto& c = golden.at("cases")[i];
+    const auto logits = c.at("logits").get<std::vector<float>>();
+    const double err = testing_relative_error(
+        std::span<const float>(d->logits).subspan(i * B * V, B * V), logits);
+    worst = std::max(worst, err);
+    CHECK(err <= 1e-4);
+    CHECK(std::vector<std::int64_t>(d->tokens.begin() + std::ptrdiff_t(i * B),
+                                    d->tokens.begin() + std::ptrdiff_t((i + 1) * B)) ==
+          c.at("tokens").get<std::vector<std::int64_t>>());
+    const auto conf = c.at("confidences").get<std::vector<float>>();
+    for (std::size_t k = 0; k < B; ++k) CHECK(std::fabs(d->confidences[i * B + k] - conf[k]) <= 1e-4);
+  }
+  MESSAGE("largest relative error of the draft logits: " << worst);
 }
 
 TEST_CASE("dspark: errors are values") {
