@@ -120,7 +120,8 @@ class model {
   /// A fresh draft context for one sequence.
   draft_state new_draft_state() const;
 
-  /// DSpark block drafting (docs/model.md; NOT verified against a reference implementation):
+  /// DSpark block drafting (docs/model.md; checked against the reference's layer modules glued
+  /// by our reading of DSpark, not against a DSpark implementation):
   /// appends each sequence's features to its draft context, then runs the block [anchor,
   /// noise × (B - 1)] at positions length .. length+B-1 through the draft stages (every block
   /// token sees the last `sliding_window` context rows and the whole block), and drafts
