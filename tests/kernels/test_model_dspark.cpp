@@ -105,7 +105,8 @@ TEST_CASE("dspark: the released layout lists the draft stages and init writes th
   CHECK(mtp.at("mtp.1.markov_head.head.weight") == std::vector<std::int64_t>{t.vocab_size, rank});
   CHECK(mtp.at("mtp.1.confidence_head.proj.weight") == std::vector<std::int64_t>{1, D + rank});
   CHECK(mtp.at("mtp.0.ffn.gate.weight") == std::vector<std::int64_t>{t.dspark_n_routed_experts, D});
-  CHECK(mtp.count("mtp.0.ffn.experts." + std::to_string(t.dspark_n_routed_experts) + ".w1.weight") == 0);
+  const auto past_last = std::to_string(t.dspark_n_routed_experts);
+  CHECK(mtp.count("mtp.0.ffn.experts." + past_last + ".w1.weight") == 0);
   CHECK(mtp.count("mtp.0.norm.weight") == 0);  // only the last stage
   CHECK(mtp.count("mtp.1.main_proj.weight") == 0);
   CHECK(mtp.count("mtp.0.attn.compressor.wkv.weight") == 0);  // sliding window only
@@ -261,10 +262,12 @@ TEST_CASE("dspark: parity with tools/dspark_golden.py (features, draft logits, d
     anchors.push_back(c.at("anchor").get<std::int64_t>());
   }
   std::vector<draft_input> batch;
-  for (std::size_t i = 0; i < states.size(); ++i) batch.push_back({&states[i], feats[i], anchors[i]});
+  for (std::size_t i = 0; i < states.size(); ++i)
+    batch.push_back({&states[i], feats[i], anchors[i]});
   auto d = m.draft(batch);
   REQUIRE_MESSAGE(d.ok(), d.error());
-  const std::size_t B = std::size_t(m.text().dspark_block_size), V = std::size_t(m.text().vocab_size);
+  const auto B = std::size_t(m.text().dspark_block_size);
+  const auto V = std::size_t(m.text().vocab_size);
   double worst = 0.0;
   for (std::size_t i = 0; i < states.size(); ++i) {
     CAPTURE(i);
@@ -278,7 +281,8 @@ TEST_CASE("dspark: parity with tools/dspark_golden.py (features, draft logits, d
                                     d->tokens.begin() + std::ptrdiff_t((i + 1) * B)) ==
           c.at("tokens").get<std::vector<std::int64_t>>());
     const auto conf = c.at("confidences").get<std::vector<float>>();
-    for (std::size_t k = 0; k < B; ++k) CHECK(std::fabs(d->confidences[i * B + k] - conf[k]) <= 1e-4);
+    for (std::size_t k = 0; k < B; ++k)
+      CHECK(std::fabs(d->confidences[i * B + k] - conf[k]) <= 1e-4);
   }
   MESSAGE("largest relative error of the draft logits: " << worst);
 }
