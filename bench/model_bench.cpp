@@ -13,6 +13,9 @@
 // sliding-window tokens) and the encoder-decoder prefill (decoder layers on the last window
 // only); with each one's GEMM FLOPs and next-token divergence from the exact logits.
 //
+// With DSpark draft layers in the model (the small preset has one stage), the draft call's
+// time per decode step is printed beside the target's decode step.
+//
 // --model runs on an existing model directory (e.g. the one tools/model_bench_reference.py
 // times the `transformers` reference on) instead of writing the small preset.
 #include <cblas.h>
@@ -283,6 +286,39 @@ int main(int argc, char** argv) {
         "decode batch %lld (context %lld): %.1f tokens/s; GEMM floor %.1f tokens/s; model / floor "
         "= %.2f\n",
         (long long)batch, (long long)prompt, batch * decode / s, batch * decode / floor, s / floor);
+  }
+  // DSpark drafting at batch 1 beside its peer in the same run: each decode step of the target
+  // (one token, recording the draft features) then one draft call (that step's feature row,
+  // a block of dspark_block_size tokens); the ratio is what drafting adds to a step.
+  if (m->has_draft()) {
+    auto cache = m->new_sequence();
+    auto st = m->new_draft_state();
+    auto p = tokens(prompt, 200);
+    sequence_input in{&cache, p};
+    std::vector<float> features;
+    auto r = m->forward(std::span(&in, 1), nullptr, &features);
+    if (!r) return std::fprintf(stderr, "%s\n", r.error().c_str()), 1;
+    std::int64_t next = 5;
+    double target_s = 0.0, draft_s = 0.0;
+    for (std::int64_t step = 0; step < decode; ++step) {
+      draft_input d{&st, features, next};
+      auto t1 = clock_type::now();
+      auto drafted = m->draft(std::span(&d, 1));
+      draft_s += seconds_since(t1);
+      if (!drafted) return std::fprintf(stderr, "%s\n", drafted.error().c_str()), 1;
+      std::vector<std::int64_t> one{next};
+      sequence_input step_in{&cache, one};
+      auto t0 = clock_type::now();
+      auto lg = m->forward(std::span(&step_in, 1), nullptr, &features);
+      target_s += seconds_since(t0);
+      if (!lg) return std::fprintf(stderr, "%s\n", lg.error().c_str()), 1;
+      next = std::max_element(lg->begin(), lg->end()) - lg->begin();
+    }
+    std::printf(
+        "dspark draft (block %lld, %lld stages, context %lld): %.2f ms per call; target decode "
+        "step %.2f ms; draft / step = %.2f\n",
+        (long long)c.dspark_block_size, (long long)c.num_nextn_predict_layers, (long long)prompt,
+        1e3 * draft_s / double(decode), 1e3 * target_s / double(decode), draft_s / target_s);
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
   std::uint64_t init_seed = 0;
   auto* init = model->add_subcommand(
     "init", "write a random V4.1 model directory (config.json + safetensors in the released layout)");
-  init->add_option("--preset", init_preset, "tiny or small (~100M parameters)")
+  init->add_option("--preset", init_preset, "tiny or small (~107M parameters)")
     ->required()
     ->check(CLI::IsMember({"tiny", "small"}));
   init->add_option("--seed", init_seed, "seed of the random weights (default 0)");

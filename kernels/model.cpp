@@ -76,6 +76,10 @@ struct model::weights {
   std::vector<i64> token_map;  // token id -> compressed id (Engram)
   std::shared_ptr<block_pool> pool = std::make_shared<block_pool>();
   int expert_shards = 1;
+  // DSpark draft layers (empty stages: the checkpoint has none).
+  text_config draft_cfg;  // the text config with the draft stages' expert counts
+  matrix main_proj, main_norm, draft_norm, markov_embed, markov_head, confidence;
+  std::vector<layer_weights> draft_layers;
 
   std::string name(const std::string& hf) const {
     if (!released_names) return hf;
@@ -269,6 +273,56 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
       get(L.engram_q, p + "engram.q_weight", {hc, D});
       get(L.engram_k, p + "engram.k_weight", {hc, D});
     }
+  }
+  // The DSpark draft stages, when the checkpoint has them (released names `mtp.<stage>.*`).
+  const i64 stages = c.num_nextn_predict_layers;
+  if (failure.empty() && stages > 0 && w.ckpt->contains("mtp.0.main_proj.weight")) {
+    w.draft_cfg = c;
+    w.draft_cfg.n_routed_experts = c.dspark_n_routed_experts;
+    w.draft_cfg.num_experts_per_tok = c.dspark_num_experts_per_tok;
+    const i64 E = c.dspark_n_routed_experts, rank = c.dspark_markov_rank;
+    const auto n_targets = static_cast<i64>(c.dspark_target_layer_ids.size());
+    get(w.main_proj, "mtp.0.main_proj.weight", {D, n_targets * D});
+    get(w.main_norm, "mtp.0.main_norm.weight", {D});
+    w.draft_layers.resize(sz(stages));
+    for (i64 i = 0; i < stages && failure.empty(); ++i) {
+      auto& L = w.draft_layers[sz(i)];
+      const std::string p = "mtp." + std::to_string(i) + ".";
+      get(L.wq_a, p + "attn.wq_a.weight", {qr, D});
+      get(L.q_norm, p + "attn.q_norm.weight", {qr});
+      get(L.wq_b, p + "attn.wq_b.weight", {H * hd, qr});
+      get(L.wkv, p + "attn.wkv.weight", {hd, D});
+      get(L.kv_norm, p + "attn.kv_norm.weight", {hd});
+      get(L.wo_a, p + "attn.wo_a.weight", {G * R, H * hd / G});
+      get(L.wo_b, p + "attn.wo_b.weight", {D, G * R});
+      get(L.attn_sink, p + "attn.attn_sink", {H});
+      get(L.hc_attn_fn, p + "hc_attn_fn", {mix, hc * D});
+      get(L.hc_attn_base, p + "hc_attn_base", {mix});
+      get(L.hc_attn_scale, p + "hc_attn_scale", {3});
+      get(L.hc_ffn_fn, p + "hc_ffn_fn", {mix, hc * D});
+      get(L.hc_ffn_base, p + "hc_ffn_base", {mix});
+      get(L.hc_ffn_scale, p + "hc_ffn_scale", {3});
+      get(L.attn_norm, p + "attn_norm.weight", {D});
+      get(L.ffn_norm, p + "ffn_norm.weight", {D});
+      get(L.gate, p + "ffn.gate.weight", {E, D});
+      get(L.gate_bias, p + "ffn.gate.bias", {E});
+      L.experts.resize(sz(E));
+      for (i64 e = 0; e < E; ++e) {
+        const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
+        get(L.experts[sz(e)].w1, q + "w1.weight", {I, D});
+        get(L.experts[sz(e)].w2, q + "w2.weight", {D, I});
+        get(L.experts[sz(e)].w3, q + "w3.weight", {I, D});
+      }
+      get(L.shared.w1, p + "ffn.shared_experts.w1.weight", {I, D});
+      get(L.shared.w2, p + "ffn.shared_experts.w2.weight", {D, I});
+      get(L.shared.w3, p + "ffn.shared_experts.w3.weight", {I, D});
+    }
+    const std::string last = "mtp." + std::to_string(stages - 1) + ".";
+    get(w.draft_norm, last + "norm.weight", {D});
+    get(w.markov_embed, last + "markov_head.embed.weight", {c.vocab_size, rank});
+    get(w.markov_head, last + "markov_head.head.weight", {c.vocab_size, rank});
+    get(w.confidence, last + "confidence_head.proj.weight", {1, D + rank});
+    if (!failure.empty()) w.draft_layers.clear();
   }
   if (!failure.empty()) return result<model>::failure(failure);
   if (auto schedule = check_csa2_schedule(c); !schedule.empty())
@@ -920,13 +974,15 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int 
 }  // namespace
 
 result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
-                                          std::vector<std::vector<float>>* layer_streams) const {
-  return run(batch, layer_streams, 0, 0);
+                                          std::vector<std::vector<float>>* layer_streams,
+                                          std::vector<float>* dspark_features) const {
+  return run(batch, layer_streams, 0, 0, dspark_features);
 }
 
 result<std::vector<float>> model::run(std::span<const sequence_input> batch,
                                       std::vector<std::vector<float>>* layer_streams,
-                                      std::int64_t decoder_begin, std::int64_t head) const {
+                                      std::int64_t decoder_begin, std::int64_t head,
+                                      std::vector<float>* dspark_features) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
@@ -999,6 +1055,8 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
 
   call_context cx{batch, seq_begin, positions, T, S, mode, std::vector<shared_state>(sz(S))};
   std::vector<float> post, comb, next_pre, collapsed, a, out;
+  const auto n_targets = static_cast<i64>(c.dspark_target_layer_ids.size());
+  if (dspark_features != nullptr) dspark_features->assign(sz(T * n_targets * D), 0.0f);
   for (i64 l = 0; l < c.num_hidden_layers; ++l) {
     const auto& L = W.layers[sz(l)];
 
@@ -1031,6 +1089,20 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
       for (i64 d = decoder_begin; d < c.num_hidden_layers; ++d)
         cache.layers[sz(d)].window.reset(cx.positions[0]);
     }
+
+    // The DSpark features: the streams this layer's attention site takes, averaged.
+    if (dspark_features != nullptr)
+      for (i64 k = 0; k < n_targets; ++k) {
+        if (c.dspark_target_layer_ids[sz(k)] != l) continue;
+        const float inv = 1.0f / static_cast<float>(hc);
+        for (i64 t = 0; t < T; ++t) {
+          float* f = dspark_features->data() + (t * n_targets + k) * D;
+          for (i64 j = 0; j < hc; ++j) {
+            const float* st = streams.data() + (t * hc + j) * D;
+            for (i64 d = 0; d < D; ++d) f[d] += inv * st[d];
+          }
+        }
+      }
 
     // Attention site.
     hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
@@ -1166,6 +1238,213 @@ result<std::vector<float>> model::prefill_encoder_decoder(sequence_cache& s,
   const i64 head = std::max<i64>(0, static_cast<i64>(tokens.size()) - tail);
   const sequence_input in{&s, tokens};
   return run(std::span<const sequence_input>(&in, 1), nullptr, decoder_begin, head);
+}
+
+}  // namespace troupe::kernels
+
+namespace troupe::kernels {
+
+void draft_state::rollback(std::int64_t k) {
+  for (auto& r : rings) r.truncate(std::max<std::int64_t>(r.begin(), r.end() - k));
+}
+
+bool model::has_draft() const { return !w_->draft_layers.empty(); }
+
+draft_state model::new_draft_state() const {
+  const auto& c = w_->cfg.text;
+  draft_state s;
+  s.owner = w_.get();
+  s.rings.assign(w_->draft_layers.size(),
+                 swa_ring(c.head_dim, c.sliding_window + swa_rollback_tokens));
+  return s;
+}
+
+namespace {
+
+// A draft stage's shared K=V row of normed input x at `position`: kv_norm(wkv · x), rotated,
+// FP8-rounded, as the backbone's window rows.
+void draft_kv_rows(const model::weights& W, const layer_weights& L, gemm_mode mode,
+                   const float* x, i64 rows, i64 first_position, std::vector<float>& kv) {
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, hd = c.head_dim;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  kv.resize(sz(rows * hd));
+  project(mode, x, rows, D, L.wkv.data(), hd, kv.data());
+  for (i64 t = 0; t < rows; ++t) {
+    float* k = kv.data() + t * hd;
+    rms_norm(k, hd, L.kv_norm.data(), eps);
+    apply_rope(k, hd, W.rope_main, first_position + t);
+    fake_quant_fp8_block32(k, hd);
+  }
+}
+
+// The attention of draft stage `stage` on the block's normed input a [S·B, D]: every block token
+// attends to the same keys — the last `window` context rows before the block and all B block
+// rows (no causal mask inside the block) — with the per-head sinks; grouped output projection
+// → out [S·B, D].
+void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
+                     std::span<const draft_input> batch, i64 B, const std::vector<float>& a,
+                     std::vector<float>& out) {
+  const auto& c = W.cfg.text;
+  const auto& L = W.draft_layers[stage];
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
+  const i64 win = c.sliding_window, G = c.o_groups, R = c.o_lora_rank;
+  const i64 S = static_cast<i64>(batch.size()), T = S * B;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  std::vector<float> q_res(sz(T * qr)), q(sz(T * H * hd)), attn_out(sz(T * H * hd));
+  project(mode, a.data(), T, D, L.wq_a.data(), qr, q_res.data());
+  for (i64 t = 0; t < T; ++t) rms_norm(q_res.data() + t * qr, qr, L.q_norm.data(), eps);
+  project(mode, q_res.data(), T, qr, L.wq_b.data(), H * hd, q.data());
+  const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> kv;
+  for (i64 s = 0; s < S; ++s) {
+    const swa_ring& ring = batch[sz(s)].state->rings[stage];
+    const i64 start = ring.end();  // the block's first position
+    draft_kv_rows(W, L, mode, a.data() + s * B * D, B, start, kv);
+    parallel_for(B, W.threads, [&](i64 i) {
+      const i64 t = s * B + i, p = start + i;
+      for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, W.rope_main, p);
+      const i64 first = std::max<i64>(ring.begin(), start - win);
+      const i64 n_ctx = std::max<i64>(0, start - first), nk = n_ctx + B;
+      std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
+      for (i64 r = 0; r < n_ctx; ++r) std::copy_n(ring.at(first + r), hd, kbuf.data() + r * hd);
+      std::copy_n(kv.data(), B * hd, kbuf.data() + n_ctx * hd);
+      gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
+      for (i64 h = 0; h < H; ++h) {
+        float* lg = probs.data() + h * nk;
+        const float sink = L.attn_sink.v[sz(h)];
+        float mx = sink;
+        for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
+        float sum = std::exp(sink - mx);
+        for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
+        for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
+      }
+      float* o = attn_out.data() + t * H * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
+                  static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
+                  static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
+                  static_cast<blasint>(hd));
+      for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, W.rope_main, p, /*inverse=*/true);
+    });
+  }
+  out.assign(sz(T * D), 0.0f);
+  std::vector<float> grouped(sz(T * G * R));
+  const i64 per_group = H * hd / G;
+  for (i64 g = 0; g < G; ++g)
+    project(mode, attn_out.data() + g * per_group, T, per_group, L.wo_a.data() + g * R * per_group,
+            R, grouped.data() + g * R, H * hd, G * R);
+  project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
+}
+
+}  // namespace
+
+result<draft_output> model::draft(std::span<const draft_input> batch) const {
+  using fail = result<draft_output>;
+  const auto& W = *w_;
+  const auto& c = W.cfg.text;
+  if (W.draft_layers.empty())
+    return fail::failure("draft: the checkpoint has no DSpark draft layers (mtp.*)");
+  const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, B = c.dspark_block_size;
+  const i64 rank = c.dspark_markov_rank, S = static_cast<i64>(batch.size()), T = S * B;
+  const i64 width = static_cast<i64>(c.dspark_target_layer_ids.size()) * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const gemm_mode mode{W.batch_invariant};
+  for (i64 s = 0; s < S; ++s) {
+    const auto& in = batch[sz(s)];
+    const std::string who = "draft: sequence " + std::to_string(s);
+    if (in.state == nullptr || in.state->owner != w_.get() ||
+        in.state->rings.size() != W.draft_layers.size())
+      return fail::failure(who + " has no draft state made by this model");
+    for (i64 o = 0; o < s; ++o)
+      if (batch[sz(o)].state == in.state)
+        return fail::failure(who + " shares its draft state with sequence " + std::to_string(o));
+    if (static_cast<i64>(in.features.size()) % width != 0)
+      return fail::failure(who + ": expected features of width " + std::to_string(width) +
+                           " (targets x hidden_size), found " +
+                           std::to_string(in.features.size()) + " values");
+    if (in.anchor < 0 || in.anchor >= V)
+      return fail::failure(who + ": anchor token " + std::to_string(in.anchor) +
+                           ", expected 0 <= id < " + std::to_string(V));
+  }
+  draft_output res;
+  if (S == 0) return res;
+
+  // Each sequence's new context rows: main_norm(main_proj(features)), then every stage's K=V.
+  std::vector<float> ctx, kv;
+  for (i64 s = 0; s < S; ++s) {
+    const auto& in = batch[sz(s)];
+    const i64 n = static_cast<i64>(in.features.size()) / width;
+    if (n == 0) continue;
+    ctx.resize(sz(n * D));
+    project(mode, in.features.data(), n, width, W.main_proj.data(), D, ctx.data());
+    for (i64 t = 0; t < n; ++t) rms_norm(ctx.data() + t * D, D, W.main_norm.data(), eps);
+    for (std::size_t st = 0; st < W.draft_layers.size(); ++st) {
+      auto& ring = in.state->rings[st];
+      draft_kv_rows(W, W.draft_layers[st], mode, ctx.data(), n, ring.end(), kv);
+      for (i64 t = 0; t < n; ++t) ring.push(kv.data() + t * c.head_dim);
+    }
+  }
+
+  // The blocks [anchor, noise × (B - 1)] through the stages (delayed mHC as the backbone).
+  std::vector<float> streams(sz(T * hc * D));
+  for (i64 s = 0; s < S; ++s)
+    for (i64 i = 0; i < B; ++i) {
+      const i64 tok = i == 0 ? batch[sz(s)].anchor : c.dspark_noise_token_id;
+      for (i64 j = 0; j < hc; ++j)
+        std::copy_n(W.embed.data() + tok * D, D, streams.data() + ((s * B + i) * hc + j) * D);
+    }
+  std::vector<float> pre_mix(sz(T * hc), 0.0f);
+  for (i64 t = 0; t < T; ++t) pre_mix[sz(t * hc)] = 1.0f;
+  std::vector<float> post, comb, next_pre, a, out;
+  for (std::size_t st = 0; st < W.draft_layers.size(); ++st) {
+    const auto& L = W.draft_layers[st];
+    hc_mixes(c, mode, streams, T, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, next_pre, post,
+             comb);
+    hc_collapse(c, streams, pre_mix, T, a);
+    for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.attn_norm.data(), eps);
+    draft_attention(W, st, mode, batch, B, a, out);
+    hc_expand(c, out, post, comb, T, streams);
+    std::vector<float> attn_pre = next_pre;
+    hc_mixes(c, mode, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
+    hc_collapse(c, streams, attn_pre, T, a);
+    for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
+    moe_site(W.draft_cfg, L, mode, 1, a, T, out);
+    hc_expand(c, out, post, comb, T, streams);
+    pre_mix = next_pre;
+  }
+  std::vector<float> hidden, normed;
+  hc_collapse(c, streams, pre_mix, T, hidden);  // h_k, before the final norm
+  normed = hidden;
+  for (i64 t = 0; t < T; ++t) rms_norm(normed.data() + t * D, D, W.draft_norm.data(), eps);
+  res.logits.resize(sz(T * V));
+  project(mode, normed.data(), T, D, W.lm_head.data(), V, res.logits.data());
+
+  // Semi-autoregressive drafting: the Markov bias of the previous token on each position.
+  res.tokens.resize(sz(T));
+  res.confidences.resize(sz(T));
+  std::vector<float> bias(sz(V));
+  const float* conf_w = W.confidence.data();
+  for (i64 s = 0; s < S; ++s) {
+    i64 prev = batch[sz(s)].anchor;
+    for (i64 i = 0; i < B; ++i) {
+      const i64 t = s * B + i;
+      const float* e = W.markov_embed.data() + prev * rank;
+      project(gemm_mode{true}, e, 1, rank, W.markov_head.data(), V, bias.data());
+      float* lg = res.logits.data() + t * V;
+      i64 best = 0;
+      for (i64 v = 0; v < V; ++v) {
+        lg[v] += bias[sz(v)];
+        if (lg[v] > lg[best]) best = v;
+      }
+      float score = 0.0f;
+      for (i64 d = 0; d < D; ++d) score += conf_w[d] * hidden[sz(t * D + d)];
+      for (i64 r = 0; r < rank; ++r) score += conf_w[D + r] * e[r];
+      res.tokens[sz(t)] = best;
+      res.confidences[sz(t)] = sigmoid(score);
+      prev = best;
+    }
+  }
+  return res;
 }
 
 }  // namespace troupe::kernels

@@ -30,6 +30,37 @@ struct sequence_input {
   std::span<const std::int64_t> tokens;
 };
 
+/// One sequence's DSpark draft context: per draft stage, a ring of the context KV the stage
+/// attends to (projected from the target layers' features of every token the target has run),
+/// window + 6 rows like the target's SWA KV so that a rollback of up to 6 rejected tokens is
+/// exact. Made by model::new_draft_state; advanced by model::draft.
+struct draft_state {
+  const void* owner = nullptr;
+  std::vector<swa_ring> rings;
+  /// Tokens whose features the state holds (the next block starts at this position).
+  std::int64_t length() const { return rings.empty() ? 0 : rings.front().end(); }
+  /// Forgets the last k <= 6 tokens' context (after the target rejected drafts).
+  void rollback(std::int64_t k);
+};
+
+/// One sequence's share of a draft call: its state, the target features of the tokens the
+/// sequence kept since the last draft call ([n, targets · hidden_size], rows of forward's
+/// `dspark_features`; after a verify step, the rows of the accepted tokens — or all rows and
+/// a draft_state::rollback of the rejected ones later), and the anchor: the token at position
+/// state.length() after those rows, i.e. the target's next token, which the block starts from.
+struct draft_input {
+  draft_state* state = nullptr;
+  std::span<const float> features;
+  std::int64_t anchor = 0;
+};
+
+/// What a draft call returns, sequences in batch order, B = dspark_block_size per sequence.
+struct draft_output {
+  std::vector<std::int64_t> tokens;  // [S, B]: drafts of positions length+1 .. length+B
+  std::vector<float> confidences;    // [S, B]: the confidence head's probability per draft
+  std::vector<float> logits;         // [S, B, vocab]: the draft logits (LM head + Markov bias)
+};
+
 struct model_options {
   int threads = 2;  // BLAS and attention threads
   // Batch-invariant mode: every projection runs row by row (GEMV), so a sequence's logits are
@@ -74,9 +105,31 @@ class model {
   /// advanced) and returns the logits [total tokens, vocab_size], sequences in batch order.
   /// `layer_streams`, when given, receives every layer's output residual streams [total tokens,
   /// hc_mult, hidden_size] (what the parity tests compare layer by layer with the reference).
+  /// `dspark_features`, when given, receives the DSpark draft layers' input for every token
+  /// [total tokens, targets · hidden_size]: for each of dspark_target_layer_ids in order, the
+  /// mean of the hc_mult residual streams that layer's attention site takes.
   result<std::vector<float>> forward(
       std::span<const sequence_input> batch,
-      std::vector<std::vector<float>>* layer_streams = nullptr) const;
+      std::vector<std::vector<float>>* layer_streams = nullptr,
+      std::vector<float>* dspark_features = nullptr) const;
+
+  /// Whether the checkpoint holds the DSpark draft layers (`mtp.*`, num_nextn_predict_layers
+  /// stages), which load only when present.
+  bool has_draft() const;
+
+  /// A fresh draft context for one sequence.
+  draft_state new_draft_state() const;
+
+  /// DSpark block drafting (docs/model.md; checked against the reference's layer modules glued
+  /// by our reading of DSpark, not against a DSpark implementation):
+  /// appends each sequence's features to its draft context, then runs the block [anchor,
+  /// noise × (B - 1)] at positions length .. length+B-1 through the draft stages (every block
+  /// token sees the last `sliding_window` context rows and the whole block), and drafts
+  /// semi-autoregressively: draft k = argmax(LM head(norm(h_k)) + Markov bias of the previous
+  /// token (the anchor for k = 0)), confidence k = sigmoid(confidence head [h_k ; Markov
+  /// embedding of the previous token]). Batched over sequences; errors: no draft weights, a
+  /// state of another model, features of the wrong width, a token out of range.
+  result<draft_output> draft(std::span<const draft_input> batch) const;
 
   /// Bounded replay: rebuilds a sequence from its persisted Block KV alone. `s` holds only
   /// restored Block KV blocks 0..B-1 (restore_block; no State KV, no SWA KV) and `tokens` are the
@@ -111,7 +164,8 @@ class model {
   // tokens of the one sequence (head 0: everything everywhere).
   result<std::vector<float>> run(std::span<const sequence_input> batch,
                                  std::vector<std::vector<float>>* layer_streams,
-                                 std::int64_t decoder_begin, std::int64_t head) const;
+                                 std::int64_t decoder_begin, std::int64_t head,
+                                 std::vector<float>* dspark_features = nullptr) const;
   std::unique_ptr<weights> w_;
 };
 

@@ -233,7 +233,9 @@ result<std::string> preset_config_json(std::string_view preset) {
         {"moe_intermediate_size", 32}, {"n_routed_experts", 8}, {"num_experts_per_tok", 2},
         {"engram_layer_ids", {1}}, {"engram_vocab_size", 101}, {"engram_max_ngram_size", 3},
         {"engram_n_heads", 2}, {"engram_head_dim", 32}, {"engram_compressed_vocab_size", 256},
-        {"dspark_noise_token_id", 254},
+        {"dspark_noise_token_id", 254}, {"num_nextn_predict_layers", 2},
+        {"dspark_markov_rank", 8}, {"dspark_n_routed_experts", 4},
+        {"dspark_num_experts_per_tok", 2},
     };
   } else if (preset == "small") {
     std::vector<int> ratios = {0, 2, 2, 2, 1, 1, 1, 1};
@@ -252,6 +254,9 @@ result<std::string> preset_config_json(std::string_view preset) {
         {"moe_intermediate_size", 256}, {"n_routed_experts", 16}, {"num_experts_per_tok", 4},
         {"engram_layer_ids", {1}}, {"engram_vocab_size", 5000}, {"engram_max_ngram_size", 3},
         {"engram_n_heads", 4}, {"engram_head_dim", 64}, {"engram_compressed_vocab_size", 99092},
+        {"dspark_noise_token_id", 128799}, {"num_nextn_predict_layers", 1},
+        {"dspark_markov_rank", 16}, {"dspark_n_routed_experts", 8},
+        {"dspark_num_experts_per_tok", 2},
     };
   } else {
     return result<std::string>::failure("model init: unknown preset '" + std::string(preset) +
@@ -266,7 +271,6 @@ result<std::string> preset_config_json(std::string_view preset) {
   text["hc_sinkhorn_iters"] = 20;
   text["hc_eps"] = 1e-6;
   text["engram_pad_id"] = 2;
-  text["num_nextn_predict_layers"] = 0;
   text["hidden_act"] = "silu";
   text["rms_norm_eps"] = 1e-20;
   text["eos_token_id"] = 1;

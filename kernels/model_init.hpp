@@ -10,9 +10,10 @@
 //
 // Presets: `tiny` (6 layers, hidden 32, vocab 256: sliding, ratio-2 and ratio-1 layers, two KV
 // sources, a Reindex source inside the candidate top-k, Engram on one layer, one file) and
-// `small` (about 100M parameters, V4.1-shaped: the released vocabulary of 129,280, 8 layers
+// `small` (about 107M parameters, V4.1-shaped: the released vocabulary of 129,280, 8 layers
 // [0, 2, 2, 2, 1, 1, 1, 1], 16 experts top-4 + shared, Engram, sliding window 128, YaRN on the
-// compress rope; several shards). No DSpark draft layers: the reference does not define them.
+// compress rope; several shards). Both carry DSpark draft layers (`mtp.*`: two stages in tiny,
+// one in small), written like every other tensor of the layout.
 #pragma once
 
 #include <cstdint>

@@ -62,8 +62,10 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
     out.push_back({std::move(name), std::move(shape), f});
   };
   add("embed.weight", {t.vocab_size, H}, weight_format::bf16);
-  for (std::int64_t i = 0; i < t.num_hidden_layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
+  // One block of layer tensors under prefix p: a backbone layer i, or a DSpark draft layer
+  // (sliding window only: no compressor, indexer or Engram; its own routed expert count).
+  auto add_layer = [&](const std::string& p, std::int64_t i, bool draft) {
+    const std::int64_t experts = draft ? t.dspark_n_routed_experts : t.n_routed_experts;
     add(p + "attn_norm.weight", {H}, weight_format::bf16);
     add(p + "ffn_norm.weight", {H}, weight_format::bf16);
     for (const char* site : {"attn", "ffn"}) {
@@ -81,13 +83,13 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
     add(a + "wo_a.weight", {t.o_groups * t.o_lora_rank, heads * hd / t.o_groups}, dense);
     add(a + "wo_b.weight", {H, t.o_groups * t.o_lora_rank}, dense);
     add(a + "attn_sink", {heads}, weight_format::f32);
-    const bool kv_source = t.is_kv_source(i);
+    const bool kv_source = !draft && t.is_kv_source(i);
     if (kv_source) {
       add(a + "compressor.wkv.weight", {hd, H}, weight_format::bf16);
       if (t.compress_ratios[std::size_t(i)] > 1) add(a + "compressor.wgate.weight", {hd, H}, weight_format::bf16);
       add(a + "compressor.norm.weight", {hd}, weight_format::bf16);
     }
-    if (t.is_index_source(i)) {
+    if (!draft && t.is_index_source(i)) {
       add(a + "indexer.wq_b.weight", {t.index_n_heads * t.index_head_dim, t.q_lora_rank}, dense);
       add(a + "indexer.weights_proj.weight", {t.index_n_heads, H}, weight_format::bf16);
       if (kv_source) {
@@ -96,11 +98,11 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
       }
     }
     const std::string f = p + "ffn.";
-    add(f + "gate.weight", {t.n_routed_experts, H}, weight_format::bf16);
-    add(f + "gate.bias", {t.n_routed_experts}, weight_format::f32);
-    add(f + "gate.bias_vl", {t.n_routed_experts}, weight_format::f32);
+    add(f + "gate.weight", {experts, H}, weight_format::bf16);
+    add(f + "gate.bias", {experts}, weight_format::f32);
+    add(f + "gate.bias_vl", {experts}, weight_format::f32);
     const std::int64_t I = t.moe_intermediate_size;
-    for (std::int64_t e = 0; e < t.n_routed_experts; ++e) {
+    for (std::int64_t e = 0; e < experts; ++e) {
       const std::string x = f + "experts." + std::to_string(e) + ".";
       add(x + "w1.weight", {I, H}, expert);
       add(x + "w2.weight", {H, I}, expert);
@@ -109,7 +111,7 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
     add(f + "shared_experts.w1.weight", {I, H}, dense);
     add(f + "shared_experts.w2.weight", {H, I}, dense);
     add(f + "shared_experts.w3.weight", {I, H}, dense);
-    const std::int64_t ei = t.engram_index(i);
+    const std::int64_t ei = draft ? -1 : t.engram_index(i);
     if (ei >= 0) {
       const std::string e = p + "engram.";
       const std::int64_t rows = t.engram_num_embeddings[std::size_t(ei)];
@@ -120,9 +122,32 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
       add(e + "q_weight", {hc, H}, weight_format::bf16);
       add(e + "k_weight", {hc, H}, weight_format::bf16);
     }
-  }
+    };
+  for (std::int64_t i = 0; i < t.num_hidden_layers; ++i)
+    add_layer("layers." + std::to_string(i) + ".", i, false);
   add("norm.weight", {H}, weight_format::bf16);
   add("head.weight", {t.vocab_size, H}, weight_format::bf16);
+  // The DSpark draft layers as released (`mtp.<stage>.`): each stage a sliding-window layer;
+  // the first also projects the target layers' features (main_proj, main_norm), the last
+  // holds the final norm, the Markov head (embed [vocab, rank], head [vocab, rank]) and the
+  // confidence head [1, hidden + rank]. Embedding and LM head are the backbone's.
+  const std::int64_t stages = t.num_nextn_predict_layers;
+  for (std::int64_t i = 0; i < stages; ++i) {
+    const std::string p = "mtp." + std::to_string(i) + ".";
+    if (i == 0) {
+      const auto n_targets = static_cast<std::int64_t>(t.dspark_target_layer_ids.size());
+      add(p + "main_proj.weight", {H, n_targets * H}, weight_format::bf16);
+      add(p + "main_norm.weight", {H}, weight_format::bf16);
+    }
+    add_layer(p, t.num_hidden_layers + i, true);
+    if (i == stages - 1) {
+      const std::int64_t rank = t.dspark_markov_rank;
+      add(p + "norm.weight", {H}, weight_format::bf16);
+      add(p + "markov_head.embed.weight", {t.vocab_size, rank}, weight_format::bf16);
+      add(p + "markov_head.head.weight", {t.vocab_size, rank}, weight_format::bf16);
+      add(p + "confidence_head.proj.weight", {1, H + rank}, weight_format::bf16);
+    }
+  }
   return out;
 }
 

@@ -7,8 +7,10 @@
 // projection), only Engram layers a table. A loader must know the whole list to refuse a
 // checkpoint that lacks a tensor, and `troupe model init` to write one. The list here is checked
 // against the tensors of the transformers reference for the tiny golden configs
-// (tests/kernels/golden/model/*/golden.json). The DSpark draft layers (`mtp.*`) are not listed:
-// the reference does not implement them yet, so their names and shapes are not pinned down.
+// (tests/kernels/golden/model/*/golden.json). The DSpark draft layers (`mtp.<stage>.*`, when
+// num_nextn_predict_layers > 0) follow the names public serving engines load from the released
+// checkpoint (vLLM / vLLM-Ascend / SGLang DSpark loaders); the transformers reference ignores
+// `mtp.*`, so these names and shapes are not checked against it (docs/model.md).
 #pragma once
 
 #include <cstdint>

@@ -515,9 +515,10 @@ def run_config(name, spec, out_root, cfg_mod, modeling, tokenizer):
     return meta
 
 
-def load_released(directory, modeling):
+def load_released(directory, modeling, mtp=False):
     """The tensors of a model directory (single file or sharded) dequantized to float32, under
-    the reference's parameter names."""
+    the reference's parameter names; with mtp, only the DSpark draft tensors (`mtp.*`, which the
+    reference has no modules for) under their released names."""
     from safetensors.torch import load_file
 
     raw = {}
@@ -527,6 +528,8 @@ def load_released(directory, modeling):
         raw.update(load_file(str(directory / f)))
     out = {}
     for name, t in raw.items():
+        if name.startswith("mtp.") != mtp:  # the DSpark draft layers: the reference has none
+            continue
         if name.endswith(".scale") and not name.endswith("engram.embed.scale"):
             continue
         scale = raw.get(name[: -len(".weight")] + ".scale") if name.endswith(".weight") else None
@@ -542,7 +545,7 @@ def load_released(directory, modeling):
         else:
             w = t.float()
         hf = "lm_head.weight" if name == "head.weight" else "model." + name
-        out[hf] = w
+        out[name if mtp else hf] = w
     return out
 
 
