@@ -393,6 +393,28 @@ void gemm_nt(i64 M, i64 N, i64 K, const float* x, i64 ldx, const float* w, i64 l
               w, static_cast<blasint>(ldw), 0.0f, y, static_cast<blasint>(ldy));
 }
 
+// One query token's attention over nk keys (K = V: the rows of kbuf, [nk, hd]): scores
+// [H, nk] = q · Kᵀ × scaling, a softmax with each head's sink in the denominator, out [H, hd] =
+// P · K, then the inverse RoPE at position p. probs is [H, nk] scratch.
+void sink_attention(const float* q, const float* kbuf, i64 H, i64 nk, i64 hd, float scaling,
+                    const float* sinks, float* probs, float* out, const rope_table& rope, i64 p) {
+  gemm_nt(H, nk, hd, q, hd, kbuf, hd, probs, nk);
+  for (i64 h = 0; h < H; ++h) {
+    float* lg = probs + h * nk;
+    const float sink = sinks[h];
+    float mx = sink;
+    for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
+    float sum = std::exp(sink - mx);
+    for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
+    for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
+              static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs,
+              static_cast<blasint>(nk), kbuf, static_cast<blasint>(hd), 0.0f, out,
+              static_cast<blasint>(hd));
+  for (i64 h = 0; h < H; ++h) apply_rope(out + h * hd, hd, rope, p, /*inverse=*/true);
+}
+
 // fn(i) for i in [0, n), split into contiguous ranges over up to `threads` threads (the calling
 // thread takes the first). Each i is computed the same way whatever the split.
 template <class F>
@@ -889,24 +911,8 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
                     kbuf.data() + row * hd);
       for (i64 k = 0; k < n_sel; ++k, ++row)
         std::copy_n(comp->kv.row(sh.topk[sz(t - t0)][sz(k)]), hd, kbuf.data() + row * hd);
-      // logits [H, nk] = q · Kᵀ, softmax with the per-head sink in the denominator, then
-      // out [H, hd] = P · K (K = V).
-      gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
-      for (i64 h = 0; h < H; ++h) {
-        float* lg = probs.data() + h * nk;
-        const float sink = L.attn_sink.v[sz(h)];
-        float mx = sink;
-        for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
-        float sum = std::exp(sink - mx);
-        for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
-        for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
-      }
-      float* o = attn_out.data() + t * H * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
-                  static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
-                  static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
-                  static_cast<blasint>(hd));
-      for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, rope, p, /*inverse=*/true);
+      sink_attention(q.data() + t * H * hd, kbuf.data(), H, nk, hd, scaling, L.attn_sink.v.data(),
+                     probs.data(), attn_out.data() + t * H * hd, rope, p);
     });
     for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
   }
@@ -1309,22 +1315,8 @@ void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
       std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
       for (i64 r = 0; r < n_ctx; ++r) std::copy_n(ring.at(first + r), hd, kbuf.data() + r * hd);
       std::copy_n(kv.data(), B * hd, kbuf.data() + n_ctx * hd);
-      gemm_nt(H, nk, hd, q.data() + t * H * hd, hd, kbuf.data(), hd, probs.data(), nk);
-      for (i64 h = 0; h < H; ++h) {
-        float* lg = probs.data() + h * nk;
-        const float sink = L.attn_sink.v[sz(h)];
-        float mx = sink;
-        for (i64 k = 0; k < nk; ++k) mx = std::max(mx, lg[k] = lg[k] * scaling);
-        float sum = std::exp(sink - mx);
-        for (i64 k = 0; k < nk; ++k) sum += lg[k] = std::exp(lg[k] - mx);
-        for (i64 k = 0; k < nk; ++k) lg[k] /= sum;
-      }
-      float* o = attn_out.data() + t * H * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(H),
-                  static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, probs.data(),
-                  static_cast<blasint>(nk), kbuf.data(), static_cast<blasint>(hd), 0.0f, o,
-                  static_cast<blasint>(hd));
-      for (i64 h = 0; h < H; ++h) apply_rope(o + h * hd, hd, W.rope_main, p, /*inverse=*/true);
+      sink_attention(q.data() + t * H * hd, kbuf.data(), H, nk, hd, scaling, L.attn_sink.v.data(),
+                     probs.data(), attn_out.data() + t * H * hd, W.rope_main, p);
     });
   }
   out.assign(sz(T * D), 0.0f);
