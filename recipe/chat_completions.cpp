@@ -80,20 +80,7 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
     thinking = parse_thinking(*t, "thinking");
     thinking_given = true;
   }
-  std::optional<reasoning_effort> effort;
-  std::optional<int> effort_number;
-  if (const ojson* e = find(body, "reasoning_effort")) {
-    const effort_choice ec = parse_effort(*e, "reasoning_effort");
-    sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
-    if (ec.none && !thinking_given) thinking = false;
-    effort = ec.level;
-    effort_number = ec.number;
-  }
-  conv.thinking = thinking;
-  if (thinking) {
-    conv.effort = effort;
-    conv.effort_level = effort_number;
-  }
+  thinking = set_thinking(conv, sp, thinking, thinking_given, find(body, "reasoning_effort"), "reasoning_effort");
 
   // messages
   const ojson* msgs = find(body, "messages");
@@ -212,15 +199,10 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
              "{\"type\": \"function\", \"function\": {\"name\": ...}}.",
              "tool_choice");
       std::string name = need_string((*fn)["name"], "tool_choice.function.name");
-      auto it = std::find_if(conv.tools.begin(), conv.tools.end(), [&](const tool_definition& d) { return d.name == name; });
-      if (it == conv.tools.end())
+      if (!require_tool(conv, sp, name))
         fail("Invalid value for 'tool_choice': no function named '" + name + "' was specified in the 'tools' parameter.",
              "tool_choice");
       if (thinking) fail("Thinking mode does not support a tool_choice that names a function.", "tool_choice");
-      tool_definition only = *it;
-      conv.tools = {std::move(only)};
-      conv.tool_choice = tool_choice::required;
-      sp.tool_choice_function = name;
     } else {
       fail("Invalid type for 'tool_choice': expected a string or an object, got " + type_name(*tc) + ".", "tool_choice");
     }

@@ -77,23 +77,12 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
     thinking = detail::parse_thinking(*t, "thinking");
     thinking_given = true;
   }
-  std::optional<reasoning_effort> effort;
-  std::optional<int> effort_number;
+  const ojson* effort = nullptr;
   if (const ojson* oc = find(body, "output_config")) {
     if (!oc->is_object()) fail("output_config", "Input should be an object");
-    if (const ojson* e = find(*oc, "effort")) {
-      const detail::effort_choice ec = detail::parse_effort(*e, "output_config.effort");
-      sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
-      if (ec.none && !thinking_given) thinking = false;
-      effort = ec.level;
-      effort_number = ec.number;
-    }
+    effort = find(*oc, "effort");
   }
-  conv.thinking = thinking;
-  if (thinking) {
-    conv.effort = effort;
-    conv.effort_level = effort_number;
-  }
+  thinking = detail::set_thinking(conv, sp, thinking, thinking_given, effort, "output_config.effort");
 
   if (const ojson* s = find(body, "system"))
     conv.messages.push_back(make_message(role::system, text_blocks(*s, "system", false, cfg, sp.image_parts)));
@@ -245,13 +234,8 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
       conv.tool_choice = tool_choice::none;
     } else if (t == "tool") {
       const std::string name = str(need(*tc, "name", "tool_choice"), "tool_choice.name");
-      auto it = std::find_if(conv.tools.begin(), conv.tools.end(), [&](const tool_definition& d) { return d.name == name; });
-      if (it == conv.tools.end()) fail("tool_choice.name", "no tool named '" + name + "' was specified in 'tools'");
+      if (!detail::require_tool(conv, sp, name)) fail("tool_choice.name", "no tool named '" + name + "' was specified in 'tools'");
       if (thinking) fail("tool_choice", "thinking mode does not support a tool_choice that names a tool");
-      tool_definition only = *it;
-      conv.tools = {std::move(only)};
-      conv.tool_choice = tool_choice::required;
-      sp.tool_choice_function = name;
     } else {
       fail("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'");
     }

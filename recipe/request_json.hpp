@@ -4,9 +4,12 @@
 // value before returning (no exception leaves the library).
 
 #include "recipe/api_error.hpp"
+#include "recipe/chat_completions.hpp"
 #include "recipe/prompt.hpp"
 
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
 
 #include <optional>
 #include <string>
@@ -57,6 +60,18 @@ Result parse_body(std::string_view body, const char* bad_json, Convert&& convert
     if (f.error.param && f.error.param->empty()) f.error.param.reset();
     return std::move(f.error);
   }
+}
+
+/// A tool_choice that names one function: only that tool stays and a call is required. False
+/// (nothing changed) when no tool has that name.
+inline bool require_tool(conversation& conv, sampling_params& sp, const std::string& name) {
+  auto it = std::find_if(conv.tools.begin(), conv.tools.end(), [&](const tool_definition& d) { return d.name == name; });
+  if (it == conv.tools.end()) return false;
+  tool_definition only = *it;
+  conv.tools = {std::move(only)};
+  conv.tool_choice = tool_choice::required;
+  sp.tool_choice_function = name;
+  return true;
 }
 
 /// The prompt format a model's requests are converted for.
@@ -116,6 +131,26 @@ struct effort_choice {
   std::optional<int> number;
 };
 effort_choice parse_effort(const ojson& j, const std::string& param);
+
+/// Thinking mode and effort into the conversation: `thinking` is the request's mode (`given`: the
+/// request set it, else the default), `effort` the effort field at `param` (null when absent).
+/// An effort of "none" turns thinking off unless the request set the mode; the effort applies in
+/// thinking mode only; its spelling is kept in sp.reasoning_effort. Returns the mode.
+inline bool set_thinking(conversation& conv, sampling_params& sp, bool thinking, bool given,
+                         const ojson* effort, const std::string& param) {
+  effort_choice ec;
+  if (effort) {
+    ec = parse_effort(*effort, param);
+    sp.reasoning_effort = effort->is_string() ? effort->get<std::string>() : effort->dump();
+    if (ec.none && !given) thinking = false;
+  }
+  conv.thinking = thinking;
+  if (thinking) {
+    conv.effort = ec.level;
+    conv.effort_level = ec.number;
+  }
+  return thinking;
+}
 
 /// `thinking: {"type": "enabled" | "adaptive" | "disabled"}` -> whether thinking mode is on.
 bool parse_thinking(const ojson& j, const std::string& param);

@@ -72,25 +72,13 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
 
   // thinking: reasoning.effort "none" turns it off; the Chat Completions `thinking` field is not
   // part of this protocol and is ignored (as the reference does).
-  bool thinking = cfg.default_thinking;
-  std::optional<reasoning_effort> effort;
-  std::optional<int> effort_number;
+  const ojson* effort = nullptr;
   if (const ojson* rs = find(body, "reasoning")) {
     if (!rs->is_object()) fail("Invalid type for 'reasoning': expected an object, got " + type_of(*rs) + ".", "reasoning");
-    if (const ojson* e = find(*rs, "effort")) {
-      const effort_choice ec = parse_effort(*e, "reasoning.effort");
-      sp.reasoning_effort = e->is_string() ? e->get<std::string>() : e->dump();
-      if (ec.none) thinking = false;
-      effort = ec.level;
-      effort_number = ec.number;
-    }
+    effort = find(*rs, "effort");
     if (const ojson* s = find(*rs, "summary")) f.reasoning_summary = need_string(*s, "reasoning.summary");
   }
-  conv.thinking = thinking;
-  if (thinking) {
-    conv.effort = effort;
-    conv.effort_level = effort_number;
-  }
+  const bool thinking = set_thinking(conv, sp, cfg.default_thinking, false, effort, "reasoning.effort");
 
   // instructions, then the input items
   if (const ojson* ins = find(body, "instructions")) {
@@ -244,15 +232,10 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
              "{\"type\": \"function\", \"name\": ...}.",
              "tool_choice");
       const std::string name = need_string((*tc)["name"], "tool_choice.name");
-      auto it = std::find_if(conv.tools.begin(), conv.tools.end(), [&](const tool_definition& d) { return d.name == name; });
-      if (it == conv.tools.end())
+      if (!require_tool(conv, sp, name))
         fail("Invalid value for 'tool_choice': no function named '" + name + "' was specified in the 'tools' parameter.",
              "tool_choice.name");
       if (thinking) fail("Thinking mode does not support a tool_choice that names a function.", "tool_choice");
-      tool_definition only = *it;
-      conv.tools = {std::move(only)};
-      conv.tool_choice = tool_choice::required;
-      sp.tool_choice_function = name;
     } else {
       fail("Invalid type for 'tool_choice': expected a string or an object, got " + type_of(*tc) + ".", "tool_choice");
     }
