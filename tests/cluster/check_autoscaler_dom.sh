@@ -15,29 +15,17 @@ troupe=$1
 src=$2
 out=$3
 
-fail() { echo "check_autoscaler_dom: FAIL: $*" >&2; exit 1; }
-
-chromium=${CHROMIUM:-}
-if [ -z "$chromium" ]; then
-  for c in chromium chromium-browser google-chrome; do
-    if command -v "$c" >/dev/null 2>&1; then chromium=$(command -v "$c"); break; fi
-  done
-fi
-if [ -z "$chromium" ]; then
-  echo "check_autoscaler_dom: no chromium on PATH (scripts/install-deps.sh installs it); skipped"
-  exit 77
-fi
+name=check_autoscaler_dom
+source "$(dirname "$0")/browser_lib.sh"
+find_chromium
 
 rm -rf "$out"
-mkdir -p "$out/chromium-home"
+mkdir -p "$out"
 "$troupe" sim "$src/examples/topologies/small-autoscale.toml" --workload chat --rate 4 \
   --duration 8min --seed 1 --faults "$src/examples/faults/surge.toml" --quiet \
   --report "$out" > "$out/sim.txt" 2> "$out/sim.log"
 [ -s "$out/report.html" ] || fail "troupe sim wrote no report.html"
-HOME="$out/chromium-home" timeout 120 "$chromium" --headless --no-sandbox --disable-gpu \
-  --disable-dev-shm-usage --no-first-run --no-default-browser-check \
-  --user-data-dir="$out/chromium-profile" --dump-dom "file://$out/report.html" \
-  > "$out/report.dom.html" 2> "$out/chromium-dom.log" \
+browse --dump-dom > "$out/report.dom.html" 2> "$out/chromium-dom.log" \
   || fail "chromium --dump-dom failed (see $out/chromium-dom.log)"
 rm -rf "$out/chromium-profile" "$out/chromium-home"
 

@@ -21,18 +21,9 @@ troupe=$1
 src=$2
 out=$3
 
-fail() { echo "check_report_dom: FAIL: $*" >&2; exit 1; }
-
-chromium=${CHROMIUM:-}
-if [ -z "$chromium" ]; then
-  for c in chromium chromium-browser google-chrome; do
-    if command -v "$c" >/dev/null 2>&1; then chromium=$(command -v "$c"); break; fi
-  done
-fi
-if [ -z "$chromium" ]; then
-  echo "check_report_dom: no chromium on PATH (scripts/install-deps.sh installs it); skipped"
-  exit 77
-fi
+name=check_report_dom
+source "$(dirname "$0")/browser_lib.sh"
+find_chromium
 
 rm -rf "$out"
 mkdir -p "$out"
@@ -42,14 +33,6 @@ printf '[[fault]]\nat = "30s"\nkind = "fail"\ngpu = "decode/0/3"\n' > "$out/plan
   --limit 300 --faults "$out/plan.toml" --quiet --report "$out" > "$out/sim.txt"
 [ -s "$out/report.html" ] || fail "troupe sim wrote no report.html"
 
-# Headless, no display, possibly root (hence --no-sandbox), possibly a small /dev/shm; its
-# own profile and HOME inside the output folder so nothing outside it is touched.
-browse() {
-  HOME="$out/chromium-home" timeout 120 "$chromium" --headless --no-sandbox --disable-gpu \
-    --disable-dev-shm-usage --no-first-run --no-default-browser-check --hide-scrollbars \
-    --user-data-dir="$out/chromium-profile" "$@" "file://$out/report.html"
-}
-mkdir -p "$out/chromium-home"
 browse --dump-dom > "$out/report.dom.html" 2> "$out/chromium-dom.log" \
   || fail "chromium --dump-dom failed (see $out/chromium-dom.log)"
 browse --screenshot="$out/report.png" --window-size=900,2400 > "$out/chromium-shot.log" 2>&1 \
