@@ -18,6 +18,14 @@
 
 namespace troupe::kernels::testing {
 
+/// One forward call of one sequence; its logits (the test fails if the call does).
+inline std::vector<float> run(const model& m, sequence_cache& cache, std::span<const std::int64_t> toks) {
+  sequence_input in{&cache, toks};
+  auto r = m.forward(std::span(&in, 1));
+  REQUIRE_MESSAGE(r.ok(), r.error());
+  return std::move(*r);
+}
+
 /// max |a - b| / max |b| (0 when both are empty).
 inline double relative_error(std::span<const float> a, std::span<const float> b) {
   double diff = 0.0, scale = 0.0;

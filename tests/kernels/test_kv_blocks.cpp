@@ -22,6 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using testing::run;
+
 const fs::path source_dir = TROUPE_SOURCE_DIR;
 
 model load_dir(const fs::path& dir, model_options options = {}) {
@@ -55,13 +57,6 @@ std::vector<std::int64_t> prompt(std::size_t n, std::uint32_t seed, std::int64_t
     v = std::int64_t(3 + (x >> 8) % std::uint32_t(vocab - 3));
   }
   return t;
-}
-
-std::vector<float> run(const model& m, sequence_cache& cache, std::span<const std::int64_t> toks) {
-  sequence_input in{&cache, toks};
-  auto r = m.forward(std::span(&in, 1));
-  REQUIRE_MESSAGE(r.ok(), r.error());
-  return std::move(*r);
 }
 
 std::vector<float> last_row(const std::vector<float>& logits, std::int64_t vocab) {

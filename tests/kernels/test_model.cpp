@@ -18,6 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using testing::run;
+
 const fs::path tiny_config =
     fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/fixtures/tiny-v41-config.json";
 
@@ -40,13 +42,6 @@ std::vector<std::int64_t> prompt(std::size_t n, std::uint32_t seed) {
     v = std::int64_t(3 + (x >> 8) % 240);
   }
   return t;
-}
-
-std::vector<float> run(const model& m, sequence_cache& cache, std::span<const std::int64_t> toks) {
-  sequence_input in{&cache, toks};
-  auto r = m.forward(std::span(&in, 1));
-  REQUIRE_MESSAGE(r.ok(), r.error());
-  return std::move(*r);
 }
 
 }  // namespace
