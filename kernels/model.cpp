@@ -181,6 +181,38 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     else
       out = std::move(*r);
   };
+  // What every layer has, backbone or draft stage: the attention's projections, norms and sinks,
+  // the two mHC mixes, the norms, the router and its experts, the shared expert.
+  auto layer_core = [&](layer_weights& L, const std::string& p, i64 n_experts) {
+    get(L.wq_a, p + "attn.wq_a.weight", {qr, D});
+    get(L.q_norm, p + "attn.q_norm.weight", {qr});
+    get(L.wq_b, p + "attn.wq_b.weight", {H * hd, qr});
+    get(L.wkv, p + "attn.wkv.weight", {hd, D});
+    get(L.kv_norm, p + "attn.kv_norm.weight", {hd});
+    get(L.wo_a, p + "attn.wo_a.weight", {G * R, H * hd / G});
+    get(L.wo_b, p + "attn.wo_b.weight", {D, G * R});
+    get(L.attn_sink, p + "attn.attn_sink", {H});
+    get(L.hc_attn_fn, p + "hc_attn_fn", {mix, hc * D});
+    get(L.hc_attn_base, p + "hc_attn_base", {mix});
+    get(L.hc_attn_scale, p + "hc_attn_scale", {3});
+    get(L.hc_ffn_fn, p + "hc_ffn_fn", {mix, hc * D});
+    get(L.hc_ffn_base, p + "hc_ffn_base", {mix});
+    get(L.hc_ffn_scale, p + "hc_ffn_scale", {3});
+    get(L.attn_norm, p + "attn_norm.weight", {D});
+    get(L.ffn_norm, p + "ffn_norm.weight", {D});
+    get(L.gate, p + "ffn.gate.weight", {n_experts, D});
+    get(L.gate_bias, p + "ffn.gate.bias", {n_experts});
+    L.experts.resize(sz(n_experts));
+    for (i64 e = 0; e < n_experts; ++e) {
+      const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
+      get(L.experts[sz(e)].w1, q + "w1.weight", {I, D});
+      get(L.experts[sz(e)].w2, q + "w2.weight", {D, I});
+      get(L.experts[sz(e)].w3, q + "w3.weight", {I, D});
+    }
+    get(L.shared.w1, p + "ffn.shared_experts.w1.weight", {I, D});
+    get(L.shared.w2, p + "ffn.shared_experts.w2.weight", {D, I});
+    get(L.shared.w3, p + "ffn.shared_experts.w3.weight", {I, D});
+  };
   get(w.embed, "model.embed.weight", {c.vocab_size, D});
   get(w.norm, "model.norm.weight", {D});
   if (w.ckpt->contains(w.name("lm_head.weight")) ||
@@ -198,14 +230,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     L.owns_index_keys = L.index_source && L.kv_source;
     L.candidate_source = l == c.candidate_source_layer_id;
     L.uses_candidates = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < l;
-    get(L.wq_a, p + "attn.wq_a.weight", {qr, D});
-    get(L.q_norm, p + "attn.q_norm.weight", {qr});
-    get(L.wq_b, p + "attn.wq_b.weight", {H * hd, qr});
-    get(L.wkv, p + "attn.wkv.weight", {hd, D});
-    get(L.kv_norm, p + "attn.kv_norm.weight", {hd});
-    get(L.wo_a, p + "attn.wo_a.weight", {G * R, H * hd / G});
-    get(L.wo_b, p + "attn.wo_b.weight", {D, G * R});
-    get(L.attn_sink, p + "attn.attn_sink", {H});
+    layer_core(L, p, c.n_routed_experts);
     if (L.kv_source) {
       get(L.c_wkv, p + "attn.compressor.wkv.weight", {hd, D});
       if (L.ratio > 1) get(L.c_wgate, p + "attn.compressor.wgate.weight", {hd, D});
@@ -220,26 +245,6 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
         get(L.i_k_norm, p + "attn.indexer.k_norm.weight", {idh});
       }
     }
-    get(L.hc_attn_fn, p + "hc_attn_fn", {mix, hc * D});
-    get(L.hc_attn_base, p + "hc_attn_base", {mix});
-    get(L.hc_attn_scale, p + "hc_attn_scale", {3});
-    get(L.hc_ffn_fn, p + "hc_ffn_fn", {mix, hc * D});
-    get(L.hc_ffn_base, p + "hc_ffn_base", {mix});
-    get(L.hc_ffn_scale, p + "hc_ffn_scale", {3});
-    get(L.attn_norm, p + "attn_norm.weight", {D});
-    get(L.ffn_norm, p + "ffn_norm.weight", {D});
-    get(L.gate, p + "ffn.gate.weight", {c.n_routed_experts, D});
-    get(L.gate_bias, p + "ffn.gate.bias", {c.n_routed_experts});
-    L.experts.resize(sz(c.n_routed_experts));
-    for (i64 e = 0; e < c.n_routed_experts; ++e) {
-      const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
-      get(L.experts[sz(e)].w1, q + "w1.weight", {I, D});
-      get(L.experts[sz(e)].w2, q + "w2.weight", {D, I});
-      get(L.experts[sz(e)].w3, q + "w3.weight", {I, D});
-    }
-    get(L.shared.w1, p + "ffn.shared_experts.w1.weight", {I, D});
-    get(L.shared.w2, p + "ffn.shared_experts.w2.weight", {D, I});
-    get(L.shared.w3, p + "ffn.shared_experts.w3.weight", {I, D});
     L.engram_index = c.engram_index(l);
     if (L.engram_index >= 0 && failure.empty()) {
       const i64 rows = c.engram_num_embeddings[sz(L.engram_index)];
@@ -288,34 +293,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     for (i64 i = 0; i < stages && failure.empty(); ++i) {
       auto& L = w.draft_layers[sz(i)];
       const std::string p = "mtp." + std::to_string(i) + ".";
-      get(L.wq_a, p + "attn.wq_a.weight", {qr, D});
-      get(L.q_norm, p + "attn.q_norm.weight", {qr});
-      get(L.wq_b, p + "attn.wq_b.weight", {H * hd, qr});
-      get(L.wkv, p + "attn.wkv.weight", {hd, D});
-      get(L.kv_norm, p + "attn.kv_norm.weight", {hd});
-      get(L.wo_a, p + "attn.wo_a.weight", {G * R, H * hd / G});
-      get(L.wo_b, p + "attn.wo_b.weight", {D, G * R});
-      get(L.attn_sink, p + "attn.attn_sink", {H});
-      get(L.hc_attn_fn, p + "hc_attn_fn", {mix, hc * D});
-      get(L.hc_attn_base, p + "hc_attn_base", {mix});
-      get(L.hc_attn_scale, p + "hc_attn_scale", {3});
-      get(L.hc_ffn_fn, p + "hc_ffn_fn", {mix, hc * D});
-      get(L.hc_ffn_base, p + "hc_ffn_base", {mix});
-      get(L.hc_ffn_scale, p + "hc_ffn_scale", {3});
-      get(L.attn_norm, p + "attn_norm.weight", {D});
-      get(L.ffn_norm, p + "ffn_norm.weight", {D});
-      get(L.gate, p + "ffn.gate.weight", {E, D});
-      get(L.gate_bias, p + "ffn.gate.bias", {E});
-      L.experts.resize(sz(E));
-      for (i64 e = 0; e < E; ++e) {
-        const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
-        get(L.experts[sz(e)].w1, q + "w1.weight", {I, D});
-        get(L.experts[sz(e)].w2, q + "w2.weight", {D, I});
-        get(L.experts[sz(e)].w3, q + "w3.weight", {I, D});
-      }
-      get(L.shared.w1, p + "ffn.shared_experts.w1.weight", {I, D});
-      get(L.shared.w2, p + "ffn.shared_experts.w2.weight", {D, I});
-      get(L.shared.w3, p + "ffn.shared_experts.w3.weight", {I, D});
+      layer_core(L, p, E);
     }
     const std::string last = "mtp." + std::to_string(stages - 1) + ".";
     get(w.draft_norm, last + "norm.weight", {D});
