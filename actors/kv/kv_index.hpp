@@ -68,8 +68,8 @@ struct kv_index_params {
   std::uint64_t block_bytes = v41_flash_block_bytes;
   kv_ttls ttl;
   /// The modelled time of one shard operation (a metadata round trip): a `kv_store` shard
-  /// answers a match, probe, insert, reserve or commit this long after it arrives (times the
-  /// shard's `store_slow` factor). The index itself ignores it. 0: at once.
+  /// answers a match, probe or insert this long after it arrives (times the shard's
+  /// `store_slow` factor; reserve and commit answer at once). The index ignores it. 0: at once.
   runtime::duration op_latency{0};
   /// TEST ONLY — a planted bug that proves the TTL audit is checked end to end: lookups
   /// serve expired blocks as hits (and leave them in place). Never set it otherwise.

@@ -147,8 +147,8 @@ using kv_shard_actor = kv_check_actor::extend<caf::replies_to<kv_probe>::with<st
                                               caf::reacts_to<kv_answer_atom, std::uint64_t>>;
 
 /// Spawns one shard holding a kv_index with `params` (params.block_bytes > 0). It reads time
-/// from its actor clock. Each match, probe, insert, reserve and commit is decided when it
-/// arrives and answered `params.op_latency` (times a store_slow factor) later. It stops like any actor (no state survives: the index is rebuilt
+/// from its actor clock. Each match, probe and insert is decided when it arrives and answered
+/// `params.op_latency` (times a store_slow factor) later; reserve and commit at once. It stops like any actor (no state survives: the index is rebuilt
 /// from writes after a restart, and a restarted shard just misses until then).
 kv_shard_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params);
 

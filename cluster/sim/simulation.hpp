@@ -47,8 +47,9 @@ struct sim_params {
   /// Shards of the KV CHECK role.
   std::uint32_t kv_shards = 8;
   /// The modelled time of one KV store shard operation (a metadata round trip in the
-  /// datacenter): a match, an insert, a reserve or a commit is answered this long after it
-  /// reaches its shard (in parallel across shards); a `store_slow` multiplies it.
+  /// datacenter): a match (its probes, in parallel across shards) or an insert is answered
+  /// this long after it reaches its shard; a `store_slow` multiplies it. A block writer's
+  /// reserve / commit pair is not delayed (docs/kv-store.md).
   runtime::duration kv_store_latency = std::chrono::microseconds(200);
   /// Time an instance takes to come back after a failure.
   runtime::duration restart_time = std::chrono::minutes(3);
