@@ -43,6 +43,8 @@ scale_decision decide_scale(const scale_inputs& in, const scale_limits& limits) 
       = fmt::format("need {} = ceil({:.6g} / {:.6g} per instance ({})), desired {}", d.need,
                     p.demand, p.capacity, p.capacity_measured ? "measured" : "configured",
                     d.desired);
+    if (p.down > 0)
+      why += fmt::format(" ({} down, not counted)", p.down);
     if (d.desired != wanted)
       why += fmt::format(" (bounds [{}, {}])", p.min, p.max);
     if (d.desired > d.current) {
@@ -114,6 +116,10 @@ struct pool_state {
   std::map<instance_id, caf::actor> members;
   /// Instances told to leave, until the supervisor no longer holds them.
   std::set<instance_id> leaving;
+  /// Down instances given up for a replacement, until the supervisor no longer holds them.
+  std::set<instance_id> retiring;
+  /// Instances started since the pool supervisor last listed its children (no handle yet).
+  std::set<instance_id> fresh;
   /// Ordered, not started yet.
   std::uint32_t pending = 0;
   instance_id next_id = 0;
@@ -225,6 +231,23 @@ void remove_instance(autoscaler_ptr self, std::size_t pool, instance_id id) {
       [self, pool, id](const caf::error&) { self->state.pools[pool].leaving.erase(id); });
 }
 
+/// Gives up down instance `id` of pool `pool` (it would otherwise come back on top of
+/// `replacement`, ordered in its place): the pool supervisor removes it, so it is not
+/// restarted and its GPUs go back to the quota.
+void retire_instance(autoscaler_ptr self, std::size_t pool, instance_id id,
+                     instance_id replacement) {
+  auto& ps = self->state.pools[pool];
+  ps.retiring.insert(id);
+  self->request(ps.supervisor, caf::infinite, runtime::stop_child_atom::value,
+                child_name(ps, id))
+    .then(
+      [self, pool, id, replacement]() {
+        event(self, self->state.pools[pool].spec.name, id, "retired",
+              fmt::format("down; replaced by {}", replacement));
+      },
+      [self, pool, id](const caf::error&) { self->state.pools[pool].retiring.erase(id); });
+}
+
 void decide_and_act(autoscaler_ptr self) {
   auto& st = self->state;
   auto& p = st.params;
@@ -235,8 +258,24 @@ void decide_and_act(autoscaler_ptr self) {
   in.inventory_refilling = st.refilling;
   in.gpus_held = gpus_held(st);
   for (auto& ps : st.pools) {
-    for (auto i = ps.leaving.begin(); i != ps.leaving.end();)
-      i = ps.members.count(*i) == 0 ? ps.leaving.erase(i) : std::next(i);
+    for (auto* ids : {&ps.leaving, &ps.retiring})
+      for (auto i = ids->begin(); i != ids->end();)
+        i = ps.members.count(*i) == 0 ? ids->erase(i) : std::next(i);
+    // Leaving: told to by the autoscaler, or excluded by anyone's drain notice (the fault
+    // injector's too). Down: no handle (failed: restarting or staying down), not just started
+    // and not already given up.
+    std::set<instance_id> excluded(ps.load.draining.begin(), ps.load.draining.end());
+    std::uint32_t live = 0, leaving = 0, down = 0, fresh = 0;
+    for (auto& [id, node] : ps.members) {
+      if (ps.leaving.count(id) != 0 || (node && excluded.count(id) != 0))
+        ++leaving;
+      else if (node)
+        ++live;
+      else if (ps.fresh.count(id) != 0)
+        ++fresh;
+      else if (ps.retiring.count(id) == 0)
+        ++down;
+    }
     scale_pool_input pi;
     pi.pool = ps.spec.name;
     pi.min = ps.spec.min;
@@ -253,10 +292,11 @@ void decide_and_act(autoscaler_ptr self) {
       pi.demand = static_cast<double>(ps.load.routed_tokens - st.last_routed) / interval_s;
       st.last_routed = ps.load.routed_tokens;
     }
-    auto staying = static_cast<std::uint32_t>(ps.members.size() - ps.leaving.size());
-    pi.online = std::min(ps.load.online, staying);
-    pi.starting = ps.pending + (staying - pi.online);
-    pi.draining = static_cast<std::uint32_t>(ps.leaving.size());
+    pi.online = std::min(ps.load.online, live);
+    // Alive but not announced to the balancer yet, or started since the last listing.
+    pi.starting = ps.pending + fresh + (live - pi.online);
+    pi.draining = leaving;
+    pi.down = down;
     if (ps.below_since)
       pi.below_for = self->clock().now() - *ps.below_since;
     in.pools.push_back(std::move(pi));
@@ -267,9 +307,9 @@ void decide_and_act(autoscaler_ptr self) {
   for (std::size_t k = 0; k < d.pools.size(); ++k) {
     auto& i = in.pools[k];
     auto level = d.pools[k].up + d.pools[k].down > 0 ? spdlog::level::info : spdlog::level::debug;
-    logger->log(level, "{}: demand {:.6g}, online {}, starting {}, draining {}, occupancy {:.3g}%, "
-                 "inventory {} ready / {} refilling -> target {}: {}",
-                 i.pool, i.demand, i.online, i.starting, i.draining, d.occupancy * 100,
+    logger->log(level, "{}: demand {:.6g}, online {}, starting {}, draining {}, down {}, "
+                 "occupancy {:.3g}%, inventory {} ready / {} refilling -> target {}: {}",
+                 i.pool, i.demand, i.online, i.starting, i.draining, i.down, d.occupancy * 100,
                  in.inventory_ready, in.inventory_refilling, d.pools[k].target,
                  d.pools[k].reason);
   }
@@ -281,6 +321,12 @@ void decide_and_act(autoscaler_ptr self) {
       ps.below_since.reset();
     else if (!ps.below_since)
       ps.below_since = self->clock().now();
+    // The down instances, oldest id first: each instance ordered now takes one's place.
+    std::vector<instance_id> lost;
+    for (auto& [id, node] : ps.members)
+      if (!node && ps.fresh.count(id) == 0 && ps.leaving.count(id) == 0
+          && ps.retiring.count(id) == 0)
+        lost.push_back(id);
     auto orders = pd.up + (pd.up > 0 && p.test_order_one_more ? 1 : 0);
     for (std::uint32_t n = 0; n < orders; ++n) {
       auto id = ps.next_id++;
@@ -290,11 +336,14 @@ void decide_and_act(autoscaler_ptr self) {
         --st.ready;
       event(self, ps.spec.name, id, "ordered", inventory ? "inventory" : "quota");
       self->delayed_send(self, inventory ? p.join : p.refill, join_atom::value, k, id);
+      if (n < lost.size())
+        retire_instance(self, k, lost[n], id);
     }
     if (pd.down > 0) {
+      std::set<instance_id> excluded(ps.load.draining.begin(), ps.load.draining.end());
       std::vector<instance_id> candidates;
       for (auto& [id, node] : ps.members)
-        if (node && ps.leaving.count(id) == 0)
+        if (node && ps.leaving.count(id) == 0 && excluded.count(id) == 0)
           candidates.push_back(id);
       std::sort(candidates.rbegin(), candidates.rend());
       for (std::uint32_t n = 0; n < pd.down && n < candidates.size(); ++n)
@@ -366,6 +415,14 @@ void gather(autoscaler_ptr self) {
                 for (auto& c : children)
                   if (c.id.rfind(prefix, 0) == 0)
                     ps.members[std::stoul(c.id.substr(prefix.size()))] = c.handle;
+                // Listed now: no longer fresh. Started after the listing: held, not down.
+                for (auto i = ps.fresh.begin(); i != ps.fresh.end();)
+                  if (ps.members.count(*i) != 0) {
+                    i = ps.fresh.erase(i);
+                  } else {
+                    ps.members[*i] = caf::actor{};
+                    ++i;
+                  }
                 if (!ps.spec.decode)
                   for (auto& [id, node] : ps.members)
                     if (node)
@@ -430,6 +487,7 @@ caf::behavior autoscaler_fn(autoscaler_ptr self, autoscaler_params params) {
         auto& ps = self->state.pools[k];
         --ps.pending;
         ps.members[id] = caf::actor{}; // held from now on; its handle comes with the next gather
+        ps.fresh.insert(id);
         event(self, ps.spec.name, id, std::move(kind));
       };
       if (!ps.supervisor) {

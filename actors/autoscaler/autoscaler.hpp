@@ -15,7 +15,8 @@
 //     before the desired count has stayed below the current one for `scale_down_after`.
 //
 // The `autoscaler` actor runs it every `interval`: it asks the cluster supervisor for the pool
-// supervisors and each of those for its instances (down, restarting ones included), the
+// supervisors and each of those for its instances (down, restarting ones included: a down
+// instance is lost capacity, replaced from the inventory first and then retired), the
 // prefill engines for their work counters (the measured prefill capacity: tokens computed per
 // second of device time), prefill_lb and decode_lb for their `pool_load`, decides, and acts through the pool
 // supervisors: `start_child` with a fresh instance id to add (after the join or refill delay),
@@ -57,10 +58,15 @@ struct scale_pool_input {
   bool capacity_measured = false;
   /// Instances taking work.
   std::uint32_t online = 0;
-  /// Instances ordered or restarting, not serving yet (they count as capacity to come).
+  /// Instances ordered (or started) by the autoscaler, not serving yet: capacity to come.
   std::uint32_t starting = 0;
-  /// Instances leaving (draining or finishing their work); not counted as capacity.
+  /// Instances leaving (draining or finishing their work, on the autoscaler's notice or the
+  /// fault injector's); not counted as capacity.
   std::uint32_t draining = 0;
+  /// Instances down after a failure (restarting, or staying down for want of healthy GPUs):
+  /// lost capacity, counted neither online nor starting, so the policy replaces them; each
+  /// instance ordered while some are down retires one of them (docs/autoscaler.md).
+  std::uint32_t down = 0;
   /// How long the pool's desired count has been below its current one, without a break
   /// (zero at the first such decision).
   runtime::duration below_for{0};
@@ -146,8 +152,8 @@ struct scale_event {
   std::string pool;
   instance_id instance = 0;
   /// "ordered" (from the inventory or the quota), "joined" (started), "leaving" (drain notice
-  /// or exclusion), "removed" (stopped), "refill" (an inventory slot ordered), "ready" (a slot
-  /// refilled).
+  /// or exclusion), "removed" (stopped), "retired" (a down instance given up for the one
+  /// ordered in its place), "refill" (an inventory slot ordered), "ready" (a slot refilled).
   std::string kind;
   /// "inventory" or "quota" for "ordered"; the jobs forwarded for a decode "removed".
   std::string detail;

@@ -61,18 +61,28 @@ kv_match_result kv_index::match(std::span<const block_key> chain, traffic_class 
 }
 
 std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_point now) {
+  auto hits = blocks.size();
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     auto* e = entries_.find(blocks[i]);
-    if (e == nullptr)
-      return i;
-    if (now >= expiry_of(*e)) {
-      remove(e, true);
-      return i;
+    if (e == nullptr) {
+      hits = i;
+      break;
     }
-    if (e->pending())
-      return i;
+    if (now >= expiry_of(*e) && !params_.test_ignore_expiry) {
+      remove(e, true);
+      hits = i;
+      break;
+    }
+    if (e->pending()) {
+      hits = i;
+      break;
+    }
   }
-  return blocks.size();
+  // The TTL audit, apart from the decision above: no block served at or after its expiry.
+  for (std::size_t i = 0; i < hits; ++i)
+    if (auto* e = entries_.find(blocks[i]); e != nullptr && now >= expiry_of(*e))
+      ++stats_.served_expired;
+  return hits;
 }
 
 void kv_index::touch(std::span<const block_key> blocks, traffic_class cls,

@@ -13,6 +13,8 @@
 //   of hits of a chain. A block expires at `expiry` (`now >= expiry` is expired): an entry
 //   whose age reached its class TTL is not a hit.
 // - Expiry is lazy: an expired entry is removed when a lookup finds it, or when room is made.
+// - Audited: each lookup re-checks the blocks it serves against their expiry and counts any
+//   expired one (`served_expired`, which the simulation's invariant checker requires to be 0).
 // - A hit refreshes: expiry becomes max(expiry, now + TTL of the asking request's class), so
 //   the TTL counts from the last use, and a block's parents never expire before it.
 // - When full, room is made oldest-expiry first; among equal expiries the most recently
@@ -65,6 +67,13 @@ struct kv_index_params {
   /// Bytes per block, from the model; > 0.
   std::uint64_t block_bytes = v41_flash_block_bytes;
   kv_ttls ttl;
+  /// The modelled time of one shard operation (a metadata round trip): a `kv_store` shard
+  /// answers a match, probe or insert this long after it arrives (times the shard's
+  /// `store_slow` factor; reserve and commit answer at once). The index ignores it. 0: at once.
+  runtime::duration op_latency{0};
+  /// TEST ONLY — a planted bug that proves the TTL audit is checked end to end: lookups
+  /// serve expired blocks as hits (and leave them in place). Never set it otherwise.
+  bool test_ignore_expiry = false;
 };
 
 /// The answer to a match: the leading run of hit blocks and the tokens they hold.
@@ -124,13 +133,18 @@ struct kv_stats {
   std::uint64_t committed = 0;
   std::uint64_t evictions = 0;   ///< unexpired entries removed to make room
   std::uint64_t expirations = 0; ///< expired entries removed (lazily)
+  /// The TTL audit: blocks a lookup served as hits at or after their expiry. Every lookup
+  /// re-checks the blocks it serves, apart from the decision that served them; the invariant
+  /// checker requires 0.
+  std::uint64_t served_expired = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_stats& x) {
   return f(caf::meta::type_name("kv_stats"), x.entries, x.pending, x.bytes, x.capacity_bytes,
            x.lookups, x.hit_blocks, x.miss_blocks, x.hit_tokens, x.miss_tokens, x.inserted,
-           x.refreshed, x.rejected, x.committed, x.evictions, x.expirations);
+           x.refreshed, x.rejected, x.committed, x.evictions, x.expirations,
+           x.served_expired);
 }
 
 /// Adds one match to the hit accounting of `s`: `hits` leading blocks of a chain of

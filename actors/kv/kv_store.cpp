@@ -8,8 +8,11 @@
 #include <caf/typed_response_promise.hpp>
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 namespace troupe::actors {
 
@@ -22,11 +25,36 @@ struct shard_state {
   kv_index_params params;
   /// Failed by a fault (kv_shard_fault_atom): answers as a failed shard until it comes back.
   bool down = false;
+  /// The factors of the slowdowns in force (kv_shard_slow_atom); the largest applies.
+  std::multiset<double> slow;
+  /// Answers decided and not yet due, by number.
+  std::map<std::uint64_t, std::function<void()>> due;
+  std::uint64_t next_answer = 0;
   static inline const char* name = "kv_store";
 };
 
-kv_shard_actor::behavior_type shard_fn(kv_shard_actor::stateful_pointer<shard_state> self,
-                                       kv_index_params params) {
+using shard_ptr = kv_shard_actor::stateful_pointer<shard_state>;
+
+/// `r`, answered after the shard's operation latency (times its slowdown): at once when that
+/// is zero.
+template <class T>
+caf::typed_response_promise<T> answer(shard_ptr self, T r) {
+  auto rp = self->make_response_promise<T>();
+  auto& st = self->state;
+  auto latency = st.params.op_latency;
+  if (!st.slow.empty())
+    latency = runtime::from_seconds(runtime::to_seconds(latency) * *st.slow.rbegin());
+  if (latency.count() <= 0) {
+    rp.deliver(std::move(r));
+    return rp;
+  }
+  auto id = st.next_answer++;
+  st.due.emplace(id, [rp, r = std::move(r)]() mutable { rp.deliver(std::move(r)); });
+  self->delayed_send(self, latency, kv_answer_atom::value, id);
+  return rp;
+}
+
+kv_shard_actor::behavior_type shard_fn(shard_ptr self, kv_index_params params) {
   self->state.index.emplace(params);
   self->state.params = params;
   auto now = [self] { return self->clock().now(); };
@@ -42,18 +70,34 @@ kv_shard_actor::behavior_type shard_fn(kv_shard_actor::stateful_pointer<shard_st
       st.down = down;
       st.index.emplace(st.params);
     },
-    [self, now](const kv_match& m) {
-      if (self->state.down) {
-        kv_match_result miss;
-        return miss;
+    [self](kv_shard_slow_atom, std::uint32_t, double factor, bool on) {
+      auto& slow = self->state.slow;
+      if (on)
+        slow.insert(factor);
+      else if (auto i = slow.find(factor); i != slow.end())
+        slow.erase(i);
+    },
+    [self](kv_answer_atom, std::uint64_t id) {
+      auto& due = self->state.due;
+      if (auto i = due.find(id); i != due.end()) {
+        auto deliver = std::move(i->second);
+        due.erase(i);
+        deliver();
       }
-      return self->state.index->match(m.chain, m.traffic, now(), m.prompt_tokens);
+    },
+    [self, now](const kv_match& m) {
+      if (self->state.down)
+        return answer(self, kv_match_result{});
+      return answer(self, self->state.index->match(m.chain, m.traffic, now(), m.prompt_tokens));
     },
     [self, now, rejected](const kv_insert& m) {
       if (self->state.down)
-        return rejected(m.blocks.size());
-      return self->state.index->insert(m.blocks, m.traffic, now());
+        return answer(self, rejected(m.blocks.size()));
+      return answer(self, self->state.index->insert(m.blocks, m.traffic, now()));
     },
+    // Reserve and commit answer at once: the simulated writer's pair is one step (it carries
+    // no bytes), and a delay between them would leave a reservation behind whenever the
+    // writer's instance stops in between (no reservation lease yet: kv-store.md).
     [self, now, rejected](const kv_reserve& m) {
       if (self->state.down)
         return rejected(m.blocks.size());
@@ -70,8 +114,9 @@ kv_shard_actor::behavior_type shard_fn(kv_shard_actor::stateful_pointer<shard_st
     [self](kv_stats_atom) { return self->state.index->stats(); },
     [self, now](const kv_probe& m) {
       if (self->state.down)
-        return std::uint32_t{0};
-      return static_cast<std::uint32_t>(self->state.index->probe(m.blocks, now()));
+        return answer(self, std::uint32_t{0});
+      return answer(self,
+                    static_cast<std::uint32_t>(self->state.index->probe(m.blocks, now())));
     },
     [self, now](const kv_touch& m) {
       if (!self->state.down)
@@ -251,6 +296,7 @@ void add_stats(kv_stats& acc, const kv_stats& s) {
   acc.committed += s.committed;
   acc.evictions += s.evictions;
   acc.expirations += s.expirations;
+  acc.served_expired += s.served_expired;
 }
 
 kv_check_actor::behavior_type router_fn(router_actor self, kv_router_params params) {
@@ -261,6 +307,11 @@ kv_check_actor::behavior_type router_fn(router_actor self, kv_router_params para
       auto& shards = self->state.params.shards;
       if (shard < shards.size())
         self->send(shards[shard], kv_shard_fault_atom::value, shard, down);
+    },
+    [self](kv_shard_slow_atom, std::uint32_t shard, double factor, bool on) {
+      auto& shards = self->state.params.shards;
+      if (shard < shards.size())
+        self->send(shards[shard], kv_shard_slow_atom::value, shard, factor, on);
     },
     [self](kv_match& m) { return route_match(self, m); },
     [self](kv_insert& m) {

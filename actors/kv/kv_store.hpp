@@ -122,9 +122,19 @@ using kv_stats_atom = caf::atom_constant<caf::atom("kvstats")>;
 /// only hits are lost (docs/faults.md).
 using kv_shard_fault_atom = caf::atom_constant<caf::atom("kvshfault")>;
 
+/// Fault injection (simulated world): (kv_shard_slow_atom, shard, factor, on). While on, the
+/// shard answers `factor` times its `op_latency` after a request arrives (overlapping
+/// slowdowns: the largest factor); `on` false ends the slowdown of that factor. A router
+/// passes the order to shard `shard`. No reply.
+using kv_shard_slow_atom = caf::atom_constant<caf::atom("kvshslow")>;
+
+/// Shard-internal: a delayed answer (by its number) falls due.
+using kv_answer_atom = caf::atom_constant<caf::atom("kvanswer")>;
+
 /// The CHECK role as its clients see it: one shard or a sharded front.
 using kv_check_actor = caf::typed_actor<
   caf::reacts_to<kv_shard_fault_atom, std::uint32_t, bool>,
+  caf::reacts_to<kv_shard_slow_atom, std::uint32_t, double, bool>,
   caf::replies_to<kv_match>::with<kv_match_result>,
   caf::replies_to<kv_insert>::with<kv_insert_result>,
   caf::replies_to<kv_reserve>::with<kv_insert_result>,
@@ -133,10 +143,12 @@ using kv_check_actor = caf::typed_actor<
 
 /// One shard: the CHECK role plus the two phases of a sharded match.
 using kv_shard_actor = kv_check_actor::extend<caf::replies_to<kv_probe>::with<std::uint32_t>,
-                                              caf::reacts_to<kv_touch>>;
+                                              caf::reacts_to<kv_touch>,
+                                              caf::reacts_to<kv_answer_atom, std::uint64_t>>;
 
 /// Spawns one shard holding a kv_index with `params` (params.block_bytes > 0). It reads time
-/// from its actor clock. It stops like any actor (no state survives: the index is rebuilt
+/// from its actor clock. Each match, probe and insert is decided when it arrives and answered
+/// `params.op_latency` (times a store_slow factor) later; reserve and commit at once. It stops like any actor (no state survives: the index is rebuilt
 /// from writes after a restart, and a restarted shard just misses until then).
 kv_shard_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params);
 

@@ -62,6 +62,8 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
         if (st.draining.count(id) == 0) {
           ++load.online;
           load.in_compute += st.balancer->requests(id);
+        } else {
+          load.draining.push_back(id);
         }
       return load;
     },

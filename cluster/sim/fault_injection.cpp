@@ -189,6 +189,19 @@ planned_orders plan_fault_orders(const topology& topo, const std::vector<fault>&
             }
       }
   }
+  // The serving instances with a GPU on `node` ("pool/i", vision excluded: it has no modelled
+  // steps to slow nor KV link to cut): a slow node slows each one's EP group (its collective
+  // steps wait for the slowest rank), a partitioned node cuts each one's KV link.
+  auto node_keys = [&](const std::string& node) {
+    std::set<std::string> keys;
+    for (auto& [key, gpu] : on_node[node]) {
+      auto pool = key.substr(0, key.find('/'));
+      for (auto& p : topo.pools)
+        if (p.name == pool && p.role != pool_role::vision)
+          keys.insert(key);
+    }
+    return std::vector<std::string>(keys.begin(), keys.end());
+  };
   for (std::size_t i = 0; i < faults.size(); ++i) {
     auto& f = faults[i];
     auto& place = f.target.place;
@@ -258,8 +271,11 @@ planned_orders plan_fault_orders(const topology& topo, const std::vector<fault>&
       order.effect = [fleet, key, gpu] { fleet->failed[key].erase(gpu); };
     } else if (f.kind == fault_kind::slow && f.duration
                && (f.target.kind == target_kind::gpu || f.target.kind == target_kind::instance
-                   || f.target.kind == target_kind::pool)) {
-      auto keys = covered(f.target);
+                   || f.target.kind == target_kind::pool
+                   || (f.target.kind == target_kind::node
+                       && !node_keys(f.target.node).empty()))) {
+      auto keys = f.target.kind == target_kind::node ? node_keys(f.target.node)
+                                                     : covered(f.target);
       auto factor = f.factor;
       order.effect = [fleet, keys, factor] {
         for (auto& k : keys)
@@ -288,8 +304,11 @@ planned_orders plan_fault_orders(const topology& topo, const std::vector<fault>&
         fleet->event("slow_end", target);
       });
     } else if (f.kind == fault_kind::partition && f.duration
-               && !partition_keys(f.target).empty()) {
-      auto keys = partition_keys(f.target);
+               && !(f.target.kind == target_kind::node ? node_keys(f.target.node)
+                                                       : partition_keys(f.target))
+                     .empty()) {
+      auto keys = f.target.kind == target_kind::node ? node_keys(f.target.node)
+                                                     : partition_keys(f.target);
       auto d = *f.duration;
       order.effect = [fleet, keys, d] {
         auto until = fleet->clock->now() + d;
@@ -309,6 +328,18 @@ planned_orders plan_fault_orders(const topology& topo, const std::vector<fault>&
           caf::anon_send(kv, actors::kv_shard_fault_atom::value, shard, false);
           fleet->event("recover", target, {{"after", "store_fail duration"}});
         });
+    } else if (f.kind == fault_kind::store_slow && f.duration
+               && f.target.kind == target_kind::shard) {
+      // Every operation the shard answers takes factor times its modelled latency.
+      auto shard = f.target.shard;
+      auto factor = f.factor;
+      order.effect = [kv, shard, factor] {
+        caf::anon_send(kv, actors::kv_shard_slow_atom::value, shard, factor, true);
+      };
+      later(f.at + *f.duration, [kv, shard, factor, fleet, target] {
+        caf::anon_send(kv, actors::kv_shard_slow_atom::value, shard, factor, false);
+        fleet->event("slow_end", target);
+      });
     } else {
       continue;
     }

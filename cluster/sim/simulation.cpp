@@ -23,6 +23,8 @@
 
 #include <caf/all.hpp>
 
+#include <fmt/format.h>
+
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -298,7 +300,8 @@ nlohmann::json autoscaler_json(const actors::autoscaler_log& log, runtime::time_
       auto& d = r.decision.pools[k];
       pools[i.pool] = {{"demand", tidy(i.demand)},     {"capacity", tidy(i.capacity)},
                        {"online", i.online},           {"starting", i.starting},
-                       {"draining", i.draining},       {"min", i.min},
+                       {"draining", i.draining},       {"instances_down", i.down},
+                       {"min", i.min},
                        {"max", i.max},                 {"need", d.need},
                        {"desired", d.desired},         {"current", d.current},
                        {"target", d.target},           {"up", d.up},
@@ -388,6 +391,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     kv.ttl.chatbot = i->second;
   if (auto i = topo.storage.ttl.find("agent"); i != topo.storage.ttl.end())
     kv.ttl.agent = i->second;
+  kv.op_latency = p.kv_store_latency;
+  kv.test_ignore_expiry = p.test_kv_ignore_expiry;
   auto kv_store = actors::spawn_sharded_kv_store(sys, kv, std::max<std::uint32_t>(1, p.kv_shards));
   actors::prefill_lb_params plb;
   plb.balancer.bucket_bounds = prefill_pool->buckets;
@@ -675,7 +680,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     report["kv"]["store"] = {{"entries", (*kv_stats)->entries},
                              {"bytes", (*kv_stats)->bytes},
                              {"evictions", (*kv_stats)->evictions},
-                             {"expirations", (*kv_stats)->expirations}};
+                             {"expirations", (*kv_stats)->expirations},
+                             {"served_expired", (*kv_stats)->served_expired}};
   for (auto* s : {prefill_stats.get(), decode_stats.get(), vision_stats.get()})
     if (*s)
       for (std::size_t i = 0; i < (*s)->names.size(); ++i)
@@ -749,9 +755,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                         {"injects", "fail of a gpu, an instance, a pool or a node (an instance restarts "
                                     "after sim_params.restart_time on its healthy GPUs, EP rounded "
                                     "down to a valid size, or stays down); recover of a gpu or a node; slow of "
-                                    "a gpu, an instance, a pool or a link; partition of a link, an instance or a "
-                                    "pool (its KV transfers wait for the cut to heal); store_fail "
-                                    "and recover of a shard; drain of a decode instance (grace, then its requests are "
+                                    "a gpu, an instance, a pool, a node or a link; partition of a link, an "
+                                    "instance, a pool or a node (its KV transfers wait for the cut to heal); store_fail, "
+                                    "store_slow and recover of a shard; drain of a decode instance (grace, then its requests are "
                                     "forwarded with their KV and SWA rings and it is removed) or of "
                                     "a prefill instance (finishes its work and is removed); surge (the workload's clock "
                                     "runs factor times faster while it lasts)"},
@@ -797,6 +803,14 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto broken = check_autoscaler(*scale_log, scale_limits_of(topo.autoscaler), origin);
     invariants.violations.insert(invariants.violations.end(), broken.begin(), broken.end());
   }
+  // No KV block served after its TTL expired: every lookup audits the blocks it serves
+  // (kv_index.hpp); any expired one counted there is a violation.
+  if (*kv_stats && (*kv_stats)->served_expired > 0)
+    invariants.violations.push_back(
+      {0,
+       fmt::format("{} blocks served as cache hits at or after their TTL expiry",
+                   (*kv_stats)->served_expired),
+       "kv"});
   // No KV leaked: once every request has ended, no decode instance still holds a request's
   // KV (decode_lb's bookings, released by each request as it leaves an instance) and the
   // store holds no block reserved by a writer and never committed. Reported as request 0.

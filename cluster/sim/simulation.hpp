@@ -46,6 +46,11 @@ struct sim_params {
   runtime::duration handoff_latency = std::chrono::microseconds(20);
   /// Shards of the KV CHECK role.
   std::uint32_t kv_shards = 8;
+  /// The modelled time of one KV store shard operation (a metadata round trip in the
+  /// datacenter): a match (its probes, in parallel across shards) or an insert is answered
+  /// this long after it reaches its shard; a `store_slow` multiplies it. A block writer's
+  /// reserve / commit pair is not delayed (docs/kv-store.md).
+  runtime::duration kv_store_latency = std::chrono::microseconds(200);
   /// Time an instance takes to come back after a failure.
   runtime::duration restart_time = std::chrono::minutes(3);
   /// prefill_lb re-derives engines per bucket this often.
@@ -74,6 +79,9 @@ struct sim_params {
   /// failure a request streams the positions it had delivered again (its count still comes
   /// out right). Not reachable from the CLI.
   bool test_replay_on_reroute = false;
+  /// TEST ONLY — a planted KV bug (kv_index_params::test_ignore_expiry): the store serves
+  /// expired blocks as hits, which the TTL invariant catches. Not reachable from the CLI.
+  bool test_kv_ignore_expiry = false;
 };
 
 /// How to run.

@@ -198,6 +198,22 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     }
     c.options.faults.push_back(std::move(f));
   }
+  // A slow KV store shard, from a stream of its own (so every draw above is unchanged): on
+  // for some seeds, one shard x2-1000 (its lookups 0.4-200 ms) for 5-120 s.
+  auto ssr = root.split("store-slow");
+  bool store_slow = ssr.chance(0.2);
+  if (store_slow) {
+    fault f;
+    f.kind = fault_kind::store_slow;
+    f.at = seconds_between(ssr, 0, window);
+    f.target.kind = target_kind::shard;
+    f.target.shard = static_cast<std::uint32_t>(ssr.below(c.options.params.kv_shards));
+    f.factor = 2 + 998 * ssr.uniform();
+    f.duration = seconds_between(ssr, 5, 120);
+    f.entry = static_cast<std::size_t>(count + surge_count + more_count);
+    f.note = "swarm seed " + std::to_string(seed);
+    c.options.faults.push_back(std::move(f));
+  }
   std::stable_sort(c.options.faults.begin(), c.options.faults.end(),
                    [](const fault& a, const fault& b) { return a.at < b.at; });
 
@@ -219,7 +235,8 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
   for (auto [on, name] : {std::pair{gpu_blip, "gpu fail + recover"}, std::pair{slow, "slow"},
                           std::pair{store, "store_fail"}, std::pair{pool_fail, "pool fail"},
                           std::pair{prefill_drain, "prefill drain"},
-                          std::pair{link_fault, "link partition / slow"}})
+                          std::pair{link_fault, "link partition / slow"},
+                          std::pair{store_slow, "store_slow"}})
     if (on)
       enabled.emplace_back(name);
   c.drawn = {{"seed", seed},

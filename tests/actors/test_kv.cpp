@@ -166,6 +166,27 @@ TEST_CASE("an entry older than its class TTL is not a hit") {
   CHECK(idx.stats().expirations == 1); // found lazily: the first block, where the walk ended
 }
 
+TEST_CASE("the TTL audit counts no block served before expiry, and catches a planted bug") {
+  auto chain = chain_of(3);
+  kv_index ok(params_for_blocks(100));
+  ok.insert(chain, traffic_class::agent, t0);
+  CHECK(ok.probe(chain, t0 + 3 * day - 1ns) == 3);
+  CHECK(ok.probe(chain, t0 + 3 * day) == 0); // expired exactly at its expiry
+  CHECK(ok.stats().served_expired == 0);
+
+  // The planted bug serves expired blocks: the audit counts each one, every time.
+  auto planted = params_for_blocks(100);
+  planted.test_ignore_expiry = true;
+  kv_index bad(planted);
+  bad.insert(chain, traffic_class::agent, t0);
+  CHECK(bad.probe(chain, t0 + 3 * day - 1ns) == 3);
+  CHECK(bad.stats().served_expired == 0);
+  CHECK(bad.match(chain, traffic_class::agent, t0 + 3 * day + 1s).hit_blocks == 3);
+  CHECK(bad.stats().served_expired == 3);
+  CHECK(bad.probe(std::span(chain).first(2), t0 + 4 * day) == 2);
+  CHECK(bad.stats().served_expired == 5);
+}
+
 TEST_CASE("chatbot blocks outlive agent blocks") {
   kv_index idx(params_for_blocks(100));
   auto chat = chain_of(1, 1);
@@ -295,6 +316,57 @@ TEST_CASE_FIXTURE(kv_fixture, "an entry older than its class TTL is not a hit in
   CHECK(call<kv_match_result>(shard, kv_match{chain, traffic_class::agent, 0}).hit_blocks == 2);
   world.driver().run_for(3 * day + 1s); // 3 days after the refresh by that hit
   CHECK(call<kv_match_result>(shard, kv_match{chain, traffic_class::agent, 0}).hit_blocks == 0);
+}
+
+TEST_CASE_FIXTURE(kv_fixture, "a sharded store sums its shards' TTL audits") {
+  auto planted = params_for_blocks(10);
+  planted.test_ignore_expiry = true;
+  auto store = spawn_sharded_kv_store(sys, planted, 4);
+  auto chain = chain_of(4);
+  call<kv_insert_result>(store, kv_insert{chain, traffic_class::agent});
+  world.driver().run_for(3 * day + 1s);
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::agent, 0}).hit_blocks == 4);
+  CHECK(call<kv_stats>(store, kv_stats_atom::value).served_expired == 4);
+}
+
+TEST_CASE_FIXTURE(kv_fixture, "a shard answers after its operation latency, times a slowdown") {
+  auto params = params_for_blocks(10);
+  params.op_latency = 10ms;
+  auto store = spawn_sharded_kv_store(sys, params, 2);
+  auto chain = chain_of(4);
+  // Decided on arrival, answered 10 ms later (the shards answer in parallel).
+  auto inserted = ask<kv_insert_result>(store, kv_insert{chain, traffic_class::chatbot});
+  world.driver().run_for(9ms);
+  CHECK_FALSE(inserted.value->has_value());
+  world.driver().run_for(2ms);
+  REQUIRE(inserted.value->has_value());
+  CHECK((*inserted.value)->inserted == 4);
+
+  // Shard 0 slowed x3, then x5 on top: the largest applies, and a match waits for its
+  // slowest shard.
+  caf::anon_send(store, kv_shard_slow_atom::value, std::uint32_t{0}, 3.0, true);
+  caf::anon_send(store, kv_shard_slow_atom::value, std::uint32_t{0}, 5.0, true);
+  world.driver().run_for(1ms);
+  auto slow = ask<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0});
+  world.driver().run_for(49ms);
+  CHECK_FALSE(slow.value->has_value());
+  world.driver().run_for(2ms);
+  REQUIRE(slow.value->has_value());
+  CHECK((*slow.value)->hit_blocks == 4);
+
+  // The x5 ends: x3 remains; then none.
+  caf::anon_send(store, kv_shard_slow_atom::value, std::uint32_t{0}, 5.0, false);
+  world.driver().run_for(1ms);
+  auto x3 = ask<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0});
+  world.driver().run_for(29ms);
+  CHECK_FALSE(x3.value->has_value());
+  world.driver().run_for(2ms);
+  CHECK(x3.value->has_value());
+  caf::anon_send(store, kv_shard_slow_atom::value, std::uint32_t{0}, 3.0, false);
+  world.driver().run_for(1ms);
+  auto normal = ask<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0});
+  world.driver().run_for(11ms);
+  CHECK(normal.value->has_value());
 }
 
 // -- the sharding front ---------------------------------------------------------------------

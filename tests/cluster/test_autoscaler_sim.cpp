@@ -3,6 +3,7 @@
 // drain, prefill after finishing its work), with nothing lost and every autoscaler invariant
 // held; the surge clock itself; the autoscaler invariant checker on planted bad logs; the
 // [autoscaler] keys the simulation reads.
+#include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/invariants.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/surge.hpp"
@@ -184,6 +185,91 @@ TEST_CASE("the autoscaler grows the pools for a surge and shrinks them after, lo
   auto again = run_simulation(topo, records, o);
   REQUIRE(again.ok());
   CHECK(again->report.dump() == r.dump());
+}
+
+TEST_CASE("a decode instance that stays down is replaced from the inventory and retired") {
+  // decode/0 has one GPU: once it fails the instance can never re-form (it stays down). The
+  // autoscaler must see the lost capacity (not count it as starting), order a replacement
+  // from the ready inventory, and retire the down instance so it never comes back on top.
+  auto topo = small_autoscale();
+  for (auto& p : topo.pools)
+    if (p.role == pool_role::decode)
+      p.instances.min = 2; // two wanted whatever the demand: one lost must be replaced
+  auto records = chat(2, 5min);
+  auto plan = parse_fault_plan("[[fault]]\nat = \"60s\"\nkind = \"fail\"\n"
+                               "gpu = \"decode/0/0\"\n"
+                               "[[fault]]\nat = \"144s\"\nkind = \"drain\"\n"
+                               "instance = \"decode/1\"\ngrace = \"20s\"\n",
+                               "plan.toml", topo);
+  for (auto& d : plan.errors)
+    MESSAGE(d.message);
+  REQUIRE(plan.ok());
+  sim_options o;
+  o.seed = 1;
+  o.faults = expand(*plan.value, runtime::rng{1}.split("faults"), 5min);
+  auto out = run_simulation(topo, records, o);
+  REQUIRE(out.ok());
+  auto& r = out->report;
+  CHECK(out->finished);
+  CHECK(r["requests"]["completed"] == records.size());
+  CHECK(r["requests"]["failed"] == 0);
+  CHECK(out->invariants.ok());
+  CHECK(r["invariants"]["violations"].empty());
+
+  // The first decision after the failure counts decode/0 as down, not starting, and orders
+  // one instance from the inventory.
+  double first_down = -1;
+  bool drained_counted_leaving = false;
+  for (auto& d : r["autoscaler"]["decisions"]) {
+    auto& dp = d["pools"]["decode"];
+    auto t = d["t_s"].get<double>();
+    if (dp["instances_down"] == 1 && first_down < 0) {
+      first_down = t;
+      CHECK(dp["online"] == 1);
+      CHECK(dp["starting"] == 0);
+      CHECK(dp["up"] == 1);
+      CHECK(dp["from_inventory"] == 1);
+    }
+    // The fault injector's drain of decode/1 (grace 20 s): leaving, not starting, at the
+    // first decision after the notice.
+    if (t > 144 && t < 164 && !drained_counted_leaving) {
+      CHECK(dp["draining"] == 1);
+      CHECK(dp["starting"] == 0);
+      drained_counted_leaving = true;
+    }
+  }
+  REQUIRE(first_down >= 60);
+  CHECK(first_down <= 70);
+  CHECK(drained_counted_leaving);
+
+  double ordered = -1, retired = -1, joined = -1;
+  for (auto& e : r["autoscaler"]["events"]) {
+    if (e["pool"] != "decode")
+      continue;
+    auto t = e["t_s"].get<double>();
+    if (e["kind"] == "ordered" && ordered < 0) {
+      ordered = t;
+      CHECK(e["detail"] == "inventory");
+      CHECK(e["instance"] == 2);
+    }
+    if (e["kind"] == "retired") {
+      CHECK(retired < 0); // once
+      retired = t;
+      CHECK(e["instance"] == 0);
+      CHECK(e["detail"] == "down; replaced by 2");
+    }
+    if (e["kind"] == "joined" && e["instance"] == 2)
+      joined = t;
+  }
+  CHECK(ordered == first_down);
+  CHECK(retired == doctest::Approx(first_down));
+  CHECK(joined - ordered == doctest::Approx(seconds(topo.autoscaler.inventory_join)));
+  // Retired before its restart fell due: no restart and no stays_down on the timeline.
+  for (auto& e : r["timeline"])
+    if (e["target"] == "decode/0") {
+      CHECK(e["kind"] != "restart");
+      CHECK(e["kind"] != "stays_down");
+    }
 }
 
 TEST_CASE("a planted autoscaler bug fails the run's invariants") {

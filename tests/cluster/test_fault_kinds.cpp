@@ -269,6 +269,32 @@ TEST_CASE("KV store shards fail: their metadata is lost, the hit rate drops, res
   CHECK(events(out, "recover", "shard 3").size() == 1);
 }
 
+TEST_CASE("slow KV store shards: every lookup waits factor times the store latency") {
+  faulty_run r{300, 0.5};
+  auto base = r.run("");
+  // Every shard 1000 times slower (200 us -> 200 ms a lookup) for the whole run: each request
+  // waits for its match before it is routed, so its first token comes ~200 ms later.
+  std::string plan;
+  for (int s = 0; s < 8; ++s)
+    plan += "[[fault]]\nat = \"0s\"\nkind = \"store_slow\"\nshard = " + std::to_string(s)
+            + "\nfactor = 1000.0\nduration = \"1h\"\n";
+  auto out = r.run(plan);
+  nothing_lost(out, 300);
+  CHECK(out.report["faults"]["timeline"][0]["injected"] == true);
+  CHECK(out.report["faults"]["not_injected_yet"].empty());
+  auto ttft = [](const sim_outcome& o) { return o.report["latency_ms"]["ttft"]["p50"].get<double>(); };
+  MESSAGE("ttft p50 ", ttft(base), " ms -> ", ttft(out), " ms");
+  CHECK(ttft(out) > ttft(base) + 150);
+  CHECK(ttft(out) < ttft(base) + 1000);
+  // A slowdown that ends within the run is on the timeline at its end.
+  auto brief = r.run("[[fault]]\nat = \"10s\"\nkind = \"store_slow\"\nshard = 2\n"
+                     "factor = 10.0\nduration = \"20s\"\n");
+  nothing_lost(brief, 300);
+  auto ends = events(brief, "slow_end", "shard 2");
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0]["at_s"] == 30.0);
+}
+
 TEST_CASE("a planted bug that replays delivered tokens after a reroute: the count is right, the "
           "stream check catches it") {
   // Two decode instances, each failing once while busy: the rerouted requests resume at once
@@ -319,8 +345,9 @@ TEST_CASE("a partition cuts a decode instance's KV link: hand-offs wait it out, 
   CHECK(none.report["faults"]["timeline"][0]["injected"] == false);
 }
 
-TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the GPUs it has left") {
-  // small.toml with nodes: decode/0's 16 GPUs sit on d0 (0-7) and d1 (8-15).
+/// small.toml with nodes: decode/0's 16 GPUs sit on d0 (0-7) and d1 (8-15), the prefill
+/// instances on p0, vision on v0.
+topology small_with_nodes() {
   std::ifstream in{root + "/examples/topologies/small.toml"};
   std::string text{std::istreambuf_iterator<char>{in}, {}};
   int port = 4000;
@@ -333,8 +360,12 @@ TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the G
   for (auto& d : t.errors)
     MESSAGE(d.message);
   REQUIRE(t.ok());
+  return *t.value;
+}
+
+TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the GPUs it has left") {
   faulty_run r{2.0, std::chrono::minutes{6}};
-  r.topo = *t.value;
+  r.topo = small_with_nodes();
   auto out = r.run("[[fault]]\nat = \"60s\"\nkind = \"fail\"\nnode = \"d1\"\n"
                    "[[fault]]\nat = \"5min\"\nkind = \"recover\"\nnode = \"d1\"\n");
   nothing_lost(out, r.records.size());
@@ -345,6 +376,38 @@ TEST_CASE("a node fails: every instance it hosts goes down and re-forms on the G
   CHECK(restarts[0]["at_s"] == 240.0);
   CHECK(restarts[0]["ep"] == 8); // GPUs 0-7 on d0
   CHECK(events(out, "restart", "prefill/0").empty());
+}
+
+TEST_CASE("a slow node slows the EP groups it hosts; a partitioned node cuts their KV links") {
+  faulty_run r{300, 0.5};
+  r.topo = small_with_nodes();
+  auto base = r.run("");
+  // d1 holds half of decode/0's GPUs: its whole EP group steps at the slow ranks' pace.
+  auto slow = r.run("[[fault]]\nat = \"0s\"\nkind = \"slow\"\nnode = \"d1\"\n"
+                    "factor = 4.0\nduration = \"10min\"\n");
+  nothing_lost(slow, 300);
+  CHECK(slow.report["faults"]["timeline"][0]["injected"] == true);
+  auto tbt = [](const sim_outcome& o) {
+    return o.report["latency_ms"]["tbt"]["p50"].get<double>();
+  };
+  MESSAGE("tbt p50 ", tbt(base), " ms -> ", tbt(slow), " ms");
+  CHECK(tbt(slow) > 3.0 * tbt(base));
+
+  // Cutting d1 cuts decode/0's KV link: hand-offs into it wait the minute out.
+  auto cut = r.run("[[fault]]\nat = \"30s\"\nkind = \"partition\"\nnode = \"d1\"\n"
+                   "duration = \"60s\"\n");
+  nothing_lost(cut, 300);
+  CHECK(cut.report["requests"]["rerouted"] == 0);
+  CHECK(cut.report["faults"]["timeline"][0]["injected"] == true);
+  CHECK(events(cut, "partition_end", "node d1").size() == 1);
+  auto p99 = [](const sim_outcome& o) { return o.report["latency_ms"]["e2e"]["p99"].get<double>(); };
+  MESSAGE("e2e p99 ", p99(base), " ms -> ", p99(cut), " ms");
+  CHECK(p99(cut) > p99(base) + 10'000);
+
+  // The vision node hosts nothing with modelled steps or KV links: not injected.
+  auto vision = r.run("[[fault]]\nat = \"30s\"\nkind = \"partition\"\nnode = \"v0\"\n"
+                      "duration = \"60s\"\n");
+  CHECK(vision.report["faults"]["timeline"][0]["injected"] == false);
 }
 
 TEST_CASE("the sliding-window rings a drain forwards: every windowed layer's window + 6 tokens") {

@@ -14,6 +14,7 @@
 using namespace troupe::cluster;
 using namespace troupe::cluster::sim;
 namespace runtime = troupe::runtime;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -86,6 +87,37 @@ TEST_CASE("repeated prefixes of the trace hit the cluster KV cache") {
   CHECK(rate > 0.5 * bound);
   CHECK(rate <= bound + 0.02);
   CHECK(out.report["kv"]["token_hit_rate"].get<double>() > 0);
+}
+
+TEST_CASE("no KV block is served after its TTL; a planted bug that serves expired ones is "
+          "caught") {
+  // A TTL of 20 s: many of the trace's repeated prefixes come back after their blocks
+  // expired, so lookups meet expired entries.
+  replay r{400};
+  r.topo.storage.ttl["chatbot"] = 20s;
+  r.topo.storage.ttl["agent"] = 20s;
+  auto clean = r.run(1);
+  CHECK(clean.invariants.ok());
+  CHECK(clean.report["kv"]["store"]["expirations"].get<std::uint64_t>() > 0);
+  CHECK(clean.report["kv"]["store"]["served_expired"] == 0);
+
+  sim_options o;
+  o.seed = 1;
+  o.params.test_kv_ignore_expiry = true;
+  auto bad = run_simulation(r.topo, r.records, o);
+  REQUIRE(bad.ok());
+  REQUIRE_FALSE(bad->invariants.ok());
+  auto served = bad->report["kv"]["store"]["served_expired"].get<std::uint64_t>();
+  CHECK(served > 0);
+  bool caught = false;
+  for (auto& v : bad->invariants.violations)
+    caught |= v.about == "kv"
+              && v.what == std::to_string(served)
+                             + " blocks served as cache hits at or after their TTL expiry";
+  CHECK(caught);
+  // The bug serves more hits than the clean run.
+  CHECK(bad->report["kv"]["block_hit_rate"].get<double>()
+        > clean.report["kv"]["block_hit_rate"].get<double>());
 }
 
 TEST_CASE("the load balancers' counters are in the report") {

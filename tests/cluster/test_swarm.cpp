@@ -52,7 +52,7 @@ TEST_CASE("a swarm seed draws the same workload and plan every time, another see
 TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and vary") {
   auto topo = load_small();
   std::size_t faults = 0, drains = 0, gpus = 0, instances = 0, empty = 0, slows = 0, shards = 0,
-              pools = 0, blips = 0, prefill_drains = 0, links = 0, surges = 0;
+              pools = 0, blips = 0, prefill_drains = 0, links = 0, surges = 0, store_slows = 0;
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
     auto c = draw_swarm_case(topo, seed);
     empty += c.options.faults.empty() ? 1 : 0;
@@ -72,6 +72,16 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
         ++shards;
         CHECK(f.target.kind == target_kind::shard);
         CHECK(f.target.shard < c.options.params.kv_shards);
+        continue;
+      }
+      if (f.kind == fault_kind::store_slow) {
+        ++store_slows;
+        CHECK(f.target.kind == target_kind::shard);
+        CHECK(f.target.shard < c.options.params.kv_shards);
+        CHECK(f.factor > 1);
+        CHECK(f.factor <= 1000);
+        REQUIRE(f.duration);
+        CHECK(*f.duration > runtime::duration{0});
         continue;
       }
       if (f.target.kind == target_kind::link) {
@@ -129,6 +139,7 @@ TEST_CASE("swarm plans draw only injectable kinds, on targets that exist, and va
   CHECK(blips > 0);
   CHECK(prefill_drains > 0);
   CHECK(links > 0);
+  CHECK(store_slows > 0);
   CHECK(empty > 0); // some seeds run fault-free
 }
 
