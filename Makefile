@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build test run bench clean
+.PHONY: deps configure build test run bench bench-faults clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -35,6 +35,12 @@ bench: build
 	$(BUILD_DIR)/bench/bench_sim --minutes 5
 	$(BUILD_DIR)/bench/bench_model
 	$(BUILD_DIR)/bench/bench_recipe $(if $(wildcard tools/.venv-recipe/bin/python),--peer tools/.venv-recipe/bin/python)
+
+# The long fault benches (docs/benchmarks.md): the 10,000-seed swarm and the recovery figures
+# after a decode rank failure on the 1,040-GPU topology, with and without ready inventory.
+bench-faults: build
+	bash bench/swarm.sh $(BUILD_DIR)/troupe
+	bash bench/recovery.sh $(BUILD_DIR)/troupe $(BUILD_DIR)/recovery
 
 clean:
 	rm -rf $(BUILD_DIR)
