@@ -308,12 +308,17 @@ struct tokenizer::impl {
   std::vector<std::uint8_t> id_kind;  // 0 unknown, 1 model, 2 added, 3 added special
 
   // Pieces already merged, in shards by hash so that threads tokenizing in parallel
-  // (recipe/parallel.hpp) rarely wait for each other.
-  struct cache_shard {
-    std::mutex mutex;
-    std::unordered_map<std::string, std::vector<token_id>> pieces;
+  // (recipe/parallel.hpp) rarely wait for each other; each shard on cache lines of its own (no
+  // false sharing of the locks), looked up by string_view (no allocation on a hit).
+  struct piece_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
-  static constexpr std::size_t cache_shards = 16;
+  struct alignas(64) cache_shard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<token_id>, piece_hash, std::equal_to<>> pieces;
+  };
+  static constexpr std::size_t cache_shards = 64;
   static constexpr std::size_t cache_capacity = (1 << 18) / cache_shards;  // per shard
   mutable std::array<cache_shard, cache_shards> cache;
   cache_shard& shard(std::string_view piece) const {
@@ -434,7 +439,7 @@ void tokenizer::impl::bpe(std::string_view piece, std::vector<token_id>& out) co
   cache_shard& cached = shard(piece);
   {
     std::lock_guard lock(cached.mutex);
-    if (const auto it = cached.pieces.find(std::string(piece)); it != cached.pieces.end()) {
+    if (const auto it = cached.pieces.find(piece); it != cached.pieces.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
