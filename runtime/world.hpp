@@ -45,8 +45,9 @@ class world {
 public:
   explicit world(world_options opts);
 
-  /// Stops the actor system. In sim mode actors still alive are not run any further: their
-  /// pending messages are dropped with them.
+  /// Stops the actor system. In sim mode the virtual clock stops: pending timers are dropped,
+  /// but messages already sent are still handled (a supervisor's kill to its children, exit
+  /// and down messages), so that actors shut down and give their memory back.
   ~world();
 
   world(const world&) = delete;
