@@ -8,23 +8,14 @@
 
 #include <atomic>
 #include <ctime>
+#include <utility>
 #include <mutex>
 
 namespace troupe::runtime::log {
 
 namespace {
 
-struct clock_source {
-  std::mutex mtx;
-  const caf::actor_clock* clock = nullptr;
-  bool is_virtual = false;
-  time_point origin{};
-};
-
-clock_source& source() {
-  static clock_source s;
-  return s;
-}
+thread_local clock_setting current_clock;
 
 std::string wall_stamp() {
   using namespace std::chrono;
@@ -57,8 +48,7 @@ std::mutex registry_mtx;
 } // namespace
 
 std::string now_stamp() {
-  auto& s = source();
-  std::lock_guard guard{s.mtx};
+  const auto& s = current_clock;
   if (s.clock == nullptr || !s.is_virtual)
     return wall_stamp();
   auto t = to_seconds(s.clock->now() - s.origin);
@@ -67,12 +57,8 @@ std::string now_stamp() {
   return buf;
 }
 
-void set_clock(const caf::actor_clock* clock, bool is_virtual, time_point origin) {
-  auto& s = source();
-  std::lock_guard guard{s.mtx};
-  s.clock = clock;
-  s.is_virtual = is_virtual;
-  s.origin = origin;
+clock_setting set_clock(clock_setting setting) {
+  return std::exchange(current_clock, setting);
 }
 
 std::shared_ptr<spdlog::logger> get(std::string_view component) {

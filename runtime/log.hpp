@@ -29,9 +29,19 @@ std::shared_ptr<spdlog::logger> get(std::string_view component);
 /// and changes nothing for an unknown level name.
 bool set_level(std::string_view level);
 
-/// Stamps log lines with `clock` (virtual time relative to `origin` when `is_virtual`).
-/// Called by `world`; pass nullptr to go back to wall time.
-void set_clock(const caf::actor_clock* clock, bool is_virtual, time_point origin);
+/// What stamps the log lines of one thread: `clock` (virtual time relative to `origin` when
+/// `is_virtual`), or wall time when `clock` is null.
+struct clock_setting {
+  const caf::actor_clock* clock = nullptr;
+  bool is_virtual = false;
+  time_point origin{};
+};
+
+/// Stamps the calling thread's log lines with `setting` and returns the previous setting, to be
+/// restored later. Per thread, because a simulated world runs its actors on the thread that
+/// drives it: worlds on different threads (`troupe swarm --jobs N`) each stamp their own lines
+/// with their own virtual time. Called by `world` (set on creation, restored on destruction).
+clock_setting set_clock(clock_setting setting);
 
 /// The stamp the next line would carry, e.g. "t=12.500000s" or "2026-11-29T10:00:00.123Z".
 std::string now_stamp();

@@ -60,11 +60,11 @@ world::world(world_options opts)
     // Nobody runs the actors once the driver stops: waiting for them would never end.
     system_->await_actors_before_shutdown(false);
   }
-  log::set_clock(&system_->clock(), mode_ == world_mode::sim, system_->clock().now());
+  previous_log_clock_ = log::set_clock({&system_->clock(), mode_ == world_mode::sim, system_->clock().now()});
 }
 
 world::~world() {
-  log::set_clock(nullptr, false, {});
+  log::set_clock(previous_log_clock_);
   driver_.reset();
   if (mode_ == world_mode::sim) {
     // The test_coordinator's stop() (run by ~actor_system) loops "run every job, fire every

@@ -9,6 +9,7 @@
 // through the actor clock, the rng they are handed, and ports.
 #pragma once
 
+#include "runtime/log.hpp"
 #include "runtime/random.hpp"
 #include "runtime/sim_driver.hpp"
 #include "runtime/time.hpp"
@@ -73,6 +74,7 @@ private:
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
   std::unique_ptr<sim_driver> driver_;
+  log::clock_setting previous_log_clock_;  // restored on destruction
 };
 
 } // namespace troupe::runtime

@@ -1,5 +1,6 @@
 // The simulated world's teardown: messages already sent are handled, so actors shut down and
 // give their memory back (a swarm runs thousands of worlds in one process).
+#include "runtime/log.hpp"
 #include "runtime/world.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -11,6 +12,8 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
+#include <thread>
 
 using namespace troupe::runtime;
 using namespace std::chrono_literals;
@@ -67,4 +70,29 @@ TEST_CASE("a sim world's teardown ends with periodic actors and leaves live ones
   }
   // Nothing told the holder to quit: its cycle keeps it (that is the actors' own business).
   CHECK_FALSE(watch.expired());
+}
+
+TEST_CASE("log lines carry the virtual time of the world on their own thread") {
+  // Two simulated worlds driven on two threads at once (as `troupe swarm --jobs 2` does): each
+  // thread's stamp is its own world's virtual time, and a world's end gives its thread back the
+  // stamp it had before (wall time here, or an enclosing world's clock).
+  auto drive = [](duration d) {
+    world w{world_options{.mode = world_mode::sim, .seed = 1}};
+    w.system().spawn(periodic);
+    w.driver().run_for(d);
+    return log::now_stamp();
+  };
+  std::string a, b;
+  std::thread ta([&] { a = drive(7s); });
+  std::thread tb([&] { b = drive(90s); });
+  ta.join();
+  tb.join();
+  CHECK(a == "t=7.000000s");
+  CHECK(b == "t=90.000000s");
+
+  world outer{world_options{.mode = world_mode::sim, .seed = 2}};
+  outer.system().spawn(periodic);
+  outer.driver().run_for(3s);
+  CHECK(drive(5s) == "t=5.000000s");
+  CHECK(log::now_stamp() == "t=3.000000s");
 }
