@@ -133,9 +133,8 @@ struct kv_stats {
   std::uint64_t committed = 0;
   std::uint64_t evictions = 0;   ///< unexpired entries removed to make room
   std::uint64_t expirations = 0; ///< expired entries removed (lazily)
-  /// The TTL audit: blocks a lookup served as hits at or after their expiry. Every lookup
-  /// re-checks the blocks it serves, apart from the decision that served them; the invariant
-  /// checker requires 0.
+  /// The TTL audit: blocks a lookup served as hits at or after their expiry (counted as each
+  /// hit is decided, in the same pass); the invariant checker requires 0.
   std::uint64_t served_expired = 0;
 };
 
