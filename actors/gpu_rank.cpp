@@ -23,6 +23,7 @@ gpu_rank_fn(runtime::device_port::stateful_pointer<gpu_rank_state> self, gpu_ran
   self->set_down_handler([self](caf::down_msg& msg) { self->quit(msg.reason); });
   return {
     [self](const runtime::device_step& step) { return self->delegate(self->state.device, step); },
+    [self](const runtime::device_release& r) { self->send(self->state.device, r); },
   };
 }
 

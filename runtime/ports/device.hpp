@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace troupe::runtime {
 
@@ -24,7 +26,54 @@ enum class step_phase : std::uint8_t { prefill, decode, encode };
 
 std::string to_string(step_phase p);
 
-/// One step of device work: what a perf model needs to cost it and a real device to run it.
+/// How a sequence's next token is chosen: the sampling parameters of its request (the real
+/// device maps them onto kernels/sampling.hpp; the simulated device ignores them).
+struct sampling {
+  /// 0 picks the most likely token (greedy); > 0 samples at that temperature.
+  double temperature = 1.0;
+  /// Keep the k most likely tokens (0: off), the smallest set reaching top_p (1: off), the
+  /// tokens with p >= min_p * p_max (0: off).
+  std::int32_t top_k = 0;
+  double top_p = 1.0;
+  double min_p = 0.0;
+  /// The request's seed: a draw depends only on (seed, position), never on the batch.
+  std::uint64_t seed = 0;
+  /// -1: no log-probabilities; 0: the sampled token's; k > 0: also the k most likely tokens'.
+  std::int32_t top_logprobs = -1;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling& x) {
+  return f(caf::meta::type_name("sampling"), x.temperature, x.top_k, x.top_p, x.min_p, x.seed,
+           x.top_logprobs);
+}
+
+/// One sequence's share of a step, as llama.cpp's batch rows: which sequence, where its new
+/// tokens start, the tokens, and whether the step ends with a token drawn for it.
+struct step_sequence {
+  /// The sequence (its request's id). The device keeps that sequence's cache between steps:
+  /// the first step of a sequence opens it, `device_release` frees it.
+  std::uint64_t sequence = 0;
+  /// Position of the first new token: the tokens the sequence's cache already holds.
+  std::uint64_t position = 0;
+  /// New tokens in this step.
+  std::uint32_t count = 0;
+  /// Their ids (`count` of them) in the real world; the simulated world, which only costs the
+  /// step, may leave them empty.
+  std::vector<std::int32_t> tokens;
+  /// Draw the token after the last new one (false for a prefill chunk short of the prompt's
+  /// end, whose last logits nothing needs).
+  bool sample = false;
+  sampling params;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_sequence& x) {
+  return f(caf::meta::type_name("step_sequence"), x.sequence, x.position, x.count, x.tokens,
+           x.sample, x.params);
+}
+
+/// One step of device work: the batch, and the totals a perf model costs it by.
 struct device_step {
   /// Caller-chosen id, echoed in the result.
   std::uint64_t id = 0;
@@ -35,34 +84,75 @@ struct device_step {
   std::uint32_t sequences = 0;
   /// Total KV length the step attends over (summed over sequences).
   std::uint64_t context_tokens = 0;
+  /// The sequences, each at most once. Steps that only cost work (vision encodes, and the
+  /// simulator's prefill chunks) may leave it empty.
+  std::vector<step_sequence> batch;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_step& x) {
   return f(caf::meta::type_name("device_step"), x.id, x.phase, x.tokens, x.sequences,
-           x.context_tokens);
+           x.context_tokens, x.batch);
 }
 
-/// The outcome of a step: when it started and finished on the device's clock.
+/// A token drawn for one sequence, with its log-probability and the most likely alternatives
+/// when the sequence's sampling asked for them (top_logprobs >= 0).
+struct sampled_token {
+  std::uint64_t sequence = 0;
+  std::int32_t token = 0;
+  float logprob = 0.0f;
+  /// (token, log-probability), most likely first; top_logprobs of them.
+  std::vector<std::pair<std::int32_t, float>> top;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
+  return f(caf::meta::type_name("sampled_token"), x.sequence, x.token, x.logprob, x.top);
+}
+
+/// The outcome of a step: when it started and finished on the device's clock, and one token
+/// per sequence of the batch that asked for one (`sample`), in batch order.
 struct device_result {
   std::uint64_t id = 0;
   time_point started{};
   time_point finished{};
+  std::vector<sampled_token> sampled;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_result& x) {
-  return f(caf::meta::type_name("device_result"), x.id, x.started, x.finished);
+  return f(caf::meta::type_name("device_result"), x.id, x.started, x.finished, x.sampled);
 }
 
-/// Replies to each step once it has run; steps run one at a time in arrival order.
-using device_port = caf::typed_actor<caf::replies_to<device_step>::with<device_result>>;
+/// Frees a sequence's cache on the device (its request finished, moved or was cancelled). A
+/// sequence the device does not hold is ignored.
+struct device_release {
+  std::uint64_t sequence = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_release& x) {
+  return f(caf::meta::type_name("device_release"), x.sequence);
+}
+
+/// Replies to each step once it has run; steps run one at a time in arrival order. A step the
+/// device cannot run (an unknown token, a sequence whose position does not match its cache)
+/// is answered with an error and changes no cache.
+using device_port = caf::typed_actor<caf::replies_to<device_step>::with<device_result>,
+                                     caf::reacts_to<device_release>>;
 
 /// How long a step takes on a simulated device (the perf model plugs in here).
 using step_cost_fn = std::function<duration(const device_step&)>;
 
+/// The simulated world's token at `position` of sequence `sequence`: decoding is modelled as
+/// deterministic, so a token depends only on its sequence and position, wherever (and after
+/// however many reroutes) it is generated. Never a negative id.
+std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noexcept;
+
 /// A simulated device: each step occupies the device for cost(step), after any steps queued
-/// before it, and is answered when it finishes. A negative cost counts as zero.
+/// before it, and is answered when it finishes, with modelled_token(sequence, position +
+/// count) for each sequence that asked for a token (logprob 0, no alternatives): the step's
+/// token contents are not read. Releases are ignored. A negative cost counts as zero.
 device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost);
 
 } // namespace troupe::runtime

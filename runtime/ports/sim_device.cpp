@@ -21,6 +21,14 @@ std::string to_string(step_phase p) {
   return "?";
 }
 
+std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noexcept {
+  // splitmix64 of the pair, folded to a non-negative 31-bit id.
+  auto x = sequence * 0x9e3779b97f4a7c15ull + position + 0x632be59bd9b4e019ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<std::int32_t>((x ^ (x >> 31)) & 0x7fffffffu);
+}
+
 namespace {
 
 struct sim_device_state {
@@ -38,8 +46,14 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       auto& st = self->state;
       auto started = std::max(self->clock().now(), st.busy_until);
       st.busy_until = started + std::max(duration{0}, st.cost(step));
-      return st.replies.at(self, st.busy_until, device_result{step.id, started, st.busy_until});
+      device_result r{step.id, started, st.busy_until, {}};
+      for (const auto& s : step.batch)
+        if (s.sample)
+          r.sampled.push_back({s.sequence, modelled_token(s.sequence, s.position + s.count), 0.0f,
+                               {}});
+      return st.replies.at(self, st.busy_until, std::move(r));
     },
+    [](const device_release&) {},
     [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };
 }
