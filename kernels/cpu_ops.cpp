@@ -12,6 +12,8 @@ namespace troupe::kernels {
 
 void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 
+std::string blas_kernel_name() { return openblas_get_corename(); }
+
 void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,
             float* y) {
   if (rows == 0 || out == 0) return;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/model_config.hpp"
@@ -17,6 +18,10 @@ namespace troupe::kernels {
 
 /// Sets how many threads the BLAS uses (the model runs its GEMMs on two by default).
 void set_blas_threads(int threads);
+
+/// The OpenBLAS kernel in use (e.g. "Haswell", "SkylakeX"): chosen from the CPU, or forced by
+/// the OPENBLAS_CORETYPE environment variable. Benchmarks print it beside their figures.
+std::string blas_kernel_name();
 
 /// y[rows, out] = x[rows, in] · w[out, in]ᵀ (a torch Linear without bias). `y` is overwritten.
 void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -68,6 +69,8 @@ struct model::weights {
   int threads = 2;
   std::optional<checkpoint> ckpt;
   bool batch_invariant = false;
+  float jitter = 0.0f;
+  std::uint64_t jitter_seed = 0;
   bool released_names = false;
   matrix embed, norm, lm_head;
   std::vector<layer_weights> layers;
@@ -161,6 +164,8 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   w.cfg = std::move(*cfg);
   w.threads = std::max(1, options.threads);
   w.batch_invariant = options.batch_invariant;
+  w.jitter = static_cast<float>(options.jitter);
+  w.jitter_seed = options.jitter_seed;
   if (options.expert_shards < 1 || w.cfg.text.n_routed_experts % options.expert_shards != 0)
     return result<model>::failure("model: expert_shards " + std::to_string(options.expert_shards) +
                                   " does not divide n_routed_experts " +
@@ -417,7 +422,28 @@ void parallel_for(i64 n, int threads, F&& fn) {
 // its prefill is chunked).
 struct gemm_mode {
   bool per_row = false;
+  float jitter = 0.0f;  // model_options::jitter
+  std::uint64_t jitter_seed = 0;
 };
+
+// model_options::jitter on y[rows, out] (row stride ldy).
+void apply_jitter(const gemm_mode& mode, float* y, i64 rows, i64 out, i64 ldy) {
+  for (i64 r = 0; r < rows; ++r) {
+    float* row = y + r * ldy;
+    double sq = 0.0;
+    for (i64 j = 0; j < out; ++j) sq += double(row[j]) * double(row[j]);
+    const double amplitude = double(mode.jitter) * std::sqrt(sq / double(std::max<i64>(out, 1)));
+    for (i64 j = 0; j < out; ++j) {
+      std::uint64_t z = mode.jitter_seed ^ (std::bit_cast<std::uint32_t>(row[j]) * 0x9E3779B97F4A7C15ull) ^
+                        (static_cast<std::uint64_t>(j) << 32);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64 finaliser
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const double u = double(z >> 11) * 0x1p-52 - 1.0;  // [-1, 1)
+      row[j] = static_cast<float>(double(row[j]) + amplitude * u);
+    }
+  }
+}
 
 // y[rows, out] = x[rows, in] (row stride ldx) · w[out, in]ᵀ, y row stride ldy.
 void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i64 out, float* y,
@@ -426,11 +452,13 @@ void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i
   if (ldy == 0) ldy = out;
   if (!mode.per_row) {
     gemm_nt(rows, out, in, x, ldx, w, in, y, ldy);
-    return;
+  } else {
+    for (i64 r = 0; r < rows; ++r)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out),
+                  static_cast<blasint>(in), 1.0f, w, static_cast<blasint>(in), x + r * ldx, 1, 0.0f,
+                  y + r * ldy, 1);
   }
-  for (i64 r = 0; r < rows; ++r)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out), static_cast<blasint>(in),
-                1.0f, w, static_cast<blasint>(in), x + r * ldx, 1, 0.0f, y + r * ldy, 1);
+  if (mode.jitter != 0.0f) apply_jitter(mode, y, rows, out, ldy);
 }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -971,7 +999,7 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const gemm_mode mode{W.batch_invariant};
+  const gemm_mode mode{W.batch_invariant, W.jitter, W.jitter_seed};
   using fail = result<std::vector<float>>;
 
   // Tokens in batch order, their positions, and each sequence's slice.
@@ -1318,7 +1346,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
   const i64 rank = c.dspark_markov_rank, S = static_cast<i64>(batch.size()), T = S * B;
   const i64 width = static_cast<i64>(c.dspark_target_layer_ids.size()) * D;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const gemm_mode mode{W.batch_invariant};
+  const gemm_mode mode{W.batch_invariant, W.jitter, W.jitter_seed};
   for (i64 s = 0; s < S; ++s) {
     const auto& in = batch[sz(s)];
     const std::string who = "draft: sequence " + std::to_string(s);

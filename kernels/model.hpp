@@ -71,6 +71,15 @@ struct model_options {
   // each summed into a partial output, the partials summed in shard order), as EP ranks hold
   // them; must divide n_routed_experts. Changes only the summation order.
   int expert_shards = 1;
+  // A numerical-stability probe, off by default: every projection's output element y gets
+  // y += jitter · u · rms(its output row), u in [-1, 1] drawn from (jitter_seed, y's bits, its
+  // column) — a stand-in for another BLAS kernel's summation order. Running a computation with
+  // and without it tells whether a comparison at a given tolerance is stable: a result that
+  // moves by more than the tolerance under a 1e-5 jitter sits on a rounding or top-k boundary
+  // (an FP8/FP4 quantiser step, a router or indexer choice, an argmax), where two correct
+  // implementations may legitimately disagree.
+  double jitter = 0.0;
+  std::uint64_t jitter_seed = 0;
 };
 
 class model {

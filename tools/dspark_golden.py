@@ -28,10 +28,22 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import model_golden as mg  # noqa: E402
 
-CASES = [  # (prompt tokens, anchor): a short context and one longer than the window
-    ([(i * 37 + 16) % 250 for i in range(20)], 42),
-    ([(i * 53 + 9) % 250 for i in range(40)], 7),
+# The cases: a short context and one longer than the window, each the first of a family of
+# candidate prompts whose outputs are stable under the probe (model_golden.probe): no FP8
+# window rounding, router choice or draft argmax within the jitter of its boundary, so the
+# C++ on any BLAS kernel takes the decisions the reference took (tests/kernels/
+# model_fixture.hpp). The first candidates of the earlier goldens were not: the 40-token
+# prompt had one layer-3 window element on an FP8 rounding boundary, and the comparison
+# failed under OpenBLAS's SkylakeX and Prescott kernels only.
+FAMILIES = [  # (length, multiplier, offset, anchor); salt 0 is the earlier goldens' prompt
+    (20, 37, 16, 42),
+    (40, 53, 9, 7),
 ]
+
+
+def candidates(length, mult, offset):
+    for salt in range(256):
+        yield [(i * mult + offset + 11 * salt) % 250 for i in range(length)]
 
 
 def features(model, tokens, targets):
@@ -144,13 +156,35 @@ def main():
         layer.load_state_dict(state, strict=True)
         stages.append(layer)
     assert not mtp, f"unused draft tensors: {sorted(mtp)}"
-    doc = {"model": "troupe model init --preset tiny --seed 11", "cases": []}
+    doc = {"model": "troupe model init --preset tiny --seed 11",
+           "probe": {"jitter": mg.SELECT_JITTER, "seeds": len(mg.SELECT_SEEDS),
+                     "bound": mg.SELECT_BOUND},
+           "cases": []}
+    everything = torch.nn.ModuleList([model, *stages])
+    targets = list(cfg.dspark_target_layer_ids)
+
+    def run(prompt, anchor):
+        f = features(model, prompt, targets)
+        tokens, conf, logits = draft(model, modeling, stages, heads, f, anchor)
+        return f, tokens, conf, logits
+
     with torch.no_grad():
-        for prompt, anchor in CASES:
-            f = features(model, prompt, list(cfg.dspark_target_layer_ids))
-            tokens, conf, logits = draft(model, modeling, stages, heads, f, anchor)
+        for length, mult, offset, anchor in FAMILIES:
+            for salt, prompt in enumerate(candidates(length, mult, offset)):
+                def compute():
+                    f, tokens, conf, logits = run(prompt, anchor)
+                    return torch.cat([f.flatten(), logits.flatten(), torch.tensor(conf)]), tokens
+                change, flipped = mg.probe(everything, compute)
+                print(f"prompt {length} salt {salt}: outputs move by {change:.2e} under the jitter"
+                      + (", a draft changes" if flipped else ""))
+                if change <= mg.SELECT_BOUND and not flipped:
+                    break
+            else:
+                sys.exit(f"no stable prompt of length {length} among the candidates")
+            f, tokens, conf, logits = run(prompt, anchor)
             doc["cases"].append({
-                "prompt": prompt, "anchor": anchor, "features": f.flatten().tolist(),
+                "prompt": prompt, "anchor": anchor, "probe_change": change,
+                "features": f.flatten().tolist(),
                 "tokens": tokens, "confidences": conf, "logits": logits.flatten().tolist(),
             })
             print(f"prompt {len(prompt)}, anchor {anchor}: drafts {tokens}, confidences "

@@ -163,7 +163,20 @@ TEST_CASE("one prefill equals prefill then decode, across block boundaries") {
 }
 
 TEST_CASE("experts sharded over 1, 2 and 4 shards give the same logits") {
-  const auto toks = prompt(40, 4, 256);
+  // Sharding changes only the order the experts' partial outputs are summed in (~1e-7
+  // relative); 1e-5 holds once the prompt is away from every decision boundary
+  // (model_fixture.hpp). This random model is touchy: of prompt seeds 4..40, about half put a
+  // decision within the probe's reach under some BLAS kernel (seed 4, used before, under
+  // Haswell); seed 23 is clear under all four this suite runs.
+  const auto toks = prompt(40, 23, 256);
+  testing::require_stable_inputs(
+      {},
+      [&](const model_options& o) {
+        auto m = load_tiny(o);
+        auto c = m.new_sequence();
+        return std::pair{run(m, c, toks), std::vector<std::int64_t>{}};
+      },
+      1e-5);
   auto one = load_tiny();
   auto c1 = one.new_sequence();
   const auto ref = run(one, c1, toks);

@@ -3,7 +3,10 @@
 // the Engram hash multipliers come from.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +17,20 @@
 #include "kernels/engram_hash.hpp"
 
 using namespace troupe::kernels;
+
+// tests/kernels/blas_kernel.sh runs this suite under each OpenBLAS kernel the CPU can execute;
+// that means something only if OpenBLAS really switched.
+TEST_CASE("the BLAS kernel is the one OPENBLAS_CORETYPE asks for") {
+  const std::string name = blas_kernel_name();
+  MESSAGE("OpenBLAS kernel: " << name);
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (asked == nullptr || *asked == '\0') return;
+  auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    return s;
+  };
+  CHECK(lower(name) == lower(asked));
+}
 
 TEST_CASE("round_to_e4m3 rounds to the nearest e4m3 value, ties to even") {
   CHECK(round_to_e4m3(0.3f) == 0.3125f);   // step 2^-5 at [0.25, 0.5): 9.6 steps -> 10
