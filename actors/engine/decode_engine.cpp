@@ -6,8 +6,10 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <map>
+#include <set>
 
 namespace troupe::actors {
 
@@ -24,7 +26,21 @@ struct running {
   caf::typed_response_promise<decode_done> rp;
   /// Where progress notices go (the job's sender), when the job asks for them.
   caf::actor progress_to;
+  /// The token the next step feeds.
+  std::int32_t last = 0;
+  /// The device holds the context's KV (always in the simulated world; a real job's first step
+  /// computes it).
+  bool on_device = true;
+  bool stopped = false;
+  /// Generated since the last progress notice.
+  std::vector<std::int32_t> ids;
+  std::vector<runtime::sampled_token> logprobs;
 };
+
+/// A stop id ends the job: it is the last token sent.
+bool is_stop(const decode_job& job, std::int32_t token) {
+  return std::find(job.stop_ids.begin(), job.stop_ids.end(), token) != job.stop_ids.end();
+}
 
 struct decode_engine_state {
   decode_engine_params params;
@@ -35,6 +51,9 @@ struct decode_engine_state {
   std::map<std::uint64_t, running> batch;
   std::uint64_t batch_kv = 0;
   std::uint64_t in_transfer = 0;
+  /// Jobs whose KV is in transfer, and those of them cancelled meanwhile.
+  std::set<std::uint64_t> transferring;
+  std::set<std::uint64_t> cancelled;
   bool stepping = false;
   std::uint64_t next_step = 1;
   std::function<void()> leave;
@@ -74,7 +93,10 @@ void forward(engine_ptr self, running& run, std::vector<filled_blocks>& filled) 
   decode_done d{run.job.request, st.params.instance, run.arrived, run.joined,
                 self->clock().now(), run.generated, run.blocks};
   d.forwarded = true;
-  run.rp.deliver(d);
+  d.ids = std::move(run.ids);
+  d.logprobs = std::move(run.logprobs);
+  run.rp.deliver(std::move(d));
+  self->send(st.device, runtime::device_release{run.job.request});
   ++st.forwarded;
 }
 
@@ -123,22 +145,53 @@ void step(engine_ptr self) {
     return;
   st.stepping = true;
   runtime::device_step ds{st.next_step++, runtime::step_phase::decode, st.batch.size(),
-                          static_cast<std::uint32_t>(st.batch.size()), st.batch_kv};
-  self->request(st.device, caf::infinite, ds)
+                          static_cast<std::uint32_t>(st.batch.size()), st.batch_kv, {}};
+  ds.batch.reserve(st.batch.size());
+  for (auto& [id, run] : st.batch) {
+    runtime::step_sequence seq{id, run.job.context_tokens + run.generated, 1, {}, true,
+                               run.job.sampling};
+    if (!run.job.context.empty()) {
+      if (!run.on_device) {
+        // Rebuild the context's KV here, in the same step (decode_engine.hpp).
+        seq.position = 0;
+        seq.count = static_cast<std::uint32_t>(run.job.context.size() + 1);
+        seq.tokens = run.job.context;
+        run.on_device = true;
+      }
+      seq.tokens.push_back(run.last);
+    }
+    ds.batch.push_back(std::move(seq));
+  }
+  self->request(st.device, caf::infinite, std::move(ds))
     .then(
-      [self](const runtime::device_result& r) {
+      [self](runtime::device_result& r) {
         auto& st = self->state;
         st.stepping = false;
         ++st.stats.steps;
         st.stats.busy += r.finished - r.started;
-        st.stats.tokens += st.batch.size();
         std::vector<filled_blocks> filled;
+        // The sampled tokens come in batch order, i.e. by request id; a job cancelled while
+        // the step ran has none of its own any more.
+        auto sampled = r.sampled.begin();
         for (auto i = st.batch.begin(); i != st.batch.end();) {
           auto& run = i->second;
+          while (sampled != r.sampled.end() && sampled->sequence < i->first)
+            ++sampled;
+          if (sampled == r.sampled.end() || sampled->sequence != i->first) {
+            ++i;  // admitted after this step was built (cannot happen today): next step
+            continue;
+          }
+          auto& token = *sampled++;
+          ++st.stats.tokens;
           ++run.generated;
           ++st.batch_kv;
+          run.last = token.token;
+          run.ids.push_back(token.token);
+          if (run.job.sampling.top_logprobs >= 0)
+            run.logprobs.push_back(std::move(token));
+          run.stopped = is_stop(run.job, run.last);
           auto length = run.job.context_tokens + run.generated;
-          auto done = run.generated >= run.job.output_tokens;
+          auto done = run.stopped || run.generated >= run.job.output_tokens;
           bool full = length % block_size == 0;
           if (full)
             ++run.blocks;
@@ -147,12 +200,21 @@ void step(engine_ptr self) {
                                            length / block_size - 1, full ? 1u : 0u,
                                            run.job.traffic, done});
           if (!done && run.job.progress_every > 0 && run.generated % run.job.progress_every == 0
-              && run.progress_to)
+              && run.progress_to) {
             caf::anon_send(run.progress_to,
-                           decode_progress{i->first, st.params.instance, run.generated});
+                           decode_progress{i->first, st.params.instance, run.generated,
+                                           std::move(run.ids), std::move(run.logprobs)});
+            run.ids.clear();
+            run.logprobs.clear();
+          }
           if (done) {
-            run.rp.deliver(decode_done{i->first, st.params.instance, run.arrived, run.joined,
-                                       r.finished, run.generated, run.blocks});
+            decode_done d{i->first, st.params.instance, run.arrived, run.joined, r.finished,
+                          run.generated, run.blocks};
+            d.stopped = run.stopped;
+            d.ids = std::move(run.ids);
+            d.logprobs = std::move(run.logprobs);
+            run.rp.deliver(std::move(d));
+            self->send(st.device, runtime::device_release{i->first});
             st.batch_kv -= length;
             ++st.stats.jobs_done;
             i = st.batch.erase(i);
@@ -184,6 +246,8 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
       auto& st = self->state;
       running r;
       r.job = job;
+      r.last = job.next;
+      r.on_device = job.context.empty();
       // (Before the promise is made: making it takes over the current message's sender.)
       if (job.progress_every > 0)
         r.progress_to = caf::actor_cast<caf::actor>(self->current_sender());
@@ -197,6 +261,11 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
       auto arrive = [self](running&& run) {
         auto& st = self->state;
         run.arrived = self->clock().now();
+        if (st.cancelled.erase(run.job.request) > 0) {
+          run.rp.deliver(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
+          maybe_answer_drain(self);
+          return;
+        }
         if (st.handed_off) {
           // Routed here before the drain excluded the instance: straight on, with its KV.
           std::vector<filled_blocks> filled;
@@ -212,10 +281,12 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
         return rp;
       }
       ++st.in_transfer;
+      st.transferring.insert(job.request);
       auto holder = std::make_shared<running>(std::move(r));
       self->request(st.ingress, caf::infinite, runtime::link_transfer{job.request, job.kv_bytes})
         .then([self, holder, arrive](const runtime::link_delivery&) {
           --self->state.in_transfer;
+          self->state.transferring.erase(holder->job.request);
           arrive(std::move(*holder));
         });
       return rp;
@@ -245,6 +316,33 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
       s.jobs_in_flight = self->state.batch.size() + self->state.waiting.size()
                          + self->state.in_transfer;
       return s;
+    },
+    [self](cancel_atom, std::uint64_t request) {
+      auto& st = self->state;
+      auto drop = [&](running& run) {
+        run.rp.deliver(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
+        // The block writer forgets the request's chain tip.
+        if (run.blocks > 0 && st.persist)
+          st.persist({filled_blocks{request, run.job.parent, run.job.parent_blocks,
+                                    (run.job.context_tokens + run.generated) / block_size, 0,
+                                    run.job.traffic, true}});
+        self->send(st.device, runtime::device_release{request});
+      };
+      if (auto i = st.batch.find(request); i != st.batch.end()) {
+        st.batch_kv -= i->second.job.context_tokens + i->second.generated;
+        drop(i->second);
+        st.batch.erase(i);
+        return;
+      }
+      auto w = std::find_if(st.waiting.begin(), st.waiting.end(),
+                            [&](const running& r) { return r.job.request == request; });
+      if (w != st.waiting.end()) {
+        drop(*w);
+        st.waiting.erase(w);
+      }
+      // Its KV may still be in transfer: it is dropped when it arrives.
+      if (st.transferring.count(request) > 0)
+        st.cancelled.insert(request);
     },
   };
 }

@@ -1,7 +1,7 @@
 // decode_engine: the scheduler of one decode instance (continuous batching over its EP group).
 //
-// A decode instance generates tokens for many requests at once: every device step produces
-// one token for each request in the running batch, and its time grows with the batch and the
+// A decode instance generates tokens for many requests at once: every device step feeds each
+// request in the running batch its last token and draws its next one, and its time grows with the batch and the
 // KV it attends over. Requests join and leave the batch at step boundaries (continuous
 // batching), up to `max_batch` over the instance. A request arrives with its prompt's KV,
 // which crosses the link from the prefill instance before it can join. Every time a
@@ -14,6 +14,16 @@
 // reply: an asynchronous notice) every N generated tokens: the tokens it carries have left
 // for the client, so a request whose decode instance dies knows exactly how many tokens were
 // delivered and resumes elsewhere from there (request.hpp).
+//
+// Messages carry content: a job brings the token to feed first (`next`, the last one the
+// request delivered) and its sampling and stop ids; progress notices and the answer carry the
+// generated token ids, in order. A job ends early when it generates one of its stop ids
+// (`decode_done::stopped`). A real job also brings its context's ids: until the prefill →
+// decode KV hand-off is wired to the device (kv export / import), the engine rebuilds the
+// context's KV on its own device in the job's first step. The simulated world leaves the ids
+// empty: its KV arrives by the modelled link transfer, its device answers modelled tokens.
+// `(cancel_atom, request)` drops a job (its requester has gone): it is answered with an error,
+// its KV bookings are freed and its sequence leaves the device.
 //
 // Drain: `(drain_atom, grace)` tells the engine its instance is leaving. It calls its `leave`
 // callback at once (decode_lb excludes the instance: no new routes), keeps stepping its batch
@@ -40,6 +50,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace troupe::actors {
 
@@ -58,25 +69,38 @@ struct decode_job {
   traffic_class traffic = traffic_class::chatbot;
   /// Send the job's sender a decode_progress every this many generated tokens (0: never).
   std::uint64_t progress_every = 0;
+  /// The token fed by the first step (at position `context_tokens`): the last one delivered.
+  std::int32_t next = 0;
+  /// The context's ids (`context_tokens` of them) in the real world; empty in the simulated one.
+  std::vector<std::int32_t> context;
+  runtime::sampling sampling;
+  /// Generating one of these ends the job (it is the last token sent).
+  std::vector<std::int32_t> stop_ids;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
   return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
-           x.kv_bytes, x.parent, x.parent_blocks, x.traffic, x.progress_every);
+           x.kv_bytes, x.parent, x.parent_blocks, x.traffic, x.progress_every, x.next, x.context,
+           x.sampling, x.stop_ids);
 }
 
 /// `tokens` of the job's output have been generated and delivered so far (a multiple of the
-/// job's `progress_every`, below its `output_tokens`: the last ones come with decode_done).
+/// job's `progress_every`, below its `output_tokens`: the last ones come with decode_done);
+/// `ids` are the ones generated since the previous notice, `logprobs` theirs when the job's
+/// sampling asked for them.
 struct decode_progress {
   std::uint64_t request = 0;
   instance_id instance = 0;
   std::uint64_t tokens = 0;
+  std::vector<std::int32_t> ids;
+  std::vector<runtime::sampled_token> logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_progress& x) {
-  return f(caf::meta::type_name("decode_progress"), x.request, x.instance, x.tokens);
+  return f(caf::meta::type_name("decode_progress"), x.request, x.instance, x.tokens, x.ids,
+           x.logprobs);
 }
 
 struct decode_done {
@@ -93,12 +117,18 @@ struct decode_done {
   /// The instance drained before the job was done: `tokens` (< the job's output_tokens) were
   /// generated and delivered here, and the request continues elsewhere with its KV.
   bool forwarded = false;
+  /// The job generated one of its stop ids (the last of `ids`).
+  bool stopped = false;
+  /// The ids generated since the last progress notice (all of them without notices), and
+  /// their logprobs when asked for.
+  std::vector<std::int32_t> ids;
+  std::vector<runtime::sampled_token> logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_done& x) {
   return f(caf::meta::type_name("decode_done"), x.request, x.instance, x.arrived, x.joined,
-           x.finished, x.tokens, x.blocks_persisted, x.forwarded);
+           x.finished, x.tokens, x.blocks_persisted, x.forwarded, x.stopped, x.ids, x.logprobs);
 }
 
 // drain_atom (a leave notice: serve for the grace period, then hand off) is in
@@ -111,7 +141,7 @@ using decode_engine_actor
   = caf::typed_actor<caf::replies_to<decode_job>::with<decode_done>,
                      caf::replies_to<engine_stats_atom>::with<engine_stats>,
                      caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
-                     caf::reacts_to<drain_end_atom>>;
+                     caf::reacts_to<drain_end_atom>, caf::reacts_to<cancel_atom, std::uint64_t>>;
 
 struct decode_engine_params {
   instance_id instance = 0;

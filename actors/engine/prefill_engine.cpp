@@ -18,7 +18,11 @@ namespace {
 struct job_state {
   prefill_job job;
   std::uint64_t remaining = 0;
+  /// Tokens the device's cache of this sequence holds (the next chunk's position).
   std::uint64_t computed = 0;
+  std::uint64_t position = 0;
+  /// The token drawn by the last chunk.
+  runtime::sampled_token next;
   bool ready = false;
   bool fetched = false;
   bool started = false;
@@ -50,7 +54,10 @@ void try_finish(engine_ptr self, std::uint64_t request) {
   if (i == st.jobs.end() || i->second.remaining > 0 || !i->second.fetched)
     return;
   auto& j = i->second;
-  j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now()});
+  j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now(),
+                            std::move(j.next)});
+  // The KV has been handed on with the answer: the device forgets the sequence.
+  self->send(st.device, runtime::device_release{request});
   st.jobs.erase(i);
   std::erase(st.order, request);
   ++st.stats.jobs_done;
@@ -90,7 +97,7 @@ void step(engine_ptr self) {
     }
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
-  runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0};
+  runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0, {}};
   for (auto id : ready) {
     auto n = take[id];
     if (n == 0)
@@ -101,6 +108,13 @@ void step(engine_ptr self) {
     ds.sequences += 1;
     // Attention of this chunk covers everything before it in the prompt.
     ds.context_tokens += j.job.input_tokens - j.remaining + n;
+    runtime::step_sequence seq{id, j.position, static_cast<std::uint32_t>(n), {},
+                               n == j.remaining, j.job.sampling};
+    if (!j.job.tokens.empty()) {
+      auto from = j.job.tokens.begin() + static_cast<std::ptrdiff_t>(j.position);
+      seq.tokens.assign(from, from + static_cast<std::ptrdiff_t>(n));
+    }
+    ds.batch.push_back(std::move(seq));
   }
   if (batch.empty())
     return;
@@ -116,17 +130,21 @@ void step(engine_ptr self) {
   }
   self->request(st.device, caf::infinite, ds)
     .then(
-      [self, batch](const runtime::device_result& r) {
+      [self, batch](runtime::device_result& r) {
         auto& st = self->state;
         st.stepping = false;
         ++st.stats.steps;
         st.stats.busy += r.finished - r.started;
+        for (auto& s : r.sampled)
+          if (auto i = st.jobs.find(s.sequence); i != st.jobs.end())
+            i->second.next = std::move(s);
         for (auto& [id, take] : batch) {
           auto i = st.jobs.find(id);
           if (i == st.jobs.end())
             continue;
           i->second.remaining -= take;
           i->second.computed += take;
+          i->second.position += take;
           st.stats.tokens += take;
           try_finish(self, id);
         }
@@ -152,15 +170,31 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
   return {
     [self](const prefill_job& job) -> caf::typed_response_promise<prefill_done> {
       auto& st = self->state;
-      auto cached = std::min(job.cached_tokens, job.input_tokens);
+      // A real job computes its whole context (no block fetch path yet: prefill_engine.hpp).
+      auto cached = job.tokens.empty() ? std::min(job.cached_tokens, job.input_tokens) : 0;
       auto replay = std::min(job.input_tokens, st.params.replay_tokens);
       job_state j;
       j.job = job;
+      if (!job.tokens.empty()) {
+        j.job.cached_tokens = 0;
+        j.job.fetch_bytes = 0;
+      }
       j.remaining = std::max(job.input_tokens - cached, replay);
+      j.position = job.input_tokens - j.remaining;
       j.rp = self->make_response_promise<prefill_done>();
       auto rp = j.rp;
       auto id = job.request;
-      if (job.fetch_bytes == 0 || st.link == nullptr) {
+      if (!job.tokens.empty() && job.tokens.size() != job.input_tokens) {
+        j.rp.deliver(caf::make_error(caf::sec::invalid_argument,
+                                     "prefill_job: tokens do not match input_tokens"));
+        return rp;
+      }
+      if (j.remaining == 0) {
+        // Nothing to compute (an empty context): nothing to draw a token from either.
+        j.rp.deliver(caf::make_error(caf::sec::invalid_argument, "prefill_job: empty context"));
+        return rp;
+      }
+      if (j.job.fetch_bytes == 0 || st.link == nullptr) {
         j.ready = true;
         j.fetched = true;
       } else {
@@ -206,6 +240,21 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       auto s = self->state.stats;
       s.jobs_in_flight = self->state.jobs.size();
       return s;
+    },
+    [self](cancel_atom, std::uint64_t request) {
+      auto& st = self->state;
+      auto i = st.jobs.find(request);
+      if (i == st.jobs.end())
+        return;
+      i->second.rp.deliver(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
+      st.jobs.erase(i);
+      std::erase(st.order, request);
+      // A step in flight may still hold a chunk of it: its result finds no job and is dropped.
+      self->send(st.device, runtime::device_release{request});
+      if (st.drain && st.jobs.empty()) {
+        st.drain->deliver(std::uint64_t{0});
+        st.drain.reset();
+      }
     },
   };
 }

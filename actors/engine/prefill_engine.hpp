@@ -11,11 +11,21 @@
 // is never persisted, so even a fully cached prompt recomputes its last `replay_tokens`
 // (bounded replay: a fixed cost whatever the context length).
 //
+// Messages carry content (docs/architecture.md, "One message shape for both worlds"): a job
+// brings its context's token ids and its sampling, each device step carries per sequence its
+// position, new token ids and whether to sample, and the job's last step draws the request's
+// next token, which `prefill_done` carries. The simulated world leaves the ids empty and its
+// device answers modelled tokens; the real device computes them. A real job (with ids)
+// computes its whole context: the block fetch path that would let it start from cached blocks
+// is not built yet, so its cache hits are not used.
+//
 // Protocol: a `prefill_job` request is answered with `prefill_done` when the job's last token
-// is computed and its fetched KV is complete.
+// is computed and its fetched KV is complete. `(cancel_atom, request)` drops a job (its
+// requester has gone): it is answered with an error and its sequence leaves the device.
 #pragma once
 
 #include "actors/lb/prefill_balancer.hpp"
+#include "actors/request/generation.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/link.hpp"
 #include "runtime/time.hpp"
@@ -28,6 +38,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace troupe::actors {
 
@@ -38,12 +49,16 @@ struct prefill_job {
   std::uint64_t input_tokens = 0;
   std::uint64_t cached_tokens = 0;
   std::uint64_t fetch_bytes = 0;
+  /// The context's token ids (`input_tokens` of them), or empty (the simulated world).
+  std::vector<std::int32_t> tokens;
+  /// How the token after the context is drawn.
+  runtime::sampling sampling;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
   return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
-           x.fetch_bytes);
+           x.fetch_bytes, x.tokens, x.sampling);
 }
 
 struct prefill_done {
@@ -52,11 +67,14 @@ struct prefill_done {
   /// When the job's first chunk started computing, and when the job was complete.
   runtime::time_point started{};
   runtime::time_point finished{};
+  /// The token drawn after the context (the request's next output token).
+  runtime::sampled_token next;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_done& x) {
-  return f(caf::meta::type_name("prefill_done"), x.request, x.instance, x.started, x.finished);
+  return f(caf::meta::type_name("prefill_done"), x.request, x.instance, x.started, x.finished,
+           x.next);
 }
 
 /// Work counters of an engine (prefill or decode).
@@ -88,7 +106,8 @@ using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using prefill_engine_actor
   = caf::typed_actor<caf::replies_to<prefill_job>::with<prefill_done>,
                      caf::replies_to<engine_stats_atom>::with<engine_stats>,
-                     caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>>;
+                     caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
+                     caf::reacts_to<cancel_atom, std::uint64_t>>;
 
 struct prefill_engine_params {
   instance_id instance = 0;

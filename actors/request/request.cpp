@@ -9,6 +9,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include <algorithm>
+#include <vector>
 #include <functional>
 
 namespace troupe::actors {
@@ -28,11 +29,19 @@ struct request_state {
   std::function<void(const caf::error&)> on_lost;
   /// What to do when the retry timer fires.
   std::function<void()> retry;
-  /// The first token has been delivered (with the end of the first prefill).
+  /// The first prefill has ended (the first token left with it).
   bool first_delivered = false;
-  /// Decode tokens delivered by earlier decode jobs, and by the current one so far.
-  std::uint64_t decoded = 0;
+  /// Output tokens delivered, and of those, by the current decode job so far.
+  std::uint64_t delivered = 0;
   std::uint64_t progress = 0;
+  /// The output ids delivered (kept for content requests: a re-prefill computes them), and
+  /// the last one (the next decode job feeds it).
+  std::vector<std::int32_t> output;
+  std::int32_t last = 0;
+  /// The engine of the current job (cancel reaches it there) and the balancer booking it holds.
+  caf::actor engine;
+  std::function<void()> release;
+  bool cancelled = false;
   /// The last decode job was forwarded by a draining instance: the next one carries the
   /// sliding-window rings with the KV.
   bool forwarded_kv = false;
@@ -42,12 +51,42 @@ struct request_state {
 using request_ptr = caf::stateful_actor<request_state>*;
 
 void finish(request_ptr self, std::string failure) {
-  auto& o = self->state.outcome;
+  auto& st = self->state;
+  auto& o = st.outcome;
   o.completed = failure.empty();
   o.failure = std::move(failure);
   o.finished = self->clock().now();
-  self->send(self->state.services.sink, o);
+  if (st.spec.stream) {
+    generation_end end{st.spec.id, finish_reason::length, {}, 0, 0, 0};
+    end.reason = st.cancelled     ? finish_reason::cancelled
+                 : !o.completed   ? finish_reason::error
+                 : o.stopped      ? finish_reason::stop
+                                  : finish_reason::length;
+    if (!o.completed && !st.cancelled)
+      end.error = o.failure;
+    end.prompt_tokens = static_cast<std::uint32_t>(o.input_tokens);
+    end.completion_tokens = static_cast<std::uint32_t>(o.delivered_tokens);
+    end.cached_tokens = static_cast<std::uint32_t>(o.hit_tokens);
+    self->send(st.spec.stream, std::move(end));
+  }
+  if (st.services.sink)
+    self->send(st.services.sink, o);
   self->quit();
+}
+
+/// The booking of the job that starts now; released when the job ends, fails or is cancelled.
+void book(request_ptr self, caf::actor engine, std::function<void()> release) {
+  self->state.engine = std::move(engine);
+  self->state.release = std::move(release);
+}
+
+void release_booking(request_ptr self) {
+  auto& st = self->state;
+  st.engine = caf::actor{};
+  if (auto r = std::move(st.release)) {
+    st.release = nullptr;
+    r();
+  }
 }
 
 std::string seconds_text(runtime::duration d) {
@@ -124,33 +163,48 @@ void reroute(request_ptr self, const std::string& phase, const std::string& why)
   match(self);
 }
 
-/// The client receives positions [from, to) of the output.
-void deliver(request_state& st, std::uint64_t from, std::uint64_t to) {
-  if (to <= from)
+/// The client receives `ids` (the next output positions): into the digest, the output, the
+/// stream. Stops at a stop id (the request then ends, `stopped`).
+void deliver(request_ptr self, std::vector<std::int32_t> ids,
+             std::vector<runtime::sampled_token> logprobs) {
+  auto& st = self->state;
+  if (ids.empty() || st.outcome.stopped)
     return;
-  st.outcome.token_digest = stream_digest(st.outcome.token_digest, st.spec.id, from, to);
-  st.outcome.delivered_tokens = to;
-}
-
-std::uint64_t first_token_count(const request_state& st) {
-  return st.first_delivered && st.spec.output_tokens > 0 ? 1 : 0;
+  const bool content = !st.spec.prompt.empty();
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    auto t = ids[k];
+    st.outcome.token_digest = digest_token(st.outcome.token_digest, st.delivered, t);
+    ++st.delivered;
+    st.last = t;
+    if (content)
+      st.output.push_back(t);
+    if (std::find(st.spec.stop_ids.begin(), st.spec.stop_ids.end(), t) != st.spec.stop_ids.end()) {
+      st.outcome.stopped = true;
+      ids.resize(k + 1);
+      if (logprobs.size() > k + 1)
+        logprobs.resize(k + 1);
+      break;
+    }
+  }
+  st.outcome.delivered_tokens = st.delivered;
+  if (st.spec.stream)
+    self->send(st.spec.stream, generation_tokens{st.spec.id, std::move(ids), std::move(logprobs)});
 }
 
 void decode(request_ptr self) {
   auto& st = self->state;
-  // The context: the prompt plus every token delivered by earlier decode jobs.
-  auto kv_tokens = st.spec.input_tokens + st.decoded;
+  // The context: the prompt plus every token delivered but the last, which the job feeds.
+  auto kv_tokens = st.spec.input_tokens + (st.delivered > 0 ? st.delivered - 1 : 0);
   self->request(st.services.decode, caf::infinite, decode_route{st.spec.id, kv_tokens})
     .then(
       [self, kv_tokens](const decode_assignment& a) {
         auto& st = self->state;
         st.outcome.decode_instance = a.instance;
-        // The first token came with prefill; decode generates the rest.
-        auto rest = st.spec.output_tokens > 0 ? st.spec.output_tokens - 1 - st.decoded : 0;
         decode_job job;
         job.request = st.spec.id;
         job.context_tokens = kv_tokens;
-        job.output_tokens = rest;
+        job.output_tokens = st.spec.output_tokens > st.delivered
+                              ? st.spec.output_tokens - st.delivered : 0;
         job.kv_bytes = kv_tokens * st.services.kv_bytes_per_token;
         // A forwarded request brings its sliding-window rings too.
         if (st.forwarded_kv)
@@ -163,13 +217,28 @@ void decode(request_ptr self) {
         }
         job.traffic = st.spec.traffic;
         job.progress_every = st.services.progress_every;
+        job.next = st.last;
+        job.sampling = st.spec.sampling;
+        job.stop_ids = st.spec.stop_ids;
+        if (!st.spec.prompt.empty()) {
+          job.context = st.spec.prompt;
+          job.context.insert(job.context.end(), st.output.begin(),
+                             st.output.end() - (st.output.empty() ? 0 : 1));
+        }
         st.progress = 0;
-        auto lost = [self, a, kv_tokens](const std::string& why) {
+        book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens] {
+          self->send(self->state.services.decode, decode_release{a.instance, kv_tokens});
+        });
+        auto lost = [self](const std::string& why) {
           auto& st = self->state;
-          self->send(st.services.decode, decode_release{a.instance, kv_tokens});
-          // What the client has, it keeps: the next job starts after it.
-          if (!st.services.test_replay_on_reroute)
-            st.decoded += st.progress;
+          release_booking(self);
+          // What the client has, it keeps: the next job starts after it. (The planted bug
+          // forgets it, so those positions are streamed again.)
+          if (st.services.test_replay_on_reroute) {
+            st.delivered -= st.progress;
+            if (!st.output.empty())
+              st.output.resize(st.output.size() - st.progress);
+          }
           st.progress = 0;
           reroute(self, "decode", why);
         };
@@ -177,20 +246,18 @@ void decode(request_ptr self) {
           lost("decode instance " + std::to_string(a.instance)
                + " down: " + self->system().render(reason));
         });
-        self->request(a.engine, caf::infinite, job)
+        self->request(a.engine, caf::infinite, std::move(job))
           .then(
-            [self, a, kv_tokens, attempt](const decode_done& done) {
+            [self, attempt](decode_done& done) {
               auto& st = self->state;
               if (attempt != st.attempt)
                 return;
               unwatch(self);
-              auto base = first_token_count(st) + st.decoded;
-              deliver(st, base + st.progress, base + done.tokens);
-              self->send(st.services.decode, decode_release{a.instance, kv_tokens});
-              if (done.forwarded) {
+              deliver(self, std::move(done.ids), std::move(done.logprobs));
+              release_booking(self);
+              if (done.forwarded && !st.outcome.stopped) {
                 // Its instance drained: the tokens generated there have reached the client
                 // (an exact count), and the KV goes with the request to another instance.
-                st.decoded += done.tokens;
                 st.progress = 0;
                 ++st.outcome.forwards;
                 st.forwarded_kv = true;
@@ -212,7 +279,7 @@ void decode(request_ptr self) {
 void prefill(request_ptr self, std::uint64_t cached_tokens) {
   auto& st = self->state;
   // After a decode failure the context also holds the tokens delivered so far.
-  auto context = st.spec.input_tokens + st.decoded;
+  auto context = st.spec.input_tokens + st.delivered;
   cached_tokens = std::min(cached_tokens, context);
   auto uncached = context - cached_tokens;
   self->request(st.services.prefill, caf::infinite, prefill_route{st.spec.id, uncached})
@@ -221,34 +288,50 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
         auto& st = self->state;
         st.outcome.prefill_instance = a.instance;
         prefill_job job{st.spec.id, context, cached_tokens,
-                        cached_tokens * st.services.kv_bytes_per_token};
-        auto lost = [self, a, uncached](const std::string& why) {
+                        cached_tokens * st.services.kv_bytes_per_token, {}, st.spec.sampling};
+        if (!st.spec.prompt.empty()) {
+          job.tokens = st.spec.prompt;
+          job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());
+        }
+        book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});
+        });
+        auto lost = [self](const std::string& why) {
+          release_booking(self);
           reroute(self, "prefill", why);
         };
         auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
           lost("prefill instance " + std::to_string(a.instance)
                + " down: " + self->system().render(reason));
         });
-        self->request(a.engine, caf::infinite, job)
+        self->request(a.engine, caf::infinite, std::move(job))
           .then(
-            [self, a, uncached, attempt](const prefill_done& done) {
+            [self, attempt](prefill_done& done) {
               auto& st = self->state;
               if (attempt != st.attempt)
                 return;
               unwatch(self);
-              self->send(st.services.prefill, prefill_release{a.instance, uncached});
+              release_booking(self);
               if (!st.first_delivered) {
                 st.first_delivered = true;
                 st.outcome.prefill_started = done.started;
                 st.outcome.first_token = done.finished;
-                // The first token leaves with the end of prefill.
-                if (st.spec.output_tokens > 0)
-                  deliver(st, 0, 1);
                 // The prompt's full blocks are persisted as the KV moves on to decode.
                 // (Anonymous: the store's reply must not come back to this actor.)
                 if (!st.spec.chain.empty())
                   caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
+              }
+              // The token drawn after the context leaves with the end of prefill.
+              if (st.delivered < st.spec.output_tokens) {
+                std::vector<runtime::sampled_token> lp;
+                auto token = done.next.token;
+                if (st.spec.sampling.top_logprobs >= 0)
+                  lp.push_back(std::move(done.next));
+                deliver(self, {token}, std::move(lp));
+              }
+              if (st.outcome.stopped) {
+                finish(self, "");
+                return;
               }
               decode(self);
             },
@@ -345,13 +428,30 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
       lost(msg.reason);
   });
   return {
-    [self](const decode_progress& p) {
+    [self](decode_progress& p) {
       auto& st = self->state;
-      if (p.tokens > st.progress) {
-        auto base = first_token_count(st) + st.decoded;
-        deliver(st, base + st.progress, base + p.tokens);
-        st.progress = p.tokens;
+      // Only the current job's notices count (an old job's may still be on the way).
+      if (!st.engine || p.tokens <= st.progress || p.instance != st.outcome.decode_instance)
+        return;
+      st.progress = p.tokens;
+      deliver(self, std::move(p.ids), std::move(p.logprobs));
+      if (st.outcome.stopped) {
+        // A stop id the engine does not know of (it checks the same list): end here.
+        if (st.engine)
+          self->send(st.engine, cancel_atom::value, st.spec.id);
+        unwatch(self);
+        release_booking(self);
+        finish(self, "");
       }
+    },
+    [self](cancel_atom) {
+      auto& st = self->state;
+      st.cancelled = true;
+      if (st.engine)
+        self->send(st.engine, cancel_atom::value, st.spec.id);
+      unwatch(self);
+      release_booking(self);
+      finish(self, "cancelled");
     },
     [self](retry_atom) {
       auto again = std::move(self->state.retry);
@@ -369,22 +469,19 @@ caf::actor spawn_request(caf::local_actor* parent, request_spec spec,
   return parent->spawn(request_fn, std::move(spec), services);
 }
 
-std::uint64_t token_at(std::uint64_t request, std::uint64_t position) noexcept {
-  // splitmix64 of the pair: a fixed, well-mixed function of (request, position).
-  auto x = request * 0x9e3779b97f4a7c15ull + position + 0x632be59bd9b4e019ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+std::uint64_t digest_token(std::uint64_t digest, std::uint64_t position,
+                           std::int32_t token) noexcept {
+  // Order-sensitive: each step mixes the running digest with the next (position, token).
+  auto x = (digest ^ static_cast<std::uint32_t>(token)) + position * 0xd6e8feb86659fd93ull;
+  x = (x ^ (x >> 32)) * 0xd6e8feb86659fd93ull;
+  return x ^ (x >> 32);
 }
 
-std::uint64_t stream_digest(std::uint64_t digest, std::uint64_t request, std::uint64_t from,
-                            std::uint64_t to) noexcept {
-  for (auto p = from; p < to; ++p) {
-    // Order-sensitive: each step mixes the running digest with the next (position, token).
-    auto x = (digest ^ token_at(request, p)) + p * 0xd6e8feb86659fd93ull;
-    x = (x ^ (x >> 32)) * 0xd6e8feb86659fd93ull;
-    digest = x ^ (x >> 32);
-  }
+std::uint64_t modelled_digest(std::uint64_t digest, std::uint64_t request,
+                              std::uint64_t input_tokens, std::uint64_t from,
+                              std::uint64_t to) noexcept {
+  for (auto p = from; p < to; ++p)
+    digest = digest_token(digest, p, runtime::modelled_token(request, input_tokens + p));
   return digest;
 }
 

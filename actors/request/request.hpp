@@ -27,7 +27,16 @@
 //     instance restarts), it asks again every `retry_interval`;
 //   - it fails with an explicit reason when it cannot be served within `deadline` of its
 //     admission or after `max_reroutes` reroutes (the deadline is checked whenever it would
-//     retry or reroute, not while a job runs).
+//     retry or reroute, not while a job runs);
+//   - `cancel_atom` (generation.hpp: the client left) ends it in any phase: the engine holding
+//     its job drops it and frees its KV, its balancer booking is released, and it ends as
+//     failed ("cancelled").
+//
+// Its messages carry content: the prompt's token ids (the real world; the simulator, which
+// only counts, leaves them empty), the sampling and stop ids, and the output token ids, which
+// it streams to `stream` (generation_tokens, then one generation_end) as they are delivered.
+// A re-prefill after a failure computes the prompt plus every token already delivered, and
+// draws the next one.
 #pragma once
 
 #include "actors/kv/block_key.hpp"
@@ -35,6 +44,8 @@
 #include "actors/lb/decode_lb.hpp"
 #include "actors/lb/prefill_lb.hpp"
 #include "actors/lb/vision_lb.hpp"
+#include "actors/request/generation.hpp"
+#include "runtime/ports/device.hpp"
 #include "runtime/time.hpp"
 
 #include <caf/actor.hpp>
@@ -59,12 +70,20 @@ struct request_spec {
   /// The image tokens are already counted in `input_tokens`.
   std::uint32_t images = 0;
   std::uint64_t image_tokens = 0;
+  /// The prompt's token ids (`input_tokens` of them), or empty (the simulated world).
+  std::vector<std::int32_t> prompt;
+  runtime::sampling sampling;
+  /// Generating one of these ends the request early (it is the last token sent).
+  std::vector<std::int32_t> stop_ids;
+  /// Receives generation_tokens and one generation_end (generation.hpp). May be invalid.
+  caf::actor stream;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
   return f(caf::meta::type_name("request_spec"), x.id, x.input_tokens, x.output_tokens,
-           x.chain, x.traffic, x.images, x.image_tokens);
+           x.chain, x.traffic, x.images, x.image_tokens, x.prompt, x.sampling, x.stop_ids,
+           x.stream);
 }
 
 /// How a request ended. Times are on the actor clock; a failed request has `failure` set and
@@ -84,8 +103,10 @@ struct request_outcome {
   std::uint64_t input_tokens = 0;
   std::uint64_t output_tokens = 0;
   /// Output tokens the client received: the first with the end of prefill (when the request
-  /// asks for any), the rest as decode reports them. Equals `output_tokens` when completed.
+  /// asks for any), the rest as decode reports them. Equals `output_tokens` when completed,
+  /// unless a stop token ended it earlier (`stopped`).
   std::uint64_t delivered_tokens = 0;
+  bool stopped = false;
   std::uint64_t hit_blocks = 0;
   std::uint64_t hit_tokens = 0;
   instance_id prefill_instance = 0;
@@ -96,26 +117,31 @@ struct request_outcome {
   std::uint32_t reroutes = 0;
   /// Times its decode instance drained and handed it, with its KV, to another one.
   std::uint32_t forwards = 0;
-  /// The delivered stream: every token the client received, in delivery order, folded with
-  /// stream_digest. Equals stream_digest(0, id, 0, output_tokens) exactly when the client
-  /// got positions 0, 1, ..., output_tokens - 1 once each, in order.
+  /// The delivered stream: every token id the client received, with its output position,
+  /// in delivery order, folded with digest_token. In the simulated world it equals
+  /// modelled_digest(0, id, input_tokens, 0, output_tokens) exactly when the client got the
+  /// modelled tokens of positions 0, 1, ..., output_tokens - 1 once each, in order.
   std::uint64_t token_digest = 0;
 };
 
-/// The simulated world's token at `position` of request `request`'s output: decoding is
-/// deterministic, so a token depends only on the request and its position, wherever (and
-/// after however many reroutes) it is generated.
-std::uint64_t token_at(std::uint64_t request, std::uint64_t position) noexcept;
+/// `digest` extended by token `token` at output position `position` (order-sensitive).
+std::uint64_t digest_token(std::uint64_t digest, std::uint64_t position,
+                           std::int32_t token) noexcept;
 
-/// `digest` extended by the tokens at positions [from, to) of `request`, in order.
-std::uint64_t stream_digest(std::uint64_t digest, std::uint64_t request, std::uint64_t from,
-                            std::uint64_t to) noexcept;
+/// `digest` extended by output positions [from, to) of request `request` as the simulated
+/// device generates them (runtime::modelled_token at `input_tokens` + position: decoding is
+/// modelled as deterministic, so a token depends only on its request and position, wherever
+/// and after however many reroutes it is generated).
+std::uint64_t modelled_digest(std::uint64_t digest, std::uint64_t request,
+                              std::uint64_t input_tokens, std::uint64_t from,
+                              std::uint64_t to) noexcept;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_outcome& x) {
   return f(caf::meta::type_name("request_outcome"), x.id, x.completed, x.failure, x.admitted,
            x.vision_started, x.encoded, x.prefill_started, x.first_token, x.finished,
-           x.input_tokens, x.output_tokens, x.delivered_tokens, x.hit_blocks, x.hit_tokens, x.prefill_instance,
+           x.input_tokens, x.output_tokens, x.delivered_tokens, x.stopped, x.hit_blocks,
+           x.hit_tokens, x.prefill_instance,
            x.decode_instance, x.vision_instance, x.reroutes, x.forwards, x.token_digest);
 }
 

@@ -8,7 +8,7 @@
 // state (completed, or failed with a reason the client sees); a completed request delivered
 // exactly its output length and carries no failure; no request delivered more tokens than its
 // output (a token delivered twice); outcome times are ordered (admitted ≤ first token ≤
-// finished); when decoding is deterministic (the simulated world: request.hpp's token_at), a
+// finished); when decoding is deterministic (the simulated world: runtime::modelled_token), a
 // completed request's delivered stream equals its fault-free run's, token for token — so a
 // rerouted or forwarded request that repeated, skipped or reordered a token is caught even
 // when its count is right. With the autoscaler, its decisions are checked too

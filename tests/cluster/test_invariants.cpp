@@ -28,7 +28,7 @@ actors::request_outcome completed(std::uint64_t id, std::uint64_t output = 10) {
   o.input_tokens = 100;
   o.output_tokens = output;
   o.delivered_tokens = output;
-  o.token_digest = actors::stream_digest(0, id, 0, output);
+  o.token_digest = actors::modelled_digest(0, id, 100, 0, output);
   return o;
 }
 
@@ -158,14 +158,18 @@ TEST_CASE("a stream that differs from the fault-free run's is caught, even with 
   // Tokens 0-5, then a resumed job that starts again at 4 (4 and 5 twice) and stops at 10
   // tokens in all: the count is right, the stream is not.
   auto o = completed(7, 10);
-  o.token_digest = actors::stream_digest(actors::stream_digest(0, 7, 0, 6), 7, 4, 8);
+  o.token_digest = actors::modelled_digest(0, 7, 100, 0, 6);
+  for (std::uint64_t k = 0; k < 4; ++k)
+    o.token_digest = actors::digest_token(o.token_digest, 6 + k,
+                                          runtime::modelled_token(7, 100 + 4 + k));
   expect_one(check_invariants({7}, {o}, true), 7, "differs from its fault-free run's");
   // The same positions delivered in two pieces, in order, are the same stream.
   auto split = completed(8, 10);
-  split.token_digest = actors::stream_digest(actors::stream_digest(0, 8, 0, 3), 8, 3, 10);
+  split.token_digest =
+      actors::modelled_digest(actors::modelled_digest(0, 8, 100, 0, 3), 8, 100, 3, 10);
   CHECK(check_invariants({8}, {split}, true).ok());
   // The stream depends on the request: another request's tokens are not this one's.
   auto other = completed(9, 10);
-  other.token_digest = actors::stream_digest(0, 10, 0, 10);
+  other.token_digest = actors::modelled_digest(0, 10, 100, 0, 10);
   expect_one(check_invariants({9}, {other}, true), 9, "differs from its fault-free run's");
 }
