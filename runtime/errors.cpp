@@ -20,6 +20,8 @@ std::string to_string(errc code) {
       return "invalid_argument";
     case errc::unavailable:
       return "unavailable";
+    case errc::store_corrupt:
+      return "store_corrupt";
   }
   return "unknown_error_" + std::to_string(static_cast<int>(code));
 }

@@ -34,6 +34,9 @@ enum class errc : std::uint8_t {
   invalid_argument,
   /// No instance (or other resource) can take the request now.
   unavailable,
+  /// A stored object failed its integrity check (header or payload checksum, size, key); the
+  /// store dropped it and will not serve it again.
+  store_corrupt,
 };
 
 /// The name of an error code, e.g. "store_full".

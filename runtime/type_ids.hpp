@@ -21,7 +21,12 @@ struct store_has;
 struct store_delete;
 struct store_object;
 struct store_stats;
+struct store_key;
+struct store_list;
+struct store_entry;
 } // namespace troupe::runtime
+
+#include <vector>
 
 CAF_BEGIN_TYPE_ID_BLOCK(troupe_runtime, caf::first_custom_type_id)
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::supervisor_event))
@@ -36,6 +41,10 @@ CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_has))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_delete))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_object))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_stats))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_key))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_list))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_entry))
+CAF_ADD_TYPE_ID(troupe_runtime, (std::vector<troupe::runtime::store_entry>))
 CAF_END_TYPE_ID_BLOCK(troupe_runtime)
 
 namespace troupe::runtime {

@@ -1,5 +1,6 @@
 #include "runtime/ports/delayed_reply.hpp"
 #include "runtime/ports/store.hpp"
+#include "runtime/ports/store_index.hpp"
 
 #include "runtime/check.hpp"
 #include "runtime/errors.hpp"
@@ -15,24 +16,35 @@ namespace troupe::runtime {
 
 namespace {
 
-struct stored {
-  std::uint64_t size = 0;
-  std::vector<std::uint8_t> payload;
-};
-
 struct sim_store_state {
   sim_store_params params;
-  std::map<std::uint64_t, stored> objects;
-  std::uint64_t used = 0;
+  store_index index{0};
+  /// Payloads of the objects put with one (none for objects put by size only).
+  std::map<store_key, std::vector<std::uint8_t>> payloads;
   /// When the store's bandwidth has moved every byte queued so far.
   time_point busy_until{};
   detail::delayed_replies replies;
   static inline const char* name = "sim_store";
 
-  store_stats stats() const { return {params.capacity, used, objects.size()}; }
+  void drop(const std::vector<store_key>& keys) {
+    for (const auto& k : keys)
+      payloads.erase(k);
+  }
 };
 
 using store_actor = caf::stateful_actor<sim_store_state>;
+
+/// The actor clock as an index instant.
+store_index::instant instant_of(time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+time_point time_of(store_index::instant i) {
+  if (i == store_index::never)
+    return store_never_expires;
+  return time_point{std::chrono::duration_cast<time_point::duration>(
+    std::chrono::nanoseconds{i})};
+}
 
 /// When an operation moving `bytes` completes if it arrives now.
 time_point completion(store_actor* self, std::uint64_t bytes) {
@@ -42,9 +54,16 @@ time_point completion(store_actor* self, std::uint64_t bytes) {
   return st.busy_until + st.params.latency;
 }
 
+/// Removes the objects whose expiry has passed; every request starts with it.
+void sweep(store_actor* self) {
+  auto& st = self->state;
+  st.drop(st.index.sweep(instant_of(self->clock().now())));
+}
+
 caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
   TROUPE_CHECK(params.bandwidth > 0, "sim_store: bandwidth must be > 0");
   self->state.params = params;
+  self->state.index = store_index{params.capacity};
   auto metadata_done = [self] { return self->clock().now() + self->state.params.latency; };
   return {
     [self, metadata_done](store_put& put) {
@@ -53,43 +72,69 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
         return st.replies.fail_at(self, metadata_done(),
                                   make_error(errc::invalid_argument,
                                              "payload size differs from declared size"));
-      auto old = st.objects.find(put.key);
-      auto freed = old != st.objects.end() ? old->second.size : 0;
-      if (st.used - freed + put.size > st.params.capacity)
+      if (put.ttl < duration{0})
+        return st.replies.fail_at(self, metadata_done(),
+                                  make_error(errc::invalid_argument, "negative ttl"));
+      sweep(self);
+      auto victims = st.index.make_room(put.key, put.size);
+      if (!victims)
         return st.replies.fail_at(self, metadata_done(),
                                   make_error(errc::store_full,
-                                             std::to_string(put.size) + " bytes, "
-                                               + std::to_string(st.params.capacity - st.used)
-                                               + " free"));
-      st.used = st.used - freed + put.size;
-      st.objects[put.key] = stored{put.size, std::move(put.payload)};
-      return st.replies.at(self, completion(self, put.size), st.stats());
+                                             std::to_string(put.size) + " bytes, capacity "
+                                               + std::to_string(st.params.capacity)));
+      st.drop(*victims);
+      auto now = instant_of(self->clock().now());
+      auto ttl_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(put.ttl).count();
+      st.index.insert(put.key, {put.size, put.size, store_index::expiry_after(now, ttl_ns)});
+      if (put.payload.empty())
+        st.payloads.erase(put.key);
+      else
+        st.payloads[put.key] = std::move(put.payload);
+      return st.replies.at(self, completion(self, put.size), st.index.stats());
     },
     [self, metadata_done](const store_get& get) {
       auto& st = self->state;
-      auto i = st.objects.find(get.key);
-      if (i == st.objects.end())
+      sweep(self);
+      auto* e = st.index.find(get.key);
+      if (e == nullptr) {
+        st.index.count_miss();
         return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::not_found, std::to_string(get.key)));
-      return st.replies.at(self, completion(self, i->second.size),
-                           store_object{get.key, i->second.size, i->second.payload});
+                                  make_error(errc::not_found, to_string(get.key)));
+      }
+      st.index.count_hit();
+      st.index.touch(get.key);
+      store_object obj{get.key, e->size, {}};
+      if (auto p = st.payloads.find(get.key); p != st.payloads.end())
+        obj.payload = p->second; // the store keeps its copy
+      return st.replies.at(self, completion(self, e->size), std::move(obj));
     },
     [self, metadata_done](const store_has& has) {
       auto& st = self->state;
-      return st.replies.at(self, metadata_done(), st.objects.count(has.key) > 0);
+      sweep(self);
+      return st.replies.at(self, metadata_done(), st.index.find(has.key) != nullptr);
     },
     [self, metadata_done](const store_delete& del) {
       auto& st = self->state;
-      auto i = st.objects.find(del.key);
-      if (i == st.objects.end())
+      sweep(self);
+      if (!st.index.erase(del.key))
         return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::not_found, std::to_string(del.key)));
-      st.used -= i->second.size;
-      st.objects.erase(i);
-      return st.replies.at(self, metadata_done(), st.stats());
+                                  make_error(errc::not_found, to_string(del.key)));
+      st.payloads.erase(del.key);
+      return st.replies.at(self, metadata_done(), st.index.stats());
+    },
+    [self, metadata_done](const store_list&) {
+      auto& st = self->state;
+      sweep(self);
+      std::vector<store_entry> out;
+      out.reserve(st.index.objects());
+      st.index.for_each([&](const store_key& k, const store_index::entry& e) {
+        out.push_back(store_entry{k, e.size, time_of(e.expiry)});
+      });
+      return st.replies.at(self, metadata_done(), std::move(out));
     },
     [self, metadata_done](store_stats_atom) {
-      return self->state.replies.at(self, metadata_done(), self->state.stats());
+      sweep(self);
+      return self->state.replies.at(self, metadata_done(), self->state.index.stats());
     },
     [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };

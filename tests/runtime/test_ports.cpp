@@ -27,13 +27,6 @@ device_step step(std::uint64_t id, std::uint64_t tokens) {
   return s;
 }
 
-std::vector<std::uint8_t> bytes(std::size_t n, std::uint8_t seed) {
-  std::vector<std::uint8_t> out(n);
-  for (std::size_t i = 0; i < n; ++i)
-    out[i] = static_cast<std::uint8_t>(seed + i);
-  return out;
-}
-
 } // namespace
 
 // -- device ---------------------------------------------------------------------------------
@@ -130,6 +123,10 @@ TEST_CASE_FIXTURE(test::sim_fixture, "an empty transfer on a sim link takes only
 }
 
 // -- store ----------------------------------------------------------------------------------
+//
+// What every store does (round trip, capacity and eviction, TTL, list, stats) is the port's
+// contract, tested against the sim and the POSIX store in tests/ports/test_store_contract.cpp.
+// Here: what only the simulated store models, its timing in virtual time.
 
 namespace {
 
@@ -138,26 +135,16 @@ sim_store_params small_store(std::uint64_t capacity = 10'000) {
   return {capacity, 100us, 1e6};
 }
 
+store_key key(std::uint64_t n) {
+  return {0, n};
+}
+
 struct store_fixture : test::sim_fixture {
   store_port store = spawn_sim_store(sys, small_store());
 
-  store_stats put(std::uint64_t key, std::uint64_t size,
-                  std::vector<std::uint8_t> payload = {}) {
-    auto r = ask<store_stats>(store, store_put{key, size, std::move(payload)});
-    run();
-    REQUIRE(r.value->has_value());
-    return **r.value;
-  }
-
-  store_stats stats() {
-    auto r = ask<store_stats>(store, store_stats_atom::value);
-    run();
-    REQUIRE(r.value->has_value());
-    return **r.value;
-  }
-
-  bool has(std::uint64_t key) {
-    auto r = ask<bool>(store, store_has{key});
+  store_stats put(std::uint64_t k, std::uint64_t size, std::vector<std::uint8_t> payload = {},
+                  duration ttl = duration{0}) {
+    auto r = ask<store_stats>(store, store_put{key(k), size, std::move(payload), ttl});
     run();
     REQUIRE(r.value->has_value());
     return **r.value;
@@ -166,145 +153,65 @@ struct store_fixture : test::sim_fixture {
 
 } // namespace
 
-TEST_CASE_FIXTURE(store_fixture, "a sim store returns the payload and size of an object put before") {
-  auto payload = bytes(1000, 3);
-  put(42, 1000, payload);
-  auto r = ask<store_object>(store, store_get{42});
-  run();
-  REQUIRE(r.value->has_value());
-  CHECK((*r.value)->key == 42);
-  CHECK((*r.value)->size == 1000);
-  CHECK((*r.value)->payload == payload);
-}
-
 TEST_CASE_FIXTURE(store_fixture, "a sim store keeps the size of an object put without a payload") {
   put(1, 4096);
-  auto r = ask<store_object>(store, store_get{1});
+  auto r = ask<store_object>(store, store_get{key(1)});
   run();
   REQUIRE(r.value->has_value());
   CHECK((*r.value)->size == 4096);
   CHECK((*r.value)->payload.empty());
 }
 
-TEST_CASE_FIXTURE(store_fixture, "getting or deleting a missing key fails with not_found after the latency") {
+TEST_CASE_FIXTURE(store_fixture, "a sim store answers not_found and store_full after the latency") {
   put(1, 10);
   auto t0 = world.now();
-  auto get = ask<store_object>(store, store_get{2});
-  auto del = ask<store_stats>(store, store_delete{3});
+  auto get = ask<store_object>(store, store_get{key(2)});
+  auto del = ask<store_stats>(store, store_delete{key(3)});
+  auto full = ask<store_stats>(store, store_put{key(4), 10'001, {}, duration{0}});
   run();
-  CHECK_FALSE(get.value->has_value());
   CHECK(is(*get.error, errc::not_found));
-  CHECK_FALSE(del.value->has_value());
   CHECK(is(*del.error, errc::not_found));
+  CHECK(is(*full.error, errc::store_full));
   CHECK(*get.at == t0 + 100us);
   CHECK(*del.at == t0 + 100us);
-  CHECK(stats().objects == 1);
-}
-
-TEST_CASE_FIXTURE(store_fixture, "a put over capacity fails with store_full and changes nothing") {
-  put(1, 6000, bytes(6000, 1));
-  auto before = stats();
-  auto r = ask<store_stats>(store, store_put{2, 5000, {}});
-  run();
-  CHECK_FALSE(r.value->has_value());
-  CHECK(is(*r.error, errc::store_full));
-  auto after = stats();
-  CHECK(after.used == before.used);
-  CHECK(after.objects == before.objects);
-  CHECK_FALSE(has(2));
-  // The object already there is untouched.
-  auto got = ask<store_object>(store, store_get{1});
-  run();
-  REQUIRE(got.value->has_value());
-  CHECK((*got.value)->payload == bytes(6000, 1));
-}
-
-TEST_CASE_FIXTURE(store_fixture, "a failed replacement over capacity keeps the old object") {
-  put(1, 6000);
-  auto r = ask<store_stats>(store, store_put{1, 11'000, {}});
-  run();
-  CHECK(is(*r.error, errc::store_full));
-  auto s = stats();
-  CHECK(s.used == 6000);
-  CHECK(s.objects == 1);
-}
-
-TEST_CASE_FIXTURE(store_fixture, "a put that fills the store exactly succeeds") {
-  auto s = put(1, 10'000);
-  CHECK(s.used == 10'000);
-  CHECK(s.capacity == 10'000);
-}
-
-TEST_CASE_FIXTURE(store_fixture, "replacing a key frees the old size") {
-  put(1, 6000);
-  // 6000 + 8000 would not fit, but the old 6000 are freed first.
-  auto s = put(1, 8000);
-  CHECK(s.used == 8000);
-  CHECK(s.objects == 1);
-  auto r = ask<store_object>(store, store_get{1});
-  run();
-  REQUIRE(r.value->has_value());
-  CHECK((*r.value)->size == 8000);
-}
-
-TEST_CASE_FIXTURE(store_fixture, "store stats count capacity, used bytes and objects through puts and deletes") {
-  auto s0 = stats();
-  CHECK(s0.capacity == 10'000);
-  CHECK(s0.used == 0);
-  CHECK(s0.objects == 0);
-  put(1, 1000);
-  auto s = put(2, 2500);
-  CHECK(s.used == 3500);
-  CHECK(s.objects == 2);
-  auto del = ask<store_stats>(store, store_delete{1});
-  run();
-  REQUIRE(del.value->has_value());
-  CHECK((*del.value)->used == 2500);
-  CHECK((*del.value)->objects == 1);
-  CHECK(stats().used == 2500);
-}
-
-TEST_CASE_FIXTURE(store_fixture, "has is true for a stored key and false otherwise") {
-  put(5, 10);
-  CHECK(has(5));
-  CHECK_FALSE(has(6));
-  auto del = ask<store_stats>(store, store_delete{5});
-  run();
-  REQUIRE(del.value->has_value());
-  CHECK_FALSE(has(5));
+  CHECK(*full.at == t0 + 100us);
 }
 
 TEST_CASE_FIXTURE(store_fixture, "a sim store put and get take bytes / bandwidth plus latency") {
   auto t0 = world.now();
-  auto p = ask<store_stats>(store, store_put{1, 1000, {}});
+  auto p = ask<store_stats>(store, store_put{key(1), 1000, {}, duration{0}});
   run();
   REQUIRE(p.value->has_value());
   CHECK(*p.at == t0 + 1ms + 100us);
   auto t1 = world.now();
-  auto g = ask<store_object>(store, store_get{1});
+  auto g = ask<store_object>(store, store_get{key(1)});
   run();
   REQUIRE(g.value->has_value());
   CHECK(*g.at == t1 + 1ms + 100us);
 }
 
-TEST_CASE_FIXTURE(store_fixture, "has, delete and stats take only the latency, whatever the object size") {
+TEST_CASE_FIXTURE(store_fixture,
+                  "has, delete, list and stats take only the latency, whatever the object size") {
   put(1, 5000);
   auto t0 = world.now();
-  auto h = ask<bool>(store, store_has{1});
+  auto h = ask<bool>(store, store_has{key(1)});
   auto s = ask<store_stats>(store, store_stats_atom::value);
-  auto d = ask<store_stats>(store, store_delete{1});
+  auto l = ask<std::vector<store_entry>>(store, store_list{});
+  auto d = ask<store_stats>(store, store_delete{key(1)});
   run();
   REQUIRE(d.value->has_value());
   CHECK(*h.at == t0 + 100us);
   CHECK(*s.at == t0 + 100us);
+  CHECK(*l.at == t0 + 100us);
   CHECK(*d.at == t0 + 100us);
 }
 
-TEST_CASE_FIXTURE(store_fixture, "concurrent puts and gets share the store bandwidth in arrival order") {
+TEST_CASE_FIXTURE(store_fixture,
+                  "concurrent puts and gets share the store bandwidth in arrival order") {
   put(1, 2000);
   auto t0 = world.now();
-  auto get = ask<store_object>(store, store_get{1});       // 2 ms of bandwidth
-  auto put2 = ask<store_stats>(store, store_put{2, 1000, {}}); // 1 ms, after the get
+  auto get = ask<store_object>(store, store_get{key(1)});                     // 2 ms
+  auto put2 = ask<store_stats>(store, store_put{key(2), 1000, {}, duration{0}}); // 1 ms after
   run();
   REQUIRE(get.value->has_value());
   REQUIRE(put2.value->has_value());
@@ -312,9 +219,22 @@ TEST_CASE_FIXTURE(store_fixture, "concurrent puts and gets share the store bandw
   CHECK(*put2.at == t0 + 3ms + 100us);
 }
 
-TEST_CASE_FIXTURE(store_fixture, "a put whose payload differs from its declared size fails with invalid_argument") {
-  auto r = ask<store_stats>(store, store_put{1, 10, bytes(9, 0)});
+TEST_CASE_FIXTURE(store_fixture,
+                  "a sim store's expiry is the put's arrival plus its ttl, in virtual time") {
+  run_for(5s);
+  auto t0 = world.now();
+  put(1, 1000, {}, 1h);
+  auto l = ask<std::vector<store_entry>>(store, store_list{});
   run();
-  CHECK(is(*r.error, errc::invalid_argument));
-  CHECK(stats().objects == 0);
+  REQUIRE(l.value->has_value());
+  REQUIRE((*l.value)->size() == 1);
+  CHECK((**l.value)[0].expires_at == t0 + 1h);
+}
+
+TEST_CASE_FIXTURE(store_fixture,
+                  "a sim store sets no expiry timer: a world with expiring objects goes quiet") {
+  put(1, 1000, {}, 24h);
+  auto reason = run();
+  CHECK(reason == stop_reason::quiescent);
+  CHECK(world.now() < start + 1s);
 }
