@@ -24,6 +24,8 @@ gpu_rank_fn(runtime::device_port::stateful_pointer<gpu_rank_state> self, gpu_ran
   return {
     [self](const runtime::device_step& step) { return self->delegate(self->state.device, step); },
     [self](const runtime::device_release& r) { self->send(self->state.device, r); },
+    [self](const runtime::kv_export& x) { return self->delegate(self->state.device, x); },
+    [self](const runtime::kv_import& x) { return self->delegate(self->state.device, x); },
   };
 }
 

@@ -22,7 +22,8 @@ struct gpu_rank_params {
   std::uint32_t rank = 0;
 };
 
-/// Spawns a rank that implements the device port by forwarding each step to `device`.
+/// Spawns a rank that implements the device port by forwarding each step, release, KV export
+/// and KV import to `device` (replies come straight from the device).
 runtime::device_port spawn_gpu_rank(caf::local_actor* parent, gpu_rank_params params,
                                     runtime::device_port device);
 

@@ -50,6 +50,18 @@ class model_backend {
   /// Appends a serialised Block KV block to a sequence (blocks in order, before anything else).
   virtual result<bool> import_block(sequence_id id, std::int64_t block,
                                     std::string_view bytes) = 0;
+  /// Full 128-token blocks of a sequence's Block KV (the blocks export_block serialises).
+  virtual result<std::int64_t> full_blocks(sequence_id id) const = 0;
+  /// The serialised State KV of a sequence (kernels/kv_blocks.hpp).
+  virtual result<std::string> export_state(sequence_id id) const = 0;
+  /// The serialised SWA KV of a sequence.
+  virtual result<std::string> export_swa(sequence_id id) const = 0;
+  /// Restores a sequence's State KV after its imported blocks (exactly the full blocks the
+  /// state's length implies); the sequence then holds that length. Errors leave it as it was.
+  virtual result<bool> import_state(sequence_id id, std::string_view bytes) = 0;
+  /// Replaces a sequence's SWA KV. A fresh sequence given blocks 0..n-1, then the State KV,
+  /// then the SWA KV of an exported one continues exactly as the exported one would.
+  virtual result<bool> import_swa(sequence_id id, std::string_view bytes) = 0;
   /// Rebuilds a sequence holding only imported blocks from its tokens by bounded replay;
   /// returns the logits of the recomputed tokens (the last row: the next token's).
   virtual result<std::vector<float>> replay(sequence_id id,
@@ -70,6 +82,11 @@ class cpu_backend final : public model_backend {
   result<bool> rollback(sequence_id id, std::int64_t k) override;
   result<std::string> export_block(sequence_id id, std::int64_t block) const override;
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;
+  result<std::int64_t> full_blocks(sequence_id id) const override;
+  result<std::string> export_state(sequence_id id) const override;
+  result<std::string> export_swa(sequence_id id) const override;
+  result<bool> import_state(sequence_id id, std::string_view bytes) override;
+  result<bool> import_swa(sequence_id id, std::string_view bytes) override;
   result<std::vector<float>> replay(sequence_id id,
                                     std::span<const std::int64_t> tokens) override;
 

@@ -59,6 +59,39 @@ result<bool> cpu_backend::import_block(sequence_id id, std::int64_t block,
   return restore_block(it->second, block, bytes);
 }
 
+result<std::int64_t> cpu_backend::full_blocks(sequence_id id) const {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<std::int64_t>::failure(unknown(id));
+  return kernels::full_blocks(it->second);
+}
+
+result<std::string> cpu_backend::export_state(sequence_id id) const {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<std::string>::failure(unknown(id));
+  return serialize_state(it->second);
+}
+
+result<std::string> cpu_backend::export_swa(sequence_id id) const {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<std::string>::failure(unknown(id));
+  return serialize_swa(it->second);
+}
+
+result<bool> cpu_backend::import_state(sequence_id id, std::string_view bytes) {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<bool>::failure(unknown(id));
+  if (it->second.length != 0)
+    return result<bool>::failure("backend: sequence " + std::to_string(id) +
+                                 " already holds a state; it is imported into a fresh one");
+  return restore_state(it->second, bytes);
+}
+
+result<bool> cpu_backend::import_swa(sequence_id id, std::string_view bytes) {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) return result<bool>::failure(unknown(id));
+  return restore_swa(it->second, bytes);
+}
+
 result<std::vector<float>> cpu_backend::replay(sequence_id id,
                                                std::span<const std::int64_t> tokens) {
   const auto it = sequences_.find(id);

@@ -37,6 +37,7 @@ std::unique_ptr<caf::actor_system_config> make_config(const world_options& opts)
   cfg->add_message_types<caf::id_block::troupe_runtime>();
   cfg->add_error_category(error_category, renderer<errc>("troupe"));
   cfg->add_error_category(metrics_error_category, renderer<metrics_errc>("metrics"));
+  cfg->add_error_category(device_error_category, renderer<device_errc>("device"));
   if (opts.mode == world_mode::sim) {
     cfg->set("scheduler.policy", caf::atom("testing"));
   } else {

@@ -5,10 +5,18 @@
 // the port is an actor that replies after a modelled duration; in the real world it runs CPU
 // (OpenBLAS) or CUDA kernels. Both implement `device_port`, so the rank cannot tell them
 // apart. A device runs one step at a time: steps queue in arrival order.
+//
+// The prefill -> decode hand-off moves a sequence between devices: `kv_export` on the prefill
+// device answers a `kv_snapshot` (the sequence's KV as the byte formats of kernels/kv_blocks.hpp)
+// by handle, and `kv_import` on the decode device restores the sequence from it. The bytes
+// never travel inside a message: the snapshot is shared, immutable, behind a shared_ptr.
 #pragma once
 
 #include "runtime/time.hpp"
 
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
@@ -16,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,7 +69,7 @@ struct step_sequence {
   std::uint32_t count = 0;
   /// Their ids (`count` of them) in the real world; the simulated world, which only costs the
   /// step, may leave them empty.
-  std::vector<std::int32_t> tokens;
+  std::vector<std::int32_t> tokens{};
   /// Draw the token after the last new one (false for a prefill chunk short of the prompt's
   /// end, whose last logits nothing needs).
   bool sample = false;
@@ -86,7 +95,7 @@ struct device_step {
   std::uint64_t context_tokens = 0;
   /// The sequences, each at most once. Steps that only cost work (vision encodes, and the
   /// simulator's prefill chunks) may leave it empty.
-  std::vector<step_sequence> batch;
+  std::vector<step_sequence> batch{};
 };
 
 template <class Inspector>
@@ -102,7 +111,7 @@ struct sampled_token {
   std::int32_t token = 0;
   float logprob = 0.0f;
   /// (token, log-probability), most likely first; top_logprobs of them.
-  std::vector<std::pair<std::int32_t, float>> top;
+  std::vector<std::pair<std::int32_t, float>> top{};
 };
 
 template <class Inspector>
@@ -116,7 +125,7 @@ struct device_result {
   std::uint64_t id = 0;
   time_point started{};
   time_point finished{};
-  std::vector<sampled_token> sampled;
+  std::vector<sampled_token> sampled{};
 };
 
 template <class Inspector>
@@ -135,11 +144,91 @@ typename Inspector::result_type inspect(Inspector& f, device_release& x) {
   return f(caf::meta::type_name("device_release"), x.sequence);
 }
 
+/// One serialised piece of a sequence's KV: the bytes of one of kernels/kv_blocks.hpp's framed
+/// formats and the XXH3-64 of all of them (checked before the bytes are restored; the frame
+/// carries its own checksum too).
+struct kv_bytes {
+  std::string bytes{};
+  std::uint64_t checksum = 0;
+};
+
+/// A sequence's KV as a device exported it: everything another device of the same model needs
+/// to continue the sequence exactly where it stood. Immutable once made; shared by handle.
+struct kv_snapshot {
+  /// Which model (weights and token map) made it: a device imports only its own model's
+  /// snapshots. Devices that compute nothing name themselves ("sim", "script").
+  std::string model{};
+  /// Tokens the sequence held: the position of its next token.
+  std::uint64_t length = 0;
+  /// Block KV: full 128-token blocks 0..n-1 in order.
+  std::vector<kv_bytes> blocks{};
+  /// State KV: the unfinished block, compressor state, length, Engram look-back.
+  kv_bytes state{};
+  /// SWA KV: every layer's sliding-window ring.
+  kv_bytes swa{};
+};
+
+/// The handle a snapshot travels by (never its bytes).
+using kv_snapshot_ptr = std::shared_ptr<const kv_snapshot>;
+
+/// Asks a device for the snapshot of one of its sequences (the sequence stays on the device
+/// until released). Answered with a kv_snapshot_ptr, or an error for a sequence it does not
+/// hold. Answered after the steps queued before it.
+struct kv_export {
+  std::uint64_t sequence = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
+  return f(caf::meta::type_name("kv_export"), x.sequence);
+}
+
+/// Restores `sequence` on a device from a snapshot (of another device). Answered with ok once
+/// the device holds the sequence at snapshot->length; its next step starts at that position.
+/// A snapshot of another model, a checksum mismatch, corrupt bytes or a sequence the device
+/// already holds are answered with an error and leave no sequence behind (the caller then
+/// recomputes the sequence from its tokens).
+struct kv_import {
+  std::uint64_t sequence = 0;
+  kv_snapshot_ptr snapshot;
+};
+
 /// Replies to each step once it has run; steps run one at a time in arrival order. A step the
 /// device cannot run (an unknown token, a sequence whose position does not match its cache)
-/// is answered with an error and changes no cache.
+/// is answered with an error and changes no cache. Exports and imports run in the same order.
 using device_port = caf::typed_actor<caf::replies_to<device_step>::with<device_result>,
-                                     caf::reacts_to<device_release>>;
+                                     caf::reacts_to<device_release>,
+                                     caf::replies_to<kv_export>::with<kv_snapshot_ptr>,
+                                     caf::replies_to<kv_import>::with<caf::ok_atom>>;
+
+/// Why a device refused a request. Errors carry the category `device_error_category`.
+enum class device_errc : std::uint8_t {
+  /// The device has no model to run: loading it failed (the context says why).
+  load_failed = 1,
+  /// A step the device cannot run: a position that does not match the sequence's cache, a
+  /// token out of range, a count that does not match the tokens, a sequence twice in a
+  /// batch, invalid sampling parameters.
+  invalid_step,
+  /// The device does not hold that sequence.
+  unknown_sequence,
+  /// A snapshot the device cannot import: another model's, a checksum mismatch, corrupt or
+  /// inconsistent bytes, or a sequence the device already holds.
+  snapshot_rejected,
+  /// The model failed while computing (the caches are as before the step).
+  compute_failed,
+};
+
+/// The category atom of device errors.
+constexpr caf::atom_value device_error_category = caf::atom("device");
+
+/// The name of a device error code, e.g. "invalid_step".
+std::string to_string(device_errc code);
+
+/// Makes a device error; `context` is shown in parentheses when rendered.
+caf::error make_error(device_errc code, std::string context);
+
+/// True when `err` is a device error with code `code`.
+bool is(const caf::error& err, device_errc code);
 
 /// How long a step takes on a simulated device (the perf model plugs in here).
 using step_cost_fn = std::function<duration(const device_step&)>;
@@ -152,7 +241,13 @@ std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noex
 /// A simulated device: each step occupies the device for cost(step), after any steps queued
 /// before it, and is answered when it finishes, with modelled_token(sequence, position +
 /// count) for each sequence that asked for a token (logprob 0, no alternatives): the step's
-/// token contents are not read. Releases are ignored. A negative cost counts as zero.
+/// token contents are not read. Releases are ignored. A negative cost counts as zero. Exports
+/// are answered with one shared empty snapshot (model "sim") and imports with ok, both when
+/// the steps queued before them finish and taking no device time: the simulated world
+/// allocates nothing per sequence or token for a hand-off.
 device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost);
 
 } // namespace troupe::runtime
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::runtime::kv_snapshot_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::runtime::kv_import)

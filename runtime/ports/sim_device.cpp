@@ -6,6 +6,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include <algorithm>
+#include <memory>
 
 namespace troupe::runtime {
 
@@ -31,6 +32,13 @@ std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noex
 
 namespace {
 
+/// The one snapshot every sim device answers exports with: empty, shared, made once.
+const kv_snapshot_ptr& empty_snapshot() {
+  static const kv_snapshot_ptr snapshot = std::make_shared<const kv_snapshot>(
+    kv_snapshot{"sim", 0, {}, {}, {}});
+  return snapshot;
+}
+
 struct sim_device_state {
   step_cost_fn cost;
   /// When the device finishes the work queued so far.
@@ -54,6 +62,17 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       return st.replies.at(self, st.busy_until, std::move(r));
     },
     [](const device_release&) {},
+    // A hand-off takes no device time here (the link port costs the bytes); it is answered
+    // after the steps queued before it, as a real device answers it.
+    [self](const kv_export&) {
+      auto& st = self->state;
+      return st.replies.at(self, std::max(self->clock().now(), st.busy_until), empty_snapshot());
+    },
+    [self](const kv_import&) {
+      auto& st = self->state;
+      return st.replies.at(self, std::max(self->clock().now(), st.busy_until),
+                           caf::ok_atom::value);
+    },
     [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };
 }

@@ -464,6 +464,36 @@ TEST_CASE("the CPU backend runs steps, exports and imports blocks, and replays")
   CHECK_FALSE(be.export_block(a, 0).ok());
 }
 
+TEST_CASE("the CPU backend moves a whole sequence to another backend exactly") {
+  cpu_backend from(load_tiny({.batch_invariant = true}));
+  cpu_backend to(load_tiny({.batch_invariant = true}));
+  const auto V = from.cpu_model().text().vocab_size;
+  const auto toks = prompt(261, 16, V);  // two full blocks and a partial one
+  const auto a = from.open_sequence();
+  step_input in{a, toks};
+  REQUIRE(from.step(std::span(&in, 1)).ok());
+  REQUIRE(*from.full_blocks(a) == 2);
+  const auto b = to.open_sequence();
+  for (std::int64_t k = 0; k < 2; ++k) REQUIRE(to.import_block(b, k, *from.export_block(a, k)).ok());
+  REQUIRE(to.import_state(b, *from.export_state(a)).ok());
+  REQUIRE(to.import_swa(b, *from.export_swa(a)).ok());
+  CHECK(*to.length(b) == 261);
+  // The next tokens give bitwise the same logits on both.
+  const auto next = prompt(3, 17, V);
+  step_input na{a, next}, nb{b, next};
+  auto la = from.step(std::span(&na, 1));
+  auto lb = to.step(std::span(&nb, 1));
+  REQUIRE(la.ok());
+  REQUIRE(lb.ok());
+  CHECK(*la == *lb);
+  // A state goes only into a fresh sequence (after its blocks); unknown ids are refused.
+  CHECK_FALSE(to.import_state(b, *from.export_state(a)).ok());
+  CHECK_FALSE(from.export_state(999).ok());
+  CHECK_FALSE(from.export_swa(999).ok());
+  CHECK_FALSE(from.full_blocks(999).ok());
+  CHECK_FALSE(to.import_swa(999, *from.export_swa(a)).ok());
+}
+
 TEST_CASE("the encoder-decoder prefill keeps the encoder and the decoder's KV exact") {
   // Batch-invariant mode, so that running fewer rows changes no rounding: every encoder layer's
   // cache and the decoder's full-resolution KV (layer 3) equal the exact prefill's bit for bit;

@@ -85,6 +85,27 @@ TEST_CASE_FIXTURE(test::sim_fixture, "a sim device counts a negative cost as zer
   CHECK(*r.at == start);
 }
 
+TEST_CASE_FIXTURE(
+  test::sim_fixture,
+  "a sim device answers hand-offs after queued steps with one shared empty snapshot") {
+  auto dev = spawn_sim_device(sys, per_token);
+  auto busy = ask<device_result>(dev, step(1, 40));
+  auto first = ask<kv_snapshot_ptr>(dev, kv_export{7});
+  auto second = ask<kv_snapshot_ptr>(dev, kv_export{8});
+  auto imported = ask<caf::ok_atom>(dev, kv_import{9, nullptr});
+  run();
+  REQUIRE(first.value->has_value());
+  REQUIRE(second.value->has_value());
+  REQUIRE(imported.value->has_value());
+  const auto& snap = **first.value;
+  CHECK(snap->model == "sim");
+  CHECK(snap->length == 0);
+  CHECK(snap->blocks.empty());
+  CHECK(snap.get() == (*second.value)->get()); // nothing allocated per hand-off
+  CHECK(*first.at == start + 40ms);            // after the queued step, taking no time
+  CHECK(*imported.at == start + 40ms);
+}
+
 // -- link -----------------------------------------------------------------------------------
 
 TEST_CASE_FIXTURE(test::sim_fixture, "a sim link delivers after bytes / bandwidth plus latency") {

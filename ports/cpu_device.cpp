@@ -1,0 +1,441 @@
+// The CPU device port (see cpu_device.hpp).
+#include "ports/cpu_device.hpp"
+
+#include "kernels/backend.hpp"
+#include "kernels/generate.hpp"
+#include "kernels/model_config.hpp"
+#include "kernels/safetensors.hpp"
+#include "kernels/sampling.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/result.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <vector>
+
+namespace troupe::ports {
+
+using runtime::device_errc;
+using runtime::make_error;
+
+namespace {
+
+// -- model fingerprint ----------------------------------------------------------------------
+
+/// Feeds `bytes` to `h`, sampled as model_fingerprint documents.
+void hash_sampled(XXH3_state_t* h, std::span<const std::byte> bytes) {
+  constexpr std::size_t whole = 8192, edge = 4096, pieces = 16, piece = 256;
+  if (bytes.size() <= whole) {
+    XXH3_64bits_update(h, bytes.data(), bytes.size());
+    return;
+  }
+  XXH3_64bits_update(h, bytes.data(), edge);
+  XXH3_64bits_update(h, bytes.data() + bytes.size() - edge, edge);
+  const std::size_t stride = (bytes.size() - piece) / pieces;
+  for (std::size_t k = 0; k < pieces; ++k)
+    XXH3_64bits_update(h, bytes.data() + k * stride, piece);
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// `id` with the content of an Engram map folded in (it changes what the caches hold).
+std::string with_map(const std::string& id, const std::vector<std::int64_t>& map) {
+  const auto h = XXH3_64bits(map.data(), map.size() * sizeof(std::int64_t));
+  return id + "+engram:" + hex64(h);
+}
+
+// -- the device -----------------------------------------------------------------------------
+
+struct cpu_device_state {
+  std::unique_ptr<kernels::cpu_backend> backend;
+  /// Set when the model could not be loaded: every request is answered with it.
+  caf::error load_error;
+  std::string model_id;
+  std::int64_t vocab = 0;
+  /// The port's sequence ids -> the backend's.
+  std::map<std::uint64_t, kernels::sequence_id> sequences;
+  static inline const char* name = "cpu_device";
+};
+
+using self_ptr = runtime::device_port::stateful_pointer<cpu_device_state>;
+
+/// A name of its own for a loaded model that came without a directory or a name.
+std::string private_model_id(const kernels::model& m) {
+  static std::atomic<std::uint64_t> next{1};
+  return m.text().model_type + ":private-" + std::to_string(next++);
+}
+
+/// Loads the model (on the device's thread) into the state, or sets the load error.
+void load(cpu_device_state& st, cpu_device_params& p) {
+  auto fail = [&](const std::string& why) {
+    st.load_error = make_error(device_errc::load_failed, why);
+  };
+  const bool preloaded = p.model.has_value();
+  std::optional<kernels::model> m = std::move(p.model);
+  p.model.reset();
+  if (!m) {
+    auto loaded = kernels::model::load(
+      p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant});
+    if (!loaded)
+      return fail(loaded.error());
+    m.emplace(std::move(*loaded));
+  }
+  std::string id = p.model_id;
+  if (id.empty()) {
+    if (p.model_dir.empty()) {
+      id = private_model_id(*m);
+    } else {
+      auto fp = model_fingerprint(p.model_dir);
+      if (!fp)
+        return fail(fp.error());
+      id = *fp;
+    }
+  }
+  if (!p.engram_map.empty()) {
+    auto map = kernels::load_engram_token_map(*m, p.engram_map);
+    if (!map)
+      return fail(map.error());
+    if (p.model_id.empty())
+      id = with_map(id, *map);
+    if (auto ok = m->set_engram_token_map(std::move(*map)); !ok)
+      return fail(ok.error());
+  } else if (!m->text().engram_layer_ids.empty() && !preloaded) {
+    return fail("the model has Engram layers: give engram_map (a JSON file, or identity for a "
+                "random model directory)");
+  }
+  st.vocab = m->text().vocab_size;
+  st.model_id = std::move(id);
+  st.backend = std::make_unique<kernels::cpu_backend>(std::move(*m));
+}
+
+kernels::sampling_params to_kernels(const runtime::sampling& s) {
+  kernels::sampling_params k;
+  k.greedy = s.temperature == 0.0;
+  k.temperature = s.temperature;
+  k.top_k = s.top_k;
+  k.top_p = s.top_p;
+  k.min_p = s.min_p;
+  k.seed = s.seed;
+  return k;
+}
+
+/// The sampled token's log-probability under the raw logits and the `k` most likely tokens'
+/// (most likely first, lowest id on ties).
+void add_logprobs(std::span<const float> row, std::int32_t k, runtime::sampled_token& out) {
+  double top = -INFINITY;
+  for (float v : row)
+    top = std::max(top, static_cast<double>(v));
+  double sum = 0.0;
+  for (float v : row)
+    sum += std::exp(static_cast<double>(v) - top);
+  const double lse = top + std::log(sum);
+  auto logprob = [&](std::size_t i) { return static_cast<float>(row[i] - lse); };
+  out.logprob = logprob(static_cast<std::size_t>(out.token));
+  const auto n = std::min<std::size_t>(static_cast<std::size_t>(std::max(k, 0)), row.size());
+  std::vector<std::int32_t> ids(row.size());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>(i);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                    [&](std::int32_t a, std::int32_t b) {
+                      const float x = row[static_cast<std::size_t>(a)];
+                      const float y = row[static_cast<std::size_t>(b)];
+                      return x != y ? x > y : a < b;
+                    });
+  out.top.clear();
+  for (std::size_t i = 0; i < n; ++i)
+    out.top.emplace_back(ids[i], logprob(static_cast<std::size_t>(ids[i])));
+}
+
+/// The reason `step` cannot run on this device, or none.
+caf::error validate(const cpu_device_state& st, const runtime::device_step& step) {
+  std::set<std::uint64_t> seen;
+  for (const auto& s : step.batch) {
+    auto fail = [&](const std::string& why) {
+      return make_error(device_errc::invalid_step,
+                        "step " + std::to_string(step.id) + ", sequence " +
+                          std::to_string(s.sequence) + ": " + why);
+    };
+    if (!seen.insert(s.sequence).second)
+      return fail("twice in the batch");
+    if (s.count == 0)
+      return fail("no new tokens");
+    if (s.tokens.size() != s.count)
+      return fail("count " + std::to_string(s.count) + " but " + std::to_string(s.tokens.size())
+                  + " token ids");
+    for (auto t : s.tokens)
+      if (t < 0 || t >= st.vocab)
+        return fail("token " + std::to_string(t) + " is outside the vocabulary of "
+                    + std::to_string(st.vocab));
+    std::int64_t held = 0;
+    if (auto i = st.sequences.find(s.sequence); i != st.sequences.end()) {
+      auto len = st.backend->length(i->second);
+      if (!len)
+        return make_error(device_errc::compute_failed, len.error());
+      held = *len;
+    }
+    if (s.position != static_cast<std::uint64_t>(held))
+      return fail("position " + std::to_string(s.position) + ", but its cache holds "
+                  + std::to_string(held) + " tokens");
+    if (s.sample)
+      if (auto ok = kernels::validate(to_kernels(s.params)); !ok)
+        return fail(ok.error());
+  }
+  return caf::none;
+}
+
+/// Closes the port's sequence `seq` if the device holds it.
+void release(cpu_device_state& st, std::uint64_t seq) {
+  auto i = st.sequences.find(seq);
+  if (i == st.sequences.end())
+    return;
+  (void) st.backend->close_sequence(i->second);
+  st.sequences.erase(i);
+}
+
+caf::result<runtime::device_result> run_step(self_ptr self, const runtime::device_step& step) {
+  auto& st = self->state;
+  if (st.load_error)
+    return st.load_error;
+  runtime::device_result out;
+  out.id = step.id;
+  out.started = self->clock().now();
+  if (auto err = validate(st, step))
+    return err;
+  // Every sequence's tokens as the backend takes them; sequences seen for the first time are
+  // opened (and closed again should the step fail).
+  std::vector<std::vector<std::int64_t>> tokens(step.batch.size());
+  std::vector<kernels::step_input> inputs;
+  std::vector<std::uint64_t> opened;
+  for (std::size_t i = 0; i < step.batch.size(); ++i) {
+    const auto& s = step.batch[i];
+    tokens[i].assign(s.tokens.begin(), s.tokens.end());
+    auto [it, fresh] = st.sequences.try_emplace(s.sequence, 0);
+    if (fresh) {
+      it->second = st.backend->open_sequence();
+      opened.push_back(s.sequence);
+    }
+    inputs.push_back({it->second, tokens[i]});
+  }
+  auto logits = inputs.empty() ? kernels::result<std::vector<float>>(std::vector<float>{})
+                               : st.backend->step(inputs);
+  if (!logits) {
+    for (auto seq : opened)
+      release(st, seq);
+    return make_error(device_errc::compute_failed, logits.error());
+  }
+  const auto vocab = static_cast<std::size_t>(st.vocab);
+  std::size_t rows = 0;
+  for (const auto& s : step.batch) {
+    rows += s.count;
+    if (!s.sample)
+      continue;
+    const auto row = std::span<const float>(*logits).subspan((rows - 1) * vocab, vocab);
+    auto token = kernels::sample_token(row, to_kernels(s.params), s.position + s.count);
+    if (!token) {
+      // The caches advanced, but nobody gets this step's tokens: drop the batch's sequences
+      // rather than leave caches ahead of what their callers know.
+      for (const auto& b : step.batch)
+        release(st, b.sequence);
+      return make_error(device_errc::compute_failed,
+                        "sequence " + std::to_string(s.sequence) + ": " + token.error());
+    }
+    runtime::sampled_token t;
+    t.sequence = s.sequence;
+    t.token = static_cast<std::int32_t>(*token);
+    if (s.params.top_logprobs >= 0)
+      add_logprobs(row, s.params.top_logprobs, t);
+    out.sampled.push_back(std::move(t));
+  }
+  out.finished = self->clock().now();
+  return out;
+}
+
+runtime::kv_bytes checksummed(std::string bytes) {
+  runtime::kv_bytes b;
+  b.checksum = XXH3_64bits(bytes.data(), bytes.size());
+  b.bytes = std::move(bytes);
+  return b;
+}
+
+bool intact(const runtime::kv_bytes& b) {
+  return XXH3_64bits(b.bytes.data(), b.bytes.size()) == b.checksum;
+}
+
+caf::result<runtime::kv_snapshot_ptr> run_export(cpu_device_state& st, std::uint64_t seq) {
+  if (st.load_error)
+    return st.load_error;
+  auto i = st.sequences.find(seq);
+  if (i == st.sequences.end())
+    return make_error(device_errc::unknown_sequence,
+                      "kv_export: no sequence " + std::to_string(seq));
+  auto& be = *st.backend;
+  const auto id = i->second;
+  auto fail = [&](const std::string& why) {
+    return make_error(device_errc::compute_failed,
+                      "kv_export of sequence " + std::to_string(seq) + ": " + why);
+  };
+  auto snap = std::make_shared<runtime::kv_snapshot>();
+  snap->model = st.model_id;
+  auto length = be.length(id);
+  auto blocks = be.full_blocks(id);
+  if (!length)
+    return fail(length.error());
+  if (!blocks)
+    return fail(blocks.error());
+  snap->length = static_cast<std::uint64_t>(*length);
+  for (std::int64_t b = 0; b < *blocks; ++b) {
+    auto bytes = be.export_block(id, b);
+    if (!bytes)
+      return fail(bytes.error());
+    snap->blocks.push_back(checksummed(std::move(*bytes)));
+  }
+  auto state = be.export_state(id);
+  auto swa = be.export_swa(id);
+  if (!state)
+    return fail(state.error());
+  if (!swa)
+    return fail(swa.error());
+  snap->state = checksummed(std::move(*state));
+  snap->swa = checksummed(std::move(*swa));
+  return runtime::kv_snapshot_ptr{std::move(snap)};
+}
+
+caf::result<caf::ok_atom> run_import(cpu_device_state& st, const runtime::kv_import& x) {
+  if (st.load_error)
+    return st.load_error;
+  auto reject = [&](const std::string& why) {
+    return make_error(device_errc::snapshot_rejected,
+                      "kv_import of sequence " + std::to_string(x.sequence) + ": " + why);
+  };
+  const auto* snap = x.snapshot.get();
+  if (snap == nullptr)
+    return reject("no snapshot");
+  if (snap->model != st.model_id)
+    return reject("a snapshot of model " + snap->model + ", this device runs " + st.model_id);
+  if (st.sequences.count(x.sequence) != 0)
+    return reject("the device already holds the sequence");
+  for (std::size_t b = 0; b < snap->blocks.size(); ++b)
+    if (!intact(snap->blocks[b]))
+      return reject("block " + std::to_string(b) + ": checksum mismatch");
+  if (!intact(snap->state))
+    return reject("State KV: checksum mismatch");
+  if (!intact(snap->swa))
+    return reject("SWA KV: checksum mismatch");
+  auto& be = *st.backend;
+  const auto id = be.open_sequence();
+  auto fail = [&](const std::string& why) {
+    (void) be.close_sequence(id);
+    return reject(why);
+  };
+  for (std::size_t b = 0; b < snap->blocks.size(); ++b)
+    if (auto ok = be.import_block(id, static_cast<std::int64_t>(b), snap->blocks[b].bytes); !ok)
+      return fail(ok.error());
+  if (auto ok = be.import_state(id, snap->state.bytes); !ok)
+    return fail(ok.error());
+  if (auto ok = be.import_swa(id, snap->swa.bytes); !ok)
+    return fail(ok.error());
+  auto length = be.length(id);
+  if (!length || static_cast<std::uint64_t>(*length) != snap->length)
+    return fail("the restored cache holds "
+                + (length ? std::to_string(*length) : length.error()) + " tokens, the snapshot "
+                + std::to_string(snap->length));
+  st.sequences.emplace(x.sequence, id);
+  return caf::ok_atom::value;
+}
+
+/// Runs `f`, turning an exception (out of memory in the kernels, say) into an error value.
+template <class F>
+auto guarded(F f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return make_error(device_errc::compute_failed, e.what());
+  } catch (...) {
+    return make_error(device_errc::compute_failed, "unknown exception");
+  }
+}
+
+runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
+                                                  std::shared_ptr<cpu_device_params> params) {
+  // The detached actor's first act, on its own thread: load the model.
+  try {
+    load(self->state, *params);
+  } catch (const std::exception& e) {
+    self->state.load_error = make_error(device_errc::load_failed, e.what());
+  }
+  params.reset();
+  return {
+    [self](const runtime::device_step& step) {
+      return guarded([&] { return run_step(self, step); });
+    },
+    [self](const runtime::device_release& r) {
+      if (self->state.load_error)
+        return;
+      try {
+        release(self->state, r.sequence);
+      } catch (...) {
+      }
+    },
+    [self](const runtime::kv_export& x) {
+      return guarded([&] { return run_export(self->state, x.sequence); });
+    },
+    [self](const runtime::kv_import& x) {
+      return guarded([&] { return run_import(self->state, x); });
+    },
+  };
+}
+
+} // namespace
+
+runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params) {
+  return sys.spawn<caf::detached>(cpu_device_fn,
+                                  std::make_shared<cpu_device_params>(std::move(params)));
+}
+
+kernels::result<std::string> model_fingerprint(const std::filesystem::path& dir) {
+  using fail = kernels::result<std::string>;
+  std::ifstream f(dir / "config.json", std::ios::binary);
+  if (!f)
+    return fail::failure((dir / "config.json").string() + ": cannot be read");
+  const std::string config{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  auto cfg = kernels::parse_model_config(config, (dir / "config.json").string());
+  if (!cfg)
+    return fail::failure(cfg.error());
+  auto ck = kernels::checkpoint::open(dir);
+  if (!ck)
+    return fail::failure(ck.error());
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h{XXH3_createState(), XXH3_freeState};
+  XXH3_64bits_reset(h.get());
+  XXH3_64bits_update(h.get(), config.data(), config.size());
+  for (const auto& name : ck->names()) {
+    auto t = ck->get(name);
+    if (!t)
+      return fail::failure(t.error());
+    XXH3_64bits_update(h.get(), name.data(), name.size() + 1); // with its terminator
+    const auto type = kernels::dtype_name(t->type());
+    XXH3_64bits_update(h.get(), type.data(), type.size());
+    const auto& shape = t->shape();
+    XXH3_64bits_update(h.get(), shape.data(), shape.size() * sizeof(std::int64_t));
+    hash_sampled(h.get(), t->bytes);
+  }
+  return cfg->model_type + ":" + hex64(XXH3_64bits_digest(h.get()));
+}
+
+} // namespace troupe::ports

@@ -1,0 +1,90 @@
+// cpu_device: the device port on the exact CPU engine (kernels::cpu_backend).
+//
+// A GPU rank talks to its device only through runtime::device_port; in the simulated world a
+// perf model answers with modelled tokens. This is the real implementation on the CPU: it
+// loads a DeepSeek-V4.1 model directory, keeps one KV cache per sequence, runs every step's
+// batch (prefill chunks and decode tokens mixed: continuous batching) in one backend step,
+// samples each requested token with kernels/sampling.hpp (counter-based: a draw depends only on
+// the request's seed and the token's position), and exports / imports a sequence's KV for the
+// prefill -> decode hand-off in kernels/kv_blocks.hpp's byte formats.
+//
+// Threading: the device is a `caf::detached` actor. It has its own thread, on which it loads
+// the model and runs every step (the model compute blocks that thread, never one of CAF's
+// scheduler threads), one message at a time in arrival order, which is the port's contract.
+// The BLAS and attention threads of the model (`threads`) are started by the kernels on top.
+//
+// Batch invariance: with `batch_invariant` (the default) a sequence's logits, hence its greedy
+// tokens and its seeded draws, are bitwise the same whatever else shares its batch and however
+// its prompt is chunked. Without it, steps are faster in prefill and tokens may differ in the
+// last bits of the logits.
+#pragma once
+
+#include "kernels/model.hpp"
+#include "kernels/result.hpp"
+#include "runtime/ports/device.hpp"
+
+#include <caf/fwd.hpp>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace troupe::ports {
+
+struct cpu_device_params {
+  /// The model directory (config.json + safetensors, single file or sharded), loaded by the
+  /// device on its own thread before it takes its first step.
+  std::filesystem::path model_dir;
+  /// Or a model already loaded, which the device takes over (its `threads` and
+  /// `batch_invariant` were fixed when it was loaded; the two fields below are then unused).
+  /// It must have its Engram token map set already, or `engram_map` names one.
+  std::optional<kernels::model> model;
+  /// BLAS and attention threads of the model.
+  int threads = 2;
+  /// Batch-invariant mode (kernels::model_options): a request's output does not depend on
+  /// what else is in its batch.
+  bool batch_invariant = true;
+  /// The Engram compressed-token map, for a model with Engram layers (`troupe generate
+  /// --engram-map`): a JSON file, or "identity" for random model directories. Empty: none (a
+  /// model with Engram layers then fails to load, unless `model` came with its map set).
+  std::string engram_map;
+  /// Names the model in the snapshots this device exports; a device imports only snapshots
+  /// carrying its own name. Empty: model_fingerprint(model_dir) (and the Engram map's content
+  /// when the device sets one), so two devices that loaded the same checkpoint exchange
+  /// snapshots. A loaded `model` without a directory and without a name gets a name of its own
+  /// (its snapshots import only into this device).
+  std::string model_id;
+};
+
+/// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its
+/// model. A device whose model failed to load stays up and answers every step, export and
+/// import with device_errc::load_failed (the message says why); releases are ignored. The
+/// device answers:
+///   - device_step: validates the whole batch first (positions equal to the tokens each
+///     sequence's cache holds, 0 for a sequence it has not seen, which it then opens; count ==
+///     tokens.size() > 0; token ids in the vocabulary; each sequence once; valid sampling); any
+///     violation is answered with device_errc::invalid_step and changes no cache. Then it runs
+///     the batch in one backend step and, for each sequence with `sample`, draws the token at
+///     position + count from its last row of logits (temperature 0: greedy); with
+///     top_logprobs >= 0 it adds the token's log-softmax of the raw logits and the
+///     top_logprobs most likely (token, logprob) pairs, most likely first (lowest id on ties).
+///     A model failure is device_errc::compute_failed; if it happens after the caches advanced
+///     (non-finite logits), the batch's sequences are released.
+///   - device_release: closes the sequence (an unknown one is ignored).
+///   - kv_export: the sequence's length, Block KV blocks, State KV and SWA KV, each with its
+///     XXH3-64, named by the model id; device_errc::unknown_sequence for a sequence it lacks.
+///   - kv_import: restores a sequence it does not hold from a snapshot of the same model id;
+///     anything wrong (another model, a checksum, corrupt or inconsistent bytes, a sequence it
+///     already holds) is device_errc::snapshot_rejected and leaves no sequence behind.
+/// Times in device_result are the actor clock's (wall time) around the step.
+runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params);
+
+/// A name for the model stored in `dir`: the XXH3-64 of config.json, every tensor's name,
+/// dtype and shape, and samples of its bytes (all of a tensor up to 8 KiB, its first and last
+/// 4 KiB and 16 strided 256-byte pieces otherwise), as "<model_type>:<16 hex digits>". Cheap
+/// (a few pages per tensor) and different for checkpoints that differ in any config field or
+/// shape, and, with overwhelming likelihood, in their weights. Errors: an unreadable config or
+/// checkpoint.
+kernels::result<std::string> model_fingerprint(const std::filesystem::path& dir);
+
+} // namespace troupe::ports

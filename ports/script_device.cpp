@@ -1,0 +1,190 @@
+// The script device port (see script_device.hpp).
+#include "ports/script_device.hpp"
+
+#include "runtime/ports/delayed_reply.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+
+namespace troupe::ports {
+
+using runtime::device_errc;
+using runtime::make_error;
+
+namespace {
+
+constexpr const char* model_name = "script";
+
+struct script_sequence {
+  std::uint64_t length = 0;
+  /// Tokens sampled so far: the next one is script token `sampled`.
+  std::uint64_t sampled = 0;
+};
+
+struct script_device_state {
+  script_device_params params;
+  std::map<std::uint64_t, script_sequence> sequences;
+  /// When the device finishes the steps queued so far.
+  runtime::time_point busy_until{};
+  runtime::detail::delayed_replies replies;
+  static inline const char* name = "script_device";
+};
+
+using self_ptr = caf::stateful_actor<script_device_state>*;
+
+const std::vector<std::int32_t>& script_of(const script_device_state& st, std::uint64_t seq) {
+  auto i = st.params.scripts.find(seq);
+  return i != st.params.scripts.end() ? i->second : st.params.script;
+}
+
+std::int32_t script_token(const script_device_state& st, std::uint64_t seq, std::uint64_t k) {
+  const auto& s = script_of(st, seq);
+  if (k < s.size())
+    return s[k];
+  return st.params.at_end == script_end::cycle ? s[k % s.size()] : s.back();
+}
+
+/// The instant a reply that takes no device time is due: after the queued steps.
+runtime::time_point next_free(self_ptr self) {
+  return std::max(self->clock().now(), self->state.busy_until);
+}
+
+/// Delivers `value` (a result or an error) to the current request's sender at `when`.
+template <class T>
+caf::response_promise reply_at(self_ptr self, runtime::time_point when, T value) {
+  if (when <= self->clock().now()) {
+    auto rp = self->make_response_promise();
+    rp.deliver(std::move(value));
+    return rp;
+  }
+  if constexpr (std::is_same_v<T, caf::error>)
+    return self->state.replies.fail_at(self, when, std::move(value));
+  else
+    return self->state.replies.at(self, when, std::move(value));
+}
+
+caf::error validate(const script_device_state& st, const runtime::device_step& step) {
+  std::set<std::uint64_t> seen;
+  for (const auto& s : step.batch) {
+    auto fail = [&](const std::string& why) {
+      return make_error(device_errc::invalid_step,
+                        "step " + std::to_string(step.id) + ", sequence " +
+                          std::to_string(s.sequence) + ": " + why);
+    };
+    if (!seen.insert(s.sequence).second)
+      return fail("twice in the batch");
+    if (s.count == 0)
+      return fail("no new tokens");
+    if (!s.tokens.empty() && s.tokens.size() != s.count)
+      return fail("count " + std::to_string(s.count) + " but " + std::to_string(s.tokens.size())
+                  + " token ids");
+    auto i = st.sequences.find(s.sequence);
+    const std::uint64_t held = i == st.sequences.end() ? 0 : i->second.length;
+    if (s.position != held)
+      return fail("position " + std::to_string(s.position) + ", but it holds "
+                  + std::to_string(held) + " tokens");
+    if (s.sample && script_of(st, s.sequence).empty())
+      return fail("no script to sample from");
+  }
+  return caf::none;
+}
+
+caf::response_promise run_step(self_ptr self, const runtime::device_step& step) {
+  auto& st = self->state;
+  if (auto err = validate(st, step))
+    return reply_at(self, next_free(self), std::move(err));
+  runtime::device_result out;
+  out.id = step.id;
+  out.started = next_free(self);
+  out.finished = out.started + std::max(runtime::duration{0}, st.params.step_delay);
+  st.busy_until = out.finished;
+  for (const auto& s : step.batch) {
+    auto& seq = st.sequences[s.sequence];
+    seq.length += s.count;
+    if (!s.sample)
+      continue;
+    runtime::sampled_token t;
+    t.sequence = s.sequence;
+    t.token = script_token(st, s.sequence, seq.sampled++);
+    if (s.params.top_logprobs > 0)
+      t.top.emplace_back(t.token, 0.0f);
+    out.sampled.push_back(std::move(t));
+  }
+  const auto when = out.finished;
+  return reply_at(self, when, std::move(out));
+}
+
+runtime::kv_bytes encode_sampled(std::uint64_t sampled) {
+  runtime::kv_bytes b;
+  b.bytes.assign(reinterpret_cast<const char*>(&sampled), sizeof sampled);
+  b.checksum = XXH3_64bits(b.bytes.data(), b.bytes.size());
+  return b;
+}
+
+caf::behavior script_device_fn(self_ptr self, script_device_params params) {
+  self->state.params = std::move(params);
+  return {
+    [self](const runtime::device_step& step) { return run_step(self, step); },
+    [self](const runtime::device_release& r) { self->state.sequences.erase(r.sequence); },
+    [self](const runtime::kv_export& x) {
+      auto& st = self->state;
+      auto i = st.sequences.find(x.sequence);
+      if (i == st.sequences.end())
+        return reply_at(self, next_free(self),
+                        make_error(device_errc::unknown_sequence,
+                                   "kv_export: no sequence " + std::to_string(x.sequence)));
+      auto snap = std::make_shared<runtime::kv_snapshot>();
+      snap->model = model_name;
+      snap->length = i->second.length;
+      snap->state = encode_sampled(i->second.sampled);
+      return reply_at(self, next_free(self), runtime::kv_snapshot_ptr{std::move(snap)});
+    },
+    [self](const runtime::kv_import& x) {
+      auto& st = self->state;
+      auto reject = [&](const std::string& why) {
+        return reply_at(self, next_free(self),
+                        make_error(device_errc::snapshot_rejected,
+                                   "kv_import of sequence " + std::to_string(x.sequence) + ": "
+                                     + why));
+      };
+      const auto* snap = x.snapshot.get();
+      if (snap == nullptr)
+        return reject("no snapshot");
+      if (snap->model != model_name)
+        return reject("a snapshot of model " + snap->model + ", this device runs "
+                      + model_name);
+      if (st.sequences.count(x.sequence) != 0)
+        return reject("the device already holds the sequence");
+      const auto& b = snap->state.bytes;
+      if (XXH3_64bits(b.data(), b.size()) != snap->state.checksum)
+        return reject("checksum mismatch");
+      if (b.size() != sizeof(std::uint64_t) || !snap->blocks.empty())
+        return reject("not a script device's snapshot");
+      script_sequence seq;
+      seq.length = snap->length;
+      std::memcpy(&seq.sampled, b.data(), sizeof seq.sampled);
+      st.sequences.emplace(x.sequence, seq);
+      return reply_at(self, next_free(self), caf::ok_atom::value);
+    },
+    [self](runtime::detail::reply_timer_atom, std::uint64_t token) {
+      self->state.replies.fire(token);
+    },
+  };
+}
+
+} // namespace
+
+runtime::device_port spawn_script_device(caf::actor_system& sys, script_device_params params) {
+  return caf::actor_cast<runtime::device_port>(sys.spawn(script_device_fn, std::move(params)));
+}
+
+} // namespace troupe::ports

@@ -1,0 +1,379 @@
+// The CPU device port on a tiny random model: greedy parity with `troupe generate`, batch
+// invariance, chunked prefill, validation, sampling and logprobs, release, and the KV hand-off.
+#include "device_fixture.hpp"
+
+#include "kernels/sampling.hpp"
+#include "ports/cpu_device.hpp"
+
+#include <doctest/doctest.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+
+using namespace troupe;
+using namespace troupe::test;
+using runtime::device_errc;
+
+namespace {
+
+std::vector<std::int32_t> slice(const std::vector<std::int32_t>& v, std::size_t from,
+                                std::size_t to) {
+  return {v.begin() + static_cast<std::ptrdiff_t>(from),
+          v.begin() + static_cast<std::ptrdiff_t>(to)};
+}
+
+/// The log-softmax of the logits after `prompt` on `m` (a fresh sequence).
+std::vector<double> log_softmax_after(const kernels::model& m,
+                                      const std::vector<std::int32_t>& prompt) {
+  std::vector<std::int64_t> toks(prompt.begin(), prompt.end());
+  auto cache = m.new_sequence();
+  kernels::sequence_input in{&cache, toks};
+  auto logits = m.forward(std::span(&in, 1));
+  REQUIRE_MESSAGE(logits.ok(), logits.error());
+  const auto vocab = static_cast<std::size_t>(m.text().vocab_size);
+  std::vector<double> row(logits->end() - static_cast<std::ptrdiff_t>(vocab), logits->end());
+  const double top = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (double v : row)
+    sum += std::exp(v - top);
+  for (double& v : row)
+    v -= top + std::log(sum);
+  return row;
+}
+
+bool is_error(const caf::expected<runtime::device_result>& r, device_errc code) {
+  return !r && runtime::is(r.error(), code);
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "prefill then greedy decode on a CPU device gives troupe generate's tokens") {
+  const auto pr = prompt(23, 1);
+  const std::size_t n = 12;
+  std::vector<std::int64_t> p64(pr.begin(), pr.end());
+  kernels::generate_options opts;
+  opts.max_new = static_cast<std::int64_t>(n);
+  opts.sampling.greedy = true;
+  opts.stop_at_eos = false; // the device knows no end of sequence: --ignore-eos
+  auto expect = [&](kernels::model_options options) {
+    auto want = kernels::generate(load_tiny(options), p64, opts);
+    REQUIRE_MESSAGE(want.ok(), want.error());
+    return std::vector<std::int32_t>(want->tokens.begin(), want->tokens.end());
+  };
+  SUBCASE("as troupe generate loads the model (not batch-invariant)") {
+    auto p = tiny_params();
+    p.batch_invariant = false;
+    auto dev = cpu(std::move(p));
+    CHECK(greedy(dev, 1, pr, n) == expect({.threads = 2}));
+  }
+  SUBCASE("batch-invariant, the device's default") {
+    auto dev = cpu(tiny_params());
+    CHECK(greedy(dev, 1, pr, n) == expect({.threads = 2, .batch_invariant = true}));
+  }
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a sequence decodes the same tokens alone and in a batch with seven others") {
+  auto dev = cpu(tiny_params());
+  const auto a = prompt(19, 2);
+  const std::size_t n = 10;
+  std::vector<float> alone_logprobs, batched_logprobs;
+  const auto alone = greedy(dev, 100, a, n, &alone_logprobs);
+
+  // Sequence 1 is `a`, prefilled in one step; sequences 2..8 start at steps 0..6 with prompts
+  // of 9..45 tokens in chunks of 8, so that their prefill chunks run beside a's decode, and
+  // sample with a mix of parameters.
+  struct runner {
+    std::uint64_t id;
+    std::vector<std::int32_t> prompt;
+    std::size_t chunk;
+    std::size_t start;
+    runtime::sampling params;
+    std::size_t pos = 0;
+    std::int32_t last = -1;
+  };
+  std::vector<runner> rs;
+  rs.push_back({1, a, a.size(), 0, {.temperature = 0.0, .top_logprobs = 0}});
+  for (std::uint64_t k = 0; k < 7; ++k)
+    rs.push_back({2 + k, prompt(9 + 6 * k, 10 + static_cast<std::uint32_t>(k)), 8, k,
+                  {.temperature = k % 2 == 0 ? 0.0 : 0.8, .top_k = 20, .seed = k}});
+  std::vector<std::int32_t> batched;
+  std::size_t with_others = 0, beside_prefill = 0;
+  for (std::size_t k = 0; batched.size() < n; ++k) {
+    std::vector<runtime::step_sequence> batch;
+    std::vector<runner*> in;
+    bool prefilling = false;
+    for (auto& r : rs) {
+      if (k < r.start)
+        continue;
+      if (r.pos < r.prompt.size()) {
+        const auto end = std::min(r.prompt.size(), r.pos + r.chunk);
+        batch.push_back(seq(r.id, r.pos, slice(r.prompt, r.pos, end), end == r.prompt.size(),
+                            r.params));
+        prefilling = prefilling || r.id != 1;
+      } else {
+        batch.push_back(seq(r.id, r.pos, {r.last}, true, r.params));
+      }
+      in.push_back(&r);
+    }
+    // Sequence 1's row moves around the batch from step to step.
+    std::rotate(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(k % batch.size()),
+                batch.end());
+    std::rotate(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(k % in.size()), in.end());
+    with_others += batch.size() > 1 ? 1 : 0;
+    beside_prefill += prefilling ? 1 : 0;
+    auto r = run(dev, step(std::move(batch), k));
+    REQUIRE_MESSAGE(r, sys.render(r.error()));
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      auto& x = *in[i];
+      const std::size_t count = x.pos < x.prompt.size()
+                                  ? std::min(x.prompt.size(), x.pos + x.chunk) - x.pos
+                                  : 1;
+      const bool sampled = x.pos + count >= x.prompt.size();
+      x.pos += count;
+      if (!sampled)
+        continue;
+      REQUIRE(next < r->sampled.size());
+      CHECK(r->sampled[next].sequence == x.id); // results in batch order
+      x.last = r->sampled[next].token;
+      if (x.id == 1) {
+        batched.push_back(x.last);
+        batched_logprobs.push_back(r->sampled[next].logprob);
+      }
+      ++next;
+    }
+    CHECK(next == r->sampled.size());
+  }
+  CHECK(with_others >= n - 1);
+  CHECK(beside_prefill >= 3);
+  CHECK(batched == alone);
+  CHECK(batched_logprobs == alone_logprobs); // bitwise: the logits did not change either
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a prompt prefilled in chunks decodes as when prefilled at once") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(37, 3);
+  std::vector<float> once_logprobs, chunked_logprobs;
+  const auto once = greedy(dev, 1, pr, 8, &once_logprobs);
+  auto r = run(dev, step({seq(2, 0, slice(pr, 0, 5), false)}));
+  REQUIRE(r);
+  CHECK(r->sampled.empty()); // nothing asked for a token
+  REQUIRE(run(dev, step({seq(2, 5, slice(pr, 5, 17), false)})));
+  const runtime::sampling greedy_lp{.temperature = 0, .top_logprobs = 0};
+  const auto first = sampled(dev, step({seq(2, 17, slice(pr, 17, 37), true, greedy_lp)}));
+  chunked_logprobs.push_back(first.logprob);
+  auto chunked = continue_greedy(dev, 2, 37, first.token, 7, &chunked_logprobs);
+  chunked.insert(chunked.begin(), first.token);
+  CHECK(chunked == once);
+  CHECK(chunked_logprobs == once_logprobs); // bitwise
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a step with a wrong position is refused and leaves every cache as it was") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(10, 4);
+  const auto t = token(dev, step({seq(1, 0, pr)}));
+  // Sequence 1 holds 10 tokens: position 5 is wrong, and so is a new sequence not at 0. The
+  // valid sequence 2 in the same batch must not be opened either.
+  CHECK(is_error(run(dev, step({seq(1, 5, {t})})), device_errc::invalid_step));
+  CHECK(is_error(run(dev, step({seq(2, 0, pr), seq(1, 11, {t})})), device_errc::invalid_step));
+  CHECK(is_error(run(dev, step({seq(3, 4, pr)})), device_errc::invalid_step));
+  CHECK(is_error(run(dev, step({seq(2, 10, {t})})), device_errc::invalid_step));
+  // Other malformed steps: a token out of the vocabulary, a count that is not the tokens'.
+  CHECK(is_error(run(dev, step({seq(1, 10, {256})})), device_errc::invalid_step));
+  auto bad = seq(1, 10, {t});
+  bad.count = 2;
+  CHECK(is_error(run(dev, step({bad})), device_errc::invalid_step));
+  // The next correct step works and gives what an untouched sequence gives.
+  const auto after = token(dev, step({seq(1, 10, {t})}));
+  REQUIRE(token(dev, step({seq(4, 0, pr)})) == t);
+  CHECK(after == token(dev, step({seq(4, 10, {t})})));
+  CHECK(token(dev, step({seq(2, 0, pr)})) == t); // 2 opens cleanly at position 0
+}
+
+TEST_CASE_FIXTURE(device_fixture, "seeded sampling is reproducible and differs across seeds") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(12, 5);
+  const runtime::sampling seven{.temperature = 1.0, .seed = 7};
+  const runtime::sampling eight{.temperature = 1.0, .seed = 8};
+  // Sequences 1 and 2 share prompt and seed, 3 has another seed; all decode in one batch.
+  std::vector<std::vector<std::int32_t>> out(3);
+  auto r = run(dev, step({seq(1, 0, pr, true, seven), seq(2, 0, pr, true, seven),
+                          seq(3, 0, pr, true, eight)}));
+  for (std::size_t i = 0; i < 16; ++i) {
+    REQUIRE_MESSAGE(r, sys.render(r.error()));
+    REQUIRE(r->sampled.size() == 3);
+    for (std::size_t s = 0; s < 3; ++s)
+      out[s].push_back(r->sampled[s].token);
+    const auto pos = pr.size() + i;
+    r = run(dev, step({seq(1, pos, {out[0].back()}, true, seven),
+                       seq(2, pos, {out[1].back()}, true, seven),
+                       seq(3, pos, {out[2].back()}, true, eight)}));
+  }
+  CHECK(out[0] == out[1]);
+  CHECK(out[0] != out[2]);
+  // A draw depends on (seed, position) only: the same request alone draws the same tokens.
+  auto alone = token(dev, step({seq(4, 0, pr, true, seven)}));
+  CHECK(alone == out[0][0]);
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "logprobs are the log-softmax of the raw logits with sorted top alternatives") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(15, 6);
+  const auto ref = log_softmax_after(load_tiny({.batch_invariant = true}), pr);
+  SUBCASE("greedy with five alternatives") {
+    auto r = run(dev, step({seq(1, 0, pr, true, {.temperature = 0.0, .top_logprobs = 5})}));
+    REQUIRE(r);
+    const auto& t = r->sampled.at(0);
+    CHECK(t.token == std::max_element(ref.begin(), ref.end()) - ref.begin());
+    CHECK(t.logprob == doctest::Approx(ref[static_cast<std::size_t>(t.token)]).epsilon(1e-5));
+    REQUIRE(t.top.size() == 5);
+    CHECK(t.top[0].first == t.token);
+    CHECK(t.top[0].second == t.logprob);
+    for (std::size_t i = 0; i < t.top.size(); ++i) {
+      const auto [id, lp] = t.top[i];
+      CHECK(lp == doctest::Approx(ref[static_cast<std::size_t>(id)]).epsilon(1e-5));
+      if (i > 0)
+        CHECK(lp <= t.top[i - 1].second);
+    }
+    // No token outside the top five is more likely than the fifth.
+    for (std::size_t id = 0; id < ref.size(); ++id)
+      if (std::none_of(t.top.begin(), t.top.end(),
+                       [&](auto p) { return p.first == static_cast<std::int32_t>(id); }))
+        CHECK(ref[id] <= ref[static_cast<std::size_t>(t.top.back().first)] + 1e-6);
+  }
+  SUBCASE("a sampled token's logprob ignores the temperature, as vLLM reports it") {
+    auto r = run(dev, step({seq(1, 0, pr, true,
+                                {.temperature = 2.0, .seed = 3, .top_logprobs = 0})}));
+    REQUIRE(r);
+    const auto& t = r->sampled.at(0);
+    CHECK(t.top.empty());
+    CHECK(t.logprob == doctest::Approx(ref[static_cast<std::size_t>(t.token)]).epsilon(1e-5));
+  }
+  SUBCASE("no logprobs unless asked") {
+    auto r = run(dev, step({seq(1, 0, pr)}));
+    REQUIRE(r);
+    CHECK(r->sampled.at(0).logprob == 0.0f);
+    CHECK(r->sampled.at(0).top.empty());
+  }
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a released sequence is gone and reopens cleanly at position 0") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(10, 7);
+  const auto t = token(dev, step({seq(1, 0, pr)}));
+  self->send(dev, runtime::device_release{1});
+  self->send(dev, runtime::device_release{42}); // unknown: ignored
+  CHECK(is_error(run(dev, step({seq(1, 10, {t})})), device_errc::invalid_step));
+  CHECK(token(dev, step({seq(1, 0, pr)})) == t);
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a sequence exported from one device continues on another with the same tokens") {
+  auto a = cpu(tiny_params());
+  auto b = cpu(tiny_params());
+  const auto pr = prompt(150, 8); // one full 128-token block and a partial one
+  const auto first = greedy(a, 1, pr, 3);
+  auto snap = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1});
+  REQUIRE_MESSAGE(snap, sys.render(snap.error()));
+  REQUIRE(*snap != nullptr);
+  CHECK((*snap)->length == 152);
+  CHECK((*snap)->blocks.size() == 1);
+  CHECK_FALSE((*snap)->state.bytes.empty());
+  CHECK_FALSE((*snap)->swa.bytes.empty());
+  auto ok = ask<caf::ok_atom>(b, runtime::kv_import{5, *snap});
+  REQUIRE_MESSAGE(ok, sys.render(ok.error()));
+  std::vector<float> lp_a, lp_b;
+  const auto on_b = continue_greedy(b, 5, 152, first.back(), 6, &lp_b);
+  const auto on_a = continue_greedy(a, 1, 152, first.back(), 6, &lp_a);
+  CHECK(on_b == on_a);
+  CHECK(lp_b == lp_a); // bitwise: the restored cache is the exported one
+  // The importing device holds the sequence: a second import of it is refused.
+  auto again = ask<caf::ok_atom>(b, runtime::kv_import{5, *snap});
+  CHECK((!again && runtime::is(again.error(), device_errc::snapshot_rejected)));
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a snapshot with a corrupted byte is refused and leaves no sequence behind") {
+  auto a = cpu(tiny_params());
+  auto b = cpu(tiny_params());
+  const auto pr = prompt(140, 9);
+  const auto t = token(a, step({seq(1, 0, pr)}));
+  auto snap = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1});
+  REQUIRE(snap);
+  auto import = [&](runtime::kv_snapshot s) {
+    return ask<caf::ok_atom>(b, runtime::kv_import{5, std::make_shared<const runtime::kv_snapshot>(
+                                                        std::move(s))});
+  };
+  auto refused = [](const caf::expected<caf::ok_atom>& r) {
+    return !r && runtime::is(r.error(), device_errc::snapshot_rejected);
+  };
+  auto corrupt = **snap;
+  corrupt.blocks.at(0).bytes[100] ^= 0x10;
+  CHECK(refused(import(corrupt))); // the snapshot's checksum
+  auto& bytes = corrupt.blocks.at(0).bytes;
+  corrupt.blocks.at(0).checksum = XXH3_64bits(bytes.data(), bytes.size());
+  CHECK(refused(import(corrupt))); // the block frame's own checksum
+  auto swa = **snap;
+  swa.swa.bytes[swa.swa.bytes.size() / 2] ^= 0x01;
+  swa.swa.checksum = XXH3_64bits(swa.swa.bytes.data(), swa.swa.bytes.size());
+  CHECK(refused(import(swa))); // found after blocks and state were restored
+  auto truncated = **snap;
+  truncated.blocks.clear();
+  CHECK(refused(import(truncated)));
+  // No sequence 5 on b: it is neither exportable nor at position 140, and opens at 0.
+  auto gone = ask<runtime::kv_snapshot_ptr>(b, runtime::kv_export{5});
+  CHECK((!gone && runtime::is(gone.error(), device_errc::unknown_sequence)));
+  CHECK(is_error(run(b, step({seq(5, 140, {t})})), device_errc::invalid_step));
+  CHECK(token(b, step({seq(5, 0, pr)})) == t);
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a snapshot of another model is refused") {
+  CHECK(*ports::model_fingerprint(model_dirs::tiny(11))
+        == *ports::model_fingerprint(model_dirs::tiny(11)));
+  CHECK(*ports::model_fingerprint(model_dirs::tiny(11))
+        != *ports::model_fingerprint(model_dirs::tiny(12)));
+  auto a = cpu(tiny_params(11));
+  auto other = cpu(tiny_params(12)); // same shapes, other weights
+  REQUIRE(token(a, step({seq(1, 0, prompt(20, 10))})) >= 0);
+  auto snap = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1});
+  REQUIRE(snap);
+  auto r = ask<caf::ok_atom>(other, runtime::kv_import{1, *snap});
+  REQUIRE_FALSE(r);
+  CHECK(runtime::is(r.error(), device_errc::snapshot_rejected));
+  CHECK(is_error(run(other, step({seq(1, 20, {3})})), device_errc::invalid_step));
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a device whose model fails to load answers with the error") {
+  ports::cpu_device_params p;
+  p.model_dir = "/nonexistent/troupe-model";
+  auto dev = cpu(std::move(p));
+  auto r = run(dev, step({seq(1, 0, {3, 4})}));
+  REQUIRE_FALSE(r);
+  CHECK(runtime::is(r.error(), device_errc::load_failed));
+  auto x = ask<runtime::kv_snapshot_ptr>(dev, runtime::kv_export{1});
+  CHECK((!x && runtime::is(x.error(), device_errc::load_failed)));
+}
+
+TEST_CASE_FIXTURE(device_fixture, "an Engram model without its token map does not load") {
+  auto p = tiny_params();
+  p.engram_map.clear();
+  auto dev = cpu(std::move(p));
+  auto r = run(dev, step({seq(1, 0, {3, 4})}));
+  REQUIRE_FALSE(r);
+  CHECK(runtime::is(r.error(), device_errc::load_failed));
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a CPU device runs on a model loaded by its caller") {
+  const auto pr = prompt(9, 11);
+  const auto want = greedy(cpu(tiny_params()), 1, pr, 4);
+  ports::cpu_device_params p;
+  p.model = load_tiny({.batch_invariant = true});
+  auto dev = cpu(std::move(p));
+  CHECK(greedy(dev, 1, pr, 4) == want);
+}
