@@ -1,5 +1,6 @@
 // troupe: the command-line interface of the troupe serving runtime.
 #include "cluster/recipe_cli.hpp"
+#include "cluster/serve_command.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -336,6 +337,40 @@ int main(int argc, char** argv) {
       if (!written) return fail(written.error());
     }
   });
+  // troupe serve: the real world on one machine (cluster/serve_command.hpp, docs/serve.md).
+  troupe::cluster::serve_options serve_opts;
+  long serve_grace_s = 30;
+  auto* serve = app.add_subcommand(
+    "serve", "serve the OpenAI and Anthropic APIs from a topology on this machine (CPU backend)");
+  serve->add_option("topology", serve_opts.topology, "the topology file (hardware = \"cpu\")")
+    ->required();
+  serve->add_option("--model", serve_opts.model,
+                    "the model directory (config.json + safetensors, the released layout)")
+    ->required();
+  serve->add_option("--listen", serve_opts.listen, "HOST:PORT to listen on (default 127.0.0.1:8000)");
+  serve->add_option("--served-model-name", serve_opts.served_model_name,
+                    "the model name clients use (default: the topology's model)");
+  serve->add_option("--api-keys", serve_opts.api_keys_file,
+                    "a file of accepted API keys, one per line (default: no authentication)");
+  serve->add_option("--engram-map", serve_opts.engram_map,
+                    "the Engram compressed-token map: a JSON file, or 'identity' for random models");
+  serve->add_option("--tokenizer", serve_opts.tokenizer,
+                    "tokenizer.json(.gz) (default: the shipped DeepSeek-V4 tokenizer)");
+  serve->add_option("--threads", serve_opts.device_threads, "CPU threads per device (default 2)");
+  serve->add_option("--max-in-flight", serve_opts.max_in_flight,
+                    "generation requests in flight at once; more get 429 (default 64)");
+  serve->add_option("--max-batch", serve_opts.max_batch,
+                    "requests decoded together per decode instance (default 64)");
+  serve->add_option("--prefill-chunk", serve_opts.prefill_chunk,
+                    "prompt tokens per prefill step (default 512)");
+  serve->add_option("--grace", serve_grace_s,
+                    "seconds requests in flight get to finish on SIGTERM (default 30)");
+  serve->callback([&] {
+    serve_opts.grace = std::chrono::seconds(serve_grace_s);
+    if (serve_opts.tokenizer.empty()) serve_opts.tokenizer = troupe::cli::default_tokenizer();
+    rc = troupe::cluster::run_serve_command(serve_opts, std::cerr);
+  });
+
   troupe::cli::add_recipe_commands(app, rc);
 
   CLI11_PARSE(app, argc, argv);

@@ -16,14 +16,6 @@
 #include <vector>
 
 namespace troupe::cli {
-namespace {
-
-namespace fs = std::filesystem;
-using namespace troupe::recipe;
-
-struct common_args {
-  std::string tokenizer;  // empty: $TROUPE_TOKENIZER, the installed one, the source tree's
-};
 
 // The default tokenizer: $TROUPE_TOKENIZER, then <prefix>/share/troupe/tokenizers beside an
 // installed binary, then the source tree.
@@ -38,6 +30,15 @@ std::string default_tokenizer() {
   }
   return (fs::path(TROUPE_TOKENIZERS_DIR) / rel).string();
 }
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace troupe::recipe;
+
+struct common_args {
+  std::string tokenizer;  // empty: $TROUPE_TOKENIZER, the installed one, the source tree's
+};
 
 std::optional<codec> load(const common_args& a) {
   const std::string path = a.tokenizer.empty() ? default_tokenizer() : a.tokenizer;

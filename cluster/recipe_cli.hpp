@@ -4,7 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace troupe::cli {
+
+// The default tokenizer: $TROUPE_TOKENIZER, then <prefix>/share/troupe/tokenizers beside an
+// installed binary, then the source tree's recipe/data/deepseek-v4/tokenizer.json.gz.
+std::string default_tokenizer();
 
 // Adds the commands to `app`; a command's exit status goes to `rc`.
 void add_recipe_commands(CLI::App& app, int& rc);

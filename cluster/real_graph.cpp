@@ -1,0 +1,97 @@
+#include "cluster/real_graph.hpp"
+
+#include "actors/instance.hpp"
+#include "runtime/supervisor.hpp"
+
+#include <caf/actor_system.hpp>
+
+namespace troupe::cluster {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const pool_spec* find_pool(const topology& topo, pool_role role) {
+  for (const auto& p : topo.pools)
+    if (p.role == role)
+      return &p;
+  return nullptr;
+}
+
+} // namespace
+
+std::string check_real_topology(const topology& topo) {
+  const auto* prefill = find_pool(topo, pool_role::prefill);
+  const auto* decode = find_pool(topo, pool_role::decode);
+  if (prefill == nullptr || decode == nullptr)
+    return topo.source + ": the real world needs a prefill and a decode pool";
+  for (const auto* pool : {prefill, decode})
+    if (pool->gpus_per_instance != 1)
+      return topo.source + ": pool '" + pool->name + "' has gpus_per_instance = "
+             + std::to_string(pool->gpus_per_instance)
+             + "; the CPU backend runs one device per instance (set it to 1)";
+  return {};
+}
+
+real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
+                            const real_graph_params& params) {
+  const auto& prefill_pool = *find_pool(topo, pool_role::prefill);
+  const auto& decode_pool = *find_pool(topo, pool_role::decode);
+  real_graph g;
+
+  // Control: the KV CHECK role and the balancers.
+  actors::kv_index_params kv;
+  kv.capacity_bytes = topo.storage.capacity_bytes;
+  kv.block_bytes = params.block_bytes;
+  if (auto i = topo.storage.ttl.find("chatbot"); i != topo.storage.ttl.end())
+    kv.ttl.chatbot = i->second;
+  if (auto i = topo.storage.ttl.find("agent"); i != topo.storage.ttl.end())
+    kv.ttl.agent = i->second;
+  g.kv = actors::spawn_sharded_kv_store(sys, kv, 1);
+  actors::prefill_lb_params plb;
+  plb.balancer.bucket_bounds = prefill_pool.buckets;
+  g.prefill_lb = actors::spawn_prefill_lb(sys, plb);
+  actors::decode_balancer_params dlb;
+  dlb.max_requests = params.max_batch;
+  g.decode_lb = actors::spawn_decode_lb(sys, dlb);
+
+  // Pools: a supervisor each, instances as its children, each with one rank on one device.
+  // Inside one process the KV moves between instances by handle: no link port.
+  auto ports_for = [&](pool_role role) {
+    actors::instance_ports ports;
+    ports.device = [make = params.device, role](caf::local_actor* self, actors::instance_id id,
+                                                std::uint32_t, std::uint32_t) {
+      return make(self->system(), role, id);
+    };
+    ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
+    return ports;
+  };
+  runtime::supervisor_flags pool_flags{runtime::strategy::one_for_one, 10, 1min, 1s, 2.0, 30s};
+  runtime::supervisor_config prefill_cfg{prefill_pool.name, pool_flags, {}};
+  actors::prefill_engine_params pe;
+  pe.step_tokens = params.prefill_chunk;
+  for (std::uint32_t i = 0; i < prefill_pool.instances.initial; ++i)
+    prefill_cfg.children.push_back(actors::prefill_instance(
+      prefill_pool.name, i, 1, pe, ports_for(pool_role::prefill), g.prefill_lb));
+  runtime::supervisor_config decode_cfg{decode_pool.name, pool_flags, {}};
+  actors::decode_engine_params de;
+  de.max_batch = params.max_batch;
+  for (std::uint32_t i = 0; i < decode_pool.instances.initial; ++i)
+    decode_cfg.children.push_back(actors::decode_instance(
+      decode_pool.name, i, 1, de, ports_for(pool_role::decode), g.decode_lb, {}));
+  g.cluster = runtime::spawn_supervisor(
+    sys, {topo.cluster.name,
+          {runtime::strategy::one_for_one, 10, 1min},
+          {runtime::supervisor_child(std::move(prefill_cfg)),
+           runtime::supervisor_child(std::move(decode_cfg))}});
+
+  // The front door.
+  actors::generation_service_params gp;
+  gp.services = actors::request_services{g.kv, g.prefill_lb, g.decode_lb,
+                                         params.block_bytes / 128, params.outcomes, {}};
+  gp.max_context = params.max_context;
+  g.service = actors::spawn_generation_service(sys, gp);
+  return g;
+}
+
+} // namespace troupe::cluster

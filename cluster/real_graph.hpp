@@ -1,0 +1,60 @@
+// real_graph: the serving graph of one machine's real world, built from a topology.
+//
+// `troupe serve` and the tests of the real world need the same graph: the KV CHECK role, the
+// prefill and decode balancers, a pool supervisor per role with its instances (engine + one
+// rank on one device), and the generation service that spawns a request actor per API
+// request. The devices come from a factory, so the CPU engine (ports/cpu_device.hpp) serves in
+// production and a scripted device (ports/script_device.hpp) or a fault-injecting wrapper can
+// stand in for tests; the actors are the simulator's own.
+#pragma once
+
+#include "actors/kv/kv_store.hpp"
+#include "actors/lb/decode_lb.hpp"
+#include "actors/lb/prefill_lb.hpp"
+#include "actors/request/generation_service.hpp"
+#include "cluster/topology.hpp"
+#include "runtime/ports/device.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace troupe::cluster {
+
+struct real_graph_params {
+  /// Makes the device of an instance of pool `pool` (role prefill or decode).
+  std::function<runtime::device_port(caf::actor_system&, pool_role role, std::uint32_t instance)>
+    device;
+  /// KV bytes of one 128-token block of the model (the CHECK role's accounting).
+  std::uint64_t block_bytes = 0;
+  /// Longest prompt accepted (tokens).
+  std::uint64_t max_context = 1 << 20;
+  /// Requests decoded together by a decode instance.
+  std::uint32_t max_batch = 64;
+  /// Prompt tokens per prefill step.
+  std::uint64_t prefill_chunk = 512;
+  /// Receives every request_outcome (may be invalid).
+  caf::actor outcomes;
+};
+
+struct real_graph {
+  actors::kv_check_actor kv;
+  actors::prefill_lb_actor prefill_lb;
+  actors::decode_lb_actor decode_lb;
+  /// The root supervisor of the pools (send it an exit to stop them).
+  caf::actor cluster;
+  actors::generation_service service;
+};
+
+/// Checks that `topo` can run on one machine's real world: a prefill and a decode pool, one
+/// device per instance. Returns an error message naming the file, or empty.
+std::string check_real_topology(const topology& topo);
+
+/// Spawns the graph of a topology that passed check_real_topology.
+real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
+                            const real_graph_params& params);
+
+} // namespace troupe::cluster

@@ -1,0 +1,62 @@
+// serve_command: `troupe serve`, the real world on one machine.
+//
+// The simulated world proves the serving graph; this runs the same graph for real, in one
+// process: the KV CHECK role, the prefill and decode balancers, a pool supervisor per role
+// with its instances (engine + rank), one request actor per API request, and the HTTP
+// entrypoint in front — with real ports: the wall clock, and a CPU device per instance
+// running the exact fp32 engine of kernels/ (ports/cpu_device.hpp). Prefill and decode are
+// separate instances even here: a request's KV is exported from the prefill device and
+// imported into the decode device in the checksummed block formats of kernels/.
+//
+// Before it listens, the command checks its inputs (a clear message for each problem: the
+// topology, the hardware, the model directory, the Engram map, the tokenizer, the API keys
+// file, the listen address) and sends one warm-up request through the whole graph, so that
+// the server answers its first client at once and /ready means able to serve. SIGTERM or
+// SIGINT stops it: no new requests, those in flight finish within the grace period, exit 0.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+namespace troupe::cluster {
+
+struct serve_options {
+  /// The topology file: a prefill and a decode pool, hardware "cpu".
+  std::string topology;
+  /// A model directory in the released layout (config.json + safetensors), e.g. one written by
+  /// `troupe model init`.
+  std::string model;
+  /// host:port to listen on ("127.0.0.1:8000"; port 0 picks a free one).
+  std::string listen = "127.0.0.1:8000";
+  /// The model name /v1/models lists and requests must name; empty: the topology's model.
+  std::string served_model_name;
+  /// One API key per line ('#' comments); empty: no authentication (a warning is printed).
+  std::string api_keys_file;
+  /// The Engram token map: "identity" (random models, which have no tokenizer of their own)
+  /// or a JSON file (kernels/generate.hpp); required when the model has Engram layers.
+  std::string engram_map;
+  /// The tokenizer (tokenizer.json or .json.gz); empty: the shipped DeepSeek-V4 tokenizer.
+  std::string tokenizer;
+  /// Threads of each CPU device (BLAS and attention).
+  int device_threads = 2;
+  /// Generation requests in flight at once (429 beyond).
+  std::uint32_t max_in_flight = 64;
+  /// Requests decoded together by a decode instance.
+  std::uint32_t max_batch = 64;
+  /// Prompt tokens per prefill step (chunked prefill; a long prompt does not stall others).
+  std::uint64_t prefill_chunk = 512;
+  /// SIGTERM: requests in flight get this long to finish.
+  std::chrono::seconds grace{30};
+  /// Called with the bound port once the server is ready (tests); may be empty.
+  std::function<void(std::uint16_t)> on_ready;
+};
+
+/// Runs the server until SIGTERM / SIGINT. Messages go to `err` (the bound address on
+/// start). Returns the process exit status: 0 after a clean stop, 1 on a bad input or a
+/// failed start.
+int run_serve_command(const serve_options& options, std::ostream& err);
+
+} // namespace troupe::cluster

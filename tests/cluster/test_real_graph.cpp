@@ -1,0 +1,308 @@
+// The real world's serving graph (cluster/real_graph.hpp) on real CPU devices: a tiny random
+// model served through the request actors, balancers, separate prefill and decode instances
+// and the KV hand-off between their devices, as `troupe serve` runs it (without HTTP).
+#include <doctest/doctest.h>
+
+#include "../ports/device_fixture.hpp"
+#include "actors/type_ids.hpp"
+#include "cluster/real_graph.hpp"
+#include "kernels/generate.hpp"
+#include "kernels/kv_blocks.hpp"
+#include "kernels/model_config.hpp"
+#include "runtime/world.hpp"
+
+#include <caf/scoped_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+
+using namespace troupe;
+using namespace std::chrono_literals;
+
+namespace {
+
+const char* topology_text = R"(
+[cluster]
+name = "test-real"
+model = "deepseek-v4.1-flash"
+hardware = "cpu"
+
+[storage]
+backend = "posix"
+path = "troupe-kv"
+capacity = "1GiB"
+
+[[pool]]
+name = "prefill"
+role = "prefill"
+instances = 1
+gpus_per_instance = 1
+
+[[pool]]
+name = "decode"
+role = "decode"
+instances = 1
+gpus_per_instance = 1
+)";
+
+cluster::topology test_topology() {
+  auto t = cluster::parse_topology(topology_text, "test-real.toml");
+  REQUIRE(t.value);
+  return *t.value;
+}
+
+/// Counts the hand-offs a device wrapper saw, and can corrupt what the prefill device exports.
+struct handoff_log {
+  std::atomic<int> exported{0};
+  std::atomic<int> imported{0};
+  std::atomic<int> refused{0};
+  bool corrupt_exports = false;
+};
+
+/// A device port that forwards everything to `inner`, counting kv_export / kv_import and, when
+/// the log says so, flipping one byte of every exported Block KV payload (a planted fault).
+runtime::device_port spawn_watched(caf::actor_system& sys, runtime::device_port inner,
+                                   std::shared_ptr<handoff_log> log) {
+  using self_ptr = runtime::device_port::pointer;
+  return sys.spawn([inner, log](self_ptr self) -> runtime::device_port::behavior_type {
+    return {
+      [self, inner](const runtime::device_step& s) { return self->delegate(inner, s); },
+      [self, inner](const runtime::device_release& r) { self->send(inner, r); },
+      [self, inner, log](const runtime::kv_export& e) {
+        auto rp = self->make_response_promise<runtime::kv_snapshot_ptr>();
+        self->request(inner, caf::infinite, e)
+          .then(
+            [rp, log](runtime::kv_snapshot_ptr snap) mutable {
+              ++log->exported;
+              if (log->corrupt_exports && snap && !snap->blocks.empty()) {
+                auto bad = std::make_shared<runtime::kv_snapshot>(*snap);
+                bad->blocks[0].bytes[bad->blocks[0].bytes.size() / 2] ^= 0x40;
+                snap = bad;
+              } else if (log->corrupt_exports && snap) {
+                auto bad = std::make_shared<runtime::kv_snapshot>(*snap);
+                bad->swa.bytes[bad->swa.bytes.size() / 2] ^= 0x40;
+                snap = bad;
+              }
+              rp.deliver(std::move(snap));
+            },
+            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
+      [self, inner, log](const runtime::kv_import& i) {
+        auto rp = self->make_response_promise<caf::ok_atom>();
+        self->request(inner, caf::infinite, i)
+          .then(
+            [rp, log](caf::ok_atom ok) mutable {
+              ++log->imported;
+              rp.deliver(ok);
+            },
+            [rp, log](caf::error& err) mutable {
+              ++log->refused;
+              rp.deliver(std::move(err));
+            });
+        return rp;
+      },
+    };
+  });
+}
+
+struct served {
+  std::vector<std::int32_t> tokens;
+  actors::generation_end end;
+};
+
+struct fixture {
+  runtime::world w{runtime::world_options{runtime::world_mode::real, 0, 2, false,
+                                          actors::register_actor_types}};
+  std::shared_ptr<handoff_log> log = std::make_shared<handoff_log>();
+  cluster::real_graph graph;
+  std::int64_t vocab = 0;
+
+  explicit fixture(bool corrupt = false) {
+    log->corrupt_exports = corrupt;
+    const auto& dir = test::model_dirs::tiny();
+    auto cfg = kernels::load_model_config(dir);
+    REQUIRE(cfg.ok());
+    vocab = cfg->text.vocab_size;
+    cluster::real_graph_params p;
+    p.device = [dir, log = log](caf::actor_system& sys, cluster::pool_role, std::uint32_t) {
+      ports::cpu_device_params d;
+      d.model_dir = dir;
+      d.threads = 1;
+      d.engram_map = "identity";
+      return spawn_watched(sys, ports::spawn_cpu_device(sys, std::move(d)), log);
+    };
+    p.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(cfg->text));
+    p.max_batch = 64;
+    p.prefill_chunk = 64;
+    graph = cluster::spawn_real_graph(w.system(), test_topology(), p);
+  }
+
+  ~fixture() { caf::anon_send_exit(graph.cluster, caf::exit_reason::user_shutdown); }
+
+  actors::generation_request request(std::uint64_t id, std::vector<std::int32_t> prompt,
+                                     std::uint32_t max_tokens, caf::actor sink) {
+    actors::generation_request g;
+    g.id = id;
+    g.prompt = std::move(prompt);
+    g.max_tokens = max_tokens;
+    g.sampling.temperature = 0;
+    g.sink = std::move(sink);
+    return g;
+  }
+
+  /// Submits every request with `self` as the sink and collects each stream to its end.
+  std::map<std::uint64_t, served> run(caf::scoped_actor& self,
+                                      std::vector<actors::generation_request> requests) {
+    std::map<std::uint64_t, served> out;
+    for (auto& g : requests) {
+      g.sink = caf::actor_cast<caf::actor>(self);
+      self->request(graph.service, 30s, std::move(g))
+        .receive([](const caf::actor&) {},
+                 [&](const caf::error& e) { FAIL("refused: " << w.system().render(e)); });
+    }
+    std::size_t ended = 0;
+    while (ended < requests.size()) {
+      bool timed_out = false;
+      self->receive(
+        [&](actors::generation_tokens& t) {
+          auto& s = out[t.id].tokens;
+          s.insert(s.end(), t.tokens.begin(), t.tokens.end());
+        },
+        [&](actors::generation_end& e) {
+          out[e.id].end = e;
+          ++ended;
+        },
+        caf::after(120s) >> [&] { timed_out = true; });
+      REQUIRE_FALSE(timed_out);
+    }
+    return out;
+  }
+};
+
+std::vector<std::int32_t> prompt_of(std::size_t n, std::uint32_t seed, std::int64_t vocab) {
+  std::vector<std::int32_t> t(n);
+  for (auto& v : t)
+    v = static_cast<std::int32_t>((seed = seed * 1664525u + 1013904223u) >> 8) % vocab;
+  return t;
+}
+
+/// What `troupe generate --greedy --ignore-eos` gives for `prompt` (batch-invariant mode, as
+/// the served devices run).
+std::vector<std::int32_t> generate_greedy(const std::vector<std::int32_t>& prompt, int n) {
+  auto m = kernels::model::load(test::model_dirs::tiny(), {.threads = 1, .batch_invariant = true});
+  REQUIRE(m.ok());
+  auto map = kernels::load_engram_token_map(*m, "identity");
+  REQUIRE(map.ok());
+  REQUIRE(m->set_engram_token_map(std::move(*map)).ok());
+  kernels::generate_options o;
+  o.max_new = n;
+  o.sampling.greedy = true;
+  o.stop_at_eos = false;
+  std::vector<std::int64_t> p(prompt.begin(), prompt.end());
+  auto g = kernels::generate(*m, p, o);
+  REQUIRE(g.ok());
+  return {g->tokens.begin(), g->tokens.end()};
+}
+
+} // namespace
+
+TEST_CASE("a served request's greedy tokens equal troupe generate's, through the KV hand-off") {
+  fixture f;
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(150, 1, f.vocab);  // more than one 128-token block
+  auto out = f.run(self, {f.request(1, prompt, 12, {})});
+  REQUIRE(out.size() == 1);
+  CHECK(out[1].tokens == generate_greedy(prompt, 12));
+  CHECK(out[1].end.reason == actors::finish_reason::length);
+  CHECK(out[1].end.prompt_tokens == 150);
+  CHECK(out[1].end.completion_tokens == 12);
+  // The decode instance imported the prefill instance's KV (no recompute).
+  CHECK(f.log->exported == 1);
+  CHECK(f.log->imported == 1);
+  CHECK(f.log->refused == 0);
+}
+
+TEST_CASE("a request served among 63 concurrent others gives the tokens it gives alone") {
+  fixture f;
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(40, 7, f.vocab);
+  const auto alone = generate_greedy(prompt, 8);
+  std::vector<actors::generation_request> all;
+  all.push_back(f.request(1, prompt, 8, {}));
+  for (std::uint64_t id = 2; id <= 64; ++id)
+    all.push_back(f.request(id, prompt_of(5 + id % 37, static_cast<std::uint32_t>(id), f.vocab),
+                            4 + id % 9, {}));
+  auto out = f.run(self, std::move(all));
+  REQUIRE(out.size() == 64);
+  CHECK(out[1].tokens == alone);
+  for (auto& [id, s] : out) {
+    CAPTURE(id);
+    CHECK(s.end.reason == actors::finish_reason::length);
+    CHECK(s.tokens.size() == s.end.completion_tokens);
+  }
+}
+
+TEST_CASE("corrupt handed-off KV is refused by the decode device and the context recomputed") {
+  fixture f{true};
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(150, 3, f.vocab);
+  auto out = f.run(self, {f.request(1, prompt, 6, {})});
+  CHECK(f.log->exported == 1);
+  CHECK(f.log->refused == 1);
+  CHECK(f.log->imported == 0);
+  // Never decoded from the corrupt KV: the same tokens as the exact engine.
+  CHECK(out[1].tokens == generate_greedy(prompt, 6));
+}
+
+TEST_CASE("a stop id ends the stream at that token, reported as stop") {
+  fixture f;
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(30, 5, f.vocab);
+  const auto full = generate_greedy(prompt, 10);
+  auto g = f.request(1, prompt, 10, {});
+  g.stop_ids = {full[3]};
+  auto out = f.run(self, {g});
+  // Up to and including the first occurrence of that id.
+  auto first = std::find(full.begin(), full.end(), full[3]);
+  CHECK(out[1].tokens == std::vector<std::int32_t>(full.begin(), first + 1));
+  CHECK(out[1].end.reason == actors::finish_reason::stop);
+}
+
+TEST_CASE("a cancelled request ends at once and frees its decode booking") {
+  fixture f;
+  caf::scoped_actor self{f.w.system()};
+  auto g = f.request(1, prompt_of(20, 9, f.vocab), 100000, caf::actor_cast<caf::actor>(self));
+  caf::actor request;
+  self->request(f.graph.service, 30s, std::move(g))
+    .receive([&](caf::actor a) { request = std::move(a); },
+             [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+  // Wait for a few tokens (decoding has begun), then cancel.
+  std::size_t got = 0;
+  while (got < 3)
+    self->receive([&](const actors::generation_tokens& t) { got += t.tokens.size(); },
+                  caf::after(60s) >> [&] { FAIL("no tokens"); });
+  self->send(request, actors::cancel_atom::value);
+  bool ended = false;
+  while (!ended)
+    self->receive([](const actors::generation_tokens&) {},
+                  [&](const actors::generation_end& e) {
+                    ended = true;
+                    CHECK(e.reason == actors::finish_reason::cancelled);
+                  },
+                  caf::after(60s) >> [&] { FAIL("no end"); });
+  // The decode balancer holds no booking any more (the request released it as it ended).
+  for (int tries = 0; tries < 100; ++tries) {
+    actors::pool_load load;
+    self->request(f.graph.decode_lb, 10s, actors::pool_load_atom::value)
+      .receive([&](const actors::pool_load& l) { load = l; },
+               [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+    if (load.in_compute == 0)
+      return;
+    std::this_thread::sleep_for(10ms);
+  }
+  FAIL("the decode booking was not released");
+}
