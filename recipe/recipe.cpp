@@ -141,6 +141,11 @@ codec::~codec() = default;
 
 const tokenizer& codec::tokenizer() const { return s_->tok; }
 
+std::vector<token_id> codec::stop_ids() const {
+  // The stream parser's control tokens were checked at load, the end of sentence among them.
+  return {*s_->tok.token_to_id("<｜end▁of▁sentence｜>")};
+}
+
 std::vector<token_id> codec::tokenize(std::string_view text, encode_mode mode) const {
   if (s_->pool) return encode_parallel(s_->tok, text, mode, *s_->pool, s_->options.parallel);
   return s_->tok.encode(text, mode);

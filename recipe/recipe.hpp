@@ -102,6 +102,9 @@ class codec {
   ~codec();
 
   const recipe::tokenizer& tokenizer() const;
+  // The ids that end the model's turn (`<｜end▁of▁sentence｜>`): a generation stops after
+  // sending one of them. Never empty (checked at load).
+  std::vector<token_id> stop_ids() const;
 
   // User text in plain mode by default (HF split_special_tokens); raw never matches an added token,
   // trusted matches all of them. Long raw text is tokenized on the pool.

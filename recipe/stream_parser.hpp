@@ -93,6 +93,11 @@ class stream_parser {
   void finish(backend_finish why, std::vector<stream_event>& out);
 
   bool finished() const { return finished_; }
+  // The output has ended inside the parser: the end-of-sentence id or a stop sequence was seen,
+  // so later ids are ignored (a server can cancel the generation that feeds it).
+  bool ended() const { return ended_; }
+  // The output ended at a stop sequence (the text before it was emitted).
+  bool stopped_by_sequence() const { return stopped_; }
   const usage_counts& usage() const { return usage_; }
 
  private:

@@ -15,7 +15,9 @@ packages=(
   libicu-dev                 # tokenizer: Unicode general categories
   zlib1g-dev                 # tokenizer: tokenizer.json.gz
   libopenblas-dev            # kernels: the CPU model's GEMMs
+  libboost-dev               # the HTTP entrypoint: Boost.Beast and Boost.Asio (headers)
   doctest-dev                # tests
+  python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
 )
 

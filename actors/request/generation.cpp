@@ -1,3 +1,4 @@
+// The generation interface's names (see generation.hpp).
 #include "actors/request/generation.hpp"
 
 namespace troupe::actors {
@@ -13,7 +14,7 @@ std::string to_string(finish_reason r) {
     case finish_reason::error:
       return "error";
   }
-  return "?";
+  return "unknown";
 }
 
 } // namespace troupe::actors
