@@ -4,6 +4,7 @@
 #include "runtime/supervisor.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/local_actor.hpp>
 
 namespace troupe::cluster {
 

@@ -20,6 +20,7 @@ namespace troupe::cli {
 // The default tokenizer: $TROUPE_TOKENIZER, then <prefix>/share/troupe/tokenizers beside an
 // installed binary, then the source tree.
 std::string default_tokenizer() {
+  namespace fs = std::filesystem;
   if (const char* env = std::getenv("TROUPE_TOKENIZER"); env && *env) return env;
   const fs::path rel = fs::path("deepseek-v4") / "tokenizer.json.gz";
   std::error_code ec;

@@ -139,9 +139,12 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   std::set<std::string> keys;
   if (!o.api_keys_file.empty()) {
     auto k = actors::load_api_keys(o.api_keys_file);
-    if (!k)
-      return fail(k.error());
-    keys = std::move(*k);
+    if (auto* e = std::get_if<actors::api_keys_error>(&k))
+      return fail(e->message);
+    keys = std::get<std::set<std::string>>(std::move(k));
+    if (keys.empty())
+      return fail(o.api_keys_file + ": no API key in the file (remove --api-keys to serve "
+                                    "without authentication)");
   } else {
     err << "troupe serve: warning: no --api-keys file: the API is open to anyone who can "
            "reach "

@@ -276,18 +276,41 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
         st.waiting.push_back(std::move(run));
         step(self);
       };
+      // The handed-off KV goes into the device before the job joins; refused, the job
+      // recomputes its context in its first step.
+      auto import_then_arrive = [self, arrive](running&& run) {
+        auto kv = run.job.kv;
+        if (!kv) {
+          arrive(std::move(run));
+          return;
+        }
+        auto holder = std::make_shared<running>(std::move(run));
+        self->request(self->state.device, caf::infinite,
+                      runtime::kv_import{holder->job.request, std::move(kv)})
+          .then(
+            [holder, arrive](caf::ok_atom) {
+              holder->on_device = true;
+              holder->job.kv = nullptr;
+              arrive(std::move(*holder));
+            },
+            [self, holder, arrive](const caf::error&) {
+              ++self->state.stats.kv_import_failures;
+              holder->job.kv = nullptr;
+              arrive(std::move(*holder));
+            });
+      };
       if (job.kv_bytes == 0 || st.ingress == nullptr) {
-        arrive(std::move(r));
+        import_then_arrive(std::move(r));
         return rp;
       }
       ++st.in_transfer;
       st.transferring.insert(job.request);
       auto holder = std::make_shared<running>(std::move(r));
       self->request(st.ingress, caf::infinite, runtime::link_transfer{job.request, job.kv_bytes})
-        .then([self, holder, arrive](const runtime::link_delivery&) {
+        .then([self, holder, import_then_arrive](const runtime::link_delivery&) {
           --self->state.in_transfer;
           self->state.transferring.erase(holder->job.request);
-          arrive(std::move(*holder));
+          import_then_arrive(std::move(*holder));
         });
       return rp;
     },

@@ -18,10 +18,13 @@
 // Messages carry content: a job brings the token to feed first (`next`, the last one the
 // request delivered) and its sampling and stop ids; progress notices and the answer carry the
 // generated token ids, in order. A job ends early when it generates one of its stop ids
-// (`decode_done::stopped`). A real job also brings its context's ids: until the prefill →
-// decode KV hand-off is wired to the device (kv export / import), the engine rebuilds the
-// context's KV on its own device in the job's first step. The simulated world leaves the ids
-// empty: its KV arrives by the modelled link transfer, its device answers modelled tokens.
+// (`decode_done::stopped`). A real job also brings its context's ids and, from its prefill
+// instance, the context's KV (`kv`, exported there): the engine imports it into its device
+// before the job joins the batch. When there is none, or the import is refused (a checksum
+// mismatch, another model's KV: the device checks), the job's first step recomputes the
+// context's KV on this device instead — it is never decoded from corrupt KV; such imports are
+// counted (`engine_stats::kv_import_failures`). The simulated world leaves the ids empty: its
+// KV arrives by the modelled link transfer, its device answers modelled tokens.
 // `(cancel_atom, request)` drops a job (its requester has gone): it is answered with an error,
 // its KV bookings are freed and its sequence leaves the device.
 //
@@ -76,6 +79,9 @@ struct decode_job {
   runtime::sampling sampling;
   /// Generating one of these ends the job (it is the last token sent).
   std::vector<std::int32_t> stop_ids;
+  /// The context's KV from the prefill instance (prefill_done::kv), or empty. An in-process
+  /// handle, not serialised.
+  runtime::kv_snapshot_ptr kv;
 };
 
 template <class Inspector>

@@ -25,6 +25,8 @@ struct job_state {
   runtime::sampled_token next;
   bool ready = false;
   bool fetched = false;
+  /// Its KV is being exported (the answer waits for it).
+  bool exporting = false;
   bool started = false;
   runtime::time_point started_at{};
   caf::typed_response_promise<prefill_done> rp;
@@ -48,14 +50,15 @@ struct prefill_engine_state {
 
 using engine_ptr = prefill_engine_actor::stateful_pointer<prefill_engine_state>;
 
-void try_finish(engine_ptr self, std::uint64_t request) {
+/// Answers a finished job (with its KV, when exported) and forgets it.
+void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv) {
   auto& st = self->state;
   auto i = st.jobs.find(request);
-  if (i == st.jobs.end() || i->second.remaining > 0 || !i->second.fetched)
+  if (i == st.jobs.end())
     return;
   auto& j = i->second;
   j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now(),
-                            std::move(j.next)});
+                            std::move(j.next), std::move(kv)});
   // The KV has been handed on with the answer: the device forgets the sequence.
   self->send(st.device, runtime::device_release{request});
   st.jobs.erase(i);
@@ -66,6 +69,22 @@ void try_finish(engine_ptr self, std::uint64_t request) {
     st.drain->deliver(std::uint64_t{0});
     st.drain.reset();
   }
+}
+
+void try_finish(engine_ptr self, std::uint64_t request) {
+  auto& st = self->state;
+  auto i = st.jobs.find(request);
+  if (i == st.jobs.end() || i->second.remaining > 0 || !i->second.fetched || i->second.exporting)
+    return;
+  if (i->second.job.tokens.empty()) {
+    deliver(self, request, nullptr);  // the simulated world: the KV moves by the link model
+    return;
+  }
+  i->second.exporting = true;
+  self->request(st.device, caf::infinite, runtime::kv_export{request})
+    .then([self, request](runtime::kv_snapshot_ptr kv) { deliver(self, request, std::move(kv)); },
+          // Without a snapshot the decode instance recomputes the context.
+          [self, request](const caf::error&) { deliver(self, request, nullptr); });
 }
 
 void step(engine_ptr self) {

@@ -17,7 +17,10 @@
 // next token, which `prefill_done` carries. The simulated world leaves the ids empty and its
 // device answers modelled tokens; the real device computes them. A real job (with ids)
 // computes its whole context: the block fetch path that would let it start from cached blocks
-// is not built yet, so its cache hits are not used.
+// is not built yet, so its cache hits are not used. A real job ends with its KV exported from
+// the device (kv_export: Block KV blocks, State and SWA KV in their checksummed formats) and
+// handed on in `prefill_done::kv` for the decode instance to import; an export that fails
+// leaves `kv` empty and the decode instance recomputes the context.
 //
 // Protocol: a `prefill_job` request is answered with `prefill_done` when the job's last token
 // is computed and its fetched KV is complete. `(cancel_atom, request)` drops a job (its
@@ -69,6 +72,9 @@ struct prefill_done {
   runtime::time_point finished{};
   /// The token drawn after the context (the request's next output token).
   runtime::sampled_token next;
+  /// The context's KV, exported from the device (real jobs; empty in the simulated world).
+  /// An in-process handle, not serialised: across processes the link port moves the bytes.
+  runtime::kv_snapshot_ptr kv;
 };
 
 template <class Inspector>
@@ -87,12 +93,15 @@ struct engine_stats {
   std::uint64_t jobs_in_flight = 0;
   /// Device time spent in steps (for utilisation).
   runtime::duration busy{0};
+  /// Decode: handed-off KV the device refused (checksum mismatch, another model's); those
+  /// jobs recomputed their context instead.
+  std::uint64_t kv_import_failures = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.instance, x.steps, x.tokens, x.jobs_done,
-           x.jobs_in_flight, x.busy);
+           x.jobs_in_flight, x.busy, x.kv_import_failures);
 }
 
 using engine_stats_atom = caf::atom_constant<caf::atom("engstats")>;

@@ -38,6 +38,8 @@ struct request_state {
   /// the last one (the next decode job feeds it).
   std::vector<std::int32_t> output;
   std::int32_t last = 0;
+  /// The KV the last prefill exported, for the next decode job to import (real world).
+  runtime::kv_snapshot_ptr kv;
   /// The engine of the current job (cancel reaches it there) and the balancer booking it holds.
   caf::actor engine;
   std::function<void()> release;
@@ -225,6 +227,10 @@ void decode(request_ptr self) {
           job.context.insert(job.context.end(), st.output.begin(),
                              st.output.end() - (st.output.empty() ? 0 : 1));
         }
+        // The KV of the prefill that just ended (a later decode job, after a forward or a
+        // failure, recomputes or re-prefills instead).
+        job.kv = std::move(st.kv);
+        st.kv = nullptr;
         st.progress = 0;
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens] {
           self->send(self->state.services.decode, decode_release{a.instance, kv_tokens});
@@ -312,6 +318,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
                 return;
               unwatch(self);
               release_booking(self);
+              st.kv = std::move(done.kv);
               if (!st.first_delivered) {
                 st.first_delivered = true;
                 st.outcome.prefill_started = done.started;
