@@ -283,6 +283,7 @@ int main(int argc, char** argv) {
   troupe::kernels::generate_options gen_opts;
   int gen_threads = 2;
   bool gen_ignore_eos = false;
+  bool gen_batch_invariant = false;
   auto* gen = app.add_subcommand("generate", "run a prompt of token ids through a model directory on the CPU");
   gen->add_option("--model", gen_model, "the model directory (config.json + safetensors)")->required();
   gen->add_option("--tokens", gen_tokens, "the prompt: comma-separated token ids")->required();
@@ -295,6 +296,8 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", gen_opts.sampling.seed, "the request's sampling seed (default 0)");
   gen->add_flag("--ignore-eos", gen_ignore_eos, "do not stop at an end-of-sequence id");
   gen->add_option("--threads", gen_threads, "CPU threads (default 2)");
+  gen->add_flag("--batch-invariant", gen_batch_invariant,
+                "row-by-row projections, as troupe serve runs: the same ids as a served request");
   gen->add_option("--engram-map", gen_engram_map,
                   "the Engram compressed-token map: a JSON file, or 'identity' for random models");
   gen->add_option("--logits-out", gen_logits_out,
@@ -313,7 +316,8 @@ int main(int argc, char** argv) {
         return fail("--tokens: expected comma-separated non-negative ids, found '" + item + "'");
       prompt.push_back(v);
     }
-    auto m = troupe::kernels::model::load(gen_model, {.threads = gen_threads});
+    auto m = troupe::kernels::model::load(
+      gen_model, {.threads = gen_threads, .batch_invariant = gen_batch_invariant});
     if (!m) return fail(m.error());
     if (!m->text().engram_layer_ids.empty()) {
       if (gen_engram_map.empty())

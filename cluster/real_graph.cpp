@@ -90,6 +90,9 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   actors::generation_service_params gp;
   gp.services = actors::request_services{g.kv, g.prefill_lb, g.decode_lb,
                                          params.block_bytes / 128, params.outcomes, {}};
+  // Every token leaves for the client as soon as it is generated (the simulator batches its
+  // notices by 16 to stay cheap).
+  gp.services.progress_every = 1;
   gp.max_context = params.max_context;
   g.service = actors::spawn_generation_service(sys, gp);
   return g;

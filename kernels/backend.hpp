@@ -42,6 +42,8 @@ class model_backend {
   /// Prefill / decode over a batch (each sequence at most once): logits [total tokens, vocab],
   /// sequences in batch order. Errors (unknown id, bad token) leave every cache as it was.
   virtual result<std::vector<float>> step(std::span<const step_input> batch) = 0;
+  /// As step, but the logits of each sequence's last token only: [sequences, vocab].
+  virtual result<std::vector<float>> step_last(std::span<const step_input> batch) = 0;
   /// Undoes a sequence's last k <= 6 tokens (a rejected draft).
   virtual result<bool> rollback(sequence_id id, std::int64_t k) = 0;
 
@@ -79,6 +81,7 @@ class cpu_backend final : public model_backend {
   result<bool> close_sequence(sequence_id id) override;
   result<std::int64_t> length(sequence_id id) const override;
   result<std::vector<float>> step(std::span<const step_input> batch) override;
+  result<std::vector<float>> step_last(std::span<const step_input> batch) override;
   result<bool> rollback(sequence_id id, std::int64_t k) override;
   result<std::string> export_block(sequence_id id, std::int64_t block) const override;
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;

@@ -37,6 +37,16 @@ result<std::vector<float>> cpu_backend::step(std::span<const step_input> batch) 
   return model_.forward(inputs);
 }
 
+result<std::vector<float>> cpu_backend::step_last(std::span<const step_input> batch) {
+  std::vector<sequence_input> inputs;
+  for (const auto& in : batch) {
+    const auto it = sequences_.find(in.sequence);
+    if (it == sequences_.end()) return result<std::vector<float>>::failure(unknown(in.sequence));
+    inputs.push_back({&it->second, in.tokens});
+  }
+  return model_.forward_last(inputs);
+}
+
 result<bool> cpu_backend::rollback(sequence_id id, std::int64_t k) {
   const auto it = sequences_.find(id);
   if (it == sequences_.end()) return result<bool>::failure(unknown(id));

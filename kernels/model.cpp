@@ -991,10 +991,14 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
   return run(batch, layer_streams, 0, 0, dspark_features);
 }
 
+result<std::vector<float>> model::forward_last(std::span<const sequence_input> batch) const {
+  return run(batch, nullptr, 0, 0, nullptr, true);
+}
+
 result<std::vector<float>> model::run(std::span<const sequence_input> batch,
                                       std::vector<std::vector<float>>* layer_streams,
                                       std::int64_t decoder_begin, std::int64_t head,
-                                      std::vector<float>* dspark_features) const {
+                                      std::vector<float>* dspark_features, bool last_only) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
@@ -1137,11 +1141,18 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
     if (layer_streams != nullptr) layer_streams->push_back(streams);
   }
 
-  // Final collapse, norm and LM head.
+  // Final collapse, norm and LM head (on every token, or each sequence's last).
   hc_collapse(c, streams, pre_mix, T, collapsed);
-  for (i64 t = 0; t < T; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
-  std::vector<float> logits(sz(T * V));
-  project(mode, collapsed.data(), T, D, W.lm_head.data(), V, logits.data());
+  if (last_only) {
+    std::vector<float> last(sz(S * D));
+    for (i64 s = 0; s < S; ++s)
+      std::copy_n(collapsed.data() + (seq_begin[sz(s + 1)] - 1) * D, D, last.data() + s * D);
+    collapsed = std::move(last);
+  }
+  const i64 rows = last_only ? S : T;
+  for (i64 t = 0; t < rows; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
+  std::vector<float> logits(sz(rows * V));
+  project(mode, collapsed.data(), rows, D, W.lm_head.data(), V, logits.data());
 
   // Advance the caches.
   for (i64 s = 0; s < S; ++s) {

@@ -122,6 +122,12 @@ class model {
       std::vector<std::vector<float>>* layer_streams = nullptr,
       std::vector<float>* dspark_features = nullptr) const;
 
+  /// As forward, but only each sequence's last new token goes through the LM head: logits
+  /// [sequences, vocab], row s the next-token distribution of sequence s. What serving needs
+  /// (one draw per sequence), at a fraction of the LM head's cost over a prefill chunk. In
+  /// batch-invariant mode the rows equal forward's bitwise; otherwise to rounding.
+  result<std::vector<float>> forward_last(std::span<const sequence_input> batch) const;
+
   /// Whether the checkpoint holds the DSpark draft layers (`mtp.*`, num_nextn_predict_layers
   /// stages), which load only when present.
   bool has_draft() const;
@@ -170,11 +176,13 @@ class model {
  private:
   model() = default;
   // forward, where the decoder layers (from decoder_begin) run only after the first `head`
-  // tokens of the one sequence (head 0: everything everywhere).
+  // tokens of the one sequence (head 0: everything everywhere); `last_only`: the LM head on
+  // each sequence's last token only.
   result<std::vector<float>> run(std::span<const sequence_input> batch,
                                  std::vector<std::vector<float>>* layer_streams,
                                  std::int64_t decoder_begin, std::int64_t head,
-                                 std::vector<float>* dspark_features = nullptr) const;
+                                 std::vector<float>* dspark_features = nullptr,
+                                 bool last_only = false) const;
   std::unique_ptr<weights> w_;
 };
 

@@ -234,16 +234,16 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     inputs.push_back({it->second, tokens[i]});
   }
   auto logits = inputs.empty() ? kernels::result<std::vector<float>>(std::vector<float>{})
-                               : st.backend->step(inputs);
+                               : st.backend->step_last(inputs);
   if (!logits) {
     for (auto seq : opened)
       release(st, seq);
     return make_error(device_errc::compute_failed, logits.error());
   }
   const auto vocab = static_cast<std::size_t>(st.vocab);
-  std::size_t rows = 0;
+  std::size_t rows = 0;  // logits: one row per sequence, its last token's
   for (const auto& s : step.batch) {
-    rows += s.count;
+    ++rows;
     if (!s.sample)
       continue;
     const auto row = std::span<const float>(*logits).subspan((rows - 1) * vocab, vocab);

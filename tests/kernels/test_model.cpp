@@ -347,3 +347,23 @@ TEST_CASE("rolling back a rejected draft equals never having drafted") {
   CHECK(rollback(cache, 2).ok());
   CHECK(cache.length == 1);
 }
+
+TEST_CASE("forward_last gives each sequence's last row of forward, bitwise in batch-invariant mode") {
+  auto m = load_tiny({.threads = 2, .batch_invariant = true});
+  const auto a = prompt(29, 31), b = prompt(3, 32);
+  auto ca = m.new_sequence(), cb = m.new_sequence();
+  std::vector<sequence_input> batch = {{&ca, a}, {&cb, b}};
+  auto all = m.forward(batch);
+  REQUIRE(all.ok());
+  auto la = m.new_sequence(), lb = m.new_sequence();
+  std::vector<sequence_input> again = {{&la, a}, {&lb, b}};
+  auto last = m.forward_last(again);
+  REQUIRE(last.ok());
+  const std::size_t V = 256;
+  REQUIRE(last->size() == 2 * V);
+  CHECK(std::vector<float>(last->begin(), last->begin() + V) ==
+        std::vector<float>(all->begin() + (a.size() - 1) * V, all->begin() + a.size() * V));
+  CHECK(std::vector<float>(last->begin() + V, last->end()) ==
+        std::vector<float>(all->end() - V, all->end()));
+  CHECK(la.length == 29);  // the caches advance as with forward
+}

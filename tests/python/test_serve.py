@@ -1,0 +1,255 @@
+"""The official OpenAI and Anthropic Python SDKs, unchanged, against `troupe serve`.
+
+The server is the real thing: `troupe serve examples/topologies/local-cpu.toml` on a random
+DeepSeek-V4.1-shaped model (`troupe model init --preset small`, the full 129,280-id vocabulary,
+107 M parameters) — the CPU engine computes every token, through separate prefill and decode
+instances and the KV hand-off between them. The model is random, so its text is gibberish; the
+tests check what the server must get right whatever the model says: that the served greedy
+tokens are exactly `troupe generate`'s, alone and among 64 concurrent streams, that streams
+and usage agree, that max_tokens, stop sequences, seeds and API keys are honoured, and that a
+client that leaves frees its request. Every call has a bounded timeout and retries are off.
+
+Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_serve.py
+(ctest -L sdk does both steps).
+"""
+
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+
+API_KEY = "sk-troupe-serve-test"
+MODEL = "deepseek-v4.1-flash"
+TIMEOUT_S = 300
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def troupe():
+    binary = os.environ.get("TROUPE")
+    if not binary or not os.path.exists(binary):
+        pytest.skip("TROUPE is not set to the troupe binary")
+    return binary
+
+
+class Server:
+    def __init__(self, model_dir, keys_file):
+        self.proc = subprocess.Popen(
+            [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu.toml"),
+             "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
+             "--api-keys", keys_file, "--max-in-flight", "80", "--grace", "10"],
+            stderr=subprocess.PIPE, text=True)
+        self.log = []
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if " on http://" in line:
+                    found.set()
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(timeout=240):
+            self.stop()
+            raise RuntimeError("troupe serve did not start:\n" + "".join(self.log))
+        line = next(l for l in self.log if " on http://" in l)
+        self.port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def openai(self, api_key=API_KEY):
+        return openai.OpenAI(api_key=api_key, base_url=f"http://127.0.0.1:{self.port}/v1",
+                             max_retries=0, timeout=TIMEOUT_S)
+
+    def anthropic(self):
+        return anthropic.Anthropic(api_key=API_KEY, base_url=f"http://127.0.0.1:{self.port}",
+                                   max_retries=0, timeout=TIMEOUT_S)
+
+    def metric(self, name):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "small"
+    subprocess.run([troupe(), "model", "init", "--preset", "small", "--seed", "1",
+                    "--out", str(out)], check=True, capture_output=True, timeout=600)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text("# test keys\n" + API_KEY + "\n")
+    s = Server(model_dir, str(keys))
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, "troupe serve did not stop cleanly on SIGTERM:\n" + "".join(s.log)
+
+
+def chat_body(content, **extra):
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def generated_text(model_dir, body, n):
+    """What `troupe generate --greedy` produces for the request's prompt, as text."""
+    encoded = subprocess.run([troupe(), "encode", "--protocol", "chat", "-"], input=json.dumps(body),
+                             check=True, capture_output=True, text=True, timeout=120)
+    ids = json.loads(encoded.stdout)["ids"]
+    out = subprocess.run([troupe(), "generate", "--model", model_dir, "--tokens",
+                          ",".join(map(str, ids)), "--greedy", "--batch-invariant",
+                          "--ignore-eos", "--max-new", str(n), "--engram-map", "identity"],
+                         check=True, capture_output=True, text=True, timeout=600)
+    tokens = [int(t) for t in out.stdout.strip().split(",")]
+    text = subprocess.run([troupe(), "detokenize", "--ids", json.dumps(tokens)],
+                          check=True, capture_output=True, text=True, timeout=120)
+    return text.stdout.rstrip("\n"), tokens
+
+
+def served_text(message):
+    return (getattr(message, "reasoning_content", None) or "") + (message.content or "")
+
+
+# -- the engine behind the API -----------------------------------------------------------------
+
+def test_served_greedy_tokens_equal_troupe_generate(server, model_dir):
+    body = chat_body("Tell me about actors.", max_tokens=12, temperature=0)
+    want, tokens = generated_text(model_dir, body, 12)
+    r = server.openai().chat.completions.create(**body)
+    assert r.usage.completion_tokens == len(tokens) == 12
+    assert served_text(r.choices[0].message) == want
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_64_concurrent_streams_all_complete_and_one_equals_it_alone(server, model_dir):
+    body = chat_body("Actors and messages.", max_tokens=6, temperature=0)
+    want, _ = generated_text(model_dir, body, 6)
+    client = server.openai()
+
+    def one(i):
+        b = body if i == 0 else chat_body(f"Stream number {i}, say something.", max_tokens=6,
+                                          temperature=0)
+        text, usage = "", None
+        for chunk in client.chat.completions.create(**b, stream=True,
+                                                     stream_options={"include_usage": True}):
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
+        return text, usage
+
+    # 64 prompts of ~90 tokens each go through one CPU prefill device: allow them time.
+    client = openai.OpenAI(api_key=API_KEY, base_url=f"http://127.0.0.1:{server.port}/v1",
+                           max_retries=0, timeout=900)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
+        results = list(pool.map(one, range(64)))
+    assert len(results) == 64
+    assert all(u is not None and u.completion_tokens == 6 for _, u in results)
+    assert results[0][0] == want
+
+
+# -- the three APIs ----------------------------------------------------------------------------
+
+def test_chat_stream_equals_the_non_streamed_reply_and_counts_usage(server):
+    body = chat_body("Hello!", max_tokens=8, temperature=0)
+    whole = server.openai().chat.completions.create(**body)
+    text, usage, finish = "", None, None
+    for chunk in server.openai().chat.completions.create(
+            **body, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert text == served_text(whole.choices[0].message)
+    assert usage.completion_tokens == whole.usage.completion_tokens == 8
+    assert usage.prompt_tokens == whole.usage.prompt_tokens > 0
+    assert finish == "length"
+
+
+def test_responses_stream_and_not(server):
+    client = server.openai()
+    r = client.responses.create(model=MODEL, input="Hello!", max_output_tokens=6, temperature=0)
+    assert r.status == "incomplete"  # max_output_tokens reached
+    assert r.usage.output_tokens == 6
+    events = list(client.responses.create(model=MODEL, input="Hello!", max_output_tokens=6,
+                                          temperature=0, stream=True))
+    assert events[0].type == "response.created"
+    done = [e for e in events if e.type in ("response.completed", "response.incomplete")]
+    assert len(done) == 1 and done[0].response.usage.output_tokens == 6
+
+
+def test_messages_stream_and_not(server):
+    client = server.anthropic()
+    m = client.messages.create(model=MODEL, max_tokens=6,
+                               messages=[{"role": "user", "content": "Hello!"}])
+    assert m.stop_reason == "max_tokens"
+    assert m.usage.output_tokens == 6
+    with client.messages.stream(model=MODEL, max_tokens=6,
+                                messages=[{"role": "user", "content": "Hello!"}]) as s:
+        final = s.get_final_message()
+    assert final.usage.output_tokens == 6
+    assert final.stop_reason == "max_tokens"
+
+
+# -- sampling and limits -----------------------------------------------------------------------
+
+def test_seeds_are_reproducible(server):
+    client = server.openai()
+    body = chat_body("Pick words.", max_tokens=10, temperature=1.0, seed=7)
+    a = served_text(client.chat.completions.create(**body).choices[0].message)
+    b = served_text(client.chat.completions.create(**body).choices[0].message)
+    c = served_text(client.chat.completions.create(**{**body, "seed": 8}).choices[0].message)
+    assert a == b
+    assert a != c
+
+
+def test_a_stop_sequence_cuts_the_reply(server):
+    client = server.openai()
+    # Chat mode (no reasoning): stop sequences apply to the reply's content.
+    body = chat_body("Tell me about actors.", max_tokens=12, temperature=0,
+                     extra_body={"thinking": {"type": "disabled"}})
+    full = served_text(client.chat.completions.create(**body).choices[0].message)
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    assert stop.strip(), "the greedy reply is too short to cut"
+    r = client.chat.completions.create(**body, stop=[stop])
+    text = served_text(r.choices[0].message)
+    assert r.choices[0].finish_reason == "stop"
+    assert text == full[:full.index(stop)]
+
+
+def test_a_wrong_api_key_is_refused(server):
+    with pytest.raises(openai.AuthenticationError):
+        server.openai(api_key="sk-wrong").chat.completions.create(**chat_body("Hi", max_tokens=2))
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_request(server):
+    client = server.openai()
+    stream = client.chat.completions.create(**chat_body("Talk for a long time.", max_tokens=4000),
+                                            stream=True)
+    for i, _ in enumerate(stream):
+        if i >= 3:
+            break
+    stream.close()
+    for _ in range(300):
+        if server.metric("troupe_http_requests_in_flight") == 0:
+            break
+        time.sleep(0.1)
+    assert server.metric("troupe_http_requests_in_flight") == 0
