@@ -58,7 +58,7 @@ void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv
     return;
   auto& j = i->second;
   j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now(),
-                            std::move(j.next), std::move(kv)});
+                            std::move(j.next), j.job.cached_tokens, std::move(kv)});
   // The KV has been handed on with the answer: the device forgets the sequence.
   self->send(st.device, runtime::device_release{request});
   st.jobs.erase(i);

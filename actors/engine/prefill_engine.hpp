@@ -72,6 +72,8 @@ struct prefill_done {
   runtime::time_point finished{};
   /// The token drawn after the context (the request's next output token).
   runtime::sampled_token next;
+  /// Context tokens taken from the cluster KV cache instead of computed.
+  std::uint64_t cached_tokens = 0;
   /// The context's KV, exported from the device (real jobs; empty in the simulated world).
   /// An in-process handle, not serialised: across processes the link port moves the bytes.
   runtime::kv_snapshot_ptr kv;
@@ -80,7 +82,7 @@ struct prefill_done {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_done& x) {
   return f(caf::meta::type_name("prefill_done"), x.request, x.instance, x.started, x.finished,
-           x.next);
+           x.next, x.cached_tokens);
 }
 
 /// Work counters of an engine (prefill or decode).

@@ -44,6 +44,8 @@ struct request_state {
   caf::actor engine;
   std::function<void()> release;
   bool cancelled = false;
+  /// Prompt tokens the first prefill took from the KV cache (not computed).
+  std::uint64_t cached_used = 0;
   /// The last decode job was forwarded by a draining instance: the next one carries the
   /// sliding-window rings with the KV.
   bool forwarded_kv = false;
@@ -68,7 +70,7 @@ void finish(request_ptr self, std::string failure) {
       end.error = o.failure;
     end.prompt_tokens = static_cast<std::uint32_t>(o.input_tokens);
     end.completion_tokens = static_cast<std::uint32_t>(o.delivered_tokens);
-    end.cached_tokens = static_cast<std::uint32_t>(o.hit_tokens);
+    end.cached_tokens = static_cast<std::uint32_t>(st.cached_used);
     self->send(st.spec.stream, std::move(end));
   }
   if (st.services.sink)
@@ -321,6 +323,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
               st.kv = std::move(done.kv);
               if (!st.first_delivered) {
                 st.first_delivered = true;
+                st.cached_used = done.cached_tokens;
                 st.outcome.prefill_started = done.started;
                 st.outcome.first_token = done.finished;
                 // The prompt's full blocks are persisted as the KV moves on to decode.
