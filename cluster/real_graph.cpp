@@ -12,12 +12,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const pool_spec* find_pool(const topology& topo, pool_role role) {
-  for (const auto& p : topo.pools)
-    if (p.role == role)
-      return &p;
-  return nullptr;
-}
 
 } // namespace
 

@@ -29,12 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-const pool_spec* find_pool(const topology& topo, pool_role role) {
-  for (const auto& p : topo.pools)
-    if (p.role == role)
-      return &p;
-  return nullptr;
-}
 
 /// "host:port" → (host, port); IPv6 as "[::1]:8000".
 std::optional<std::pair<std::string, std::uint16_t>> parse_listen(const std::string& s) {

@@ -607,6 +607,13 @@ load_result parse_topology(std::string_view text, std::string_view file_name) {
   return result;
 }
 
+const pool_spec* find_pool(const topology& topo, pool_role role) {
+  for (const auto& p : topo.pools)
+    if (p.role == role)
+      return &p;
+  return nullptr;
+}
+
 load_result load_topology(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) {

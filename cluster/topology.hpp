@@ -141,6 +141,9 @@ load_result parse_topology(std::string_view text, std::string_view file_name);
 /// Reads and validates a topology file. An unreadable file is a single diagnostic at 1:1.
 load_result load_topology(const std::filesystem::path& file);
 
+/// The first pool of `role` in `topo`, or nullptr.
+const pool_spec* find_pool(const topology& topo, pool_role role);
+
 /// GPU counts of one pool at its instance bounds.
 struct pool_gpus {
   std::string name;

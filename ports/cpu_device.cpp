@@ -165,39 +165,24 @@ void add_logprobs(std::span<const float> row, std::int32_t k, runtime::sampled_t
 
 /// The reason `step` cannot run on this device, or none.
 caf::error validate(const cpu_device_state& st, const runtime::device_step& step) {
-  std::set<std::uint64_t> seen;
-  for (const auto& s : step.batch) {
-    auto fail = [&](const std::string& why) {
-      return make_error(device_errc::invalid_step,
-                        "step " + std::to_string(step.id) + ", sequence " +
-                          std::to_string(s.sequence) + ": " + why);
-    };
-    if (!seen.insert(s.sequence).second)
-      return fail("twice in the batch");
-    if (s.count == 0)
-      return fail("no new tokens");
-    if (s.tokens.size() != s.count)
-      return fail("count " + std::to_string(s.count) + " but " + std::to_string(s.tokens.size())
-                  + " token ids");
+  auto held = [&](std::uint64_t sequence) -> std::uint64_t {
+    auto i = st.sequences.find(sequence);
+    if (i == st.sequences.end())
+      return 0;
+    auto len = st.backend->length(i->second);
+    return len ? static_cast<std::uint64_t>(*len) : 0;
+  };
+  auto extra = [&](const runtime::step_sequence& s) -> std::string {
     for (auto t : s.tokens)
       if (t < 0 || t >= st.vocab)
-        return fail("token " + std::to_string(t) + " is outside the vocabulary of "
-                    + std::to_string(st.vocab));
-    std::int64_t held = 0;
-    if (auto i = st.sequences.find(s.sequence); i != st.sequences.end()) {
-      auto len = st.backend->length(i->second);
-      if (!len)
-        return make_error(device_errc::compute_failed, len.error());
-      held = *len;
-    }
-    if (s.position != static_cast<std::uint64_t>(held))
-      return fail("position " + std::to_string(s.position) + ", but its cache holds "
-                  + std::to_string(held) + " tokens");
+        return "token " + std::to_string(t) + " is outside the vocabulary of "
+               + std::to_string(st.vocab);
     if (s.sample)
       if (auto ok = kernels::validate(to_kernels(s.params)); !ok)
-        return fail(ok.error());
-  }
-  return caf::none;
+        return ok.error();
+    return {};
+  };
+  return runtime::validate_step(step, true, held, extra);
 }
 
 /// Closes the port's sequence `seq` if the device holds it.

@@ -73,29 +73,16 @@ caf::response_promise reply_at(self_ptr self, runtime::time_point when, T value)
 }
 
 caf::error validate(const script_device_state& st, const runtime::device_step& step) {
-  std::set<std::uint64_t> seen;
-  for (const auto& s : step.batch) {
-    auto fail = [&](const std::string& why) {
-      return make_error(device_errc::invalid_step,
-                        "step " + std::to_string(step.id) + ", sequence " +
-                          std::to_string(s.sequence) + ": " + why);
-    };
-    if (!seen.insert(s.sequence).second)
-      return fail("twice in the batch");
-    if (s.count == 0)
-      return fail("no new tokens");
-    if (!s.tokens.empty() && s.tokens.size() != s.count)
-      return fail("count " + std::to_string(s.count) + " but " + std::to_string(s.tokens.size())
-                  + " token ids");
-    auto i = st.sequences.find(s.sequence);
-    const std::uint64_t held = i == st.sequences.end() ? 0 : i->second.length;
-    if (s.position != held)
-      return fail("position " + std::to_string(s.position) + ", but it holds "
-                  + std::to_string(held) + " tokens");
+  auto held = [&](std::uint64_t sequence) -> std::uint64_t {
+    auto i = st.sequences.find(sequence);
+    return i == st.sequences.end() ? 0 : i->second.length;
+  };
+  auto extra = [&](const runtime::step_sequence& s) -> std::string {
     if (s.sample && script_of(st, s.sequence).empty())
-      return fail("no script to sample from");
-  }
-  return caf::none;
+      return "no script to sample from";
+    return {};
+  };
+  return runtime::validate_step(step, false, held, extra);
 }
 
 caf::response_promise run_step(self_ptr self, const runtime::device_step& step) {

@@ -40,12 +40,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const pool_spec* find_pool(const topology& topo, pool_role role) {
-  for (auto& p : topo.pools)
-    if (p.role == role)
-      return &p;
-  return nullptr;
-}
 
 /// Device time per instance, accumulated by the cost functions (one thread in the sim).
 ///

@@ -227,6 +227,15 @@ std::string to_string(device_errc code);
 /// Makes a device error; `context` is shown in parentheses when rendered.
 caf::error make_error(device_errc code, std::string context);
 
+/// Checks a step's batch against the sequences a device holds: each sequence at most once,
+/// count > 0, `count` ids (required when `ids_required`, else none or `count`), and a
+/// position equal to the tokens its cache holds (`held(sequence)`: 0 for one it does not hold,
+/// which must then start at 0); `extra(sequence)` adds the device's own check (non-empty: the
+/// reason it fails). Returns device_errc::invalid_step naming the step and sequence, or none.
+caf::error validate_step(const device_step& step, bool ids_required,
+                         const std::function<std::uint64_t(std::uint64_t)>& held,
+                         const std::function<std::string(const step_sequence&)>& extra);
+
 /// True when `err` is a device error with code `code`.
 bool is(const caf::error& err, device_errc code);
 
