@@ -208,8 +208,10 @@ void entrypoint::stop(std::chrono::milliseconds grace) {
   // their strand any more).
   for (auto& s : st.live_sessions())
     s->force_close();
-  // No actor posts into the io_context from now on (it is destroyed with this object).
+  // No actor posts into the io_context from now on (it is destroyed with this object), and a
+  // sink that ends later no longer touches the registry.
   st.bridge.close();
+  st.detach_metrics();
 }
 
 std::uint16_t entrypoint::port() const noexcept {

@@ -40,11 +40,17 @@ struct entrypoint_metrics {
   /// the registry's error when a name is taken by a family of another shape.
   static caf::expected<entrypoint_metrics> register_in(runtime::registry& reg);
 
+  // Each update below creates its labelled child on first use; all are thread-safe and only
+  // valid while the registry lives.
   /// Counts one response of `route` with `status`.
   void count(const std::string& route, int status) const;
+  /// One time to first token of `route`, in seconds.
   void observe_ttft(const std::string& route, double seconds) const;
+  /// One gap between tokens of `route`, in seconds.
   void observe_inter_token(const std::string& route, double seconds) const;
+  /// One generation response of `route` from admission to its end, in seconds.
   void observe_duration(const std::string& route, double seconds) const;
+  /// One cancel sent, for `reason`.
   void count_cancel(const std::string& reason) const;
 };
 

@@ -80,7 +80,8 @@ caf::behavior sink(sink_actor* self) {
           return;
         std::string why = err == caf::sec::request_timeout
                             ? std::string("the serving graph did not answer in time")
-                            : "the serving graph refused the request: " + self->system().render(err);
+                            : "the serving graph refused the request: "
+                                + self->system().render(err);
         post(self, [why = std::move(why)](generation_listener& l) { l.on_rejected(why); });
         finish(self);
       });

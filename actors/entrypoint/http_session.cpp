@@ -190,8 +190,14 @@ void server_state::release() {
   std::lock_guard guard{mtx_};
   if (in_flight_ > 0)
     --in_flight_;
-  metrics.in_flight->set(static_cast<double>(in_flight_));
+  if (!metrics_detached_)
+    metrics.in_flight->set(static_cast<double>(in_flight_));
   idle_.notify_all();
+}
+
+void server_state::detach_metrics() {
+  std::lock_guard guard{mtx_};
+  metrics_detached_ = true;
 }
 
 std::size_t server_state::in_flight() const {
@@ -298,7 +304,11 @@ void http_session::close_now() {
   out_.clear();
   out_bytes_ = 0;
   if (gen_active_) {
-    cancel_generation("client_disconnect");
+    if (!cancel_sent_) {
+      // The client left before its response was complete (nginx's "499").
+      cancel_generation("client_disconnect");
+      server_->metrics.count(route_, 499);
+    }
     generation_over();
   }
   ticket_.reset();
@@ -708,7 +718,8 @@ void http_session::send(int status, std::string_view content_type, std::string b
   res.version(version_ >= 11 ? 11 : 10);
   res.result(static_cast<unsigned>(status));
   res.set(http::field::server, "troupe");
-  res.set(http::field::content_type, beast::string_view(content_type.data(), content_type.size()));
+  res.set(http::field::content_type,
+          beast::string_view(content_type.data(), content_type.size()));
   for (const auto& [name, value] : headers)
     res.set(name, value);
   const bool keep = !close && keep_alive_ && !close_after_response_;

@@ -80,6 +80,10 @@ struct server_state : std::enable_shared_from_this<server_state> {
   /// Waits until no slot is taken or `deadline`; true when none is.
   bool wait_idle(std::chrono::steady_clock::time_point deadline);
 
+  /// After this, released tickets no longer update the metrics (a ticket may be released by a
+  /// sink actor after the server, and the registry, are gone).
+  void detach_metrics();
+
   void add_session(const std::shared_ptr<http_session>& s);
   std::vector<std::shared_ptr<http_session>> live_sessions();
 
@@ -88,6 +92,7 @@ private:
   mutable std::mutex mtx_;
   std::condition_variable idle_;
   std::size_t in_flight_ = 0;
+  bool metrics_detached_ = false;
   std::vector<std::weak_ptr<http_session>> sessions_;
 };
 

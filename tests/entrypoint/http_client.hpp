@@ -49,7 +49,8 @@ public:
                     const std::string& body = {},
                     const std::map<std::string, std::string>& headers = {});
   /// Reads one response; nullopt on timeout, error, or a close before a response.
-  std::optional<http_reply> read_reply(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+  std::optional<http_reply>
+  read_reply(std::chrono::milliseconds timeout = std::chrono::seconds(20));
   /// Reads raw bytes until `marker` appears (returns all read) or the timeout / close.
   std::string read_until(const std::string& marker,
                          std::chrono::milliseconds timeout = std::chrono::seconds(10));

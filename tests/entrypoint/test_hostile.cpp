@@ -117,7 +117,8 @@ TEST_CASE("hostile requests get their status and error shape and the server keep
     std::string long_text;
     for (int i = 0; i < 400; ++i)
       long_text += "word" + std::to_string(i) + " ";
-    auto e = openai_error(f.post("/v1/chat/completions", chat_body(json::object(), long_text), bearer), 400);
+    auto e = openai_error(
+      f.post("/v1/chat/completions", chat_body(json::object(), long_text), bearer), 400);
     CHECK(e["message"].get<std::string>().find("512") != std::string::npos);
     CHECK(e["code"] == "context_length_exceeded");
   }

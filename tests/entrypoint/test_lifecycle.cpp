@@ -59,6 +59,7 @@ TEST_CASE("a client that disconnects mid-stream cancels its request and frees it
   CHECK(server_fixture::eventually([&] { return f.log().cancel_count() == 1; }));
   CHECK(all_released(f));
   CHECK(f.metric(R"(troupe_http_cancellations_total{reason="client_disconnect"})") == 1);
+  CHECK(f.metric(R"(troupe_http_requests_total{route="/v1/chat/completions",status="499"})") == 1);
   CHECK(f.metric("troupe_http_connections_open") == 0);
 }
 

@@ -451,3 +451,22 @@ TEST_CASE("an SSE frame names the event by the object's type, except for Chat Co
   CHECK(actors::sse_frame(protocol::responses, R"({"sequence_number":1,"type":"x.y"})")
         == "event: x.y\ndata: {\"sequence_number\":1,\"type\":\"x.y\"}\n\n");
 }
+
+TEST_CASE("an HTTP/1.0 client gets the stream unchunked and the connection closed") {
+  server_fixture f;
+  const std::string body = chat_body({{"stream", true}});
+  http_client c(f.port());
+  REQUIRE(c.connect());
+  REQUIRE(c.send_raw("POST /v1/chat/completions HTTP/1.0\r\nContent-Length: "
+                     + std::to_string(body.size()) + "\r\n\r\n" + body));
+  // The body has no length and no chunks: the reply is complete only once the server closed.
+  auto r = c.read_reply();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->header("transfer-encoding").empty());
+  CHECK(r->header("content-length").empty());
+  CHECK(r->header("connection") == "close");
+  bool done = false;
+  CHECK(chat_stream_text(data_objects(r->body, &done)) == reply_text);
+  CHECK(done);
+}
