@@ -22,7 +22,10 @@ gpu_rank_fn(runtime::device_port::stateful_pointer<gpu_rank_state> self, gpu_ran
   self->monitor(device);
   self->set_down_handler([self](caf::down_msg& msg) { self->quit(msg.reason); });
   return {
-    [self](const runtime::device_step& step) { return self->delegate(self->state.device, step); },
+    // Moved on, not copied: a step carries its whole batch.
+    [self](runtime::device_step& step) {
+      return self->delegate(self->state.device, std::move(step));
+    },
     [self](const runtime::device_release& r) { self->send(self->state.device, r); },
     [self](const runtime::kv_export& x) { return self->delegate(self->state.device, x); },
     [self](const runtime::kv_import& x) { return self->delegate(self->state.device, x); },

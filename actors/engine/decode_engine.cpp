@@ -205,6 +205,7 @@ void step(engine_ptr self) {
                            decode_progress{i->first, st.params.instance, run.generated,
                                            std::move(run.ids), std::move(run.logprobs)});
             run.ids.clear();
+            run.ids.reserve(run.job.progress_every);
             run.logprobs.clear();
           }
           if (done) {

@@ -55,6 +55,7 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       auto started = std::max(self->clock().now(), st.busy_until);
       st.busy_until = started + std::max(duration{0}, st.cost(step));
       device_result r{step.id, started, st.busy_until, {}};
+      r.sampled.reserve(step.batch.size());
       for (const auto& s : step.batch)
         if (s.sample)
           r.sampled.push_back({s.sequence, modelled_token(s.sequence, s.position + s.count), 0.0f,
