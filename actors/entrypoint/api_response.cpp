@@ -51,7 +51,8 @@ std::string sse_frame(recipe::protocol p, std::string_view json) {
 api_response::api_response(const recipe::codec& codec, recipe::encoded_request request,
                            std::string id, std::int64_t created,
                            std::vector<recipe::token_id> stop_ids)
-  : request_(std::move(request)),
+  : codec_(&codec),
+    request_(std::move(request)),
     id_(std::move(id)),
     created_(created),
     stop_ids_(std::move(stop_ids)),
@@ -159,6 +160,45 @@ void api_response::accumulate(const std::vector<recipe::stream_event>& events) {
   }
 }
 
+void api_response::push_logprobs(std::span<const runtime::sampled_token> logprobs) {
+  if (!streaming() && request_.protocol == recipe::protocol::chat_completions
+      && request_.params.logprobs)
+    logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
+}
+
+std::string api_response::with_logprobs(std::string response) const {
+  if (!request_.params.logprobs)
+    return response;
+  const auto& tok = codec_->tokenizer();
+  auto entry = [&](std::int32_t id, float logprob) {
+    const std::vector<recipe::token_id> one{static_cast<recipe::token_id>(id)};
+    const std::string raw = tok.decode_bytes(one);
+    nlohmann::ordered_json bytes = nlohmann::ordered_json::array();
+    for (unsigned char c : raw)
+      bytes.push_back(static_cast<int>(c));
+    return nlohmann::ordered_json{{"token", tok.decode(one)}, {"logprob", logprob},
+                                  {"bytes", std::move(bytes)}};
+  };
+  auto content = nlohmann::ordered_json::array();
+  // One entry per token the response counts (tokens after the output ended are not shown).
+  const auto shown =
+    std::min<std::size_t>(logprobs_.size(), static_cast<std::size_t>(result_.completion_tokens));
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& t = logprobs_[i];
+    auto e = entry(t.token, t.logprob);
+    auto top = nlohmann::ordered_json::array();
+    for (const auto& [id, lp] : t.top)
+      top.push_back(entry(id, lp));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  auto doc = nlohmann::ordered_json::parse(response, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("choices") || doc["choices"].empty())
+    return response;
+  doc["choices"][0]["logprobs"] = {{"content", std::move(content)}};
+  return doc.dump();
+}
+
 std::string api_response::finish(const generation_end& end) {
   if (finished_)
     return {};
@@ -195,7 +235,7 @@ std::string api_response::finish(const generation_end& end) {
   meta.cached_tokens = static_cast<std::int64_t>(usage.cached_prompt_tokens);
   switch (request_.protocol) {
     case recipe::protocol::chat_completions:
-      return recipe::render_chat_completion({&result_, 1}, meta);
+      return with_logprobs(recipe::render_chat_completion({&result_, 1}, meta));
     case recipe::protocol::responses: {
       recipe::responses_request echo;
       echo.params = request_.params;

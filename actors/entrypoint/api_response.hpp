@@ -46,6 +46,12 @@ public:
   /// of sentence, stop sequence) are ignored.
   std::string push(std::span<const std::int32_t> tokens);
 
+  /// Feeds the log-probabilities of the ids pushed (generation_tokens::logprobs). A
+  /// non-streaming Chat Completions response with `logprobs: true` reports them in
+  /// `choices[0].logprobs.content` (token text, bytes, logprob, top alternatives), one entry per
+  /// generated token up to where the output ended. Ignored otherwise.
+  void push_logprobs(std::span<const runtime::sampled_token> logprobs);
+
   /// True when the output ended here while the graph may still be generating: a stop sequence
   /// matched, or the end-of-sentence id came but was not the last id pushed. The caller then
   /// cancels the request; finish() with the `cancelled` end still completes normally.
@@ -72,6 +78,11 @@ private:
   void accumulate(const std::vector<recipe::stream_event>& events);
   std::string frames(const std::vector<std::string>& objects) const;
 
+  /// `choices[0].logprobs` of a non-streaming Chat Completions response with logprobs on.
+  std::string with_logprobs(std::string response) const;
+
+  const recipe::codec* codec_;
+  std::vector<runtime::sampled_token> logprobs_;
   recipe::encoded_request request_;
   std::string id_;
   std::int64_t created_;

@@ -796,6 +796,7 @@ void http_session::on_tokens(generation_tokens t) {
     }
     last_token_at_ = now;
     ensure_stream_open();
+    response_->push_logprobs(t.logprobs);
     const std::string frames = response_->push(t.tokens);
     if (response_->streaming())
       write_chunk(frames);

@@ -253,3 +253,21 @@ def test_a_client_that_leaves_mid_stream_frees_its_request(server):
             break
         time.sleep(0.1)
     assert server.metric("troupe_http_requests_in_flight") == 0
+
+
+def test_chat_logprobs_describe_the_greedy_tokens(server):
+    r = server.openai().chat.completions.create(**chat_body("Hello!", max_tokens=5, temperature=0),
+                                                logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 5
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one, and the alternatives are sorted.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == entry.logprob
+        lps = [t.logprob for t in entry.top_logprobs]
+        assert lps == sorted(lps, reverse=True)
+    # The tokens' bytes spell the reply.
+    spelled = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
+    assert spelled == served_text(r.choices[0].message)
