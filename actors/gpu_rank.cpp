@@ -29,6 +29,10 @@ gpu_rank_fn(runtime::device_port::stateful_pointer<gpu_rank_state> self, gpu_ran
     [self](const runtime::device_release& r) { self->send(self->state.device, r); },
     [self](const runtime::kv_export& x) { return self->delegate(self->state.device, x); },
     [self](const runtime::kv_import& x) { return self->delegate(self->state.device, x); },
+    [self](const runtime::kv_keep& x) { self->send(self->state.device, x); },
+    [self](runtime::kv_restore& x) {
+      return self->delegate(self->state.device, std::move(x));
+    },
   };
 }
 

@@ -121,8 +121,9 @@ runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint3
     pool + "/" + std::to_string(id), id, ranks, std::move(ports),
     [engine, link, id, lb, writer, ranks](runtime::supervisor_config& cfg,
                                           const rank_table& table, std::uint32_t size) {
-      // The engine's block sink sends each step's filled blocks to this incarnation's writer.
+      // The engine's block sinks send each step's filled blocks to this incarnation's writer.
       block_sink persist;
+      store_sink store;
       if (writer.kv) {
         auto slot = std::make_shared<block_writer_actor>();
         runtime::child_spec w;
@@ -136,15 +137,20 @@ runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint3
           if (*slot)
             caf::anon_send(*slot, persist_blocks{filled});
         };
+        if (writer.store)
+          store = [slot](store_blocks blocks) {
+            if (*slot)
+              caf::anon_send(*slot, std::move(blocks));
+          };
       }
       auto e = engine;
       e.max_batch = scaled(e.max_batch, size, ranks);
       cfg.children.push_back(
-        engine_child(id, lb, [e, link, table, id, persist, lb](caf::local_actor* self) {
+        engine_child(id, lb, [e, link, table, id, persist, store, lb](caf::local_actor* self) {
           auto l = link ? link(self, id) : runtime::link_port{};
           // On a drain notice the engine has its balancer exclude the instance.
           auto leave = [lb, id] { caf::anon_send(lb, drain_instance_atom::value, id); };
-          return spawn_decode_engine(self, e, table->at(0), l, persist, leave);
+          return spawn_decode_engine(self, e, table->at(0), l, persist, leave, store);
         }));
     });
 }

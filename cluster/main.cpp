@@ -367,6 +367,8 @@ int main(int argc, char** argv) {
                     "requests decoded together per decode instance (default 64)");
   serve->add_option("--prefill-chunk", serve_opts.prefill_chunk,
                     "prompt tokens per prefill step (default 512)");
+  serve->add_option("--kv-dir", serve_opts.kv_dir,
+                    "the KV block store's directory (default: the topology's [storage] path)");
   serve->add_option("--grace", serve_grace_s,
                     "seconds requests in flight get to finish on SIGTERM (default 30)");
   serve->callback([&] {

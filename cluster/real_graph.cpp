@@ -5,6 +5,9 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/local_actor.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <algorithm>
 
 namespace troupe::cluster {
 
@@ -12,6 +15,24 @@ namespace {
 
 using namespace std::chrono_literals;
 
+/// Indexes the blocks `store` holds in the CHECK role `kv` (as hits of the chatbot class: the
+/// store's own expiry stays authoritative, a fetch of an expired block misses).
+void index_stored_blocks(caf::actor_system& sys, const runtime::store_port& store,
+                         const actors::kv_check_actor& kv, std::chrono::seconds wait) {
+  caf::scoped_actor self{sys};
+  std::vector<runtime::store_entry> entries;
+  self->request(store, wait, runtime::store_list{})
+    .receive([&](std::vector<runtime::store_entry>& e) { entries = std::move(e); },
+             [](const caf::error&) {});
+  constexpr std::size_t batch = 4096;
+  for (std::size_t i = 0; i < entries.size(); i += batch) {
+    actors::kv_insert ins;
+    for (std::size_t k = i; k < std::min(entries.size(), i + batch); ++k)
+      ins.blocks.push_back(actors::block_key{entries[k].key.hi, entries[k].key.lo});
+    self->request(kv, wait, std::move(ins))
+      .receive([](const actors::kv_insert_result&) {}, [](const caf::error&) {});
+  }
+}
 
 } // namespace
 
@@ -29,7 +50,7 @@ std::string check_real_topology(const topology& topo) {
 }
 
 real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
-                            const real_graph_params& params) {
+                            const real_graph_params& params, std::chrono::seconds wait) {
   const auto& prefill_pool = *find_pool(topo, pool_role::prefill);
   const auto& decode_pool = *find_pool(topo, pool_role::decode);
   real_graph g;
@@ -43,6 +64,8 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   if (auto i = topo.storage.ttl.find("agent"); i != topo.storage.ttl.end())
     kv.ttl.agent = i->second;
   g.kv = actors::spawn_sharded_kv_store(sys, kv, 1);
+  if (params.store)
+    index_stored_blocks(sys, params.store, g.kv, wait);
   actors::prefill_lb_params plb;
   plb.balancer.bucket_bounds = prefill_pool.buckets;
   g.prefill_lb = actors::spawn_prefill_lb(sys, plb);
@@ -65,15 +88,27 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   runtime::supervisor_config prefill_cfg{prefill_pool.name, pool_flags, {}};
   actors::prefill_engine_params pe;
   pe.step_tokens = params.prefill_chunk;
+  if (params.store) {
+    pe.writer.kv = g.kv;
+    pe.writer.store = params.store;
+    pe.writer.ttl = kv.ttl;
+  }
   for (std::uint32_t i = 0; i < prefill_pool.instances.initial; ++i)
     prefill_cfg.children.push_back(actors::prefill_instance(
       prefill_pool.name, i, 1, pe, ports_for(pool_role::prefill), g.prefill_lb));
   runtime::supervisor_config decode_cfg{decode_pool.name, pool_flags, {}};
   actors::decode_engine_params de;
   de.max_batch = params.max_batch;
+  // Decode persists the blocks its output fills (prefill those of the prompt).
+  actors::block_writer_params dw;
+  if (params.store) {
+    dw.kv = g.kv;
+    dw.store = params.store;
+    dw.ttl = kv.ttl;
+  }
   for (std::uint32_t i = 0; i < decode_pool.instances.initial; ++i)
     decode_cfg.children.push_back(actors::decode_instance(
-      decode_pool.name, i, 1, de, ports_for(pool_role::decode), g.decode_lb, {}));
+      decode_pool.name, i, 1, de, ports_for(pool_role::decode), g.decode_lb, dw));
   g.cluster = runtime::spawn_supervisor(
     sys, {topo.cluster.name,
           {runtime::strategy::one_for_one, 10, 1min},
@@ -87,6 +122,7 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   // Every token leaves for the client as soon as it is generated (the simulator batches its
   // notices by 16 to stay cheap).
   gp.services.progress_every = 1;
+  gp.services.chain_root = params.chain_root;
   gp.max_context = params.max_context;
   g.service = actors::spawn_generation_service(sys, gp);
   return g;

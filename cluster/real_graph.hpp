@@ -14,10 +14,12 @@
 #include "actors/request/generation_service.hpp"
 #include "cluster/topology.hpp"
 #include "runtime/ports/device.hpp"
+#include "runtime/ports/store.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -38,6 +40,12 @@ struct real_graph_params {
   std::uint64_t prefill_chunk = 512;
   /// Receives every request_outcome (may be invalid).
   caf::actor outcomes;
+  /// The cluster KV cache's block store (ports/posix_store.hpp). Invalid: no store — prompts
+  /// are computed in full and nothing persists.
+  runtime::store_port store;
+  /// The parent of every chain's first block: names the model, so blocks of another model's
+  /// KV (a store directory reused after a model change) never match (block_key.hpp).
+  actors::block_key chain_root;
 };
 
 struct real_graph {
@@ -53,8 +61,12 @@ struct real_graph {
 /// device per instance. Returns an error message naming the file, or empty.
 std::string check_real_topology(const topology& topo);
 
-/// Spawns the graph of a topology that passed check_real_topology.
+/// Spawns the graph of a topology that passed check_real_topology. With a store, the CHECK
+/// role's index is first filled with the blocks the store holds (a restart finds the blocks
+/// written before it); that waits for the store's answer, up to `wait`, and on failure the
+/// index starts empty (the cache is an optimisation: the graph serves without it).
 real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
-                            const real_graph_params& params);
+                            const real_graph_params& params,
+                            std::chrono::seconds wait = std::chrono::seconds(60));
 
 } // namespace troupe::cluster

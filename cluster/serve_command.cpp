@@ -8,12 +8,15 @@
 #include "kernels/kv_blocks.hpp"
 #include "kernels/model_config.hpp"
 #include "ports/cpu_device.hpp"
+#include "ports/posix_store.hpp"
 #include "recipe/recipe.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/world.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
+
+#include <xxhash.h>
 
 #include <csignal>
 #include <filesystem>
@@ -127,6 +130,18 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
                 + " ids but the model only " + std::to_string(text.vocab_size)
                 + " (a model for another tokenizer; the `small` preset has the full vocabulary)");
 
+  // The KV store's directory: --kv-dir, else the topology's posix path (relative paths
+  // from the working directory); none for a topology with the simulated store.
+  fs::path kv_dir = o.kv_dir;
+  if (kv_dir.empty() && topo.storage.backend == storage_backend::posix)
+    kv_dir = topo.storage.path;
+  if (!kv_dir.empty()) {
+    std::error_code ec;
+    kv_dir = fs::absolute(kv_dir, ec);
+    if (ec)
+      return fail("the KV store directory " + kv_dir.string() + ": " + ec.message());
+  }
+
   auto listen = parse_listen(o.listen);
   if (!listen)
     return fail("--listen '" + o.listen + "': expected HOST:PORT, e.g. 127.0.0.1:8000");
@@ -157,15 +172,33 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
                                           actors::register_actor_types}};
   auto& sys = w.system();
 
+  // Every part reports into one registry, which /metrics serves.
+  runtime::registry metrics;
   real_graph_params gp;
-  gp.device = [&o](caf::actor_system& sys, pool_role, std::uint32_t) {
+  gp.device = [&o, &metrics](caf::actor_system& sys, pool_role role, std::uint32_t instance) {
     ports::cpu_device_params d;
     d.model_dir = o.model;
     d.threads = o.device_threads;
     d.batch_invariant = true;
     d.engram_map = o.engram_map;
+    d.metrics = &metrics;
+    d.name = std::string(to_string(role)) + "/" + std::to_string(instance);
     return ports::spawn_cpu_device(sys, std::move(d));
   };
+  // The cluster KV cache: block files in the topology's directory (or --kv-dir), keyed by
+  // chains rooted in the model's fingerprint.
+  if (!kv_dir.empty()) {
+    ports::posix_store_params sp;
+    sp.directory = kv_dir;
+    sp.capacity = topo.storage.capacity_bytes;
+    sp.metrics = &metrics;
+    gp.store = ports::spawn_posix_store(sys, std::move(sp));
+    auto fp = ports::model_fingerprint(o.model);
+    if (!fp)
+      return fail(fp.error());
+    auto root = XXH3_128bits(fp->data(), fp->size());
+    gp.chain_root = actors::block_key{root.high64, root.low64};
+  }
   gp.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(text));
   gp.max_context = static_cast<std::uint64_t>(text.max_position_embeddings);
   gp.max_batch = o.max_batch;
@@ -174,13 +207,14 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   auto& cluster = graph.cluster;
   auto& service = graph.service;
   err << "troupe serve: loading " << o.model << " on " << prefill_pool->instances.initial
-      << " prefill and " << decode_pool->instances.initial << " decode instance(s)...\n";
+      << " prefill and " << decode_pool->instances.initial << " decode instance(s)"
+      << (kv_dir.empty() ? std::string{" (no KV store)"} : ", KV store in " + kv_dir.string())
+      << "...\n";
   if (auto why = warm_up(sys, service); !why.empty()) {
     caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
     return fail(why);
   }
 
-  runtime::registry metrics;
   actors::entrypoint_params ep;
   ep.address = listen->first;
   ep.port = listen->second;
@@ -211,6 +245,8 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
       << " s for those in flight\n";
   server.stop(o.grace);
   caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+  if (gp.store)
+    caf::anon_send_exit(gp.store, caf::exit_reason::user_shutdown);
   err << "troupe serve: stopped\n";
   return 0;
 }

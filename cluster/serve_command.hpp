@@ -6,7 +6,10 @@
 // entrypoint in front — with real ports: the wall clock, and a CPU device per instance
 // running the exact fp32 engine of kernels/ (ports/cpu_device.hpp). Prefill and decode are
 // separate instances even here: a request's KV is exported from the prefill device and
-// imported into the decode device in the checksummed block formats of kernels/.
+// imported into the decode device in the checksummed block formats of kernels/. The
+// prompt's full blocks persist in the KV store (ports/posix_store.hpp) under the topology's
+// [storage] path: a later request sharing a prefix computes only its uncached tail, also
+// after a restart.
 //
 // Before it listens, the command checks its inputs (a clear message for each problem: the
 // topology, the hardware, the model directory, the Engram map, the tokenizer, the API keys
@@ -48,6 +51,8 @@ struct serve_options {
   std::uint32_t max_batch = 64;
   /// Prompt tokens per prefill step (chunked prefill; a long prompt does not stall others).
   std::uint64_t prefill_chunk = 512;
+  /// The KV block store's directory, instead of the topology's [storage] path.
+  std::string kv_dir;
   /// SIGTERM: requests in flight get this long to finish.
   std::chrono::seconds grace{30};
   /// Called with the bound port once the server is ready (tests); may be empty.

@@ -20,6 +20,7 @@
 #include <exception>
 #include <fstream>
 #include <iterator>
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -63,6 +64,27 @@ std::string with_map(const std::string& id, const std::vector<std::int64_t>& map
 
 // -- the device -----------------------------------------------------------------------------
 
+/// A sequence's State and SWA KV kept at a block boundary (kv_keep).
+struct kept_state {
+  std::uint64_t length = 0;
+  std::string state;
+  std::string swa;
+  std::list<runtime::store_key>::iterator recency;
+};
+
+/// The device's metrics (all null without a registry).
+struct device_metrics {
+  runtime::gauge* sequences = nullptr;
+  runtime::gauge* blocks = nullptr;
+  runtime::gauge* kept = nullptr;
+  runtime::counter* prefill_tokens = nullptr;
+  runtime::counter* decode_tokens = nullptr;
+  runtime::counter* restored_exact = nullptr;
+  runtime::counter* restored_replayed = nullptr;
+  runtime::counter* restore_rejected = nullptr;
+  runtime::counter* checksum_failures = nullptr;
+};
+
 struct cpu_device_state {
   std::unique_ptr<kernels::cpu_backend> backend;
   /// Set when the model could not be loaded: every request is answered with it.
@@ -71,6 +93,12 @@ struct cpu_device_state {
   std::int64_t vocab = 0;
   /// The port's sequence ids -> the backend's.
   std::map<std::uint64_t, kernels::sequence_id> sequences;
+  /// Kept State and SWA KV by block key, and their recency (most recent first).
+  std::map<runtime::store_key, kept_state> kept;
+  std::list<runtime::store_key> recency;
+  std::uint64_t kept_bytes = 0;
+  std::uint64_t keep_limit = 0;
+  device_metrics metrics;
   static inline const char* name = "cpu_device";
 };
 
@@ -80,6 +108,70 @@ using self_ptr = runtime::device_port::stateful_pointer<cpu_device_state>;
 std::string private_model_id(const kernels::model& m) {
   static std::atomic<std::uint64_t> next{1};
   return m.text().model_type + ":private-" + std::to_string(next++);
+}
+
+/// Registers the device's metric families in `reg` (labelled device=`name`).
+device_metrics register_metrics(runtime::registry* reg, const std::string& name) {
+  device_metrics m;
+  if (reg == nullptr)
+    return m;
+  auto gauge = [&](const char* family, const char* help) -> runtime::gauge* {
+    auto f = reg->add_gauge(family, help, {"device"});
+    if (!f)
+      return nullptr;
+    auto g = (*f)->with({name});
+    return g ? *g : nullptr;
+  };
+  auto counter = [&](const char* family, const char* help,
+                     std::vector<std::string> labels = {},
+                     std::vector<std::string> values = {}) -> runtime::counter* {
+    labels.insert(labels.begin(), "device");
+    values.insert(values.begin(), name);
+    auto f = reg->add_counter(family, help, labels);
+    if (!f)
+      return nullptr;
+    auto c = (*f)->with(values);
+    return c ? *c : nullptr;
+  };
+  m.sequences = gauge("troupe_device_sequences", "Sequences whose KV the device holds.");
+  m.blocks = gauge("troupe_device_kv_blocks",
+                   "Full 128-token KV blocks held by the device's sequences.");
+  m.kept = gauge("troupe_device_kept_states",
+                 "State and SWA KV copies kept at block boundaries for exact prefix restores.");
+  const char* computed = "Tokens the device computed, by step phase.";
+  m.prefill_tokens = counter("troupe_device_tokens_total", computed, {"phase"}, {"prefill"});
+  m.decode_tokens = counter("troupe_device_tokens_total", computed, {"phase"}, {"decode"});
+  const char* restores = "Sequences opened from persisted Block KV, by how their window and "
+                         "unfinished block were restored (exact: a kept copy; replayed: bounded "
+                         "replay; rejected: bad blocks or tokens).";
+  m.restored_exact = counter("troupe_kv_restores_total", restores, {"outcome"}, {"exact"});
+  m.restored_replayed = counter("troupe_kv_restores_total", restores, {"outcome"}, {"replayed"});
+  m.restore_rejected = counter("troupe_kv_restores_total", restores, {"outcome"}, {"rejected"});
+  m.checksum_failures = counter("troupe_kv_checksum_failures_total",
+                                "KV handed to the device (hand-off snapshots, restored blocks) "
+                                "that failed its checksum and was refused.");
+  return m;
+}
+
+/// Sets the device's gauges from its state.
+void update_gauges(const cpu_device_state& st) {
+  const auto& m = st.metrics;
+  if (m.sequences != nullptr)
+    m.sequences->set(static_cast<double>(st.sequences.size()));
+  if (m.kept != nullptr)
+    m.kept->set(static_cast<double>(st.kept.size()));
+  if (m.blocks != nullptr && st.backend) {
+    std::int64_t blocks = 0;
+    for (const auto& [seq, id] : st.sequences)
+      if (auto b = st.backend->full_blocks(id))
+        blocks += *b;
+    m.blocks->set(static_cast<double>(blocks));
+  }
+}
+
+void inc(runtime::counter* c, double amount = 1.0) {
+  if (c != nullptr)
+    c->inc(amount);
 }
 
 /// Loads the model (on the device's thread) into the state, or sets the load error.
@@ -249,6 +341,10 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     out.sampled.push_back(std::move(t));
   }
   out.finished = self->clock().now();
+  inc(step.phase == runtime::step_phase::decode ? st.metrics.decode_tokens
+                                                : st.metrics.prefill_tokens,
+      static_cast<double>(step.tokens));
+  update_gauges(st);
   return out;
 }
 
@@ -263,7 +359,9 @@ bool intact(const runtime::kv_bytes& b) {
   return XXH3_64bits(b.bytes.data(), b.bytes.size()) == b.checksum;
 }
 
-caf::result<runtime::kv_snapshot_ptr> run_export(cpu_device_state& st, std::uint64_t seq) {
+caf::result<runtime::kv_snapshot_ptr> run_export(cpu_device_state& st,
+                                                 const runtime::kv_export& x) {
+  const auto seq = x.sequence;
   if (st.load_error)
     return st.load_error;
   auto i = st.sequences.find(seq);
@@ -285,12 +383,14 @@ caf::result<runtime::kv_snapshot_ptr> run_export(cpu_device_state& st, std::uint
   if (!blocks)
     return fail(blocks.error());
   snap->length = static_cast<std::uint64_t>(*length);
-  for (std::int64_t b = 0; b < *blocks; ++b) {
+  for (auto b = static_cast<std::int64_t>(x.first_block); b < *blocks; ++b) {
     auto bytes = be.export_block(id, b);
     if (!bytes)
       return fail(bytes.error());
     snap->blocks.push_back(checksummed(std::move(*bytes)));
   }
+  if (x.blocks_only)
+    return runtime::kv_snapshot_ptr{std::move(snap)};
   auto state = be.export_state(id);
   auto swa = be.export_swa(id);
   if (!state)
@@ -316,13 +416,17 @@ caf::result<caf::ok_atom> run_import(cpu_device_state& st, const runtime::kv_imp
     return reject("a snapshot of model " + snap->model + ", this device runs " + st.model_id);
   if (st.sequences.count(x.sequence) != 0)
     return reject("the device already holds the sequence");
+  auto mismatch = [&](const std::string& what) {
+    inc(st.metrics.checksum_failures);
+    return reject(what + ": checksum mismatch");
+  };
   for (std::size_t b = 0; b < snap->blocks.size(); ++b)
     if (!intact(snap->blocks[b]))
-      return reject("block " + std::to_string(b) + ": checksum mismatch");
+      return mismatch("block " + std::to_string(b));
   if (!intact(snap->state))
-    return reject("State KV: checksum mismatch");
+    return mismatch("State KV");
   if (!intact(snap->swa))
-    return reject("SWA KV: checksum mismatch");
+    return mismatch("SWA KV");
   auto& be = *st.backend;
   const auto id = be.open_sequence();
   auto fail = [&](const std::string& why) {
@@ -342,7 +446,115 @@ caf::result<caf::ok_atom> run_import(cpu_device_state& st, const runtime::kv_imp
                 + (length ? std::to_string(*length) : length.error()) + " tokens, the snapshot "
                 + std::to_string(snap->length));
   st.sequences.emplace(x.sequence, id);
+  update_gauges(st);
   return caf::ok_atom::value;
+}
+
+/// Drops the least recently used kept states until the rest fit the limit.
+void trim_kept(cpu_device_state& st) {
+  while (st.kept_bytes > st.keep_limit && !st.recency.empty()) {
+    auto i = st.kept.find(st.recency.back());
+    st.kept_bytes -= i->second.state.size() + i->second.swa.size();
+    st.kept.erase(i);
+    st.recency.pop_back();
+  }
+}
+
+void run_keep(cpu_device_state& st, const runtime::kv_keep& x) {
+  if (st.load_error || st.keep_limit == 0)
+    return;
+  auto i = st.sequences.find(x.sequence);
+  if (i == st.sequences.end())
+    return;
+  auto& be = *st.backend;
+  auto length = be.length(i->second);
+  if (!length || *length == 0 || *length % kernels::kv_block_tokens != 0)
+    return;
+  auto state = be.export_state(i->second);
+  auto swa = be.export_swa(i->second);
+  if (!state || !swa)
+    return;
+  if (auto old = st.kept.find(x.key); old != st.kept.end()) {
+    st.kept_bytes -= old->second.state.size() + old->second.swa.size();
+    st.recency.erase(old->second.recency);
+    st.kept.erase(old);
+  }
+  st.recency.push_front(x.key);
+  st.kept_bytes += state->size() + swa->size();
+  st.kept.emplace(x.key, kept_state{static_cast<std::uint64_t>(*length), std::move(*state),
+                                    std::move(*swa), st.recency.begin()});
+  trim_kept(st);
+  update_gauges(st);
+}
+
+caf::result<runtime::kv_restored> run_restore(cpu_device_state& st,
+                                              const runtime::kv_restore& x) {
+  if (st.load_error)
+    return st.load_error;
+  auto reject = [&](const std::string& why) {
+    inc(st.metrics.restore_rejected);
+    return make_error(device_errc::snapshot_rejected,
+                      "kv_restore of sequence " + std::to_string(x.sequence) + ": " + why);
+  };
+  const auto* snap = x.blocks.get();
+  if (snap == nullptr || snap->blocks.empty())
+    return reject("no blocks");
+  const auto n = snap->blocks.size();
+  const auto length = static_cast<std::uint64_t>(kernels::kv_block_tokens) * n;
+  if (snap->length != length || x.tokens.size() != length)
+    return reject(std::to_string(n) + " blocks hold " + std::to_string(length) + " tokens, not "
+                  + std::to_string(snap->length) + " (length) or "
+                  + std::to_string(x.tokens.size()) + " (tokens)");
+  for (auto t : x.tokens)
+    if (t < 0 || t >= st.vocab)
+      return reject("token " + std::to_string(t) + " is outside the vocabulary");
+  if (st.sequences.count(x.sequence) != 0)
+    return reject("the device already holds the sequence");
+  for (std::size_t b = 0; b < n; ++b)
+    if (!intact(snap->blocks[b])) {
+      inc(st.metrics.checksum_failures);
+      return reject("block " + std::to_string(b) + ": checksum mismatch");
+    }
+  auto& be = *st.backend;
+  const auto id = be.open_sequence();
+  auto fail = [&](const std::string& why) {
+    (void) be.close_sequence(id);
+    return reject(why);
+  };
+  for (std::size_t b = 0; b < n; ++b)
+    if (auto ok = be.import_block(id, static_cast<std::int64_t>(b), snap->blocks[b].bytes); !ok)
+      return fail("block " + std::to_string(b) + ": " + ok.error());
+  // The exact state when a copy was kept at this boundary; bounded replay otherwise.
+  bool exact = false;
+  if (auto k = st.kept.find(x.key); k != st.kept.end() && k->second.length == length) {
+    exact = static_cast<bool>(be.import_state(id, k->second.state))
+            && static_cast<bool>(be.import_swa(id, k->second.swa));
+    if (exact) {
+      st.recency.splice(st.recency.begin(), st.recency, k->second.recency);
+    } else {
+      // A copy that does not fit the blocks (it cannot, for a key of the same content):
+      // start again from the blocks alone.
+      (void) be.close_sequence(id);
+      st.kept_bytes -= k->second.state.size() + k->second.swa.size();
+      st.recency.erase(k->second.recency);
+      st.kept.erase(k);
+      return run_restore(st, x);
+    }
+  }
+  if (!exact) {
+    std::vector<std::int64_t> tokens(x.tokens.begin(), x.tokens.end());
+    if (auto r = be.replay(id, tokens); !r)
+      return fail("bounded replay: " + r.error());
+  }
+  auto held = be.length(id);
+  if (!held || static_cast<std::uint64_t>(*held) != length)
+    return fail("the restored cache holds "
+                + (held ? std::to_string(*held) : held.error()) + " tokens, not "
+                + std::to_string(length));
+  st.sequences.emplace(x.sequence, id);
+  inc(exact ? st.metrics.restored_exact : st.metrics.restored_replayed);
+  update_gauges(st);
+  return runtime::kv_restored{length, !exact};
 }
 
 /// Runs `f`, turning an exception (out of memory in the kernels, say) into an error value.
@@ -359,6 +571,8 @@ auto guarded(F f) -> decltype(f()) {
 
 runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
                                                   std::shared_ptr<cpu_device_params> params) {
+  self->state.keep_limit = params->keep_bytes;
+  self->state.metrics = register_metrics(params->metrics, params->name);
   // The detached actor's first act, on its own thread: load the model.
   try {
     load(self->state, *params);
@@ -375,14 +589,25 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
         return;
       try {
         release(self->state, r.sequence);
+        update_gauges(self->state);
       } catch (...) {
       }
     },
     [self](const runtime::kv_export& x) {
-      return guarded([&] { return run_export(self->state, x.sequence); });
+      return guarded([&] { return run_export(self->state, x); });
     },
     [self](const runtime::kv_import& x) {
       return guarded([&] { return run_import(self->state, x); });
+    },
+    [self](const runtime::kv_keep& x) {
+      try {
+        run_keep(self->state, x);
+      } catch (...) {
+        // Out of memory while copying: nothing kept; a later restore replays.
+      }
+    },
+    [self](const runtime::kv_restore& x) {
+      return guarded([&] { return run_restore(self->state, x); });
     },
   };
 }

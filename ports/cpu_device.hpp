@@ -21,6 +21,7 @@
 
 #include "kernels/model.hpp"
 #include "kernels/result.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/ports/device.hpp"
 
 #include <caf/fwd.hpp>
@@ -54,6 +55,13 @@ struct cpu_device_params {
   /// snapshots. A loaded `model` without a directory and without a name gets a name of its own
   /// (its snapshots import only into this device).
   std::string model_id;
+  /// Host memory for the State and SWA KV kept at block boundaries (kv_keep): the least
+  /// recently used copies are dropped beyond it. 0 keeps none (every restore replays).
+  std::uint64_t keep_bytes = 256ull << 20;
+  /// Where the device reports its gauges and counters (docs/serve.md, "Metrics"), labelled
+  /// device=`name`; null: nowhere. Must outlive the device.
+  runtime::registry* metrics = nullptr;
+  std::string name;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its
@@ -71,11 +79,19 @@ struct cpu_device_params {
 ///     A model failure is device_errc::compute_failed; if it happens after the caches advanced
 ///     (non-finite logits), the batch's sequences are released.
 ///   - device_release: closes the sequence (an unknown one is ignored).
-///   - kv_export: the sequence's length, Block KV blocks, State KV and SWA KV, each with its
-///     XXH3-64, named by the model id; device_errc::unknown_sequence for a sequence it lacks.
+///   - kv_export: the sequence's length, Block KV blocks (from first_block), State KV and SWA
+///     KV (unless blocks_only), each with its XXH3-64, named by the model id;
+///     device_errc::unknown_sequence for a sequence it lacks.
 ///   - kv_import: restores a sequence it does not hold from a snapshot of the same model id;
 ///     anything wrong (another model, a checksum, corrupt or inconsistent bytes, a sequence it
 ///     already holds) is device_errc::snapshot_rejected and leaves no sequence behind.
+///   - kv_keep: copies the sequence's State and SWA KV into host memory under the key, when
+///     the sequence sits at a block boundary (else ignored), within `keep_bytes`.
+///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's
+///     shapes), then the kept State and SWA KV of the key when there is a copy at that length
+///     (exact), else rebuilds them by bounded replay of the last sliding window of the tokens
+///     (kernels::model::replay). Bad blocks or tokens are device_errc::snapshot_rejected and
+///     leave no sequence behind.
 /// Times in device_result are the actor clock's (wall time) around the step.
 runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params);
 

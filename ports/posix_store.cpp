@@ -275,9 +275,72 @@ header_read read_header(const fs::path& path, const store_key& key, fd_guard& fd
 
 // -- the actor --------------------------------------------------------------------------------
 
+/// The store's metrics: gauges of its occupancy, counters advanced by the stats' growth.
+struct store_metrics {
+  runtime::gauge* objects = nullptr;
+  runtime::gauge* bytes = nullptr;
+  runtime::gauge* capacity = nullptr;
+  runtime::counter* hits = nullptr;
+  runtime::counter* misses = nullptr;
+  runtime::counter* corrupt = nullptr;
+  runtime::counter* evicted = nullptr;
+  runtime::counter* expired = nullptr;
+  runtime::store_stats last;
+
+  static store_metrics in(runtime::registry* reg) {
+    store_metrics m;
+    if (reg == nullptr)
+      return m;
+    auto gauge = [&](const char* name, const char* help) -> runtime::gauge* {
+      auto f = reg->add_gauge(name, help);
+      auto g = f ? (*f)->with({}) : caf::expected<runtime::gauge*>{caf::sec::invalid_argument};
+      return g ? *g : nullptr;
+    };
+    auto counter = [&](const char* name, const char* help,
+                       std::vector<std::string> labels = {},
+                       std::vector<std::string> values = {}) -> runtime::counter* {
+      auto f = reg->add_counter(name, help, labels);
+      auto c = f ? (*f)->with(values) : caf::expected<runtime::counter*>{caf::sec::invalid_argument};
+      return c ? *c : nullptr;
+    };
+    m.objects = gauge("troupe_store_blocks", "KV blocks in the block store.");
+    m.bytes = gauge("troupe_store_bytes", "Bytes the block store holds (headers included).");
+    m.capacity = gauge("troupe_store_capacity_bytes", "The block store's capacity.");
+    const char* gets = "Block reads by outcome (corrupt: failed the checksum, never served, "
+                       "deleted).";
+    m.hits = counter("troupe_store_reads_total", gets, {"outcome"}, {"hit"});
+    m.misses = counter("troupe_store_reads_total", gets, {"outcome"}, {"miss"});
+    m.corrupt = counter("troupe_store_reads_total", gets, {"outcome"}, {"corrupt"});
+    m.evicted = counter("troupe_store_evictions_total",
+                        "Blocks evicted to make room (least recently used first).");
+    m.expired = counter("troupe_store_expirations_total", "Blocks removed when their TTL passed.");
+    return m;
+  }
+
+  void publish(const runtime::store_stats& s) {
+    auto advance = [](runtime::counter* c, std::uint64_t now, std::uint64_t before) {
+      if (c != nullptr && now > before)
+        c->inc(static_cast<double>(now - before));
+    };
+    if (objects != nullptr)
+      objects->set(static_cast<double>(s.objects));
+    if (bytes != nullptr)
+      bytes->set(static_cast<double>(s.used));
+    if (capacity != nullptr)
+      capacity->set(static_cast<double>(s.capacity));
+    advance(hits, s.hits, last.hits);
+    advance(misses, s.misses, last.misses);
+    advance(corrupt, s.corrupt, last.corrupt);
+    advance(evicted, s.evicted, last.evicted);
+    advance(expired, s.expired, last.expired);
+    last = s;
+  }
+};
+
 struct posix_store_state {
   posix_store_params params;
   store_index index{0};
+  store_metrics metrics;
   /// Fan-out subdirectories known to exist.
   std::bitset<256> fanout_ready;
   /// Makes temporary file names unique within this process.
@@ -501,7 +564,7 @@ caf::result<runtime::store_object> on_get(store_actor* self, const runtime::stor
   auto path = st.path_of(get.key);
   fd_guard fd{-1};
   auto h = read_header(path, get.key, fd);
-  runtime::store_object obj{get.key, h.header.size, {}};
+  runtime::store_object obj{get.key, h.header.size, {}, h.header.payload_hash};
   if (h.kind == header_read::ok) {
     obj.payload.resize(h.header.size);
     auto r = read_at(fd.fd, obj.payload.data(), obj.payload.size(), header_size);
@@ -580,20 +643,30 @@ caf::behavior posix_store_fn(store_actor* self, posix_store_params params) {
     self->quit(std::move(err));
     return {};
   }
+  auto& st = self->state;
+  st.metrics = store_metrics::in(st.params.metrics);
+  st.metrics.publish(st.index.stats());
+  // Every answer first publishes the stats it leaves behind.
+  auto published = [self](auto&& result) {
+    self->state.metrics.publish(self->state.index.stats());
+    return std::forward<decltype(result)>(result);
+  };
   return {
-    [self](runtime::store_put& put) { return on_put(self, put); },
-    [self](const runtime::store_get& get) { return on_get(self, get); },
-    [self](const runtime::store_has& has) {
+    [self, published](runtime::store_put& put) { return published(on_put(self, put)); },
+    [self, published](const runtime::store_get& get) { return published(on_get(self, get)); },
+    [self, published](const runtime::store_has& has) {
       auto& st = self->state;
       st.sweep(st.now());
-      return st.index.find(has.key) != nullptr;
+      return published(st.index.find(has.key) != nullptr);
     },
-    [self](const runtime::store_delete& del) { return on_delete(self, del); },
-    [self](const runtime::store_list&) { return on_list(self); },
-    [self](runtime::store_stats_atom) {
+    [self, published](const runtime::store_delete& del) {
+      return published(on_delete(self, del));
+    },
+    [self, published](const runtime::store_list&) { return published(on_list(self)); },
+    [self, published](runtime::store_stats_atom) {
       auto& st = self->state;
       st.sweep(st.now());
-      return st.index.stats();
+      return published(st.index.stats());
     },
   };
 }

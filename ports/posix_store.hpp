@@ -25,6 +25,7 @@
 // removed or damaged behind its back is found by the next get: not_found or store_corrupt).
 #pragma once
 
+#include "runtime/metrics.hpp"
 #include "runtime/ports/store.hpp"
 
 #include <caf/fwd.hpp>
@@ -47,6 +48,9 @@ struct posix_store_params {
   /// The wall clock for expiries (stored in the files, so they survive restarts). Empty:
   /// std::chrono::system_clock::now. Tests inject a fake clock to test TTL without sleeping.
   wall_clock_fn clock;
+  /// Where the store reports its occupancy and counters (troupe_store_*; docs/serve.md,
+  /// "Metrics") after every request; null: nowhere. Must outlive the store.
+  runtime::registry* metrics = nullptr;
 };
 
 /// The size of a block file's header, charged against the capacity with each object.

@@ -162,6 +162,19 @@ caf::behavior script_device_fn(self_ptr self, script_device_params params) {
       st.sequences.emplace(x.sequence, seq);
       return reply_at(self, next_free(self), caf::ok_atom::value);
     },
+    [](const runtime::kv_keep&) {},
+    [self](const runtime::kv_restore& x) {
+      auto& st = self->state;
+      const auto length = x.blocks ? x.blocks->length : 0;
+      if (length == 0 || x.tokens.size() != length || st.sequences.count(x.sequence) != 0)
+        return reply_at(self, next_free(self),
+                        make_error(device_errc::snapshot_rejected,
+                                   "kv_restore of sequence " + std::to_string(x.sequence)
+                                     + ": no blocks, a token count that does not match them, "
+                                       "or a sequence the device holds"));
+      st.sequences.emplace(x.sequence, script_sequence{length, 0});
+      return reply_at(self, next_free(self), runtime::kv_restored{length, true});
+    },
     [self](runtime::detail::reply_timer_atom, std::uint64_t token) {
       self->state.replies.fire(token);
     },

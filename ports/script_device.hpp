@@ -55,6 +55,9 @@ struct script_device_params {
 ///   - kv_import: restores a sequence from a script device's snapshot; another model's
 ///     snapshot, a checksum mismatch or a sequence it already holds is
 ///     device_errc::snapshot_rejected and leaves no sequence behind.
+///   - kv_keep: ignored; kv_restore: opens the sequence at its blocks' length (it holds no KV:
+///     its script starts from the beginning), answered as replayed; no blocks, a token count
+///     other than their length or a sequence it holds is device_errc::snapshot_rejected.
 /// Releases, exports, imports and errors take no device time but are answered after the
 /// steps queued before them.
 runtime::device_port spawn_script_device(caf::actor_system& sys, script_device_params params);

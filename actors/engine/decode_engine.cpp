@@ -35,6 +35,12 @@ struct running {
   /// Generated since the last progress notice.
   std::vector<std::int32_t> ids;
   std::vector<runtime::sampled_token> logprobs;
+  /// Real jobs: the ids the device's cache holds (context, then each token fed), and the last
+  /// block keyed so far (its key and the blocks it covers), which the next filled block's key
+  /// continues.
+  std::vector<std::int32_t> held;
+  block_key tip;
+  std::uint64_t tip_blocks = 0;
 };
 
 /// A stop id ends the job: it is the last token sent.
@@ -47,6 +53,7 @@ struct decode_engine_state {
   runtime::device_port device;
   runtime::link_port ingress;
   block_sink persist;
+  store_sink store;
   std::deque<running> waiting; // KV arrived, batch full
   std::map<std::uint64_t, running> batch;
   std::uint64_t batch_kv = 0;
@@ -127,6 +134,37 @@ void hand_off(engine_ptr self) {
   maybe_answer_drain(self);
 }
 
+/// A real job's cache just filled a block: keys every block after the last one keyed (the
+/// prompt's chain, or the blocks of earlier steps) from the ids the cache holds, exports their
+/// bytes from the device and hands both to the store sink.
+void store_filled(engine_ptr self, running& run) {
+  auto& st = self->state;
+  const auto full = run.held.size() / block_size;
+  if (full <= run.tip_blocks)
+    return;
+  store_blocks out;
+  out.traffic = run.job.traffic;
+  const auto first = run.tip_blocks;
+  for (auto b = first; b < full; ++b) {
+    std::vector<std::uint32_t> ids(run.held.begin() + static_cast<std::ptrdiff_t>(b * block_size),
+                                   run.held.begin()
+                                     + static_cast<std::ptrdiff_t>((b + 1) * block_size));
+    run.tip = chain_hash(run.tip, ids);
+    out.keys.push_back(run.tip);
+  }
+  run.tip_blocks = full;
+  self->request(st.device, caf::infinite, runtime::kv_export{run.job.request, first, true})
+    .then(
+      [self, out = std::move(out)](runtime::kv_snapshot_ptr kv) mutable {
+        if (!kv || kv->blocks.size() < out.keys.size())
+          return;  // a device that keeps no blocks (the script device)
+        out.kv = std::move(kv);
+        self->state.store(std::move(out));
+      },
+      // The sequence is gone (cancelled meanwhile): nothing to persist.
+      [](const caf::error&) {});
+}
+
 bool idle(const decode_engine_state& st) {
   return st.batch.empty() && st.waiting.empty() && st.in_transfer == 0 && !st.stepping;
 }
@@ -159,6 +197,8 @@ void step(engine_ptr self) {
         run.on_device = true;
       }
       seq.tokens.push_back(run.last);
+      if (st.store)
+        run.held.push_back(run.last);
     }
     ds.batch.push_back(std::move(seq));
   }
@@ -195,10 +235,15 @@ void step(engine_ptr self) {
           bool full = length % block_size == 0;
           if (full)
             ++run.blocks;
-          if (full || (done && run.blocks > 0))
+          if (!run.job.context.empty()) {
+            // Real world: key the blocks by their ids and store their bytes (before a release).
+            if (full && st.store)
+              store_filled(self, run);
+          } else if (full || (done && run.blocks > 0)) {
             filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
                                            length / block_size - 1, full ? 1u : 0u,
                                            run.job.traffic, done});
+          }
           if (!done && run.job.progress_every > 0 && run.generated % run.job.progress_every == 0
               && run.progress_to) {
             caf::anon_send(run.progress_to,
@@ -234,9 +279,11 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
                                                      runtime::device_port device,
                                                      runtime::link_port ingress,
                                                      block_sink persist,
-                                                     std::function<void()> leave) {
+                                                     std::function<void()> leave,
+                                                     store_sink store) {
   auto& st = self->state;
   st.leave = std::move(leave);
+  st.store = std::move(store);
   st.params = params;
   st.device = std::move(device);
   st.ingress = std::move(ingress);
@@ -249,6 +296,11 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
       r.job = job;
       r.last = job.next;
       r.on_device = job.context.empty();
+      if (st.store && !job.context.empty()) {
+        r.held = job.context;
+        r.tip = job.parent;
+        r.tip_blocks = job.parent_blocks;
+      }
       // (Before the promise is made: making it takes over the current message's sender.)
       if (job.progress_every > 0)
         r.progress_to = caf::actor_cast<caf::actor>(self->current_sender());
@@ -375,9 +427,10 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
 
 decode_engine_actor spawn_decode_engine(caf::local_actor* parent, decode_engine_params params,
                                         runtime::device_port device, runtime::link_port ingress,
-                                        block_sink persist, std::function<void()> leave) {
+                                        block_sink persist, std::function<void()> leave,
+                                        store_sink store) {
   return parent->spawn(decode_engine_fn, params, std::move(device), std::move(ingress),
-                       std::move(persist), std::move(leave));
+                       std::move(persist), std::move(leave), std::move(store));
 }
 
 } // namespace troupe::actors

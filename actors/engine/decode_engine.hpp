@@ -24,7 +24,11 @@
 // mismatch, another model's KV: the device checks), the job's first step recomputes the
 // context's KV on this device instead — it is never decoded from corrupt KV; such imports are
 // counted (`engine_stats::kv_import_failures`). The simulated world leaves the ids empty: its
-// KV arrives by the modelled link transfer, its device answers modelled tokens.
+// KV arrives by the modelled link transfer, its device answers modelled tokens. A real job's
+// filled blocks are keyed by their ids, continuing the prompt's chain (the same keys a later
+// prompt holding these tokens computes), exported from the device (kv_export, blocks only)
+// and handed with their keys to the store sink; the simulated world's go to the block sink,
+// keyed by content keys (block_writer.hpp).
 // `(cancel_atom, request)` drops a job (its requester has gone): it is answered with an error,
 // its KV bookings are freed and its sequence leaves the device.
 //
@@ -160,11 +164,16 @@ struct decode_engine_params {
 /// earlier and leaves in that step), for the block writer to persist.
 using block_sink = std::function<void(const std::vector<filled_blocks>&)>;
 
+/// Where a real job's filled blocks go with their bytes (exported from the device) and their
+/// content keys, to be written to the store (the instance's block writer).
+using store_sink = std::function<void(store_blocks)>;
+
 /// Spawns a decode engine that runs its steps on `device` (the instance's leader rank) and
 /// receives KV over `ingress` (from prefill instances). `persist` may be empty. `leave` is
 /// called when a drain starts (the instance tells its balancer to exclude it); may be empty.
 decode_engine_actor spawn_decode_engine(caf::local_actor* parent, decode_engine_params params,
                                         runtime::device_port device, runtime::link_port ingress,
-                                        block_sink persist, std::function<void()> leave = {});
+                                        block_sink persist, std::function<void()> leave = {},
+                                        store_sink store = {});
 
 } // namespace troupe::actors

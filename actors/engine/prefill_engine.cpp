@@ -29,6 +29,9 @@ struct job_state {
   bool exporting = false;
   bool started = false;
   runtime::time_point started_at{};
+  /// Real world: the context's last block boundary before its end (in blocks), where the
+  /// device keeps the state for later requests with this prefix (0: none).
+  std::uint64_t keep_blocks = 0;
   caf::typed_response_promise<prefill_done> rp;
 };
 
@@ -36,6 +39,10 @@ struct prefill_engine_state {
   prefill_engine_params params;
   runtime::device_port device;
   runtime::link_port link;
+  /// Real world: persists the blocks jobs computed, and the store cached blocks are read
+  /// from (both invalid: nothing is persisted or fetched).
+  block_writer_actor writer;
+  runtime::store_port writer_store;
   std::map<std::uint64_t, job_state> jobs;
   std::deque<std::uint64_t> order;
   bool stepping = false;
@@ -50,6 +57,8 @@ struct prefill_engine_state {
 
 using engine_ptr = prefill_engine_actor::stateful_pointer<prefill_engine_state>;
 
+void step(engine_ptr self);
+
 /// Answers a finished job (with its KV, when exported) and forgets it.
 void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv) {
   auto& st = self->state;
@@ -57,6 +66,16 @@ void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv
   if (i == st.jobs.end())
     return;
   auto& j = i->second;
+  // The blocks it computed (and any it fetched: the writer skips what the store holds) go to
+  // the store while the KV moves on.
+  if (st.writer && kv && !j.job.chain.empty()) {
+    auto blocks = std::min<std::uint64_t>(j.job.chain.size(), kv->blocks.size());
+    if (blocks > 0)
+      self->send(st.writer, store_blocks{std::vector<block_key>(j.job.chain.begin(),
+                                                                j.job.chain.begin()
+                                                                  + static_cast<std::ptrdiff_t>(blocks)),
+                                         kv, 0, j.job.traffic});
+  }
   j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now(),
                             std::move(j.next), j.job.cached_tokens, std::move(kv)});
   // The KV has been handed on with the answer: the device forgets the sequence.
@@ -87,6 +106,94 @@ void try_finish(engine_ptr self, std::uint64_t request) {
           [self, request](const caf::error&) { deliver(self, request, nullptr); });
 }
 
+/// The job may compute from where it stands.
+void make_ready(engine_ptr self, std::uint64_t request) {
+  auto i = self->state.jobs.find(request);
+  if (i == self->state.jobs.end())
+    return;
+  i->second.ready = true;
+  step(self);
+}
+
+/// Opens the job's sequence on the device from the first `n` fetched blocks.
+void restore(engine_ptr self, std::uint64_t request, std::shared_ptr<runtime::kv_snapshot> kv) {
+  auto& st = self->state;
+  auto i = st.jobs.find(request);
+  if (i == st.jobs.end())
+    return;
+  const auto& job = i->second.job;
+  const auto n = kv->blocks.size();
+  const auto& key = job.chain[n - 1];
+  runtime::kv_restore r{request, kv, runtime::store_key{key.hi, key.lo},
+                        std::vector<std::int32_t>(job.tokens.begin(),
+                                                  job.tokens.begin()
+                                                    + static_cast<std::ptrdiff_t>(kv->length))};
+  self->request(st.device, caf::infinite, std::move(r))
+    .then(
+      [self, request](const runtime::kv_restored& done) {
+        auto& st = self->state;
+        auto i = st.jobs.find(request);
+        if (i == st.jobs.end())
+          return;  // cancelled meanwhile: its release follows the restore on the device
+        auto& j = i->second;
+        j.position = j.computed = done.length;
+        j.remaining = j.job.input_tokens - done.length;
+        j.job.cached_tokens = done.length;
+        st.stats.cached_tokens += done.length;
+        make_ready(self, request);
+      },
+      [self, request](const caf::error&) {
+        // The device refused the blocks: the job computes its whole context.
+        ++self->state.stats.restore_failures;
+        make_ready(self, request);
+      });
+}
+
+/// Reads the job's first `usable` cached blocks from the store, all at once; restores the
+/// leading run that arrived, or lets the job compute everything when the first is missing.
+void fetch_cached(engine_ptr self, std::uint64_t request, std::uint64_t usable) {
+  struct pending {
+    std::vector<std::optional<runtime::kv_bytes>> blocks;
+    std::size_t left = 0;
+  };
+  auto& st = self->state;
+  auto p = std::make_shared<pending>();
+  p->blocks.resize(usable);
+  p->left = usable;
+  auto arrived = [self, request, p](std::size_t k, std::optional<runtime::kv_bytes> b) {
+    auto& st = self->state;
+    if (b)
+      ++st.stats.blocks_fetched;
+    else
+      ++st.stats.fetch_misses;
+    p->blocks[k] = std::move(b);
+    if (--p->left > 0)
+      return;
+    auto kv = std::make_shared<runtime::kv_snapshot>();
+    for (auto& b : p->blocks) {
+      if (!b)
+        break;
+      kv->blocks.push_back(std::move(*b));
+    }
+    kv->length = kv->blocks.size() * block_tokens;
+    if (kv->blocks.empty())
+      make_ready(self, request);
+    else
+      restore(self, request, std::move(kv));
+  };
+  const auto& chain = st.jobs.at(request).job.chain;
+  for (std::size_t k = 0; k < usable; ++k)
+    self->request(st.writer_store, caf::infinite, runtime::store_get{{chain[k].hi, chain[k].lo}})
+      .then(
+        [arrived, k](runtime::store_object& obj) {
+          runtime::kv_bytes b;
+          b.bytes.assign(obj.payload.begin(), obj.payload.end());
+          b.checksum = obj.checksum;
+          arrived(k, std::move(b));
+        },
+        [arrived, k](const caf::error&) { arrived(k, std::nullopt); });
+}
+
 void step(engine_ptr self) {
   auto& st = self->state;
   if (st.stepping)
@@ -114,6 +221,13 @@ void step(engine_ptr self) {
       take[id] += n;
       budget -= n;
     }
+  }
+  // A chunk does not cross the boundary where the device keeps the state (it must end there).
+  for (auto id : ready) {
+    auto& j = st.jobs.at(id);
+    const auto boundary = j.keep_blocks * block_tokens;
+    if (j.position < boundary)
+      take[id] = std::min(take[id], boundary - j.position);
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
   runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0, {}};
@@ -161,10 +275,15 @@ void step(engine_ptr self) {
           auto i = st.jobs.find(id);
           if (i == st.jobs.end())
             continue;
-          i->second.remaining -= take;
-          i->second.computed += take;
-          i->second.position += take;
+          auto& j = i->second;
+          j.remaining -= take;
+          j.computed += take;
+          j.position += take;
           st.stats.tokens += take;
+          if (j.keep_blocks > 0 && j.position == j.keep_blocks * block_tokens) {
+            const auto& key = j.job.chain[j.keep_blocks - 1];
+            self->send(st.device, runtime::kv_keep{id, runtime::store_key{key.hi, key.lo}});
+          }
           try_finish(self, id);
         }
         step(self);
@@ -186,10 +305,17 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
   st.device = std::move(device);
   st.link = std::move(link);
   st.stats.instance = params.instance;
+  if (params.writer.store && params.writer.kv) {
+    st.writer_store = params.writer.store;
+    auto w = params.writer;
+    w.instance = params.instance;
+    st.writer = spawn_block_writer(self, std::move(w));
+  }
   return {
     [self](const prefill_job& job) -> caf::typed_response_promise<prefill_done> {
       auto& st = self->state;
-      // A real job computes its whole context (no block fetch path yet: prefill_engine.hpp).
+      // A real job starts from its context's first token; its cached blocks are fetched and
+      // restored on the device first (fetch_cached), which moves its position on.
       auto cached = job.tokens.empty() ? std::min(job.cached_tokens, job.input_tokens) : 0;
       auto replay = std::min(job.input_tokens, st.params.replay_tokens);
       job_state j;
@@ -213,7 +339,17 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
         j.rp.deliver(caf::make_error(caf::sec::invalid_argument, "prefill_job: empty context"));
         return rp;
       }
-      if (j.job.fetch_bytes == 0 || st.link == nullptr) {
+      // Real world: the cached blocks usable (never the one holding the last token) and the
+      // boundary where the device keeps the state.
+      std::uint64_t usable = 0;
+      if (!job.tokens.empty() && st.writer) {
+        const auto last_boundary = (job.input_tokens - 1) / block_tokens;
+        j.keep_blocks = std::min<std::uint64_t>(job.chain.size(), last_boundary);
+        usable = std::min(job.cached_tokens / block_tokens, j.keep_blocks);
+      }
+      if (usable > 0) {
+        j.fetched = true;  // ready once restored (or given up on)
+      } else if (j.job.fetch_bytes == 0 || st.link == nullptr) {
         j.ready = true;
         j.fetched = true;
       } else {
@@ -241,6 +377,8 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       }
       st.jobs.emplace(id, std::move(j));
       st.order.push_back(id);
+      if (usable > 0)
+        fetch_cached(self, id, usable);
       step(self);
       return rp;
     },

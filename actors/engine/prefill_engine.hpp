@@ -15,18 +15,32 @@
 // brings its context's token ids and its sampling, each device step carries per sequence its
 // position, new token ids and whether to sample, and the job's last step draws the request's
 // next token, which `prefill_done` carries. The simulated world leaves the ids empty and its
-// device answers modelled tokens; the real device computes them. A real job (with ids)
-// computes its whole context: the block fetch path that would let it start from cached blocks
-// is not built yet, so its cache hits are not used. A real job ends with its KV exported from
-// the device (kv_export: Block KV blocks, State and SWA KV in their checksummed formats) and
-// handed on in `prefill_done::kv` for the decode instance to import; an export that fails
-// leaves `kv` empty and the decode instance recomputes the context.
+// device answers modelled tokens; the real device computes them.
+//
+// The real world's cluster KV cache (docs/kv-store.md). A real job (with ids and its chain)
+// whose prefix the CHECK role found cached reads those blocks from the store (`store_get`,
+// all in parallel; never the block holding the context's last token, which must be computed
+// to draw the next one), and opens its sequence on the device from the leading run that
+// arrived intact (`kv_restore`): the device takes the prefix's window and unfinished-block
+// state from the copy it kept at that boundary when it has one (exact), else rebuilds them by
+// bounded replay of the prefix's last window. The job then computes only its tail. A block
+// the store cannot serve (missing, expired, corrupt) ends the prefix there; a restore the
+// device refuses computes the whole context. While computing, a chunk never crosses the
+// context's last block boundary before its end, where the engine has the device keep the
+// state (`kv_keep`) for a later request with the same prefix. A real job ends with its KV
+// exported from the device (kv_export: Block KV blocks, State and SWA KV in their checksummed
+// formats) and handed on in `prefill_done::kv` for the decode instance to import; an export
+// that fails leaves `kv` empty and the decode instance recomputes the context. The exported
+// blocks are persisted by the engine's block writer (store_blocks): reserved, written to the
+// store, then committed in the CHECK role.
 //
 // Protocol: a `prefill_job` request is answered with `prefill_done` when the job's last token
 // is computed and its fetched KV is complete. `(cancel_atom, request)` drops a job (its
 // requester has gone): it is answered with an error and its sequence leaves the device.
 #pragma once
 
+#include "actors/kv/block_key.hpp"
+#include "actors/kv/block_writer.hpp"
 #include "actors/lb/prefill_balancer.hpp"
 #include "actors/request/generation.hpp"
 #include "runtime/ports/device.hpp"
@@ -56,12 +70,17 @@ struct prefill_job {
   std::vector<std::int32_t> tokens;
   /// How the token after the context is drawn.
   runtime::sampling sampling;
+  /// Real world: the keys of the context's full blocks as far as its prompt goes (make_chain),
+  /// which the cached prefix is fetched by and the computed blocks are persisted under, and
+  /// the traffic class their TTL follows. Empty in the simulated world.
+  std::vector<block_key> chain;
+  traffic_class traffic = traffic_class::chatbot;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
   return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
-           x.fetch_bytes, x.tokens, x.sampling);
+           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic);
 }
 
 struct prefill_done {
@@ -98,12 +117,20 @@ struct engine_stats {
   /// Decode: handed-off KV the device refused (checksum mismatch, another model's); those
   /// jobs recomputed their context instead.
   std::uint64_t kv_import_failures = 0;
+  /// Prefill, real world: context tokens taken from the store instead of computed; blocks
+  /// fetched and blocks the store could not serve (missing, expired or corrupt); restores
+  /// the device refused (the job then computed its whole context).
+  std::uint64_t cached_tokens = 0;
+  std::uint64_t blocks_fetched = 0;
+  std::uint64_t fetch_misses = 0;
+  std::uint64_t restore_failures = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.instance, x.steps, x.tokens, x.jobs_done,
-           x.jobs_in_flight, x.busy, x.kv_import_failures);
+           x.jobs_in_flight, x.busy, x.kv_import_failures, x.cached_tokens, x.blocks_fetched,
+           x.fetch_misses, x.restore_failures);
 }
 
 using engine_stats_atom = caf::atom_constant<caf::atom("engstats")>;
@@ -129,6 +156,10 @@ struct prefill_engine_params {
   /// Tokens recomputed at the end of a prompt even when all of it is cached: the sliding
   /// window KV is not persisted, so it is rebuilt by bounded replay.
   std::uint64_t replay_tokens = 128;
+  /// Real world: the cluster KV cache. With a valid `writer.store` and `writer.kv`, a job
+  /// with a chain fetches its cached blocks from the store and persists the blocks it
+  /// computed (through a block writer of its own); otherwise it computes its whole context.
+  block_writer_params writer;
 };
 
 /// Spawns a prefill engine that runs its steps on `device` (the instance's leader rank) and

@@ -58,6 +58,16 @@ caf::expected<entrypoint_metrics> entrypoint_metrics::register_in(runtime::regis
   if (!tokens)
     return tokens.error();
   m.tokens = *(*tokens)->with({});
+  auto prompt = reg.add_counter("troupe_http_prompt_tokens_total",
+                                "Prompt tokens of the generations that ended.");
+  if (!prompt)
+    return prompt.error();
+  m.prompt_tokens = *(*prompt)->with({});
+  auto cached = reg.add_counter("troupe_http_prefix_hit_tokens_total",
+                                "Prompt tokens taken from the KV cache instead of computed.");
+  if (!cached)
+    return cached.error();
+  m.cached_tokens = *(*cached)->with({});
   auto cancels = reg.add_counter("troupe_http_cancellations_total",
                                  "Requests cancelled by the entrypoint, by reason.", {"reason"});
   if (!cancels)

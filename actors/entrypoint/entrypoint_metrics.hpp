@@ -32,6 +32,10 @@ struct entrypoint_metrics {
   runtime::gauge* connections = nullptr;
   /// troupe_http_generated_tokens_total: tokens received from the graph.
   runtime::counter* tokens = nullptr;
+  /// troupe_http_prompt_tokens_total: prompt tokens of the generations that ended, and
+  /// troupe_http_prefix_hit_tokens_total: those of them taken from the KV cache (not computed).
+  runtime::counter* prompt_tokens = nullptr;
+  runtime::counter* cached_tokens = nullptr;
   /// troupe_http_cancellations_total{reason}: cancels sent (client_disconnect,
   /// stop_sequence, shutdown, write_stalled).
   runtime::counter_family* cancellations = nullptr;

@@ -811,6 +811,8 @@ void http_session::on_end(generation_end e) {
   guarded([&] {
     if (!gen_active_ || !response_)
       return;
+    server_->metrics.prompt_tokens->inc(static_cast<double>(e.prompt_tokens));
+    server_->metrics.cached_tokens->inc(static_cast<double>(e.cached_tokens));
     switch (e.reason) {
       case finish_reason::error:
         fail_generation(500, e.error.empty() ? "The generation failed." : e.error);

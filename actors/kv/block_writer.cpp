@@ -1,5 +1,8 @@
 #include "actors/kv/block_writer.hpp"
 
+#include <algorithm>
+#include <memory>
+
 #include <caf/actor_system.hpp>
 #include <caf/local_actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -96,6 +99,77 @@ void write(writer_ptr self, std::vector<block_key> keys, traffic_class traffic) 
       [self, n](const caf::error&) { self->state.stats.failed += n; });
 }
 
+/// Commits the blocks of a store_blocks message whose bytes are in the store.
+void commit_stored(writer_ptr self, std::vector<block_key> keys) {
+  if (keys.empty())
+    return;
+  auto n = keys.size();
+  self->request(self->state.params.kv, caf::infinite, kv_commit{std::move(keys)})
+    .then(
+      [self](const kv_commit_result& c) {
+        auto& st = self->state;
+        st.stats.committed += c.committed;
+        st.stats.missing += c.missing;
+        if (st.params.on_persisted)
+          st.params.on_persisted(c.committed);
+      },
+      [self, n](const caf::error&) { self->state.stats.failed += n; });
+}
+
+/// Writes the placed blocks of `msg` the store lacks, then commits those it holds.
+void store(writer_ptr self, store_blocks msg, std::size_t placed) {
+  struct pending {
+    std::vector<bool> stored;
+    std::size_t left = 0;
+  };
+  auto p = std::make_shared<pending>();
+  p->stored.assign(placed, false);
+  p->left = placed;
+  auto keys = std::make_shared<const std::vector<block_key>>(std::move(msg.keys));
+  auto done = [self, p, keys](std::size_t i, bool stored) {
+    p->stored[i] = stored;
+    if (--p->left > 0)
+      return;
+    std::vector<block_key> commit;
+    for (std::size_t k = 0; k < p->stored.size(); ++k)
+      if (p->stored[k])
+        commit.push_back((*keys)[k]);
+    commit_stored(self, std::move(commit));
+  };
+  auto& st = self->state;
+  const auto ttl = st.params.ttl.of(msg.traffic);
+  for (std::size_t i = 0; i < placed; ++i) {
+    const auto key = runtime::store_key{(*keys)[i].hi, (*keys)[i].lo};
+    auto kv = msg.kv;
+    const auto block = msg.first + i;
+    self->request(st.params.store, caf::infinite, runtime::store_has{key})
+      .then(
+        [self, done, i, key, kv, block, ttl](bool has) {
+          if (has) {
+            done(i, true);
+            return;
+          }
+          const auto& bytes = kv->blocks[block].bytes;
+          runtime::store_put put{key, bytes.size(),
+                                 std::vector<std::uint8_t>(bytes.begin(), bytes.end()), ttl};
+          self->request(self->state.params.store, caf::infinite, std::move(put))
+            .then(
+              [self, done, i](const runtime::store_stats&) {
+                ++self->state.stats.written;
+                done(i, true);
+              },
+              [self, done, i](const caf::error&) {
+                ++self->state.stats.write_failures;
+                done(i, false);
+              });
+        },
+        [self, done, i](const caf::error&) {
+          ++self->state.stats.write_failures;
+          done(i, false);
+        });
+  }
+}
+
 block_writer_actor::behavior_type block_writer_fn(writer_ptr self, block_writer_params params) {
   self->state.params = std::move(params);
   self->state.stats.instance = self->state.params.instance;
@@ -112,6 +186,28 @@ block_writer_actor::behavior_type block_writer_fn(writer_ptr self, block_writer_
       for (auto& [traffic, keys] : by_class)
         if (!keys.empty())
           write(self, std::move(keys), traffic);
+    },
+    [self](store_blocks& msg) {
+      auto& st = self->state;
+      const auto n = msg.keys.size();
+      if (n == 0 || !st.params.store || !msg.kv || msg.first + n > msg.kv->blocks.size())
+        return;
+      st.stats.blocks += n;
+      auto keys = msg.keys;
+      self->request(st.params.kv, caf::infinite, kv_reserve{std::move(keys), msg.traffic})
+        .then(
+          [self, msg = std::move(msg)](const kv_insert_result& r) mutable {
+            auto& s = self->state.stats;
+            s.reserved += r.inserted;
+            s.refreshed += r.refreshed;
+            s.rejected += r.rejected;
+            // The rejected blocks are the last ones (no room from the first on).
+            const auto placed = msg.keys.size() - std::min<std::size_t>(r.rejected,
+                                                                         msg.keys.size());
+            if (placed > 0)
+              store(self, std::move(msg), placed);
+          },
+          [self, n](const caf::error&) { self->state.stats.failed += n; });
     },
     [self](block_writer_stats_atom) { return self->state.stats; },
   };

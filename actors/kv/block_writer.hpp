@@ -26,7 +26,10 @@
 #include "actors/kv/block_key.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/prefill_balancer.hpp"
+#include "runtime/ports/device.hpp"
+#include "runtime/ports/store.hpp"
 
+#include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
@@ -69,6 +72,18 @@ typename Inspector::result_type inspect(Inspector& f, persist_blocks& x) {
   return f(caf::meta::type_name("persist_blocks"), x.filled);
 }
 
+/// Real world: full blocks whose bytes are at hand (a prefill's exported KV). `keys[i]` names
+/// block `first + i` of `kv`. The writer reserves them in the CHECK role, writes the bytes of
+/// every placed block the store does not hold yet (`store_put`, TTL of the traffic class) and
+/// commits those that are in the store, so a block becomes a hit only once its bytes can be
+/// read. No reply.
+struct store_blocks {
+  std::vector<block_key> keys;
+  runtime::kv_snapshot_ptr kv;
+  std::uint64_t first = 0;
+  traffic_class traffic = traffic_class::chatbot;
+};
+
 /// Counters of one writer, in blocks.
 struct block_writer_stats {
   instance_id instance = 0;
@@ -83,18 +98,22 @@ struct block_writer_stats {
   std::uint64_t missing = 0;
   /// Blocks of a reserve or commit the store did not answer (an error).
   std::uint64_t failed = 0;
+  /// Real world: blocks whose bytes were written, and writes the store refused.
+  std::uint64_t written = 0;
+  std::uint64_t write_failures = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, block_writer_stats& x) {
   return f(caf::meta::type_name("block_writer_stats"), x.instance, x.blocks, x.reserved,
-           x.refreshed, x.rejected, x.committed, x.missing, x.failed);
+           x.refreshed, x.rejected, x.committed, x.missing, x.failed, x.written,
+           x.write_failures);
 }
 
 using block_writer_stats_atom = caf::atom_constant<caf::atom("bwstats")>;
 
 using block_writer_actor
-  = caf::typed_actor<caf::reacts_to<persist_blocks>,
+  = caf::typed_actor<caf::reacts_to<persist_blocks>, caf::reacts_to<store_blocks>,
                      caf::replies_to<block_writer_stats_atom>::with<block_writer_stats>>;
 
 /// The content key of block `block_index` (from 0, over the whole sequence) of request
@@ -114,10 +133,18 @@ struct block_writer_params {
   /// Called after each commit with the blocks it made visible (may be empty). Runs inside
   /// the writer; must not block.
   std::function<void(std::uint64_t)> on_persisted;
+  /// Real world: the store the bytes of `store_blocks` go to (invalid: they are dropped), and
+  /// the time to live of what it writes, by traffic class.
+  runtime::store_port store;
+  kv_ttls ttl;
 };
 
 /// Spawns a writer for `params.kv`. It answers nothing to persist_blocks; every step's blocks
-/// go to the store as one kv_reserve then one kv_commit per traffic class.
+/// go to the store as one kv_reserve then one kv_commit per traffic class. A store_blocks
+/// message goes as one kv_reserve, a store_has then (when missing) a store_put per placed
+/// block, and one kv_commit of the blocks the store holds.
 block_writer_actor spawn_block_writer(caf::local_actor* parent, block_writer_params params);
 
 } // namespace troupe::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::store_blocks)

@@ -41,7 +41,8 @@ service_fn(generation_service::stateful_pointer<service_state> self,
       spec.input_tokens = g.prompt.size();
       spec.output_tokens = g.max_tokens;
       std::vector<std::uint32_t> ids(g.prompt.begin(), g.prompt.end());
-      spec.chain = make_chain(std::span<const std::uint32_t>(ids));
+      spec.chain = make_chain(std::span<const std::uint32_t>(ids),
+                              st.params.services.chain_root);
       spec.traffic = g.traffic;
       spec.prompt = std::move(g.prompt);
       spec.sampling = g.sampling;

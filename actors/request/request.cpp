@@ -214,10 +214,13 @@ void decode(request_ptr self) {
         if (st.forwarded_kv)
           job.kv_bytes += st.services.swa_ring_bytes;
         st.forwarded_kv = false;
-        // The blocks decode fills continue the prompt's chain.
+        // The blocks decode fills continue the prompt's chain (in the real world, from the
+        // chain's root when the prompt holds no full block).
         if (!st.spec.chain.empty()) {
           job.parent = st.spec.chain.back();
           job.parent_blocks = st.spec.chain.size();
+        } else if (!st.spec.prompt.empty()) {
+          job.parent = st.services.chain_root;
         }
         job.traffic = st.spec.traffic;
         job.progress_every = st.services.progress_every;
@@ -300,6 +303,8 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
         if (!st.spec.prompt.empty()) {
           job.tokens = st.spec.prompt;
           job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());
+          job.chain = st.spec.chain;
+          job.traffic = st.spec.traffic;
         }
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});
@@ -326,9 +331,11 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
                 st.cached_used = done.cached_tokens;
                 st.outcome.prefill_started = done.started;
                 st.outcome.first_token = done.finished;
-                // The prompt's full blocks are persisted as the KV moves on to decode.
-                // (Anonymous: the store's reply must not come back to this actor.)
-                if (!st.spec.chain.empty())
+                // The prompt's full blocks are persisted as the KV moves on to decode: in the
+                // simulated world here (anonymous: the store's reply must not come back to
+                // this actor), in the real world by the prefill instance, which has their
+                // bytes and makes them hits once they are in the store.
+                if (!st.spec.chain.empty() && st.spec.prompt.empty())
                   caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
               }
               // The token drawn after the context leaves with the end of prefill.

@@ -175,6 +175,10 @@ struct request_services {
   /// Bytes of a request's sliding-window rings, added to the KV a drained decode instance
   /// forwards (they are never persisted, so they travel with the request).
   std::uint64_t swa_ring_bytes = 0;
+  /// Real world: the parent of each prompt chain's first block (make_chain), a key naming the
+  /// model, so that one model's cached blocks never match another's prompts. Decode continues
+  /// a prompt shorter than a block from it.
+  block_key chain_root;
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.

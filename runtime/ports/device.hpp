@@ -12,6 +12,7 @@
 // never travel inside a message: the snapshot is shared, immutable, behind a shared_ptr.
 #pragma once
 
+#include "runtime/ports/store.hpp"
 #include "runtime/time.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -173,14 +174,18 @@ using kv_snapshot_ptr = std::shared_ptr<const kv_snapshot>;
 
 /// Asks a device for the snapshot of one of its sequences (the sequence stays on the device
 /// until released). Answered with a kv_snapshot_ptr, or an error for a sequence it does not
-/// hold. Answered after the steps queued before it.
+/// hold. Answered after the steps queued before it. With `first_block` > 0 the snapshot's
+/// `blocks` start at that block (blocks[0] is block first_block); with `blocks_only` it holds
+/// no State or SWA KV: what persisting newly filled blocks needs.
 struct kv_export {
   std::uint64_t sequence = 0;
+  std::uint64_t first_block = 0;
+  bool blocks_only = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
-  return f(caf::meta::type_name("kv_export"), x.sequence);
+  return f(caf::meta::type_name("kv_export"), x.sequence, x.first_block, x.blocks_only);
 }
 
 /// Restores `sequence` on a device from a snapshot (of another device). Answered with ok once
@@ -193,13 +198,63 @@ struct kv_import {
   kv_snapshot_ptr snapshot;
 };
 
+/// Keeps a copy of a sequence's State KV and SWA KV (its unfinished block, compressor state
+/// and sliding-window rings: everything of it that is not Block KV) in the device's host memory
+/// under `key`, the hash-chain key of the sequence's last full block. Sent when a prefill
+/// chunk ends exactly at a block boundary, so that a later request whose cached prefix ends
+/// there continues exactly instead of by bounded replay (kv_restore). No reply; a sequence the
+/// device does not hold, or not at a block boundary, is ignored. Devices bound what they keep
+/// (least recently used copies go first); the simulated device keeps nothing.
+struct kv_keep {
+  std::uint64_t sequence = 0;
+  store_key key;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_keep& x) {
+  return f(caf::meta::type_name("kv_keep"), x.sequence, x.key);
+}
+
+/// Opens `sequence` on a device from persisted Block KV: `blocks` holds the first n full blocks
+/// of its context (from the store; its `length` is 128·n, its state and SWA empty) and
+/// `tokens` those 128·n tokens. The device restores the blocks, then the sequence's State KV
+/// and SWA KV: from its kept copy under `key` (kv_keep) when it has one at that length, exact;
+/// otherwise by bounded replay, which recomputes the last sliding window of `tokens` only
+/// (kernels::model::replay). Answered with kv_restored once the sequence holds 128·n tokens;
+/// its next step starts there. A block that fails its checksum or does not fit the model, a
+/// token count that does not match, or a sequence the device already holds, is answered with
+/// device_errc::snapshot_rejected and leaves no sequence behind (the caller then computes the
+/// whole context).
+struct kv_restore {
+  std::uint64_t sequence = 0;
+  kv_snapshot_ptr blocks;
+  store_key key;
+  std::vector<std::int32_t> tokens{};
+};
+
+/// The answer to a kv_restore: the tokens the sequence holds, and whether its window and
+/// unfinished-block state were rebuilt by bounded replay (an approximation of the exact
+/// state: docs/model.md) rather than restored from a kept copy.
+struct kv_restored {
+  std::uint64_t length = 0;
+  bool replayed = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_restored& x) {
+  return f(caf::meta::type_name("kv_restored"), x.length, x.replayed);
+}
+
 /// Replies to each step once it has run; steps run one at a time in arrival order. A step the
 /// device cannot run (an unknown token, a sequence whose position does not match its cache)
-/// is answered with an error and changes no cache. Exports and imports run in the same order.
+/// is answered with an error and changes no cache. Exports, imports, keeps and restores run in
+/// the same order.
 using device_port = caf::typed_actor<caf::replies_to<device_step>::with<device_result>,
                                      caf::reacts_to<device_release>,
                                      caf::replies_to<kv_export>::with<kv_snapshot_ptr>,
-                                     caf::replies_to<kv_import>::with<caf::ok_atom>>;
+                                     caf::replies_to<kv_import>::with<caf::ok_atom>,
+                                     caf::reacts_to<kv_keep>,
+                                     caf::replies_to<kv_restore>::with<kv_restored>>;
 
 /// Why a device refused a request. Errors carry the category `device_error_category`.
 enum class device_errc : std::uint8_t {
@@ -253,10 +308,12 @@ std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noex
 /// token contents are not read. Releases are ignored. A negative cost counts as zero. Exports
 /// are answered with one shared empty snapshot (model "sim") and imports with ok, both when
 /// the steps queued before them finish and taking no device time: the simulated world
-/// allocates nothing per sequence or token for a hand-off.
+/// allocates nothing per sequence or token for a hand-off. Keeps are ignored; a restore is
+/// answered likewise, with the length of its blocks and not replayed.
 device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost);
 
 } // namespace troupe::runtime
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::runtime::kv_snapshot_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::runtime::kv_import)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::runtime::kv_restore)

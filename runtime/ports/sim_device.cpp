@@ -74,6 +74,12 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       return st.replies.at(self, std::max(self->clock().now(), st.busy_until),
                            caf::ok_atom::value);
     },
+    [](const kv_keep&) {},
+    [self](const kv_restore& x) {
+      auto& st = self->state;
+      return st.replies.at(self, std::max(self->clock().now(), st.busy_until),
+                           kv_restored{x.blocks ? x.blocks->length : 0, false});
+    },
     [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };
 }

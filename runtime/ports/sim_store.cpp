@@ -9,6 +9,8 @@
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <map>
 
@@ -104,8 +106,10 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
       st.index.count_hit();
       st.index.touch(get.key);
       store_object obj{get.key, e->size, {}};
-      if (auto p = st.payloads.find(get.key); p != st.payloads.end())
+      if (auto p = st.payloads.find(get.key); p != st.payloads.end()) {
         obj.payload = p->second; // the store keeps its copy
+        obj.checksum = XXH3_64bits(obj.payload.data(), obj.payload.size());
+      }
       return st.replies.at(self, completion(self, e->size), std::move(obj));
     },
     [self, metadata_done](const store_has& has) {

@@ -110,16 +110,19 @@ typename Inspector::result_type inspect(Inspector& f, store_list&) {
   return f(caf::meta::type_name("store_list"));
 }
 
-/// An object read back (payload empty if it was stored without one).
+/// An object read back (payload empty if it was stored without one), with the XXH3-64 of
+/// its payload as the store verified it (0 without a payload), so a reader can pass the bytes
+/// on with their checksum and have the last consumer check them end to end.
 struct store_object {
   store_key key;
   std::uint64_t size = 0;
   std::vector<std::uint8_t> payload;
+  std::uint64_t checksum = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_object& x) {
-  return f(caf::meta::type_name("store_object"), x.key, x.size, x.payload);
+  return f(caf::meta::type_name("store_object"), x.key, x.size, x.payload, x.checksum);
 }
 
 /// One object in a `store_list` reply.

@@ -9,6 +9,7 @@
 #include "kernels/generate.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/model_config.hpp"
+#include "ports/posix_store.hpp"
 #include "runtime/world.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -16,8 +17,13 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <thread>
+
+#include <unistd.h>
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -105,6 +111,8 @@ runtime::device_port spawn_watched(caf::actor_system& sys, runtime::device_port 
             });
         return rp;
       },
+      [self, inner](const runtime::kv_keep& k) { self->send(inner, k); },
+      [self, inner](const runtime::kv_restore& r) { return self->delegate(inner, r); },
     };
   });
 }
@@ -115,33 +123,81 @@ struct served {
 };
 
 struct fixture {
+  /// Device and store metrics (with a store); outlives the world, whose devices report into it.
+  runtime::registry metrics;
   runtime::world w{runtime::world_options{runtime::world_mode::real, 0, 2, false,
                                           actors::register_actor_types}};
   std::shared_ptr<handoff_log> log = std::make_shared<handoff_log>();
   cluster::real_graph graph;
   std::int64_t vocab = 0;
 
-  explicit fixture(bool corrupt = false) {
+  runtime::store_port store;
+
+  explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {}) {
     log->corrupt_exports = corrupt;
     const auto& dir = test::model_dirs::tiny();
     auto cfg = kernels::load_model_config(dir);
     REQUIRE(cfg.ok());
     vocab = cfg->text.vocab_size;
     cluster::real_graph_params p;
-    p.device = [dir, log = log](caf::actor_system& sys, cluster::pool_role, std::uint32_t) {
+    p.device = [dir, log = log, this](caf::actor_system& sys, cluster::pool_role role,
+                                      std::uint32_t) {
       ports::cpu_device_params d;
       d.model_dir = dir;
       d.threads = 1;
       d.engram_map = "identity";
+      d.metrics = &metrics;
+      d.name = role == cluster::pool_role::prefill ? "prefill" : "decode";
       return spawn_watched(sys, ports::spawn_cpu_device(sys, std::move(d)), log);
     };
+    if (!kv_dir.empty()) {
+      ports::posix_store_params sp;
+      sp.directory = kv_dir;
+      sp.capacity = 1ull << 30;
+      sp.metrics = &metrics;
+      store = ports::spawn_posix_store(w.system(), std::move(sp));
+      p.store = store;
+    }
     p.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(cfg->text));
     p.max_batch = 64;
     p.prefill_chunk = 64;
     graph = cluster::spawn_real_graph(w.system(), test_topology(), p);
   }
 
-  ~fixture() { caf::anon_send_exit(graph.cluster, caf::exit_reason::user_shutdown); }
+  ~fixture() {
+    caf::anon_send_exit(graph.cluster, caf::exit_reason::user_shutdown);
+    if (store)
+      caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  }
+
+  /// The value of a sample of /metrics' text ("name{labels}"), or -1.
+  double metric(const std::string& sample) const {
+    const auto text = metrics.expose();
+    auto at = text.find("\n" + sample + " ");
+    if (at == std::string::npos)
+      return -1;
+    return std::stod(text.substr(at + sample.size() + 2));
+  }
+
+  /// Waits (bounded) until `blocks` blocks are hits: in the store and committed in the CHECK
+  /// role. Returns how many are.
+  std::uint64_t wait_for_blocks(caf::scoped_actor& self, std::uint64_t blocks) {
+    std::uint64_t held = 0;
+    for (int tries = 0; tries < 500 && held < blocks; ++tries) {
+      std::uint64_t stored = 0;
+      self->request(store, 10s, runtime::store_stats_atom::value)
+        .receive([&](const runtime::store_stats& s) { stored = s.objects; },
+                 [&](const caf::error& e) { FAIL(w.system().render(e)); });
+      self->request(graph.kv, 10s, actors::kv_stats_atom::value)
+        .receive([&](const actors::kv_stats& s) {
+                   held = std::min(stored, s.entries - s.pending);
+                 },
+                 [&](const caf::error& e) { FAIL(w.system().render(e)); });
+      if (held < blocks)
+        std::this_thread::sleep_for(20ms);
+    }
+    return held;
+  }
 
   actors::generation_request request(std::uint64_t id, std::vector<std::int32_t> prompt,
                                      std::uint32_t max_tokens, caf::actor sink) {
@@ -305,4 +361,139 @@ TEST_CASE("a cancelled request ends at once and frees its decode booking") {
     std::this_thread::sleep_for(10ms);
   }
   FAIL("the decode booking was not released");
+}
+
+namespace {
+
+/// A fresh directory for a test's KV store, removed at the end of the test.
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    static std::atomic<int> next{0};
+    path = std::filesystem::temp_directory_path()
+           / ("troupe-real-graph-kv-" + std::to_string(::getpid()) + "-" + std::to_string(next++));
+    std::filesystem::remove_all(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+} // namespace
+
+TEST_CASE("a prompt seen before computes only its uncached tail, with the exact tokens") {
+  temp_dir dir;
+  fixture f{false, dir.path};
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(300, 21, f.vocab);  // 2 full blocks and 44 tokens
+  const auto exact = generate_greedy(prompt, 8);
+  auto first = f.run(self, {f.request(1, prompt, 8, {})});
+  CHECK(first[1].tokens == exact);
+  CHECK(first[1].end.cached_tokens == 0);
+  // Its two full blocks reach the store (written after the hand-off, asynchronously).
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+
+  auto second = f.run(self, {f.request(2, prompt, 8, {})});
+  CHECK(second[2].end.cached_tokens == 256);
+  // The prefill device kept the window state at the boundary: an exact restore, the same
+  // tokens as computing everything.
+  CHECK(second[2].tokens == exact);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"exact\"}") == 1);
+  CHECK(f.metric("troupe_store_reads_total{outcome=\"hit\"}") == 2);
+  // Only the tail was computed: 300 + 44 prompt tokens over both requests.
+  CHECK(f.metric("troupe_device_tokens_total{device=\"prefill\",phase=\"prefill\"}") == 344);
+}
+
+TEST_CASE("a prompt sharing only a prefix restores it by bounded replay and computes the rest") {
+  temp_dir dir;
+  fixture f{false, dir.path};
+  caf::scoped_actor self{f.w.system()};
+  const auto a = prompt_of(300, 22, f.vocab);
+  f.run(self, {f.request(1, a, 4, {})});
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  // The same first 200 tokens (one full block), then other ones.
+  auto b = prompt_of(290, 23, f.vocab);
+  std::copy_n(a.begin(), 200, b.begin());
+  auto out = f.run(self, {f.request(2, b, 6, {})});
+  CHECK(out[2].end.cached_tokens == 128);
+  CHECK(out[2].end.completion_tokens == 6);
+  CHECK(out[2].tokens.size() == 6);
+  // No state was kept at that boundary (the first request kept its own at 256).
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 1);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"exact\"}") == 0);
+}
+
+TEST_CASE("a corrupt block file is never served: the request computes it, exactly") {
+  temp_dir dir;
+  fixture f{false, dir.path};
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(300, 24, f.vocab);
+  const auto exact = generate_greedy(prompt, 6);
+  f.run(self, {f.request(1, prompt, 6, {})});
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  // Flip one payload byte of the prompt's first block on disk.
+  std::vector<std::uint32_t> ids(prompt.begin(), prompt.end());
+  const auto first_key = actors::make_chain(std::span<const std::uint32_t>(ids)).front();
+  const auto name = actors::to_string(first_key) + ".blk";
+  std::filesystem::path file;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path))
+    if (e.path().filename() == name)
+      file = e.path();
+  REQUIRE_FALSE(file.empty());
+  {
+    std::fstream fs(file, std::ios::in | std::ios::out | std::ios::binary);
+    fs.seekg(200);
+    char c = 0;
+    fs.read(&c, 1);
+    c = static_cast<char>(c ^ 0x20);
+    fs.seekp(200);
+    fs.write(&c, 1);
+  }
+  auto out = f.run(self, {f.request(2, prompt, 6, {})});
+  CHECK(out[2].end.cached_tokens == 0);
+  CHECK(out[2].tokens == exact);
+  CHECK(f.metric("troupe_store_reads_total{outcome=\"corrupt\"}") == 1);
+  // The store dropped the bad file; the second request wrote the block anew, so a third one
+  // hits both blocks again.
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  auto third = f.run(self, {f.request(3, prompt, 6, {})});
+  CHECK(third[3].end.cached_tokens == 256);
+  CHECK(third[3].tokens == exact);
+}
+
+TEST_CASE("a restarted graph finds the blocks persisted before and restores them by replay") {
+  temp_dir dir;
+  std::vector<std::int32_t> prompt;
+  {
+    fixture f{false, dir.path};
+    caf::scoped_actor self{f.w.system()};
+    prompt = prompt_of(300, 25, f.vocab);
+    f.run(self, {f.request(1, prompt, 4, {})});
+    REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  }
+  fixture f{false, dir.path};
+  caf::scoped_actor self{f.w.system()};
+  auto out = f.run(self, {f.request(1, prompt, 4, {})});
+  CHECK(out[1].end.cached_tokens == 256);
+  CHECK(out[1].tokens.size() == 4);
+  // The window state kept in memory is gone with the old process: bounded replay.
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 1);
+}
+
+TEST_CASE("a later prompt holding a reply's tokens hits the blocks decode filled") {
+  temp_dir dir;
+  fixture f{false, dir.path};
+  caf::scoped_actor self{f.w.system()};
+  const auto a = prompt_of(100, 26, f.vocab);  // no full block: prefill persists nothing
+  auto first = f.run(self, {f.request(1, a, 200, {})});
+  REQUIRE(first[1].tokens.size() == 200);
+  // Decode filled blocks 0 and 1 (prompt and reply tokens 0..255) and persisted them.
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  // The next turn: the prompt, the reply so far, then more.
+  auto b = a;
+  b.insert(b.end(), first[1].tokens.begin(), first[1].tokens.begin() + 170);
+  auto out = f.run(self, {f.request(2, b, 4, {})});
+  CHECK(out[2].end.cached_tokens == 256);
+  CHECK(out[2].tokens.size() == 4);
 }

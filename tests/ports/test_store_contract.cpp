@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <xxhash.h>
+
 #include <vector>
 
 using namespace troupe;
@@ -86,6 +88,9 @@ TEST_CASE_TEMPLATE("a store returns the payload and size of every object put bef
     CHECK(got->key == key(i));
     CHECK(got->size == sizes[i]);
     CHECK(got->payload == bytes(sizes[i], static_cast<std::uint8_t>(i)));
+    // The checksum the store verified comes with the bytes (for end-to-end checks).
+    if (sizes[i] > 0)
+      CHECK(got->checksum == XXH3_64bits(got->payload.data(), got->payload.size()));
   }
 }
 

@@ -40,11 +40,12 @@ def troupe():
 
 
 class Server:
-    def __init__(self, model_dir, keys_file):
+    def __init__(self, model_dir, keys_file, kv_dir):
         self.proc = subprocess.Popen(
             [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu.toml"),
              "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
-             "--api-keys", keys_file, "--max-in-flight", "80", "--grace", "10"],
+             "--api-keys", keys_file, "--max-in-flight", "80", "--grace", "10",
+             "--kv-dir", kv_dir],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         found = threading.Event()
@@ -98,7 +99,7 @@ def model_dir(tmp_path_factory):
 def server(model_dir, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("# test keys\n" + API_KEY + "\n")
-    s = Server(model_dir, str(keys))
+    s = Server(model_dir, str(keys), str(tmp_path_factory.mktemp("kv")))
     yield s
     s.stop()
     assert s.proc.returncode == 0, "troupe serve did not stop cleanly on SIGTERM:\n" + "".join(s.log)
@@ -248,11 +249,43 @@ def test_a_client_that_leaves_mid_stream_frees_its_request(server):
         if i >= 3:
             break
     stream.close()
+    def idle():
+        return (server.metric("troupe_http_requests_in_flight") == 0
+                and server.metric('troupe_device_sequences{device="decode/0"}') == 0
+                and server.metric('troupe_device_sequences{device="prefill/0"}') == 0)
     for _ in range(300):
-        if server.metric("troupe_http_requests_in_flight") == 0:
+        if idle():
             break
         time.sleep(0.1)
-    assert server.metric("troupe_http_requests_in_flight") == 0
+    # The request is gone, and so is its KV on both devices.
+    assert idle()
+
+
+def test_a_repeated_long_prompt_computes_only_its_uncached_tail(server, model_dir):
+    body = chat_body(" ".join(f"item{i}" for i in range(200)), max_tokens=6, temperature=0)
+    want, _ = generated_text(model_dir, body, 6)
+    client = server.openai()
+    hits_before = server.metric("troupe_http_prefix_hit_tokens_total")
+    computed_before = server.metric('troupe_device_tokens_total{device="prefill/0",phase="prefill"}')
+    first = client.chat.completions.create(**body)
+    prompt = first.usage.prompt_tokens
+    blocks = (prompt - 1) // 128
+    assert blocks >= 2, prompt
+    # The prompt's blocks are written after its hand-off to decode: wait until they are in.
+    for _ in range(300):
+        if server.metric("troupe_store_blocks") >= blocks:
+            break
+        time.sleep(0.1)
+    second = client.chat.completions.create(**body)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == 128 * blocks
+    # The same greedy text as computing everything (the window state was kept: exact restore).
+    assert served_text(first.choices[0].message) == want
+    assert served_text(second.choices[0].message) == want
+    assert server.metric("troupe_http_prefix_hit_tokens_total") - hits_before == cached
+    computed = (server.metric('troupe_device_tokens_total{device="prefill/0",phase="prefill"}')
+                - computed_before)
+    assert computed == prompt + (prompt - cached)
 
 
 def test_chat_logprobs_describe_the_greedy_tokens(server):

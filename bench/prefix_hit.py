@@ -1,0 +1,187 @@
+"""Time to first token of a request whose long prefix is in the KV store, against the same
+request cold, on `troupe serve` (issue 12 §6).
+
+One invocation starts `troupe serve` on a model directory with a fresh KV store directory and,
+for several rounds, sends a chat request whose prompt is a new --prefix-token text (cold: no
+block of it is cached), waits until its blocks are in the store, then sends the same request
+again (hit: its prefix is restored from the store and only the tail is computed) — cold and
+hit interleaved, so both see the same machine. TTFT is measured on the client from sending
+the request to the first streamed content chunk. For every request it records the 1-minute
+load average before it and the CPU time that processes other than the server used during it
+(from /proc/stat less the server's own CPU time from /proc/PID/stat); a request during which
+they used more than --max-foreign of a core was taken under contention: listed, not counted.
+It prints min and median of each kind over the kept requests, their ratio, the cached tokens
+the hits reported, and the load averages seen.
+
+    python3 bench/prefix_hit.py [--troupe build/troupe] [--model DIR] [--prefix 4096]
+        [--rounds 3] [--threads 2]
+
+Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
+temporary directory. Standard library only.
+"""
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def cpu_busy_seconds():
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    def __init__(self, troupe, model, kv_dir, threads):
+        self.proc = subprocess.Popen(
+            [troupe, "serve", str(REPO / "examples/topologies/local-cpu.toml"), "--model", model,
+             "--engram-map", "identity", "--listen", "127.0.0.1:0", "--kv-dir", kv_dir,
+             "--threads", str(threads)],
+            stderr=subprocess.PIPE, text=True)
+        self.log = []
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if " on http://" in line:
+                    ready.set()
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(timeout=600):
+            self.stop()
+            sys.exit("troupe serve did not start:\n" + "".join(self.log))
+        line = next(l for l in self.log if " on http://" in l)
+        self.port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+
+    def metric(self, name):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def ttft(self, body):
+        """Seconds to the first content chunk, and the usage of the stream."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            sys.exit(f"HTTP {resp.status}: {resp.read()[:500]!r}")
+        first, usage = None, None
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("choices"):
+                first = time.monotonic() - t0
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+        conn.close()
+        return first, usage
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=120)
+
+
+def measured(server, body):
+    load = os.getloadavg()[0]
+    busy0, own0 = cpu_busy_seconds(), process_cpu_seconds(server.proc.pid)
+    t0 = time.monotonic()
+    ttft, usage = server.ttft(body)
+    wall = time.monotonic() - t0
+    foreign = (cpu_busy_seconds() - busy0) - (process_cpu_seconds(server.proc.pid) - own0)
+    return ttft, usage, max(0.0, foreign) / wall, load
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--troupe", default=str(REPO / "build/troupe"))
+    ap.add_argument("--model")
+    ap.add_argument("--prefix", type=int, default=4096, help="prompt words (≈ tokens)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-foreign", type=float, default=0.1,
+                    help="cores other processes may use during a request before it is dropped")
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory(prefix="troupe-prefix-hit-")
+    model = args.model
+    if not model:
+        model = os.path.join(tmp.name, "small")
+        subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
+                        "--out", model], check=True, capture_output=True)
+    server = Server(args.troupe, model, os.path.join(tmp.name, "kv"), args.threads)
+    rng = random.Random(1)
+    kept = {"cold": [], "hit": []}
+    dropped = {"cold": 0, "hit": 0}
+    loads, cached = [], []
+    try:
+        for r in range(args.rounds):
+            words = " ".join(f"w{rng.randrange(10**6)}" for _ in range(args.prefix // 2))
+            body = {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": words}]}
+            blocks_before = server.metric("troupe_store_blocks")
+            for kind in ("cold", "hit"):
+                if kind == "hit":
+                    # The cold request's blocks are written after its hand-off: wait for them.
+                    want = blocks_before + (prompt - 1) // 128
+                    for _ in range(600):
+                        if server.metric("troupe_store_blocks") >= want:
+                            break
+                        time.sleep(0.1)
+                ttft, usage, foreign, load = measured(server, body)
+                prompt = usage["prompt_tokens"]
+                hit = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                ok = foreign <= args.max_foreign
+                print(f"round {r + 1} {kind:4}: prompt {prompt} tokens, cached {hit}, TTFT "
+                      f"{ttft:.3f} s, load {load:.2f}, foreign {foreign:.2f} cores"
+                      f"{'' if ok else '  (contended: dropped)'}", flush=True)
+                loads.append(load)
+                if kind == "hit":
+                    cached.append(hit)
+                if ok:
+                    kept[kind].append(ttft)
+                else:
+                    dropped[kind] += 1
+    finally:
+        server.stop()
+    print()
+    for kind in ("cold", "hit"):
+        v = kept[kind]
+        if v:
+            print(f"{kind:4}: TTFT min {min(v):.3f} s, median {statistics.median(v):.3f} s over "
+                  f"{len(v)} runs ({dropped[kind]} dropped)")
+        else:
+            print(f"{kind:4}: every run was contended ({dropped[kind]} dropped)")
+    if kept["cold"] and kept["hit"]:
+        print(f"hit / cold (median): {statistics.median(kept['hit']) / statistics.median(kept['cold']):.3f}")
+    print(f"cached tokens reported by the hits: {cached}; load average {min(loads):.2f}-{max(loads):.2f}")
+
+
+if __name__ == "__main__":
+    main()
