@@ -59,6 +59,7 @@ std::variant<chat_chunk_renderer, responses_event_renderer, messages_event_rende
   co.starts_in_reasoning = starts_in_reasoning(r.stream);
   co.include_usage = r.params.include_usage;
   co.tool_call_id = std::move(o.tool_call_id);
+  co.logprobs = std::move(o.logprobs);
   return chat_chunk_renderer(std::move(co));
 }
 }  // namespace

@@ -290,6 +290,19 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
     sp.top_logprobs = static_cast<int>(v);
     sp.logprobs = true;
   }
+  if (const ojson* inc = find(body, "include")) {
+    static const std::set<std::string> known{
+        "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+        "message.input_image.image_url", "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"};
+    if (!inc->is_array()) fail("Invalid type for 'include': expected an array, got " + type_of(*inc) + ".", "include");
+    for (std::size_t i = 0; i < inc->size(); ++i) {
+      const std::string p = "include[" + std::to_string(i) + "]";
+      const std::string v = need_string((*inc)[i], p);
+      if (!known.count(v)) fail("Invalid value: '" + v + "'. Supported values are the Responses API's include values.", p);
+      if (v == "message.output_text.logprobs") f.output_text_logprobs = true;
+    }
+  }
   if (const ojson* s = find(body, "stream")) sp.stream = need_bool(*s, "stream");
   if (const ojson* s = find(body, "store")) f.store = need_bool(*s, "store");
   if (const ojson* s = find(body, "previous_response_id")) f.previous_response_id = need_string(*s, "previous_response_id");

@@ -23,6 +23,9 @@ struct responses_fields {
   std::optional<std::string> reasoning_summary;  // reasoning.summary as sent
   std::string tools_json = "[]";                 // the function tools as sent, in the response's shape
   std::optional<std::string> tool_choice_json;   // tool_choice as sent, compact JSON
+  // `include` has "message.output_text.logprobs": the output text reports its tokens'
+  // logprobs (with `top_logprobs` alternatives each).
+  bool output_text_logprobs = false;
 };
 
 struct responses_request {

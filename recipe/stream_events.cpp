@@ -108,6 +108,7 @@ void responses_event_renderer::open(item kind, const stream_event& ev, std::vect
   }
   cur_ = kind;
   text_.clear();
+  logprobs_.clear();
 }
 
 void responses_event_renderer::close(bool complete, bool call_follows, std::vector<std::string>& out) {
@@ -127,13 +128,16 @@ void responses_event_renderer::close(bool complete, bool call_follows, std::vect
           {"name", call_name_}, {"arguments", text_}};
   } else {
     const bool reasoning = cur_ == item::reasoning;
+    ojson logprobs = ojson::array();
+    for (const auto& l : logprobs_)
+      for (auto& entry : ojson::parse(l)) logprobs.push_back(std::move(entry));
     ojson part = reasoning ? ojson{{"type", "reasoning_text"}, {"text", text_}}
                            : ojson{{"type", "output_text"}, {"annotations", ojson::array()},
-                                   {"logprobs", ojson::array()}, {"text", text_}};
+                                   {"logprobs", logprobs}, {"text", text_}};
     ojson d = event(reasoning ? "response.reasoning_text.done" : "response.output_text.done");
     d["content_index"] = 0;
     d["item_id"] = item_id_;
-    if (!reasoning) d["logprobs"] = ojson::array();
+    if (!reasoning) d["logprobs"] = std::move(logprobs);
     d["output_index"] = index;
     d["sequence_number"] = seq_++;
     d["text"] = text_;
@@ -176,7 +180,13 @@ void responses_event_renderer::render(std::span<const stream_event> events, std:
         d["content_index"] = 0;
         d["delta"] = ev.text;
         d["item_id"] = item_id_;
-        if (want == item::message) d["logprobs"] = ojson::array();
+        if (want == item::message) {
+          d["logprobs"] = ojson::array();
+          if (opt_.logprobs) {
+            logprobs_.push_back(opt_.logprobs(ev));
+            d["logprobs"] = ojson::parse(logprobs_.back());
+          }
+        }
         d["output_index"] = done_items_.size();
         d["sequence_number"] = seq_++;
         out.push_back(d.dump());

@@ -28,6 +28,11 @@ struct event_stream_options {
   std::uint64_t cached_prompt_tokens = 0;
   // The id of tool call `index`; default: next_tool_call_id seeded by `id`.
   std::function<std::string(int index)> tool_call_id;
+  // Logprobs on: the JSON array of the entries of a text event's `tokens`. Responses: the
+  // `logprobs` of its `response.output_text.delta`, and all of them, in order, those of the
+  // `response.output_text.done` event and the output_text part; Chat Completions: see
+  // chat_chunk_options. Messages has no logprobs.
+  std::function<std::string(const stream_event&)> logprobs;
 };
 
 // OpenAI Responses streaming. Output items: a `reasoning` item (reasoning_text part), a `message`
@@ -62,6 +67,7 @@ class responses_event_renderer {
   item cur_ = item::none;
   std::string item_id_;
   std::string text_;  // the current item's text (or arguments)
+  std::vector<std::string> logprobs_;  // the current message's delta logprobs, JSON arrays
   std::string call_id_, call_name_;
   std::vector<std::string> done_items_;  // output items, JSON text
   std::optional<finish_reason> finish_;

@@ -131,18 +131,54 @@ void stream_parser::emit(stream_event::kind k, std::string_view s, std::vector<s
   if (s.empty() && mergeable(k)) return;
   if (mergeable(k) && !out.empty() && out.back().type == k && out.back().index == index) {
     out.back().text.append(s);
-    return;
+  } else {
+    stream_event e;
+    e.type = k;
+    e.text.assign(s);
+    e.index = index;
+    out.push_back(std::move(e));
   }
-  stream_event e;
-  e.type = k;
-  e.text.assign(s);
-  e.index = index;
-  out.push_back(std::move(e));
+  if (k == stream_event::kind::text && !content_ids_.empty()) {
+    auto& ids = out.back().tokens;
+    ids.insert(ids.end(), content_ids_.begin(), content_ids_.end());
+    content_ids_.clear();
+  }
+}
+
+void stream_parser::content_in(std::size_t n) {
+  if (n == 0) return;
+  if (!content_src_.empty() && content_src_.back().first == token_) content_src_.back().second += n;
+  else content_src_.emplace_back(token_, n);
+}
+
+void stream_parser::content_out(std::size_t n) {
+  while (n > 0 && !content_src_.empty()) {
+    auto& [id, bytes] = content_src_.front();
+    if (static_cast<std::int64_t>(id) > content_listed_) {
+      content_ids_.push_back(id);
+      content_listed_ = id;
+    }
+    const std::size_t take = std::min(n, bytes);
+    bytes -= take;
+    n -= take;
+    if (bytes == 0) content_src_.pop_front();
+  }
+}
+
+void stream_parser::content_drop(std::size_t n) {
+  while (n > 0 && !content_src_.empty()) {
+    auto& bytes = content_src_.back().second;
+    const std::size_t take = std::min(n, bytes);
+    bytes -= take;
+    n -= take;
+    if (bytes == 0) content_src_.pop_back();
+  }
 }
 
 void stream_parser::flush_utf8(std::vector<stream_event>& out) {
   if (utf8_.empty()) return;
   const std::string s = utf8_sanitize(utf8_);
+  if (utf8_kind_ == stream_event::kind::text) content_out(utf8_.size());
   utf8_.clear();
   if (utf8_kind_ == stream_event::kind::arguments && value_is_string_) {
     std::string esc;
@@ -168,6 +204,7 @@ void stream_parser::emit_text(stream_event::kind k, std::string_view bytes,
   if (keep == utf8_.size()) return;
   const std::string_view ready(utf8_.data(), utf8_.size() - keep);
   const std::string s = utf8_sanitize(ready);
+  if (k == stream_event::kind::text) content_out(ready.size());
   const int index = k == stream_event::kind::arguments ? call_index_ : 0;
   if (k == stream_event::kind::arguments && value_is_string_) {
     std::string esc;
@@ -197,6 +234,7 @@ void stream_parser::emit_content(std::string_view bytes, std::vector<stream_even
         break;
       }
     emit_text(stream_event::kind::text, std::string_view(stop_buf_).substr(0, first), out);
+    content_drop(stop_buf_.size() - first + hold_.size());
     stop_buf_.clear();
     hold_.clear();
     flush_utf8(out);
@@ -251,6 +289,7 @@ void stream_parser::on_byte(char b, std::vector<stream_event>& out) {
         if (b == '\n') return;
         drop_leading_ = false;
       }
+      content_in(1);
       if (opt_.parse_tool_calls) {
         const bool has_lt = !hold_.empty() && hold_.back() == '<';
         if ((b == '\n' || b == '<') && !has_lt) {
@@ -329,6 +368,7 @@ void stream_parser::abort_content_tag(std::vector<stream_event>& out) {
   const std::string rest = std::move(tag_);
   tag_.clear();
   release_hold(out);
+  content_in(1 + k_dsml.size());
   emit_content("<" + std::string(k_dsml), out);
   for (const char c : rest) on_byte(c, out);
 }
@@ -340,6 +380,7 @@ void stream_parser::end_tag(std::vector<stream_event>& out) {
   tag_in_quotes_ = false;
   if (st_ == state::content_tag) {
     if (tag == "tool_calls") {
+      content_drop(hold_.size());
       hold_.clear();  // newlines before the block are trimmed
       flush_utf8(out);
       st_ = state::block;
@@ -399,10 +440,12 @@ void stream_parser::on_dsml(std::vector<stream_event>& out) {
     case state::content:
       if (opt_.parse_tool_calls && !hold_.empty() && hold_.back() == '<') {
         hold_.pop_back();
+        content_drop(1);
         st_ = state::content_tag;
         return;
       }
       release_hold(out);
+      content_in(k_dsml.size());
       emit_content(k_dsml, out);
       return;
     case state::content_tag:
@@ -449,7 +492,7 @@ void stream_parser::on_dsml(std::vector<stream_event>& out) {
 
 void stream_parser::push(token_id id, std::vector<stream_event>& out) {
   if (ended_ || finished_) return;  // after the end of sentence, a stop sequence or finish()
-  ++usage_.completion_tokens;
+  token_ = static_cast<std::uint32_t>(usage_.completion_tokens++);
   if (id == eos_) {
     end_of_output(out);
     ended_ = true;
@@ -571,11 +614,13 @@ chat_chunk_renderer::chat_chunk_renderer(chat_chunk_options options) : opt_(std:
 }
 
 std::string chat_chunk_renderer::chunk(const std::string& delta_json, const char* finish,
-                                       const std::string* usage) const {
+                                       const std::string* usage, const std::string* logprobs) const {
   std::string s = "{\"id\":" + json_quoted(opt_.id) + ",\"object\":\"chat.completion.chunk\",\"created\":"
                   + std::to_string(opt_.created) + ",\"model\":" + json_quoted(opt_.model)
                   + ",\"system_fingerprint\":null,\"choices\":[{\"index\":0,\"delta\":" + delta_json
-                  + ",\"logprobs\":null,\"finish_reason\":"
+                  + ",\"logprobs\":"
+                  + (logprobs ? "{\"content\":" + *logprobs + ",\"refusal\":null}" : std::string("null"))
+                  + ",\"finish_reason\":"
                   + (finish ? json_quoted(finish) : std::string("null")) + "}]";
   if (usage) s += ",\"usage\":" + *usage;
   else if (opt_.include_usage) s += ",\"usage\":null";
@@ -594,11 +639,13 @@ void chat_chunk_renderer::render(std::span<const stream_event> events, std::vect
   using k = stream_event::kind;
   for (const stream_event& e : events) {
     switch (e.type) {
-      case k::text:
+      case k::text: {
+        const std::string logprobs = opt_.logprobs ? opt_.logprobs(e) : std::string();
         out.push_back(chunk("{\"content\":" + json_quoted(e.text)
                                 + (opt_.thinking ? ",\"reasoning_content\":null}" : "}"),
-                            nullptr, nullptr));
+                            nullptr, nullptr, opt_.logprobs ? &logprobs : nullptr));
         break;
+      }
       case k::reasoning:
         out.push_back(chunk("{\"content\":null,\"reasoning_content\":" + json_quoted(e.text) + "}",
                             nullptr, nullptr));

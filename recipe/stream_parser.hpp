@@ -14,6 +14,7 @@
 #include "recipe/tokenizer.hpp"
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -56,6 +57,11 @@ struct stream_event {
   int index = 0;
   recipe::finish_reason finish = finish_reason::stop;
   usage_counts usage;
+  // `text`: the generated ids (their positions among the ids pushed, from 0) whose first byte
+  // of answer text this delta carries. An id that puts no byte into the answer text (reasoning,
+  // tool calls, `</think>`, the end of sentence, trimmed newlines, a stop sequence and what
+  // follows it) is in no event; the ids of all text events, in order, are the answer's ids.
+  std::vector<std::uint32_t> tokens;
 
   bool operator==(const stream_event&) const = default;
 };
@@ -116,6 +122,13 @@ class stream_parser {
   void end_tag(std::vector<stream_event>& out);
   void abort_content_tag(std::vector<stream_event>& out);
   void end_of_output(std::vector<stream_event>& out);
+  // Which id each byte of answer text in flight (held newlines or `<`, the stop-sequence
+  // buffer, an incomplete UTF-8 tail) came from: bytes enter with the current id, leave in
+  // order as text is emitted (the ids not listed yet go to the next text event) or are dropped
+  // from the newest end (trimmed, or cut by a stop sequence).
+  void content_in(std::size_t n);
+  void content_out(std::size_t n);
+  void content_drop(std::size_t n);
 
   const tokenizer* tok_;
   stream_options opt_;
@@ -142,6 +155,11 @@ class stream_parser {
   bool token_held_ = false;     // ... or only into the held newlines
   std::uint64_t held_tokens_ = 0;
   usage_counts usage_;
+  // answer text ids
+  std::uint32_t token_ = 0;                                     // the id being pushed
+  std::deque<std::pair<std::uint32_t, std::size_t>> content_src_;  // (id, bytes), oldest first
+  std::int64_t content_listed_ = -1;                            // the last id put in an event
+  std::vector<std::uint32_t> content_ids_;                      // ids for the next text event
 };
 
 // Renders neutral events as OpenAI chat.completion.chunk objects (JSON text, one per chunk), in the
@@ -158,6 +176,9 @@ struct chat_chunk_options {
   // The id of tool call `index`; default: "call_<index as 2 digits>_<24 characters>" drawn from a
   // generator seeded by the chunk id.
   std::function<std::string(int index)> tool_call_id;
+  // Logprobs on: a text delta's chunk carries `"logprobs": {"content": <this>, "refusal": null}`,
+  // the JSON array of the entries of the event's `tokens` (other chunks: `"logprobs": null`).
+  std::function<std::string(const stream_event&)> logprobs;
 };
 
 class chat_chunk_renderer {
@@ -169,7 +190,8 @@ class chat_chunk_renderer {
   void render(std::span<const stream_event> events, std::vector<std::string>& out);
 
  private:
-  std::string chunk(const std::string& delta_json, const char* finish, const std::string* usage) const;
+  std::string chunk(const std::string& delta_json, const char* finish, const std::string* usage,
+                    const std::string* logprobs = nullptr) const;
   chat_chunk_options opt_;
   std::optional<recipe::finish_reason> finish_;
   std::uint64_t rng_;

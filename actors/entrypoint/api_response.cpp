@@ -27,6 +27,38 @@ std::string event_type(std::string_view json) {
   return "message";
 }
 
+using ojson = nlohmann::ordered_json;
+
+/// One logprobs entry: the token's text, its log-probability and its bytes.
+ojson logprob_entry(const recipe::tokenizer& tok, std::int32_t id, float logprob) {
+  const std::vector<recipe::token_id> one{static_cast<recipe::token_id>(id)};
+  const std::string raw = tok.decode_bytes(one);
+  ojson bytes = ojson::array();
+  for (unsigned char c : raw)
+    bytes.push_back(static_cast<int>(c));
+  return ojson{{"token", tok.decode(one)}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+}
+
+/// The entries of the generated ids at positions `ids` (with their top alternatives); a
+/// position without logprobs is left out.
+ojson logprob_entries(const recipe::tokenizer& tok,
+                      const std::vector<runtime::sampled_token>& logprobs,
+                      std::span<const std::uint32_t> ids) {
+  auto out = ojson::array();
+  for (const auto i : ids) {
+    if (i >= logprobs.size())
+      continue;
+    const auto& t = logprobs[i];
+    auto e = logprob_entry(tok, t.token, t.logprob);
+    auto top = ojson::array();
+    for (const auto& [id, lp] : t.top)
+      top.push_back(logprob_entry(tok, id, lp));
+    e["top_logprobs"] = std::move(top);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 recipe::backend_finish to_backend(finish_reason r) {
   return r == finish_reason::length ? recipe::backend_finish::length
                                     : recipe::backend_finish::stop;
@@ -52,16 +84,31 @@ api_response::api_response(const recipe::codec& codec, recipe::encoded_request r
                            std::string id, std::int64_t created,
                            std::vector<recipe::token_id> stop_ids)
   : codec_(&codec),
+    logprobs_(std::make_shared<std::vector<runtime::sampled_token>>()),
     request_(std::move(request)),
     id_(std::move(id)),
     created_(created),
     stop_ids_(std::move(stop_ids)),
     parser_(codec.create_stream_parser(request_)),
     tool_rng_(recipe::tool_call_id_seed(id_)) {
+  switch (request_.protocol) {
+    case recipe::protocol::chat_completions:
+      logprobs_on_ = request_.params.logprobs;
+      break;
+    case recipe::protocol::responses:
+      logprobs_on_ = request_.responses.output_text_logprobs;
+      break;
+    case recipe::protocol::messages:
+      break;
+  }
   if (streaming()) {
     recipe::event_stream_options o;
     o.id = id_;
     o.created = created_;
+    if (logprobs_on_)
+      o.logprobs = [tok = &codec.tokenizer(), logprobs = logprobs_](const recipe::stream_event& e) {
+        return logprob_entries(*tok, *logprobs, e.tokens).dump();
+      };
     renderer_.emplace(request_, std::move(o));
   } else {
     // Thinking mode reports a reasoning field even when it stays empty (as the stream does).
@@ -118,6 +165,7 @@ void api_response::accumulate(const std::vector<recipe::stream_event>& events) {
     switch (e.type) {
       case kind::text:
         result_.content += e.text;
+        answer_ids_.insert(answer_ids_.end(), e.tokens.begin(), e.tokens.end());
         break;
       case kind::reasoning:
         if (!result_.reasoning)
@@ -161,41 +209,29 @@ void api_response::accumulate(const std::vector<recipe::stream_event>& events) {
 }
 
 void api_response::push_logprobs(std::span<const runtime::sampled_token> logprobs) {
-  if (!streaming() && request_.protocol == recipe::protocol::chat_completions
-      && request_.params.logprobs)
-    logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
+  if (logprobs_on_)
+    logprobs_->insert(logprobs_->end(), logprobs.begin(), logprobs.end());
 }
 
 std::string api_response::with_logprobs(std::string response) const {
-  if (!request_.params.logprobs)
+  if (!logprobs_on_)
     return response;
-  const auto& tok = codec_->tokenizer();
-  auto entry = [&](std::int32_t id, float logprob) {
-    const std::vector<recipe::token_id> one{static_cast<recipe::token_id>(id)};
-    const std::string raw = tok.decode_bytes(one);
-    nlohmann::ordered_json bytes = nlohmann::ordered_json::array();
-    for (unsigned char c : raw)
-      bytes.push_back(static_cast<int>(c));
-    return nlohmann::ordered_json{{"token", tok.decode(one)}, {"logprob", logprob},
-                                  {"bytes", std::move(bytes)}};
-  };
-  auto content = nlohmann::ordered_json::array();
-  // One entry per token the response counts (tokens after the output ended are not shown).
-  const auto shown =
-    std::min<std::size_t>(logprobs_.size(), static_cast<std::size_t>(result_.completion_tokens));
-  for (std::size_t i = 0; i < shown; ++i) {
-    const auto& t = logprobs_[i];
-    auto e = entry(t.token, t.logprob);
-    auto top = nlohmann::ordered_json::array();
-    for (const auto& [id, lp] : t.top)
-      top.push_back(entry(id, lp));
-    e["top_logprobs"] = std::move(top);
-    content.push_back(std::move(e));
+  auto doc = ojson::parse(response, nullptr, false);
+  if (doc.is_discarded())
+    return response;
+  auto entries = logprob_entries(codec_->tokenizer(), *logprobs_, answer_ids_);
+  if (request_.protocol == recipe::protocol::chat_completions) {
+    if (!doc.contains("choices") || doc["choices"].empty())
+      return response;
+    doc["choices"][0]["logprobs"] = {{"content", std::move(entries)}, {"refusal", nullptr}};
+  } else {
+    // Responses: the message item's output_text part.
+    for (auto& item : doc["output"])
+      if (item.value("type", "") == "message")
+        for (auto& part : item["content"])
+          if (part.value("type", "") == "output_text")
+            part["logprobs"] = entries;
   }
-  auto doc = nlohmann::ordered_json::parse(response, nullptr, false);
-  if (doc.is_discarded() || !doc.contains("choices") || doc["choices"].empty())
-    return response;
-  doc["choices"][0]["logprobs"] = {{"content", std::move(content)}};
   return doc.dump();
 }
 
@@ -240,7 +276,7 @@ std::string api_response::finish(const generation_end& end) {
       recipe::responses_request echo;
       echo.params = request_.params;
       echo.fields = request_.responses;
-      return recipe::render_response(result_, meta, echo);
+      return with_logprobs(recipe::render_response(result_, meta, echo));
     }
     case recipe::protocol::messages:
       return recipe::render_message(result_, meta);

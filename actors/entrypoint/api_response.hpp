@@ -14,6 +14,7 @@
 #include "recipe/results.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,10 +47,14 @@ public:
   /// of sentence, stop sequence) are ignored.
   std::string push(std::span<const std::int32_t> tokens);
 
-  /// Feeds the log-probabilities of the ids pushed (generation_tokens::logprobs). A
-  /// non-streaming Chat Completions response with `logprobs: true` reports them in
-  /// `choices[0].logprobs.content` (token text, bytes, logprob, top alternatives), one entry per
-  /// generated token up to where the output ended. Ignored otherwise.
+  /// Feeds the log-probabilities of the ids about to be pushed (generation_tokens::logprobs),
+  /// before push(). With logprobs on (Chat Completions `logprobs: true`; Responses `include`
+  /// "message.output_text.logprobs"), the ids of the answer text are reported (token text,
+  /// bytes, logprob, top alternatives): Chat Completions in `choices[0].logprobs.content` of
+  /// the response or of each content chunk, Responses in the output_text part's `logprobs` and
+  /// its delta / done events. An id belongs to the answer text when at least one of its bytes
+  /// is in it (recipe::stream_event::tokens); its entry goes with the delta carrying its first
+  /// byte. Ignored otherwise.
   void push_logprobs(std::span<const runtime::sampled_token> logprobs);
 
   /// True when the output ended here while the graph may still be generating: a stop sequence
@@ -78,11 +83,14 @@ private:
   void accumulate(const std::vector<recipe::stream_event>& events);
   std::string frames(const std::vector<std::string>& objects) const;
 
-  /// `choices[0].logprobs` of a non-streaming Chat Completions response with logprobs on.
+  /// The answer's logprobs in a non-streaming response with logprobs on.
   std::string with_logprobs(std::string response) const;
 
   const recipe::codec* codec_;
-  std::vector<runtime::sampled_token> logprobs_;
+  bool logprobs_on_ = false;
+  /// Per generated id, in order (shared with the stream renderer's callback).
+  std::shared_ptr<std::vector<runtime::sampled_token>> logprobs_;
+  std::vector<std::uint32_t> answer_ids_;  // non-streaming: the ids of the answer text
   recipe::encoded_request request_;
   std::string id_;
   std::int64_t created_;

@@ -668,7 +668,8 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
       g.sampling.top_logprobs = r.params.logprobs ? r.params.top_logprobs.value_or(0) : -1;
       break;
     case recipe::protocol::responses:
-      g.sampling.top_logprobs = r.params.top_logprobs.value_or(-1);
+      g.sampling.top_logprobs =
+        r.responses.output_text_logprobs ? r.params.top_logprobs.value_or(0) : -1;
       break;
     case recipe::protocol::messages:
       g.sampling.top_logprobs = -1;

@@ -1,10 +1,15 @@
 """The official OpenAI and Anthropic Python SDKs, unchanged, against troupe's HTTP entrypoint.
 
 The server is tests/entrypoint/api_server (troupe_test_api_server): the real entrypoint on
-127.0.0.1 over a fake generation service that streams a scripted list of token ids (plain text,
-reasoning then text, or a DSML tool call whose arguments span many tokens). Each fixture starts
-one server on an ephemeral port and stops it at the end; every call has a bounded timeout and
-the SDKs' retries are off, so a server bug fails a test instead of hanging it.
+127.0.0.1 over a scripted list of token ids (plain text, reasoning then text, or a DSML tool
+call whose arguments span many tokens). Every test runs twice: against a fake generation
+service that streams the script ("fake"), and against the real serving graph ("graph": request
+actors, the balancers, a prefill and a decode instance and the KV hand-off between them) whose
+devices are script devices: the prefill device samples the first token and the decode device
+continues from the position the hand-off carries, so a lost or refused hand-off shows as a
+repeated first token. Each fixture starts one server on an ephemeral port and stops it at
+the end; every call has a bounded timeout and the SDKs' retries are off, so a server bug fails a
+test instead of hanging it.
 
 Run: TROUPE_API_SERVER=build/tests/troupe_test_api_server build/python-venv/bin/python -m pytest
 tests/python/test_sdk_scripted.py (ctest -L sdk does both steps).
@@ -47,12 +52,14 @@ USER = [{"role": "user", "content": "Hello there"}]
 class Server:
     """One troupe_test_api_server process; `port` and `tokens` (the script's length)."""
 
-    def __init__(self, *args):
+    def __init__(self, backend, *args):
         binary = os.environ.get("TROUPE_API_SERVER")
         if not binary or not os.path.exists(binary):
             pytest.skip("TROUPE_API_SERVER is not set to the troupe_test_api_server binary")
+        self.backend = backend
+        graph = ["--graph"] if backend == "graph" else []
         self.proc = subprocess.Popen(
-            [binary, "--api-key", API_KEY, "--exit-on-stdin-close", *args],
+            [binary, "--api-key", API_KEY, "--exit-on-stdin-close", *graph, *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = {}
         reader = threading.Thread(target=lambda: line.update(text=self.proc.stdout.readline()))
@@ -86,8 +93,8 @@ class Server:
                                    max_retries=0, timeout=TIMEOUT_S)
 
 
-def start(*args):
-    server = Server(*args)
+def start(request, *args):
+    server = Server(request.param, *args)
     try:
         yield server
     finally:
@@ -95,19 +102,22 @@ def start(*args):
         assert server.proc.returncode == 0, "the server did not stop cleanly on SIGTERM"
 
 
-@pytest.fixture(scope="module")
-def text_server():
-    yield from start("--script", "text")
+BACKENDS = ["fake", "graph"]
 
 
-@pytest.fixture(scope="module")
-def reasoning_server():
-    yield from start("--script", "reasoning", "--thinking")
+@pytest.fixture(scope="module", params=BACKENDS)
+def text_server(request):
+    yield from start(request, "--script", "text")
 
 
-@pytest.fixture(scope="module")
-def tool_server():
-    yield from start("--script", "tool")
+@pytest.fixture(scope="module", params=BACKENDS)
+def reasoning_server(request):
+    yield from start(request, "--script", "reasoning", "--thinking")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def tool_server(request):
+    yield from start(request, "--script", "tool")
 
 
 # -- Chat Completions --------------------------------------------------------------------------
@@ -353,6 +363,105 @@ def test_messages_tool_use(tool_server):
     (block,) = [b for b in final.content if b.type == "tool_use"]
     assert block.input == {"city": CITY, "days": 3}
     assert final.usage.output_tokens == tool_server.tokens
+
+
+# -- logprobs (the graph's script devices report logprob 0 for every token they sample) ---------
+
+def graph_only(server):
+    if server.backend != "graph":
+        pytest.skip("the fake service sends no logprobs")
+
+
+def spelled(entries):
+    return b"".join(bytes(e.bytes) for e in entries).decode("utf-8")
+
+
+def check_script_entries(entries):
+    for e in entries:
+        assert e.logprob == 0
+        assert [(t.token, t.logprob) for t in e.top_logprobs] == [(e.token, 0)]
+
+
+def chat_logprobs(server, stream, **extra):
+    """The answer text and its logprob entries, streamed or not."""
+    client = server.openai()
+    body = dict(model=MODEL, messages=USER, logprobs=True, top_logprobs=3, **extra)
+    if not stream:
+        r = client.chat.completions.create(**body)
+        return r.choices[0].message.content or "", r.choices[0].logprobs.content, r.usage
+    text, entries, usage = "", [], None
+    for chunk in client.chat.completions.create(**body, stream=True,
+                                                stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            if c.logprobs and c.logprobs.content:
+                assert c.delta.content, "logprobs ride on content chunks only"
+                entries += c.logprobs.content
+    return text, entries, usage
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_of_a_text_reply(text_server, stream):
+    graph_only(text_server)
+    text, entries, usage = chat_logprobs(text_server, stream)
+    assert text == TEXT
+    # every token but the end of sentence
+    assert len(entries) == usage.completion_tokens - 1 == text_server.tokens - 1
+    assert spelled(entries) == TEXT
+    check_script_entries(entries)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_stop_at_a_stop_sequence(text_server, stream):
+    graph_only(text_server)
+    text, entries, _ = chat_logprobs(text_server, stream, stop=["scripted"])
+    assert text == "Hello from troupe! This is a "
+    # The tokens with a byte before the stop sequence: the last one (" scripted") reaches into it.
+    assert spelled(entries).startswith(text)
+    assert text.startswith(spelled(entries[:-1]))
+    assert len(entries) < text_server.tokens - 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_leave_out_the_reasoning(reasoning_server, stream):
+    graph_only(reasoning_server)
+    text, entries, usage = chat_logprobs(reasoning_server, stream)
+    assert text == ANSWER
+    assert spelled(entries) == ANSWER
+    # all tokens but the reasoning's, `</think>` and the end of sentence
+    reasoning = usage.completion_tokens_details.reasoning_tokens
+    assert len(entries) == usage.completion_tokens - reasoning - 2
+    check_script_entries(entries)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_leave_out_tool_calls(tool_server, stream):
+    graph_only(tool_server)
+    text, entries, _ = chat_logprobs(tool_server, stream, tools=[OPENAI_TOOL])
+    assert text == ""
+    assert entries == []
+
+
+def test_responses_logprobs(reasoning_server):
+    graph_only(reasoning_server)
+    client = reasoning_server.openai()
+    body = dict(model=MODEL, input="Hello there", top_logprobs=1,
+                include=["message.output_text.logprobs"])
+    r = client.responses.create(**body)
+    (message,) = [item for item in r.output if item.type == "message"]
+    part = message.content[0]
+    assert part.text == ANSWER
+    assert spelled(part.logprobs) == ANSWER
+    check_script_entries(part.logprobs)
+    deltas, done = [], None
+    for event in client.responses.create(**body, stream=True):
+        if event.type == "response.output_text.delta":
+            deltas += event.logprobs
+        if event.type == "response.output_text.done":
+            done = event.logprobs
+    tuples = [(e.token, e.logprob) for e in part.logprobs]
+    assert [(e.token, e.logprob) for e in deltas] == [(e.token, e.logprob) for e in done] == tuples
 
 
 # -- models and errors -------------------------------------------------------------------------

@@ -288,19 +288,108 @@ def test_a_repeated_long_prompt_computes_only_its_uncached_tail(server, model_di
     assert computed == prompt + (prompt - cached)
 
 
-def test_chat_logprobs_describe_the_greedy_tokens(server):
-    r = server.openai().chat.completions.create(**chat_body("Hello!", max_tokens=5, temperature=0),
-                                                logprobs=True, top_logprobs=3)
-    content = r.choices[0].logprobs.content
-    assert len(content) == r.usage.completion_tokens == 5
-    for entry in content:
+# -- logprobs ----------------------------------------------------------------------------------
+
+CHAT_MODE = {"thinking": {"type": "disabled"}}  # no reasoning: every token is answer text
+
+
+def check_greedy_entries(entries, top):
+    """Greedy logprob entries: each a log-probability, its bytes its text, the chosen token the
+    most likely of `top` sorted alternatives."""
+    for entry in entries:
         assert entry.logprob <= 0
-        assert len(entry.top_logprobs) == 3
-        # Greedy: the chosen token is the most likely one, and the alternatives are sorted.
-        assert entry.top_logprobs[0].token == entry.token
-        assert entry.top_logprobs[0].logprob == entry.logprob
+        assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+        assert len(entry.top_logprobs) == top
+        if top:
+            assert entry.top_logprobs[0].token == entry.token
+            assert entry.top_logprobs[0].logprob == entry.logprob
         lps = [t.logprob for t in entry.top_logprobs]
         assert lps == sorted(lps, reverse=True)
+
+
+def spelled(entries):
+    return b"".join(bytes(e.bytes) for e in entries).decode("utf-8", "replace")
+
+
+def as_tuples(entries):
+    return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in entries]
+
+
+def test_chat_logprobs_describe_the_greedy_tokens(server):
+    r = server.openai().chat.completions.create(
+        **chat_body("Hello!", max_tokens=5, temperature=0, extra_body=CHAT_MODE),
+        logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 5
+    check_greedy_entries(content, 3)
     # The tokens' bytes spell the reply.
-    spelled = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
-    assert spelled == served_text(r.choices[0].message)
+    assert spelled(content) == r.choices[0].message.content
+
+
+def test_chat_logprobs_cover_the_answer_not_the_reasoning(server):
+    # Thinking mode: the random model reasons for all its tokens, and reasoning has no logprobs.
+    r = server.openai().chat.completions.create(**chat_body("Hello!", max_tokens=5, temperature=0),
+                                                logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert len(content) <= r.usage.completion_tokens
+    check_greedy_entries(content, 0)
+    assert spelled(content) == (r.choices[0].message.content or "")
+
+
+def test_chat_stream_logprobs_equal_the_non_streamed_ones(server):
+    body = chat_body("Tell me about actors.", max_tokens=8, temperature=0, extra_body=CHAT_MODE,
+                     logprobs=True, top_logprobs=2)
+    whole = server.openai().chat.completions.create(**body)
+    entries, text, usage = [], "", None
+    for chunk in server.openai().chat.completions.create(
+            **body, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            if c.delta.content:
+                # each content chunk carries the entries of its tokens
+                assert c.logprobs is not None and c.logprobs.content is not None
+                entries += c.logprobs.content
+    assert text == whole.choices[0].message.content
+    assert len(entries) == usage.completion_tokens == whole.usage.completion_tokens == 8
+    assert as_tuples(entries) == as_tuples(whole.choices[0].logprobs.content)
+    assert [bytes(e.bytes) for e in entries] == [bytes(e.bytes) for e in whole.choices[0].logprobs.content]
+    check_greedy_entries(entries, 2)
+    assert spelled(entries) == text
+
+
+def test_responses_logprobs_stream_and_not(server):
+    client = server.openai()
+    body = dict(model=MODEL, input="Tell me about actors.", max_output_tokens=6, temperature=0,
+                reasoning={"effort": "none"}, top_logprobs=2,
+                include=["message.output_text.logprobs"])
+    r = client.responses.create(**body)
+    (message,) = [item for item in r.output if item.type == "message"]
+    part = message.content[0]
+    assert part.type == "output_text"
+    assert len(part.logprobs) == r.usage.output_tokens == 6
+    check_greedy_entries(part.logprobs, 2)
+    assert spelled(part.logprobs) == part.text == r.output_text
+
+    deltas, text, done, part_done, final = [], "", None, None, None
+    for event in client.responses.create(**body, stream=True):
+        if event.type == "response.output_text.delta":
+            deltas += event.logprobs
+            text += event.delta
+        elif event.type == "response.output_text.done":
+            done = event
+        elif event.type == "response.content_part.done":
+            part_done = event.part
+        elif event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert text == part.text
+    assert as_tuples(deltas) == as_tuples(done.logprobs) == as_tuples(part.logprobs)
+    assert as_tuples(part_done.logprobs) == as_tuples(part.logprobs)
+    (streamed,) = [item for item in final.output if item.type == "message"]
+    assert as_tuples(streamed.content[0].logprobs) == as_tuples(part.logprobs)
+
+    # Without `include` there are none.
+    plain = client.responses.create(**{k: v for k, v in body.items() if k != "include"})
+    (message,) = [item for item in plain.output if item.type == "message"]
+    assert message.content[0].logprobs == []

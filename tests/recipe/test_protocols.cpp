@@ -198,6 +198,10 @@ TEST_CASE("responses: validation errors carry status, message and param in OpenA
       {M + R"("input": "x", "top_logprobs": 21})", "top_logprobs", "[0, 20]"},
       {M + R"("input": "x", "stream": "yes"})", "stream", "expected a boolean"},
       {M + R"("input": "x", "metadata": []})", "metadata", "expected an object"},
+      {M + R"("input": "x", "include": "message.output_text.logprobs"})", "include", "expected an array"},
+      {M + R"("input": "x", "include": [3]})", "include[0]", "expected a string"},
+      {M + R"("input": "x", "include": ["reasoning.encrypted_content", "bogus"]})", "include[1]",
+       "Invalid value: 'bogus'"},
   };
   for (const auto& e : cases) {
     CAPTURE(e.body);
@@ -307,11 +311,22 @@ TEST_CASE("responses: serving fields are carried") {
   CHECK(f.user == "u");
   CHECK(f.metadata_json == R"({"k":"v"})");
   CHECK(f.text_format_json == R"({"type":"json_schema","name":"s","schema":{"type":"object"}})");
+  CHECK(!f.output_text_logprobs);  // top_logprobs alone does not ask for them
   CHECK(conv.effort == reasoning_effort::xhigh);
   CHECK(conv.format.type == response_format::kind::json_schema);
   REQUIRE(conv.messages.size() == 2);
   CHECK(conv.messages[0].role == role::system);
   CHECK(conv.messages[1].content == "a\n\n[Unsupported Image]");
+}
+
+TEST_CASE("responses: include message.output_text.logprobs asks for the output text's logprobs") {
+  auto r = parse_responses(R"({"model": "m", "input": "a", "include": ["reasoning.encrypted_content",
+      "message.output_text.logprobs"]})");
+  REQUIRE(std::holds_alternative<responses_request>(r));
+  CHECK(std::get<responses_request>(r).fields.output_text_logprobs);
+  r = parse_responses(R"({"model": "m", "input": "a", "include": []})");
+  REQUIRE(std::holds_alternative<responses_request>(r));
+  CHECK(!std::get<responses_request>(r).fields.output_text_logprobs);
 }
 
 TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit") {

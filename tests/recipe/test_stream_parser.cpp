@@ -383,3 +383,89 @@ TEST_CASE("stream parser: a tokenizer without the control tokens is an error val
   REQUIRE(std::holds_alternative<std::string>(r));
   CHECK(std::get<std::string>(r).find("</think>") != std::string::npos);
 }
+
+namespace {
+// The ids (positions) the text events name, in order.
+std::vector<std::uint32_t> answer_ids(const std::vector<stream_event>& events) {
+  std::vector<std::uint32_t> out;
+  for (const auto& e : events)
+    if (e.type == stream_event::kind::text) out.insert(out.end(), e.tokens.begin(), e.tokens.end());
+  return out;
+}
+
+std::string bytes_of(const std::vector<token_id>& ids, const std::vector<std::uint32_t>& at) {
+  std::string s;
+  for (const auto i : at) s += v4().decode_bytes(std::span<const token_id>(&ids[i], 1));
+  return s;
+}
+
+// `s` without leading and trailing newlines (which a token may carry beside its answer bytes).
+std::string trim_newlines(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s.substr(std::min(s.find_first_not_of('\n'), s.size()));
+}
+
+std::string answer_text(const std::vector<stream_event>& events) {
+  std::string s;
+  for (const auto& e : events)
+    if (e.type == stream_event::kind::text) s += e.text;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("stream parser: text events name the ids of the answer text") {
+  const auto eos = *v4().token_to_id("<｜end▁of▁sentence｜>");
+  SUBCASE("every id of a plain answer but the end of sentence") {
+    auto ids = trusted("Hello, world! Ünïcödé and 中文 too.");
+    ids.push_back(eos);
+    const auto out = run_chunked({}, ids, {}, backend_finish::stop);
+    std::vector<std::uint32_t> want(ids.size() - 1);
+    for (std::uint32_t i = 0; i < want.size(); ++i) want[i] = i;
+    CHECK(answer_ids(out) == want);
+    CHECK(bytes_of(ids, answer_ids(out)) == answer_text(out));
+  }
+  SUBCASE("not the reasoning, nor the newlines trimmed, nor </think>") {
+    stream_options o;
+    o.start = stream_start::reasoning;
+    const auto reasoning = trusted("\nLet me think.\n\n");
+    const auto answer = trusted("\n\nThe answer.");
+    auto ids = reasoning;
+    ids.push_back(*v4().token_to_id("</think>"));
+    ids.insert(ids.end(), answer.begin(), answer.end());
+    const auto out = run_chunked(o, ids, {}, backend_finish::stop);
+    CHECK(answer_text(out) == "The answer.");
+    CHECK(trim_newlines(bytes_of(ids, answer_ids(out))) == "The answer.");
+    CHECK(answer_ids(out).front() > reasoning.size());
+  }
+  SUBCASE("not the tool calls, nor the `<` that opened them") {
+    stream_options tools;
+    tools.parse_tool_calls = true;
+    const auto ids = trusted("Sure.\n\n" + k_block);
+    const auto out = run_chunked(tools, ids, {}, backend_finish::stop);
+    CHECK(answer_text(out) == "Sure.");
+    CHECK(trim_newlines(bytes_of(ids, answer_ids(out))) == "Sure.");
+  }
+  SUBCASE("a stop sequence: the ids with a byte before it") {
+    stream_options o;
+    o.stop = {"END"};
+    const auto ids = v4().encode("Hello ENOUGH, then END and more", encode_mode::raw);
+    const auto out = run_chunked(o, ids, {}, backend_finish::length);
+    CHECK(answer_text(out) == "Hello ENOUGH, then ");
+    const std::string spelled = bytes_of(ids, answer_ids(out));
+    CHECK(spelled.starts_with("Hello ENOUGH, then "));
+    CHECK(spelled.size() <= std::string("Hello ENOUGH, then END").size());
+  }
+  SUBCASE("the same ids however the stream is cut, each once, in order") {
+    for (const auto& r : golden()) {
+      CAPTURE(r.at("name").get<std::string>());
+      std::vector<token_id> ids;
+      for (const auto& id : r.at("ids")) ids.push_back(id.get<token_id>());
+      const auto o = options_of(r);
+      const auto whole = answer_ids(run_chunked(o, ids, {}, backend_finish::stop));
+      for (std::size_t i = 1; i < whole.size(); ++i) REQUIRE(whole[i - 1] < whole[i]);
+      if (!whole.empty()) REQUIRE(whole.back() < ids.size());
+      for (std::size_t cut = 0; cut <= ids.size(); ++cut)
+        REQUIRE(answer_ids(run_chunked(o, ids, {cut}, backend_finish::stop)) == whole);
+    }
+  }
+}

@@ -1,17 +1,30 @@
-// troupe_test_api_server: the HTTP entrypoint on 127.0.0.1 over the scripted fake service, for
-// the official OpenAI and Anthropic SDKs (tests/python/test_sdk_scripted.py). Tests only.
+// troupe_test_api_server: the HTTP entrypoint on 127.0.0.1 over a scripted generation service,
+// for the official OpenAI and Anthropic SDKs (tests/python/test_sdk_scripted.py). Tests only.
 //
-//   troupe_test_api_server --script text|reasoning|tool [--port 0] [--api-key K]...
+//   troupe_test_api_server --script text|reasoning|tool [--graph] [--port 0] [--api-key K]...
 //                          [--thinking] [--delay-ms 1] [--max-in-flight 64]
 //                          [--model DeepSeek-V4-Flash] [--tokenizer FILE] [--exit-on-stdin-close]
+//
+// Without --graph the service is the fake one (fake_service.hpp): one actor per request streams
+// the script, a token every --delay-ms. With --graph the script goes through the real serving
+// graph (cluster::spawn_real_graph: the generation service, a request actor per request, the
+// KV CHECK role, the prefill and decode balancers, one prefill and one decode instance) whose
+// devices are script devices (ports/script_device.hpp), each step taking --delay-ms: the prefill
+// device samples the script's first token, its KV export records how many tokens the sequence
+// sampled, and the decode device that imports it continues the script from there.
 //
 // Prints "port N tokens M" on stdout once it listens (M: the script's length, which the usage of a
 // whole reply must report), serves until SIGTERM / SIGINT (or, with
 // --exit-on-stdin-close, until stdin closes: a parent that dies takes it along), then stops
 // with a 2 s grace and exits 0.
 #include "actors/entrypoint/entrypoint.hpp"
+#include "actors/type_ids.hpp"
+#include "cluster/real_graph.hpp"
 #include "fake_service.hpp"
+#include "ports/script_device.hpp"
 #include "runtime/world.hpp"
+
+#include <caf/send.hpp>
 
 #include <atomic>
 #include <csignal>
@@ -28,13 +41,38 @@ namespace {
 
 std::atomic<bool> stop_requested{false};
 
+/// --graph: one prefill and one decode instance, one device each.
+const char* graph_topology = R"(
+[cluster]
+name = "api-server-graph"
+model = "deepseek-v4.1-flash"
+hardware = "cpu"
+
+[storage]
+backend = "posix"
+path = "troupe-kv"
+capacity = "1GiB"
+
+[[pool]]
+name = "prefill"
+role = "prefill"
+instances = 1
+gpus_per_instance = 1
+
+[[pool]]
+name = "decode"
+role = "decode"
+instances = 1
+gpus_per_instance = 1
+)";
+
 void on_signal(int) {
   stop_requested = true;
 }
 
 int usage(const std::string& why) {
   std::cerr << "troupe_test_api_server: " << why << "\n"
-            << "usage: troupe_test_api_server --script text|reasoning|tool [--port N] "
+            << "usage: troupe_test_api_server --script text|reasoning|tool [--graph] [--port N] "
                "[--api-key K]... [--thinking] [--delay-ms N] [--max-in-flight N] "
                "[--model NAME] [--tokenizer FILE] [--exit-on-stdin-close]\n";
   return 2;
@@ -50,6 +88,7 @@ int main(int argc, char** argv) {
   std::set<std::string> keys;
   unsigned port = 0, delay_ms = 1, max_in_flight = 64;
   bool thinking = false;
+  bool graph = false;
   bool watch_stdin = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -93,6 +132,8 @@ int main(int argc, char** argv) {
       watch_stdin = true;
     } else if (a == "--thinking") {
       thinking = true;
+    } else if (a == "--graph") {
+      graph = true;
     } else if (a == "--port") {
       if (!number(port))
         return usage("--port needs a number");
@@ -129,10 +170,34 @@ int main(int argc, char** argv) {
     s.tokens = test::tool_call_tokens(codec, "",
                                       "San Francisco, California, United States of America");
 
-  runtime::world world(runtime::world_options{runtime::world_mode::real, 1, 2, false, {}});
-  auto log = std::make_shared<test::fake_log>();
-  auto service = test::spawn_fake_service(
-    world.system(), [s](const actors::generation_request&) { return s; }, log);
+  constexpr std::uint32_t max_context = 65536;
+  runtime::world world(runtime::world_options{runtime::world_mode::real, 1, 2, false,
+                                              actors::register_actor_types});
+  actors::generation_service service;
+  caf::actor graph_root;
+  if (graph) {
+    auto topo = cluster::parse_topology(graph_topology, "api-server-graph.toml");
+    if (!topo.value) {
+      std::cerr << "troupe_test_api_server: the graph's topology does not parse\n";
+      return 1;
+    }
+    cluster::real_graph_params gp;
+    gp.device = [s](caf::actor_system& sys, cluster::pool_role, std::uint32_t) {
+      ports::script_device_params d;
+      d.script = s.tokens;
+      d.step_delay = s.delay;
+      return ports::spawn_script_device(sys, std::move(d));
+    };
+    gp.block_bytes = 128 * 1024;  // the CHECK role's accounting only
+    gp.max_context = max_context;
+    auto g = cluster::spawn_real_graph(world.system(), *topo.value, gp);
+    service = g.service;
+    graph_root = g.cluster;
+  } else {
+    service = test::spawn_fake_service(
+      world.system(), [s](const actors::generation_request&) { return s; },
+      std::make_shared<test::fake_log>());
+  }
   runtime::registry registry;
   actors::entrypoint_params p;
   p.address = "127.0.0.1";
@@ -140,7 +205,7 @@ int main(int argc, char** argv) {
   p.models = {model};
   p.api_keys = keys;
   p.max_in_flight = max_in_flight;
-  p.max_context_tokens = 65536;
+  p.max_context_tokens = max_context;
   p.codec = &codec;
   p.service = service;
   p.metrics = &registry;
@@ -168,6 +233,8 @@ int main(int argc, char** argv) {
     }
   }
   server.stop(std::chrono::seconds(2));
+  if (graph_root)
+    caf::anon_send_exit(graph_root, caf::exit_reason::user_shutdown);
   std::cout << "stopped" << std::endl;
   return 0;
 }
