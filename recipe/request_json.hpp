@@ -158,10 +158,14 @@ bool parse_thinking(const ojson& j, const std::string& param);
 /// The request's `model`, checked against config.models (empty = any); code model_not_found.
 std::string check_model(const ojson& body, const std::vector<std::string>& models);
 
-/// deepseek_recipe's strict function schemas: every object schema gets `additionalProperties: false`
-/// and all its properties required, recursively through properties, items and the combinators.
-/// An object schema without `properties` gets an empty one; `required` naming fewer than all the
-/// properties, or `additionalProperties` other than false, fails (param = `param`).
+/// deepseek_recipe's strict function schemas: the schema rewritten in the reference's typed form.
+/// The top level is an object schema; each node is `type` (object, string, number, integer,
+/// boolean, array, null, or a list of the scalar ones), else `anyOf`, else `$ref`; per type only the
+/// keywords the reference keeps, in its order (object: type, properties, additionalProperties
+/// false, required = every property, description; string: type, description, pattern, format,
+/// enum; number / integer: type, description, const, default, minimum,
+/// maximum, exclusiveMinimum, exclusiveMaximum, multipleOf; array: type, items, description; ...); other keywords are dropped.
+/// What the reference rejects fails (param = the offending node's path).
 void make_strict(ojson& schema, const std::string& param);
 
 /// True when some message of the conversation mentions "json" in any letter case: the reference

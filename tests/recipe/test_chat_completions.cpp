@@ -171,8 +171,15 @@ TEST_CASE("chat completions: validation errors carry status, message and param")
       {"{" + M + U + R"(, "response_format": {"type": "json_object"}})", {"", "response_format.type", "the word 'json'"}},
       {"{" + M + U + R"(, "response_format": {"type": "regex"}})", {"", "response_format.regex", "Missing required"}},
       {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
-          {"type": "object", "properties": {"a": {"type": "object", "additionalProperties": true}}}}}]})",
+          {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}},
+          "additionalProperties": true}}}}}]})",
        {"", "tools[0].function.parameters.properties.a.additionalProperties", "must be false"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
+          {"type": "object", "properties": {"o": {"type": "object"}}}}}]})",
+       {"", "tools[0].function.parameters.properties.o.properties", "no properties"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
+          {"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}]})",
+       {"", "tools[0].function.parameters.properties.d.format", "format 'date'"}},
   };
   for (const auto& [body, e] : cases) {
     CAPTURE(body);

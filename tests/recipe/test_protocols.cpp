@@ -181,7 +181,7 @@ TEST_CASE("responses: validation errors carry status, message and param in OpenA
       {M + R"("input": "x", "tools": [{"type": "file_search"}]})", "tools[0].type", "'file_search' are not supported"},
       {M + R"("input": "x", "tools": [{"type": "function"}]})", "tools[0].name", "Missing"},
       {M + R"("input": "x", "tools": [{"type": "function", "name": "f", "strict": true, "parameters": {"type": "object",
-          "properties": {"a": {}}, "required": []}}]})",
+          "properties": {"a": {"type": "string"}}, "required": []}}]})",
        "tools[0].parameters.required", "Required properties must match"},
       {M + R"("input": "x", "tool_choice": "bogus"})", "tool_choice", "Invalid value: 'bogus'"},
       {M + R"("input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"})", "tool_choice",
