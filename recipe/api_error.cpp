@@ -154,6 +154,21 @@ ojson strict_node(const ojson& s, const std::string& param, bool top) {
 
 void make_strict(ojson& schema, const std::string& param) { schema = strict_node(schema, param, true); }
 
+void order_tool_results(conversation& conv) {
+  auto& ms = conv.messages;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i].role != role::assistant || ms[i].tool_calls.empty()) continue;
+    const auto& calls = ms[i].tool_calls;
+    const auto rank = [&](const message& m) {
+      return std::find_if(calls.begin(), calls.end(), [&](const tool_call& c) { return c.id == m.tool_call_id; }) - calls.begin();
+    };
+    std::size_t end = i + 1;
+    while (end < ms.size() && ms[end].role == role::tool) ++end;
+    std::stable_sort(ms.begin() + static_cast<std::ptrdiff_t>(i + 1), ms.begin() + static_cast<std::ptrdiff_t>(end),
+                     [&](const message& a, const message& b) { return rank(a) < rank(b); });
+  }
+}
+
 effort_choice parse_effort(const ojson& j, const std::string& param) {
   effort_choice e;
   if (j.is_number_integer()) {
