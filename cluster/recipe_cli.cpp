@@ -113,13 +113,18 @@ void add_recipe_commands(CLI::App& app, int& rc) {
   };
   auto ta = std::make_shared<tokenize_args>();
   auto* tokenize = app.add_subcommand(
-      "tokenize", "print the token ids of a text as a JSON array (plain-text mode: special-token "
-                  "strings are text)");
+      "tokenize",
+      "print the token ids of a text as a JSON array. Default mode (HF's split_special_tokens): the "
+      "added tokens marked special (<｜begin▁of▁sentence｜>, <｜end▁of▁sentence｜>, ...) stay text, but the "
+      "53 not marked special (<｜User｜>, <｜Assistant｜>, <think>, </think>, ｜DSML｜, the tool and FIM "
+      "markers, ...) are still matched as tokens; --trusted matches every added token (HF's default "
+      "encode); --raw matches none, every string is text (how the prompt encoder tokenizes conversation "
+      "text)");
   auto* file_opt = tokenize->add_option("--file", ta->file, "read the text from a file (- = stdin)");
   auto* text_opt = tokenize->add_option("--text", ta->text, "the text");
   file_opt->excludes(text_opt);
-  auto* trusted = tokenize->add_flag("--trusted", ta->trusted, "match added tokens (as the prompt encoder)");
-  tokenize->add_flag("--raw", ta->raw, "match no added token at all")->excludes(trusted);
+  auto* trusted = tokenize->add_flag("--trusted", ta->trusted, "match every added token, special or not (HF's default encode)");
+  tokenize->add_flag("--raw", ta->raw, "match no added token: every string is text (the prompt encoder's mode for conversation text)")->excludes(trusted);
   add_tokenizer(tokenize);
   tokenize->callback([ta, common, text_opt, &rc] {
     auto c = load(*common);

@@ -3,7 +3,7 @@
 # troupeConfig.cmake (which installs this file beside itself). Every target named in the
 # exported link interfaces is (re)created here: caf::core, caf::io, CapnProto::capnp, fmt::fmt,
 # spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
-# ICU::uc, ZLIB::ZLIB, PkgConfig::OPENBLAS, Threads::Threads, Boost::headers.
+# ZLIB::ZLIB, PkgConfig::OPENBLAS, Threads::Threads, Boost::headers.
 #
 # Inside find_package(troupe) a missing dependency makes troupe not found (troupe_FOUND FALSE
 # with a message naming it) instead of stopping the consumer's configure; in troupe's own build
@@ -58,8 +58,7 @@ _troupe_dependency(fmt)
 _troupe_dependency(spdlog)
 _troupe_dependency(nlohmann_json)
 _troupe_dependency(tomlplusplus)
-# The recipe's tokenizer: Unicode general categories (ICU) and gzip-compressed tokenizer.json.
-_troupe_dependency(ICU COMPONENTS uc)
+# The recipe's tokenizer: gzip-compressed tokenizer.json.
 _troupe_dependency(ZLIB)
 # The HTTP entrypoint: Boost.Beast and Boost.Asio, header-only (Boost.System is header-only
 # since 1.69).

@@ -47,6 +47,7 @@ std::string content_text(const ojson& c, const std::string& param, bool images_a
       if (!url || !url->is_object() || !find(*url, "url"))
         fail("Missing required parameter: '" + p + ".image_url.url'.", p + ".image_url.url");
       need_string((*url)["url"], p + ".image_url.url");
+      if (const ojson* detail = find(*url, "detail")) check_image_detail(*detail, p + ".image_url.detail");
       ++image_parts;
       if (i > 0) out += "\n\n";
       add_image(out, images);
@@ -87,6 +88,10 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
   if (!msgs) fail("Missing required parameter: 'messages'.", "messages");
   if (!msgs->is_array()) fail("Invalid type for 'messages': expected an array, got " + type_name(*msgs) + ".", "messages");
   if (msgs->empty()) fail("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages");
+  // The reference's (and OpenAI's) pairing: an assistant message's tool calls are answered right
+  // after it by tool messages, one for each call id, in any order; a tool message answers one.
+  std::vector<std::string> unanswered;  // ids of the last assistant message's calls not answered yet
+  std::string calls_param;              // that message's tool_calls
   for (std::size_t i = 0; i < msgs->size(); ++i) {
     const std::string p = "messages[" + std::to_string(i) + "]";
     const ojson& m = (*msgs)[i];
@@ -144,10 +149,38 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
                "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
            p + ".role");
     }
+    if (msg.role == role::tool) {
+      const auto it = std::find(unanswered.begin(), unanswered.end(), msg.tool_call_id);
+      if (it == unanswered.end())
+        fail(calls_param.empty() ? "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'."
+                                 : "Invalid 'tool_call_id': '" + msg.tool_call_id +
+                                       "' is not an unanswered tool call of the preceding assistant message.",
+             p + ".tool_call_id");
+      unanswered.erase(it);
+      if (unanswered.empty()) calls_param.clear();
+    } else {
+      if (!unanswered.empty())
+        fail("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+             "'tool_call_id'. Missing: " + joined(unanswered) + ".",
+             calls_param);
+      calls_param.clear();
+      for (std::size_t k = 0; k < msg.tool_calls.size(); ++k) {
+        const std::string& id = msg.tool_calls[k].id;
+        if (std::find(unanswered.begin(), unanswered.end(), id) != unanswered.end())
+          fail("Duplicate value for 'tool_call_id' of " + id + " in " + p + ".", p + ".tool_calls[" + std::to_string(k) + "].id");
+        unanswered.push_back(id);
+        calls_param = p + ".tool_calls";
+      }
+    }
     // deepseek_recipe leaves empty system messages out (visible in V4.1 prompts).
     if (msg.role == role::system && msg.content.empty()) continue;
     conv.messages.push_back(std::move(msg));
   }
+  if (!unanswered.empty())
+    fail("An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. "
+         "Missing: " + joined(unanswered) + ".",
+         calls_param);
+  order_tool_results(conv);
 
   // tools
   if (const ojson* tools = find(body, "tools")) {
@@ -166,6 +199,7 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
       if (!name) fail("Missing required parameter: '" + p + ".function.name'.", p + ".function.name");
       tool_definition d;
       d.name = need_string(*name, p + ".function.name");
+      check_tool_name(d.name, p + ".function.name");
       if (const ojson* desc = find(*fn, "description")) d.description = need_string(*desc, p + ".function.description");
       const ojson* params = find(*fn, "parameters");
       if (params && !params->is_object())

@@ -90,7 +90,16 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
   const ojson& msgs = need(body, "messages", "body");
   if (!msgs.is_array()) fail("messages", "Input should be a valid list");
   if (msgs.empty()) fail("messages", "at least one message is required");
+  // The reference's (and Anthropic's) pairing: the tool_use blocks of an assistant message are
+  // answered by tool_result blocks at the start of the next message, one for each id.
   std::vector<std::string> previous_tool_uses;  // tool_use ids of the previous message
+  std::vector<std::string> unanswered;          // of those, the ones no tool_result answered yet
+  std::string uses_param;                       // the message that holds them
+  const auto check_answered = [&] {
+    if (!unanswered.empty())
+      fail(uses_param, "`tool_use` ids were found without `tool_result` blocks immediately after: " + detail::joined(unanswered) +
+                           ". Each `tool_use` block must have a corresponding `tool_result` block in the next message.");
+  };
   for (std::size_t i = 0; i < msgs.size(); ++i) {
     const std::string p = at("messages", i);
     const ojson& m = msgs[i];
@@ -99,6 +108,7 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
     const ojson& content = need(m, "content", p);
     const std::string cp = p + ".content";
     std::vector<std::string> tool_uses;
+    if (role_s != "user" || !content.is_array()) check_answered();
     if (role_s == "user" || role_s == "system") {
       if (role_s == "system" && v41) {  // the reference: a system message for V4.1,
         conv.messages.push_back(make_message(role::system, text_blocks(content, cp, false, cfg, sp.image_parts)));
@@ -131,6 +141,10 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
               fail(q + ".tool_use_id", "unexpected `tool_use_id` found in `tool_result` blocks: " + id +
                                            ". Each `tool_result` block must have a corresponding `tool_use` block in "
                                            "the previous message.");
+            const auto it = std::find(unanswered.begin(), unanswered.end(), id);
+            if (it == unanswered.end())
+              fail(q + ".tool_use_id", "each tool_use must have a single result. Found multiple `tool_result` blocks with id: " + id);
+            unanswered.erase(it);
             if (const ojson* is_error = find(b, "is_error")) detail::need_bool(*is_error, q + ".is_error");
             const ojson* rc = find(b, "content");
             message tm = make_message(role::tool, rc ? text_blocks(*rc, q + ".content", true, cfg, sp.image_parts) : std::string());
@@ -138,11 +152,21 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
             conv.messages.push_back(std::move(tm));
             continue;
           }
+          check_answered();  // the results come first
           if (t == "text") {
             piece = str(need(b, "text", q), q + ".text");
           } else if (t == "image") {
             if (cfg.images == image_policy::reject) fail(q + ".type", "image blocks are not supported by this model");
-            if (!need(b, "source", q).is_object()) fail(q + ".source", "Input should be an object");
+            const ojson& src = need(b, "source", q);
+            if (!src.is_object()) fail(q + ".source", "Input should be an object");
+            const std::string st = str(need(src, "type", q + ".source"), q + ".source.type");
+            if (st != "base64" && st != "url" && st != "file")
+              fail(q + ".source.type", "Input should be 'base64', 'url' or 'file'");
+            if (st == "base64") {
+              const std::string mt = str(need(src, "media_type", q + ".source"), q + ".source.media_type");
+              if (mt != "image/jpeg" && mt != "image/jpg" && mt != "image/png" && mt != "image/gif" && mt != "image/webp")
+                fail(q + ".source.media_type", "Input should be 'image/jpeg', 'image/jpg', 'image/png', 'image/gif' or 'image/webp'");
+            }
             ++sp.image_parts;
             if (v41) {  // an image at the end of the text so far
               if (text) *text += "\n\n";
@@ -187,6 +211,8 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
             const std::string name = str(need(b, "name", q), q + ".name");
             const ojson& input = need(b, "input", q);
             if (!input.is_object()) fail(q + ".input", "Input should be an object");
+            if (std::find(tool_uses.begin(), tool_uses.end(), id) != tool_uses.end())
+              fail(q, "`tool_use` ids must be unique");
             am.tool_calls.push_back({id, name, input.dump()});
             tool_uses.push_back(id);
           } else {
@@ -203,8 +229,13 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
     } else {
       fail(p + ".role", "Input should be 'user', 'assistant' or 'system'");
     }
+    check_answered();
     previous_tool_uses = std::move(tool_uses);
+    unanswered = previous_tool_uses;
+    uses_param = p;
   }
+  check_answered();
+  detail::order_tool_results(conv);
 
   // tools: custom tools only (server tools are rejected, as the reference does by default)
   if (const ojson* tools = find(body, "tools")) {
@@ -217,6 +248,7 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
         fail(p + ".type", "server tools are not supported");
       tool_definition d;
       d.name = str(need(t, "name", p), p + ".name");
+      if (auto problem = detail::tool_name_problem(d.name)) fail(p + ".name", *problem);
       if (const ojson* desc = find(t, "description")) d.description = str(*desc, p + ".description");
       const ojson& schema = need(t, "input_schema", p);
       if (!schema.is_object()) fail(p + ".input_schema", "Input should be an object");

@@ -121,6 +121,37 @@ inline double need_number(const ojson& j, const std::string& param, double lo, d
   return v;
 }
 
+/// A tool's name as deepseek_recipe checks it (and OpenAI's and Anthropic's APIs, which allow 64
+/// characters where the reference allows 128): 1-128 characters of [a-zA-Z0-9_-], so that no name
+/// can spell markup of the prompt's tool block. The problem in words, or nullopt.
+inline std::optional<std::string> tool_name_problem(const std::string& name) {
+  if (name.empty()) return "empty string. Expected a string with minimum length 1, but got an empty string instead.";
+  if (name.size() > 128)
+    return "string too long. Expected a string with maximum length 128, but got a string with length " +
+           std::to_string(name.size()) + " instead.";
+  for (const char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+      return "string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.";
+  return std::nullopt;
+}
+inline void check_tool_name(const std::string& name, const std::string& param) {
+  if (auto problem = tool_name_problem(name)) fail("Invalid '" + param + "': " + *problem, param);
+}
+
+/// An image's `detail` (Chat Completions `image_url.detail`, Responses `input_image.detail`).
+inline void check_image_detail(const ojson& detail, const std::string& param) {
+  const std::string d = need_string(detail, param);
+  if (d != "auto" && d != "low" && d != "high" && d != "original")
+    fail("Invalid value: '" + d + "'. Supported values are: 'auto', 'low', 'high' and 'original'.", param);
+}
+
+/// The ids of a list, joined with ", " (error messages).
+inline std::string joined(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const auto& id : ids) out += (out.empty() ? "" : ", ") + id;
+  return out;
+}
+
 /// A reasoning-effort name as deepseek_recipe maps it: "none" turns thinking off (`none`), minimal /
 /// low -> low, medium / high -> high, xhigh, ultra / max -> max; or (ours only) an integer 1-100,
 /// V4.1's continuous scale (`number`), with the V4 level 1-50 -> low, 51-99 -> high, 100 -> max.
@@ -158,11 +189,20 @@ bool parse_thinking(const ojson& j, const std::string& param);
 /// The request's `model`, checked against config.models (empty = any); code model_not_found.
 std::string check_model(const ojson& body, const std::vector<std::string>& models);
 
-/// deepseek_recipe's strict function schemas: every object schema gets `additionalProperties: false`
-/// and all its properties required, recursively through properties, items and the combinators.
-/// An object schema without `properties` gets an empty one; `required` naming fewer than all the
-/// properties, or `additionalProperties` other than false, fails (param = `param`).
+/// deepseek_recipe's strict function schemas: the schema rewritten in the reference's typed form.
+/// The top level is an object schema; each node is `type` (object, string, number, integer,
+/// boolean, array, null, or a list of the scalar ones), else `anyOf`, else `$ref`; per type only the
+/// keywords the reference keeps, in its order (object: type, properties, additionalProperties
+/// false, required = every property, description; string: type, description, pattern, format,
+/// enum; number / integer: type, description, const, default, minimum,
+/// maximum, exclusiveMinimum, exclusiveMaximum, multipleOf; array: type, items, description; ...); other keywords are dropped.
+/// What the reference rejects fails (param = the offending node's path).
 void make_strict(ojson& schema, const std::string& param);
+
+/// deepseek_recipe writes the results of an assistant message's tool calls in the order of the
+/// calls, whatever order the request gave them in: each run of tool messages right after an
+/// assistant message with calls is sorted by the position of its call (stable).
+void order_tool_results(conversation& conv);
 
 /// True when some message of the conversation mentions "json" in any letter case: the reference
 /// requires it for the `json_object` response format.

@@ -42,6 +42,7 @@ std::string content_text(const ojson& c, const std::string& param, bool user, co
       const ojson* file = find(part, "file_id");
       if (!url && !file) fail("Missing required parameter: '" + p + ".image_url'.", p + ".image_url");
       need_string(url ? *url : *file, p + (url ? ".image_url" : ".file_id"));
+      if (const ojson* detail = find(part, "detail")) check_image_detail(*detail, p + ".detail");
       ++image_parts;
       if (i > 0) out += "\n\n";
       add_image(out, images);
@@ -93,12 +94,21 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
   } else if (input && input->is_array()) {
     if (input->empty()) fail("Invalid 'input': empty array. Expected an array with minimum length 1.", "input");
     std::optional<std::string> pending_reasoning;  // a reasoning item: the next assistant turn's reasoning
+    // The reference's pairing: a run of function_call items is answered right after it by one
+    // function_call_output for each call, in any order, before any other item.
+    std::vector<std::string> unanswered;
+    bool outputs_started = false;
+    const auto unanswered_call = [&] {
+      fail("No tool output found for tool call " + joined(unanswered) + ".", "input");
+    };
     for (std::size_t i = 0; i < input->size(); ++i) {
       const std::string p = idx("input", i);
       const ojson& item = (*input)[i];
       if (!item.is_object()) fail("Invalid type for '" + p + "': expected an object, got " + type_of(item) + ".", p);
       std::string type = "message";
       if (const ojson* t = find(item, "type")) type = need_string(*t, p + ".type");
+      if (!unanswered.empty() && type != "function_call_output" && (type != "function_call" || outputs_started))
+        unanswered_call();
       if (type == "message") {
         const ojson* role_j = find(item, "role");
         if (!role_j) fail("Missing required parameter: '" + p + ".role'.", p + ".role");
@@ -142,7 +152,9 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
         if (!args) fail("Missing required parameter: '" + p + ".arguments'.", p + ".arguments");
         tool_call call{need_string(*id, p + ".call_id"), need_string(*name, p + ".name"),
                        need_string(*args, p + ".arguments")};
-        call_ids.insert(call.id);
+        if (!call_ids.insert(call.id).second) fail("Duplicate 'call_id': " + call.id + ".", p + ".call_id");
+        unanswered.push_back(call.id);
+        outputs_started = false;
         // A call joins the assistant turn just before it, else opens one with empty content.
         if (conv.messages.empty() || conv.messages.back().role != role::assistant || pending_reasoning) {
           message m = make_message(role::assistant, "");
@@ -156,6 +168,10 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
         if (!id) fail("Missing required parameter: '" + p + ".call_id'.", p + ".call_id");
         const std::string call_id = need_string(*id, p + ".call_id");
         if (!call_ids.count(call_id)) fail("No tool call found for tool output with call_id " + call_id + ".", p + ".call_id");
+        const auto it = std::find(unanswered.begin(), unanswered.end(), call_id);
+        if (it == unanswered.end()) fail("Duplicate tool output for call_id: " + call_id + ".", p + ".call_id");
+        unanswered.erase(it);
+        outputs_started = true;
         const ojson* output = find(item, "output");
         if (!output) fail("Missing required parameter: '" + p + ".output'.", p + ".output");
         message m = make_message(role::tool, content_text(*output, p + ".output", false, cfg, sp.image_parts));
@@ -167,6 +183,8 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
              p + ".type");
       }
     }
+    if (!unanswered.empty()) unanswered_call();
+    order_tool_results(conv);
   } else if (input) {
     fail("Invalid type for 'input': expected a string or an array of input items, got " + type_of(*input) + ".",
          "input");
@@ -196,6 +214,7 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
       if (!name) fail("Missing required parameter: '" + p + ".name'.", p + ".name");
       tool_definition d;
       d.name = need_string(*name, p + ".name");
+      check_tool_name(d.name, p + ".name");
       if (const ojson* desc = find(t, "description")) d.description = need_string(*desc, p + ".description");
       const ojson* params = find(t, "parameters");
       if (params && !params->is_object())

@@ -1,6 +1,7 @@
 #include "recipe/tokenizer.hpp"
 
-#include <unicode/uchar.h>
+#include "recipe/unicode_classes.hpp"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -118,12 +119,12 @@ bool valid_utf8(std::string_view s) {
 // ---------------------------------------------------------------- character classes
 
 enum : std::uint16_t {
-  c_n = 1 << 0,       // \p{N}
-  c_l = 1 << 1,       // \p{L}
-  c_m = 1 << 2,       // \p{M}
-  c_p = 1 << 3,       // \p{P}
-  c_s = 1 << 4,       // \p{S}
-  c_ws = 1 << 5,      // Oniguruma \s: U+0009-000D, U+0085, Zs, Zl, Zp
+  c_n = unicode::number,         // \p{N}
+  c_l = unicode::letter,         // \p{L}
+  c_m = unicode::mark,           // \p{M}
+  c_p = unicode::punctuation,    // \p{P}
+  c_s = unicode::symbol,         // \p{S}
+  c_ws = unicode::white_space,   // Oniguruma \s: U+0009-000D, U+0085, Zs, Zl, Zp
   c_crlf = 1 << 6,    // \r \n
   c_cjk = 1 << 7,     // [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]
   c_apunct = 1 << 8,  // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]
@@ -132,14 +133,7 @@ enum : std::uint16_t {
 };
 
 std::uint16_t compute_class(std::uint32_t cp) {
-  std::uint16_t m = 0;
-  const auto gc = static_cast<std::uint32_t>(U_MASK(u_charType(static_cast<UChar32>(cp))));
-  if (gc & U_GC_N_MASK) m |= c_n;
-  if (gc & U_GC_L_MASK) m |= c_l;
-  if (gc & U_GC_M_MASK) m |= c_m;
-  if (gc & U_GC_P_MASK) m |= c_p;
-  if (gc & U_GC_S_MASK) m |= c_s;
-  if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || (gc & U_GC_Z_MASK)) m |= c_ws;
+  std::uint16_t m = unicode::classes(cp);  // c_n ... c_ws
   if (cp == '\r' || cp == '\n') m |= c_crlf;
   if ((cp >= 0x4E00 && cp <= 0x9FA5) || (cp >= 0x3040 && cp <= 0x309F) ||
       (cp >= 0x30A0 && cp <= 0x30FF))

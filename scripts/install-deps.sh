@@ -12,7 +12,6 @@ packages=(
   libspdlog-dev libfmt-dev   # logging
   nlohmann-json3-dev         # JSON reports
   libxxhash-dev              # block hashes
-  libicu-dev                 # tokenizer: Unicode general categories
   zlib1g-dev                 # tokenizer: tokenizer.json.gz
   libopenblas-dev            # kernels: the CPU model's GEMMs
   libboost-dev               # the HTTP entrypoint: Boost.Beast and Boost.Asio (headers)

@@ -5,8 +5,9 @@ One JSON string per line (UTF-8, ensure_ascii=False). Deterministic for a given 
 repository content: real text comes from this repository's own files (docs, C++ and Python code,
 TOML, JSON), the rest is generated: English-like and Chinese prose, JSON, emoji and ZWJ
 sequences, combining marks, RTL scripts, whitespace and digit runs of every kind, every added
-token string (alone, glued together, cut in half), and random code points from the whole of
-Unicode (fuzz). Standard library only.
+token string (alone, glued together, cut in half), every code point whose class changed between
+Unicode 15.0 and 16.0 (in context), and random code points from the whole of Unicode (fuzz).
+Standard library only.
 
     tools/.venv-tokenizer/bin/python tools/tokenizer_corpus.py [--mb 3] [--seed 6]
 """
@@ -52,6 +53,21 @@ SPACES = [" ", "  ", "    ", "\t", "\n", "\r\n", "\r", "\n\n", "\u3000", "\u00a0
 DIGITS = "0123456789" + "٠١٢٣٤٥٦٧٨٩" + "０１２３４５６７８９" + "²³¹¼½¾" + "ⅠⅡⅢⅣⅫ" + "①②③" + "०१२३" + "𝟎𝟏𝟐" + "〇"
 PUNCT = list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + list("，。！？；：「」『』（）《》、…—·“”‘’【】〔〕¡¿«»‹›§¶†‡•‰′″€£¥¢©®™°±×÷≠≤≥∞√∑∫←→↑↓")
 ASCII_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# The 5,812 code points whose pre-tokenizer class (general category L, M, N, P, S, Z or none)
+# differs between Unicode 15.0 (the ICU troupe used before) and 16.0 (HF tokenizers 0.23.3):
+# computed once with PyPI unicodedata2 15.0.0 and 16.0.0, first and last of each run.
+UNICODE_16_CHANGES = [
+    (0x897, 0x897), (0x1B4E, 0x1B4F), (0x1B7F, 0x1B7F), (0x1C89, 0x1C8A), (0x2427, 0x2429), (0x2FFC, 0x2FFF),
+    (0x31E4, 0x31E5), (0x31EF, 0x31EF), (0xA7CB, 0xA7CD), (0xA7DA, 0xA7DC), (0x105C0, 0x105F3), (0x10D40, 0x10D65),
+    (0x10D69, 0x10D85), (0x10D8E, 0x10D8F), (0x10EC2, 0x10EC4), (0x10EFC, 0x10EFC), (0x11380, 0x11389),
+    (0x1138B, 0x1138B), (0x1138E, 0x1138E), (0x11390, 0x113B5), (0x113B7, 0x113C0), (0x113C2, 0x113C2),
+    (0x113C5, 0x113C5), (0x113C7, 0x113CA), (0x113CC, 0x113D5), (0x113D7, 0x113D8), (0x113E1, 0x113E2),
+    (0x116D0, 0x116E3), (0x11BC0, 0x11BE1), (0x11BF0, 0x11BF9), (0x11F5A, 0x11F5A), (0x13460, 0x143FA),
+    (0x16100, 0x16139), (0x16D40, 0x16D79), (0x18CFF, 0x18CFF), (0x1CC00, 0x1CCF9), (0x1CD00, 0x1CEB3),
+    (0x1E5D0, 0x1E5FA), (0x1E5FF, 0x1E5FF), (0x1F8B2, 0x1F8BB), (0x1F8C0, 0x1F8C1), (0x1FA89, 0x1FA89),
+    (0x1FA8F, 0x1FA8F), (0x1FABE, 0x1FABE), (0x1FAC6, 0x1FAC6), (0x1FADC, 0x1FADC), (0x1FADF, 0x1FADF),
+    (0x1FAE9, 0x1FAE9), (0x1FBCB, 0x1FBEF), (0x2EBF0, 0x2EE5D),
+]
 
 
 def added_tokens():
@@ -206,6 +222,16 @@ def specials(r, toks, n):
     return "".join(out)
 
 
+def unicode_16(chunk=32):
+    """Each changed code point after a space, a letter and punctuation, before a digit and a
+    newline, as a Unicode 15.0 tokenizer would split them differently; 32 code points a record."""
+    cps = [c for first, last in UNICODE_16_CHANGES for c in range(first, last + 1)]
+    records = ["I feel \U0001FAE9", "I feel \U0001FAE9\U0001FAE9 today", " \u2FFC\u2FFD\u2FFE\u2FFF"]
+    for i in range(0, len(cps), chunk):
+        records.append("".join(f" {chr(c)}a{chr(c)}.{chr(c)}1{chr(c)}\n" for c in cps[i:i + chunk]))
+    return records
+
+
 def repo_files():
     exts = {".md", ".cpp", ".hpp", ".txt", ".toml", ".py", ".cmake", ".sh", ".json", ".capnp", ".jsonl"}
     files = []
@@ -234,6 +260,7 @@ def main():
     records += toks
     records += [f"x{t}y" for t in toks]
     records += ["", " ", "\n", "a", "  a", "\r\n\r\n", " \u3000 ", "12345678901234567890"]
+    records += unicode_16()
     # Real files of this repository, cut in pieces of varied size.
     for text in repo_files():
         i = 0

