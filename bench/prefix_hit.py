@@ -6,7 +6,8 @@ for several rounds, sends a chat request whose prompt is a new --prefix-token te
 block of it is cached), waits until its blocks are in the store, then sends the same request
 again (hit: its prefix is restored from the store and only the tail is computed) — cold and
 hit interleaved, so both see the same machine. TTFT is measured on the client from sending
-the request to the first streamed content chunk. For every request it records the 1-minute
+the request to the end of its one generated token (the role chunk, which leaves at admission,
+does not count). For every request it records the 1-minute
 load average before it and the CPU time that processes other than the server used during it
 (from /proc/stat less the server's own CPU time from /proc/PID/stat); a request during which
 they used more than --max-foreign of a core was taken under contention: listed, not counted.
@@ -94,7 +95,13 @@ class Server:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if first is None and chunk.get("choices"):
+            # The first chunk carrying generated text, or the end of a one-token request (the
+            # role chunk leaves at admission, before any token exists).
+            choice = (chunk.get("choices") or [{}])[0]
+            delta = choice.get("delta") or {}
+            produced = (delta.get("content") or delta.get("reasoning_content")
+                        or choice.get("finish_reason"))
+            if first is None and produced:
                 first = time.monotonic() - t0
             if chunk.get("usage"):
                 usage = chunk["usage"]
@@ -121,7 +128,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--troupe", default=str(REPO / "build/troupe"))
     ap.add_argument("--model")
-    ap.add_argument("--prefix", type=int, default=4096, help="prompt words (≈ tokens)")
+    ap.add_argument("--prefix", type=int, default=4096,
+                    help="prompt length in tokens (approximately: random words of ~3 tokens)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-foreign", type=float, default=0.1,
@@ -141,8 +149,8 @@ def main():
     loads, cached = [], []
     try:
         for r in range(args.rounds):
-            words = " ".join(f"w{rng.randrange(10**6)}" for _ in range(args.prefix // 2))
-            body = {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
+            words = " ".join(f"w{rng.randrange(10**6)}" for _ in range(args.prefix // 3))
+            body = {"model": "deepseek-v4.1-flash", "max_tokens": 1, "temperature": 0,
                     "stream": True, "stream_options": {"include_usage": True},
                     "messages": [{"role": "user", "content": words}]}
             blocks_before = server.metric("troupe_store_blocks")
