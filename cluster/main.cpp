@@ -364,9 +364,11 @@ int main(int argc, char** argv) {
   serve->add_option("--max-in-flight", serve_opts.max_in_flight,
                     "generation requests in flight at once; more get 429 (default 64)");
   serve->add_option("--max-batch", serve_opts.max_batch,
-                    "requests decoded together per decode instance (default 64)");
+                    "requests decoded together per decode instance (default: the decode pool's "
+                    "max_batch, else 64)");
   serve->add_option("--prefill-chunk", serve_opts.prefill_chunk,
-                    "prompt tokens per prefill step (default 512)");
+                    "prompt tokens per prefill step (default: the prefill pool's chunk_tokens, "
+                    "else 512)");
   serve->add_option("--kv-dir", serve_opts.kv_dir,
                     "the KV block store's directory (default: the topology's [storage] path)");
   serve->add_option("--grace", serve_grace_s,

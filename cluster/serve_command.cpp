@@ -201,8 +201,11 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   }
   gp.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(text));
   gp.max_context = static_cast<std::uint64_t>(text.max_position_embeddings);
-  gp.max_batch = o.max_batch;
-  gp.prefill_chunk = o.prefill_chunk;
+  // Step budgets: the command line, else the topology's pools, else the defaults.
+  gp.max_batch = o.max_batch > 0 ? o.max_batch
+                 : decode_pool->max_batch > 0 ? decode_pool->max_batch : 64;
+  gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
+                     : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
   auto graph = spawn_real_graph(sys, topo, gp);
   auto& cluster = graph.cluster;
   auto& service = graph.service;

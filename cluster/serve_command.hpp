@@ -47,10 +47,11 @@ struct serve_options {
   int device_threads = 2;
   /// Generation requests in flight at once (429 beyond).
   std::uint32_t max_in_flight = 64;
-  /// Requests decoded together by a decode instance.
-  std::uint32_t max_batch = 64;
-  /// Prompt tokens per prefill step (chunked prefill; a long prompt does not stall others).
-  std::uint64_t prefill_chunk = 512;
+  /// Requests decoded together by a decode instance; 0: the decode pool's `max_batch`, else 64.
+  std::uint32_t max_batch = 0;
+  /// Prompt tokens per prefill step (chunked prefill; a long prompt does not stall others);
+  /// 0: the prefill pool's `chunk_tokens`, else 512.
+  std::uint64_t prefill_chunk = 0;
   /// The KV block store's directory, instead of the topology's [storage] path.
   std::string kv_dir;
   /// SIGTERM: requests in flight get this long to finish.

@@ -279,7 +279,8 @@ void read_pools(checker& c, const toml::table& root, topology& t,
     const auto& tbl = *arr->get(i)->as_table();
     auto path = fmt::format("pool[{}]", i);
     c.check_keys(tbl, path,
-                 {"name", "role", "instances", "gpus_per_instance", "ep_size", "buckets", "grace"});
+                 {"name", "role", "instances", "gpus_per_instance", "ep_size", "buckets", "grace",
+                  "chunk_tokens", "max_batch"});
     pool_spec pool;
     bool ok = true;
     ok = unique_name(c, tbl, path, "pool", "prefill", names, pool.name) && ok;
@@ -354,6 +355,30 @@ void read_pools(checker& c, const toml::table& root, topology& t,
       }
     } else if (pool.role == pool_role::decode) {
       pool.grace = std::chrono::seconds{60};
+    }
+    // A role's step budget (real world), where it applies.
+    for (auto [key, applies, role_name] :
+         {std::tuple{"chunk_tokens", pool_role::prefill, "prefill"},
+          std::tuple{"max_batch", pool_role::decode, "decode"}}) {
+      const auto* n = tbl.get(key);
+      if (n == nullptr)
+        continue;
+      if (role && pool.role != applies) {
+        c.error(n->source(), join_path(path, key),
+                fmt::format("applies only to {} pools, not to {} pools", role_name, *role),
+                fmt::format("remove it, or set role = \"{}\"", role_name));
+        ok = false;
+        continue;
+      }
+      auto v = c.integer(tbl, path, key, 1,
+                         applies == pool_role::prefill ? std::int64_t{1} << 24 : 4096, false);
+      if (!v) {
+        ok = false;
+      } else if (applies == pool_role::prefill) {
+        pool.chunk_tokens = static_cast<std::uint64_t>(*v);
+      } else {
+        pool.max_batch = static_cast<std::uint32_t>(*v);
+      }
     }
     positions.push_back({tbl.get("name"), tbl.get("role"), tbl.get("instances"), &tbl});
     if (ok)
@@ -700,8 +725,12 @@ std::string describe(const topology& t) {
         lo = b;
       }
       routing += fmt::format(" [{},inf)", format_tokens(lo));
+      if (p.chunk_tokens > 0)
+        routing += fmt::format(", chunk {}", p.chunk_tokens);
     } else if (p.role == pool_role::decode) {
       routing = "grace " + runtime::format_duration(p.grace);
+      if (p.max_batch > 0)
+        routing += fmt::format(", max batch {}", p.max_batch);
     }
     line("  {:<{}}  {:<7}  {:>16}  {:>9}  {:>4}  {:>17}  {}", p.name, w, to_string(p.role),
          fmt::format("{}/{}/{}", p.instances.min, p.instances.initial, p.instances.max),

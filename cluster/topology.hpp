@@ -82,6 +82,10 @@ struct pool_spec {
   /// Decode only: how long a draining instance keeps serving before it hands its requests
   /// (with their KV) to other instances. Zero for other roles.
   caf::timespan grace{0};
+  /// The real world's step budgets (0: the command's default). Prefill only: prompt tokens per
+  /// chunked-prefill step of an instance. Decode only: requests an instance decodes together.
+  std::uint64_t chunk_tokens = 0;
+  std::uint32_t max_batch = 0;
 
   /// GPUs of `count` instances of this pool.
   std::uint64_t gpus(std::uint32_t count) const noexcept {

@@ -256,6 +256,29 @@ TEST_CASE("buckets on a decode pool are an error") {
   expect_error("buckets-on-decode.toml", 21, "pool[1].buckets: applies only to prefill pools");
 }
 
+TEST_CASE("the real world's step budgets belong to their roles") {
+  auto with = [](const std::string& prefill_extra, const std::string& decode_extra) {
+    auto text = std::string(minimal);
+    auto at = text.find("gpus_per_instance = 8\n");
+    text.insert(at + std::string("gpus_per_instance = 8\n").size(), prefill_extra);
+    text += decode_extra;
+    return parse_topology(text, "inline.toml");
+  };
+  auto ok = with("chunk_tokens = 256\n", "max_batch = 32\n");
+  INFO(all_errors(ok));
+  REQUIRE(ok.ok());
+  CHECK(pool_named(*ok.value, "p").chunk_tokens == 256);
+  CHECK(pool_named(*ok.value, "d").max_batch == 32);
+  CHECK(pool_named(*parse_topology(minimal, "inline.toml").value, "p").chunk_tokens == 0);
+  auto misplaced = with("max_batch = 32\n", "chunk_tokens = 256\n");
+  REQUIRE_FALSE(misplaced.ok());
+  const auto errors = all_errors(misplaced);
+  CHECK(errors.find("pool[0].max_batch: applies only to decode pools") != std::string::npos);
+  CHECK(errors.find("pool[1].chunk_tokens: applies only to prefill pools") != std::string::npos);
+  auto zero = with("chunk_tokens = 0\n", "");
+  CHECK_FALSE(zero.ok());
+}
+
 TEST_CASE("a capacity with an unknown size unit is an error") {
   expect_error("bad-capacity.toml", 8, "storage.capacity: '1PiBs' has an unknown size unit 'PiBs'");
 }
