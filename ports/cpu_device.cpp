@@ -113,25 +113,12 @@ std::string private_model_id(const kernels::model& m) {
 /// Registers the device's metric families in `reg` (labelled device=`name`).
 device_metrics register_metrics(runtime::registry* reg, const std::string& name) {
   device_metrics m;
-  if (reg == nullptr)
-    return m;
-  auto gauge = [&](const char* family, const char* help) -> runtime::gauge* {
-    auto f = reg->add_gauge(family, help, {"device"});
-    if (!f)
-      return nullptr;
-    auto g = (*f)->with({name});
-    return g ? *g : nullptr;
+  auto gauge = [&](const char* family, const char* help) {
+    return runtime::gauge_child(reg, family, help, {"device"}, {name});
   };
-  auto counter = [&](const char* family, const char* help,
-                     std::vector<std::string> labels = {},
-                     std::vector<std::string> values = {}) -> runtime::counter* {
-    labels.insert(labels.begin(), "device");
-    values.insert(values.begin(), name);
-    auto f = reg->add_counter(family, help, labels);
-    if (!f)
-      return nullptr;
-    auto c = (*f)->with(values);
-    return c ? *c : nullptr;
+  auto counter = [&](const char* family, const char* help, const char* label,
+                     const char* value) {
+    return runtime::counter_child(reg, family, help, {"device", label}, {name, value});
   };
   m.sequences = gauge("troupe_device_sequences", "Sequences whose KV the device holds.");
   m.blocks = gauge("troupe_device_kv_blocks",
@@ -139,17 +126,19 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
   m.kept = gauge("troupe_device_kept_states",
                  "State and SWA KV copies kept at block boundaries for exact prefix restores.");
   const char* computed = "Tokens the device computed, by step phase.";
-  m.prefill_tokens = counter("troupe_device_tokens_total", computed, {"phase"}, {"prefill"});
-  m.decode_tokens = counter("troupe_device_tokens_total", computed, {"phase"}, {"decode"});
+  m.prefill_tokens = counter("troupe_device_tokens_total", computed, "phase", "prefill");
+  m.decode_tokens = counter("troupe_device_tokens_total", computed, "phase", "decode");
   const char* restores = "Sequences opened from persisted Block KV, by how their window and "
                          "unfinished block were restored (exact: a kept copy; replayed: bounded "
                          "replay; rejected: bad blocks or tokens).";
-  m.restored_exact = counter("troupe_kv_restores_total", restores, {"outcome"}, {"exact"});
-  m.restored_replayed = counter("troupe_kv_restores_total", restores, {"outcome"}, {"replayed"});
-  m.restore_rejected = counter("troupe_kv_restores_total", restores, {"outcome"}, {"rejected"});
-  m.checksum_failures = counter("troupe_kv_checksum_failures_total",
-                                "KV handed to the device (hand-off snapshots, restored blocks) "
-                                "that failed its checksum and was refused.");
+  m.restored_exact = counter("troupe_kv_restores_total", restores, "outcome", "exact");
+  m.restored_replayed = counter("troupe_kv_restores_total", restores, "outcome", "replayed");
+  m.restore_rejected = counter("troupe_kv_restores_total", restores, "outcome", "rejected");
+  m.checksum_failures = runtime::counter_child(
+    reg, "troupe_kv_checksum_failures_total",
+    "KV handed to the device (hand-off snapshots, restored blocks) that failed its checksum "
+    "and was refused.",
+    {"device"}, {name});
   return m;
 }
 

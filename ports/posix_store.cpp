@@ -289,31 +289,22 @@ struct store_metrics {
 
   static store_metrics in(runtime::registry* reg) {
     store_metrics m;
-    if (reg == nullptr)
-      return m;
-    auto gauge = [&](const char* name, const char* help) -> runtime::gauge* {
-      auto f = reg->add_gauge(name, help);
-      auto g = f ? (*f)->with({}) : caf::expected<runtime::gauge*>{caf::sec::invalid_argument};
-      return g ? *g : nullptr;
-    };
-    auto counter = [&](const char* name, const char* help,
-                       std::vector<std::string> labels = {},
-                       std::vector<std::string> values = {}) -> runtime::counter* {
-      auto f = reg->add_counter(name, help, labels);
-      auto c = f ? (*f)->with(values) : caf::expected<runtime::counter*>{caf::sec::invalid_argument};
-      return c ? *c : nullptr;
-    };
-    m.objects = gauge("troupe_store_blocks", "KV blocks in the block store.");
-    m.bytes = gauge("troupe_store_bytes", "Bytes the block store holds (headers included).");
-    m.capacity = gauge("troupe_store_capacity_bytes", "The block store's capacity.");
-    const char* gets = "Block reads by outcome (corrupt: failed the checksum, never served, "
-                       "deleted).";
-    m.hits = counter("troupe_store_reads_total", gets, {"outcome"}, {"hit"});
-    m.misses = counter("troupe_store_reads_total", gets, {"outcome"}, {"miss"});
-    m.corrupt = counter("troupe_store_reads_total", gets, {"outcome"}, {"corrupt"});
-    m.evicted = counter("troupe_store_evictions_total",
-                        "Blocks evicted to make room (least recently used first).");
-    m.expired = counter("troupe_store_expirations_total", "Blocks removed when their TTL passed.");
+    m.objects = runtime::gauge_child(reg, "troupe_store_blocks", "KV blocks in the block store.");
+    m.bytes = runtime::gauge_child(reg, "troupe_store_bytes",
+                                   "Bytes the block store holds (headers included).");
+    m.capacity = runtime::gauge_child(reg, "troupe_store_capacity_bytes",
+                                      "The block store's capacity.");
+    const char* reads = "Block reads by outcome (corrupt: failed the checksum, never served, "
+                        "deleted).";
+    m.hits = runtime::counter_child(reg, "troupe_store_reads_total", reads, {"outcome"}, {"hit"});
+    m.misses = runtime::counter_child(reg, "troupe_store_reads_total", reads, {"outcome"},
+                                      {"miss"});
+    m.corrupt = runtime::counter_child(reg, "troupe_store_reads_total", reads, {"outcome"},
+                                       {"corrupt"});
+    m.evicted = runtime::counter_child(reg, "troupe_store_evictions_total",
+                                       "Blocks evicted to make room (least recently used first).");
+    m.expired = runtime::counter_child(reg, "troupe_store_expirations_total",
+                                       "Blocks removed when their TTL passed.");
     return m;
   }
 

@@ -362,4 +362,28 @@ std::string registry::expose() const {
   return out;
 }
 
+gauge* gauge_child(registry* reg, std::string name, std::string help,
+                   std::vector<std::string> label_names,
+                   const std::vector<std::string>& label_values) {
+  if (reg == nullptr)
+    return nullptr;
+  auto f = reg->add_gauge(std::move(name), std::move(help), std::move(label_names));
+  if (!f)
+    return nullptr;
+  auto g = (*f)->with(label_values);
+  return g ? *g : nullptr;
+}
+
+counter* counter_child(registry* reg, std::string name, std::string help,
+                       std::vector<std::string> label_names,
+                       const std::vector<std::string>& label_values) {
+  if (reg == nullptr)
+    return nullptr;
+  auto f = reg->add_counter(std::move(name), std::move(help), std::move(label_names));
+  if (!f)
+    return nullptr;
+  auto c = (*f)->with(label_values);
+  return c ? *c : nullptr;
+}
+
 } // namespace troupe::runtime

@@ -222,4 +222,16 @@ private:
   std::map<std::string, std::unique_ptr<family_base>, std::less<>> families_;
 };
 
+/// The child with `label_values` of the gauge family `name` of `reg`, registering the family
+/// (with `label_names`) if needed; null when `reg` is null or the registration fails (another
+/// family of that name). For parts whose metrics are optional (the real world's ports).
+gauge* gauge_child(registry* reg, std::string name, std::string help,
+                   std::vector<std::string> label_names = {},
+                   const std::vector<std::string>& label_values = {});
+
+/// As gauge_child, for a counter family.
+counter* counter_child(registry* reg, std::string name, std::string help,
+                       std::vector<std::string> label_names = {},
+                       const std::vector<std::string>& label_values = {});
+
 } // namespace troupe::runtime

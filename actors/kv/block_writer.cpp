@@ -74,33 +74,8 @@ std::vector<block_key> keys_of(block_writer_state& st, const filled_blocks& f) {
   return keys;
 }
 
-void write(writer_ptr self, std::vector<block_key> keys, traffic_class traffic) {
-  auto n = keys.size();
-  self->request(self->state.params.kv, caf::infinite, kv_reserve{keys, traffic})
-    .then(
-      [self, keys](const kv_insert_result& r) {
-        auto& s = self->state.stats;
-        s.reserved += r.inserted;
-        s.refreshed += r.refreshed;
-        s.rejected += r.rejected;
-        // The bytes would be written to the store here (the simulated world carries none).
-        auto n = keys.size();
-        self->request(self->state.params.kv, caf::infinite, kv_commit{keys})
-          .then(
-            [self](const kv_commit_result& c) {
-              auto& st = self->state;
-              st.stats.committed += c.committed;
-              st.stats.missing += c.missing;
-              if (st.params.on_persisted)
-                st.params.on_persisted(c.committed);
-            },
-            [self, n](const caf::error&) { self->state.stats.failed += n; });
-      },
-      [self, n](const caf::error&) { self->state.stats.failed += n; });
-}
-
-/// Commits the blocks of a store_blocks message whose bytes are in the store.
-void commit_stored(writer_ptr self, std::vector<block_key> keys) {
+/// Makes reserved blocks visible (kv_commit), counting the outcome.
+void commit(writer_ptr self, std::vector<block_key> keys) {
   if (keys.empty())
     return;
   auto n = keys.size();
@@ -112,6 +87,24 @@ void commit_stored(writer_ptr self, std::vector<block_key> keys) {
         st.stats.missing += c.missing;
         if (st.params.on_persisted)
           st.params.on_persisted(c.committed);
+      },
+      [self, n](const caf::error&) { self->state.stats.failed += n; });
+}
+
+void count_reserve(block_writer_stats& s, const kv_insert_result& r) {
+  s.reserved += r.inserted;
+  s.refreshed += r.refreshed;
+  s.rejected += r.rejected;
+}
+
+void write(writer_ptr self, std::vector<block_key> keys, traffic_class traffic) {
+  auto n = keys.size();
+  self->request(self->state.params.kv, caf::infinite, kv_reserve{keys, traffic})
+    .then(
+      [self, keys](const kv_insert_result& r) mutable {
+        count_reserve(self->state.stats, r);
+        // The simulated world carries no bytes: the blocks are visible at once.
+        commit(self, std::move(keys));
       },
       [self, n](const caf::error&) { self->state.stats.failed += n; });
 }
@@ -130,11 +123,11 @@ void store(writer_ptr self, store_blocks msg, std::size_t placed) {
     p->stored[i] = stored;
     if (--p->left > 0)
       return;
-    std::vector<block_key> commit;
+    std::vector<block_key> in_store;
     for (std::size_t k = 0; k < p->stored.size(); ++k)
       if (p->stored[k])
-        commit.push_back((*keys)[k]);
-    commit_stored(self, std::move(commit));
+        in_store.push_back((*keys)[k]);
+    commit(self, std::move(in_store));
   };
   auto& st = self->state;
   const auto ttl = st.params.ttl.of(msg.traffic);
@@ -197,10 +190,7 @@ block_writer_actor::behavior_type block_writer_fn(writer_ptr self, block_writer_
       self->request(st.params.kv, caf::infinite, kv_reserve{std::move(keys), msg.traffic})
         .then(
           [self, msg = std::move(msg)](const kv_insert_result& r) mutable {
-            auto& s = self->state.stats;
-            s.reserved += r.inserted;
-            s.refreshed += r.refreshed;
-            s.rejected += r.rejected;
+            count_reserve(self->state.stats, r);
             // The rejected blocks are the last ones (no room from the first on).
             const auto placed = msg.keys.size() - std::min<std::size_t>(r.rejected,
                                                                          msg.keys.size());
