@@ -677,7 +677,8 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
   }
   for (const auto id : server_->stop_ids)
     g.stop_ids.push_back(static_cast<std::int32_t>(id));
-  g.traffic = params.traffic;
+  // A conversation with tools is an agent's: its blocks live by the agent TTL.
+  g.traffic = r.conversation.tools.empty() ? params.traffic : traffic_class::agent;
 
   const char* prefix = p == recipe::protocol::chat_completions ? "chatcmpl-"
                        : p == recipe::protocol::responses      ? "resp_"

@@ -358,6 +358,16 @@ TEST_CASE("sampling parameters are carried into the generation request") {
   CHECK(req->sampling.temperature == doctest::Approx(1.0));
   CHECK(req->sampling.top_logprobs == -1);
   CHECK(req->traffic == actors::traffic_class::chatbot);
+
+  // A request with tools is an agent's (its KV lives by the agent TTL).
+  auto tools = f.post("/v1/chat/completions",
+                      chat_body({{"tools", nlohmann::json::array({{
+                                    {"type", "function"},
+                                    {"function", {{"name", "get_weather"},
+                                                  {"parameters", {{"type", "object"}}}}}}})}}));
+  REQUIRE(tools);
+  REQUIRE(tools->status == 200);
+  CHECK(f.log().last_request()->traffic == actors::traffic_class::agent);
 }
 
 TEST_CASE("models, health, readiness and metrics answer") {
