@@ -20,14 +20,15 @@ first over the time from the earliest first token to the last token (at 1 stream
 rate alone). The direct TTFT is not comparable with the served one: `troupe generate` runs the
 prompt through `model::forward`, which projects every prompt position through the LM head,
 where the serving devices project only the last (`forward_last`); decode/s is the comparable
-figure at 1 stream. Every served stream must report
-completion_tokens == --tokens, else the run fails.
+figure at 1 stream. Every served stream must report completion_tokens == --tokens, else
+the run fails.
 
-Before each run the 1-minute load average is recorded, and during it the CPU time that
-processes other than this script, the server and `troupe generate` used (from /proc/stat): a
-run during which they used more than --max-foreign of a core is listed but not counted, and
-rounds go on (up to --max-rounds) until every mode has --rounds kept runs. It prints, per mode, the min and median tokens/s of the kept runs and TTFT / ITL p50 and p99 over
-their streams, then the ratios of the goals of issue 12.
+Each run waits (up to 10 minutes) for 2 quiet seconds, then records the 1-minute load
+average, and during the run the CPU time that processes other than this script, the server and
+`troupe generate` used (from /proc/stat): a run during which they used more than --max-foreign
+of a core is listed but not counted, and rounds go on (up to --max-rounds) until every mode has
+--rounds kept runs. It prints, per mode, the min and median tokens/s of the kept runs and
+TTFT / ITL p50 and p99 over their streams, then the ratios of the goals of issue 12.
 
     python3 bench/serve_vs_generate.py [--troupe build/troupe] [--model DIR] [--rounds 3]
         [--max-rounds 8] [--tokens 64] [--threads 2] [--concurrent 16] [--max-foreign 0.1]
@@ -71,6 +72,17 @@ def process_cpu_seconds(pid):
 def own_cpu_seconds():
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def wait_quiet(server_pid, max_foreign, limit_s=600):
+    """Waits (up to limit_s) for 2 s during which others used at most max_foreign of a core."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        busy0, own0, srv0 = cpu_busy_seconds(), own_cpu_seconds(), process_cpu_seconds(server_pid)
+        time.sleep(2)
+        own = (own_cpu_seconds() - own0) + (process_cpu_seconds(server_pid) - srv0)
+        if (cpu_busy_seconds() - busy0 - own) / 2 <= max_foreign:
+            return
 
 
 def percentile(values, p):
@@ -206,6 +218,7 @@ def main():
             for name in names[r % len(names):] + names[:r % len(names)]:
                 if len(kept[name]) >= args.rounds:
                     continue
+                wait_quiet(server.proc.pid, args.max_foreign)
                 load = os.getloadavg()[0]
                 busy0, own0, srv0, t0 = (cpu_busy_seconds(), own_cpu_seconds(),
                                          process_cpu_seconds(server.proc.pid), time.monotonic())
