@@ -59,14 +59,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <sys/resource.h>
@@ -459,7 +458,8 @@ private:
       if (end == std::string::npos)
         return true;
       const std::string head = in_.substr(0, end + 4);
-      if (head.rfind("HTTP/1.1 200", 0) != 0 || head.find("Transfer-Encoding: chunked") == std::string::npos) {
+      if (head.rfind("HTTP/1.1 200", 0) != 0
+          || head.find("Transfer-Encoding: chunked") == std::string::npos) {
         fail("response: " + head.substr(0, head.find("\r\n")) + " " + in_.substr(end + 4, 200));
         return false;
       }
@@ -707,7 +707,8 @@ int main(int argc, char** argv) {
   const std::size_t most = *std::max_element(streams.begin(), streams.end());
 
   const std::string in_flight = std::to_string(std::max<std::size_t>(most, 64));
-  child troupe_server = spawn_child({"bench_serve", "--server", "troupe", "--max-in-flight", in_flight});
+  child troupe_server =
+    spawn_child({"bench_serve", "--server", "troupe", "--max-in-flight", in_flight});
   // The floor's bytes: one stream recorded from troupe.
   recording rec;
   {
@@ -736,7 +737,7 @@ int main(int argc, char** argv) {
   };
   const std::vector<server_ref> servers = {{"troupe", &troupe_server}, {"floor", &floor_server}};
   const std::vector<pid_t> kids = {troupe_server.pid, floor_server.pid};
-  // Warm-up: each server once at the largest count (not counted).
+  // Warm-up (not counted): 4 streams on each of up to 100 connections, per server.
   for (const auto& s : servers)
     run_load(s.c->port, s.c->pid, kids, std::min<std::size_t>(most, 100), 4, check, request);
 

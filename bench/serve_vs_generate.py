@@ -169,8 +169,8 @@ def run_direct(troupe, model, ids, tokens, threads):
          "--engram-map", "identity", "--timings"],
         check=True, capture_output=True, text=True)
     t = json.loads(out.stderr.strip().splitlines()[-1])["token_s"]
-    return {"tokens/s": len(t) / t[-1], "decode/s": (len(t) - 1) / (t[-1] - t[0]), "ttft": [t[0]], "itl": [b - a for a, b in zip(t, t[1:])],
-            "chunks": len(t)}
+    return {"tokens/s": len(t) / t[-1], "decode/s": (len(t) - 1) / (t[-1] - t[0]),
+            "ttft": [t[0]], "itl": [b - a for a, b in zip(t, t[1:])], "chunks": len(t)}
 
 
 def main():
@@ -230,7 +230,8 @@ def main():
                 contended = foreign > args.max_foreign
                 print(f"round {r + 1} {name:10s} load {load:4.2f} others {foreign:4.2f} cores"
                       + ("  DROPPED (contention)" if contended else "")
-                      + f"  {fig['tokens/s']:6.1f} tokens/s, decode {fig['decode/s']:6.1f}/s, TTFT p50 "
+                      + f"  {fig['tokens/s']:6.1f} tokens/s, decode {fig['decode/s']:6.1f}/s, "
+                      f"TTFT p50 "
                       f"{percentile(fig['ttft'], 0.5) * 1e3:6.1f} ms, ITL p50 "
                       f"{percentile(fig['itl'], 0.5) * 1e3:5.1f} ms p99 "
                       f"{percentile(fig['itl'], 0.99) * 1e3:5.1f} ms, {fig['chunks']} text "

@@ -340,7 +340,9 @@ int main(int argc, char** argv) {
     auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
     nlohmann::json token_s = nlohmann::json::array();
     if (gen_timings)
-      gen_opts.on_token = [&](std::int64_t) { token_s.push_back(seconds(clock::now() - gen_start)); };
+      gen_opts.on_token = [&](std::int64_t) {
+        token_s.push_back(seconds(clock::now() - gen_start));
+      };
     auto out = troupe::kernels::generate(*m, prompt, gen_opts);
     if (!out) return fail(out.error());
     if (gen_timings)
