@@ -29,12 +29,16 @@ run: deps
 	$(BUILD_DIR)/troupe sim $(RUN_TOPOLOGY) --trace $(RUN_TRACE) --report $(RUN_REPORT)
 
 # The benchmarks, each beside its peer; bench_sim on a 5-minute window (the full hour of
-# docs/benchmarks.md: build/bench/bench_sim); bench_recipe's Python peers need tools/.venv-recipe.
+# docs/benchmarks.md: build/bench/bench_sim); bench_recipe's Python peers need tools/.venv-recipe;
+# bench_serve and serve_vs_generate.py measure troupe serve beside a bare Beast server and
+# troupe generate.
 bench: build
 	$(BUILD_DIR)/bench/bench_supervisor
 	$(BUILD_DIR)/bench/bench_sim --minutes 5
 	$(BUILD_DIR)/bench/bench_model
 	$(BUILD_DIR)/bench/bench_recipe $(if $(wildcard tools/.venv-recipe/bin/python),--peer tools/.venv-recipe/bin/python)
+	$(BUILD_DIR)/bench/bench_serve
+	python3 bench/serve_vs_generate.py --troupe $(BUILD_DIR)/troupe
 
 # The long fault benches (docs/benchmarks.md): the 10,000-seed swarm and the recovery figures
 # after a decode rank failure on the 1,040-GPU topology, with and without ready inventory.

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <sstream>
@@ -284,6 +285,7 @@ int main(int argc, char** argv) {
   int gen_threads = 2;
   bool gen_ignore_eos = false;
   bool gen_batch_invariant = false;
+  bool gen_timings = false;
   auto* gen = app.add_subcommand("generate", "run a prompt of token ids through a model directory on the CPU");
   gen->add_option("--model", gen_model, "the model directory (config.json + safetensors)")->required();
   gen->add_option("--tokens", gen_tokens, "the prompt: comma-separated token ids")->required();
@@ -300,6 +302,9 @@ int main(int argc, char** argv) {
                 "row-by-row projections, as troupe serve runs: the same ids as a served request");
   gen->add_option("--engram-map", gen_engram_map,
                   "the Engram compressed-token map: a JSON file, or 'identity' for random models");
+  gen->add_flag("--timings", gen_timings,
+                "print on stderr, as JSON, the model load time and when each token was drawn "
+                "(seconds from the start of the generation)");
   gen->add_option("--logits-out", gen_logits_out,
                   "write the fp32 logits of every position (prompt and generated) as .npy");
   gen->callback([&] {
@@ -316,6 +321,8 @@ int main(int argc, char** argv) {
         return fail("--tokens: expected comma-separated non-negative ids, found '" + item + "'");
       prompt.push_back(v);
     }
+    using clock = std::chrono::steady_clock;
+    const auto load_start = clock::now();
     auto m = troupe::kernels::model::load(
       gen_model, {.threads = gen_threads, .batch_invariant = gen_batch_invariant});
     if (!m) return fail(m.error());
@@ -329,8 +336,20 @@ int main(int argc, char** argv) {
     }
     gen_opts.stop_at_eos = !gen_ignore_eos;
     gen_opts.keep_logits = !gen_logits_out.empty();
+    const auto gen_start = clock::now();
+    auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    nlohmann::json token_s = nlohmann::json::array();
+    if (gen_timings)
+      gen_opts.on_token = [&](std::int64_t) {
+        token_s.push_back(seconds(clock::now() - gen_start));
+      };
     auto out = troupe::kernels::generate(*m, prompt, gen_opts);
     if (!out) return fail(out.error());
+    if (gen_timings)
+      std::cerr << nlohmann::json{{"load_s", seconds(gen_start - load_start)},
+                                  {"token_s", token_s}}
+                     .dump()
+                << "\n";
     std::string ids;
     for (auto t : out->tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
     std::cout << ids << "\n";

@@ -32,6 +32,7 @@ result<generation> generate(const model& m, std::span<const std::int64_t> prompt
                               options.sampling, static_cast<std::uint64_t>(cache.length));
     if (!token) return fail::failure("generate: " + token.error());
     out.tokens.push_back(*token);
+    if (options.on_token) options.on_token(*token);
     const bool stop = options.stop_at_eos && std::find(eos.begin(), eos.end(), *token) != eos.end();
     // The last token is run only for its logits (keep_logits).
     if (options.keep_logits || (!stop && i + 1 < options.max_new))

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -19,6 +20,8 @@ struct generate_options {
   sampling_params sampling;   // per request; draws depend on (seed, position) only
   bool stop_at_eos = true;    // stop after generating one of the config's eos_token_ids
   bool keep_logits = false;   // return the logits of every position
+  // Called with every generated id as soon as it is drawn (e.g. to time the tokens).
+  std::function<void(std::int64_t)> on_token;
 };
 
 struct generation {
