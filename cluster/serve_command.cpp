@@ -168,8 +168,13 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  runtime::world w{runtime::world_options{runtime::world_mode::real, 0, 0, false,
-                                          actors::register_actor_types}};
+  runtime::world w{runtime::world_options{
+    runtime::world_mode::real, 0, 0, false, [](caf::actor_system_config& cfg) {
+      actors::register_actor_types(cfg);
+      // A shared queue whose idle workers sleep on a condition variable: the devices' compute
+      // threads get the cores, where work stealing's polling workers would compete with them.
+      cfg.set("scheduler.policy", caf::atom("sharing"));
+    }}};
   auto& sys = w.system();
 
   // Every part reports into one registry, which /metrics serves.
