@@ -73,7 +73,7 @@ struct prefill_job {
   /// Real world: the keys of the context's full blocks as far as its prompt goes (make_chain),
   /// which the cached prefix is fetched by and the computed blocks are persisted under, and
   /// the traffic class their TTL follows. Empty in the simulated world.
-  std::vector<block_key> chain;
+  std::vector<block_key> chain{};
   traffic_class traffic = traffic_class::chatbot;
 };
 

@@ -178,7 +178,7 @@ struct request_services {
   /// Real world: the parent of each prompt chain's first block (make_chain), a key naming the
   /// model, so that one model's cached blocks never match another's prompts. Decode continues
   /// a prompt shorter than a block from it.
-  block_key chain_root;
+  block_key chain_root{};
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.
