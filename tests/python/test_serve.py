@@ -288,6 +288,36 @@ def test_a_repeated_long_prompt_computes_only_its_uncached_tail(server, model_di
     assert computed == prompt + (prompt - cached)
 
 
+def test_a_restarted_server_serves_a_prefix_from_the_blocks_it_wrote(model_dir, tmp_path):
+    """The store outlives the process: SIGTERM, start again on the same directory, and the same
+    prompt's blocks are hits (their window state, kept in memory, is gone: bounded replay)."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text(API_KEY + "\n")
+    kv_dir = str(tmp_path / "kv")
+    body = chat_body(" ".join(f"entry{i}" for i in range(200)), max_tokens=3, temperature=0)
+    first = Server(model_dir, str(keys), kv_dir)
+    try:
+        r = first.openai().chat.completions.create(**body)
+        blocks = (r.usage.prompt_tokens - 1) // 128
+        assert blocks >= 2
+        for _ in range(300):
+            if first.metric("troupe_store_blocks") >= blocks:
+                break
+            time.sleep(0.1)
+    finally:
+        first.stop()
+    assert first.proc.returncode == 0, "".join(first.log)
+    second = Server(model_dir, str(keys), kv_dir)
+    try:
+        again = second.openai().chat.completions.create(**body)
+        assert again.usage.prompt_tokens_details.cached_tokens == 128 * blocks
+        assert again.usage.completion_tokens == 3
+        assert second.metric('troupe_kv_restores_total{device="prefill/0",outcome="replayed"}') == 1
+    finally:
+        second.stop()
+    assert second.proc.returncode == 0, "".join(second.log)
+
+
 # -- logprobs ----------------------------------------------------------------------------------
 
 CHAT_MODE = {"thinking": {"type": "disabled"}}  # no reasoning: every token is answer text
