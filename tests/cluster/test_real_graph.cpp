@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "../ports/device_fixture.hpp"
+#include "../ports/store_drivers.hpp"
 #include "actors/type_ids.hpp"
 #include "cluster/real_graph.hpp"
 #include "kernels/generate.hpp"
@@ -22,8 +23,6 @@
 #include <map>
 #include <memory>
 #include <thread>
-
-#include <unistd.h>
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -363,28 +362,10 @@ TEST_CASE("a cancelled request ends at once and frees its decode booking") {
   FAIL("the decode booking was not released");
 }
 
-namespace {
-
-/// A fresh directory for a test's KV store, removed at the end of the test.
-struct temp_dir {
-  std::filesystem::path path;
-  temp_dir() {
-    static std::atomic<int> next{0};
-    path = std::filesystem::temp_directory_path()
-           / ("troupe-real-graph-kv-" + std::to_string(::getpid()) + "-" + std::to_string(next++));
-    std::filesystem::remove_all(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-} // namespace
 
 TEST_CASE("a prompt seen before computes only its uncached tail, with the exact tokens") {
-  temp_dir dir;
-  fixture f{false, dir.path};
+  test::temp_dir dir;
+  fixture f{false, dir.path()};
   caf::scoped_actor self{f.w.system()};
   const auto prompt = prompt_of(300, 21, f.vocab);  // 2 full blocks and 44 tokens
   const auto exact = generate_greedy(prompt, 8);
@@ -406,8 +387,8 @@ TEST_CASE("a prompt seen before computes only its uncached tail, with the exact 
 }
 
 TEST_CASE("a prompt sharing only a prefix restores it by bounded replay and computes the rest") {
-  temp_dir dir;
-  fixture f{false, dir.path};
+  test::temp_dir dir;
+  fixture f{false, dir.path()};
   caf::scoped_actor self{f.w.system()};
   const auto a = prompt_of(300, 22, f.vocab);
   f.run(self, {f.request(1, a, 4, {})});
@@ -425,8 +406,8 @@ TEST_CASE("a prompt sharing only a prefix restores it by bounded replay and comp
 }
 
 TEST_CASE("a corrupt block file is never served: the request computes it, exactly") {
-  temp_dir dir;
-  fixture f{false, dir.path};
+  test::temp_dir dir;
+  fixture f{false, dir.path()};
   caf::scoped_actor self{f.w.system()};
   const auto prompt = prompt_of(300, 24, f.vocab);
   const auto exact = generate_greedy(prompt, 6);
@@ -437,7 +418,7 @@ TEST_CASE("a corrupt block file is never served: the request computes it, exactl
   const auto first_key = actors::make_chain(std::span<const std::uint32_t>(ids)).front();
   const auto name = actors::to_string(first_key) + ".blk";
   std::filesystem::path file;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path))
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
     if (e.path().filename() == name)
       file = e.path();
   REQUIRE_FALSE(file.empty());
@@ -463,16 +444,16 @@ TEST_CASE("a corrupt block file is never served: the request computes it, exactl
 }
 
 TEST_CASE("a restarted graph finds the blocks persisted before and restores them by replay") {
-  temp_dir dir;
+  test::temp_dir dir;
   std::vector<std::int32_t> prompt;
   {
-    fixture f{false, dir.path};
+    fixture f{false, dir.path()};
     caf::scoped_actor self{f.w.system()};
     prompt = prompt_of(300, 25, f.vocab);
     f.run(self, {f.request(1, prompt, 4, {})});
     REQUIRE(f.wait_for_blocks(self, 2) == 2);
   }
-  fixture f{false, dir.path};
+  fixture f{false, dir.path()};
   caf::scoped_actor self{f.w.system()};
   auto out = f.run(self, {f.request(1, prompt, 4, {})});
   CHECK(out[1].end.cached_tokens == 256);
@@ -482,8 +463,8 @@ TEST_CASE("a restarted graph finds the blocks persisted before and restores them
 }
 
 TEST_CASE("a later prompt holding a reply's tokens hits the blocks decode filled") {
-  temp_dir dir;
-  fixture f{false, dir.path};
+  test::temp_dir dir;
+  fixture f{false, dir.path()};
   caf::scoped_actor self{f.w.system()};
   const auto a = prompt_of(100, 26, f.vocab);  // no full block: prefill persists nothing
   auto first = f.run(self, {f.request(1, a, 200, {})});
