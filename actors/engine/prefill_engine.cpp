@@ -66,15 +66,18 @@ void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv
   if (i == st.jobs.end())
     return;
   auto& j = i->second;
-  // The blocks it computed (and any it fetched: the writer skips what the store holds) go to
-  // the store while the KV moves on.
-  if (st.writer && kv && !j.job.chain.empty()) {
-    auto blocks = std::min<std::uint64_t>(j.job.chain.size(), kv->blocks.size());
-    if (blocks > 0)
-      self->send(st.writer, store_blocks{std::vector<block_key>(j.job.chain.begin(),
-                                                                j.job.chain.begin()
-                                                                  + static_cast<std::ptrdiff_t>(blocks)),
-                                         kv, 0, j.job.traffic});
+  // The blocks it computed go to the store while the KV moves on (those it restored are there
+  // already, refreshed by the CHECK role's match).
+  if (st.writer && kv) {
+    const auto first = j.job.cached_tokens / block_tokens;
+    const auto blocks = std::min<std::uint64_t>(j.job.chain.size(), kv->blocks.size());
+    if (blocks > first) {
+      const auto chain = j.job.chain.begin();
+      self->send(st.writer,
+                 store_blocks{std::vector<block_key>(chain + static_cast<std::ptrdiff_t>(first),
+                                                     chain + static_cast<std::ptrdiff_t>(blocks)),
+                              kv, first, j.job.traffic});
+    }
   }
   j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now(),
                             std::move(j.next), j.job.cached_tokens, std::move(kv)});

@@ -30,9 +30,9 @@
 // state (`kv_keep`) for a later request with the same prefix. A real job ends with its KV
 // exported from the device (kv_export: Block KV blocks, State and SWA KV in their checksummed
 // formats) and handed on in `prefill_done::kv` for the decode instance to import; an export
-// that fails leaves `kv` empty and the decode instance recomputes the context. The exported
-// blocks are persisted by the engine's block writer (store_blocks): reserved, written to the
-// store, then committed in the CHECK role.
+// that fails leaves `kv` empty and the decode instance recomputes the context. The full blocks
+// it computed (not those it restored) are persisted by the engine's block writer
+// (store_blocks): reserved, written to the store, then committed in the CHECK role.
 //
 // Protocol: a `prefill_job` request is answered with `prefill_done` when the job's last token
 // is computed and its fetched KV is complete. `(cancel_atom, request)` drops a job (its
