@@ -27,6 +27,22 @@ std::string blas_kernel_name();
 void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,
             float* y);
 
+/// The instruction sets gemm_nt_invariant can run on: portable C++ (any CPU), or AVX2 with FMA.
+enum class gemm_isa { generic, avx2 };
+
+/// The fastest gemm_isa this CPU supports.
+gemm_isa best_gemm_isa();
+
+/// Output columns [col_begin, col_end) of y[rows, out] = x[rows, in] · w[out, in]ᵀ (x row
+/// stride ldx, y row stride ldy), batch-invariant: every element is the same fixed sequence of
+/// operations over its row of x and its row of w, whatever `rows` is, wherever the row sits in
+/// x and however the columns are split between calls. So a row's result depends on that row
+/// alone (bitwise), while the weights are read once per group of rows rather than once per
+/// row as with one GEMV per row. Results differ between the two `isa`s (FMA rounds once).
+void gemm_nt_invariant(const float* x, std::int64_t rows, std::int64_t in, std::int64_t ldx,
+                       const float* w, std::int64_t col_begin, std::int64_t col_end, float* y,
+                       std::int64_t ldy, gemm_isa isa = best_gemm_isa());
+
 /// In place: x[i] = x[i] / sqrt(mean(x²) + eps) * weight[i] (weight may be null: unweighted).
 void rms_norm(float* x, std::int64_t n, const float* weight, float eps);
 

@@ -10,9 +10,9 @@
 #include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "kernels/cpu_ops.hpp"
+#include "kernels/worker_pool.hpp"
 
 namespace troupe::kernels {
 
@@ -66,7 +66,7 @@ struct layer_weights {
 
 struct model::weights {
   model_config cfg;
-  int threads = 2;
+  std::unique_ptr<worker_pool> workers;  // model_options::threads threads for parallel sections
   std::optional<checkpoint> ckpt;
   bool batch_invariant = false;
   float jitter = 0.0f;
@@ -162,7 +162,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   m.w_ = std::make_unique<weights>();
   auto& w = *m.w_;
   w.cfg = std::move(*cfg);
-  w.threads = std::max(1, options.threads);
+  w.workers = std::make_unique<worker_pool>(std::max(1, options.threads));
   w.batch_invariant = options.batch_invariant;
   w.jitter = static_cast<float>(options.jitter);
   w.jitter_seed = options.jitter_seed;
@@ -398,30 +398,27 @@ void sink_attention(const float* q, const float* kbuf, i64 H, i64 nk, i64 hd, fl
   for (i64 h = 0; h < H; ++h) apply_rope(out + h * hd, hd, rope, p, /*inverse=*/true);
 }
 
-// fn(i) for i in [0, n), split into contiguous ranges over up to `threads` threads (the calling
+// fn(i) for i in [0, n), split into contiguous ranges over the pool's threads (the calling
 // thread takes the first). Each i is computed the same way whatever the split.
 template <class F>
-void parallel_for(i64 n, int threads, F&& fn) {
-  const i64 parts = std::min<i64>(threads, n);
+void parallel_for(i64 n, worker_pool& pool, F&& fn) {
+  const i64 parts = std::min<i64>(pool.size(), n);
   if (parts <= 1) {
     for (i64 i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::vector<std::thread> pool;
-  auto range = [&](i64 part) {
+  pool.run(static_cast<int>(parts), [&](int part) {
     for (i64 i = n * part / parts; i < n * (part + 1) / parts; ++i) fn(i);
-  };
-  for (i64 part = 1; part < parts; ++part) pool.emplace_back(range, part);
-  range(0);
-  for (auto& th : pool) th.join();
+  });
 }
 
-// How projections over many rows run: one GEMM (fast; its reduction order may depend on how
-// many rows there are), or one GEMV per row (batch-invariant: a row's result depends on that
-// row alone, so a sequence's logits are bitwise the same whatever shares its batch and however
-// its prefill is chunked).
+// How projections over many rows run: one BLAS GEMM (fast; its reduction order may depend on
+// how many rows there are), or batch-invariant (gemm_nt_invariant, its columns split over the
+// pool: a row's result depends on that row alone, so a sequence's logits are bitwise the same
+// whatever shares its batch and however its prefill is chunked).
 struct gemm_mode {
   bool per_row = false;
+  worker_pool* pool = nullptr;  // per_row: the threads that share the columns (null: the caller)
   float jitter = 0.0f;  // model_options::jitter
   std::uint64_t jitter_seed = 0;
 };
@@ -453,10 +450,20 @@ void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i
   if (!mode.per_row) {
     gemm_nt(rows, out, in, x, ldx, w, in, y, ldy);
   } else {
-    for (i64 r = 0; r < rows; ++r)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out),
-                  static_cast<blasint>(in), 1.0f, w, static_cast<blasint>(in), x + r * ldx, 1, 0.0f,
-                  y + r * ldy, 1);
+    // Column ranges in multiples of 4 (the kernel's tile); one part when the work is small.
+    const i64 parts = mode.pool == nullptr || rows * out * in < (i64{1} << 16)
+                          ? 1
+                          : std::min<i64>(mode.pool->size(), std::max<i64>(out / 4, 1));
+    auto columns = [&](int part) {
+      const i64 c0 = out / 4 * part / parts * 4;
+      const i64 c1 = part + 1 == parts ? out : out / 4 * (part + 1) / parts * 4;
+      gemm_nt_invariant(x, rows, in, ldx, w, c0, c1, y, ldy);
+    };
+    if (parts == 1) {
+      columns(0);
+    } else {
+      mode.pool->run(static_cast<int>(parts), columns);
+    }
   }
   if (mode.jitter != 0.0f) apply_jitter(mode, y, rows, out, ldy);
 }
@@ -826,7 +833,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
           // Same length as the candidate mask: check_csa2_schedule.
           const bool apply_candidates =
               !L.candidate_source && L.uses_candidates && sh.has_candidates;
-          parallel_for(n, W.threads, [&](i64 i) {
+          parallel_for(n, *W.workers, [&](i64 i) {
             const i64 t = t0 + i;
             std::vector<float> scores(sz(n_idx));
             const i64 visible = (positions[sz(t)] + 1) / L.ratio;
@@ -900,7 +907,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
     const i64 n_comp = comp != nullptr ? comp->kv.size() : 0;
     // The top-k was selected over exactly these n_comp entries: check_csa2_schedule.
     const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
-    parallel_for(n, W.threads, [&](i64 i) {
+    parallel_for(n, *W.workers, [&](i64 i) {
       const i64 t = t0 + i;
       const i64 p = positions[sz(t)];
       // The query's keys gathered into one [nk, hd] matrix: the window, then the selected
@@ -1003,7 +1010,7 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const gemm_mode mode{W.batch_invariant, W.jitter, W.jitter_seed};
+  const gemm_mode mode{W.batch_invariant, W.workers.get(), W.jitter, W.jitter_seed};
   using fail = result<std::vector<float>>;
 
   // Tokens in batch order, their positions, and each sequence's slice.
@@ -1324,7 +1331,7 @@ void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
     const swa_ring& ring = batch[sz(s)].state->rings[stage];
     const i64 start = ring.end();  // the block's first position
     draft_kv_rows(W, L, mode, a.data() + s * B * D, B, start, kv);
-    parallel_for(B, W.threads, [&](i64 i) {
+    parallel_for(B, *W.workers, [&](i64 i) {
       const i64 t = s * B + i, p = start + i;
       for (i64 h = 0; h < H; ++h) apply_rope(q.data() + (t * H + h) * hd, hd, W.rope_main, p);
       const i64 first = std::max<i64>(ring.begin(), start - win);
@@ -1357,7 +1364,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
   const i64 rank = c.dspark_markov_rank, S = static_cast<i64>(batch.size()), T = S * B;
   const i64 width = static_cast<i64>(c.dspark_target_layer_ids.size()) * D;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const gemm_mode mode{W.batch_invariant, W.jitter, W.jitter_seed};
+  const gemm_mode mode{W.batch_invariant, W.workers.get(), W.jitter, W.jitter_seed};
   for (i64 s = 0; s < S; ++s) {
     const auto& in = batch[sz(s)];
     const std::string who = "draft: sequence " + std::to_string(s);
@@ -1438,7 +1445,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
     for (i64 i = 0; i < B; ++i) {
       const i64 t = s * B + i;
       const float* e = W.markov_embed.data() + prev * rank;
-      project(gemm_mode{true}, e, 1, rank, W.markov_head.data(), V, bias.data());
+      project(gemm_mode{true, W.workers.get()}, e, 1, rank, W.markov_head.data(), V, bias.data());
       float* lg = res.logits.data() + t * V;
       i64 best = 0;
       for (i64 v = 0; v < V; ++v) {

@@ -1,9 +1,11 @@
 // The CPU model's building blocks on hand-computed cases: the e4m3 / e2m1 quantisers, the
-// interleaved partial RoPE, the mHC Sinkhorn mixing, MoE routing and NumPy's generator that
-// the Engram hash multipliers come from.
+// interleaved partial RoPE, the mHC Sinkhorn mixing, MoE routing, NumPy's generator that
+// the Engram hash multipliers come from, the batch-invariant GEMM and the worker pool.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -11,10 +13,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu_ops.hpp"
 #include "kernels/engram_hash.hpp"
+#include "kernels/worker_pool.hpp"
 
 using namespace troupe::kernels;
 
@@ -191,4 +195,112 @@ TEST_CASE("the released model's Engram hash multipliers equal the reference's") 
       want.push_back(std::stoll(s.get<std::string>()));
     CHECK(layout.multipliers[l] == want);
   }
+}
+
+namespace {
+
+// Deterministic values in [-1, 1) from a counter (no dependence on a library's generator).
+std::vector<float> ramp_values(std::size_t n, std::uint32_t seed) {
+  std::vector<float> v(n);
+  std::uint32_t z = seed * 2654435761u + 12345u;
+  for (auto& x : v) {
+    z = z * 1664525u + 1013904223u;
+    x = static_cast<float>(z >> 8) * 0x1p-23f - 1.0f;
+  }
+  return v;
+}
+
+std::vector<gemm_isa> runnable_isas() {
+  std::vector<gemm_isa> isas{gemm_isa::generic};
+  if (best_gemm_isa() != gemm_isa::generic) isas.push_back(best_gemm_isa());
+  return isas;
+}
+
+}  // namespace
+
+TEST_CASE("gemm_nt_invariant: each row's result is bitwise the same alone, in any batch and any column split") {
+  // in = 67: eight-wide chunks plus a 3-element tail; out = 13: 4-column tiles plus a remainder.
+  for (const std::int64_t in : {std::int64_t{67}, std::int64_t{8}, std::int64_t{5}}) {
+    const std::int64_t out = 13, rows = 7, ldx = in + 3, ldy = out + 2;
+    const auto x = ramp_values(static_cast<std::size_t>(rows * ldx), 1);
+    const auto w = ramp_values(static_cast<std::size_t>(out * in), 2);
+    for (gemm_isa isa : runnable_isas()) {
+      CAPTURE(in);
+      CAPTURE(static_cast<int>(isa));
+      std::vector<float> batch(static_cast<std::size_t>(rows * ldy), -7.0f);
+      gemm_nt_invariant(x.data(), rows, in, ldx, w.data(), 0, out, batch.data(), ldy, isa);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        // The row alone, its columns in three uneven calls.
+        std::vector<float> alone(static_cast<std::size_t>(out), -9.0f);
+        const float* xr = x.data() + r * ldx;
+        gemm_nt_invariant(xr, 1, in, ldx, w.data(), 0, 1, alone.data(), out, isa);
+        gemm_nt_invariant(xr, 1, in, ldx, w.data(), 1, 6, alone.data(), out, isa);
+        gemm_nt_invariant(xr, 1, in, ldx, w.data(), 6, out, alone.data(), out, isa);
+        for (std::int64_t c = 0; c < out; ++c) {
+          CHECK(batch[static_cast<std::size_t>(r * ldy + c)] == alone[static_cast<std::size_t>(c)]);
+          double exact = 0.0;
+          for (std::int64_t k = 0; k < in; ++k)
+            exact += double(xr[k]) * double(w[static_cast<std::size_t>(c * in + k)]);
+          CHECK(alone[static_cast<std::size_t>(c)] == doctest::Approx(exact).epsilon(1e-5));
+        }
+        // The columns left of y's stride untouched.
+        CHECK(batch[static_cast<std::size_t>(r * ldy + out)] == -7.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm_nt_invariant sums a row's lanes in the documented order") {
+  // 16 products: lanes l hold x[l] w[l] + x[l + 8] w[l + 8]; with values chosen so that a
+  // different association loses or keeps the small terms, the result pins the order.
+  std::vector<float> x(16, 1.0f), w(16, 0.0f);
+  w[0] = 0x1p24f;   // lane 0: 2^24
+  w[4] = 1.0f;      // lane 4: 1 — (l0 + l4) rounds to 2^24 (ties to even)
+  w[2] = 1.0f;      // lane 2: 1
+  w[6] = 1.0f;      // lane 6: 1 — (l2 + l6) = 2, then 2^24 + 2 is exact
+  w[1] = -0x1p24f;  // lane 1 against lane 0 only in the last addition
+  for (gemm_isa isa : runnable_isas()) {
+    float y = 0.0f;
+    gemm_nt_invariant(x.data(), 1, 16, 16, w.data(), 0, 1, &y, 1, isa);
+    CHECK(y == 2.0f);
+  }
+}
+
+TEST_CASE("worker_pool runs every part once, on as many threads as it has, nested calls inline") {
+  worker_pool pool(3);
+  CHECK(pool.size() == 3);
+  for (int round = 0; round < 200; ++round) {  // back to back: workers spinning and asleep
+    std::vector<std::atomic<int>> hits(5);
+    std::vector<std::thread::id> who(5);
+    pool.run(5, [&](int part) {  // capped at 3 parts
+      hits[static_cast<std::size_t>(part)]++;
+      who[static_cast<std::size_t>(part)] = std::this_thread::get_id();
+    });
+    CHECK(hits[0] == 1);
+    CHECK(hits[1] == 1);
+    CHECK(hits[2] == 1);
+    CHECK(hits[3] == 0);
+    CHECK(who[0] == std::this_thread::get_id());
+    CHECK(who[1] != who[0]);
+    CHECK(who[2] != who[1]);
+    if (round % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  // A section that runs another: the inner one runs on the thread that asked for it.
+  std::atomic<int> inner{0};
+  pool.run(2, [&](int) {
+    const auto me = std::this_thread::get_id();
+    pool.run(3, [&](int) {
+      CHECK(std::this_thread::get_id() == me);
+      inner++;
+    });
+  });
+  CHECK(inner == 6);
+  // Two threads sharing the pool: each call still runs all its parts.
+  std::atomic<int> total{0};
+  std::thread other([&] {
+    for (int i = 0; i < 100; ++i) pool.run(3, [&](int) { total++; });
+  });
+  for (int i = 0; i < 100; ++i) pool.run(3, [&](int) { total++; });
+  other.join();
+  CHECK(total == 600);
 }
