@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -398,8 +399,9 @@ void sink_attention(const float* q, const float* kbuf, i64 H, i64 nk, i64 hd, fl
   for (i64 h = 0; h < H; ++h) apply_rope(out + h * hd, hd, rope, p, /*inverse=*/true);
 }
 
-// fn(i) for i in [0, n), split into contiguous ranges over the pool's threads (the calling
-// thread takes the first). Each i is computed the same way whatever the split.
+// fn(i) for every i in [0, n), shared out over the pool's threads: each takes the next i until
+// none is left, so a thread the OS preempts (other work on the same cores) delays the section
+// by one i, not by its share. Each i is computed the same way whichever thread runs it.
 template <class F>
 void parallel_for(i64 n, worker_pool& pool, F&& fn) {
   const i64 parts = std::min<i64>(pool.size(), n);
@@ -407,8 +409,9 @@ void parallel_for(i64 n, worker_pool& pool, F&& fn) {
     for (i64 i = 0; i < n; ++i) fn(i);
     return;
   }
-  pool.run(static_cast<int>(parts), [&](int part) {
-    for (i64 i = n * part / parts; i < n * (part + 1) / parts; ++i) fn(i);
+  std::atomic<i64> next{0};
+  pool.run(static_cast<int>(parts), [&](int) {
+    for (i64 i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);
   });
 }
 
@@ -450,19 +453,21 @@ void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i
   if (!mode.per_row) {
     gemm_nt(rows, out, in, x, ldx, w, in, y, ldy);
   } else {
-    // Column ranges in multiples of 4 (the kernel's tile); one part when the work is small.
-    const i64 parts = mode.pool == nullptr || rows * out * in < (i64{1} << 16)
-                          ? 1
-                          : std::min<i64>(mode.pool->size(), std::max<i64>(out / 4, 1));
-    auto columns = [&](int part) {
-      const i64 c0 = out / 4 * part / parts * 4;
-      const i64 c1 = part + 1 == parts ? out : out / 4 * (part + 1) / parts * 4;
-      gemm_nt_invariant(x, rows, in, ldx, w, c0, c1, y, ldy);
+    // The columns in chunks of whole 4-column tiles (the kernel's), eight per thread, taken
+    // in turn by the pool's threads; one thread when the work is small.
+    const i64 tiles = (out + 3) / 4;
+    const i64 threads = mode.pool == nullptr || rows * out * in < (i64{1} << 16)
+                            ? 1
+                            : std::min<i64>(mode.pool->size(), tiles);
+    const i64 chunks = threads == 1 ? 1 : std::min<i64>(tiles, threads * 8);
+    auto chunk = [&](i64 ch) {
+      gemm_nt_invariant(x, rows, in, ldx, w, tiles * ch / chunks * 4,
+                        std::min(out, tiles * (ch + 1) / chunks * 4), y, ldy);
     };
-    if (parts == 1) {
-      columns(0);
+    if (chunks == 1) {
+      chunk(0);
     } else {
-      mode.pool->run(static_cast<int>(parts), columns);
+      parallel_for(chunks, *mode.pool, chunk);
     }
   }
   if (mode.jitter != 0.0f) apply_jitter(mode, y, rows, out, ldy);
