@@ -69,6 +69,8 @@ struct decode_engine_state {
   bool handoff_due = false;
   bool handed_off = false;
   std::uint64_t forwarded = 0;
+  /// Forwarded jobs whose KV the device is exporting.
+  std::uint64_t exporting = 0;
   caf::typed_response_promise<std::uint64_t> drain_rp;
   bool drain_answered = false;
   engine_stats stats;
@@ -89,7 +91,20 @@ void admit(engine_ptr self) {
   }
 }
 
-/// Answers a job that leaves unfinished: its request continues elsewhere with its KV.
+/// The drain is answered once the hand-off is done, no KV is still coming in and every
+/// forwarded job's KV has left the device.
+void maybe_answer_drain(engine_ptr self) {
+  auto& st = self->state;
+  if (st.handed_off && st.in_transfer == 0 && st.exporting == 0 && !st.drain_answered) {
+    st.drain_answered = true;
+    st.drain_rp.deliver(st.forwarded);
+  }
+}
+
+/// Answers a job that leaves unfinished: its request continues elsewhere with its KV. A real
+/// job's KV on the device (everything: blocks, State KV, SWA rings) is exported first and goes
+/// with the answer, so that the next instance imports it instead of recomputing the context;
+/// an export that fails leaves the next instance to recompute.
 void forward(engine_ptr self, running& run, std::vector<filled_blocks>& filled) {
   auto& st = self->state;
   // The block writer forgets the request's chain tip (no block is filled by leaving).
@@ -102,18 +117,28 @@ void forward(engine_ptr self, running& run, std::vector<filled_blocks>& filled) 
   d.forwarded = true;
   d.ids = std::move(run.ids);
   d.logprobs = std::move(run.logprobs);
-  run.rp.deliver(std::move(d));
-  self->send(st.device, runtime::device_release{run.job.request});
   ++st.forwarded;
-}
-
-/// The drain is answered once the hand-off is done and no KV is still coming in.
-void maybe_answer_drain(engine_ptr self) {
-  auto& st = self->state;
-  if (st.handed_off && st.in_transfer == 0 && !st.drain_answered) {
-    st.drain_answered = true;
-    st.drain_rp.deliver(st.forwarded);
+  if (run.job.context.empty() || !run.on_device) {
+    // Simulated (the KV moves by the modelled transfer), or nothing on the device yet.
+    run.rp.deliver(std::move(d));
+    self->send(st.device, runtime::device_release{run.job.request});
+    return;
   }
+  ++st.exporting;
+  auto done = [self](caf::typed_response_promise<decode_done>& rp, decode_done& d) {
+    rp.deliver(std::move(d));
+    --self->state.exporting;
+    maybe_answer_drain(self);
+  };
+  self->request(st.device, caf::infinite, runtime::kv_export{run.job.request, 0, false})
+    .then(
+      [done, rp = run.rp, d](runtime::kv_snapshot_ptr kv) mutable {
+        d.kv = std::move(kv);
+        done(rp, d);
+      },
+      [done, rp = run.rp, d](const caf::error&) mutable { done(rp, d); });
+  // (After the export in the device's mailbox.)
+  self->send(st.device, runtime::device_release{run.job.request});
 }
 
 /// The hand-off: every job still here is forwarded, all in this one step.

@@ -38,9 +38,12 @@
 // boundary at or after `grace` — whichever comes first — hands off: every job not finished is
 // answered with a `decode_done` marked `forwarded`, carrying the exact number of tokens it
 // generated here, so that its request goes to another decode instance with its KV (no
-// re-prefill; request.hpp). The drain request is then answered with the number of jobs
-// forwarded; the caller stops the instance (fault_injector: the pool supervisor's
-// stop_child, so it is not restarted). A job that reaches the engine after the hand-off
+// re-prefill; request.hpp). A real job's KV is exported from the device (all of it: Block
+// KV, State KV and SWA rings) and carried in the answer (`decode_done::kv`) for the next
+// instance to import, as after a prefill; the simulated world models the transfer. The drain
+// request is then answered with the number of jobs forwarded, once their KV has left the
+// device; the caller stops the instance (fault_injector: the pool supervisor's stop_child, so
+// it is not restarted). A job that reaches the engine after the hand-off
 // (routed before the exclusion) is forwarded as soon as its KV has arrived.
 #pragma once
 
@@ -133,6 +136,9 @@ struct decode_done {
   /// their logprobs when asked for.
   std::vector<std::int32_t> ids;
   std::vector<runtime::sampled_token> logprobs;
+  /// Forwarded real jobs: the request's KV exported from this instance's device, for the next
+  /// instance to import (null: it recomputes). An in-process handle, not serialised.
+  runtime::kv_snapshot_ptr kv;
 };
 
 template <class Inspector>

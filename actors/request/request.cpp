@@ -232,8 +232,8 @@ void decode(request_ptr self) {
           job.context.insert(job.context.end(), st.output.begin(),
                              st.output.end() - (st.output.empty() ? 0 : 1));
         }
-        // The KV of the prefill that just ended (a later decode job, after a forward or a
-        // failure, recomputes or re-prefills instead).
+        // The KV of the prefill that just ended, or the one a draining decode instance
+        // forwarded (a decode job after a failure recomputes or re-prefills instead).
         job.kv = std::move(st.kv);
         st.kv = nullptr;
         st.progress = 0;
@@ -272,6 +272,7 @@ void decode(request_ptr self) {
                 st.progress = 0;
                 ++st.outcome.forwards;
                 st.forwarded_kv = true;
+                st.kv = std::move(done.kv);
                 decode(self);
                 return;
               }

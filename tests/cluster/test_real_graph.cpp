@@ -5,6 +5,7 @@
 
 #include "../ports/device_fixture.hpp"
 #include "../ports/store_drivers.hpp"
+#include "actors/fault_injector.hpp"
 #include "actors/type_ids.hpp"
 #include "cluster/real_graph.hpp"
 #include "kernels/generate.hpp"
@@ -53,8 +54,12 @@ instances = 1
 gpus_per_instance = 1
 )";
 
-cluster::topology test_topology() {
-  auto t = cluster::parse_topology(topology_text, "test-real.toml");
+cluster::topology test_topology(int decode_instances = 1) {
+  std::string text = topology_text;
+  const std::string one = "role = \"decode\"\ninstances = 1";
+  text.replace(text.find(one), one.size(),
+               "role = \"decode\"\ninstances = " + std::to_string(decode_instances));
+  auto t = cluster::parse_topology(text, "test-real.toml");
   REQUIRE(t.value);
   return *t.value;
 }
@@ -132,7 +137,8 @@ struct fixture {
 
   runtime::store_port store;
 
-  explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {}) {
+  explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {},
+                   int decode_instances = 1) {
     log->corrupt_exports = corrupt;
     const auto& dir = test::model_dirs::tiny();
     auto cfg = kernels::load_model_config(dir);
@@ -160,7 +166,7 @@ struct fixture {
     p.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(cfg->text));
     p.max_batch = 64;
     p.prefill_chunk = 64;
-    graph = cluster::spawn_real_graph(w.system(), test_topology(), p);
+    graph = cluster::spawn_real_graph(w.system(), test_topology(decode_instances), p);
   }
 
   ~fixture() {
@@ -477,4 +483,54 @@ TEST_CASE("a later prompt holding a reply's tokens hits the blocks decode filled
   auto out = f.run(self, {f.request(2, b, 4, {})});
   CHECK(out[2].end.cached_tokens == 256);
   CHECK(out[2].tokens.size() == 4);
+}
+
+TEST_CASE("a draining decode instance hands its request over with its KV: exact tokens, "
+          "nothing recomputed") {
+  fixture f(false, {}, 2);
+  caf::scoped_actor self{f.w.system()};
+  const auto a = prompt_of(40, 71, f.vocab);
+  const std::uint32_t n = 160;
+  // A short prompt: the decode balancer's short-class instance (0) takes it; the other is its
+  // long class, where the request spills once 0 leaves.
+  self->request(f.graph.service, 30s, f.request(1, a, n, caf::actor_cast<caf::actor>(self)))
+    .receive([](const caf::actor&) {},
+             [&](const caf::error& e) { FAIL("refused: " << f.w.system().render(e)); });
+  served out;
+  bool ended = false;
+  auto faults = std::make_shared<std::vector<actors::fault_record>>();
+  caf::actor injector;
+  while (!ended) {
+    bool timed_out = false;
+    self->receive(
+      [&](actors::generation_tokens& t) {
+        out.tokens.insert(out.tokens.end(), t.tokens.begin(), t.tokens.end());
+      },
+      [&](actors::generation_end& e) {
+        out.end = e;
+        ended = true;
+      },
+      caf::after(120s) >> [&] { timed_out = true; });
+    REQUIRE_FALSE(timed_out);
+    // Decoding: instance 0 leaves (no grace), mid-stream.
+    if (!injector && out.tokens.size() >= 4) {
+      actors::fault_order drain;
+      drain.path = {"decode", "decode/0"};
+      drain.drain = runtime::duration{0};
+      injector = actors::spawn_fault_injector(f.w.system(), f.graph.cluster, {drain}, faults);
+    }
+  }
+  REQUIRE(injector);
+  CHECK(out.tokens == generate_greedy(a, n));
+  CHECK(out.end.reason == actors::finish_reason::length);
+  // The drain forwarded the request, whose KV the other instance imported: the prefill
+  // hand-off and the migration, neither refused (a recomputed context would import nothing).
+  REQUIRE(faults->size() == 1);
+  CHECK((*faults)[0].injected);
+  REQUIRE((*faults)[0].forwarded);
+  CHECK((*faults)[0].forwarded->done);
+  CHECK((*faults)[0].forwarded->forwarded == 1);
+  CHECK(f.log->imported.load() == 2);
+  CHECK(f.log->refused.load() == 0);
+  caf::anon_send_exit(injector, caf::exit_reason::user_shutdown);
 }
