@@ -17,11 +17,10 @@ tokens (direct). tokens/s: all tokens of the run over the time from the first re
 (direct: the generation start) to the last token: the aggregate throughput, which at 1
 stream is the stream's own rate, TTFT included. decode/s: the tokens after each stream's
 first over the time from the earliest first token to the last token (at 1 stream, the decode
-rate alone). The direct TTFT is not comparable with the served one: `troupe generate` runs the
-prompt through `model::forward`, which projects every prompt position through the LM head,
-where the serving devices project only the last (`forward_last`); decode/s is the comparable
-figure at 1 stream. Every served stream must report completion_tokens == --tokens, else
-the run fails.
+rate alone). Both run the prompt through the LM head at its last position only
+(`forward_last`), so the TTFTs compare too (the served one adds HTTP, the prefill instance's
+hand-off of the KV to the decode instance, and the recipe's encoding). Every served stream
+must report completion_tokens == --tokens, else the run fails.
 
 Each run waits (up to 10 minutes) for 2 quiet seconds, then records the 1-minute load
 average, and during the run the CPU time that processes other than this script, the server and

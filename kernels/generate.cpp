@@ -20,7 +20,10 @@ result<generation> generate(const model& m, std::span<const std::int64_t> prompt
   auto cache = m.new_sequence();
   auto run = [&](std::span<const std::int64_t> tokens) -> result<std::vector<float>> {
     sequence_input in{&cache, tokens};
-    auto logits = m.forward(std::span(&in, 1));
+    // Only the last position's logits are drawn from: the LM head runs on it alone unless
+    // every position's logits are kept.
+    auto logits = options.keep_logits ? m.forward(std::span(&in, 1))
+                                      : m.forward_last(std::span(&in, 1));
     if (logits && options.keep_logits)
       out.logits.insert(out.logits.end(), logits->begin(), logits->end());
     return logits;
