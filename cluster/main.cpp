@@ -227,6 +227,9 @@ int main(int argc, char** argv) {
     "--swarm-seed", swarm_seed,
     "replay seed S of `troupe swarm`: its drawn workload, fault plan and bound");
   swarm_seed_opt->excludes(trace_opt)->excludes(workload_opt);
+  sim->add_option("--spec", sim_opts.spec,
+                  "speculative decoding: off (default), fixedK (verify K = 1..5 drafts every "
+                  "step) or dspark (per-step verify lengths for the most tokens per second)");
   // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
   sim->add_flag("--plant-bug", sim_opts.plant_bug)->group("");
   sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");

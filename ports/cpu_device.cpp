@@ -254,6 +254,8 @@ caf::error validate(const cpu_device_state& st, const runtime::device_step& step
     return len ? static_cast<std::uint64_t>(*len) : 0;
   };
   auto extra = [&](const runtime::step_sequence& s) -> std::string {
+    if (s.verify > 0)
+      return "the CPU device does not verify drafts yet (it proposes none)";
     for (auto t : s.tokens)
       if (t < 0 || t >= st.vocab)
         return "token " + std::to_string(t) + " is outside the vocabulary of "

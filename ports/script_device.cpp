@@ -80,6 +80,8 @@ caf::error validate(const script_device_state& st, const runtime::device_step& s
   auto extra = [&](const runtime::step_sequence& s) -> std::string {
     if (s.sample && script_of(st, s.sequence).empty())
       return "no script to sample from";
+    if (s.verify > 0)
+      return "a script device does not verify drafts";
     return {};
   };
   return runtime::validate_step(step, false, held, extra);

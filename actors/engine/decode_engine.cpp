@@ -1,5 +1,7 @@
 #include "actors/engine/decode_engine.hpp"
 
+#include "actors/engine/speculation.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
@@ -12,6 +14,18 @@
 #include <set>
 
 namespace troupe::actors {
+
+std::string to_string(speculation s) {
+  switch (s) {
+    case speculation::off:
+      return "off";
+    case speculation::fixed:
+      return "fixed";
+    case speculation::dspark:
+      return "dspark";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -32,6 +46,10 @@ struct running {
   /// computes it).
   bool on_device = true;
   bool stopped = false;
+  /// The drafts the device proposed in the last step, and how many of them the step in
+  /// flight verifies.
+  runtime::draft_proposal proposal;
+  std::uint32_t verifying = 0;
   /// Generated since the last progress notice.
   std::vector<std::int32_t> ids;
   std::vector<runtime::sampled_token> logprobs;
@@ -194,6 +212,51 @@ bool idle(const decode_engine_state& st) {
   return st.batch.empty() && st.waiting.empty() && st.in_transfer == 0 && !st.stepping;
 }
 
+/// Whether a job's steps ask for drafts: speculation on, and a job whose acceptance the device
+/// can decide (the simulated world's every job; a real one only when greedy, where a draft is
+/// accepted by an exact match).
+bool speculates(const decode_engine_state& st, const running& run) {
+  return st.params.spec != speculation::off
+         && (run.job.context.empty() || run.job.sampling.temperature == 0.0);
+}
+
+/// The drafts each job of the batch verifies this step, in batch order: none without a
+/// proposal from the previous step (or on a step that rebuilds the context), never more than
+/// the job still needs after the step's own token.
+std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
+  std::vector<draft_confidences> offered;
+  offered.reserve(st.batch.size());
+  for (const auto& [id, run] : st.batch) {
+    draft_confidences d;
+    if (speculates(st, run) && run.on_device) {
+      auto n = static_cast<std::uint64_t>(std::min<std::size_t>(run.proposal.confidences.size(),
+                                                                max_drafts));
+      if (!run.job.context.empty())
+        n = std::min<std::uint64_t>(n, run.proposal.tokens.size());
+      const auto left = run.job.output_tokens - run.generated;
+      n = std::min<std::uint64_t>(n, left > 0 ? left - 1 : 0);
+      d.count = static_cast<std::uint32_t>(n);
+      std::copy_n(run.proposal.confidences.begin(), n, d.confidence.begin());
+    }
+    offered.push_back(d);
+  }
+  if (st.params.spec == speculation::dspark && st.params.step_cost) {
+    const auto sequences = static_cast<std::uint32_t>(st.batch.size());
+    auto cost = [&](std::uint64_t tokens) {
+      runtime::device_step s{0, runtime::step_phase::decode, tokens, sequences,
+                             st.batch_kv + tokens - sequences, {}};
+      return std::max(runtime::to_seconds(st.params.step_cost(s)), 1e-12);
+    };
+    return choose_verify_lengths(offered, cost).lengths;
+  }
+  std::vector<std::uint32_t> lengths;
+  lengths.reserve(offered.size());
+  for (const auto& d : offered)
+    lengths.push_back(st.params.spec == speculation::off ? 0
+                                                         : std::min(d.count, st.params.fixed_drafts));
+  return lengths;
+}
+
 void step(engine_ptr self) {
   auto& st = self->state;
   if (st.stepping || st.handed_off)
@@ -207,12 +270,19 @@ void step(engine_ptr self) {
   if (st.batch.empty())
     return;
   st.stepping = true;
+  const auto verify = verify_lengths(st);
   runtime::device_step ds{st.next_step++, runtime::step_phase::decode, st.batch.size(),
                           static_cast<std::uint32_t>(st.batch.size()), st.batch_kv, {}};
   ds.batch.reserve(st.batch.size());
+  std::size_t at = 0;
   for (auto& [id, run] : st.batch) {
     runtime::step_sequence seq{id, run.job.context_tokens + run.generated, 1, {}, true,
                                run.job.sampling};
+    seq.propose = speculates(st, run);
+    run.verifying = verify[at++];
+    seq.verify = run.verifying;
+    seq.count += run.verifying;
+    ds.tokens += run.verifying;
     if (!run.job.context.empty()) {
       if (!run.on_device) {
         // Rebuild the context's KV here, in the same step (decode_engine.hpp).
@@ -224,6 +294,8 @@ void step(engine_ptr self) {
       seq.tokens.push_back(run.last);
       if (st.store)
         run.held.push_back(run.last);
+      seq.tokens.insert(seq.tokens.end(), run.proposal.tokens.begin(),
+                        run.proposal.tokens.begin() + run.verifying);
     }
     ds.batch.push_back(std::move(seq));
   }
@@ -235,41 +307,67 @@ void step(engine_ptr self) {
         ++st.stats.steps;
         st.stats.busy += r.finished - r.started;
         std::vector<filled_blocks> filled;
-        // The sampled tokens come in batch order, i.e. by request id; a job cancelled while
-        // the step ran has none of its own any more.
+        const auto verified_before = st.stats.verify_steps;
+        const auto drafts_before = st.stats.drafts_verified;
+        const auto accepted_before = st.stats.drafts_accepted;
+        // The sampled tokens (and proposals) come in batch order, i.e. by request id; a job
+        // cancelled while the step ran has none of its own any more.
         auto sampled = r.sampled.begin();
+        auto proposal = r.drafts.begin();
         for (auto i = st.batch.begin(); i != st.batch.end();) {
           auto& run = i->second;
           while (sampled != r.sampled.end() && sampled->sequence < i->first)
             ++sampled;
+          while (proposal != r.drafts.end() && proposal->sequence < i->first)
+            ++proposal;
           if (sampled == r.sampled.end() || sampled->sequence != i->first) {
             ++i;  // admitted after this step was built (cannot happen today): next step
             continue;
           }
-          auto& token = *sampled++;
-          ++st.stats.tokens;
-          ++run.generated;
-          ++st.batch_kv;
-          run.last = token.token;
-          run.ids.push_back(token.token);
-          if (run.job.sampling.top_logprobs >= 0)
-            run.logprobs.push_back(std::move(token));
-          run.stopped = is_stop(run.job, run.last);
-          auto length = run.job.context_tokens + run.generated;
-          auto done = run.stopped || run.generated >= run.job.output_tokens;
-          bool full = length % block_size == 0;
-          if (full)
-            ++run.blocks;
-          if (!run.job.context.empty()) {
-            // Real world: key the blocks by their ids and store their bytes (before a release).
-            if (full && st.store)
-              store_filled(self, run);
-          } else if (full || (done && run.blocks > 0)) {
-            filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
-                                           length / block_size - 1, full ? 1u : 0u,
-                                           run.job.traffic, done});
+          // This sequence's tokens: one, plus one per accepted draft.
+          const auto first = sampled;
+          while (sampled != r.sampled.end() && sampled->sequence == i->first)
+            ++sampled;
+          const auto answered = static_cast<std::uint64_t>(sampled - first);
+          if (run.verifying > 0) {
+            ++st.stats.verify_steps;
+            st.stats.drafts_verified += run.verifying;
+            st.stats.drafts_accepted += answered - 1;
           }
-          if (!done && run.job.progress_every > 0 && run.generated % run.job.progress_every == 0
+          run.proposal = {};
+          if (proposal != r.drafts.end() && proposal->sequence == i->first)
+            run.proposal = std::move(*proposal++);
+          // Real world: the accepted drafts are in the device's cache too.
+          if (!run.job.context.empty() && st.store)
+            for (auto t = first; t + 1 < sampled; ++t)
+              run.held.push_back(t->token);
+          bool done = false;
+          for (auto t = first; t != sampled && !done; ++t) {
+            ++st.stats.tokens;
+            ++run.generated;
+            ++st.batch_kv;
+            run.last = t->token;
+            run.ids.push_back(t->token);
+            if (run.job.sampling.top_logprobs >= 0)
+              run.logprobs.push_back(std::move(*t));
+            run.stopped = is_stop(run.job, run.last);
+            const auto length = run.job.context_tokens + run.generated;
+            done = run.stopped || run.generated >= run.job.output_tokens;
+            const bool full = length % block_size == 0;
+            if (full)
+              ++run.blocks;
+            if (!run.job.context.empty()) {
+              // Real world: key the blocks by their ids and store their bytes (before a
+              // release).
+              if (full && st.store)
+                store_filled(self, run);
+            } else if (full || (done && run.blocks > 0)) {
+              filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
+                                             length / block_size - 1, full ? 1u : 0u,
+                                             run.job.traffic, done});
+            }
+          }
+          if (!done && run.job.progress_every > 0 && run.ids.size() >= run.job.progress_every
               && run.progress_to) {
             caf::anon_send(run.progress_to,
                            decode_progress{i->first, st.params.instance, run.generated,
@@ -286,7 +384,7 @@ void step(engine_ptr self) {
             d.logprobs = std::move(run.logprobs);
             run.rp.deliver(std::move(d));
             self->send(st.device, runtime::device_release{i->first});
-            st.batch_kv -= length;
+            st.batch_kv -= run.job.context_tokens + run.generated;
             ++st.stats.jobs_done;
             i = st.batch.erase(i);
           } else {
@@ -295,6 +393,10 @@ void step(engine_ptr self) {
         }
         if (!filled.empty() && st.persist)
           st.persist(filled);
+        if (st.params.on_verify && st.stats.verify_steps > verified_before)
+          st.params.on_verify(st.stats.verify_steps - verified_before,
+                              st.stats.drafts_verified - drafts_before,
+                              st.stats.drafts_accepted - accepted_before);
         step(self);
       },
       [self](const caf::error& err) { self->quit(err); });

@@ -60,6 +60,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace troupe::actors {
@@ -159,10 +160,27 @@ using decode_engine_actor
                      caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
                      caf::reacts_to<drain_end_atom>, caf::reacts_to<cancel_atom, std::uint64_t>>;
 
+/// Speculative decoding: none; every sequence verifies the same number of drafts; or DSpark's
+/// per-step choice (speculation.hpp).
+enum class speculation : std::uint8_t { off, fixed, dspark };
+
+std::string to_string(speculation s);
+
 struct decode_engine_params {
   instance_id instance = 0;
   /// Requests in the running batch, over the whole instance.
   std::uint32_t max_batch = 256;
+  /// Speculative decoding (greedy requests only in the real world, whose acceptance is an
+  /// exact match; every request in the simulated world). Each step asks the device for the
+  /// next step's drafts; `fixed` verifies min(fixed_drafts, proposed) of them, `dspark` the
+  /// lengths choose_verify_lengths picks under `step_cost`.
+  speculation spec = speculation::off;
+  std::uint32_t fixed_drafts = 5;
+  /// The instance's step time for a step (DSpark's cost curve): pure, no side effects.
+  runtime::step_cost_fn step_cost;
+  /// Called after each step that verified drafts: sequences that verified, drafts verified,
+  /// drafts accepted (the simulation's report; may be empty).
+  std::function<void(std::uint64_t, std::uint64_t, std::uint64_t)> on_verify;
 };
 
 /// Called once per step that filled a block, with an entry for each request whose KV filled a

@@ -114,6 +114,11 @@ struct engine_stats {
   std::uint64_t jobs_in_flight = 0;
   /// Device time spent in steps (for utilisation).
   runtime::duration busy{0};
+  /// Decode with speculation: sequence-steps that verified drafts, drafts verified, and drafts
+  /// accepted.
+  std::uint64_t verify_steps = 0;
+  std::uint64_t drafts_verified = 0;
+  std::uint64_t drafts_accepted = 0;
   /// Decode: handed-off KV the device refused (checksum mismatch, another model's); those
   /// jobs recomputed their context instead.
   std::uint64_t kv_import_failures = 0;
@@ -129,8 +134,9 @@ struct engine_stats {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.instance, x.steps, x.tokens, x.jobs_done,
-           x.jobs_in_flight, x.busy, x.kv_import_failures, x.cached_tokens, x.blocks_fetched,
-           x.fetch_misses, x.restore_failures);
+           x.jobs_in_flight, x.busy, x.verify_steps, x.drafts_verified, x.drafts_accepted,
+           x.kv_import_failures, x.cached_tokens, x.blocks_fetched, x.fetch_misses,
+           x.restore_failures);
 }
 
 using engine_stats_atom = caf::atom_constant<caf::atom("engstats")>;

@@ -155,6 +155,16 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   auto wall_start = std::chrono::steady_clock::now();
   std::size_t next_tenth = 1;
   options.params.test_drop_on_reroute = options.params.test_drop_on_reroute || o.plant_bug;
+  if (o.spec == "dspark") {
+    options.params.speculation = actors::speculation::dspark;
+  } else if (o.spec.size() == 6 && o.spec.rfind("fixed", 0) == 0 && o.spec[5] >= '1'
+             && o.spec[5] <= '5') {
+    options.params.speculation = actors::speculation::fixed;
+    options.params.fixed_drafts = static_cast<std::uint32_t>(o.spec[5] - '0');
+  } else if (o.spec != "off") {
+    err << "troupe sim: --spec " << o.spec << ": expected off, fixed1 .. fixed5 or dspark\n";
+    return 1;
+  }
   if (!o.quiet)
     options.progress = [&](const sim_progress_info& p) {
       auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)

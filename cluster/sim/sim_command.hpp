@@ -35,6 +35,8 @@ struct sim_command_options {
   /// (cluster/sim/swarm.hpp) instead of --trace / --workload / --faults / --seed / --until.
   /// Requests still unfinished at the bound are a failure (exit 2), as in the swarm.
   std::optional<std::uint64_t> swarm_seed;
+  /// Speculative decoding: off, fixedK (K = 1..5 drafts verified every step) or dspark.
+  std::string spec = "off";
   /// TEST ONLY: sim_params::test_drop_on_reroute (hidden `--plant-bug`).
   bool plant_bug = false;
 };

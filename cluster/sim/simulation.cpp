@@ -425,7 +425,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto configured = pool.gpus_per_instance;
     auto pool_ep = pool.ep_size;
     auto name = pool.name;
-    ports.device = [m, h, configured, pool_ep, busy, name, fleet](
+    ports.device = [m, h, configured, pool_ep, busy, name, fleet, drafts = p.drafts](
                      caf::local_actor* self, actors::instance_id id, std::uint32_t,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
@@ -434,7 +434,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       auto ep = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(
                                              std::uint64_t{pool_ep} * size / configured));
       return runtime::spawn_sim_device(self->system(),
-                                       instance_cost(m, h, ep, size, busy, key, fleet));
+                                       instance_cost(m, h, ep, size, busy, key, fleet), drafts);
     };
     auto experts = m.routed_experts;
     ports.gpus = [configured, experts, name, fleet](actors::instance_id id) {
@@ -466,6 +466,27 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   runtime::supervisor_config decode_cfg{decode_pool->name, pool_flags, {}};
   actors::decode_engine_params de;
   de.max_batch = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
+  de.spec = p.speculation;
+  de.fixed_drafts = p.fixed_drafts;
+  auto spec_tally = std::make_shared<std::array<std::uint64_t, 3>>();
+  de.on_verify = [spec_tally](std::uint64_t seqs, std::uint64_t verified, std::uint64_t accepted) {
+    (*spec_tally)[0] += seqs;
+    (*spec_tally)[1] += verified;
+    (*spec_tally)[2] += accepted;
+  };
+  if (p.speculation == actors::speculation::dspark) {
+    // DSpark's cost curve: the step time of the pool's configured instance, per GPU share as
+    // instance_cost divides it (without its bookkeeping; a slowdown scales every choice alike).
+    auto per_gpu = make_step_cost(*model, *hw, decode_pool->ep_size);
+    de.step_cost = [per_gpu, ranks = decode_pool->gpus_per_instance](const runtime::device_step& s) {
+      auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
+      runtime::device_step g = s;
+      g.tokens = share(s.tokens);
+      g.sequences = static_cast<std::uint32_t>(share(s.sequences));
+      g.context_tokens = share(s.context_tokens);
+      return per_gpu(g);
+    };
+  }
   // Blocks the decode instances' writers made visible in the store (one thread in the sim).
   auto persisted = std::make_shared<std::uint64_t>(0);
   actors::block_writer_params writer;
@@ -700,6 +721,19 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                      tidy(virtual_s > 0 ? gpu_seconds / (static_cast<double>(total_gpus) * virtual_s)
                                         : 0)},
                     {"instance_utilization", per_instance}};
+  if (p.speculation != actors::speculation::off) {
+    const auto [seqs, verified, accepted] = *spec_tally;
+    auto ratio = [](std::uint64_t a, std::uint64_t b) {
+      return b == 0 ? 0.0 : tidy(static_cast<double>(a) / static_cast<double>(b));
+    };
+    report["speculation"] = {{"mode", actors::to_string(p.speculation)},
+                             {"verifying_sequence_steps", seqs},
+                             {"drafts_verified", verified},
+                             {"drafts_accepted", accepted},
+                             {"acceptance", ratio(accepted, verified)},
+                             {"drafts_per_verify", ratio(verified, seqs)},
+                             {"tokens_per_verify", tidy(1.0 + ratio(accepted, seqs))}};
+  }
   report["sim"] = {{"virtual_s", tidy(virtual_s)}, {"events", events}};
   if (!options.faults.empty()) {
     // Every fault of the timeline, marked injected or not (and why not).
@@ -867,6 +901,11 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
   }
   out += "  throughput  " + num(r["throughput"]["input_tokens_per_s"], 0) + " input tok/s, "
          + num(r["throughput"]["output_tokens_per_s"], 0) + " output tok/s\n";
+  if (r.contains("speculation"))
+    out += "  speculation " + r["speculation"]["mode"].get<std::string>() + ": "
+           + num(r["speculation"]["drafts_per_verify"], 2) + " drafts verified, "
+           + num(r["speculation"]["tokens_per_verify"], 2) + " tokens per verifying step, "
+           + num(r["speculation"]["acceptance"], 3) + " of drafts accepted\n";
   out += "  kv cache    block hit rate " + num(r["kv"]["block_hit_rate"].get<double>() * 100)
          + "%, token hit rate " + num(r["kv"]["token_hit_rate"].get<double>() * 100) + "%, "
          + std::to_string(r["kv"]["persisted_blocks"].get<std::uint64_t>())

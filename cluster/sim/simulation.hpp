@@ -15,7 +15,9 @@
 #include "cluster/sim/invariants.hpp"
 #include "cluster/sim/result.hpp"
 #include "cluster/sim/trace.hpp"
+#include "actors/engine/decode_engine.hpp"
 #include "cluster/topology.hpp"
+#include "runtime/ports/device.hpp"
 #include "runtime/time.hpp"
 
 #include <nlohmann/json.hpp>
@@ -67,6 +69,12 @@ struct sim_params {
   runtime::duration retry_interval = std::chrono::seconds(1);
   /// Decode reports delivered tokens to the request every this many tokens.
   std::uint64_t progress_every = 16;
+  /// Speculative decoding of the decode instances (decode_engine.hpp): off, fixed-length
+  /// verification of `fixed_drafts` drafts, or DSpark's per-step choice under the performance
+  /// model's step time; drafts accepted as `drafts` models them (assumed acceptance rates).
+  actors::speculation speculation = actors::speculation::off;
+  std::uint32_t fixed_drafts = 5;
+  runtime::sim_draft_model drafts;
   /// TEST ONLY — a planted bug that proves the invariant checker and the swarm catch lost
   /// requests: on a reroute, a request drops the rest of its stream and reports itself
   /// completed. Reachable from the CLI only through the hidden `--plant-bug` flag of

@@ -42,6 +42,9 @@ caf::error validate_step(const device_step& step, bool ids_required,
       return fail("twice in the batch");
     if (s.count == 0)
       return fail("no new tokens");
+    if (s.verify > 0 && (!s.sample || s.verify >= s.count))
+      return fail("verify " + std::to_string(s.verify)
+                  + ": drafts are verified after at least one other new token, with sample");
     if ((ids_required || !s.tokens.empty()) && s.tokens.size() != s.count)
       return fail("count " + std::to_string(s.count) + " but " + std::to_string(s.tokens.size())
                   + " token ids");

@@ -23,6 +23,7 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -75,12 +76,20 @@ struct step_sequence {
   /// end, whose last logits nothing needs).
   bool sample = false;
   sampling params;
+  /// Speculative decoding (with `sample`): the last `verify` of the new tokens are drafts the
+  /// device proposed for this sequence in its previous step. The device draws the token after
+  /// the first new one; while that token equals the next draft, the draft is accepted and the
+  /// token after it is drawn too. It answers 1 + accepted tokens, in order, and its cache keeps
+  /// the accepted drafts only (the rejected ones are rolled back).
+  std::uint32_t verify = 0;
+  /// Answer drafts for this sequence's next step (device_result::drafts).
+  bool propose = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_sequence& x) {
   return f(caf::meta::type_name("step_sequence"), x.sequence, x.position, x.count, x.tokens,
-           x.sample, x.params);
+           x.sample, x.params, x.verify, x.propose);
 }
 
 /// One step of device work: the batch, and the totals a perf model costs it by.
@@ -120,18 +129,36 @@ typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
   return f(caf::meta::type_name("sampled_token"), x.sequence, x.token, x.logprob, x.top);
 }
 
-/// The outcome of a step: when it started and finished on the device's clock, and one token
-/// per sequence of the batch that asked for one (`sample`), in batch order.
+/// The drafts a device proposes for a sequence's next step (DSpark: up to 5), each with the
+/// draft head's confidence: the predicted probability that the target accepts it given that it
+/// accepts every draft before it. The simulated device leaves `tokens` empty.
+struct draft_proposal {
+  std::uint64_t sequence = 0;
+  std::vector<std::int32_t> tokens{};
+  std::vector<float> confidences{};
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, draft_proposal& x) {
+  return f(caf::meta::type_name("draft_proposal"), x.sequence, x.tokens, x.confidences);
+}
+
+/// The outcome of a step: when it started and finished on the device's clock, and the tokens
+/// drawn for the sequences of the batch that asked for one (`sample`), in batch order: one per
+/// sequence, or 1 + accepted drafts for a sequence that verified drafts. `drafts`: a proposal
+/// for each sequence that asked (`propose`), in batch order.
 struct device_result {
   std::uint64_t id = 0;
   time_point started{};
   time_point finished{};
   std::vector<sampled_token> sampled{};
+  std::vector<draft_proposal> drafts{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_result& x) {
-  return f(caf::meta::type_name("device_result"), x.id, x.started, x.finished, x.sampled);
+  return f(caf::meta::type_name("device_result"), x.id, x.started, x.finished, x.sampled,
+           x.drafts);
 }
 
 /// Frees a sequence's cache on the device (its request finished, moved or was cancelled). A
@@ -283,7 +310,8 @@ std::string to_string(device_errc code);
 caf::error make_error(device_errc code, std::string context);
 
 /// Checks a step's batch against the sequences a device holds: each sequence at most once,
-/// count > 0, `count` ids (required when `ids_required`, else none or `count`), and a
+/// count > 0, `verify` < count and only with `sample`, `count` ids (required when
+/// `ids_required`, else none or `count`), and a
 /// position equal to the tokens its cache holds (`held(sequence)`: 0 for one it does not hold,
 /// which must then start at 0); `extra(sequence)` adds the device's own check (non-empty: the
 /// reason it fails). Returns device_errc::invalid_step naming the step and sequence, or none.
@@ -302,6 +330,19 @@ using step_cost_fn = std::function<duration(const device_step&)>;
 /// however many reroutes) it is generated. Never a negative id.
 std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noexcept;
 
+/// How the simulated device models DSpark drafts. The draft for position q at depth j (1..5:
+/// q is j after the step's first new token) has confidence mean[j - 1] + spread · (u − ½),
+/// clamped to [0.01, 0.99], with u uniform in [0, 1) from (sequence, q); the target accepts
+/// it when a second uniform from (sequence, q) falls below that confidence. The confidences
+/// are so calibrated: a draft reached is accepted with the probability its confidence states.
+/// The defaults are assumptions (no public per-depth figures), not calibrated values.
+struct sim_draft_model {
+  std::array<float, 5> mean{0.85f, 0.8f, 0.75f, 0.7f, 0.65f};
+  float spread = 0.3f;
+  float confidence(std::uint64_t sequence, std::uint64_t position, std::uint32_t depth) const;
+  bool accepted(std::uint64_t sequence, std::uint64_t position, std::uint32_t depth) const;
+};
+
 /// A simulated device: each step occupies the device for cost(step), after any steps queued
 /// before it, and is answered when it finishes, with modelled_token(sequence, position +
 /// count) for each sequence that asked for a token (logprob 0, no alternatives): the step's
@@ -310,7 +351,12 @@ std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noex
 /// the steps queued before them finish and taking no device time: the simulated world
 /// allocates nothing per sequence or token for a hand-off. Keeps are ignored; a restore is
 /// answered likewise, with the length of its blocks and not replayed.
-device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost);
+///
+/// Speculative decoding (step_sequence::verify / propose) follows `sim_draft_model`: a
+/// proposal carries max_drafts confidences and no tokens; a verified draft is accepted or not
+/// by a pure function of (sequence, position), so the answer is the same whatever the batch.
+device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost,
+                             sim_draft_model drafts = {});
 
 } // namespace troupe::runtime
 

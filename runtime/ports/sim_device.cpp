@@ -32,6 +32,31 @@ std::int32_t modelled_token(std::uint64_t sequence, std::uint64_t position) noex
 
 namespace {
 
+/// A uniform in [0, 1) from (sequence, position, salt): splitmix64 of the three.
+double unit(std::uint64_t sequence, std::uint64_t position, std::uint64_t salt) noexcept {
+  auto x = sequence * 0x9e3779b97f4a7c15ull + position * 0xd1b54a32d192ed03ull + salt;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<double>(x >> 11) * 0x1p-53;
+}
+
+} // namespace
+
+float sim_draft_model::confidence(std::uint64_t sequence, std::uint64_t position,
+                                  std::uint32_t depth) const {
+  const auto j = std::clamp<std::uint32_t>(depth, 1, static_cast<std::uint32_t>(mean.size()));
+  const double c = mean[j - 1] + spread * (unit(sequence, position, 0x5eed1) - 0.5);
+  return static_cast<float>(std::clamp(c, 0.01, 0.99));
+}
+
+bool sim_draft_model::accepted(std::uint64_t sequence, std::uint64_t position,
+                               std::uint32_t depth) const {
+  return unit(sequence, position, 0xacce97) < confidence(sequence, position, depth);
+}
+
+namespace {
+
 /// The one snapshot every sim device answers exports with: empty, shared, made once.
 const kv_snapshot_ptr& empty_snapshot() {
   static const kv_snapshot_ptr snapshot = std::make_shared<const kv_snapshot>(
@@ -41,14 +66,17 @@ const kv_snapshot_ptr& empty_snapshot() {
 
 struct sim_device_state {
   step_cost_fn cost;
+  sim_draft_model drafts;
   /// When the device finishes the work queued so far.
   time_point busy_until{};
   detail::delayed_replies replies;
   static inline const char* name = "sim_device";
 };
 
-caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_cost_fn cost) {
+caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_cost_fn cost,
+                           sim_draft_model drafts) {
   self->state.cost = std::move(cost);
+  self->state.drafts = drafts;
   return {
     [self](const device_step& step) {
       auto& st = self->state;
@@ -56,10 +84,27 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       st.busy_until = started + std::max(duration{0}, st.cost(step));
       device_result r{step.id, started, st.busy_until, {}};
       r.sampled.reserve(step.batch.size());
-      for (const auto& s : step.batch)
-        if (s.sample)
-          r.sampled.push_back({s.sequence, modelled_token(s.sequence, s.position + s.count), 0.0f,
-                               {}});
+      for (const auto& s : step.batch) {
+        if (!s.sample)
+          continue;
+        // The token after the first new one, then one more per accepted draft.
+        const auto first = s.position + s.count - s.verify;
+        std::uint32_t accepted = 0;
+        // (Draft j sits at position first − 1 + j.)
+        while (accepted < s.verify && st.drafts.accepted(s.sequence, first + accepted,
+                                                         accepted + 1))
+          ++accepted;
+        for (std::uint32_t i = 0; i <= accepted; ++i)
+          r.sampled.push_back({s.sequence, modelled_token(s.sequence, first + i), 0.0f, {}});
+        if (s.propose) {
+          // Drafts for the positions after the last token answered.
+          draft_proposal d{s.sequence, {}, {}};
+          const auto next = first + accepted;
+          for (std::uint32_t j = 1; j <= st.drafts.mean.size(); ++j)
+            d.confidences.push_back(st.drafts.confidence(s.sequence, next + j, j));
+          r.drafts.push_back(std::move(d));
+        }
+      }
       return st.replies.at(self, st.busy_until, std::move(r));
     },
     [](const device_release&) {},
@@ -86,8 +131,8 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
 
 } // namespace
 
-device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost) {
-  return caf::actor_cast<device_port>(sys.spawn(sim_device_fn, std::move(cost)));
+device_port spawn_sim_device(caf::actor_system& sys, step_cost_fn cost, sim_draft_model drafts) {
+  return caf::actor_cast<device_port>(sys.spawn(sim_device_fn, std::move(cost), drafts));
 }
 
 } // namespace troupe::runtime

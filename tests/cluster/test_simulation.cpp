@@ -269,3 +269,39 @@ TEST_CASE("a decode instance drains: nothing lost, requests forwarded with their
   }
   std::filesystem::remove(short_grace);
 }
+
+TEST_CASE("speculative decoding: every request completes exactly, fixed-length and DSpark verify "
+          "drafts and cut time between tokens") {
+  replay r{200};
+  auto with = [&](troupe::actors::speculation spec) {
+    sim_options o;
+    o.seed = 3;
+    o.params.speculation = spec;
+    auto out = run_simulation(r.topo, r.records, o);
+    REQUIRE(out.ok());
+    // Completed, each with its exact stream: the invariants check every request's tokens,
+    // position by position, against what it should have generated.
+    CHECK(out->report["requests"]["completed"] == 200);
+    CHECK(out->report["invariants"]["checked"] == 200);
+    CHECK(out->report["invariants"]["violations"].size() == 0);
+    return out->report;
+  };
+  const auto off = with(troupe::actors::speculation::off);
+  const auto fixed = with(troupe::actors::speculation::fixed);
+  const auto dspark = with(troupe::actors::speculation::dspark);
+  CHECK_FALSE(off.contains("speculation"));
+  for (const auto* rep : {&fixed, &dspark}) {
+    const auto& s = (*rep)["speculation"];
+    CHECK(s["drafts_verified"].get<std::uint64_t>() > 0);
+    CHECK(s["drafts_accepted"].get<std::uint64_t>() > 0);
+    CHECK(s["drafts_accepted"].get<std::uint64_t>() <= s["drafts_verified"].get<std::uint64_t>());
+    CHECK(s["tokens_per_verify"].get<double>() > 1.0);
+    CHECK((*rep)["latency_ms"]["tbt"]["p50"].get<double>()
+          < off["latency_ms"]["tbt"]["p50"].get<double>());
+  }
+  CHECK(fixed["speculation"]["drafts_per_verify"].get<double>() > 4.5);
+  // DSpark verifies fewer drafts where they are unlikely to be accepted: a higher share of
+  // what it verifies is accepted.
+  CHECK(dspark["speculation"]["acceptance"].get<double>()
+        > fixed["speculation"]["acceptance"].get<double>());
+}

@@ -259,3 +259,61 @@ TEST_CASE_FIXTURE(store_fixture,
   CHECK(reason == stop_reason::quiescent);
   CHECK(world.now() < start + 1s);
 }
+
+TEST_CASE_FIXTURE(test::sim_fixture,
+                  "a sim device verifies drafts as its draft model says and proposes the next") {
+  sim_draft_model model;
+  auto dev = spawn_sim_device(sys, per_token, model);
+  // Sequence 9 at position 100 verifies 5 drafts; sequence 4 at 50 verifies none but proposes.
+  device_step s{3, step_phase::decode, 7, 2, 0, {}};
+  step_sequence a{4, 50, 1, {}, true, {}};
+  a.propose = true;
+  step_sequence b{9, 100, 6, {}, true, {}};
+  b.verify = 5;
+  b.propose = true;
+  s.batch = {a, b};
+  auto r = ask<device_result>(dev, s);
+  run();
+  REQUIRE(r.value->has_value());
+  const auto& out = **r.value;
+  // Sequence 4: one token, the one after position 50.
+  REQUIRE(!out.sampled.empty());
+  CHECK(out.sampled[0].sequence == 4);
+  CHECK(out.sampled[0].token == modelled_token(4, 51));
+  // Sequence 9: the token after its first new one (position 101), then one per draft accepted
+  // in a row: draft j sits at position 100 + j.
+  std::uint32_t accepted = 0;
+  while (accepted < 5 && model.accepted(9, 101 + accepted, accepted + 1))
+    ++accepted;
+  REQUIRE(out.sampled.size() == 2 + accepted);
+  for (std::uint32_t i = 0; i <= accepted; ++i) {
+    CHECK(out.sampled[1 + i].sequence == 9);
+    CHECK(out.sampled[1 + i].token == modelled_token(9, 101 + i));
+  }
+  // Proposals: five confidences each, for the positions after the last token answered.
+  REQUIRE(out.drafts.size() == 2);
+  CHECK(out.drafts[0].sequence == 4);
+  CHECK(out.drafts[1].sequence == 9);
+  for (std::uint32_t j = 1; j <= 5; ++j) {
+    CHECK(out.drafts[0].confidences[j - 1] == model.confidence(4, 51 + j, j));
+    CHECK(out.drafts[1].confidences[j - 1] == model.confidence(9, 101 + accepted + j, j));
+    CHECK(out.drafts[1].confidences[j - 1] >= 0.01f);
+    CHECK(out.drafts[1].confidences[j - 1] <= 0.99f);
+  }
+  CHECK(out.drafts[1].tokens.empty());
+}
+
+TEST_CASE("the sim draft model is calibrated: drafts are accepted as often as their confidence says") {
+  sim_draft_model model;
+  for (std::uint32_t depth = 1; depth <= 5; ++depth) {
+    double confidence = 0.0, accepted = 0.0;
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) {
+      confidence += model.confidence(static_cast<std::uint64_t>(i % 97), 1000 + i, depth);
+      accepted += model.accepted(static_cast<std::uint64_t>(i % 97), 1000 + i, depth) ? 1 : 0;
+    }
+    CAPTURE(depth);
+    CHECK(confidence / n == doctest::Approx(model.mean[depth - 1]).epsilon(0.02));
+    CHECK(accepted / n == doctest::Approx(confidence / n).epsilon(0.03));
+  }
+}
