@@ -44,6 +44,8 @@ struct request_state {
   caf::actor engine;
   std::function<void()> release;
   bool cancelled = false;
+  /// KV tokens the current decode job appended that decode_lb has been told of (decode_grow).
+  std::uint64_t grown = 0;
   /// Prompt tokens the first prefill took from the KV cache (not computed).
   std::uint64_t cached_used = 0;
   /// The last decode job was forwarded by a draining instance: the next one carries the
@@ -53,6 +55,11 @@ struct request_state {
 };
 
 using request_ptr = caf::stateful_actor<request_state>*;
+
+/// decode_lb hears of a decoding request's KV growth in steps of at least this many tokens (a
+/// message per 4 progress notices of 16, not per notice: the balancer's figure lags the truth
+/// by less than this per request, and the release settles it exactly).
+constexpr std::uint64_t kv_grow_every = 64;
 
 void finish(request_ptr self, std::string failure) {
   auto& st = self->state;
@@ -240,9 +247,10 @@ void decode(request_ptr self) {
         st.progress = 0;
         // The KV it appended there: one token per token delivered by this job, reported to
         // the balancer as progress notices arrive (decode_progress below).
+        st.grown = 0;
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens, max_new] {
           self->send(self->state.services.decode,
-                     decode_release{a.instance, kv_tokens, max_new, self->state.progress});
+                     decode_release{a.instance, kv_tokens, max_new, self->state.grown});
         });
         auto lost = [self](const std::string& why) {
           auto& st = self->state;
@@ -454,8 +462,11 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
       // Only the current job's notices count (an old job's may still be on the way).
       if (!st.engine || p.tokens <= st.progress || p.instance != st.outcome.decode_instance)
         return;
-      // The KV the job appended since the last notice now counts on its instance.
-      self->send(st.services.decode, decode_grow{p.instance, p.tokens - st.progress});
+      // The KV the job appended now counts on its instance (kv_grow_every at a time).
+      if (p.tokens - st.grown >= kv_grow_every) {
+        self->send(st.services.decode, decode_grow{p.instance, p.tokens - st.grown});
+        st.grown = p.tokens;
+      }
       st.progress = p.tokens;
       deliver(self, std::move(p.ids), std::move(p.logprobs));
       if (st.outcome.stopped) {

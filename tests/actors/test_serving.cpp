@@ -152,14 +152,14 @@ TEST_CASE("decode_lb counts the KV a request appends while it decodes, and frees
     REQUIRE(i != c.names.end());
     return c.values[static_cast<std::size_t>(i - c.names.begin())];
   };
-  // Prefill (~1 ms) and the hand-off, then 10 ms steps: at 5 s about 490 tokens are out, and
-  // the progress notices (every 16) have reported all but the last few to the balancer.
+  // Prefill (~1 ms) and the hand-off, then 10 ms steps: at 5 s about 499 tokens are out, and
+  // the request has reported all but the last few (it reports 64 at a time) to the balancer.
   s.world.driver().run_until(s.origin + 1s);
   auto early = held_kv();
   CHECK(early > 1024);
   s.world.driver().run_until(s.origin + 5s);
   auto mid = held_kv();
-  CHECK(mid >= 1024 + 480 - 16);
+  CHECK(mid >= 1024 + 499 - 64);
   CHECK(mid <= 1024 + 500);
   CHECK(mid > early);
   s.world.driver().run();
