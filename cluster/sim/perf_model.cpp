@@ -397,17 +397,21 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
 
 namespace troupe::cluster::sim {
 
+double weight_bytes_per_gpu(const model_profile& m, std::uint32_t ep) {
+  const double head = 2.0 * double(m.hidden) * m.vocab; // embedding and lm head
+  const double routed = double(m.moe_layer_count()) * m.routed_experts * m.expert_params;
+  const double engram = m.engram_table_rows * m.engram_head_dim;
+  const double rest = m.total_params - head - routed - engram;
+  return rest * m.dense_bytes_per_param + head * m.head_bytes_per_param
+         + routed * m.expert_bytes_per_param / std::max<std::uint32_t>(ep, 1);
+}
+
 result<instance_memory> memory_of_instance(const model_profile& m, const hardware_profile& hw,
                                            std::uint32_t gpus, std::uint32_t ep) {
   using r_t = result<instance_memory>;
   if (gpus == 0 || ep == 0)
     return r_t::failure("an instance needs at least one GPU and an EP size of at least 1");
-  const double head = 2.0 * double(m.hidden) * m.vocab; // embedding and lm head
-  const double routed = double(m.moe_layer_count()) * m.routed_experts * m.expert_params;
-  const double engram = m.engram_table_rows * m.engram_head_dim;
-  const double rest = m.total_params - head - routed - engram;
-  const double per_gpu = rest * m.dense_bytes_per_param + head * m.head_bytes_per_param
-                         + routed * m.expert_bytes_per_param / ep;
+  const double per_gpu = weight_bytes_per_gpu(m, ep);
   instance_memory out;
   out.hbm_bytes = hw.hbm_bytes * gpus;
   out.weight_bytes = per_gpu * gpus;

@@ -104,6 +104,9 @@ struct instance_memory {
   std::uint64_t kv_tokens = 0;
 };
 
+/// The weight bytes one GPU of an EP group of size `ep` holds (see instance_memory).
+double weight_bytes_per_gpu(const model_profile& model, std::uint32_t ep);
+
 /// The share of HBM kept out of the KV budget (activations, buffers, slack).
 inline constexpr double workspace_share = 0.10;
 

@@ -73,6 +73,9 @@ struct busy_table {
     double kv_token_s = 0;
     double kv_capacity_token_s = 0;
     double kv_peak = 0;
+    /// Model FLOPs and the HBM bytes the steps had to read at least (instance_cost).
+    double flops = 0;
+    double hbm_bytes = 0;
   };
   std::map<std::string, instance> by_key;
   /// Every rank device started: its instance and when it started and (once it exited) ended.
@@ -157,14 +160,24 @@ struct busy_table {
 /// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
 /// it, times the instance's slowdown factor. Decode steps are also checked against the
 /// incarnation's batch capacity and KV memory (`kv_capacity` tokens).
+///
+/// Each step also adds its model FLOPs (2 × active parameters × tokens, the lm head once per
+/// sequence in prefill; attention's score and value products not counted) and the HBM bytes it
+/// must read at least (every weight on the instance's GPUs once, and the block KV it attends
+/// over), for the report's MFU and HBM-bandwidth share.
 runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_profile& hw,
                                     std::uint32_t ep, std::uint32_t ranks,
                                     std::shared_ptr<busy_table> busy, std::string key,
                                     std::shared_ptr<const fleet_state> fleet,
                                     std::uint64_t batch_capacity, std::uint64_t kv_capacity) {
   auto per_gpu = make_step_cost(model, hw, ep);
-  return [per_gpu, ranks, busy, key, fleet, batch_capacity,
-          kv_capacity](const runtime::device_step& s) {
+  const double head = double(model.hidden) * model.vocab;
+  const double decode_flops = 2.0 * model.active_params_decode;
+  const double prefill_flops = 2.0 * model.active_params_prefill;
+  const double weights = weight_bytes_per_gpu(model, ep) * ranks;
+  const double kv_bytes = model.kv_bytes_per_token;
+  return [per_gpu, ranks, busy, key, fleet, batch_capacity, kv_capacity, head, decode_flops,
+          prefill_flops, weights, kv_bytes](const runtime::device_step& s) {
     auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
     // One GPU's share of the step's sizes (its batch's content is not needed to cost it).
     runtime::device_step g{s.id, s.phase, share(s.tokens),
@@ -178,6 +191,14 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
       if (auto f = fleet->factor(key); f != 1.0)
         d = runtime::from_seconds(runtime::to_seconds(d) * f);
       busy->add(key, d, ranks);
+      if (s.tokens > 0) {
+        auto& in = busy->by_key[key];
+        in.flops += s.phase == runtime::step_phase::decode
+                      ? decode_flops * static_cast<double>(s.tokens)
+                      : prefill_flops * static_cast<double>(s.tokens)
+                          + 2.0 * head * static_cast<double>(std::max<std::uint32_t>(s.sequences, 1));
+        in.hbm_bytes += weights + kv_bytes * static_cast<double>(s.context_tokens);
+      }
       if (s.phase == runtime::step_phase::decode)
         busy->decode_step(key, d, s.sequences, batch_capacity, s.context_tokens, kv_capacity);
       return d;
@@ -314,12 +335,15 @@ nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
 /// pool and per instance. A step that runs past `end` or past its instance's failure counts
 /// only up to the GPU time its instance held.
 nlohmann::json gpu_figures(const busy_table& busy, const topology& topo, runtime::time_point end,
-                           std::uint64_t in_tokens, std::uint64_t out_tokens, int gpus_per_node) {
+                           std::uint64_t in_tokens, std::uint64_t out_tokens,
+                           const hardware_profile& hw) {
+  const int gpus_per_node = hw.gpus_per_node;
   auto held = busy.held_gpu_seconds(end);
   auto up = busy.leader_seconds(end);
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   struct sums {
     double held = 0, busy = 0, sequences = 0, capacity = 0, kv = 0, kv_capacity = 0, kv_peak = 0;
+    double flops = 0, hbm_bytes = 0;
     std::uint64_t decode_steps = 0;
   };
   std::map<std::string, sums> pools;
@@ -351,6 +375,8 @@ nlohmann::json gpu_figures(const busy_table& busy, const topology& topo, runtime
       x->kv += in.kv_token_s;
       x->kv_capacity += in.kv_capacity_token_s;
       x->kv_peak = std::max(x->kv_peak, in.kv_peak);
+      x->flops += in.flops;
+      x->hbm_bytes += in.hbm_bytes;
     }
   }
   std::uint64_t initial = 0;
@@ -360,7 +386,9 @@ nlohmann::json gpu_figures(const busy_table& busy, const topology& topo, runtime
   for (auto& p : topo.pools) {
     auto& x = pools[p.name];
     nlohmann::json j = {{"gpu_hours_held", tidy(x.held / 3600)},
-                        {"busy_share", tidy(ratio(x.busy, x.held))}};
+                        {"busy_share", tidy(ratio(x.busy, x.held))},
+                        {"mfu", tidy(ratio(x.flops, x.held * hw.fp8_flops))},
+                        {"hbm_bandwidth_share", tidy(ratio(x.hbm_bytes, x.held * hw.hbm_bytes_per_s))}};
     // What the pool produced per node-second it held, as published per-node figures count:
     // prefill, the completed requests' prompt tokens (cached ones included); decode, their
     // output tokens.
@@ -896,7 +924,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     if (*s)
       for (std::size_t i = 0; i < (*s)->names.size(); ++i)
         report["lb"][(*s)->lb][(*s)->names[i]] = (*s)->values[i];
-  report["gpus"] = gpu_figures(*busy, topo, end, in_tokens, out_tokens, hw->gpus_per_node);
+  report["gpus"] = gpu_figures(*busy, topo, end, in_tokens, out_tokens, *hw);
   busy->clock = nullptr; // the devices that exit from now on are past the report
   for (auto& v : busy->memory_violations)
     memory_violations.push_back(v);
@@ -1137,13 +1165,18 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
          + num(g["gpu_hours_held"], 2) + " GPU-hours held, busy share "
          + num(g["busy_share"].get<double>() * 100) + "%, "
          + num(g["output_tokens_per_gpu_hour"], 0) + " output tokens per GPU-hour\n";
-  for (auto& [pool, p] : g["pools"].items())
+  for (auto& [pool, p] : g["pools"].items()) {
+    auto pad = std::string(pool.size() < 12 ? 12 - pool.size() : 1, ' ');
+    out += "  " + pool + pad + "busy share " + num(p["busy_share"].get<double>() * 100)
+           + "%, MFU " + num(p["mfu"].get<double>() * 100) + "%, HBM bandwidth "
+           + num(p["hbm_bandwidth_share"].get<double>() * 100) + "%\n";
     if (p.contains("batch_occupancy"))
-      out += "  " + pool + std::string(pool.size() < 12 ? 12 - pool.size() : 1, ' ')
-             + "batch occupancy " + num(p["batch_occupancy"].get<double>() * 100) + "% ("
+      out += "  " + std::string(pool.size() + pad.size(), ' ') + "batch occupancy "
+             + num(p["batch_occupancy"].get<double>() * 100) + "% ("
              + num(p["sequences_per_step"]) + " sequences per step), KV occupancy "
              + num(p["kv_occupancy"].get<double>() * 100, 2) + "% (peak "
              + num(p["kv_occupancy_peak"].get<double>() * 100, 2) + "%)\n";
+  }
   out += "  simulated   " + num(r["sim"]["virtual_s"]) + " s virtual, "
          + std::to_string(r["sim"]["events"].get<std::uint64_t>()) + " events in "
          + num(run["wall_s"], 2) + " s wall (" + num(run["virtual_s_per_wall_s"], 0)

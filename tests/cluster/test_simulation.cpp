@@ -331,5 +331,17 @@ TEST_CASE("decode batch and KV occupancy are reported against the instance's cap
   CHECK(d["kv_occupancy_peak"].get<double>() < 1);
   CHECK(d["decode_steps"].get<std::uint64_t>() > 0);
   CHECK(!out.report["gpus"]["pools"]["prefill"].contains("batch_occupancy"));
+  // MFU and HBM-bandwidth share per pool: within (0, 1), and decode (one token per sequence
+  // per step, reading every weight and the batch's KV) is bound by memory, not arithmetic.
+  for (auto pool : {"prefill", "decode"}) {
+    auto& p = out.report["gpus"]["pools"][pool];
+    CAPTURE(pool);
+    CHECK(p["mfu"].get<double>() > 0);
+    CHECK(p["mfu"].get<double>() < 1);
+    CHECK(p["hbm_bandwidth_share"].get<double>() > 0);
+    CHECK(p["hbm_bandwidth_share"].get<double>() < 1);
+  }
+  CHECK(d["hbm_bandwidth_share"].get<double>() > d["mfu"].get<double>());
+  CHECK(out.report["gpus"]["pools"]["prefill"]["mfu"].get<double>() > d["mfu"].get<double>());
   CHECK(out.report["gpus"]["pools"]["prefill"]["input_tokens_per_node_s"].get<double>() > 0);
 }
