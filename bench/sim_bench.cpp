@@ -17,8 +17,11 @@
 // of events as the simulation handled — the events/s of an empty CAF message loop. The ratio
 // is troupe's per-event overhead (the actors' work plus the timers the peer does not have).
 //
+// A progress bar (requests, virtual time, events/s, ETA) goes to stderr when it is a terminal.
+//
 // Usage: bench_sim [--minutes M=60] [--rate R=200] [--prefixes disjoint|shared]
 //                  [--seed S=0] [--topology FILE] [--trace FILE] [--no-peer]
+#include "cluster/sim/progress_bar.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/trace.hpp"
 #include "cluster/topology.hpp"
@@ -28,6 +31,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -203,8 +207,19 @@ int main(int argc, char** argv) {
   cluster::sim::sim_options options;
   options.seed = seed;
   options.until = window + 10min; // a bound: the run ends with its last request
+  // troupe sim's progress bar on stderr, drawn only when stderr is a terminal.
+  cluster::sim::progress_bar bar{stderr, true};
+  if (bar.active())
+    options.progress = [&bar](const cluster::sim::sim_progress_info& p) {
+      char detail[128];
+      std::snprintf(detail, sizeof detail, "requests  t=%.0fs virtual  %.2fM events/s",
+                    p.virtual_s,
+                    static_cast<double>(p.events) / std::max(1e-9, bar.wall_s()) / 1e6);
+      bar.update(p.finished, p.total, detail);
+    };
   auto wall0 = std::chrono::steady_clock::now();
   auto outcome = cluster::sim::run_simulation(*topo.value, std::move(next), total, options);
+  bar.finish();
   auto wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   if (!outcome) {
     std::fprintf(stderr, "bench_sim: %s\n", outcome.error().c_str());

@@ -1,6 +1,7 @@
 // troupe: the command-line interface of the troupe serving runtime.
 #include "cluster/recipe_cli.hpp"
 #include "cluster/serve_command.hpp"
+#include "cluster/sim/capacity.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
@@ -26,13 +27,26 @@
 namespace {
 
 // `troupe topology check FILE...`: prints "FILE: ok" on stdout for each valid file and every
-// problem of each invalid one on stderr. Returns 0 only when every file is valid.
+// problem of each invalid one on stderr: its syntax and rules (topology.hpp), then whether its
+// instances can hold the model on the hardware (cluster/sim/capacity.hpp). Returns 0 only when
+// every file is valid.
 int check_topologies(const std::vector<std::string>& files) {
   int rc = 0;
   for (const auto& file : files) {
     auto result = troupe::cluster::load_topology(file);
     if (result.ok()) {
-      std::cout << file << ": ok\n";
+      std::size_t errors = 0;
+      for (const auto& p : troupe::cluster::sim::check_capacity(*result.value)) {
+        std::cerr << file << ": " << (p.fatal ? "" : "warning: ")
+                  << (p.pool.empty() ? "" : "pool " + p.pool + ": ") << p.message << "\n";
+        errors += p.fatal ? 1 : 0;
+      }
+      if (errors == 0) {
+        std::cout << file << ": ok\n";
+        continue;
+      }
+      rc = 1;
+      std::cerr << file << ": " << errors << (errors == 1 ? " error\n" : " errors\n");
       continue;
     }
     rc = 1;
@@ -218,10 +232,10 @@ int main(int argc, char** argv) {
   sim->add_option("--report", sim_opts.report_dir,
                   "write report.json, run.json and report.html to this folder");
   sim->add_option("--faults", sim_opts.faults,
-                  "a fault plan (TOML, docs/faults.md): validated against the topology and "
-                  "injected (fail of a gpu or an instance, drain of a decode instance, surge; "
-                  "other kinds are listed as not injected yet) and listed in the report's "
-                  "faults timeline");
+                  "a fault plan (TOML, docs/faults.md): validated against the topology, "
+                  "injected at its times (fail, recover, slow, partition, drain, surge, "
+                  "store_fail, store_slow; docs/faults.md lists each kind's targets) and listed "
+                  "in the report's fault timeline");
   std::uint64_t swarm_seed = 0;
   auto* swarm_seed_opt = sim->add_option(
     "--swarm-seed", swarm_seed,
@@ -233,6 +247,9 @@ int main(int argc, char** argv) {
   // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
   sim->add_flag("--plant-bug", sim_opts.plant_bug)->group("");
   sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");
+  sim->add_flag("--profile", sim_opts.profile,
+                "print on stderr the run's events by actor and message type (count, share, "
+                "per request, wall time)");
   sim->add_flag("--json", sim_opts.json, "print report.json instead of the summary");
   sim->add_flag("--strict", sim_opts.strict, "a bad trace line is fatal");
   sim->callback([&] {

@@ -71,6 +71,11 @@ std::string format_tokens(std::uint64_t n) {
 
 constexpr std::uint32_t max_gpus_per_instance = 65536;
 constexpr std::uint32_t max_instances = 1'000'000;
+// Whole-cluster limits at the pools' max sizes (docs/topology.md, "Limits"): far above any
+// deployment (an internet-scale cluster is ~10,000 GPUs), and low enough that a simulation
+// of the whole cluster fits in one machine's memory.
+constexpr std::uint64_t max_cluster_gpus = 1u << 20;
+constexpr std::uint64_t max_cluster_instances = 65536;
 
 const std::vector<std::string_view> role_names{"prefill", "decode", "vision"};
 const std::vector<std::string_view> backend_names{"sim", "posix"};
@@ -621,6 +626,22 @@ load_result parse_topology(std::string_view text, std::string_view file_name) {
                           "one has no {} pool",
                           has_prefill ? "decode" : "prefill"),
               fmt::format("add a [[pool]] with role = \"{}\"", has_prefill ? "decode" : "prefill"));
+    std::uint64_t gpus = 0;
+    std::uint64_t instances = 0;
+    for (const auto& p : t.pools) {
+      gpus += p.gpus(p.instances.max);
+      instances += p.instances.max;
+    }
+    if (instances > max_cluster_instances)
+      c.error(pools->source(), "pool",
+              fmt::format("the pools hold {} instances at their max sizes; the limit is {}",
+                          instances, max_cluster_instances),
+              "lower the pools' instances.max (docs/topology.md, \"Limits\")");
+    if (gpus > max_cluster_gpus)
+      c.error(pools->source(), "pool",
+              fmt::format("the pools hold {} GPUs at their max sizes; the limit is {}", gpus,
+                          max_cluster_gpus),
+              "lower instances.max or gpus_per_instance (docs/topology.md, \"Limits\")");
     if (nodes_complete)
       check_node_capacity(c, t, positions);
   }

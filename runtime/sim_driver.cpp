@@ -3,7 +3,18 @@
 #include "runtime/check.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/atom.hpp>
+#include <caf/local_actor.hpp>
+#include <caf/mailbox_element.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
+#include <caf/type_nr.hpp>
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <tuple>
 
 namespace troupe::runtime {
 
@@ -64,6 +75,77 @@ void sim_driver::report(std::optional<time_point> deadline) {
   progress_(p);
 }
 
+namespace {
+
+std::string demangle(const std::type_info& t) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name != nullptr ? name : t.name();
+  std::free(name);
+  // Drop the namespaces: "troupe::actors::decode_job" reads as "decode_job".
+  if (out.find('<') == std::string::npos)
+    if (auto colon = out.rfind("::"); colon != std::string::npos)
+      out = out.substr(colon + 2);
+  return out;
+}
+
+} // namespace
+
+bool sim_driver::run_one_profiled() {
+  const char* actor = "?";
+  const void* type = nullptr;
+  std::uint64_t atom = 0;
+  const caf::mailbox_element* next = nullptr;
+  if (!sched_.jobs.empty()) {
+    if (auto* a = dynamic_cast<caf::local_actor*>(sched_.jobs.front())) {
+      actor = a->name();
+      next = a->peek_at_next_mailbox_element();
+    }
+  }
+  const char* builtin = nullptr;
+  if (next != nullptr && next->content().size() > 0) {
+    const auto& c = next->content();
+    if (c.match_element<caf::atom_value>(0))
+      atom = static_cast<std::uint64_t>(c.get_as<caf::atom_value>(0));
+    auto [nr, info] = c.type(0);
+    if (nr != 0 && nr < caf::type_nrs)
+      type = builtin = caf::numbered_type_names[nr - 1];
+    else
+      type = info;
+  }
+  auto start = std::chrono::steady_clock::now();
+  bool ran = sched_.try_run_once();
+  if (!ran)
+    return false;
+  auto& row = rows_[profile_key{actor, type, atom}];
+  if (row.count == 0) {
+    row.actor = actor;
+    if (atom != 0)
+      row.message = "(" + caf::to_string(static_cast<caf::atom_value>(atom)) + ")";
+    else if (builtin != nullptr)
+      row.message = builtin; // CAF's name of a built-in type, e.g. "@str"
+    else if (type != nullptr)
+      row.message = demangle(*static_cast<const std::type_info*>(type));
+    else
+      row.message = "(no message)";
+  }
+  ++row.count;
+  row.wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return true;
+}
+
+std::vector<sim_profile_row> sim_driver::profile() const {
+  std::vector<sim_profile_row> out;
+  for (auto& [key, row] : rows_)
+    out.push_back(row);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    if (a.count != b.count)
+      return a.count > b.count;
+    return std::tie(a.actor, a.message) < std::tie(b.actor, b.message);
+  });
+  return out;
+}
+
 stop_reason sim_driver::drive(std::optional<time_point> deadline) {
   auto& clock = sched_.clock();
   auto finish = [&](stop_reason r) {
@@ -73,7 +155,7 @@ stop_reason sim_driver::drive(std::optional<time_point> deadline) {
   };
   for (;;) {
     // Every ready message first: they all happen "now".
-    while (sched_.try_run_once()) {
+    while (profiling_ ? run_one_profiled() : sched_.try_run_once()) {
       ++events_;
       if (stop_requested_)
         return finish(stop_reason::stopped);
@@ -99,7 +181,18 @@ stop_reason sim_driver::drive(std::optional<time_point> deadline) {
       report(deadline);
       next_progress_ = mark + progress_every_;
     }
-    clock.trigger_timeout();
+    if (profiling_) {
+      auto start = std::chrono::steady_clock::now();
+      clock.trigger_timeout();
+      auto& row = rows_[profile_key{"clock", nullptr, 0}];
+      row.actor = "clock";
+      row.message = "timer";
+      ++row.count;
+      row.wall_s
+        += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } else {
+      clock.trigger_timeout();
+    }
     ++events_;
     if (stop_requested_)
       return finish(stop_reason::stopped);

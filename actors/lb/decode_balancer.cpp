@@ -41,17 +41,20 @@ double decode_balancer::score(const instance_state& st) const {
          + static_cast<double>(st.kv_tokens) / static_cast<double>(params_.max_kv_tokens);
 }
 
-bool decode_balancer::has_room(const instance_state& st, std::uint64_t kv) const {
-  return st.requests < params_.max_requests && st.kv_tokens + kv <= params_.max_kv_tokens;
+bool decode_balancer::has_room(const instance_state& st, std::uint64_t reserve) const {
+  return st.requests < params_.max_requests && reserve <= params_.max_kv_tokens
+         && st.reserved <= params_.max_kv_tokens - reserve;
 }
 
-std::optional<instance_id> decode_balancer::route(std::uint64_t kv_tokens) {
+std::optional<instance_id> decode_balancer::route(std::uint64_t kv_tokens,
+                                                  std::uint64_t max_new_tokens) {
   const bool want_long = kv_tokens >= params_.long_threshold;
+  const auto reserve = kv_tokens + max_new_tokens;
   auto least = [&](bool long_class) -> std::optional<instance_id> {
     std::optional<instance_id> best;
     double best_score = std::numeric_limits<double>::infinity();
     for (auto& [id, st] : instances_)
-      if (st.long_class == long_class && has_room(st, kv_tokens) && score(st) < best_score) {
+      if (st.long_class == long_class && has_room(st, reserve) && score(st) < best_score) {
         best = id;
         best_score = score(st);
       }
@@ -70,6 +73,7 @@ std::optional<instance_id> decode_balancer::route(std::uint64_t kv_tokens) {
   auto& st = instances_[*pick];
   ++st.requests;
   st.kv_tokens += kv_tokens;
+  st.reserved += reserve;
   ++(want_long ? stats_.routed_long : stats_.routed_short);
   return pick;
 }
@@ -80,13 +84,17 @@ void decode_balancer::grow(instance_id id, std::uint64_t tokens) {
     i->second.kv_tokens += tokens;
 }
 
-void decode_balancer::complete(instance_id id, std::uint64_t kv_tokens) {
+void decode_balancer::complete(instance_id id, std::uint64_t kv_tokens,
+                               std::uint64_t max_new_tokens, std::uint64_t grown) {
   auto i = instances_.find(id);
   if (i == instances_.end())
     return;
   auto& st = i->second;
+  auto held = kv_tokens + grown;
+  auto reserved = kv_tokens + max_new_tokens;
   st.requests = st.requests > 0 ? st.requests - 1 : 0;
-  st.kv_tokens = st.kv_tokens > kv_tokens ? st.kv_tokens - kv_tokens : 0;
+  st.kv_tokens = st.kv_tokens > held ? st.kv_tokens - held : 0;
+  st.reserved = st.reserved > reserved ? st.reserved - reserved : 0;
 }
 
 std::optional<bool> decode_balancer::is_long(instance_id id) const {
@@ -109,6 +117,11 @@ std::uint32_t decode_balancer::requests(instance_id id) const {
 std::uint64_t decode_balancer::kv_tokens(instance_id id) const {
   auto i = instances_.find(id);
   return i == instances_.end() ? 0 : i->second.kv_tokens;
+}
+
+std::uint64_t decode_balancer::reserved_tokens(instance_id id) const {
+  auto i = instances_.find(id);
+  return i == instances_.end() ? 0 : i->second.reserved;
 }
 
 } // namespace troupe::actors

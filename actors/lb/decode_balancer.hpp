@@ -9,6 +9,14 @@
 // length reaches `long_threshold` goes to a long instance, others to short ones, and within
 // the class to the least-loaded instance. When a class has no instance with room, the other
 // class serves (counted as a spill).
+//
+// KV memory: an instance holds at most `max_kv_tokens` of KV (in the simulated world, its HBM
+// left after weights: cluster/sim/capacity.hpp). A decode request's KV grows by one token per
+// generated token, and the engine cannot preempt a request once it runs, so routing reserves
+// room for the request's whole KV to the end of its output budget (`max_new_tokens`): an
+// instance never holds more KV than its memory. The load score counts the KV actually held —
+// the context at routing plus what the request appended since (`grow`) — so that a long
+// generation weighs as much as it is long.
 #pragma once
 
 #include "actors/lb/prefill_balancer.hpp"
@@ -25,8 +33,9 @@ struct decode_balancer_params {
   /// Share of instances reserved for long requests (at least one when there are two or more
   /// instances and the share is > 0).
   double long_share = 0.25;
-  /// Per-instance limits: the load is requests/max_requests + kv_tokens/max_kv_tokens, and an
-  /// instance at either limit takes no more requests.
+  /// Per-instance limits: the load is requests/max_requests + kv_tokens/max_kv_tokens (KV
+  /// held), and an instance takes no request beyond max_requests or whose reservation would
+  /// take its reserved KV beyond max_kv_tokens.
   std::uint32_t max_requests = 4096;
   std::uint64_t max_kv_tokens = 64ull << 20;
 };
@@ -48,15 +57,18 @@ public:
   /// Removes an instance (failed or draining). Unknown ids are ignored.
   void remove_instance(instance_id id);
 
-  /// Picks an instance for a request with `kv_tokens` of KV and books it there (one request,
-  /// kv_tokens). nullopt when no instance has room.
-  std::optional<instance_id> route(std::uint64_t kv_tokens);
+  /// Picks an instance for a request with `kv_tokens` of KV that may generate up to
+  /// `max_new_tokens` more, and books it there: one request, kv_tokens held, kv_tokens +
+  /// max_new_tokens reserved. nullopt when no instance has room for the reservation.
+  std::optional<instance_id> route(std::uint64_t kv_tokens, std::uint64_t max_new_tokens = 0);
 
-  /// Adds `tokens` of KV growth to a request booked on `id` (decode appends tokens).
+  /// Adds `tokens` of KV a request booked on `id` appended while decoding to the KV `id` holds.
   void grow(instance_id id, std::uint64_t tokens);
 
-  /// Releases one request with `kv_tokens` of KV from `id`.
-  void complete(instance_id id, std::uint64_t kv_tokens);
+  /// Releases one request booked on `id` with `kv_tokens` and `max_new_tokens` (as routed)
+  /// that grew by `grown` tokens since.
+  void complete(instance_id id, std::uint64_t kv_tokens, std::uint64_t max_new_tokens = 0,
+                std::uint64_t grown = 0);
 
   /// Whether an instance serves long requests.
   std::optional<bool> is_long(instance_id id) const;
@@ -65,7 +77,10 @@ public:
   double load(instance_id id) const;
 
   std::uint32_t requests(instance_id id) const;
+  /// KV an instance holds (booked at routing, plus growth) and reserves (to the end of its
+  /// requests' output budgets).
   std::uint64_t kv_tokens(instance_id id) const;
+  std::uint64_t reserved_tokens(instance_id id) const;
 
   const decode_balancer_stats& stats() const noexcept { return stats_; }
 
@@ -74,11 +89,12 @@ private:
     bool long_class = false;
     std::uint32_t requests = 0;
     std::uint64_t kv_tokens = 0;
+    std::uint64_t reserved = 0;
   };
 
   void assign_classes();
   double score(const instance_state& st) const;
-  bool has_room(const instance_state& st, std::uint64_t kv) const;
+  bool has_room(const instance_state& st, std::uint64_t reserve) const;
 
   decode_balancer_params params_;
   std::map<instance_id, instance_state> instances_;

@@ -36,12 +36,15 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
   return {
     [self](const decode_route& r) -> caf::result<decode_assignment> {
       auto& st = self->state;
-      auto id = st.balancer->route(r.kv_tokens);
+      auto id = st.balancer->route(r.kv_tokens, r.max_new_tokens);
       if (!id)
         return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
       return decode_assignment{*id, st.engines.at(*id)};
     },
-    [self](const decode_release& r) { self->state.balancer->complete(r.instance, r.kv_tokens); },
+    [self](const decode_release& r) {
+      self->state.balancer->complete(r.instance, r.kv_tokens, r.max_new_tokens, r.grown);
+    },
+    [self](const decode_grow& g) { self->state.balancer->grow(g.instance, g.tokens); },
     [self](add_instance_atom, instance_id id, decode_engine_actor& engine) {
       auto& st = self->state;
       self->monitor(engine);

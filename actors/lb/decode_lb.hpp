@@ -18,15 +18,17 @@
 
 namespace troupe::actors {
 
-/// Where to decode a request whose KV is `kv_tokens` long.
+/// Where to decode a request whose KV is `kv_tokens` long and that may generate up to
+/// `max_new_tokens` more (the balancer reserves room for both: decode_balancer.hpp).
 struct decode_route {
   std::uint64_t request = 0;
   std::uint64_t kv_tokens = 0;
+  std::uint64_t max_new_tokens = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_route& x) {
-  return f(caf::meta::type_name("decode_route"), x.request, x.kv_tokens);
+  return f(caf::meta::type_name("decode_route"), x.request, x.kv_tokens, x.max_new_tokens);
 }
 
 struct decode_assignment {
@@ -39,21 +41,37 @@ typename Inspector::result_type inspect(Inspector& f, decode_assignment& x) {
   return f(caf::meta::type_name("decode_assignment"), x.instance, x.engine);
 }
 
-/// The request routed with `kv_tokens` left `instance`.
+/// The request routed to `instance` with `kv_tokens` and `max_new_tokens` (as in its
+/// decode_route) left it, after appending `grown` tokens of KV there.
 struct decode_release {
   instance_id instance = 0;
   std::uint64_t kv_tokens = 0;
+  std::uint64_t max_new_tokens = 0;
+  std::uint64_t grown = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_release& x) {
-  return f(caf::meta::type_name("decode_release"), x.instance, x.kv_tokens);
+  return f(caf::meta::type_name("decode_release"), x.instance, x.kv_tokens, x.max_new_tokens,
+           x.grown);
+}
+
+/// A request decoding on `instance` appended `tokens` more tokens of KV there (sent as its
+/// progress notices come: decode_engine.hpp).
+struct decode_grow {
+  instance_id instance = 0;
+  std::uint64_t tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_grow& x) {
+  return f(caf::meta::type_name("decode_grow"), x.instance, x.tokens);
 }
 
 /// Replies: decode_route -> decode_assignment, or errc::unavailable when no engine has room.
 using decode_lb_actor
   = caf::typed_actor<caf::replies_to<decode_route>::with<decode_assignment>,
-                     caf::reacts_to<decode_release>,
+                     caf::reacts_to<decode_release>, caf::reacts_to<decode_grow>,
                      caf::reacts_to<add_instance_atom, instance_id, decode_engine_actor>,
                      caf::reacts_to<drain_instance_atom, instance_id>,
                      caf::replies_to<lb_stats_atom>::with<lb_counters>,

@@ -44,6 +44,8 @@ struct request_state {
   caf::actor engine;
   std::function<void()> release;
   bool cancelled = false;
+  /// KV tokens the current decode job appended that decode_lb has been told of (decode_grow).
+  std::uint64_t grown = 0;
   /// Prompt tokens the first prefill took from the KV cache (not computed).
   std::uint64_t cached_used = 0;
   /// The last decode job was forwarded by a draining instance: the next one carries the
@@ -53,6 +55,11 @@ struct request_state {
 };
 
 using request_ptr = caf::stateful_actor<request_state>*;
+
+/// decode_lb hears of a decoding request's KV growth in steps of at least this many tokens (a
+/// message per 4 progress notices of 16, not per notice: the balancer's figure lags the truth
+/// by less than this per request, and the release settles it exactly).
+constexpr std::uint64_t kv_grow_every = 64;
 
 void finish(request_ptr self, std::string failure) {
   auto& st = self->state;
@@ -199,16 +206,17 @@ void decode(request_ptr self) {
   auto& st = self->state;
   // The context: the prompt plus every token delivered but the last, which the job feeds.
   auto kv_tokens = st.spec.input_tokens + (st.delivered > 0 ? st.delivered - 1 : 0);
-  self->request(st.services.decode, caf::infinite, decode_route{st.spec.id, kv_tokens})
+  // The balancer reserves room for the KV of every token still to come.
+  auto max_new = st.spec.output_tokens > st.delivered ? st.spec.output_tokens - st.delivered : 0;
+  self->request(st.services.decode, caf::infinite, decode_route{st.spec.id, kv_tokens, max_new})
     .then(
-      [self, kv_tokens](const decode_assignment& a) {
+      [self, kv_tokens, max_new](const decode_assignment& a) {
         auto& st = self->state;
         st.outcome.decode_instance = a.instance;
         decode_job job;
         job.request = st.spec.id;
         job.context_tokens = kv_tokens;
-        job.output_tokens = st.spec.output_tokens > st.delivered
-                              ? st.spec.output_tokens - st.delivered : 0;
+        job.output_tokens = max_new;
         job.kv_bytes = kv_tokens * st.services.kv_bytes_per_token;
         // A forwarded request brings its sliding-window rings too.
         if (st.forwarded_kv)
@@ -237,8 +245,12 @@ void decode(request_ptr self) {
         job.kv = std::move(st.kv);
         st.kv = nullptr;
         st.progress = 0;
-        book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens] {
-          self->send(self->state.services.decode, decode_release{a.instance, kv_tokens});
+        // The KV it appended there: one token per token delivered by this job, reported to
+        // the balancer as progress notices arrive (decode_progress below).
+        st.grown = 0;
+        book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens, max_new] {
+          self->send(self->state.services.decode,
+                     decode_release{a.instance, kv_tokens, max_new, self->state.grown});
         });
         auto lost = [self](const std::string& why) {
           auto& st = self->state;
@@ -451,6 +463,11 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
       // Only the current job's notices count (an old job's may still be on the way).
       if (!st.engine || p.tokens <= st.progress || p.instance != st.outcome.decode_instance)
         return;
+      // The KV the job appended now counts on its instance (kv_grow_every at a time).
+      if (p.tokens - st.grown >= kv_grow_every) {
+        self->send(st.services.decode, decode_grow{p.instance, p.tokens - st.grown});
+        st.grown = p.tokens;
+      }
       st.progress = p.tokens;
       deliver(self, std::move(p.ids), std::move(p.logprobs));
       if (st.outcome.stopped) {

@@ -12,8 +12,8 @@
 // horizon ⇒ same timeline.
 //
 // The format is documented in docs/faults.md. Injection into the actor graph is not here:
-// simulation.cpp turns `fail` of a gpu or an instance into orders for actors/fault_injector;
-// the other kinds are listed in the report as not injected yet.
+// fault_injection.cpp turns each kind into orders for actors/fault_injector; a kind and target
+// it does not inject is listed in the report as not injected.
 #pragma once
 
 #include "cluster/diagnostic.hpp"

@@ -3,8 +3,11 @@
 
 #include "cluster/sim/expert_placement.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace troupe::cluster::sim {
@@ -388,6 +391,43 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     auto r = step_time(model, hw, p, std::max<std::uint32_t>(ep, 1), b, opt);
     return r ? r->step() : runtime::duration{0};
   };
+}
+
+} // namespace troupe::cluster::sim
+
+namespace troupe::cluster::sim {
+
+double weight_bytes_per_gpu(const model_profile& m, std::uint32_t ep) {
+  const double head = 2.0 * double(m.hidden) * m.vocab; // embedding and lm head
+  const double routed = double(m.moe_layer_count()) * m.routed_experts * m.expert_params;
+  const double engram = m.engram_table_rows * m.engram_head_dim;
+  const double rest = m.total_params - head - routed - engram;
+  return rest * m.dense_bytes_per_param + head * m.head_bytes_per_param
+         + routed * m.expert_bytes_per_param / std::max<std::uint32_t>(ep, 1);
+}
+
+result<instance_memory> memory_of_instance(const model_profile& m, const hardware_profile& hw,
+                                           std::uint32_t gpus, std::uint32_t ep) {
+  using r_t = result<instance_memory>;
+  if (gpus == 0 || ep == 0)
+    return r_t::failure("an instance needs at least one GPU and an EP size of at least 1");
+  const double per_gpu = weight_bytes_per_gpu(m, ep);
+  instance_memory out;
+  out.hbm_bytes = hw.hbm_bytes * gpus;
+  out.weight_bytes = per_gpu * gpus;
+  out.workspace_bytes = out.hbm_bytes * workspace_share;
+  out.kv_bytes = out.hbm_bytes - out.weight_bytes - out.workspace_bytes;
+  if (!(out.kv_bytes > 0))
+    return r_t::failure(fmt::format(
+      "{} on {} GPU(s) of {} with EP {}: its weights need {:.0f} GB per GPU and the workspace "
+      "{:.0f} GB of the {:.0f} GB of HBM, which leaves no room for KV (use more GPUs per "
+      "instance, or a larger EP)",
+      m.name, gpus, hw.name, ep, per_gpu / 1e9, hw.hbm_bytes * workspace_share / 1e9,
+      hw.hbm_bytes / 1e9));
+  out.kv_tokens = m.kv_bytes_per_token > 0
+                    ? static_cast<std::uint64_t>(out.kv_bytes / m.kv_bytes_per_token)
+                    : std::numeric_limits<std::uint64_t>::max();
+  return out;
 }
 
 } // namespace troupe::cluster::sim

@@ -89,6 +89,33 @@ struct step_breakdown {
 result<step_breakdown> step_time(const model_profile& model, const hardware_profile& hw, phase p,
                                  std::uint32_t ep, const batch& b, const perf_options& opt = {});
 
+/// Device memory of one instance: `gpus` GPUs of `hw` serving `model` with expert parallelism
+/// `ep`. Every GPU holds the weights that are not routed experts (attention, shared experts,
+/// dense layers, router, compressor / indexer, Engram projections; the embedding and lm head
+/// in BF16) and 1/ep of the routed experts; the Engram tables stay in host memory and on SSD.
+/// A share of HBM (`workspace_share`) is kept for activations, communication buffers and the
+/// allocator's slack; what is left holds KV.
+struct instance_memory {
+  double hbm_bytes = 0;       // gpus × the part's HBM
+  double weight_bytes = 0;    // weights on all the instance's GPUs
+  double workspace_bytes = 0; // hbm_bytes × workspace_share
+  double kv_bytes = 0;        // hbm − weights − workspace (> 0)
+  /// Block-KV tokens that fit in kv_bytes (model.kv_bytes_per_token each).
+  std::uint64_t kv_tokens = 0;
+};
+
+/// The weight bytes one GPU of an EP group of size `ep` holds (see instance_memory).
+double weight_bytes_per_gpu(const model_profile& model, std::uint32_t ep);
+
+/// The share of HBM kept out of the KV budget (activations, buffers, slack).
+inline constexpr double workspace_share = 0.10;
+
+/// `instance_memory` of an instance; fails with a message naming the sizes when its weights
+/// and workspace leave no HBM for KV (too few GPUs for the model: a larger EP is needed), or
+/// when gpus or ep is 0.
+result<instance_memory> memory_of_instance(const model_profile& model, const hardware_profile& hw,
+                                           std::uint32_t gpus, std::uint32_t ep);
+
 /// A device-port cost function for one GPU rank of an EP group: each `device_step` is costed by
 /// `step_time` from its phase (encode is costed as prefill), tokens, sequences and
 /// context_tokens. A step with no tokens costs nothing; zero sequences count as one.

@@ -329,8 +329,18 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
   body += row("KV hit rate", "block " + fmt(r["kv"]["block_hit_rate"].get<double>() * 100)
                                + "%, token " + fmt(r["kv"]["token_hit_rate"].get<double>() * 100)
                                + "%");
-  body += row("GPU utilization", fmt(r["gpus"]["utilization"].get<double>() * 100) + "% of "
-                                   + std::to_string(r["gpus"]["total"].get<std::uint64_t>()));
+  body += row("GPU busy share", fmt(r["gpus"]["busy_share"].get<double>() * 100) + "% of "
+                                  + fmt(r["gpus"]["gpu_hours_held"].get<double>(), 2)
+                                  + " GPU-hours held (" + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
+                                  + " GPUs at start)");
+  body += row("output tokens per GPU-hour",
+              fmt(r["gpus"]["output_tokens_per_gpu_hour"].get<double>(), 0));
+  for (auto& [pool, p] : r["gpus"]["pools"].items())
+    if (p.contains("batch_occupancy"))
+      body += row(pool + " occupancy", "batch " + fmt(p["batch_occupancy"].get<double>() * 100)
+                                         + "%, KV " + fmt(p["kv_occupancy"].get<double>() * 100)
+                                         + "% (peak "
+                                         + fmt(p["kv_occupancy_peak"].get<double>() * 100) + "%)");
   body += row("simulated", fmt(r["sim"]["virtual_s"].get<double>()) + " s virtual, "
                              + std::to_string(r["sim"]["events"].get<std::uint64_t>())
                              + " events");
@@ -380,8 +390,8 @@ std::string render_html(const nlohmann::json& r, const nlohmann::json& run) {
     for (auto& [lb, counters] : r["lb"].items())
       for (auto& [k, v] : counters.items())
         body += row(lb + "." + k, std::to_string(v.get<std::uint64_t>()));
-  body += "</table><h2>Utilization per instance</h2><table id=\"instances\">";
-  for (auto& [k, v] : r["gpus"]["instance_utilization"].items()) {
+  body += "</table><h2>Busy share per instance (of the time it was up)</h2><table id=\"instances\">";
+  for (auto& [k, v] : r["gpus"]["instance_busy_share"].items()) {
     auto u = v.get<double>();
     body += "<tr><th>" + escape(k) + "</th><td><svg width=\"200\" height=\"12\"><rect width=\""
             + fmt(200 * std::min(1.0, u)) + "\" height=\"12\" fill=\"#1f77b4\"/></svg> "

@@ -1,6 +1,7 @@
 #include "cluster/sim/sim_command.hpp"
 
 #include "cluster/sim/fault_plan.hpp"
+#include "cluster/sim/progress_bar.hpp"
 #include "cluster/sim/report_html.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/swarm.hpp"
@@ -11,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +31,34 @@ bool write_file(const std::filesystem::path& path, const std::string& text, std:
     return false;
   }
   return true;
+}
+
+/// `--profile`'s table: the 40 most frequent (actor, message) pairs with their count, share
+/// of all events, events per admitted request, wall time and nanoseconds per event.
+std::string profile_table(const nlohmann::json& rows, std::uint64_t events, std::uint64_t requests) {
+  std::string out = "profile: " + std::to_string(events) + " events, "
+                    + std::to_string(requests) + " requests admitted\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-22s %-34s %12s %7s %9s %9s %8s\n", "actor", "message",
+                "count", "share", "per req", "wall ms", "ns/evt");
+  out += line;
+  std::size_t shown = 0;
+  for (auto& r : rows) {
+    if (++shown > 40) {
+      out += "  ... " + std::to_string(rows.size() - 40) + " more rows\n";
+      break;
+    }
+    auto count = r["count"].get<std::uint64_t>();
+    auto wall = r["wall_s"].get<double>();
+    std::snprintf(line, sizeof line, "  %-22.22s %-34.34s %12llu %6.2f%% %9.2f %9.1f %8.0f\n",
+                  r["actor"].get<std::string>().c_str(), r["message"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(count),
+                  events > 0 ? 100.0 * static_cast<double>(count) / static_cast<double>(events) : 0.0,
+                  requests > 0 ? static_cast<double>(count) / static_cast<double>(requests) : 0.0,
+                  wall * 1e3, count > 0 ? wall / static_cast<double>(count) * 1e9 : 0.0);
+    out += line;
+  }
+  return out;
 }
 
 } // namespace
@@ -69,8 +99,13 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     lo.strict = o.strict;
     lo.max_records = o.limit;
     auto loaded = load_trace(o.trace, lo);
-    for (auto& d : loaded.diagnostics)
-      err << d.to_string() << "\n";
+    // The first bad lines, then a count: a file that is not a trace at all says so once.
+    constexpr std::size_t shown = 20;
+    for (std::size_t i = 0; i < loaded.diagnostics.size() && i < shown; ++i)
+      err << loaded.diagnostics[i].to_string() << "\n";
+    if (loaded.diagnostics.size() > shown)
+      err << "troupe sim: ... and " << loaded.diagnostics.size() - shown
+          << " more bad line(s)\n";
     if (!loaded.ok)
       return 1;
     if (!loaded.diagnostics.empty() && !o.quiet)
@@ -125,8 +160,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   }
 
   // The fault plan: validated and expanded up to the horizon (--until, or the last arrival),
-  // injected into the run (fail of a gpu or an instance, drain of a decode instance, surge;
-  // other kinds are listed as not injected yet) and listed in the report.
+  // injected into the run (fault_injection.hpp) and listed in the report.
   if (!o.swarm_seed && !o.faults.empty()) {
     fault_limits limits;
     limits.store_shards = options.params.kv_shards;
@@ -150,10 +184,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
               {"timeline", to_json(timeline)}};
   }
 
-  // Progress on stderr: a bar redrawn in place on a terminal, a line per tenth otherwise.
-  bool tty = isatty(fileno(stderr)) != 0;
-  auto wall_start = std::chrono::steady_clock::now();
-  std::size_t next_tenth = 1;
+  // Progress on stderr: a bar redrawn in place on a terminal, nothing otherwise.
   options.params.test_drop_on_reroute = options.params.test_drop_on_reroute || o.plant_bug;
   if (o.spec == "dspark") {
     options.params.speculation = actors::speculation::dspark;
@@ -165,33 +196,28 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     err << "troupe sim: --spec " << o.spec << ": expected off, fixed1 .. fixed5 or dspark\n";
     return 1;
   }
-  if (!o.quiet)
-    options.progress = [&](const sim_progress_info& p) {
-      auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)
-                    .count();
-      auto done = static_cast<double>(p.finished) / static_cast<double>(p.total);
-      char line[200];
-      std::snprintf(line, sizeof line,
-                    "[%-30s] %5.1f%%  %llu/%llu requests  t=%.0fs virtual  %.1fs wall",
-                    std::string(static_cast<std::size_t>(done * 30), '#').c_str(), done * 100,
-                    static_cast<unsigned long long>(p.finished),
-                    static_cast<unsigned long long>(p.total), p.virtual_s, wall);
-      if (tty) {
-        err << "\r" << line << std::flush;
-      } else if (done * 10 >= static_cast<double>(next_tenth)) {
-        err << line << "\n";
-        while (done * 10 >= static_cast<double>(next_tenth))
-          ++next_tenth;
-      }
+  progress_bar bar{stderr, !o.quiet};
+  if (bar.active())
+    options.progress = [&bar](const sim_progress_info& p) {
+      char detail[128];
+      std::snprintf(detail, sizeof detail, "requests  t=%.0fs virtual  %.2fM events/s",
+                    p.virtual_s, static_cast<double>(p.events) / std::max(1e-9, bar.wall_s()) / 1e6);
+      bar.update(p.finished, p.total, detail);
     };
+  options.profile = o.profile;
   auto outcome = run_simulation(*topo.value, records, options);
-  if (!o.quiet && tty)
-    err << "\n";
+  bar.finish();
   if (!outcome) {
     err << "troupe sim: " << outcome.error() << "\n";
     return 1;
   }
   auto& result = *outcome;
+  if (o.profile && result.run.contains("profile"))
+    err << profile_table(result.run["profile"], result.report["sim"]["events"].get<std::uint64_t>(),
+                         result.report["requests"]["admitted"].get<std::uint64_t>());
+  if (result.report.contains("warnings"))
+    for (auto& w : result.report["warnings"])
+      err << "troupe sim: warning: " << w.get<std::string>() << "\n";
   if (!faults.is_null()) {
     // The run's own account (what was injected) wins over the plan's listing.
     if (result.report.contains("faults"))

@@ -28,9 +28,12 @@ struct sim_command_options {
   bool quiet = false;
   bool json = false;
   bool strict = false;
-  /// A fault plan (TOML) to validate against the topology, inject (fail of a gpu or an
-  /// instance; other kinds not yet) and list in the report's `faults` timeline.
+  /// A fault plan (TOML) to validate against the topology, inject (fault_injection.hpp) and
+  /// list in the report's `faults` timeline.
   std::string faults;
+  /// Print on stderr, after the run, its events by actor and message type (count, share,
+  /// wall time): `--profile`.
+  bool profile = false;
   /// Replays `troupe swarm`'s seed S: its drawn workload, fault plan, seed and liveness bound
   /// (cluster/sim/swarm.hpp) instead of --trace / --workload / --faults / --seed / --until.
   /// Requests still unfinished at the bound are a failure (exit 2), as in the swarm.

@@ -9,6 +9,7 @@
 #include "actors/lb/vision_lb.hpp"
 #include "actors/request/request.hpp"
 #include "actors/type_ids.hpp"
+#include "cluster/sim/capacity.hpp"
 #include "cluster/sim/fault_injection.hpp"
 #include "cluster/sim/hardware.hpp"
 #include "cluster/sim/model_profile.hpp"
@@ -33,6 +34,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 
 namespace troupe::cluster::sim {
 
@@ -47,20 +49,53 @@ using namespace std::chrono_literals;
 /// the simulated device's queue (a step starts when it arrives or when the previous one ends,
 /// whichever is later), so each step's busy time lands in the one-second buckets it covers.
 /// Everything here is virtual time, so the table is as deterministic as the run.
+///
+/// It also keeps what the honest figures of the report need (docs/report.md): the GPU time
+/// each instance held (every rank's device from its start to its exit or the end of the run,
+/// so autoscaled instances count for the time they existed and a down instance not at all),
+/// each decode step's batch against the incarnation's capacity, and the KV it holds against
+/// the incarnation's memory — a step holding more is a violation of the memory invariant.
 struct busy_table {
   const runtime::world* clock = nullptr;
   runtime::time_point origin{};
   struct instance {
     double seconds = 0;
+    /// Busy GPU-seconds: step time × the incarnation's GPUs.
+    double gpu_seconds = 0;
     runtime::time_point free_at{};
     /// Busy seconds in [i, i+1) s after `origin`.
     std::vector<double> per_second;
+    /// Decode steps: count, sequences, the batch capacity summed over them; KV held × step
+    /// time and KV capacity × step time (token-seconds); the highest KV / capacity.
+    std::uint64_t decode_steps = 0;
+    double sequences = 0;
+    double batch_capacity = 0;
+    double kv_token_s = 0;
+    double kv_capacity_token_s = 0;
+    double kv_peak = 0;
+    /// Model FLOPs and the HBM bytes the steps had to read at least (instance_cost).
+    double flops = 0;
+    double hbm_bytes = 0;
   };
   std::map<std::string, instance> by_key;
+  /// Every rank device started: its instance and when it started and (once it exited) ended.
+  struct device_life {
+    std::string key;
+    bool leader = false;
+    runtime::time_point start{};
+    std::optional<runtime::time_point> end;
+  };
+  std::vector<device_life> devices;
+  /// Decode steps that held more KV than their instance's memory (the first few).
+  std::vector<std::string> memory_violations;
+  std::uint64_t memory_violation_count = 0;
+  /// The first internal failure of a cost function (the run fails with it).
+  std::string internal_failure;
 
-  void add(const std::string& key, runtime::duration d) {
+  void add(const std::string& key, runtime::duration d, std::uint32_t gpus) {
     auto& in = by_key[key];
     in.seconds += runtime::to_seconds(d);
+    in.gpu_seconds += runtime::to_seconds(d) * gpus;
     if (clock == nullptr)
       return;
     auto start = std::max(clock->now(), in.free_at);
@@ -76,27 +111,102 @@ struct busy_table {
       in.per_second[i] += hi - lo;
     }
   }
+
+  /// A decode step of `d` on instance `key`: `sequences` of `capacity`, holding `kv` tokens of
+  /// the `kv_capacity` its memory has room for.
+  void decode_step(const std::string& key, runtime::duration d, std::uint64_t sequences,
+                   std::uint64_t capacity, std::uint64_t kv, std::uint64_t kv_capacity) {
+    auto& in = by_key[key];
+    auto s = runtime::to_seconds(d);
+    ++in.decode_steps;
+    in.sequences += static_cast<double>(sequences);
+    in.batch_capacity += static_cast<double>(capacity);
+    in.kv_token_s += static_cast<double>(kv) * s;
+    in.kv_capacity_token_s += static_cast<double>(kv_capacity) * s;
+    if (kv_capacity > 0)
+      in.kv_peak = std::max(in.kv_peak, static_cast<double>(kv) / static_cast<double>(kv_capacity));
+    if (kv > kv_capacity) {
+      if (memory_violations.size() < 10)
+        memory_violations.push_back(fmt::format(
+          "{} held {} KV tokens in a decode step at {:.6f} s, above the {} its HBM holds "
+          "after weights",
+          key, kv, clock == nullptr ? 0.0 : runtime::to_seconds(clock->now() - origin),
+          kv_capacity));
+      ++memory_violation_count;
+    }
+  }
+
+  /// GPU-seconds each instance held up to `end` (a device still running counts to `end`).
+  std::map<std::string, double> held_gpu_seconds(runtime::time_point end) const {
+    std::map<std::string, double> out;
+    for (auto& d : devices) {
+      auto to = std::min(end, d.end.value_or(end));
+      out[d.key] += std::max(0.0, runtime::to_seconds(to - d.start));
+    }
+    return out;
+  }
+
+  /// Seconds each instance was up to `end`: its leader rank's device lifetimes.
+  std::map<std::string, double> leader_seconds(runtime::time_point end) const {
+    std::map<std::string, double> out;
+    for (auto& d : devices)
+      if (d.leader)
+        out[d.key] += std::max(0.0, runtime::to_seconds(std::min(end, d.end.value_or(end)) - d.start));
+    return out;
+  }
 };
 
 /// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
 /// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
-/// it, times the instance's slowdown factor.
+/// it, times the instance's slowdown factor. Decode steps are also checked against the
+/// incarnation's batch capacity and KV memory (`kv_capacity` tokens).
+///
+/// Each step also adds its model FLOPs (2 × active parameters × tokens, the lm head once per
+/// sequence in prefill; attention's score and value products not counted) and the HBM bytes it
+/// must read at least (every weight on the instance's GPUs once, and the block KV it attends
+/// over), for the report's MFU and HBM-bandwidth share.
 runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_profile& hw,
                                     std::uint32_t ep, std::uint32_t ranks,
                                     std::shared_ptr<busy_table> busy, std::string key,
-                                    std::shared_ptr<const fleet_state> fleet) {
+                                    std::shared_ptr<const fleet_state> fleet,
+                                    std::uint64_t batch_capacity, std::uint64_t kv_capacity) {
   auto per_gpu = make_step_cost(model, hw, ep);
-  return [per_gpu, ranks, busy, key, fleet](const runtime::device_step& s) {
+  const double head = double(model.hidden) * model.vocab;
+  const double decode_flops = 2.0 * model.active_params_decode;
+  const double prefill_flops = 2.0 * model.active_params_prefill;
+  const double weights = weight_bytes_per_gpu(model, ep) * ranks;
+  const double kv_bytes = model.kv_bytes_per_token;
+  return [per_gpu, ranks, busy, key, fleet, batch_capacity, kv_capacity, head, decode_flops,
+          prefill_flops, weights, kv_bytes](const runtime::device_step& s) {
     auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
-    runtime::device_step g = s;
-    g.tokens = share(s.tokens);
-    g.sequences = static_cast<std::uint32_t>(share(s.sequences));
-    g.context_tokens = share(s.context_tokens);
-    auto d = per_gpu(g);
-    if (auto f = fleet->factor(key); f != 1.0)
-      d = runtime::from_seconds(runtime::to_seconds(d) * f);
-    busy->add(key, d);
-    return d;
+    // One GPU's share of the step's sizes (its batch's content is not needed to cost it).
+    runtime::device_step g{s.id, s.phase, share(s.tokens),
+                           static_cast<std::uint32_t>(share(s.sequences)),
+                           share(s.context_tokens), {}};
+    // An exception here (a bug, memory exhausted) must not escape into the device actor,
+    // whose default handler would print it on stdout and carry on: it is recorded, and the
+    // run fails with it (run_simulation's error, a non-zero exit of troupe sim).
+    try {
+      auto d = per_gpu(g);
+      if (auto f = fleet->factor(key); f != 1.0)
+        d = runtime::from_seconds(runtime::to_seconds(d) * f);
+      busy->add(key, d, ranks);
+      if (s.tokens > 0) {
+        auto& in = busy->by_key[key];
+        in.flops += s.phase == runtime::step_phase::decode
+                      ? decode_flops * static_cast<double>(s.tokens)
+                      : prefill_flops * static_cast<double>(s.tokens)
+                          + 2.0 * head * static_cast<double>(std::max<std::uint32_t>(s.sequences, 1));
+        in.hbm_bytes += weights + kv_bytes * static_cast<double>(s.context_tokens);
+      }
+      if (s.phase == runtime::step_phase::decode)
+        busy->decode_step(key, d, s.sequences, batch_capacity, s.context_tokens, kv_capacity);
+      return d;
+    } catch (const std::exception& e) {
+      if (busy->internal_failure.empty())
+        busy->internal_failure = "the device of " + key + " failed: " + e.what();
+      return runtime::duration{0};
+    }
   };
 }
 
@@ -217,6 +327,94 @@ nlohmann::json time_series(const std::vector<actors::request_outcome>& outcomes,
     }
   }
   return series;
+}
+
+/// `report.gpus` (docs/report.md): the GPU time the instances held up to `end` and how busy it
+/// was, what it produced (completed requests' tokens per GPU-second and per GPU-hour), the
+/// decode batches against their capacity and the KV held against the memory, in total, per
+/// pool and per instance. A step that runs past `end` or past its instance's failure counts
+/// only up to the GPU time its instance held.
+nlohmann::json gpu_figures(const busy_table& busy, const topology& topo, runtime::time_point end,
+                           std::uint64_t in_tokens, std::uint64_t out_tokens,
+                           const hardware_profile& hw) {
+  const int gpus_per_node = hw.gpus_per_node;
+  auto held = busy.held_gpu_seconds(end);
+  auto up = busy.leader_seconds(end);
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  struct sums {
+    double held = 0, busy = 0, sequences = 0, capacity = 0, kv = 0, kv_capacity = 0, kv_peak = 0;
+    double flops = 0, hbm_bytes = 0;
+    std::uint64_t decode_steps = 0;
+  };
+  std::map<std::string, sums> pools;
+  sums all;
+  nlohmann::json per_instance = nlohmann::json::object();
+  nlohmann::json per_instance_up = nlohmann::json::object();
+  // Every instance that ran a step or held a GPU (one autoscaled in may never have run one).
+  std::set<std::string> keys;
+  for (auto& [key, in] : busy.by_key)
+    keys.insert(key);
+  for (auto& [key, h] : held)
+    keys.insert(key);
+  const busy_table::instance idle{};
+  for (auto& key : keys) {
+    auto i = busy.by_key.find(key);
+    const auto& in = i == busy.by_key.end() ? idle : i->second;
+    auto pool = key.substr(0, key.find('/'));
+    auto h = held.count(key) != 0 ? held.at(key) : 0.0;
+    auto b = std::min(in.gpu_seconds, h);
+    auto u = up.count(key) != 0 ? up.at(key) : 0.0;
+    per_instance[key] = tidy(std::min(1.0, ratio(in.seconds, u)));
+    per_instance_up[key] = tidy(u);
+    for (auto* x : {&pools[pool], &all}) {
+      x->held += h;
+      x->busy += b;
+      x->decode_steps += in.decode_steps;
+      x->sequences += in.sequences;
+      x->capacity += in.batch_capacity;
+      x->kv += in.kv_token_s;
+      x->kv_capacity += in.kv_capacity_token_s;
+      x->kv_peak = std::max(x->kv_peak, in.kv_peak);
+      x->flops += in.flops;
+      x->hbm_bytes += in.hbm_bytes;
+    }
+  }
+  std::uint64_t initial = 0;
+  for (auto& p : topo.pools)
+    initial += p.gpus(p.instances.initial);
+  nlohmann::json per_pool = nlohmann::json::object();
+  for (auto& p : topo.pools) {
+    auto& x = pools[p.name];
+    nlohmann::json j = {{"gpu_hours_held", tidy(x.held / 3600)},
+                        {"busy_share", tidy(ratio(x.busy, x.held))},
+                        {"mfu", tidy(ratio(x.flops, x.held * hw.fp8_flops))},
+                        {"hbm_bandwidth_share", tidy(ratio(x.hbm_bytes, x.held * hw.hbm_bytes_per_s))}};
+    // What the pool produced per node-second it held, as published per-node figures count:
+    // prefill, the completed requests' prompt tokens (cached ones included); decode, their
+    // output tokens.
+    auto node_s = x.held / gpus_per_node;
+    if (p.role == pool_role::prefill)
+      j["input_tokens_per_node_s"] = tidy(ratio(static_cast<double>(in_tokens), node_s));
+    if (p.role == pool_role::decode) {
+      j["output_tokens_per_node_s"] = tidy(ratio(static_cast<double>(out_tokens), node_s));
+      j["decode_steps"] = x.decode_steps;
+      j["sequences_per_step"] = tidy(ratio(x.sequences, static_cast<double>(x.decode_steps)));
+      j["batch_occupancy"] = tidy(ratio(x.sequences, x.capacity));
+      j["kv_occupancy"] = tidy(ratio(x.kv, x.kv_capacity));
+      j["kv_occupancy_peak"] = tidy(x.kv_peak);
+    }
+    per_pool[p.name] = std::move(j);
+  }
+  return {{"total", initial},
+          {"gpu_hours_held", tidy(all.held / 3600)},
+          {"busy_share", tidy(ratio(all.busy, all.held))},
+          {"input_tokens_per_gpu_s", tidy(ratio(static_cast<double>(in_tokens), all.held))},
+          {"output_tokens_per_gpu_s", tidy(ratio(static_cast<double>(out_tokens), all.held))},
+          {"output_tokens_per_gpu_hour",
+           tidy(ratio(static_cast<double>(out_tokens), all.held / 3600))},
+          {"pools", std::move(per_pool)},
+          {"instance_busy_share", std::move(per_instance)},
+          {"instance_up_s", std::move(per_instance_up)}};
 }
 
 /// The autoscaler's limits from the topology.
@@ -369,6 +567,26 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto* vision_pool = find_pool(topo, pool_role::vision);
   if (prefill_pool == nullptr || decode_pool == nullptr)
     return result<sim_outcome>::failure("the topology needs a prefill and a decode pool");
+  // An instance that cannot start (its EP group cannot form, its weights do not fit) fails
+  // the run up front, not its requests one by one.
+  // Instances that cannot hold the model's weights run, with a warning in the report.
+  std::vector<std::string> warnings;
+  {
+    std::string fatal;
+    for (auto& q : check_capacity(topo, *model, *hw)) {
+      auto what = "pool " + q.pool + ": " + q.message;
+      if (q.fatal)
+        fatal += (fatal.empty() ? "" : "; ") + what;
+      else
+        warnings.push_back(what + "; the simulation runs it anyway"
+                           + (q.pool == decode_pool->name
+                                ? ", with a KV capacity of " + std::to_string(fallback_kv_tokens)
+                                    + " tokens"
+                                : std::string{}));
+    }
+    if (!fatal.empty())
+      return result<sim_outcome>::failure(fatal);
+  }
   const auto& p = options.params;
 
   runtime::world w{runtime::world_options{runtime::world_mode::sim, options.seed, 0, false,
@@ -396,6 +614,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   dlb.long_threshold = p.decode_long_threshold;
   dlb.long_share = p.decode_long_share;
   dlb.max_requests = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
+  // The KV a decode instance holds: its HBM left after weights and workspace (capacity.hpp).
+  dlb.max_kv_tokens
+    = kv_capacity_tokens(*model, *hw, decode_pool->gpus_per_instance, decode_pool->ep_size);
   auto decode_lb = actors::spawn_decode_lb(sys, dlb);
   actors::vision_lb_actor vision_lb;
   if (vision_pool != nullptr)
@@ -425,16 +646,30 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto configured = pool.gpus_per_instance;
     auto pool_ep = pool.ep_size;
     auto name = pool.name;
-    ports.device = [m, h, configured, pool_ep, busy, name, fleet, drafts = p.drafts](
-                     caf::local_actor* self, actors::instance_id id, std::uint32_t,
+    auto per_gpu_batch = pool.role == pool_role::decode ? p.decode_requests_per_gpu : 0;
+    ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts](
+                     caf::local_actor* self, actors::instance_id id, std::uint32_t rank,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
-      // shrinks with the incarnation (docs/faults.md, "EP resize on restart").
+      // shrinks with the incarnation (docs/faults.md, "EP resize on restart"), and with it
+      // the batch it decodes and the KV its memory holds.
       auto key = name + "/" + std::to_string(id);
       auto ep = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(
                                              std::uint64_t{pool_ep} * size / configured));
-      return runtime::spawn_sim_device(self->system(),
-                                       instance_cost(m, h, ep, size, busy, key, fleet), drafts);
+      auto kv_capacity = per_gpu_batch > 0 ? kv_capacity_tokens(m, h, size, ep) : 0;
+      auto device = runtime::spawn_sim_device(
+        self->system(), instance_cost(m, h, ep, size, busy, key, fleet,
+                                      std::uint64_t{per_gpu_batch} * size, kv_capacity),
+        drafts);
+      // The GPU is held from now until its device exits (docs/report.md, "gpus").
+      auto index = busy->devices.size();
+      busy->devices.push_back({key, rank == 0, busy->clock->now(), std::nullopt});
+      caf::actor_cast<caf::abstract_actor*>(device)->attach_functor([busy, index] {
+        // After the report (clock cleared) the world is shutting down: nothing to record.
+        if (busy->clock != nullptr)
+          busy->devices[index].end = busy->clock->now();
+      });
+      return device;
     };
     auto experts = m.routed_experts;
     ports.gpus = [configured, experts, name, fleet](actors::instance_id id) {
@@ -579,6 +814,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
 
   // Drive the virtual clock in slices until every request has ended.
   auto& driver = w.driver();
+  driver.set_profiling(options.profile);
   auto report_progress = [&] {
     if (options.progress)
       options.progress(sim_progress_info{runtime::to_seconds(w.now() - origin), driver.events(),
@@ -591,6 +827,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       next = origin + *options.until;
     driver.run_until(next);
     report_progress();
+    if (!busy->internal_failure.empty())
+      break;
     if (log->outcomes.size() == total) {
       finished = true;
       break;
@@ -606,6 +844,10 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       end = std::max(end, o.finished);
   }
   auto events = driver.events();
+  if (!busy->internal_failure.empty()) {
+    busy->clock = nullptr;
+    return result<sim_outcome>::failure("internal failure: " + busy->internal_failure);
+  }
 
   // Final counters from the control actors (asked after the clock stopped: no time passes).
   auto prefill_stats = ask<actors::lb_counters>(sys, prefill_lb, actors::lb_stats_atom::value);
@@ -659,6 +901,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   report["model"] = model->name;
   report["hardware"] = hw->name;
   report["seed"] = options.seed;
+  if (!warnings.empty())
+    report["warnings"] = warnings;
   report["requests"] = {{"total", total},
                         {"admitted", log->admitted},
                         {"completed", completed},
@@ -683,6 +927,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     report["latency_ms"]["e2e_rerouted"] = tidy_all(percentiles(e2e_rerouted));
   report["throughput"] = {{"input_tokens_per_s", tidy(static_cast<double>(in_tokens) / span_s)},
                           {"output_tokens_per_s", tidy(static_cast<double>(out_tokens) / span_s)}};
+  std::vector<std::string> memory_violations;
   report["kv"] = {
     {"block_hit_rate",
      tidy(blocks_asked > 0 ? static_cast<double>(hit_blocks) / static_cast<double>(blocks_asked)
@@ -701,26 +946,14 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     if (*s)
       for (std::size_t i = 0; i < (*s)->names.size(); ++i)
         report["lb"][(*s)->lb][(*s)->names[i]] = (*s)->values[i];
-  double gpu_seconds = 0;
-  nlohmann::json per_instance;
-  for (auto& [key, in] : busy->by_key) {
-    auto seconds = in.seconds;
-    auto pool = key.substr(0, key.find('/'));
-    auto gpus = pool == prefill_pool->name  ? prefill_pool->gpus_per_instance
-                : pool == decode_pool->name ? decode_pool->gpus_per_instance
-                                            : vision_pool->gpus_per_instance;
-    gpu_seconds += seconds * gpus;
-    per_instance[key] = tidy(virtual_s > 0 ? seconds / virtual_s : 0);
-  }
-  auto total_gpus = prefill_pool->gpus(prefill_pool->instances.initial)
-                    + decode_pool->gpus(decode_pool->instances.initial)
-                    + (vision_pool != nullptr ? vision_pool->gpus(vision_pool->instances.initial)
-                                              : 0);
-  report["gpus"] = {{"total", total_gpus},
-                    {"utilization",
-                     tidy(virtual_s > 0 ? gpu_seconds / (static_cast<double>(total_gpus) * virtual_s)
-                                        : 0)},
-                    {"instance_utilization", per_instance}};
+  report["gpus"] = gpu_figures(*busy, topo, end, in_tokens, out_tokens, *hw);
+  busy->clock = nullptr; // the devices that exit from now on are past the report
+  for (auto& v : busy->memory_violations)
+    memory_violations.push_back(v);
+  if (busy->memory_violation_count > busy->memory_violations.size())
+    memory_violations.push_back(fmt::format(
+      "{} more decode steps held more KV than their instance's memory",
+      busy->memory_violation_count - busy->memory_violations.size()));
   if (p.speculation != actors::speculation::off) {
     const auto [seqs, verified, accepted] = *spec_tally;
     auto ratio = [](std::uint64_t a, std::uint64_t b) {
@@ -826,6 +1059,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     report["timeline"] = std::move(timeline);
   }
   auto invariants = check_invariants(log->admitted_ids, outcomes, finished);
+  // No instance held more KV than its HBM has room for after its weights (busy_table).
+  for (auto& v : memory_violations)
+    invariants.violations.push_back({0, v, "memory"});
   if (scale_log) {
     report["autoscaler"] = autoscaler_json(*scale_log, origin);
     auto broken = check_autoscaler(*scale_log, scale_limits_of(topo.autoscaler), origin);
@@ -868,6 +1104,14 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   run["virtual_s_per_wall_s"] = wall_s > 0 ? virtual_s / wall_s : 0;
   run["events_per_s"] = wall_s > 0 ? static_cast<double>(events) / wall_s : 0;
   run["peak_rss_mib"] = static_cast<double>(peak_rss_kib()) / 1024.0;
+  if (options.profile) {
+    run["profile"] = nlohmann::json::array();
+    for (auto& row : driver.profile())
+      run["profile"].push_back({{"actor", row.actor},
+                                {"message", row.message},
+                                {"count", row.count},
+                                {"wall_s", row.wall_s}});
+  }
   caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(source, caf::exit_reason::user_shutdown);
   if (injector)
@@ -956,8 +1200,23 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
       out += " " + pool + " " + std::to_string(n);
     out += "\n";
   }
-  out += "  gpus        " + std::to_string(r["gpus"]["total"].get<std::uint64_t>())
-         + ", utilization " + num(r["gpus"]["utilization"].get<double>() * 100) + "%\n";
+  auto& g = r["gpus"];
+  out += "  gpus        " + std::to_string(g["total"].get<std::uint64_t>()) + " at start, "
+         + num(g["gpu_hours_held"], 2) + " GPU-hours held, busy share "
+         + num(g["busy_share"].get<double>() * 100) + "%, "
+         + num(g["output_tokens_per_gpu_hour"], 0) + " output tokens per GPU-hour\n";
+  for (auto& [pool, p] : g["pools"].items()) {
+    auto pad = std::string(pool.size() < 12 ? 12 - pool.size() : 1, ' ');
+    out += "  " + pool + pad + "busy share " + num(p["busy_share"].get<double>() * 100)
+           + "%, MFU " + num(p["mfu"].get<double>() * 100) + "%, HBM bandwidth "
+           + num(p["hbm_bandwidth_share"].get<double>() * 100) + "%\n";
+    if (p.contains("batch_occupancy"))
+      out += "  " + std::string(pool.size() + pad.size(), ' ') + "batch occupancy "
+             + num(p["batch_occupancy"].get<double>() * 100) + "% ("
+             + num(p["sequences_per_step"]) + " sequences per step), KV occupancy "
+             + num(p["kv_occupancy"].get<double>() * 100, 2) + "% (peak "
+             + num(p["kv_occupancy_peak"].get<double>() * 100, 2) + "%)\n";
+  }
   out += "  simulated   " + num(r["sim"]["virtual_s"]) + " s virtual, "
          + std::to_string(r["sim"]["events"].get<std::uint64_t>()) + " events in "
          + num(run["wall_s"], 2) + " s wall (" + num(run["virtual_s_per_wall_s"], 0)

@@ -106,6 +106,9 @@ struct sim_options {
   /// are listed as not injected yet. With faults, the report gets `faults` = {injected,
   /// timeline (each entry marked), ...}.
   std::vector<fault> faults;
+  /// Count and time every event by actor and message type (sim_driver::set_profiling); the
+  /// rows go to `run["profile"]`.
+  bool profile = false;
 };
 
 struct sim_progress_info {
@@ -120,7 +123,8 @@ struct sim_progress_info {
 struct sim_outcome {
   /// Reproducible: depends only on topology, workload, options and seed.
   nlohmann::json report;
-  /// Host figures: wall time, speed, events/s, peak RSS.
+  /// Host figures: wall time, speed, events/s, peak RSS; with `profile`, `profile`: rows of
+  /// {actor, message, count, wall_s}, most frequent first.
   nlohmann::json run;
   /// Every request ended (completed or failed); false when stopped by `until`.
   bool finished = false;

@@ -1,5 +1,7 @@
 #include "cluster/sim/swarm.hpp"
 
+#include "cluster/sim/progress_bar.hpp"
+
 #include "cluster/sim/workload.hpp"
 #include "runtime/random.hpp"
 
@@ -323,7 +325,9 @@ int run_swarm_command(const swarm_command_options& o, std::ostream& out, std::os
   std::atomic<std::uint64_t> next{0}, done{0};
   std::mutex io;
   auto wall_start = std::chrono::steady_clock::now();
-  std::uint64_t next_tenth = 1;
+  std::uint64_t failures = 0;
+  // Progress on stderr: a bar redrawn in place on a terminal, nothing otherwise.
+  progress_bar bar{stderr, !o.quiet};
   auto worker = [&] {
     for (;;) {
       auto i = next.fetch_add(1);
@@ -332,16 +336,16 @@ int run_swarm_command(const swarm_command_options& o, std::ostream& out, std::os
       results[i] = run_swarm_seed(*topo.value, first + i, o.plant_bug);
       auto n = done.fetch_add(1) + 1;
       std::lock_guard lock{io};
-      if (!results[i].passed())
+      if (!results[i].passed()) {
+        ++failures;
+        bar.finish();
         err << "seed " << first + i << ": FAILED (" << results[i].problems.front() << ")\n";
-      if (!o.quiet && n * 10 >= next_tenth * total) {
-        auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)
-                      .count();
-        err << "swarm: " << n << "/" << total << " seeds  " << static_cast<long long>(wall)
-            << " s wall\n";
-        while (n * 10 >= next_tenth * total)
-          ++next_tenth;
       }
+      bar.update(n, total,
+                 "seeds  " + std::to_string(failures) + " failed  "
+                   + std::to_string(static_cast<long long>(static_cast<double>(n) / std::max(1e-9, bar.wall_s()) * 60))
+                   + " seeds/min",
+                 n == total);
     }
   };
   auto jobs = static_cast<unsigned>(std::min<std::uint64_t>(o.jobs, total));
@@ -351,6 +355,7 @@ int run_swarm_command(const swarm_command_options& o, std::ostream& out, std::os
   worker();
   for (auto& t : threads)
     t.join();
+  bar.finish();
 
   std::uint64_t failed = 0;
   for (auto& r : results)

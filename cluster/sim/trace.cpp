@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <unordered_set>
 
@@ -48,6 +49,26 @@ std::string_view trim(std::string_view s) {
 // the speedup, rounded to the nanosecond.
 runtime::duration scaled(long double nanoseconds, double speedup) {
   return runtime::duration{static_cast<std::int64_t>(std::llround(nanoseconds / speedup))};
+}
+
+// The first byte of `line` that no text trace holds (a control character other than tab), as
+// a message naming it and its column; nullopt for a line of text.
+std::optional<std::string> binary_byte(std::string_view line) {
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    auto c = static_cast<unsigned char>(line[i]);
+    if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      return "binary data (byte " + std::string{hex} + " at column " + std::to_string(i + 1)
+             + "): not a text trace";
+    }
+  }
+  return std::nullopt;
+}
+
+// The arrival limit's message.
+std::string beyond_span(const std::string& what) {
+  return what + " is beyond the 7 days a trace may span (docs/traces.md, \"Limits\")";
 }
 
 // Shared by both readers: the option checks, and the ordering and limits applied at the end.
@@ -107,7 +128,11 @@ private:
 // The message of a nlohmann parse error without its "[json.exception...]" prefix.
 std::string json_error(const std::string& what) {
   auto pos = what.find("] ");
-  return "invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2));
+  auto message = pos == std::string::npos ? what : what.substr(pos + 2);
+  // The parser quotes what it read last, which may be a long run of arbitrary bytes.
+  if (message.size() > 160)
+    message = message.substr(0, 160) + "...";
+  return "invalid JSON: " + message;
 }
 
 // An integer field ≥ `min`; an error message naming the key otherwise.
@@ -145,8 +170,9 @@ std::optional<std::string> parse_mooncake_line(std::string_view line, double spe
   long double ns = ts->is_number_unsigned()
                        ? static_cast<long double>(ts->get<std::uint64_t>()) * 1'000'000.0L
                        : static_cast<long double>(ts->get<double>()) * 1'000'000.0L;
-  if (ns / speedup > 9.0e18L)
-    return "\"timestamp\" is too large, got " + ts->dump();
+  if (ns / speedup > static_cast<long double>(max_trace_span.count()))
+    return beyond_span("\"timestamp\" " + ts->dump() + " ms"
+                       + (speedup != 1.0 ? " (divided by the speedup)" : ""));
   if (auto e = read_count(obj, "input_length", 1, r.input_tokens))
     return e;
   if (auto e = read_count(obj, "output_length", 1, r.output_tokens))
@@ -300,6 +326,10 @@ trace_load parse_mooncake(std::istream& in, std::string_view file_name,
     auto text = trim(line);
     if (text.empty())
       continue;
+    if (auto b = binary_byte(text)) {
+      ld.fail(number, *b + "; expected Mooncake JSONL, one JSON object per line");
+      break;
+    }
     request_record r;
     if (auto e = parse_mooncake_line(text, options.speedup, r, ids)) {
       ld.bad_line(number, *e);
@@ -328,18 +358,26 @@ trace_load parse_azure(std::istream& in, std::string_view file_name,
   std::string line;
   std::uint32_t number = 0;
   if (!std::getline(in, line) || trim(line) != "TIMESTAMP,ContextTokens,GeneratedTokens") {
-    ld.fail(1, "expected the header \"TIMESTAMP,ContextTokens,GeneratedTokens\", got \""
-                   + std::string{trim(line)} + "\"");
+    if (auto b = binary_byte(line))
+      ld.fail(1, *b + "; expected an Azure CSV trace");
+    else
+      ld.fail(1, "expected the header \"TIMESTAMP,ContextTokens,GeneratedTokens\", got \""
+                     + std::string{trim(line).substr(0, 80)} + "\"");
     return ld.finish();
   }
   number = 1;
   std::vector<std::int64_t> stamps; // absolute ns, parallel to the records
+  std::vector<std::uint32_t> lines;  // their line numbers
   std::uint64_t index = 0;
   while (std::getline(in, line)) {
     ++number;
     auto text = trim(line);
     if (text.empty())
       continue;
+    if (auto b = binary_byte(text)) {
+      ld.fail(number, *b + "; expected an Azure CSV trace");
+      break;
+    }
     std::array<std::string_view, 3> f;
     std::size_t count = 0;
     for (std::string_view rest = text;; ++count) {
@@ -377,13 +415,23 @@ trace_load parse_azure(std::istream& in, std::string_view file_name,
     r.traffic = options.traffic;
     r.session = index++;
     stamps.push_back(*ts);
+    lines.push_back(number);
     ld.add(std::move(r));
   }
-  if (!stamps.empty()) {
+  if (!stamps.empty() && !ld.failed()) {
     auto start = *std::min_element(stamps.begin(), stamps.end());
     auto& rs = ld.records();
-    for (std::size_t i = 0; i < rs.size(); ++i)
+    std::vector<request_record> kept;
+    for (std::size_t i = 0; i < rs.size(); ++i) {
       rs[i].arrival = scaled(static_cast<long double>(stamps[i] - start), options.speedup);
+      if (rs[i].arrival > max_trace_span)
+        ld.bad_line(lines[i], beyond_span("TIMESTAMP, "
+                                          + std::to_string(runtime::to_seconds(rs[i].arrival))
+                                          + " s after the first,"));
+      else
+        kept.push_back(std::move(rs[i]));
+    }
+    rs = std::move(kept);
   }
   return ld.finish();
 }

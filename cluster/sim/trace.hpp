@@ -83,6 +83,11 @@ std::uint64_t mooncake_block_key(std::uint64_t hash_id, std::uint32_t sub,
 void expand_mooncake_blocks(const std::vector<std::uint64_t>& hash_ids,
                             std::uint64_t input_tokens, std::vector<std::uint64_t>& out);
 
+/// The longest span a trace may cover (after its speedup): 7 days of virtual time. A record
+/// arriving later is a bad line (the simulator keeps per-second tables over the run, so an
+/// arrival a million years out would exhaust memory instead of failing).
+inline constexpr runtime::duration max_trace_span = std::chrono::hours(24 * 7);
+
 /// How to read a trace.
 struct load_options {
   /// Arrival times are divided by this factor (2 replays the trace twice as fast). > 0.

@@ -150,6 +150,43 @@ TEST_CASE("decode spills to the other class only when its own has no room") {
   CHECK(lb.route(100) == instance_id{0});
 }
 
+TEST_CASE("decode counts the KV a request appends while decoding") {
+  decode_balancer lb{{1ull << 40, 0.0, 100, 1000000}};
+  lb.add_instance(0);
+  lb.add_instance(1);
+  // Two requests of the same context; the one on 0 generates 50000 tokens, so 0 holds more
+  // KV and the next request goes to 1.
+  REQUIRE(lb.route(1000, 60000) == instance_id{0});
+  REQUIRE(lb.route(1000, 60000) == instance_id{1});
+  lb.grow(0, 50000);
+  CHECK(lb.kv_tokens(0) == 51000);
+  CHECK(lb.kv_tokens(1) == 1000);
+  CHECK(lb.load(0) > lb.load(1));
+  CHECK(lb.route(1000) == instance_id{1});
+  // Leaving, the request releases what it appended with its booking.
+  lb.complete(0, 1000, 60000, 50000);
+  CHECK(lb.kv_tokens(0) == 0);
+  CHECK(lb.reserved_tokens(0) == 0);
+  CHECK(lb.requests(0) == 0);
+}
+
+TEST_CASE("decode reserves KV to the end of the output budget and never exceeds the limit") {
+  decode_balancer lb{{1ull << 40, 0.0, 100, 10000}};
+  lb.add_instance(0);
+  // 4000 held and 4000 more to come: 8000 reserved; a request needing 3000 more has no room
+  // even though only 4000 tokens are held now.
+  REQUIRE(lb.route(4000, 4000) == instance_id{0});
+  CHECK(lb.kv_tokens(0) == 4000);
+  CHECK(lb.reserved_tokens(0) == 8000);
+  CHECK(!lb.route(1000, 2000));
+  CHECK(lb.route(1000, 1000) == instance_id{0});
+  // One whose own KV is beyond the limit is never routed.
+  lb.complete(0, 4000, 4000);
+  lb.complete(0, 1000, 1000);
+  CHECK(!lb.route(9000, 2000));
+  CHECK(lb.stats().rejected == 2);
+}
+
 TEST_CASE("under steady load no prefill instance is starved or overloaded") {
   prefill_balancer lb{{}};
   for (instance_id i = 0; i < 4; ++i)

@@ -139,3 +139,30 @@ TEST_CASE("an instance whose engine dies restarts as a whole and its new engine 
   CHECK(s.outcomes->at(1).completed);
   CHECK(s.outcomes->at(1).failure.empty());
 }
+
+TEST_CASE("decode_lb counts the KV a request appends while it decodes, and frees it at the end") {
+  serving s;
+  s.submit(1, 1024, 1000);
+  auto held_kv = [&] {
+    auto stats = testing::ask<lb_counters>(s.sys, s.dlb, lb_stats_atom::value);
+    s.world.driver().run_until(s.world.now());
+    REQUIRE(*stats);
+    auto& c = **stats;
+    auto i = std::find(c.names.begin(), c.names.end(), "held_kv_tokens");
+    REQUIRE(i != c.names.end());
+    return c.values[static_cast<std::size_t>(i - c.names.begin())];
+  };
+  // Prefill (~1 ms) and the hand-off, then 10 ms steps: at 5 s about 499 tokens are out, and
+  // the request has reported all but the last few (it reports 64 at a time) to the balancer.
+  s.world.driver().run_until(s.origin + 1s);
+  auto early = held_kv();
+  CHECK(early > 1024);
+  s.world.driver().run_until(s.origin + 5s);
+  auto mid = held_kv();
+  CHECK(mid >= 1024 + 499 - 64);
+  CHECK(mid <= 1024 + 500);
+  CHECK(mid > early);
+  s.world.driver().run();
+  REQUIRE(s.outcomes->at(1).completed);
+  CHECK(held_kv() == 0);
+}

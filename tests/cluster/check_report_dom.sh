@@ -49,10 +49,10 @@ grep -q '</html>' "$dom" || fail "DOM is truncated"
 grep -q '<table id="summary">' "$dom" || fail "no summary table"
 grep -q '300 admitted, 300 completed, 0 failed' "$dom" || fail "summary lacks the request counts"
 for row in 'ttft (ms)' 'tbt (ms)' 'e2e (ms)' 'throughput (tokens/s)' 'KV hit rate' \
-           'GPU utilization'; do
+           'GPU busy share' 'output tokens per GPU-hour' 'decode occupancy'; do
   grep -qF "<th>$row</th>" "$dom" || fail "summary lacks the row '$row'"
 done
-grep -q '<table id="instances">' "$dom" || fail "no per-instance utilization table"
+grep -q '<table id="instances">' "$dom" || fail "no per-instance busy share table"
 
 # Every chart: its own <svg>, with at least one polyline of two or more finite points.
 charts=(throughput ttft in-flight hit-rate prefill-load decode-load utilization)

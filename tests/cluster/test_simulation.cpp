@@ -3,6 +3,8 @@
 #include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/simulation.hpp"
 #include "cluster/sim/trace.hpp"
+#include "cluster/sim/workload.hpp"
+#include "runtime/random.hpp"
 #include "cluster/topology.hpp"
 
 #include <doctest/doctest.h>
@@ -166,12 +168,16 @@ TEST_CASE("the report has load and busy share over time for every instance") {
   auto bin_s = s["bin_s"].get<double>();
   REQUIRE(bins > 1);
   CHECK(s["pools"] == nlohmann::json::array({"prefill", "decode"}));
-  auto& per_instance = out.report["gpus"]["instance_utilization"];
-  // small.toml: 2 prefill instances and 1 decode instance, each with both series.
-  CHECK(per_instance.size() == 3);
+  auto& per_instance = out.report["gpus"]["instance_busy_share"];
+  // small.toml: 2 prefill instances and 1 decode instance, each with both series, and a vision
+  // instance (held, idle: no request has images) with a busy share only.
+  CHECK(per_instance.size() == 4);
+  CHECK(per_instance["vision/0"] == 0);
   double load_area = 0;
-  for (auto& [key, utilization] : per_instance.items()) {
+  for (auto& [key, share] : per_instance.items()) {
     CAPTURE(key);
+    if (key == "vision/0")
+      continue;
     REQUIRE(s["instance_load"].contains(key));
     REQUIRE(s["instance_busy"].contains(key));
     auto& load = s["instance_load"][key];
@@ -188,8 +194,11 @@ TEST_CASE("the report has load and busy share over time for every instance") {
       CHECK(l.get<double>() >= 0);
       load_area += l.get<double>() * bin_s;
     }
-    // The binned busy time adds up to the instance's total (its utilization over the run).
-    auto total_s = utilization.get<double>() * out.report["sim"]["virtual_s"].get<double>();
+    // The binned busy time adds up to the instance's total (its busy share of the time it
+    // was up, which here is the whole run).
+    auto up_s = out.report["gpus"]["instance_up_s"][key].get<double>();
+    CHECK(up_s == doctest::Approx(out.report["sim"]["virtual_s"].get<double>()));
+    auto total_s = share.get<double>() * up_s;
     CHECK(busy_s == doctest::Approx(total_s).epsilon(0.01));
   }
   CHECK(load_area > 0);
@@ -304,4 +313,71 @@ TEST_CASE("speculative decoding: every request completes exactly, fixed-length a
   // what it verifies is accepted.
   CHECK(dspark["speculation"]["acceptance"].get<double>()
         > fixed["speculation"]["acceptance"].get<double>());
+}
+
+TEST_CASE("GPU figures count the GPU time held: an autoscaled cluster is never over 100% busy") {
+  // `troupe sim small-autoscale.toml --workload mixed --rate 20`, shortened: a load well
+  // above the initial size, so the autoscaler grows both pools and the GPU time held exceeds
+  // the initial GPUs' (this run read 169.8% "utilization" against the initial GPUs).
+  auto t = load_topology(root + "/examples/topologies/small-autoscale.toml");
+  REQUIRE(t.ok());
+  mixed_params mp;
+  mp.rate = 20;
+  mp.duration = 2min;
+  runtime::rng root_rng{0};
+  auto rng = root_rng.split("workload");
+  auto w = generate_mixed(mp, rng);
+  REQUIRE(w.ok());
+  sim_options o;
+  o.params.image_tokens = mp.chat.image_tokens;
+  auto r = run_simulation(*t.value, w.records, o);
+  REQUIRE(r.ok());
+  auto& g = r->report["gpus"];
+  auto virtual_s = r->report["sim"]["virtual_s"].get<double>();
+  auto initial_gpu_hours = g["total"].get<double>() * virtual_s / 3600;
+  CAPTURE(g.dump());
+  CHECK(g["gpu_hours_held"].get<double>() > initial_gpu_hours * 1.2);
+  CHECK(g["busy_share"].get<double>() > 0);
+  CHECK(g["busy_share"].get<double>() <= 1.0);
+  for (auto& [pool, p] : g["pools"].items()) {
+    CHECK(p["busy_share"].get<double>() <= 1.0);
+    CHECK(p["gpu_hours_held"].get<double>() > 0);
+  }
+  for (auto& [key, share] : g["instance_busy_share"].items())
+    CHECK(share.get<double>() <= 1.0);
+  // Tokens per GPU-second: the completed output over the GPU time held.
+  auto out_tokens = r->report["throughput"]["output_tokens_per_s"].get<double>();
+  CHECK(g["output_tokens_per_gpu_s"].get<double>() > 0);
+  CHECK(g["output_tokens_per_gpu_hour"].get<double>()
+        == doctest::Approx(g["output_tokens_per_gpu_s"].get<double>() * 3600).epsilon(1e-4));
+  CHECK(out_tokens > 0);
+}
+
+TEST_CASE("decode batch and KV occupancy are reported against the instance's capacity") {
+  replay r{300};
+  auto out = r.run(1);
+  auto& d = out.report["gpus"]["pools"]["decode"];
+  CAPTURE(d.dump());
+  // small.toml: one decode instance of 16 GPUs, 128 requests per GPU.
+  auto per_step = d["sequences_per_step"].get<double>();
+  CHECK(per_step >= 1);
+  CHECK(d["batch_occupancy"].get<double>() == doctest::Approx(per_step / 2048).epsilon(1e-3));
+  CHECK(d["kv_occupancy"].get<double>() > 0);
+  CHECK(d["kv_occupancy"].get<double>() <= d["kv_occupancy_peak"].get<double>());
+  CHECK(d["kv_occupancy_peak"].get<double>() < 1);
+  CHECK(d["decode_steps"].get<std::uint64_t>() > 0);
+  CHECK(!out.report["gpus"]["pools"]["prefill"].contains("batch_occupancy"));
+  // MFU and HBM-bandwidth share per pool: within (0, 1), and decode (one token per sequence
+  // per step, reading every weight and the batch's KV) is bound by memory, not arithmetic.
+  for (auto pool : {"prefill", "decode"}) {
+    auto& p = out.report["gpus"]["pools"][pool];
+    CAPTURE(pool);
+    CHECK(p["mfu"].get<double>() > 0);
+    CHECK(p["mfu"].get<double>() < 1);
+    CHECK(p["hbm_bandwidth_share"].get<double>() > 0);
+    CHECK(p["hbm_bandwidth_share"].get<double>() < 1);
+  }
+  CHECK(d["hbm_bandwidth_share"].get<double>() > d["mfu"].get<double>());
+  CHECK(out.report["gpus"]["pools"]["prefill"]["mfu"].get<double>() > d["mfu"].get<double>());
+  CHECK(out.report["gpus"]["pools"]["prefill"]["input_tokens_per_node_s"].get<double>() > 0);
 }

@@ -380,3 +380,19 @@ TEST_CASE("an unknown key far from every known key lists the keys allowed there"
   CHECK(it->line == 2);
   CHECK(it->hint.rfind("expected one of: interval, max_step_up", 0) == 0);
 }
+
+TEST_CASE("a cluster above the stated limits is rejected with the limit") {
+  std::string text{minimal};
+  // 1,000,000 instances of 65,536 GPUs: each key is in its own range, the whole is not.
+  auto pos = text.find("instances = 2\ngpus_per_instance = 16");
+  REQUIRE(pos != std::string::npos);
+  text.replace(pos, std::string{"instances = 2\ngpus_per_instance = 16"}.size(),
+               "instances = 1000000\ngpus_per_instance = 65536");
+  text.replace(text.find("ep_size = 4"), 11, "ep_size = 65536");
+  auto r = parse_topology(text, "huge.toml");
+  INFO(all_errors(r));
+  REQUIRE_FALSE(r.ok());
+  auto errors = all_errors(r);
+  CHECK(errors.find("the limit is 1048576") != std::string::npos);
+  CHECK(errors.find("instances at their max sizes; the limit is 65536") != std::string::npos);
+}

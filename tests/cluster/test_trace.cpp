@@ -424,3 +424,62 @@ TEST_CASE("invalid generator parameters give an error and no records") {
 }
 
 } // TEST_SUITE
+
+TEST_SUITE("trace: limits") {
+TEST_CASE("a timestamp beyond the 7-day span is a bad line, not a run of that length") {
+  auto t = mooncake_text(
+    "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [1]}\n"
+    "{\"timestamp\": 8e12, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [2]}\n"
+    "{\"timestamp\": 100000000000, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [3]}\n"
+    "{\"timestamp\": 604800000, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [4]}\n");
+  INFO(all(t));
+  REQUIRE(t.ok);
+  CHECK(t.records.size() == 2);
+  CHECK(has_diagnostic(t, 2, "beyond the 7 days a trace may span"));
+  CHECK(has_diagnostic(t, 3, "beyond the 7 days a trace may span"));
+  CHECK(t.records.back().arrival == max_trace_span);
+  // A speedup brings a longer trace inside the span.
+  load_options fast;
+  fast.speedup = 2e4;
+  CHECK(mooncake_text("{\"timestamp\": 100000000000, \"input_length\": 10, \"output_length\": 5, "
+                      "\"hash_ids\": [3]}\n",
+                      fast)
+          .records.size()
+        == 1);
+}
+
+TEST_CASE("an Azure record more than 7 days after the first is a bad line") {
+  std::istringstream in{"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                        "2023-11-16 18:15:46.6805900,374,44\n"
+                        "2023-11-30 18:15:46.6805900,374,44\n"
+                        "2023-11-17 18:15:46.6805900,374,44\n"};
+  auto t = parse_azure(in, "inline.csv", {});
+  INFO(all(t));
+  REQUIRE(t.ok);
+  CHECK(t.records.size() == 2);
+  CHECK(has_diagnostic(t, 3, "beyond the 7 days"));
+}
+
+TEST_CASE("a binary file fails the load with one message naming the byte") {
+  std::string bytes = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5, "
+                      "\"hash_ids\": [1]}\n";
+  for (int line = 0; line < 300; ++line) {
+    for (int i = 0; i < 40; ++i)
+      bytes += static_cast<char>((line * 37 + i * 11) % 256);
+    bytes += '\n';
+  }
+  auto t = mooncake_text(bytes);
+  INFO(all(t));
+  CHECK_FALSE(t.ok);
+  CHECK(t.records.empty());
+  REQUIRE(t.diagnostics.size() == 1);
+  CHECK(t.diagnostics[0].line == 2);
+  CHECK(t.diagnostics[0].message.find("binary data (byte 0x") != std::string::npos);
+  CHECK(t.diagnostics[0].message.find("not a text trace") != std::string::npos);
+  std::istringstream csv{std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10)};
+  auto a = parse_azure(csv, "inline.csv", {});
+  CHECK_FALSE(a.ok);
+  REQUIRE(a.diagnostics.size() == 1);
+  CHECK(a.diagnostics[0].message.find("binary data (byte 0x7f at column 1)") != std::string::npos);
+}
+}

@@ -233,3 +233,35 @@ TEST_CASE("a sim world with a periodic actor still running is destroyed without 
   } // must return: the pending timer is dropped, not fired
   CHECK(*ticks == 10);
 }
+
+TEST_CASE_FIXTURE(driven, "a profile counts every event by actor and message type and changes nothing") {
+  driver.set_profiling(true);
+  auto ticks = spawn_ticker(1s);
+  auto seen = make_sightings();
+  auto a = spawn_timers({}, seen);
+  auto before = driver.events();
+  caf::anon_send(a, std::string{"now"});
+  CHECK(driver.run_until(world.now() + 10s) == stop_reason::deadline);
+  CHECK(*ticks == 10);
+  auto rows = driver.profile();
+  std::uint64_t counted = 0, ticked = 0, timers = 0, strings = 0;
+  for (auto& r : rows) {
+    CAPTURE(r.actor);
+    CAPTURE(r.message);
+    counted += r.count;
+    CHECK(r.wall_s >= 0);
+    if (r.message == "(tick)")
+      ticked += r.count;
+    if (r.actor == "clock" && r.message == "timer")
+      timers += r.count;
+    if (r.message == "@str") // CAF's name of std::string
+      strings += r.count;
+  }
+  CHECK(counted == driver.events() - before); // the actors' start events included
+  CHECK(ticked == 10);
+  CHECK(timers == 10);
+  CHECK(strings == 1);
+  // Most frequent first.
+  for (std::size_t i = 1; i < rows.size(); ++i)
+    CHECK(rows[i - 1].count >= rows[i].count);
+}
