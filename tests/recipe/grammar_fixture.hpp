@@ -56,9 +56,9 @@ inline void property_order(const ojson& s, std::vector<std::string>& out) {
   }
 }
 
-// Canonical text of an instance: members named in the schema's properties first, in that order,
-// then the others by name (the order the grammars write).
-inline std::string canonical_instance(const ojson& v, const std::vector<std::string>& order) {
+// Canonical text of an instance: members named in `order` first, in that order, then the others
+// by name (`sort_others`, as `enum` / `const` objects are written) or in the instance's order.
+inline std::string canonical_instance(const ojson& v, const std::vector<std::string>& order, bool sort_others = true) {
   if (v.is_object()) {
     std::vector<std::string> keys;
     for (auto it = v.begin(); it != v.end(); ++it) keys.push_back(it.key());
@@ -67,18 +67,18 @@ inline std::string canonical_instance(const ojson& v, const std::vector<std::str
       return it == order.end() ? order.size() : static_cast<std::size_t>(it - order.begin());
     };
     std::stable_sort(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
-      return rank(a) != rank(b) ? rank(a) < rank(b) : a < b;
+      return rank(a) != rank(b) ? rank(a) < rank(b) : sort_others && a < b;
     });
     std::string out = "{";
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (i) out += ", ";
-      out += gr::canonical_json(nlohmann::json(keys[i])) + ": " + canonical_instance(v[keys[i]], order);
+      out += gr::canonical_json(nlohmann::json(keys[i])) + ": " + canonical_instance(v[keys[i]], order, sort_others);
     }
     return out + "}";
   }
   if (v.is_array()) {
     std::string out = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + canonical_instance(v[i], order);
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + canonical_instance(v[i], order, sort_others);
     return out + "]";
   }
   return gr::canonical_json(nlohmann::json(v));
