@@ -107,34 +107,59 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
     return it->second;
   };
   id_of(closure({start}));
-  std::array<set_t, 256> per_byte;
+  // Byte classes: bytes that no edge tells apart share a class, so each DFA state computes one
+  // target set per class instead of one per byte.
+  std::array<std::uint16_t, 256> cls{};
+  std::uint16_t classes = 1;
+  {
+    std::vector<byte_set> distinct;
+    for (const auto& edges : byte_edges_)
+      for (const auto& e : edges)
+        if (std::find_if(distinct.begin(), distinct.end(), [&](const byte_set& d) { return d.bits == e.set.bits; }) ==
+            distinct.end())
+          distinct.push_back(e.set);
+    for (const auto& set : distinct) {
+      std::vector<std::int32_t> renum(2u * classes, -1);
+      std::uint16_t next_id = 0;
+      for (unsigned b = 0; b < 256; ++b) {
+        auto& slot = renum[2u * cls[b] + (set.test(b) ? 1 : 0)];
+        if (slot < 0) slot = next_id++;
+        cls[b] = static_cast<std::uint16_t>(slot);
+      }
+      classes = next_id;
+    }
+  }
+  std::vector<unsigned> representative(classes, 256);
+  for (unsigned b = 256; b-- > 0;) representative[cls[b]] = b;
+  std::vector<set_t> per_class(classes);
   for (std::size_t i = 0; i < sets.size(); ++i) {
     const set_t cur = sets[i];
     r.next.resize((i + 1) * 256, no_state);
     r.calls.emplace_back();
     r.accepting.push_back(std::binary_search(cur.begin(), cur.end(), accept) ? 1 : 0);
     r.has_bytes.push_back(0);
-    for (auto& v : per_byte) v.clear();
+    for (auto& v : per_class) v.clear();
     std::map<std::uint32_t, set_t> per_call;
     for (const auto x : cur) {
       for (const auto& e : byte_edges_[x])
-        for (unsigned w = 0; w < 4; ++w)
-          for (std::uint64_t m = e.set.bits[w]; m; m &= m - 1)
-            per_byte[w * 64 + static_cast<unsigned>(__builtin_ctzll(m))].push_back(e.to);
+        for (std::uint16_t c = 0; c < classes; ++c)
+          if (e.set.test(representative[c])) per_class[c].push_back(e.to);
       for (const auto& c : calls_[x]) per_call[c.rule].push_back(c.to);
     }
-    // Bytes with the same target set share one closure.
+    // Classes with the same target set share one closure.
+    std::vector<std::int32_t> class_target(classes, no_state);
     std::map<set_t, std::int32_t> done;
-    for (unsigned b = 0; b < 256; ++b) {
-      if (per_byte[b].empty()) continue;
-      auto& v = per_byte[b];
+    for (std::uint16_t c = 0; c < classes; ++c) {
+      auto& v = per_class[c];
+      if (v.empty()) continue;
       std::sort(v.begin(), v.end());
       v.erase(std::unique(v.begin(), v.end()), v.end());
       auto it = done.find(v);
       if (it == done.end()) it = done.emplace(v, static_cast<std::int32_t>(id_of(closure(v)))).first;
-      r.next[i * 256 + b] = it->second;
+      class_target[c] = it->second;
       r.has_bytes[i] = 1;
     }
+    for (unsigned b = 0; b < 256; ++b) r.next[i * 256 + b] = class_target[cls[b]];
     for (auto& [callee, targets] : per_call) {
       std::sort(targets.begin(), targets.end());
       targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
@@ -148,6 +173,23 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
 bool prune(grammar& g) {
   // Productive rules: a fixpoint over "some accepting state is reachable from the start".
   const std::size_t n = g.rules.size();
+  // Predecessors of each state: by a byte edge, and by a call edge (with its callee).
+  std::vector<std::vector<std::vector<std::uint32_t>>> byte_preds(n);
+  std::vector<std::vector<std::vector<call_edge>>> call_preds(n);  // {callee, source state}
+  for (std::size_t ri = 0; ri < n; ++ri) {
+    const rule& r = g.rules[ri];
+    byte_preds[ri].resize(r.size());
+    call_preds[ri].resize(r.size());
+    for (std::uint32_t s = 0; s < r.size(); ++s) {
+      for (unsigned b = 0; b < 256; ++b) {
+        const auto t = r.step(s, static_cast<unsigned char>(b));
+        if (t == no_state) continue;
+        auto& p = byte_preds[ri][static_cast<std::uint32_t>(t)];
+        if (p.empty() || p.back() != s) p.push_back(s);
+      }
+      for (const auto& c : r.calls[s]) call_preds[ri][c.target].push_back({c.rule, s});
+    }
+  }
   std::vector<std::uint8_t> productive(n, 0);
   std::vector<std::vector<std::uint8_t>> live(n);
   for (bool changed = true; changed;) {
@@ -156,19 +198,26 @@ bool prune(grammar& g) {
       const rule& r = g.rules[ri];
       auto& lv = live[ri];
       lv.assign(r.size(), 0);
-      // Backward reachability to accepting states over byte edges and productive calls.
-      for (bool grew = true; grew;) {
-        grew = false;
-        for (std::uint32_t s = 0; s < r.size(); ++s) {
-          if (lv[s]) continue;
-          bool ok = r.accepting[s] != 0;
-          for (unsigned b = 0; !ok && b < 256; ++b) {
-            const auto t = r.step(s, static_cast<unsigned char>(b));
-            ok = t != no_state && lv[static_cast<std::uint32_t>(t)];
-          }
-          for (const auto& c : r.calls[s]) ok = ok || (productive[c.rule] && lv[c.target]);
-          if (ok) lv[s] = grew = 1;
+      // Backward reachability from the accepting states over byte edges and productive calls.
+      std::vector<std::uint32_t> todo;
+      for (std::uint32_t s = 0; s < r.size(); ++s)
+        if (r.accepting[s]) {
+          lv[s] = 1;
+          todo.push_back(s);
         }
+      while (!todo.empty()) {
+        const auto t = todo.back();
+        todo.pop_back();
+        for (const auto s : byte_preds[ri][t])
+          if (!lv[s]) {
+            lv[s] = 1;
+            todo.push_back(s);
+          }
+        for (const auto& [callee, s] : call_preds[ri][t])
+          if (productive[callee] && !lv[s]) {
+            lv[s] = 1;
+            todo.push_back(s);
+          }
       }
       if (!productive[ri] && r.size() > 0 && lv[0]) productive[ri] = changed = 1;
     }
