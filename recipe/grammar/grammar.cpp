@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace troupe::recipe::grammar {
 
@@ -112,13 +113,11 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   std::array<std::uint16_t, 256> cls{};
   std::uint16_t classes = 1;
   {
-    std::vector<byte_set> distinct;
+    std::set<std::array<std::uint64_t, 4>> distinct;
     for (const auto& edges : byte_edges_)
-      for (const auto& e : edges)
-        if (std::find_if(distinct.begin(), distinct.end(), [&](const byte_set& d) { return d.bits == e.set.bits; }) ==
-            distinct.end())
-          distinct.push_back(e.set);
-    for (const auto& set : distinct) {
+      for (const auto& e : edges) distinct.insert(e.set.bits);
+    for (const auto& bits : distinct) {
+      const byte_set set{bits};
       std::vector<std::int32_t> renum(2u * classes, -1);
       std::uint16_t next_id = 0;
       for (unsigned b = 0; b < 256; ++b) {
