@@ -1,9 +1,12 @@
 // bench_grammar: the structured-output engine's compile time and per-token mask time on the
-// DeepSeek-V4 vocabulary (129,280 ids), on a few schemas, each along a valid output tokenized
-// by the V4 tokenizer. Prints p50 / p99 over several rounds; "cold" masks are the first pass
-// of a fresh mask_computer (its per-state cache empty), "warm" the later passes. The peers
-// (XGrammar, llguidance) are not run yet (docs/benchmarks.md).
+// DeepSeek-V4 vocabulary (129,280 ids), on the schemas of bench/grammar_workloads.json, each
+// along its valid output tokenized by the V4 tokenizer. Prints p50 / p99 over several rounds;
+// "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
+// a second pass over the same output. With --peer PYTHON it then runs llguidance on the same
+// workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md).
+// Usage: bench_grammar [--rounds N] [--peer PYTHON]
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +16,8 @@
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/token_mask.hpp"
 #include "recipe/tokenizer.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace gr = troupe::recipe::grammar;
 using clock_type = std::chrono::steady_clock;
@@ -29,33 +34,27 @@ double pct(std::vector<double> v, double p) {
 }
 
 struct workload {
-  const char* name;
-  const char* schema;
-  const char* output;
+  std::string name, schema, output;
 };
 
-const workload workloads[] = {
-    {"strict-person",
-     R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "role": {"enum": ["admin", "user", "guest"]}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
-        "email": {"anyOf": [{"type": "string", "format": "email"}, {"type": "null"}]}, "born": {"type": "string", "format": "date"},
-        "score": {"type": "number"}, "ok": {"type": "boolean"}},
-        "required": ["name", "age", "role", "tags", "email", "born", "score", "ok"], "additionalProperties": false})",
-     R"({"name": "Ada Lovelace, Countess of Lovelace", "age": 36, "role": "admin", "tags": ["math", "poetry", "engines"], "email": "ada@example.org", "born": "1815-12-10", "score": 97.25, "ok": true})"},
-    {"json-object", R"({"type": "object"})",
-     R"({"id": 42, "title": "Structured output", "items": [{"k": "a", "v": [1, 2, 3]}, {"k": "b", "v": null}], "done": false, "notes": "free text, with \"quotes\" and\nnew lines"})"},
-    {"recursive-tree",
-     R"({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {"label": {"type": "string", "pattern": "^[a-z]+$"},
-        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["label", "children"], "additionalProperties": false}}})",
-     R"({"label": "root", "children": [{"label": "left", "children": [{"label": "leaf", "children": []}]}, {"label": "right", "children": []}]})"},
-};
+// bench/grammar_workloads.json: the schemas and outputs both this bench and its peer run.
+std::vector<workload> load_workloads() {
+  std::ifstream f(std::string(TROUPE_SOURCE_DIR) + "/bench/grammar_workloads.json");
+  const auto j = nlohmann::ordered_json::parse(f);
+  std::vector<workload> out;
+  for (const auto& w : j) out.push_back({w["name"], w["schema"].dump(), w["output"]});
+  return out;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int rounds = 20;
-  for (int i = 1; i + 1 < argc; ++i)
+  std::string peer;
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--rounds") rounds = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--peer") peer = argv[i + 1];
+  }
   std::string load = "?";
   if (std::ifstream f("/proc/loadavg"); f) std::getline(f, load);
   std::printf("bench_grammar: %d rounds, load average %s\n", rounds, load.c_str());
@@ -68,7 +67,7 @@ int main(int argc, char** argv) {
               vocab->trie().size(), us_since(t0) / 1000);
   std::printf("%-15s %7s | %-17s | %-19s | %-19s | %s\n", "schema", "tokens", "compile p50 / p99", "cold mask p50 / p99",
               "warm mask p50 / p99", "max");
-  for (const auto& w : workloads) {
+  for (const auto& w : load_workloads()) {
     std::vector<double> compile, cold, warm;
     const auto ids = tok.encode(w.output, troupe::recipe::encode_mode::raw);
     std::vector<std::uint32_t> mask(vocab->mask_words());
@@ -77,7 +76,7 @@ int main(int argc, char** argv) {
       auto compiled = gr::compile_json_schema(std::string_view(w.schema));
       compile.push_back(us_since(t0));
       if (auto* e = std::get_if<gr::schema_error>(&compiled)) {
-        std::printf("%s: %s\n", w.name, e->to_string().c_str());
+        std::printf("%s: %s\n", w.name.c_str(), e->to_string().c_str());
         return 1;
       }
       const auto g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(compiled)));
@@ -89,15 +88,20 @@ int main(int argc, char** argv) {
           masks.fill(m, mask);
           (pass == 0 ? cold : warm).push_back(us_since(t0));
           if (i < ids.size() && !m.accept_token(vocab->bytes(ids[i]))) {
-            std::printf("%s: token %zu refused\n", w.name, i);
+            std::printf("%s: token %zu refused\n", w.name.c_str(), i);
             return 1;
           }
         }
       }
     }
-    std::printf("%-15s %7zu | %7.0f / %7.0f us | %7.1f / %7.0f us | %7.1f / %7.1f us | cold %.0f us\n", w.name,
+    std::printf("%-15s %7zu | %7.0f / %7.0f us | %7.1f / %7.0f us | %7.1f / %7.1f us | cold %.0f us\n", w.name.c_str(),
                 ids.size() + 1, pct(compile, 0.5), pct(compile, 0.99), pct(cold, 0.5), pct(cold, 0.99), pct(warm, 0.5),
                 pct(warm, 0.99), *std::max_element(cold.begin(), cold.end()));
+  }
+  if (!peer.empty()) {
+    std::fflush(stdout);
+    const std::string cmd = peer + " " + TROUPE_SOURCE_DIR + "/bench/grammar_peer.py --rounds " + std::to_string(rounds);
+    return std::system(cmd.c_str()) == 0 ? 0 : 1;
   }
   return 0;
 }
