@@ -2,12 +2,12 @@
 // DeepSeek-V4 vocabulary (129,280 ids), on the schemas of bench/grammar_workloads.json, each
 // along its valid output tokenized by the V4 tokenizer. Prints p50 / p99 over several rounds;
 // "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
-// a second pass over the same output. With --peer PYTHON it then runs llguidance on the same
+// a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance on the same
 // workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md).
 // Usage: bench_grammar [--rounds N] [--peer PYTHON]
 #include <algorithm>
 #include <cstdlib>
-#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -20,13 +20,21 @@
 #include <nlohmann/json.hpp>
 
 namespace gr = troupe::recipe::grammar;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-double us_since(clock_type::time_point t0) {
-  return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
-}
+// The machine is shared: time is this thread's CPU time (CLOCK_THREAD_CPUTIME_ID), which other
+// processes' load does not inflate; the peer measures the same way (time.thread_time_ns).
+struct clock_type {
+  using time_point = double;
+  static double now() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+  }
+};
+
+double us_since(double t0) { return clock_type::now() - t0; }
 
 double pct(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
