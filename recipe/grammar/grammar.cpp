@@ -71,7 +71,7 @@ void nfa_builder::literal(std::uint32_t from, std::uint32_t to, std::string_view
 }
 
 rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::string name,
-                              std::uint32_t max_states) const {
+                              const limits& lim) const {
   using set_t = std::vector<std::uint32_t>;
   std::vector<std::uint32_t> mark(eps_.size(), 0);
   std::uint32_t epoch = 0;
@@ -97,12 +97,17 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   r.name = std::move(name);
   std::map<set_t, std::uint32_t> ids;
   std::vector<set_t> sets;
+  std::uint64_t work = 0;
   auto id_of = [&](set_t s) -> std::uint32_t {
     auto [it, inserted] = ids.emplace(std::move(s), static_cast<std::uint32_t>(sets.size()));
     if (inserted) {
-      if (sets.size() >= max_states)
-        throw build_error{"rule " + r.name + " needs more than " + std::to_string(max_states) +
+      if (sets.size() >= lim.max_rule_states)
+        throw build_error{"rule " + r.name + " needs more than " + std::to_string(lim.max_rule_states) +
                           " automaton states"};
+      work += it->first.size();
+      if (work > lim.max_subset_work)
+        throw build_error{"rule " + r.name + " is too large to determinize (more than " +
+                          std::to_string(lim.max_subset_work) + " NFA states over its subsets)"};
       sets.push_back(it->first);
     }
     return it->second;

@@ -268,7 +268,7 @@ class compiler {
  private:
   void finish(std::uint32_t id, nfa_builder& b, std::uint32_t s, std::uint32_t a, const std::string& name) {
     try {
-      g_.rules[id] = b.determinize(s, a, name, lim_.max_rule_states);
+      g_.rules[id] = b.determinize(s, a, name, lim_);
     } catch (const build_error& e) {
       fail("", name[0] == '#' ? name.substr(1) : name, e.message);
     }
@@ -742,7 +742,7 @@ class compiler {
     const auto s = b.add_state(), a = b.add_state();
     any_string(b, s, a);
     try {
-      const rule any = b.determinize(s, a, "#" + ptr + "/additional-key", lim_.max_rule_states);
+      const rule any = b.determinize(s, a, "#" + ptr + "/additional-key", lim_);
       std::vector<std::string> words;
       for (const auto& d : declared) {
         std::string w;

@@ -547,7 +547,7 @@ std::variant<grammar, regex_error> compile_regex(std::string_view pattern, const
     const auto start = b.add_state(), accept = b.add_state();
     std::get<regex>(parsed).emit(b, start, accept, false);
     grammar g;
-    g.rules.push_back(b.determinize(start, accept, "regex", lim.max_rule_states));
+    g.rules.push_back(b.determinize(start, accept, "regex", lim));
     if (!prune(g)) return regex_error{"the pattern matches no string", 0};
     return g;
   } catch (const build_error& e) {
