@@ -104,10 +104,6 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       if (sets.size() >= lim.max_rule_states)
         throw build_error{"rule " + r.name + " needs more than " + std::to_string(lim.max_rule_states) +
                           " automaton states"};
-      work += it->first.size();
-      if (work > lim.max_subset_work)
-        throw build_error{"rule " + r.name + " is too large to determinize (more than " +
-                          std::to_string(lim.max_subset_work) + " NFA states over its subsets)"};
       sets.push_back(it->first);
     }
     return it->second;
@@ -145,6 +141,10 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
     for (auto& v : per_class) v.clear();
     std::map<std::uint32_t, set_t> per_call;
     for (const auto x : cur) {
+      work += 1 + byte_edges_[x].size() * classes;
+      if (work > lim.max_subset_work)
+        throw build_error{"rule " + r.name + " is too large to determinize (more than " +
+                          std::to_string(lim.max_subset_work) + " steps of subset construction)"};
       for (const auto& e : byte_edges_[x])
         for (std::uint16_t c = 0; c < classes; ++c)
           if (e.set.test(representative[c])) per_class[c].push_back(e.to);

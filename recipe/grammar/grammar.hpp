@@ -61,7 +61,7 @@ struct limits {
   std::uint32_t max_rule_states = 4096;    // DFA states of one rule
   std::uint32_t max_total_states = 65536;  // over all rules
   std::uint32_t max_repeat = 1000;         // {m,n}, minLength/maxLength, minItems/maxItems
-  std::uint64_t max_subset_work = 2000000; // NFA states over all subsets of one rule's DFA
+  std::uint64_t max_subset_work = 30000000; // steps of one rule's subset construction
 };
 
 // Thrown by the builders when a limit is exceeded or the input is malformed; the compilers
@@ -83,8 +83,8 @@ class nfa_builder {
   std::uint32_t size() const { return static_cast<std::uint32_t>(eps_.size()); }
 
   // Subset construction from `start`; `accept` is the one accepting NFA state. Throws
-  // build_error past `lim.max_rule_states` DFA states or `lim.max_subset_work` (the NFA states of
-  // all the subsets built, which bounds the time).
+  // build_error past `lim.max_rule_states` DFA states or `lim.max_subset_work` steps (an NFA
+  // state of a subset, times its byte edges and the byte classes: what bounds the time).
   rule determinize(std::uint32_t start, std::uint32_t accept, std::string name, const limits& lim) const;
 
  private:
