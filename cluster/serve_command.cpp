@@ -180,7 +180,9 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   // Every part reports into one registry, which /metrics serves.
   runtime::registry metrics;
   real_graph_params gp;
-  gp.device = [&o, &metrics](caf::actor_system& sys, pool_role role, std::uint32_t instance) {
+  // Structured output: the entrypoint compiles each request's format, the devices mask with it.
+  auto constraints = std::make_shared<actors::constraint_table>(codec.tokenizer());
+  gp.device = [&o, &metrics, constraints](caf::actor_system& sys, pool_role role, std::uint32_t instance) {
     ports::cpu_device_params d;
     d.model_dir = o.model;
     d.threads = o.device_threads;
@@ -188,6 +190,7 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
     d.engram_map = o.engram_map;
     d.metrics = &metrics;
     d.name = std::string(to_string(role)) + "/" + std::to_string(instance);
+    d.constraints = constraints;
     return ports::spawn_cpu_device(sys, std::move(d));
   };
   // The cluster KV cache: block files in the topology's directory (or --kv-dir), keyed by
@@ -235,6 +238,7 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   ep.codec = &codec;
   ep.service = service;
   ep.metrics = &metrics;
+  ep.constraints = constraints;
   actors::entrypoint server(sys, ep);
   auto port = server.start();
   if (!port) {

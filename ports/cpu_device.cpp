@@ -99,6 +99,9 @@ struct cpu_device_state {
   std::uint64_t kept_bytes = 0;
   std::uint64_t keep_limit = 0;
   device_metrics metrics;
+  std::shared_ptr<runtime::token_constraints> constraints;
+  std::vector<std::uint32_t> mask;  // constraints' allowed ids; masked: the row with -inf elsewhere
+  std::vector<float> masked;
   static inline const char* name = "cpu_device";
 };
 
@@ -314,8 +317,20 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     ++rows;
     if (!s.sample)
       continue;
-    const auto row = std::span<const float>(*logits).subspan((rows - 1) * vocab, vocab);
-    auto token = kernels::sample_token(row, to_kernels(s.params), s.position + s.count);
+    const auto raw = std::span<const float>(*logits).subspan((rows - 1) * vocab, vocab);
+    auto row = raw;
+    const std::uint64_t position = s.position + s.count;
+    if (st.constraints) {  // structured output: disallowed ids get -inf (never drawn)
+      st.mask.assign((vocab + 31) / 32, 0u);
+      if (st.constraints->allowed(s.sequence, position, st.mask)) {
+        st.masked.assign(row.begin(), row.end());
+        for (std::size_t id = 0; id < vocab; ++id)
+          if (!((st.mask[id >> 5] >> (id & 31)) & 1u))
+            st.masked[id] = -INFINITY;
+        row = st.masked;
+      }
+    }
+    auto token = kernels::sample_token(row, to_kernels(s.params), position);
     if (!token) {
       // The caches advanced, but nobody gets this step's tokens: drop the batch's sequences
       // rather than leave caches ahead of what their callers know.
@@ -324,11 +339,13 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
       return make_error(device_errc::compute_failed,
                         "sequence " + std::to_string(s.sequence) + ": " + token.error());
     }
+    if (st.constraints)
+      st.constraints->accepted(s.sequence, position, static_cast<std::int32_t>(*token));
     runtime::sampled_token t;
     t.sequence = s.sequence;
     t.token = static_cast<std::int32_t>(*token);
     if (s.params.top_logprobs >= 0)
-      add_logprobs(row, s.params.top_logprobs, t);
+      add_logprobs(raw, s.params.top_logprobs, t);
     out.sampled.push_back(std::move(t));
   }
   out.finished = self->clock().now();
@@ -563,6 +580,7 @@ auto guarded(F f) -> decltype(f()) {
 runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
                                                   std::shared_ptr<cpu_device_params> params) {
   self->state.keep_limit = params->keep_bytes;
+  self->state.constraints = params->constraints;
   self->state.metrics = register_metrics(params->metrics, params->name);
   // The detached actor's first act, on its own thread: load the model.
   try {

@@ -22,6 +22,7 @@
 #include "kernels/model.hpp"
 #include "kernels/result.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/ports/token_constraints.hpp"
 #include "runtime/ports/device.hpp"
 
 #include <caf/fwd.hpp>
@@ -62,6 +63,9 @@ struct cpu_device_params {
   /// device=`name`; null: nowhere. Must outlive the device.
   runtime::registry* metrics = nullptr;
   std::string name;
+  /// Structured output: asked for each sampled token's allowed ids (the others are never
+  /// drawn) and told the id drawn (runtime/ports/token_constraints.hpp); null: none.
+  std::shared_ptr<runtime::token_constraints> constraints;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its

@@ -671,6 +671,10 @@ bool tokenizer::is_special(token_id id) const {
   return id < impl_->id_kind.size() && impl_->id_kind[id] == 3;
 }
 
+bool tokenizer::is_added(token_id id) const {
+  return id < impl_->id_kind.size() && impl_->id_kind[id] >= 2;
+}
+
 std::optional<token_id> tokenizer::token_to_id(std::string_view token) const {
   if (const auto it = impl_->added_by_content.find(std::string(token)); it != impl_->added_by_content.end())
     return it->second;

@@ -56,6 +56,8 @@ class tokenizer {
 
   std::size_t vocab_size() const;  // the largest id + 1
   bool is_special(token_id id) const;
+  // An added token (special or not): a control token, never a piece of generated text.
+  bool is_added(token_id id) const;
   // The id of a token (model vocabulary string in byte-level form, or added token content).
   std::optional<token_id> token_to_id(std::string_view token) const;
 

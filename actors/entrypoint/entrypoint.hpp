@@ -21,6 +21,7 @@
 //   server.stop(std::chrono::seconds(30));  // on SIGTERM
 #pragma once
 
+#include "actors/entrypoint/structured_output.hpp"
 #include "actors/request/generation.hpp"
 #include "recipe/recipe.hpp"
 #include "runtime/metrics.hpp"
@@ -84,6 +85,9 @@ struct entrypoint_params {
   /// The process registry /metrics serves; must outlive the server. Null: the server keeps
   /// a registry of its own.
   runtime::registry* metrics = nullptr;
+  /// Structured output (structured_output.hpp), shared with the devices that sample; null: a
+  /// request with a json_object / json_schema / regex format is refused (400).
+  std::shared_ptr<constraint_table> constraints;
 };
 
 class entrypoint {

@@ -677,6 +677,21 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
   }
   for (const auto id : server_->stop_ids)
     g.stop_ids.push_back(static_cast<std::int32_t>(id));
+  // Structured output: the format's grammar, compiled now, constrains the devices' sampling.
+  if (r.conversation.format.type != recipe::response_format::kind::text) {
+    const std::string param = p == recipe::protocol::responses ? "text.format" : "response_format";
+    if (!params.constraints) {
+      send_error(400, make_error(p, 400, "Structured output is not available on this server.",
+                                 std::nullopt, param), false);
+      return;
+    }
+    if (auto e = params.constraints->add(g.id, r.conversation.format, r.conversation.thinking, param)) {
+      send_error(e->status, *e, false);
+      return;
+    }
+    g.constraint = g.id;
+    constraint_id_ = g.id;
+  }
   // A conversation with tools is an agent's: its blocks live by the agent TTL.
   g.traffic = r.conversation.tools.empty() ? params.traffic : traffic_class::agent;
 
@@ -893,6 +908,10 @@ void http_session::generation_over() {
   if (!gen_active_)
     return;
   gen_active_ = false;
+  if (constraint_id_) {
+    server_->params.constraints->remove(constraint_id_);
+    constraint_id_ = 0;
+  }
   if (first_token_) {
     first_token_ = false;
     server_->metrics.queued->dec();

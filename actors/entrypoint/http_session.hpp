@@ -208,6 +208,7 @@ private:
   bool cancel_for_output_ = false;  // cancelled because the output ended (stop sequence)
   bool shutdown_cancelled_ = false;
   bool first_token_ = true;
+  std::uint64_t constraint_id_ = 0;  // the request registered in params.constraints (0: none)
   std::chrono::steady_clock::time_point admitted_at_{};
   std::chrono::steady_clock::time_point last_token_at_{};
 };

@@ -6,8 +6,9 @@ DeepSeek-V4.1-shaped model (`troupe model init --preset small`, the full 129,280
 instances and the KV hand-off between them. The model is random, so its text is gibberish; the
 tests check what the server must get right whatever the model says: that the served greedy
 tokens are exactly `troupe generate`'s, alone and among 64 concurrent streams, that streams
-and usage agree, that max_tokens, stop sequences, seeds and API keys are honoured, and that a
-client that leaves frees its request. Every call has a bounded timeout and retries are off.
+and usage agree, that max_tokens, stop sequences, seeds and API keys are honoured, that a
+client that leaves frees its request, and that structured output (response_format, text.format)
+gives answers that parse against their schema. Every call has a bounded timeout and retries are off.
 
 Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_serve.py
 (ctest -L sdk does both steps).
@@ -21,9 +22,11 @@ import subprocess
 import threading
 import time
 import urllib.request
+from typing import Literal, Optional
 
 import anthropic
 import openai
+import pydantic
 import pytest
 
 API_KEY = "sk-troupe-serve-test"
@@ -423,3 +426,57 @@ def test_responses_logprobs_stream_and_not(server):
     plain = client.responses.create(**{k: v for k, v in body.items() if k != "include"})
     (message,) = [item for item in plain.output if item.type == "message"]
     assert message.content[0].logprobs == []
+
+
+# -- structured output (docs/structured-output.md) ---------------------------------------------
+# The random model's logits are masked by the grammar, so whatever it would say, the answer is a
+# valid instance; chat mode, since a random model never ends its reasoning with </think>.
+
+class Reading(pydantic.BaseModel):
+    sensor: Literal["north", "south", "east"]
+    ok: bool
+    level: int = pydantic.Field(ge=0, le=9)
+    note: Optional[Literal["calm", "storm"]]
+
+
+def test_chat_parse_with_a_pydantic_model_gives_a_valid_instance(server):
+    for seed in (1, 2, 3):
+        r = server.openai().chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "Report the sensor."}],
+            response_format=Reading, max_tokens=100, temperature=1.0, seed=seed, extra_body=CHAT_MODE)
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        assert isinstance(choice.message.parsed, Reading)
+        assert choice.message.content == json.dumps(json.loads(choice.message.content), ensure_ascii=False)
+
+
+def test_responses_text_format_json_schema_gives_a_valid_instance(server):
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                               "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                               "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
+              "required": ["city", "days", "tags"], "additionalProperties": False}
+    r = server.openai().responses.create(
+        model=MODEL, input="Plan a trip.", max_output_tokens=100, temperature=1.0,
+        text={"format": {"type": "json_schema", "name": "trip", "schema": schema, "strict": True}},
+        reasoning={"effort": "none"})  # Responses' chat mode
+    assert r.status == "completed"
+    value = json.loads(r.output_text)
+    assert set(value) == {"city", "days", "tags"}
+    assert value["city"] in ("Paris", "Oslo") and 1 <= value["days"] <= 7
+    assert len(value["tags"]) <= 3 and all(isinstance(t, bool) for t in value["tags"])
+
+
+def test_a_regex_response_format_is_matched_exactly(server):
+    r = server.openai().chat.completions.create(
+        **chat_body("A code, please.", max_tokens=40, temperature=1.0, seed=5, extra_body=CHAT_MODE,
+                    response_format={"type": "regex", "regex": "[A-Z]{3}-[0-9]{2}(x|yz)?"}))
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}(x|yz)?", r.choices[0].message.content)
+
+
+def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.openai().chat.completions.create(**chat_body(
+            "Hi", max_tokens=5, response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}))
+    assert "'not'" in str(e.value) and "#/properties/a" in str(e.value)

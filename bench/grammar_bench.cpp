@@ -1,0 +1,115 @@
+// bench_grammar: the structured-output engine's compile time and per-token mask time on the
+// DeepSeek-V4 vocabulary (129,280 ids), on the schemas of bench/grammar_workloads.json, each
+// along its valid output tokenized by the V4 tokenizer. Prints p50 / p99 over several rounds;
+// "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
+// a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance on the same
+// workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md).
+// Usage: bench_grammar [--rounds N] [--peer PYTHON]
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "recipe/grammar/json_schema.hpp"
+#include "recipe/grammar/token_mask.hpp"
+#include "recipe/tokenizer.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace gr = troupe::recipe::grammar;
+
+namespace {
+
+// The machine is shared: time is this thread's CPU time (CLOCK_THREAD_CPUTIME_ID), which other
+// processes' load does not inflate; the peer measures the same way (time.thread_time_ns).
+struct clock_type {
+  using time_point = double;
+  static double now() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+  }
+};
+
+double us_since(double t0) { return clock_type::now() - t0; }
+
+double pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+struct workload {
+  std::string name, schema, output;
+};
+
+// bench/grammar_workloads.json: the schemas and outputs both this bench and its peer run.
+std::vector<workload> load_workloads() {
+  std::ifstream f(std::string(TROUPE_SOURCE_DIR) + "/bench/grammar_workloads.json");
+  const auto j = nlohmann::ordered_json::parse(f);
+  std::vector<workload> out;
+  for (const auto& w : j) out.push_back({w["name"], w["schema"].dump(), w["output"]});
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 20;
+  std::string peer;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--rounds") rounds = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--peer") peer = argv[i + 1];
+  }
+  std::string load = "?";
+  if (std::ifstream f("/proc/loadavg"); f) std::getline(f, load);
+  std::printf("bench_grammar: %d rounds, load average %s\n", rounds, load.c_str());
+
+  auto t0 = clock_type::now();
+  const auto tok = troupe::recipe::tokenizer::from_file(std::string(TROUPE_SOURCE_DIR) +
+                                                        "/recipe/data/deepseek-v4/tokenizer.json.gz");
+  const auto vocab = std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok));
+  std::printf("vocabulary: %zu ids, trie of %zu nodes, built in %.0f ms (with the tokenizer load)\n\n", vocab->size(),
+              vocab->trie().size(), us_since(t0) / 1000);
+  std::printf("%-15s %7s | %-17s | %-19s | %-19s | %s\n", "schema", "tokens", "compile p50 / p99", "cold mask p50 / p99",
+              "warm mask p50 / p99", "max");
+  for (const auto& w : load_workloads()) {
+    std::vector<double> compile, cold, warm;
+    const auto ids = tok.encode(w.output, troupe::recipe::encode_mode::raw);
+    std::vector<std::uint32_t> mask(vocab->mask_words());
+    for (int r = 0; r < rounds; ++r) {
+      t0 = clock_type::now();
+      auto compiled = gr::compile_json_schema(std::string_view(w.schema));
+      compile.push_back(us_since(t0));
+      if (auto* e = std::get_if<gr::schema_error>(&compiled)) {
+        std::printf("%s: %s\n", w.name.c_str(), e->to_string().c_str());
+        return 1;
+      }
+      const auto g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(compiled)));
+      const gr::mask_computer masks(g, vocab);
+      for (int pass = 0; pass < 2; ++pass) {
+        gr::matcher m(g);
+        for (std::size_t i = 0; i <= ids.size(); ++i) {
+          t0 = clock_type::now();
+          masks.fill(m, mask);
+          (pass == 0 ? cold : warm).push_back(us_since(t0));
+          if (i < ids.size() && !m.accept_token(vocab->bytes(ids[i]))) {
+            std::printf("%s: token %zu refused\n", w.name.c_str(), i);
+            return 1;
+          }
+        }
+      }
+    }
+    std::printf("%-15s %7zu | %7.0f / %7.0f us | %7.1f / %7.0f us | %7.1f / %7.1f us | cold %.0f us\n", w.name.c_str(),
+                ids.size() + 1, pct(compile, 0.5), pct(compile, 0.99), pct(cold, 0.5), pct(cold, 0.99), pct(warm, 0.5),
+                pct(warm, 0.99), *std::max_element(cold.begin(), cold.end()));
+  }
+  if (!peer.empty()) {
+    std::fflush(stdout);
+    const std::string cmd = peer + " " + TROUPE_SOURCE_DIR + "/bench/grammar_peer.py --rounds " + std::to_string(rounds);
+    return std::system(cmd.c_str()) == 0 ? 0 : 1;
+  }
+  return 0;
+}

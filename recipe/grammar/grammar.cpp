@@ -1,0 +1,356 @@
+// The grammar representation: NFA construction, determinization, pruning (grammar.hpp).
+#include "recipe/grammar/grammar.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace troupe::recipe::grammar {
+
+std::uint64_t grammar::fingerprint() const {
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(rules.size());
+  mix(root);
+  for (const auto& r : rules) {
+    mix(r.size());
+    for (const auto n : r.next) mix(static_cast<std::uint32_t>(n));
+    for (std::uint32_t s = 0; s < r.size(); ++s) {
+      mix(r.accepting[s]);
+      for (const auto& c : r.calls[s]) mix((std::uint64_t{c.rule} << 32) | c.target);
+    }
+  }
+  return h;
+}
+
+std::size_t grammar::state_count() const {
+  std::size_t n = 0;
+  for (const auto& r : rules) n += r.size();
+  return n;
+}
+
+std::uint32_t nfa_builder::add_state() {
+  eps_.emplace_back();
+  byte_edges_.emplace_back();
+  calls_.emplace_back();
+  return static_cast<std::uint32_t>(eps_.size() - 1);
+}
+
+void nfa_builder::epsilon(std::uint32_t from, std::uint32_t to) { eps_[from].push_back(to); }
+
+void nfa_builder::bytes(std::uint32_t from, std::uint32_t to, const byte_set& set) {
+  if (!set.empty()) byte_edges_[from].push_back({set, to});
+}
+
+void nfa_builder::byte(std::uint32_t from, std::uint32_t to, unsigned char b) {
+  byte_set s;
+  s.set(b);
+  bytes(from, to, s);
+}
+
+void nfa_builder::call(std::uint32_t from, std::uint32_t to, std::uint32_t rule) {
+  calls_[from].push_back({rule, to});
+}
+
+void nfa_builder::literal(std::uint32_t from, std::uint32_t to, std::string_view s) {
+  if (s.empty()) {
+    epsilon(from, to);
+    return;
+  }
+  std::uint32_t cur = from;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const std::uint32_t nxt = i + 1 == s.size() ? to : add_state();
+    byte(cur, nxt, static_cast<unsigned char>(s[i]));
+    cur = nxt;
+  }
+}
+
+rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::string name,
+                              const limits& lim) const {
+  using set_t = std::vector<std::uint32_t>;
+  std::vector<std::uint32_t> mark(eps_.size(), 0);
+  std::uint32_t epoch = 0;
+  auto closure = [&](set_t s) {
+    ++epoch;
+    set_t out;
+    for (const auto x : s) mark[x] = epoch;
+    while (!s.empty()) {
+      const auto x = s.back();
+      s.pop_back();
+      out.push_back(x);
+      for (const auto y : eps_[x])
+        if (mark[y] != epoch) {
+          mark[y] = epoch;
+          s.push_back(y);
+        }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+
+  rule r;
+  r.name = std::move(name);
+  std::map<set_t, std::uint32_t> ids;
+  std::vector<set_t> sets;
+  std::uint64_t work = 0;
+  auto id_of = [&](set_t s) -> std::uint32_t {
+    auto [it, inserted] = ids.emplace(std::move(s), static_cast<std::uint32_t>(sets.size()));
+    if (inserted) {
+      if (sets.size() >= lim.max_rule_states)
+        throw build_error{"rule " + r.name + " needs more than " + std::to_string(lim.max_rule_states) +
+                          " automaton states"};
+      sets.push_back(it->first);
+    }
+    return it->second;
+  };
+  id_of(closure({start}));
+  // Byte classes: bytes that no edge tells apart share a class, so each DFA state computes one
+  // target set per class instead of one per byte.
+  std::array<std::uint16_t, 256> cls{};
+  std::uint16_t classes = 1;
+  {
+    std::set<std::array<std::uint64_t, 4>> distinct;
+    for (const auto& edges : byte_edges_)
+      for (const auto& e : edges) distinct.insert(e.set.bits);
+    for (const auto& bits : distinct) {
+      const byte_set set{bits};
+      std::vector<std::int32_t> renum(2u * classes, -1);
+      std::uint16_t next_id = 0;
+      for (unsigned b = 0; b < 256; ++b) {
+        auto& slot = renum[2u * cls[b] + (set.test(b) ? 1 : 0)];
+        if (slot < 0) slot = next_id++;
+        cls[b] = static_cast<std::uint16_t>(slot);
+      }
+      classes = next_id;
+    }
+  }
+  std::vector<unsigned> representative(classes, 256);
+  for (unsigned b = 256; b-- > 0;) representative[cls[b]] = b;
+  std::vector<set_t> per_class(classes);
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    const set_t cur = sets[i];
+    r.next.resize((i + 1) * 256, no_state);
+    r.calls.emplace_back();
+    r.accepting.push_back(std::binary_search(cur.begin(), cur.end(), accept) ? 1 : 0);
+    r.has_bytes.push_back(0);
+    for (auto& v : per_class) v.clear();
+    std::map<std::uint32_t, set_t> per_call;
+    for (const auto x : cur) {
+      work += 1 + byte_edges_[x].size() * classes;
+      if (work > lim.max_subset_work)
+        throw build_error{"rule " + r.name + " is too large to determinize (more than " +
+                          std::to_string(lim.max_subset_work) + " steps of subset construction)"};
+      for (const auto& e : byte_edges_[x])
+        for (std::uint16_t c = 0; c < classes; ++c)
+          if (e.set.test(representative[c])) per_class[c].push_back(e.to);
+      for (const auto& c : calls_[x]) per_call[c.rule].push_back(c.to);
+    }
+    // Classes with the same target set share one closure.
+    std::vector<std::int32_t> class_target(classes, no_state);
+    std::map<set_t, std::int32_t> done;
+    for (std::uint16_t c = 0; c < classes; ++c) {
+      auto& v = per_class[c];
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+      auto it = done.find(v);
+      if (it == done.end()) it = done.emplace(v, static_cast<std::int32_t>(id_of(closure(v)))).first;
+      class_target[c] = it->second;
+      r.has_bytes[i] = 1;
+    }
+    for (unsigned b = 0; b < 256; ++b) r.next[i * 256 + b] = class_target[cls[b]];
+    for (auto& [callee, targets] : per_call) {
+      std::sort(targets.begin(), targets.end());
+      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+      const auto t = id_of(closure(targets));
+      r.calls[i].push_back({callee, t});
+    }
+  }
+  return r;
+}
+
+bool prune(grammar& g) {
+  // Productive rules: a fixpoint over "some accepting state is reachable from the start".
+  const std::size_t n = g.rules.size();
+  // Predecessors of each state: by a byte edge, and by a call edge (with its callee).
+  std::vector<std::vector<std::vector<std::uint32_t>>> byte_preds(n);
+  std::vector<std::vector<std::vector<call_edge>>> call_preds(n);  // {callee, source state}
+  for (std::size_t ri = 0; ri < n; ++ri) {
+    const rule& r = g.rules[ri];
+    byte_preds[ri].resize(r.size());
+    call_preds[ri].resize(r.size());
+    for (std::uint32_t s = 0; s < r.size(); ++s) {
+      for (unsigned b = 0; b < 256; ++b) {
+        const auto t = r.step(s, static_cast<unsigned char>(b));
+        if (t == no_state) continue;
+        auto& p = byte_preds[ri][static_cast<std::uint32_t>(t)];
+        if (p.empty() || p.back() != s) p.push_back(s);
+      }
+      for (const auto& c : r.calls[s]) call_preds[ri][c.target].push_back({c.rule, s});
+    }
+  }
+  std::vector<std::uint8_t> productive(n, 0);
+  std::vector<std::vector<std::uint8_t>> live(n);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t ri = 0; ri < n; ++ri) {
+      const rule& r = g.rules[ri];
+      auto& lv = live[ri];
+      lv.assign(r.size(), 0);
+      // Backward reachability from the accepting states over byte edges and productive calls.
+      std::vector<std::uint32_t> todo;
+      for (std::uint32_t s = 0; s < r.size(); ++s)
+        if (r.accepting[s]) {
+          lv[s] = 1;
+          todo.push_back(s);
+        }
+      while (!todo.empty()) {
+        const auto t = todo.back();
+        todo.pop_back();
+        for (const auto s : byte_preds[ri][t])
+          if (!lv[s]) {
+            lv[s] = 1;
+            todo.push_back(s);
+          }
+        for (const auto& [callee, s] : call_preds[ri][t])
+          if (productive[callee] && !lv[s]) {
+            lv[s] = 1;
+            todo.push_back(s);
+          }
+      }
+      if (!productive[ri] && r.size() > 0 && lv[0]) productive[ri] = changed = 1;
+    }
+  }
+  for (std::size_t ri = 0; ri < n; ++ri) {
+    rule& r = g.rules[ri];
+    const auto& lv = live[ri];
+    for (std::uint32_t s = 0; s < r.size(); ++s) {
+      r.has_bytes[s] = 0;
+      for (unsigned b = 0; b < 256; ++b) {
+        auto& t = r.next[s * 256u + b];
+        if (t != no_state && !lv[static_cast<std::uint32_t>(t)]) t = no_state;
+        if (t != no_state) r.has_bytes[s] = 1;
+      }
+      auto& cs = r.calls[s];
+      cs.erase(std::remove_if(cs.begin(), cs.end(),
+                              [&](const call_edge& c) { return !productive[c.rule] || !lv[c.target]; }),
+               cs.end());
+    }
+  }
+  return productive[g.root] != 0;
+}
+
+std::string left_recursive_rule(const grammar& g) {
+  // For each rule, the rules it can call before consuming a byte: calls from states reachable
+  // from the start through calls to nullable rules only.
+  const std::size_t n = g.rules.size();
+  std::vector<std::uint8_t> nullable(n, 0);
+  auto reach_without_bytes = [&](std::size_t ri, auto&& on_call) {
+    const rule& r = g.rules[ri];
+    std::vector<std::uint8_t> seen(r.size(), 0);
+    std::vector<std::uint32_t> todo{0};
+    if (r.size() == 0) return false;
+    seen[0] = 1;
+    bool accepts = false;
+    while (!todo.empty()) {
+      const auto s = todo.back();
+      todo.pop_back();
+      accepts = accepts || r.accepting[s];
+      for (const auto& c : r.calls[s]) {
+        on_call(c.rule);
+        if (nullable[c.rule] && !seen[c.target]) {
+          seen[c.target] = 1;
+          todo.push_back(c.target);
+        }
+      }
+    }
+    return accepts;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t ri = 0; ri < n; ++ri)
+      if (!nullable[ri] && reach_without_bytes(ri, [](std::uint32_t) {})) nullable[ri] = changed = 1;
+  }
+  std::vector<std::vector<std::uint32_t>> edges(n);
+  for (std::size_t ri = 0; ri < n; ++ri)
+    reach_without_bytes(ri, [&](std::uint32_t c) { edges[ri].push_back(c); });
+  // A cycle in `edges` is left recursion (iterative DFS, colours 0 new, 1 on path, 2 done).
+  std::vector<std::uint8_t> colour(n, 0);
+  for (std::size_t s0 = 0; s0 < n; ++s0) {
+    if (colour[s0]) continue;
+    std::vector<std::pair<std::uint32_t, std::size_t>> path{{static_cast<std::uint32_t>(s0), 0}};
+    colour[s0] = 1;
+    while (!path.empty()) {
+      auto& [v, i] = path.back();
+      if (i < edges[v].size()) {
+        const auto w = edges[v][i++];
+        if (colour[w] == 1) return g.rules[w].name;
+        if (colour[w] == 0) {
+          colour[w] = 1;
+          path.push_back({w, 0});
+        }
+      } else {
+        colour[v] = 2;
+        path.pop_back();
+      }
+    }
+  }
+  return {};
+}
+
+rule without_words(const rule& r, const std::vector<std::string>& words, std::uint32_t max_states) {
+  // A trie of the words; the product of r with it, where "off the trie" is node -1.
+  std::vector<std::array<std::int32_t, 256>> trie(1);
+  trie[0].fill(-1);
+  std::vector<std::uint8_t> word_end(1, 0);
+  for (const auto& w : words) {
+    std::int32_t t = 0;
+    for (const unsigned char c : w) {
+      if (trie[static_cast<std::size_t>(t)][c] < 0) {
+        trie[static_cast<std::size_t>(t)][c] = static_cast<std::int32_t>(trie.size());
+        trie.emplace_back().fill(-1);
+        word_end.push_back(0);
+      }
+      t = trie[static_cast<std::size_t>(t)][c];
+    }
+    word_end[static_cast<std::size_t>(t)] = 1;
+  }
+  rule out;
+  out.name = r.name + "-minus-words";
+  std::map<std::pair<std::int32_t, std::int32_t>, std::uint32_t> ids;
+  std::vector<std::pair<std::int32_t, std::int32_t>> states;
+  auto id_of = [&](std::int32_t q, std::int32_t t) {
+    auto [it, inserted] = ids.emplace(std::make_pair(q, t), static_cast<std::uint32_t>(states.size()));
+    if (inserted) {
+      if (states.size() >= max_states)
+        throw build_error{"rule " + out.name + " needs more than " + std::to_string(max_states) +
+                          " automaton states"};
+      states.emplace_back(q, t);
+    }
+    return it->second;
+  };
+  id_of(0, 0);
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const auto [q, t] = states[i];
+    out.next.resize((i + 1) * 256, no_state);
+    out.calls.emplace_back();
+    out.accepting.push_back(
+        r.accepting[static_cast<std::uint32_t>(q)] && !(t >= 0 && word_end[static_cast<std::size_t>(t)]));
+    out.has_bytes.push_back(0);
+    for (unsigned b = 0; b < 256; ++b) {
+      const auto q2 = r.step(static_cast<std::uint32_t>(q), static_cast<unsigned char>(b));
+      if (q2 == no_state) continue;
+      const std::int32_t t2 = t >= 0 ? trie[static_cast<std::size_t>(t)][b] : -1;
+      out.next[i * 256 + b] = static_cast<std::int32_t>(id_of(q2, t2));
+      out.has_bytes[i] = 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace troupe::recipe::grammar

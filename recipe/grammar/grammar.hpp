@@ -1,0 +1,117 @@
+#pragma once
+// The one grammar representation of structured output: a set of rules, each a DFA over bytes
+// whose states may also call other rules (a recursive transition network, i.e. a pushdown
+// automaton over bytes).
+//
+// JSON Schema and regular expressions both compile to this. A regex is a single rule with no
+// calls; a JSON Schema becomes one rule per (sub)schema, with calls where a value of another
+// schema is nested ($ref recursion is a call cycle). The matcher (matcher.hpp) runs it with an
+// explicit stack of (rule, state) frames, so its state is a small value. Rules are built through
+// an NFA (`nfa_builder`) and determinized; calls are symbols of the NFA alphabet, so a DFA state
+// can hold byte edges and call edges at once, and the matcher follows both.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace troupe::recipe::grammar {
+
+// 256 bits: a set of bytes.
+struct byte_set {
+  std::array<std::uint64_t, 4> bits{};
+  void set(unsigned b) { bits[b >> 6] |= std::uint64_t{1} << (b & 63); }
+  void set_range(unsigned lo, unsigned hi) {
+    for (unsigned b = lo; b <= hi; ++b) set(b);
+  }
+  bool test(unsigned b) const { return (bits[b >> 6] >> (b & 63)) & 1; }
+  bool empty() const { return !(bits[0] | bits[1] | bits[2] | bits[3]); }
+};
+
+inline constexpr std::int32_t no_state = -1;
+
+struct call_edge {
+  std::uint32_t rule;    // the rule called (starts in its state 0)
+  std::uint32_t target;  // this rule's state after the callee accepted
+};
+
+// A deterministic automaton over bytes; state 0 is the start.
+struct rule {
+  std::string name;                             // for messages and dumps
+  std::vector<std::int32_t> next;               // next[state * 256 + byte], or no_state
+  std::vector<std::vector<call_edge>> calls;    // per state
+  std::vector<std::uint8_t> accepting;          // per state
+  std::vector<std::uint8_t> has_bytes;          // per state: some byte edge leaves it
+  std::uint32_t size() const { return static_cast<std::uint32_t>(accepting.size()); }
+  std::int32_t step(std::uint32_t state, unsigned char b) const { return next[state * 256u + b]; }
+};
+
+struct grammar {
+  std::vector<rule> rules;
+  std::uint32_t root = 0;
+  // A fingerprint of the rules (FNV-1a over their tables): a serialised matcher state names the
+  // grammar it belongs to, so that restoring it against another grammar fails.
+  std::uint64_t fingerprint() const;
+  std::size_t state_count() const;
+};
+
+// Limits that keep compilation bounded on any input (docs/structured-output.md).
+struct limits {
+  std::uint32_t max_rule_states = 4096;    // DFA states of one rule
+  std::uint32_t max_total_states = 65536;  // over all rules
+  std::uint32_t max_repeat = 1000;         // {m,n}, minLength/maxLength, minItems/maxItems
+  std::uint64_t max_subset_work = 30000000; // steps of one rule's subset construction
+};
+
+// Thrown by the builders when a limit is exceeded or the input is malformed; the compilers
+// (regex.hpp, json_schema.hpp) turn it into their error values.
+struct build_error {
+  std::string message;
+};
+
+// A nondeterministic automaton under construction: byte-set edges, epsilon edges and calls.
+class nfa_builder {
+ public:
+  std::uint32_t add_state();
+  void epsilon(std::uint32_t from, std::uint32_t to);
+  void bytes(std::uint32_t from, std::uint32_t to, const byte_set& set);
+  void byte(std::uint32_t from, std::uint32_t to, unsigned char b);
+  void call(std::uint32_t from, std::uint32_t to, std::uint32_t rule);
+  // A literal string from `from` to `to` (epsilon when empty).
+  void literal(std::uint32_t from, std::uint32_t to, std::string_view s);
+  std::uint32_t size() const { return static_cast<std::uint32_t>(eps_.size()); }
+
+  // Subset construction from `start`; `accept` is the one accepting NFA state. Throws
+  // build_error past `lim.max_rule_states` DFA states or `lim.max_subset_work` steps (an NFA
+  // state of a subset, times its byte edges and the byte classes: what bounds the time).
+  rule determinize(std::uint32_t start, std::uint32_t accept, std::string name, const limits& lim) const;
+
+ private:
+  struct byte_edge {
+    byte_set set;
+    std::uint32_t to;
+  };
+  struct nfa_call {
+    std::uint32_t rule, to;
+  };
+  std::vector<std::vector<std::uint32_t>> eps_;
+  std::vector<std::vector<byte_edge>> byte_edges_;
+  std::vector<std::vector<nfa_call>> calls_;
+};
+
+// Removes what can never lead to acceptance: rules that accept nothing (and the calls to them),
+// then states from which no accepting state is reachable (and the edges into them). Afterwards
+// every state the matcher can be in has a way to finish. Returns false when the root rule
+// accepts nothing.
+bool prune(grammar& g);
+
+// Calls a rule can make before consuming a byte (through nullable prefixes) must not lead back
+// to itself: such left recursion would never consume input. Returns the name of a rule on such
+// a cycle, or an empty string.
+std::string left_recursive_rule(const grammar& g);
+
+// A copy of `r` (a rule without calls) that accepts what `r` accepts except the given words.
+rule without_words(const rule& r, const std::vector<std::string>& words, std::uint32_t max_states);
+
+}  // namespace troupe::recipe::grammar

@@ -1,0 +1,64 @@
+#pragma once
+// Regular expressions (the ECMAScript subset JSON Schema `pattern` uses) compiled to automata.
+//
+// A pattern is parsed into a small syntax tree over Unicode code points and emitted into an
+// nfa_builder as UTF-8 byte sequences, either raw (a regex constraint on the whole output) or as
+// the inside of a JSON string (characters JSON must escape are emitted in their canonical
+// escaped spelling, docs/structured-output.md). Supported: literals, `.`, classes `[...]` /
+// `[^...]` with ranges, `\d \D \w \W \s \S`, escapes `\n \r \t \f \v \0 \xHH \uHHHH \u{H...}`
+// and escaped punctuation, groups `(...)` `(?:...)` `(?<name>...)`, alternation, quantifiers
+// `* + ? {m} {m,} {m,n}` (lazy forms match the same strings), `^` / `$` at the ends of a
+// top-level alternative. Anything else (lookaround, backreferences, `\b`, `\p{...}`, flags) is
+// an error that names the construct and its offset, never an approximation.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "recipe/grammar/grammar.hpp"
+
+namespace troupe::recipe::grammar {
+
+struct regex_error {
+  std::string message;
+  std::size_t offset = 0;  // byte offset in the pattern
+};
+
+// Inclusive code point ranges, sorted and disjoint, surrogates excluded.
+using code_point_ranges = std::vector<std::pair<std::uint32_t, std::uint32_t>>;
+
+class regex {
+ public:
+  // Parses `pattern`. With `search` the pattern may match anywhere in the string unless anchored
+  // (JSON Schema `pattern`); without it the whole string must match (a regex constraint).
+  static std::variant<regex, regex_error> parse(std::string_view pattern, bool search, const limits& lim = {});
+
+  // Emits the language into `b` from `from` to `to`; with `json_string` the characters are
+  // spelled as in a canonical JSON string body (without the quotes). Throws build_error when
+  // the NFA grows past the limits.
+  void emit(nfa_builder& b, std::uint32_t from, std::uint32_t to, bool json_string) const;
+
+  struct node;
+  regex(regex&&) noexcept;
+  regex& operator=(regex&&) noexcept;
+  ~regex();
+
+ private:
+  explicit regex(std::unique_ptr<node> root);
+  std::unique_ptr<node> root_;
+};
+
+// A grammar of one rule: the whole output matches `pattern`.
+std::variant<grammar, regex_error> compile_regex(std::string_view pattern, const limits& lim = {});
+
+// Emits the code points of `set` (raw UTF-8, or as a JSON string body's characters).
+void emit_code_points(nfa_builder& b, std::uint32_t from, std::uint32_t to, const code_point_ranges& set,
+                      bool json_string);
+
+// All code points (surrogates excluded).
+code_point_ranges any_code_point();
+
+}  // namespace troupe::recipe::grammar

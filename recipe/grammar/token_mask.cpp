@@ -1,0 +1,186 @@
+// Allowed-token masks over a vocabulary trie (token_mask.hpp).
+#include "recipe/grammar/token_mask.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "recipe/tokenizer.hpp"
+
+namespace troupe::recipe::grammar {
+
+vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos)
+    : bytes_(std::move(bytes)), eos_(std::move(eos)) {
+  std::vector<std::uint32_t> order;
+  for (std::uint32_t id = 0; id < bytes_.size(); ++id)
+    if (id < usable.size() && usable[id] && !bytes_[id].empty()) order.push_back(id);
+  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b;
+  });
+  trie_.push_back({});
+  std::vector<std::uint32_t> path{0};
+  const std::string* prev = nullptr;
+  for (const auto id : order) {
+    const std::string& s = bytes_[id];
+    std::size_t common = 0;
+    if (prev)
+      while (common < prev->size() && common < s.size() && (*prev)[common] == s[common]) ++common;
+    while (path.size() > common + 1) {
+      trie_[path.back()].end = static_cast<std::uint32_t>(trie_.size());
+      path.pop_back();
+    }
+    for (std::size_t i = common; i < s.size(); ++i) {
+      node n;
+      n.byte = static_cast<std::uint8_t>(s[i]);
+      trie_.push_back(n);
+      path.push_back(static_cast<std::uint32_t>(trie_.size() - 1));
+    }
+    node& n = trie_[path.back()];
+    if (n.count == 0) n.first = static_cast<std::uint32_t>(ids_.size());
+    ids_.push_back(id);
+    ++n.count;
+    prev = &s;
+  }
+  while (!path.empty()) {
+    trie_[path.back()].end = static_cast<std::uint32_t>(trie_.size());
+    path.pop_back();
+  }
+}
+
+vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
+  const std::size_t n = tok.vocab_size();
+  std::vector<std::string> bytes(n);
+  std::vector<bool> usable(n);
+  for (std::uint32_t id = 0; id < n; ++id) {
+    const token_id one[] = {id};
+    bytes[id] = tok.decode_bytes(one);
+    usable[id] = !tok.is_added(id);
+  }
+  std::vector<std::uint32_t> eos;
+  if (auto id = tok.token_to_id("<｜end▁of▁sentence｜>")) eos.push_back(*id);
+  return vocabulary(std::move(bytes), usable, std::move(eos));
+}
+
+namespace {
+
+// Walks the trie below a node with a set of stacks. Local mode (returns != nullptr): the stacks
+// are rooted at one frame, and a return from it is recorded as a trie node instead of being
+// followed. Full mode: a return from the last frame means the output is complete.
+struct walker {
+  const grammar& g;
+  const vocabulary& v;
+  std::size_t max_depth;
+  std::uint32_t* mask;
+  std::vector<std::uint32_t>* returns;
+
+  void mark(std::uint32_t n) const {
+    for (const auto id : v.ids_at(n)) mask[id >> 5] |= 1u << (id & 31);
+  }
+
+  void walk(std::uint32_t n, std::vector<stack>& ready) const {
+    const auto& t = v.trie();
+    std::vector<stack> raw;
+    for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) {
+      const unsigned char b = t[c].byte;
+      if (ready.size() == 1) {
+        // One stack and a plain byte step (no call, no return): the closure is the identity, so
+        // step in place.
+        frame& top = ready[0].back();
+        const rule& r = g.rules[top.rule];
+        const auto nx = r.step(top.state, b);
+        if (nx == no_state) continue;
+        const auto target = static_cast<std::uint32_t>(nx);
+        if (r.calls[target].empty() && !r.accepting[target]) {
+          const std::uint32_t saved = top.state;
+          top.state = target;
+          mark(c);
+          if (t[c].end > c + 1) walk(c, ready);
+          ready[0].back().state = saved;
+          continue;
+        }
+      }
+      raw.clear();
+      for (const stack& s : ready) {
+        const auto nx = g.rules[s.back().rule].step(s.back().state, b);
+        if (nx == no_state) continue;
+        stack s2 = s;
+        s2.back().state = static_cast<std::uint32_t>(nx);
+        raw.push_back(std::move(s2));
+      }
+      if (raw.empty()) continue;
+      bool popped = false;
+      auto next = close_stacks(g, raw, max_depth, popped);
+      if (popped) {
+        if (returns)
+          returns->push_back(c);
+        else
+          mark(c);
+      }
+      if (!next.empty()) {
+        mark(c);
+        if (t[c].end > c + 1) walk(c, next);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<const vocabulary> v)
+    : g_(std::move(g)), v_(std::move(v)) {}
+
+std::size_t mask_computer::cached_states() const {
+  std::lock_guard lock(mu_);
+  return cache_.size();
+}
+
+const mask_computer::entry& mask_computer::entry_for(frame f) const {
+  const std::uint64_t key = (std::uint64_t{f.rule} << 32) | f.state;
+  std::lock_guard lock(mu_);
+  auto& slot = cache_[key];
+  if (!slot) {
+    auto e = std::make_unique<entry>();
+    e->accepted.assign(v_->mask_words(), 0);
+    walker w{*g_, *v_, matcher_options{}.max_depth, e->accepted.data(), &e->returns};
+    std::vector<stack> ready{stack{f}};
+    w.walk(0, ready);
+    slot = std::move(e);
+  }
+  return *slot;
+}
+
+void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const {
+  std::fill(mask.begin(), mask.end(), 0u);
+  const auto& st = m.state();
+  if (st.complete)
+    for (const auto id : v_->eos()) mask[id >> 5] |= 1u << (id & 31);
+  for (const stack& s : st.stacks) {
+    const entry& e = entry_for(s.back());
+    for (std::size_t i = 0; i < mask.size(); ++i) mask[i] |= e.accepted[i];
+    if (e.returns.empty()) continue;
+    // What follows a return from the top frame depends on the frames below it.
+    stack parent(s.begin(), s.end() - 1);
+    bool popped = parent.empty();
+    std::vector<stack> ready;
+    if (!parent.empty()) ready = close_stacks(*g_, {parent}, m.options().max_depth, popped);
+    if (ready.empty() && !popped) continue;
+    walker w{*g_, *v_, m.options().max_depth, mask.data(), nullptr};
+    for (const auto n : e.returns) {
+      w.mark(n);
+      if (!ready.empty()) {
+        auto r = ready;
+        w.walk(n, r);
+      }
+    }
+  }
+}
+
+std::vector<std::uint32_t> mask_computer::allowed(const matcher& m) const {
+  std::vector<std::uint32_t> mask(v_->mask_words());
+  fill(m, mask);
+  std::vector<std::uint32_t> ids;
+  for (std::uint32_t id = 0; id < v_->size(); ++id)
+    if ((mask[id >> 5] >> (id & 31)) & 1) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace troupe::recipe::grammar

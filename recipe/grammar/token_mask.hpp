@@ -1,0 +1,90 @@
+#pragma once
+// The allowed-token bitmask of a matcher state over a tokenizer's vocabulary.
+//
+// Checking 129,280 token strings one by one at every step is far too slow, so the vocabulary's
+// byte strings are kept in a trie and the mask is found by walking the trie with the grammar,
+// dropping a whole subtree as soon as its prefix is rejected. Most of that walk depends only on
+// the top frame of a stack, not on what lies below it: for each (rule, state) the mask_computer
+// caches the tokens accepted without returning from that frame, and the trie nodes at which a
+// return happens. A mask is then the union of those cached sets for the state's stacks plus a
+// short walk, in the real context, from each cached return point — only that part depends on
+// the stack. Control tokens are never allowed; the end-of-sequence ids are allowed exactly when
+// the output is complete.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "recipe/grammar/matcher.hpp"
+
+namespace troupe::recipe {
+class tokenizer;
+}
+
+namespace troupe::recipe::grammar {
+
+class vocabulary {
+ public:
+  // bytes[id] are the bytes token id stands for; ids with usable[id] false are never allowed
+  // (control tokens), nor is an id with no bytes; eos ids are allowed when the output is complete.
+  vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos);
+  // From a tokenizer: every added token is a control token; end-of-sequence is
+  // `<｜end▁of▁sentence｜>` when the vocabulary has it.
+  static vocabulary from_tokenizer(const tokenizer& tok);
+
+  std::size_t size() const { return bytes_.size(); }
+  std::size_t mask_words() const { return (bytes_.size() + 31) / 32; }
+  const std::string& bytes(std::uint32_t id) const { return bytes_[id]; }
+  const std::vector<std::uint32_t>& eos() const { return eos_; }
+
+  // The trie, nodes in preorder: node 0 is the root; a node's children follow it, its subtree
+  // ends at `end`; the ids whose bytes end at a node are ids_[first, first + count).
+  struct node {
+    std::uint32_t end = 0;
+    std::uint32_t first = 0;
+    std::uint16_t count = 0;
+    std::uint8_t byte = 0;
+  };
+  const std::vector<node>& trie() const { return trie_; }
+  std::span<const std::uint32_t> ids_at(std::uint32_t n) const {
+    return {ids_.data() + trie_[n].first, trie_[n].count};
+  }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<std::uint32_t> eos_;
+  std::vector<node> trie_;
+  std::vector<std::uint32_t> ids_;
+};
+
+// One per (grammar, vocabulary); thread-safe (the cache is shared under a lock).
+class mask_computer {
+ public:
+  mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<const vocabulary> v);
+
+  // Writes the allowed tokens of `m`'s state into `mask` (vocabulary::mask_words() words, bit
+  // id % 32 of word id / 32), clearing the rest.
+  void fill(const matcher& m, std::span<std::uint32_t> mask) const;
+  // The allowed ids, ascending (tests and tools).
+  std::vector<std::uint32_t> allowed(const matcher& m) const;
+
+  const vocabulary& vocab() const { return *v_; }
+  std::size_t cached_states() const;
+
+ private:
+  struct entry {
+    std::vector<std::uint32_t> accepted;  // bitmask
+    std::vector<std::uint32_t> returns;   // trie nodes after whose byte the frame returns
+  };
+  const entry& entry_for(frame f) const;
+  std::shared_ptr<const grammar> g_;
+  std::shared_ptr<const vocabulary> v_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<std::uint64_t, std::unique_ptr<entry>> cache_;
+};
+
+}  // namespace troupe::recipe::grammar

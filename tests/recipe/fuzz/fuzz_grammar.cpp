@@ -1,0 +1,44 @@
+// libFuzzer target for the structured-output parsers (recipe/grammar/): the first byte picks the
+// JSON Schema compiler (even) or the regex compiler (odd), the rest is the schema text or the
+// pattern. Every input must give a grammar or an error value — no crash, no sanitizer report,
+// no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
+// either accepts them or refuses them, and a refused byte string leaves its state unchanged.
+// Built only with a compiler that supports -fsanitize=fuzzer (see tests/CMakeLists.txt);
+// docs/structured-output.md says how to run it.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string_view>
+#include <variant>
+
+#include "recipe/grammar/json_schema.hpp"
+#include "recipe/grammar/matcher.hpp"
+#include "recipe/grammar/regex.hpp"
+
+namespace gr = troupe::recipe::grammar;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+  std::shared_ptr<const gr::grammar> g;
+  if (data[0] % 2 == 0) {
+    auto r = gr::compile_json_schema(text);
+    if (auto* e = std::get_if<gr::schema_error>(&r)) {
+      if (e->message.empty()) std::abort();  // every refusal says why
+      return 0;
+    }
+    g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  } else {
+    auto r = gr::compile_regex(text);
+    if (std::holds_alternative<gr::regex_error>(r)) return 0;
+    g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  }
+  gr::matcher m(g);
+  // A pruned grammar always has a way to go on or end.
+  if (!m.can_continue() && !m.is_complete()) std::abort();
+  const auto before = m.state();
+  if (!m.accept_token(text) && !(m.state() == before)) std::abort();
+  if (!gr::matcher::restore(g, m.serialize())) std::abort();
+  return 0;
+}

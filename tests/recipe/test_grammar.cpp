@@ -1,0 +1,292 @@
+// The structured-output engine (recipe/grammar/): regexes against std::regex, integer bounds,
+// the canonical JSON rules, masks against a token-by-token check, random walks through allowed
+// tokens that must always produce valid JSON, serialisation and rollback.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "grammar_fixture.hpp"
+#include "recipe/grammar/token_mask.hpp"
+#include "recipe_fixture.hpp"
+
+using namespace troupe::recipe::testing;
+using troupe::recipe::grammar::mask_computer;
+using troupe::recipe::grammar::matcher;
+using troupe::recipe::grammar::vocabulary;
+
+namespace {
+
+// Every string over `alphabet` up to `max_len` characters.
+std::vector<std::string> all_strings(const std::string& alphabet, std::size_t max_len) {
+  std::vector<std::string> out{""};
+  for (std::size_t begin = 0, len = 0; len < max_len; ++len) {
+    const std::size_t end = out.size();
+    for (std::size_t i = begin; i < end; ++i)
+      for (const char c : alphabet) out.push_back(out[i] + c);
+    begin = end;
+  }
+  return out;
+}
+
+const std::shared_ptr<const vocabulary>& v4_vocab() {
+  static const auto v = std::make_shared<const vocabulary>(vocabulary::from_tokenizer(v4()));
+  return v;
+}
+
+// The allowed ids by trying every token on a copy of the matcher.
+std::vector<std::uint32_t> brute_force_allowed(const matcher& m, const vocabulary& v) {
+  std::vector<std::uint32_t> ids;
+  for (std::uint32_t id = 0; id < v.size(); ++id) {
+    if (std::find(v.eos().begin(), v.eos().end(), id) != v.eos().end()) {
+      if (m.is_complete()) ids.push_back(id);
+      continue;
+    }
+    if (v4().is_added(id) || v.bytes(id).empty()) continue;
+    if (m.can_accept(v.bytes(id))) ids.push_back(id);
+  }
+  return ids;
+}
+
+// A strict-mode style schema: nested objects, enums, arrays with bounds, anyOf with null,
+// recursion through $defs, a pattern, a format and integer bounds.
+const ojson& strict_schema() {
+  static const ojson s = ojson::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "maxLength": 12},
+      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "role": {"enum": ["admin", "user", "guest"]},
+      "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "minItems": 1, "maxItems": 3},
+      "email": {"anyOf": [{"type": "string", "format": "email"}, {"type": "null"}]},
+      "tree": {"$ref": "#/$defs/node"},
+      "born": {"type": "string", "format": "date"},
+      "score": {"type": "number"},
+      "ok": {"type": "boolean"}
+    },
+    "required": ["name", "age", "role", "tags", "email", "tree", "born", "score", "ok"],
+    "additionalProperties": false,
+    "$defs": {
+      "node": {
+        "type": "object",
+        "properties": {"v": {"type": "integer", "exclusiveMinimum": -5, "exclusiveMaximum": 5},
+                       "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+        "required": ["v"],
+        "additionalProperties": false
+      }
+    }
+  })");
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("grammar regex: matches exactly what std::regex_match matches, on every short string") {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"a*b", "ab"},          {"(ab|a)*", "ab"},        {"a{2,3}", "ab"},         {"[a-c]+-?[^a-c]", "abd-"},
+      {"(a|b)?c{0,2}", "abc"}, {"\\d+\\.\\d*", "1.a"},   {"a(?:b|)+c", "abc"},     {"[\\w-]{2}", "a-_."},
+      {"x|y|", "xyz"},        {"a{3}", "a"},            {"(a?){2}b", "ab"},       {"[^-a]*", "a-b"},
+      {"\\s\\S", " a\t"},     {"a+?b*?", "ab"},         {"[.][^.]", ".a-"},       {"\\x41\\u0062", "Abc"}};
+  for (const auto& [pattern, alphabet] : cases) {
+    const auto g = regex_grammar(pattern);
+    const std::regex oracle(pattern, std::regex::ECMAScript);
+    for (const auto& s : all_strings(alphabet, 5)) {
+      INFO("pattern ", pattern, " on \"", s, "\"");
+      CHECK(accepts(g, s) == std::regex_match(s, oracle));
+    }
+  }
+}
+
+TEST_CASE("grammar regex: characters are code points encoded as UTF-8") {
+  const auto g = regex_grammar("[α-ω]+.😀?");
+  CHECK(accepts(g, "αβγx"));
+  CHECK(accepts(g, "ωé😀"));
+  CHECK(accepts(g, "α😀"));  // . matches the 4-byte code point
+  CHECK_FALSE(accepts(g, "a😀"));
+  CHECK_FALSE(accepts(g, "α\xce"));  // half a code point
+  CHECK_FALSE(accepts(g, "α\n"));    // . excludes line terminators
+}
+
+TEST_CASE("grammar regex: constructs that cannot be enforced exactly are refused with their offset") {
+  for (const auto& [pattern, offset] : std::vector<std::pair<std::string, std::size_t>>{
+           {"a(?=b)", 1}, {"(a)\\1", 3}, {"a\\bc", 1}, {"\\p{L}", 0}, {"a^b", 0}, {"(a", 0}, {"a{5,2}", 1}, {"*", 0}}) {
+    const auto r = troupe::recipe::grammar::compile_regex(pattern);
+    const auto* e = std::get_if<troupe::recipe::grammar::regex_error>(&r);
+    REQUIRE_MESSAGE(e != nullptr, pattern);
+    CHECK_MESSAGE(e->offset == offset, pattern, ": ", e->message);
+  }
+  // The n-th letter from the end is an a: 2^n DFA states, past the limit.
+  const auto huge = troupe::recipe::grammar::compile_regex("[ab]*a[ab]{20}");
+  CHECK(std::holds_alternative<troupe::recipe::grammar::regex_error>(huge));
+  // 2,000 optional pieces in a row: every subset holds thousands of NFA states; refused by the
+  // subset work limit (a fuzz input that took 6 s before it).
+  std::string chain;
+  for (int i = 0; i < 2000; ++i) chain += "(ab|cd)?[x-z]{0,3}";
+  const auto wide = troupe::recipe::grammar::compile_regex(chain);
+  REQUIRE(std::holds_alternative<troupe::recipe::grammar::regex_error>(wide));
+  CHECK(std::get<troupe::recipe::grammar::regex_error>(wide).message.find("too large") != std::string::npos);
+}
+
+TEST_CASE("grammar schema: integer bounds accept exactly the integers in range") {
+  for (const auto& [lo, hi] : std::vector<std::pair<int, int>>{{-130, 130}, {7, 7}, {0, 1000}, {-99, -10}, {95, 205}}) {
+    const auto g = schema_grammar({{"type", "integer"}, {"minimum", lo}, {"maximum", hi}});
+    for (int x = -1200; x <= 1200; ++x) {
+      INFO("[", lo, ", ", hi, "] ", x);
+      CHECK(accepts(g, std::to_string(x)) == (x >= lo && x <= hi));
+    }
+    CHECK_FALSE(accepts(g, "-0"));
+    CHECK_FALSE(accepts(g, "007"));
+  }
+  const auto open = schema_grammar({{"type", "integer"}, {"exclusiveMinimum", 41}});
+  CHECK(accepts(open, "42"));
+  CHECK(accepts(open, "123456789012"));
+  CHECK_FALSE(accepts(open, "41"));
+  CHECK_FALSE(accepts(open, "-50"));
+}
+
+TEST_CASE("grammar schema: the canonical form is json.dumps spacing, properties order, canonical escapes") {
+  const auto g = schema_grammar(ojson::parse(
+      R"({"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "array"}}, "required": ["b"]})"));
+  CHECK(accepts(g, R"({"b": "x\"\n\u0001é", "a": [1, {"k": null}]})"));
+  CHECK(accepts(g, R"({"b": "", "z": true})"));           // additional members after the declared ones
+  CHECK_FALSE(accepts(g, R"({"a": [], "b": ""})"));       // declared members in properties order
+  CHECK_FALSE(accepts(g, R"({"b":""})"));                 // ": " and ", " exactly
+  CHECK_FALSE(accepts(g, R"({"b": "", "a": [1,2]})"));
+  CHECK_FALSE(accepts(g, R"( {"b": ""})"));
+  CHECK_FALSE(accepts(g, R"({"b": "\u0041"})"));          // no escape where none is needed
+  CHECK_FALSE(accepts(g, R"({"b": "\/"})"));
+  CHECK_FALSE(accepts(g, R"({"b": "", "b": ""})"));       // a declared name is not an additional one
+  CHECK_FALSE(accepts(g, R"({"a": []})"));                // required
+}
+
+TEST_CASE("grammar schema: left recursion and schemas accepting nothing are refused") {
+  auto r = troupe::recipe::grammar::compile_json_schema(ojson::parse(R"({"$ref": "#"})"));
+  REQUIRE(std::holds_alternative<troupe::recipe::grammar::schema_error>(r));
+  CHECK(std::get<troupe::recipe::grammar::schema_error>(r).keyword == "$ref");
+  r = troupe::recipe::grammar::compile_json_schema(ojson::parse(R"({"type": "integer", "minimum": 5, "maximum": 4})"));
+  CHECK(std::holds_alternative<troupe::recipe::grammar::schema_error>(r));
+  r = troupe::recipe::grammar::compile_json_schema(std::string_view("{\"type\": "));
+  CHECK(std::get<troupe::recipe::grammar::schema_error>(r).message == "the schema is not valid JSON");
+  r = troupe::recipe::grammar::compile_json_schema(ojson::parse(R"({"type": "number", "maximum": 3})"));
+  CHECK(std::get<troupe::recipe::grammar::schema_error>(r).keyword == "maximum");
+}
+
+TEST_CASE("grammar mask: equals trying every token of the DeepSeek-V4 vocabulary, along a generation") {
+  const auto g = schema_grammar(strict_schema());
+  const mask_computer masks(g, v4_vocab());
+  matcher m(g);
+  // A valid output, fed token by token as the V4 tokenizer splits it; the mask is compared with
+  // the token-by-token answer at a spread of its states.
+  const std::string text =
+      R"({"name": "Ada \"L\"", "age": 36, "role": "admin", "tags": ["math", "code"], "email": null, )"
+      R"("tree": {"v": -4, "kids": [{"v": 0}]}, "born": "1815-12-10", "score": -1.5e3, "ok": true})";
+  const auto ids = v4().encode(text, troupe::recipe::encode_mode::raw);
+  int compared = 0;
+  for (std::size_t i = 0; i <= ids.size(); ++i) {
+    if (i % 3 == 0 || i == ids.size()) {
+      INFO("after ", i, " tokens: ", text.substr(0, v4().decode_bytes({ids.data(), i}).size()));
+      const auto fast = masks.allowed(m);
+      CHECK(fast == brute_force_allowed(m, *v4_vocab()));
+      ++compared;
+    }
+    if (i < ids.size()) REQUIRE(m.accept_token(v4_vocab()->bytes(ids[i])));
+  }
+  CHECK(m.is_complete());
+  CHECK_FALSE(m.can_continue());
+  CHECK(masks.allowed(m) == v4_vocab()->eos());
+  CHECK(compared > 10);
+}
+
+TEST_CASE("grammar mask: random walks through allowed tokens always end in valid canonical JSON") {
+  const std::vector<ojson> schemas{
+      strict_schema(),
+      ojson::parse(R"({"type": "object"})"),
+      ojson::parse(R"({"type": "array", "prefixItems": [{"const": "id"}, {"type": "integer", "minimum": 10}],
+                      "items": {"oneOf": [{"type": "string", "format": "uuid"}, {"type": "boolean"}]}, "maxItems": 4})"),
+      ojson::parse(R"({"type": "object", "properties": {"ip": {"type": "string", "format": "ipv4"},
+                      "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, "n": {"type": "integer", "maximum": -3}},
+                      "required": ["code"], "additionalProperties": {"type": "integer"}})"),
+  };
+  std::mt19937_64 rng(14);
+  const auto& vocab = *v4_vocab();
+  int completed = 0, walks = 0, beyond_double = 0;
+  for (const auto& schema : schemas) {
+    const auto g = schema_grammar(schema);
+    const mask_computer masks(g, v4_vocab());
+    const validator check(schema);
+    for (int w = 0; w < 6; ++w, ++walks) {
+      matcher m(g);
+      std::string out;
+      for (int step = 0; step < 400; ++step) {
+        auto allowed = masks.allowed(m);
+        REQUIRE_MESSAGE(!allowed.empty(), "a dead end after ", out);
+        if (m.is_complete() && (step > 40 || rng() % 4 == 0)) break;
+        // End-of-sequence is allowed exactly when the output is complete.
+        const bool eos = std::erase_if(allowed, [&](std::uint32_t id) {
+                           return std::find(vocab.eos().begin(), vocab.eos().end(), id) != vocab.eos().end();
+                         }) > 0;
+        REQUIRE(eos == m.is_complete());
+        if (allowed.empty()) break;
+        // A third of the steps pick among tokens that can close something, so that walks end.
+        std::vector<std::uint32_t> closers;
+        for (const auto id : allowed)
+          if (vocab.bytes(id).find_first_of("\"]},") != std::string::npos) closers.push_back(id);
+        const auto& pool = !closers.empty() && rng() % 3 == 0 ? closers : allowed;
+        const auto id = pool[rng() % pool.size()];
+        REQUIRE_MESSAGE(m.accept_token(vocab.bytes(id)), "the matcher refused an allowed token after ", out);
+        out += vocab.bytes(id);
+      }
+      if (!m.is_complete()) continue;
+      ++completed;
+      INFO("schema ", schema.dump(), "\noutput ", out);
+      if (std::regex_search(out, std::regex("[0-9]{16}"))) {  // a number beyond double precision
+        ++beyond_double;
+        continue;
+      }
+      const ojson parsed = ojson::parse(out);
+      CHECK(check.valid(parsed));
+      CHECK(canonical_instance(parsed, {}, false) == out);  // spacing and escapes as specified
+    }
+  }
+  MESSAGE(completed, " of ", walks, " random walks completed, ", beyond_double,
+          " of them with a number of 16 digits or more (not checked), the others validated");
+  CHECK(completed - beyond_double >= walks / 2);
+}
+
+TEST_CASE("grammar matcher: a serialised state restores to the same state and masks, only for its grammar") {
+  const auto g = schema_grammar(strict_schema());
+  const auto g2 = schema_grammar(strict_schema());  // compiled again: same fingerprint
+  const mask_computer masks(g, v4_vocab()), masks2(g2, v4_vocab());
+  matcher m(g);
+  REQUIRE(m.accept_token(R"({"name": "x", "age": 1)"));
+  const std::string bytes = m.serialize();
+  auto r = matcher::restore(g2, bytes);
+  REQUIRE(r.has_value());
+  CHECK(r->state() == m.state());
+  CHECK(masks2.allowed(*r) == masks.allowed(m));
+  CHECK(r->accept_token(R"(2, "role": "user")"));
+  CHECK_FALSE(matcher::restore(regex_grammar("a+"), bytes).has_value());
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) CHECK_FALSE(matcher::restore(g, bytes.substr(0, cut)).has_value());
+  std::string corrupt = bytes;
+  corrupt[corrupt.size() - 1] ^= 0x40;
+  CHECK_FALSE(matcher::restore(g, corrupt).has_value());
+}
+
+TEST_CASE("grammar matcher: rollback by k tokens returns to the state k tokens back") {
+  const auto g = schema_grammar(strict_schema());
+  matcher m(g);
+  const std::vector<std::string> tokens{"{\"", "name", "\": \"", "Bo", "\", \"", "age", "\": ", "4", "2"};
+  std::vector<troupe::recipe::grammar::match_state> states{m.state()};
+  for (const auto& t : tokens) {
+    REQUIRE(m.accept_token(t));
+    states.push_back(m.state());
+  }
+  CHECK_FALSE(m.accept_token("}"));  // refused: nothing changed
+  CHECK(m.state() == states.back());
+  REQUIRE(m.rollback(3));
+  CHECK(m.state() == states[states.size() - 4]);
+  CHECK(m.accept_token("\": "));
+  CHECK(m.state() == states[states.size() - 3]);
+  CHECK_FALSE(m.rollback(100));
+  CHECK(m.rollback(m.rollback_depth()));
+  CHECK(m.state() == states[0]);
+}
