@@ -364,8 +364,7 @@ parser make_parser(const tokenizer_ref& t, r::stream_options o) {
 
 // A request's stream: parser + the protocol's renderer, as `troupe parse-stream` drives them.
 struct event_stream {
-  std::shared_ptr<const r::tokenizer> tok;
-  r::encoded_request req;
+  std::shared_ptr<const r::tokenizer> tok;  // the parser's
   r::stream_parser p;
   r::stream_renderer render;
 
@@ -582,7 +581,7 @@ void bind_recipe(nb::module_& m) {
             o.model = model;
             o.created = created;
             r::stream_renderer render(req, std::move(o));
-            new (self) event_stream{t.tok, std::move(req), std::move(p.p), std::move(render)};
+            new (self) event_stream{t.tok, std::move(p.p), std::move(render)};
           },
           "tokenizer"_a, "request"_a, "id"_a, "model"_a, "created"_a, "prompt_tokens"_a,
           "cached_prompt_tokens"_a, "start"_a, "parse_tool_calls"_a, "stop"_a)

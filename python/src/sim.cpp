@@ -4,7 +4,6 @@
 #include "bindings.hpp"
 
 #include "cluster/sim/sim_command.hpp"
-#include "cluster/sim/simulation.hpp"
 #include "cluster/sim/swarm.hpp"
 #include "cluster/topology.hpp"
 

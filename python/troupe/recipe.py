@@ -528,7 +528,13 @@ class StreamParser:
         return self._native.ended
 
     @property
+    def stopped_by_sequence(self) -> bool:
+        """The output ended at one of the ``stop`` sequences (the text before it was emitted)."""
+        return self._native.stopped_by_sequence
+
+    @property
     def usage(self) -> dict[str, int | None]:
+        """The token counts so far: prompt, cached prompt, completion and reasoning tokens."""
         return self._native.usage
 
 

@@ -271,3 +271,11 @@ def test_converted_request_reports_its_options():
     c = req.conversation
     assert not c.thinking_mode and c.response_format == "json_object" and c.tools[0]["name"] == "f"
     assert c.messages[0]["role"] == "user" and c.messages[0]["content"] == "json please"
+
+
+def test_a_stop_sequence_ends_the_text_and_the_finish_reason_is_stop(tok):
+    p = StreamParser(tok, stop=["END"])
+    events = p.push(tok.encode("Hello END and more")) + p.finish("length")
+    assert "".join(e["text"] for e in events if e["type"] == "text") == "Hello "
+    assert {"type": "finish", "reason": "stop", "stop_sequence": "END"} in events
+    assert p.stopped_by_sequence and p.ended and p.finished
