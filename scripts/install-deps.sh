@@ -17,6 +17,7 @@ packages=(
   libboost-dev               # the HTTP entrypoint: Boost.Beast and Boost.Asio (headers)
   doctest-dev                # tests
   python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv
+  python3-dev                # the Python package's extension module (pip install ., docs/python.md)
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
 )
 
