@@ -220,10 +220,12 @@ bool speculates(const decode_engine_state& st, const running& run) {
          && (run.job.context.empty() || run.job.sampling.temperature == 0.0);
 }
 
-/// The drafts each job of the batch verifies this step, in batch order: none without a
-/// proposal from the previous step (or on a step that rebuilds the context), never more than
-/// the job still needs after the step's own token.
+/// The drafts each job of the batch verifies this step, in batch order (empty: none verifies
+/// any — speculation off): none without a proposal from the previous step (or on a step that
+/// rebuilds the context), never more than the job still needs after the step's own token.
 std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
+  if (st.params.spec == speculation::off)
+    return {};
   std::vector<draft_confidences> offered;
   offered.reserve(st.batch.size());
   for (const auto& [id, run] : st.batch) {
@@ -252,8 +254,7 @@ std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
   std::vector<std::uint32_t> lengths;
   lengths.reserve(offered.size());
   for (const auto& d : offered)
-    lengths.push_back(st.params.spec == speculation::off ? 0
-                                                         : std::min(d.count, st.params.fixed_drafts));
+    lengths.push_back(std::min(d.count, st.params.fixed_drafts));
   return lengths;
 }
 
@@ -279,7 +280,7 @@ void step(engine_ptr self) {
     runtime::step_sequence seq{id, run.job.context_tokens + run.generated, 1, {}, true,
                                run.job.sampling};
     seq.propose = speculates(st, run);
-    run.verifying = verify[at++];
+    run.verifying = verify.empty() ? 0 : verify[at++];
     seq.verify = run.verifying;
     seq.count += run.verifying;
     ds.tokens += run.verifying;

@@ -156,6 +156,14 @@ struct busy_table {
   }
 };
 
+/// One GPU's share of an instance's step over `ranks` GPUs: its sizes divided, rounded up (its
+/// batch's content is not needed to cost it, so it is not copied).
+runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t ranks) {
+  auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
+  return {s.id, s.phase, share(s.tokens), static_cast<std::uint32_t>(share(s.sequences)),
+          share(s.context_tokens), {}};
+}
+
 /// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
 /// engine's step (on the leader) covers the whole instance, so each GPU's share is 1/ranks of
 /// it, times the instance's slowdown factor. Decode steps are also checked against the
@@ -178,11 +186,7 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
   const double kv_bytes = model.kv_bytes_per_token;
   return [per_gpu, ranks, busy, key, fleet, batch_capacity, kv_capacity, head, decode_flops,
           prefill_flops, weights, kv_bytes](const runtime::device_step& s) {
-    auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
-    // One GPU's share of the step's sizes (its batch's content is not needed to cost it).
-    runtime::device_step g{s.id, s.phase, share(s.tokens),
-                           static_cast<std::uint32_t>(share(s.sequences)),
-                           share(s.context_tokens), {}};
+    const auto g = gpu_share(s, ranks);
     // An exception here (a bug, memory exhausted) must not escape into the device actor,
     // whose default handler would print it on stdout and carry on: it is recorded, and the
     // run fails with it (run_simulation's error, a non-zero exit of troupe sim).
@@ -714,12 +718,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     // instance_cost divides it (without its bookkeeping; a slowdown scales every choice alike).
     auto per_gpu = make_step_cost(*model, *hw, decode_pool->ep_size);
     de.step_cost = [per_gpu, ranks = decode_pool->gpus_per_instance](const runtime::device_step& s) {
-      auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
-      runtime::device_step g = s;
-      g.tokens = share(s.tokens);
-      g.sequences = static_cast<std::uint32_t>(share(s.sequences));
-      g.context_tokens = share(s.context_tokens);
-      return per_gpu(g);
+      return per_gpu(gpu_share(s, ranks));
     };
   }
   // Blocks the decode instances' writers made visible in the store (one thread in the sim).
