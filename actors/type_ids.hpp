@@ -59,7 +59,7 @@ namespace troupe::actors {
 /// The first type id free for the next layer's block.
 constexpr caf::type_id_t actors_type_ids_end = caf::id_block::troupe_actors::end;
 
-/// Registers every message type of `actors/` (the block above) with `cfg`. Call it before
-/// the actor system starts, e.g. from world_options::configure.
+/// Registers every message type of `actors/` (the block above and wire_type_ids.hpp's) with
+/// `cfg`. Call it before the actor system starts, e.g. from world_options::configure.
 void register_actor_types(caf::actor_system_config& cfg);
 } // namespace troupe::actors

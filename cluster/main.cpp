@@ -1,5 +1,7 @@
 // troupe: the command-line interface of the troupe serving runtime.
 #include "cluster/recipe_cli.hpp"
+#include "cluster/launch/launch_command.hpp"
+#include "cluster/launch/node_command.hpp"
 #include "cluster/serve_command.hpp"
 #include "cluster/sim/capacity.hpp"
 #include "cluster/sim/hardware.hpp"
@@ -156,6 +158,41 @@ int perf_model(const perf_model_args& a, bool tokens_given, bool requests_given)
                            r->engram_wait_s * 1e3, r->communication_s * 1e3,
                            r->overlap_s * 1e3);
   return 0;
+}
+
+/// The inputs every real-world server takes (troupe serve, launch and node alike).
+void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& grace_s) {
+  cmd->add_option("topology", o.topology, "the topology file (hardware = \"cpu\")")->required();
+  cmd->add_option("--model", o.model,
+                  "the model directory (config.json + safetensors, the released layout)")
+    ->required();
+  cmd->add_option("--served-model-name", o.served_model_name,
+                  "the model name clients use (default: the topology's model)");
+  cmd->add_option("--api-keys", o.api_keys_file,
+                  "a file of accepted API keys, one per line (default: no authentication)");
+  cmd->add_option("--engram-map", o.engram_map,
+                  "the Engram compressed-token map: a JSON file, or 'identity' for random models");
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json(.gz) (default: the shipped DeepSeek-V4 tokenizer)");
+  cmd->add_option("--threads", o.device_threads, "CPU threads per device (default 2)");
+  cmd->add_option("--max-in-flight", o.max_in_flight,
+                  "generation requests in flight at once; more get 429 (default 64)");
+  cmd->add_option("--max-batch", o.max_batch,
+                  "requests decoded together per decode instance (default: the decode pool's "
+                  "max_batch, else 64)");
+  cmd->add_option("--prefill-chunk", o.prefill_chunk,
+                  "prompt tokens per prefill step (default: the prefill pool's chunk_tokens, "
+                  "else 512)");
+  cmd->add_option("--kv-dir", o.kv_dir,
+                  "the KV block store's directory (default: the topology's [storage] path)");
+  cmd->add_option("--grace", grace_s,
+                  "seconds requests in flight get to finish on SIGTERM (default 30)");
+}
+
+void finish_server_options(troupe::cluster::serve_options& o, long grace_s) {
+  o.grace = std::chrono::seconds(grace_s);
+  if (o.tokenizer.empty())
+    o.tokenizer = troupe::cli::default_tokenizer();
 }
 
 } // namespace
@@ -385,37 +422,63 @@ int main(int argc, char** argv) {
   long serve_grace_s = 30;
   auto* serve = app.add_subcommand(
     "serve", "serve the OpenAI and Anthropic APIs from a topology on this machine (CPU backend)");
-  serve->add_option("topology", serve_opts.topology, "the topology file (hardware = \"cpu\")")
-    ->required();
-  serve->add_option("--model", serve_opts.model,
-                    "the model directory (config.json + safetensors, the released layout)")
-    ->required();
+  add_server_options(serve, serve_opts, serve_grace_s);
   serve->add_option("--listen", serve_opts.listen, "HOST:PORT to listen on (default 127.0.0.1:8000)");
-  serve->add_option("--served-model-name", serve_opts.served_model_name,
-                    "the model name clients use (default: the topology's model)");
-  serve->add_option("--api-keys", serve_opts.api_keys_file,
-                    "a file of accepted API keys, one per line (default: no authentication)");
-  serve->add_option("--engram-map", serve_opts.engram_map,
-                    "the Engram compressed-token map: a JSON file, or 'identity' for random models");
-  serve->add_option("--tokenizer", serve_opts.tokenizer,
-                    "tokenizer.json(.gz) (default: the shipped DeepSeek-V4 tokenizer)");
-  serve->add_option("--threads", serve_opts.device_threads, "CPU threads per device (default 2)");
-  serve->add_option("--max-in-flight", serve_opts.max_in_flight,
-                    "generation requests in flight at once; more get 429 (default 64)");
-  serve->add_option("--max-batch", serve_opts.max_batch,
-                    "requests decoded together per decode instance (default: the decode pool's "
-                    "max_batch, else 64)");
-  serve->add_option("--prefill-chunk", serve_opts.prefill_chunk,
-                    "prompt tokens per prefill step (default: the prefill pool's chunk_tokens, "
-                    "else 512)");
-  serve->add_option("--kv-dir", serve_opts.kv_dir,
-                    "the KV block store's directory (default: the topology's [storage] path)");
-  serve->add_option("--grace", serve_grace_s,
-                    "seconds requests in flight get to finish on SIGTERM (default 30)");
   serve->callback([&] {
-    serve_opts.grace = std::chrono::seconds(serve_grace_s);
-    if (serve_opts.tokenizer.empty()) serve_opts.tokenizer = troupe::cli::default_tokenizer();
+    finish_server_options(serve_opts, serve_grace_s);
     rc = troupe::cluster::run_serve_command(serve_opts, std::cerr);
+  });
+
+  // troupe launch: the topology as OS processes under one supervisor (docs/launch.md).
+  troupe::cluster::launch_options launch_opts;
+  long launch_grace_s = 30;
+  auto* launch = app.add_subcommand(
+    "launch", "run a topology as OS processes (a control process, one per engine instance) "
+              "under one supervisor");
+  add_server_options(launch, launch_opts.serve, launch_grace_s);
+  launch->add_option("--listen", launch_opts.serve.listen,
+                     "HOST:PORT of the HTTP API (the control process; default 127.0.0.1:8000)");
+  launch->add_option("--control", launch_opts.control,
+                     "HOST:PORT the instances reach the control process on (default "
+                     "127.0.0.1:0: a free port)");
+  launch->add_option("--state", launch_opts.state_file,
+                     "write the cluster's processes and addresses here (JSON) as they change");
+  launch->add_flag("--dry-run", launch_opts.dry_run, "print the processes and their command lines");
+  launch->add_option("--max-restarts", launch_opts.max_restarts,
+                     "restart intensity: more restarts than this within --restart-period stop "
+                     "the cluster (default 10)");
+  long restart_period_s = 60;
+  launch->add_option("--restart-period", restart_period_s,
+                     "restart intensity period in seconds (default 60)");
+  launch->callback([&] {
+    finish_server_options(launch_opts.serve, launch_grace_s);
+    launch_opts.restart_period = std::chrono::seconds(restart_period_s);
+    rc = troupe::cluster::run_launch_command(launch_opts, std::cout, std::cerr);
+  });
+
+  // troupe node: one process of a launched cluster (cluster/launch/node_command.hpp).
+  troupe::cluster::node_options node_opts;
+  long node_grace_s = 30;
+  auto* node = app.add_subcommand(
+    "node", "one process of a launched cluster: the control role or one engine instance "
+            "(troupe launch starts these)");
+  add_server_options(node, node_opts.serve, node_grace_s);
+  node->add_option("--role", node_opts.role, "control, prefill or decode")->required();
+  node->add_option("--index", node_opts.index, "the instance's number in its pool (prefill, decode)");
+  node->add_option("--control", node_opts.control,
+                   "HOST:PORT of the control process (control: where to publish it)")
+    ->required();
+  node->add_option("--listen", node_opts.serve.listen,
+                   "control: HOST:PORT of the HTTP API (default 127.0.0.1:8000)");
+  node->add_option("--ready-file", node_opts.ready_file,
+                   "control: once serving, write the bound ports here (JSON)");
+  long connect_timeout_s = 120;
+  node->add_option("--connect-timeout", connect_timeout_s,
+                   "instances: seconds to keep trying to reach the control process (default 120)");
+  node->callback([&] {
+    finish_server_options(node_opts.serve, node_grace_s);
+    node_opts.connect_timeout = std::chrono::seconds(connect_timeout_s);
+    rc = troupe::cluster::run_node_command(node_opts, std::cerr);
   });
 
   troupe::cli::add_recipe_commands(app, rc);

@@ -49,13 +49,9 @@ std::string check_real_topology(const topology& topo) {
   return {};
 }
 
-real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
-                            const real_graph_params& params, std::chrono::seconds wait) {
-  const auto& prefill_pool = *find_pool(topo, pool_role::prefill);
-  const auto& decode_pool = *find_pool(topo, pool_role::decode);
-  real_graph g;
+namespace {
 
-  // Control: the KV CHECK role and the balancers.
+actors::kv_index_params kv_params(const topology& topo, const real_graph_params& params) {
   actors::kv_index_params kv;
   kv.capacity_bytes = topo.storage.capacity_bytes;
   kv.block_bytes = params.block_bytes;
@@ -63,6 +59,17 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
     kv.ttl.chatbot = i->second;
   if (auto i = topo.storage.ttl.find("agent"); i != topo.storage.ttl.end())
     kv.ttl.agent = i->second;
+  return kv;
+}
+
+} // namespace
+
+control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
+                                  const real_graph_params& params, std::chrono::seconds wait) {
+  const auto& prefill_pool = *find_pool(topo, pool_role::prefill);
+  control_graph g;
+  // The KV CHECK role and the balancers.
+  auto kv = kv_params(topo, params);
   g.kv = actors::spawn_sharded_kv_store(sys, kv, 1);
   if (params.store)
     index_stored_blocks(sys, params.store, g.kv, wait);
@@ -72,48 +79,6 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   actors::decode_balancer_params dlb;
   dlb.max_requests = params.max_batch;
   g.decode_lb = actors::spawn_decode_lb(sys, dlb);
-
-  // Pools: a supervisor each, instances as its children, each with one rank on one device.
-  // Inside one process the KV moves between instances by handle: no link port.
-  auto ports_for = [&](pool_role role) {
-    actors::instance_ports ports;
-    ports.device = [make = params.device, role](caf::local_actor* self, actors::instance_id id,
-                                                std::uint32_t, std::uint32_t) {
-      return make(self->system(), role, id);
-    };
-    ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
-    return ports;
-  };
-  runtime::supervisor_flags pool_flags{runtime::strategy::one_for_one, 10, 1min, 1s, 2.0, 30s};
-  runtime::supervisor_config prefill_cfg{prefill_pool.name, pool_flags, {}};
-  actors::prefill_engine_params pe;
-  pe.step_tokens = params.prefill_chunk;
-  if (params.store) {
-    pe.writer.kv = g.kv;
-    pe.writer.store = params.store;
-    pe.writer.ttl = kv.ttl;
-  }
-  for (std::uint32_t i = 0; i < prefill_pool.instances.initial; ++i)
-    prefill_cfg.children.push_back(actors::prefill_instance(
-      prefill_pool.name, i, 1, pe, ports_for(pool_role::prefill), g.prefill_lb));
-  runtime::supervisor_config decode_cfg{decode_pool.name, pool_flags, {}};
-  actors::decode_engine_params de;
-  de.max_batch = params.max_batch;
-  // Decode persists the blocks its output fills (prefill those of the prompt).
-  actors::block_writer_params dw;
-  if (params.store) {
-    dw.kv = g.kv;
-    dw.store = params.store;
-    dw.ttl = kv.ttl;
-  }
-  for (std::uint32_t i = 0; i < decode_pool.instances.initial; ++i)
-    decode_cfg.children.push_back(actors::decode_instance(
-      decode_pool.name, i, 1, de, ports_for(pool_role::decode), g.decode_lb, dw));
-  g.cluster = runtime::spawn_supervisor(
-    sys, {topo.cluster.name,
-          {runtime::strategy::one_for_one, 10, 1min},
-          {runtime::supervisor_child(std::move(prefill_cfg)),
-           runtime::supervisor_child(std::move(decode_cfg))}});
 
   // The front door.
   actors::generation_service_params gp;
@@ -125,6 +90,74 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   gp.services.chain_root = params.chain_root;
   gp.max_context = params.max_context;
   g.service = actors::spawn_generation_service(sys, gp);
+  return g;
+}
+
+runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_role role,
+                                                  const real_graph_params& params,
+                                                  const actors::kv_check_actor& kv,
+                                                  const caf::actor& lb,
+                                                  const std::vector<std::uint32_t>& instances) {
+  const auto& pool = *find_pool(topo, role);
+  auto ports = actors::instance_ports{};
+  ports.device = [make = params.device, role](caf::local_actor* self, actors::instance_id id,
+                                              std::uint32_t, std::uint32_t) {
+    return make(self->system(), role, id);
+  };
+  // Inside one process the KV moves between instances by handle: no link port.
+  ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
+  runtime::supervisor_flags flags{runtime::strategy::one_for_one, 10, 1min, 1s, 2.0, 30s};
+  runtime::supervisor_config cfg{pool.name, flags, {}};
+  // Prefill persists the prompt's blocks, decode those its output fills.
+  actors::block_writer_params writer;
+  if (params.store) {
+    writer.kv = kv;
+    writer.store = params.store;
+    writer.ttl = kv_params(topo, params).ttl;
+  }
+  if (role == pool_role::prefill) {
+    actors::prefill_engine_params pe;
+    pe.step_tokens = params.prefill_chunk;
+    pe.writer = writer;
+    for (auto i : instances)
+      cfg.children.push_back(actors::prefill_instance(
+        pool.name, i, 1, pe, ports, caf::actor_cast<actors::prefill_lb_actor>(lb)));
+  } else {
+    actors::decode_engine_params de;
+    de.max_batch = params.max_batch;
+    for (auto i : instances)
+      cfg.children.push_back(actors::decode_instance(
+        pool.name, i, 1, de, ports, caf::actor_cast<actors::decode_lb_actor>(lb), writer));
+  }
+  return cfg;
+}
+
+real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
+                            const real_graph_params& params, std::chrono::seconds wait) {
+  real_graph g;
+  auto control = spawn_control_graph(sys, topo, params, wait);
+  g.kv = control.kv;
+  g.prefill_lb = control.prefill_lb;
+  g.decode_lb = control.decode_lb;
+  g.service = control.service;
+  // Pools: a supervisor each, instances as its children, each with one rank on one device.
+  auto all = [&](pool_role role) {
+    std::vector<std::uint32_t> ids(find_pool(topo, role)->instances.initial);
+    for (std::uint32_t i = 0; i < ids.size(); ++i)
+      ids[i] = i;
+    return ids;
+  };
+  auto prefill = pool_supervisor_config(topo, pool_role::prefill, params, g.kv,
+                                        caf::actor_cast<caf::actor>(g.prefill_lb),
+                                        all(pool_role::prefill));
+  auto decode = pool_supervisor_config(topo, pool_role::decode, params, g.kv,
+                                       caf::actor_cast<caf::actor>(g.decode_lb),
+                                       all(pool_role::decode));
+  g.cluster = runtime::spawn_supervisor(
+    sys, {topo.cluster.name,
+          {runtime::strategy::one_for_one, 10, 1min},
+          {runtime::supervisor_child(std::move(prefill)),
+           runtime::supervisor_child(std::move(decode))}});
   return g;
 }
 

@@ -15,6 +15,7 @@
 #include "cluster/topology.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/store.hpp"
+#include "runtime/supervisor.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace troupe::cluster {
 
@@ -57,9 +59,35 @@ struct real_graph {
   actors::generation_service service;
 };
 
+/// The control part of the graph: the KV CHECK role, the balancers and the generation
+/// service (the part `troupe node --role control` runs; instances join from elsewhere).
+struct control_graph {
+  actors::kv_check_actor kv;
+  actors::prefill_lb_actor prefill_lb;
+  actors::decode_lb_actor decode_lb;
+  actors::generation_service service;
+};
+
 /// Checks that `topo` can run on one machine's real world: a prefill and a decode pool, one
 /// device per instance. Returns an error message naming the file, or empty.
 std::string check_real_topology(const topology& topo);
+
+/// Spawns the control part of the graph of a topology that passed check_real_topology (with
+/// a store, its CHECK role is first filled as spawn_real_graph says). Instances join its
+/// balancers by announcing their engines (actors/instance.hpp), from this process or another.
+control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
+                                  const real_graph_params& params,
+                                  std::chrono::seconds wait = std::chrono::seconds(60));
+
+/// The supervisor of pool `role` (prefill or decode) of `topo` with the instances numbered
+/// `instances` (each one rank on one device from params.device), announcing their engines to
+/// `lb` (that pool's balancer, or an actor that forwards to it) and, with params.store,
+/// persisting blocks through the CHECK role `kv`.
+runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_role role,
+                                                  const real_graph_params& params,
+                                                  const actors::kv_check_actor& kv,
+                                                  const caf::actor& lb,
+                                                  const std::vector<std::uint32_t>& instances);
 
 /// Spawns the graph of a topology that passed check_real_topology. With a store, the CHECK
 /// role's index is first filled with the blocks the store holds (a restart finds the blocks

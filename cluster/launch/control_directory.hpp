@@ -1,0 +1,52 @@
+// control_directory: how an instance process of `troupe launch` finds the control process.
+//
+// A launched cluster's control process (the KV CHECK role, the balancers, the HTTP
+// entrypoint) and its instance processes are joined by CAF's middleman. The control process
+// publishes one actor, the directory, on its control address; an instance process connects
+// to it, asks for the handles it needs (the CHECK role its block writers commit to, and the
+// balancer its engine announces itself to), and monitors it: when the control process goes
+// away, so does the connection, and the instance process exits for the launcher to restart.
+#pragma once
+
+#include "actors/wire_type_ids.hpp"
+#include "cluster/real_graph.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/atom.hpp>
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/type_id.hpp>
+
+namespace troupe::cluster {
+
+/// The control process's handles, as an instance process needs them.
+struct control_directory {
+  caf::actor kv;
+  caf::actor prefill_lb;
+  caf::actor decode_lb;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
+  return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb);
+}
+
+using directory_atom = caf::atom_constant<caf::atom("directory")>;
+
+/// Spawns the directory of `control`: it answers (directory_atom) with a control_directory.
+caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control);
+
+/// A stand-in balancer for one instance process: it forwards the instance's announcements
+/// (add_instance_atom, drain_instance_atom) to the real balancer `lb` in the control process
+/// and keeps the engine handle of the latest announcement, which it answers (get_atom) with
+/// (an invalid handle before the first). The engine's process needs that handle to drain it.
+caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb);
+
+/// Registers the message types of cluster/launch (the block below) with `cfg`.
+void register_launch_types(caf::actor_system_config& cfg);
+
+} // namespace troupe::cluster
+
+CAF_BEGIN_TYPE_ID_BLOCK(troupe_launch, troupe::actors::actors_wire_type_ids_end)
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::control_directory))
+CAF_END_TYPE_ID_BLOCK(troupe_launch)

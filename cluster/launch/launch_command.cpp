@@ -1,0 +1,432 @@
+#include "cluster/launch/launch_command.hpp"
+
+#include "cluster/serve_setup.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <optional>
+#include <ostream>
+#include <sstream>
+
+namespace troupe::cluster {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using clock = std::chrono::steady_clock;
+
+/// A free TCP port on `host` (bound and released: another process may take it first, which
+/// the control process then reports as a failed publish).
+std::optional<std::uint16_t> free_port(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || res == nullptr)
+    return std::nullopt;
+  std::optional<std::uint16_t> port;
+  int fd = socket(res->ai_family, SOCK_STREAM, 0);
+  if (fd >= 0 && bind(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port = ntohs(addr.ss_family == AF_INET6
+                     ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                     : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  }
+  if (fd >= 0)
+    close(fd);
+  freeaddrinfo(res);
+  return port;
+}
+
+std::string join_host_port(const std::string& host, std::uint16_t port) {
+  auto h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  return h + ":" + std::to_string(port);
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789-_./:=@,+") == std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s)
+    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const char* name = sigabbrev_np(WTERMSIG(status));
+    return std::string("killed by SIG") + (name != nullptr ? name : std::to_string(WTERMSIG(status)));
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+struct process_state {
+  launch_process spec;
+  pid_t pid = 0;
+  std::uint32_t restarts = 0;
+  /// starting | running | restarting | exited | failed
+  std::string state = "starting";
+  std::optional<clock::time_point> restart_at;
+};
+
+class launcher {
+public:
+  launcher(const launch_options& o, std::vector<launch_process> plan, std::string control,
+           std::string listen_host, std::string ready_file, std::ostream& err)
+    : o_(o), control_(std::move(control)), listen_host_(std::move(listen_host)),
+      ready_file_(std::move(ready_file)), err_(err) {
+    for (auto& p : plan) {
+      process_state st;
+      st.spec = std::move(p);
+      procs_.push_back(std::move(st));
+    }
+  }
+
+  int run() {
+    sigset_t signals = handled_signals();
+    sigprocmask(SIG_BLOCK, &signals, nullptr);
+    for (auto& p : procs_)
+      if (!start(p))
+        return stop_all(1);
+    write_state();
+    for (;;) {
+      timespec ts{0, 200 * 1000000L};
+      int sig = sigtimedwait(&signals, nullptr, &ts);
+      if (sig == SIGTERM || sig == SIGINT) {
+        err_ << "troupe launch: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+             << ": stopping the cluster (instances drain first)\n";
+        return stop_all(0);
+      }
+      if (int status = reap(); status >= 0)
+        return stop_all(status);
+      for (auto& p : procs_)
+        if (p.restart_at && clock::now() >= *p.restart_at) {
+          p.restart_at.reset();
+          if (!start(p))
+            return stop_all(1);
+          write_state();
+        }
+      check_ready();
+    }
+  }
+
+private:
+  static sigset_t handled_signals() {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGCHLD);
+    sigaddset(&s, SIGTERM);
+    sigaddset(&s, SIGINT);
+    return s;
+  }
+
+  bool start(process_state& p) {
+    if (p.spec.role == "control")
+      fs::remove(ready_file_);
+    std::vector<char*> argv;
+    for (auto& a : p.spec.argv)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = fork();
+    if (pid < 0) {
+      err_ << "troupe launch: cannot start " << p.spec.name << ": " << std::strerror(errno)
+           << "\n";
+      return false;
+    }
+    if (pid == 0) {
+      // The child: its own process group (a terminal's Ctrl-C reaches the launcher, which
+      // stops the cluster in order), default signal mask, then the node.
+      setpgid(0, 0);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      execv(argv[0], argv.data());
+      std::fprintf(stderr, "troupe launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      _exit(127);
+    }
+    p.pid = pid;
+    p.state = "running";
+    err_ << "troupe launch: started " << p.spec.name << " (pid " << pid << ")\n";
+    return true;
+  }
+
+  /// Reaps exited children and decides: restart, stop the cluster (returns its exit status),
+  /// or nothing (-1).
+  int reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      auto* p = find(pid);
+      if (p == nullptr)
+        continue;
+      p->pid = 0;
+      bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
+           << describe_status(status);
+      if (clean) {
+        p->state = "exited";
+        err_ << "\n";
+        write_state();
+        if (p->spec.role == "control") {
+          err_ << "troupe launch: the control process ended; stopping the cluster\n";
+          return 0;
+        }
+        continue;
+      }
+      // Restart intensity over every process, as a one_for_one supervisor counts it.
+      auto now = clock::now();
+      restarts_.push_back(now);
+      while (!restarts_.empty() && now - restarts_.front() > o_.restart_period)
+        restarts_.pop_front();
+      if (restarts_.size() > o_.max_restarts) {
+        p->state = "failed";
+        err_ << "; more than " << o_.max_restarts << " restarts within "
+             << o_.restart_period.count() << " s: stopping the cluster\n";
+        write_state();
+        return 1;
+      }
+      ++p->restarts;
+      p->state = "restarting";
+      p->restart_at = now + o_.restart_delay;
+      err_ << "; restart " << p->restarts << " in " << std::fixed << std::setprecision(1)
+           << std::chrono::duration<double>(o_.restart_delay).count() << " s\n";
+      write_state();
+    }
+    return -1;
+  }
+
+  process_state* find(pid_t pid) {
+    for (auto& p : procs_)
+      if (p.pid == pid)
+        return &p;
+    return nullptr;
+  }
+
+  void check_ready() {
+    if (!http_.empty() || !fs::exists(ready_file_))
+      return;
+    try {
+      std::ifstream in(ready_file_);
+      auto j = nlohmann::json::parse(in);
+      http_ = join_host_port(listen_host_, j.at("http").get<std::uint16_t>());
+    } catch (const std::exception&) {
+      return;  // half-written: the next poll reads it
+    }
+    err_ << "troupe launch: serving on http://" << http_ << " (SIGTERM or Ctrl-C stops)\n";
+    write_state();
+  }
+
+  void write_state() {
+    if (o_.state_file.empty())
+      return;
+    nlohmann::json procs = nlohmann::json::array();
+    for (const auto& p : procs_)
+      procs.push_back({{"name", p.spec.name},
+                       {"role", p.spec.role},
+                       {"index", p.spec.index},
+                       {"pid", p.pid},
+                       {"restarts", p.restarts},
+                       {"state", p.state}});
+    nlohmann::json j{{"launcher_pid", getpid()},
+                     {"control", control_},
+                     {"http", http_.empty() ? nlohmann::json() : nlohmann::json(http_)},
+                     {"processes", procs}};
+    auto tmp = o_.state_file + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << j.dump(2) << "\n";
+    }
+    std::error_code ec;
+    fs::rename(tmp, o_.state_file, ec);
+  }
+
+  /// Waits until every process in `group` has exited or `deadline`; reaps as they go.
+  void wait_for(const std::vector<process_state*>& group, clock::time_point deadline) {
+    auto alive = [&] {
+      for (auto* p : group)
+        if (p->pid != 0)
+          return true;
+      return false;
+    };
+    while (alive() && clock::now() < deadline) {
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        if (auto* p = find(pid)) {
+          err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
+               << describe_status(status) << "\n";
+          p->pid = 0;
+          p->state = "exited";
+        }
+        continue;
+      }
+      usleep(50 * 1000);
+    }
+  }
+
+  /// Stops every process: instances first (SIGTERM: they drain), then the control process,
+  /// SIGKILL for any still alive after its grace. Returns `status`.
+  int stop_all(int status) {
+    for (auto& p : procs_)
+      p.restart_at.reset();
+    std::vector<process_state*> instances, control;
+    for (auto& p : procs_)
+      (p.spec.role == "control" ? control : instances).push_back(&p);
+    for (auto* group : {&instances, &control}) {
+      for (auto* p : *group)
+        if (p->pid != 0)
+          kill(p->pid, SIGTERM);
+      wait_for(*group, clock::now() + o_.serve.grace + 60s);
+      for (auto* p : *group)
+        if (p->pid != 0) {
+          err_ << "troupe launch: " << p->spec.name << " (pid " << p->pid
+               << ") did not stop; killing it\n";
+          kill(p->pid, SIGKILL);
+        }
+      wait_for(*group, clock::now() + 10s);
+    }
+    write_state();
+    err_ << "troupe launch: stopped\n";
+    return status;
+  }
+
+  const launch_options& o_;
+  std::vector<process_state> procs_;
+  std::string control_;
+  std::string listen_host_;
+  std::string ready_file_;
+  std::string http_;
+  std::deque<clock::time_point> restarts_;
+  std::ostream& err_;
+};
+
+} // namespace
+
+std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
+                                        std::uint32_t decode, const std::string& control,
+                                        const std::string& ready_file) {
+  const auto& s = o.serve;
+  auto exe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
+  // What every node takes alike.
+  std::vector<std::string> common{"--model", s.model, "--control", control, "--threads",
+                                  std::to_string(s.device_threads), "--grace",
+                                  std::to_string(s.grace.count())};
+  auto add = [&](const char* flag, const std::string& value) {
+    if (!value.empty()) {
+      common.push_back(flag);
+      common.push_back(value);
+    }
+  };
+  add("--engram-map", s.engram_map);
+  add("--tokenizer", s.tokenizer);
+  add("--kv-dir", s.kv_dir);
+  if (s.max_batch > 0)
+    add("--max-batch", std::to_string(s.max_batch));
+  if (s.prefill_chunk > 0)
+    add("--prefill-chunk", std::to_string(s.prefill_chunk));
+  std::vector<launch_process> plan;
+  auto node = [&](std::string name, std::string role, std::uint32_t index,
+                  std::vector<std::string> extra) {
+    launch_process p{std::move(name), std::move(role), index,
+                     {exe, "node", s.topology, "--role"}};
+    p.argv.push_back(p.role);
+    if (p.role != "control") {
+      p.argv.push_back("--index");
+      p.argv.push_back(std::to_string(index));
+    }
+    p.argv.insert(p.argv.end(), common.begin(), common.end());
+    p.argv.insert(p.argv.end(), extra.begin(), extra.end());
+    plan.push_back(std::move(p));
+  };
+  std::vector<std::string> control_extra{"--listen", s.listen, "--max-in-flight",
+                                         std::to_string(s.max_in_flight)};
+  if (!s.served_model_name.empty())
+    control_extra.insert(control_extra.end(), {"--served-model-name", s.served_model_name});
+  if (!s.api_keys_file.empty())
+    control_extra.insert(control_extra.end(), {"--api-keys", s.api_keys_file});
+  if (!ready_file.empty())
+    control_extra.insert(control_extra.end(), {"--ready-file", ready_file});
+  node("control", "control", 0, control_extra);
+  for (std::uint32_t i = 0; i < prefill; ++i)
+    node("prefill/" + std::to_string(i), "prefill", i, {});
+  for (std::uint32_t i = 0; i < decode; ++i)
+    node("decode/" + std::to_string(i), "decode", i, {});
+  return plan;
+}
+
+int run_launch_command(const launch_options& o, std::ostream& out, std::ostream& err) {
+  const std::string command = "troupe launch";
+  auto fail = [&](const std::string& msg) {
+    err << command << ": " << msg << "\n";
+    return 1;
+  };
+  auto in = load_serve_inputs(o.serve, command, err);
+  if (!in)
+    return 1;
+  auto listen = parse_host_port(o.serve.listen);
+  if (!listen)
+    return fail("--listen '" + o.serve.listen + "': expected HOST:PORT, e.g. 127.0.0.1:8000");
+  auto control = parse_host_port(o.control);
+  if (!control)
+    return fail("--control '" + o.control + "': expected HOST:PORT, e.g. 127.0.0.1:7000");
+  if (!o.serve.api_keys_file.empty() && !load_api_keys_option(o.serve, command, err))
+    return 1;
+  if (control->second == 0 && !o.dry_run) {
+    auto port = free_port(control->first);
+    if (!port)
+      return fail("no free port on " + control->first + " for the control process");
+    control->second = *port;
+  }
+  auto control_addr = join_host_port(control->first, control->second);
+  std::uint32_t prefill = find_pool(in->topo, pool_role::prefill)->instances.initial;
+  std::uint32_t decode = find_pool(in->topo, pool_role::decode)->instances.initial;
+
+  // The control process reports its HTTP port through this file.
+  std::string ready_file;
+  if (!o.dry_run) {
+    if (!o.state_file.empty()) {
+      ready_file = o.state_file + ".control";
+    } else {
+      std::string tmpl = (fs::temp_directory_path() / "troupe-launch-XXXXXX").string();
+      if (mkdtemp(tmpl.data()) == nullptr)
+        return fail("cannot make a temporary directory: " + std::string(std::strerror(errno)));
+      ready_file = tmpl + "/control.ready";
+    }
+  }
+  auto plan = plan_launch(o, prefill, decode, control_addr, ready_file);
+  if (o.dry_run) {
+    out << "# " << plan.size() << " processes on this host (" << in->topo.source << ")\n";
+    out << std::left << std::setw(12) << "# process" << std::setw(10) << "role"
+        << "command\n";
+    for (const auto& p : plan) {
+      out << std::left << std::setw(12) << p.name << std::setw(10) << p.role;
+      for (std::size_t i = 0; i < p.argv.size(); ++i)
+        out << (i ? " " : "") << shell_quote(p.argv[i]);
+      out << "\n";
+    }
+    return 0;
+  }
+  err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "
+      << prefill << " prefill, " << decode << " decode)\n";
+  launcher l(o, std::move(plan), control_addr, listen->first, ready_file, err);
+  return l.run();
+}
+
+} // namespace troupe::cluster

@@ -1,0 +1,68 @@
+// launch_command: `troupe launch`, a topology as OS processes under one supervisor.
+//
+// `troupe serve` runs the whole serving graph in one process. A cluster runs it as processes:
+// one control process (KV CHECK role, balancers, HTTP entrypoint) and one process per engine
+// instance of the prefill and decode pools, each a `troupe node` (node_command.hpp) joined to
+// the control process by CAF's middleman. `troupe launch` starts them and is their root
+// supervisor, as a supervisor actor is in the simulator: a process that exits abnormally (a
+// signal, or a non-zero status) is restarted after a delay, unless more than the restart
+// intensity's restarts happened within its period — then the launcher stops the cluster and
+// fails. A process's death reaches the actors that monitored its actors (balancers, request
+// actors) as a down message, so requests are rerouted as after a simulated instance failure.
+//
+// The launcher writes the cluster's state (each process's name, role, pid, restarts and
+// state, and the control's addresses) as JSON to `--state FILE` whenever it changes, and
+// `--dry-run` prints the placement: every process with its command line. SIGTERM or SIGINT
+// stops the cluster: instances first (each drains), then the control process.
+#pragma once
+
+#include "cluster/serve_command.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace troupe::cluster {
+
+struct launch_options {
+  /// What every process serves: the topology, model, tokenizer, store, threads, API keys...;
+  /// `serve.listen` is the HTTP address of the control process.
+  serve_options serve;
+  /// HOST:PORT of the control process's directory (port 0: a free port chosen at launch).
+  std::string control = "127.0.0.1:0";
+  /// Print the placement and exit.
+  bool dry_run = false;
+  /// Write the cluster's state here (JSON) whenever it changes; empty: nowhere.
+  std::string state_file;
+  /// The troupe executable the processes run (empty: this one).
+  std::string executable;
+  /// Restart intensity: more than `max_restarts` restarts within `restart_period` stops the
+  /// cluster. A process is restarted `restart_delay` after it died.
+  std::uint32_t max_restarts = 10;
+  std::chrono::seconds restart_period{60};
+  std::chrono::milliseconds restart_delay{1000};
+};
+
+/// One process of a launched cluster.
+struct launch_process {
+  /// "control", "prefill/0", "decode/1"...
+  std::string name;
+  std::string role;
+  std::uint32_t index = 0;
+  std::vector<std::string> argv;
+};
+
+/// The processes of the topology of `o` (its checked inputs), with their command lines, the
+/// control process first. `control` is the resolved control address.
+std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
+                                        std::uint32_t decode, const std::string& control,
+                                        const std::string& ready_file);
+
+/// Runs `troupe launch`: the placement with `dry_run` (on `out`), else the cluster until
+/// SIGTERM / SIGINT. Returns the exit status: 0 after a clean stop, 1 on bad input, a failed
+/// start or exceeded restart intensity.
+int run_launch_command(const launch_options& o, std::ostream& out, std::ostream& err);
+
+} // namespace troupe::cluster

@@ -1,0 +1,308 @@
+#include "cluster/launch/node_command.hpp"
+
+#include "actors/entrypoint/entrypoint.hpp"
+#include "actors/lb/lb_protocol.hpp"
+#include "cluster/launch/control_directory.hpp"
+#include "cluster/serve_setup.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <ostream>
+#include <thread>
+
+namespace troupe::cluster {
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock = std::chrono::steady_clock;
+
+/// Waits up to `timeout` for SIGTERM / SIGINT (blocked by block_stop_signals); 0 when none came.
+int poll_stop_signal(std::chrono::milliseconds timeout) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  timespec ts{static_cast<time_t>(timeout.count() / 1000),
+              static_cast<long>(timeout.count() % 1000) * 1000000L};
+  int sig = sigtimedwait(&signals, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
+
+/// Online members of the balancer `lb` (0 when it does not answer).
+std::uint32_t online(caf::scoped_actor& self, const caf::actor& lb) {
+  std::uint32_t n = 0;
+  self->request(lb, 10s, actors::pool_load_atom::value)
+    .receive([&](const actors::pool_load& load) { n = load.online; }, [](const caf::error&) {});
+  return n;
+}
+
+/// Writes `j` to `path` through a temporary file and a rename (readers never see half of it).
+bool write_json_file(const std::string& path, const nlohmann::json& j) {
+  auto tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out)
+      return false;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
+
+int run_control(const node_options& o, std::ostream& err) {
+  const std::string command = "troupe node[control]";
+  auto fail = [&](const std::string& msg) {
+    err << command << ": " << msg << "\n";
+    return 1;
+  };
+  const auto& so = o.serve;
+  auto in = load_serve_inputs(so, command, err);
+  if (!in)
+    return 1;
+  auto listen = parse_host_port(so.listen);
+  if (!listen)
+    return fail("--listen '" + so.listen + "': expected HOST:PORT, e.g. 127.0.0.1:8000");
+  auto control = parse_host_port(o.control);
+  if (!control)
+    return fail("--control '" + o.control + "': expected HOST:PORT, e.g. 127.0.0.1:7000");
+  auto keys = load_api_keys_option(so, command, err);
+  if (!keys)
+    return 1;
+
+  block_stop_signals();
+  runtime::world w{real_world_options(true)};
+  auto& sys = w.system();
+  runtime::registry metrics;
+  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
+  auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
+  if (!gp)
+    return 1;
+  auto graph = spawn_control_graph(sys, in->topo, *gp);
+  auto stop_graph = [&] {
+    for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
+                   caf::actor_cast<caf::actor>(graph.prefill_lb),
+                   caf::actor_cast<caf::actor>(graph.decode_lb),
+                   caf::actor_cast<caf::actor>(graph.service)})
+      caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
+    if (gp->store)
+      caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
+  };
+  auto directory = spawn_control_directory(sys, graph);
+  auto published = sys.middleman().publish(directory, control->second, control->first.c_str(),
+                                           true);
+  if (!published) {
+    stop_graph();
+    return fail("cannot publish the control directory on " + o.control + ": "
+                + sys.render(published.error()));
+  }
+  err << command << ": control on " << control->first << ":" << *published
+      << "; waiting for a prefill and a decode instance to join\n";
+
+  // Serve once the cluster can: a prefill and a decode instance have joined, and a warm-up
+  // request went through them.
+  {
+    caf::scoped_actor self{sys};
+    auto last_note = clock::now();
+    for (;;) {
+      if (int sig = poll_stop_signal(200ms); sig != 0) {
+        err << command << ": " << signal_name(sig) << " before serving; stopped\n";
+        stop_graph();
+        return 0;
+      }
+      auto p = online(self, caf::actor_cast<caf::actor>(graph.prefill_lb));
+      auto d = online(self, caf::actor_cast<caf::actor>(graph.decode_lb));
+      if (p > 0 && d > 0)
+        break;
+      if (clock::now() - last_note > 30s) {
+        err << command << ": still waiting: " << p << " prefill and " << d
+            << " decode instance(s) online\n";
+        last_note = clock::now();
+      }
+    }
+  }
+  if (auto why = warm_up(sys, graph.service, 10min); !why.empty()) {
+    stop_graph();
+    return fail(why);
+  }
+
+  actors::entrypoint_params ep;
+  ep.address = listen->first;
+  ep.port = listen->second;
+  ep.models = {so.served_model_name.empty() ? in->topo.cluster.model : so.served_model_name};
+  ep.api_keys = std::move(*keys);
+  ep.max_in_flight = so.max_in_flight;
+  ep.max_context_tokens = static_cast<std::uint32_t>(std::min<std::int64_t>(
+    in->model.text.max_position_embeddings, std::numeric_limits<std::uint32_t>::max()));
+  ep.grace = so.grace;
+  ep.codec = in->codec.get();
+  ep.service = graph.service;
+  ep.metrics = &metrics;
+  ep.constraints = constraints;
+  actors::entrypoint server(sys, ep);
+  auto port = server.start();
+  if (!port) {
+    stop_graph();
+    return fail("cannot listen on " + so.listen + ": " + sys.render(port.error()));
+  }
+  err << command << ": serving " << ep.models.front() << " on http://" << listen->first << ":"
+      << *port << "\n";
+  if (!o.ready_file.empty()
+      && !write_json_file(o.ready_file, {{"http", *port}, {"control", *published}}))
+    err << command << ": warning: cannot write " << o.ready_file << "\n";
+
+  int sig = wait_for_stop_signal();
+  err << command << ": " << signal_name(sig) << ": no new requests; waiting up to "
+      << so.grace.count() << " s for those in flight\n";
+  server.stop(so.grace);
+  stop_graph();
+  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+  err << command << ": stopped\n";
+  return 0;
+}
+
+int run_instance(const node_options& o, pool_role role, std::ostream& err) {
+  const std::string command = "troupe node[" + o.role + "/" + std::to_string(o.index) + "]";
+  auto fail = [&](const std::string& msg) {
+    err << command << ": " << msg << "\n";
+    return 1;
+  };
+  const auto& so = o.serve;
+  auto in = load_serve_inputs(so, command, err);
+  if (!in)
+    return 1;
+  const auto* pool = find_pool(in->topo, role);
+  if (o.index >= pool->instances.initial)
+    return fail("--index " + std::to_string(o.index) + ": pool '" + pool->name + "' has "
+                + std::to_string(pool->instances.initial) + " instance(s) (0.."
+                + std::to_string(pool->instances.initial - 1) + ")");
+  auto control = parse_host_port(o.control);
+  if (!control || control->second == 0)
+    return fail("--control '" + o.control + "': expected HOST:PORT of the control process");
+
+  block_stop_signals();
+  runtime::world w{real_world_options(true)};
+  auto& sys = w.system();
+
+  // The control process: retried until it answers (it may start after this one).
+  caf::actor directory;
+  auto deadline = clock::now() + o.connect_timeout;
+  std::string last_error;
+  while (!directory) {
+    auto h = sys.middleman().remote_actor(control->first, control->second);
+    if (h) {
+      directory = *h;
+      break;
+    }
+    last_error = sys.render(h.error());
+    if (clock::now() >= deadline)
+      return fail("cannot reach the control process at " + o.control + " within "
+                  + std::to_string(o.connect_timeout.count()) + " s: " + last_error);
+    if (int sig = poll_stop_signal(500ms); sig != 0) {
+      err << command << ": " << signal_name(sig) << " before joining; stopped\n";
+      return 0;
+    }
+  }
+  control_directory dir;
+  {
+    caf::scoped_actor self{sys};
+    bool ok = false;
+    self->request(directory, 60s, directory_atom::value)
+      .receive([&](control_directory& d) { dir = std::move(d), ok = true; },
+               [&](const caf::error& e) { last_error = sys.render(e); });
+    if (!ok)
+      return fail("the control process at " + o.control + " did not answer: " + last_error);
+  }
+  // The control process going away ends this one (status 3): the launcher restarts it.
+  auto control_lost = std::make_shared<std::atomic<bool>>(false);
+  auto watcher = sys.spawn([directory, control_lost](caf::event_based_actor* self) {
+    self->monitor(directory);
+    self->set_down_handler([control_lost](caf::down_msg&) { control_lost->store(true); });
+    return caf::behavior{[](caf::ok_atom) {}};
+  });
+
+  runtime::registry metrics;
+  // Structured-output constraints are compiled by the control process's entrypoint and live
+  // in its memory: a constrained request is refused by this device (docs/launch.md).
+  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
+  auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
+  if (!gp)
+    return 1;
+  auto relay = spawn_balancer_relay(sys, role == pool_role::prefill ? dir.prefill_lb
+                                                                    : dir.decode_lb);
+  auto pool_sup = runtime::spawn_supervisor(
+    sys, pool_supervisor_config(in->topo, role, *gp,
+                                caf::actor_cast<actors::kv_check_actor>(dir.kv), relay,
+                                {o.index}));
+  err << command << ": joined the control process at " << o.control << " (loading "
+      << so.model << ")\n";
+
+  auto stop = [&](int status) {
+    caf::anon_send_exit(pool_sup, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
+    if (gp->store)
+      caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
+    return status;
+  };
+  for (;;) {
+    if (control_lost->load()) {
+      err << command << ": lost the control process at " << o.control << "; exiting\n";
+      return stop(3);
+    }
+    int sig = poll_stop_signal(500ms);
+    if (sig == 0)
+      continue;
+    // Drain: the balancer excludes this instance; a decode engine serves for the grace
+    // period, then forwards what it still holds; a prefill engine finishes its jobs.
+    err << command << ": " << signal_name(sig) << ": draining (grace " << so.grace.count()
+        << " s)\n";
+    caf::scoped_actor self{sys};
+    caf::actor engine;
+    self->request(relay, 10s, caf::get_atom::value)
+      .receive([&](const caf::actor& e) { engine = e; }, [](const caf::error&) {});
+    if (engine) {
+      runtime::duration grace = std::chrono::duration_cast<runtime::duration>(so.grace);
+      self->request(engine, so.grace + 120s, actors::drain_atom::value, grace)
+        .receive(
+          [&](std::uint64_t forwarded) {
+            err << command << ": drained; " << forwarded << " request(s) forwarded\n";
+          },
+          [&](const caf::error& e) {
+            err << command << ": drain failed: " << sys.render(e) << "\n";
+          });
+    }
+    err << command << ": stopped\n";
+    return stop(0);
+  }
+}
+
+} // namespace
+
+int run_node_command(const node_options& o, std::ostream& err) {
+  if (o.role == "control")
+    return run_control(o, err);
+  if (o.role == "prefill")
+    return run_instance(o, pool_role::prefill, err);
+  if (o.role == "decode")
+    return run_instance(o, pool_role::decode, err);
+  err << "troupe node: --role '" << o.role << "': expected control, prefill or decode\n";
+  return 1;
+}
+
+} // namespace troupe::cluster

@@ -1,0 +1,55 @@
+// node_command: `troupe node`, one role of a launched cluster in one OS process.
+//
+// `troupe launch` runs a topology as OS processes (launch_command.hpp); each of them is a
+// `troupe node` with one role:
+// - control: the KV CHECK role, the prefill and decode balancers, the generation service
+//   (one request actor per API request) and the HTTP entrypoint. It publishes its directory
+//   (control_directory.hpp) on its control address, waits until a prefill and a decode
+//   instance have joined, sends a warm-up request through them, then listens for clients.
+// - prefill or decode: one engine instance of that pool (its engine and rank on a CPU device,
+//   its block writer): it connects to the control process (retrying until it answers), and
+//   its engine announces itself to the pool's balancer there. The balancer and the request
+//   actors monitor the engine across the connection, so a dead process is a down message, as
+//   a failed instance is in the simulator: requests are rerouted and resume from the tokens
+//   already delivered.
+// The same actors as `troupe serve`, the same inputs and checks (serve_setup.hpp). Every
+// process of a cluster opens the block store's directory (a POSIX mount all can reach).
+//
+// Signals: SIGTERM or SIGINT stops a node. An instance first drains (its balancer excludes
+// it; a decode instance serves for the grace period, then forwards the requests left); the
+// control process stops taking requests and gives those in flight the grace period. An
+// instance process whose control process goes away exits with status 3.
+#pragma once
+
+#include "cluster/serve_command.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace troupe::cluster {
+
+struct node_options {
+  /// The inputs a server takes (topology, model, tokenizer, threads, store, API keys...);
+  /// `serve.listen` is the control process's HTTP address.
+  serve_options serve;
+  /// "control", "prefill" or "decode".
+  std::string role;
+  /// The instance's number in its pool (prefill and decode roles).
+  std::uint32_t index = 0;
+  /// HOST:PORT: where the control process publishes its directory (port 0: any free port),
+  /// and where an instance process connects.
+  std::string control;
+  /// An instance process gives up connecting to the control process after this long.
+  std::chrono::seconds connect_timeout{120};
+  /// Control: once serving, writes {"http": PORT, "control": PORT} to this file (for the
+  /// launcher and scripts; written to a temporary name, then renamed). Empty: none.
+  std::string ready_file;
+};
+
+/// Runs the node until SIGTERM / SIGINT. Returns the exit status: 0 after a clean stop, 1 on
+/// bad input or a failed start, 3 when an instance lost its control process.
+int run_node_command(const node_options& options, std::ostream& err);
+
+} // namespace troupe::cluster

@@ -1,0 +1,235 @@
+#include "cluster/serve_setup.hpp"
+
+#include "actors/entrypoint/api_keys.hpp"
+#include "actors/type_ids.hpp"
+#include "cluster/launch/control_directory.hpp"
+#include "kernels/kv_blocks.hpp"
+#include "ports/cpu_device.hpp"
+#include "ports/posix_store.hpp"
+
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <xxhash.h>
+
+#include <csignal>
+#include <pthread.h>
+
+namespace troupe::cluster {
+
+namespace fs = std::filesystem;
+
+std::optional<std::pair<std::string, std::uint16_t>> parse_host_port(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon + 1 == s.size())
+    return std::nullopt;
+  auto host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host.empty())
+    return std::nullopt;
+  unsigned long port = 0;
+  for (char c : s.substr(colon + 1)) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+    if (port > 65535)
+      return std::nullopt;
+  }
+  return std::pair{host, static_cast<std::uint16_t>(port)};
+}
+
+std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std::string& command,
+                                              std::ostream& err) {
+  auto fail = [&](const std::string& msg) -> std::optional<serve_inputs> {
+    err << command << ": " << msg << "\n";
+    return std::nullopt;
+  };
+  serve_inputs in;
+  // The topology: a prefill and a decode pool on the CPU backend.
+  auto loaded = load_topology(o.topology);
+  if (!loaded.value) {
+    for (const auto& d : loaded.errors)
+      err << d.to_string() << "\n";
+    return std::nullopt;
+  }
+  in.topo = *loaded.value;
+  if (in.topo.cluster.hardware != "cpu")
+    return fail(o.topology + ": hardware '" + in.topo.cluster.hardware
+                + "' needs the CUDA backend, which is not built yet; " + command
+                + " runs the CPU backend (hardware = \"cpu\"; "
+                  "examples/topologies/local-cpu.toml)");
+  if (auto why = check_real_topology(in.topo); !why.empty())
+    return fail(why);
+
+  // The model: its config tells the context, the vocabulary and whether it needs an Engram map.
+  if (o.model.empty())
+    return fail("--model DIR is required (a model directory in the released layout; "
+                "`troupe model init --preset small --out DIR` writes a random one)");
+  auto cfg = kernels::load_model_config(o.model);
+  if (!cfg)
+    return fail(cfg.error());
+  in.model = *cfg;
+  const auto& text = in.model.text;
+  if (!text.engram_layer_ids.empty() && o.engram_map.empty())
+    return fail("the model has Engram layers: give --engram-map FILE.json (or identity for a "
+                "random model directory)");
+
+  // The tokenizer, and that its ids fit the model.
+  auto codec_or = recipe::codec::load(o.tokenizer);
+  if (auto* e = std::get_if<recipe::load_error>(&codec_or))
+    return fail(e->message);
+  in.codec = std::make_unique<recipe::codec>(std::move(std::get<recipe::codec>(codec_or)));
+  if (static_cast<std::int64_t>(in.codec->tokenizer().vocab_size()) > text.vocab_size)
+    return fail("the tokenizer has " + std::to_string(in.codec->tokenizer().vocab_size())
+                + " ids but the model only " + std::to_string(text.vocab_size)
+                + " (a model for another tokenizer; the `small` preset has the full vocabulary)");
+
+  // The KV store's directory: --kv-dir, else the topology's posix path (relative paths
+  // from the working directory); none for a topology with the simulated store.
+  in.kv_dir = o.kv_dir;
+  if (in.kv_dir.empty() && in.topo.storage.backend == storage_backend::posix)
+    in.kv_dir = in.topo.storage.path;
+  if (!in.kv_dir.empty()) {
+    std::error_code ec;
+    in.kv_dir = fs::absolute(in.kv_dir, ec);
+    if (ec)
+      return fail("the KV store directory " + in.kv_dir.string() + ": " + ec.message());
+  }
+  return in;
+}
+
+std::optional<std::set<std::string>> load_api_keys_option(const serve_options& o,
+                                                          const std::string& command,
+                                                          std::ostream& err) {
+  if (o.api_keys_file.empty()) {
+    err << command << ": warning: no --api-keys file: the API is open to anyone who can reach "
+        << o.listen << "\n";
+    return std::set<std::string>{};
+  }
+  auto k = actors::load_api_keys(o.api_keys_file);
+  if (auto* e = std::get_if<actors::api_keys_error>(&k)) {
+    err << command << ": " << e->message << "\n";
+    return std::nullopt;
+  }
+  auto keys = std::get<std::set<std::string>>(std::move(k));
+  if (keys.empty()) {
+    err << command << ": " << o.api_keys_file
+        << ": no API key in the file (remove --api-keys to serve without authentication)\n";
+    return std::nullopt;
+  }
+  return keys;
+}
+
+runtime::world_options real_world_options(bool network) {
+  return runtime::world_options{
+    runtime::world_mode::real, 0, 0, network, [network](caf::actor_system_config& cfg) {
+      actors::register_actor_types(cfg);
+      if (network)
+        register_launch_types(cfg);
+      // A shared queue whose idle workers sleep on a condition variable: the devices' compute
+      // threads get the cores, where work stealing's polling workers would compete with them.
+      cfg.set("scheduler.policy", caf::atom("sharing"));
+    }};
+}
+
+std::optional<real_graph_params>
+make_real_graph_params(caf::actor_system& sys, const serve_options& o, const serve_inputs& in,
+                       runtime::registry& metrics,
+                       std::shared_ptr<actors::constraint_table> constraints,
+                       const std::string& command, std::ostream& err) {
+  real_graph_params gp;
+  gp.device = [&o, &metrics, constraints](caf::actor_system& sys, pool_role role,
+                                          std::uint32_t instance) {
+    ports::cpu_device_params d;
+    d.model_dir = o.model;
+    d.threads = o.device_threads;
+    d.batch_invariant = true;
+    d.engram_map = o.engram_map;
+    d.metrics = &metrics;
+    d.name = std::string(to_string(role)) + "/" + std::to_string(instance);
+    d.constraints = constraints;
+    return ports::spawn_cpu_device(sys, std::move(d));
+  };
+  // The cluster KV cache: block files in the topology's directory (or --kv-dir), keyed by
+  // chains rooted in the model's fingerprint.
+  if (!in.kv_dir.empty()) {
+    auto fp = ports::model_fingerprint(o.model);
+    if (!fp) {
+      err << command << ": " << fp.error() << "\n";
+      return std::nullopt;
+    }
+    ports::posix_store_params sp;
+    sp.directory = in.kv_dir;
+    sp.capacity = in.topo.storage.capacity_bytes;
+    sp.metrics = &metrics;
+    gp.store = ports::spawn_posix_store(sys, std::move(sp));
+    auto root = XXH3_128bits(fp->data(), fp->size());
+    gp.chain_root = actors::block_key{root.high64, root.low64};
+  }
+  const auto& text = in.model.text;
+  const auto* prefill_pool = find_pool(in.topo, pool_role::prefill);
+  const auto* decode_pool = find_pool(in.topo, pool_role::decode);
+  gp.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(text));
+  gp.max_context = static_cast<std::uint64_t>(text.max_position_embeddings);
+  // Step budgets: the command line, else the topology's pools, else the defaults.
+  gp.max_batch = o.max_batch > 0 ? o.max_batch
+                 : decode_pool->max_batch > 0 ? decode_pool->max_batch : 64;
+  gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
+                     : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
+  return gp;
+}
+
+/// Sends one short request through the whole graph and waits for its end: both devices have
+/// loaded the model and every actor on the path answers. Returns an error message, or empty.
+std::string warm_up(caf::actor_system& sys, const actors::generation_service& service,
+                    caf::timespan timeout) {
+  caf::scoped_actor self{sys};
+  actors::generation_request g;
+  g.id = 0;  // the entrypoint numbers client requests from 1
+  g.prompt = {0, 1};
+  g.max_tokens = 2;
+  g.sampling.temperature = 0;
+  g.sink = caf::actor_cast<caf::actor>(self);
+  std::string failure;
+  self->request(service, timeout, std::move(g))
+    .receive([](const caf::actor&) {},
+             [&](const caf::error& e) { failure = "warm-up refused: " + sys.render(e); });
+  if (!failure.empty())
+    return failure;
+  bool ended = false;
+  while (!ended && failure.empty()) {
+    self->receive([](const actors::generation_tokens&) {},
+                  [&](const actors::generation_end& end) {
+                    ended = true;
+                    if (end.reason == actors::finish_reason::error)
+                      failure = "warm-up request failed: " + end.error;
+                  },
+                  caf::after(timeout) >> [&] { failure = "warm-up request timed out"; });
+  }
+  return failure;
+}
+
+namespace {
+sigset_t stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+} // namespace
+
+void block_stop_signals() {
+  auto signals = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int wait_for_stop_signal() {
+  auto signals = stop_signals();
+  int sig = 0;
+  sigwait(&signals, &sig);
+  return sig;
+}
+
+} // namespace troupe::cluster

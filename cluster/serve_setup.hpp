@@ -1,0 +1,85 @@
+// serve_setup: what `troupe serve` and the processes of `troupe launch` prepare alike.
+//
+// A server of the real world — one process with the whole graph (`troupe serve`) or one role
+// of a launched cluster (`troupe node`) — first checks its inputs and turns each problem into
+// a message the operator can act on (the topology, its hardware, the model directory, the
+// Engram map, the tokenizer, the store directory, the API keys file, the listen address), then
+// builds its actor system, its devices and its store the same way. These are those steps,
+// shared so that a launched cluster and `troupe serve` cannot drift apart.
+#pragma once
+
+#include "actors/entrypoint/structured_output.hpp"
+#include "actors/kv/block_key.hpp"
+#include "cluster/real_graph.hpp"
+#include "cluster/serve_command.hpp"
+#include "cluster/topology.hpp"
+#include "kernels/model_config.hpp"
+#include "recipe/recipe.hpp"
+#include "runtime/metrics.hpp"
+#include "runtime/world.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace troupe::cluster {
+
+/// The checked inputs of a real-world server.
+struct serve_inputs {
+  topology topo;
+  kernels::model_config model;
+  std::unique_ptr<recipe::codec> codec;
+  /// The KV store's directory (absolute), or empty: no store.
+  std::filesystem::path kv_dir;
+};
+
+/// "host:port" → (host, port); IPv6 as "[::1]:8000". Nothing on a malformed address.
+std::optional<std::pair<std::string, std::uint16_t>> parse_host_port(const std::string& s);
+
+/// Loads and checks the topology, the model directory, the Engram map and the tokenizer of
+/// `o` (the API keys and the listen address are the entrypoint's: see load_api_keys_option).
+/// On a problem, writes "<command>: <message>" lines to `err` and returns nothing.
+std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std::string& command,
+                                              std::ostream& err);
+
+/// The API keys of `o.api_keys_file` (empty set: none, after a warning on `err` that the API
+/// at `listen` is open). Nothing after an error written to `err`.
+std::optional<std::set<std::string>> load_api_keys_option(const serve_options& o,
+                                                          const std::string& command,
+                                                          std::ostream& err);
+
+/// The real world's actor system options: troupe's message types, CAF's sharing scheduler
+/// (idle workers sleep, so the devices' compute threads get the cores), and with `network`
+/// the middleman for actors in other processes.
+runtime::world_options real_world_options(bool network);
+
+/// The graph parameters every real-world server shares: a CPU device per instance (batch-
+/// invariant, reporting into `metrics`, masking with `constraints`), the posix block store of
+/// `in.kv_dir` (when set) with chains rooted in the model's fingerprint, the model's block
+/// size and context, and the step budgets of `o` or the topology. Nothing after an error on
+/// `err`. The returned device factory refers to `o` and `metrics`: both must outlive it.
+std::optional<real_graph_params>
+make_real_graph_params(caf::actor_system& sys, const serve_options& o, const serve_inputs& in,
+                       runtime::registry& metrics,
+                       std::shared_ptr<actors::constraint_table> constraints,
+                       const std::string& command, std::ostream& err);
+
+/// Sends one short greedy request through `service` and waits for its end, up to `timeout`
+/// for each answer: every device on the path has loaded the model and every actor answers.
+/// Returns an error message, or empty.
+std::string warm_up(caf::actor_system& sys, const actors::generation_service& service,
+                    caf::timespan timeout);
+
+/// Blocks SIGTERM and SIGINT in this thread and every thread it starts later (call before
+/// the actor system starts), so that wait_for_stop_signal alone receives them.
+void block_stop_signals();
+
+/// Waits for SIGTERM or SIGINT (block_stop_signals first); returns the signal.
+int wait_for_stop_signal();
+
+} // namespace troupe::cluster

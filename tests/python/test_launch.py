@@ -1,0 +1,183 @@
+"""`troupe launch`: the serving graph as OS processes, with real process faults.
+
+`troupe launch examples/topologies/local-cpu-3.toml` runs a control process (KV CHECK role,
+balancers, HTTP entrypoint), one prefill and two decode instance processes, joined by CAF's
+middleman, on a random small-preset model (the CPU engine computes every token). The tests
+drive it with the official OpenAI SDK and check what a cluster must get right: served greedy
+tokens equal `troupe generate`'s; a decode process killed with SIGKILL in the middle of eight
+streams loses no request and changes no token (the request actors reroute to the other
+decode process, which recomputes the context), and the launcher restarts the process; SIGTERM
+stops the cluster cleanly. Every call has a bounded timeout and retries are off.
+
+Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_launch.py
+(ctest -L sdk does both steps).
+"""
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+
+from test_serve import chat_body, generated_text, troupe
+
+MODEL = "deepseek-v4.1-flash"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOPOLOGY = os.path.join(ROOT, "examples/topologies/local-cpu-3.toml")
+
+
+class Cluster:
+    def __init__(self, model_dir, kv_dir, state_file):
+        self.state_file = state_file
+        self.proc = subprocess.Popen(
+            [troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map", "identity",
+             "--listen", "127.0.0.1:0", "--grace", "3", "--threads", "1", "--kv-dir", kv_dir,
+             "--state", state_file, "--restart-period", "60", "--max-restarts", "5"],
+            stderr=subprocess.PIPE, text=True)
+        self.log = []
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            s = self.state()
+            if s and s.get("http"):
+                self.url = "http://" + s["http"]
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("troupe launch did not start serving:\n" + "".join(self.log))
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def state(self):
+        try:
+            with open(self.state_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def process(self, name):
+        return next(p for p in self.state()["processes"] if p["name"] == name)
+
+    def openai(self):
+        return openai.OpenAI(api_key="unused", base_url=self.url + "/v1", max_retries=0,
+                             timeout=600)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "small"
+    subprocess.run([troupe(), "model", "init", "--preset", "small", "--seed", "1",
+                    "--out", str(out)], check=True, capture_output=True, timeout=600)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir, tmp_path_factory):
+    state = tmp_path_factory.mktemp("launch") / "state.json"
+    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state))
+    yield c
+    pids = [p["pid"] for p in c.state()["processes"] if p["pid"]]
+    c.stop()
+    assert c.proc.returncode == 0, "troupe launch did not stop cleanly:\n" + "".join(c.log)
+    for pid in pids:  # every node process is gone
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_dry_run_prints_every_process_with_its_command_line(model_dir):
+    out = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
+                          "identity", "--control", "127.0.0.1:7100", "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
+    assert [(r[0], r[1]) for r in rows] == [("control", "control"), ("prefill/0", "prefill"),
+                                            ("decode/0", "decode"), ("decode/1", "decode")]
+    for r in rows:
+        assert r[3] == "node" and "--control" in r and r[r.index("--control") + 1] == "127.0.0.1:7100"
+    assert rows[2][rows[2].index("--index") + 1] == "0" and rows[3][rows[3].index("--index") + 1] == "1"
+
+
+def test_bad_input_is_refused_before_any_process_starts(model_dir):
+    out = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
+                          "identity", "--control", "nowhere"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert "--control 'nowhere': expected HOST:PORT" in out.stderr
+    assert "started" not in out.stderr
+
+
+def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
+    procs = cluster.state()["processes"]
+    assert [p["name"] for p in procs] == ["control", "prefill/0", "decode/0", "decode/1"]
+    assert all(p["state"] == "running" and p["pid"] > 0 for p in procs)
+    assert len({p["pid"] for p in procs}) == 4
+
+
+def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
+    body = chat_body("Tell me about actors.", max_tokens=10, temperature=0)
+    want, tokens = generated_text(model_dir, body, 10)
+    r = cluster.openai().chat.completions.create(**body)
+    assert r.usage.completion_tokens == len(tokens) == 10
+    text = (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
+        r.choices[0].message.content or "")
+    assert text == want
+
+
+def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, model_dir):
+    n, max_tokens = 8, 40
+    bodies = [chat_body(f"Stream {i}: tell me about supervision trees.", max_tokens=max_tokens,
+                        temperature=0) for i in range(n)]
+    wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
+    client = cluster.openai()
+    started = [threading.Event() for _ in range(n)]
+
+    def one(i):
+        text, usage = "", None
+        for chunk in client.chat.completions.create(**bodies[i], stream=True,
+                                                     stream_options={"include_usage": True}):
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
+                if text:
+                    started[i].set()
+        return text, usage
+
+    victim = cluster.process("decode/0")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        # Kill once every stream has tokens: the requests on decode/0 are mid-generation.
+        for e in started:
+            assert e.wait(timeout=600)
+        os.kill(victim["pid"], signal.SIGKILL)
+        results = [f.result(timeout=900) for f in futures]
+    for (text, usage), want in zip(results, wants):
+        assert usage is not None and usage.completion_tokens == max_tokens
+        assert text == want
+    # The launcher restarted the process, and the restarted one serves again.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        p = cluster.process("decode/0")
+        if p["restarts"] == 1 and p["state"] == "running" and p["pid"] != victim["pid"]:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("decode/0 was not restarted:\n" + "".join(cluster.log))
+    assert any("decode/0 (pid %d) killed by SIGKILL" % victim["pid"] in l for l in cluster.log)
