@@ -447,6 +447,12 @@ int main(int argc, char** argv) {
   launch->add_option("--max-restarts", launch_opts.max_restarts,
                      "restart intensity: more restarts than this within --restart-period stop "
                      "the cluster (default 10)");
+  launch->add_option("--faults", launch_opts.faults_file,
+                     "execute a fault plan (troupe sim's format) on the processes, timed from "
+                     "when the cluster serves");
+  launch->add_option("--seed", launch_opts.seed, "seed of the fault plan's expansion (default 1)");
+  launch->add_option("--events", launch_opts.events_file,
+                     "append a JSON line per process event and fault action to this file");
   long restart_period_s = 60;
   launch->add_option("--restart-period", restart_period_s,
                      "restart intensity period in seconds (default 60)");

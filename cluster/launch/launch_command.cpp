@@ -1,6 +1,8 @@
 #include "cluster/launch/launch_command.hpp"
 
+#include "cluster/launch/real_faults.hpp"
 #include "cluster/serve_setup.hpp"
+#include "cluster/sim/fault_plan.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -81,17 +84,22 @@ struct process_state {
   launch_process spec;
   pid_t pid = 0;
   std::uint32_t restarts = 0;
-  /// starting | running | restarting | exited | failed
+  /// starting | running | restarting | stopped | down | exited | failed
   std::string state = "starting";
   std::optional<clock::time_point> restart_at;
+  /// Killed by a fault: not restarted until the fault releases it.
+  bool held = false;
 };
 
 class launcher {
 public:
   launcher(const launch_options& o, std::vector<launch_process> plan, std::string control,
-           std::string listen_host, std::string ready_file, std::ostream& err)
+           std::string listen_host, std::string ready_file, std::vector<process_action> faults,
+           std::ostream& err)
     : o_(o), control_(std::move(control)), listen_host_(std::move(listen_host)),
-      ready_file_(std::move(ready_file)), err_(err) {
+      ready_file_(std::move(ready_file)), faults_(std::move(faults)), err_(err) {
+    if (!o_.events_file.empty())
+      events_.open(o_.events_file, std::ios::app);
     for (auto& p : plan) {
       process_state st;
       st.spec = std::move(p);
@@ -107,7 +115,7 @@ public:
         return stop_all(1);
     write_state();
     for (;;) {
-      timespec ts{0, 200 * 1000000L};
+      timespec ts{0, next_wait().count() * 1000000L};
       int sig = sigtimedwait(&signals, nullptr, &ts);
       if (sig == SIGTERM || sig == SIGINT) {
         err_ << "troupe launch: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
@@ -124,6 +132,7 @@ public:
           write_state();
         }
       check_ready();
+      run_faults();
     }
   }
 
@@ -135,6 +144,77 @@ private:
     sigaddset(&s, SIGTERM);
     sigaddset(&s, SIGINT);
     return s;
+  }
+
+  /// How long the loop may sleep: 200 ms, less when a fault action is due sooner.
+  std::chrono::milliseconds next_wait() const {
+    std::chrono::milliseconds wait = 200ms;
+    if (serving_since_ && next_fault_ < faults_.size()) {
+      auto due = *serving_since_ + faults_[next_fault_].at - clock::now();
+      wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(due), 1ms, wait);
+    }
+    return wait;
+  }
+
+  void event(const std::string& what, const process_state& p, nlohmann::json extra = {}) {
+    if (!events_.is_open())
+      return;
+    nlohmann::json j{{"t", std::chrono::duration<double>(clock::now() - started_).count()},
+                     {"event", what}, {"process", p.spec.name}, {"pid", p.pid}};
+    for (auto& [k, v] : extra.items())
+      j[k] = v;
+    events_ << j.dump() << "\n" << std::flush;
+  }
+
+  /// Carries out the fault actions that are due (times count from serving).
+  void run_faults() {
+    if (!serving_since_)
+      return;
+    bool changed = false;
+    while (next_fault_ < faults_.size()
+           && clock::now() >= *serving_since_ + faults_[next_fault_].at) {
+      const auto& a = faults_[next_fault_++];
+      auto it = std::find_if(procs_.begin(), procs_.end(),
+                             [&](const process_state& p) { return p.spec.name == a.process; });
+      if (it == procs_.end())
+        continue;
+      auto& p = *it;
+      switch (a.kind) {
+        case process_action_kind::kill:
+          p.held = true;
+          p.restart_at.reset();
+          if (p.pid != 0)
+            kill(p.pid, SIGKILL);
+          break;
+        case process_action_kind::release:
+          if (p.held) {
+            p.held = false;
+            if (p.pid == 0 && p.state == "down")
+              p.restart_at = clock::now();
+          }
+          break;
+        case process_action_kind::stop:
+          if (p.pid != 0 && kill(p.pid, SIGSTOP) == 0)
+            p.state = "stopped";
+          break;
+        case process_action_kind::resume:
+          if (p.pid != 0 && kill(p.pid, SIGCONT) == 0)
+            p.state = "running";
+          break;
+        case process_action_kind::term:
+          if (p.pid != 0)
+            kill(p.pid, SIGTERM);
+          break;
+      }
+      // The duty cycle of a slowdown is too chatty for the terminal; the log has it all.
+      if (a.kind != process_action_kind::stop && a.kind != process_action_kind::resume)
+        err_ << "troupe launch: fault " << a.fault << ": " << to_string(a.kind) << " "
+             << p.spec.name << "\n";
+      event("fault", p, {{"action", to_string(a.kind)}, {"fault", a.fault}});
+      changed = true;
+    }
+    if (changed)
+      write_state();
   }
 
   bool start(process_state& p) {
@@ -164,6 +244,7 @@ private:
     p.pid = pid;
     p.state = "running";
     err_ << "troupe launch: started " << p.spec.name << " (pid " << pid << ")\n";
+    event("start", p, {{"restarts", p.restarts}});
     return true;
   }
 
@@ -176,10 +257,18 @@ private:
       auto* p = find(pid);
       if (p == nullptr)
         continue;
-      p->pid = 0;
       bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      event("exit", *p, {{"status", describe_status(status)}});
+      p->pid = 0;
       err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
            << describe_status(status);
+      if (p->held) {
+        // Killed by a fault: down until the fault releases it (no restart, no intensity).
+        p->state = "down";
+        err_ << "; down until the fault ends\n";
+        write_state();
+        continue;
+      }
       if (clean) {
         p->state = "exited";
         err_ << "\n";
@@ -230,6 +319,12 @@ private:
       return;  // half-written: the next poll reads it
     }
     err_ << "troupe launch: serving on http://" << http_ << " (SIGTERM or Ctrl-C stops)\n";
+    if (!serving_since_) {
+      serving_since_ = clock::now();
+      if (!faults_.empty())
+        err_ << "troupe launch: fault plan: " << faults_.size()
+             << " action(s), timed from now\n";
+    }
     write_state();
   }
 
@@ -284,8 +379,11 @@ private:
   /// Stops every process: instances first (SIGTERM: they drain), then the control process,
   /// SIGKILL for any still alive after its grace. Returns `status`.
   int stop_all(int status) {
-    for (auto& p : procs_)
+    for (auto& p : procs_) {
       p.restart_at.reset();
+      if (p.pid != 0 && p.state == "stopped")
+        kill(p.pid, SIGCONT);  // a stopped process cannot drain
+    }
     std::vector<process_state*> instances, control;
     for (auto& p : procs_)
       (p.spec.role == "control" ? control : instances).push_back(&p);
@@ -314,6 +412,11 @@ private:
   std::string ready_file_;
   std::string http_;
   std::deque<clock::time_point> restarts_;
+  std::vector<process_action> faults_;
+  std::size_t next_fault_ = 0;
+  std::optional<clock::time_point> serving_since_;
+  clock::time_point started_ = clock::now();
+  std::ofstream events_;
   std::ostream& err_;
 };
 
@@ -410,6 +513,21 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
       ready_file = tmpl + "/control.ready";
     }
   }
+  // The fault plan: validated against the topology, expanded with the seed, translated.
+  real_fault_plan faults;
+  if (!o.faults_file.empty()) {
+    auto loaded = sim::load_fault_plan(o.faults_file, in->topo);
+    if (!loaded.ok()) {
+      for (const auto& d : loaded.errors)
+        err << d.to_string() << "\n";
+      return 1;
+    }
+    auto timeline = sim::expand(*loaded.value, runtime::rng{o.seed}.split("faults"),
+                                std::chrono::duration_cast<runtime::duration>(o.fault_horizon));
+    faults = plan_real_faults(timeline, in->topo);
+    for (const auto& why : faults.not_executed)
+      err << command << ": warning: fault not executed: " << why << "\n";
+  }
   auto plan = plan_launch(o, prefill, decode, control_addr, ready_file);
   if (o.dry_run) {
     out << "# " << plan.size() << " processes on this host (" << in->topo.source << ")\n";
@@ -421,11 +539,17 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
         out << (i ? " " : "") << shell_quote(p.argv[i]);
       out << "\n";
     }
+    if (!faults.actions.empty())
+      out << "# fault actions (seconds after the cluster serves)\n";
+    for (const auto& a : faults.actions)
+      out << "# " << std::fixed << std::setprecision(1) << runtime::to_seconds(a.at) << " "
+          << to_string(a.kind) << " " << a.process << " (fault " << a.fault << ")\n";
     return 0;
   }
   err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "
       << prefill << " prefill, " << decode << " decode)\n";
-  launcher l(o, std::move(plan), control_addr, listen->first, ready_file, err);
+  launcher l(o, std::move(plan), control_addr, listen->first, ready_file,
+             std::move(faults.actions), err);
   return l.run();
 }
 

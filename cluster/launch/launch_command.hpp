@@ -13,7 +13,9 @@
 // The launcher writes the cluster's state (each process's name, role, pid, restarts and
 // state, and the control's addresses) as JSON to `--state FILE` whenever it changes, and
 // `--dry-run` prints the placement: every process with its command line. SIGTERM or SIGINT
-// stops the cluster: instances first (each drains), then the control process.
+// stops the cluster: instances first (each drains), then the control process. `--faults`
+// executes a simulator fault plan on the processes (real_faults.hpp), and `--events` keeps a
+// JSON-lines log of what happened to each process.
 #pragma once
 
 #include "cluster/serve_command.hpp"
@@ -43,6 +45,16 @@ struct launch_options {
   std::uint32_t max_restarts = 10;
   std::chrono::seconds restart_period{60};
   std::chrono::milliseconds restart_delay{1000};
+  /// A fault plan of the simulator's format, executed on the processes (real_faults.hpp),
+  /// its times counted from the moment the cluster serves; empty: none.
+  std::string faults_file;
+  /// The seed of the plan's expansion (jitter, `*` indices), as `troupe sim --seed`.
+  std::uint64_t seed = 1;
+  /// Periodic faults are expanded up to this long after serving starts.
+  std::chrono::seconds fault_horizon{3600};
+  /// Append one JSON line per event here (process started / exited / restarted, fault action
+  /// carried out), with `t` in seconds since the launch; empty: nowhere.
+  std::string events_file;
 };
 
 /// One process of a launched cluster.

@@ -32,12 +32,12 @@ TOPOLOGY = os.path.join(ROOT, "examples/topologies/local-cpu-3.toml")
 
 
 class Cluster:
-    def __init__(self, model_dir, kv_dir, state_file):
+    def __init__(self, model_dir, kv_dir, state_file, extra=()):
         self.state_file = state_file
         self.proc = subprocess.Popen(
             [troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map", "identity",
-             "--listen", "127.0.0.1:0", "--grace", "3", "--threads", "1", "--kv-dir", kv_dir,
-             "--state", state_file, "--restart-period", "60", "--max-restarts", "5"],
+             "--listen", "127.0.0.1:0", "--grace", "1", "--threads", "1", "--kv-dir", kv_dir,
+             "--state", state_file, "--restart-period", "60", "--max-restarts", "5", *extra],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -123,6 +123,48 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir):
     assert "started" not in out.stderr
 
 
+def test_a_fault_plan_is_executed_on_the_processes(model_dir, tmp_path):
+    # The simulator's plan format, for real: decode/0's GPU fails 1 s after the cluster
+    # serves and comes back 4 s later (SIGKILL, held down, restarted); a surge has no real
+    # counterpart and is reported as not executed.
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[fault]]\nat = "1s"\nkind = "fail"\ngpu = "decode/0/0"\nduration = "4s"\n'
+                    '[[fault]]\nat = "2s"\nkind = "surge"\nfactor = 2\nduration = "1s"\n')
+    events = tmp_path / "events.jsonl"
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"),
+                ["--faults", str(plan), "--events", str(events)])
+    try:
+        first = c.process("decode/0")["pid"]
+        deadline = time.monotonic() + 120
+        seen_down = False
+        while time.monotonic() < deadline:
+            p = c.process("decode/0")
+            seen_down = seen_down or p["state"] == "down"
+            if seen_down and p["state"] == "running" and p["pid"] != first:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("decode/0 did not go down and come back:\n" + "".join(c.log))
+        assert p["restarts"] == 0  # a fault's restart is not a crash
+        body = chat_body("After the fault.", max_tokens=4, temperature=0)
+        r = c.openai().chat.completions.create(**body)
+        assert r.usage.completion_tokens == 4
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0
+    assert any("fault not executed: 2.0s surge" in l for l in c.log)
+    log = [json.loads(l) for l in events.read_text().splitlines()]
+    faults = [(e["action"], e["process"]) for e in log if e["event"] == "fault"]
+    assert faults == [("kill", "decode/0"), ("release", "decode/0")]
+    kill = next(e for e in log if e["event"] == "fault" and e["action"] == "kill")
+    release = next(e for e in log if e["event"] == "fault" and e["action"] == "release")
+    assert 3.5 <= release["t"] - kill["t"] <= 6
+    exits = [e for e in log if e["event"] == "exit" and e["process"] == "decode/0"]
+    assert exits[0]["pid"] == first and exits[0]["status"] == "killed by SIGKILL"
+    starts = [e for e in log if e["event"] == "start" and e["process"] == "decode/0"]
+    assert len(starts) >= 2 and starts[1]["t"] >= release["t"]
+
+
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
     procs = cluster.state()["processes"]
     assert [p["name"] for p in procs] == ["control", "prefill/0", "decode/0", "decode/1"]
@@ -181,3 +223,46 @@ def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, 
     else:
         pytest.fail("decode/0 was not restarted:\n" + "".join(cluster.log))
     assert any("decode/0 (pid %d) killed by SIGKILL" % victim["pid"] in l for l in cluster.log)
+
+
+def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
+    # SIGTERM to a decode process: it leaves its balancer, serves for the grace period (1 s
+    # here), then forwards the requests it still holds; they continue on the other decode
+    # process without a gap or a repeat. (Runs last: decode/1 stays down, exited cleanly.)
+    n, max_tokens = 6, 320
+    bodies = [chat_body(f"Drain {i}: explain graceful shutdown.", max_tokens=max_tokens,
+                        temperature=0) for i in range(n)]
+    wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
+    client = cluster.openai()
+    started = [threading.Event() for _ in range(n)]
+
+    def one(i):
+        text, usage = "", None
+        for chunk in client.chat.completions.create(**bodies[i], stream=True,
+                                                     stream_options={"include_usage": True}):
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
+                if len(text) > 20:
+                    started[i].set()
+        return text, usage
+
+    leaving = cluster.process("decode/1")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        for e in started:
+            assert e.wait(timeout=600)
+        os.kill(leaving["pid"], signal.SIGTERM)
+        results = [f.result(timeout=900) for f in futures]
+    for (text, usage), want in zip(results, wants):
+        assert usage is not None and usage.completion_tokens == max_tokens
+        assert text == want
+    deadline = time.monotonic() + 120
+    while cluster.process("decode/1")["state"] != "exited" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    p = cluster.process("decode/1")
+    assert p["state"] == "exited" and p["restarts"] == leaving["restarts"]
+    forwarded = [l for l in cluster.log if "troupe node[decode/1]: drained;" in l]
+    assert len(forwarded) == 1 and not forwarded[0].startswith(
+        "troupe node[decode/1]: drained; 0 "), "".join(cluster.log)

@@ -1,0 +1,187 @@
+"""Recovery of a launched cluster after a decode process is killed: kill -9 → stream resumed.
+
+One invocation starts `troupe launch examples/topologies/local-cpu-3.toml` (a control
+process, one prefill and two decode processes on CPU devices) on a model directory and, for
+several rounds: opens --streams greedy Chat Completions streams over plain HTTP (max_tokens
+--tokens), waits until every stream has had --warm tokens, kills decode/0 with SIGKILL, and
+records when each stream's next token arrives. A stream that was on decode/0 stalls; its
+request actor reroutes it to decode/1, which recomputes the context (prompt + tokens so far)
+and continues. Figures per round:
+
+  resumed      kill → the first token after the kill on the stalled streams (the longest of
+               them: the round is recovered when its last stalled stream is), and the gap of
+               the other streams (which only share decode/1 with the rerouted ones);
+  rejoined     kill → the restarted decode/0 has joined its balancer again (the launcher's
+               state says running, and the node's "joined" line came), i.e. capacity back.
+
+Every stream must complete with completion_tokens == --tokens, else the run fails. Rounds wait
+for decode/0 to be back before the next kill. It prints min and median over the rounds, with
+the 1-minute load average of each round (a figure taken under load is not a figure), beside
+the published figures of the peers: SGLang's elastic EP reports ~6-7 s to recover from a rank
+failure on GPUs, and DeepSeek describes a restart of an inference instance as taking minutes.
+
+    python3 bench/launch_recovery.py [--troupe build/troupe] [--model DIR] [--rounds 3]
+        [--streams 4] [--tokens 96] [--warm 8] [--threads 1]
+
+Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
+temporary directory. The standard library only.
+"""
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+MODEL_NAME = "deepseek-v4.1-flash"
+
+
+def stream(port, prompt, tokens, arrivals, done):
+    """One greedy SSE stream; appends the arrival time of each text chunk to `arrivals`."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"content-type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+    usage = None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for c in chunk.get("choices", []):
+            d = c.get("delta", {})
+            if d.get("content") or d.get("reasoning_content"):
+                arrivals.append(time.monotonic())
+    done.append(usage)
+
+
+def state(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def proc(st, name):
+    return next(p for p in st["processes"] if p["name"] == name)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--troupe", default=str(REPO / "build" / "troupe"))
+    ap.add_argument("--model")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--warm", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory(prefix="troupe-recovery-")
+    model = a.model
+    if not model:
+        model = os.path.join(tmp.name, "small")
+        subprocess.run([a.troupe, "model", "init", "--preset", "small", "--seed", "1", "--out",
+                        model], check=True, capture_output=True)
+    state_file = os.path.join(tmp.name, "state.json")
+    log = []
+    launcher = subprocess.Popen(
+        [a.troupe, "launch", str(REPO / "examples/topologies/local-cpu-3.toml"), "--model", model,
+         "--engram-map", "identity", "--listen", "127.0.0.1:0", "--threads", str(a.threads),
+         "--grace", "3", "--kv-dir", os.path.join(tmp.name, "kv"), "--state", state_file],
+        stderr=subprocess.PIPE, text=True)
+    threading.Thread(target=lambda: [log.append((time.monotonic(), l)) for l in launcher.stderr],
+                     daemon=True).start()
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if state(state_file).get("http"):
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("troupe launch did not serve:\n" + "".join(l for _, l in log))
+        port = int(state(state_file)["http"].rsplit(":", 1)[1])
+        rows = []
+        for rnd in range(a.rounds):
+            load = os.getloadavg()[0]
+            arrivals = [[] for _ in range(a.streams)]
+            done = []
+            threads = [threading.Thread(target=stream, args=(
+                port, f"Round {rnd}, stream {i}: tell me about supervision.", a.tokens,
+                arrivals[i], done)) for i in range(a.streams)]
+            for t in threads:
+                t.start()
+            while min(len(x) for x in arrivals) < a.warm:
+                time.sleep(0.005)
+            victim = proc(state(state_file), "decode/0")
+            killed = time.monotonic()
+            os.kill(victim["pid"], signal.SIGKILL)
+            for t in threads:
+                t.join(timeout=900)
+            if len(done) != a.streams or any(u is None or u["completion_tokens"] != a.tokens
+                                             for u in done):
+                raise RuntimeError(f"round {rnd}: a stream did not complete: {done}")
+            gaps = []
+            for x in arrivals:
+                after = [t for t in x if t > killed]
+                before = [t for t in x if t <= killed]
+                if after and before:
+                    gaps.append(after[0] - killed)
+            typical = statistics.median(
+                [b - a_ for x in arrivals for a_, b in zip(x, x[1:]) if b <= killed] or [0.0])
+            stalled = [g for g in gaps if g > 5 * max(typical, 0.01)]
+            resumed = max(stalled) if stalled else None
+            # Capacity back: decode/0 restarted and joined again.
+            deadline = time.monotonic() + 300
+            rejoined = None
+            while time.monotonic() < deadline and rejoined is None:
+                for t, l in log:
+                    if t > killed and "troupe node[decode/0]: joined" in l:
+                        rejoined = t - killed
+                time.sleep(0.05)
+            rows.append((resumed, max(g for g in gaps if g not in stalled) if len(stalled) < len(gaps) else None,
+                         rejoined, load, len(stalled)))
+            print(f"round {rnd}: stalled streams {len(stalled)}/{a.streams}, resumed "
+                  f"{resumed if resumed is None else round(resumed, 3)} s, rejoined "
+                  f"{rejoined if rejoined is None else round(rejoined, 3)} s, typical token gap "
+                  f"{typical * 1000:.1f} ms, load {load:.2f}", flush=True)
+            # Let the restarted process settle before the next round.
+            time.sleep(2)
+        res = [r[0] for r in rows if r[0] is not None]
+        rej = [r[2] for r in rows if r[2] is not None]
+        print(f"\nkill -9 of a decode process, {a.streams} streams of {a.tokens} tokens, "
+              f"{len(rows)} rounds (load average {min(r[3] for r in rows):.2f}..{max(r[3] for r in rows):.2f})")
+        if res:
+            print(f"  stream resumed (kill -> next token of a stalled stream): min {min(res):.3f} s, "
+                  f"median {statistics.median(res):.3f} s")
+        if rej:
+            print(f"  decode/0 back in its balancer (kill -> rejoined): min {min(rej):.3f} s, "
+                  f"median {statistics.median(rej):.3f} s")
+        print("  published peers: SGLang elastic EP ~6-7 s (GPU rank failure); DeepSeek: an "
+              "instance restart takes minutes")
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

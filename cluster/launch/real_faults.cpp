@@ -1,0 +1,155 @@
+#include "cluster/launch/real_faults.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+
+namespace troupe::cluster {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// The processes of pool `pool_name`'s instances `instance` (all when empty); nothing for a
+/// pool that does not run as processes.
+std::vector<std::string> pool_processes(const topology& topo, const std::string& pool_name,
+                                        std::optional<std::uint32_t> instance) {
+  auto pool = std::find_if(topo.pools.begin(), topo.pools.end(),
+                           [&](const pool_spec& p) { return p.name == pool_name; });
+  if (pool == topo.pools.end()
+      || (pool->role != pool_role::prefill && pool->role != pool_role::decode))
+    return {};
+  std::vector<std::string> out;
+  for (std::uint32_t i = 0; i < pool->instances.initial; ++i)
+    if (!instance || *instance == i)
+      out.push_back(std::string(to_string(pool->role)) + "/" + std::to_string(i));
+  return out;
+}
+
+std::string describe(const sim::fault& f) {
+  char at[32];
+  std::snprintf(at, sizeof at, "%.1fs", runtime::to_seconds(f.at));
+  return std::string(at) + " " + std::string(sim::to_string(f.kind)) + " "
+         + sim::to_string(f.target);
+}
+
+} // namespace
+
+std::string to_string(process_action_kind k) {
+  switch (k) {
+    case process_action_kind::kill: return "kill";
+    case process_action_kind::release: return "release";
+    case process_action_kind::stop: return "stop";
+    case process_action_kind::resume: return "resume";
+    case process_action_kind::term: return "term";
+  }
+  return "?";
+}
+
+real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo) {
+  real_fault_plan out;
+  for (std::size_t i = 0; i < timeline.size(); ++i) {
+    const auto& f = timeline[i];
+    auto skip = [&](const std::string& why) { out.not_executed.push_back(describe(f) + ": " + why); };
+    // The processes the target names.
+    std::vector<std::string> procs;
+    using sim::target_kind;
+    switch (f.target.kind) {
+      case target_kind::gpu:
+      case target_kind::instance:
+        procs = pool_processes(topo, f.target.place.pool, f.target.place.instance);
+        break;
+      case target_kind::pool:
+        procs = pool_processes(topo, f.target.place.pool, std::nullopt);
+        break;
+      case target_kind::node: {
+        auto node = std::find_if(topo.nodes.begin(), topo.nodes.end(),
+                                 [&](const node_spec& n) { return n.name == f.target.node; });
+        if (node != topo.nodes.end())
+          for (const auto& pool : topo.pools)
+            if (std::find(node->roles.begin(), node->roles.end(), pool.role) != node->roles.end())
+              for (auto& p : pool_processes(topo, pool.name, std::nullopt))
+                procs.push_back(std::move(p));
+        break;
+      }
+      case target_kind::shard:
+      case target_kind::link:
+      case target_kind::none:
+        break;
+    }
+    auto act = [&](runtime::duration at, process_action_kind k) {
+      for (const auto& p : procs)
+        out.actions.push_back(process_action{at, k, p, i});
+    };
+    switch (f.kind) {
+      case sim::fault_kind::fail:
+        if (procs.empty()) {
+          skip("no process of a launched cluster is its target");
+          break;
+        }
+        act(f.at, process_action_kind::kill);
+        // Down for its duration; without one, a failed gpu or node stays down until a
+        // `recover`, a failed instance or pool is restarted as its supervisor would.
+        if (f.duration)
+          act(f.at + *f.duration, process_action_kind::release);
+        else if (f.target.kind == target_kind::instance || f.target.kind == target_kind::pool)
+          act(f.at, process_action_kind::release);
+        break;
+      case sim::fault_kind::recover:
+        if (procs.empty()) {
+          skip("no process of a launched cluster is its target");
+          break;
+        }
+        act(f.at, process_action_kind::release);
+        break;
+      case sim::fault_kind::partition:
+        if (procs.empty()) {
+          skip(f.target.kind == target_kind::link
+                 ? "link partitions are not executed yet (processes share this host's loopback)"
+                 : "no process of a launched cluster is its target");
+          break;
+        }
+        act(f.at, process_action_kind::stop);
+        act(f.at + f.duration.value_or(runtime::duration{0}), process_action_kind::resume);
+        break;
+      case sim::fault_kind::slow: {
+        if (procs.empty() || f.factor <= 1) {
+          skip(procs.empty() ? "link slowdowns are not executed yet"
+                             : "a factor of at most 1 slows nothing");
+          break;
+        }
+        // Duty cycle: of each 200 ms period, stopped for 1 − 1/factor of it.
+        const runtime::duration period = std::chrono::duration_cast<runtime::duration>(200ms);
+        auto stopped = std::chrono::duration_cast<runtime::duration>(
+          period * (1.0 - 1.0 / f.factor));
+        auto end = f.at + f.duration.value_or(runtime::duration{0});
+        for (auto t = f.at; t < end; t += period) {
+          act(t, process_action_kind::stop);
+          act(std::min(t + stopped, end), process_action_kind::resume);
+        }
+        break;
+      }
+      case sim::fault_kind::drain:
+        if (procs.empty()) {
+          skip("no process of a launched cluster is its target");
+          break;
+        }
+        act(f.at, process_action_kind::term);
+        break;
+      case sim::fault_kind::surge:
+        skip("traffic comes from the clients of a real cluster");
+        break;
+      case sim::fault_kind::store_fail:
+      case sim::fault_kind::store_slow:
+        skip("every process opens the block store's directory itself: store faults are not "
+             "executed yet");
+        break;
+    }
+  }
+  std::stable_sort(out.actions.begin(), out.actions.end(),
+                   [](const process_action& a, const process_action& b) { return a.at < b.at; });
+  return out;
+}
+
+} // namespace troupe::cluster

@@ -1,0 +1,61 @@
+// real_faults: a simulator fault plan turned into actions on a launched cluster's processes.
+//
+// `troupe sim --faults plan.toml` injects a plan's faults into the simulated graph; `troupe
+// launch --faults plan.toml` executes the same plan (same format, same seeded expansion) on
+// real processes, so that what the swarm proves in virtual time can be tried on a real
+// cluster. This file is the translation, a pure function so that it can be tested without
+// processes; the launcher (launch_command.cpp) carries the actions out at their times,
+// counted from the moment the cluster serves.
+//
+// | plan fault | on the target's processes |
+// |---|---|
+// | fail (gpu, instance, pool, node) | SIGKILL; with a `duration`, down until it ends; without, a gpu or node stays down until a `recover`, an instance or pool is restarted by the launcher at once |
+// | recover | restarted at once (if held down by a fail) |
+// | partition (instance, pool, node) | SIGSTOP for the duration, then SIGCONT: alive but unreachable |
+// | slow by factor f | SIGSTOP/SIGCONT duty cycle of 200 ms periods, stopped 1 − 1/f of each |
+// | drain (decode) | SIGTERM: the process drains with its --grace (the plan's grace is not used) |
+//
+// A gpu target is its instance (one device per instance process). Every [[node]] is this
+// host, so a node target is every instance process of the pools whose role the node lists.
+// Store faults, links and surges have no real counterpart yet: they are returned as not
+// executed, with the reason.
+#pragma once
+
+#include "cluster/sim/fault_plan.hpp"
+#include "cluster/topology.hpp"
+#include "runtime/time.hpp"
+
+#include <string>
+#include <vector>
+
+namespace troupe::cluster {
+
+enum class process_action_kind {
+  kill,     ///< SIGKILL, and hold the process down (no restart) until a `release`
+  release,  ///< restart the process if it is held down
+  stop,     ///< SIGSTOP
+  resume,   ///< SIGCONT
+  term,     ///< SIGTERM (the process drains and exits)
+};
+
+std::string to_string(process_action_kind k);
+
+struct process_action {
+  runtime::duration at{0};  ///< since the cluster started serving
+  process_action_kind kind = process_action_kind::kill;
+  std::string process;      ///< "decode/0", "prefill/1"...
+  std::size_t fault = 0;    ///< index of the fault in the timeline
+};
+
+struct real_fault_plan {
+  /// Ordered by time, then fault, then process (stable).
+  std::vector<process_action> actions;
+  /// "<at> <kind> <target>: <why>" for each fault with no real counterpart.
+  std::vector<std::string> not_executed;
+};
+
+/// The actions that carry out `timeline` (sim::expand's) on the processes of `topo` as
+/// `troupe launch` runs it (pool "prefill" instance i is process "prefill/i").
+real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo);
+
+} // namespace troupe::cluster

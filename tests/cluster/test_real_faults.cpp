@@ -1,0 +1,126 @@
+// Tests of cluster/launch/real_faults: a simulator fault plan turned into actions on the
+// processes of a launched cluster.
+#include "cluster/launch/real_faults.hpp"
+
+#include "runtime/random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::cluster;
+
+namespace {
+
+const std::filesystem::path source_dir{TROUPE_SOURCE_DIR};
+
+const topology& local3() {
+  static const topology t = [] {
+    auto r = load_topology(source_dir / "examples" / "topologies" / "local-cpu-3.toml");
+    REQUIRE(r.ok());
+    return *r.value;
+  }();
+  return t;
+}
+
+real_fault_plan translate(const std::string& plan_text) {
+  auto plan = sim::parse_fault_plan(plan_text, "plan.toml", local3());
+  REQUIRE_MESSAGE(plan.ok(), (plan.errors.empty() ? "" : plan.errors.front().to_string()));
+  auto timeline = sim::expand(*plan.value, runtime::rng{1}.split("faults"), 1h);
+  return plan_real_faults(timeline, local3());
+}
+
+runtime::duration secs(double s) {
+  return std::chrono::duration_cast<runtime::duration>(std::chrono::duration<double>(s));
+}
+
+} // namespace
+
+TEST_CASE("a gpu failure kills its instance's process and holds it down for the duration") {
+  auto r = translate("[[fault]]\nat = \"5s\"\nkind = \"fail\"\ngpu = \"decode/1/0\"\n"
+                     "duration = \"20s\"\n");
+  REQUIRE(r.actions.size() == 2);
+  CHECK(r.actions[0].kind == process_action_kind::kill);
+  CHECK(r.actions[0].process == "decode/1");
+  CHECK(r.actions[0].at == secs(5));
+  CHECK(r.actions[1].kind == process_action_kind::release);
+  CHECK(r.actions[1].at == secs(25));
+  CHECK(r.not_executed.empty());
+}
+
+TEST_CASE("a gpu failure without a duration lasts until its recover") {
+  auto r = translate("[[fault]]\nat = \"5s\"\nkind = \"fail\"\ngpu = \"decode/0/0\"\n"
+                     "[[fault]]\nat = \"40s\"\nkind = \"recover\"\ngpu = \"decode/0/0\"\n");
+  REQUIRE(r.actions.size() == 2);
+  CHECK(r.actions[0].kind == process_action_kind::kill);
+  CHECK(r.actions[1].kind == process_action_kind::release);
+  CHECK(r.actions[1].at == secs(40));
+  CHECK(r.actions[1].fault == 1);
+}
+
+TEST_CASE("an instance failure is restarted at once, as its supervisor would") {
+  auto r = translate("[[fault]]\nat = \"3s\"\nkind = \"fail\"\ninstance = \"prefill/0\"\n");
+  REQUIRE(r.actions.size() == 2);
+  CHECK(r.actions[0].kind == process_action_kind::kill);
+  CHECK(r.actions[1].kind == process_action_kind::release);
+  CHECK(r.actions[1].at == r.actions[0].at);
+  CHECK(r.actions[0].process == "prefill/0");
+}
+
+TEST_CASE("a pool target covers every instance process of the pool") {
+  auto r = translate("[[fault]]\nat = \"1s\"\nkind = \"partition\"\npool = \"decode\"\n"
+                     "duration = \"2s\"\n");
+  REQUIRE(r.actions.size() == 4);
+  CHECK(r.actions[0].kind == process_action_kind::stop);
+  CHECK(r.actions[1].kind == process_action_kind::stop);
+  CHECK(r.actions[0].process == "decode/0");
+  CHECK(r.actions[1].process == "decode/1");
+  CHECK(r.actions[2].kind == process_action_kind::resume);
+  CHECK(r.actions[2].at == secs(3));
+}
+
+TEST_CASE("a slowdown is a stop / resume duty cycle that stops 1 - 1/factor of the time") {
+  auto r = translate("[[fault]]\nat = \"10s\"\nkind = \"slow\"\ninstance = \"decode/0\"\n"
+                     "factor = 4\nduration = \"1s\"\n");
+  // Five 200 ms periods, each stopped for 150 ms.
+  REQUIRE(r.actions.size() == 10);
+  runtime::duration stopped{0};
+  for (std::size_t i = 0; i < r.actions.size(); i += 2) {
+    CHECK(r.actions[i].kind == process_action_kind::stop);
+    CHECK(r.actions[i + 1].kind == process_action_kind::resume);
+    stopped += r.actions[i + 1].at - r.actions[i].at;
+  }
+  CHECK(runtime::to_seconds(stopped) == doctest::Approx(0.75).epsilon(1e-6));
+  CHECK(r.actions.back().at <= secs(11));
+}
+
+TEST_CASE("a decode drain is a SIGTERM to its process") {
+  auto r = translate("[[fault]]\nat = \"7s\"\nkind = \"drain\"\ninstance = \"decode/1\"\n");
+  REQUIRE(r.actions.size() == 1);
+  CHECK(r.actions[0].kind == process_action_kind::term);
+  CHECK(r.actions[0].process == "decode/1");
+}
+
+TEST_CASE("faults without a real counterpart are listed as not executed, with the reason") {
+  auto r = translate("[[fault]]\nat = \"1s\"\nkind = \"surge\"\nfactor = 2\nduration = \"5s\"\n"
+                     "[[fault]]\nat = \"2s\"\nkind = \"store_fail\"\nshard = 0\n");
+  CHECK(r.actions.empty());
+  REQUIRE(r.not_executed.size() == 2);
+  CHECK(r.not_executed[0].find("surge") != std::string::npos);
+  CHECK(r.not_executed[1].find("store_fail") != std::string::npos);
+  CHECK(r.not_executed[1].find("store faults are not executed") != std::string::npos);
+}
+
+TEST_CASE("actions come out in time order across faults") {
+  auto r = translate("[[fault]]\nat = \"9s\"\nkind = \"drain\"\ninstance = \"decode/0\"\n"
+                     "[[fault]]\nat = \"2s\"\nkind = \"fail\"\ngpu = \"prefill/0/0\"\n"
+                     "duration = \"3s\"\n");
+  REQUIRE(r.actions.size() == 3);
+  CHECK(r.actions[0].at == secs(2));
+  CHECK(r.actions[1].at == secs(5));
+  CHECK(r.actions[2].at == secs(9));
+}
