@@ -1,6 +1,7 @@
 // troupe: the command-line interface of the troupe serving runtime.
 #include "cluster/recipe_cli.hpp"
 #include "cluster/launch/launch_command.hpp"
+#include "cluster/launch/node_agent.hpp"
 #include "cluster/launch/node_command.hpp"
 #include "cluster/serve_command.hpp"
 #include "cluster/sim/capacity.hpp"
@@ -451,6 +452,9 @@ int main(int argc, char** argv) {
                      "execute a fault plan (troupe sim's format) on the processes, timed from "
                      "when the cluster serves");
   launch->add_option("--seed", launch_opts.seed, "seed of the fault plan's expansion (default 1)");
+  launch->add_option("--hosts", launch_opts.hosts_file,
+                     "place the processes on the hosts of this file, each running `troupe agent` "
+                     "(docs/launch.md)");
   launch->add_option("--events", launch_opts.events_file,
                      "append a JSON line per process event and fault action to this file");
   long restart_period_s = 60;
@@ -461,6 +465,14 @@ int main(int argc, char** argv) {
     launch_opts.restart_period = std::chrono::seconds(restart_period_s);
     rc = troupe::cluster::run_launch_command(launch_opts, std::cout, std::cerr);
   });
+
+  // troupe agent: starts a launched cluster's processes on its host (cluster/launch/node_agent.hpp).
+  std::string agent_listen, agent_name;
+  auto* agent = app.add_subcommand(
+    "agent", "start and watch a launched cluster's processes on this host, for troupe launch --hosts");
+  agent->add_option("--listen", agent_listen, "HOST:PORT to listen on for the launcher")->required();
+  agent->add_option("--name", agent_name, "this host's name in exit notices (default: HOST)");
+  agent->callback([&] { rc = troupe::cluster::run_agent_command(agent_listen, agent_name, std::cerr); });
 
   // troupe node: one process of a launched cluster (cluster/launch/node_command.hpp).
   troupe::cluster::node_options node_opts;

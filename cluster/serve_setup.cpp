@@ -12,7 +12,9 @@
 
 #include <xxhash.h>
 
+#include <chrono>
 #include <csignal>
+#include <ctime>
 #include <pthread.h>
 
 namespace troupe::cluster {
@@ -211,6 +213,7 @@ std::string warm_up(caf::actor_system& sys, const actors::generation_service& se
 }
 
 namespace {
+
 sigset_t stop_signals() {
   sigset_t signals;
   sigemptyset(&signals);
@@ -218,18 +221,47 @@ sigset_t stop_signals() {
   sigaddset(&signals, SIGINT);
   return signals;
 }
+
+/// A stop signal taken by a handler instead of sigtimedwait (one that reached a thread not
+/// blocking it: a library's thread started before block_stop_signals).
+volatile std::sig_atomic_t caught_signal = 0;
+
+extern "C" void note_stop_signal(int sig) { caught_signal = sig; }
+
 } // namespace
 
 void block_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = note_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
   auto signals = stop_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
-int wait_for_stop_signal() {
+int poll_stop_signal(std::chrono::milliseconds timeout) {
+  if (int sig = caught_signal; sig != 0) {
+    caught_signal = 0;
+    return sig;
+  }
   auto signals = stop_signals();
-  int sig = 0;
-  sigwait(&signals, &sig);
-  return sig;
+  timespec ts{static_cast<time_t>(timeout.count() / 1000),
+              static_cast<long>(timeout.count() % 1000) * 1000000L};
+  int sig = sigtimedwait(&signals, nullptr, &ts);
+  if (sig > 0)
+    return sig;
+  if (int caught = caught_signal; caught != 0) {
+    caught_signal = 0;
+    return caught;
+  }
+  return 0;
+}
+
+int wait_for_stop_signal() {
+  for (;;)
+    if (int sig = poll_stop_signal(std::chrono::milliseconds(500)); sig != 0)
+      return sig;
 }
 
 } // namespace troupe::cluster

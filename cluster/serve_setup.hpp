@@ -18,6 +18,7 @@
 #include "runtime/metrics.hpp"
 #include "runtime/world.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -76,8 +77,14 @@ std::string warm_up(caf::actor_system& sys, const actors::generation_service& se
                     caf::timespan timeout);
 
 /// Blocks SIGTERM and SIGINT in this thread and every thread it starts later (call before
-/// the actor system starts), so that wait_for_stop_signal alone receives them.
+/// the actor system starts), so that poll_stop_signal / wait_for_stop_signal take them; and
+/// installs a handler that notes one reaching a thread that does not block it (a library's
+/// thread started earlier), instead of the default action ending the process.
 void block_stop_signals();
+
+/// Waits up to `timeout` for SIGTERM or SIGINT (block_stop_signals first); returns the
+/// signal, or 0 when none came.
+int poll_stop_signal(std::chrono::milliseconds timeout);
 
 /// Waits for SIGTERM or SIGINT (block_stop_signals first); returns the signal.
 int wait_for_stop_signal();

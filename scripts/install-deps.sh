@@ -16,6 +16,7 @@ packages=(
   libopenblas-dev            # kernels: the CPU model's GEMMs
   libboost-dev               # the HTTP entrypoint: Boost.Beast and Boost.Asio (headers)
   doctest-dev                # tests
+  iproute2 curl              # tests: troupe launch across network-namespace hosts
   python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv
   python3-dev                # the Python package's extension module (pip install ., docs/python.md)
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)

@@ -1,4 +1,5 @@
 #include "cluster/launch/control_directory.hpp"
+#include "cluster/launch/node_agent.hpp"
 
 #include "actors/lb/lb_protocol.hpp"
 
@@ -42,6 +43,7 @@ caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb) {
 
 void register_launch_types(caf::actor_system_config& cfg) {
   cfg.add_message_types<caf::id_block::troupe_launch>();
+  cfg.add_message_types<caf::id_block::troupe_launch_agent>();
 }
 
 } // namespace troupe::cluster

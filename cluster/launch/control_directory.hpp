@@ -42,7 +42,7 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
 /// (an invalid handle before the first). The engine's process needs that handle to drain it.
 caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb);
 
-/// Registers the message types of cluster/launch (the block below) with `cfg`.
+/// Registers the message types of cluster/launch (the block below and node_agent.hpp's).
 void register_launch_types(caf::actor_system_config& cfg);
 
 } // namespace troupe::cluster

@@ -1,10 +1,17 @@
 #include "cluster/launch/launch_command.hpp"
 
+#include "cluster/launch/node_agent.hpp"
 #include "cluster/launch/real_faults.hpp"
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/fault_plan.hpp"
 
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
 #include <nlohmann/json.hpp>
+#include <toml++/toml.h>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -21,9 +28,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 namespace troupe::cluster {
 
@@ -82,7 +91,9 @@ std::string describe_status(int status) {
 
 struct process_state {
   launch_process spec;
-  pid_t pid = 0;
+  /// The host (its agent) the process runs on, and its pid there (0: not running).
+  std::string host;
+  std::int32_t pid = 0;
   std::uint32_t restarts = 0;
   /// starting | running | restarting | stopped | down | exited | failed
   std::string state = "starting";
@@ -93,37 +104,52 @@ struct process_state {
 
 class launcher {
 public:
-  launcher(const launch_options& o, std::vector<launch_process> plan, std::string control,
+  launcher(caf::actor_system& sys, std::map<std::string, caf::actor> agents,
+           const launch_options& o, std::vector<launch_process> plan, std::string control,
            std::string listen_host, std::string ready_file, std::vector<process_action> faults,
            std::ostream& err)
-    : o_(o), control_(std::move(control)), listen_host_(std::move(listen_host)),
-      ready_file_(std::move(ready_file)), faults_(std::move(faults)), err_(err) {
+    : self_(sys), agents_(std::move(agents)), o_(o), control_(std::move(control)),
+      listen_host_(std::move(listen_host)), ready_file_(std::move(ready_file)),
+      faults_(std::move(faults)), err_(err) {
+    for (auto& [host, agent] : agents_)
+      self_->monitor(agent);
     if (!o_.events_file.empty())
       events_.open(o_.events_file, std::ios::app);
     for (auto& p : plan) {
       process_state st;
+      st.host = p.host;
       st.spec = std::move(p);
       procs_.push_back(std::move(st));
     }
   }
 
   int run() {
-    sigset_t signals = handled_signals();
-    sigprocmask(SIG_BLOCK, &signals, nullptr);
     for (auto& p : procs_)
       if (!start(p))
         return stop_all(1);
     write_state();
     for (;;) {
-      timespec ts{0, next_wait().count() * 1000000L};
-      int sig = sigtimedwait(&signals, nullptr, &ts);
+      std::optional<agent_exit> exited;
+      std::optional<std::string> lost;
+      self_->receive([&](agent_exit& e) { exited = std::move(e); },
+                     [&](caf::down_msg& d) { lost = host_of(d.source); },
+                     caf::after(next_wait()) >> [] {});
+      int sig = poll_stop_signal(std::chrono::milliseconds(0));
       if (sig == SIGTERM || sig == SIGINT) {
         err_ << "troupe launch: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
              << ": stopping the cluster (instances drain first)\n";
         return stop_all(0);
       }
-      if (int status = reap(); status >= 0)
-        return stop_all(status);
+      if (lost) {
+        err_ << "troupe launch: lost the agent of host " << *lost << "; stopping the cluster\n";
+        for (auto& p : procs_)
+          if (p.host == *lost)
+            p.pid = 0, p.state = "failed";
+        return stop_all(1);
+      }
+      if (exited)
+        if (int status = on_exit(*exited); status >= 0)
+          return stop_all(status);
       for (auto& p : procs_)
         if (p.restart_at && clock::now() >= *p.restart_at) {
           p.restart_at.reset();
@@ -137,15 +163,6 @@ public:
   }
 
 private:
-  static sigset_t handled_signals() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGCHLD);
-    sigaddset(&s, SIGTERM);
-    sigaddset(&s, SIGINT);
-    return s;
-  }
-
   /// How long the loop may sleep: 200 ms, less when a fault action is due sooner.
   std::chrono::milliseconds next_wait() const {
     std::chrono::milliseconds wait = 200ms;
@@ -183,8 +200,7 @@ private:
         case process_action_kind::kill:
           p.held = true;
           p.restart_at.reset();
-          if (p.pid != 0)
-            kill(p.pid, SIGKILL);
+          signal(p, SIGKILL);
           break;
         case process_action_kind::release:
           if (p.held) {
@@ -194,16 +210,19 @@ private:
           }
           break;
         case process_action_kind::stop:
-          if (p.pid != 0 && kill(p.pid, SIGSTOP) == 0)
+          if (p.pid != 0) {
+            signal(p, SIGSTOP);
             p.state = "stopped";
+          }
           break;
         case process_action_kind::resume:
-          if (p.pid != 0 && kill(p.pid, SIGCONT) == 0)
+          if (p.pid != 0) {
+            signal(p, SIGCONT);
             p.state = "running";
+          }
           break;
         case process_action_kind::term:
-          if (p.pid != 0)
-            kill(p.pid, SIGTERM);
+          signal(p, SIGTERM);
           break;
       }
       // The duty cycle of a slowdown is too chatty for the terminal; the log has it all.
@@ -217,46 +236,51 @@ private:
       write_state();
   }
 
+  std::string host_of(const caf::actor_addr& a) const {
+    for (const auto& [host, agent] : agents_)
+      if (agent.address() == a)
+        return host;
+    return "?";
+  }
+
+  /// Sends `sig` to the process (through its host's agent) if it runs.
+  void signal(const process_state& p, int sig) {
+    if (p.pid != 0)
+      caf::anon_send(agents_.at(p.host), agent_signal{p.pid, sig});
+  }
+
   bool start(process_state& p) {
     if (p.spec.role == "control")
       fs::remove(ready_file_);
-    std::vector<char*> argv;
-    for (auto& a : p.spec.argv)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = fork();
-    if (pid < 0) {
-      err_ << "troupe launch: cannot start " << p.spec.name << ": " << std::strerror(errno)
-           << "\n";
+    bool ok = false;
+    self_->request(agents_.at(p.host), std::chrono::seconds(30), agent_spawn{p.spec.argv})
+      .receive(
+        [&](std::int32_t pid) {
+          p.pid = pid;
+          ok = true;
+        },
+        [&](const caf::error& e) {
+          err_ << "troupe launch: cannot start " << p.spec.name << " on " << p.host << ": "
+               << self_->system().render(e) << "\n";
+        });
+    if (!ok)
       return false;
-    }
-    if (pid == 0) {
-      // The child: its own process group (a terminal's Ctrl-C reaches the launcher, which
-      // stops the cluster in order), default signal mask, then the node.
-      setpgid(0, 0);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      execv(argv[0], argv.data());
-      std::fprintf(stderr, "troupe launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
-      _exit(127);
-    }
-    p.pid = pid;
     p.state = "running";
-    err_ << "troupe launch: started " << p.spec.name << " (pid " << pid << ")\n";
+    err_ << "troupe launch: started " << p.spec.name << " (pid " << p.pid
+         << (agents_.size() > 1 ? " on " + p.host : std::string{}) << ")\n";
     event("start", p, {{"restarts", p.restarts}});
     return true;
   }
 
-  /// Reaps exited children and decides: restart, stop the cluster (returns its exit status),
-  /// or nothing (-1).
-  int reap() {
-    int status = 0;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-      auto* p = find(pid);
+  /// A process ended: decides whether to restart it, stop the cluster (returns its exit
+  /// status), or nothing (-1).
+  int on_exit(const agent_exit& e) {
+    int status = e.status;
+    auto pid = e.pid;
+    {
+      auto* p = find(e.host, pid);
       if (p == nullptr)
-        continue;
+        return -1;
       bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       event("exit", *p, {{"status", describe_status(status)}});
       p->pid = 0;
@@ -267,7 +291,7 @@ private:
         p->state = "down";
         err_ << "; down until the fault ends\n";
         write_state();
-        continue;
+        return -1;
       }
       if (clean) {
         p->state = "exited";
@@ -277,7 +301,7 @@ private:
           err_ << "troupe launch: the control process ended; stopping the cluster\n";
           return 0;
         }
-        continue;
+        return -1;
       }
       // Restart intensity over every process, as a one_for_one supervisor counts it.
       auto now = clock::now();
@@ -301,9 +325,9 @@ private:
     return -1;
   }
 
-  process_state* find(pid_t pid) {
+  process_state* find(const std::string& host, std::int32_t pid) {
     for (auto& p : procs_)
-      if (p.pid == pid)
+      if (p.pid == pid && p.host == host)
         return &p;
     return nullptr;
   }
@@ -336,6 +360,7 @@ private:
       procs.push_back({{"name", p.spec.name},
                        {"role", p.spec.role},
                        {"index", p.spec.index},
+                       {"host", p.host},
                        {"pid", p.pid},
                        {"restarts", p.restarts},
                        {"state", p.state}});
@@ -361,18 +386,23 @@ private:
       return false;
     };
     while (alive() && clock::now() < deadline) {
-      int status = 0;
-      pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid > 0) {
-        if (auto* p = find(pid)) {
-          err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
-               << describe_status(status) << "\n";
-          p->pid = 0;
-          p->state = "exited";
-        }
-        continue;
-      }
-      usleep(50 * 1000);
+      self_->receive(
+        [&](agent_exit& e) {
+          if (auto* p = find(e.host, e.pid)) {
+            err_ << "troupe launch: " << p->spec.name << " (pid " << e.pid << ") "
+                 << describe_status(e.status) << "\n";
+            event("exit", *p, {{"status", describe_status(e.status)}});
+            p->pid = 0;
+            p->state = "exited";
+          }
+        },
+        [&](caf::down_msg& d) {
+          auto host = host_of(d.source);
+          for (auto* p : group)
+            if (p->host == host)
+              p->pid = 0;
+        },
+        caf::after(std::chrono::milliseconds(50)) >> [] {});
     }
   }
 
@@ -381,22 +411,21 @@ private:
   int stop_all(int status) {
     for (auto& p : procs_) {
       p.restart_at.reset();
-      if (p.pid != 0 && p.state == "stopped")
-        kill(p.pid, SIGCONT);  // a stopped process cannot drain
+      if (p.state == "stopped")
+        signal(p, SIGCONT);  // a stopped process cannot drain
     }
     std::vector<process_state*> instances, control;
     for (auto& p : procs_)
       (p.spec.role == "control" ? control : instances).push_back(&p);
     for (auto* group : {&instances, &control}) {
       for (auto* p : *group)
-        if (p->pid != 0)
-          kill(p->pid, SIGTERM);
+        signal(*p, SIGTERM);
       wait_for(*group, clock::now() + o_.serve.grace + 60s);
       for (auto* p : *group)
         if (p->pid != 0) {
           err_ << "troupe launch: " << p->spec.name << " (pid " << p->pid
                << ") did not stop; killing it\n";
-          kill(p->pid, SIGKILL);
+          signal(*p, SIGKILL);
         }
       wait_for(*group, clock::now() + 10s);
     }
@@ -405,6 +434,8 @@ private:
     return status;
   }
 
+  caf::scoped_actor self_;
+  std::map<std::string, caf::actor> agents_;
   const launch_options& o_;
   std::vector<process_state> procs_;
   std::string control_;
@@ -422,9 +453,78 @@ private:
 
 } // namespace
 
+std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std::ostream& err) {
+  std::vector<launch_host> hosts;
+  std::vector<std::string> problems;
+  try {
+    auto root = toml::parse_file(file);
+    auto* arr = root["host"].as_array();
+    if (arr == nullptr || arr->empty())
+      problems.push_back("no [[host]] entries");
+    for (const auto& key_value : root)
+      if (key_value.first.str() != "host")
+        problems.push_back("unknown key '" + std::string(key_value.first.str()) + "'");
+    if (arr != nullptr)
+      for (std::size_t i = 0; i < arr->size(); ++i) {
+        auto* t = arr->get(i)->as_table();
+        auto where = "host " + std::to_string(i + 1);
+        if (t == nullptr) {
+          problems.push_back(where + ": not a table");
+          continue;
+        }
+        launch_host h;
+        h.name = (*t)["name"].value_or(std::string{});
+        h.agent = (*t)["agent"].value_or(std::string{});
+        if (h.name.empty())
+          problems.push_back(where + ": name is missing");
+        if (!parse_host_port(h.agent) || parse_host_port(h.agent)->second == 0)
+          problems.push_back(where + ": agent '" + h.agent + "': expected HOST:PORT");
+        if (auto* roles = (*t)["roles"].as_array())
+          for (const auto& r : *roles) {
+            auto role = r.value_or(std::string{});
+            if (role != "control" && role != "prefill" && role != "decode")
+              problems.push_back(where + ": role '" + role + "': expected control, prefill or decode");
+            h.roles.push_back(role);
+          }
+        else
+          problems.push_back(where + ": roles is missing (a list of control, prefill, decode)");
+        for (const auto& [k, v] : *t)
+          if (k.str() != "name" && k.str() != "agent" && k.str() != "roles")
+            problems.push_back(where + ": unknown key '" + std::string(k.str()) + "'");
+        for (const auto& other : hosts)
+          if (other.name == h.name)
+            problems.push_back(where + ": name '" + h.name + "' is used twice");
+        hosts.push_back(std::move(h));
+      }
+    for (const char* role : {"control", "prefill", "decode"})
+      if (std::none_of(hosts.begin(), hosts.end(), [&](const launch_host& h) {
+            return std::find(h.roles.begin(), h.roles.end(), role) != h.roles.end();
+          }))
+        problems.push_back(std::string("no host takes the ") + role + " role");
+  } catch (const toml::parse_error& e) {
+    problems.push_back(std::string(e.description()));
+  }
+  if (problems.empty())
+    return hosts;
+  for (const auto& p : problems)
+    err << file << ": " << p << "\n";
+  return std::nullopt;
+}
+
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
                                         std::uint32_t decode, const std::string& control,
-                                        const std::string& ready_file) {
+                                        const std::string& ready_file,
+                                        const std::vector<launch_host>& hosts) {
+  // The hosts each role may run on, and the next one to take an instance.
+  auto takers = [&](const std::string& role) {
+    std::vector<std::string> out;
+    for (const auto& h : hosts)
+      if (std::find(h.roles.begin(), h.roles.end(), role) != h.roles.end())
+        out.push_back(h.name);
+    if (out.empty())
+      out.push_back("local");
+    return out;
+  };
   const auto& s = o.serve;
   auto exe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
   // What every node takes alike.
@@ -447,7 +547,8 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   std::vector<launch_process> plan;
   auto node = [&](std::string name, std::string role, std::uint32_t index,
                   std::vector<std::string> extra) {
-    launch_process p{std::move(name), std::move(role), index,
+    auto on = takers(role);
+    launch_process p{std::move(name), on[index % on.size()], std::move(role), index,
                      {exe, "node", s.topology, "--role"}};
     p.argv.push_back(p.role);
     if (p.role != "control") {
@@ -491,6 +592,20 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     return fail("--control '" + o.control + "': expected HOST:PORT, e.g. 127.0.0.1:7000");
   if (!o.serve.api_keys_file.empty() && !load_api_keys_option(o.serve, command, err))
     return 1;
+  std::vector<launch_host> hosts;
+  if (!o.hosts_file.empty()) {
+    auto loaded = load_hosts(o.hosts_file, err);
+    if (!loaded)
+      return 1;
+    hosts = std::move(*loaded);
+    // The control process listens on its host's address; its port cannot be probed there.
+    auto host = std::find_if(hosts.begin(), hosts.end(), [](const launch_host& h) {
+      return std::find(h.roles.begin(), h.roles.end(), "control") != h.roles.end();
+    });
+    control->first = parse_host_port(host->agent)->first;
+    if (control->second == 0)
+      control->second = 7100;
+  }
   if (control->second == 0 && !o.dry_run) {
     auto port = free_port(control->first);
     if (!port)
@@ -528,13 +643,16 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     for (const auto& why : faults.not_executed)
       err << command << ": warning: fault not executed: " << why << "\n";
   }
-  auto plan = plan_launch(o, prefill, decode, control_addr, ready_file);
+  auto plan = plan_launch(o, prefill, decode, control_addr, ready_file, hosts);
   if (o.dry_run) {
-    out << "# " << plan.size() << " processes on this host (" << in->topo.source << ")\n";
-    out << std::left << std::setw(12) << "# process" << std::setw(10) << "role"
-        << "command\n";
+    out << "# " << plan.size() << " processes on "
+        << (hosts.empty() ? std::string("this host") : std::to_string(hosts.size()) + " hosts")
+        << " (" << in->topo.source << ")\n";
+    out << std::left << std::setw(12) << "# process" << std::setw(10) << "host"
+        << std::setw(10) << "role" << "command\n";
     for (const auto& p : plan) {
-      out << std::left << std::setw(12) << p.name << std::setw(10) << p.role;
+      out << std::left << std::setw(12) << p.name << std::setw(10) << p.host << std::setw(10)
+          << p.role;
       for (std::size_t i = 0; i < p.argv.size(); ++i)
         out << (i ? " " : "") << shell_quote(p.argv[i]);
       out << "\n";
@@ -548,9 +666,42 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   }
   err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "
       << prefill << " prefill, " << decode << " decode)\n";
-  launcher l(o, std::move(plan), control_addr, listen->first, ready_file,
-             std::move(faults.actions), err);
-  return l.run();
+
+  // The agents that start the processes: one in this process, or each host's `troupe agent`.
+  block_stop_signals();
+  runtime::world w{real_world_options(true)};
+  auto& sys = w.system();
+  std::map<std::string, caf::actor> agents;
+  caf::actor local;
+  if (hosts.empty()) {
+    local = spawn_node_agent(sys, "local");
+    agents["local"] = local;
+  }
+  for (const auto& h : hosts) {
+    auto addr = parse_host_port(h.agent);
+    auto deadline = clock::now() + 30s;
+    for (;;) {
+      auto a = sys.middleman().remote_actor(addr->first, addr->second);
+      if (a) {
+        agents[h.name] = *a;
+        break;
+      }
+      if (clock::now() >= deadline)
+        return fail("cannot reach the agent of host " + h.name + " at " + h.agent + ": "
+                    + sys.render(a.error()) + " (is `troupe agent --listen " + h.agent
+                    + "` running there?)");
+      std::this_thread::sleep_for(500ms);
+    }
+  }
+  int status = 0;
+  {
+    launcher l(sys, agents, o, std::move(plan), control_addr, listen->first, ready_file,
+               std::move(faults.actions), err);
+    status = l.run();
+  }
+  if (local)
+    caf::anon_send_exit(local, caf::exit_reason::user_shutdown);
+  return status;
 }
 
 } // namespace troupe::cluster

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,25 +53,46 @@ struct launch_options {
   std::uint64_t seed = 1;
   /// Periodic faults are expanded up to this long after serving starts.
   std::chrono::seconds fault_horizon{3600};
+  /// A hosts file (launch_host below): the processes are placed on its hosts and started by
+  /// each host's `troupe agent`; empty: every process on this host (an agent in-process).
+  std::string hosts_file;
   /// Append one JSON line per event here (process started / exited / restarted, fault action
   /// carried out), with `t` in seconds since the launch; empty: nowhere.
   std::string events_file;
 };
 
+/// A host of a hosts file: `[[host]]` with `name`, `agent = "HOST:PORT"` (where its `troupe
+/// agent` listens; its HOST is also the address the host's processes are reached at) and
+/// `roles` (any of "control", "prefill", "decode": what may run there).
+struct launch_host {
+  std::string name;
+  std::string agent;
+  std::vector<std::string> roles;
+};
+
+/// Reads and checks a hosts file: names unique, agents HOST:PORT, roles known, a host for
+/// each of control, prefill and decode. Nothing after the problems were written to `err`.
+std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std::ostream& err);
+
 /// One process of a launched cluster.
 struct launch_process {
   /// "control", "prefill/0", "decode/1"...
   std::string name;
+  /// The host it runs on ("local" without a hosts file).
+  std::string host;
   std::string role;
   std::uint32_t index = 0;
   std::vector<std::string> argv;
 };
 
-/// The processes of the topology of `o` (its checked inputs), with their command lines, the
-/// control process first. `control` is the resolved control address.
+/// The processes of the topology of `o` (its checked inputs), with their hosts and command
+/// lines, the control process first: the control on the first host that takes it, each
+/// pool's instances round-robin over the hosts that take its role (all on "local" when
+/// `hosts` is empty). `control` is the resolved control address.
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
                                         std::uint32_t decode, const std::string& control,
-                                        const std::string& ready_file);
+                                        const std::string& ready_file,
+                                        const std::vector<launch_host>& hosts);
 
 /// Runs `troupe launch`: the placement with `dry_run` (on `out`), else the cluster until
 /// SIGTERM / SIGINT. Returns the exit status: 0 after a clean stop, 1 on bad input, a failed

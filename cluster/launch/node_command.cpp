@@ -29,18 +29,6 @@ namespace {
 using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
 
-/// Waits up to `timeout` for SIGTERM / SIGINT (blocked by block_stop_signals); 0 when none came.
-int poll_stop_signal(std::chrono::milliseconds timeout) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  timespec ts{static_cast<time_t>(timeout.count() / 1000),
-              static_cast<long>(timeout.count() % 1000) * 1000000L};
-  int sig = sigtimedwait(&signals, nullptr, &ts);
-  return sig > 0 ? sig : 0;
-}
-
 const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 /// Online members of the balancer `lb` (0 when it does not answer).

@@ -107,10 +107,11 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
-    assert [(r[0], r[1]) for r in rows] == [("control", "control"), ("prefill/0", "prefill"),
-                                            ("decode/0", "decode"), ("decode/1", "decode")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("control", "local", "control"), ("prefill/0", "local", "prefill"),
+        ("decode/0", "local", "decode"), ("decode/1", "local", "decode")]
     for r in rows:
-        assert r[3] == "node" and "--control" in r and r[r.index("--control") + 1] == "127.0.0.1:7100"
+        assert r[4] == "node" and "--control" in r and r[r.index("--control") + 1] == "127.0.0.1:7100"
     assert rows[2][rows[2].index("--index") + 1] == "0" and rows[3][rows[3].index("--index") + 1] == "1"
 
 
@@ -228,8 +229,10 @@ def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, 
 def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
     # SIGTERM to a decode process: it leaves its balancer, serves for the grace period (1 s
     # here), then forwards the requests it still holds; they continue on the other decode
-    # process without a gap or a repeat. (Runs last: decode/1 stays down, exited cleanly.)
-    n, max_tokens = 6, 320
+    # process without a gap or a repeat. (Runs last: decode/0 stays down, exited cleanly.)
+    # decode_lb keeps long and short requests apart: of two instances, decode/1 is reserved
+    # for long contexts, so these short requests all run on decode/0 until it leaves.
+    n, max_tokens = 6, 160
     bodies = [chat_body(f"Drain {i}: explain graceful shutdown.", max_tokens=max_tokens,
                         temperature=0) for i in range(n)]
     wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
@@ -248,7 +251,7 @@ def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
                     started[i].set()
         return text, usage
 
-    leaving = cluster.process("decode/1")
+    leaving = cluster.process("decode/0")
     with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(one, i) for i in range(n)]
         for e in started:
@@ -259,10 +262,10 @@ def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
         assert usage is not None and usage.completion_tokens == max_tokens
         assert text == want
     deadline = time.monotonic() + 120
-    while cluster.process("decode/1")["state"] != "exited" and time.monotonic() < deadline:
+    while cluster.process("decode/0")["state"] != "exited" and time.monotonic() < deadline:
         time.sleep(0.2)
-    p = cluster.process("decode/1")
+    p = cluster.process("decode/0")
     assert p["state"] == "exited" and p["restarts"] == leaving["restarts"]
-    forwarded = [l for l in cluster.log if "troupe node[decode/1]: drained;" in l]
+    forwarded = [l for l in cluster.log if "troupe node[decode/0]: drained;" in l]
     assert len(forwarded) == 1 and not forwarded[0].startswith(
-        "troupe node[decode/1]: drained; 0 "), "".join(cluster.log)
+        "troupe node[decode/0]: drained; 0 "), "".join(cluster.log)

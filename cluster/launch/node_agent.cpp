@@ -1,0 +1,149 @@
+#include "cluster/launch/node_agent.hpp"
+
+#include "cluster/serve_setup.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/send.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <thread>
+
+namespace troupe::cluster {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Waits for the agent's children on a thread of its own and reports each exit to the agent.
+class reaper {
+public:
+  explicit reaper(caf::actor agent)
+    : agent_(std::move(agent)), thread_([this] { run(); }) {}
+  ~reaper() {
+    stop_ = true;
+    thread_.join();
+  }
+
+private:
+  void run() {
+    while (!stop_) {
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        caf::anon_send(agent_, agent_exit{{}, pid, status});
+        continue;
+      }
+      // No child has exited (or there is none): look again shortly. Polling keeps the thread
+      // stoppable; 20 ms is far below a process restart's cost.
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+
+  caf::actor agent_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct agent_state {
+  std::string host;
+  /// pid → the actor that started it (receives its agent_exit).
+  std::map<std::int32_t, caf::actor> owners;
+  std::unique_ptr<reaper> reap;
+};
+
+} // namespace
+
+caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
+  return sys.spawn([host](caf::event_based_actor* self) -> caf::behavior {
+    // Shared with the exit functor, which runs after the behavior is gone.
+    auto st = std::make_shared<agent_state>();
+    st->host = host;
+    st->reap = std::make_unique<reaper>(caf::actor_cast<caf::actor>(self));
+    self->attach_functor([st] {
+      for (auto& [pid, owner] : st->owners)
+        kill(pid, SIGKILL);
+      st->owners.clear();
+      st->reap.reset();
+    });
+    return {
+      [self, st](agent_spawn& s) -> caf::result<std::int32_t> {
+        if (s.argv.empty())
+          return caf::make_error(caf::sec::invalid_argument, "agent_spawn: empty argv");
+        std::vector<char*> argv;
+        for (auto& a : s.argv)
+          argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_t pid = fork();
+        if (pid < 0)
+          return caf::make_error(caf::sec::runtime_error,
+                                 std::string("fork: ") + std::strerror(errno));
+        if (pid == 0) {
+          // The child: only async-signal-safe calls until exec.
+          setpgid(0, 0);
+          sigset_t none;
+          sigemptyset(&none);
+          sigprocmask(SIG_SETMASK, &none, nullptr);
+          execv(argv[0], argv.data());
+          const char msg[] = "troupe agent: cannot exec the node\n";
+          [[maybe_unused]] auto n = write(2, msg, sizeof msg - 1);
+          _exit(127);
+        }
+        st->owners[pid] = caf::actor_cast<caf::actor>(self->current_sender());
+        return static_cast<std::int32_t>(pid);
+      },
+      [st](const agent_signal& s) -> caf::result<caf::ok_atom> {
+        if (st->owners.count(s.pid) == 0)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "agent_signal: no running process " + std::to_string(s.pid));
+        if (kill(s.pid, s.signal) != 0)
+          return caf::make_error(caf::sec::runtime_error,
+                                 std::string("kill: ") + std::strerror(errno));
+        return caf::ok_atom::value;
+      },
+      [self, st](agent_exit& e) {
+        auto it = st->owners.find(e.pid);
+        if (it == st->owners.end())
+          return;  // not one of ours (or reported already)
+        e.host = st->host;
+        if (it->second)
+          self->send(it->second, std::move(e));
+        st->owners.erase(it);
+      },
+    };
+  });
+}
+
+int run_agent_command(const std::string& listen, const std::string& name, std::ostream& err) {
+  auto addr = parse_host_port(listen);
+  if (!addr)
+    return err << "troupe agent: --listen '" << listen << "': expected HOST:PORT\n", 1;
+  block_stop_signals();
+  runtime::world w{real_world_options(true)};
+  auto& sys = w.system();
+  auto agent = spawn_node_agent(sys, name.empty() ? addr->first : name);
+  auto port = sys.middleman().publish(agent, addr->second, addr->first.c_str(), true);
+  if (!port) {
+    caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+    err << "troupe agent: cannot listen on " << listen << ": " << sys.render(port.error())
+        << "\n";
+    return 1;
+  }
+  err << "troupe agent: listening on " << addr->first << ":" << *port << "\n";
+  wait_for_stop_signal();
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+  err << "troupe agent: stopped\n";
+  return 0;
+}
+
+} // namespace troupe::cluster

@@ -1,0 +1,77 @@
+// node_agent: starts and watches the processes of a launched cluster on one host.
+//
+// `troupe launch` supervises processes that may live on other machines. It does not log in
+// to them: each host runs `troupe agent`, which publishes a node agent actor through CAF's
+// middleman, and the launcher asks it to start processes, to signal them, and hears from it
+// when one exits — the same messages whether the agent runs on another host or inside the
+// launcher itself (a launch on this host alone spawns its agent in-process). The agent is a
+// port: fork/exec is immediate, and the blocking wait for children runs on a reaper thread
+// the agent owns, which turns each exit into a message to the process's owner.
+//
+// Protocol: agent_spawn → the new process's pid (the sender owns it, and receives an
+// agent_exit when it ends); agent_signal → ok (a pid the agent did not start, or one that
+// has already exited, is an error). When the agent stops, it sends SIGKILL to the processes
+// it started that are still running.
+#pragma once
+
+#include "cluster/launch/control_directory.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace troupe::cluster {
+
+/// Start `argv` (argv[0]: the executable's path on the agent's host) in a process group of its
+/// own, with every signal unblocked.
+struct agent_spawn {
+  std::vector<std::string> argv;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_spawn& x) {
+  return f(caf::meta::type_name("agent_spawn"), x.argv);
+}
+
+/// Send `signal` to process `pid` (one this agent started).
+struct agent_signal {
+  std::int32_t pid = 0;
+  std::int32_t signal = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_signal& x) {
+  return f(caf::meta::type_name("agent_signal"), x.pid, x.signal);
+}
+
+/// Process `pid` on host `host` ended; `status` is waitpid's.
+struct agent_exit {
+  std::string host;
+  std::int32_t pid = 0;
+  std::int32_t status = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_exit& x) {
+  return f(caf::meta::type_name("agent_exit"), x.host, x.pid, x.status);
+}
+
+/// Spawns a node agent for this host, named `host` in its exit notices.
+caf::actor spawn_node_agent(caf::actor_system& sys, std::string host);
+
+/// `troupe agent --listen HOST:PORT [--name NAME]`: publishes a node agent and serves until
+/// SIGTERM / SIGINT (then its processes are killed). Returns the exit status.
+int run_agent_command(const std::string& listen, const std::string& name, std::ostream& err);
+
+} // namespace troupe::cluster
+
+CAF_BEGIN_TYPE_ID_BLOCK(troupe_launch_agent, caf::id_block::troupe_launch::end)
+CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_spawn))
+CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_signal))
+CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_exit))
+CAF_END_TYPE_ID_BLOCK(troupe_launch_agent)

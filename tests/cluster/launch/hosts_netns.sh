@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# `troupe launch --hosts` across three hosts built on this machine: network namespaces h1, h2,
+# h3 joined by veth pairs to a bridge in a fourth namespace (the switch), 10.231.7.0/24. Each
+# host runs `troupe agent`; the launcher (on h1) places the control process and prefill/0 on
+# h1, decode/0 on h2 and decode/1 on h3, and starts them through the agents. The test checks
+# that each process runs in its host's namespace, that a client on h2 is served across the
+# hosts, that a decode process killed on h2 is restarted there by its agent while requests
+# go on, and that SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
+# addresses. Needs root (ip netns); exits 77 (skipped) without it.
+#   bash tests/cluster/launch/hosts_netns.sh build/troupe
+set -euo pipefail
+TROUPE=$(realpath "$1")
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
+  echo "skipped: needs root and iproute2 for network namespaces"
+  exit 77
+fi
+TAG="tr$$"
+SW="$TAG-sw"
+NET=10.231.7
+WORK=$(mktemp -d /tmp/troupe-hosts-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 1
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for i in 1 2 3; do ip netns del "$TAG-h$i" 2>/dev/null || true; done
+  ip netns del "$SW" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- launcher log"; cat "$WORK/launch.log" || true; exit 1; }
+
+# The hosts and the switch.
+ip netns add "$SW"
+ip -n "$SW" link add br0 type bridge
+ip -n "$SW" link set br0 up
+for i in 1 2 3; do
+  ns="$TAG-h$i"
+  ip netns add "$ns"
+  ip link add "$TAG-v$i" type veth peer name "$TAG-p$i"
+  ip link set "$TAG-v$i" netns "$ns"
+  ip link set "$TAG-p$i" netns "$SW"
+  ip -n "$SW" link set "$TAG-p$i" master br0 up
+  ip -n "$ns" addr add "$NET.$i/24" dev "$TAG-v$i"
+  ip -n "$ns" link set "$TAG-v$i" up
+  ip -n "$ns" link set lo up
+done
+
+"$TROUPE" model init --preset small --seed 1 --out "$WORK/model" >/dev/null
+
+# An agent per host.
+for i in 1 2 3; do
+  ip netns exec "$TAG-h$i" "$TROUPE" agent --listen "$NET.$i:7700" --name "h$i" \
+    > "$WORK/agent$i.log" 2>&1 &
+  PIDS+=($!)
+done
+cat > "$WORK/hosts.toml" <<TOML
+[[host]]
+name = "h1"
+agent = "$NET.1:7700"
+roles = ["control", "prefill"]
+
+[[host]]
+name = "h2"
+agent = "$NET.2:7700"
+roles = ["decode"]
+
+[[host]]
+name = "h3"
+agent = "$NET.3:7700"
+roles = ["decode"]
+TOML
+
+ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.toml" \
+  --model "$WORK/model" --engram-map identity --hosts "$WORK/hosts.toml" \
+  --listen "$NET.1:0" --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" \
+  > "$WORK/launch.log" 2>&1 &
+LAUNCHER=$!
+PIDS=("$LAUNCHER" "${PIDS[@]}")
+
+state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
+for _ in $(seq 600); do
+  [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
+  kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
+  sleep 0.5
+done
+HTTP=$(state 's["http"]')
+[ -n "$HTTP" ] || fail "the cluster did not serve"
+echo "serving on $HTTP"
+
+# Placement: each process on its host, and in that host's namespace.
+for spec in control:h1 prefill/0:h1 decode/0:h2 decode/1:h3; do
+  name=${spec%%:*}; host=${spec##*:}
+  got=$(state "next(p['host'] for p in s['processes'] if p['name']=='$name')")
+  [ "$got" = "$host" ] || fail "$name placed on $got, expected $host"
+  pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='$name')")
+  [ "$(ip netns identify "$pid")" = "$TAG-$host" ] || fail "$name (pid $pid) is not in $TAG-$host"
+done
+
+ask() {  # a greedy request from host h2's namespace; prints the completion tokens
+  ip netns exec "$TAG-h2" curl -sS -m 300 "http://$HTTP/v1/chat/completions" \
+    -H 'content-type: application/json' \
+    -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
+    | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
+}
+first=$(ask "Hello from h2" 8)
+[ "${first%% *}" = "8" ] || fail "request: $first"
+
+# decode/0 killed on h2 while a request streams: it completes, and h2's agent restarts it.
+victim=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/0')")
+ask "Hello from h2" 40 > "$WORK/during" &
+ASK=$!
+sleep 1
+ip netns exec "$TAG-h2" kill -KILL "$victim"
+wait "$ASK" || fail "the request during the kill failed"
+during=$(cat "$WORK/during")
+[ "${during%% *}" = "40" ] || fail "request during the kill: $during"
+again=$(ask "Hello from h2" 8)
+[ "$again" = "$first" ] || fail "the same greedy request after the kill gave '$again', before '$first'"
+for _ in $(seq 240); do
+  [ "$(state "next(p['restarts'] for p in s['processes'] if p['name']=='decode/0')")" = "1" ] \
+    && [ "$(state "next(p['state'] for p in s['processes'] if p['name']=='decode/0')")" = "running" ] && break
+  sleep 0.5
+done
+pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/0')")
+[ "$pid" != "$victim" ] || fail "decode/0 was not restarted"
+[ "$(ip netns identify "$pid")" = "$TAG-h2" ] || fail "the restarted decode/0 is not on h2"
+grep -q "decode/0 (pid $victim) killed by SIGKILL; restart 1" "$WORK/launch.log" || fail "no restart in the log"
+
+# SIGTERM stops the cluster: every node process exits, the launcher with status 0.
+kill -TERM "$LAUNCHER"
+status=0
+wait "$LAUNCHER" || status=$?
+[ "$status" = "0" ] || fail "the launcher exited with $status"
+for name in control prefill/0 decode/0 decode/1; do
+  pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='$name')")
+  [ "$pid" = "0" ] || fail "$name still has pid $pid after the stop"
+done
+echo "1 passed, 0 failed"
