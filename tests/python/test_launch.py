@@ -24,7 +24,7 @@ import time
 import openai
 import pytest
 
-from test_serve import chat_body, generated_text, troupe
+from test_serve import chat_body, generated_text, model_dir, troupe  # noqa: F401 (a fixture)
 
 MODEL = "deepseek-v4.1-flash"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,12 +81,30 @@ class Cluster:
                 self.proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("model") / "small"
-    subprocess.run([troupe(), "model", "init", "--preset", "small", "--seed", "1",
-                    "--out", str(out)], check=True, capture_output=True, timeout=600)
-    return str(out)
+def run_streams(cluster, bodies, ready_chars, fault):
+    """Streams every body at once; when each stream has more than `ready_chars` characters,
+    calls fault(); returns each stream's (text, usage)."""
+    client = cluster.openai()
+    started = [threading.Event() for _ in bodies]
+
+    def one(i):
+        text, usage = "", None
+        for chunk in client.chat.completions.create(**bodies[i], stream=True,
+                                                     stream_options={"include_usage": True}):
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
+                if len(text) > ready_chars:
+                    started[i].set()
+        return text, usage
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        futures = [pool.submit(one, i) for i in range(len(bodies))]
+        for e in started:
+            assert e.wait(timeout=600)
+        fault()
+        return [f.result(timeout=900) for f in futures]
 
 
 @pytest.fixture(scope="module")
@@ -188,29 +206,9 @@ def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, 
     bodies = [chat_body(f"Stream {i}: tell me about supervision trees.", max_tokens=max_tokens,
                         temperature=0) for i in range(n)]
     wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
-    client = cluster.openai()
-    started = [threading.Event() for _ in range(n)]
-
-    def one(i):
-        text, usage = "", None
-        for chunk in client.chat.completions.create(**bodies[i], stream=True,
-                                                     stream_options={"include_usage": True}):
-            if chunk.usage:
-                usage = chunk.usage
-            for c in chunk.choices:
-                text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
-                if text:
-                    started[i].set()
-        return text, usage
-
     victim = cluster.process("decode/0")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(one, i) for i in range(n)]
-        # Kill once every stream has tokens: the requests on decode/0 are mid-generation.
-        for e in started:
-            assert e.wait(timeout=600)
-        os.kill(victim["pid"], signal.SIGKILL)
-        results = [f.result(timeout=900) for f in futures]
+    # Kill once every stream has tokens: the requests on decode/0 are mid-generation.
+    results = run_streams(cluster, bodies, 0, lambda: os.kill(victim["pid"], signal.SIGKILL))
     for (text, usage), want in zip(results, wants):
         assert usage is not None and usage.completion_tokens == max_tokens
         assert text == want
@@ -236,28 +234,8 @@ def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
     bodies = [chat_body(f"Drain {i}: explain graceful shutdown.", max_tokens=max_tokens,
                         temperature=0) for i in range(n)]
     wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
-    client = cluster.openai()
-    started = [threading.Event() for _ in range(n)]
-
-    def one(i):
-        text, usage = "", None
-        for chunk in client.chat.completions.create(**bodies[i], stream=True,
-                                                     stream_options={"include_usage": True}):
-            if chunk.usage:
-                usage = chunk.usage
-            for c in chunk.choices:
-                text += (getattr(c.delta, "reasoning_content", None) or "") + (c.delta.content or "")
-                if len(text) > 20:
-                    started[i].set()
-        return text, usage
-
     leaving = cluster.process("decode/0")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(one, i) for i in range(n)]
-        for e in started:
-            assert e.wait(timeout=600)
-        os.kill(leaving["pid"], signal.SIGTERM)
-        results = [f.result(timeout=900) for f in futures]
+    results = run_streams(cluster, bodies, 20, lambda: os.kill(leaving["pid"], signal.SIGTERM))
     for (text, usage), want in zip(results, wants):
         assert usage is not None and usage.completion_tokens == max_tokens
         assert text == want
