@@ -29,12 +29,14 @@ bool is_reserved_word(std::string_view s) {
 }
 
 // True when the string, written plain, reads back as the same string in YAML 1.1 and 1.2:
-// letters, digits and -_./ only, starting with a letter or '/', not a reserved word. A
-// leading letter also rules out numbers (and sexagesimals), but "e" inside like "1e3" cannot
-// occur because a digit may not lead.
+// letters, digits and -_./ only, starting with a letter, '/' or "--" and a letter (a command
+// line option), not a reserved word. Since no digit, sign or dot may lead, no number (nor
+// YAML 1.1 sexagesimal or timestamp) can be written plain.
 bool plain_safe(std::string_view s) {
   if (s.empty())
     return false;
+  if (s.size() > 2 && s.substr(0, 2) == "--")
+    s.remove_prefix(2);
   auto first = static_cast<unsigned char>(s.front());
   if (!std::isalpha(first) && s.front() != '/')
     return false;

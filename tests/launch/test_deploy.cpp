@@ -105,7 +105,8 @@ TEST_CASE("k8s GPU requests add up to the topology's initial GPUs") {
     CAPTURE(name);
     auto e = load_example(name);
     std::uint64_t gpus = 0;
-    for (const auto* sts : of_kind(manifests(e), "StatefulSet"))
+    auto objects = manifests(e);
+    for (const auto* sts : of_kind(objects, "StatefulSet"))
       gpus += (*sts)["spec"]["replicas"].get<std::uint64_t>() * gpu_request(*sts);
     CHECK(gpus == summarize(e.topo).initial_gpus);
   }
@@ -113,7 +114,8 @@ TEST_CASE("k8s GPU requests add up to the topology's initial GPUs") {
 
 TEST_CASE("k8s instances wider than a machine get one pod per machine") {
   auto e = load_example("v4flash-1k.toml"); // H800: 8 GPUs per machine; decode EP 128
-  for (const auto* sts : of_kind(manifests(e), "StatefulSet")) {
+  auto objects = manifests(e);
+  for (const auto* sts : of_kind(objects, "StatefulSet")) {
     const auto& pool = (*sts)["metadata"]["labels"]["troupe/pool"];
     auto replicas = (*sts)["spec"]["replicas"].get<int>();
     if (pool == "decode") {
@@ -127,7 +129,8 @@ TEST_CASE("k8s instances wider than a machine get one pod per machine") {
   }
   k8s_options o;
   o.gpus_per_node = 4;
-  for (const auto* sts : of_kind(manifests(e, o), "StatefulSet"))
+  auto narrow = manifests(e, o);
+  for (const auto* sts : of_kind(narrow, "StatefulSet"))
     if ((*sts)["metadata"]["labels"]["troupe/pool"] == "decode")
       CHECK((*sts)["spec"]["replicas"] == 32);
 }
@@ -234,6 +237,9 @@ TEST_CASE("the YAML writer quotes what YAML would read as something else") {
   v["yes"] = "on";
   v["number"] = "8";
   v["colon"] = "a: b";
+  v["option"] = "--role";
+  v["dashes"] = "--";
+  v["negative"] = "-1";
   v["int"] = 8;
   v["flag"] = false;
   v["list"] = json::array({"x", json{{"k", "v"}, {"n", 1}}});
@@ -243,12 +249,15 @@ TEST_CASE("the YAML writer quotes what YAML would read as something else") {
                       "\"yes\": \"on\"\n"
                       "number: \"8\"\n"
                       "colon: \"a: b\"\n"
+                      "option: --role\n"
+                      "dashes: \"--\"\n"
+                      "negative: \"-1\"\n"
                       "int: 8\n"
                       "flag: false\n"
                       "list:\n"
                       "- x\n"
                       "- k: v\n"
-                      "  n: 1\n"
+                      "  \"n\": 1\n" // YAML 1.1 reads a plain n as false
                       "empty: {}\n");
 }
 
