@@ -182,7 +182,8 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   slurm->add_option("--cpus-per-gpu", s->opts.cpus_per_gpu, "CPUs per GPU of a step")
     ->capture_default_str();
   slurm->add_option("--model", s->opts.model_dir, "the model directory on the machines");
-  slurm->add_option("--store", s->opts.store_dir, "the KV block store directory on the machines");
+  slurm->add_option("--kv-dir", s->opts.store_dir,
+                    "the KV block store directory on the machines (a shared mount)");
   slurm->callback([s, &rc] { rc = run_slurm(*s); });
 }
 

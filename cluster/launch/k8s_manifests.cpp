@@ -78,14 +78,14 @@ json volume_mounts(const k8s_options& o, bool gpu) {
   return m;
 }
 
-// --model and --store as the pods see them.
+// --model and --kv-dir as the pods see them.
 void add_data_args(json& command, const k8s_options& o) {
   if (!o.model_pvc.empty() || !o.model_host_path.empty()) {
     command.push_back("--model");
     command.push_back("/model");
   }
   if (!o.store_pvc.empty()) {
-    command.push_back("--store");
+    command.push_back("--kv-dir");
     command.push_back("/kv");
   }
 }
@@ -208,7 +208,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
   }
   {
     json command = json::array({"troupe", "node", topology_path(), "--role", "control",
-                                "--listen", fmt::format("0.0.0.0:{}", o.control_port), "--http",
+                                "--control", fmt::format("0.0.0.0:{}", o.control_port), "--listen",
                                 fmt::format("0.0.0.0:{}", o.http_port)});
     add_data_args(command, o);
     json container;

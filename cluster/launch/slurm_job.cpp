@@ -173,7 +173,7 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
   if (!o.model_dir.empty())
     data_args += " --model " + shell_word(o.model_dir);
   if (!o.store_dir.empty())
-    data_args += " --store " + shell_word(o.store_dir);
+    data_args += " --kv-dir " + shell_word(o.store_dir);
   line("pids=()");
   for (std::size_t i = 0; i < job.components.size(); ++i) {
     const auto& c = job.components[i];
@@ -189,8 +189,8 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     step += " --exact --kill-on-bad-exit=1";
     if (c.role == "control") {
       line(fmt::format("{} --job-name=control \\", step));
-      line(fmt::format("  \"$troupe\" node \"$topology\" --role control --listen 0.0.0.0:{} "
-                       "--http 0.0.0.0:{}{} &",
+      line(fmt::format("  \"$troupe\" node \"$topology\" --role control --control 0.0.0.0:{} "
+                       "--listen 0.0.0.0:{}{} &",
                        o.control_port, o.http_port, data_args));
       line("pids+=($!)");
       continue;

@@ -34,8 +34,8 @@ struct slurm_options {
   std::uint16_t control_port = 4242; // the control's port instance processes join
   std::uint32_t control_cpus = 4;    // CPUs of the control step
   std::uint32_t cpus_per_gpu = 8;    // CPUs per GPU (per CPU device on hardware cpu) of a step
-  std::string model_dir;             // --model of every process; empty: not passed
-  std::string store_dir;             // --store of every process; empty: not passed
+  std::string model_dir;             // --model of every process (needed); empty: not passed
+  std::string store_dir;             // --kv-dir of every process; empty: not passed
 };
 
 /// One component of the heterogeneous job, as the script requests it.

@@ -158,7 +158,7 @@ TEST_CASE("k8s control is probed on /ready and /health; decode drains on preStop
   CHECK(c["readinessProbe"]["httpGet"]["path"] == "/ready");
   CHECK(c["livenessProbe"]["httpGet"]["path"] == "/health");
   CHECK(c["command"] == json::array({"troupe", "node", "/etc/troupe/topology.toml", "--role",
-                                     "control", "--listen", "0.0.0.0:4242", "--http",
+                                     "control", "--control", "0.0.0.0:4242", "--listen",
                                      "0.0.0.0:8000"}));
   for (const auto* sts : of_kind(objects, "StatefulSet")) {
     const auto& pod = (*sts)["spec"]["template"]["spec"];
@@ -197,7 +197,7 @@ TEST_CASE("k8s volumes and namespace follow the options") {
     CHECK(obj["metadata"]["namespace"] == "serving");
   const auto& sts = *of_kind(objects, "StatefulSet").at(0);
   auto cmd = sts["spec"]["template"]["spec"]["containers"][0]["command"].dump();
-  CHECK(cmd.find(R"("--model","/model","--store","/kv")") != std::string::npos);
+  CHECK(cmd.find(R"("--model","/model","--kv-dir","/kv")") != std::string::npos);
   o.model_host_path = "/mnt/models";
   auto both = k8s_manifests(load_example("small.toml").topo, "", o);
   CHECK_FALSE(both.ok());
@@ -302,7 +302,7 @@ TEST_CASE("slurm job: control component, then one per pool, one srun per instanc
                        " --control \"$control\"") >= 1);
   }
   CHECK(count(s, "srun ") == 1 + instances);
-  CHECK(count(s, "--role control --listen 0.0.0.0:4242 --http 0.0.0.0:8000") == 1);
+  CHECK(count(s, "--role control --control 0.0.0.0:4242 --listen 0.0.0.0:8000") == 1);
   CHECK(s.find("topology=/shared/small.toml\n") != std::string::npos);
   // small.toml's decode instance: 16 GPUs on 8-GPU H200 machines, 2 machines of 8.
   const auto& decode = job->components[2];
@@ -343,7 +343,7 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   auto job = make_slurm_job(e.topo, o);
   REQUIRE(job.ok());
   CHECK(job->script.find("topology='/shared/my topology.toml'\n") != std::string::npos);
-  CHECK(count(job->script, "--model /models/v4.1 --store /kv") == 3);
+  CHECK(count(job->script, "--model /models/v4.1 --kv-dir /kv") == 3);
   CHECK(job->script.find("--gres") == std::string::npos); // the CPU backend asks for no GPUs
   o.topology_path.clear();
   CHECK_FALSE(make_slurm_job(e.topo, o).ok());

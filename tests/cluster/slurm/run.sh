@@ -15,8 +15,8 @@
 #      machines, that the steps got their GPUs, and that every component completed;
 #   2. submits it again with the stand-ins holding, scancel's the job once they all run, and
 #      checks that the job is gone and that every process received SIGTERM.
-# The stand-in serves no request: it proves placement and signalling only, until
-# `troupe node` exists and replaces it. Everything started is stopped and the directory
+# The stand-in serves no request: it proves placement and signalling only; running the real
+# `troupe node` here (and a request through it) is still to do. Everything started is stopped and the directory
 # removed on exit, failure included. Exit status 0: passed, 77: skipped (not root or Slurm
 # missing), anything else: failed. Bounded: every wait has a deadline (60 s each); it takes
 # about 10 s.
@@ -186,7 +186,7 @@ check_process() {
 }
 topo="$here/topology.toml"
 check_process control-0.0 0 \
-  "node $topo --role control --listen 0.0.0.0:4242 --http 0.0.0.0:8000" >/dev/null
+  "node $topo --role control --control 0.0.0.0:4242 --listen 0.0.0.0:8000" >/dev/null
 for i in 0 1; do
   check_process "prefill-$i.0" 1 "node $topo --role prefill --index $i --control 127.0.0.1:4242" \
     >/dev/null

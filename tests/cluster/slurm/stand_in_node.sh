@@ -1,6 +1,6 @@
 #!/bin/bash
-# Stands in for `troupe node` in the Slurm harness (run.sh) until the real per-process role
-# runner exists: it serves nothing. It records where Slurm placed it (its arguments, the node
+# Stands in for `troupe node` in the Slurm harness (run.sh), which does not run the real
+# per-process role runner yet: it serves nothing. It records where Slurm placed it (its arguments, the node
 # it runs on and its SLURM_* environment) in $TROUPE_STANDIN_OUT/<role>-<index>.<rank>, and
 # with TROUPE_STANDIN_HOLD=1 it stays up (at most 120 s) until a SIGTERM, which it records in
 # <file>.term before exiting, the way a decode process starts its drain.
