@@ -1,4 +1,5 @@
 // troupe: the command-line interface of the troupe serving runtime.
+#include "cluster/deploy_cli.hpp"
 #include "cluster/recipe_cli.hpp"
 #include "cluster/launch/launch_command.hpp"
 #include "cluster/launch/node_agent.hpp"
@@ -500,6 +501,7 @@ int main(int argc, char** argv) {
   });
 
   troupe::cli::add_recipe_commands(app, rc);
+  troupe::cli::add_deploy_commands(app, rc, TROUPE_VERSION);
 
   CLI11_PARSE(app, argc, argv);
   return rc;

@@ -20,6 +20,7 @@ packages=(
   python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv
   python3-dev                # the Python package's extension module (pip install ., docs/python.md)
   chromium fonts-liberation  # the browser test renders report.html headless (fonts: its text)
+  slurmctld slurmd slurm-client munge  # tests/cluster/slurm: `troupe slurm`'s job on a real Slurm
 )
 
 missing=()

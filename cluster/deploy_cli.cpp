@@ -1,0 +1,190 @@
+// The deployment commands of the troupe CLI (see deploy_cli.hpp).
+#include "cluster/deploy_cli.hpp"
+
+#include "cluster/launch/k8s_manifests.hpp"
+#include "cluster/launch/slurm_job.hpp"
+#include "cluster/launch/yaml_writer.hpp"
+#include "cluster/topology.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+namespace troupe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The topology and its text, or nullopt after printing every problem on stderr.
+struct loaded_topology {
+  cluster::topology topo;
+  std::string text;
+};
+
+std::optional<loaded_topology> load(const std::string& file, std::string_view command) {
+  auto result = cluster::load_topology(file);
+  if (!result.ok()) {
+    for (const auto& d : result.errors)
+      std::cerr << d.to_string() << "\n";
+    return std::nullopt;
+  }
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in && !in.eof()) {
+    std::cerr << "troupe " << command << ": cannot read " << file << "\n";
+    return std::nullopt;
+  }
+  return loaded_topology{std::move(*result.value), text.str()};
+}
+
+bool write_file(const fs::path& path, const std::string& text, std::string_view command) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    std::cerr << "troupe " << command << ": cannot write " << path.string() << "\n";
+    return false;
+  }
+  return true;
+}
+
+struct k8s_args {
+  std::string topology;
+  std::string out_dir;
+  cluster::k8s_options opts;
+};
+
+int run_k8s(const k8s_args& a) {
+  auto loaded = load(a.topology, "k8s");
+  if (!loaded)
+    return 1;
+  auto objects = cluster::k8s_manifests(loaded->topo, loaded->text, a.opts);
+  if (!objects) {
+    std::cerr << "troupe k8s: " << objects.error() << "\n";
+    return 1;
+  }
+  if (a.out_dir.empty()) {
+    bool first = true;
+    for (const auto& o : *objects) {
+      if (!first)
+        std::cout << "---\n";
+      first = false;
+      std::cout << cluster::to_yaml(o);
+    }
+    return 0;
+  }
+  std::error_code ec;
+  fs::create_directories(a.out_dir, ec);
+  if (ec) {
+    std::cerr << "troupe k8s: cannot create " << a.out_dir << ": " << ec.message() << "\n";
+    return 1;
+  }
+  for (std::size_t i = 0; i < objects->size(); ++i) {
+    const auto& o = (*objects)[i];
+    if (!write_file(fs::path(a.out_dir) / cluster::k8s_file_name(i, o), cluster::to_yaml(o),
+                    "k8s"))
+      return 1;
+  }
+  std::cout << "troupe k8s: wrote " << objects->size() << " objects to " << a.out_dir << "\n";
+  return 0;
+}
+
+struct slurm_args {
+  std::string topology;
+  std::string out_file;
+  cluster::slurm_options opts;
+};
+
+int run_slurm(slurm_args a) {
+  auto loaded = load(a.topology, "slurm");
+  if (!loaded)
+    return 1;
+  if (a.opts.topology_path.empty())
+    a.opts.topology_path = fs::absolute(a.topology).lexically_normal().string();
+  auto job = cluster::make_slurm_job(loaded->topo, a.opts);
+  if (!job) {
+    std::cerr << "troupe slurm: " << job.error() << "\n";
+    return 1;
+  }
+  if (a.out_file.empty()) {
+    std::cout << job->script;
+    return 0;
+  }
+  if (!write_file(a.out_file, job->script, "slurm"))
+    return 1;
+  std::error_code ec;
+  fs::permissions(a.out_file, fs::perms::owner_exec | fs::perms::group_exec,
+                  fs::perm_options::add, ec);
+  return 0;
+}
+
+} // namespace
+
+void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
+  auto k = std::make_shared<k8s_args>();
+  k->opts.image = "troupe:" + version;
+  auto* k8s = app.add_subcommand(
+    "k8s", "write Kubernetes manifests for a topology (ConfigMap, control Deployment and "
+           "Services, one StatefulSet + headless Service per instance)");
+  k8s->add_option("topology", k->topology, "the topology file (TOML)")->required();
+  k8s->add_option("--out", k->out_dir,
+                  "write one NNN-kind-name.yaml per object into this directory (default: one "
+                  "multi-document YAML stream on stdout)");
+  k8s->add_option("--image", k->opts.image, "the container image with troupe on its PATH")
+    ->capture_default_str();
+  k8s->add_option("--namespace", k->opts.namespace_name, "metadata.namespace of every object");
+  k8s->add_option("--gpus-per-node", k->opts.gpus_per_node,
+                  "GPUs per machine (default: the topology hardware's)");
+  k8s->add_option("--gpu-resource", k->opts.gpu_resource, "the GPU extended resource")
+    ->capture_default_str();
+  k8s->add_option("--http-port", k->opts.http_port, "the HTTP API port")->capture_default_str();
+  k8s->add_option("--control-port", k->opts.control_port, "the port instances join")
+    ->capture_default_str();
+  k8s->add_option("--cpus-per-gpu", k->opts.cpus_per_gpu, "CPU request per GPU")
+    ->capture_default_str();
+  k8s->add_option("--memory-per-gpu", k->opts.memory_gib_per_gpu, "memory request per GPU, GiB")
+    ->capture_default_str();
+  k8s->add_option("--model-pvc", k->opts.model_pvc,
+                  "a PersistentVolumeClaim with the model directory (mounted at /model)");
+  k8s->add_option("--model-host-path", k->opts.model_host_path,
+                  "a directory on every machine with the model (mounted at /model)");
+  k8s->add_option("--store-pvc", k->opts.store_pvc,
+                  "a ReadWriteMany claim for the KV block store (mounted at /kv)");
+  k8s->callback([k, &rc] { rc = run_k8s(*k); });
+
+  auto s = std::make_shared<slurm_args>();
+  auto* slurm = app.add_subcommand(
+    "slurm", "write a heterogeneous Slurm batch script for a topology (component 0: control, "
+             "then one per pool; one srun step per instance)");
+  slurm->add_option("topology", s->topology, "the topology file (TOML)")->required();
+  slurm->add_option("--out", s->out_file, "write the script to this file (default: stdout)");
+  slurm->add_option("--topology-path", s->opts.topology_path,
+                    "the topology's path on the job's machines (default: its absolute path "
+                    "here, for a shared file system)");
+  slurm->add_option("--troupe", s->opts.troupe, "the troupe command on the machines")
+    ->capture_default_str();
+  slurm->add_option("--job-name", s->opts.job_name, "default: troupe-<cluster name>");
+  slurm->add_option("--output", s->opts.output, "the batch step's output file")
+    ->default_str("troupe-%j.out");
+  slurm->add_option("--partition", s->opts.partition, "the partition of every component");
+  slurm->add_option("--account", s->opts.account, "the account to charge");
+  slurm->add_option("--time", s->opts.time_limit, "the time limit (Slurm syntax)");
+  slurm->add_option("--gpus-per-node", s->opts.gpus_per_node,
+                    "GPUs per machine (default: the topology hardware's)");
+  slurm->add_option("--http-port", s->opts.http_port, "the HTTP API port")
+    ->capture_default_str();
+  slurm->add_option("--control-port", s->opts.control_port, "the port instances join")
+    ->capture_default_str();
+  slurm->add_option("--cpus-per-gpu", s->opts.cpus_per_gpu, "CPUs per GPU of a step")
+    ->capture_default_str();
+  slurm->add_option("--model", s->opts.model_dir, "the model directory on the machines");
+  slurm->add_option("--kv-dir", s->opts.store_dir,
+                    "the KV block store directory on the machines (a shared mount)");
+  slurm->callback([s, &rc] { rc = run_slurm(*s); });
+}
+
+}  // namespace troupe::cli

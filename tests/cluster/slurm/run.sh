@@ -1,0 +1,232 @@
+#!/bin/bash
+# The Slurm harness: `troupe slurm`'s heterogeneous job on a real slurmctld and slurmd.
+#
+#   tests/cluster/slurm/run.sh TROUPE
+#
+# On this machine (root, Debian's slurmctld, slurmd, slurm-client and munge installed by
+# scripts/install-deps.sh) it starts munged with a fresh key, one slurmctld and four slurmd
+# daemons (nodes n1..n4, 64 CPUs and 8 GRES gpus each, all on 127.0.0.1 with a port and spool
+# directory of their own) as plain background processes in a temporary directory, waits until
+# sinfo shows the four nodes idle, and then:
+#   1. submits the script `TROUPE slurm topology.toml` writes (component 0 the control, 1 the
+#      prefill pool, 2 the decode pool), with stand_in_node.sh in place of `troupe node`, and
+#      checks that every process ran once in its own component with the right arguments
+#      (role, index, the control's address), that the decode instance's two ranks ran on two
+#      machines, that the steps got their GPUs, and that every component completed;
+#   2. submits it again with the stand-ins holding, scancel's the job once they all run, and
+#      checks that the job is gone and that every process received SIGTERM.
+# The stand-in serves no request: it proves placement and signalling only; running the real
+# `troupe node` here (and a request through it) is still to do. Everything started is stopped and the directory
+# removed on exit, failure included. Exit status 0: passed, 77: skipped (not root or Slurm
+# missing), anything else: failed. Bounded: every wait has a deadline (60 s each); it takes
+# about 10 s.
+set -uo pipefail
+
+troupe="${1:?usage: run.sh TROUPE}"
+here="$(cd "$(dirname "$0")" && pwd)"
+
+skip() { echo "slurm harness: skipped: $*"; exit 77; }
+fail() { echo "slurm harness: FAILED: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || skip "needs root (slurmd runs jobs as their user)"
+for c in munged mungekey slurmctld slurmd sbatch squeue sinfo scontrol scancel python3; do
+  command -v "$c" >/dev/null || skip "$c is not installed (scripts/install-deps.sh)"
+done
+
+dir="$(mktemp -d /tmp/troupe-slurm.XXXXXX)"
+chmod 755 "$dir"
+pids=()
+munged_pid=""
+cleanup() {
+  local rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
+    for log in "$dir"/slurmctld.log "$dir"/slurmd-n1.log "$dir"/job-*.out; do
+      [ -f "$log" ] && { echo "--- $log (tail)"; tail -n 20 "$log"; }
+    done
+  fi
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  [ -n "$munged_pid" ] && kill "$munged_pid" 2>/dev/null
+  for p in "${pids[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+  done
+  # Job processes are children of slurmstepd, which the slurmds' exit leaves behind.
+  pkill_stepd() {
+    local p
+    for p in $(pgrep -x slurmstepd); do
+      grep -q "$dir" "/proc/$p/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null
+    done
+  }
+  pkill_stepd
+  rm -rf "$dir"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# Five free loopback ports: slurmctld and the four slurmds.
+read -r -a ports <<< "$(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(5)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')"
+
+# munge: a key of our own, a socket in the directory.
+mkdir -p "$dir/munge" "$dir/state" "$dir/out"
+mungekey --create --keyfile="$dir/munge/munge.key" --force >/dev/null 2>&1 \
+  || fail "mungekey could not create a key"
+chmod 600 "$dir/munge/munge.key"
+munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/socket" \
+  --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" \
+  --seed-file="$dir/munge/seed" || fail "munged did not start"
+munged_pid="$(cat "$dir/munge/munged.pid")"
+
+host="$(hostname -s)"
+cat > "$dir/slurm.conf" <<CONF
+ClusterName=troupetest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=${ports[0]}
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge/socket
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool-%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+# Heterogeneous jobs are started by the backfill scheduler only: run it every second.
+SchedulerParameters=bf_interval=1
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+GresTypes=gpu
+KillWait=10
+MinJobAge=300
+SlurmdTimeout=60
+NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=${ports[1]} CPUs=64 RealMemory=4096 Gres=gpu:8 State=UNKNOWN
+NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=${ports[2]} CPUs=64 RealMemory=4096 Gres=gpu:8 State=UNKNOWN
+NodeName=n3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=${ports[3]} CPUs=64 RealMemory=4096 Gres=gpu:8 State=UNKNOWN
+NodeName=n4 NodeHostname=localhost NodeAddr=127.0.0.1 Port=${ports[4]} CPUs=64 RealMemory=4096 Gres=gpu:8 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+# Slurm keeps only GPUs with device files: eight character devices that are /dev/null (1:3),
+# so Slurm schedules and hands out GPUs by index while no device is touched.
+mkdir -p "$dir/dev"
+for i in 0 1 2 3 4 5 6 7; do
+  mknod "$dir/dev/nvidia$i" c 1 3 || skip "mknod is not permitted here (fake GPU device files)"
+done
+echo "NodeName=n[1-4] Name=gpu File=$dir/dev/nvidia[0-7]" > "$dir/gres.conf"
+export SLURM_CONF="$dir/slurm.conf"
+
+slurmctld -D -c -f "$SLURM_CONF" >"$dir/slurmctld.stdout" 2>&1 &
+pids+=($!)
+for n in n1 n2 n3 n4; do
+  mkdir -p "$dir/spool-$n"
+  slurmd -D -N "$n" -f "$SLURM_CONF" >"$dir/slurmd-$n.stdout" 2>&1 &
+  pids+=($!)
+done
+
+# Wait (at most 60 s) until the four nodes are idle.
+idle=0
+for _ in $(seq 1 300); do
+  idle="$(sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)"
+  [ "$idle" -eq 4 ] && break
+  sleep 0.2
+done
+[ "$idle" -eq 4 ] || fail "the nodes did not become idle in 60 s: $(sinfo -N 2>&1)"
+echo "slurm harness: slurmctld and 4 slurmds up (${SECONDS} s)"
+
+"$troupe" slurm "$here/topology.toml" --troupe "$here/stand_in_node.sh" \
+  --gpus-per-node 8 --cpus-per-gpu 2 --output "$dir/job-%j.out" --out "$dir/job.sh" \
+  || fail "troupe slurm failed"
+
+# Waits (at most $2 tenths of a second) until job $1 has left the queue.
+wait_gone() {
+  for _ in $(seq 1 "$2"); do
+    [ -z "$(squeue -h -j "$1" 2>/dev/null)" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# --- 1. the job runs: placement, arguments, GPUs, completion -------------------------------
+export TROUPE_STANDIN_OUT="$dir/out/run"
+mkdir -p "$TROUPE_STANDIN_OUT"
+job="$(sbatch --parsable "$dir/job.sh")" || fail "sbatch refused the script"
+job="${job%%;*}"
+wait_gone "$job" 600 || fail "job $job did not finish in 60 s: $(squeue 2>&1)"
+components="$(scontrol show job -o "$job")"
+[ "$(grep -c . <<< "$components")" -eq 3 ] || fail "job $job has not 3 components: $components"
+states="$(grep -o 'JobState=[A-Z]*' <<< "$components" | sort -u)"
+[ "$states" = "JobState=COMPLETED" ] || fail "job $job did not complete: $states"
+
+# The nodes of het component $1.
+component_nodes() {
+  local line
+  line="$(grep "HetJobOffset=$1 " <<< "$components")"
+  scontrol show hostnames "$(sed -n 's/.* NodeList=\([^ ]*\).*/\1/p' <<< "$line")"
+}
+# Checks the stand-in file $1 of het component $2: ran there, with arguments $3.
+check_process() {
+  local f="$TROUPE_STANDIN_OUT/$1"
+  [ -f "$f" ] || fail "$1 did not run (files: $(ls "$TROUPE_STANDIN_OUT"))"
+  local node; node="$(sed -n 's/^node=//p' "$f")"
+  component_nodes "$2" | grep -qx "$node" || fail "$1 ran on $node, outside component $2"
+  grep -qx "args=$3" "$f" || fail "$1 arguments: $(grep '^args=' "$f"), expected $3"
+  echo "$node"
+}
+topo="$here/topology.toml"
+check_process control-0.0 0 \
+  "node $topo --role control --control 0.0.0.0:4242 --listen 0.0.0.0:8000" >/dev/null
+for i in 0 1; do
+  check_process "prefill-$i.0" 1 "node $topo --role prefill --index $i --control 127.0.0.1:4242" \
+    >/dev/null
+  grep -qx 'SLURM_GPUS_ON_NODE=4' "$TROUPE_STANDIN_OUT/prefill-$i.0" \
+    || fail "prefill-$i did not get 4 GPUs: $(grep GPU "$TROUPE_STANDIN_OUT/prefill-$i.0")"
+done
+# The two prefill instances share one 8-GPU machine: Slurm must give them disjoint GPUs.
+p0="$(sed -n 's/^node=//p' "$TROUPE_STANDIN_OUT/prefill-0.0"):$(sed -n 's/^SLURM_STEP_GPUS=//p' "$TROUPE_STANDIN_OUT/prefill-0.0")"
+p1="$(sed -n 's/^node=//p' "$TROUPE_STANDIN_OUT/prefill-1.0"):$(sed -n 's/^SLURM_STEP_GPUS=//p' "$TROUPE_STANDIN_OUT/prefill-1.0")"
+if [ "${p0%%:*}" = "${p1%%:*}" ]; then
+  overlap="$(comm -12 <(tr , '\n' <<< "${p0#*:}" | sort) <(tr , '\n' <<< "${p1#*:}" | sort))"
+  [ -z "$overlap" ] || fail "prefill-0 ($p0) and prefill-1 ($p1) share GPUs $overlap"
+fi
+grep -L '^SLURM_HET_SIZE=3$' "$TROUPE_STANDIN_OUT"/* | grep -q . \
+  && fail "a process does not see the 3-component job: $(grep -L '^SLURM_HET_SIZE=3$' "$TROUPE_STANDIN_OUT"/*)"
+d0="$(check_process decode-0.0 2 "node $topo --role decode --index 0 --control 127.0.0.1:4242")"
+d1="$(check_process decode-0.1 2 "node $topo --role decode --index 0 --control 127.0.0.1:4242")"
+[ "$d0" != "$d1" ] || fail "the decode instance's two ranks share $d0"
+grep -qx 'SLURM_GPUS_ON_NODE=8' "$TROUPE_STANDIN_OUT/decode-0.0" \
+  || fail "decode-0 rank 0 did not get 8 GPUs"
+[ "$(ls "$TROUPE_STANDIN_OUT" | wc -l)" -eq 5 ] \
+  || fail "expected 5 processes, got: $(ls "$TROUPE_STANDIN_OUT")"
+echo "slurm harness: job $job ran 5 processes in 3 components (prefill GPUs $p0 and $p1," \
+  "decode ranks on $d0 and $d1) (${SECONDS} s)"
+
+# --- 2. scancel signals every process -------------------------------------------------------
+export TROUPE_STANDIN_OUT="$dir/out/hold" TROUPE_STANDIN_HOLD=1
+mkdir -p "$TROUPE_STANDIN_OUT"
+job="$(sbatch --parsable "$dir/job.sh")" || fail "sbatch refused the script"
+job="${job%%;*}"
+started=0
+for _ in $(seq 1 600); do
+  started="$(ls "$TROUPE_STANDIN_OUT" | grep -c '\.started$')"
+  [ "$started" -eq 5 ] && break
+  sleep 0.1
+done
+[ "$started" -eq 5 ] || fail "only $started of 5 processes started in 60 s"
+scancel "$job" || fail "scancel $job failed"
+wait_gone "$job" 600 || fail "job $job still queued 60 s after scancel: $(squeue 2>&1)"
+terms="$(ls "$TROUPE_STANDIN_OUT" | grep -c '\.term$')"
+[ "$terms" -eq 5 ] || fail "only $terms of 5 processes got SIGTERM"
+echo "slurm harness: scancel $job: job gone, 5 of 5 processes got SIGTERM (${SECONDS} s)"
+echo "slurm harness: passed"

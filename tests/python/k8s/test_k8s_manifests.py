@@ -1,0 +1,92 @@
+"""`troupe k8s` manifests against the Kubernetes schemas, offline.
+
+For every example topology (and a few option sets), the objects `troupe k8s` writes are
+parsed back with PyYAML and validated with kubernetes-validate in strict mode (unknown fields
+are errors) against two Kubernetes versions whose schemas the pinned package bundles. The
+ConfigMap must hold the topology file byte for byte, the YAML stream on stdout must equal the
+per-object files, and two runs must give the same bytes. A manifest broken on purpose must be
+rejected, so a validator that accepts anything fails this test.
+
+Environment: TROUPE (the troupe CLI), TROUPE_SOURCE_DIR (the checkout).
+"""
+import copy
+import os
+import pathlib
+import subprocess
+
+import kubernetes_validate
+import pytest
+import yaml
+
+TROUPE = os.environ["TROUPE"]
+SOURCE = pathlib.Path(os.environ["TROUPE_SOURCE_DIR"])
+TOPOLOGIES = sorted((SOURCE / "examples" / "topologies").glob("*.toml"))
+# The oldest and the newest Kubernetes whose schemas kubernetes-validate 1.34.1 bundles and
+# that every object here must satisfy.
+VERSIONS = ["1.30.0", "1.34.0"]
+OPTION_SETS = {
+    "defaults": [],
+    "volumes": ["--namespace", "serving", "--model-pvc", "deepseek-weights",
+                "--store-pvc", "troupe-kv", "--image", "registry.example/troupe:1.2.3"],
+    "host-model": ["--model-host-path", "/mnt/models/v4.1-flash", "--gpus-per-node", "4"],
+}
+
+
+def emit(topology, options, out_dir=None):
+    args = [TROUPE, "k8s", str(topology), *options]
+    if out_dir is not None:
+        args += ["--out", str(out_dir)]
+    done = subprocess.run(args, capture_output=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout
+
+
+def validate(doc):
+    for version in VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("options", sorted(OPTION_SETS), ids=str)
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)
+def test_every_manifest_is_valid_kubernetes(topology, options, tmp_path):
+    opts = OPTION_SETS[options]
+    files = sorted(tmp_path.glob("*.yaml"))
+    assert not files
+    emit(topology, opts, tmp_path)
+    files = sorted(tmp_path.glob("*.yaml"))
+    assert len(files) >= 6, files
+    docs = [yaml.safe_load(f.read_text()) for f in files]
+    for f, doc in zip(files, docs):
+        validate(doc)
+        assert f.name.endswith(f"-{doc['kind'].lower()}-{doc['metadata']['name']}.yaml")
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("ConfigMap") == 1 and kinds.count("Deployment") == 1
+    assert kinds.count("StatefulSet") == kinds.count("Service") - 2
+
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert config["data"]["topology.toml"] == topology.read_text(), "ConfigMap != the file"
+
+    stream = emit(topology, opts)
+    assert stream == b"---\n".join(f.read_bytes() for f in files)
+    assert list(yaml.safe_load_all(stream)) == docs
+    assert emit(topology, opts) == stream, "two runs gave different bytes"
+
+
+def test_the_validator_rejects_broken_manifests(tmp_path):
+    emit(TOPOLOGIES[0], [], tmp_path)
+    docs = [yaml.safe_load(f.read_text()) for f in sorted(tmp_path.glob("*.yaml"))]
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    validate(sts)
+
+    wrong_type = copy.deepcopy(sts)
+    wrong_type["spec"]["replicas"] = "two"
+    misspelled = copy.deepcopy(sts)
+    misspelled["spec"]["template"]["spec"]["containerz"] = \
+        misspelled["spec"]["template"]["spec"].pop("containers")
+    no_selector = copy.deepcopy(sts)
+    del no_selector["spec"]["selector"]
+    bad_probe = copy.deepcopy(next(d for d in docs if d["kind"] == "Deployment"))
+    bad_probe["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] = 5
+    for broken in (wrong_type, misspelled, no_selector, bad_probe):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate(broken)
