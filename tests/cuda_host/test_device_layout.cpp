@@ -113,6 +113,7 @@ TEST_CASE("DeepSeek-V4.1-Flash does not fit one H200 alone; at EP 8 the rest is 
   auto alone = plan_device_layout(c, o);
   REQUIRE_FALSE(alone.ok());
   CHECK(alone.error().find("exceed the free 139.00 GiB") != std::string::npos);
+  MESSAGE(alone.error());
   auto p8 = place_experts(384, 8);
   REQUIRE(p8.ok());
   o.placement = &*p8;
