@@ -49,6 +49,14 @@ result<device_info> query_device(int ordinal) {
   d.total_bytes = static_cast<std::int64_t>(total_b);
   const double per_sm_clock = d.major == 9 ? 4096 : d.major == 10 ? 8192 : 0;
   d.bf16_flops = per_sm_clock * d.sms * d.sm_clock_hz;
+  // A driver that reports no clocks: the datasheet figures of the GPUs the engine targets.
+  struct known { const char* name; double hbm, bf16; };
+  for (const known& k : {known{"H100", 3.35e12, 989e12}, known{"H800", 3.35e12, 989e12},
+                         known{"H200", 4.8e12, 989e12}, known{"B200", 8e12, 2250e12}})
+    if (d.name.find(k.name) != std::string::npos) {
+      if (d.hbm_bytes_per_s <= 0) d.hbm_bytes_per_s = k.hbm;
+      if (d.bf16_flops <= 0) d.bf16_flops = k.bf16;
+    }
   return d;
 }
 

@@ -6,7 +6,9 @@
 // driver reports (2 transfers per clock); dense BF16 tensor-core peak from the SM count, the SM
 // clock and the per-SM rate of the architecture (4096 FLOP per clock on SM90, 8192 on SM100,
 // NVIDIA's published figures divided out: H100/H200 SXM 989 TFLOP/s at 132 SMs and 1.83 GHz;
-// B200 2.25 PFLOP/s at 148 SMs). They are estimates of the datasheet figures, not measurements.
+// B200 2.25 PFLOP/s at 148 SMs). They are estimates of the datasheet figures, not measurements;
+// where the driver reports no clock, the datasheet figure of a known GPU (H100, H800, H200,
+// B200) stands in.
 // Every call returns failures as values (no device, no driver) and never throws.
 #pragma once
 

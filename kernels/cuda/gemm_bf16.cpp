@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -38,6 +39,16 @@ struct call {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// The largest power of two up to 256 dividing the address: cuBLASLt's heuristic assumes 256-byte
+// aligned operands unless told otherwise, and an algorithm it picks under that assumption may
+// fail on a pointer into the middle of a buffer (one expert's rows).
+std::uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t b = 256;
+  while (b > 1 && a % b != 0) b /= 2;
+  return b;
+}
 
 cublasStatus_t batched(cublasLtMatrixLayout_t l, std::int64_t batch, std::int64_t stride) {
   const auto count = static_cast<int>(batch);
@@ -99,6 +110,15 @@ result<bool> gemm_bf16::run(const std::uint16_t* x, const std::uint16_t* w, floa
   const auto ws = static_cast<std::uint64_t>(s_->workspace_bytes);
   cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof ws);
+  const std::uint32_t align_a = alignment(w), align_b = alignment(x), align_c = alignment(y);
+  cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                       sizeof align_a);
+  cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                       sizeof align_b);
+  cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                       sizeof align_c);
+  cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                       sizeof align_c);
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   st = cublasLtMatmulAlgoGetHeuristic(s_->handle, c.op, c.a, c.b, c.c, c.c, c.pref, 1, &heuristic,
