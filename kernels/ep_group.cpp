@@ -112,7 +112,8 @@ result<comm_init_args> accept_unique_id(const ep_group_plan& plan, gpu_id self,
   return comm_init_args{plan.size(), rank, m.id};
 }
 
-result<ep_rebuild> plan_rebuild(const ep_group_plan& from, const ep_group_plan& to) {
+result<ep_rebuild> plan_rebuild(const ep_group_plan& from, const ep_group_plan& to,
+                                bool communicator_alive) {
   using r = result<ep_rebuild>;
   if (from.instance != to.instance) return r::failure("plan_rebuild: two different instances");
   if (to.generation <= from.generation)
@@ -121,7 +122,7 @@ result<ep_rebuild> plan_rebuild(const ep_group_plan& from, const ep_group_plan& 
   if (from.placement.experts != to.placement.experts)
     return r::failure("plan_rebuild: the expert count changed");
   ep_rebuild out;
-  out.new_communicator = from.members != to.members;
+  out.new_communicator = !communicator_alive || from.members != to.members;
   std::set_difference(from.members.begin(), from.members.end(), to.members.begin(),
                       to.members.end(), std::back_inserter(out.lost));
   std::set<std::int32_t> surviving;  // experts some member of `to` already held

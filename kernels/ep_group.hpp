@@ -100,7 +100,8 @@ struct rank_rebuild {
 
 /// Everything that changes from formation `from` to formation `to`.
 struct ep_rebuild {
-  /// A new communicator is needed (members or size changed). When false the old one serves.
+  /// A new communicator is needed: the members changed, or the old communicator did not
+  /// survive (see plan_rebuild). When false the old one serves.
   bool new_communicator = false;
   /// GPUs of `from` that are not in `to`, ascending.
   std::vector<gpu_id> lost;
@@ -110,8 +111,11 @@ struct ep_rebuild {
   std::vector<std::int32_t> from_checkpoint;
 };
 
-/// The rebuild from `from` to `to`. Errors: another instance, `to` not a later generation, or
-/// a different expert count.
-result<ep_rebuild> plan_rebuild(const ep_group_plan& from, const ep_group_plan& to);
+/// The rebuild from `from` to `to`. `communicator_alive` says whether `from`'s communicator is
+/// still usable: false after a member failed (it was aborted) or the instance's ranks
+/// restarted; true when the group re-forms on purpose with every process intact. Errors:
+/// another instance, `to` not a later generation, or a different expert count.
+result<ep_rebuild> plan_rebuild(const ep_group_plan& from, const ep_group_plan& to,
+                                bool communicator_alive = false);
 
 }  // namespace troupe::kernels

@@ -87,9 +87,9 @@ TEST_CASE("an EP 8 group that loses a GPU re-forms as 7 with a new communicator 
   auto g1 = form_ep_group(4, 1, before, 384), g2 = form_ep_group(4, 2, after, 384);
   REQUIRE(g1.ok());
   REQUIRE(g2.ok());
-  auto rb = plan_rebuild(*g1, *g2);
+  auto rb = plan_rebuild(*g1, *g2, /*communicator_alive=*/true);
   REQUIRE(rb.ok());
-  CHECK(rb->new_communicator);
+  CHECK(rb->new_communicator);  // a member is gone: a communicator cannot shrink
   CHECK(rb->lost == std::vector<gpu_id>{5});
   REQUIRE(rb->ranks.size() == 7);
   for (std::int32_t e = 0; e < 384; ++e) {
@@ -144,12 +144,12 @@ TEST_CASE("a replica of a hot expert on a surviving GPU spares it the checkpoint
   CHECK(rb->from_checkpoint.size() == 47);
 }
 
-TEST_CASE("the same members in a later generation keep their communicator and their experts") {
+TEST_CASE("the same members in a later generation keep their experts, and their communicator if it survived") {
   const std::vector<gpu_id> gpus{3, 4};
   auto g1 = form_ep_group(1, 5, gpus, 16), g2 = form_ep_group(1, 6, gpus, 16);
   REQUIRE(g1.ok());
   REQUIRE(g2.ok());
-  auto rb = plan_rebuild(*g1, *g2);
+  auto rb = plan_rebuild(*g1, *g2, /*communicator_alive=*/true);
   REQUIRE(rb.ok());
   CHECK_FALSE(rb->new_communicator);
   CHECK(rb->lost.empty());
@@ -159,4 +159,8 @@ TEST_CASE("the same members in a later generation keep their communicator and th
     CHECK(r.drop.empty());
   }
   CHECK_FALSE(plan_rebuild(*g2, *g1).ok());  // generations only move forward
+  // After a failure the old communicator was aborted: the same members need a new one.
+  auto after_failure = plan_rebuild(*g1, *g2, /*communicator_alive=*/false);
+  REQUIRE(after_failure.ok());
+  CHECK(after_failure->new_communicator);
 }
