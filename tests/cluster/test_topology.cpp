@@ -141,6 +141,16 @@ TEST_CASE("model and hardware names are matched case-insensitively and stored ca
   CHECK(r.value->cluster.hardware == "H100");
 }
 
+TEST_CASE("a topology selects the H200 and B200 profiles by name") {
+  for (auto [spelled, canonical] : {std::pair{"h200", "H200"}, std::pair{"b200", "B200"}}) {
+    std::string text(minimal);
+    text.replace(text.find("\"h100\""), 6, std::string("\"") + spelled + "\"");
+    auto r = parse_topology(text, "inline.toml");
+    REQUIRE(r.ok());
+    CHECK(r.value->cluster.hardware == canonical);
+  }
+}
+
 TEST_CASE("an integer instance count fixes min, initial and max") {
   auto r = parse_topology(minimal, "inline.toml");
   REQUIRE(r.ok());

@@ -1,0 +1,61 @@
+// The CUDA kernels of the decode path, launched on device pointers: RMSNorm, sliding-window
+// decode attention over the SWA ring, and the MoE dispatch / combine permutations.
+//
+// Each kernel mirrors a piece of the exact CPU model (kernels/model.cpp, kernels/cpu_ops.hpp)
+// on the same fp32 layouts, so the CUDA backend can be checked against the CPU backend one
+// kernel at a time (tests/cuda/, run by bench/gpu_check.sh on a GPU machine). Pointers are
+// device pointers; `stream` is a cudaStream_t (null: the default stream). A launch returns a
+// failure naming the CUDA error when the launch itself fails; errors during execution surface
+// at the next synchronisation, as with any CUDA launch. None of these kernels has run on a
+// GPU yet: they compile for sm_90 and sm_100 and wait for bench/gpu_check.sh.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/result.hpp"
+
+namespace troupe::kernels::cuda {
+
+/// In place, each of `rows` rows of x [rows, n]: x = weight ⊙ (x / sqrt(mean(x²) + eps))
+/// (weight null: unweighted), as kernels/cpu_ops.hpp's rms_norm.
+result<bool> rms_norm(float* x, std::int64_t rows, std::int64_t n, const float* weight, float eps,
+                      void* stream = nullptr);
+
+/// One decode token per sequence attending over its layer's SWA ring, as the CPU model's
+/// sliding-window attention (K = V = the ring's rows, a per-head sink in the softmax's
+/// denominator, the inverse RoPE of the output at the query's position). The ring of sequence
+/// b is rings + b · capacity · head_dim, row of position p at slot p mod capacity (the layout of
+/// kernels/kv_cache.hpp's swa_ring), and must already hold the query's own row. Sequence b's
+/// keys are positions max(0, position[b] − window + 1, ring_begin[b]) .. position[b].
+/// Sliding-window layers only: the CSA2 layers' selected compressed entries are not attended.
+struct swa_decode_args {
+  const float* q = nullptr;           // [batch, heads, head_dim], post-RoPE
+  const float* rings = nullptr;       // [batch, capacity, head_dim]
+  const std::int64_t* positions = nullptr;   // [batch]
+  const std::int64_t* ring_begin = nullptr;  // [batch]: the oldest position each ring holds
+  const float* sinks = nullptr;       // [heads]
+  const float* inv_freq = nullptr;    // [rope_dim / 2]
+  float* out = nullptr;               // [batch, heads, head_dim]
+  std::int64_t batch = 0, heads = 0, head_dim = 0, capacity = 0, window = 0, rope_dim = 0;
+  float scaling = 1.0f;       // the softmax scale, 1/sqrt(head_dim) in the model
+  float rope_scaling = 1.0f;  // rope_table::scaling
+};
+result<bool> swa_decode_attention(const swa_decode_args& a, void* stream = nullptr);
+
+/// The largest window + rollback rows swa_decode_attention accepts (its scores live in shared
+/// memory).
+inline constexpr std::int64_t swa_max_keys = 1024;
+
+/// out[i] = x[send_copy[i] / top_k] for i < rows (kernels/ep_dispatch.hpp's gather_rows):
+/// x [tokens, width], out [rows, width].
+result<bool> moe_gather_rows(const float* x, const std::int32_t* send_copy, std::int64_t rows,
+                             std::int32_t top_k, std::int64_t width, float* out,
+                             void* stream = nullptr);
+
+/// y[t] = Σ_{j ascending} weights[t·k + j] · returned[copy_row[t·k + j]], each product and sum
+/// rounded separately: bit for bit kernels/ep_dispatch.hpp's combine_rows.
+result<bool> moe_combine_rows(const float* returned, const std::int32_t* copy_row,
+                              const float* weights, std::int64_t tokens, std::int32_t top_k,
+                              std::int64_t width, float* y, void* stream = nullptr);
+
+}  // namespace troupe::kernels::cuda

@@ -1,0 +1,172 @@
+// The CUDA kernels against the CPU model's math on small random inputs (tolerances stated per
+// test; the permutations exactly).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "device_buffer.hpp"
+#include "kernels/cpu_ops.hpp"
+#include "kernels/cuda/gemm_bf16.hpp"
+#include "kernels/cuda/ops.hpp"
+#include "kernels/ep_dispatch.hpp"
+#include "kernels/kv_cache.hpp"
+
+using namespace troupe::kernels;
+using troupe::test::device_buffer;
+using troupe::test::uniform;
+
+namespace {
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+}  // namespace
+
+TEST_CASE("RMSNorm on the device matches the CPU's within 1e-5 relative") {
+  const std::int64_t rows = 7, n = 5120;
+  auto x = uniform(static_cast<std::size_t>(rows * n), 1, -3, 3);
+  const auto w = uniform(static_cast<std::size_t>(n), 2, 0.5f, 1.5f);
+  device_buffer<float> dx(x), dw(w);
+  REQUIRE(cuda::rms_norm(dx.get(), rows, n, dw.get(), 1e-6f).ok());
+  const auto got = dx.download();
+  for (std::int64_t r = 0; r < rows; ++r) rms_norm(x.data() + r * n, n, w.data(), 1e-6f);
+  CHECK(max_abs_diff(got, x) <= 1e-5 * 1.5 * 3);
+}
+
+TEST_CASE("sliding-window decode attention matches the CPU's sink attention within 2e-5") {
+  // The released shapes of a sliding-window layer (64 heads of 512, window 128, rope 64), three
+  // sequences at different points: one short, two whose ring has wrapped, one after a reset.
+  const std::int64_t H = 64, hd = 512, win = 128, cap = win + swa_rollback_tokens, B = 3;
+  const std::vector<std::int64_t> positions{5, 300, 1000}, starts{0, 0, 950};
+  const rope_table rope = make_rope_table([] {
+    rope_parameters p;
+    p.partial_rotary_factor = 64.0 / 512.0;
+    return p;
+  }(), hd);
+  std::vector<float> rings(static_cast<std::size_t>(B * cap * hd), 0.0f);
+  std::vector<std::int64_t> begin(B);
+  std::vector<swa_ring> cpu;
+  for (std::int64_t b = 0; b < B; ++b) {
+    swa_ring ring(hd, cap);
+    ring.reset(starts[static_cast<std::size_t>(b)]);
+    for (std::int64_t p = starts[static_cast<std::size_t>(b)]; p <= positions[static_cast<std::size_t>(b)]; ++p) {
+      auto row = uniform(static_cast<std::size_t>(hd), static_cast<std::uint32_t>(1000 * b + p));
+      ring.push(row.data());
+    }
+    begin[static_cast<std::size_t>(b)] = ring.begin();
+    for (std::int64_t p = ring.begin(); p < ring.end(); ++p)
+      std::copy_n(ring.at(p), hd, rings.data() + (b * cap + p % cap) * hd);
+    cpu.push_back(std::move(ring));
+  }
+  const auto q = uniform(static_cast<std::size_t>(B * H * hd), 7, -0.2f, 0.2f);
+  const auto sinks = uniform(static_cast<std::size_t>(H), 8);
+  const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  device_buffer<float> dq(q), drings(rings), dsinks(sinks), dfreq(rope.inv_freq),
+      dout(static_cast<std::size_t>(B * H * hd));
+  device_buffer<std::int64_t> dpos(positions), dbegin(begin);
+  cuda::swa_decode_args a;
+  a.q = dq.get();
+  a.rings = drings.get();
+  a.positions = dpos.get();
+  a.ring_begin = dbegin.get();
+  a.sinks = dsinks.get();
+  a.inv_freq = dfreq.get();
+  a.out = dout.get();
+  a.batch = B;
+  a.heads = H;
+  a.head_dim = hd;
+  a.capacity = cap;
+  a.window = win;
+  a.rope_dim = rope.rope_dim;
+  a.scaling = scaling;
+  a.rope_scaling = rope.scaling;
+  REQUIRE(cuda::swa_decode_attention(a).ok());
+  const auto got = dout.download();
+
+  // The CPU model's computation (kernels/model.cpp, sink_attention), written out.
+  std::vector<float> want(got.size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t p = positions[static_cast<std::size_t>(b)];
+    const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, cpu[static_cast<std::size_t>(b)].begin()});
+    for (std::int64_t h = 0; h < H; ++h) {
+      const float* qh = q.data() + (b * H + h) * hd;
+      std::vector<float> lg;
+      for (std::int64_t k = first; k <= p; ++k) {
+        float dot = 0;
+        for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * cpu[static_cast<std::size_t>(b)].at(k)[i];
+        lg.push_back(dot * scaling);
+      }
+      float mx = sinks[static_cast<std::size_t>(h)];
+      for (float v : lg) mx = std::max(mx, v);
+      float sum = std::exp(sinks[static_cast<std::size_t>(h)] - mx);
+      for (float& v : lg) sum += v = std::exp(v - mx);
+      float* o = want.data() + (b * H + h) * hd;
+      for (std::int64_t i = 0; i < hd; ++i) {
+        float acc = 0;
+        for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * cpu[static_cast<std::size_t>(b)].at(first + static_cast<std::int64_t>(k))[i];
+        o[i] = acc;
+      }
+      apply_rope(o, hd, rope, p, /*inverse=*/true);
+    }
+  }
+  CHECK(max_abs_diff(got, want) <= 2e-5);
+}
+
+TEST_CASE("the device gather and combine equal the host plan's bit for bit") {
+  const std::int32_t T = 33, k = 6, E = 384;
+  const std::int64_t W = 1024;
+  auto p = place_experts(E, 8);
+  REQUIRE(p.ok());
+  std::vector<std::int32_t> ids;
+  for (std::int32_t t = 0; t < T; ++t)
+    for (std::int32_t j = 0; j < k; ++j) ids.push_back((t * 37 + j * 61) % E);
+  auto plan = plan_dispatch(*p, ids, k);
+  REQUIRE(plan.ok());
+  const auto x = uniform(static_cast<std::size_t>(T * W), 11);
+  const auto w = uniform(static_cast<std::size_t>(T * k), 12, 0, 1);
+  const std::int64_t rows = static_cast<std::int64_t>(plan->send_copy.size());
+  std::vector<float> gathered(static_cast<std::size_t>(rows * W));
+  gather_rows(*plan, x.data(), W, gathered.data());
+  const auto returned = uniform(gathered.size(), 13);  // stands in for the experts' outputs
+  std::vector<float> combined(static_cast<std::size_t>(T * W));
+  combine_rows(*plan, returned.data(), w, W, combined.data());
+
+  device_buffer<float> dx(x), dw(w), dret(returned), dg(gathered.size()), dy(combined.size());
+  device_buffer<std::int32_t> dsend(plan->send_copy), drow(plan->copy_row);
+  REQUIRE(cuda::moe_gather_rows(dx.get(), dsend.get(), rows, k, W, dg.get()).ok());
+  REQUIRE(cuda::moe_combine_rows(dret.get(), drow.get(), dw.get(), T, k, W, dy.get()).ok());
+  const auto g = dg.download(), y = dy.download();
+  CHECK(std::memcmp(g.data(), gathered.data(), g.size() * 4) == 0);
+  CHECK(std::memcmp(y.data(), combined.data(), y.size() * 4) == 0);
+}
+
+TEST_CASE("the cuBLASLt BF16 GEMM matches an fp32 GEMM of the same BF16 values within 1e-4 relative") {
+  for (auto [m, n, kk, batch] : {std::array<std::int64_t, 4>{1, 4096, 5120, 1},
+                                 std::array<std::int64_t, 4>{37, 1000, 768, 1},
+                                 std::array<std::int64_t, 4>{64, 512, 256, 4}}) {
+    CAPTURE(m);
+    CAPTURE(n);
+    auto x = uniform(static_cast<std::size_t>(batch * m * kk), 21);
+    auto w = uniform(static_cast<std::size_t>(batch * n * kk), 22, -0.05f, 0.05f);
+    std::vector<std::uint16_t> xb(x.size()), wb(w.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = cuda::from_bf16(xb[i] = cuda::to_bf16(x[i]));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = cuda::from_bf16(wb[i] = cuda::to_bf16(w[i]));
+    std::vector<float> want(static_cast<std::size_t>(batch * m * n));
+    for (std::int64_t b = 0; b < batch; ++b)
+      linear(x.data() + b * m * kk, m, kk, w.data() + b * n * kk, n, want.data() + b * m * n);
+    auto gemm = cuda::gemm_bf16::create();
+    REQUIRE(gemm.ok());
+    device_buffer<std::uint16_t> dx(xb), dw(wb);
+    device_buffer<float> dy(want.size());
+    auto ran = gemm->run(dx.get(), dw.get(), dy.get(), m, n, kk, batch);
+    REQUIRE_MESSAGE(ran.ok(), ran.error());
+    const auto got = dy.download();
+    double scale = 0;
+    for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+    CHECK(max_abs_diff(got, want) <= 1e-4 * scale);
+  }
+}
