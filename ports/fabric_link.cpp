@@ -147,6 +147,7 @@ struct pull_op {
   std::uint64_t size = 0;
   std::uint64_t chunks_expected = 0;
   std::uint64_t chunks_done = 0;
+  std::uint64_t bytes_done = 0;
   steady::time_point deadline;
   steady::time_point cancel_at = steady::time_point::max();
   bool finished = false; // the callback has been called (or handed to a second round)
@@ -694,6 +695,7 @@ struct fabric_endpoint::impl {
         break;
       case op_kind::pull_data:
         ++op.chunks_done;
+        op.bytes_done += entry->len;
         break;
       default:
         break;
@@ -787,6 +789,11 @@ struct fabric_endpoint::impl {
     for (std::size_t i = 1; i < op.ctxs.size(); ++i)
       if (!op.ctxs[i].resolved)
         return;
+    if (op.bytes_done != op.size) {
+      deliver(op, make_error(errc::unavailable, "fabric: received " + std::to_string(op.bytes_done)
+                                                  + " bytes of " + std::to_string(op.size)));
+      return;
+    }
     if (op.grow)
       op.owned->resize(op.size);
     deliver(op, {});
