@@ -37,6 +37,7 @@ bench: build
 	$(BUILD_DIR)/bench/bench_sim --minutes 5
 	$(BUILD_DIR)/bench/bench_model
 	$(BUILD_DIR)/bench/bench_gemm_invariant
+	$(BUILD_DIR)/bench/bench_fabric
 	$(BUILD_DIR)/bench/bench_recipe $(if $(wildcard tools/.venv-recipe/bin/python),--peer tools/.venv-recipe/bin/python)
 	$(BUILD_DIR)/bench/bench_serve
 	python3 bench/serve_vs_generate.py --troupe $(BUILD_DIR)/troupe

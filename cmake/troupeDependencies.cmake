@@ -3,7 +3,7 @@
 # troupeConfig.cmake (which installs this file beside itself). Every target named in the
 # exported link interfaces is (re)created here: caf::core, caf::io, CapnProto::capnp, fmt::fmt,
 # spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
-# ZLIB::ZLIB, PkgConfig::OPENBLAS, Threads::Threads, Boost::headers.
+# ZLIB::ZLIB, PkgConfig::OPENBLAS, PkgConfig::LIBFABRIC, Threads::Threads, Boost::headers.
 #
 # Inside find_package(troupe) a missing dependency makes troupe not found (troupe_FOUND FALSE
 # with a message naming it) instead of stopping the consumer's configure; in troupe's own build
@@ -78,5 +78,13 @@ if(NOT TARGET PkgConfig::OPENBLAS)
   pkg_check_modules(OPENBLAS QUIET IMPORTED_TARGET openblas)
   if(NOT OPENBLAS_FOUND)
     _troupe_missing("OpenBLAS not found through pkg-config (openblas; Debian: libopenblas-dev)")
+  endif()
+endif()
+
+# libfabric (the fabric link between processes, ports/fabric_link): pkg-config only.
+if(NOT TARGET PkgConfig::LIBFABRIC)
+  pkg_check_modules(LIBFABRIC QUIET IMPORTED_TARGET libfabric)
+  if(NOT LIBFABRIC_FOUND)
+    _troupe_missing("libfabric not found through pkg-config (libfabric; Debian: libfabric-dev)")
   endif()
 endif()

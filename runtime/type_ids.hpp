@@ -24,6 +24,11 @@ struct store_stats;
 struct store_key;
 struct store_list;
 struct store_entry;
+struct fabric_ticket;
+struct fabric_offer;
+struct fabric_withdraw;
+struct fabric_pull;
+struct fabric_pulled;
 } // namespace troupe::runtime
 
 #include <vector>
@@ -45,6 +50,11 @@ CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_key))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_list))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::store_entry))
 CAF_ADD_TYPE_ID(troupe_runtime, (std::vector<troupe::runtime::store_entry>))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_ticket))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_offer))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_withdraw))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_pull))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_pulled))
 CAF_END_TYPE_ID_BLOCK(troupe_runtime)
 
 namespace troupe::runtime {

@@ -5,6 +5,7 @@
 #include "runtime/log.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/ports/device.hpp"
+#include "runtime/ports/fabric.hpp"
 #include "runtime/ports/link.hpp"
 #include "runtime/ports/store.hpp"
 #include "runtime/supervisor.hpp"

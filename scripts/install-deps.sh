@@ -15,6 +15,7 @@ packages=(
   zlib1g-dev                 # tokenizer: tokenizer.json.gz
   libopenblas-dev            # kernels: the CPU model's GEMMs
   libboost-dev               # the HTTP entrypoint: Boost.Beast and Boost.Asio (headers)
+  libfabric-dev libfabric1   # the fabric link between processes (shm / tcp providers)
   doctest-dev                # tests
   iproute2 curl              # tests: troupe launch across network-namespace hosts
   python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv
