@@ -420,8 +420,8 @@ int main(int argc, char** argv) {
   });
 
   // troupe certs: the cluster CA and a TLS key + certificate per node (cluster/launch/certs.hpp,
-  // docs/operations.md).
-  troupe::cluster::launch::certs_options certs_opts;
+  // docs/tls.md).
+  troupe::cluster::certs_options certs_opts;
   auto* certs = app.add_subcommand(
     "certs", "make the cluster CA and a TLS key + certificate per node (mutual TLS between "
              "processes)");
@@ -435,7 +435,7 @@ int main(int argc, char** argv) {
   certs->add_option("--days", certs_opts.days,
                     "validity of the certificates made now, in days (default 365)");
   certs->callback([&] {
-    auto res = troupe::cluster::launch::make_certs(certs_opts);
+    auto res = troupe::cluster::make_certs(certs_opts);
     auto dir = certs_opts.out;
     if (res.ca_created)
       std::cout << "ca: created " << (dir / "ca.pem").string() << " and "

@@ -148,7 +148,8 @@ void configure_transport(caf::actor_system_config& cfg, const tls_options& tls) 
 }
 
 caf::expected<std::uint16_t> publish_actor(caf::actor_system& sys, const caf::actor& whom,
-                                           std::uint16_t port, const std::string& host) {
+                                           std::uint16_t port, const std::string& host,
+                                           bool reuse) {
   if (!sys.has_middleman())
     return make_error(errc::invalid_argument,
                       "publish_actor: the actor system has no middleman (configure_transport)");
@@ -157,8 +158,8 @@ caf::expected<std::uint16_t> publish_actor(caf::actor_system& sys, const caf::ac
   const char* in = host.empty() ? nullptr : host.c_str();
   if (sys.has_openssl_manager())
     return caf::openssl::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(whom),
-                                 sys.message_types(whom), port, in, false);
-  return sys.middleman().publish(whom, port, in);
+                                 sys.message_types(whom), port, in, reuse);
+  return sys.middleman().publish(whom, port, in, reuse);
 }
 
 caf::expected<caf::actor> connect_actor(caf::actor_system& sys, const std::string& host,

@@ -61,7 +61,8 @@ caf::error check_tls(const tls_options& tls);
 void configure_transport(caf::actor_system_config& cfg, const tls_options& tls);
 
 /// Makes `whom` reachable on `host`:`port` (port 0: a free port the OS picks; host "" or
-/// "0.0.0.0": every interface) and returns the port bound. In a system configured with TLS
+/// "0.0.0.0": every interface; `reuse`: bind with SO_REUSEADDR, e.g. to take a fixed port
+/// again right after a restart) and returns the port bound. In a system configured with TLS
 /// only peers with a certificate signed by the cluster CA complete a connection; peers that
 /// fail the handshake are dropped and the actor stays published. Errors (no middleman
 /// loaded, invalid actor, port in use) are values. The middleman keeps the published actor
@@ -69,7 +70,8 @@ void configure_transport(caf::actor_system_config& cfg, const tls_options& tls);
 /// waits for it. Blocks the calling thread briefly: call it from a process's setup code,
 /// never from an actor handler.
 caf::expected<std::uint16_t> publish_actor(caf::actor_system& sys, const caf::actor& whom,
-                                           std::uint16_t port, const std::string& host);
+                                           std::uint16_t port, const std::string& host,
+                                           bool reuse = false);
 
 /// How long connect_actor waits for a connection and both handshakes by default.
 inline constexpr caf::timespan default_connect_timeout = std::chrono::seconds(10);

@@ -19,7 +19,7 @@
 #include <set>
 #include <system_error>
 
-namespace troupe::cluster::launch {
+namespace troupe::cluster {
 
 namespace fs = std::filesystem;
 
@@ -393,4 +393,4 @@ certs_outcome make_certs(const certs_options& opts) {
   return out;
 }
 
-} // namespace troupe::cluster::launch
+} // namespace troupe::cluster

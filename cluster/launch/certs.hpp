@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace troupe::cluster::launch {
+namespace troupe::cluster {
 
 struct certs_options {
   /// The directory the files go to (created if missing): ca.pem, ca.key, NAME.pem, NAME.key.
@@ -50,4 +50,4 @@ certs_outcome make_certs(const certs_options& opts);
 /// The error of a node name list (empty when every name is valid and none repeats).
 std::string check_node_names(const std::vector<std::string>& nodes);
 
-} // namespace troupe::cluster::launch
+} // namespace troupe::cluster

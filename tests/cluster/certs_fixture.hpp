@@ -38,7 +38,7 @@ private:
 class cluster_certs {
 public:
   explicit cluster_certs(std::vector<std::string> nodes) {
-    auto res = cluster::launch::make_certs({dir_.path(), std::move(nodes), 30});
+    auto res = cluster::make_certs({dir_.path(), std::move(nodes), 30});
     REQUIRE_MESSAGE(res.ok(), res.error);
   }
 

@@ -80,7 +80,7 @@ std::string read_all(const fs::path& p) {
 TEST_CASE("troupe certs makes a CA and node certificates that verify against it (tls)") {
   test::temp_dir tmp;
   auto dir = tmp.path() / "certs"; // not there yet: make_certs creates it
-  auto res = cluster::launch::make_certs({dir, {"control", "engine0"}, 30});
+  auto res = cluster::make_certs({dir, {"control", "engine0"}, 30});
   REQUIRE_MESSAGE(res.ok(), res.error);
   CHECK(res.ca_created);
   CHECK(res.created == std::vector<std::string>{"control", "engine0"});
@@ -125,13 +125,13 @@ TEST_CASE("troupe certs makes a CA and node certificates that verify against it 
 
 TEST_CASE("a second troupe certs run with more nodes reuses the CA and keeps existing nodes (tls)") {
   test::temp_dir tmp;
-  auto first = cluster::launch::make_certs({tmp.path(), {"control"}, 30});
+  auto first = cluster::make_certs({tmp.path(), {"control"}, 30});
   REQUIRE_MESSAGE(first.ok(), first.error);
   auto ca_before = read_all(tmp.path() / "ca.pem");
   auto control_before = read_all(tmp.path() / "control.pem");
   REQUIRE_FALSE(ca_before.empty());
 
-  auto second = cluster::launch::make_certs({tmp.path(), {"control", "engine1"}, 30});
+  auto second = cluster::make_certs({tmp.path(), {"control", "engine1"}, 30});
   REQUIRE_MESSAGE(second.ok(), second.error);
   CHECK_FALSE(second.ca_created);
   CHECK(second.created == std::vector<std::string>{"engine1"});
@@ -154,7 +154,7 @@ TEST_CASE("a node certificate of another cluster does not verify against this CA
   // Copied into a's directory, b's pair is not taken for one of a's nodes.
   fs::copy_file(b.dir() / "control.pem", a.dir() / "stray.pem");
   fs::copy_file(b.dir() / "control.key", a.dir() / "stray.key");
-  auto res = cluster::launch::make_certs({a.dir(), {"stray"}, 30});
+  auto res = cluster::make_certs({a.dir(), {"stray"}, 30});
   CHECK_FALSE(res.ok());
   CHECK(res.error.find("not signed by") != std::string::npos);
 }
@@ -164,17 +164,17 @@ TEST_CASE("troupe certs refuses bad node names and a CA certificate without its 
   const std::vector<std::vector<std::string>> bad = {
     {}, {""}, {"ca"}, {"a b"}, {"../x"}, {"-x"}, {"n1", "n1"}, {std::string(65, 'n')}};
   for (const auto& names : bad) {
-    auto res = cluster::launch::make_certs({tmp.path(), names, 30});
+    auto res = cluster::make_certs({tmp.path(), names, 30});
     CAPTURE(res.error);
     CHECK_FALSE(res.ok());
   }
-  CHECK_FALSE(cluster::launch::make_certs({tmp.path(), {"n1"}, 0}).ok());
+  CHECK_FALSE(cluster::make_certs({tmp.path(), {"n1"}, 0}).ok());
   CHECK(fs::is_empty(tmp.path())); // nothing was written for any of them
 
-  REQUIRE(cluster::launch::make_certs({tmp.path(), {"n1"}, 30}).ok());
+  REQUIRE(cluster::make_certs({tmp.path(), {"n1"}, 30}).ok());
   auto ca = read_all(tmp.path() / "ca.pem");
   fs::remove(tmp.path() / "ca.key");
-  auto res = cluster::launch::make_certs({tmp.path(), {"n2"}, 30});
+  auto res = cluster::make_certs({tmp.path(), {"n2"}, 30});
   CHECK_FALSE(res.ok());
   CHECK(res.error.find("ca.key") != std::string::npos);
   CHECK(read_all(tmp.path() / "ca.pem") == ca);
