@@ -14,7 +14,11 @@
 
 #include <doctest/doctest.h>
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 
@@ -146,6 +150,12 @@ TEST_CASE("plain publish and connect work without TLS (tls)") {
   auto client = node({});
   auto swap = publish_swapper(*server);
   check_serves(*client, swap.port, 3);
+  // With SO_REUSEADDR (as a restarted process takes its fixed port again) it works the same.
+  auto again = server->system().spawn(swapper);
+  auto port = runtime::publish_actor(server->system(), again, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  check_serves(*client, *port, 4);
+  caf::anon_send_exit(again, caf::exit_reason::kill);
 }
 
 TEST_CASE("connect_actor returns an error for a port where nothing listens (tls)") {
@@ -183,6 +193,37 @@ TEST_CASE("check_tls names what is wrong with a TLS identity (tls)") {
   foreign.ca_file = other.tls("control").ca_file;
   CHECK(text(runtime::check_tls(foreign)).find("does not verify") != std::string::npos);
   CHECK(runtime::is(runtime::check_tls(foreign), runtime::errc::invalid_argument));
+}
+
+TEST_CASE("a key encrypted with a passphrase serves over TLS when the passphrase is given (tls)") {
+  test::cluster_certs certs({"control", "engine0"});
+  // engine0's key again, encrypted (AES-256-CBC) under a passphrase.
+  auto encrypted = (certs.dir() / "engine0-encrypted.key").string();
+  {
+    FILE* in = std::fopen(certs.tls("engine0").key_file.c_str(), "r");
+    REQUIRE(in != nullptr);
+    EVP_PKEY* key = PEM_read_PrivateKey(in, nullptr, nullptr, nullptr);
+    std::fclose(in);
+    REQUIRE(key != nullptr);
+    FILE* out = std::fopen(encrypted.c_str(), "w");
+    REQUIRE(out != nullptr);
+    char pass[] = "s3cret";
+    CHECK(PEM_write_PrivateKey(out, key, EVP_aes_256_cbc(), nullptr, 0, nullptr, pass) == 1);
+    std::fclose(out);
+    EVP_PKEY_free(key);
+  }
+  auto tls = certs.tls("engine0");
+  tls.key_file = encrypted;
+  CHECK(runtime::error_text(runtime::check_tls(tls)).find("passphrase") != std::string::npos);
+  tls.passphrase = "wrong";
+  CHECK(runtime::check_tls(tls));
+  tls.passphrase = "s3cret";
+  REQUIRE_FALSE(runtime::check_tls(tls));
+
+  auto server = node(certs.tls("control"));
+  auto swap = publish_swapper(*server);
+  auto client = node(tls);
+  check_serves(*client, swap.port, 77);
 }
 
 TEST_CASE("the simulated world ignores the transport options (tls)") {
