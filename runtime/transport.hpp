@@ -79,7 +79,7 @@ inline constexpr caf::timespan default_connect_timeout = std::chrono::seconds(10
 /// A handle to the actor published at `host`:`port`, over TLS when `sys` was configured with
 /// it. Errors are values: connection refused, a failed TLS handshake (the peer's certificate
 /// is not signed by our CA, or ours not by theirs, or one side does not speak TLS) as
-/// `sec::disconnect_during_handshake` or a socket error, nothing published there as
+/// `sec::disconnect_during_handshake` or `sec::cannot_connect_to_node`, nothing published there as
 /// `sec::no_actor_published_at_port`, and no answer within `timeout` as
 /// `sec::request_timeout`. Connecting again to an endpoint already connected returns the
 /// same proxy. Blocks the calling thread up to `timeout`: call it from setup code or a
