@@ -12,6 +12,7 @@
 #include "cluster/sim/sim_command.hpp"
 #include "cluster/sim/swarm.hpp"
 #include "cluster/topology.hpp"
+#include "cluster/launch/certs.hpp"
 #include "kernels/generate.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/npy.hpp"
@@ -206,6 +207,41 @@ int main(int argc, char** argv) {
 
   auto* version = app.add_subcommand("version", "print the troupe version");
   version->callback([] { std::cout << "troupe " << TROUPE_VERSION << "\n"; });
+
+  // troupe certs: the cluster CA and a TLS key + certificate per node (cluster/launch/certs.hpp,
+  // docs/tls.md).
+  troupe::cluster::certs_options certs_opts;
+  auto* certs = app.add_subcommand(
+    "certs", "make the cluster CA and a TLS key + certificate per node (mutual TLS between "
+             "processes)");
+  certs->add_option("--out", certs_opts.out,
+                    "the directory of the files (ca.pem, ca.key, NAME.pem, NAME.key); an "
+                    "existing CA there is reused")
+    ->required();
+  certs->add_option("--nodes", certs_opts.nodes, "node names, comma-separated")
+    ->required()
+    ->delimiter(',');
+  certs->add_option("--days", certs_opts.days,
+                    "validity of the certificates made now, in days (default 365)");
+  certs->callback([&] {
+    auto res = troupe::cluster::make_certs(certs_opts);
+    auto dir = certs_opts.out;
+    if (res.ca_created)
+      std::cout << "ca: created " << (dir / "ca.pem").string() << " and "
+                << (dir / "ca.key").string() << "\n";
+    else if (res.ok() || !res.created.empty() || !res.kept.empty())
+      std::cout << "ca: reused " << (dir / "ca.pem").string() << "\n";
+    for (const auto& n : res.created)
+      std::cout << n << ": created " << (dir / (n + ".pem")).string() << " and "
+                << (dir / (n + ".key")).string() << "\n";
+    for (const auto& n : res.kept)
+      std::cout << n << ": kept " << (dir / (n + ".pem")).string()
+                << " (exists, signed by this CA)\n";
+    if (!res.ok()) {
+      std::cerr << "troupe certs: " << res.error << "\n";
+      rc = 1;
+    }
+  });
 
   auto* topology = app.add_subcommand("topology", "check and show topology files");
   topology->require_subcommand(1);

@@ -1,7 +1,8 @@
 # The third-party packages troupe's libraries link publicly, found the same way by troupe's own
 # build (cmake/dependencies.cmake includes this file) and by an installed troupe's
 # troupeConfig.cmake (which installs this file beside itself). Every target named in the
-# exported link interfaces is (re)created here: caf::core, caf::io, CapnProto::capnp, fmt::fmt,
+# exported link interfaces is (re)created here: caf::core, caf::io, caf::openssl,
+# OpenSSL::SSL, OpenSSL::Crypto, CapnProto::capnp, fmt::fmt,
 # spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
 # ZLIB::ZLIB, PkgConfig::OPENBLAS, PkgConfig::LIBFABRIC, Threads::Threads, Boost::headers.
 #
@@ -29,12 +30,16 @@ else()
 endif()
 
 # CAF 0.17.6 ships neither a CMake package config nor pkg-config.
+# The inter-process transport's TLS (runtime/transport.hpp): CAF's OpenSSL module and OpenSSL
+# itself (certificate checks, and `troupe certs` makes keys and certificates with its C API).
+_troupe_dependency(OpenSSL)
 if(NOT TARGET caf::core)
   find_path(CAF_INCLUDE_DIR caf/all.hpp)
   find_library(CAF_CORE_LIBRARY caf_core)
   find_library(CAF_IO_LIBRARY caf_io)
-  if(NOT CAF_INCLUDE_DIR OR NOT CAF_CORE_LIBRARY OR NOT CAF_IO_LIBRARY)
-    _troupe_missing("CAF 0.17 not found (caf/all.hpp, libcaf_core, libcaf_io; Debian: libcaf-dev)")
+  find_library(CAF_OPENSSL_LIBRARY caf_openssl)
+  if(NOT CAF_INCLUDE_DIR OR NOT CAF_CORE_LIBRARY OR NOT CAF_IO_LIBRARY OR NOT CAF_OPENSSL_LIBRARY)
+    _troupe_missing("CAF 0.17 not found (caf/all.hpp, libcaf_core, libcaf_io, libcaf_openssl; Debian: libcaf-dev)")
   endif()
   add_library(caf::core UNKNOWN IMPORTED)
   set_target_properties(caf::core PROPERTIES
@@ -44,6 +49,10 @@ if(NOT TARGET caf::core)
   set_target_properties(caf::io PROPERTIES
     IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
     INTERFACE_LINK_LIBRARIES caf::core)
+  add_library(caf::openssl UNKNOWN IMPORTED)
+  set_target_properties(caf::openssl PROPERTIES
+    IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+    INTERFACE_LINK_LIBRARIES "caf::io;OpenSSL::SSL;OpenSSL::Crypto")
 endif()
 
 _troupe_dependency(Threads)

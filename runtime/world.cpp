@@ -11,7 +11,6 @@
 #include "runtime/supervisor.hpp"
 #include "runtime/type_ids.hpp"
 
-#include <caf/io/middleman.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
 namespace troupe::runtime {
@@ -44,8 +43,8 @@ std::unique_ptr<caf::actor_system_config> make_config(const world_options& opts)
   } else {
     if (opts.threads > 0)
       cfg->set("scheduler.max-threads", opts.threads);
-    if (opts.network)
-      cfg->load<caf::io::middleman>();
+    if (opts.network || opts.tls.enabled())
+      configure_transport(*cfg, opts.tls);
   }
   if (opts.configure)
     opts.configure(*cfg);

@@ -13,6 +13,7 @@
 #include "runtime/random.hpp"
 #include "runtime/sim_driver.hpp"
 #include "runtime/time.hpp"
+#include "runtime/transport.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -35,11 +36,16 @@ struct world_options {
   std::uint64_t seed = 0;
   /// Worker threads of the real world's scheduler (0 = CAF's default: one per core).
   std::size_t threads = 0;
-  /// Load CAF's middleman (network transport between nodes); real world only.
+  /// Load CAF's middleman (network transport between nodes, see transport.hpp); real world
+  /// only: the simulated world never loads it and ignores this flag.
   bool network = false;
   /// Called on the configuration before the actor system starts: later layers register
   /// their type-id blocks and options here.
   std::function<void(caf::actor_system_config&)> configure;
+  /// TLS for the network transport (mutual, CA-based; transport.hpp). Enabled TLS implies
+  /// `network`. Real world only: the simulated world ignores it. The world does not check
+  /// the files: call check_tls first (CAF aborts on unusable files at connection time).
+  tls_options tls = {};
 };
 
 class world {

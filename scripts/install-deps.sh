@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libcaf-dev                 # CAF 0.17.6: actors, deterministic scheduler, middleman
+  libssl-dev                 # TLS between processes (CAF's OpenSSL module) and `troupe certs`
   capnproto libcapnp-dev     # wire schemas
   libtomlplusplus-dev        # topology files
   libcli11-dev               # the troupe CLI

@@ -1,0 +1,204 @@
+#include "runtime/transport.hpp"
+
+#include "runtime/errors.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/sec.hpp>
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
+
+#include <cstring>
+#include <memory>
+#include <set>
+
+namespace troupe::runtime {
+
+namespace {
+
+// Owning handles for the OpenSSL objects check_tls reads.
+struct bio_free {
+  void operator()(BIO* p) const { BIO_free(p); }
+};
+struct x509_free {
+  void operator()(X509* p) const { X509_free(p); }
+};
+struct pkey_free {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct store_free {
+  void operator()(X509_STORE* p) const { X509_STORE_free(p); }
+};
+struct store_ctx_free {
+  void operator()(X509_STORE_CTX* p) const { X509_STORE_CTX_free(p); }
+};
+struct chain_free {
+  void operator()(STACK_OF(X509) * p) const { sk_X509_pop_free(p, X509_free); }
+};
+
+/// The reasons OpenSSL queued on this thread, oldest first, joined by "; " (and cleared).
+std::string openssl_errors() {
+  std::string text;
+  while (auto code = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(code, buf, sizeof buf);
+    if (!text.empty())
+      text += "; ";
+    text += buf;
+  }
+  return text.empty() ? "no reason given" : text;
+}
+
+caf::error tls_error(const std::string& what) {
+  return make_error(errc::invalid_argument, what);
+}
+
+/// Hands OpenSSL the passphrase (never prompts on a terminal; an empty one fails the read
+/// of an encrypted key).
+int passphrase_cb(char* buf, int size, int, void* user) {
+  const auto* pass = static_cast<const std::string*>(user);
+  if (pass->empty() || size <= 0 || pass->size() >= static_cast<std::size_t>(size))
+    return 0;
+  std::memcpy(buf, pass->data(), pass->size());
+  return static_cast<int>(pass->size());
+}
+
+/// Verifies `cert` (with the rest of its file's chain) against `store` for `purpose`.
+caf::error verify(X509_STORE* store, X509* cert, STACK_OF(X509) * chain, int purpose,
+                  const tls_options& tls, const char* as) {
+  std::unique_ptr<X509_STORE_CTX, store_ctx_free> ctx{X509_STORE_CTX_new()};
+  if (!ctx || X509_STORE_CTX_init(ctx.get(), store, cert, chain) != 1)
+    return tls_error("cannot set up certificate verification: " + openssl_errors());
+  X509_STORE_CTX_set_purpose(ctx.get(), purpose);
+  if (X509_verify_cert(ctx.get()) != 1) {
+    ERR_clear_error();
+    return tls_error(tls.cert_file + ": does not verify against " + tls.ca_file + " as a TLS " +
+                     as + " certificate: " +
+                     X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get())));
+  }
+  return {};
+}
+
+} // namespace
+
+caf::error check_tls(const tls_options& tls) {
+  if (!tls.enabled())
+    return {};
+  if (tls.ca_file.empty() || tls.cert_file.empty() || tls.key_file.empty())
+    return tls_error("TLS needs a CA certificate, a certificate and a key together (given: " +
+                     std::string(tls.ca_file.empty() ? "" : "CA ") +
+                     (tls.cert_file.empty() ? "" : "certificate ") +
+                     (tls.key_file.empty() ? "" : "key") + ")");
+  ERR_clear_error();
+  std::unique_ptr<X509_STORE, store_free> store{X509_STORE_new()};
+  if (!store || X509_STORE_load_file(store.get(), tls.ca_file.c_str()) != 1)
+    return tls_error(tls.ca_file + ": cannot load CA certificates: " + openssl_errors());
+
+  std::unique_ptr<BIO, bio_free> cert_in{BIO_new_file(tls.cert_file.c_str(), "r")};
+  if (!cert_in)
+    return tls_error(tls.cert_file + ": cannot open: " + openssl_errors());
+  std::unique_ptr<X509, x509_free> cert{PEM_read_bio_X509(cert_in.get(), nullptr, nullptr, nullptr)};
+  if (!cert)
+    return tls_error(tls.cert_file + ": not a PEM certificate: " + openssl_errors());
+  // CAF loads the file as a chain: certificates after the first are intermediates.
+  std::unique_ptr<STACK_OF(X509), chain_free> chain{sk_X509_new_null()};
+  while (X509* extra = PEM_read_bio_X509(cert_in.get(), nullptr, nullptr, nullptr))
+    sk_X509_push(chain.get(), extra);
+  ERR_clear_error(); // the end of the file ends the loop with an error
+
+  std::unique_ptr<BIO, bio_free> key_in{BIO_new_file(tls.key_file.c_str(), "r")};
+  if (!key_in)
+    return tls_error(tls.key_file + ": cannot open: " + openssl_errors());
+  auto pass = tls.passphrase;
+  std::unique_ptr<EVP_PKEY, pkey_free> key{
+    PEM_read_bio_PrivateKey(key_in.get(), nullptr, passphrase_cb, &pass)};
+  if (!key)
+    return tls_error(tls.key_file + ": cannot read the private key (not PEM, or encrypted and "
+                     "the passphrase is missing or wrong): " + openssl_errors());
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return tls_error(tls.key_file + ": is not the key of " + tls.cert_file);
+  }
+  if (auto err = verify(store.get(), cert.get(), chain.get(), X509_PURPOSE_SSL_SERVER, tls,
+                        "server"))
+    return err;
+  return verify(store.get(), cert.get(), chain.get(), X509_PURPOSE_SSL_CLIENT, tls, "client");
+}
+
+void configure_transport(caf::actor_system_config& cfg, const tls_options& tls) {
+  cfg.load<caf::io::middleman>();
+  // Every link is one we made: no direct connections behind the application's back.
+  cfg.set("middleman.enable-automatic-connections", false);
+  if (!tls.enabled())
+    return;
+  cfg.openssl_cafile = tls.ca_file;
+  cfg.openssl_certificate = tls.cert_file;
+  cfg.openssl_key = tls.key_file;
+  cfg.openssl_passphrase = tls.passphrase;
+  // After the middleman: the OpenSSL manager wraps its connections.
+  cfg.load<caf::openssl::manager>();
+}
+
+caf::expected<std::uint16_t> publish_actor(caf::actor_system& sys, const caf::actor& whom,
+                                           std::uint16_t port, const std::string& host,
+                                           bool reuse) {
+  if (!sys.has_middleman())
+    return make_error(errc::invalid_argument,
+                      "publish_actor: the actor system has no middleman (configure_transport)");
+  if (!whom)
+    return caf::sec::cannot_publish_invalid_actor;
+  const char* in = host.empty() ? nullptr : host.c_str();
+  if (sys.has_openssl_manager())
+    return caf::openssl::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(whom),
+                                 sys.message_types(whom), port, in, reuse);
+  return sys.middleman().publish(whom, port, in, reuse);
+}
+
+caf::expected<caf::actor> connect_actor(caf::actor_system& sys, const std::string& host,
+                                        std::uint16_t port, caf::timespan timeout) {
+  if (!sys.has_middleman())
+    return make_error(errc::invalid_argument,
+                      "connect_actor: the actor system has no middleman (configure_transport)");
+  // The OpenSSL manager's middleman actor opens TLS connections on the same BASP broker.
+  caf::io::middleman_actor mm = sys.has_openssl_manager() ? sys.openssl_manager().actor_handle()
+                                                          : sys.middleman().actor_handle();
+  caf::expected<caf::actor> result{caf::make_error(caf::sec::request_timeout)};
+  // CAF's remote_actor waits for ever; a request with a timeout bounds a stuck handshake.
+  caf::scoped_actor self{sys};
+  self->request(mm, timeout, caf::connect_atom_v, host, port)
+    .receive(
+      [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+        if (!ptr)
+          result = caf::make_error(caf::sec::no_actor_published_at_port);
+        else if (!ifs.empty()) // a typed actor: not reachable through a dynamic handle
+          result = caf::make_error(caf::sec::unexpected_actor_messaging_interface);
+        else
+          result = caf::actor_cast<caf::actor>(std::move(ptr));
+      },
+      [&](caf::error& err) { result = std::move(err); });
+  return result;
+}
+
+std::string error_text(const caf::error& err) {
+  if (!err)
+    return "no error";
+  if (err.category() == error_category) {
+    auto text = to_string(static_cast<errc>(err.code()));
+    if (err.context().match_elements<std::string>())
+      return err.context().get_as<std::string>(0);
+    return text;
+  }
+  if (err.category() == caf::atom("system"))
+    return to_string(static_cast<caf::sec>(err.code()));
+  return to_string(err);
+}
+
+} // namespace troupe::runtime
