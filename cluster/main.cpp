@@ -192,6 +192,13 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "seconds requests in flight get to finish on SIGTERM (default 30)");
 }
 
+/// --tls-ca / --tls-cert / --tls-key: mutual TLS between a launched cluster's processes.
+void add_tls_options(CLI::App* cmd, troupe::runtime::tls_options& tls) {
+  cmd->add_option("--tls-ca", tls.ca_file, "the cluster CA's certificate (troupe certs): mutual TLS");
+  cmd->add_option("--tls-cert", tls.cert_file, "this process's certificate, signed by the CA");
+  cmd->add_option("--tls-key", tls.key_file, "this process's private key");
+}
+
 void finish_server_options(troupe::cluster::serve_options& o, long grace_s) {
   o.grace = std::chrono::seconds(grace_s);
   if (o.tokenizer.empty())
@@ -474,6 +481,7 @@ int main(int argc, char** argv) {
     "launch", "run a topology as OS processes (a control process, one per engine instance) "
               "under one supervisor");
   add_server_options(launch, launch_opts.serve, launch_grace_s);
+  add_tls_options(launch, launch_opts.tls);
   launch->add_option("--listen", launch_opts.serve.listen,
                      "HOST:PORT of the HTTP API (the control process; default 127.0.0.1:8000)");
   launch->add_option("--control", launch_opts.control,
@@ -489,6 +497,8 @@ int main(int argc, char** argv) {
                      "execute a fault plan (troupe sim's format) on the processes, timed from "
                      "when the cluster serves");
   launch->add_option("--seed", launch_opts.seed, "seed of the fault plan's expansion (default 1)");
+  launch->add_option("--fabric", launch_opts.fabric,
+                     "the libfabric provider KV crosses processes by: tcp (default), shm, or none");
   launch->add_option("--hosts", launch_opts.hosts_file,
                      "place the processes on the hosts of this file, each running `troupe agent` "
                      "(docs/launch.md)");
@@ -509,7 +519,11 @@ int main(int argc, char** argv) {
     "agent", "start and watch a launched cluster's processes on this host, for troupe launch --hosts");
   agent->add_option("--listen", agent_listen, "HOST:PORT to listen on for the launcher")->required();
   agent->add_option("--name", agent_name, "this host's name in exit notices (default: HOST)");
-  agent->callback([&] { rc = troupe::cluster::run_agent_command(agent_listen, agent_name, std::cerr); });
+  troupe::runtime::tls_options agent_tls;
+  add_tls_options(agent, agent_tls);
+  agent->callback([&] {
+    rc = troupe::cluster::run_agent_command(agent_listen, agent_name, agent_tls, std::cerr);
+  });
 
   // troupe node: one process of a launched cluster (cluster/launch/node_command.hpp).
   troupe::cluster::node_options node_opts;
@@ -518,6 +532,7 @@ int main(int argc, char** argv) {
     "node", "one process of a launched cluster: the control role or one engine instance "
             "(troupe launch starts these)");
   add_server_options(node, node_opts.serve, node_grace_s);
+  add_tls_options(node, node_opts.tls);
   node->add_option("--role", node_opts.role, "control, prefill or decode")->required();
   node->add_option("--index", node_opts.index, "the instance's number in its pool (prefill, decode)");
   node->add_option("--control", node_opts.control,
@@ -525,6 +540,11 @@ int main(int argc, char** argv) {
     ->required();
   node->add_option("--listen", node_opts.serve.listen,
                    "control: HOST:PORT of the HTTP API (default 127.0.0.1:8000)");
+  node->add_option("--fabric", node_opts.fabric,
+                   "instances: the libfabric provider KV crosses processes by: tcp (default), "
+                   "shm, or none (the decode side recomputes)");
+  node->add_option("--fabric-host", node_opts.fabric_host,
+                   "instances: the address the fabric endpoint binds to (default 127.0.0.1)");
   node->add_option("--ready-file", node_opts.ready_file,
                    "control: once serving, write the bound ports here (JSON)");
   long connect_timeout_s = 120;

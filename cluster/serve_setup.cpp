@@ -123,8 +123,8 @@ std::optional<std::set<std::string>> load_api_keys_option(const serve_options& o
   return keys;
 }
 
-runtime::world_options real_world_options(bool network) {
-  return runtime::world_options{
+runtime::world_options real_world_options(bool network, const runtime::tls_options& tls) {
+  runtime::world_options o{
     runtime::world_mode::real, 0, 0, network, [network](caf::actor_system_config& cfg) {
       actors::register_actor_types(cfg);
       if (network)
@@ -133,6 +133,8 @@ runtime::world_options real_world_options(bool network) {
       // threads get the cores, where work stealing's polling workers would compete with them.
       cfg.set("scheduler.policy", caf::atom("sharing"));
     }};
+  o.tls = tls;
+  return o;
 }
 
 std::optional<real_graph_params>

@@ -16,6 +16,7 @@
 #include "kernels/model_config.hpp"
 #include "recipe/recipe.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/transport.hpp"
 #include "runtime/world.hpp"
 
 #include <chrono>
@@ -56,8 +57,8 @@ std::optional<std::set<std::string>> load_api_keys_option(const serve_options& o
 
 /// The real world's actor system options: troupe's message types, CAF's sharing scheduler
 /// (idle workers sleep, so the devices' compute threads get the cores), and with `network`
-/// the middleman for actors in other processes.
-runtime::world_options real_world_options(bool network);
+/// the middleman for actors in other processes (over mutual TLS with `tls`: runtime/transport.hpp).
+runtime::world_options real_world_options(bool network, const runtime::tls_options& tls = {});
 
 /// The graph parameters every real-world server shares: a CPU device per instance (batch-
 /// invariant, reporting into `metrics`, masking with `constraints`), the posix block store of

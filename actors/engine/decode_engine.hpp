@@ -90,13 +90,15 @@ struct decode_job {
   /// The context's KV from the prefill instance (prefill_done::kv), or empty. An in-process
   /// handle, not serialised.
   runtime::kv_snapshot_ptr kv;
+  /// Across processes: where the KV's bytes are offered (prefill_done::kv_ticket).
+  runtime::fabric_ticket kv_ticket;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
   return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
            x.kv_bytes, x.parent, x.parent_blocks, x.traffic, x.progress_every, x.next, x.context,
-           x.sampling, x.stop_ids);
+           x.sampling, x.stop_ids, x.kv_ticket);
 }
 
 /// `tokens` of the job's output have been generated and delivered so far (a multiple of the
@@ -140,12 +142,15 @@ struct decode_done {
   /// Forwarded real jobs: the request's KV exported from this instance's device, for the next
   /// instance to import (null: it recomputes). An in-process handle, not serialised.
   runtime::kv_snapshot_ptr kv;
+  /// Across processes: where the forwarded KV's bytes are offered.
+  runtime::fabric_ticket kv_ticket;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_done& x) {
   return f(caf::meta::type_name("decode_done"), x.request, x.instance, x.arrived, x.joined,
-           x.finished, x.tokens, x.blocks_persisted, x.forwarded, x.stopped, x.ids, x.logprobs);
+           x.finished, x.tokens, x.blocks_persisted, x.forwarded, x.stopped, x.ids, x.logprobs,
+           x.kv_ticket);
 }
 
 // drain_atom (a leave notice: serve for the grace period, then hand off) is in

@@ -44,6 +44,7 @@
 #include "actors/lb/prefill_balancer.hpp"
 #include "actors/request/generation.hpp"
 #include "runtime/ports/device.hpp"
+#include "runtime/ports/fabric.hpp"
 #include "runtime/ports/link.hpp"
 #include "runtime/time.hpp"
 
@@ -96,12 +97,15 @@ struct prefill_done {
   /// The context's KV, exported from the device (real jobs; empty in the simulated world).
   /// An in-process handle, not serialised: across processes the link port moves the bytes.
   runtime::kv_snapshot_ptr kv;
+  /// Across processes: where the fabric link offers the KV's bytes (`troupe launch`'s KV
+  /// bridge sets it; empty id 0 in one process and in the simulated world).
+  runtime::fabric_ticket kv_ticket;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_done& x) {
   return f(caf::meta::type_name("prefill_done"), x.request, x.instance, x.started, x.finished,
-           x.next, x.cached_tokens);
+           x.next, x.cached_tokens, x.kv_ticket);
 }
 
 /// Work counters of an engine (prefill or decode).

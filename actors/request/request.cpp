@@ -9,6 +9,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 #include <functional>
 
@@ -38,8 +39,10 @@ struct request_state {
   /// the last one (the next decode job feeds it).
   std::vector<std::int32_t> output;
   std::int32_t last = 0;
-  /// The KV the last prefill exported, for the next decode job to import (real world).
+  /// The KV the last prefill exported, for the next decode job to import (real world): by
+  /// handle in one process, by fabric ticket across processes (troupe launch).
   runtime::kv_snapshot_ptr kv;
+  runtime::fabric_ticket kv_ticket;
   /// The engine of the current job (cancel reaches it there) and the balancer booking it holds.
   caf::actor engine;
   std::function<void()> release;
@@ -244,6 +247,7 @@ void decode(request_ptr self) {
         // forwarded (a decode job after a failure recomputes or re-prefills instead).
         job.kv = std::move(st.kv);
         st.kv = nullptr;
+        job.kv_ticket = std::exchange(st.kv_ticket, {});
         st.progress = 0;
         // The KV it appended there: one token per token delivered by this job, reported to
         // the balancer as progress notices arrive (decode_progress below).
@@ -285,6 +289,7 @@ void decode(request_ptr self) {
                 ++st.outcome.forwards;
                 st.forwarded_kv = true;
                 st.kv = std::move(done.kv);
+                st.kv_ticket = std::move(done.kv_ticket);
                 decode(self);
                 return;
               }
@@ -339,6 +344,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
               unwatch(self);
               release_booking(self);
               st.kv = std::move(done.kv);
+              st.kv_ticket = std::move(done.kv_ticket);
               if (!st.first_delivered) {
                 st.first_delivered = true;
                 st.cached_used = done.cached_tokens;

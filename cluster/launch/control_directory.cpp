@@ -19,19 +19,21 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
   });
 }
 
-caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb) {
-  return sys.spawn([lb](caf::event_based_actor* self) -> caf::behavior {
+caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge_params bridge) {
+  return sys.spawn([lb, bridge](caf::event_based_actor* self) -> caf::behavior {
     auto engine = std::make_shared<caf::actor>();
     return {
-      [self, lb, engine](actors::add_instance_atom a, actors::instance_id id,
-                         const actors::prefill_engine_actor& e) {
+      [self, lb, engine, bridge](actors::add_instance_atom a, actors::instance_id id,
+                                 const actors::prefill_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
-        self->send(lb, a, id, e);
+        self->send(lb, a, id,
+                   bridge.link ? spawn_prefill_bridge(self->system(), e, bridge) : e);
       },
-      [self, lb, engine](actors::add_instance_atom a, actors::instance_id id,
-                         const actors::decode_engine_actor& e) {
+      [self, lb, engine, bridge](actors::add_instance_atom a, actors::instance_id id,
+                                 const actors::decode_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
-        self->send(lb, a, id, e);
+        self->send(lb, a, id,
+                   bridge.link ? spawn_decode_bridge(self->system(), e, bridge) : e);
       },
       [self, lb](actors::drain_instance_atom a, actors::instance_id id) {
         self->send(lb, a, id);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "actors/wire_type_ids.hpp"
+#include "cluster/launch/kv_bridge.hpp"
 #include "cluster/real_graph.hpp"
 
 #include <caf/actor.hpp>
@@ -40,7 +41,9 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
 /// (add_instance_atom, drain_instance_atom) to the real balancer `lb` in the control process
 /// and keeps the engine handle of the latest announcement, which it answers (get_atom) with
 /// (an invalid handle before the first). The engine's process needs that handle to drain it.
-caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb);
+/// With a valid `bridge.link`, the balancer is told of a KV bridge in front of the engine
+/// (kv_bridge.hpp), so that KV crosses to other processes over the fabric link.
+caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge_params bridge);
 
 /// Registers the message types of cluster/launch (the block below and node_agent.hpp's).
 void register_launch_types(caf::actor_system_config& cfg);

@@ -6,7 +6,6 @@
 #include "cluster/sim/fault_plan.hpp"
 
 #include <caf/actor_system.hpp>
-#include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -540,6 +539,9 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   add("--engram-map", s.engram_map);
   add("--tokenizer", s.tokenizer);
   add("--kv-dir", s.kv_dir);
+  add("--tls-ca", o.tls.ca_file);
+  add("--tls-cert", o.tls.cert_file);
+  add("--tls-key", o.tls.key_file);
   if (s.max_batch > 0)
     add("--max-batch", std::to_string(s.max_batch));
   if (s.prefill_chunk > 0)
@@ -557,6 +559,14 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     }
     p.argv.insert(p.argv.end(), common.begin(), common.end());
     p.argv.insert(p.argv.end(), extra.begin(), extra.end());
+    if (p.role != "control") {
+      // The fabric endpoint binds to the address its host is reached at.
+      std::string address = "127.0.0.1";
+      for (const auto& h : hosts)
+        if (h.name == p.host)
+          address = parse_host_port(h.agent)->first;
+      p.argv.insert(p.argv.end(), {"--fabric", o.fabric, "--fabric-host", address});
+    }
     plan.push_back(std::move(p));
   };
   std::vector<std::string> control_extra{"--listen", s.listen, "--max-in-flight",
@@ -668,8 +678,11 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
       << prefill << " prefill, " << decode << " decode)\n";
 
   // The agents that start the processes: one in this process, or each host's `troupe agent`.
+  if (o.tls.enabled())
+    if (auto e = runtime::check_tls(o.tls))
+      return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
-  runtime::world w{real_world_options(true)};
+  runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   std::map<std::string, caf::actor> agents;
   caf::actor local;
@@ -681,14 +694,14 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     auto addr = parse_host_port(h.agent);
     auto deadline = clock::now() + 30s;
     for (;;) {
-      auto a = sys.middleman().remote_actor(addr->first, addr->second);
+      auto a = runtime::connect_actor(sys, addr->first, addr->second);
       if (a) {
         agents[h.name] = *a;
         break;
       }
       if (clock::now() >= deadline)
         return fail("cannot reach the agent of host " + h.name + " at " + h.agent + ": "
-                    + sys.render(a.error()) + " (is `troupe agent --listen " + h.agent
+                    + runtime::error_text(a.error()) + " (is `troupe agent --listen " + h.agent
                     + "` running there?)");
       std::this_thread::sleep_for(500ms);
     }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "cluster/serve_command.hpp"
+#include "runtime/transport.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -53,6 +54,11 @@ struct launch_options {
   std::uint64_t seed = 1;
   /// Periodic faults are expanded up to this long after serving starts.
   std::chrono::seconds fault_horizon{3600};
+  /// Mutual TLS between the launcher, the agents and every process (runtime/transport.hpp);
+  /// the same CA, certificate and key files are given to every process (a shared filesystem).
+  runtime::tls_options tls;
+  /// The libfabric provider instances move KV between processes by ("tcp", "shm", "none").
+  std::string fabric = "tcp";
   /// A hosts file (launch_host below): the processes are placed on its hosts and started by
   /// each host's `troupe agent`; empty: every process on this host (an agent in-process).
   std::string hosts_file;

@@ -4,7 +4,6 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
-#include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
 
 #include <sys/wait.h>
@@ -124,18 +123,22 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
   });
 }
 
-int run_agent_command(const std::string& listen, const std::string& name, std::ostream& err) {
+int run_agent_command(const std::string& listen, const std::string& name,
+                      const runtime::tls_options& tls, std::ostream& err) {
   auto addr = parse_host_port(listen);
   if (!addr)
     return err << "troupe agent: --listen '" << listen << "': expected HOST:PORT\n", 1;
+  if (tls.enabled())
+    if (auto e = runtime::check_tls(tls))
+      return err << "troupe agent: TLS: " << runtime::error_text(e) << "\n", 1;
   block_stop_signals();
-  runtime::world w{real_world_options(true)};
+  runtime::world w{real_world_options(true, tls)};
   auto& sys = w.system();
   auto agent = spawn_node_agent(sys, name.empty() ? addr->first : name);
-  auto port = sys.middleman().publish(agent, addr->second, addr->first.c_str(), true);
+  auto port = runtime::publish_actor(sys, agent, addr->second, addr->first, true);
   if (!port) {
     caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
-    err << "troupe agent: cannot listen on " << listen << ": " << sys.render(port.error())
+    err << "troupe agent: cannot listen on " << listen << ": " << runtime::error_text(port.error())
         << "\n";
     return 1;
   }

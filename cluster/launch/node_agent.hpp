@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cluster/launch/control_directory.hpp"
+#include "runtime/transport.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -64,9 +65,11 @@ typename Inspector::result_type inspect(Inspector& f, agent_exit& x) {
 /// Spawns a node agent for this host, named `host` in its exit notices.
 caf::actor spawn_node_agent(caf::actor_system& sys, std::string host);
 
-/// `troupe agent --listen HOST:PORT [--name NAME]`: publishes a node agent and serves until
-/// SIGTERM / SIGINT (then its processes are killed). Returns the exit status.
-int run_agent_command(const std::string& listen, const std::string& name, std::ostream& err);
+/// `troupe agent --listen HOST:PORT [--name NAME] [--tls-*]`: publishes a node agent (over
+/// mutual TLS with `tls`) and serves until SIGTERM / SIGINT (then its processes are killed).
+/// Returns the exit status.
+int run_agent_command(const std::string& listen, const std::string& name,
+                      const runtime::tls_options& tls, std::ostream& err);
 
 } // namespace troupe::cluster
 

@@ -4,10 +4,10 @@
 #include "actors/lb/lb_protocol.hpp"
 #include "cluster/launch/control_directory.hpp"
 #include "cluster/serve_setup.hpp"
+#include "ports/fabric_link.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
-#include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -73,8 +73,11 @@ int run_control(const node_options& o, std::ostream& err) {
   if (!keys)
     return 1;
 
+  if (o.tls.enabled())
+    if (auto e = runtime::check_tls(o.tls))
+      return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
-  runtime::world w{real_world_options(true)};
+  runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   runtime::registry metrics;
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
@@ -92,12 +95,11 @@ int run_control(const node_options& o, std::ostream& err) {
       caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
   };
   auto directory = spawn_control_directory(sys, graph);
-  auto published = sys.middleman().publish(directory, control->second, control->first.c_str(),
-                                           true);
+  auto published = runtime::publish_actor(sys, directory, control->second, control->first, true);
   if (!published) {
     stop_graph();
     return fail("cannot publish the control directory on " + o.control + ": "
-                + sys.render(published.error()));
+                + runtime::error_text(published.error()));
   }
   err << command << ": control on " << control->first << ":" << *published
       << "; waiting for a prefill and a decode instance to join\n";
@@ -183,8 +185,11 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   if (!control || control->second == 0)
     return fail("--control '" + o.control + "': expected HOST:PORT of the control process");
 
+  if (o.tls.enabled())
+    if (auto e = runtime::check_tls(o.tls))
+      return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
-  runtime::world w{real_world_options(true)};
+  runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
 
   // The control process: retried until it answers (it may start after this one).
@@ -192,12 +197,12 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   auto deadline = clock::now() + o.connect_timeout;
   std::string last_error;
   while (!directory) {
-    auto h = sys.middleman().remote_actor(control->first, control->second);
+    auto h = runtime::connect_actor(sys, control->first, control->second);
     if (h) {
       directory = *h;
       break;
     }
-    last_error = sys.render(h.error());
+    last_error = runtime::error_text(h.error());
     if (clock::now() >= deadline)
       return fail("cannot reach the control process at " + o.control + " within "
                   + std::to_string(o.connect_timeout.count()) + " s: " + last_error);
@@ -231,8 +236,21 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
   if (!gp)
     return 1;
-  auto relay = spawn_balancer_relay(sys, role == pool_role::prefill ? dir.prefill_lb
-                                                                    : dir.decode_lb);
+  // The fabric link the KV crosses processes by (kv_bridge.hpp).
+  kv_bridge_params bridge;
+  bridge.counters = std::make_shared<kv_bridge_counters>();
+  if (o.fabric != "none") {
+    ports::fabric_params fp;
+    fp.provider = o.fabric;
+    fp.host = o.fabric_host;
+    auto link = ports::spawn_fabric_link(sys, fp);
+    if (!link)
+      return fail("the fabric link (--fabric " + o.fabric + ", --fabric-host " + o.fabric_host
+                  + "): " + sys.render(link.error()));
+    bridge.link = *link;
+  }
+  auto relay = spawn_balancer_relay(
+    sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, bridge);
   auto pool_sup = runtime::spawn_supervisor(
     sys, pool_supervisor_config(in->topo, role, *gp,
                                 caf::actor_cast<actors::kv_check_actor>(dir.kv), relay,
@@ -241,6 +259,13 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
       << so.model << ")\n";
 
   auto stop = [&](int status) {
+    const auto& c = *bridge.counters;
+    if (bridge.link) {
+      err << command << ": KV over the fabric: " << c.offered << " offered ("
+          << c.offered_bytes / 1024 << " KiB), " << c.pulled << " pulled (" << c.pulled_bytes / 1024
+          << " KiB), " << c.pull_failures << " failed pull(s)\n";
+      caf::anon_send_exit(bridge.link, caf::exit_reason::user_shutdown);
+    }
     caf::anon_send_exit(pool_sup, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
@@ -270,6 +295,11 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
         .receive(
           [&](std::uint64_t forwarded) {
             err << command << ": drained; " << forwarded << " request(s) forwarded\n";
+            // The forwarded requests' KV is offered on this process's fabric link: stay a
+            // few seconds so the next instances can pull it (they fall back to recomputing
+            // if this process is gone first).
+            if (forwarded > 0 && bridge.link)
+              poll_stop_signal(std::chrono::milliseconds(5000));
           },
           [&](const caf::error& e) {
             err << command << ": drain failed: " << sys.render(e) << "\n";

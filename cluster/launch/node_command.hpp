@@ -22,6 +22,7 @@
 #pragma once
 
 #include "cluster/serve_command.hpp"
+#include "runtime/transport.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -43,6 +44,14 @@ struct node_options {
   std::string control;
   /// An instance process gives up connecting to the control process after this long.
   std::chrono::seconds connect_timeout{120};
+  /// Instances: the libfabric provider their KV crosses processes by ("tcp", "shm"; "none":
+  /// not at all, the decode side recomputes), and the address its endpoint binds to (one
+  /// the other instances reach).
+  std::string fabric = "tcp";
+  std::string fabric_host = "127.0.0.1";
+  /// Mutual TLS between the processes (runtime/transport.hpp): every process of a cluster
+  /// presents a certificate of the cluster CA (`troupe certs`). Empty: plain TCP.
+  runtime::tls_options tls;
   /// Control: once serving, writes {"http": PORT, "control": PORT} to this file (for the
   /// launcher and scripts; written to a temporary name, then renamed). Empty: none.
   std::string ready_file;

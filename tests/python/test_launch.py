@@ -16,6 +16,7 @@ Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/tes
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -115,6 +116,18 @@ def cluster(model_dir, tmp_path_factory):
     pids = [p["pid"] for p in c.state()["processes"] if p["pid"]]
     c.stop()
     assert c.proc.returncode == 0, "troupe launch did not stop cleanly:\n" + "".join(c.log)
+    # The prompts' KV crossed from the prefill process to the decode processes over the fabric
+    # link (and, in the drain test, from decode/0 to decode/1), none of it lost on the way.
+    fabric = {}
+    for l in c.log:
+        m = re.match(r"troupe node\[(\S+)\]: KV over the fabric: (\d+) offered .* (\d+) pulled "
+                     r".* (\d+) failed pull", l)
+        if m:
+            fabric.setdefault(m.group(1), []).append(tuple(int(x) for x in m.group(2, 3, 4)))
+    assert sum(o for o, _, _ in fabric.get("prefill/0", [])) > 0, "".join(c.log)
+    assert sum(p for k in ("decode/0", "decode/1") for _, p, _ in fabric.get(k, [])) > 0
+    assert sum(f for v in fabric.values() for _, _, f in v) == 0
+    assert sum(o for o, _, _ in fabric.get("decode/0", [])) > 0  # the drain's forwards
     for pid in pids:  # every node process is gone
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
@@ -182,6 +195,37 @@ def test_a_fault_plan_is_executed_on_the_processes(model_dir, tmp_path):
     assert exits[0]["pid"] == first and exits[0]["status"] == "killed by SIGKILL"
     starts = [e for e in log if e["event"] == "start" and e["process"] == "decode/0"]
     assert len(starts) >= 2 and starts[1]["t"] >= release["t"]
+
+
+def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_dir, tmp_path):
+    # Mutual TLS between the processes: every process presents a certificate of the cluster's
+    # CA (`troupe certs`). A decode process with another CA's certificate, or with none, is
+    # refused by the control process, which goes on serving.
+    certs, other = tmp_path / "certs", tmp_path / "other"
+    for out, node in ((certs, "cluster"), (other, "intruder")):
+        subprocess.run([troupe(), "certs", "--out", str(out), "--nodes", node], check=True,
+                       capture_output=True, timeout=120)
+    tls = ["--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "cluster.pem"),
+           "--tls-key", str(certs / "cluster.key")]
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"), tls)
+    try:
+        r = c.openai().chat.completions.create(**chat_body("Over TLS.", max_tokens=4,
+                                                            temperature=0))
+        assert r.usage.completion_tokens == 4
+        join = [troupe(), "node", TOPOLOGY, "--role", "decode", "--index", "1", "--control",
+                c.state()["control"], "--model", model_dir, "--engram-map", "identity",
+                "--connect-timeout", "3", "--fabric", "none"]
+        for creds in (["--tls-ca", str(other / "ca.pem"), "--tls-cert",
+                       str(other / "intruder.pem"), "--tls-key", str(other / "intruder.key")], []):
+            out = subprocess.run(join + creds, capture_output=True, text=True, timeout=180)
+            assert out.returncode == 1, out.stderr
+            assert "cannot reach the control process" in out.stderr
+        r = c.openai().chat.completions.create(**chat_body("Still here.", max_tokens=4,
+                                                            temperature=0))
+        assert r.usage.completion_tokens == 4
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0, "".join(c.log)
 
 
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):

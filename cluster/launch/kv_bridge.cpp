@@ -1,0 +1,260 @@
+#include "cluster/launch/kv_bridge.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+
+namespace troupe::cluster {
+
+namespace {
+
+constexpr std::uint32_t snapshot_magic = 0x53564b54;  // "TKVS"
+constexpr std::uint32_t snapshot_version = 1;
+
+template <class T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+
+void put_bytes(std::string& out, std::string_view b) {
+  put<std::uint64_t>(out, b.size());
+  out.append(b);
+}
+
+/// Reads from a byte string, failing (ok = false) instead of reading past its end.
+struct reader {
+  std::string_view in;
+  bool ok = true;
+  template <class T>
+  T get() {
+    T v{};
+    if (in.size() < sizeof(T)) {
+      ok = false;
+      return v;
+    }
+    std::memcpy(&v, in.data(), sizeof(T));
+    in.remove_prefix(sizeof(T));
+    return v;
+  }
+  std::string bytes() {
+    auto n = get<std::uint64_t>();
+    if (!ok || in.size() < n) {
+      ok = false;
+      return {};
+    }
+    std::string s(in.substr(0, n));
+    in.remove_prefix(n);
+    return s;
+  }
+};
+
+std::atomic<std::uint64_t> next_offer{1};
+
+/// Offers a snapshot's bytes on the link; `then(ticket)` gets the ticket, or an empty one when
+/// the offer failed (the receiver then recomputes).
+template <class Self, class Then>
+void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv, Then then) {
+  auto id = next_offer.fetch_add(1);
+  auto bytes = encode_snapshot(kv);
+  auto size = bytes.size();
+  self->request(p.link, std::chrono::seconds(30), runtime::fabric_offer{id, std::move(bytes)})
+    .then(
+      [self, p, id, size, then](runtime::fabric_ticket& t) mutable {
+        if (p.counters) {
+          ++p.counters->offered;
+          p.counters->offered_bytes += size;
+        }
+        caf::delayed_anon_send(p.link, p.offer_ttl, runtime::fabric_withdraw{id});
+        then(std::move(t));
+      },
+      [then](const caf::error&) mutable { then(runtime::fabric_ticket{}); });
+}
+
+/// Ends the bridge with its engine, whatever the engine's exit reason.
+template <class Self>
+void follow(Self* self, const caf::actor& engine) {
+  self->monitor(engine);
+  self->set_down_handler([self](caf::down_msg& m) { self->quit(m.reason); });
+}
+
+} // namespace
+
+std::string encode_snapshot(const runtime::kv_snapshot& s) {
+  std::string out;
+  std::size_t total = s.model.size() + s.state.bytes.size() + s.swa.bytes.size() + 64;
+  for (const auto& b : s.blocks)
+    total += b.bytes.size() + 16;
+  out.reserve(total);
+  put(out, snapshot_magic);
+  put(out, snapshot_version);
+  put_bytes(out, s.model);
+  put<std::uint64_t>(out, s.length);
+  put<std::uint64_t>(out, s.blocks.size());
+  for (const auto* b : {&s.state, &s.swa}) {
+    put<std::uint64_t>(out, b->checksum);
+    put_bytes(out, b->bytes);
+  }
+  for (const auto& b : s.blocks) {
+    put<std::uint64_t>(out, b.checksum);
+    put_bytes(out, b.bytes);
+  }
+  return out;
+}
+
+std::optional<runtime::kv_snapshot> decode_snapshot(std::string_view bytes) {
+  reader r{bytes};
+  if (r.get<std::uint32_t>() != snapshot_magic || r.get<std::uint32_t>() != snapshot_version)
+    return std::nullopt;
+  runtime::kv_snapshot s;
+  s.model = r.bytes();
+  s.length = r.get<std::uint64_t>();
+  auto blocks = r.get<std::uint64_t>();
+  for (auto* b : {&s.state, &s.swa}) {
+    b->checksum = r.get<std::uint64_t>();
+    b->bytes = r.bytes();
+  }
+  // Each block takes at least its two 8-byte headers: a count beyond that is corrupt.
+  if (!r.ok || blocks > r.in.size() / 16)
+    return std::nullopt;
+  s.blocks.resize(blocks);
+  for (auto& b : s.blocks) {
+    b.checksum = r.get<std::uint64_t>();
+    b.bytes = r.bytes();
+  }
+  if (!r.ok || !r.in.empty())
+    return std::nullopt;
+  return s;
+}
+
+actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
+                                                  actors::prefill_engine_actor engine,
+                                                  kv_bridge_params params) {
+  auto e = caf::actor_cast<caf::actor>(engine);
+  auto bridge = sys.spawn([e, params](caf::event_based_actor* self) -> caf::behavior {
+    follow(self, e);
+    return {
+      [self, e, params](actors::prefill_job& job) {
+        auto rp = self->make_response_promise();
+        self->request(e, caf::infinite, std::move(job))
+          .then(
+            [self, rp, params](actors::prefill_done& d) mutable {
+              if (!d.kv) {
+                rp.deliver(std::move(d));
+                return;
+              }
+              auto kv = std::move(d.kv);
+              offer(self, params, *kv, [rp, d = std::move(d)](runtime::fabric_ticket t) mutable {
+                d.kv_ticket = std::move(t);
+                rp.deliver(std::move(d));
+              });
+            },
+            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
+      [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
+      [self, e](actors::drain_atom a, runtime::duration grace) {
+        return self->delegate(e, a, grace);
+      },
+      [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
+    };
+  });
+  return caf::actor_cast<actors::prefill_engine_actor>(bridge);
+}
+
+namespace {
+
+struct decode_bridge_state {
+  /// Request id → the requester its progress notices go to.
+  std::map<std::uint64_t, caf::actor> requesters;
+};
+
+} // namespace
+
+actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
+                                                actors::decode_engine_actor engine,
+                                                kv_bridge_params params) {
+  auto e = caf::actor_cast<caf::actor>(engine);
+  auto bridge = sys.spawn(
+    [e, params](caf::stateful_actor<decode_bridge_state>* self) -> caf::behavior {
+      follow(self, e);
+      // Runs the job on the engine; its answer goes back through the bridge.
+      auto run = [self, e, params](actors::decode_job job, caf::response_promise rp) {
+        auto request = job.request;
+        self->request(e, caf::infinite, std::move(job))
+          .then(
+            [self, rp, params, request](actors::decode_done& d) mutable {
+              self->state.requesters.erase(request);
+              if (!d.kv) {
+                rp.deliver(std::move(d));
+                return;
+              }
+              auto kv = std::move(d.kv);
+              offer(self, params, *kv, [rp, d = std::move(d)](runtime::fabric_ticket t) mutable {
+                d.kv_ticket = std::move(t);
+                rp.deliver(std::move(d));
+              });
+            },
+            [self, rp, request](caf::error& err) mutable {
+              self->state.requesters.erase(request);
+              rp.deliver(std::move(err));
+            });
+      };
+      return {
+        [self, params, run](actors::decode_job& job) {
+          // (The requester before the promise: making it takes over the sender.)
+          self->state.requesters[job.request] = caf::actor_cast<caf::actor>(self->current_sender());
+          auto rp = self->make_response_promise();
+          if (job.kv || job.kv_ticket.id == 0) {
+            run(std::move(job), rp);
+            return rp;
+          }
+          auto ticket = job.kv_ticket;
+          self->request(params.link, params.pull_timeout + std::chrono::seconds(5),
+                        runtime::fabric_pull{ticket, params.pull_timeout})
+            .then(
+              [params, run, rp, job](runtime::fabric_pulled& got) mutable {
+                if (auto s = decode_snapshot(got.bytes)) {
+                  job.kv = std::make_shared<const runtime::kv_snapshot>(std::move(*s));
+                  if (params.counters) {
+                    ++params.counters->pulled;
+                    params.counters->pulled_bytes += got.bytes.size();
+                  }
+                } else if (params.counters) {
+                  ++params.counters->pull_failures;
+                }
+                job.kv_ticket = {};
+                run(std::move(job), rp);
+              },
+              [params, run, rp, job](const caf::error&) mutable {
+                // The KV could not be had: the engine recomputes the context.
+                if (params.counters)
+                  ++params.counters->pull_failures;
+                job.kv_ticket = {};
+                run(std::move(job), rp);
+              });
+          return rp;
+        },
+        [self](actors::decode_progress& p) {
+          auto it = self->state.requesters.find(p.request);
+          if (it != self->state.requesters.end() && it->second)
+            self->send(it->second, std::move(p));
+        },
+        [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
+        [self, e](actors::drain_atom a, runtime::duration grace) {
+          return self->delegate(e, a, grace);
+        },
+        [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
+        [self, e](actors::drain_end_atom a) { self->send(e, a); },
+      };
+    });
+  return caf::actor_cast<actors::decode_engine_actor>(bridge);
+}
+
+} // namespace troupe::cluster

@@ -1,0 +1,62 @@
+// kv_bridge: a request's KV between the processes of a launched cluster, over the fabric link.
+//
+// Inside one process a prefill engine hands the KV it exported to the decode engine as an
+// in-process handle (prefill_done::kv → decode_job::kv), and a draining decode engine hands a
+// request's KV on the same way (decode_done::kv). Between processes a handle means nothing, so
+// `troupe node` puts a bridge in front of each engine, and announces the bridge to the
+// balancer in its place:
+// - in front of a prefill engine, a prefill_done that carries KV has its snapshot serialised
+//   and offered on the process's fabric link (ports/fabric_link.hpp); the answer carries the
+//   ticket (prefill_done::kv_ticket) instead of the handle;
+// - in front of a decode engine, a decode_job with a ticket and no handle first pulls the
+//   bytes from the ticket's endpoint and rebuilds the snapshot (a pull that fails leaves the
+//   job without KV: the engine recomputes the context, as after a refused import); a
+//   forwarded decode_done (drain) has its KV offered like prefill's. Progress notices, which
+//   the engine sends to its job's sender (the bridge), go on to the requester.
+// The engines and the request actors are unchanged; the control messages stay small, the
+// bytes go over the fabric. An offer is withdrawn once pulled, or after `offer_ttl`.
+#pragma once
+
+#include "actors/engine/decode_engine.hpp"
+#include "actors/engine/prefill_engine.hpp"
+#include "runtime/ports/device.hpp"
+#include "runtime/ports/fabric.hpp"
+
+#include <caf/fwd.hpp>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace troupe::cluster {
+
+/// A snapshot as one byte string (its model name, length, blocks, State and SWA KV with
+/// their checksums), and back. decode_snapshot returns nothing for bytes that are not one.
+std::string encode_snapshot(const runtime::kv_snapshot& s);
+std::optional<runtime::kv_snapshot> decode_snapshot(std::string_view bytes);
+
+/// What a bridge moved (shared with its process, read when it stops).
+struct kv_bridge_counters {
+  std::uint64_t offered = 0, offered_bytes = 0;
+  std::uint64_t pulled = 0, pulled_bytes = 0, pull_failures = 0;
+};
+
+struct kv_bridge_params {
+  runtime::fabric_link_port link;
+  /// An offer nobody pulled is withdrawn after this long.
+  std::chrono::seconds offer_ttl{120};
+  /// A pull that takes longer fails (the job recomputes).
+  std::chrono::seconds pull_timeout{30};
+  std::shared_ptr<kv_bridge_counters> counters;
+};
+
+/// A bridge in front of `engine`, with the engine's interface; it exits with the engine.
+actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
+                                                  actors::prefill_engine_actor engine,
+                                                  kv_bridge_params params);
+actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
+                                                actors::decode_engine_actor engine,
+                                                kv_bridge_params params);
+
+} // namespace troupe::cluster
