@@ -1,4 +1,5 @@
 #include "ports/fabric_link.hpp"
+#include "ports/le_bytes.hpp"
 
 #include "runtime/errors.hpp"
 
@@ -68,27 +69,6 @@ enum class reply_status : std::uint32_t { ok = 0, not_found = 1, too_big = 2 };
 constexpr std::size_t request_posts = 16;
 constexpr std::uint64_t default_chunk_cap = 64ull << 20;
 
-void put_u32(std::uint8_t* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-void put_u64(std::uint8_t* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-std::uint32_t get_u32(const std::uint8_t* p) {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<std::uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-std::uint64_t get_u64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
 std::string fi_message(int ret) {
   return fi_strerror(ret < 0 ? -ret : ret);
 }
@@ -133,11 +113,15 @@ struct pull_op {
   fi_addr_t dest = FI_ADDR_UNSPEC;
   runtime::duration timeout{};
   std::uint64_t chunk = 0;
-  // Where the data lands: the caller's buffer, or `owned` (grown on a second round).
+  // Where the data lands: the caller's buffer, or (grow) `owned`, a buffer of the op's own
+  // that no later round reuses: a receive being cancelled may still write into it until it
+  // resolves, so the bytes reach the caller's string (`result`) only once every receive of
+  // the op has resolved.
   char* dst = nullptr;
   std::uint64_t capacity = 0;
   bool grow = false;
   std::shared_ptr<std::string> owned;
+  std::shared_ptr<std::string> result;
   std::vector<std::uint8_t> request;
   std::array<std::uint8_t, header_bytes> header{};
   std::vector<op_ctx> ctxs; // 0: request send, 1: header recv, 2..: data recvs
@@ -509,11 +493,12 @@ struct fabric_endpoint::impl {
     op->timeout = cmd.timeout;
     op->chunk = chunk;
     op->grow = cmd.grow;
-    op->owned = std::move(cmd.owned);
     op->done = std::move(cmd.done);
     op->deadline = steady::now() + std::chrono::duration_cast<steady::duration>(cmd.timeout);
     if (op->grow) {
       std::uint64_t room = cmd.expected != 0 ? cmd.expected : params.default_pull_bytes;
+      op->result = std::move(cmd.owned);
+      op->owned = std::make_shared<std::string>();
       op->owned->resize(room);
       op->dst = op->owned->data();
       op->capacity = room;
@@ -768,13 +753,10 @@ struct fabric_endpoint::impl {
     next->owned->resize(op.size);
     next->dst = next->owned->data();
     next->capacity = op.size;
-    // The caller's string is the old op's: move the result into it at the end.
-    next->done = [done = std::move(op.done), result = next->owned,
-                  outer = op.owned](caf::error err, std::uint64_t size) {
-      if (!err)
-        *outer = std::move(*result);
-      done(std::move(err), size);
-    };
+    // The old op keeps its own buffer until its receives resolve; the new one delivers into
+    // the caller's string.
+    next->result = op.result;
+    next->done = std::move(op.done);
     op.finished = true;
     cancel(op);
     relaunch.push_back(std::move(next)); // launched by the loop, outside this completion
@@ -794,8 +776,10 @@ struct fabric_endpoint::impl {
                                                   + " bytes of " + std::to_string(op.size)));
       return;
     }
-    if (op.grow)
+    if (op.grow) {
       op.owned->resize(op.size);
+      *op.result = std::move(*op.owned);
+    }
     deliver(op, {});
   }
 

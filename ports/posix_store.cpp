@@ -1,4 +1,5 @@
 #include "ports/posix_store.hpp"
+#include "ports/le_bytes.hpp"
 
 #include "runtime/errors.hpp"
 #include "runtime/ports/store_index.hpp"
@@ -58,30 +59,6 @@ struct block_header {
 };
 
 using header_bytes = std::array<std::uint8_t, header_size>;
-
-void put_u32(std::uint8_t* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-
-void put_u64(std::uint8_t* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-
-std::uint32_t get_u32(const std::uint8_t* p) {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<std::uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-
-std::uint64_t get_u64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 
 header_bytes encode(const block_header& h) {
   header_bytes b{};

@@ -1,4 +1,5 @@
 #include "runtime/transport.hpp"
+#include "runtime/openssl_util.hpp"
 
 #include "runtime/errors.hpp"
 
@@ -25,15 +26,6 @@ namespace troupe::runtime {
 namespace {
 
 // Owning handles for the OpenSSL objects check_tls reads.
-struct bio_free {
-  void operator()(BIO* p) const { BIO_free(p); }
-};
-struct x509_free {
-  void operator()(X509* p) const { X509_free(p); }
-};
-struct pkey_free {
-  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
-};
 struct store_free {
   void operator()(X509_STORE* p) const { X509_STORE_free(p); }
 };
@@ -44,18 +36,9 @@ struct chain_free {
   void operator()(STACK_OF(X509) * p) const { sk_X509_pop_free(p, X509_free); }
 };
 
-/// The reasons OpenSSL queued on this thread, oldest first, joined by "; " (and cleared).
-std::string openssl_errors() {
-  std::string text;
-  while (auto code = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(code, buf, sizeof buf);
-    if (!text.empty())
-      text += "; ";
-    text += buf;
-  }
-  return text.empty() ? "no reason given" : text;
-}
+using openssl::bio_ptr;
+using openssl::pkey_ptr;
+using openssl::x509_ptr;
 
 caf::error tls_error(const std::string& what) {
   return make_error(errc::invalid_argument, what);
@@ -76,7 +59,7 @@ caf::error verify(X509_STORE* store, X509* cert, STACK_OF(X509) * chain, int pur
                   const tls_options& tls, const char* as) {
   std::unique_ptr<X509_STORE_CTX, store_ctx_free> ctx{X509_STORE_CTX_new()};
   if (!ctx || X509_STORE_CTX_init(ctx.get(), store, cert, chain) != 1)
-    return tls_error("cannot set up certificate verification: " + openssl_errors());
+    return tls_error("cannot set up certificate verification: " + openssl::errors());
   X509_STORE_CTX_set_purpose(ctx.get(), purpose);
   if (X509_verify_cert(ctx.get()) != 1) {
     ERR_clear_error();
@@ -100,29 +83,29 @@ caf::error check_tls(const tls_options& tls) {
   ERR_clear_error();
   std::unique_ptr<X509_STORE, store_free> store{X509_STORE_new()};
   if (!store || X509_STORE_load_file(store.get(), tls.ca_file.c_str()) != 1)
-    return tls_error(tls.ca_file + ": cannot load CA certificates: " + openssl_errors());
+    return tls_error(tls.ca_file + ": cannot load CA certificates: " + openssl::errors());
 
-  std::unique_ptr<BIO, bio_free> cert_in{BIO_new_file(tls.cert_file.c_str(), "r")};
+  bio_ptr cert_in{BIO_new_file(tls.cert_file.c_str(), "r")};
   if (!cert_in)
-    return tls_error(tls.cert_file + ": cannot open: " + openssl_errors());
-  std::unique_ptr<X509, x509_free> cert{PEM_read_bio_X509(cert_in.get(), nullptr, nullptr, nullptr)};
+    return tls_error(tls.cert_file + ": cannot open: " + openssl::errors());
+  x509_ptr cert{PEM_read_bio_X509(cert_in.get(), nullptr, nullptr, nullptr)};
   if (!cert)
-    return tls_error(tls.cert_file + ": not a PEM certificate: " + openssl_errors());
+    return tls_error(tls.cert_file + ": not a PEM certificate: " + openssl::errors());
   // CAF loads the file as a chain: certificates after the first are intermediates.
   std::unique_ptr<STACK_OF(X509), chain_free> chain{sk_X509_new_null()};
   while (X509* extra = PEM_read_bio_X509(cert_in.get(), nullptr, nullptr, nullptr))
     sk_X509_push(chain.get(), extra);
   ERR_clear_error(); // the end of the file ends the loop with an error
 
-  std::unique_ptr<BIO, bio_free> key_in{BIO_new_file(tls.key_file.c_str(), "r")};
+  bio_ptr key_in{BIO_new_file(tls.key_file.c_str(), "r")};
   if (!key_in)
-    return tls_error(tls.key_file + ": cannot open: " + openssl_errors());
+    return tls_error(tls.key_file + ": cannot open: " + openssl::errors());
   auto pass = tls.passphrase;
-  std::unique_ptr<EVP_PKEY, pkey_free> key{
+  pkey_ptr key{
     PEM_read_bio_PrivateKey(key_in.get(), nullptr, passphrase_cb, &pass)};
   if (!key)
     return tls_error(tls.key_file + ": cannot read the private key (not PEM, or encrypted and "
-                     "the passphrase is missing or wrong): " + openssl_errors());
+                     "the passphrase is missing or wrong): " + openssl::errors());
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
     return tls_error(tls.key_file + ": is not the key of " + tls.cert_file);
@@ -199,6 +182,18 @@ std::string error_text(const caf::error& err) {
   if (err.category() == caf::atom("system"))
     return to_string(static_cast<caf::sec>(err.code()));
   return to_string(err);
+}
+
+std::string openssl::errors() {
+  std::string text;
+  while (auto code = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(code, buf, sizeof buf);
+    if (!text.empty())
+      text += "; ";
+    text += buf;
+  }
+  return text.empty() ? "no reason given" : text;
 }
 
 } // namespace troupe::runtime

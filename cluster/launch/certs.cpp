@@ -1,5 +1,7 @@
 #include "cluster/launch/certs.hpp"
 
+#include "runtime/openssl_util.hpp"
+
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -25,34 +27,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct bio_free {
-  void operator()(BIO* p) const { BIO_free(p); }
-};
-struct x509_free {
-  void operator()(X509* p) const { X509_free(p); }
-};
-struct pkey_free {
-  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
-};
+using runtime::openssl::bio_ptr;
+using runtime::openssl::pkey_ptr;
+using runtime::openssl::x509_ptr;
+
 struct bn_free {
   void operator()(BIGNUM* p) const { BN_free(p); }
 };
-using bio_ptr = std::unique_ptr<BIO, bio_free>;
-using x509_ptr = std::unique_ptr<X509, x509_free>;
-using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
-
-/// OpenSSL's queued reasons on this thread, joined by "; " (and cleared).
-std::string openssl_errors() {
-  std::string text;
-  while (auto code = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(code, buf, sizeof buf);
-    if (!text.empty())
-      text += "; ";
-    text += buf;
-  }
-  return text.empty() ? "no reason given" : text;
-}
 
 /// A value, or the one-line reason there is none.
 template <class T>
@@ -65,7 +46,7 @@ struct made {
 made<pkey_ptr> new_key() {
   pkey_ptr key{EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")};
   if (!key)
-    return {nullptr, "cannot generate a P-256 key: " + openssl_errors()};
+    return {nullptr, "cannot generate a P-256 key: " + runtime::openssl::errors()};
   return {std::move(key), ""};
 }
 
@@ -87,7 +68,7 @@ made<x509_ptr> new_cert(EVP_PKEY* key, const std::string& common_name, X509* iss
                         const std::string& subject_alt_names) {
   auto fail = [&](const std::string& what) {
     return made<x509_ptr>{nullptr, "cannot make the certificate of " + common_name + ": " +
-                                     what + ": " + openssl_errors()};
+                                     what + ": " + runtime::openssl::errors()};
   };
   x509_ptr cert{X509_new()};
   if (!cert || X509_set_version(cert.get(), X509_VERSION_3) != 1)
@@ -183,7 +164,7 @@ template <class Write>
 made<std::string> pem(Write&& write) {
   bio_ptr mem{BIO_new(BIO_s_mem())};
   if (!mem || write(mem.get()) != 1)
-    return {"", "cannot encode PEM: " + openssl_errors()};
+    return {"", "cannot encode PEM: " + runtime::openssl::errors()};
   char* data = nullptr;
   long len = BIO_get_mem_data(mem.get(), &data);
   return {std::string(data, static_cast<std::size_t>(len)), ""};
@@ -208,10 +189,10 @@ std::string write_pair(const fs::path& key_path, EVP_PKEY* key, const fs::path& 
 made<x509_ptr> read_cert(const fs::path& path) {
   bio_ptr in{BIO_new_file(path.c_str(), "r")};
   if (!in)
-    return {nullptr, path.string() + ": cannot open: " + openssl_errors()};
+    return {nullptr, path.string() + ": cannot open: " + runtime::openssl::errors()};
   x509_ptr cert{PEM_read_bio_X509(in.get(), nullptr, nullptr, nullptr)};
   if (!cert)
-    return {nullptr, path.string() + ": not a PEM certificate: " + openssl_errors()};
+    return {nullptr, path.string() + ": not a PEM certificate: " + runtime::openssl::errors()};
   return {std::move(cert), ""};
 }
 
@@ -223,10 +204,10 @@ int no_passphrase(char*, int, int, void*) {
 made<pkey_ptr> read_key(const fs::path& path) {
   bio_ptr in{BIO_new_file(path.c_str(), "r")};
   if (!in)
-    return {nullptr, path.string() + ": cannot open: " + openssl_errors()};
+    return {nullptr, path.string() + ": cannot open: " + runtime::openssl::errors()};
   pkey_ptr key{PEM_read_bio_PrivateKey(in.get(), nullptr, no_passphrase, nullptr)};
   if (!key)
-    return {nullptr, path.string() + ": not an unencrypted PEM private key: " + openssl_errors()};
+    return {nullptr, path.string() + ": not an unencrypted PEM private key: " + runtime::openssl::errors()};
   return {std::move(key), ""};
 }
 
