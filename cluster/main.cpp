@@ -16,6 +16,7 @@
 #include "kernels/generate.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/npy.hpp"
+#include "runtime/line_stream.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -30,6 +31,13 @@
 #include <vector>
 
 namespace {
+
+/// stderr for `troupe launch` and the `troupe node` and `troupe agent` processes it starts,
+/// which share one stderr: each line in one write, so their lines never cut into each other.
+std::ostream& shared_stderr() {
+  static troupe::runtime::line_ostream err{2};
+  return err;
+}
 
 // `troupe topology check FILE...`: prints "FILE: ok" on stdout for each valid file and every
 // problem of each invalid one on stderr: its syntax and rules (topology.hpp), then whether its
@@ -510,7 +518,7 @@ int main(int argc, char** argv) {
   launch->callback([&] {
     finish_server_options(launch_opts.serve, launch_grace_s);
     launch_opts.restart_period = std::chrono::seconds(restart_period_s);
-    rc = troupe::cluster::run_launch_command(launch_opts, std::cout, std::cerr);
+    rc = troupe::cluster::run_launch_command(launch_opts, std::cout, shared_stderr());
   });
 
   // troupe agent: starts a launched cluster's processes on its host (cluster/launch/node_agent.hpp).
@@ -522,7 +530,7 @@ int main(int argc, char** argv) {
   troupe::runtime::tls_options agent_tls;
   add_tls_options(agent, agent_tls);
   agent->callback([&] {
-    rc = troupe::cluster::run_agent_command(agent_listen, agent_name, agent_tls, std::cerr);
+    rc = troupe::cluster::run_agent_command(agent_listen, agent_name, agent_tls, shared_stderr());
   });
 
   // troupe node: one process of a launched cluster (cluster/launch/node_command.hpp).
@@ -553,7 +561,7 @@ int main(int argc, char** argv) {
   node->callback([&] {
     finish_server_options(node_opts.serve, node_grace_s);
     node_opts.connect_timeout = std::chrono::seconds(connect_timeout_s);
-    rc = troupe::cluster::run_node_command(node_opts, std::cerr);
+    rc = troupe::cluster::run_node_command(node_opts, shared_stderr());
   });
 
   troupe::cli::add_recipe_commands(app, rc);
