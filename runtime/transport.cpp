@@ -12,12 +12,16 @@
 #include <caf/sec.hpp>
 
 #include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <memory>
 #include <set>
 
@@ -120,6 +124,8 @@ void configure_transport(caf::actor_system_config& cfg, const tls_options& tls) 
   cfg.load<caf::io::middleman>();
   // Every link is one we made: no direct connections behind the application's back.
   cfg.set("middleman.enable-automatic-connections", false);
+  cfg.set("middleman.heartbeat-interval", heartbeat_interval);
+  cfg.set("middleman.connection-timeout", link_timeout);
   if (!tls.enabled())
     return;
   cfg.openssl_cafile = tls.ca_file;
@@ -197,3 +203,64 @@ std::string openssl::errors() {
 }
 
 } // namespace troupe::runtime
+
+// -- CAF 0.17's OpenSSL sessions and the thread's error queue ---------------------------------
+//
+// OpenSSL reports why an I/O call failed on the calling thread's error queue, and
+// SSL_get_error consults that queue before anything else: the queue must be empty before
+// SSL_read, SSL_write, SSL_connect or SSL_accept is called, or a plain "would block" is
+// reported as a fatal error (SSL_get_error(3)). caf::openssl::session (CAF 0.17.6, Debian's)
+// never empties it: it drains the queue only inside log statements, which Debian's build
+// compiles out. So once one connection failed (a handshake refused for a foreign certificate,
+// or a peer gone without a TLS close — OpenSSL 3 queues "unexpected eof", and CAF 0.17 never
+// sends a close), the next SSL_read of every other connection on the same middleman thread
+// that would block was taken for an error, and the connection dropped: a killed or refused
+// peer took a control process's links to its healthy instances with it. CAF fixed its later
+// network layer the same way (libcaf_net's ssl::connection clears the queue before each call).
+//
+// These definitions in the executable take the place of libssl's for every caller, CAF's
+// OpenSSL module included (the dynamic linker binds its calls to the executable's symbols
+// first), clear the queue and call libssl's own function. Clearing before a call is what
+// OpenSSL asks of every caller, so other users (Boost.Asio's SSL engine already does it) see
+// no change. tests/cluster/test_transport.cpp checks a connection survives both failures.
+namespace {
+
+template <class F>
+F next_ssl_symbol(const char* name) {
+  void* f = dlsym(RTLD_NEXT, name);
+  if (f == nullptr) {
+    std::fprintf(stderr, "troupe: cannot find libssl's %s (%s)\n", name, dlerror());
+    std::abort();
+  }
+  return reinterpret_cast<F>(f);
+}
+
+} // namespace
+
+extern "C" {
+
+int SSL_read(SSL* ssl, void* buf, int num) {
+  static const auto real = next_ssl_symbol<int (*)(SSL*, void*, int)>("SSL_read");
+  ERR_clear_error();
+  return real(ssl, buf, num);
+}
+
+int SSL_write(SSL* ssl, const void* buf, int num) {
+  static const auto real = next_ssl_symbol<int (*)(SSL*, const void*, int)>("SSL_write");
+  ERR_clear_error();
+  return real(ssl, buf, num);
+}
+
+int SSL_connect(SSL* ssl) {
+  static const auto real = next_ssl_symbol<int (*)(SSL*)>("SSL_connect");
+  ERR_clear_error();
+  return real(ssl);
+}
+
+int SSL_accept(SSL* ssl) {
+  static const auto real = next_ssl_symbol<int (*)(SSL*)>("SSL_accept");
+  ERR_clear_error();
+  return real(ssl);
+}
+
+} // extern "C"

@@ -52,7 +52,16 @@ struct tls_options {
 /// calls this first and refuses to start on an error.
 caf::error check_tls(const tls_options& tls);
 
-/// Adds to `cfg` what inter-process messaging needs: loads caf::io::middleman and, when
+/// Every link sends a heartbeat this often, and a link on which nothing arrived for
+/// `link_timeout` is closed: a peer that stopped (SIGSTOP, a hung host, a cut cable) is then
+/// gone for its peers as one that exited is — the monitors of its actors get down messages,
+/// so requests reroute — instead of holding them for ever. A process that resumes finds its
+/// links closed.
+inline constexpr caf::timespan heartbeat_interval = std::chrono::seconds(1);
+inline constexpr caf::timespan link_timeout = std::chrono::seconds(8);
+
+/// Adds to `cfg` what inter-process messaging needs: loads caf::io::middleman (with the
+/// heartbeats above) and, when
 /// `tls.enabled()`, caf::openssl::manager with the CA, certificate, key and passphrase, so
 /// that every connection requires a peer certificate signed by that CA (mutual
 /// authentication). Automatic (direct) connections between nodes are turned off, so every

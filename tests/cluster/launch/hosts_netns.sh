@@ -3,13 +3,13 @@
 # h3 joined by veth pairs to a bridge in a fourth namespace (the switch), 10.231.7.0/24. Each
 # host runs `troupe agent`; the launcher (on h1) places the control process and prefill/0 on
 # h1, decode/0 on h2 and decode/1 on h3, and starts them through the agents. The prompts' KV
-# crosses from h1 to h2 / h3 over the fabric link (libfabric tcp). Plain TCP between the
-# processes: with CAF 0.17's OpenSSL transport, a peer killed mid-connection has taken the
-# control process's other connections down with it (docs/tls.md); TLS is tested in
-# tests/python/test_launch.py. The test checks
+# crosses from h1 to h2 / h3 over the fabric link (libfabric tcp). Between the processes and
+# the agents the links are mutual TLS (`troupe certs`: a certificate per host for its agent,
+# one for the cluster's processes). The test checks
 # that each process runs in its host's namespace, that a client on h2 is served across the
 # hosts, that a decode process killed on h2 is restarted there by its agent while requests
-# go on, and that SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
+# go on and that no other process loses its links (over TLS too: docs/tls.md), and that
+# SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
 # addresses. Needs root (ip netns); exits 77 (skipped) without it.
 #   bash tests/cluster/launch/hosts_netns.sh build/troupe
 set -euo pipefail
@@ -56,10 +56,13 @@ for i in 1 2 3; do
 done
 
 "$TROUPE" model init --preset small --seed 1 --out "$WORK/model" >/dev/null
+"$TROUPE" certs --out "$WORK/certs" --nodes cluster,h1,h2,h3 >/dev/null
+tls() { echo --tls-ca "$WORK/certs/ca.pem" --tls-cert "$WORK/certs/$1.pem" --tls-key "$WORK/certs/$1.key"; }
 
 # An agent per host.
 for i in 1 2 3; do
-  ip netns exec "$TAG-h$i" "$TROUPE" agent --listen "$NET.$i:7700" --name "h$i" \
+  # shellcheck disable=SC2046
+  ip netns exec "$TAG-h$i" "$TROUPE" agent --listen "$NET.$i:7700" --name "h$i" $(tls "h$i") \
     > "$WORK/agent$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -83,7 +86,7 @@ TOML
 ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.toml" \
   --model "$WORK/model" --engram-map identity --hosts "$WORK/hosts.toml" \
   --listen "$NET.1:0" --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" \
-  > "$WORK/launch.log" 2>&1 &
+  $(tls cluster) > "$WORK/launch.log" 2>&1 &
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 
@@ -104,6 +107,8 @@ for spec in control:h1 prefill/0:h1 decode/0:h2 decode/1:h3; do
   [ "$got" = "$host" ] || fail "$name placed on $got, expected $host"
   pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='$name')")
   [ "$(ip netns identify "$pid")" = "$TAG-$host" ] || fail "$name (pid $pid) is not in $TAG-$host"
+  tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--tls-cert $WORK/certs/cluster.pem" \
+    || fail "$name (pid $pid) was not started with the cluster's certificate"
 done
 
 ask() {  # a greedy request from host h2's namespace; prints the completion tokens
