@@ -403,6 +403,7 @@ struct fabric_endpoint::impl {
     }
     auto* raw = op.get();
     serving.emplace(raw->key, std::move(op));
+    note_sending();
     if (!post_sends(*raw))
       blocked_sends.push_back(raw);
   }
@@ -465,9 +466,17 @@ struct fabric_endpoint::impl {
     return progress;
   }
 
+  // Publishes how many answers are being sent (counters.sending).
+  void note_sending() {
+    std::lock_guard<std::mutex> guard{mtx};
+    counters.sending = serving.size();
+  }
+
   void maybe_retire(serve_op& op) {
-    if (op.next >= op.ctxs.size() && op.outstanding == 0)
+    if (op.next >= op.ctxs.size() && op.outstanding == 0) {
       serving.erase(op.key); // destroys op
+      note_sending();
+    }
   }
 
   void on_serve_send(op_ctx& ctx) {
@@ -940,6 +949,7 @@ struct fabric_endpoint::impl {
         deliver(*op, make_error(errc::unavailable, "fabric: endpoint closed"));
     pulls.clear();
     serving.clear();
+    note_sending();
     blocked_sends.clear();
   }
 
@@ -1107,6 +1117,10 @@ link_impl::behavior_type fabric_link_fn(link_impl::stateful_pointer<link_state> 
     },
     [=](const runtime::fabric_withdraw& x) -> bool {
       return self->state.endpoint->withdraw(x.id);
+    },
+    [=](caf::get_atom) -> runtime::fabric_activity {
+      auto s = self->state.endpoint->stats();
+      return {s.offers, s.served, s.sending};
     },
     [=](runtime::fabric_pull& x) -> caf::typed_response_promise<runtime::fabric_pulled> {
       auto rp = self->make_response_promise<runtime::fabric_pulled>();

@@ -80,6 +80,7 @@ struct fabric_stats {
   std::uint64_t offers = 0;          // offers currently held
   std::uint64_t served = 0;          // pull requests answered with data
   std::uint64_t served_bytes = 0;    // bytes sent in those answers
+  std::uint64_t sending = 0;         // answers with sends not all completed yet
   std::uint64_t not_found = 0;       // pull requests for unknown ids
   std::uint64_t pulls_ok = 0;        // own pulls completed with data
   std::uint64_t pulls_failed = 0;    // own pulls completed with an error

@@ -29,6 +29,7 @@ struct fabric_offer;
 struct fabric_withdraw;
 struct fabric_pull;
 struct fabric_pulled;
+struct fabric_activity;
 } // namespace troupe::runtime
 
 #include <vector>
@@ -55,6 +56,7 @@ CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_offer))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_withdraw))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_pull))
 CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_pulled))
+CAF_ADD_TYPE_ID(troupe_runtime, (troupe::runtime::fabric_activity))
 CAF_END_TYPE_ID_BLOCK(troupe_runtime)
 
 namespace troupe::runtime {

@@ -51,6 +51,7 @@
 #include "actors/kv/block_writer.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/link.hpp"
+#include "runtime/ports/token_constraints.hpp"
 #include "runtime/time.hpp"
 
 #include <caf/fwd.hpp>
@@ -92,13 +93,16 @@ struct decode_job {
   runtime::kv_snapshot_ptr kv;
   /// Across processes: where the KV's bytes are offered (prefill_done::kv_ticket).
   runtime::fabric_ticket kv_ticket;
+  /// The request's structured-output constraint, for a device in another process to rebuild
+  /// (format empty: none).
+  runtime::constraint_spec constraint{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
   return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
            x.kv_bytes, x.parent, x.parent_blocks, x.traffic, x.progress_every, x.next, x.context,
-           x.sampling, x.stop_ids, x.kv_ticket);
+           x.sampling, x.stop_ids, x.kv_ticket, x.constraint);
 }
 
 /// `tokens` of the job's output have been generated and delivered so far (a multiple of the

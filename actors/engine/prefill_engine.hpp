@@ -46,6 +46,7 @@
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/fabric.hpp"
 #include "runtime/ports/link.hpp"
+#include "runtime/ports/token_constraints.hpp"
 #include "runtime/time.hpp"
 
 #include <caf/atom.hpp>
@@ -76,12 +77,15 @@ struct prefill_job {
   /// the traffic class their TTL follows. Empty in the simulated world.
   std::vector<block_key> chain{};
   traffic_class traffic = traffic_class::chatbot;
+  /// The request's structured-output constraint, for a device in another process to rebuild
+  /// (format empty: none).
+  runtime::constraint_spec constraint{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
   return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
-           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic);
+           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint);
 }
 
 struct prefill_done {

@@ -689,7 +689,8 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
       send_error(e->status, *e, false);
       return;
     }
-    g.constraint = g.id;
+    g.constraint = {constraint_table::format_key(r.conversation.format), r.conversation.thinking,
+                    g.prompt.size()};
     constraint_id_ = g.id;
   }
   // A conversation with tools is an agent's: its blocks live by the agent TTL.

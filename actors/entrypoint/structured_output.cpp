@@ -19,48 +19,111 @@ constraint_table::constraint_table(const recipe::tokenizer& tok)
     : vocab_(std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok))),
       think_end_(tok.token_to_id("</think>")) {}
 
-std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const recipe::response_format& format,
-                                                       bool thinking, const std::string& param) {
+std::string constraint_table::format_key(const recipe::response_format& format) {
   using kind = recipe::response_format::kind;
-  if (format.type == kind::text)
+  switch (format.type) {
+    case kind::text: return {};
+    case kind::json_object: return "object";
+    case kind::json_schema: return "schema:" + format.schema_json;
+    case kind::regex: return "regex:" + format.regex;
+  }
+  return {};
+}
+
+std::optional<recipe::response_format> constraint_table::format_of_key(const std::string& key) {
+  using kind = recipe::response_format::kind;
+  recipe::response_format f;
+  auto rest = [&](std::string_view prefix) -> std::optional<std::string> {
+    if (key.compare(0, prefix.size(), prefix) != 0)
+      return std::nullopt;
+    return key.substr(prefix.size());
+  };
+  if (key == "object") {
+    f.type = kind::json_object;
+  } else if (auto schema = rest("schema:")) {
+    f.type = kind::json_schema;
+    f.schema_json = std::move(*schema);
+  } else if (auto pattern = rest("regex:")) {
+    f.type = kind::regex;
+    f.regex = std::move(*pattern);
+  } else {
     return std::nullopt;
-  const std::string key = format.type == kind::json_object   ? std::string("object")
-                          : format.type == kind::json_schema ? "schema:" + format.schema_json
-                                                             : "regex:" + format.regex;
+  }
+  return f;
+}
+
+std::variant<std::shared_ptr<constraint_table::compiled>, recipe::api_error>
+constraint_table::compile(const recipe::response_format& format, const std::string& param) {
+  using kind = recipe::response_format::kind;
+  const std::string key = format_key(format);
   auto error = [&](std::string message) {
     return recipe::api_error{400, std::move(message), "invalid_request_error", param, std::nullopt};
   };
-  std::shared_ptr<compiled> c;
   {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end())
-      c = it->second;
+      return it->second;
   }
-  if (!c) {  // compiled outside the lock: the devices keep sampling meanwhile
-    gr::grammar g;
-    if (format.type == kind::json_object) {
-      g = gr::any_json_object();
-    } else if (format.type == kind::json_schema) {
-      auto r = gr::compile_json_schema(std::string_view(format.schema_json));
-      if (auto* e = std::get_if<gr::schema_error>(&r))
-        return error("Unsupported JSON schema for structured output: " + e->to_string() + ".");
-      g = std::move(std::get<gr::grammar>(r));
-    } else {
-      auto r = gr::compile_regex(format.regex);
-      if (auto* e = std::get_if<gr::regex_error>(&r))
-        return error("Unsupported regex for structured output: " + e->message + " at offset "
-                     + std::to_string(e->offset) + ".");
-      g = std::move(std::get<gr::grammar>(r));
-    }
-    c = std::make_shared<compiled>();
-    c->grammar = std::make_shared<const gr::grammar>(std::move(g));
-    c->masks = std::make_unique<gr::mask_computer>(c->grammar, vocab_);
+  // Compiled outside the lock: the devices keep sampling meanwhile.
+  gr::grammar g;
+  if (format.type == kind::json_object) {
+    g = gr::any_json_object();
+  } else if (format.type == kind::json_schema) {
+    auto r = gr::compile_json_schema(std::string_view(format.schema_json));
+    if (auto* e = std::get_if<gr::schema_error>(&r))
+      return error("Unsupported JSON schema for structured output: " + e->to_string() + ".");
+    g = std::move(std::get<gr::grammar>(r));
+  } else {
+    auto r = gr::compile_regex(format.regex);
+    if (auto* e = std::get_if<gr::regex_error>(&r))
+      return error("Unsupported regex for structured output: " + e->message + " at offset "
+                   + std::to_string(e->offset) + ".");
+    g = std::move(std::get<gr::grammar>(r));
   }
+  auto c = std::make_shared<compiled>();
+  c->grammar = std::make_shared<const gr::grammar>(std::move(g));
+  c->masks = std::make_unique<gr::mask_computer>(c->grammar, vocab_);
   std::lock_guard lock(mu_);
-  if (cache_.size() >= cache_limit && !cache_.count(key))
+  if (auto it = cache_.find(key); it != cache_.end())
+    return it->second;  // compiled meanwhile by another thread
+  if (cache_.size() >= cache_limit)
     cache_.erase(cache_.begin());
   cache_.emplace(key, c);
-  entries_.insert_or_assign(id, entry{c, gr::matcher(c->grammar), thinking, std::nullopt});
+  return c;
+}
+
+std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const recipe::response_format& format,
+                                                       bool thinking, const std::string& param) {
+  if (format.type == recipe::response_format::kind::text)
+    return std::nullopt;
+  auto c = compile(format, param);
+  if (auto* e = std::get_if<recipe::api_error>(&c))
+    return *e;
+  auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);
+  std::lock_guard lock(mu_);
+  entries_.insert_or_assign(id, entry{compiled, gr::matcher(compiled->grammar), thinking, std::nullopt});
+  return std::nullopt;
+}
+
+std::optional<std::string> constraint_table::restore(std::uint64_t id, const runtime::constraint_spec& spec,
+                                                     std::span<const std::int32_t> context) {
+  auto format = format_of_key(spec.format);
+  if (!format || format->type == recipe::response_format::kind::text)
+    return "not a structured-output format: '" + spec.format.substr(0, 40) + "'";
+  auto c = compile(*format, "response_format");
+  if (auto* e = std::get_if<recipe::api_error>(&c))
+    return e->message;
+  auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);
+  entry e{compiled, gr::matcher(compiled->grammar), spec.thinking, std::nullopt};
+  std::lock_guard lock(mu_);
+  for (auto p = spec.output_start; p < context.size(); ++p) {
+    if (!e.in_reasoning && !e.next)
+      e.next = p;  // where allowed() would have started
+    if (!accept_locked(e, p, context[p]))
+      return "the output so far (token " + std::to_string(context[p]) + " at position "
+             + std::to_string(p) + ") does not follow the format";
+  }
+  entries_.insert_or_assign(id, std::move(e));
   return std::nullopt;
 }
 
@@ -107,20 +170,23 @@ bool constraint_table::allowed(std::uint64_t sequence, std::uint64_t position, s
 void constraint_table::accepted(std::uint64_t sequence, std::uint64_t position, std::int32_t token) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(sequence);
-  if (it == entries_.end())
-    return;
-  entry& e = it->second;
+  if (it != entries_.end())
+    accept_locked(it->second, position, token);
+}
+
+bool constraint_table::accept_locked(entry& e, std::uint64_t position, std::int32_t token) {
   const auto id = static_cast<std::uint32_t>(token);
   if (e.in_reasoning) {
     e.in_reasoning = !(think_end_ && id == *think_end_);
-    return;
+    return true;
   }
   if (!e.next || position != *e.next)
-    return;
+    return true;
   e.next = position + 1;
   const auto& eos = vocab_->eos();
   if (id < vocab_->size() && std::find(eos.begin(), eos.end(), id) == eos.end())
-    e.m.accept_token(vocab_->bytes(id));
+    return e.m.accept_token(vocab_->bytes(id));
+  return true;
 }
 
 }  // namespace troupe::actors

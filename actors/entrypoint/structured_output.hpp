@@ -20,7 +20,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <variant>
 
 namespace troupe::actors {
 
@@ -36,6 +38,20 @@ public:
   /// JSON pointer).
   std::optional<recipe::api_error> add(std::uint64_t id, const recipe::response_format& format, bool thinking,
                                        const std::string& param);
+  /// The format as text, as a constraint_spec carries it ("object", "schema:<JSON>",
+  /// "regex:<pattern>"; empty for text), and back (nothing for a text that is none of these).
+  static std::string format_key(const recipe::response_format& format);
+  static std::optional<recipe::response_format> format_of_key(const std::string& key);
+
+  /// Rebuilds request `id`'s constraint in this process (an instance process of `troupe
+  /// launch`, whose devices sample the request): compiles `spec.format` (cached as add() does)
+  /// and feeds the matcher the output tokens of `context` (the ids at absolute positions
+  /// spec.output_start .. context.size() - 1, drawn elsewhere), so that the next position
+  /// sampled here is constrained where the request's output stands. Replaces an entry of the
+  /// same id. Errors: a format that does not compile, or a context token the grammar refuses.
+  std::optional<std::string> restore(std::uint64_t id, const runtime::constraint_spec& spec,
+                                     std::span<const std::int32_t> context);
+
   /// Forgets request `id` (its generation ended); unknown ids are ignored.
   void remove(std::uint64_t id);
   std::size_t size() const;
@@ -55,6 +71,11 @@ private:
     std::optional<std::uint64_t> next;    // the position of the next constrained token
   };
   void eos_only(std::span<std::uint32_t> mask) const;
+  /// The compiled grammar of `format` (from the cache, or compiled outside the lock and kept).
+  std::variant<std::shared_ptr<compiled>, recipe::api_error> compile(const recipe::response_format& format,
+                                                                     const std::string& param);
+  /// accepted() with the lock held; false if the grammar refused the token.
+  bool accept_locked(entry& e, std::uint64_t position, std::int32_t token);
 
   mutable std::mutex mu_;
   std::shared_ptr<const recipe::grammar::vocabulary> vocab_;

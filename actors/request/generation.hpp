@@ -18,6 +18,7 @@
 
 #include "actors/kv/kv_index.hpp"
 #include "runtime/ports/device.hpp"
+#include "runtime/ports/token_constraints.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/atom.hpp>
@@ -43,8 +44,9 @@ struct generation_request {
   std::vector<std::int32_t> stop_ids;
   /// The KV cache TTL class of the blocks it leaves behind.
   traffic_class traffic = traffic_class::chatbot;
-  /// A structured-output constraint compiled by the entrypoint (0: none).
-  std::uint64_t constraint = 0;
+  /// The structured-output constraint the entrypoint compiled and registered under `id` (its
+  /// format empty: none); it travels with the request's jobs (token_constraints.hpp).
+  runtime::constraint_spec constraint;
   /// Receives generation_tokens, then one generation_end.
   caf::actor sink;
 };

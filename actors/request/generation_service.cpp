@@ -48,6 +48,7 @@ service_fn(generation_service::stateful_pointer<service_state> self,
       spec.sampling = g.sampling;
       spec.stop_ids = std::move(g.stop_ids);
       spec.stream = std::move(g.sink);
+      spec.constraint = std::move(g.constraint);
       return spawn_request(self, std::move(spec), st.params.services);
     },
   };

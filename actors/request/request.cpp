@@ -238,6 +238,7 @@ void decode(request_ptr self) {
         job.next = st.last;
         job.sampling = st.spec.sampling;
         job.stop_ids = st.spec.stop_ids;
+        job.constraint = st.spec.constraint;
         if (!st.spec.prompt.empty()) {
           job.context = st.spec.prompt;
           job.context.insert(job.context.end(), st.output.begin(),
@@ -323,6 +324,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
           job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());
           job.chain = st.spec.chain;
           job.traffic = st.spec.traffic;
+          job.constraint = st.spec.constraint;
         }
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});

@@ -46,6 +46,7 @@
 #include "actors/lb/vision_lb.hpp"
 #include "actors/request/generation.hpp"
 #include "runtime/ports/device.hpp"
+#include "runtime/ports/token_constraints.hpp"
 #include "runtime/time.hpp"
 
 #include <caf/actor.hpp>
@@ -77,13 +78,15 @@ struct request_spec {
   std::vector<std::int32_t> stop_ids;
   /// Receives generation_tokens and one generation_end (generation.hpp). May be invalid.
   caf::actor stream;
+  /// Its structured-output constraint, passed on to its jobs (format empty: none).
+  runtime::constraint_spec constraint;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
   return f(caf::meta::type_name("request_spec"), x.id, x.input_tokens, x.output_tokens,
            x.chain, x.traffic, x.images, x.image_tokens, x.prompt, x.sampling, x.stop_ids,
-           x.stream);
+           x.stream, x.constraint);
 }
 
 /// How a request ended. Times are on the actor clock; a failed request has `failure` set and

@@ -26,14 +26,12 @@ caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge
       [self, lb, engine, bridge](actors::add_instance_atom a, actors::instance_id id,
                                  const actors::prefill_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
-        self->send(lb, a, id,
-                   bridge.link ? spawn_prefill_bridge(self->system(), e, bridge) : e);
+        self->send(lb, a, id, spawn_prefill_bridge(self->system(), e, bridge));
       },
       [self, lb, engine, bridge](actors::add_instance_atom a, actors::instance_id id,
                                  const actors::decode_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
-        self->send(lb, a, id,
-                   bridge.link ? spawn_decode_bridge(self->system(), e, bridge) : e);
+        self->send(lb, a, id, spawn_decode_bridge(self->system(), e, bridge));
       },
       [self, lb](actors::drain_instance_atom a, actors::instance_id id) {
         self->send(lb, a, id);

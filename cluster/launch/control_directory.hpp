@@ -41,8 +41,8 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
 /// (add_instance_atom, drain_instance_atom) to the real balancer `lb` in the control process
 /// and keeps the engine handle of the latest announcement, which it answers (get_atom) with
 /// (an invalid handle before the first). The engine's process needs that handle to drain it.
-/// With a valid `bridge.link`, the balancer is told of a KV bridge in front of the engine
-/// (kv_bridge.hpp), so that KV crosses to other processes over the fabric link.
+/// The balancer is told of a bridge in front of the engine (kv_bridge.hpp), which moves KV
+/// over `bridge.link` (if valid) and rebuilds structured-output constraints in this process.
 caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge_params bridge);
 
 /// Registers the message types of cluster/launch (the block below and node_agent.hpp's).

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <span>
+#include <vector>
 
 namespace troupe::cluster {
 
@@ -57,24 +59,62 @@ struct reader {
 
 std::atomic<std::uint64_t> next_offer{1};
 
+/// Rebuilds a job's constraint in this process's table (nothing for an unconstrained job).
+caf::error restore_constraint(const kv_bridge_params& params, std::uint64_t request,
+                              const runtime::constraint_spec& spec,
+                              std::span<const std::int32_t> context) {
+  if (spec.format.empty())
+    return {};
+  std::string why = "this process has no constraint table";
+  if (params.constraints) {
+    auto e = params.constraints->restore(request, spec, context);
+    if (!e)
+      return {};
+    why = *e;
+  }
+  return caf::make_error(caf::sec::runtime_error,
+                         "request " + std::to_string(request) + ": structured output: " + why);
+}
+
+void forget_constraint(const kv_bridge_params& params, std::uint64_t request) {
+  if (params.constraints)
+    params.constraints->remove(request);
+}
+
+void job_ended(const kv_bridge_params& params) {
+  if (params.counters)
+    --params.counters->jobs;
+}
+
 /// Offers a snapshot's bytes on the link; `then(ticket)` gets the ticket, or an empty one when
 /// the offer failed (the receiver then recomputes).
 template <class Self, class Then>
 void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv, Then then) {
+  if (!p.link) {  // no fabric (--fabric none): the receiver recomputes
+    then(runtime::fabric_ticket{});
+    return;
+  }
   auto id = next_offer.fetch_add(1);
   auto bytes = encode_snapshot(kv);
   auto size = bytes.size();
+  if (p.counters)
+    ++p.counters->offering;
   self->request(p.link, std::chrono::seconds(30), runtime::fabric_offer{id, std::move(bytes)})
     .then(
       [self, p, id, size, then](runtime::fabric_ticket& t) mutable {
         if (p.counters) {
           ++p.counters->offered;
           p.counters->offered_bytes += size;
+          --p.counters->offering;
         }
         caf::delayed_anon_send(p.link, p.offer_ttl, runtime::fabric_withdraw{id});
         then(std::move(t));
       },
-      [then](const caf::error&) mutable { then(runtime::fabric_ticket{}); });
+      [p, then](const caf::error&) mutable {
+        if (p.counters)
+          --p.counters->offering;
+        then(runtime::fabric_ticket{});
+      });
 }
 
 /// Ends the bridge with its engine, whatever the engine's exit reason.
@@ -142,9 +182,15 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
     return {
       [self, e, params](actors::prefill_job& job) {
         auto rp = self->make_response_promise();
+        auto request = job.request;
+        if (auto err = restore_constraint(params, request, job.constraint, job.tokens)) {
+          rp.deliver(std::move(err));
+          return rp;
+        }
         self->request(e, caf::infinite, std::move(job))
           .then(
-            [self, rp, params](actors::prefill_done& d) mutable {
+            [self, rp, params, request](actors::prefill_done& d) mutable {
+              forget_constraint(params, request);
               if (!d.kv) {
                 rp.deliver(std::move(d));
                 return;
@@ -155,7 +201,10 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
                 rp.deliver(std::move(d));
               });
             },
-            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+            [rp, params, request](caf::error& err) mutable {
+              forget_constraint(params, request);
+              rp.deliver(std::move(err));
+            });
         return rp;
       },
       [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
@@ -191,7 +240,9 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
           .then(
             [self, rp, params, request](actors::decode_done& d) mutable {
               self->state.requesters.erase(request);
+              forget_constraint(params, request);
               if (!d.kv) {
+                job_ended(params);
                 rp.deliver(std::move(d));
                 return;
               }
@@ -200,9 +251,12 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
                 d.kv_ticket = std::move(t);
                 rp.deliver(std::move(d));
               });
+              job_ended(params);  // after the offer counts as being made
             },
-            [self, rp, request](caf::error& err) mutable {
+            [self, rp, params, request](caf::error& err) mutable {
               self->state.requesters.erase(request);
+              forget_constraint(params, request);
+              job_ended(params);
               rp.deliver(std::move(err));
             });
       };
@@ -210,8 +264,19 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
         [self, params, run](actors::decode_job& job) {
           // (The requester before the promise: making it takes over the sender.)
           self->state.requesters[job.request] = caf::actor_cast<caf::actor>(self->current_sender());
+          if (params.counters)
+            ++params.counters->jobs;
           auto rp = self->make_response_promise();
-          if (job.kv || job.kv_ticket.id == 0) {
+          // The constraint sees the context and the token the first step feeds.
+          std::vector<std::int32_t> drawn = job.context;
+          drawn.push_back(job.next);
+          if (auto err = restore_constraint(params, job.request, job.constraint, drawn)) {
+            self->state.requesters.erase(job.request);
+            job_ended(params);
+            rp.deliver(std::move(err));
+            return rp;
+          }
+          if (job.kv || job.kv_ticket.id == 0 || !params.link) {
             run(std::move(job), rp);
             return rp;
           }

@@ -15,15 +15,25 @@
 //   the engine sends to its job's sender (the bridge), go on to the requester.
 // The engines and the request actors are unchanged; the control messages stay small, the
 // bytes go over the fabric. An offer is withdrawn once pulled, or after `offer_ttl`.
+//
+// A structured-output request's constraint lives in the control process's table, where the
+// entrypoint compiled it; the devices of this process sample from this process's table. So a
+// job that carries a constraint (prefill_job::constraint, decode_job::constraint) has it
+// rebuilt here first: compiled (cached by format) and fed the output tokens drawn so far
+// elsewhere (a prefill's first token, the tokens before a forward or a reroute), and
+// forgotten when the job ends. A constraint that cannot be rebuilt fails the job (the
+// request is rerouted, then fails) rather than generating unconstrained.
 #pragma once
 
 #include "actors/engine/decode_engine.hpp"
+#include "actors/entrypoint/structured_output.hpp"
 #include "actors/engine/prefill_engine.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/fabric.hpp"
 
 #include <caf/fwd.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -36,10 +46,12 @@ namespace troupe::cluster {
 std::string encode_snapshot(const runtime::kv_snapshot& s);
 std::optional<runtime::kv_snapshot> decode_snapshot(std::string_view bytes);
 
-/// What a bridge moved (shared with its process, read when it stops).
+/// What a bridge moved (shared with its process, which reads them while it drains and when it
+/// stops), and the decode jobs it holds and the offers it is making now.
 struct kv_bridge_counters {
-  std::uint64_t offered = 0, offered_bytes = 0;
-  std::uint64_t pulled = 0, pulled_bytes = 0, pull_failures = 0;
+  std::atomic<std::uint64_t> offered{0}, offered_bytes{0};
+  std::atomic<std::uint64_t> pulled{0}, pulled_bytes{0}, pull_failures{0};
+  std::atomic<std::uint64_t> jobs{0}, offering{0};
 };
 
 struct kv_bridge_params {
@@ -49,6 +61,9 @@ struct kv_bridge_params {
   /// A pull that takes longer fails (the job recomputes).
   std::chrono::seconds pull_timeout{30};
   std::shared_ptr<kv_bridge_counters> counters;
+  /// The table this process's devices sample constrained requests from (null: a job with a
+  /// constraint fails).
+  std::shared_ptr<actors::constraint_table> constraints;
 };
 
 /// A bridge in front of `engine`, with the engine's interface; it exits with the engine.

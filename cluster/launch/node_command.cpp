@@ -4,6 +4,7 @@
 #include "actors/lb/lb_protocol.hpp"
 #include "cluster/launch/control_directory.hpp"
 #include "cluster/serve_setup.hpp"
+#include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
 
 #include <caf/actor_system.hpp>
@@ -19,8 +20,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <ostream>
 #include <thread>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 namespace troupe::cluster {
 
@@ -166,6 +173,73 @@ int run_control(const node_options& o, std::ostream& err) {
   return 0;
 }
 
+/// The address of this machine's interface that the route to `control` ("HOST:PORT") leaves
+/// by: where peers that reach the control process can reach this one. A UDP socket
+/// "connected" there sends nothing; the kernel only picks its source address.
+sim::result<std::string> address_towards(const std::string& control) {
+  using failure = sim::result<std::string>;
+  auto colon = control.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return failure::failure("'" + control + "' is not HOST:PORT");
+  std::string host = control.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), control.substr(colon + 1).c_str(), &hints, &found))
+    return failure::failure("cannot resolve '" + host + "': " + gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> list{found, freeaddrinfo};
+  std::string why = "no address of '" + host + "' is reachable";
+  for (auto* a = found; a; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0)
+      continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0
+              && ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    ::close(fd);
+    if (!ok)
+      continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* in = local.ss_family == AF_INET6
+                       ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                       : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    if (inet_ntop(local.ss_family, in, text, sizeof text))
+      return std::string(text);
+  }
+  return failure::failure(why);
+}
+
+/// How long a drained decode process waits for its forwarded KV to be pulled.
+constexpr std::chrono::seconds handover_limit{30};
+
+/// Waits until the bridge holds no job and makes no offer, and its fabric link has served
+/// as many pulls as the bridge made offers, every answer sent in full; false after `limit` or
+/// on a second stop signal.
+bool wait_for_handover(caf::scoped_actor& self, const kv_bridge_params& bridge,
+                       std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto& c = *bridge.counters;
+    if (c.jobs == 0 && c.offering == 0) {
+      bool done = false;
+      self->request(bridge.link, 5s, caf::get_atom::value)
+        .receive(
+          [&](const runtime::fabric_activity& a) {
+            done = a.served >= c.offered && a.sending == 0;
+          },
+          [](const caf::error&) {});
+      if (done)
+        return true;
+    }
+    if (poll_stop_signal(50ms) != 0)
+      return false;
+  }
+  return false;
+}
+
 int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   const std::string command = "troupe node[" + o.role + "/" + std::to_string(o.index) + "]";
   auto fail = [&](const std::string& msg) {
@@ -230,8 +304,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   });
 
   runtime::registry metrics;
-  // Structured-output constraints are compiled by the control process's entrypoint and live
-  // in its memory: a constrained request is refused by this device (docs/launch.md).
+  // Structured-output constraints: the bridge rebuilds each job's here (kv_bridge.hpp).
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
   if (!gp)
@@ -239,13 +312,20 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   // The fabric link the KV crosses processes by (kv_bridge.hpp).
   kv_bridge_params bridge;
   bridge.counters = std::make_shared<kv_bridge_counters>();
+  bridge.constraints = constraints;
   if (o.fabric != "none") {
     ports::fabric_params fp;
     fp.provider = o.fabric;
     fp.host = o.fabric_host;
+    if (fp.host == "auto") {
+      auto local = address_towards(o.control);
+      if (!local)
+        return fail("--fabric-host auto: " + local.error());
+      fp.host = *local;
+    }
     auto link = ports::spawn_fabric_link(sys, fp);
     if (!link)
-      return fail("the fabric link (--fabric " + o.fabric + ", --fabric-host " + o.fabric_host
+      return fail("the fabric link (--fabric " + o.fabric + ", --fabric-host " + fp.host
                   + "): " + sys.render(link.error()));
     bridge.link = *link;
   }
@@ -295,11 +375,11 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
         .receive(
           [&](std::uint64_t forwarded) {
             err << command << ": drained; " << forwarded << " request(s) forwarded\n";
-            // The forwarded requests' KV is offered on this process's fabric link: stay a
-            // few seconds so the next instances can pull it (they fall back to recomputing
-            // if this process is gone first).
-            if (forwarded > 0 && bridge.link)
-              poll_stop_signal(std::chrono::milliseconds(5000));
+            // The forwarded requests' KV is offered on this process's fabric link: stay
+            // until the next instances have pulled it (they would recompute without it).
+            if (forwarded > 0 && bridge.link && !wait_for_handover(self, bridge, handover_limit))
+              err << command << ": leaving before the forwarded KV was all pulled (after "
+                  << handover_limit.count() << " s, or a second signal)\n";
           },
           [&](const caf::error& e) {
             err << command << ": drain failed: " << sys.render(e) << "\n";

@@ -14,6 +14,7 @@
 
 #include "runtime/time.hpp"
 
+#include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
@@ -80,15 +81,32 @@ typename Inspector::result_type inspect(Inspector& f, fabric_pulled& x) {
   return f(caf::meta::type_name("fabric_pulled"), x.id, x.bytes);
 }
 
+/// What the port's endpoint has served (get_atom): offers held now, pull requests answered
+/// with data since it opened, and answers whose sends have not all completed yet. A producer
+/// that must stay up until its offers are taken (a draining decode process) waits for
+/// `served` to reach what it offered and `sending` to be 0.
+struct fabric_activity {
+  std::uint64_t offers = 0;
+  std::uint64_t served = 0;
+  std::uint64_t sending = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fabric_activity& x) {
+  return f(caf::meta::type_name("fabric_activity"), x.offers, x.served, x.sending);
+}
+
 /// The fabric link port:
 /// - fabric_offer -> the ticket a peer pulls it with;
 /// - fabric_withdraw -> true if the id was offered (false: nothing to withdraw);
 /// - fabric_pull -> the bytes, or an error: errc::not_found (the peer has no such offer),
 ///   errc::unavailable (the peer is unreachable, or its address is malformed),
-///   caf::sec::request_timeout (no complete answer within the pull's timeout).
+///   caf::sec::request_timeout (no complete answer within the pull's timeout);
+/// - get_atom -> its fabric_activity.
 using fabric_link_port =
   caf::typed_actor<caf::replies_to<fabric_offer>::with<fabric_ticket>,
                    caf::replies_to<fabric_withdraw>::with<bool>,
-                   caf::replies_to<fabric_pull>::with<fabric_pulled>>;
+                   caf::replies_to<fabric_pull>::with<fabric_pulled>,
+                   caf::replies_to<caf::get_atom>::with<fabric_activity>>;
 
 } // namespace troupe::runtime

@@ -8,8 +8,11 @@
 // and must be thread-safe.
 #pragma once
 
+#include <caf/meta/type_name.hpp>
+
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace troupe::runtime {
 
@@ -25,5 +28,21 @@ class token_constraints {
   /// The id drawn for `sequence` at `position` (after allowed() said true or false for it).
   virtual void accepted(std::uint64_t sequence, std::uint64_t position, std::int32_t token) = 0;
 };
+
+/// A request's constraint as it travels with the request's jobs, for a device in another
+/// process (`troupe launch`) to rebuild it: the format in the constraint table's own text form
+/// (actors/entrypoint/structured_output.hpp; empty: unconstrained), whether the output starts
+/// with free reasoning, and the absolute position of the first output token. Inside one
+/// process the table is shared and this is not read.
+struct constraint_spec {
+  std::string format;
+  bool thinking = false;
+  std::uint64_t output_start = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, constraint_spec& x) {
+  return f(caf::meta::type_name("constraint_spec"), x.format, x.thinking, x.output_start);
+}
 
 }  // namespace troupe::runtime

@@ -1,9 +1,19 @@
-// Tests of cluster/launch/kv_bridge: a KV snapshot as one byte string for the fabric link.
+// Tests of cluster/launch/kv_bridge: a KV snapshot as one byte string for the fabric link, and
+// the bridge rebuilding a job's structured-output constraint in its process.
 #include "cluster/launch/kv_bridge.hpp"
+
+#include "recipe/tokenizer.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 using namespace troupe;
 using namespace troupe::cluster;
@@ -55,4 +65,110 @@ TEST_CASE("a truncated, extended or foreign byte string is not a snapshot") {
   auto foreign = bytes;
   foreign[0] ^= 1;
   CHECK_FALSE(decode_snapshot(foreign).has_value());
+}
+
+namespace {
+
+const recipe::tokenizer& v4() {
+  static const auto t = recipe::tokenizer::from_file(std::string(TROUPE_SOURCE_DIR)
+                                                     + "/recipe/data/deepseek-v4/tokenizer.json.gz");
+  return t;
+}
+
+std::int32_t id_of(const std::string& text) {
+  const auto ids = v4().encode(text, recipe::encode_mode::raw);
+  REQUIRE(ids.size() == 1);
+  return static_cast<std::int32_t>(ids[0]);
+}
+
+/// What the stand-in engine saw of the constraint when its job ran.
+struct seen {
+  bool constrained = false;
+  std::vector<std::uint32_t> allowed;
+  std::size_t jobs = 0;
+};
+
+/// A decode engine that, for each job, asks the table what the first token it samples (at
+/// context_tokens + 1) may be, and answers done.
+actors::decode_engine_actor::behavior_type
+engine_fn(actors::decode_engine_actor::pointer self, std::shared_ptr<actors::constraint_table> table,
+          std::shared_ptr<seen> out) {
+  return {
+    [self, table, out](actors::decode_job& job) {
+      ++out->jobs;
+      std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+      out->constrained = table->allowed(job.request, job.context_tokens + 1, mask);
+      out->allowed.clear();
+      for (std::uint32_t id = 0; id < mask.size() * 32; ++id)
+        if ((mask[id / 32] >> (id % 32)) & 1u)
+          out->allowed.push_back(id);
+      actors::decode_done d;
+      d.request = job.request;
+      return d;
+    },
+    [](actors::engine_stats_atom) { return actors::engine_stats{}; },
+    [](actors::drain_atom, runtime::duration) { return std::uint64_t{0}; },
+    [](actors::drain_end_atom) {},
+    [](actors::cancel_atom, std::uint64_t) {},
+  };
+}
+
+} // namespace
+
+TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while the job runs") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto table = std::make_shared<actors::constraint_table>(v4());
+  auto out = std::make_shared<seen>();
+  auto engine = sys.spawn(engine_fn, table, out);
+  kv_bridge_params params;  // no fabric link: KV is not moved, constraints are
+  params.counters = std::make_shared<kv_bridge_counters>();
+  params.constraints = table;
+  auto bridge = spawn_decode_bridge(sys, engine, params);
+  caf::scoped_actor self{sys};
+
+  recipe::response_format f;
+  f.type = recipe::response_format::kind::regex;
+  f.regex = "(yes|no), (yes|no)!";
+  actors::decode_job job;
+  job.request = 41;
+  job.context.assign(100, id_of("!"));  // the prompt
+  job.context.push_back(id_of("yes"));  // drawn by the prefill instance, position 100
+  job.context.push_back(id_of(","));    // drawn by an earlier decode instance
+  job.next = id_of(" no");              // position 102, fed by this job's first step
+  job.context_tokens = job.context.size();
+  job.output_tokens = 10;
+  job.constraint = {actors::constraint_table::format_key(f), false, 100};
+  bool answered = false;
+  self->request(bridge, std::chrono::seconds(30), job)
+    .receive([&](const actors::decode_done& d) { answered = d.request == 41; },
+             [&](const caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(answered);
+  CHECK(out->constrained);
+  CHECK(out->allowed == std::vector<std::uint32_t>{static_cast<std::uint32_t>(id_of("!"))});
+  CHECK(table->size() == 0);  // forgotten when the job ended
+  CHECK(params.counters->jobs == 0);
+
+  // Without a constraint the engine samples freely.
+  job.request = 42;
+  job.constraint = {};
+  self->request(bridge, std::chrono::seconds(30), job)
+    .receive([](const actors::decode_done&) {}, [&](const caf::error& e) { FAIL(sys.render(e)); });
+  CHECK_FALSE(out->constrained);
+
+  // Output the format refuses fails the job before the engine sees it: never unconstrained.
+  job.request = 43;
+  job.constraint = {actors::constraint_table::format_key(f), false, 100};
+  job.context[101] = id_of("!");
+  const auto jobs_before = out->jobs;
+  std::string error;
+  self->request(bridge, std::chrono::seconds(30), job)
+    .receive([](const actors::decode_done&) { FAIL("a job with a broken constraint ran"); },
+             [&](const caf::error& e) { error = sys.render(e); });
+  CHECK(error.find("structured output") != std::string::npos);
+  CHECK(error.find("position 101") != std::string::npos);
+  CHECK(out->jobs == jobs_before);
+  CHECK(params.counters->jobs == 0);
+  self->send_exit(bridge, caf::exit_reason::user_shutdown);
+  self->send_exit(engine, caf::exit_reason::user_shutdown);
 }

@@ -103,3 +103,73 @@ TEST_CASE("structured output table: a refused schema is a 400 naming the keyword
   CHECK_FALSE(t.add(10, text, false, "response_format"));
   CHECK(t.size() == 0);  // a text format registers nothing
 }
+
+TEST_CASE("structured output table: a format travels as text and comes back the same") {
+  response_format schema;
+  schema.type = response_format::kind::json_schema;
+  schema.schema_json = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";
+  response_format object;
+  object.type = response_format::kind::json_object;
+  for (const auto& f : {schema, object, regex("(yes|no)!"), regex("")}) {
+    const auto key = constraint_table::format_key(f);
+    const auto back = constraint_table::format_of_key(key);
+    REQUIRE(back.has_value());
+    CHECK(back->type == f.type);
+    CHECK(back->schema_json == f.schema_json);
+    CHECK(back->regex == f.regex);
+  }
+  CHECK(constraint_table::format_key(response_format{}).empty());
+  CHECK_FALSE(constraint_table::format_of_key("").has_value());
+  CHECK_FALSE(constraint_table::format_of_key("grammar:root ::= x").has_value());
+}
+
+TEST_CASE("structured output table: a constraint rebuilt in another process continues where the output stands") {
+  // The control process's table followed tokens 100.. of request 7; an instance process's
+  // table is given the spec and the context (prompt, then the output so far) and must allow
+  // at the next position exactly what the first table allows.
+  constraint_table control(v4()), instance(v4());
+  const auto f = regex("(yes|no), (yes|no)!");
+  REQUIRE_FALSE(control.add(7, f, false, "response_format"));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32), other(mask.size());
+  std::vector<std::int32_t> context(100, static_cast<std::int32_t>(id_of("!")));  // a prompt
+  for (const std::string piece : {"yes", ",", " no"}) {
+    REQUIRE(control.allowed(7, context.size(), mask));
+    control.accepted(7, context.size(), static_cast<std::int32_t>(id_of(piece)));
+    context.push_back(static_cast<std::int32_t>(id_of(piece)));
+  }
+  const troupe::runtime::constraint_spec spec{constraint_table::format_key(f), false, 100};
+  REQUIRE_FALSE(instance.restore(7, spec, context));
+  REQUIRE(control.allowed(7, 103, mask));
+  REQUIRE(instance.allowed(7, 103, other));
+  CHECK(ids_of(other) == ids_of(mask));
+  CHECK(ids_of(other) == std::vector<std::uint32_t>{id_of("!")});
+  // Only the output is replayed: a prompt the grammar would refuse does not matter, but an
+  // output token it refuses does, and nothing is registered then.
+  context[101] = static_cast<std::int32_t>(id_of("!"));
+  const auto e = instance.restore(8, spec, context);
+  REQUIRE(e.has_value());
+  CHECK(e->find("position 101") != std::string::npos);
+  CHECK_FALSE(instance.allowed(8, 103, other));
+  // A spec whose format does not compile is refused with the compiler's words.
+  const troupe::runtime::constraint_spec bad{"regex:(", false, 100};
+  const auto b = instance.restore(9, bad, context);
+  REQUIRE(b.has_value());
+  CHECK(b->find("regex") != std::string::npos);
+  CHECK(instance.restore(10, {"nonsense", false, 0}, context).has_value());
+}
+
+TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts after the </think> it was given") {
+  constraint_table t(v4());
+  const auto think_end = static_cast<std::int32_t>(*v4().token_to_id("</think>"));
+  const troupe::runtime::constraint_spec spec{constraint_table::format_key(regex("ok")), true, 10};
+  std::vector<std::int32_t> context(10, 0);
+  context.push_back(static_cast<std::int32_t>(id_of("!")));  // reasoning, position 10
+  REQUIRE_FALSE(t.restore(1, spec, context));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  CHECK_FALSE(t.allowed(1, 11, mask));  // still reasoning
+  context.push_back(think_end);
+  REQUIRE_FALSE(t.restore(2, spec, context));
+  REQUIRE(t.allowed(2, 12, mask));
+  CHECK(allows(mask, id_of("ok")));
+  CHECK_FALSE(allows(mask, id_of("!")));
+}
