@@ -96,6 +96,7 @@ int run_k8s(const k8s_args& a) {
 struct slurm_args {
   std::string topology;
   std::string out_file;
+  std::string node_args;
   cluster::slurm_options opts;
 };
 
@@ -105,6 +106,9 @@ int run_slurm(slurm_args a) {
     return 1;
   if (a.opts.topology_path.empty())
     a.opts.topology_path = fs::absolute(a.topology).lexically_normal().string();
+  std::istringstream words{a.node_args};
+  for (std::string w; words >> w;)
+    a.opts.node_args.push_back(w);
   auto job = cluster::make_slurm_job(loaded->topo, a.opts);
   if (!job) {
     std::cerr << "troupe slurm: " << job.error() << "\n";
@@ -182,6 +186,12 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   slurm->add_option("--cpus-per-gpu", s->opts.cpus_per_gpu, "CPUs per GPU of a step")
     ->capture_default_str();
   slurm->add_option("--model", s->opts.model_dir, "the model directory on the machines");
+  slurm->add_option("--bind", s->opts.bind,
+                    "the address the control process listens on, for instances and HTTP "
+                    "(default 0.0.0.0: every interface)");
+  slurm->add_option("--node-args", s->node_args,
+                    "more arguments of every troupe node, as one string split at spaces "
+                    "(e.g. --node-args='--threads 4 --grace 30')");
   slurm->add_option("--kv-dir", s->opts.store_dir,
                     "the KV block store directory on the machines (a shared mount)");
   slurm->callback([s, &rc] { rc = run_slurm(*s); });

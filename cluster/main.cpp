@@ -552,7 +552,8 @@ int main(int argc, char** argv) {
                    "instances: the libfabric provider KV crosses processes by: tcp (default), "
                    "shm, or none (the decode side recomputes)");
   node->add_option("--fabric-host", node_opts.fabric_host,
-                   "instances: the address the fabric endpoint binds to (default 127.0.0.1)");
+                   "instances: the address the fabric endpoint binds to (default 127.0.0.1; "
+                   "auto: the address this machine reaches the control process from)");
   node->add_option("--ready-file", node_opts.ready_file,
                    "control: once serving, write the bound ports here (JSON)");
   long connect_timeout_s = 120;

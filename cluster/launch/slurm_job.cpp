@@ -174,6 +174,8 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     data_args += " --model " + shell_word(o.model_dir);
   if (!o.store_dir.empty())
     data_args += " --kv-dir " + shell_word(o.store_dir);
+  for (const auto& a : o.node_args)
+    data_args += " " + shell_word(a);
   line("pids=()");
   for (std::size_t i = 0; i < job.components.size(); ++i) {
     const auto& c = job.components[i];
@@ -189,17 +191,19 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     step += " --exact --kill-on-bad-exit=1";
     if (c.role == "control") {
       line(fmt::format("{} --job-name=control \\", step));
-      line(fmt::format("  \"$troupe\" node \"$topology\" --role control --control 0.0.0.0:{} "
-                       "--listen 0.0.0.0:{}{} &",
-                       o.control_port, o.http_port, data_args));
+      line(fmt::format("  \"$troupe\" node \"$topology\" --role control --control {} "
+                       "--listen {}{} &",
+                       shell_word(fmt::format("{}:{}", o.bind, o.control_port)),
+                       shell_word(fmt::format("{}:{}", o.bind, o.http_port)), data_args));
       line("pids+=($!)");
       continue;
     }
     for (std::uint32_t index = 0; index < c.instances; ++index) {
       line(fmt::format("{} --job-name={} \\", step,
                        shell_word(fmt::format("{}-{}", c.name, index))));
+      // The fabric endpoint binds to the address this machine reaches the control by.
       line(fmt::format("  \"$troupe\" node \"$topology\" --role {} --index {} --control "
-                       "\"$control\"{} &",
+                       "\"$control\" --fabric-host auto{} &",
                        c.role, index, data_args));
       line("pids+=($!)");
     }

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe::cluster {
 
@@ -36,6 +37,8 @@ struct slurm_options {
   std::uint32_t cpus_per_gpu = 8;    // CPUs per GPU (per CPU device on hardware cpu) of a step
   std::string model_dir;             // --model of every process (needed); empty: not passed
   std::string store_dir;             // --kv-dir of every process; empty: not passed
+  std::string bind = "0.0.0.0";      // the address the control publishes and serves HTTP on
+  std::vector<std::string> node_args; // more arguments of every `troupe node` (e.g. --threads 4)
 };
 
 /// One component of the heterogeneous job, as the script requests it.

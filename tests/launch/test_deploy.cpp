@@ -299,7 +299,7 @@ TEST_CASE("slurm job: control component, then one per pool, one srun per instanc
     CHECK(count(s, "srun --het-group=" + std::to_string(i) + " ") == c.instances);
     for (std::uint32_t k = 0; k < c.instances; ++k)
       CHECK(count(s, "--role " + c.role + " --index " + std::to_string(k) +
-                       " --control \"$control\"") >= 1);
+                       " --control \"$control\" --fabric-host auto") >= 1);
   }
   CHECK(count(s, "srun ") == 1 + instances);
   CHECK(count(s, "--role control --control 0.0.0.0:4242 --listen 0.0.0.0:8000") == 1);
@@ -340,10 +340,14 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   o.model_dir = "/models/v4.1";
   o.store_dir = "/kv";
   o.troupe = "/opt/troupe/bin/troupe";
+  o.bind = "10.0.0.5";
+  o.node_args = {"--threads", "4", "--engram-map", "identity map"};
   auto job = make_slurm_job(e.topo, o);
   REQUIRE(job.ok());
   CHECK(job->script.find("topology='/shared/my topology.toml'\n") != std::string::npos);
-  CHECK(count(job->script, "--model /models/v4.1 --kv-dir /kv") == 3);
+  CHECK(count(job->script, "--model /models/v4.1 --kv-dir /kv --threads 4 --engram-map "
+                           "'identity map' &") == 3);
+  CHECK(count(job->script, "--role control --control 10.0.0.5:4242 --listen 10.0.0.5:8000 ") == 1);
   CHECK(job->script.find("--gres") == std::string::npos); // the CPU backend asks for no GPUs
   o.topology_path.clear();
   CHECK_FALSE(make_slurm_job(e.topo, o).ok());

@@ -14,12 +14,16 @@
 #      (role, index, the control's address), that the decode instance's two ranks ran on two
 #      machines, that the steps got their GPUs, and that every component completed;
 #   2. submits it again with the stand-ins holding, scancel's the job once they all run, and
-#      checks that the job is gone and that every process received SIGTERM.
-# The stand-in serves no request: it proves placement and signalling only; running the real
-# `troupe node` here (and a request through it) is still to do. Everything started is stopped and the directory
-# removed on exit, failure included. Exit status 0: passed, 77: skipped (not root or Slurm
-# missing), anything else: failed. Bounded: every wait has a deadline (60 s each); it takes
-# about 10 s.
+#      checks that the job is gone and that every process received SIGTERM;
+#   3. serves for real: `troupe slurm examples/topologies/local-cpu-3.toml` with the real
+#      `troupe node` on a random small model (control, one prefill, two decode processes, CPU
+#      engines), sends a chat completion to the control's HTTP port and checks its tokens
+#      equal `troupe generate`'s, then drains the job with `scancel --signal=TERM` and checks
+#      that every process stopped cleanly and the job COMPLETED.
+# The stand-in of 1 and 2 proves placement and signalling on GPU topologies; 3 proves serving.
+# Everything started is stopped and the directory removed on exit, failure included. Exit
+# status 0: passed, 77: skipped (not root or Slurm missing), anything else: failed. Bounded:
+# every wait has a deadline; it takes about a minute.
 set -uo pipefail
 
 troupe="${1:?usage: run.sh TROUPE}"
@@ -188,7 +192,7 @@ topo="$here/topology.toml"
 check_process control-0.0 0 \
   "node $topo --role control --control 0.0.0.0:4242 --listen 0.0.0.0:8000" >/dev/null
 for i in 0 1; do
-  check_process "prefill-$i.0" 1 "node $topo --role prefill --index $i --control 127.0.0.1:4242" \
+  check_process "prefill-$i.0" 1 "node $topo --role prefill --index $i --control 127.0.0.1:4242 --fabric-host auto" \
     >/dev/null
   grep -qx 'SLURM_GPUS_ON_NODE=4' "$TROUPE_STANDIN_OUT/prefill-$i.0" \
     || fail "prefill-$i did not get 4 GPUs: $(grep GPU "$TROUPE_STANDIN_OUT/prefill-$i.0")"
@@ -202,8 +206,8 @@ if [ "${p0%%:*}" = "${p1%%:*}" ]; then
 fi
 grep -L '^SLURM_HET_SIZE=3$' "$TROUPE_STANDIN_OUT"/* | grep -q . \
   && fail "a process does not see the 3-component job: $(grep -L '^SLURM_HET_SIZE=3$' "$TROUPE_STANDIN_OUT"/*)"
-d0="$(check_process decode-0.0 2 "node $topo --role decode --index 0 --control 127.0.0.1:4242")"
-d1="$(check_process decode-0.1 2 "node $topo --role decode --index 0 --control 127.0.0.1:4242")"
+d0="$(check_process decode-0.0 2 "node $topo --role decode --index 0 --control 127.0.0.1:4242 --fabric-host auto")"
+d1="$(check_process decode-0.1 2 "node $topo --role decode --index 0 --control 127.0.0.1:4242 --fabric-host auto")"
 [ "$d0" != "$d1" ] || fail "the decode instance's two ranks share $d0"
 grep -qx 'SLURM_GPUS_ON_NODE=8' "$TROUPE_STANDIN_OUT/decode-0.0" \
   || fail "decode-0 rank 0 did not get 8 GPUs"
@@ -229,4 +233,71 @@ wait_gone "$job" 600 || fail "job $job still queued 60 s after scancel: $(squeue
 terms="$(ls "$TROUPE_STANDIN_OUT" | grep -c '\.term$')"
 [ "$terms" -eq 5 ] || fail "only $terms of 5 processes got SIGTERM"
 echo "slurm harness: scancel $job: job gone, 5 of 5 processes got SIGTERM (${SECONDS} s)"
+
+# --- 3. the real troupe node serves a request, and scancel --signal=TERM drains it ----------
+"$troupe" model init --preset small --seed 1 --out "$dir/model" >/dev/null \
+  || fail "troupe model init failed"
+read -r http_port control_port <<< "$(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')"
+topo="$(cd "$here/../../.." && pwd)/examples/topologies/local-cpu-3.toml"
+"$troupe" slurm "$topo" --troupe "$troupe" --bind 127.0.0.1 --http-port "$http_port" \
+  --control-port "$control_port" --cpus-per-gpu 1 --model "$dir/model" --kv-dir "$dir/kv" \
+  --node-args="--engram-map identity --threads 1 --grace 2" --output "$dir/job-%j.out" \
+  --out "$dir/serve.sh" || fail "troupe slurm failed for $topo"
+job="$(sbatch --parsable "$dir/serve.sh")" || fail "sbatch refused the serving script"
+job="${job%%;*}"
+ready=""
+for _ in $(seq 1 1200); do  # 120 s: four processes load the model
+  ready="$(python3 - "$http_port" <<'PY' 2>/dev/null
+import sys, urllib.request
+try:
+    print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/ready", timeout=2).status)
+except Exception:
+    pass
+PY
+)"
+  [ "$ready" = "200" ] && break
+  [ -n "$(squeue -h -j "$job" 2>/dev/null)" ] || fail "job $job ended before serving: $(cat "$dir"/job-"$job".out)"
+  sleep 0.1
+done
+[ "$ready" = "200" ] || fail "job $job did not serve within 120 s: $(cat "$dir"/job-"$job".out)"
+# The served tokens must be the engine's: `troupe generate` greedy on the same prompt ids.
+python3 - "$troupe" "$dir/model" "$http_port" <<'PY' || fail "job $job: see above; $(cat "$dir"/job-"$job".out)"
+import json, subprocess, sys, urllib.request
+troupe, model, port = sys.argv[1:]
+body = {"model": "deepseek-v4.1-flash", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello from Slurm"}]}
+run = lambda *a, **k: subprocess.run([troupe, *a], check=True, capture_output=True, text=True,
+                                     timeout=600, **k).stdout
+ids = json.loads(run("encode", "--protocol", "chat", "-", input=json.dumps(body)))["ids"]
+tokens = run("generate", "--model", model, "--tokens", ",".join(map(str, ids)), "--greedy",
+             "--batch-invariant", "--ignore-eos", "--max-new", "8", "--engram-map", "identity")
+want = run("detokenize", "--ids", json.dumps([int(t) for t in tokens.strip().split(",")]))
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                             data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=300))
+m = r["choices"][0]["message"]
+got = (m.get("reasoning_content") or "") + (m.get("content") or "")
+if r["usage"]["completion_tokens"] != 8 or got != want.rstrip("\n"):
+    sys.exit(f"served {r['usage']['completion_tokens']} tokens {got!r}, troupe generate {want!r}")
+PY
+echo "slurm harness: job $job served 8 tokens equal to troupe generate's (${SECONDS} s)"
+scancel --signal=TERM "$job" || fail "scancel --signal=TERM $job failed"
+wait_gone "$job" 900 || fail "job $job still queued 90 s after SIGTERM: $(squeue 2>&1)"
+state="$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z]*' | sort -u)"
+out="$(cat "$dir"/job-"$job".out)"
+[ "$state" = "JobState=COMPLETED" ] || fail "job $job ended $state after the drain: $out"
+for name in control prefill/0 decode/0 decode/1; do
+  grep -q "troupe node\[$name\]: stopped" <<< "$out" || fail "$name did not stop cleanly: $out"
+done
+# The prompts' KV went from the prefill process to a decode process over the fabric link.
+offered="$(sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p' <<< "$out")"
+pulled="$(sed -n 's/.*troupe node\[decode\/[01]\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' <<< "$out" | awk '{s += $1} END {print s + 0}')"
+[ "${offered:-0}" -gt 0 ] && [ "$pulled" -gt 0 ] \
+  || fail "no KV over the fabric in job $job (offered ${offered:-0}, pulled $pulled): $out"
+echo "slurm harness: scancel --signal=TERM $job: 4 of 4 processes stopped cleanly, job COMPLETED (${SECONDS} s)"
 echo "slurm harness: passed"
