@@ -141,13 +141,13 @@ struct decode_done {
   bool stopped = false;
   /// The ids generated since the last progress notice (all of them without notices), and
   /// their logprobs when asked for.
-  std::vector<std::int32_t> ids;
-  std::vector<runtime::sampled_token> logprobs;
+  std::vector<std::int32_t> ids{};
+  std::vector<runtime::sampled_token> logprobs{};
   /// Forwarded real jobs: the request's KV exported from this instance's device, for the next
   /// instance to import (null: it recomputes). An in-process handle, not serialised.
-  runtime::kv_snapshot_ptr kv;
+  runtime::kv_snapshot_ptr kv{};
   /// Across processes: where the forwarded KV's bytes are offered.
-  runtime::fabric_ticket kv_ticket;
+  runtime::fabric_ticket kv_ticket{};
 };
 
 template <class Inspector>

@@ -103,7 +103,7 @@ struct prefill_done {
   runtime::kv_snapshot_ptr kv;
   /// Across processes: where the fabric link offers the KV's bytes (`troupe launch`'s KV
   /// bridge sets it; empty id 0 in one process and in the simulated world).
-  runtime::fabric_ticket kv_ticket;
+  runtime::fabric_ticket kv_ticket{};
 };
 
 template <class Inspector>
