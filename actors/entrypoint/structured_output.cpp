@@ -1,6 +1,7 @@
 // The entrypoint's structured-output constraint table (structured_output.hpp).
 #include "actors/entrypoint/structured_output.hpp"
 
+#include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/regex.hpp"
 
@@ -26,6 +27,7 @@ std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const r
     return std::nullopt;
   const std::string key = format.type == kind::json_object   ? std::string("object")
                           : format.type == kind::json_schema ? "schema:" + format.schema_json
+                          : format.type == kind::grammar     ? "grammar:" + format.grammar
                                                              : "regex:" + format.regex;
   auto error = [&](std::string message) {
     return recipe::api_error{400, std::move(message), "invalid_request_error", param, std::nullopt};
@@ -44,6 +46,11 @@ std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const r
       auto r = gr::compile_json_schema(std::string_view(format.schema_json));
       if (auto* e = std::get_if<gr::schema_error>(&r))
         return error("Unsupported JSON schema for structured output: " + e->to_string() + ".");
+      g = std::move(std::get<gr::grammar>(r));
+    } else if (format.type == kind::grammar) {
+      auto r = gr::compile_ebnf(format.grammar);
+      if (auto* e = std::get_if<gr::ebnf_error>(&r))
+        return error("Invalid grammar for structured output: " + e->to_string() + ".");
       g = std::move(std::get<gr::grammar>(r));
     } else {
       auto r = gr::compile_regex(format.regex);

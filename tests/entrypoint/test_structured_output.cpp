@@ -103,3 +103,34 @@ TEST_CASE("structured output table: a refused schema is a 400 naming the keyword
   CHECK_FALSE(t.add(10, text, false, "response_format"));
   CHECK(t.size() == 0);  // a text format registers nothing
 }
+
+TEST_CASE("structured output table: a grammar request follows its rules; a bad grammar is a 400 naming the position") {
+  response_format f;
+  f.type = response_format::kind::grammar;
+  f.grammar = "root ::= answer \"!\"\nanswer ::= \"yes\" | \"no\" | \"(\" answer \")\"";
+  constraint_table t(v4());
+  REQUIRE_FALSE(t.add(11, f, false, "response_format"));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  const auto eos = *v4().token_to_id("<｜end▁of▁sentence｜>");
+  std::uint64_t pos = 50;
+  REQUIRE(t.allowed(11, pos, mask));
+  CHECK_FALSE(allows(mask, id_of("!")));  // "!" only after a whole answer
+  for (const std::string tok : {"(", "(", "yes", ")", ")", "!"}) {
+    REQUIRE(t.allowed(11, pos, mask));
+    CHECK_MESSAGE(allows(mask, id_of(tok)), tok);
+    CHECK_FALSE(allows(mask, eos));
+    t.accepted(11, pos++, static_cast<std::int32_t>(id_of(tok)));
+  }
+  REQUIRE(t.allowed(11, pos, mask));
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{eos});
+  t.remove(11);
+
+  f.grammar = "root ::= answer\nanswer ::= \"yes\" | maybe";
+  const auto e = t.add(12, f, false, "response_format");
+  REQUIRE(e.has_value());
+  CHECK(e->status == 400);
+  CHECK(e->type == "invalid_request_error");
+  CHECK(e->param == "response_format");
+  CHECK(e->message == "Invalid grammar for structured output: line 2, column 20: undefined rule 'maybe'.");
+  CHECK(t.size() == 0);
+}
