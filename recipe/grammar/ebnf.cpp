@@ -405,14 +405,23 @@ void collect_refs(const node& n, std::vector<const node*>& out) {
 
 class emitter {
  public:
-  emitter(nfa_builder& b, const std::map<std::string, std::uint32_t>& ids) : b_(b), ids_(ids) {}
+  // `ids`: the grammar rule of each called rule; `inlined`: the bodies of the rules emitted in
+  // place instead of called.
+  emitter(nfa_builder& b, const std::map<std::string, std::uint32_t>& ids,
+          const std::map<std::string, const node*>& inlined)
+      : b_(b), ids_(ids), inlined_(inlined) {}
 
   void emit(const node& n, std::uint32_t from, std::uint32_t to) {
     if (++steps_ > max_emit_steps || b_.size() > max_nfa_states) throw build_error{"the rule's automaton is too large"};
     switch (n.k) {
       case node::kind::literal: b_.literal(from, to, n.text); return;
       case node::kind::set: emit_code_points(b_, from, to, n.set, false); return;
-      case node::kind::ref: b_.call(from, to, ids_.at(n.text)); return;
+      case node::kind::ref:
+        if (const auto it = inlined_.find(n.text); it != inlined_.end())
+          emit(*it->second, from, to);
+        else
+          b_.call(from, to, ids_.at(n.text));
+        return;
       case node::kind::alt:
         for (const auto& k : n.kids) emit(k, from, to);
         return;
@@ -459,6 +468,7 @@ class emitter {
  private:
   nfa_builder& b_;
   const std::map<std::string, std::uint32_t>& ids_;
+  const std::map<std::string, const node*>& inlined_;
   std::uint64_t steps_ = 0;
 };
 
@@ -499,12 +509,44 @@ std::variant<grammar, ebnf_error> compile_ebnf(std::string_view text, std::strin
   if (root_it == by_name.end())
     return ebnf_error{"the grammar has no rule named '" + std::string(root_rule) + "' (the start rule)", 0, 0};
 
-  // The rules reachable from the start rule get grammar rule ids, in the order they are reached.
+  // Rules that reach no recursion and stay small are emitted in place of their references (a
+  // `char` rule called per character would otherwise cost a call and a return per byte, and
+  // make every mask inside a string walk below each return). Their size: nodes, inlined
+  // references counted in full.
+  constexpr std::size_t max_inlined_nodes = 4096;
+  std::vector<std::size_t> size(defs.size(), 0);  // 0: not computed; npos: not inlinable
+  std::vector<std::uint8_t> visiting(defs.size(), 0);
+  auto count_nodes = [](const node& n, auto&& self) -> std::size_t {
+    std::size_t c = 1;
+    for (const auto& k : n.kids) c += self(k, self);
+    return c;
+  };
+  auto inline_size = [&](std::size_t i, auto&& self) -> std::size_t {
+    if (size[i]) return size[i];
+    if (visiting[i]) return std::string::npos;  // on a cycle
+    visiting[i] = 1;
+    std::size_t total = count_nodes(defs[i].body, count_nodes);
+    for (const node* r : refs[i]) {
+      const std::size_t s = self(by_name.at(r->text), self);
+      total = s == std::string::npos || total + s > max_inlined_nodes ? std::string::npos : total + s;
+      if (total == std::string::npos) break;
+    }
+    visiting[i] = 0;
+    size[i] = total > max_inlined_nodes ? std::string::npos : total;
+    return size[i];
+  };
+  std::map<std::string, const node*> inlined;
+  for (std::size_t i = 0; i < defs.size(); ++i)
+    if (i != root_it->second && inline_size(i, inline_size) != std::string::npos) inlined.emplace(defs[i].name, &defs[i].body);
+
+  // The start rule and the rules it calls (not inlined) get grammar rule ids, in the order they
+  // are reached; an inlined rule's references are inlined too.
   std::vector<std::size_t> order{root_it->second};
   std::map<std::string, std::uint32_t> ids{{defs[root_it->second].name, 0}};
   for (std::size_t i = 0; i < order.size(); ++i)
     for (const node* r : refs[order[i]])
-      if (ids.emplace(r->text, static_cast<std::uint32_t>(order.size())).second) order.push_back(by_name.at(r->text));
+      if (!inlined.count(r->text) && ids.emplace(r->text, static_cast<std::uint32_t>(order.size())).second)
+        order.push_back(by_name.at(r->text));
 
   grammar g;
   g.root = 0;
@@ -515,7 +557,7 @@ std::variant<grammar, ebnf_error> compile_ebnf(std::string_view text, std::strin
     try {
       nfa_builder b;
       const auto s = b.add_state(), a = b.add_state();
-      emitter(b, ids).emit(d.body, s, a);
+      emitter(b, ids, inlined).emit(d.body, s, a);
       g.rules[id] = b.determinize(s, a, d.name, lim);
     } catch (const build_error& e) {
       return error_at("rule '" + d.name + "': " + e.message, d.at);
