@@ -1,6 +1,6 @@
 // bench_grammar: the structured-output engine's compile time and per-token mask time on the
-// DeepSeek-V4 vocabulary (129,280 ids), on the schemas of bench/grammar_workloads.json, each
-// along its valid output tokenized by the V4 tokenizer. Prints p50 / p99 over several rounds;
+// DeepSeek-V4 vocabulary (129,280 ids), on the JSON schemas and EBNF grammars of
+// bench/grammar_workloads.json, each along its valid output tokenized by the V4 tokenizer. Prints p50 / p99 over several rounds;
 // "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
 // a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance on the same
 // workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md).
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/token_mask.hpp"
 #include "recipe/tokenizer.hpp"
@@ -42,7 +43,7 @@ double pct(std::vector<double> v, double p) {
 }
 
 struct workload {
-  std::string name, schema, output;
+  std::string name, schema, ebnf, output;  // a schema or an EBNF grammar
 };
 
 // bench/grammar_workloads.json: the schemas and outputs both this bench and its peer run.
@@ -50,7 +51,8 @@ std::vector<workload> load_workloads() {
   std::ifstream f(std::string(TROUPE_SOURCE_DIR) + "/bench/grammar_workloads.json");
   const auto j = nlohmann::ordered_json::parse(f);
   std::vector<workload> out;
-  for (const auto& w : j) out.push_back({w["name"], w["schema"].dump(), w["output"]});
+  for (const auto& w : j)
+    out.push_back({w["name"], w.contains("schema") ? w["schema"].dump() : "", w.value("ebnf", ""), w["output"]});
   return out;
 }
 
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
   const auto vocab = std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok));
   std::printf("vocabulary: %zu ids, trie of %zu nodes, built in %.0f ms (with the tokenizer load)\n\n", vocab->size(),
               vocab->trie().size(), us_since(t0) / 1000);
-  std::printf("%-15s %7s | %-17s | %-19s | %-19s | %s\n", "schema", "tokens", "compile p50 / p99", "cold mask p50 / p99",
+  std::printf("%-15s %7s | %-17s | %-19s | %-19s | %s\n", "workload", "tokens", "compile p50 / p99", "cold mask p50 / p99",
               "warm mask p50 / p99", "max");
   for (const auto& w : load_workloads()) {
     std::vector<double> compile, cold, warm;
@@ -81,13 +83,23 @@ int main(int argc, char** argv) {
     std::vector<std::uint32_t> mask(vocab->mask_words());
     for (int r = 0; r < rounds; ++r) {
       t0 = clock_type::now();
-      auto compiled = gr::compile_json_schema(std::string_view(w.schema));
+      std::string error;
+      gr::grammar compiled;
+      if (w.ebnf.empty()) {
+        auto r = gr::compile_json_schema(std::string_view(w.schema));
+        if (auto* e = std::get_if<gr::schema_error>(&r)) error = e->to_string();
+        else compiled = std::move(std::get<gr::grammar>(r));
+      } else {
+        auto r = gr::compile_ebnf(w.ebnf);
+        if (auto* e = std::get_if<gr::ebnf_error>(&r)) error = e->to_string();
+        else compiled = std::move(std::get<gr::grammar>(r));
+      }
       compile.push_back(us_since(t0));
-      if (auto* e = std::get_if<gr::schema_error>(&compiled)) {
-        std::printf("%s: %s\n", w.name.c_str(), e->to_string().c_str());
+      if (!error.empty()) {
+        std::printf("%s: %s\n", w.name.c_str(), error.c_str());
         return 1;
       }
-      const auto g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(compiled)));
+      const auto g = std::make_shared<const gr::grammar>(std::move(compiled));
       const gr::mask_computer masks(g, vocab);
       for (int pass = 0; pass < 2; ++pass) {
         gr::matcher m(g);

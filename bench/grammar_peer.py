@@ -1,6 +1,8 @@
 """bench_grammar's peer: llguidance on the same workloads (bench/grammar_workloads.json), the same
 DeepSeek-V4 tokenizer file and the same canonical JSON form (", " and ": " separators, no other
-whitespace), measured as bench_grammar measures troupe: compile = a new LLMatcher from the schema,
+whitespace); an EBNF workload's GBNF text goes through llguidance's own GBNF converter
+(llguidance.grammar_from("gbnf", ...)). Measured as bench_grammar measures troupe: compile = a
+new LLMatcher from the schema or grammar,
 mask = fill_next_token_bitmask before each token of the output, p50 / p99 over all rounds (each
 round a new matcher, so its first-pass caches are cold every round), in thread CPU time
 (time.thread_time_ns, as bench_grammar: the machine is shared). Python call overhead is
@@ -31,11 +33,14 @@ def main():
     workloads = json.load(open(os.path.join(ROOT, "bench/grammar_workloads.json")))
     print(f"\npeer: llguidance {llguidance.get_version() if hasattr(llguidance, 'get_version') else '?'}, "
           f"vocabulary {tok.vocab_size} ids")
-    print(f"{'schema':15} {'tokens':>7} | {'compile p50 / p99':17} | {'mask p50 / p99':19} | max")
+    print(f"{'workload':15} {'tokens':>7} | {'compile p50 / p99':17} | {'mask p50 / p99':19} | max")
     for w in workloads:
-        schema = dict(w["schema"])
-        schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        if "ebnf" in w:
+            grammar = llguidance.grammar_from("gbnf", w["ebnf"])
+        else:
+            schema = dict(w["schema"])
+            schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
         ids = tok.tokenize_str(w["output"])
         compile_us, mask_us = [], []
         bitmask = lnp.allocate_token_bitmask(1, tok.vocab_size)

@@ -47,7 +47,7 @@ struct sampling_params {
   std::optional<int> top_k;                // Messages
   std::optional<std::int64_t> seed;
   std::optional<double> presence_penalty, frequency_penalty;  // [-2, 2]
-  std::string response_format_type = "text";  // text | json_object | json_schema | regex
+  std::string response_format_type = "text";  // text | json_object | json_schema | regex | grammar
   std::optional<std::string> response_format_json;  // the whole response_format, compact JSON
   std::optional<std::string> reasoning_effort;      // as sent
   std::optional<std::string> tool_choice_function;  // tool_choice named one function

@@ -46,13 +46,14 @@ struct tool_definition {
 enum class tool_choice { automatic, none, required };
 
 // The requested answer format. json_object and json_schema add an instruction to the system part of
-// the prompt (as deepseek_recipe renders it); regex adds nothing to the prompt. All of them are
-// carried to the constraint engine.
+// the prompt (as deepseek_recipe renders it); regex and grammar add nothing to the prompt. All of
+// them are carried to the constraint engine.
 struct response_format {
-  enum class kind { text, json_object, json_schema, regex };
+  enum class kind { text, json_object, json_schema, regex, grammar };
   response_format::kind type = kind::text;
   std::string schema_json;  // json_schema: the schema as sent (key order kept)
   std::string regex;        // regex: the pattern
+  std::string grammar;      // grammar: the EBNF (GBNF) text, start rule `root`
 };
 enum class reasoning_effort { low, high, xhigh, max };
 

@@ -282,8 +282,15 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
           fail("Response input messages must contain the word 'json' in some form to use 'text.format' of type "
                "'json_object'.",
                "text.format.type");
+      } else if (t == "regex" || t == "grammar") {  // our extensions, as in Chat Completions
+        const ojson* v = find(*fmt, t.c_str());
+        if (!v) fail("Missing required parameter: 'text.format." + t + "'.", "text.format." + t);
+        const std::string text_value = need_string(*v, "text.format." + t);
+        conv.format.type = t == "regex" ? response_format::kind::regex : response_format::kind::grammar;
+        (t == "regex" ? conv.format.regex : conv.format.grammar) = text_value;
       } else if (t != "text") {
-        fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object' and 'json_schema'.",
+        fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex' and "
+             "'grammar'.",
              "text.format.type");
       }
       sp.response_format_type = t;

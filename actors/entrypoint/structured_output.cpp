@@ -1,6 +1,7 @@
 // The entrypoint's structured-output constraint table (structured_output.hpp).
 #include "actors/entrypoint/structured_output.hpp"
 
+#include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/regex.hpp"
 
@@ -26,6 +27,7 @@ std::string constraint_table::format_key(const recipe::response_format& format) 
     case kind::json_object: return "object";
     case kind::json_schema: return "schema:" + format.schema_json;
     case kind::regex: return "regex:" + format.regex;
+    case kind::grammar: return "grammar:" + format.grammar;
   }
   return {};
 }
@@ -46,6 +48,9 @@ std::optional<recipe::response_format> constraint_table::format_of_key(const std
   } else if (auto pattern = rest("regex:")) {
     f.type = kind::regex;
     f.regex = std::move(*pattern);
+  } else if (auto ebnf = rest("grammar:")) {
+    f.type = kind::grammar;
+    f.grammar = std::move(*ebnf);
   } else {
     return std::nullopt;
   }
@@ -72,6 +77,11 @@ constraint_table::compile(const recipe::response_format& format, const std::stri
     auto r = gr::compile_json_schema(std::string_view(format.schema_json));
     if (auto* e = std::get_if<gr::schema_error>(&r))
       return error("Unsupported JSON schema for structured output: " + e->to_string() + ".");
+    g = std::move(std::get<gr::grammar>(r));
+  } else if (format.type == kind::grammar) {
+    auto r = gr::compile_ebnf(format.grammar);
+    if (auto* e = std::get_if<gr::ebnf_error>(&r))
+      return error("Invalid grammar for structured output: " + e->to_string() + ".");
     g = std::move(std::get<gr::grammar>(r));
   } else {
     auto r = gr::compile_regex(format.regex);

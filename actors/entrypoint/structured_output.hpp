@@ -1,6 +1,6 @@
 // structured_output: the entrypoint's table of structured-output constraints, one per request.
 //
-// A request whose response format is json_object, json_schema or regex (Chat Completions
+// A request whose response format is json_object, json_schema, regex or grammar (Chat Completions
 // `response_format`, Responses `text.format`) gets its grammar compiled when the entrypoint
 // parses it (recipe/grammar/, cached by format text), and a matcher registered under its id —
 // the sequence id the devices sample under. The CPU device asks the table for each token's
@@ -34,8 +34,8 @@ public:
 
   /// Compiles `format` and registers it for request `id`; a text format registers nothing.
   /// `param` names the request field in errors (`response_format`, `text.format`). Errors: a
-  /// schema or pattern the engine refuses (status 400, the message naming the keyword and its
-  /// JSON pointer).
+  /// schema, pattern or grammar the engine refuses (status 400, the message naming the keyword
+  /// and its JSON pointer, the pattern's offset, or the grammar's line and column).
   std::optional<recipe::api_error> add(std::uint64_t id, const recipe::response_format& format, bool thinking,
                                        const std::string& param);
   /// The format as text, as a constraint_spec carries it ("object", "schema:<JSON>",

@@ -241,9 +241,11 @@ nb::dict conversation_dict(const r::conversation& c) {
   format["type"] = c.format.type == fk::json_object   ? "json_object"
                    : c.format.type == fk::json_schema ? "json_schema"
                    : c.format.type == fk::regex       ? "regex"
+                   : c.format.type == fk::grammar     ? "grammar"
                                                       : "text";
   if (c.format.type == fk::json_schema) format["schema"] = c.format.schema_json;
   if (c.format.type == fk::regex) format["regex"] = c.format.regex;
+  if (c.format.type == fk::grammar) format["grammar"] = c.format.grammar;
   nb::dict d;
   d["messages"] = messages;
   d["tools"] = tools;

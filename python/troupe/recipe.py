@@ -259,7 +259,7 @@ class Conversation:
         return self._d["effort_level"]
 
     @property
-    def response_format(self) -> Literal["text", "json_object", "json_schema", "regex"]:
+    def response_format(self) -> Literal["text", "json_object", "json_schema", "regex", "grammar"]:
         return self._d["response_format"]["type"]
 
     @property
@@ -270,6 +270,11 @@ class Conversation:
     @property
     def response_regex(self) -> str | None:
         return self._d["response_format"].get("regex")
+
+    @property
+    def response_grammar(self) -> str | None:
+        """The EBNF (GBNF) grammar of a `grammar` response format."""
+        return self._d["response_format"].get("grammar")
 
     def __repr__(self) -> str:
         return f"Conversation({len(self.messages)} messages, thinking_mode={self.thinking_mode})"

@@ -18,8 +18,14 @@ std::vector<stack> close_stacks(const grammar& g, std::vector<stack> raw, std::s
     if (r.has_bytes[top.state]) ready.push_back(s);
     for (const call_edge& c : r.calls[top.state]) {
       stack t = s;
-      t.back().state = c.target;
-      t.push_back({c.rule, 0});
+      if (r.accepting[c.target] && !r.has_bytes[c.target] && r.calls[c.target].empty()) {
+        // A tail call: the caller would only return after it, so the callee takes its frame
+        // (right recursion such as `list ::= item list | item` does not deepen the stack).
+        t.back() = {c.rule, 0};
+      } else {
+        t.back().state = c.target;
+        t.push_back({c.rule, 0});
+      }
       raw.push_back(std::move(t));
     }
     if (r.accepting[top.state]) {

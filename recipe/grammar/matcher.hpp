@@ -35,7 +35,8 @@ struct match_state {
 
 // Closes `raw` (stacks whose top frames may call, return or wait for a byte) into the stacks
 // waiting for a byte, sorted and distinct. A return from the last frame sets `popped` (in the
-// matcher: the output is complete). Stacks deeper than `max_depth` are dropped.
+// matcher: the output is complete). A call whose return state could only return again replaces
+// its caller's frame (a tail call). Stacks deeper than `max_depth` are dropped.
 std::vector<stack> close_stacks(const grammar& g, std::vector<stack> raw, std::size_t max_depth, bool& popped);
 
 struct matcher_options {

@@ -14,13 +14,7 @@ struct regex::node {
   static constexpr std::uint32_t unbounded = 0xffffffffu;
 };
 
-namespace {
-
-using node = regex::node;
-using node_ptr = std::unique_ptr<node>;
-constexpr std::uint32_t max_cp = 0x10ffff;
-
-code_point_ranges normalize(code_point_ranges r) {
+code_point_ranges normalize_code_points(code_point_ranges r) {
   std::sort(r.begin(), r.end());
   code_point_ranges out;
   for (auto [lo, hi] : r) {
@@ -42,28 +36,34 @@ code_point_ranges normalize(code_point_ranges r) {
   return res;
 }
 
-code_point_ranges complement(const code_point_ranges& r) {
+code_point_ranges complement_code_points(const code_point_ranges& r) {
   code_point_ranges out;
   std::uint32_t next = 0;
-  for (auto [lo, hi] : normalize(r)) {
+  for (auto [lo, hi] : normalize_code_points(r)) {
     if (lo > next) out.emplace_back(next, lo - 1);
     next = hi + 1;
   }
-  if (next <= max_cp) out.emplace_back(next, max_cp);
-  return normalize(out);
+  if (next <= 0x10ffff) out.emplace_back(next, 0x10ffff);
+  return normalize_code_points(out);
 }
+
+namespace {
+
+using node = regex::node;
+using node_ptr = std::unique_ptr<node>;
+constexpr std::uint32_t max_cp = 0x10ffff;
 
 code_point_ranges digit() { return {{'0', '9'}}; }
 code_point_ranges word() { return {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; }
 code_point_ranges space() {  // ECMAScript WhiteSpace and LineTerminator
-  return normalize({{0x09, 0x0d}, {0x20, 0x20}, {0xa0, 0xa0}, {0x1680, 0x1680}, {0x2000, 0x200a},
-                    {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f}, {0x3000, 0x3000}, {0xfeff, 0xfeff}});
+  return normalize_code_points({{0x09, 0x0d}, {0x20, 0x20}, {0xa0, 0xa0}, {0x1680, 0x1680}, {0x2000, 0x200a},
+                                {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f}, {0x3000, 0x3000}, {0xfeff, 0xfeff}});
 }
 
 node_ptr make_set(code_point_ranges r) {
   auto n = std::make_unique<node>();
   n->k = node::kind::set;
-  n->set = normalize(std::move(r));
+  n->set = normalize_code_points(std::move(r));
   return n;
 }
 
@@ -211,7 +211,7 @@ class parser {
     if (c == '[') return make_set(char_class());
     if (c == '.') {
       ++pos_;
-      return make_set(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
+      return make_set(complement_code_points({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
     }
     if (c == '^' || c == '$') {
       ++pos_;
@@ -249,11 +249,11 @@ class parser {
     auto one = [](std::uint32_t cp) { return code_point_ranges{{cp, cp}}; };
     switch (c) {
       case 'd': return digit();
-      case 'D': return complement(digit());
+      case 'D': return complement_code_points(digit());
       case 'w': return word();
-      case 'W': return complement(word());
+      case 'W': return complement_code_points(word());
       case 's': return space();
-      case 'S': return complement(space());
+      case 'S': return complement_code_points(space());
       case 'n': return one('\n');
       case 'r': return one('\r');
       case 't': return one('\t');
@@ -337,8 +337,8 @@ class parser {
       }
     }
     ++pos_;
-    r = normalize(r);
-    return negate ? complement(r) : r;
+    r = normalize_code_points(r);
+    return negate ? complement_code_points(r) : r;
   }
 
   std::string_view p_;
@@ -454,7 +454,7 @@ void emit_utf8(nfa_builder& b, std::uint32_t from, std::uint32_t to, std::uint32
 
 }  // namespace
 
-code_point_ranges any_code_point() { return complement({}); }
+code_point_ranges any_code_point() { return complement_code_points({}); }
 
 void emit_code_points(nfa_builder& b, std::uint32_t from, std::uint32_t to, const code_point_ranges& set,
                       bool json_string) {

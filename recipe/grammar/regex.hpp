@@ -58,6 +58,10 @@ std::variant<grammar, regex_error> compile_regex(std::string_view pattern, const
 void emit_code_points(nfa_builder& b, std::uint32_t from, std::uint32_t to, const code_point_ranges& set,
                       bool json_string);
 
+// Sorted, merged ranges without surrogates; the code points not in `r` (surrogates excluded).
+code_point_ranges normalize_code_points(code_point_ranges r);
+code_point_ranges complement_code_points(const code_point_ranges& r);
+
 // All code points (surrogates excluded).
 code_point_ranges any_code_point();
 

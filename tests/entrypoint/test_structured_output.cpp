@@ -110,17 +110,21 @@ TEST_CASE("structured output table: a format travels as text and comes back the 
   schema.schema_json = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";
   response_format object;
   object.type = response_format::kind::json_object;
-  for (const auto& f : {schema, object, regex("(yes|no)!"), regex("")}) {
+  response_format ebnf;
+  ebnf.type = response_format::kind::grammar;
+  ebnf.grammar = "root ::= \"yes\" | \"no\"";
+  for (const auto& f : {schema, object, ebnf, regex("(yes|no)!"), regex("")}) {
     const auto key = constraint_table::format_key(f);
     const auto back = constraint_table::format_of_key(key);
     REQUIRE(back.has_value());
     CHECK(back->type == f.type);
     CHECK(back->schema_json == f.schema_json);
     CHECK(back->regex == f.regex);
+    CHECK(back->grammar == f.grammar);
   }
   CHECK(constraint_table::format_key(response_format{}).empty());
   CHECK_FALSE(constraint_table::format_of_key("").has_value());
-  CHECK_FALSE(constraint_table::format_of_key("grammar:root ::= x").has_value());
+  CHECK_FALSE(constraint_table::format_of_key("ebnf:root ::= \"x\"").has_value());
 }
 
 TEST_CASE("structured output table: a constraint rebuilt in another process continues where the output stands") {
@@ -172,4 +176,33 @@ TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts af
   REQUIRE(t.allowed(2, 12, mask));
   CHECK(allows(mask, id_of("ok")));
   CHECK_FALSE(allows(mask, id_of("!")));
+TEST_CASE("structured output table: a grammar request follows its rules; a bad grammar is a 400 naming the position") {
+  response_format f;
+  f.type = response_format::kind::grammar;
+  f.grammar = "root ::= answer \"!\"\nanswer ::= \"yes\" | \"no\" | \"(\" answer \")\"";
+  constraint_table t(v4());
+  REQUIRE_FALSE(t.add(11, f, false, "response_format"));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  const auto eos = *v4().token_to_id("<｜end▁of▁sentence｜>");
+  std::uint64_t pos = 50;
+  REQUIRE(t.allowed(11, pos, mask));
+  CHECK_FALSE(allows(mask, id_of("!")));  // "!" only after a whole answer
+  for (const std::string tok : {"(", "(", "yes", ")", ")", "!"}) {
+    REQUIRE(t.allowed(11, pos, mask));
+    CHECK_MESSAGE(allows(mask, id_of(tok)), tok);
+    CHECK_FALSE(allows(mask, eos));
+    t.accepted(11, pos++, static_cast<std::int32_t>(id_of(tok)));
+  }
+  REQUIRE(t.allowed(11, pos, mask));
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{eos});
+  t.remove(11);
+
+  f.grammar = "root ::= answer\nanswer ::= \"yes\" | maybe";
+  const auto e = t.add(12, f, false, "response_format");
+  REQUIRE(e.has_value());
+  CHECK(e->status == 400);
+  CHECK(e->type == "invalid_request_error");
+  CHECK(e->param == "response_format");
+  CHECK(e->message == "Invalid grammar for structured output: line 2, column 20: undefined rule 'maybe'.");
+  CHECK(t.size() == 0);
 }

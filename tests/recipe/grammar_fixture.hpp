@@ -1,6 +1,7 @@
-// Shared by the structured-output tests: compiling helpers, a canonical serialiser that orders
-// object members as the compiled grammars do, and an independent JSON Schema validator for the
-// keywords the compiler supports (written here from the specification, not from the compiler).
+// Shared by the structured-output tests: compiling helpers, every short string over an alphabet,
+// the V4 vocabulary and the allowed tokens found by trying each one, a canonical serialiser that
+// orders object members as the compiled grammars do, and an independent JSON Schema validator for
+// the keywords the compiler supports (written here from the specification, not from the compiler).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -11,9 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/matcher.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/token_mask.hpp"
+#include "recipe_fixture.hpp"
 
 namespace troupe::recipe::testing {
 
@@ -30,6 +34,43 @@ inline std::shared_ptr<const gr::grammar> regex_grammar(const std::string& patte
   auto r = gr::compile_regex(pattern);
   if (auto* e = std::get_if<gr::regex_error>(&r)) FAIL("regex refused: ", e->message);
   return std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+}
+
+inline std::shared_ptr<const gr::grammar> ebnf_grammar(const std::string& text) {
+  auto r = gr::compile_ebnf(text);
+  if (auto* e = std::get_if<gr::ebnf_error>(&r)) FAIL("grammar refused: ", e->to_string());
+  return std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+}
+
+// Every string over `alphabet` up to `max_len` characters.
+inline std::vector<std::string> all_strings(const std::string& alphabet, std::size_t max_len) {
+  std::vector<std::string> out{""};
+  for (std::size_t begin = 0, len = 0; len < max_len; ++len) {
+    const std::size_t end = out.size();
+    for (std::size_t i = begin; i < end; ++i)
+      for (const char c : alphabet) out.push_back(out[i] + c);
+    begin = end;
+  }
+  return out;
+}
+
+inline const std::shared_ptr<const gr::vocabulary>& v4_vocab() {
+  static const auto v = std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(v4()));
+  return v;
+}
+
+// The allowed ids by trying every token on a copy of the matcher.
+inline std::vector<std::uint32_t> brute_force_allowed(const gr::matcher& m, const gr::vocabulary& v) {
+  std::vector<std::uint32_t> ids;
+  for (std::uint32_t id = 0; id < v.size(); ++id) {
+    if (std::find(v.eos().begin(), v.eos().end(), id) != v.eos().end()) {
+      if (m.is_complete()) ids.push_back(id);
+      continue;
+    }
+    if (v4().is_added(id) || v.bytes(id).empty()) continue;
+    if (m.can_accept(v.bytes(id))) ids.push_back(id);
+  }
+  return ids;
 }
 
 // The whole text is a sentence of the grammar.

@@ -75,6 +75,14 @@ TEST_CASE("chat completions: prompts and ids equal deepseek_recipe's for every g
   CHECK(rejected >= 10);
 }
 
+TEST_CASE("chat completions: a grammar response format (our extension) carries the EBNF text to the conversation") {
+  auto r = ok(R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}],
+      "response_format": {"type": "grammar", "grammar": "root ::= [0-9]+"}})");
+  CHECK(r.conversation.format.type == troupe::recipe::response_format::kind::grammar);
+  CHECK(r.conversation.format.grammar == "root ::= [0-9]+");
+  CHECK(r.params.response_format_type == "grammar");
+}
+
 TEST_CASE("chat completions: sampling and serving fields are carried") {
   auto r = ok(R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
       {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}], "temperature": 0.5, "top_p": 0.9, "n": 3,
@@ -172,6 +180,9 @@ TEST_CASE("chat completions: validation errors carry status, message and param")
        {"", "response_format.json_schema.schema", "Missing required"}},
       {"{" + M + U + R"(, "response_format": {"type": "json_object"}})", {"", "response_format.type", "the word 'json'"}},
       {"{" + M + U + R"(, "response_format": {"type": "regex"}})", {"", "response_format.regex", "Missing required"}},
+      {"{" + M + U + R"(, "response_format": {"type": "grammar"}})", {"", "response_format.grammar", "Missing required"}},
+      {"{" + M + U + R"(, "response_format": {"type": "grammar", "grammar": ["root ::= \"a\""]}})",
+       {"", "response_format.grammar", "expected a string"}},
       {"{" + M + U + R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
           {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}},
           "additionalProperties": true}}}}}]})",

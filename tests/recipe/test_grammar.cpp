@@ -16,37 +16,6 @@ using troupe::recipe::grammar::vocabulary;
 
 namespace {
 
-// Every string over `alphabet` up to `max_len` characters.
-std::vector<std::string> all_strings(const std::string& alphabet, std::size_t max_len) {
-  std::vector<std::string> out{""};
-  for (std::size_t begin = 0, len = 0; len < max_len; ++len) {
-    const std::size_t end = out.size();
-    for (std::size_t i = begin; i < end; ++i)
-      for (const char c : alphabet) out.push_back(out[i] + c);
-    begin = end;
-  }
-  return out;
-}
-
-const std::shared_ptr<const vocabulary>& v4_vocab() {
-  static const auto v = std::make_shared<const vocabulary>(vocabulary::from_tokenizer(v4()));
-  return v;
-}
-
-// The allowed ids by trying every token on a copy of the matcher.
-std::vector<std::uint32_t> brute_force_allowed(const matcher& m, const vocabulary& v) {
-  std::vector<std::uint32_t> ids;
-  for (std::uint32_t id = 0; id < v.size(); ++id) {
-    if (std::find(v.eos().begin(), v.eos().end(), id) != v.eos().end()) {
-      if (m.is_complete()) ids.push_back(id);
-      continue;
-    }
-    if (v4().is_added(id) || v.bytes(id).empty()) continue;
-    if (m.can_accept(v.bytes(id))) ids.push_back(id);
-  }
-  return ids;
-}
-
 // A strict-mode style schema: nested objects, enums, arrays with bounds, anyOf with null,
 // recursion through $defs, a pattern, a format and integer bounds.
 const ojson& strict_schema() {

@@ -1,6 +1,6 @@
 // libFuzzer target for the structured-output parsers (recipe/grammar/): the first byte picks the
-// JSON Schema compiler (even) or the regex compiler (odd), the rest is the schema text or the
-// pattern. Every input must give a grammar or an error value — no crash, no sanitizer report,
+// regex compiler (odd), the JSON Schema compiler (a multiple of 4) or the EBNF compiler (2 mod 4),
+// the rest is the pattern, the schema text or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
 // no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
 // either accepts them or refuses them, and a refused byte string leaves its state unchanged.
 // Built only with a compiler that supports -fsanitize=fuzzer (see tests/CMakeLists.txt);
@@ -12,6 +12,7 @@
 #include <string_view>
 #include <variant>
 
+#include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/matcher.hpp"
 #include "recipe/grammar/regex.hpp"
@@ -22,10 +23,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   std::shared_ptr<const gr::grammar> g;
-  if (data[0] % 2 == 0) {
+  if (data[0] % 4 == 0) {
     auto r = gr::compile_json_schema(text);
     if (auto* e = std::get_if<gr::schema_error>(&r)) {
       if (e->message.empty()) std::abort();  // every refusal says why
+      return 0;
+    }
+    g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  } else if (data[0] % 4 == 2) {
+    auto r = gr::compile_ebnf(text);
+    if (auto* e = std::get_if<gr::ebnf_error>(&r)) {
+      // Every refusal says why, and a position lies inside the text (or just past its end).
+      if (e->message.empty() || (e->line > 0 && (e->column == 0 || e->column > text.size() + 1))) std::abort();
       return 0;
     }
     g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
