@@ -100,8 +100,8 @@ struct published_figure {
 // H100 GPUs" (LMSYS blog, 2025-05-05), DeepSeek-V3 on H100 with DeepEP, DeepGEMM and two-batch
 // overlap. The model assumes perfectly balanced routing and DeepSeek's own engine (whose H800
 // profile calibrated it): where SGLang simulated perfect balance the band is +-10%; where
-// real routing was measured the model must be optimistic (>= 1) by at most 45%, the largest
-// error docs/perf-model.md reports.
+// real routing was measured the model must be optimistic (>= 1: balanced routing is an upper
+// bound) by at most 45% (the largest error in docs/perf-model.md's table is +40%).
 const published_figure validation_figures[] = {
   {"SGLang prefill, 4K prompts, simulated perfect EPLB", "H100", phase::prefill, 32, 4096, 16384,
    59337, 0.90, 1.10},
