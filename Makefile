@@ -19,14 +19,18 @@ test: deps
 	$(MAKE) build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
-# Installs the dependencies, builds, and runs the main job on a built-in default: the
-# ≈1,000-GPU example cluster replaying the bundled Mooncake conversation trace.
-RUN_TOPOLOGY ?= examples/topologies/v4flash-1k.toml
+# Installs the dependencies, builds, and runs the main job on a built-in default: the bundled
+# Mooncake conversation trace on a 32-GPU cluster sized for it (docs/simulation.md, "Sizing
+# the default run"). The ≈1,000-GPU example with the trace sped up to load it:
+#   make run RUN_TOPOLOGY=examples/topologies/v4flash-1k.toml RUN_SPEEDUP=150
+RUN_TOPOLOGY ?= examples/topologies/v4flash-trace.toml
 RUN_TRACE ?= examples/traces/mooncake_fast25_conversation_trace.jsonl
+RUN_SPEEDUP ?= 1
 RUN_REPORT ?= $(BUILD_DIR)/report
 run: deps
 	$(MAKE) build
-	$(BUILD_DIR)/troupe sim $(RUN_TOPOLOGY) --trace $(RUN_TRACE) --report $(RUN_REPORT)
+	$(BUILD_DIR)/troupe sim $(RUN_TOPOLOGY) --trace $(RUN_TRACE) --speedup $(RUN_SPEEDUP) \
+	  --report $(RUN_REPORT)
 
 # The benchmarks, each beside its peer; bench_sim on a 5-minute window (the full hour of
 # docs/benchmarks.md: build/bench/bench_sim); bench_recipe's Python peers need tools/.venv-recipe;

@@ -69,7 +69,7 @@ TEST_CASE("an instance whose weights do not fit its GPUs has no KV capacity and 
 }
 
 TEST_CASE("every example topology's instances can start, and the larger ones hold the model") {
-  for (auto name : {"small.toml", "v4flash-1k.toml", "local-cpu.toml"}) {
+  for (auto name : {"small.toml", "v4flash-1k.toml", "v4flash-trace.toml", "local-cpu.toml"}) {
     CAPTURE(name);
     auto problems = check_capacity(example(name));
     for (auto& p : problems)
