@@ -18,7 +18,7 @@ using namespace troupe::cluster::sim;
 using actors::booking_fact;
 using actors::kv_act;
 using actors::request_fact;
-using schemas::traffic_class;
+using tc = schemas::traffic_class;
 
 namespace {
 
@@ -27,7 +27,7 @@ const runtime::time_point t0{std::chrono::seconds{1000}};
 history_expectations expectations() {
   history_expectations e;
   e.origin = t0;
-  e.ttl = {{traffic_class::chatbot, 60s}, {traffic_class::agent, 20s}};
+  e.ttl = {{tc::chatbot, 60s}, {tc::agent, 20s}};
   e.decode_kv_tokens = 1000;
   e.decode_max_requests = 2;
   return e;
@@ -36,7 +36,7 @@ history_expectations expectations() {
 const actors::block_key k1{1, 11}, k2{2, 22};
 
 void kv(actors::run_history& h, runtime::duration at, actors::block_key k, kv_act act,
-        traffic_class c = traffic_class::chatbot) {
+        tc c = tc::chatbot) {
   h.kv.push_back({t0 + at, k, act, c});
 }
 
@@ -76,10 +76,10 @@ TEST_CASE("history_checker: a clean history passes") {
   kv(h, 59s, k1, kv_act::hit);     // just before the chatbot TTL
   kv(h, 59s, k1, kv_act::refresh); // lives to 119 s
   kv(h, 100s, k1, kv_act::hit);
-  kv(h, 0s, k2, kv_act::reserve, traffic_class::agent);
+  kv(h, 0s, k2, kv_act::reserve, tc::agent);
   kv(h, 10s, k2, kv_act::commit);  // agent: lives to 30 s
   kv(h, 29s, k2, kv_act::hit);
-  kv(h, 40s, k2, kv_act::write, traffic_class::agent); // expired: a new life to 60 s
+  kv(h, 40s, k2, kv_act::write, tc::agent); // expired: a new life to 60 s
   kv(h, 59s, k2, kv_act::hit);
   request(h, 1, 3, {0, 1, 2});
   request(h, 2, 4, {0, 1}, false); // failed after two tokens: no gap, fine
@@ -109,7 +109,7 @@ TEST_CASE("history_checker: a block served after its TTL is caught, with its own
   }
   SUBCASE("the agent TTL applies to agent writes") {
     actors::run_history h;
-    kv(h, 0s, k1, kv_act::write, traffic_class::agent);
+    kv(h, 0s, k1, kv_act::write, tc::agent);
     kv(h, 21s, k1, kv_act::hit);
     CHECK(mentions(check_history(h, expectations()), "class agent"));
   }
@@ -245,9 +245,9 @@ TEST_CASE("history_checker: one check lists its first violations, then counts th
 
 TEST_CASE("history_checker: the TTLs of a topology, with the documented defaults") {
   auto t = ttl_of_classes({{"agent", 5s}, {"other", 1s}});
-  CHECK(t.at(traffic_class::agent) == 5s);
-  CHECK(t.at(traffic_class::chatbot) == std::chrono::hours{24 * 7});
-  CHECK(t.at(traffic_class::batch) == std::chrono::hours{24});
+  CHECK(t.at(tc::agent) == 5s);
+  CHECK(t.at(tc::chatbot) == std::chrono::hours{24 * 7});
+  CHECK(t.at(tc::batch) == std::chrono::hours{24});
 }
 
 TEST_CASE("history_checker: swarm seeds record a history that checks clean") {
