@@ -340,6 +340,9 @@ int main(int argc, char** argv) {
   sim->add_flag("--profile", sim_opts.profile,
                 "print on stderr the run's events by actor and message type (count, share, "
                 "per request, wall time)");
+  sim->add_flag("--check-history", sim_opts.check_history,
+                "record the run's history (KV writes and hits, tokens delivered, decode "
+                "bookings) and check the invariants from it alone (a violation exits 2, as any)");
   sim->add_flag("--json", sim_opts.json, "print report.json instead of the summary");
   sim->add_flag("--strict", sim_opts.strict, "a bad trace line is fatal");
   sim->callback([&] {

@@ -31,6 +31,7 @@
 
 #include "actors/kv/block_key.hpp"
 #include "actors/kv/block_table.hpp"
+#include "actors/history.hpp"
 #include "runtime/time.hpp"
 #include "schemas/convert.hpp"
 
@@ -74,6 +75,9 @@ struct kv_index_params {
   /// TEST ONLY — a planted bug that proves the TTL audit is checked end to end: lookups
   /// serve expired blocks as hits (and leave them in place). Never set it otherwise.
   bool test_ignore_expiry = false;
+  /// Where a `kv_store` shard records what it does with each block (history.hpp); none when
+  /// null. The index ignores it.
+  run_history_ptr history;
 };
 
 /// The answer to a match: the leading run of hit blocks and the tokens they hold.

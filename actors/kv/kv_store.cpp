@@ -35,6 +35,22 @@ struct shard_state {
 
 using shard_ptr = kv_shard_actor::stateful_pointer<shard_state>;
 
+/// Records `act` on `blocks` at `now` in the shard's history, if it keeps one.
+void record(shard_ptr self, std::span<const block_key> blocks, kv_act act, traffic_class cls,
+            runtime::time_point now) {
+  auto& h = self->state.params.history;
+  if (!h)
+    return;
+  for (const auto& k : blocks)
+    h->kv.push_back(kv_fact{now, k, act, cls});
+}
+
+/// The blocks a put placed or refreshed: all but the rejected tail.
+std::span<const block_key> placed(const std::vector<block_key>& blocks,
+                                  const kv_insert_result& r) {
+  return std::span<const block_key>{blocks}.first(blocks.size() - r.rejected);
+}
+
 /// `r`, answered after the shard's operation latency (times its slowdown): at once when that
 /// is zero.
 template <class T>
@@ -88,12 +104,18 @@ kv_shard_actor::behavior_type shard_fn(shard_ptr self, kv_index_params params) {
     [self, now](const kv_match& m) {
       if (self->state.down)
         return answer(self, kv_match_result{});
-      return answer(self, self->state.index->match(m.chain, m.traffic, now(), m.prompt_tokens));
+      auto r = self->state.index->match(m.chain, m.traffic, now(), m.prompt_tokens);
+      auto served = std::span<const block_key>{m.chain}.first(r.hit_blocks);
+      record(self, served, kv_act::hit, m.traffic, now());
+      record(self, served, kv_act::refresh, m.traffic, now());
+      return answer(self, r);
     },
     [self, now, rejected](const kv_insert& m) {
       if (self->state.down)
         return answer(self, rejected(m.blocks.size()));
-      return answer(self, self->state.index->insert(m.blocks, m.traffic, now()));
+      auto r = self->state.index->insert(m.blocks, m.traffic, now());
+      record(self, placed(m.blocks, r), kv_act::write, m.traffic, now());
+      return answer(self, r);
     },
     // Reserve and commit answer at once: the simulated writer's pair is one step (it carries
     // no bytes), and a delay between them would leave a reservation behind whenever the
@@ -101,7 +123,9 @@ kv_shard_actor::behavior_type shard_fn(shard_ptr self, kv_index_params params) {
     [self, now, rejected](const kv_reserve& m) {
       if (self->state.down)
         return rejected(m.blocks.size());
-      return self->state.index->reserve(m.blocks, m.traffic, now());
+      auto r = self->state.index->reserve(m.blocks, m.traffic, now());
+      record(self, placed(m.blocks, r), kv_act::reserve, m.traffic, now());
+      return r;
     },
     [self, now](const kv_commit& m) {
       if (self->state.down) {
@@ -109,18 +133,23 @@ kv_shard_actor::behavior_type shard_fn(shard_ptr self, kv_index_params params) {
         r.missing = static_cast<std::uint32_t>(m.blocks.size());
         return r;
       }
+      record(self, m.blocks, kv_act::commit, traffic_class::chatbot, now());
       return self->state.index->commit(m.blocks, now());
     },
     [self](kv_stats_atom) { return self->state.index->stats(); },
     [self, now](const kv_probe& m) {
       if (self->state.down)
         return answer(self, std::uint32_t{0});
-      return answer(self,
-                    static_cast<std::uint32_t>(self->state.index->probe(m.blocks, now())));
+      auto lead = self->state.index->probe(m.blocks, now());
+      record(self, std::span<const block_key>{m.blocks}.first(lead), kv_act::hit,
+             traffic_class::chatbot, now());
+      return answer(self, static_cast<std::uint32_t>(lead));
     },
     [self, now](const kv_touch& m) {
-      if (!self->state.down)
-        self->state.index->touch(m.blocks, m.traffic, now());
+      if (self->state.down)
+        return;
+      self->state.index->touch(m.blocks, m.traffic, now());
+      record(self, m.blocks, kv_act::refresh, m.traffic, now());
     },
   };
 }

@@ -19,18 +19,27 @@ struct decode_lb_state {
   std::uint64_t drained = 0;
   /// Members excluded by a drain notice (until their engine exits).
   std::set<instance_id> draining;
+  run_history_ptr history;
   static inline const char* name = "decode_lb";
 };
 
 using lb_ptr = decode_lb_actor::stateful_pointer<decode_lb_state>;
 
-decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params params) {
+void record(lb_ptr self, instance_id id, booking_fact::kind_t kind, std::uint64_t reserved = 0) {
+  if (auto& h = self->state.history)
+    h->bookings.push_back({self->clock().now(), id, kind, reserved});
+}
+
+decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params params,
+                                            run_history_ptr history) {
   self->state.balancer = std::make_unique<decode_balancer>(params);
+  self->state.history = std::move(history);
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
     if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; })) {
       st.balancer->remove_instance(*id);
       st.draining.erase(*id);
+      record(self, *id, booking_fact::leave);
     }
   });
   return {
@@ -39,10 +48,12 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       auto id = st.balancer->route(r.kv_tokens, r.max_new_tokens);
       if (!id)
         return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
+      record(self, *id, booking_fact::book, r.kv_tokens + r.max_new_tokens);
       return decode_assignment{*id, st.engines.at(*id)};
     },
     [self](const decode_release& r) {
       self->state.balancer->complete(r.instance, r.kv_tokens, r.max_new_tokens, r.grown);
+      record(self, r.instance, booking_fact::release, r.kv_tokens + r.max_new_tokens);
     },
     [self](const decode_grow& g) { self->state.balancer->grow(g.instance, g.tokens); },
     [self](add_instance_atom, instance_id id, decode_engine_actor& engine) {
@@ -50,10 +61,12 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       self->monitor(engine);
       st.engines[id] = std::move(engine);
       st.balancer->add_instance(id);
+      record(self, id, booking_fact::join);
     },
     [self](drain_instance_atom, instance_id id) {
       // Its engine stays a member (monitored) until it exits; it just takes no new routes.
       self->state.balancer->remove_instance(id);
+      record(self, id, booking_fact::leave);
       ++self->state.drained;
       if (self->state.engines.count(id) != 0)
         self->state.draining.insert(id);
@@ -95,8 +108,9 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
 
 } // namespace
 
-decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params) {
-  return sys.spawn(decode_lb_fn, params);
+decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params,
+                                run_history_ptr history) {
+  return sys.spawn(decode_lb_fn, params, std::move(history));
 }
 
 } // namespace troupe::actors

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "actors/engine/decode_engine.hpp"
+#include "actors/history.hpp"
 #include "actors/lb/decode_balancer.hpp"
 #include "actors/lb/lb_protocol.hpp"
 
@@ -77,6 +78,9 @@ using decode_lb_actor
                      caf::replies_to<lb_stats_atom>::with<lb_counters>,
                      caf::replies_to<pool_load_atom>::with<pool_load>>;
 
-decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params);
+/// With `history`, decode_lb records each booking it makes and releases and each instance
+/// that joins or leaves its routing (history.hpp).
+decode_lb_actor spawn_decode_lb(caf::actor_system& sys, decode_balancer_params params,
+                                run_history_ptr history = nullptr);
 
 } // namespace troupe::actors

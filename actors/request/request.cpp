@@ -70,6 +70,10 @@ void finish(request_ptr self, std::string failure) {
   o.completed = failure.empty();
   o.failure = std::move(failure);
   o.finished = self->clock().now();
+  if (auto& h = st.services.history)
+    h->requests.push_back({o.finished, o.id,
+                           o.completed ? request_fact::completed : request_fact::failed,
+                           o.input_tokens, o.output_tokens, o.stopped});
   if (st.spec.stream) {
     generation_end end{st.spec.id, finish_reason::length, {}, 0, 0, 0};
     end.reason = st.cancelled     ? finish_reason::cancelled
@@ -187,6 +191,8 @@ void deliver(request_ptr self, std::vector<std::int32_t> ids,
   const bool content = !st.spec.prompt.empty();
   for (std::size_t k = 0; k < ids.size(); ++k) {
     auto t = ids[k];
+    if (auto& h = st.services.history)
+      h->tokens.push_back({self->clock().now(), st.spec.id, st.delivered, t});
     st.outcome.token_digest = digest_token(st.outcome.token_digest, st.delivered, t);
     ++st.delivered;
     st.last = t;
@@ -450,6 +456,9 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
   st.outcome.output_tokens = spec.output_tokens;
   st.spec = std::move(spec);
   st.services = std::move(services);
+  if (auto& h = st.services.history)
+    h->requests.push_back({st.outcome.admitted, st.spec.id, request_fact::admitted,
+                           st.spec.input_tokens, st.spec.output_tokens, false});
   if (st.spec.images > 0)
     encode(self);
   else

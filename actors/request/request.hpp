@@ -39,6 +39,7 @@
 // draws the next one.
 #pragma once
 
+#include "actors/history.hpp"
 #include "actors/kv/block_key.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/decode_lb.hpp"
@@ -182,6 +183,9 @@ struct request_services {
   /// model, so that one model's cached blocks never match another's prompts. Decode continues
   /// a prompt shorter than a block from it.
   block_key chain_root{};
+  /// Where the request records its admission, each token it delivers and its end
+  /// (history.hpp); none when null.
+  run_history_ptr history;
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.

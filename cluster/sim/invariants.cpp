@@ -125,6 +125,9 @@ std::vector<violation> check_autoscaler(const actors::autoscaler_log& log,
     else if (e.kind == "leaving")
       ++acted[{e.at, e.pool}].second;
   }
+  // Per pool: since when every decision has wanted fewer instances than it had (a scale-down
+  // waits scale_down_after of that).
+  std::map<std::string, runtime::time_point> below_since;
   for (const auto& r : log.decisions) {
     auto t = runtime::to_seconds(r.at - origin);
     for (std::size_t k = 0; k < r.decision.pools.size() && k < r.inputs.pools.size(); ++k) {
@@ -145,6 +148,16 @@ std::vector<violation> check_autoscaler(const actors::autoscaler_log& log,
       if (d.down > limits.max_step_down)
         add(fmt::format("removed {} instances, above max_step_down {}", d.down,
                         limits.max_step_down));
+      if (d.desired >= d.current)
+        below_since.erase(in.pool);
+      else
+        below_since.emplace(in.pool, r.at);
+      if (auto b = below_since.find(in.pool);
+          d.down > 0 && (b == below_since.end() || r.at - b->second < limits.scale_down_after))
+        add(fmt::format("scaled down after wanting fewer instances for {:.3f} s, before "
+                        "scale_down_after {:.3f} s",
+                        b == below_since.end() ? 0.0 : runtime::to_seconds(r.at - b->second),
+                        runtime::to_seconds(limits.scale_down_after)));
       if (d.down > 0 && r.decision.occupancy > limits.occupancy_limit)
         add(fmt::format("scaled down at occupancy {:.4g} above the limit {:.4g}",
                         r.decision.occupancy, limits.occupancy_limit));

@@ -61,7 +61,9 @@ invariant_report check_invariants(const std::vector<std::uint64_t>& admitted,
 /// The autoscaler's invariants over its log (about "autoscaler"): no decision leaves a pool's
 /// [min, max] (a target above max, or a scale-down to below min), adds more than
 /// `max_step_up` or removes more than `max_step_down` instances of a pool, or scales down
-/// while quota occupancy is above the limit; no pool held more than max instances; and the
+/// while quota occupancy is above the limit, or before it has wanted fewer instances than it
+/// had for `scale_down_after` (its consecutive decisions' own times); no pool held more than
+/// max instances; and the
 /// actions taken at a decision (instances ordered / told to leave) match it.
 std::vector<violation> check_autoscaler(const actors::autoscaler_log& log,
                                         const actors::scale_limits& limits,

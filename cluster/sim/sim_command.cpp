@@ -205,6 +205,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
       bar.update(p.finished, p.total, detail);
     };
   options.profile = o.profile;
+  options.check_history = options.check_history || o.check_history;
   auto outcome = run_simulation(*topo.value, records, options);
   bar.finish();
   if (!outcome) {

@@ -34,6 +34,9 @@ struct sim_command_options {
   /// Print on stderr, after the run, its events by actor and message type (count, share,
   /// wall time): `--profile`.
   bool profile = false;
+  /// Record the run's history and check it (history_checker.hpp): `--check-history`. A
+  /// `--swarm-seed` replay always does, as the swarm did.
+  bool check_history = false;
   /// Replays `troupe swarm`'s seed S: its drawn workload, fault plan, seed and liveness bound
   /// (cluster/sim/swarm.hpp) instead of --trace / --workload / --faults / --seed / --until.
   /// Requests still unfinished at the bound are a failure (exit 2), as in the swarm.

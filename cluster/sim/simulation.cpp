@@ -12,6 +12,7 @@
 #include "cluster/sim/capacity.hpp"
 #include "cluster/sim/fault_injection.hpp"
 #include "cluster/sim/hardware.hpp"
+#include "cluster/sim/history_checker.hpp"
 #include "cluster/sim/model_profile.hpp"
 #include "cluster/sim/perf_model.hpp"
 #include "cluster/sim/surge.hpp"
@@ -603,10 +604,16 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   actors::kv_index_params kv;
   kv.capacity_bytes = topo.storage.capacity_bytes / std::max<std::uint32_t>(1, p.kv_shards);
   kv.block_bytes = static_cast<std::uint64_t>(std::llround(model->kv_bytes_per_block()));
-  if (auto i = topo.storage.ttl.find("chatbot"); i != topo.storage.ttl.end())
+  auto storage_ttl = topo.storage.ttl;
+  for (auto& [cls, ttl] : p.kv_ttl)
+    storage_ttl[cls] = ttl;
+  if (auto i = storage_ttl.find("chatbot"); i != storage_ttl.end())
     kv.ttl.chatbot = i->second;
-  if (auto i = topo.storage.ttl.find("agent"); i != topo.storage.ttl.end())
+  if (auto i = storage_ttl.find("agent"); i != storage_ttl.end())
     kv.ttl.agent = i->second;
+  // The run's history, when it is checked (history_checker.hpp).
+  auto history = options.check_history ? std::make_shared<actors::run_history>() : nullptr;
+  kv.history = history;
   kv.op_latency = p.kv_store_latency;
   kv.test_ignore_expiry = p.test_kv_ignore_expiry;
   auto kv_store = actors::spawn_sharded_kv_store(sys, kv, std::max<std::uint32_t>(1, p.kv_shards));
@@ -620,8 +627,10 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   dlb.max_requests = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
   // The KV a decode instance holds: its HBM left after weights and workspace (capacity.hpp).
   dlb.max_kv_tokens
-    = kv_capacity_tokens(*model, *hw, decode_pool->gpus_per_instance, decode_pool->ep_size);
-  auto decode_lb = actors::spawn_decode_lb(sys, dlb);
+    = p.decode_kv_tokens > 0
+        ? p.decode_kv_tokens
+        : kv_capacity_tokens(*model, *hw, decode_pool->gpus_per_instance, decode_pool->ep_size);
+  auto decode_lb = actors::spawn_decode_lb(sys, dlb, history);
   actors::vision_lb_actor vision_lb;
   if (vision_pool != nullptr)
     vision_lb = actors::spawn_vision_lb(sys);
@@ -651,7 +660,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto pool_ep = pool.ep_size;
     auto name = pool.name;
     auto per_gpu_batch = pool.role == pool_role::decode ? p.decode_requests_per_gpu : 0;
-    ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts](
+    ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts,
+                    kv_tokens = p.decode_kv_tokens, history](
                      caf::local_actor* self, actors::instance_id id, std::uint32_t rank,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
@@ -660,7 +670,9 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       auto key = name + "/" + std::to_string(id);
       auto ep = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(
                                              std::uint64_t{pool_ep} * size / configured));
-      auto kv_capacity = per_gpu_batch > 0 ? kv_capacity_tokens(m, h, size, ep) : 0;
+      auto kv_capacity = per_gpu_batch == 0 ? 0
+                         : kv_tokens > 0  ? kv_tokens
+                                          : kv_capacity_tokens(m, h, size, ep);
       auto device = runtime::spawn_sim_device(
         self->system(), instance_cost(m, h, ep, size, busy, key, fleet,
                                       std::uint64_t{per_gpu_batch} * size, kv_capacity),
@@ -668,10 +680,18 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       // The GPU is held from now until its device exits (docs/report.md, "gpus").
       auto index = busy->devices.size();
       busy->devices.push_back({key, rank == 0, busy->clock->now(), std::nullopt});
-      caf::actor_cast<caf::abstract_actor*>(device)->attach_functor([busy, index] {
+      // The history's incarnations: the leader's device up and down.
+      const bool leader = rank == 0 && history != nullptr;
+      if (leader)
+        history->instances.push_back({busy->clock->now(), key, true});
+      caf::actor_cast<caf::abstract_actor*>(device)->attach_functor([busy, index, leader, history,
+                                                                     key] {
         // After the report (clock cleared) the world is shutting down: nothing to record.
-        if (busy->clock != nullptr)
-          busy->devices[index].end = busy->clock->now();
+        if (busy->clock == nullptr)
+          return;
+        busy->devices[index].end = busy->clock->now();
+        if (leader)
+          history->instances.push_back({busy->clock->now(), key, false});
       });
       return device;
     };
@@ -809,6 +829,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   services.test_drop_on_reroute = p.test_drop_on_reroute;
   services.test_replay_on_reroute = p.test_replay_on_reroute;
   services.swa_ring_bytes = static_cast<std::uint64_t>(std::llround(model->swa_ring_bytes()));
+  services.history = history;
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.
@@ -1093,7 +1114,24 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
         {0, "KV leaked: the store holds " + std::to_string((*kv_stats)->pending)
               + " blocks reserved and never committed after every request ended"});
   }
+  // The same promises, recomputed from the run's facts alone (history_checker.hpp).
+  std::optional<history_report> history_checked;
+  if (history) {
+    history_expectations expect;
+    expect.origin = origin;
+    expect.ttl = ttl_of_classes(storage_ttl);
+    expect.decode_kv_tokens = dlb.max_kv_tokens;
+    expect.decode_max_requests = dlb.max_requests;
+    expect.run_finished = finished;
+    expect.restart_time = p.restart_time;
+    history_checked = check_history(*history, expect);
+    invariants.violations.insert(invariants.violations.end(),
+                                 history_checked->violations.begin(),
+                                 history_checked->violations.end());
+  }
   report["invariants"] = invariants.to_json();
+  if (history_checked)
+    report["invariants"]["history"] = history_checked->to_json();
   report["series"] = time_series(outcomes, origin, std::max(virtual_s, 1.0), prefill_pool->name,
                                  decode_pool->name, *busy);
 

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,6 +76,12 @@ struct sim_params {
   actors::speculation speculation = actors::speculation::off;
   std::uint32_t fixed_drafts = 5;
   runtime::sim_draft_model drafts;
+  /// Block TTLs by traffic class name that replace the topology's `storage.ttl` entries (the
+  /// swarm draws short ones, so that blocks expire within a run). Empty: the topology's.
+  std::map<std::string, runtime::duration> kv_ttl;
+  /// KV tokens a decode instance holds, whatever its size; 0: its HBM left after weights
+  /// (capacity.hpp). The swarm draws small ones, so that routing meets the limit.
+  std::uint64_t decode_kv_tokens = 0;
   /// TEST ONLY — a planted bug that proves the invariant checker and the swarm catch lost
   /// requests: on a reroute, a request drops the rest of its stream and reports itself
   /// completed. Reachable from the CLI only through the hidden `--plant-bug` flag of
@@ -106,6 +113,9 @@ struct sim_options {
   /// are listed as not injected yet. With faults, the report gets `faults` = {injected,
   /// timeline (each entry marked), ...}.
   std::vector<fault> faults;
+  /// Record the run's history (actors/history.hpp) and check it (history_checker.hpp): its
+  /// violations join `invariants`, its fact counts go to `report["invariants"]["history"]`.
+  bool check_history = false;
   /// Count and time every event by actor and message type (sim_driver::set_profiling); the
   /// rows go to `run["profile"]`.
   bool profile = false;

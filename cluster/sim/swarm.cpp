@@ -216,6 +216,27 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
     f.note = "swarm seed " + std::to_string(seed);
     c.options.faults.push_back(std::move(f));
   }
+  // Short TTLs and tight decode limits, from streams of their own (so every draw above is
+  // unchanged), so that the history checker's TTL and capacity checks meet real cases: for
+  // some seeds each class's blocks live 5-90 s (they expire, are missed and written again
+  // within the run); for others a decode instance holds 1-4 times the largest request's KV
+  // (prompt + output) and 1-2 requests per GPU, so routing waits for room.
+  auto tr = root.split("ttl");
+  bool short_ttl = tr.chance(0.5);
+  if (short_ttl) {
+    c.options.params.kv_ttl["chatbot"] = seconds_between(tr, 5, 90);
+    c.options.params.kv_ttl["agent"] = seconds_between(tr, 5, 90);
+  }
+  auto tight = root.split("decode-tight");
+  bool tight_decode = tight.chance(0.3);
+  if (tight_decode) {
+    std::uint64_t largest = 1;
+    for (const auto& r : c.records)
+      largest = std::max<std::uint64_t>(largest, r.input_tokens + r.output_tokens);
+    c.options.params.decode_kv_tokens = largest * static_cast<std::uint64_t>(tight.between(1, 4));
+    c.options.params.decode_requests_per_gpu = static_cast<std::uint32_t>(tight.between(1, 2));
+  }
+  c.options.check_history = true;
   std::stable_sort(c.options.faults.begin(), c.options.faults.end(),
                    [](const fault& a, const fault& b) { return a.at < b.at; });
 
@@ -238,10 +259,17 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
                           std::pair{store, "store_fail"}, std::pair{pool_fail, "pool fail"},
                           std::pair{prefill_drain, "prefill drain"},
                           std::pair{link_fault, "link partition / slow"},
-                          std::pair{store_slow, "store_slow"}})
+                          std::pair{store_slow, "store_slow"}, std::pair{short_ttl, "short ttl"},
+                          std::pair{tight_decode, "tight decode"}})
     if (on)
       enabled.emplace_back(name);
+  nlohmann::json ttl = nlohmann::json::object();
+  for (auto& [cls, d] : c.options.params.kv_ttl)
+    ttl[cls] = runtime::to_seconds(d);
   c.drawn = {{"seed", seed},
+             {"ttl_s", std::move(ttl)},
+             {"decode_kv_tokens", c.options.params.decode_kv_tokens},
+             {"decode_requests_per_gpu", c.options.params.decode_requests_per_gpu},
              {"rate", wp.rate},
              {"duration_s", runtime::to_seconds(wp.duration)},
              {"agent_share", wp.agent_share},

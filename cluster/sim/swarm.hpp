@@ -6,8 +6,9 @@
 // synthetic workload (chat and agent sessions) — then runs the simulation and checks the
 // invariants. Everything is drawn from `rng(seed).split("swarm")`, so a seed is a complete,
 // replayable test case: `troupe sim TOPOLOGY --swarm-seed S` rebuilds the same workload and
-// plan and runs them again, byte for byte. Only the kinds the simulation injects today are
-// drawn: `fail` of a gpu or an instance, and `drain` of a decode instance.
+// plan and runs them again, byte for byte. Some seeds also draw short block TTLs and tight
+// decode limits, and every seed records its run's history and checks it
+// (history_checker.hpp); docs/faults.md, "Swarm", lists the draws.
 #pragma once
 
 #include "cluster/sim/fault_plan.hpp"
