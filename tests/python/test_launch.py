@@ -258,6 +258,15 @@ def test_structured_output_is_enforced_by_the_instance_processes(cluster):
                         extra_body=CHAT_MODE, response_format={"type": "regex", "regex": pattern}))
         assert r.choices[0].finish_reason == "stop"
         assert re.fullmatch(pattern, r.choices[0].message.content), r.choices[0].message.content
+    # An EBNF grammar (our extension) travels the same way.
+    grammar = 'root ::= "<" pair ">"\npair ::= item "," item\nitem ::= [0-9] | "(" [a-c]{1,2} ")"'
+    r = cluster.openai().chat.completions.create(
+        **chat_body("A pair, please.", max_tokens=40, temperature=1.0, seed=7,
+                    extra_body={**CHAT_MODE, "response_format": {"type": "grammar",
+                                                                  "grammar": grammar}}))
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"<([0-9]|\([a-c]{1,2}\)),([0-9]|\([a-c]{1,2}\))>",
+                        r.choices[0].message.content), r.choices[0].message.content
 
 
 def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, model_dir):

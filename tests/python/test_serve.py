@@ -474,6 +474,24 @@ def test_a_regex_response_format_is_matched_exactly(server):
     assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}(x|yz)?", r.choices[0].message.content)
 
 
+def test_a_grammar_response_format_is_matched_exactly(server):
+    # Our extension, through the SDK's extra_body: an EBNF grammar of several rules.
+    grammar = 'root ::= "<" pair ">"\npair ::= item "," item\nitem ::= [0-9] | "(" [a-c]{1,2} ")"'
+    r = server.openai().chat.completions.create(
+        **chat_body("A pair, please.", max_tokens=40, temperature=1.0, seed=7,
+                    extra_body={**CHAT_MODE, "response_format": {"type": "grammar", "grammar": grammar}}))
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"<([0-9]|\([a-c]{1,2}\)),([0-9]|\([a-c]{1,2}\))>", r.choices[0].message.content)
+
+
+def test_a_grammar_that_does_not_compile_is_refused_naming_its_position(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.openai().chat.completions.create(**chat_body(
+            "Hi", max_tokens=5, extra_body={"response_format": {"type": "grammar", "grammar": 'root ::= "a" b'}}))
+    assert e.value.body["param"] == "response_format"
+    assert "line 1, column 14: undefined rule 'b'" in e.value.body["message"]
+
+
 def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
     with pytest.raises(openai.BadRequestError) as e:
         server.openai().chat.completions.create(**chat_body(
