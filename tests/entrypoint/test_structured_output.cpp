@@ -176,6 +176,8 @@ TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts af
   REQUIRE(t.allowed(2, 12, mask));
   CHECK(allows(mask, id_of("ok")));
   CHECK_FALSE(allows(mask, id_of("!")));
+}
+
 TEST_CASE("structured output table: a grammar request follows its rules; a bad grammar is a 400 naming the position") {
   response_format f;
   f.type = response_format::kind::grammar;
