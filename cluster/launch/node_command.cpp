@@ -355,6 +355,13 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   };
   for (;;) {
     if (control_lost->load()) {
+      // A stop signal that came with the control's own stop (an orchestrator signals every
+      // process at once, e.g. scancel) is a clean stop, not a lost control.
+      if (int sig = poll_stop_signal(std::chrono::milliseconds(0)); sig != 0) {
+        err << command << ": " << signal_name(sig) << " as the control process stopped\n";
+        err << command << ": stopped\n";
+        return stop(0);
+      }
       err << command << ": lost the control process at " << o.control << "; exiting\n";
       return stop(3);
     }
