@@ -8,14 +8,46 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 namespace troupe::cluster {
 
-caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control) {
+caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
+                                   std::chrono::milliseconds watcher_timeout) {
   control_directory dir{caf::actor_cast<caf::actor>(control.kv),
                         caf::actor_cast<caf::actor>(control.prefill_lb),
                         caf::actor_cast<caf::actor>(control.decode_lb)};
-  return sys.spawn([dir](caf::event_based_actor*) -> caf::behavior {
-    return {[dir](directory_atom) { return dir; }};
+  return sys.spawn([dir, watcher_timeout](caf::event_based_actor* self) -> caf::behavior {
+    auto watchers = std::make_shared<std::vector<caf::actor>>();
+    self->set_down_handler([watchers](caf::down_msg& m) {
+      watchers->erase(std::remove_if(watchers->begin(), watchers->end(),
+                                     [&](const caf::actor& w) { return w.address() == m.source; }),
+                      watchers->end());
+    });
+    return {
+      [dir](directory_atom) { return dir; },
+      [self, watchers](caf::join_atom, const caf::actor& watcher) {
+        self->monitor(watcher);
+        watchers->push_back(watcher);
+      },
+      [self, watchers, watcher_timeout](stopping_atom) -> caf::result<caf::ok_atom> {
+        if (watchers->empty())
+          return caf::ok_atom::value;
+        auto rp = self->make_response_promise<caf::ok_atom>();
+        auto left = std::make_shared<std::size_t>(watchers->size());
+        auto answered = [rp, left]() mutable {
+          if (--*left == 0)
+            rp.deliver(caf::ok_atom::value);
+        };
+        for (const auto& w : *watchers)
+          self->request(w, watcher_timeout, stopping_atom::value)
+            .then([answered](caf::ok_atom) mutable { answered(); },
+                  [answered](const caf::error&) mutable { answered(); });
+        return rp;
+      },
+    };
   });
 }
 

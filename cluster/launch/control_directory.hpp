@@ -6,6 +6,11 @@
 // to it, asks for the handles it needs (the CHECK role its block writers commit to, and the
 // balancer its engine announces itself to), and monitors it: when the control process goes
 // away, so does the connection, and the instance process exits for the launcher to restart.
+// An orderly stop of the control process is told apart from a loss: each instance process
+// joins the directory with a watcher, and the control process, before it stops, has the
+// directory tell every watcher (stopping_atom) and waits for their answers. An orchestrator
+// that signals every process at once (scancel) may reach an instance after the control
+// process has gone; the instance then still knows the cluster was stopped, not lost.
 #pragma once
 
 #include "actors/wire_type_ids.hpp"
@@ -17,6 +22,8 @@
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/type_id.hpp>
+
+#include <chrono>
 
 namespace troupe::cluster {
 
@@ -33,9 +40,14 @@ typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
+using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 
-/// Spawns the directory of `control`: it answers (directory_atom) with a control_directory.
-caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control);
+/// Spawns the directory of `control`: it answers (directory_atom) with a control_directory;
+/// (caf::join_atom, watcher) adds an instance process's watcher; (stopping_atom) sends
+/// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
+/// `watcher_timeout` has passed.
+caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
+                                   std::chrono::milliseconds watcher_timeout);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements
 /// (add_instance_atom, drain_instance_atom) to the real balancer `lb` in the control process

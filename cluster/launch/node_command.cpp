@@ -36,6 +36,9 @@ namespace {
 using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
 
+/// How long the stopping control process waits for an instance process to take note.
+constexpr std::chrono::milliseconds stopping_notice_limit{2000};
+
 const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 /// Online members of the balancer `lb` (0 when it does not answer).
@@ -101,7 +104,7 @@ int run_control(const node_options& o, std::ostream& err) {
     if (gp->store)
       caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
   };
-  auto directory = spawn_control_directory(sys, graph);
+  auto directory = spawn_control_directory(sys, graph, stopping_notice_limit);
   auto published = runtime::publish_actor(sys, directory, control->second, control->first, true);
   if (!published) {
     stop_graph();
@@ -167,6 +170,12 @@ int run_control(const node_options& o, std::ostream& err) {
   err << command << ": " << signal_name(sig) << ": no new requests; waiting up to "
       << so.grace.count() << " s for those in flight\n";
   server.stop(so.grace);
+  {
+    // Every instance process learns that the cluster stops (not that the control is lost).
+    caf::scoped_actor self{sys};
+    self->request(directory, stopping_notice_limit + 1s, stopping_atom::value)
+      .receive([](caf::ok_atom) {}, [](const caf::error&) {});
+  }
   stop_graph();
   caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
   err << command << ": stopped\n";
@@ -295,13 +304,21 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     if (!ok)
       return fail("the control process at " + o.control + " did not answer: " + last_error);
   }
-  // The control process going away ends this one (status 3): the launcher restarts it.
+  // The control process going away ends this one: cleanly (status 0) when the control
+  // process said beforehand that the cluster stops, with status 3 otherwise (the launcher
+  // restarts it).
   auto control_lost = std::make_shared<std::atomic<bool>>(false);
-  auto watcher = sys.spawn([directory, control_lost](caf::event_based_actor* self) {
+  auto cluster_stopping = std::make_shared<std::atomic<bool>>(false);
+  auto watcher = sys.spawn([directory, control_lost, cluster_stopping](
+                             caf::event_based_actor* self) {
     self->monitor(directory);
     self->set_down_handler([control_lost](caf::down_msg&) { control_lost->store(true); });
-    return caf::behavior{[](caf::ok_atom) {}};
+    return caf::behavior{[cluster_stopping](stopping_atom) {
+      cluster_stopping->store(true);
+      return caf::ok_atom::value;
+    }};
   });
+  caf::anon_send(directory, caf::join_atom::value, watcher);
 
   runtime::registry metrics;
   // Structured-output constraints: the bridge rebuilds each job's here (kv_bridge.hpp).
@@ -354,20 +371,18 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     return status;
   };
   for (;;) {
+    if (cluster_stopping->load()) {
+      err << command << ": the control process is stopping the cluster\n";
+      err << command << ": stopped\n";
+      return stop(0);
+    }
     if (control_lost->load()) {
-      // A stop signal that came with the control's own stop (an orchestrator signals every
-      // process at once, e.g. scancel) is a clean stop, not a lost control.
-      if (int sig = poll_stop_signal(std::chrono::milliseconds(0)); sig != 0) {
-        err << command << ": " << signal_name(sig) << " as the control process stopped\n";
-        err << command << ": stopped\n";
-        return stop(0);
-      }
       err << command << ": lost the control process at " << o.control << "; exiting\n";
       return stop(3);
     }
     int sig = poll_stop_signal(500ms);
-    if (sig == 0)
-      continue;
+    if (sig == 0 || cluster_stopping->load())
+      continue;  // (the stopping control process signals every instance after its notice)
     // Drain: the balancer excludes this instance; a decode engine serves for the grace
     // period, then forwards what it still holds; a prefill engine finishes its jobs.
     err << command << ": " << signal_name(sig) << ": draining (grace " << so.grace.count()

@@ -226,9 +226,19 @@ def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_
                                                             temperature=0))
         assert r.usage.completion_tokens == 4
         assert all(p["restarts"] == 0 for p in c.state()["processes"]), "".join(c.log)
+        # SIGTERM to the control process alone: before it stops it tells every instance
+        # process (over TLS), which stop with status 0 as from an orderly stop, not as from a
+        # lost control (status 3, restarted); the launcher then ends, status 0.
+        os.kill(c.process("control")["pid"], signal.SIGTERM)
+        c.proc.wait(timeout=120)
     finally:
         c.stop()
     assert c.proc.returncode == 0, "".join(c.log)
+    assert "troupe launch: the control process ended; stopping the cluster\n" in c.log
+    for name in ("prefill/0", "decode/0", "decode/1"):
+        assert f"troupe node[{name}]: the control process is stopping the cluster\n" in c.log, \
+            "".join(c.log)
+    assert not any("lost the control process" in l for l in c.log), "".join(c.log)
 
 
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
