@@ -323,6 +323,7 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
     sp.response_format_type = t;
     sp.response_format_json = compact(*rf);
   }
+  parse_extra_constraint(body, conv, "response_format", sp);
   return r;
 }
 

@@ -49,6 +49,11 @@ struct sampling_params {
   std::optional<double> presence_penalty, frequency_penalty;  // [-2, 2]
   std::string response_format_type = "text";  // text | json_object | json_schema | regex | grammar
   std::optional<std::string> response_format_json;  // the whole response_format, compact JSON
+  // A constraint given in another server's request fields (vLLM's `structured_outputs`, SGLang's
+  // `regex` / `ebnf`): it constrains the output as a response format does but leaves the prompt
+  // as it is (no schema in the system prompt), as those servers do. Unset when absent.
+  std::optional<response_format> extra_constraint;
+  std::string extra_constraint_param;  // the field it came from, e.g. "structured_outputs.choice"
   std::optional<std::string> reasoning_effort;      // as sent
   std::optional<std::string> tool_choice_function;  // tool_choice named one function
   int image_parts = 0;                              // image parts (placeholders in the prompt)

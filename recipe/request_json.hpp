@@ -204,6 +204,15 @@ void make_strict(ojson& schema, const std::string& param);
 /// assistant message with calls is sorted by the position of its call (stable).
 void order_tool_results(conversation& conv);
 
+/// The structured-output fields of other servers' requests, for clients written against them:
+/// vLLM's `structured_outputs` {json, regex, choice, grammar, json_object} (and its older
+/// `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`), SGLang's `regex` and
+/// `ebnf`. Null members are absent. At most one constraint in all, and none beside a
+/// `format_param` (response_format / text.format) other than text; sets
+/// sp.extra_constraint(_param).
+void parse_extra_constraint(const ojson& body, const conversation& conv, const std::string& format_param,
+                            sampling_params& sp);
+
 /// True when some message of the conversation mentions "json" in any letter case: the reference
 /// requires it for the `json_object` response format.
 bool mentions_json(const conversation& c);

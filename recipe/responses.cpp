@@ -298,6 +298,7 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
       f.text_format_json = sp.response_format_json;
     }
   }
+  parse_extra_constraint(body, conv, "text.format", sp);
 
   // sampling and serving fields
   if (const ojson* mt = find(body, "max_output_tokens")) {

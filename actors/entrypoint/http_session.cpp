@@ -678,19 +678,23 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
   for (const auto id : server_->stop_ids)
     g.stop_ids.push_back(static_cast<std::int32_t>(id));
   // Structured output: the format's grammar, compiled now, constrains the devices' sampling.
-  if (r.conversation.format.type != recipe::response_format::kind::text) {
-    const std::string param = p == recipe::protocol::responses ? "text.format" : "response_format";
+  // (Or another server's constraint field, recipe::sampling_params::extra_constraint.)
+  const bool extra = r.params.extra_constraint.has_value();
+  const recipe::response_format& format = extra ? *r.params.extra_constraint : r.conversation.format;
+  if (format.type != recipe::response_format::kind::text) {
+    const std::string param = extra ? r.params.extra_constraint_param
+                              : p == recipe::protocol::responses ? "text.format"
+                                                                 : "response_format";
     if (!params.constraints) {
       send_error(400, make_error(p, 400, "Structured output is not available on this server.",
                                  std::nullopt, param), false);
       return;
     }
-    if (auto e = params.constraints->add(g.id, r.conversation.format, r.conversation.thinking, param)) {
+    if (auto e = params.constraints->add(g.id, format, r.conversation.thinking, param)) {
       send_error(e->status, *e, false);
       return;
     }
-    g.constraint = {constraint_table::format_key(r.conversation.format), r.conversation.thinking,
-                    g.prompt.size()};
+    g.constraint = {constraint_table::format_key(format), r.conversation.thinking, g.prompt.size()};
     constraint_id_ = g.id;
   }
   // A conversation with tools is an agent's: its blocks live by the agent TTL.

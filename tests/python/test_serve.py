@@ -484,6 +484,37 @@ def test_a_grammar_response_format_is_matched_exactly(server):
     assert re.fullmatch(r"<([0-9]|\([a-c]{1,2}\)),([0-9]|\([a-c]{1,2}\))>", r.choices[0].message.content)
 
 
+def test_vllm_and_sglang_constraint_fields_are_honoured(server):
+    # Clients written for vLLM (`structured_outputs`, and its older `guided_*`) or SGLang
+    # (`ebnf`, `regex`) work unchanged: the field constrains the output, the prompt stays as is.
+    client = server.openai()
+    choices = ["sunny", "rain (light)", "snow|sleet"]
+    for seed in (1, 2, 3):
+        r = client.chat.completions.create(**chat_body(
+            "The weather?", max_tokens=20, temperature=1.0, seed=seed,
+            extra_body={**CHAT_MODE, "structured_outputs": {"choice": choices}}))
+        assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content in choices
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    r = client.chat.completions.create(**chat_body(
+        "A number.", max_tokens=30, temperature=1.0, seed=4,
+        extra_body={**CHAT_MODE, "guided_json": json.dumps(schema)}))
+    assert 0 <= json.loads(r.choices[0].message.content)["n"] <= 9
+    r = client.chat.completions.create(**chat_body(
+        "Letters.", max_tokens=30, temperature=1.0, seed=5,
+        extra_body={**CHAT_MODE, "ebnf": 'root ::= "[" [a-c]+ "]"'}))
+    assert re.fullmatch(r"\[[a-c]+\]", r.choices[0].message.content)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**chat_body(
+            "Hi", max_tokens=5, extra_body={"structured_outputs": {"regex": "a(b"}}))
+    assert e.value.body["param"] == "structured_outputs.regex"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**chat_body(
+            "Hi, json", max_tokens=5, response_format={"type": "json_object"},
+            extra_body={"structured_outputs": {"choice": ["a"]}}))
+    assert "cannot be combined with 'response_format'" in e.value.body["message"]
+
+
 def test_a_grammar_that_does_not_compile_is_refused_naming_its_position(server):
     with pytest.raises(openai.BadRequestError) as e:
         server.openai().chat.completions.create(**chat_body(

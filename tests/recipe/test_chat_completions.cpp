@@ -3,6 +3,7 @@
 #include "recipe/chat_completions.hpp"
 #include "recipe/prompt.hpp"
 #include "recipe/tokenizer.hpp"
+#include "grammar_fixture.hpp"
 #include "recipe_fixture.hpp"
 
 #include <doctest/doctest.h>
@@ -81,6 +82,76 @@ TEST_CASE("chat completions: a grammar response format (our extension) carries t
   CHECK(r.conversation.format.type == troupe::recipe::response_format::kind::grammar);
   CHECK(r.conversation.format.grammar == "root ::= [0-9]+");
   CHECK(r.params.response_format_type == "grammar");
+}
+
+TEST_CASE("chat completions: vLLM's and SGLang's constraint fields constrain the output and leave the prompt as it is") {
+  const std::string head = R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}], )";
+  using kind = response_format::kind;
+  const auto plain = encode_prompt(ok(head + R"("max_tokens": 3})").conversation, v4());
+  auto check = [&](const std::string& fields, kind k, const std::string& param) {
+    auto r = ok(head + fields + "}");
+    REQUIRE_MESSAGE(r.params.extra_constraint.has_value(), fields);
+    CHECK(r.params.extra_constraint->type == k);
+    CHECK(r.params.extra_constraint_param == param);
+    CHECK(r.conversation.format.type == kind::text);
+    CHECK(encode_prompt(r.conversation, v4()).ids == plain.ids);  // no schema in the prompt
+    return *r.params.extra_constraint;
+  };
+  // vLLM: one member set, the others null (as a StructuredOutputsParams dump sends them).
+  auto so = check(R"("structured_outputs": {"json": null, "regex": "[0-9]+", "choice": null, "grammar": null})",
+                  kind::regex, "structured_outputs.regex");
+  CHECK(so.regex == "[0-9]+");
+  auto js = check(R"("structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}})",
+                  kind::json_schema, "structured_outputs.json");
+  auto js_text = check(R"("structured_outputs": {"json": "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}"})",
+                       kind::json_schema, "structured_outputs.json");
+  CHECK(js.schema_json == js_text.schema_json);  // as an object or as JSON text: the same schema
+  CHECK(check(R"("structured_outputs": {"grammar": "root ::= \"x\"", "disable_fallback": true})", kind::grammar,
+              "structured_outputs.grammar").grammar == "root ::= \"x\"");
+  check(R"("structured_outputs": {"json_object": true})", kind::json_object, "structured_outputs.json_object");
+  // The older vLLM fields and SGLang's.
+  check(R"("guided_json": {"type": "object"})", kind::json_schema, "guided_json");
+  check(R"("guided_regex": "a+")", kind::regex, "guided_regex");
+  check(R"("guided_grammar": "root ::= \"a\"")", kind::grammar, "guided_grammar");
+  check(R"("regex": "a+")", kind::regex, "regex");
+  CHECK(check(R"("ebnf": "root ::= \"a\"")", kind::grammar, "ebnf").grammar == "root ::= \"a\"");
+  // A choice is a regex of exactly its strings, whatever characters they hold.
+  auto choice = check(R"J("structured_outputs": {"choice": ["a.b", "(x)", "c|d", "e\\f", "g h", "ü?"]})J", kind::regex,
+                      "structured_outputs.choice");
+  auto g = testing::regex_grammar(choice.regex);
+  for (const char* yes : {"a.b", "(x)", "c|d", "e\\f", "g h", "ü?"}) CHECK_MESSAGE(testing::accepts(g, yes), yes);
+  for (const char* no : {"", "axb", "x", "c", "d", "e\\\\f", "gh", "ü", "a.b(x)"}) CHECK_MESSAGE(!testing::accepts(g, no), no);
+  CHECK(check(R"("guided_choice": ["yes", "no"])", kind::regex, "guided_choice").regex == "(yes|no)");
+}
+
+TEST_CASE("chat completions: other servers' constraint fields are refused when malformed or combined") {
+  const std::string M = R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "json a"}], )";
+  const struct {
+    std::string fields, param, message;
+  } cases[] = {
+      {R"("structured_outputs": {"regex": "a", "choice": ["b"]})", "structured_outputs.choice", "Only one"},
+      {R"("structured_outputs": {"regex": "a"}, "ebnf": "root ::= \"a\"")", "ebnf", "Only one"},
+      {R"("regex": "a", "response_format": {"type": "json_object"})", "regex", "cannot be combined with 'response_format'"},
+      {R"("structured_outputs": {"structural_tag": "x"})", "structured_outputs.structural_tag", "Unsupported parameter"},
+      {R"("structured_outputs": {"choice": []})", "structured_outputs.choice", "non-empty array"},
+      {R"("structured_outputs": {"choice": ["a", 1]})", "structured_outputs.choice[1]", "expected a string"},
+      {R"("structured_outputs": {"json": "{not json"})", "structured_outputs.json", "not a JSON schema"},
+      {R"("structured_outputs": {"json": 3})", "structured_outputs.json", "expected an object or a string"},
+      {R"("structured_outputs": {"json_object": "yes"})", "structured_outputs.json_object", "expected a boolean"},
+      {R"("structured_outputs": {"disable_any_whitespace": true, "regex": "a"})",
+       "structured_outputs.disable_any_whitespace", "canonical form"},
+      {R"("structured_outputs": "a+")", "structured_outputs", "expected an object"},
+      {R"("ebnf": 7)", "ebnf", "expected a string"},
+  };
+  for (const auto& c : cases) {
+    const api_error e = error_of(M + c.fields + "}");
+    CHECK_MESSAGE(e.status == 400, c.fields);
+    CHECK_MESSAGE(e.param == c.param, c.fields << " -> " << e.param.value_or("(none)"));
+    CHECK_MESSAGE(e.message.find(c.message) != std::string::npos, c.fields << " -> " << e.message);
+  }
+  // `json_object: false`, null members and `disable_any_whitespace: false` ask for nothing.
+  CHECK(!ok(M + R"("structured_outputs": {"json_object": false, "regex": null, "disable_any_whitespace": false}})")
+             .params.extra_constraint);
 }
 
 TEST_CASE("chat completions: sampling and serving fields are carried") {

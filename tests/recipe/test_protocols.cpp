@@ -354,6 +354,21 @@ TEST_CASE("responses: include message.output_text.logprobs asks for the output t
   CHECK(!std::get<responses_request>(r).fields.output_text_logprobs);
 }
 
+TEST_CASE("responses: vLLM's structured_outputs constrains the output; with text.format it is refused") {
+  auto r = parse_responses(R"({"model": "m", "input": "a", "structured_outputs": {"choice": ["x", "y"]}})");
+  REQUIRE(std::holds_alternative<responses_request>(r));
+  const auto& req = std::get<responses_request>(r);
+  REQUIRE(req.params.extra_constraint.has_value());
+  CHECK(req.params.extra_constraint->regex == "(x|y)");
+  CHECK(req.params.extra_constraint_param == "structured_outputs.choice");
+  CHECK(req.conversation.format.type == response_format::kind::text);
+  r = parse_responses(R"({"model": "m", "input": "json", "text": {"format": {"type": "json_object"}},
+      "structured_outputs": {"regex": "a"}})");
+  REQUIRE(std::holds_alternative<api_error>(r));
+  CHECK(std::get<api_error>(r).param == "structured_outputs.regex");
+  CHECK(std::get<api_error>(r).message.find("'text.format'") != std::string::npos);
+}
+
 TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit") {
   chat_completions_config cfg;
   cfg.max_tokens_limit = 1000;
