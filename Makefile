@@ -1,7 +1,13 @@
 # troupe: the two README commands (make run, make test) and their parts.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
-CMAKE_FLAGS ?=
+# With ccache (scripts/install-deps.sh installs it) the compiles go through it: the Python
+# package's build in the tests then reuses the main build's objects instead of compiling them
+# again (tests/python/package/setup-venv.sh). The build directory is not hashed, so the two
+# builds' objects match.
+CCACHE := $(shell command -v ccache 2>/dev/null)
+CMAKE_FLAGS ?= $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+export CCACHE_NOHASHDIR ?= 1
 
 .PHONY: deps configure build test run bench bench-faults clean
 

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                     # the Python package's build reuses the main build's objects (tests)
   libcaf-dev                 # CAF 0.17.6: actors, deterministic scheduler, middleman
   libssl-dev                 # TLS between processes (CAF's OpenSSL module) and `troupe certs`
   capnproto libcapnp-dev     # wire schemas

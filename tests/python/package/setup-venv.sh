@@ -28,9 +28,14 @@ if ! [ -x "$venv/bin/python" ] || ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$
   echo "$want" > "$stamp"
 fi
 
+# Through ccache, and with the main build's build type (the library objects are then the
+# main build's, answered by ccache: `make` compiles through it too) instead of the package's
+# Release. The build directory is not hashed (CCACHE_NOHASHDIR), so objects match across the two.
 launcher=()
 if command -v ccache >/dev/null; then
-  launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+  launcher=(-C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+            -C cmake.build-type=RelWithDebInfo)
 fi
 start=$(date +%s)
 rm -rf "$build/dist"
