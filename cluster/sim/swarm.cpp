@@ -9,6 +9,8 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <iomanip>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -306,7 +308,36 @@ swarm_seed_result run_swarm_seed(const topology& topo, std::uint64_t seed, bool 
     return r; // nothing to run: trivially passes
   auto outcome = run_simulation(topo, c.records, c.options);
   r.problems = swarm_problems(outcome);
+  if (outcome)
+    r.coverage = swarm_coverage(outcome->report);
   return r;
+}
+
+std::map<std::string, std::uint64_t> swarm_coverage(const nlohmann::json& report) {
+  std::map<std::string, std::uint64_t> c;
+  auto count = [&](const std::string& name, const nlohmann::json& at, const char* key) {
+    if (!at.is_object() || !at.contains(key) || !at[key].is_number())
+      return;
+    if (auto n = at[key].get<std::uint64_t>(); n > 0)
+      c[name] += n;
+  };
+  const auto none = nlohmann::json::object();
+  auto part = [&](const nlohmann::json& j, const char* key) -> const nlohmann::json& {
+    return j.is_object() && j.contains(key) ? j[key] : none;
+  };
+  const auto& requests = part(report, "requests");
+  count("forwards", requests, "forwards");
+  count("reroutes", requests, "reroutes");
+  count("failed requests", requests, "failed");
+  count("decode spills", part(part(report, "lb"), "decode"), "spilled");
+  const auto& store = part(part(report, "kv"), "store");
+  count("KV expirations", store, "expirations");
+  count("KV evictions", store, "evictions");
+  if (auto it = report.find("timeline"); it != report.end() && it->is_array())
+    for (const auto& e : *it)
+      if (e.is_object() && e.contains("kind") && e["kind"].is_string())
+        ++c["timeline " + e["kind"].get<std::string>()];
+  return c;
 }
 
 bool parse_seed_range(const std::string& text, std::uint64_t& first, std::uint64_t& last,
@@ -394,6 +425,19 @@ int run_swarm_command(const swarm_command_options& o, std::ostream& out, std::os
     out << "  (" << static_cast<long long>(static_cast<double>(total) / wall * 60)
         << " seeds/min)";
   out << "\n";
+  {
+    // Which paths the seeds took: a path no seed takes is a path the swarm does not test.
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> paths; // seeds, total
+    for (auto& r : results)
+      for (auto& [name, n] : r.coverage) {
+        ++paths[name].first;
+        paths[name].second += n;
+      }
+    out << "coverage (seeds that took each path, of " << total << "; times in all):\n";
+    for (auto& [name, v] : paths)
+      out << "  " << std::left << std::setw(24) << name << std::right << std::setw(8) << v.first
+          << " seeds  " << std::setw(10) << v.second << "\n";
+  }
   for (auto& r : results) {
     if (r.passed())
       continue;

@@ -17,6 +17,7 @@
 #include "cluster/topology.hpp"
 
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -42,12 +43,20 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
 /// violation, and requests still unfinished at the liveness bound. Empty: the seed passed.
 std::vector<std::string> swarm_problems(const result<sim_outcome>& outcome);
 
+/// The paths a run took, by name, with how often (only those taken): the requests a drain
+/// forwarded (`forwards`), rerouted (`reroutes`) and failed (`failed requests`), the decode
+/// balancer's spills, KV blocks expired or evicted, and each kind of timeline event (the faults
+/// injected, restarts, EP resizes, instances that stay down, autoscaling).
+std::map<std::string, std::uint64_t> swarm_coverage(const nlohmann::json& report);
+
 /// One seed's verdict.
 struct swarm_seed_result {
   std::uint64_t seed = 0;
   std::vector<std::string> problems;
   std::uint64_t requests = 0;
   std::uint64_t faults = 0;
+  /// swarm_coverage of its run (empty when the run failed or had nothing to run).
+  std::map<std::string, std::uint64_t> coverage;
 
   bool passed() const noexcept { return problems.empty(); }
 };
@@ -71,8 +80,9 @@ bool parse_seed_range(const std::string& text, std::uint64_t& first, std::uint64
                       std::string& error);
 
 /// `troupe swarm`: runs every seed on `jobs` threads, prints progress on `err`, then
-/// `N passed, M failed` on `out` and, per failing seed (in seed order), its first problems
-/// and the one-line command that replays it. Returns 0 when every seed passed, 2 when one
+/// `N passed, M failed` on `out`, the coverage (per path of swarm_coverage: in how many seeds
+/// it was taken, and how often in all) and, per failing seed (in seed
+/// order), its first problems and the one-line command that replays it. Returns 0 when every seed passed, 2 when one
 /// failed, 1 on a bad input.
 int run_swarm_command(const swarm_command_options& options, std::ostream& out, std::ostream& err);
 

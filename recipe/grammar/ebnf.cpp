@@ -1,5 +1,6 @@
 // EBNF (GBNF) grammars to the grammar representation (ebnf.hpp).
 #include "recipe/grammar/ebnf.hpp"
+#include "recipe/grammar/decimal.hpp"
 
 #include <algorithm>
 #include <map>
@@ -171,16 +172,7 @@ class parser {
 
   static bool quantifier_char(char c) { return c == '*' || c == '+' || c == '?' || c == '{'; }
 
-  std::optional<std::uint32_t> number() {
-    const std::size_t start = pos_;
-    std::uint64_t v = 0;
-    while (!eof() && peek() >= '0' && peek() <= '9') {
-      v = std::min<std::uint64_t>(v * 10 + static_cast<std::uint64_t>(peek() - '0'), 1u << 30);
-      ++pos_;
-    }
-    if (pos_ == start) return std::nullopt;
-    return static_cast<std::uint32_t>(v);
-  }
+  std::optional<std::uint32_t> number() { return detail::read_decimal(t_, pos_); }
 
   node quantified(int depth) {
     node a = primary(depth);

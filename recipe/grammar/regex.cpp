@@ -1,5 +1,6 @@
 // Regular expressions to automata (regex.hpp).
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/decimal.hpp"
 
 #include <algorithm>
 #include <optional>
@@ -125,16 +126,7 @@ class parser {
     return n;
   }
 
-  std::optional<std::uint32_t> number() {
-    const std::size_t start = pos_;
-    std::uint64_t v = 0;
-    while (!eof() && peek() >= '0' && peek() <= '9') {
-      v = std::min<std::uint64_t>(v * 10 + static_cast<std::uint64_t>(peek() - '0'), 1u << 30);
-      ++pos_;
-    }
-    if (pos_ == start) return std::nullopt;
-    return static_cast<std::uint32_t>(v);
-  }
+  std::optional<std::uint32_t> number() { return detail::read_decimal(p_, pos_); }
 
   node_ptr quantified(int depth) {
     const std::size_t atom_at = pos_;

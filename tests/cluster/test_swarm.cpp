@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -231,4 +232,36 @@ TEST_CASE("a clean swarm over a few seeds passes") {
   std::ostringstream out, err;
   CHECK(run_swarm_command(so, out, err) == 0);
   CHECK(out.str().rfind("6 passed, 0 failed", 0) == 0);
+}
+
+TEST_CASE("swarm coverage counts the paths a run took, from its report") {
+  auto report = nlohmann::json::parse(R"({
+    "requests": {"forwards": 3, "reroutes": 0, "failed": 2, "total": 9},
+    "lb": {"decode": {"spilled": 5}},
+    "kv": {"store": {"expirations": 7, "evictions": 0}},
+    "timeline": [{"kind": "fail"}, {"kind": "restart"}, {"kind": "ep_resize"}, {"kind": "fail"}]})");
+  auto c = swarm_coverage(report);
+  const std::map<std::string, std::uint64_t> want{
+    {"forwards", 3},      {"failed requests", 2}, {"decode spills", 5},         {"KV expirations", 7},
+    {"timeline fail", 2}, {"timeline restart", 1}, {"timeline ep_resize", 1}};
+  CHECK(c == want); // paths not taken (reroutes 0, evictions 0) are absent
+  CHECK(swarm_coverage(nlohmann::json::object()).empty());
+}
+
+TEST_CASE("the swarm prints which paths its seeds took, the same for every --jobs") {
+  swarm_command_options so;
+  so.topology = small;
+  so.seeds = "0..9";
+  so.quiet = true;
+  std::ostringstream one, two, err;
+  so.jobs = 1;
+  CHECK(run_swarm_command(so, one, err) == 0);
+  so.jobs = 2;
+  CHECK(run_swarm_command(so, two, err) == 0);
+  CHECK(one.str() == two.str());
+  auto at = one.str().find("coverage (seeds that took each path, of 10; times in all):\n");
+  REQUIRE(at != std::string::npos);
+  // Ten seeds with faults drawn: some GPU failed and some request was rerouted.
+  CHECK(one.str().find("  timeline fail ", at) != std::string::npos);
+  CHECK(one.str().find("  reroutes ", at) != std::string::npos);
 }

@@ -36,6 +36,9 @@ if command -v ccache >/dev/null; then
   export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
   launcher=(-C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
             -C cmake.build-type=RelWithDebInfo)
+  # ... and the main build's compilers (ctest passes them): ccache hashes the compiler's name.
+  if [ -n "${CC:-}" ]; then launcher+=(-C "cmake.define.CMAKE_C_COMPILER=$CC"); fi
+  if [ -n "${CXX:-}" ]; then launcher+=(-C "cmake.define.CMAKE_CXX_COMPILER=$CXX"); fi
 fi
 start=$(date +%s)
 rm -rf "$build/dist"
