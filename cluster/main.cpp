@@ -17,6 +17,7 @@
 #include "kernels/model_init.hpp"
 #include "kernels/npy.hpp"
 #include "runtime/line_stream.hpp"
+#include "runtime/log.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -365,7 +366,14 @@ int main(int argc, char** argv) {
   swarm->add_flag("--quiet", swarm_opts.quiet, "no progress lines");
   // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
   swarm->add_flag("--plant-bug", swarm_opts.plant_bug)->group("");
+  std::string swarm_log_level = "error";
+  swarm
+    ->add_option("--log-level", swarm_log_level,
+                 "the runs' log lines on stderr from this level on (default error: faults make "
+                 "supervisors escalate by design, and the coverage counts what happened)")
+    ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   swarm->callback([&] {
+    troupe::runtime::log::set_level(swarm_log_level);
     rc = troupe::cluster::sim::run_swarm_command(swarm_opts, std::cout, std::cerr);
   });
 

@@ -23,9 +23,11 @@ file="$out/$role-$index.${SLURM_PROCID:-0}"
 mv "$file.tmp" "$file"
 if [ "${TROUPE_STANDIN_HOLD:-0}" = "1" ]; then
   sleeper=""
-  trap 'echo "SIGTERM at $(date +%s.%N)" > "$file.term"; [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; exit 0' TERM
+  trap 'echo "SIGTERM at $(date +%s.%N)" > "$file.term"; [ -n "$sleeper" ] && kill -KILL "$sleeper" 2>/dev/null; exit 0' TERM
   touch "$file.started"
-  sleep 120 &
+  # The sleeper ignores SIGTERM: Slurm signals every process of the step, and a sleeper that
+  # died of it first would end the wait before this shell ran its trap (then it wrote .timeout).
+  (trap '' TERM; exec sleep 120) &
   sleeper=$!
   wait "$sleeper"
   echo "not signalled within 120 s" > "$file.timeout"
