@@ -382,7 +382,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     }
     int sig = poll_stop_signal(500ms);
     if (sig == 0 || cluster_stopping->load())
-      continue;  // (the stopping control process signals every instance after its notice)
+      continue;  // after the notice, a signal (e.g. the launcher stopping the rest) changes nothing
     // Drain: the balancer excludes this instance; a decode engine serves for the grace
     // period, then forwards what it still holds; a prefill engine finishes its jobs.
     err << command << ": " << signal_name(sig) << ": draining (grace " << so.grace.count()
