@@ -90,11 +90,11 @@ def percentile(values, p):
 
 
 class Server:
-    def __init__(self, troupe, model, threads):
+    def __init__(self, troupe, model, threads, extra=()):
         self.proc = subprocess.Popen(
             [troupe, "serve", str(REPO / "examples/topologies/local-cpu.toml"), "--model", model,
              "--engram-map", "identity", "--listen", "127.0.0.1:0", "--threads", str(threads),
-             "--grace", "5"],
+             "--grace", "5", *extra],
             stderr=subprocess.PIPE, text=True)
         log = []
         for line in self.proc.stderr:

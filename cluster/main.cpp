@@ -195,6 +195,10 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
   cmd->add_option("--prefill-chunk", o.prefill_chunk,
                   "prompt tokens per prefill step (default: the prefill pool's chunk_tokens, "
                   "else 512)");
+  cmd->add_option("--spec", o.spec,
+                  "speculative decoding: off (default), fixedK (verify K = 1..5 drafts every "
+                  "step) or dspark (per-step verify lengths under the device's measured step "
+                  "times); drafts come from the model's DSpark layers");
   cmd->add_option("--kv-dir", o.kv_dir,
                   "the KV block store's directory (default: the topology's [storage] path)");
   cmd->add_option("--grace", grace_s,

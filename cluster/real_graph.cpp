@@ -125,6 +125,9 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
   } else {
     actors::decode_engine_params de;
     de.max_batch = params.max_batch;
+    de.spec = params.spec.spec;
+    de.fixed_drafts = params.spec.fixed_drafts;
+    de.step_cost = params.step_cost;
     for (auto i : instances)
       cfg.children.push_back(actors::decode_instance(
         pool.name, i, 1, de, ports, caf::actor_cast<actors::decode_lb_actor>(lb), writer));

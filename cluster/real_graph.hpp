@@ -8,6 +8,7 @@
 // stand in for tests; the actors are the simulator's own.
 #pragma once
 
+#include "actors/engine/decode_engine.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/decode_lb.hpp"
 #include "actors/lb/prefill_lb.hpp"
@@ -40,6 +41,10 @@ struct real_graph_params {
   std::uint32_t max_batch = 64;
   /// Prompt tokens per prefill step.
   std::uint64_t prefill_chunk = 512;
+  /// Speculative decoding on the decode instances, and DSpark's step-time curve (a decode
+  /// device's profile).
+  actors::speculation_setting spec;
+  runtime::step_cost_fn step_cost;
   /// Receives every request_outcome (may be invalid).
   caf::actor outcomes;
   /// The cluster KV cache's block store (ports/posix_store.hpp). Invalid: no store — prompts

@@ -54,6 +54,9 @@ struct serve_options {
   std::uint64_t prefill_chunk = 0;
   /// The KV block store's directory, instead of the topology's [storage] path.
   std::string kv_dir;
+  /// Speculative decoding on the decode instances: off, fixed1 .. fixed5 or dspark (the
+  /// model's DSpark draft layers propose; docs/serve.md, "Speculative decoding").
+  std::string spec = "off";
   /// SIGTERM: requests in flight get this long to finish.
   std::chrono::seconds grace{30};
   /// Called with the bound port once the server is ready (tests); may be empty.

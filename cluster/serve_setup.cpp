@@ -143,8 +143,22 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                        std::shared_ptr<actors::constraint_table> constraints,
                        const std::string& command, std::ostream& err) {
   real_graph_params gp;
-  gp.device = [&o, &metrics, constraints](caf::actor_system& sys, pool_role role,
-                                          std::uint32_t instance) {
+  auto spec = actors::parse_speculation(o.spec);
+  if (!spec) {
+    err << command << ": --spec " << o.spec << ": expected off, fixed1 .. fixed5 or dspark\n";
+    return std::nullopt;
+  }
+  gp.spec = *spec;
+  // DSpark's cost curve: the first decode device to load measures its step times.
+  std::shared_ptr<ports::step_profile> profile;
+  if (spec->spec == actors::speculation::dspark) {
+    profile = std::make_shared<ports::step_profile>();
+    gp.step_cost = [profile](const runtime::device_step& s) {
+      return runtime::from_seconds(profile->seconds(s.tokens));
+    };
+  }
+  gp.device = [&o, &metrics, constraints, profile](caf::actor_system& sys, pool_role role,
+                                                   std::uint32_t instance) {
     ports::cpu_device_params d;
     d.model_dir = o.model;
     d.threads = o.device_threads;
@@ -153,6 +167,8 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     d.metrics = &metrics;
     d.name = std::string(to_string(role)) + "/" + std::to_string(instance);
     d.constraints = constraints;
+    if (role == pool_role::decode)
+      d.profile = profile;
     return ports::spawn_cpu_device(sys, std::move(d));
   };
   // The cluster KV cache: block files in the topology's directory (or --kv-dir), keyed by

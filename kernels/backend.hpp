@@ -28,6 +28,16 @@ struct step_input {
   std::span<const std::int64_t> tokens;
 };
 
+/// One sequence's share of a draft call (model::draft): the DSpark features of the tokens it
+/// kept since its last draft call, the first of them at `position`, and the anchor (its next
+/// token, at position + rows).
+struct draft_request {
+  sequence_id sequence = 0;
+  std::int64_t position = 0;
+  std::span<const float> features;
+  std::int64_t anchor = 0;
+};
+
 class model_backend {
  public:
   virtual ~model_backend() = default;
@@ -42,10 +52,20 @@ class model_backend {
   /// Prefill / decode over a batch (each sequence at most once): logits [total tokens, vocab],
   /// sequences in batch order. Errors (unknown id, bad token) leave every cache as it was.
   virtual result<std::vector<float>> step(std::span<const step_input> batch) = 0;
-  /// As step, but the logits of each sequence's last token only: [sequences, vocab].
-  virtual result<std::vector<float>> step_last(std::span<const step_input> batch) = 0;
+  /// As step, but the logits of each sequence's last rows[s] tokens only: [sum of rows,
+  /// vocab] (1: the next token's; 1 + k: a verify step's k drafts and the token after them).
+  /// `dspark_features`, when given, receives every token's DSpark draft features.
+  virtual result<std::vector<float>> step_tail(std::span<const step_input> batch,
+                                               std::span<const std::int64_t> rows,
+                                               std::vector<float>* dspark_features) = 0;
   /// Undoes a sequence's last k <= 6 tokens (a rejected draft).
   virtual result<bool> rollback(sequence_id id, std::int64_t k) = 0;
+  /// Whether the model has DSpark draft layers.
+  virtual bool has_draft() const = 0;
+  /// DSpark drafts for a batch of sequences (model::draft). The backend keeps each sequence's
+  /// draft context (freed with the sequence); a context that does not end at a request's
+  /// `position` (a sequence whose earlier features it never saw) restarts there, empty.
+  virtual result<draft_output> draft(std::span<const draft_request> batch) = 0;
 
   /// The serialised Block KV of a full block of a sequence.
   virtual result<std::string> export_block(sequence_id id, std::int64_t block) const = 0;
@@ -81,8 +101,12 @@ class cpu_backend final : public model_backend {
   result<bool> close_sequence(sequence_id id) override;
   result<std::int64_t> length(sequence_id id) const override;
   result<std::vector<float>> step(std::span<const step_input> batch) override;
-  result<std::vector<float>> step_last(std::span<const step_input> batch) override;
+  result<std::vector<float>> step_tail(std::span<const step_input> batch,
+                                       std::span<const std::int64_t> rows,
+                                       std::vector<float>* dspark_features) override;
   result<bool> rollback(sequence_id id, std::int64_t k) override;
+  bool has_draft() const override;
+  result<draft_output> draft(std::span<const draft_request> batch) override;
   result<std::string> export_block(sequence_id id, std::int64_t block) const override;
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;
   result<std::int64_t> full_blocks(sequence_id id) const override;
@@ -97,6 +121,7 @@ class cpu_backend final : public model_backend {
   model model_;
   sequence_id next_ = 1;
   std::map<sequence_id, sequence_cache> sequences_;
+  std::map<sequence_id, draft_state> drafts_;
 };
 
 }  // namespace troupe::kernels

@@ -18,6 +18,7 @@ sequence_id cpu_backend::open_sequence() {
 
 result<bool> cpu_backend::close_sequence(sequence_id id) {
   if (sequences_.erase(id) == 0) return result<bool>::failure(unknown(id));
+  drafts_.erase(id);
   return true;
 }
 
@@ -37,20 +38,37 @@ result<std::vector<float>> cpu_backend::step(std::span<const step_input> batch) 
   return model_.forward(inputs);
 }
 
-result<std::vector<float>> cpu_backend::step_last(std::span<const step_input> batch) {
+result<std::vector<float>> cpu_backend::step_tail(std::span<const step_input> batch,
+                                                   std::span<const std::int64_t> rows,
+                                                   std::vector<float>* dspark_features) {
   std::vector<sequence_input> inputs;
   for (const auto& in : batch) {
     const auto it = sequences_.find(in.sequence);
     if (it == sequences_.end()) return result<std::vector<float>>::failure(unknown(in.sequence));
     inputs.push_back({&it->second, in.tokens});
   }
-  return model_.forward_last(inputs);
+  return model_.forward_tail(inputs, rows, dspark_features);
 }
 
 result<bool> cpu_backend::rollback(sequence_id id, std::int64_t k) {
   const auto it = sequences_.find(id);
   if (it == sequences_.end()) return result<bool>::failure(unknown(id));
   return kernels::rollback(it->second, k);
+}
+
+bool cpu_backend::has_draft() const { return model_.has_draft(); }
+
+result<draft_output> cpu_backend::draft(std::span<const draft_request> batch) {
+  std::vector<draft_input> inputs;
+  for (const auto& in : batch) {
+    if (sequences_.count(in.sequence) == 0)
+      return result<draft_output>::failure(unknown(in.sequence));
+    auto [it, fresh] = drafts_.try_emplace(in.sequence);
+    if (fresh) it->second = model_.new_draft_state();
+    if (it->second.length() != in.position) it->second.reset(in.position);
+    inputs.push_back({&it->second, in.features, in.anchor});
+  }
+  return model_.draft(inputs);
 }
 
 result<std::string> cpu_backend::export_block(sequence_id id, std::int64_t block) const {

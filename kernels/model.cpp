@@ -1004,13 +1004,31 @@ result<std::vector<float>> model::forward(std::span<const sequence_input> batch,
 }
 
 result<std::vector<float>> model::forward_last(std::span<const sequence_input> batch) const {
-  return run(batch, nullptr, 0, 0, nullptr, true);
+  const std::vector<std::int64_t> ones(batch.size(), 1);
+  return run(batch, nullptr, 0, 0, nullptr, ones);
+}
+
+result<std::vector<float>> model::forward_tail(std::span<const sequence_input> batch,
+                                               std::span<const std::int64_t> rows,
+                                               std::vector<float>* dspark_features) const {
+  if (rows.size() != batch.size())
+    return result<std::vector<float>>::failure(
+        "forward_tail: " + std::to_string(rows.size()) + " row counts for " +
+        std::to_string(batch.size()) + " sequences");
+  for (std::size_t s = 0; s < batch.size(); ++s)
+    if (rows[s] < 1 || rows[s] > static_cast<std::int64_t>(batch[s].tokens.size()))
+      return result<std::vector<float>>::failure(
+          "forward_tail: sequence " + std::to_string(s) + " asks for " +
+          std::to_string(rows[s]) + " rows of its " + std::to_string(batch[s].tokens.size()) +
+          " tokens");
+  return run(batch, nullptr, 0, 0, dspark_features, rows);
 }
 
 result<std::vector<float>> model::run(std::span<const sequence_input> batch,
                                       std::vector<std::vector<float>>* layer_streams,
                                       std::int64_t decoder_begin, std::int64_t head,
-                                      std::vector<float>* dspark_features, bool last_only) const {
+                                      std::vector<float>* dspark_features,
+                                      std::span<const std::int64_t> tail) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
@@ -1155,13 +1173,20 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
 
   // Final collapse, norm and LM head (on every token, or each sequence's last).
   hc_collapse(c, streams, pre_mix, T, collapsed);
-  if (last_only) {
-    std::vector<float> last(sz(S * D));
-    for (i64 s = 0; s < S; ++s)
-      std::copy_n(collapsed.data() + (seq_begin[sz(s + 1)] - 1) * D, D, last.data() + s * D);
+  i64 rows = T;
+  if (!tail.empty()) {
+    rows = 0;
+    for (i64 s = 0; s < S; ++s) rows += tail[sz(s)];
+    std::vector<float> last(sz(rows * D));
+    i64 at = 0;
+    for (i64 s = 0; s < S; ++s) {
+      const i64 n = tail[sz(s)];
+      std::copy_n(collapsed.data() + (seq_begin[sz(s + 1)] - n) * D, n * D,
+                  last.data() + at * D);
+      at += n;
+    }
     collapsed = std::move(last);
   }
-  const i64 rows = last_only ? S : T;
   for (i64 t = 0; t < rows; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
   std::vector<float> logits(sz(rows * V));
   project(mode, collapsed.data(), rows, D, W.lm_head.data(), V, logits.data());
@@ -1281,6 +1306,10 @@ namespace troupe::kernels {
 
 void draft_state::rollback(std::int64_t k) {
   for (auto& r : rings) r.truncate(std::max<std::int64_t>(r.begin(), r.end() - k));
+}
+
+void draft_state::reset(std::int64_t position) {
+  for (auto& r : rings) r.reset(position);
 }
 
 bool model::has_draft() const { return !w_->draft_layers.empty(); }

@@ -41,6 +41,9 @@ struct draft_state {
   std::int64_t length() const { return rings.empty() ? 0 : rings.front().end(); }
   /// Forgets the last k <= 6 tokens' context (after the target rejected drafts).
   void rollback(std::int64_t k);
+  /// Forgets every token's context; the next features are those of `position` (a sequence
+  /// whose earlier features this state never saw: one imported from another device).
+  void reset(std::int64_t position);
 };
 
 /// One sequence's share of a draft call: its state, the target features of the tokens the
@@ -128,6 +131,14 @@ class model {
   /// batch-invariant mode the rows equal forward's bitwise; otherwise to rounding.
   result<std::vector<float>> forward_last(std::span<const sequence_input> batch) const;
 
+  /// As forward, but only the last rows[s] (1 <= rows[s] <= its tokens) new tokens of sequence
+  /// s go through the LM head: logits [sum of rows, vocab], sequences in batch order. What a
+  /// speculative verify step needs (the rows of the last accepted token and of every draft).
+  /// `dspark_features` as forward's (every token's). Rows equal forward's as forward_last's do.
+  result<std::vector<float>> forward_tail(std::span<const sequence_input> batch,
+                                          std::span<const std::int64_t> rows,
+                                          std::vector<float>* dspark_features = nullptr) const;
+
   /// Whether the checkpoint holds the DSpark draft layers (`mtp.*`, num_nextn_predict_layers
   /// stages), which load only when present.
   bool has_draft() const;
@@ -176,13 +187,13 @@ class model {
  private:
   model() = default;
   // forward, where the decoder layers (from decoder_begin) run only after the first `head`
-  // tokens of the one sequence (head 0: everything everywhere); `last_only`: the LM head on
-  // each sequence's last token only.
+  // tokens of the one sequence (head 0: everything everywhere); `tail` (one count per
+  // sequence; empty: all): the LM head on each sequence's last tail[s] tokens only.
   result<std::vector<float>> run(std::span<const sequence_input> batch,
                                  std::vector<std::vector<float>>* layer_streams,
                                  std::int64_t decoder_begin, std::int64_t head,
                                  std::vector<float>* dspark_features = nullptr,
-                                 bool last_only = false) const;
+                                 std::span<const std::int64_t> tail = {}) const;
   std::unique_ptr<weights> w_;
 };
 

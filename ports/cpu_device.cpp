@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -83,6 +84,9 @@ struct device_metrics {
   runtime::counter* restored_replayed = nullptr;
   runtime::counter* restore_rejected = nullptr;
   runtime::counter* checksum_failures = nullptr;
+  runtime::counter* drafts_proposed = nullptr;
+  runtime::counter* drafts_verified = nullptr;
+  runtime::counter* drafts_accepted = nullptr;
 };
 
 struct cpu_device_state {
@@ -137,6 +141,11 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
   m.restored_exact = counter("troupe_kv_restores_total", restores, "outcome", "exact");
   m.restored_replayed = counter("troupe_kv_restores_total", restores, "outcome", "replayed");
   m.restore_rejected = counter("troupe_kv_restores_total", restores, "outcome", "rejected");
+  const char* drafts = "Speculative drafts: proposed by the model's DSpark layers, verified by "
+                       "a step, accepted (equal to the token drawn there).";
+  m.drafts_proposed = counter("troupe_device_drafts_total", drafts, "outcome", "proposed");
+  m.drafts_verified = counter("troupe_device_drafts_total", drafts, "outcome", "verified");
+  m.drafts_accepted = counter("troupe_device_drafts_total", drafts, "outcome", "accepted");
   m.checksum_failures = runtime::counter_child(
     reg, "troupe_kv_checksum_failures_total",
     "KV handed to the device (hand-off snapshots, restored blocks) that failed its checksum "
@@ -164,6 +173,32 @@ void update_gauges(const cpu_device_state& st) {
 void inc(runtime::counter* c, double amount = 1.0) {
   if (c != nullptr)
     c->inc(amount);
+}
+
+/// Measures `profile` (cpu_device_params::profile) on the loaded backend.
+void measure(kernels::cpu_backend& be, std::int64_t vocab, step_profile& profile) {
+  using clock = std::chrono::steady_clock;
+  step_profile::points points;
+  std::vector<std::int64_t> tokens(profile_max_tokens);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::int64_t>(i * 7 + 3) % vocab;
+  for (std::uint64_t n = 1; n <= profile_max_tokens; n *= 2) {
+    double best = INFINITY;
+    for (int round = 0; round < 3; ++round) {
+      const auto id = be.open_sequence();
+      const kernels::step_input in{id, std::span<const std::int64_t>(tokens).first(n)};
+      const std::int64_t rows = 1;
+      const auto start = clock::now();
+      auto logits = be.step_tail(std::span(&in, 1), std::span(&rows, 1), nullptr);
+      const auto took = std::chrono::duration<double>(clock::now() - start).count();
+      (void) be.close_sequence(id);
+      if (!logits)
+        return;  // no profile: DSpark then verifies like fixed-length speculation
+      best = std::min(best, took);
+    }
+    points.emplace_back(n, best);
+  }
+  profile.set(std::move(points));
 }
 
 /// Loads the model (on the device's thread) into the state, or sets the load error.
@@ -207,6 +242,8 @@ void load(cpu_device_state& st, cpu_device_params& p) {
   st.vocab = m->text().vocab_size;
   st.model_id = std::move(id);
   st.backend = std::make_unique<kernels::cpu_backend>(std::move(*m));
+  if (p.profile && p.profile->get().empty())
+    measure(*st.backend, st.vocab, *p.profile);
 }
 
 kernels::sampling_params to_kernels(const runtime::sampling& s) {
@@ -257,8 +294,9 @@ caf::error validate(const cpu_device_state& st, const runtime::device_step& step
     return len ? static_cast<std::uint64_t>(*len) : 0;
   };
   auto extra = [&](const runtime::step_sequence& s) -> std::string {
-    if (s.verify > 0)
-      return "the CPU device does not verify drafts yet (it proposes none)";
+    if (s.verify > static_cast<std::uint32_t>(kernels::swa_rollback_tokens))
+      return "verifies " + std::to_string(s.verify) + " drafts; at most "
+             + std::to_string(kernels::swa_rollback_tokens) + " can be rolled back";
     for (auto t : s.tokens)
       if (t < 0 || t >= st.vocab)
         return "token " + std::to_string(t) + " is outside the vocabulary of "
@@ -304,49 +342,118 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     }
     inputs.push_back({it->second, tokens[i]});
   }
+  // Logits for each sequence's last token, or for a verifying one's last 1 + verify tokens
+  // (the token before its drafts and every draft); DSpark features when a sequence asks for
+  // drafts and the model can make them.
+  std::vector<std::int64_t> rows;
+  bool propose = false;
+  for (const auto& s : step.batch) {
+    rows.push_back(s.sample ? 1 + static_cast<std::int64_t>(s.verify) : 1);
+    propose = propose || s.propose;
+  }
+  propose = propose && st.backend->has_draft();
+  std::vector<float> features;
   auto logits = inputs.empty() ? kernels::result<std::vector<float>>(std::vector<float>{})
-                               : st.backend->step_last(inputs);
+                               : st.backend->step_tail(inputs, rows, propose ? &features : nullptr);
   if (!logits) {
     for (auto seq : opened)
       release(st, seq);
     return make_error(device_errc::compute_failed, logits.error());
   }
+  // The caches advanced: a failure from here on leaves them ahead of what the callers know, so
+  // it drops the batch's sequences.
+  auto fail = [&](std::uint64_t sequence, const std::string& why) {
+    for (const auto& b : step.batch)
+      release(st, b.sequence);
+    return make_error(device_errc::compute_failed,
+                      "sequence " + std::to_string(sequence) + ": " + why);
+  };
   const auto vocab = static_cast<std::size_t>(st.vocab);
-  std::size_t rows = 0;  // logits: one row per sequence, its last token's
-  for (const auto& s : step.batch) {
-    ++rows;
+  std::uint64_t total_tokens = 0;
+  for (const auto& s : step.batch)
+    total_tokens += s.count;
+  const std::size_t width = total_tokens > 0 ? features.size() / total_tokens : 0;
+  std::vector<kernels::draft_request> drafts;
+  std::size_t row = 0;        // the sequence's first row of logits
+  std::uint64_t first = 0;    // the sequence's first token in the step (features' row)
+  for (std::size_t i = 0; i < step.batch.size(); ++i) {
+    const auto& s = step.batch[i];
+    const auto at = row;
+    row += static_cast<std::size_t>(rows[i]);
+    const auto token_at = first;
+    first += s.count;
     if (!s.sample)
       continue;
-    const auto raw = std::span<const float>(*logits).subspan((rows - 1) * vocab, vocab);
-    auto row = raw;
-    const std::uint64_t position = s.position + s.count;
-    if (st.constraints) {  // structured output: disallowed ids get -inf (never drawn)
-      st.mask.assign((vocab + 31) / 32, 0u);
-      if (st.constraints->allowed(s.sequence, position, st.mask)) {
-        st.masked.assign(row.begin(), row.end());
-        for (std::size_t id = 0; id < vocab; ++id)
-          if (!((st.mask[id >> 5] >> (id & 31)) & 1u))
-            st.masked[id] = -INFINITY;
-        row = st.masked;
+    // Draw the token after the last non-draft token, then, while each draw equals the next
+    // draft, the token after that draft: with counter-based draws (a draw depends on the
+    // request's seed and the position only) the tokens are exactly those a step without
+    // drafts would have drawn, greedy or sampled.
+    std::uint32_t accepted = 0;
+    std::int32_t last = 0;
+    for (std::uint32_t j = 0; j <= s.verify; ++j) {
+      const auto raw = std::span<const float>(*logits).subspan((at + j) * vocab, vocab);
+      auto use = raw;
+      const std::uint64_t position = s.position + s.count - s.verify + j;
+      if (st.constraints) {  // structured output: disallowed ids get -inf (never drawn)
+        st.mask.assign((vocab + 31) / 32, 0u);
+        if (st.constraints->allowed(s.sequence, position, st.mask)) {
+          st.masked.assign(use.begin(), use.end());
+          for (std::size_t id = 0; id < vocab; ++id)
+            if (!((st.mask[id >> 5] >> (id & 31)) & 1u))
+              st.masked[id] = -INFINITY;
+          use = st.masked;
+        }
       }
+      auto token = kernels::sample_token(use, to_kernels(s.params), position);
+      if (!token)
+        return fail(s.sequence, token.error());
+      last = static_cast<std::int32_t>(*token);
+      if (st.constraints)
+        st.constraints->accepted(s.sequence, position, last);
+      runtime::sampled_token t;
+      t.sequence = s.sequence;
+      t.token = last;
+      if (s.params.top_logprobs >= 0)
+        add_logprobs(raw, s.params.top_logprobs, t);
+      out.sampled.push_back(std::move(t));
+      if (j == s.verify || last != s.tokens[s.count - s.verify + j])
+        break;
+      ++accepted;
     }
-    auto token = kernels::sample_token(row, to_kernels(s.params), position);
-    if (!token) {
-      // The caches advanced, but nobody gets this step's tokens: drop the batch's sequences
-      // rather than leave caches ahead of what their callers know.
-      for (const auto& b : step.batch)
-        release(st, b.sequence);
-      return make_error(device_errc::compute_failed,
-                        "sequence " + std::to_string(s.sequence) + ": " + token.error());
+    inc(st.metrics.drafts_verified, static_cast<double>(s.verify));
+    inc(st.metrics.drafts_accepted, static_cast<double>(accepted));
+    const auto rejected = s.verify - accepted;
+    if (rejected > 0)
+      if (auto ok = st.backend->rollback(st.sequences.at(s.sequence), rejected); !ok)
+        return fail(s.sequence, ok.error());
+    if (propose && s.propose) {
+      const auto kept = s.count - rejected;
+      drafts.push_back({st.sequences.at(s.sequence), static_cast<std::int64_t>(s.position),
+                        std::span<const float>(features).subspan(token_at * width, kept * width),
+                        last});
     }
-    if (st.constraints)
-      st.constraints->accepted(s.sequence, position, static_cast<std::int32_t>(*token));
-    runtime::sampled_token t;
-    t.sequence = s.sequence;
-    t.token = static_cast<std::int32_t>(*token);
-    if (s.params.top_logprobs >= 0)
-      add_logprobs(raw, s.params.top_logprobs, t);
-    out.sampled.push_back(std::move(t));
+  }
+  if (!drafts.empty()) {
+    auto made = st.backend->draft(drafts);
+    if (!made)
+      return fail(step.batch.front().sequence, made.error());
+    const auto block = made->tokens.size() / drafts.size();
+    // No more than a verify step can roll back.
+    const auto n = std::min<std::size_t>(block, kernels::swa_rollback_tokens);
+    std::size_t d = 0;
+    for (const auto& s : step.batch) {
+      if (!s.sample || !s.propose)
+        continue;
+      runtime::draft_proposal p;
+      p.sequence = s.sequence;
+      for (std::size_t k = 0; k < n; ++k) {
+        p.tokens.push_back(static_cast<std::int32_t>(made->tokens[d * block + k]));
+        p.confidences.push_back(made->confidences[d * block + k]);
+      }
+      inc(st.metrics.drafts_proposed, static_cast<double>(n));
+      out.drafts.push_back(std::move(p));
+      ++d;
+    }
   }
   out.finished = self->clock().now();
   inc(step.phase == runtime::step_phase::decode ? st.metrics.decode_tokens
@@ -622,6 +729,35 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
 }
 
 } // namespace
+
+void step_profile::set(points p) {
+  std::lock_guard lock{mutex_};
+  points_ = std::move(p);
+}
+
+step_profile::points step_profile::get() const {
+  std::lock_guard lock{mutex_};
+  return points_;
+}
+
+double step_profile::seconds(std::uint64_t tokens) const {
+  std::lock_guard lock{mutex_};
+  if (points_.empty())
+    return 0.0;
+  if (points_.size() == 1)
+    return points_.front().second;
+  std::size_t hi = 1;
+  while (hi + 1 < points_.size() && points_[hi].first < tokens)
+    ++hi;
+  const auto [x0, y0] = points_[hi - 1];
+  const auto [x1, y1] = points_[hi];
+  const double t = (static_cast<double>(tokens) - static_cast<double>(x0))
+                   / (static_cast<double>(x1) - static_cast<double>(x0));
+  const double low = std::min_element(points_.begin(), points_.end(), [](auto a, auto b) {
+                       return a.second < b.second;
+                     })->second;
+  return std::max(low, y0 + t * (y1 - y0));
+}
 
 runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params) {
   return sys.spawn<caf::detached>(cpu_device_fn,

@@ -28,10 +28,36 @@
 #include <caf/fwd.hpp>
 
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace troupe::ports {
+
+/// A device's step time as a function of the tokens a step runs: DSpark's cost curve in the
+/// real world (actors/engine/speculation.hpp), measured by a CPU device once its model has
+/// loaded. Shared between the device that measures it and the decode engines that read it;
+/// thread-safe.
+class step_profile {
+public:
+  /// The measured points, (tokens, seconds), tokens increasing.
+  using points = std::vector<std::pair<std::uint64_t, double>>;
+  void set(points p);
+  points get() const;
+  /// Seconds for a step of `tokens` tokens: linear between the two measured points around it,
+  /// extended by the last two beyond the last (never below the smallest measured time); 0 until
+  /// measured.
+  double seconds(std::uint64_t tokens) const;
+
+private:
+  mutable std::mutex mutex_;
+  points points_;
+};
+
+/// The token counts a device profiles: 1, 2, 4, ..., 64.
+inline constexpr std::uint64_t profile_max_tokens = 64;
 
 struct cpu_device_params {
   /// The model directory (config.json + safetensors, single file or sharded), loaded by the
@@ -66,6 +92,10 @@ struct cpu_device_params {
   /// Structured output: asked for each sampled token's allowed ids (the others are never
   /// drawn) and told the id drawn (runtime/ports/token_constraints.hpp); null: none.
   std::shared_ptr<runtime::token_constraints> constraints;
+  /// When set and not yet measured, the device measures it once its model has loaded, before
+  /// its first step: steps of 1, 2, 4, ..., profile_max_tokens tokens of a scratch sequence
+  /// (closed again), the fastest of three runs each.
+  std::shared_ptr<step_profile> profile;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its
@@ -82,6 +112,15 @@ struct cpu_device_params {
 ///     top_logprobs most likely (token, logprob) pairs, most likely first (lowest id on ties).
 ///     A model failure is device_errc::compute_failed; if it happens after the caches advanced
 ///     (non-finite logits), the batch's sequences are released.
+///     Speculative decoding: a sequence with `verify` k (at most 6, what a rollback can undo)
+///     draws the token after its last non-draft token and, while each draw equals the next
+///     draft, the token after that draft, each at its own position with the request's sampling:
+///     the answer is 1 + accepted tokens, exactly those a step without drafts would have drawn
+///     (greedy or seeded), and the rejected drafts are rolled back. A sequence with `propose`
+///     gets the model's DSpark drafts for its next step (up to 6, with the confidence head's
+///     probabilities), from a draft context the device keeps per sequence (one that arrived by
+///     kv_import starts with an empty context at its length: its first drafts see only the
+///     tokens decoded here); a model without draft layers proposes none.
 ///   - device_release: closes the sequence (an unknown one is ignored).
 ///   - kv_export: the sequence's length, Block KV blocks (from first_block), State KV and SWA
 ///     KV (unless blocks_only), each with its XXH3-64, named by the model id;

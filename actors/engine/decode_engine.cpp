@@ -27,6 +27,16 @@ std::string to_string(speculation s) {
   return "?";
 }
 
+std::optional<speculation_setting> parse_speculation(std::string_view text) {
+  if (text == "off")
+    return speculation_setting{};
+  if (text == "dspark")
+    return speculation_setting{speculation::dspark, max_drafts};
+  if (text.size() == 6 && text.substr(0, 5) == "fixed" && text[5] >= '1' && text[5] <= '5')
+    return speculation_setting{speculation::fixed, static_cast<std::uint32_t>(text[5] - '0')};
+  return std::nullopt;
+}
+
 namespace {
 
 constexpr std::uint64_t block_size = 128;
@@ -212,14 +222,6 @@ bool idle(const decode_engine_state& st) {
   return st.batch.empty() && st.waiting.empty() && st.in_transfer == 0 && !st.stepping;
 }
 
-/// Whether a job's steps ask for drafts: speculation on, and a job whose acceptance the device
-/// can decide (the simulated world's every job; a real one only when greedy, where a draft is
-/// accepted by an exact match).
-bool speculates(const decode_engine_state& st, const running& run) {
-  return st.params.spec != speculation::off
-         && (run.job.context.empty() || run.job.sampling.temperature == 0.0);
-}
-
 /// The drafts each job of the batch verifies this step, in batch order (empty: none verifies
 /// any — speculation off): none without a proposal from the previous step (or on a step that
 /// rebuilds the context), never more than the job still needs after the step's own token.
@@ -230,7 +232,7 @@ std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
   offered.reserve(st.batch.size());
   for (const auto& [id, run] : st.batch) {
     draft_confidences d;
-    if (speculates(st, run) && run.on_device) {
+    if (run.on_device) {
       auto n = static_cast<std::uint64_t>(std::min<std::size_t>(run.proposal.confidences.size(),
                                                                 max_drafts));
       if (!run.job.context.empty())
@@ -246,7 +248,7 @@ std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
     const auto sequences = static_cast<std::uint32_t>(st.batch.size());
     auto cost = [&](std::uint64_t tokens) {
       runtime::device_step s{0, runtime::step_phase::decode, tokens, sequences,
-                             st.batch_kv + tokens - sequences, {}};
+                             st.batch_kv + tokens - sequences, 0, {}};
       return std::max(runtime::to_seconds(st.params.step_cost(s)), 1e-12);
     };
     return choose_verify_lengths(offered, cost).lengths;
@@ -273,13 +275,17 @@ void step(engine_ptr self) {
   st.stepping = true;
   const auto verify = verify_lengths(st);
   runtime::device_step ds{st.next_step++, runtime::step_phase::decode, st.batch.size(),
-                          static_cast<std::uint32_t>(st.batch.size()), st.batch_kv, {}};
+                          static_cast<std::uint32_t>(st.batch.size()), st.batch_kv, 0, {}};
   ds.batch.reserve(st.batch.size());
   std::size_t at = 0;
   for (auto& [id, run] : st.batch) {
     runtime::step_sequence seq{id, run.job.context_tokens + run.generated, 1, {}, true,
                                run.job.sampling};
-    seq.propose = speculates(st, run);
+    // Every job asks for drafts when speculation is on: a real device accepts a draft when it
+    // equals the token it draws at that position (greedy or seeded), so a job's output is the
+    // one it has without drafts.
+    seq.propose = st.params.spec != speculation::off;
+    ds.proposing += seq.propose ? 1 : 0;
     run.verifying = verify.empty() ? 0 : verify[at++];
     seq.verify = run.verifying;
     seq.count += run.verifying;

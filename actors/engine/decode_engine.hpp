@@ -61,7 +61,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace troupe::actors {
@@ -175,13 +177,23 @@ enum class speculation : std::uint8_t { off, fixed, dspark };
 
 std::string to_string(speculation s);
 
+/// A speculation mode as command lines spell it: off, fixedK (K = 1..5 drafts verified every
+/// step) or dspark.
+struct speculation_setting {
+  speculation spec = speculation::off;
+  std::uint32_t fixed_drafts = 5;
+};
+
+/// Parses off, fixed1 .. fixed5 or dspark; nullopt for anything else.
+std::optional<speculation_setting> parse_speculation(std::string_view text);
+
 struct decode_engine_params {
   instance_id instance = 0;
   /// Requests in the running batch, over the whole instance.
   std::uint32_t max_batch = 256;
-  /// Speculative decoding (greedy requests only in the real world, whose acceptance is an
-  /// exact match; every request in the simulated world). Each step asks the device for the
-  /// next step's drafts; `fixed` verifies min(fixed_drafts, proposed) of them, `dspark` the
+  /// Speculative decoding, for every request (a real device accepts a draft when it equals the
+  /// token it draws at that position, so the output is the same as without drafts). Each step
+  /// asks the device for the next step's drafts; `fixed` verifies min(fixed_drafts, proposed) of them, `dspark` the
   /// lengths choose_verify_lengths picks under `step_cost`.
   speculation spec = speculation::off;
   std::uint32_t fixed_drafts = 5;

@@ -233,7 +233,7 @@ void step(engine_ptr self) {
       take[id] = std::min(take[id], boundary - j.position);
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
-  runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0, {}};
+  runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0, 0, {}};
   for (auto id : ready) {
     auto n = take[id];
     if (n == 0)

@@ -546,6 +546,8 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     add("--max-batch", std::to_string(s.max_batch));
   if (s.prefill_chunk > 0)
     add("--prefill-chunk", std::to_string(s.prefill_chunk));
+  if (s.spec != "off")
+    add("--spec", s.spec);
   std::vector<launch_process> plan;
   auto node = [&](std::string name, std::string role, std::uint32_t index,
                   std::vector<std::string> extra) {

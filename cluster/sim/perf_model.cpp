@@ -377,6 +377,23 @@ result<step_breakdown> step_time(const model_profile& m, const hardware_profile&
   return out;
 }
 
+double draft_seconds(const model_profile& model, const hardware_profile& hw, std::uint32_t ep,
+                     const runtime::device_step& step, const perf_options& opt) {
+  const std::uint64_t proposing = step.proposing;
+  if (model.draft_layers == 0 || model.layers.empty() || step.sequences == 0 || proposing == 0)
+    return 0.0;
+  const std::uint64_t context = step.context_tokens / step.sequences;
+  batch d;
+  d.tokens = proposing * dspark_block_tokens;
+  d.sequences = proposing;
+  d.context_tokens =
+    proposing * (dspark_block_tokens + std::min<std::uint64_t>(context, model.sliding_window));
+  auto r = step_time(model, hw, phase::decode, std::max<std::uint32_t>(ep, 1), d, opt);
+  if (!r)
+    return 0.0;
+  return r->total_s * model.draft_layers / static_cast<double>(model.layers.size());
+}
+
 runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,
                                      perf_options opt) {
   return [model = std::move(model), hw = std::move(hw), ep,
@@ -389,7 +406,9 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     b.context_tokens = step.context_tokens;
     phase p = step.phase == runtime::step_phase::decode ? phase::decode : phase::prefill;
     auto r = step_time(model, hw, p, std::max<std::uint32_t>(ep, 1), b, opt);
-    return r ? r->step() : runtime::duration{0};
+    if (!r)
+      return runtime::duration{0};
+    return runtime::from_seconds(r->total_s + draft_seconds(model, hw, ep, step, opt));
   };
 }
 

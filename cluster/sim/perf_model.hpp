@@ -116,9 +116,23 @@ inline constexpr double workspace_share = 0.10;
 result<instance_memory> memory_of_instance(const model_profile& model, const hardware_profile& hw,
                                            std::uint32_t gpus, std::uint32_t ep);
 
+/// Tokens of a DSpark draft block per sequence (the anchor and four noise tokens, drafting
+/// five tokens).
+inline constexpr std::uint64_t dspark_block_tokens = 5;
+
+/// The draft layers' time in a step whose sequences ask for drafts (`proposing`): the model's
+/// draft_layers run a block of dspark_block_tokens per proposing sequence, attending over the
+/// sliding window (at most) and the block; charged as draft_layers / layers of a decode step of
+/// those tokens (an average backbone layer: the draft layers' own attention is windowed and
+/// their MoE smaller, so this errs high). 0 for a model without draft layers or a step that
+/// proposes nothing.
+double draft_seconds(const model_profile& model, const hardware_profile& hw, std::uint32_t ep,
+                     const runtime::device_step& step, const perf_options& opt = {});
+
 /// A device-port cost function for one GPU rank of an EP group: each `device_step` is costed by
 /// `step_time` from its phase (encode is costed as prefill), tokens, sequences and
-/// context_tokens. A step with no tokens costs nothing; zero sequences count as one.
+/// context_tokens, plus draft_seconds when rows ask for drafts. A step with no tokens costs
+/// nothing; zero sequences count as one.
 runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,
                                      perf_options opt = {});
 

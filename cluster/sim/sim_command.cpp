@@ -186,13 +186,10 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
 
   // Progress on stderr: a bar redrawn in place on a terminal, nothing otherwise.
   options.params.test_drop_on_reroute = options.params.test_drop_on_reroute || o.plant_bug;
-  if (o.spec == "dspark") {
-    options.params.speculation = actors::speculation::dspark;
-  } else if (o.spec.size() == 6 && o.spec.rfind("fixed", 0) == 0 && o.spec[5] >= '1'
-             && o.spec[5] <= '5') {
-    options.params.speculation = actors::speculation::fixed;
-    options.params.fixed_drafts = static_cast<std::uint32_t>(o.spec[5] - '0');
-  } else if (o.spec != "off") {
+  if (auto spec = actors::parse_speculation(o.spec)) {
+    options.params.speculation = spec->spec;
+    options.params.fixed_drafts = spec->fixed_drafts;
+  } else {
     err << "troupe sim: --spec " << o.spec << ": expected off, fixed1 .. fixed5 or dspark\n";
     return 1;
   }

@@ -161,8 +161,13 @@ struct busy_table {
 /// batch's content is not needed to cost it, so it is not copied).
 runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t ranks) {
   auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
-  return {s.id, s.phase, share(s.tokens), static_cast<std::uint32_t>(share(s.sequences)),
-          share(s.context_tokens), {}};
+  return {s.id,
+          s.phase,
+          share(s.tokens),
+          static_cast<std::uint32_t>(share(s.sequences)),
+          share(s.context_tokens),
+          static_cast<std::uint32_t>(share(s.proposing)),
+          {}};
 }
 
 /// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the

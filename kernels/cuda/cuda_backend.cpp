@@ -56,10 +56,16 @@ result<std::int64_t> cuda_backend::length(sequence_id) const {
 result<std::vector<float>> cuda_backend::step(std::span<const step_input>) {
   return not_implemented<std::vector<float>>();
 }
-result<std::vector<float>> cuda_backend::step_last(std::span<const step_input>) {
+result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input>,
+                                                   std::span<const std::int64_t>,
+                                                   std::vector<float>*) {
   return not_implemented<std::vector<float>>();
 }
 result<bool> cuda_backend::rollback(sequence_id, std::int64_t) { return not_implemented<bool>(); }
+bool cuda_backend::has_draft() const { return false; }
+result<draft_output> cuda_backend::draft(std::span<const draft_request>) {
+  return not_implemented<draft_output>();
+}
 result<std::string> cuda_backend::export_block(sequence_id, std::int64_t) const {
   return not_implemented<std::string>();
 }

@@ -42,8 +42,12 @@ class cuda_backend final : public model_backend {
   result<bool> close_sequence(sequence_id id) override;
   result<std::int64_t> length(sequence_id id) const override;
   result<std::vector<float>> step(std::span<const step_input> batch) override;
-  result<std::vector<float>> step_last(std::span<const step_input> batch) override;
+  result<std::vector<float>> step_tail(std::span<const step_input> batch,
+                                       std::span<const std::int64_t> rows,
+                                       std::vector<float>* dspark_features) override;
   result<bool> rollback(sequence_id id, std::int64_t k) override;
+  bool has_draft() const override;
+  result<draft_output> draft(std::span<const draft_request> batch) override;
   result<std::string> export_block(sequence_id id, std::int64_t block) const override;
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;
   result<std::int64_t> full_blocks(sequence_id id) const override;

@@ -103,6 +103,8 @@ struct device_step {
   std::uint32_t sequences = 0;
   /// Total KV length the step attends over (summed over sequences).
   std::uint64_t context_tokens = 0;
+  /// Sequences that ask for drafts (`propose`): the draft layers' share of the step.
+  std::uint32_t proposing = 0;
   /// The sequences, each at most once. Steps that only cost work (vision encodes, and the
   /// simulator's prefill chunks) may leave it empty.
   std::vector<step_sequence> batch{};
@@ -111,7 +113,7 @@ struct device_step {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_step& x) {
   return f(caf::meta::type_name("device_step"), x.id, x.phase, x.tokens, x.sequences,
-           x.context_tokens, x.batch);
+           x.context_tokens, x.proposing, x.batch);
 }
 
 /// A token drawn for one sequence, with its log-probability and the most likely alternatives

@@ -289,6 +289,30 @@ TEST_CASE("the device-port cost function charges a step what step_time says") {
   CHECK(cost(s) == troupe::runtime::duration{0});
 }
 
+TEST_CASE("sequences asking for drafts add the draft layers' share of their blocks' step") {
+  auto m = model("deepseek-v4.1-flash");
+  REQUIRE(m.draft_layers == 3);
+  auto h = hardware("H800");
+  auto cost = make_step_cost(m, h, 64);
+  troupe::runtime::device_step s;
+  s.phase = troupe::runtime::step_phase::decode;
+  s.tokens = 96;
+  s.sequences = 96;
+  s.context_tokens = 96 * 4096;
+  const auto plain = cost(s);
+  s.proposing = 96;
+  // 96 blocks of 5 tokens over the 128-token window and the block: 3 backbone layers' worth.
+  auto blocks = step(m, h, phase::decode, 64, batch{96 * 5, 96, 96 * (5 + 128)});
+  const double draft = blocks.total_s * 3.0 / static_cast<double>(m.layers.size());
+  CHECK(draft_seconds(m, h, 64, s) == doctest::Approx(draft));
+  CHECK(troupe::runtime::to_seconds(cost(s))
+        == doctest::Approx(troupe::runtime::to_seconds(plain) + draft));
+  // Drafting is a small share of the step, and nothing without draft layers.
+  CHECK(draft < 0.2 * troupe::runtime::to_seconds(plain));
+  m.draft_layers = 0;
+  CHECK(draft_seconds(m, h, 64, s) == 0.0);
+}
+
 // --- model profiles ----------------------------------------------------------------------------
 
 TEST_CASE("the V3 config reads as 61 MLA layers, 3 dense, 256 experts top-8, ~37B active") {

@@ -132,27 +132,39 @@ struct fixture {
   runtime::world w{runtime::world_options{runtime::world_mode::real, 0, 2, false,
                                           actors::register_actor_types}};
   std::shared_ptr<handoff_log> log = std::make_shared<handoff_log>();
+  /// DSpark's cost curve, measured by the decode device.
+  std::shared_ptr<ports::step_profile> profile = std::make_shared<ports::step_profile>();
   cluster::real_graph graph;
   std::int64_t vocab = 0;
 
   runtime::store_port store;
 
   explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {},
-                   int decode_instances = 1) {
+                   int decode_instances = 1, actors::speculation_setting spec = {},
+                   ports::step_profile::points step_times = {}) {
+    profile->set(std::move(step_times));
     log->corrupt_exports = corrupt;
     const auto& dir = test::model_dirs::tiny();
     auto cfg = kernels::load_model_config(dir);
     REQUIRE(cfg.ok());
     vocab = cfg->text.vocab_size;
     cluster::real_graph_params p;
-    p.device = [dir, log = log, this](caf::actor_system& sys, cluster::pool_role role,
-                                      std::uint32_t) {
+    p.spec = spec;
+    if (spec.spec == actors::speculation::dspark) {
+      p.step_cost = [profile = profile](const runtime::device_step& s) {
+        return runtime::from_seconds(profile->seconds(s.tokens));
+      };
+    }
+    p.device = [dir, log = log, this, p_spec = spec](caf::actor_system& sys,
+                                                     cluster::pool_role role, std::uint32_t) {
       ports::cpu_device_params d;
       d.model_dir = dir;
       d.threads = 1;
       d.engram_map = "identity";
       d.metrics = &metrics;
       d.name = role == cluster::pool_role::prefill ? "prefill" : "decode";
+      if (role == cluster::pool_role::decode && p_spec.spec == actors::speculation::dspark)
+        d.profile = profile;
       return spawn_watched(sys, ports::spawn_cpu_device(sys, std::move(d)), log);
     };
     if (!kv_dir.empty()) {
@@ -304,6 +316,55 @@ TEST_CASE("a request served among 63 concurrent others gives the tokens it gives
     CAPTURE(id);
     CHECK(s.end.reason == actors::finish_reason::length);
     CHECK(s.tokens.size() == s.end.completion_tokens);
+  }
+}
+
+TEST_CASE("with speculative decoding every request gets the tokens it gets without, greedy or "
+          "seeded") {
+  // Six requests, half sampled with seeds, one with a stop id, all decoding together.
+  auto requests = [](fixture& f, const std::vector<std::int32_t>& stop) {
+    std::vector<actors::generation_request> all;
+    for (std::uint64_t id = 1; id <= 6; ++id) {
+      auto g = f.request(id, prompt_of(20 + 17 * id, static_cast<std::uint32_t>(id), f.vocab), 24,
+                         {});
+      if (id % 2 == 0) {
+        g.sampling.temperature = 0.8;
+        g.sampling.seed = 100 + id;
+      }
+      if (id == 3)
+        g.stop_ids = stop;
+      all.push_back(std::move(g));
+    }
+    return all;
+  };
+  std::map<std::uint64_t, served> off;
+  {
+    fixture f;
+    caf::scoped_actor self{f.w.system()};
+    off = f.run(self, requests(f, {}));
+  }
+  // Request 3 stops at its tenth token's first occurrence.
+  const auto stop = off[3].tokens.at(9);
+  const auto upto = std::find(off[3].tokens.begin(), off[3].tokens.end(), stop);
+  const std::vector<std::int32_t> stopped(off[3].tokens.begin(), upto + 1);
+  for (const std::string mode : {"fixed5", "fixed2", "dspark"}) {
+    CAPTURE(mode);
+    // DSpark's cost curve given flat (a step of 64 tokens as fast as one of 1), so that every
+    // draft with a chance is worth verifying and the steps verify some; the device, finding
+    // the profile set, does not measure it (tests/ports/test_cpu_speculation.cpp does).
+    fixture f(false, {}, 1, *actors::parse_speculation(mode), {{1, 1e-3}, {64, 1e-3}});
+    caf::scoped_actor self{f.w.system()};
+    auto on = f.run(self, requests(f, {stop}));
+    for (std::uint64_t id = 1; id <= 6; ++id) {
+      CAPTURE(id);
+      CHECK(on[id].tokens == (id == 3 ? stopped : off[id].tokens));
+      CHECK(on[id].end.reason
+            == (id == 3 ? actors::finish_reason::stop : actors::finish_reason::length));
+    }
+    // The decode device proposed drafts and verified them (whether a random model's drafts
+    // are accepted is chance).
+    CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"proposed\"}") > 0);
+    CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"verified\"}") > 0);
   }
 }
 

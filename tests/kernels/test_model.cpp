@@ -367,3 +367,36 @@ TEST_CASE("forward_last gives each sequence's last row of forward, bitwise in ba
         std::vector<float>(all->end() - V, all->end()));
   CHECK(la.length == 29);  // the caches advance as with forward
 }
+
+TEST_CASE("forward_tail gives each sequence's last rows of forward and every token's features") {
+  auto m = load_tiny({.threads = 2, .batch_invariant = true});
+  const auto a = prompt(17, 41), b = prompt(4, 42);
+  auto ca = m.new_sequence(), cb = m.new_sequence();
+  std::vector<sequence_input> batch = {{&ca, a}, {&cb, b}};
+  std::vector<float> features;
+  auto all = m.forward(batch, nullptr, &features);
+  REQUIRE(all.ok());
+  auto ta = m.new_sequence(), tb = m.new_sequence();
+  std::vector<sequence_input> again = {{&ta, a}, {&tb, b}};
+  const std::vector<std::int64_t> rows = {5, 1};
+  std::vector<float> tail_features;
+  auto tail = m.forward_tail(again, rows, &tail_features);
+  REQUIRE(tail.ok());
+  const std::size_t V = 256;
+  REQUIRE(tail->size() == 6 * V);
+  CHECK(std::vector<float>(tail->begin(), tail->begin() + 5 * V) ==
+        std::vector<float>(all->begin() + (a.size() - 5) * V, all->begin() + a.size() * V));
+  CHECK(std::vector<float>(tail->begin() + 5 * V, tail->end()) ==
+        std::vector<float>(all->end() - V, all->end()));
+  CHECK(tail_features == features);
+  CHECK(ta.length == 17);
+  // A row count per sequence, each between 1 and its tokens.
+  auto x = m.new_sequence();
+  std::vector<sequence_input> one = {{&x, b}};
+  const std::vector<std::int64_t> too_many = {5}, none = {0}, two = {1, 1};
+  CHECK(m.forward_tail(one, too_many).error() ==
+        "forward_tail: sequence 0 asks for 5 rows of its 4 tokens");
+  CHECK_FALSE(m.forward_tail(one, none).ok());
+  CHECK(m.forward_tail(one, two).error() == "forward_tail: 2 row counts for 1 sequences");
+  CHECK(x.length == 0);  // refused before anything ran
+}

@@ -265,7 +265,7 @@ TEST_CASE_FIXTURE(test::sim_fixture,
   sim_draft_model model;
   auto dev = spawn_sim_device(sys, per_token, model);
   // Sequence 9 at position 100 verifies 5 drafts; sequence 4 at 50 verifies none but proposes.
-  device_step s{3, step_phase::decode, 7, 2, 0, {}};
+  device_step s{3, step_phase::decode, 7, 2, 0, 0, {}};
   step_sequence a{4, 50, 1, {}, true, {}};
   a.propose = true;
   step_sequence b{9, 100, 6, {}, true, {}};

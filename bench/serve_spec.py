@@ -1,0 +1,134 @@
+"""`troupe serve --spec off|fixed5|dspark` on the CPU engine: what speculation costs and gains.
+
+One invocation starts three `troupe serve` processes on the same model directory, one per
+`--spec` mode, and for several rounds (the order rotating every round) sends each the same
+greedy Chat Completions streams: 1 stream, then --concurrent streams at once. Each run waits
+for 2 quiet seconds first and is dropped (listed, not counted) when processes other than this
+script and the three servers used more than --max-foreign of a core during it; rounds go on (up
+to --max-rounds) until every mode has --rounds kept runs. It prints per mode the min and
+median tokens/s (bench/serve_vs_generate.py's definition), and the decode device's draft
+counters from /metrics: drafts proposed, verified and accepted over the whole invocation.
+
+Every mode must give the same text (speculation never changes a greedy output); a run whose
+streams differ from the `off` server's fails the bench.
+
+    python3 bench/serve_spec.py [--troupe build/troupe] [--model DIR] [--rounds 3]
+        [--max-rounds 8] [--tokens 64] [--threads 2] [--concurrent 8] [--max-foreign 0.1]
+
+Without --model it writes the small preset (random weights: its drafts are chance, so this
+measures what drafting and verifying cost more than what they gain). The standard library only.
+"""
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import serve_vs_generate as svg  # noqa: E402
+
+MODES = ("off", "fixed5", "dspark")
+
+
+def text_of(port, tokens):
+    body = json.dumps({"model": svg.MODEL_NAME,
+                       "messages": [{"role": "user", "content": svg.PROMPT}],
+                       "max_tokens": tokens, "temperature": 0})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    reply = json.loads(conn.getresponse().read())
+    conn.close()
+    msg = reply["choices"][0]["message"]
+    return (msg.get("reasoning_content") or "") + (msg.get("content") or "")
+
+
+def drafts(port):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for outcome in ("proposed", "verified", "accepted"):
+        m = re.search(r'troupe_device_drafts_total\{device="decode/0",outcome="%s"\} (\S+)'
+                      % outcome, text)
+        out[outcome] = int(float(m.group(1))) if m else 0
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--troupe", default=str(svg.REPO / "build/troupe"))
+    ap.add_argument("--model", type=pathlib.Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-rounds", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrent", type=int, default=8)
+    ap.add_argument("--max-foreign", type=float, default=0.10)
+    args = ap.parse_args()
+    tmp = None
+    model = args.model
+    if model is None:
+        tmp = tempfile.TemporaryDirectory(prefix="troupe-bench-spec-")
+        model = pathlib.Path(tmp.name) / "small"
+        subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
+                        "--out", str(model)], check=True, capture_output=True)
+    servers = {m: svg.Server(args.troupe, str(model), args.threads, ("--spec", m)) for m in MODES}
+    try:
+        want = text_of(servers["off"].port, args.tokens)
+        for m in MODES[1:]:
+            got = text_of(servers[m].port, args.tokens)
+            if got != want:
+                raise RuntimeError(f"--spec {m} answered {got!r}, --spec off {want!r}")
+        runs = [(m, n) for m in MODES for n in (1, args.concurrent)]
+        kept = {r: [] for r in runs}
+        loads = []
+        for rnd in range(args.max_rounds):
+            if all(len(v) >= args.rounds for v in kept.values()):
+                break
+            order = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
+            for mode, n in order:
+                pids = [s.proc.pid for s in servers.values()]
+                svg.wait_quiet(pids[0], args.max_foreign)
+                load = os.getloadavg()[0]
+                busy0, own0 = svg.cpu_busy_seconds(), svg.own_cpu_seconds()
+                srv0 = sum(svg.process_cpu_seconds(p) for p in pids)
+                t0 = time.monotonic()
+                r = svg.run_served(servers[mode].port, n, args.tokens)
+                wall = time.monotonic() - t0
+                own = (svg.own_cpu_seconds() - own0
+                       + sum(svg.process_cpu_seconds(p) for p in pids) - srv0)
+                foreign = max(0.0, svg.cpu_busy_seconds() - busy0 - own) / wall
+                contended = foreign > args.max_foreign
+                print(f"round {rnd + 1} {mode:7s} x{n:<3d} load {load:4.2f} others {foreign:4.2f} "
+                      f"cores  {r['tokens/s']:7.2f} tokens/s{'  (dropped)' if contended else ''}",
+                      flush=True)
+                if not contended:
+                    kept[(mode, n)].append(r["tokens/s"])
+                    loads.append(load)
+        print()
+        print(f"{'mode':8s} {'streams':>7s} {'runs':>4s} {'min tok/s':>10s} {'median':>8s}")
+        for (mode, n), v in kept.items():
+            if v:
+                print(f"{mode:8s} {n:7d} {len(v):4d} {min(v):10.2f} {statistics.median(v):8.2f}")
+        for m in MODES:
+            d = drafts(servers[m].port)
+            print(f"drafts {m:7s} proposed {d['proposed']}, verified {d['verified']}, "
+                  f"accepted {d['accepted']}")
+        if loads:
+            print(f"load average (1 min) over kept runs: {min(loads):.2f}-{max(loads):.2f}")
+    finally:
+        for s in servers.values():
+            s.stop()
+        if tmp:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+// Speculative decoding on the CPU device (tiny random model, which has DSpark draft layers):
+// verifying drafts draws exactly the tokens of one-token steps, greedy or seeded, rolls the
+// rejected drafts back, and the device proposes its own drafts.
+#include "device_fixture.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+using namespace troupe;
+using namespace troupe::test;
+using runtime::device_errc;
+
+namespace {
+
+/// Sequence `id`'s tokens, one per step: the prompt's step, then `n - 1` single-token steps.
+std::vector<runtime::sampled_token> one_by_one(device_fixture& f, const runtime::device_port& dev,
+                                               std::uint64_t id,
+                                               const std::vector<std::int32_t>& pr,
+                                               std::size_t n, runtime::sampling params) {
+  std::vector<runtime::sampled_token> out{f.sampled(dev, step({seq(id, 0, pr, true, params)}))};
+  while (out.size() < n)
+    out.push_back(
+      f.sampled(dev, step({seq(id, pr.size() + out.size() - 1, {out.back().token}, true, params)})));
+  return out;
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "verifying drafts draws exactly the tokens of one-token steps, greedy or seeded") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(20, 9);
+  const auto other = prompt(13, 2);
+  for (const auto& params : {runtime::sampling{.temperature = 0.0, .top_logprobs = 0},
+                             runtime::sampling{.temperature = 0.9, .seed = 21, .top_logprobs = 0}}) {
+    CAPTURE(params.temperature);
+    const auto ref = one_by_one(*this, dev, 1, pr, 40, params);
+    const auto ref_other = one_by_one(*this, dev, 2, other, 40, params);
+    self->send(dev, runtime::device_release{1});
+    self->send(dev, runtime::device_release{2});
+    // Sequence 3 verifies drafts: the reference's next k tokens with the one at `wrong`
+    // replaced (wrong == k: all right); sequence 4 decodes one token per step in the same batch.
+    auto first = run(dev, step({seq(3, 0, pr, true, params), seq(4, 0, other, true, params)}));
+    REQUIRE_MESSAGE(first, sys.render(first.error()));
+    std::vector<runtime::sampled_token> got{first->sampled.at(0)}, got_other{first->sampled.at(1)};
+    std::uint32_t accepted = 0, rejected = 0;
+    for (std::uint32_t round = 0; got.size() + 6 <= ref.size(); ++round) {
+      const std::uint32_t k = 1 + round % 5;
+      const std::uint32_t wrong = (round * 3) % (k + 1);
+      std::vector<std::int32_t> tokens{got.back().token};
+      for (std::uint32_t j = 0; j < k; ++j) {
+        const auto t = ref[got.size() + j].token;
+        tokens.push_back(j == wrong ? (t + 1) % 256 : t);
+      }
+      auto s = seq(3, pr.size() + got.size() - 1, tokens, true, params);
+      s.verify = k;
+      auto r = run(dev, step({s, seq(4, other.size() + got_other.size() - 1,
+                                      {got_other.back().token}, true, params)}));
+      REQUIRE_MESSAGE(r, sys.render(r.error()));
+      const auto answered = std::min(wrong, k) + 1;
+      REQUIRE(r->sampled.size() == answered + 1);
+      accepted += answered - 1;
+      rejected += k - (answered - 1);
+      for (std::uint32_t i = 0; i < answered; ++i) {
+        CHECK(r->sampled[i].sequence == 3);
+        got.push_back(r->sampled[i]);
+      }
+      CHECK(r->sampled.back().sequence == 4);
+      got_other.push_back(r->sampled.back());
+    }
+    CHECK(accepted > 0);
+    CHECK(rejected > 0);
+    // The same tokens and, bitwise, the same log-probabilities: the logits of a verify step
+    // are those of one-token steps (batch-invariant mode), and the cache after a rollback is
+    // exactly the cache that never saw the rejected drafts.
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got[i].token == ref[i].token);
+      CHECK(got[i].logprob == ref[i].logprob);
+    }
+    for (std::size_t i = 0; i < got_other.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got_other[i].token == ref_other[i].token);
+    }
+    self->send(dev, runtime::device_release{3});
+    self->send(dev, runtime::device_release{4});
+  }
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a device proposes DSpark drafts, and verifying them keeps the greedy output") {
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(24, 4);
+  const auto ref = greedy(dev, 1, pr, 40);
+  auto first = seq(2, 0, pr);
+  first.propose = true;
+  auto r = run(dev, step({first, seq(3, 0, prompt(7, 1))}));
+  REQUIRE_MESSAGE(r, sys.render(r.error()));
+  std::vector<std::int32_t> got{r->sampled.at(0).token};
+  std::size_t proposed = 0, accepted = 0;
+  while (got.size() + 7 <= ref.size()) {
+    // One proposal, for the sequence that asked.
+    REQUIRE(r->drafts.size() == 1);
+    const auto& d = r->drafts[0];
+    CHECK(d.sequence == 2);
+    REQUIRE(!d.tokens.empty());
+    REQUIRE(d.tokens.size() <= 6);
+    REQUIRE(d.confidences.size() == d.tokens.size());
+    for (std::size_t k = 0; k < d.tokens.size(); ++k) {
+      CHECK(d.tokens[k] >= 0);
+      CHECK(d.tokens[k] < 256);
+      CHECK(d.confidences[k] >= 0.0f);
+      CHECK(d.confidences[k] <= 1.0f);
+    }
+    std::vector<std::int32_t> tokens{got.back()};
+    tokens.insert(tokens.end(), d.tokens.begin(), d.tokens.end());
+    auto s = seq(2, pr.size() + got.size() - 1, tokens);
+    s.verify = static_cast<std::uint32_t>(d.tokens.size());
+    s.propose = true;
+    proposed += d.tokens.size();
+    r = run(dev, step({s}));
+    REQUIRE_MESSAGE(r, sys.render(r.error()));
+    accepted += r->sampled.size() - 1;
+    for (const auto& t : r->sampled)
+      got.push_back(t.token);
+  }
+  MESSAGE("tiny random model: " << accepted << " of " << proposed << " drafts accepted");
+  got.resize(std::min(got.size(), ref.size()));
+  CHECK(got == std::vector<std::int32_t>(ref.begin(), ref.begin() + got.size()));
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a step verifying more drafts than a rollback undoes is refused") {
+  auto dev = cpu(tiny_params());
+  auto s = seq(1, 0, prompt(10, 3));
+  s.verify = 7;
+  auto r = run(dev, step({s}));
+  REQUIRE_FALSE(r);
+  CHECK(runtime::is(r.error(), device_errc::invalid_step));
+  // Nothing was opened: the sequence starts at 0 again.
+  CHECK(run(dev, step({seq(1, 0, prompt(10, 3))})));
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a device measures its step profile once its model has loaded") {
+  auto p = tiny_params();
+  p.profile = std::make_shared<ports::step_profile>();
+  auto profile = p.profile;
+  auto dev = cpu(std::move(p));
+  // The profile is measured before the first step is answered.
+  REQUIRE(run(dev, step({seq(1, 0, prompt(5, 1))})));
+  const auto points = profile->get();
+  REQUIRE(points.size() == 7);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    CHECK(points[i].first == (1u << i));
+    CHECK(points[i].second > 0.0);
+  }
+  // Interpolated between points, never below the fastest step.
+  const double low = std::min_element(points.begin(), points.end(), [](auto a, auto b) {
+                       return a.second < b.second;
+                     })->second;
+  CHECK(profile->seconds(3) >= low);
+  CHECK(profile->seconds(1000) >= low);
+}
+
+TEST_CASE("a step profile interpolates linearly and extends its last segment") {
+  ports::step_profile p;
+  CHECK(p.seconds(5) == 0.0);
+  p.set({{1, 1.0}, {2, 1.0}, {4, 2.0}, {8, 6.0}});
+  CHECK(p.seconds(1) == doctest::Approx(1.0));
+  CHECK(p.seconds(3) == doctest::Approx(1.5));
+  CHECK(p.seconds(6) == doctest::Approx(4.0));
+  CHECK(p.seconds(16) == doctest::Approx(14.0));
+  // Below the first point: never less than the fastest step.
+  CHECK(p.seconds(0) == doctest::Approx(1.0));
+}
