@@ -4,6 +4,7 @@
 #include "actors/type_ids.hpp"
 #include "cluster/launch/control_directory.hpp"
 #include "kernels/kv_blocks.hpp"
+#include "kernels/safetensors.hpp"
 #include "ports/cpu_device.hpp"
 #include "ports/posix_store.hpp"
 
@@ -77,6 +78,19 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
     return fail("the model has Engram layers: give --engram-map FILE.json (or identity for a "
                 "random model directory)");
 
+  // Speculative decoding: a known mode, and draft layers to propose with.
+  if (!actors::parse_speculation(o.spec))
+    return fail("--spec " + o.spec + ": expected off, fixed1 .. fixed5 or dspark");
+  if (o.spec != "off") {
+    auto ckpt = kernels::checkpoint::open(o.model);
+    if (!ckpt)
+      return fail(ckpt.error());
+    if (text.num_nextn_predict_layers == 0 || !ckpt->contains("mtp.0.main_proj.weight"))
+      err << command << ": warning: --spec " << o.spec << ": " << o.model
+          << " has no DSpark draft layers (mtp.*): nothing is proposed, every step decodes one "
+             "token\n";
+  }
+
   // The tokenizer, and that its ids fit the model.
   auto codec_or = recipe::codec::load(o.tokenizer);
   if (auto* e = std::get_if<recipe::load_error>(&codec_or))
@@ -143,15 +157,12 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                        std::shared_ptr<actors::constraint_table> constraints,
                        const std::string& command, std::ostream& err) {
   real_graph_params gp;
-  auto spec = actors::parse_speculation(o.spec);
-  if (!spec) {
-    err << command << ": --spec " << o.spec << ": expected off, fixed1 .. fixed5 or dspark\n";
-    return std::nullopt;
-  }
-  gp.spec = *spec;
+  // (--spec was checked by load_serve_inputs.)
+  const auto spec = actors::parse_speculation(o.spec).value_or(actors::speculation_setting{});
+  gp.spec = spec;
   // DSpark's cost curve: the first decode device to load measures its step times.
   std::shared_ptr<ports::step_profile> profile;
-  if (spec->spec == actors::speculation::dspark) {
+  if (spec.spec == actors::speculation::dspark) {
     profile = std::make_shared<ports::step_profile>();
     gp.step_cost = [profile](const runtime::device_step& s) {
       return runtime::from_seconds(profile->seconds(s.tokens));

@@ -529,3 +529,14 @@ def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
             "Hi", max_tokens=5, response_format={"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}))
     assert "'not'" in str(e.value) and "#/properties/a" in str(e.value)
+
+
+def test_an_unknown_spec_mode_is_refused_before_anything_starts(model_dir, tmp_path):
+    run = subprocess.run(
+        [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu.toml"),
+         "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
+         "--kv-dir", str(tmp_path / "kv"), "--spec", "fixed9"],
+        capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert run.returncode == 1
+    assert "--spec fixed9: expected off, fixed1 .. fixed5 or dspark" in run.stderr
+    assert "loading" not in run.stderr
