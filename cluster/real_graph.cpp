@@ -118,6 +118,7 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
   if (role == pool_role::prefill) {
     actors::prefill_engine_params pe;
     pe.step_tokens = params.prefill_chunk;
+    pe.draft_context = params.spec.spec != actors::speculation::off;
     pe.writer = writer;
     for (auto i : instances)
       cfg.children.push_back(actors::prefill_instance(

@@ -30,7 +30,8 @@ struct step_input {
 
 /// One sequence's share of a draft call (model::draft): the DSpark features of the tokens it
 /// kept since its last draft call, the first of them at `position`, and the anchor (its next
-/// token, at position + rows).
+/// token, at position + rows); an anchor < 0 only appends the features to the sequence's draft
+/// context (a prefill chunk before the prompt's last: model::extend_draft) and drafts nothing.
 struct draft_request {
   sequence_id sequence = 0;
   std::int64_t position = 0;
@@ -62,10 +63,15 @@ class model_backend {
   virtual result<bool> rollback(sequence_id id, std::int64_t k) = 0;
   /// Whether the model has DSpark draft layers.
   virtual bool has_draft() const = 0;
-  /// DSpark drafts for a batch of sequences (model::draft). The backend keeps each sequence's
-  /// draft context (freed with the sequence); a context that does not end at a request's
-  /// `position` (a sequence whose earlier features it never saw) restarts there, empty.
+  /// DSpark drafts for a batch of sequences (model::draft), in batch order for the requests
+  /// with an anchor. The backend keeps each sequence's draft context (freed with the
+  /// sequence); a context that does not end at a request's `position` (a sequence whose
+  /// earlier features it never saw) restarts there, empty.
   virtual result<draft_output> draft(std::span<const draft_request> batch) = 0;
+  /// A sequence's draft context (kv_blocks.hpp's serialize_draft); empty when it has none.
+  virtual result<std::string> export_draft(sequence_id id) const = 0;
+  /// Sets a sequence's draft context from export_draft's bytes (of the same model).
+  virtual result<bool> import_draft(sequence_id id, std::string_view bytes) = 0;
 
   /// The serialised Block KV of a full block of a sequence.
   virtual result<std::string> export_block(sequence_id id, std::int64_t block) const = 0;
@@ -107,6 +113,8 @@ class cpu_backend final : public model_backend {
   result<bool> rollback(sequence_id id, std::int64_t k) override;
   bool has_draft() const override;
   result<draft_output> draft(std::span<const draft_request> batch) override;
+  result<std::string> export_draft(sequence_id id) const override;
+  result<bool> import_draft(sequence_id id, std::string_view bytes) override;
   result<std::string> export_block(sequence_id id, std::int64_t block) const override;
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;
   result<std::int64_t> full_blocks(sequence_id id) const override;

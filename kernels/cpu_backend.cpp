@@ -66,9 +66,29 @@ result<draft_output> cpu_backend::draft(std::span<const draft_request> batch) {
     auto [it, fresh] = drafts_.try_emplace(in.sequence);
     if (fresh) it->second = model_.new_draft_state();
     if (it->second.length() != in.position) it->second.reset(in.position);
-    inputs.push_back({&it->second, in.features, in.anchor});
+    if (in.anchor >= 0) {
+      inputs.push_back({&it->second, in.features, in.anchor});
+    } else if (auto ok = model_.extend_draft(it->second, in.features); !ok) {
+      return result<draft_output>::failure(ok.error());
+    }
   }
   return model_.draft(inputs);
+}
+
+result<std::string> cpu_backend::export_draft(sequence_id id) const {
+  if (sequences_.count(id) == 0) return result<std::string>::failure(unknown(id));
+  const auto it = drafts_.find(id);
+  return it == drafts_.end() ? std::string{} : serialize_draft(it->second);
+}
+
+result<bool> cpu_backend::import_draft(sequence_id id, std::string_view bytes) {
+  if (sequences_.count(id) == 0) return result<bool>::failure(unknown(id));
+  if (!model_.has_draft())
+    return result<bool>::failure("backend: a draft context for a model without draft layers");
+  auto state = model_.new_draft_state();
+  if (auto ok = restore_draft(state, bytes); !ok) return ok;
+  drafts_.insert_or_assign(id, std::move(state));
+  return true;
 }
 
 result<std::string> cpu_backend::export_block(sequence_id id, std::int64_t block) const {

@@ -19,7 +19,8 @@ using i64 = std::int64_t;
 std::size_t sz(i64 v) { return static_cast<std::size_t>(v); }
 
 constexpr std::uint32_t format_version = 1;
-constexpr std::string_view block_magic = "TKVB", state_magic = "TKVS", swa_magic = "TKVW";
+constexpr std::string_view block_magic = "TKVB", state_magic = "TKVS", swa_magic = "TKVW",
+                           draft_magic = "TKVD";
 constexpr std::size_t frame_header = 16, frame_trailer = 8;
 
 // How a tensor's values are stored.
@@ -439,17 +440,74 @@ result<bool> restore_state(sequence_cache& s, std::string_view bytes) {
   return true;
 }
 
+namespace {
+
+// Window rings (the SWA KV's, a DSpark draft context's): a count, then per ring its positions,
+// shape and rows.
+void put_rings(writer& w, const std::vector<const swa_ring*>& rings) {
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(rings.size()));
+  for (const auto* ring : rings) {
+    w.put<std::int64_t>(ring->begin());
+    w.put<std::int64_t>(ring->end());
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(ring->capacity()));
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(ring->width()));
+    for (i64 p = ring->begin(); p < ring->end(); ++p) w.put_floats(ring->at(p), ring->width());
+  }
+}
+
+// Rings read back, each of the shape of the matching one of `like`; `what` names a ring in
+// errors ("layer", "stage").
+result<std::vector<swa_ring>> get_rings(reader& r, const std::vector<const swa_ring*>& like,
+                                        const char* what) {
+  using fail = result<std::vector<swa_ring>>;
+  std::uint32_t n = 0;
+  if (!r.get(n) || n != like.size())
+    return fail::failure(std::to_string(n) + " " + what + "s, expected " +
+                         std::to_string(like.size()));
+  std::vector<swa_ring> rings;
+  for (std::size_t i = 0; i < like.size(); ++i) {
+    const auto& old = *like[i];
+    std::int64_t begin = 0, end = 0;
+    std::uint32_t capacity = 0, width = 0;
+    if (!r.get(begin) || !r.get(end) || !r.get(capacity) || !r.get(width))
+      return fail::failure(std::string("truncated ") + what + " header");
+    if (capacity != old.capacity() || width != old.width() || begin < 0 || end < begin ||
+        end - begin > capacity)
+      return fail::failure(std::string(what) + " " + std::to_string(i) + ": ring of " +
+                           std::to_string(capacity) + " × " + std::to_string(width) +
+                           " holding [" + std::to_string(begin) + ", " + std::to_string(end) +
+                           "), expected " + std::to_string(old.capacity()) + " × " +
+                           std::to_string(old.width()));
+    swa_ring ring(width, capacity);
+    ring.reset(begin);
+    std::vector<float> row(width);
+    for (i64 p = begin; p < end; ++p) {
+      if (!r.get_floats(row.data(), width)) return fail::failure("truncated rows");
+      ring.push(row.data());
+    }
+    rings.push_back(std::move(ring));
+  }
+  if (!r.done()) return fail::failure("trailing bytes");
+  return rings;
+}
+
+std::vector<const swa_ring*> windows(const sequence_cache& s) {
+  std::vector<const swa_ring*> out;
+  for (const auto& l : s.layers) out.push_back(&l.window);
+  return out;
+}
+
+std::vector<const swa_ring*> stages(const draft_state& d) {
+  std::vector<const swa_ring*> out;
+  for (const auto& r : d.rings) out.push_back(&r);
+  return out;
+}
+
+}  // namespace
+
 result<std::string> serialize_swa(const sequence_cache& s) {
   writer w;
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(s.layers.size()));
-  for (const auto& l : s.layers) {
-    const auto& ring = l.window;
-    w.put<std::int64_t>(ring.begin());
-    w.put<std::int64_t>(ring.end());
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(ring.capacity()));
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(ring.width()));
-    for (i64 p = ring.begin(); p < ring.end(); ++p) w.put_floats(ring.at(p), ring.width());
-  }
+  put_rings(w, windows(s));
   return w.frame(swa_magic);
 }
 
@@ -458,34 +516,26 @@ result<bool> restore_swa(sequence_cache& s, std::string_view bytes) {
   auto payload = unframe(bytes, swa_magic, "SWA KV");
   if (!payload) return fail(payload.error());
   reader r(*payload);
-  std::uint32_t n_layers = 0;
-  if (!r.get(n_layers) || n_layers != s.layers.size())
-    return fail(std::to_string(n_layers) + " layers, the cache has " +
-                std::to_string(s.layers.size()));
-  std::vector<swa_ring> rings;
-  for (std::size_t i = 0; i < s.layers.size(); ++i) {
-    const auto& old = s.layers[i].window;
-    std::int64_t begin = 0, end = 0;
-    std::uint32_t capacity = 0, width = 0;
-    if (!r.get(begin) || !r.get(end) || !r.get(capacity) || !r.get(width))
-      return fail("truncated layer header");
-    if (capacity != old.capacity() || width != old.width() || begin < 0 || end < begin ||
-        end - begin > capacity)
-      return fail("layer " + std::to_string(i) + ": ring of " + std::to_string(capacity) + " × " +
-                  std::to_string(width) + " holding [" + std::to_string(begin) + ", " +
-                  std::to_string(end) + "), expected " + std::to_string(old.capacity()) + " × " +
-                  std::to_string(old.width()));
-    swa_ring ring(width, capacity);
-    ring.reset(begin);
-    std::vector<float> row(width);
-    for (i64 p = begin; p < end; ++p) {
-      if (!r.get_floats(row.data(), width)) return fail("truncated rows");
-      ring.push(row.data());
-    }
-    rings.push_back(std::move(ring));
-  }
-  if (!r.done()) return fail("trailing bytes");
-  for (std::size_t i = 0; i < s.layers.size(); ++i) s.layers[i].window = std::move(rings[i]);
+  auto rings = get_rings(r, windows(s), "layer");
+  if (!rings) return fail(rings.error());
+  for (std::size_t i = 0; i < s.layers.size(); ++i) s.layers[i].window = std::move((*rings)[i]);
+  return true;
+}
+
+std::string serialize_draft(const draft_state& d) {
+  writer w;
+  put_rings(w, stages(d));
+  return w.frame(draft_magic);
+}
+
+result<bool> restore_draft(draft_state& d, std::string_view bytes) {
+  auto fail = [](const std::string& m) { return result<bool>::failure("restore_draft: " + m); };
+  auto payload = unframe(bytes, draft_magic, "DSpark draft context");
+  if (!payload) return fail(payload.error());
+  reader r(*payload);
+  auto rings = get_rings(r, stages(d), "stage");
+  if (!rings) return fail(rings.error());
+  d.rings = std::move(*rings);
   return true;
 }
 

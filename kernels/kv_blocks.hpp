@@ -26,6 +26,7 @@
 #include <string_view>
 
 #include "kernels/kv_cache.hpp"
+#include "kernels/model.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/result.hpp"
 
@@ -50,6 +51,13 @@ result<bool> restore_state(sequence_cache& s, std::string_view bytes);
 result<std::string> serialize_swa(const sequence_cache& s);
 /// Replaces every layer's window ring of `s` by the serialised one.
 result<bool> restore_swa(sequence_cache& s, std::string_view bytes);
+
+/// A sequence's DSpark draft context (every draft stage's window ring), framed like the SWA KV
+/// ("TKVD"): what a device that continues the sequence needs to draft as this one would.
+std::string serialize_draft(const draft_state& d);
+/// Replaces the rings of `d` (made by the same model: its stages' shapes) by the serialised
+/// ones. Errors (another shape, corrupt or truncated bytes) leave `d` as it was.
+result<bool> restore_draft(draft_state& d, std::string_view bytes);
 
 /// The size in bytes of one serialised full Block KV block of a model with config `c`, when
 /// every tensor packs onto its grid (those whose width the quantiser covers).

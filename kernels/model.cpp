@@ -1388,6 +1388,47 @@ void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
 
 }  // namespace
 
+namespace {
+
+// Appends context rows to a draft state: main_norm(main_proj(features)), then every stage's
+// K=V (features already checked: a multiple of the targets' width).
+void append_draft_context(const model::weights& W, const gemm_mode& mode, draft_state& state,
+                          std::span<const float> features) {
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size;
+  const i64 width = static_cast<i64>(c.dspark_target_layer_ids.size()) * D;
+  const i64 n = static_cast<i64>(features.size()) / width;
+  if (n == 0) return;
+  std::vector<float> ctx(sz(n * D)), kv;
+  project(mode, features.data(), n, width, W.main_proj.data(), D, ctx.data());
+  for (i64 t = 0; t < n; ++t)
+    rms_norm(ctx.data() + t * D, D, W.main_norm.data(), static_cast<float>(c.rms_norm_eps));
+  for (std::size_t st = 0; st < W.draft_layers.size(); ++st) {
+    auto& ring = state.rings[st];
+    draft_kv_rows(W, W.draft_layers[st], mode, ctx.data(), n, ring.end(), kv);
+    for (i64 t = 0; t < n; ++t) ring.push(kv.data() + t * c.head_dim);
+  }
+}
+
+}  // namespace
+
+result<bool> model::extend_draft(draft_state& state, std::span<const float> features) const {
+  const auto& W = *w_;
+  const auto& c = W.cfg.text;
+  if (W.draft_layers.empty())
+    return result<bool>::failure("extend_draft: the checkpoint has no DSpark draft layers (mtp.*)");
+  if (state.owner != w_.get() || state.rings.size() != W.draft_layers.size())
+    return result<bool>::failure("extend_draft: a draft state not made by this model");
+  const auto width = c.dspark_target_layer_ids.size() * static_cast<std::size_t>(c.hidden_size);
+  if (features.size() % width != 0)
+    return result<bool>::failure("extend_draft: expected features of width " +
+                                 std::to_string(width) + " (targets x hidden_size), found " +
+                                 std::to_string(features.size()) + " values");
+  append_draft_context(W, {W.batch_invariant, W.workers.get(), W.jitter, W.jitter_seed}, state,
+                       features);
+  return true;
+}
+
 result<draft_output> model::draft(std::span<const draft_input> batch) const {
   using fail = result<draft_output>;
   const auto& W = *w_;
@@ -1419,21 +1460,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
   draft_output res;
   if (S == 0) return res;
 
-  // Each sequence's new context rows: main_norm(main_proj(features)), then every stage's K=V.
-  std::vector<float> ctx, kv;
-  for (i64 s = 0; s < S; ++s) {
-    const auto& in = batch[sz(s)];
-    const i64 n = static_cast<i64>(in.features.size()) / width;
-    if (n == 0) continue;
-    ctx.resize(sz(n * D));
-    project(mode, in.features.data(), n, width, W.main_proj.data(), D, ctx.data());
-    for (i64 t = 0; t < n; ++t) rms_norm(ctx.data() + t * D, D, W.main_norm.data(), eps);
-    for (std::size_t st = 0; st < W.draft_layers.size(); ++st) {
-      auto& ring = in.state->rings[st];
-      draft_kv_rows(W, W.draft_layers[st], mode, ctx.data(), n, ring.end(), kv);
-      for (i64 t = 0; t < n; ++t) ring.push(kv.data() + t * c.head_dim);
-    }
-  }
+  for (i64 s = 0; s < S; ++s) append_draft_context(W, mode, *batch[sz(s)].state, batch[sz(s)].features);
 
   // The blocks [anchor, noise × (B - 1)] through the stages (delayed mHC as the backbone).
   std::vector<float> streams(sz(T * hc * D));

@@ -157,6 +157,11 @@ class model {
   /// state of another model, features of the wrong width, a token out of range.
   result<draft_output> draft(std::span<const draft_input> batch) const;
 
+  /// Appends the features of tokens the target ran to a draft context without drafting (a
+  /// prompt's prefill chunks before its last): what draft does first. Errors: no draft
+  /// weights, a state of another model, features of the wrong width.
+  result<bool> extend_draft(draft_state& state, std::span<const float> features) const;
+
   /// Bounded replay: rebuilds a sequence from its persisted Block KV alone. `s` holds only
   /// restored Block KV blocks 0..B-1 (restore_block; no State KV, no SWA KV) and `tokens` are the
   /// sequence's P >= 128·B tokens. Instead of recomputing all P tokens, this recomputes only the

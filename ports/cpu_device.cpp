@@ -382,8 +382,16 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     row += static_cast<std::size_t>(rows[i]);
     const auto token_at = first;
     first += s.count;
-    if (!s.sample)
+    if (!s.sample) {
+      // A prefill chunk short of the prompt's end: its features only extend the draft
+      // context (so that a hand-off carries the prompt's).
+      if (propose && s.propose)
+        drafts.push_back({st.sequences.at(s.sequence), static_cast<std::int64_t>(s.position),
+                          std::span<const float>(features).subspan(token_at * width,
+                                                                   s.count * width),
+                          -1});
       continue;
+    }
     // Draw the token after the last non-draft token, then, while each draw equals the next
     // draft, the token after that draft: with counter-based draws (a draw depends on the
     // request's seed and the position only) the tokens are exactly those a step without
@@ -437,7 +445,9 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     auto made = st.backend->draft(drafts);
     if (!made)
       return fail(step.batch.front().sequence, made.error());
-    const auto block = made->tokens.size() / drafts.size();
+    const auto drafted = static_cast<std::size_t>(
+      std::count_if(drafts.begin(), drafts.end(), [](const auto& d) { return d.anchor >= 0; }));
+    const auto block = drafted > 0 ? made->tokens.size() / drafted : 0;
     // No more than a verify step can roll back.
     const auto n = std::min<std::size_t>(block, kernels::swa_rollback_tokens);
     std::size_t d = 0;
@@ -514,6 +524,11 @@ caf::result<runtime::kv_snapshot_ptr> run_export(cpu_device_state& st,
     return fail(swa.error());
   snap->state = checksummed(std::move(*state));
   snap->swa = checksummed(std::move(*swa));
+  auto draft = be.export_draft(id);
+  if (!draft)
+    return fail(draft.error());
+  if (!draft->empty())
+    snap->draft = checksummed(std::move(*draft));
   return runtime::kv_snapshot_ptr{std::move(snap)};
 }
 
@@ -542,6 +557,8 @@ caf::result<caf::ok_atom> run_import(cpu_device_state& st, const runtime::kv_imp
     return mismatch("State KV");
   if (!intact(snap->swa))
     return mismatch("SWA KV");
+  if (!snap->draft.bytes.empty() && !intact(snap->draft))
+    return mismatch("draft context");
   auto& be = *st.backend;
   const auto id = be.open_sequence();
   auto fail = [&](const std::string& why) {
@@ -555,6 +572,9 @@ caf::result<caf::ok_atom> run_import(cpu_device_state& st, const runtime::kv_imp
     return fail(ok.error());
   if (auto ok = be.import_swa(id, snap->swa.bytes); !ok)
     return fail(ok.error());
+  if (!snap->draft.bytes.empty())
+    if (auto ok = be.import_draft(id, snap->draft.bytes); !ok)
+      return fail(ok.error());
   auto length = be.length(id);
   if (!length || static_cast<std::uint64_t>(*length) != snap->length)
     return fail("the restored cache holds "

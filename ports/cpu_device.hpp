@@ -118,16 +118,19 @@ struct cpu_device_params {
 ///     the answer is 1 + accepted tokens, exactly those a step without drafts would have drawn
 ///     (greedy or seeded), and the rejected drafts are rolled back. A sequence with `propose`
 ///     gets the model's DSpark drafts for its next step (up to 6, with the confidence head's
-///     probabilities), from a draft context the device keeps per sequence (one that arrived by
-///     kv_import starts with an empty context at its length: its first drafts see only the
-///     tokens decoded here); a model without draft layers proposes none.
+///     probabilities), from a draft context the device keeps per sequence; a prefill chunk
+///     (no `sample`) with `propose` only extends that context. A sequence whose context does
+///     not reach its step's position (one that arrived by kv_import without a context, or was
+///     restored from stored blocks) starts an empty one there. A model without draft layers
+///     proposes none.
 ///   - device_release: closes the sequence (an unknown one is ignored).
-///   - kv_export: the sequence's length, Block KV blocks (from first_block), State KV and SWA
-///     KV (unless blocks_only), each with its XXH3-64, named by the model id;
-///     device_errc::unknown_sequence for a sequence it lacks.
-///   - kv_import: restores a sequence it does not hold from a snapshot of the same model id;
-///     anything wrong (another model, a checksum, corrupt or inconsistent bytes, a sequence it
-///     already holds) is device_errc::snapshot_rejected and leaves no sequence behind.
+///   - kv_export: the sequence's length, Block KV blocks (from first_block), State KV, SWA
+///     KV and its draft context when it has one (unless blocks_only), each with its XXH3-64,
+///     named by the model id; device_errc::unknown_sequence for a sequence it lacks.
+///   - kv_import: restores a sequence it does not hold (and its draft context, when the
+///     snapshot carries one) from a snapshot of the same model id; anything wrong (another
+///     model, a checksum, corrupt or inconsistent bytes, a sequence it already holds) is
+///     device_errc::snapshot_rejected and leaves no sequence behind.
 ///   - kv_keep: copies the sequence's State and SWA KV into host memory under the key, when
 ///     the sequence sits at a block boundary (else ignored), within `keep_bytes`.
 ///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's

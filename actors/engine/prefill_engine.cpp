@@ -246,6 +246,7 @@ void step(engine_ptr self) {
     ds.context_tokens += j.job.input_tokens - j.remaining + n;
     runtime::step_sequence seq{id, j.position, static_cast<std::uint32_t>(n), {},
                                n == j.remaining, j.job.sampling};
+    seq.propose = st.params.draft_context;
     if (!j.job.tokens.empty()) {
       auto from = j.job.tokens.begin() + static_cast<std::ptrdiff_t>(j.position);
       seq.tokens.assign(from, from + static_cast<std::ptrdiff_t>(n));

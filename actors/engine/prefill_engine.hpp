@@ -170,6 +170,11 @@ struct prefill_engine_params {
   /// Tokens recomputed at the end of a prompt even when all of it is cached: the sliding
   /// window KV is not persisted, so it is rebuilt by bounded replay.
   std::uint64_t replay_tokens = 128;
+  /// Speculative decoding downstream: every chunk asks the device for the request's DSpark
+  /// draft context too (step_sequence::propose), so that the KV hand-off carries it and the
+  /// decode instance drafts from the prompt at once. (The proposal the last chunk answers is
+  /// not used: the decode instance's first step asks again.)
+  bool draft_context = false;
   /// Real world: the cluster KV cache. With a valid `writer.store` and `writer.kv`, a job
   /// with a chain fetches its cached blocks from the store and persists the blocks it
   /// computed (through a block writer of its own); otherwise it computes its whole context.

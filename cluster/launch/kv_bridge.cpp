@@ -16,7 +16,7 @@ namespace troupe::cluster {
 namespace {
 
 constexpr std::uint32_t snapshot_magic = 0x53564b54;  // "TKVS"
-constexpr std::uint32_t snapshot_version = 1;
+constexpr std::uint32_t snapshot_version = 2;  // 2: the draft context
 
 template <class T>
 void put(std::string& out, T v) {
@@ -128,7 +128,8 @@ void follow(Self* self, const caf::actor& engine) {
 
 std::string encode_snapshot(const runtime::kv_snapshot& s) {
   std::string out;
-  std::size_t total = s.model.size() + s.state.bytes.size() + s.swa.bytes.size() + 64;
+  std::size_t total =
+    s.model.size() + s.state.bytes.size() + s.swa.bytes.size() + s.draft.bytes.size() + 80;
   for (const auto& b : s.blocks)
     total += b.bytes.size() + 16;
   out.reserve(total);
@@ -137,7 +138,7 @@ std::string encode_snapshot(const runtime::kv_snapshot& s) {
   put_bytes(out, s.model);
   put<std::uint64_t>(out, s.length);
   put<std::uint64_t>(out, s.blocks.size());
-  for (const auto* b : {&s.state, &s.swa}) {
+  for (const auto* b : {&s.state, &s.swa, &s.draft}) {
     put<std::uint64_t>(out, b->checksum);
     put_bytes(out, b->bytes);
   }
@@ -156,7 +157,7 @@ std::optional<runtime::kv_snapshot> decode_snapshot(std::string_view bytes) {
   s.model = r.bytes();
   s.length = r.get<std::uint64_t>();
   auto blocks = r.get<std::uint64_t>();
-  for (auto* b : {&s.state, &s.swa}) {
+  for (auto* b : {&s.state, &s.swa, &s.draft}) {
     b->checksum = r.get<std::uint64_t>();
     b->bytes = r.bytes();
   }

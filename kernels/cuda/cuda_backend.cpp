@@ -66,6 +66,12 @@ bool cuda_backend::has_draft() const { return false; }
 result<draft_output> cuda_backend::draft(std::span<const draft_request>) {
   return not_implemented<draft_output>();
 }
+result<std::string> cuda_backend::export_draft(sequence_id) const {
+  return not_implemented<std::string>();
+}
+result<bool> cuda_backend::import_draft(sequence_id, std::string_view) {
+  return not_implemented<bool>();
+}
 result<std::string> cuda_backend::export_block(sequence_id, std::int64_t) const {
   return not_implemented<std::string>();
 }

@@ -48,6 +48,8 @@ class cuda_backend final : public model_backend {
   result<bool> rollback(sequence_id id, std::int64_t k) override;
   bool has_draft() const override;
   result<draft_output> draft(std::span<const draft_request> batch) override;
+  result<std::string> export_draft(sequence_id id) const override;
+  result<bool> import_draft(sequence_id id, std::string_view bytes) override;
   result<std::string> export_block(sequence_id id, std::int64_t block) const override;
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override;
   result<std::int64_t> full_blocks(sequence_id id) const override;

@@ -196,6 +196,10 @@ struct kv_snapshot {
   kv_bytes state{};
   /// SWA KV: every layer's sliding-window ring.
   kv_bytes swa{};
+  /// The DSpark draft context (kernels/kv_blocks.hpp's serialize_draft), when the sequence has
+  /// one (speculative decoding): the importing device then drafts as the exporting one would.
+  /// Empty: none (the importing device starts one at `length`).
+  kv_bytes draft{};
 };
 
 /// The handle a snapshot travels by (never its bytes).

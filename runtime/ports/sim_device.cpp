@@ -60,7 +60,7 @@ namespace {
 /// The one snapshot every sim device answers exports with: empty, shared, made once.
 const kv_snapshot_ptr& empty_snapshot() {
   static const kv_snapshot_ptr snapshot = std::make_shared<const kv_snapshot>(
-    kv_snapshot{"sim", 0, {}, {}, {}});
+    kv_snapshot{"sim", 0, {}, {}, {}, {}});
   return snapshot;
 }
 

@@ -29,13 +29,15 @@ runtime::kv_snapshot sample() {
                                          0x1111u * static_cast<unsigned>(i + 1)});
   s.state = runtime::kv_bytes{std::string("state\0bytes", 11), 42};
   s.swa = runtime::kv_bytes{std::string(777, '\xff'), 7};
+  s.draft = runtime::kv_bytes{std::string(333, 'd'), 9};
   return s;
 }
 
 bool same(const runtime::kv_snapshot& a, const runtime::kv_snapshot& b) {
   if (a.model != b.model || a.length != b.length || a.blocks.size() != b.blocks.size()
       || a.state.bytes != b.state.bytes || a.state.checksum != b.state.checksum
-      || a.swa.bytes != b.swa.bytes || a.swa.checksum != b.swa.checksum)
+      || a.swa.bytes != b.swa.bytes || a.swa.checksum != b.swa.checksum
+      || a.draft.bytes != b.draft.bytes || a.draft.checksum != b.draft.checksum)
     return false;
   for (std::size_t i = 0; i < a.blocks.size(); ++i)
     if (a.blocks[i].bytes != b.blocks[i].bytes || a.blocks[i].checksum != b.blocks[i].checksum)

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/model_layout.hpp"
@@ -216,6 +217,37 @@ TEST_CASE("dspark: context fed in pieces, and a rollback, equal the context fed 
   CHECK(d->tokens == whole.tokens);
   CHECK(d->logits == whole.logits);
   CHECK(d->confidences == whole.confidences);
+}
+
+TEST_CASE("dspark: a context extended without drafting, or serialised and restored, drafts alike") {
+  model_options o;
+  o.batch_invariant = true;
+  const auto m = load(tiny_dir(), o);
+  const std::size_t row = std::size_t(3 * m.text().hidden_size);
+  const auto f = features_of(m, prompt(24, 5));
+  const auto whole = draft_one(m, std::span(f).first(20 * row), 42);
+  // 12 rows extended (no drafts), 8 more with the draft call.
+  auto st = m.new_draft_state();
+  REQUIRE(m.extend_draft(st, std::span(f).first(12 * row)).ok());
+  CHECK(st.length() == 12);
+  auto copy = m.new_draft_state();
+  REQUIRE(restore_draft(copy, serialize_draft(st)).ok());
+  CHECK(copy.length() == 12);
+  for (auto* s : {&st, &copy}) {
+    draft_input rest{s, std::span(f).subspan(12 * row, 8 * row), 42};
+    auto d = m.draft(std::span(&rest, 1));
+    REQUIRE_MESSAGE(d.ok(), d.error());
+    CHECK(d->tokens == whole.tokens);
+    CHECK(d->confidences == whole.confidences);
+  }
+  // Bad input is refused and leaves the state as it was.
+  CHECK(m.extend_draft(st, std::span(f).first(row - 1)).error().find("expected features of width") !=
+        std::string::npos);
+  auto bytes = serialize_draft(copy);
+  bytes[bytes.size() / 2] ^= 0x01;
+  CHECK_FALSE(restore_draft(st, bytes).ok());
+  CHECK_FALSE(restore_draft(st, "TKVW").ok());
+  CHECK(st.length() == 20);
 }
 
 TEST_CASE("dspark: the noise block works for several block sizes") {

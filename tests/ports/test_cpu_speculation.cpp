@@ -173,3 +173,60 @@ TEST_CASE("a step profile interpolates linearly and extends its last segment") {
   // Below the first point: never less than the fastest step.
   CHECK(p.seconds(0) == doctest::Approx(1.0));
 }
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a sequence handed over with its draft context drafts as if it had stayed") {
+  auto a = cpu(tiny_params());
+  auto b = cpu(tiny_params());
+  auto c = cpu(tiny_params());
+  const auto pr = prompt(150, 8);
+  // Device a prefills in two chunks, the first only extending the draft context; device c in
+  // one step.
+  auto head = seq(1, 0, {pr.begin(), pr.begin() + 100}, false);
+  head.propose = true;
+  REQUIRE(run(a, step({head})));
+  auto tail = seq(1, 100, {pr.begin() + 100, pr.end()});
+  tail.propose = true;
+  auto first = run(a, step({tail}));
+  REQUIRE(first);
+  auto whole = seq(1, 0, pr);
+  whole.propose = true;
+  auto first_c = run(c, step({whole}));
+  REQUIRE(first_c);
+  const auto t0 = first->sampled.at(0).token;
+  REQUIRE(first_c->sampled.at(0).token == t0);
+  REQUIRE(first->drafts.size() == 1);
+  CHECK(first->drafts[0].tokens == first_c->drafts.at(0).tokens);
+  CHECK(first->drafts[0].confidences == first_c->drafts[0].confidences);
+  // The hand-off carries the draft context.
+  auto snap = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1});
+  REQUIRE(snap);
+  CHECK_FALSE((*snap)->draft.bytes.empty());
+  REQUIRE(ask<caf::ok_atom>(b, runtime::kv_import{1, *snap}));
+  auto next = seq(1, pr.size(), {t0});
+  next.propose = true;
+  auto stayed = run(a, step({next}));
+  auto moved = run(b, step({next}));
+  REQUIRE(stayed);
+  REQUIRE(moved);
+  CHECK(moved->sampled.at(0).token == stayed->sampled.at(0).token);
+  REQUIRE(moved->drafts.size() == 1);
+  CHECK(moved->drafts[0].tokens == stayed->drafts.at(0).tokens);
+  CHECK(moved->drafts[0].confidences == stayed->drafts[0].confidences);
+  // Without it the importing device drafts from an empty context: other confidences.
+  auto bare = std::make_shared<runtime::kv_snapshot>(**snap);
+  bare->draft = {};
+  auto d = cpu(tiny_params());
+  REQUIRE(ask<caf::ok_atom>(d, runtime::kv_import{1, bare}));
+  auto blind = run(d, step({next}));
+  REQUIRE(blind);
+  CHECK(blind->sampled.at(0).token == stayed->sampled.at(0).token);
+  CHECK(blind->drafts.at(0).confidences != stayed->drafts[0].confidences);
+  // A corrupt draft context is refused like any other part of a snapshot.
+  auto bad = std::make_shared<runtime::kv_snapshot>(**snap);
+  bad->draft.bytes[bad->draft.bytes.size() / 2] ^= 0x01;
+  auto e = cpu(tiny_params());
+  auto refused = ask<caf::ok_atom>(e, runtime::kv_import{1, bad});
+  REQUIRE_FALSE(refused);
+  CHECK(runtime::is(refused.error(), device_errc::snapshot_rejected));
+}
