@@ -25,9 +25,7 @@ import os
 import pathlib
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -72,14 +70,8 @@ def main():
     ap.add_argument("--concurrent", type=int, default=8)
     ap.add_argument("--max-foreign", type=float, default=0.10)
     args = ap.parse_args()
-    tmp = None
-    model = args.model
-    if model is None:
-        tmp = tempfile.TemporaryDirectory(prefix="troupe-bench-spec-")
-        model = pathlib.Path(tmp.name) / "small"
-        subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
-                        "--out", str(model)], check=True, capture_output=True)
-    servers = {m: svg.Server(args.troupe, str(model), args.threads, ("--spec", m)) for m in MODES}
+    model, tmp = svg.model_or_small(args.troupe, args.model, "troupe-bench-spec-")
+    servers = {m: svg.Server(args.troupe, model, args.threads, ("--spec", m)) for m in MODES}
     try:
         want = text_of(servers["off"].port, args.tokens)
         for m in MODES[1:]:

@@ -172,6 +172,18 @@ def run_direct(troupe, model, ids, tokens, threads):
             "ttft": [t[0]], "itl": [b - a for a, b in zip(t, t[1:])], "chunks": len(t)}
 
 
+def model_or_small(troupe, model, prefix):
+    """(the model directory, the temporary directory holding it or None): `model`, else the
+    small preset written with seed 1 to a temporary directory."""
+    if model is not None:
+        return str(model), None
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    out = pathlib.Path(tmp.name) / "small"
+    subprocess.run([troupe, "model", "init", "--preset", "small", "--seed", "1", "--out", str(out)],
+                   check=True, capture_output=True)
+    return str(out), tmp
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--troupe", default=str(REPO / "build/troupe"))
@@ -185,14 +197,7 @@ def main():
     ap.add_argument("--max-foreign", type=float, default=0.10,
                     help="cores other processes may use during a run before it is dropped")
     args = ap.parse_args()
-    tmp = None
-    model = args.model
-    if model is None:
-        tmp = tempfile.TemporaryDirectory(prefix="troupe-bench-serve-")
-        model = pathlib.Path(tmp.name) / "small"
-        subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
-                        "--out", str(model)], check=True, capture_output=True)
-    model = str(model)
+    model, tmp = model_or_small(args.troupe, args.model, "troupe-bench-serve-")
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": args.tokens, "temperature": 0}
     ids = json.loads(subprocess.run([args.troupe, "encode", "--protocol", "chat", "-"],
