@@ -339,6 +339,12 @@ int main(int argc, char** argv) {
   sim->add_option("--spec", sim_opts.spec,
                   "speculative decoding: off (default), fixedK (verify K = 1..5 drafts every "
                   "step) or dspark (per-step verify lengths for the most tokens per second)");
+  sim->add_option("--expert-skew", sim_opts.expert_skew,
+                  "the routed experts' load: Zipf exponent over the experts (default 0: every "
+                  "expert alike); each EP group waits for its busiest rank");
+  sim->add_flag("--eplb", sim_opts.eplb,
+                "place the experts by load with one spare slot per rank for copies of hot "
+                "experts (the expert-parallel load balancer), instead of contiguous ranges");
   // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
   sim->add_flag("--plant-bug", sim_opts.plant_bug)->group("");
   sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");

@@ -1,11 +1,13 @@
 // The performance model: per-layer roofline, EP all-to-all, two-micro-batch overlap.
 #include "cluster/sim/perf_model.hpp"
 
+#include "actors/lb/expert_placement.hpp"
 #include "cluster/sim/expert_placement.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -179,7 +181,9 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
   if (l.moe) {
     const double k = m.experts_per_token;
     const double local_experts = max_experts_per_rank(m.routed_experts, ep); // balanced placement
-    const double pairs_local = t * k; // balanced: each GPU receives what it sends
+    // The busiest rank's token-expert pairs (balanced: each GPU receives what it sends).
+    const double balance = std::clamp(opt.moe_balance, 1e-3, 1.0);
+    const double pairs_local = t * k / balance;
     const double active = std::min(local_experts, pairs_local);
     double routed = roofline(2.0 * pairs_local * m.expert_params, r.gemm,
                              active * m.expert_params * m.expert_bytes_per_param, r.memory);
@@ -194,7 +198,8 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
     // Dispatch in FP8 (with a 4-byte scale per 128 channels), combine in BF16.
     double fp8_copy = m.hidden + m.hidden / 128.0 * 4.0;
     double bf16_copy = 2.0 * m.hidden;
-    c.comm = all_to_all(hw, a2a, ep, t, fp8_copy) + all_to_all(hw, a2a, ep, t, bf16_copy);
+    c.comm = all_to_all(hw, a2a, ep, t / balance, fp8_copy)
+             + all_to_all(hw, a2a, ep, t / balance, bf16_copy);
   } else {
     double params = 3.0 * m.hidden * m.dense_intermediate;
     c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
@@ -392,6 +397,25 @@ double draft_seconds(const model_profile& model, const hardware_profile& hw, std
   if (!r)
     return 0.0;
   return r->total_s * model.draft_layers / static_cast<double>(model.layers.size());
+}
+
+double expert_balance(const model_profile& model, std::uint32_t ep, double skew, bool eplb) {
+  const auto E = model.routed_experts;
+  if (E == 0 || ep <= 1)
+    return 1.0;
+  // Zipf over a fixed permutation (stride coprime with E when possible), so hot experts do
+  // not sit side by side in one contiguous range.
+  std::uint32_t stride = 37;
+  while (std::gcd(stride, E) != 1)
+    ++stride;
+  std::vector<double> load(E);
+  for (std::uint32_t i = 0; i < E; ++i)
+    load[(std::uint64_t{i} * stride + 11) % E] = 1.0 / std::pow(i + 1.0, skew);
+  if (!eplb)
+    return actors::contiguous_placement(load, ep).balancedness();
+  const auto slots = (E + ep - 1) / ep + 1;
+  auto placed = actors::place_experts({load, ep, slots});
+  return std::get<actors::expert_placement>(placed).balancedness();
 }
 
 runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,

@@ -60,7 +60,19 @@ struct perf_options {
   bool two_micro_batches = true;
   /// Fraction of Engram rows found in the host-memory cache (the rest are SSD random reads).
   double engram_host_hit_ratio = 0.95;
+  /// The balancedness of the routed experts' load over the EP ranks: mean / max rank load (1:
+  /// perfect, the calibration's assumption). A step waits for the busiest rank, so its routed
+  /// expert GEMMs and its all-to-all traffic are those of 1 / moe_balance times the mean rank's
+  /// tokens. `expert_balance` computes it for a skewed load.
+  double moe_balance = 1.0;
 };
+
+/// The balancedness (perf_options::moe_balance) of `model`'s routed experts over `ep` ranks
+/// when their load follows a Zipf law of exponent `skew` (0: every expert alike) over a fixed
+/// permutation of the experts: placed in contiguous ranges, or by EPLB
+/// (actors/lb/expert_placement.hpp) with one spare slot per rank for copies of hot experts.
+/// 1 for a model without routed experts or ep <= 1.
+double expert_balance(const model_profile& model, std::uint32_t ep, double skew, bool eplb);
 
 /// Where a step's time goes, in seconds. `total_s` is the step time; the parts are the modelled
 /// busy times (already divided by the end-to-end efficiency) and do not add up to it:

@@ -186,6 +186,12 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
 
   // Progress on stderr: a bar redrawn in place on a terminal, nothing otherwise.
   options.params.test_drop_on_reroute = options.params.test_drop_on_reroute || o.plant_bug;
+  if (!(o.expert_skew >= 0.0) || o.expert_skew > 10.0) {
+    err << "troupe sim: --expert-skew " << o.expert_skew << ": expected 0 .. 10\n";
+    return 1;
+  }
+  options.params.expert_skew = o.expert_skew;
+  options.params.eplb = o.eplb;
   if (auto spec = actors::parse_speculation(o.spec)) {
     options.params.speculation = spec->spec;
     options.params.fixed_drafts = spec->fixed_drafts;

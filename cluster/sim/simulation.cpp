@@ -180,11 +180,11 @@ runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t rank
 /// must read at least (every weight on the instance's GPUs once, and the block KV it attends
 /// over), for the report's MFU and HBM-bandwidth share.
 runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_profile& hw,
-                                    std::uint32_t ep, std::uint32_t ranks,
-                                    std::shared_ptr<busy_table> busy, std::string key,
-                                    std::shared_ptr<const fleet_state> fleet,
+                                    std::uint32_t ep, const perf_options& opt,
+                                    std::uint32_t ranks, std::shared_ptr<busy_table> busy,
+                                    std::string key, std::shared_ptr<const fleet_state> fleet,
                                     std::uint64_t batch_capacity, std::uint64_t kv_capacity) {
-  auto per_gpu = make_step_cost(model, hw, ep);
+  auto per_gpu = make_step_cost(model, hw, ep, opt);
   const double head = double(model.hidden) * model.vocab;
   const double decode_flops = 2.0 * model.active_params_decode;
   const double prefill_flops = 2.0 * model.active_params_prefill;
@@ -440,12 +440,23 @@ actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
   return l;
 }
 
+/// The performance model's options for an EP group of `ep` ranks under the run's expert load
+/// (sim_params::expert_skew, eplb).
+perf_options perf_for(const model_profile& model, std::uint32_t ep, double expert_skew,
+                      bool eplb) {
+  perf_options opt;
+  if (expert_skew > 0.0)
+    opt.moe_balance = expert_balance(model, ep, expert_skew, eplb);
+  return opt;
+}
+
 /// The autoscaler's parameters from the topology. Per-instance capacities come from the
 /// performance model: a prefill instance computes `step_tokens` cache-missed tokens per full
 /// chunked-prefill step, a decode instance holds `max_batch` requests in compute.
 actors::autoscaler_params autoscaler_params_for(
   const topology& topo, const pool_spec& prefill, const pool_spec& decode, const pool_spec* vision,
-  const model_profile& model, const hardware_profile& hw, const actors::prefill_engine_params& pe,
+  const model_profile& model, const hardware_profile& hw, const perf_options& prefill_opt,
+  const actors::prefill_engine_params& pe,
   const actors::decode_engine_params& de,
   std::function<runtime::child_spec(actors::instance_id)> make_prefill,
   std::function<runtime::child_spec(actors::instance_id)> make_decode, caf::actor cluster,
@@ -461,7 +472,7 @@ actors::autoscaler_params autoscaler_params_for(
   ap.prefill_lb = std::move(prefill_lb);
   ap.decode_lb = std::move(decode_lb);
   auto ranks = prefill.gpus_per_instance;
-  auto per_gpu = make_step_cost(model, hw, prefill.ep_size);
+  auto per_gpu = make_step_cost(model, hw, prefill.ep_size, prefill_opt);
   runtime::device_step step;
   step.phase = runtime::step_phase::prefill;
   step.tokens = (pe.step_tokens + ranks - 1) / ranks;
@@ -666,7 +677,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto name = pool.name;
     auto per_gpu_batch = pool.role == pool_role::decode ? p.decode_requests_per_gpu : 0;
     ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts,
-                    kv_tokens = p.decode_kv_tokens, history](
+                    kv_tokens = p.decode_kv_tokens, history, skew = p.expert_skew,
+                    eplb = p.eplb](
                      caf::local_actor* self, actors::instance_id id, std::uint32_t rank,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
@@ -679,7 +691,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                          : kv_tokens > 0  ? kv_tokens
                                           : kv_capacity_tokens(m, h, size, ep);
       auto device = runtime::spawn_sim_device(
-        self->system(), instance_cost(m, h, ep, size, busy, key, fleet,
+        self->system(), instance_cost(m, h, ep, perf_for(m, ep, skew, eplb), size, busy, key, fleet,
                                       std::uint64_t{per_gpu_batch} * size, kv_capacity),
         drafts);
       // The GPU is held from now until its device exits (docs/report.md, "gpus").
@@ -741,7 +753,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   if (p.speculation == actors::speculation::dspark) {
     // DSpark's cost curve: the step time of the pool's configured instance, per GPU share as
     // instance_cost divides it (without its bookkeeping; a slowdown scales every choice alike).
-    auto per_gpu = make_step_cost(*model, *hw, decode_pool->ep_size);
+    auto per_gpu = make_step_cost(*model, *hw, decode_pool->ep_size,
+                                  perf_for(*model, decode_pool->ep_size, p.expert_skew, p.eplb));
     de.step_cost = [per_gpu, ranks = decode_pool->gpus_per_instance](const runtime::device_step& s) {
       return per_gpu(gpu_share(s, ranks));
     };
@@ -780,6 +793,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   if (topo.autoscaler.enabled) {
     scale_log = std::make_shared<actors::autoscaler_log>();
     auto ap = autoscaler_params_for(topo, *prefill_pool, *decode_pool, vision_pool, *model, *hw,
+                                    perf_for(*model, prefill_pool->ep_size, p.expert_skew, p.eplb),
                                     pe, de, make_prefill, make_decode, cluster, prefill_lb,
                                     decode_lb, scale_log);
     ap.test_order_one_more = p.test_autoscaler_order_one_more;
@@ -992,6 +1006,17 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                              {"drafts_per_verify", ratio(verified, seqs)},
                              {"tokens_per_verify", tidy(1.0 + ratio(accepted, seqs))}};
   }
+  if (p.expert_skew > 0.0) {
+    auto balance = [&](const pool_spec* pool, bool eplb) {
+      return tidy(expert_balance(*model, pool->ep_size, p.expert_skew, eplb));
+    };
+    report["experts"] = {{"skew", p.expert_skew},
+                         {"eplb", p.eplb},
+                         {"prefill_balancedness", balance(prefill_pool, p.eplb)},
+                         {"decode_balancedness", balance(decode_pool, p.eplb)},
+                         {"decode_balancedness_contiguous", balance(decode_pool, false)},
+                         {"decode_balancedness_eplb", balance(decode_pool, true)}};
+  }
   report["sim"] = {{"virtual_s", tidy(virtual_s)}, {"events", events}};
   if (!options.faults.empty()) {
     // Every fault of the timeline, marked injected or not (and why not).
@@ -1192,6 +1217,12 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + num(r["speculation"]["drafts_per_verify"], 2) + " drafts verified, "
            + num(r["speculation"]["tokens_per_verify"], 2) + " tokens per verifying step, "
            + num(r["speculation"]["acceptance"], 3) + " of drafts accepted\n";
+  if (r.contains("experts"))
+    out += "  experts     skew " + num(r["experts"]["skew"], 2) + (r["experts"]["eplb"].get<bool>() ? ", EPLB" : ", contiguous")
+           + ": balancedness prefill " + num(r["experts"]["prefill_balancedness"], 3) + ", decode "
+           + num(r["experts"]["decode_balancedness"], 3) + " (decode contiguous "
+           + num(r["experts"]["decode_balancedness_contiguous"], 3) + ", EPLB "
+           + num(r["experts"]["decode_balancedness_eplb"], 3) + ")\n";
   out += "  kv cache    block hit rate " + num(r["kv"]["block_hit_rate"].get<double>() * 100)
          + "%, token hit rate " + num(r["kv"]["token_hit_rate"].get<double>() * 100) + "%, "
          + std::to_string(r["kv"]["persisted_blocks"].get<std::uint64_t>())

@@ -76,6 +76,12 @@ struct sim_params {
   actors::speculation speculation = actors::speculation::off;
   std::uint32_t fixed_drafts = 5;
   runtime::sim_draft_model drafts;
+  /// The routed experts' load: Zipf exponent over the experts (0: every expert alike, the
+  /// performance model's calibration), and whether EPLB places them (one spare slot per rank
+  /// for copies of hot experts) or they sit in contiguous ranges. Each EP group's steps wait
+  /// for its busiest rank (perf_options::moe_balance, expert_balance).
+  double expert_skew = 0.0;
+  bool eplb = false;
   /// Block TTLs by traffic class name that replace the topology's `storage.ttl` entries (the
   /// swarm draws short ones, so that blocks expire within a run). Empty: the topology's.
   std::map<std::string, runtime::duration> kv_ttl;

@@ -313,6 +313,34 @@ TEST_CASE("sequences asking for drafts add the draft layers' share of their bloc
   CHECK(draft_seconds(m, h, 64, s) == 0.0);
 }
 
+TEST_CASE("a skewed expert load slows the busiest rank; EPLB's placement recovers it") {
+  auto m = model("deepseek-v4.1-flash");
+  auto h = hardware("H800");
+  CHECK(expert_balance(m, 64, 0.0, false) == doctest::Approx(1.0));  // 256 experts, 4 per rank
+  CHECK(expert_balance(m, 1, 1.0, false) == 1.0);
+  const double contiguous = expert_balance(m, 64, 1.0, false);
+  const double placed = expert_balance(m, 64, 1.0, true);
+  MESSAGE("Zipf 1.0 over 256 experts on EP64: contiguous " << contiguous << ", EPLB " << placed);
+  CHECK(contiguous < 0.6);
+  CHECK(placed > 0.95);
+  CHECK(expert_balance(m, 64, 0.5, false) > contiguous);  // milder skew, milder imbalance
+  const batch b{4096, 4096, 4096 * 4096};  // a decode step of 4,096 sequences per GPU
+  perf_options even, skewed, balanced;
+  skewed.moe_balance = contiguous;
+  balanced.moe_balance = placed;
+  auto base = step_time(m, h, phase::decode, 64, b, even);
+  auto slow = step_time(m, h, phase::decode, 64, b, skewed);
+  auto eplb = step_time(m, h, phase::decode, 64, b, balanced);
+  REQUIRE(base.ok());
+  REQUIRE(slow.ok());
+  REQUIRE(eplb.ok());
+  CHECK(slow->moe_s > base->moe_s);
+  CHECK(slow->communication_s > base->communication_s);
+  CHECK(slow->total_s > 1.05 * base->total_s);
+  CHECK(eplb->total_s < 1.05 * base->total_s);
+  CHECK(slow->attention_s == doctest::Approx(base->attention_s));  // attention is per token
+}
+
 // --- model profiles ----------------------------------------------------------------------------
 
 TEST_CASE("the V3 config reads as 61 MLA layers, 3 dense, 256 experts top-8, ~37B active") {
