@@ -199,6 +199,9 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "speculative decoding: off (default), fixedK (verify K = 1..5 drafts every "
                   "step) or dspark (per-step verify lengths under the device's measured step "
                   "times); drafts come from the model's DSpark layers");
+  cmd->add_option("--overlap", o.overlap,
+                  "overlapped scheduling: on (default: each decode step is built while the "
+                  "previous one runs) or off; speculating engines step unoverlapped");
   cmd->add_option("--kv-dir", o.kv_dir,
                   "the KV block store's directory (default: the topology's [storage] path)");
   cmd->add_option("--grace", grace_s,
@@ -339,6 +342,10 @@ int main(int argc, char** argv) {
   sim->add_option("--spec", sim_opts.spec,
                   "speculative decoding: off (default), fixedK (verify K = 1..5 drafts every "
                   "step) or dspark (per-step verify lengths for the most tokens per second)");
+  sim->add_option("--overlap", sim_opts.overlap,
+                  "overlapped decode scheduling: on (default: each step is built while the "
+                  "previous one runs) or off (the device waits for the scheduler's time "
+                  "between steps); speculating engines step unoverlapped");
   sim->add_option("--expert-skew", sim_opts.expert_skew,
                   "the routed experts' load: Zipf exponent over the experts (default 0: every "
                   "expert alike); each EP group waits for its busiest rank");

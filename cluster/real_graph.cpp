@@ -128,6 +128,7 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
     de.max_batch = params.max_batch;
     de.spec = params.spec.spec;
     de.fixed_drafts = params.spec.fixed_drafts;
+    de.overlap = params.overlap;
     de.step_cost = params.step_cost;
     for (auto i : instances)
       cfg.children.push_back(actors::decode_instance(

@@ -44,6 +44,8 @@ struct real_graph_params {
   /// Speculative decoding on the decode instances, and DSpark's step-time curve (a decode
   /// device's profile).
   actors::speculation_setting spec;
+  /// Overlapped scheduling on the decode instances (decode_engine_params::overlap).
+  bool overlap = true;
   runtime::step_cost_fn step_cost;
   /// Receives every request_outcome (may be invalid).
   caf::actor outcomes;

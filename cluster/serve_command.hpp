@@ -57,6 +57,9 @@ struct serve_options {
   /// Speculative decoding on the decode instances: off, fixed1 .. fixed5 or dspark (the
   /// model's DSpark draft layers propose; docs/serve.md, "Speculative decoding").
   std::string spec = "off";
+  /// Overlapped scheduling on the decode instances: on (default) or off
+  /// (decode_engine_params::overlap; docs/serve.md, "Overlapped scheduling").
+  std::string overlap = "on";
   /// SIGTERM: requests in flight get this long to finish.
   std::chrono::seconds grace{30};
   /// Called with the bound port once the server is ready (tests); may be empty.

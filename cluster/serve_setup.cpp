@@ -81,6 +81,8 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
   // Speculative decoding: a known mode, and draft layers to propose with.
   if (!actors::parse_speculation(o.spec))
     return fail("--spec " + o.spec + ": expected off, fixed1 .. fixed5 or dspark");
+  if (o.overlap != "on" && o.overlap != "off")
+    return fail("--overlap " + o.overlap + ": expected on or off");
   if (o.spec != "off") {
     auto ckpt = kernels::checkpoint::open(o.model);
     if (!ckpt)
@@ -160,6 +162,7 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   // (--spec was checked by load_serve_inputs.)
   const auto spec = actors::parse_speculation(o.spec).value_or(actors::speculation_setting{});
   gp.spec = spec;
+  gp.overlap = o.overlap == "on";
   // DSpark's cost curve: the first decode device to load measures its step times.
   std::shared_ptr<ports::step_profile> profile;
   if (spec.spec == actors::speculation::dspark) {

@@ -97,6 +97,8 @@ struct cpu_device_state {
   std::int64_t vocab = 0;
   /// The port's sequence ids -> the backend's.
   std::map<std::uint64_t, kernels::sequence_id> sequences;
+  /// The last token drawn for each sequence (what a `feed_drawn` step feeds).
+  std::map<std::uint64_t, std::int32_t> drawn;
   /// Kept State and SWA KV by block key, and their recency (most recent first).
   std::map<runtime::store_key, kept_state> kept;
   std::list<runtime::store_key> recency;
@@ -297,6 +299,8 @@ caf::error validate(const cpu_device_state& st, const runtime::device_step& step
     if (s.verify > static_cast<std::uint32_t>(kernels::swa_rollback_tokens))
       return "verifies " + std::to_string(s.verify) + " drafts; at most "
              + std::to_string(kernels::swa_rollback_tokens) + " can be rolled back";
+    if (s.feed_drawn && st.drawn.count(s.sequence) == 0)
+      return std::string("feed_drawn, but no token was drawn for it");
     for (auto t : s.tokens)
       if (t < 0 || t >= st.vocab)
         return "token " + std::to_string(t) + " is outside the vocabulary of "
@@ -316,6 +320,7 @@ void release(cpu_device_state& st, std::uint64_t seq) {
     return;
   (void) st.backend->close_sequence(i->second);
   st.sequences.erase(i);
+  st.drawn.erase(seq);
 }
 
 caf::result<runtime::device_result> run_step(self_ptr self, const runtime::device_step& step) {
@@ -335,6 +340,8 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
   for (std::size_t i = 0; i < step.batch.size(); ++i) {
     const auto& s = step.batch[i];
     tokens[i].assign(s.tokens.begin(), s.tokens.end());
+    if (s.feed_drawn)
+      tokens[i][0] = st.drawn.at(s.sequence);
     auto [it, fresh] = st.sequences.try_emplace(s.sequence, 0);
     if (fresh) {
       it->second = st.backend->open_sequence();
@@ -434,6 +441,7 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     if (rejected > 0)
       if (auto ok = st.backend->rollback(st.sequences.at(s.sequence), rejected); !ok)
         return fail(s.sequence, ok.error());
+    st.drawn[s.sequence] = last;
     if (propose && s.propose) {
       const auto kept = s.count - rejected;
       drafts.push_back({st.sequences.at(s.sequence), static_cast<std::int64_t>(s.position),

@@ -60,6 +60,8 @@ struct running {
   /// flight verifies.
   runtime::draft_proposal proposal;
   std::uint32_t verifying = 0;
+  /// Steps in flight that draw a token for this job (at most 2, with overlap).
+  std::uint32_t pending = 0;
   /// Generated since the last progress notice.
   std::vector<std::int32_t> ids;
   std::vector<runtime::sampled_token> logprobs;
@@ -89,7 +91,15 @@ struct decode_engine_state {
   /// Jobs whose KV is in transfer, and those of them cancelled meanwhile.
   std::set<std::uint64_t> transferring;
   std::set<std::uint64_t> cancelled;
-  bool stepping = false;
+  /// Steps sent to the device and not answered yet (at most 1; 2 with overlap), and for each,
+  /// whether it was built while the previous one ran or right at its end (its gap after that
+  /// one is scheduling, not a lack of work).
+  std::uint32_t in_flight = 0;
+  std::deque<bool> chained;
+  /// Inside the result handler: a step built now follows the one just answered.
+  bool answering = false;
+  /// When the last answered step finished on the device.
+  runtime::time_point last_finished{};
   std::uint64_t next_step = 1;
   std::function<void()> leave;
   /// Drain: a notice came; the grace ended (hand off at the next step boundary); handed off.
@@ -219,7 +229,7 @@ void store_filled(engine_ptr self, running& run) {
 }
 
 bool idle(const decode_engine_state& st) {
-  return st.batch.empty() && st.waiting.empty() && st.in_transfer == 0 && !st.stepping;
+  return st.batch.empty() && st.waiting.empty() && st.in_transfer == 0 && st.in_flight == 0;
 }
 
 /// The drafts each job of the batch verifies this step, in batch order (empty: none verifies
@@ -260,36 +270,51 @@ std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
   return lengths;
 }
 
+/// Steps that may be in flight: 2 with overlap (the next is built while one runs), else 1.
+/// Speculation runs unoverlapped: a step's drafts and accepted count are the next one's inputs.
+std::uint32_t depth(const decode_engine_state& st) {
+  return st.params.overlap && st.params.spec == speculation::off ? 2 : 1;
+}
+
+void on_result(engine_ptr self, runtime::device_result& r);
+
 void step(engine_ptr self) {
   auto& st = self->state;
-  if (st.stepping || st.handed_off)
+  if (st.handed_off || st.in_flight >= depth(st))
     return;
-  // A draining instance whose work is all done leaves at once (nothing to forward).
+  // A draining instance whose work is all done leaves at once (nothing to forward); one whose
+  // grace ended leaves once its steps in flight are answered.
   if (st.draining && (st.handoff_due || idle(st))) {
-    hand_off(self);
+    if (st.in_flight == 0)
+      hand_off(self);
     return;
   }
   admit(self);
   if (st.batch.empty())
     return;
-  st.stepping = true;
+  // With a step in flight (overlap), this one is built before that one's tokens are known.
+  const bool ahead = st.in_flight > 0;
   const auto verify = verify_lengths(st);
-  runtime::device_step ds{st.next_step++, runtime::step_phase::decode, st.batch.size(),
-                          static_cast<std::uint32_t>(st.batch.size()), st.batch_kv, 0, {}};
+  runtime::device_step ds{st.next_step, runtime::step_phase::decode, 0, 0, 0, 0, {}};
   ds.batch.reserve(st.batch.size());
   std::size_t at = 0;
   for (auto& [id, run] : st.batch) {
-    runtime::step_sequence seq{id, run.job.context_tokens + run.generated, 1, {}, true,
-                               run.job.sampling};
+    const auto verifying = verify.empty() ? 0 : verify[at++];
+    // The step in flight draws this job's last token: nothing left for this one.
+    if (run.generated + run.pending >= run.job.output_tokens)
+      continue;
+    const auto position = run.job.context_tokens + run.generated + run.pending;
+    runtime::step_sequence seq{id, position, 1, {}, true, run.job.sampling};
     // Every job asks for drafts when speculation is on: a real device accepts a draft when it
     // equals the token it draws at that position (greedy or seeded), so a job's output is the
     // one it has without drafts.
     seq.propose = st.params.spec != speculation::off;
     ds.proposing += seq.propose ? 1 : 0;
-    run.verifying = verify.empty() ? 0 : verify[at++];
+    run.verifying = verifying;
     seq.verify = run.verifying;
     seq.count += run.verifying;
-    ds.tokens += run.verifying;
+    ds.tokens += 1 + run.verifying;
+    ds.context_tokens += position;
     if (!run.job.context.empty()) {
       if (!run.on_device) {
         // Rebuild the context's KV here, in the same step (decode_engine.hpp).
@@ -298,115 +323,154 @@ void step(engine_ptr self) {
         seq.tokens = run.job.context;
         run.on_device = true;
       }
-      seq.tokens.push_back(run.last);
-      if (st.store)
-        run.held.push_back(run.last);
+      if (run.pending > 0) {
+        // The token to feed is the one the step in flight draws: the device patches it in
+        // (the ids the cache holds get it when it arrives).
+        seq.feed_drawn = true;
+        seq.tokens.push_back(0);
+      } else {
+        seq.tokens.push_back(run.last);
+        if (st.store)
+          run.held.push_back(run.last);
+      }
       seq.tokens.insert(seq.tokens.end(), run.proposal.tokens.begin(),
                         run.proposal.tokens.begin() + run.verifying);
     }
+    ++run.pending;
     ds.batch.push_back(std::move(seq));
   }
+  if (ds.batch.empty())
+    return;
+  ds.sequences = static_cast<std::uint32_t>(ds.batch.size());
+  if (st.params.prepare_cost)
+    ds.prepare = st.params.prepare_cost(ds);
+  ++st.next_step;
+  ++st.in_flight;
+  st.chained.push_back(ahead || st.answering);
   self->request(st.device, caf::infinite, std::move(ds))
-    .then(
-      [self](runtime::device_result& r) {
-        auto& st = self->state;
-        st.stepping = false;
-        ++st.stats.steps;
-        st.stats.busy += r.finished - r.started;
-        std::vector<filled_blocks> filled;
-        const auto verified_before = st.stats.verify_steps;
-        const auto drafts_before = st.stats.drafts_verified;
-        const auto accepted_before = st.stats.drafts_accepted;
-        // The sampled tokens (and proposals) come in batch order, i.e. by request id; a job
-        // cancelled while the step ran has none of its own any more.
-        auto sampled = r.sampled.begin();
-        auto proposal = r.drafts.begin();
-        for (auto i = st.batch.begin(); i != st.batch.end();) {
-          auto& run = i->second;
-          while (sampled != r.sampled.end() && sampled->sequence < i->first)
-            ++sampled;
-          while (proposal != r.drafts.end() && proposal->sequence < i->first)
-            ++proposal;
-          if (sampled == r.sampled.end() || sampled->sequence != i->first) {
-            ++i;  // admitted after this step was built (cannot happen today): next step
-            continue;
-          }
-          // This sequence's tokens: one, plus one per accepted draft.
-          const auto first = sampled;
-          while (sampled != r.sampled.end() && sampled->sequence == i->first)
-            ++sampled;
-          const auto answered = static_cast<std::uint64_t>(sampled - first);
-          if (run.verifying > 0) {
-            ++st.stats.verify_steps;
-            st.stats.drafts_verified += run.verifying;
-            st.stats.drafts_accepted += answered - 1;
-          }
-          run.proposal = {};
-          if (proposal != r.drafts.end() && proposal->sequence == i->first)
-            run.proposal = std::move(*proposal++);
-          // Real world: the accepted drafts are in the device's cache too.
-          if (!run.job.context.empty() && st.store)
-            for (auto t = first; t + 1 < sampled; ++t)
-              run.held.push_back(t->token);
-          bool done = false;
-          for (auto t = first; t != sampled && !done; ++t) {
-            ++st.stats.tokens;
-            ++run.generated;
-            ++st.batch_kv;
-            run.last = t->token;
-            run.ids.push_back(t->token);
-            if (run.job.sampling.top_logprobs >= 0)
-              run.logprobs.push_back(std::move(*t));
-            run.stopped = is_stop(run.job, run.last);
-            const auto length = run.job.context_tokens + run.generated;
-            done = run.stopped || run.generated >= run.job.output_tokens;
-            const bool full = length % block_size == 0;
-            if (full)
-              ++run.blocks;
-            if (!run.job.context.empty()) {
-              // Real world: key the blocks by their ids and store their bytes (before a
-              // release).
-              if (full && st.store)
-                store_filled(self, run);
-            } else if (full || (done && run.blocks > 0)) {
-              filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
-                                             length / block_size - 1, full ? 1u : 0u,
-                                             run.job.traffic, done});
-            }
-          }
-          if (!done && run.job.progress_every > 0 && run.ids.size() >= run.job.progress_every
-              && run.progress_to) {
-            caf::anon_send(run.progress_to,
-                           decode_progress{i->first, st.params.instance, run.generated,
-                                           std::move(run.ids), std::move(run.logprobs)});
-            run.ids.clear();
-            run.ids.reserve(run.job.progress_every);
-            run.logprobs.clear();
-          }
-          if (done) {
-            decode_done d{i->first, st.params.instance, run.arrived, run.joined, r.finished,
-                          run.generated, run.blocks};
-            d.stopped = run.stopped;
-            d.ids = std::move(run.ids);
-            d.logprobs = std::move(run.logprobs);
-            run.rp.deliver(std::move(d));
-            self->send(st.device, runtime::device_release{i->first});
-            st.batch_kv -= run.job.context_tokens + run.generated;
-            ++st.stats.jobs_done;
-            i = st.batch.erase(i);
-          } else {
-            ++i;
-          }
-        }
-        if (!filled.empty() && st.persist)
-          st.persist(filled);
-        if (st.params.on_verify && st.stats.verify_steps > verified_before)
-          st.params.on_verify(st.stats.verify_steps - verified_before,
-                              st.stats.drafts_verified - drafts_before,
-                              st.stats.drafts_accepted - accepted_before);
-        step(self);
-      },
-      [self](const caf::error& err) { self->quit(err); });
+    .then([self](runtime::device_result& r) { on_result(self, r); },
+          [self](const caf::error& err) { self->quit(err); });
+  // Overlap: the next step is prepared while this one runs.
+  step(self);
+}
+
+void on_result(engine_ptr self, runtime::device_result& r) {
+  auto& st = self->state;
+  --st.in_flight;
+  ++st.stats.steps;
+  st.stats.busy += r.finished - r.started;
+  runtime::duration stalled{0};
+  if (st.chained.front()) {
+    ++st.stats.chained_steps;
+    if (r.started > st.last_finished)
+      stalled = r.started - st.last_finished;
+    st.stats.stalled += stalled;
+  }
+  st.chained.pop_front();
+  st.last_finished = r.finished;
+  if (st.params.on_step)
+    st.params.on_step(r.started, r.finished, stalled);
+  std::vector<filled_blocks> filled;
+  const auto verified_before = st.stats.verify_steps;
+  const auto drafts_before = st.stats.drafts_verified;
+  const auto accepted_before = st.stats.drafts_accepted;
+  // The sampled tokens (and proposals) come in batch order, i.e. by request id; a job
+  // cancelled or finished while the step ran has none of its own any more, and one that joined
+  // after it was built has none yet.
+  auto sampled = r.sampled.begin();
+  auto proposal = r.drafts.begin();
+  for (auto i = st.batch.begin(); i != st.batch.end();) {
+    auto& run = i->second;
+    while (sampled != r.sampled.end() && sampled->sequence < i->first)
+      ++sampled;
+    while (proposal != r.drafts.end() && proposal->sequence < i->first)
+      ++proposal;
+    if (sampled == r.sampled.end() || sampled->sequence != i->first) {
+      ++i;
+      continue;
+    }
+    --run.pending;
+    // This sequence's tokens: one, plus one per accepted draft.
+    const auto first = sampled;
+    while (sampled != r.sampled.end() && sampled->sequence == i->first)
+      ++sampled;
+    const auto answered = static_cast<std::uint64_t>(sampled - first);
+    if (run.verifying > 0) {
+      ++st.stats.verify_steps;
+      st.stats.drafts_verified += run.verifying;
+      st.stats.drafts_accepted += answered - 1;
+    }
+    run.proposal = {};
+    if (proposal != r.drafts.end() && proposal->sequence == i->first)
+      run.proposal = std::move(*proposal++);
+    // Real world: the accepted drafts are in the device's cache too, and so is the last token
+    // when a step in flight feeds it.
+    if (!run.job.context.empty() && st.store) {
+      for (auto t = first; t + 1 < sampled; ++t)
+        run.held.push_back(t->token);
+      if (run.pending > 0)
+        run.held.push_back((sampled - 1)->token);
+    }
+    bool done = false;
+    for (auto t = first; t != sampled && !done; ++t) {
+      ++st.stats.tokens;
+      ++run.generated;
+      ++st.batch_kv;
+      run.last = t->token;
+      run.ids.push_back(t->token);
+      if (run.job.sampling.top_logprobs >= 0)
+        run.logprobs.push_back(std::move(*t));
+      run.stopped = is_stop(run.job, run.last);
+      const auto length = run.job.context_tokens + run.generated;
+      done = run.stopped || run.generated >= run.job.output_tokens;
+      const bool full = length % block_size == 0;
+      if (full)
+        ++run.blocks;
+      if (!run.job.context.empty()) {
+        // Real world: key the blocks by their ids and store their bytes (before a release).
+        if (full && st.store)
+          store_filled(self, run);
+      } else if (full || (done && run.blocks > 0)) {
+        filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
+                                       length / block_size - 1, full ? 1u : 0u,
+                                       run.job.traffic, done});
+      }
+    }
+    if (!done && run.job.progress_every > 0 && run.ids.size() >= run.job.progress_every
+        && run.progress_to) {
+      caf::anon_send(run.progress_to,
+                     decode_progress{i->first, st.params.instance, run.generated,
+                                     std::move(run.ids), std::move(run.logprobs)});
+      run.ids.clear();
+      run.ids.reserve(run.job.progress_every);
+      run.logprobs.clear();
+    }
+    if (done) {
+      // (A step in flight that still computes a token for it — it ended on a stop id — is
+      // answered before the release reaches the device; that token is dropped.)
+      decode_done d{i->first, st.params.instance, run.arrived, run.joined, r.finished,
+                    run.generated, run.blocks};
+      d.stopped = run.stopped;
+      d.ids = std::move(run.ids);
+      d.logprobs = std::move(run.logprobs);
+      run.rp.deliver(std::move(d));
+      self->send(st.device, runtime::device_release{i->first});
+      st.batch_kv -= run.job.context_tokens + run.generated;
+      ++st.stats.jobs_done;
+      i = st.batch.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  if (!filled.empty() && st.persist)
+    st.persist(filled);
+  if (st.params.on_verify && st.stats.verify_steps > verified_before)
+    st.params.on_verify(st.stats.verify_steps - verified_before,
+                        st.stats.drafts_verified - drafts_before,
+                        st.stats.drafts_accepted - accepted_before);
+  st.answering = true;
+  step(self);
+  st.answering = false;
 }
 
 decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engine_params params,

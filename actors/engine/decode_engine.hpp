@@ -202,6 +202,20 @@ struct decode_engine_params {
   /// Called after each step that verified drafts: sequences that verified, drafts verified,
   /// drafts accepted (the simulation's report; may be empty).
   std::function<void(std::uint64_t, std::uint64_t, std::uint64_t)> on_verify;
+  /// Overlapped scheduling: step N+1 is built and sent while step N runs, so that the device
+  /// does not wait for the scheduler between steps. Only N's sampled tokens are missing when
+  /// N+1 is built: the device feeds them itself (step_sequence::feed_drawn). The costs: a job
+  /// joins the batch one step later, and a job that ends on a stop id has one more token
+  /// computed for it, dropped. Not with speculation: a step's drafts and accepted count are
+  /// the next step's inputs, so speculating engines step unoverlapped.
+  bool overlap = false;
+  /// The scheduler's CPU time to build a step (device_step::prepare): the simulated world's
+  /// charge for it, which overlap hides; empty in the real world, whose time is real.
+  runtime::step_cost_fn prepare_cost;
+  /// Called with every step's start and end on the device's clock, and the device's idle time
+  /// before it when the batch had work throughout (engine_stats::stalled): a timeline (may be
+  /// empty).
+  std::function<void(runtime::time_point, runtime::time_point, runtime::duration)> on_step;
 };
 
 /// Called once per step that filled a block, with an entry for each request whose KV filled a

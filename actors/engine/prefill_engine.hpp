@@ -122,6 +122,10 @@ struct engine_stats {
   std::uint64_t jobs_in_flight = 0;
   /// Device time spent in steps (for utilisation).
   runtime::duration busy{0};
+  /// Decode: steps built while the previous one ran or at its end (the batch had work
+  /// throughout), and the device's idle time before them: what the scheduler cost the device.
+  std::uint64_t chained_steps = 0;
+  runtime::duration stalled{0};
   /// Decode with speculation: sequence-steps that verified drafts, drafts verified, and drafts
   /// accepted.
   std::uint64_t verify_steps = 0;
@@ -142,7 +146,7 @@ struct engine_stats {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.instance, x.steps, x.tokens, x.jobs_done,
-           x.jobs_in_flight, x.busy, x.verify_steps, x.drafts_verified, x.drafts_accepted,
+           x.jobs_in_flight, x.busy, x.chained_steps, x.stalled, x.verify_steps, x.drafts_verified, x.drafts_accepted,
            x.kv_import_failures, x.cached_tokens, x.blocks_fetched, x.fetch_misses,
            x.restore_failures);
 }

@@ -548,6 +548,8 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     add("--prefill-chunk", std::to_string(s.prefill_chunk));
   if (s.spec != "off")
     add("--spec", s.spec);
+  if (s.overlap != "on")
+    add("--overlap", s.overlap);
   std::vector<launch_process> plan;
   auto node = [&](std::string name, std::string role, std::uint32_t index,
                   std::vector<std::string> extra) {

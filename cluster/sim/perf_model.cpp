@@ -382,6 +382,12 @@ result<step_breakdown> step_time(const model_profile& m, const hardware_profile&
   return out;
 }
 
+double schedule_seconds(const runtime::device_step& step, const perf_options& opt) {
+  if (step.sequences == 0)
+    return 0.0;
+  return opt.schedule_fixed_s + opt.schedule_per_sequence_s * static_cast<double>(step.sequences);
+}
+
 double draft_seconds(const model_profile& model, const hardware_profile& hw, std::uint32_t ep,
                      const runtime::device_step& step, const perf_options& opt) {
   const std::uint64_t proposing = step.proposing;

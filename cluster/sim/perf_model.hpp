@@ -65,7 +65,19 @@ struct perf_options {
   /// expert GEMMs and its all-to-all traffic are those of 1 / moe_balance times the mean rank's
   /// tokens. `expert_balance` computes it for a skewed load.
   double moe_balance = 1.0;
+  /// The scheduler's CPU time per decode step on one GPU's host thread (a scheduler per
+  /// data-parallel attention rank, as DeepSeek's decode runs): a fixed part (admission, the
+  /// step's launch) and a part per sequence (batch composition, block tables, sampling
+  /// parameters, the previous step's tokens). The device waits for it unless the step was built
+  /// while the previous one ran (overlapped scheduling). Assumed, not calibrated
+  /// (docs/perf-model.md).
+  double schedule_fixed_s = 300e-6;
+  double schedule_per_sequence_s = 2e-6;
 };
+
+/// The scheduler's time to build a step of one GPU (perf_options::schedule_*): 0 for a step
+/// without sequences.
+double schedule_seconds(const runtime::device_step& step, const perf_options& opt = {});
 
 /// The balancedness (perf_options::moe_balance) of `model`'s routed experts over `ep` ranks
 /// when their load follows a Zipf law of exponent `skew` (0: every expert alike) over a fixed

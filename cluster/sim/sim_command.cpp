@@ -199,6 +199,11 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     err << "troupe sim: --spec " << o.spec << ": expected off, fixed1 .. fixed5 or dspark\n";
     return 1;
   }
+  if (o.overlap != "on" && o.overlap != "off") {
+    err << "troupe sim: --overlap " << o.overlap << ": expected on or off\n";
+    return 1;
+  }
+  options.params.overlap = o.overlap == "on";
   progress_bar bar{stderr, !o.quiet};
   if (bar.active())
     options.progress = [&bar](const sim_progress_info& p) {

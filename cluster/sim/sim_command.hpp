@@ -43,6 +43,8 @@ struct sim_command_options {
   std::optional<std::uint64_t> swarm_seed;
   /// Speculative decoding: off, fixedK (K = 1..5 drafts verified every step) or dspark.
   std::string spec = "off";
+  /// Overlapped decode scheduling: on or off (sim_params::overlap).
+  std::string overlap = "on";
   /// The routed experts' load skew and their placement (sim_params::expert_skew, eplb):
   /// `--expert-skew S`, `--eplb`.
   double expert_skew = 0.0;

@@ -93,13 +93,16 @@ struct busy_table {
   /// The first internal failure of a cost function (the run fails with it).
   std::string internal_failure;
 
-  void add(const std::string& key, runtime::duration d, std::uint32_t gpus) {
+  /// A step of `d` on instance `key` (`gpus` GPUs), arriving now and starting no earlier than
+  /// `prepare` later (device_step::prepare), after the steps before it.
+  void add(const std::string& key, runtime::duration d, std::uint32_t gpus,
+           runtime::duration prepare = runtime::duration{0}) {
     auto& in = by_key[key];
     in.seconds += runtime::to_seconds(d);
     in.gpu_seconds += runtime::to_seconds(d) * gpus;
     if (clock == nullptr)
       return;
-    auto start = std::max(clock->now(), in.free_at);
+    auto start = std::max(clock->now() + prepare, in.free_at);
     auto end = start + d;
     in.free_at = end;
     auto a = std::max(0.0, runtime::to_seconds(start - origin));
@@ -200,7 +203,7 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
       auto d = per_gpu(g);
       if (auto f = fleet->factor(key); f != 1.0)
         d = runtime::from_seconds(runtime::to_seconds(d) * f);
-      busy->add(key, d, ranks);
+      busy->add(key, d, ranks, s.prepare);
       if (s.tokens > 0) {
         auto& in = busy->by_key[key];
         in.flops += s.phase == runtime::step_phase::decode
@@ -744,6 +747,24 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   de.max_batch = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
   de.spec = p.speculation;
   de.fixed_drafts = p.fixed_drafts;
+  de.overlap = p.overlap;
+  de.prepare_cost = [ranks = decode_pool->gpus_per_instance](const runtime::device_step& s) {
+    return runtime::from_seconds(schedule_seconds(gpu_share(s, ranks)));
+  };
+  // Decode steps, their device time, and the time the devices waited for the scheduler
+  // between steps.
+  struct schedule_totals {
+    std::uint64_t steps = 0;
+    runtime::duration busy{0};
+    runtime::duration waited{0};
+  };
+  auto schedule_tally = std::make_shared<schedule_totals>();
+  de.on_step = [schedule_tally](runtime::time_point started, runtime::time_point finished,
+                                runtime::duration stalled) {
+    ++schedule_tally->steps;
+    schedule_tally->busy += finished - started;
+    schedule_tally->waited += stalled;
+  };
   auto spec_tally = std::make_shared<std::array<std::uint64_t, 3>>();
   de.on_verify = [spec_tally](std::uint64_t seqs, std::uint64_t verified, std::uint64_t accepted) {
     (*spec_tally)[0] += seqs;
@@ -1006,6 +1027,15 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                              {"drafts_per_verify", ratio(verified, seqs)},
                              {"tokens_per_verify", tidy(1.0 + ratio(accepted, seqs))}};
   }
+  {
+    // The share of the decode devices' time (steps + waits between them) spent waiting.
+    const double waited = runtime::to_seconds(schedule_tally->waited);
+    const double total = runtime::to_seconds(schedule_tally->busy) + waited;
+    report["scheduling"] = {{"overlap", p.overlap && p.speculation == actors::speculation::off},
+                            {"decode_steps", schedule_tally->steps},
+                            {"scheduler_wait_s", tidy(waited)},
+                            {"wait_share", total > 0 ? tidy(waited / total) : 0.0}};
+  }
   if (p.expert_skew > 0.0) {
     auto balance = [&](const pool_spec* pool, bool eplb) {
       return tidy(expert_balance(*model, pool->ep_size, p.expert_skew, eplb));
@@ -1217,6 +1247,12 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + num(r["speculation"]["drafts_per_verify"], 2) + " drafts verified, "
            + num(r["speculation"]["tokens_per_verify"], 2) + " tokens per verifying step, "
            + num(r["speculation"]["acceptance"], 3) + " of drafts accepted\n";
+  if (r.contains("scheduling"))
+    out += std::string("  scheduling  ")
+           + (r["scheduling"]["overlap"].get<bool>() ? "overlapped" : "not overlapped")
+           + ": decode devices waited " + num(r["scheduling"]["scheduler_wait_s"], 2)
+           + " s for the scheduler (" + num(r["scheduling"]["wait_share"].get<double>() * 100, 1)
+           + "% of their time)\n";
   if (r.contains("experts"))
     out += "  experts     skew " + num(r["experts"]["skew"], 2) + (r["experts"]["eplb"].get<bool>() ? ", EPLB" : ", contiguous")
            + ": balancedness prefill " + num(r["experts"]["prefill_balancedness"], 3) + ", decode "

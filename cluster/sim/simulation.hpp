@@ -76,6 +76,10 @@ struct sim_params {
   actors::speculation speculation = actors::speculation::off;
   std::uint32_t fixed_drafts = 5;
   runtime::sim_draft_model drafts;
+  /// Overlapped scheduling on the decode instances (decode_engine_params::overlap): off, every
+  /// decode step waits for the scheduler's time (perf_options::schedule_*) after the previous
+  /// one; on, it was built while that one ran.
+  bool overlap = true;
   /// The routed experts' load: Zipf exponent over the experts (0: every expert alike, the
   /// performance model's calibration), and whether EPLB places them (one spare slot per rank
   /// for copies of hot experts) or they sit in contiguous ranges. Each EP group's steps wait

@@ -84,12 +84,17 @@ struct step_sequence {
   std::uint32_t verify = 0;
   /// Answer drafts for this sequence's next step (device_result::drafts).
   bool propose = false;
+  /// Overlapped scheduling: the step was built while the device's previous step, which draws
+  /// this sequence's next token, still ran. The first new token is the last token the device
+  /// drew for this sequence; `tokens[0]` is a placeholder the device replaces with it. A
+  /// device that has drawn no token for the sequence refuses the step (invalid_step).
+  bool feed_drawn = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_sequence& x) {
   return f(caf::meta::type_name("step_sequence"), x.sequence, x.position, x.count, x.tokens,
-           x.sample, x.params, x.verify, x.propose);
+           x.sample, x.params, x.verify, x.propose, x.feed_drawn);
 }
 
 /// One step of device work: the batch, and the totals a perf model costs it by.
@@ -105,6 +110,10 @@ struct device_step {
   std::uint64_t context_tokens = 0;
   /// Sequences that ask for drafts (`propose`): the draft layers' share of the step.
   std::uint32_t proposing = 0;
+  /// The scheduler's CPU time to prepare this step, which the device waits for unless the
+  /// step was prepared while an earlier one ran: the simulated device starts it no earlier than
+  /// `prepare` after it arrives. Real devices ignore it (their scheduler's time is real).
+  duration prepare{0};
   /// The sequences, each at most once. Steps that only cost work (vision encodes, and the
   /// simulator's prefill chunks) may leave it empty.
   std::vector<step_sequence> batch{};
@@ -113,7 +122,7 @@ struct device_step {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_step& x) {
   return f(caf::meta::type_name("device_step"), x.id, x.phase, x.tokens, x.sequences,
-           x.context_tokens, x.proposing, x.batch);
+           x.context_tokens, x.proposing, x.prepare, x.batch);
 }
 
 /// A token drawn for one sequence, with its log-probability and the most likely alternatives
@@ -350,7 +359,7 @@ struct sim_draft_model {
 };
 
 /// A simulated device: each step occupies the device for cost(step), after any steps queued
-/// before it, and is answered when it finishes, with modelled_token(sequence, position +
+/// before it and no earlier than its `prepare` after it arrives, and is answered when it finishes, with modelled_token(sequence, position +
 /// count) for each sequence that asked for a token (logprob 0, no alternatives): the step's
 /// token contents are not read. Releases are ignored. A negative cost counts as zero. Exports
 /// are answered with one shared empty snapshot (model "sim") and imports with ok, both when

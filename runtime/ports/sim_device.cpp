@@ -80,7 +80,7 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
   return {
     [self](const device_step& step) {
       auto& st = self->state;
-      auto started = std::max(self->clock().now(), st.busy_until);
+      auto started = std::max(self->clock().now() + step.prepare, st.busy_until);
       st.busy_until = started + std::max(duration{0}, st.cost(step));
       device_result r{step.id, started, st.busy_until, {}};
       r.sampled.reserve(step.batch.size());

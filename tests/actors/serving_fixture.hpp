@@ -56,6 +56,9 @@ struct cluster_shape {
   std::uint64_t swa_ring_bytes = 0;
   /// The test-only planted bug request_services::test_replay_on_reroute.
   bool test_replay_on_reroute = false;
+  /// Decode engines: overlapped scheduling, and the scheduler's time per step it hides.
+  bool overlap = false;
+  runtime::duration decode_prepare{0};
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -123,9 +126,12 @@ struct serving_cluster {
       writer.kv = kv;
       writer.on_persisted = [p = persisted](std::uint64_t n) { *p += n; };
     }
+    decode_engine_params de;
+    de.overlap = shape.overlap;
+    if (shape.decode_prepare > runtime::duration{0})
+      de.prepare_cost = [d = shape.decode_prepare](const runtime::device_step&) { return d; };
     for (instance_id i = 0; i < shape.decode_instances; ++i)
-      cfg.children.push_back(
-        decode_instance("decode", i, 2, decode_engine_params{}, ports, dlb, writer));
+      cfg.children.push_back(decode_instance("decode", i, 2, de, ports, dlb, writer));
     vision_engine_params ve;
     ve.step_images = shape.step_images;
     for (instance_id i = 0; shape.vision_tier && i < shape.vision_instances; ++i)

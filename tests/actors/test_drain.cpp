@@ -147,6 +147,32 @@ TEST_CASE("drain: the exact token count at the hand-off") {
   CHECK(s.ms(o.finished) == doctest::Approx(6001.2 + 0.16 + 94000).epsilon(0.0001));
 }
 
+TEST_CASE("drain: with overlapped steps the hand-off waits for the step in flight, and counts "
+          "exactly") {
+  auto sh = two_decode();
+  sh.overlap = true;
+  serving s{sh};
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    s.submit(id, 1024, 2001, 1000 * id);
+  s.drain(1s, 0, 5s);
+  s.run();
+  REQUIRE(s.faults->size() == 1);
+  REQUIRE(s.faults->at(0).forwarded);
+  CHECK(s.faults->at(0).forwarded->forwarded == 3);
+  for (std::uint64_t id = 1; id <= 3; ++id) {
+    CAPTURE(id);
+    auto& o = s.outcomes->at(id);
+    CHECK(o.completed);
+    CHECK(o.forwards == 1);
+    CHECK(o.decode_instance == 1);
+    // Nothing generated twice, nothing skipped: the tokens of the step built ahead are
+    // counted where they were generated.
+    CHECK(o.delivered_tokens == 2001);
+    CHECK(o.token_digest == modelled_digest(0, id, 1024, 0, 2001));
+  }
+  CHECK(!has_child(s, "decode/0"));
+}
+
 TEST_CASE("drain: a draining instance is excluded from routing at once") {
   serving s{two_decode()};
   s.submit(1, 1024, 10001);

@@ -89,6 +89,36 @@ TEST_CASE("decode batches requests: two requests decode in the same steps") {
   CHECK(s.ms(b.finished) - s.ms(a.finished) == doctest::Approx(10.0));
 }
 
+TEST_CASE("overlapped decode: the device never waits for the scheduler, and the tokens are the "
+          "same") {
+  // The scheduler takes 1 ms per step. Unoverlapped, the device waits for it before every
+  // step: 20 steps of 11 ms. Overlapped, each step is built while the previous one runs: only
+  // the first waits (nothing ran before it), 1 + 20 × 10 ms.
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    testing::cluster_shape shape;
+    shape.overlap = overlap;
+    shape.decode_prepare = 1ms;
+    serving s{shape};
+    s.submit(1, 1024, 21);
+    s.submit(2, 1024, 21, 5000);
+    s.run();
+    auto& a = s.outcomes->at(1);
+    auto& b = s.outcomes->at(2);
+    REQUIRE(a.completed);
+    REQUIRE(b.completed);
+    CHECK(a.delivered_tokens == 21);
+    CHECK(b.delivered_tokens == 21);
+    CHECK(a.token_digest == modelled_digest(0, 1, 1024, 0, 21));
+    CHECK(b.token_digest == modelled_digest(0, 2, 1024, 0, 21));
+    const double decode_ms = overlap ? 1.0 + 200.0 : 220.0;
+    CHECK(s.ms(a.finished) == doctest::Approx(1.024 + 0.1024 + decode_ms));
+    // b's KV arrives during a's first step. Unoverlapped, it joins the next step (a step after
+    // a); overlapped, that step was already built, so it joins the one after (two steps).
+    CHECK(s.ms(b.finished) - s.ms(a.finished) == doctest::Approx(overlap ? 20.0 : 11.0));
+  }
+}
+
 TEST_CASE("prefill requests are spread over instances by least outstanding compute") {
   // Five instances over four buckets: the short bucket gets two.
   serving s{prefill(5)};

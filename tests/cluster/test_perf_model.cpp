@@ -313,6 +313,24 @@ TEST_CASE("sequences asking for drafts add the draft layers' share of their bloc
   CHECK(draft_seconds(m, h, 64, s) == 0.0);
 }
 
+TEST_CASE("the scheduler's time per step: a fixed part and a part per sequence") {
+  troupe::runtime::device_step s;
+  s.phase = troupe::runtime::step_phase::decode;
+  CHECK(schedule_seconds(s) == 0.0);  // nothing to schedule
+  s.sequences = 32;
+  s.tokens = 32;
+  perf_options opt;
+  CHECK(schedule_seconds(s, opt)
+        == doctest::Approx(opt.schedule_fixed_s + 32 * opt.schedule_per_sequence_s));
+  opt.schedule_fixed_s = 1e-3;
+  opt.schedule_per_sequence_s = 0.0;
+  CHECK(schedule_seconds(s, opt) == doctest::Approx(1e-3));
+  // A small share of a V4.1-Flash decode step at 32 sequences per GPU on H200.
+  auto cost = make_step_cost(model("deepseek-v4.1-flash"), hardware("H200"), 64);
+  s.context_tokens = 32 * 4096;
+  CHECK(schedule_seconds(s) < 0.1 * troupe::runtime::to_seconds(cost(s)));
+}
+
 TEST_CASE("a skewed expert load slows the busiest rank; EPLB's placement recovers it") {
   auto m = model("deepseek-v4.1-flash");
   auto h = hardware("H800");

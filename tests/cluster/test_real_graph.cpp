@@ -69,17 +69,24 @@ struct handoff_log {
   std::atomic<int> exported{0};
   std::atomic<int> imported{0};
   std::atomic<int> refused{0};
+  /// Steps with a row that feeds the device's last draw (overlapped scheduling).
+  std::atomic<int> fed_drawn{0};
   bool corrupt_exports = false;
 };
 
-/// A device port that forwards everything to `inner`, counting kv_export / kv_import and, when
+/// A device port that forwards everything to `inner`, counting overlapped steps and kv_export /
+/// kv_import and, when
 /// the log says so, flipping one byte of every exported Block KV payload (a planted fault).
 runtime::device_port spawn_watched(caf::actor_system& sys, runtime::device_port inner,
                                    std::shared_ptr<handoff_log> log) {
   using self_ptr = runtime::device_port::pointer;
   return sys.spawn([inner, log](self_ptr self) -> runtime::device_port::behavior_type {
     return {
-      [self, inner](const runtime::device_step& s) { return self->delegate(inner, s); },
+      [self, inner, log](const runtime::device_step& s) {
+        if (std::any_of(s.batch.begin(), s.batch.end(), [](const auto& r) { return r.feed_drawn; }))
+          ++log->fed_drawn;
+        return self->delegate(inner, s);
+      },
       [self, inner](const runtime::device_release& r) { self->send(inner, r); },
       [self, inner, log](const runtime::kv_export& e) {
         auto rp = self->make_response_promise<runtime::kv_snapshot_ptr>();
@@ -141,7 +148,7 @@ struct fixture {
 
   explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {},
                    int decode_instances = 1, actors::speculation_setting spec = {},
-                   ports::step_profile::points step_times = {}) {
+                   ports::step_profile::points step_times = {}, bool overlap = true) {
     profile->set(std::move(step_times));
     log->corrupt_exports = corrupt;
     const auto& dir = test::model_dirs::tiny();
@@ -150,6 +157,7 @@ struct fixture {
     vocab = cfg->text.vocab_size;
     cluster::real_graph_params p;
     p.spec = spec;
+    p.overlap = overlap;
     if (spec.spec == actors::speculation::dspark) {
       p.step_cost = [profile = profile](const runtime::device_step& s) {
         return runtime::from_seconds(profile->seconds(s.tokens));
@@ -366,6 +374,50 @@ TEST_CASE("with speculative decoding every request gets the tokens it gets witho
     CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"proposed\"}") > 0);
     CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"verified\"}") > 0);
   }
+}
+
+TEST_CASE("overlapped decode steps give every request the tokens it gets unoverlapped") {
+  // Six requests of different lengths joining at different steps, half seeded, one ending on
+  // a stop id (the step built ahead computes a token for it that is dropped).
+  auto requests = [](fixture& f, std::int32_t stop) {
+    std::vector<actors::generation_request> all;
+    for (std::uint64_t id = 1; id <= 6; ++id) {
+      auto g = f.request(id, prompt_of(15 + 23 * id, static_cast<std::uint32_t>(id + 40), f.vocab),
+                         10 + 3 * id, {});
+      if (id % 2 == 1) {
+        g.sampling.temperature = 0.7;
+        g.sampling.seed = 7 * id;
+      }
+      if (id == 4 && stop >= 0)
+        g.stop_ids = {stop};
+      all.push_back(std::move(g));
+    }
+    return all;
+  };
+  std::map<std::uint64_t, served> off;
+  {
+    fixture f(false, {}, 1, {}, {}, false);
+    caf::scoped_actor self{f.w.system()};
+    off = f.run(self, requests(f, -1));
+    CHECK(f.log->fed_drawn == 0);
+  }
+  const auto stop = off[4].tokens.at(5);
+  const auto upto = std::find(off[4].tokens.begin(), off[4].tokens.end(), stop);
+  const std::vector<std::int32_t> stopped(off[4].tokens.begin(), upto + 1);
+  fixture f;
+  caf::scoped_actor self{f.w.system()};
+  auto on = f.run(self, requests(f, stop));
+  CHECK(f.log->fed_drawn > 0);
+  for (std::uint64_t id = 1; id <= 6; ++id) {
+    CAPTURE(id);
+    CHECK(on[id].tokens == (id == 4 ? stopped : off[id].tokens));
+    CHECK(on[id].end.reason
+          == (id == 4 ? actors::finish_reason::stop : actors::finish_reason::length));
+  }
+  // Every sequence leaves the decode device (its releases follow the answers).
+  for (int i = 0; i < 500 && f.metric("troupe_device_sequences{device=\"decode\"}") != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(f.metric("troupe_device_sequences{device=\"decode\"}") == 0);
 }
 
 TEST_CASE("corrupt handed-off KV is refused by the decode device and the context recomputed") {

@@ -274,6 +274,46 @@ TEST_CASE_FIXTURE(device_fixture, "a released sequence is gone and reopens clean
 }
 
 TEST_CASE_FIXTURE(device_fixture,
+                  "steps sent before the previous one's tokens are known feed those tokens") {
+  // Overlapped scheduling: every step after the first is sent at once, each feeding the token
+  // its predecessor draws (feed_drawn), beside a sequence that feeds its own ids.
+  auto dev = cpu(tiny_params());
+  const auto pr = prompt(20, 3);
+  const auto other = prompt(9, 4);
+  const auto want = greedy(dev, 1, pr, 8);
+  const auto want_other = greedy(dev, 2, other, 1);
+  self->send(dev, runtime::device_release{1});
+  self->send(dev, runtime::device_release{2});
+  self->send(dev, step({seq(1, 0, pr)}, 1));
+  for (std::uint64_t k = 1; k < want.size(); ++k) {
+    auto s = seq(1, pr.size() + k - 1, {0});
+    s.feed_drawn = true;
+    std::vector<runtime::step_sequence> batch{s};
+    if (k == 3)
+      batch.push_back(seq(2, 0, other));
+    self->send(dev, step(std::move(batch), k + 1));
+  }
+  std::vector<std::int32_t> got, got_other;
+  for (std::size_t k = 0; k < want.size(); ++k)
+    self->receive([&](runtime::device_result& r) {
+      CHECK(r.id == k + 1);
+      for (const auto& t : r.sampled)
+        (t.sequence == 1 ? got : got_other).push_back(t.token);
+    });
+  CHECK(got == want);
+  CHECK(got_other == want_other);
+  // A sequence the device has drawn nothing for has no token to feed.
+  auto s = seq(7, 0, {5});
+  s.feed_drawn = true;
+  CHECK(is_error(run(dev, step({s}, 20)), device_errc::invalid_step));
+  auto p = seq(8, 0, pr, false);  // a prefill chunk draws nothing either
+  CHECK(run(dev, step({p}, 21)));
+  auto q = seq(8, pr.size(), {0});
+  q.feed_drawn = true;
+  CHECK(is_error(run(dev, step({q}, 22)), device_errc::invalid_step));
+}
+
+TEST_CASE_FIXTURE(device_fixture,
                   "a sequence exported from one device continues on another with the same tokens") {
   auto a = cpu(tiny_params());
   auto b = cpu(tiny_params());

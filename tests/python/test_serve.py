@@ -531,14 +531,19 @@ def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
     assert "'not'" in str(e.value) and "#/properties/a" in str(e.value)
 
 
-def test_an_unknown_spec_mode_is_refused_before_anything_starts(model_dir, tmp_path):
+@pytest.mark.parametrize("flag,value,message", [
+    ("--spec", "fixed9", "--spec fixed9: expected off, fixed1 .. fixed5 or dspark"),
+    ("--overlap", "maybe", "--overlap maybe: expected on or off"),
+])
+def test_an_unknown_spec_or_overlap_mode_is_refused_before_anything_starts(
+        model_dir, tmp_path, flag, value, message):
     run = subprocess.run(
         [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu.toml"),
          "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
-         "--kv-dir", str(tmp_path / "kv"), "--spec", "fixed9"],
+         "--kv-dir", str(tmp_path / "kv"), flag, value],
         capture_output=True, text=True, timeout=TIMEOUT_S)
     assert run.returncode == 1
-    assert "--spec fixed9: expected off, fixed1 .. fixed5 or dspark" in run.stderr
+    assert message in run.stderr
     assert "loading" not in run.stderr
 
 
@@ -554,6 +559,7 @@ def spec_server(model_dir, tmp_path_factory):
 
 def test_speculative_decoding_answers_what_it_answers_without_greedy_seeded_and_structured(
         server, spec_server):
+    # (`server` also schedules overlapped, the default; a speculating server does not.)
     messages = [{"role": "user", "content": "Describe a supervision tree."}]
     for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 7}):
         off = server.openai().chat.completions.create(model=MODEL, messages=messages,
