@@ -346,6 +346,10 @@ int main(int argc, char** argv) {
                   "overlapped decode scheduling: on (default: each step is built while the "
                   "previous one runs) or off (the device waits for the scheduler's time "
                   "between steps); speculating engines step unoverlapped");
+  sim->add_option("--swa-rebuild", sim_opts.swa_rebuild,
+                  "how a KV cache hit's sliding-window state is rebuilt: bounded (default: "
+                  "recompute the prompt's last window) or exact (layer by layer over the "
+                  "window's receptive field)");
   sim->add_option("--expert-skew", sim_opts.expert_skew,
                   "the routed experts' load: Zipf exponent over the experts (default 0: every "
                   "expert alike); each EP group waits for its busiest rank");

@@ -91,7 +91,7 @@ class model_backend {
   /// then the SWA KV of an exported one continues exactly as the exported one would.
   virtual result<bool> import_swa(sequence_id id, std::string_view bytes) = 0;
   /// Rebuilds a sequence holding only imported blocks from its tokens by bounded replay;
-  /// returns the logits of the recomputed tokens (the last row: the next token's).
+  /// returns the next token's logits.
   virtual result<std::vector<float>> replay(sequence_id id,
                                             std::span<const std::int64_t> tokens) = 0;
 };

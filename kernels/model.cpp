@@ -1267,7 +1267,7 @@ result<std::vector<float>> model::replay(sequence_cache& s, std::span<const std:
       s.engram_recent.push_back(W.token_map[sz(tokens[sz(t)])]);
   }
   const sequence_input in{&s, tokens.subspan(sz(start))};
-  return forward(std::span<const sequence_input>(&in, 1));
+  return forward_last(std::span<const sequence_input>(&in, 1));
 }
 
 }  // namespace troupe::kernels

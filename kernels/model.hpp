@@ -168,9 +168,11 @@ class model {
   /// last `recompute` (from a start aligned down to every compress ratio, and never after the
   /// restored blocks end): their window rings start empty at the replay's start, the compressor
   /// state and the groups after the restored blocks are rebuilt, the groups the blocks hold are
-  /// kept as restored. Returns the logits of the recomputed tokens; the last row approximates the
-  /// exact next-token logits (the first recomputed tokens see a truncated window; docs/model.md
-  /// gives the measured divergence). `recompute` 0 means the sliding window.
+  /// kept as restored. Returns the next token's logits [vocab] (only the last recomputed token
+  /// goes through the LM head), an approximation of the exact ones: the first recomputed tokens
+  /// see a truncated window (docs/model.md gives the measured divergence). `recompute` 0 means
+  /// the sliding window; num_hidden_layers windows rebuild the exact state (each layer's window
+  /// looks one window further back), at that many times the cost.
   result<std::vector<float>> replay(sequence_cache& s, std::span<const std::int64_t> tokens,
                                     std::int64_t recompute = 0) const;
 

@@ -13,6 +13,16 @@
 
 namespace troupe::actors {
 
+std::uint64_t exact_rebuild_tokens(std::uint64_t cached, std::uint32_t layers,
+                                   std::uint64_t window) {
+  if (layers == 0)
+    return 0;
+  std::uint64_t token_layers = 0;
+  for (std::uint64_t l = 1; l <= layers; ++l)
+    token_layers += std::min(cached, (layers - l + 1) * window);
+  return (token_layers + layers - 1) / layers;
+}
+
 namespace {
 
 struct job_state {
@@ -328,7 +338,13 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
         j.job.cached_tokens = 0;
         j.job.fetch_bytes = 0;
       }
-      j.remaining = std::max(job.input_tokens - cached, replay);
+      if (st.params.exact_rebuild_layers > 0 && cached > 0)
+        j.remaining = job.input_tokens - cached
+                      + exact_rebuild_tokens(cached, st.params.exact_rebuild_layers,
+                                             st.params.replay_tokens);
+      else
+        j.remaining = std::max(job.input_tokens - cached, replay);
+      j.remaining = std::min(j.remaining, job.input_tokens);
       j.position = job.input_tokens - j.remaining;
       j.rp = self->make_response_promise<prefill_done>();
       auto rp = j.rp;
@@ -343,6 +359,8 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
         j.rp.deliver(caf::make_error(caf::sec::invalid_argument, "prefill_job: empty context"));
         return rp;
       }
+      if (st.params.on_job)
+        st.params.on_job(j.remaining);
       // Real world: the cached blocks usable (never the one holding the last token) and the
       // boundary where the device keeps the state.
       std::uint64_t usable = 0;

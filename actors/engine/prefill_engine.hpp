@@ -174,6 +174,15 @@ struct prefill_engine_params {
   /// Tokens recomputed at the end of a prompt even when all of it is cached: the sliding
   /// window KV is not persisted, so it is rebuilt by bounded replay.
   std::uint64_t replay_tokens = 128;
+  /// The simulated world's alternative to bounded replay (0: bounded replay): a cached
+  /// prefix's window state rebuilt exactly, layer by layer over its receptive field in a model
+  /// of this many layers. Layer l (1-based) recomputes the prefix's last min(cached, (layers −
+  /// l + 1) · replay_tokens) tokens (each layer's window looks one window further back), so
+  /// the job computes its uncached tail plus those token-layers / layers tokens (rounded up).
+  std::uint32_t exact_rebuild_layers = 0;
+  /// Called once per job the engine takes, with the tokens it computes for it (its uncached
+  /// part and the window state's rebuild; the simulation's report; may be empty).
+  std::function<void(std::uint64_t)> on_job;
   /// Speculative decoding downstream: every chunk asks the device for the request's DSpark
   /// draft context too (step_sequence::propose), so that the KV hand-off carries it and the
   /// decode instance drafts from the prompt at once. (The proposal the last chunk answers is
@@ -184,6 +193,14 @@ struct prefill_engine_params {
   /// computed (through a block writer of its own); otherwise it computes its whole context.
   block_writer_params writer;
 };
+
+/// What an exact rebuild of a `cached`-token prefix's window state costs, in tokens through
+/// the whole model, for a model of `layers` layers with windows of `window` tokens: layer l
+/// (1-based) recomputes the prefix's last min(cached, (layers − l + 1) · window) tokens, so the
+/// token-layers over `layers`, rounded up (prefill_engine_params::exact_rebuild_layers). 0 for
+/// no layers or nothing cached.
+std::uint64_t exact_rebuild_tokens(std::uint64_t cached, std::uint32_t layers,
+                                   std::uint64_t window);
 
 /// Spawns a prefill engine that runs its steps on `device` (the instance's leader rank) and
 /// fetches cached KV over `fetch_link` (store → host → device). `leave` is called when a

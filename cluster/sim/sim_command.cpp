@@ -204,6 +204,11 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     return 1;
   }
   options.params.overlap = o.overlap == "on";
+  if (o.swa_rebuild != "bounded" && o.swa_rebuild != "exact") {
+    err << "troupe sim: --swa-rebuild " << o.swa_rebuild << ": expected bounded or exact\n";
+    return 1;
+  }
+  options.params.exact_rebuild = o.swa_rebuild == "exact";
   progress_bar bar{stderr, !o.quiet};
   if (bar.active())
     options.progress = [&bar](const sim_progress_info& p) {

@@ -49,6 +49,8 @@ struct sim_command_options {
   /// `--expert-skew S`, `--eplb`.
   double expert_skew = 0.0;
   bool eplb = false;
+  /// How a hit's window state is rebuilt: bounded or exact (sim_params::exact_rebuild).
+  std::string swa_rebuild = "bounded";
   /// TEST ONLY: sim_params::test_drop_on_reroute (hidden `--plant-bug`).
   bool plant_bug = false;
 };

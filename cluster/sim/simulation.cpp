@@ -735,6 +735,14 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   actors::prefill_engine_params pe;
   pe.step_tokens = p.prefill_tokens_per_gpu * prefill_pool->gpus_per_instance;
   pe.fetch_layers = static_cast<std::uint32_t>(model->layers.size());
+  if (p.exact_rebuild)
+    pe.exact_rebuild_layers = static_cast<std::uint32_t>(model->layers.size());
+  // Tokens the prefill instances computed: uncached parts and window-state rebuilds.
+  auto prefill_computed = std::make_shared<std::pair<std::uint64_t, std::uint64_t>>();
+  pe.on_job = [prefill_computed](std::uint64_t tokens) {
+    ++prefill_computed->first;
+    prefill_computed->second += tokens;
+  };
   auto make_prefill = [name = prefill_pool->name, ranks = prefill_pool->gpus_per_instance, pe,
                        ports = ports_for(*prefill_pool, p.fetch_bandwidth, p.fetch_latency),
                        prefill_lb](actors::instance_id i) {
@@ -1028,6 +1036,16 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                              {"tokens_per_verify", tidy(1.0 + ratio(accepted, seqs))}};
   }
   {
+    double device_s = 0;
+    for (const auto& [key, in] : busy->by_key)
+      if (key.rfind(prefill_pool->name + "/", 0) == 0)
+        device_s += in.seconds;
+    report["prefill"] = {{"rebuild", p.exact_rebuild ? "exact" : "bounded"},
+                         {"jobs", prefill_computed->first},
+                         {"computed_tokens", prefill_computed->second},
+                         {"device_s", tidy(device_s)}};
+  }
+  {
     // The share of the decode devices' time (steps + waits between them) spent waiting.
     const double waited = runtime::to_seconds(schedule_tally->waited);
     const double total = runtime::to_seconds(schedule_tally->busy) + waited;
@@ -1247,6 +1265,12 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + num(r["speculation"]["drafts_per_verify"], 2) + " drafts verified, "
            + num(r["speculation"]["tokens_per_verify"], 2) + " tokens per verifying step, "
            + num(r["speculation"]["acceptance"], 3) + " of drafts accepted\n";
+  if (r.contains("prefill"))
+    out += "  prefilled   " + std::to_string(r["prefill"]["computed_tokens"].get<std::uint64_t>())
+           + " tokens computed for " + std::to_string(r["prefill"]["jobs"].get<std::uint64_t>())
+           + " jobs in " + num(r["prefill"]["device_s"], 1) + " device-seconds (window state "
+           + (r["prefill"]["rebuild"] == "exact" ? "rebuilt exactly" : "by bounded replay")
+           + ")\n";
   if (r.contains("scheduling"))
     out += std::string("  scheduling  ")
            + (r["scheduling"]["overlap"].get<bool>() ? "overlapped" : "not overlapped")

@@ -86,6 +86,10 @@ struct sim_params {
   /// for its busiest rank (perf_options::moe_balance, expert_balance).
   double expert_skew = 0.0;
   bool eplb = false;
+  /// How a cached prefix's window state is rebuilt on a hit: bounded replay of the prompt's
+  /// last window (false) or exactly, layer by layer over its receptive field
+  /// (prefill_engine_params::exact_rebuild_layers; docs/simulation.md, "Bounded replay").
+  bool exact_rebuild = false;
   /// Block TTLs by traffic class name that replace the topology's `storage.ttl` entries (the
   /// swarm draws short ones, so that blocks expire within a run). Empty: the topology's.
   std::map<std::string, runtime::duration> kv_ttl;

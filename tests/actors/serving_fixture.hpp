@@ -59,6 +59,9 @@ struct cluster_shape {
   /// Decode engines: overlapped scheduling, and the scheduler's time per step it hides.
   bool overlap = false;
   runtime::duration decode_prepare{0};
+  /// Prefill engines: an exact rebuild of a hit's window state over this many layers instead
+  /// of bounded replay (prefill_engine_params::exact_rebuild_layers).
+  std::uint32_t exact_rebuild_layers = 0;
 };
 
 /// Asks `dest` once from a fresh actor; the answer is in the result after the driver ran.
@@ -119,6 +122,7 @@ struct serving_cluster {
     prefill_engine_params pe;
     pe.step_tokens = shape.prefill_step_tokens;
     pe.fetch_layers = 4;
+    pe.exact_rebuild_layers = shape.exact_rebuild_layers;
     for (instance_id i = 0; i < shape.prefill_instances; ++i)
       cfg.children.push_back(prefill_instance("prefill", i, 2, pe, ports, plb));
     block_writer_params writer;

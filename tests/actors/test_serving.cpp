@@ -73,6 +73,32 @@ TEST_CASE("a repeated prompt hits the KV cache and computes only the bounded rep
   CHECK(ttft < first.first_token - first.admitted);
 }
 
+TEST_CASE("an exact rebuild of the window state costs its receptive field's token-layers") {
+  // Layer l of L recomputes the last min(cached, (L − l + 1) · W) tokens: over L layers that
+  // many token-layers / L tokens through the whole model.
+  CHECK(exact_rebuild_tokens(4096, 4, 128) == (4 + 3 + 2 + 1) * 128 / 4);
+  CHECK(exact_rebuild_tokens(200, 4, 128) == (200 + 200 + 200 + 128) / 4);
+  CHECK(exact_rebuild_tokens(201, 4, 128) == (201 + 201 + 201 + 128 + 3) / 4);  // rounded up
+  CHECK(exact_rebuild_tokens(0, 4, 128) == 0);
+  CHECK(exact_rebuild_tokens(4096, 0, 128) == 0);
+  // V4.1-Flash's 43 layers over a long prefix: 22 windows' worth, against bounded replay's one.
+  CHECK(exact_rebuild_tokens(1'000'000, 43, 128) == 128 * 44 / 2);
+  // The repeated prompt of the test above, rebuilt exactly over the fixture's 4 layers: 320
+  // tokens computed from the first fetched layer on (0.1024 ms), past the last one's arrival.
+  cluster_shape shape;
+  shape.exact_rebuild_layers = 4;
+  serving s{shape};
+  s.submit(1, 4096, 1);
+  s.run();
+  s.submit(2, 4096, 1);
+  s.run();
+  auto& second = s.outcomes->at(2);
+  REQUIRE(second.completed);
+  CHECK(second.hit_tokens == 4096);
+  CHECK(runtime::to_seconds(second.first_token - second.admitted) * 1e3
+        == doctest::Approx(0.1024 + 0.320));
+}
+
 TEST_CASE("decode batches requests: two requests decode in the same steps") {
   serving s;
   s.submit(1, 1024, 21);
