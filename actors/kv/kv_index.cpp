@@ -54,13 +54,14 @@ kv_index::kv_index(kv_index_params params) : params_(params) {
 
 kv_match_result kv_index::match(std::span<const block_key> chain, traffic_class cls,
                                 runtime::time_point now, std::uint64_t prompt_tokens) {
-  auto hits = probe(chain, now);
-  touch(chain.first(hits), cls, now);
+  // probe, then touch the hits, in one pass: each block is looked up once.
+  auto hits = probe(chain, now, now + params_.ttl.of(cls));
   account_match(stats_, static_cast<std::uint32_t>(hits), chain.size(), prompt_tokens);
   return {static_cast<std::uint32_t>(hits), static_cast<std::uint64_t>(hits) * block_tokens};
 }
 
-std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_point now) {
+std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_point now,
+                            std::optional<runtime::time_point> extend_to) {
   auto hits = blocks.size();
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     auto* e = entries_.find(blocks[i]);
@@ -81,6 +82,8 @@ std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_poi
     // The TTL audit: a block served at or after its expiry (only the planted bug gets here).
     if (expired)
       ++stats_.served_expired;
+    else if (extend_to)
+      extend(*e, *extend_to);
   }
   return hits;
 }

@@ -167,9 +167,11 @@ public:
   kv_match_result match(std::span<const block_key> chain, traffic_class cls,
                         runtime::time_point now, std::uint64_t prompt_tokens = 0);
 
-  /// The leading run of hits of `blocks` at `now`, without refreshing or counting hits (the
-  /// first phase of a sharded match). Expired entries met on the way are removed.
-  std::size_t probe(std::span<const block_key> blocks, runtime::time_point now);
+  /// The leading run of hits of `blocks` at `now`, without counting hits (the first phase of a
+  /// sharded match), refreshing each hit's expiry to `extend_to` when given (match's single
+  /// pass). Expired entries met on the way are removed.
+  std::size_t probe(std::span<const block_key> blocks, runtime::time_point now,
+                    std::optional<runtime::time_point> extend_to = std::nullopt);
 
   /// Refreshes every block of `blocks` that is a hit at `now` with the TTL of `cls` (the
   /// second phase of a sharded match); others are left alone.
