@@ -356,6 +356,12 @@ int main(int argc, char** argv) {
   sim->add_flag("--eplb", sim_opts.eplb,
                 "place the experts by load with one spare slot per rank for copies of hot "
                 "experts (the expert-parallel load balancer), instead of contiguous ranges");
+  sim->add_option("--expert-drift", sim_opts.expert_drift,
+                  "the experts' load drifts: the hot ranking moves one expert on every this "
+                  "long (e.g. 2min; default: a fixed load)");
+  sim->add_option("--eplb-interval", sim_opts.eplb_interval,
+                  "with --eplb: re-place the experts by their load over the last interval every "
+                  "this long (default 5min; 0: once, at start); the switch follows 10 s later");
   // Test only (docs/faults.md, "Swarm"): a planted bug that drops a request on reroute.
   sim->add_flag("--plant-bug", sim_opts.plant_bug)->group("");
   sim->add_flag("--quiet", sim_opts.quiet, "no progress bar");

@@ -135,6 +135,16 @@ std::variant<expert_placement, std::string> place_experts(const placement_reques
   return out;
 }
 
+double balancedness_under(const expert_placement& placement, const std::vector<double>& load) {
+  expert_placement p;
+  p.rank_load.assign(placement.slots.size(), 0.0);
+  for (std::size_t r = 0; r < placement.slots.size(); ++r)
+    for (auto e : placement.slots[r])
+      if (e < load.size() && e < placement.copies.size() && placement.copies[e] > 0)
+        p.rank_load[r] += load[e] / placement.copies[e];
+  return p.balancedness();
+}
+
 expert_placement contiguous_placement(const std::vector<double>& load, std::uint32_t ranks) {
   expert_placement out;
   const auto E = static_cast<std::uint32_t>(load.size());

@@ -57,6 +57,10 @@ struct placement_request {
 /// The placement of `request`, or a message saying which input is wrong.
 std::variant<expert_placement, std::string> place_experts(const placement_request& request);
 
+/// The balancedness of `placement` when the experts' load is `load` (which may differ from the
+/// load it was placed by: the load drifts): each copy of expert e carries load[e] / copies[e].
+double balancedness_under(const expert_placement& placement, const std::vector<double>& load);
+
 /// The placement EP ranks start from, without load or spare slots: contiguous expert ranges in
 /// rank order, E / R experts each and one more on the first E % R ranks (as kernels' expert
 /// shards and the simulator's EP resize hold them), one copy each, with its rank loads under

@@ -405,22 +405,34 @@ double draft_seconds(const model_profile& model, const hardware_profile& hw, std
   return r->total_s * model.draft_layers / static_cast<double>(model.layers.size());
 }
 
+std::vector<double> expert_loads(const model_profile& model, double skew, std::uint64_t shift) {
+  const auto E = model.routed_experts;
+  std::vector<double> load(E);
+  if (E == 0)
+    return load;
+  // Zipf over a fixed permutation (stride coprime with E when possible), so hot experts do
+  // not sit side by side in one contiguous range; a shift moves each rank one place on.
+  std::uint32_t stride = 37;
+  while (std::gcd(stride, E) != 1)
+    ++stride;
+  for (std::uint32_t i = 0; i < E; ++i)
+    load[((std::uint64_t{i} + shift % E) * stride + 11) % E] = 1.0 / std::pow(i + 1.0, skew);
+  return load;
+}
+
+std::uint32_t eplb_slots_per_rank(const model_profile& model, std::uint32_t ep) {
+  const auto E = model.routed_experts;
+  return ep == 0 ? 0 : (E + ep - 1) / ep + 1;
+}
+
 double expert_balance(const model_profile& model, std::uint32_t ep, double skew, bool eplb) {
   const auto E = model.routed_experts;
   if (E == 0 || ep <= 1)
     return 1.0;
-  // Zipf over a fixed permutation (stride coprime with E when possible), so hot experts do
-  // not sit side by side in one contiguous range.
-  std::uint32_t stride = 37;
-  while (std::gcd(stride, E) != 1)
-    ++stride;
-  std::vector<double> load(E);
-  for (std::uint32_t i = 0; i < E; ++i)
-    load[(std::uint64_t{i} * stride + 11) % E] = 1.0 / std::pow(i + 1.0, skew);
+  const auto load = expert_loads(model, skew, 0);
   if (!eplb)
     return actors::contiguous_placement(load, ep).balancedness();
-  const auto slots = (E + ep - 1) / ep + 1;
-  auto placed = actors::place_experts({load, ep, slots});
+  auto placed = actors::place_experts({load, ep, eplb_slots_per_rank(model, ep)});
   return std::get<actors::expert_placement>(placed).balancedness();
 }
 

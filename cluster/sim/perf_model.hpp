@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe::cluster::sim {
 
@@ -85,6 +86,15 @@ double schedule_seconds(const runtime::device_step& step, const perf_options& op
 /// (actors/lb/expert_placement.hpp) with one spare slot per rank for copies of hot experts.
 /// 1 for a model without routed experts or ep <= 1.
 double expert_balance(const model_profile& model, std::uint32_t ep, double skew, bool eplb);
+
+/// The load of each of `model`'s routed experts as expert_balance assumes it, with the hot
+/// ranking moved `shift` places along the permutation (a drifting load: the experts that were
+/// hottest cool, others heat up; shift 0 is expert_balance's).
+std::vector<double> expert_loads(const model_profile& model, double skew, std::uint64_t shift);
+
+/// Expert slots per rank of an EP group of `ep` ranks under EPLB: its share of the experts
+/// and one spare slot for a copy of a hot expert.
+std::uint32_t eplb_slots_per_rank(const model_profile& model, std::uint32_t ep);
 
 /// Where a step's time goes, in seconds. `total_s` is the step time; the parts are the modelled
 /// busy times (already divided by the end-to-end efficiency) and do not add up to it:

@@ -192,6 +192,23 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   }
   options.params.expert_skew = o.expert_skew;
   options.params.eplb = o.eplb;
+  if (!o.expert_drift.empty()) {
+    auto drift = runtime::parse_duration(o.expert_drift);
+    if (!drift || drift.value <= runtime::duration{0}) {
+      err << "troupe sim: --expert-drift " << o.expert_drift << ": expected a duration > 0 (e.g. 2min)\n";
+      return 1;
+    }
+    options.params.expert_drift = drift.value;
+  }
+  {
+    auto interval = runtime::parse_duration(o.eplb_interval == "0" ? "0s" : o.eplb_interval);
+    if (!interval || interval.value < runtime::duration{0}) {
+      err << "troupe sim: --eplb-interval " << o.eplb_interval
+          << ": expected a duration (0: place once at start)\n";
+      return 1;
+    }
+    options.params.eplb_interval = interval.value;
+  }
   if (auto spec = actors::parse_speculation(o.spec)) {
     options.params.speculation = spec->spec;
     options.params.fixed_drafts = spec->fixed_drafts;

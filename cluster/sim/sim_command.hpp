@@ -51,6 +51,10 @@ struct sim_command_options {
   bool eplb = false;
   /// How a hit's window state is rebuilt: bounded or exact (sim_params::exact_rebuild).
   std::string swa_rebuild = "bounded";
+  /// The experts' load drift (one hot rank on per this duration; empty: none) and the expert
+  /// balancer's interval (sim_params::expert_drift, eplb_interval).
+  std::string expert_drift;
+  std::string eplb_interval = "5min";
   /// TEST ONLY: sim_params::test_drop_on_reroute (hidden `--plant-bug`).
   bool plant_bug = false;
 };

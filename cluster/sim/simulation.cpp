@@ -5,6 +5,7 @@
 #include "actors/instance.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/decode_lb.hpp"
+#include "actors/lb/expert_balancer.hpp"
 #include "actors/lb/prefill_lb.hpp"
 #include "actors/lb/vision_lb.hpp"
 #include "actors/request/request.hpp"
@@ -33,6 +34,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <set>
 #include <memory>
 #include <optional>
@@ -160,6 +162,85 @@ struct busy_table {
   }
 };
 
+/// A pool's routed experts as the simulated world sees them (sim_params::expert_skew,
+/// expert_drift, eplb): the load, Zipf-skewed, drifts one rank along every `drift`; the
+/// placement is contiguous, or the expert balancer's latest (published by its actor), placed
+/// for each EP size the pool's instances run at (an instance re-formed after a failure places
+/// by the same load). Each step asks the balancedness of its EP group now.
+struct pool_experts {
+  model_profile model;
+  double skew = 0;
+  runtime::duration drift{0};
+  runtime::time_point origin{};
+  /// The load the balancer's latest placement was computed from (empty: contiguous ranges).
+  std::vector<double> placed_load;
+  std::uint64_t version = 0;
+  std::uint64_t published = 0;
+  std::map<std::uint32_t, actors::expert_placement> placements;
+  std::map<std::tuple<std::uint64_t, std::uint32_t, std::uint64_t>, double> cache;
+  /// Balancedness × step seconds and step seconds, of every step costed (the run's mean).
+  double weighted = 0, seconds = 0;
+
+  std::uint64_t shift_at(runtime::time_point t) const {
+    if (drift <= runtime::duration{0} || t <= origin)
+      return 0;
+    return static_cast<std::uint64_t>((t - origin) / drift);
+  }
+
+  /// The mean load over [from, to] (the load at `to` when the span is empty).
+  std::vector<double> load_over(runtime::time_point from, runtime::time_point to) const {
+    from = std::max(from, origin);
+    if (to <= from)
+      return expert_loads(model, skew, shift_at(to));
+    std::vector<double> sum(model.routed_experts, 0.0);
+    for (auto t = from; t < to;) {
+      const auto k = shift_at(t);
+      const auto until = drift > runtime::duration{0}
+                           ? std::min(to, origin + drift * static_cast<std::int64_t>(k + 1))
+                           : to;
+      const double w = runtime::to_seconds(until - t);
+      const auto l = expert_loads(model, skew, k);
+      for (std::size_t e = 0; e < sum.size(); ++e)
+        sum[e] += w * l[e];
+      t = until;
+    }
+    return sum;
+  }
+
+  void publish(const std::vector<double>& load) {
+    placed_load = load;
+    ++version;
+    ++published;
+    placements.clear();
+    cache.clear();
+  }
+
+  double balance(std::uint32_t ep, runtime::time_point t) {
+    if (ep <= 1 || model.routed_experts == 0)
+      return 1.0;
+    const auto k = shift_at(t);
+    const auto key = std::tuple{version, ep, k};
+    if (auto i = cache.find(key); i != cache.end())
+      return i->second;
+    const auto load = expert_loads(model, skew, k);
+    double b = 1.0;
+    if (placed_load.empty()) {
+      b = actors::contiguous_placement(load, ep).balancedness();
+    } else {
+      auto p = placements.find(ep);
+      if (p == placements.end()) {
+        auto placed = actors::place_experts({placed_load, ep, eplb_slots_per_rank(model, ep)});
+        p = placements.emplace(ep, std::get<actors::expert_placement>(std::move(placed))).first;
+      }
+      b = actors::balancedness_under(p->second, load);
+    }
+    if (cache.size() > 4096)
+      cache.clear();
+    cache.emplace(key, b);
+    return b;
+  }
+};
+
 /// One GPU's share of an instance's step over `ranks` GPUs: its sizes divided, rounded up (its
 /// batch's content is not needed to cost it, so it is not copied).
 runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t ranks) {
@@ -186,21 +267,42 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
                                     std::uint32_t ep, const perf_options& opt,
                                     std::uint32_t ranks, std::shared_ptr<busy_table> busy,
                                     std::string key, std::shared_ptr<const fleet_state> fleet,
-                                    std::uint64_t batch_capacity, std::uint64_t kv_capacity) {
+                                    std::uint64_t batch_capacity, std::uint64_t kv_capacity,
+                                    std::shared_ptr<pool_experts> experts = nullptr) {
   auto per_gpu = make_step_cost(model, hw, ep, opt);
+  // With an expert load (skewed, drifting, placed by the balancer), each step waits for the
+  // busiest rank under the placement of the moment: the cost function follows its balancedness.
+  auto balanced = std::make_shared<double>(opt.moe_balance);
+  auto restep = [model, hw, ep, opt](double balance) {
+    auto o = opt;
+    o.moe_balance = balance;
+    return make_step_cost(model, hw, ep, o);
+  };
   const double head = double(model.hidden) * model.vocab;
   const double decode_flops = 2.0 * model.active_params_decode;
   const double prefill_flops = 2.0 * model.active_params_prefill;
   const double weights = weight_bytes_per_gpu(model, ep) * ranks;
   const double kv_bytes = model.kv_bytes_per_token;
   return [per_gpu, ranks, busy, key, fleet, batch_capacity, kv_capacity, head, decode_flops,
-          prefill_flops, weights, kv_bytes](const runtime::device_step& s) {
+          prefill_flops, weights, kv_bytes, experts, balanced, restep,
+          ep](const runtime::device_step& s) mutable {
     const auto g = gpu_share(s, ranks);
     // An exception here (a bug, memory exhausted) must not escape into the device actor,
     // whose default handler would print it on stdout and carry on: it is recorded, and the
     // run fails with it (run_simulation's error, a non-zero exit of troupe sim).
     try {
+      if (experts && busy->clock != nullptr) {
+        const double b = experts->balance(ep, busy->clock->now());
+        if (b != *balanced) {
+          *balanced = b;
+          per_gpu = restep(b);
+        }
+      }
       auto d = per_gpu(g);
+      if (experts && s.tokens > 0) {
+        experts->weighted += *balanced * runtime::to_seconds(d);
+        experts->seconds += runtime::to_seconds(d);
+      }
       if (auto f = fleet->factor(key); f != 1.0)
         d = runtime::from_seconds(runtime::to_seconds(d) * f);
       busy->add(key, d, ranks, s.prepare);
@@ -671,9 +773,21 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       });
   fleet->clock = &w;
   fleet->origin = origin;
+  // The routed experts' load and placement per pool, when the load is skewed.
+  std::map<std::string, std::shared_ptr<pool_experts>> experts_of;
+  if (p.expert_skew > 0.0)
+    for (const auto* pool : {prefill_pool, decode_pool}) {
+      auto e = std::make_shared<pool_experts>();
+      e->model = *model;
+      e->skew = p.expert_skew;
+      e->drift = p.expert_drift;
+      e->origin = origin;
+      experts_of[pool->name] = e;
+    }
   auto ports_for = [&](const pool_spec& pool, double link_bw, runtime::duration link_lat) {
     actors::instance_ports ports;
     auto m = *model;
+    auto pool_load = experts_of.count(pool.name) > 0 ? experts_of.at(pool.name) : nullptr;
     auto h = *hw;
     auto configured = pool.gpus_per_instance;
     auto pool_ep = pool.ep_size;
@@ -681,7 +795,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto per_gpu_batch = pool.role == pool_role::decode ? p.decode_requests_per_gpu : 0;
     ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts,
                     kv_tokens = p.decode_kv_tokens, history, skew = p.expert_skew,
-                    eplb = p.eplb](
+                    eplb = p.eplb, experts = pool_load](
                      caf::local_actor* self, actors::instance_id id, std::uint32_t rank,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
@@ -695,7 +809,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                                           : kv_capacity_tokens(m, h, size, ep);
       auto device = runtime::spawn_sim_device(
         self->system(), instance_cost(m, h, ep, perf_for(m, ep, skew, eplb), size, busy, key, fleet,
-                                      std::uint64_t{per_gpu_batch} * size, kv_capacity),
+                                      std::uint64_t{per_gpu_batch} * size, kv_capacity, experts),
         drafts);
       // The GPU is held from now until its device exits (docs/report.md, "gpus").
       auto index = busy->devices.size();
@@ -812,6 +926,26 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
         ports_for(*vision_pool, 0, 0s), vision_lb));
     pools.push_back(runtime::supervisor_child(std::move(vision_cfg)));
   }
+  // EPLB: an expert balancer per pool re-places the experts by their recent load.
+  std::vector<actors::expert_balancer_actor> expert_balancers;
+  if (p.eplb)
+    for (const auto& [name, experts] : experts_of) {
+      const auto* pool = name == prefill_pool->name ? prefill_pool : decode_pool;
+      actors::expert_balancer_params eb;
+      eb.ranks = std::max<std::uint32_t>(1, pool->ep_size);
+      eb.slots_per_rank = eplb_slots_per_rank(*model, eb.ranks);
+      eb.interval = p.eplb_interval;
+      eb.window = p.eplb_interval > runtime::duration{0} ? p.eplb_interval : std::chrono::minutes(5);
+      eb.load_time = p.eplb_load_time;
+      eb.load = [experts = experts](runtime::time_point from, runtime::time_point to) {
+        return experts->load_over(from, to);
+      };
+      eb.publish = [experts = experts](const std::vector<double>& load,
+                                       const actors::expert_placement&) {
+        experts->publish(load);
+      };
+      expert_balancers.push_back(actors::spawn_expert_balancer(sys, std::move(eb)));
+    }
   auto cluster = runtime::spawn_supervisor(
     sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1h}, std::move(pools)});
   w.driver().run_for(0s);
@@ -1058,8 +1192,17 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto balance = [&](const pool_spec* pool, bool eplb) {
       return tidy(expert_balance(*model, pool->ep_size, p.expert_skew, eplb));
     };
+    auto mean = [&](const pool_spec* pool) {
+      const auto& e = *experts_of.at(pool->name);
+      return tidy(e.seconds > 0 ? e.weighted / e.seconds : 1.0);
+    };
     report["experts"] = {{"skew", p.expert_skew},
                          {"eplb", p.eplb},
+                         {"drift_s", tidy(runtime::to_seconds(p.expert_drift))},
+                         {"eplb_interval_s", tidy(runtime::to_seconds(p.eplb_interval))},
+                         {"placements_published", experts_of.at(decode_pool->name)->published},
+                         {"prefill_balancedness_mean", mean(prefill_pool)},
+                         {"decode_balancedness_mean", mean(decode_pool)},
                          {"prefill_balancedness", balance(prefill_pool, p.eplb)},
                          {"decode_balancedness", balance(decode_pool, p.eplb)},
                          {"decode_balancedness_contiguous", balance(decode_pool, false)},
@@ -1233,6 +1376,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     caf::anon_send_exit(injector, caf::exit_reason::user_shutdown);
   if (autoscaler)
     caf::anon_send_exit(autoscaler, caf::exit_reason::user_shutdown);
+  for (auto& b : expert_balancers)
+    caf::anon_send_exit(b, caf::exit_reason::user_shutdown);
   return sim_outcome{std::move(report), std::move(run), finished, std::move(invariants)};
 }
 
@@ -1282,7 +1427,12 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + ": balancedness prefill " + num(r["experts"]["prefill_balancedness"], 3) + ", decode "
            + num(r["experts"]["decode_balancedness"], 3) + " (decode contiguous "
            + num(r["experts"]["decode_balancedness_contiguous"], 3) + ", EPLB "
-           + num(r["experts"]["decode_balancedness_eplb"], 3) + ")\n";
+           + num(r["experts"]["decode_balancedness_eplb"], 3) + "); over the run: prefill "
+           + num(r["experts"]["prefill_balancedness_mean"], 3) + ", decode "
+           + num(r["experts"]["decode_balancedness_mean"], 3) + ", "
+           + std::to_string(r["experts"]["placements_published"].get<std::uint64_t>())
+           + (r["experts"]["placements_published"].get<std::uint64_t>() == 1 ? " placement" : " placements")
+           + " published\n";
   out += "  kv cache    block hit rate " + num(r["kv"]["block_hit_rate"].get<double>() * 100)
          + "%, token hit rate " + num(r["kv"]["token_hit_rate"].get<double>() * 100) + "%, "
          + std::to_string(r["kv"]["persisted_blocks"].get<std::uint64_t>())

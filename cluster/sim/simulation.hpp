@@ -86,6 +86,13 @@ struct sim_params {
   /// for its busiest rank (perf_options::moe_balance, expert_balance).
   double expert_skew = 0.0;
   bool eplb = false;
+  /// The load drifts: every `expert_drift` the hot ranking moves one expert on (0: fixed).
+  runtime::duration expert_drift{0};
+  /// With `eplb`: the expert balancer re-places the experts every `eplb_interval` by their load
+  /// over the last interval (0: once, at start), switching `eplb_load_time` later (the ranks
+  /// load the new copies meanwhile; actors/lb/expert_balancer.hpp).
+  runtime::duration eplb_interval = std::chrono::minutes(5);
+  runtime::duration eplb_load_time = std::chrono::seconds(10);
   /// How a cached prefix's window state is rebuilt on a hit: bounded replay of the prompt's
   /// last window (false) or exactly, layer by layer over its receptive field
   /// (prefill_engine_params::exact_rebuild_layers; docs/simulation.md, "Bounded replay").

@@ -146,3 +146,16 @@ TEST_CASE("bad placement requests are refused with the reason") {
   CHECK(why({std::vector<double>(16, 1.0), 6, 4, 4, 4}) == "ranks 6 are not a multiple of nodes 4");
   CHECK(why({std::vector<double>(16, 1.0), 4, 4, 2, 3}).find("groups 3 must be") == 0);
 }
+
+TEST_CASE("a placement's balancedness under another load: its own load gives its own figure") {
+  const placement_request q{skewed(64, 1.0), 8, 9};
+  const auto p = placed(q);
+  CHECK(balancedness_under(p, q.load) == doctest::Approx(p.balancedness()));
+  // The hot set moved on (the same law over other experts): the copies sit on the wrong ones.
+  std::vector<double> moved(64);
+  for (std::uint32_t e = 0; e < 64; ++e)
+    moved[e] = q.load[(e + 5) % 64];
+  CHECK(balancedness_under(p, moved) < p.balancedness() - 0.1);
+  // Placed for the moved load, it is balanced again.
+  CHECK(placed({moved, 8, 9}).balancedness() == doctest::Approx(p.balancedness()));
+}

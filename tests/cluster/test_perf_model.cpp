@@ -331,6 +331,28 @@ TEST_CASE("the scheduler's time per step: a fixed part and a part per sequence")
   CHECK(schedule_seconds(s) < 0.1 * troupe::runtime::to_seconds(cost(s)));
 }
 
+TEST_CASE("a drifting expert load moves the hot ranking along the experts") {
+  auto m = model("deepseek-v4.1-flash");
+  const auto a = expert_loads(m, 1.0, 0), b = expert_loads(m, 1.0, 1);
+  REQUIRE(a.size() == m.routed_experts);
+  auto hottest = [](const std::vector<double>& l) {
+    return std::max_element(l.begin(), l.end()) - l.begin();
+  };
+  CHECK(hottest(a) != hottest(b));
+  // The same law, on other experts: sorted, the loads are equal.
+  auto sa = a, sb = b;
+  std::sort(sa.begin(), sa.end());
+  std::sort(sb.begin(), sb.end());
+  CHECK(sa == sb);
+  // The second hottest of shift 0 is the hottest of shift 1.
+  auto second = a;
+  second[static_cast<std::size_t>(hottest(a))] = 0.0;
+  CHECK(hottest(second) == hottest(b));
+  // A full turn comes back; shift 0 is what expert_balance assumes.
+  CHECK(expert_loads(m, 1.0, m.routed_experts) == a);
+  CHECK(eplb_slots_per_rank(m, 64) == m.routed_experts / 64 + 1);
+}
+
 TEST_CASE("a skewed expert load slows the busiest rank; EPLB's placement recovers it") {
   auto m = model("deepseek-v4.1-flash");
   auto h = hardware("H800");
