@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 
 namespace troupe::actors {
 
@@ -34,6 +35,8 @@ struct job_state {
   /// The token drawn by the last chunk.
   runtime::sampled_token next;
   bool ready = false;
+  /// Its place in arrival order.
+  std::uint64_t arrival = 0;
   bool fetched = false;
   /// Its KV is being exported (the answer waits for it).
   bool exporting = false;
@@ -54,7 +57,10 @@ struct prefill_engine_state {
   block_writer_actor writer;
   runtime::store_port writer_store;
   std::map<std::uint64_t, job_state> jobs;
-  std::deque<std::uint64_t> order;
+  /// The jobs that can compute now (ready, tokens left), by (arrival, request): what a step
+  /// shares its budget among, so that a step costs what it takes, not the queue's length.
+  std::set<std::pair<std::uint64_t, std::uint64_t>> computable;
+  std::uint64_t arrivals = 0;
   bool stepping = false;
   std::uint64_t next_step = 1;
   engine_stats stats;
@@ -68,6 +74,19 @@ struct prefill_engine_state {
 using engine_ptr = prefill_engine_actor::stateful_pointer<prefill_engine_state>;
 
 void step(engine_ptr self);
+
+/// The job may compute from where it stands.
+void set_ready(prefill_engine_state& st, std::uint64_t request, job_state& j) {
+  j.ready = true;
+  if (j.remaining > 0)
+    st.computable.emplace(j.arrival, request);
+}
+
+/// Forgets a job (answered or cancelled).
+void forget(prefill_engine_state& st, std::map<std::uint64_t, job_state>::iterator i) {
+  st.computable.erase({i->second.arrival, i->first});
+  st.jobs.erase(i);
+}
 
 /// Answers a finished job (with its KV, when exported) and forgets it.
 void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv) {
@@ -93,8 +112,7 @@ void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv
                             std::move(j.next), j.job.cached_tokens, std::move(kv)});
   // The KV has been handed on with the answer: the device forgets the sequence.
   self->send(st.device, runtime::device_release{request});
-  st.jobs.erase(i);
-  std::erase(st.order, request);
+  forget(st, i);
   ++st.stats.jobs_done;
   // A draining instance leaves once its work is done.
   if (st.drain && st.jobs.empty()) {
@@ -124,7 +142,7 @@ void make_ready(engine_ptr self, std::uint64_t request) {
   auto i = self->state.jobs.find(request);
   if (i == self->state.jobs.end())
     return;
-  i->second.ready = true;
+  set_ready(self->state, request, i->second);
   step(self);
 }
 
@@ -213,39 +231,35 @@ void step(engine_ptr self) {
     return;
   // Each ready job first gets an equal share of the budget (at least one block), so a short
   // prompt is not held behind a long one; budget left over goes to jobs in arrival order.
-  std::vector<std::uint64_t> ready;
-  for (auto id : st.order) {
-    auto& j = st.jobs.at(id);
-    if (j.ready && j.remaining > 0)
-      ready.push_back(id);
-  }
-  if (ready.empty())
+  // Jobs are visited in arrival order only until the budget is spent.
+  if (st.computable.empty())
     return;
-  std::map<std::uint64_t, std::uint64_t> take;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> take;  // request, tokens, in order
   auto budget = st.params.step_tokens;
-  auto share = std::max<std::uint64_t>(budget / ready.size(), 128);
-  for (int pass = 0; pass < 2 && budget > 0; ++pass) {
-    for (auto id : ready) {
-      if (budget == 0)
-        break;
-      auto& j = st.jobs.at(id);
-      auto left = j.remaining - take[id];
-      auto n = std::min({budget, left, pass == 0 ? share : left});
-      take[id] += n;
-      budget -= n;
-    }
+  auto share = std::max<std::uint64_t>(budget / st.computable.size(), 128);
+  for (auto c = st.computable.begin(); c != st.computable.end() && budget > 0; ++c) {
+    auto n = std::min({budget, st.jobs.at(c->second).remaining, share});
+    take.emplace_back(c->second, n);
+    budget -= n;
+  }
+  // Every job had its share and budget is left: it goes to them in order.
+  for (auto& [id, n] : take) {
+    if (budget == 0)
+      break;
+    auto more = std::min(budget, st.jobs.at(id).remaining - n);
+    n += more;
+    budget -= more;
   }
   // A chunk does not cross the boundary where the device keeps the state (it must end there).
-  for (auto id : ready) {
+  for (auto& [id, n] : take) {
     auto& j = st.jobs.at(id);
     const auto boundary = j.keep_blocks * block_tokens;
     if (j.position < boundary)
-      take[id] = std::min(take[id], boundary - j.position);
+      n = std::min(n, boundary - j.position);
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
   runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0, 0, {}};
-  for (auto id : ready) {
-    auto n = take[id];
+  for (auto [id, n] : take) {
     if (n == 0)
       continue;
     auto& j = st.jobs.at(id);
@@ -291,6 +305,8 @@ void step(engine_ptr self) {
             continue;
           auto& j = i->second;
           j.remaining -= take;
+          if (j.remaining == 0)
+            st.computable.erase({j.arrival, id});
           j.computed += take;
           j.position += take;
           st.stats.tokens += take;
@@ -369,10 +385,12 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
         j.keep_blocks = std::min<std::uint64_t>(job.chain.size(), last_boundary);
         usable = std::min(job.cached_tokens / block_tokens, j.keep_blocks);
       }
+      j.arrival = st.arrivals++;
+      bool ready_now = false;
       if (usable > 0) {
         j.fetched = true;  // ready once restored (or given up on)
       } else if (j.job.fetch_bytes == 0 || st.link == nullptr) {
-        j.ready = true;
+        ready_now = true;
         j.fetched = true;
       } else {
         // Two transfers back to back on the fetch path: the first layer (compute may start
@@ -384,7 +402,7 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
             auto i = self->state.jobs.find(id);
             if (i == self->state.jobs.end())
               return;
-            i->second.ready = true;
+            set_ready(self->state, id, i->second);
             step(self);
           });
         self->request(st.link, caf::infinite,
@@ -397,8 +415,9 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
             try_finish(self, id);
           });
       }
-      st.jobs.emplace(id, std::move(j));
-      st.order.push_back(id);
+      auto& placed = st.jobs.emplace(id, std::move(j)).first->second;
+      if (ready_now)
+        set_ready(st, id, placed);
       if (usable > 0)
         fetch_cached(self, id, usable);
       step(self);
@@ -426,8 +445,7 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       if (i == st.jobs.end())
         return;
       i->second.rp.deliver(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
-      st.jobs.erase(i);
-      std::erase(st.order, request);
+      forget(st, i);
       // A step in flight may still hold a chunk of it: its result finds no job and is dropped.
       self->send(st.device, runtime::device_release{request});
       if (st.drain && st.jobs.empty()) {
