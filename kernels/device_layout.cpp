@@ -49,7 +49,7 @@ std::int64_t stored_bytes(const weight_spec& w) {
     case weight_format::fp8_block: {
       const std::int64_t rows = w.shape.empty() ? 1 : w.shape.front();
       const std::int64_t cols = rows == 0 ? 0 : n / rows;
-      return n + ceil_div(rows, 128) * ceil_div(cols, 128);
+      return n + ceil_div(rows, w.block_rows) * ceil_div(cols, w.block_cols);
     }
     case weight_format::fp4_expert: return n / 2 + n / 32;
     case weight_format::fp8_table: return n + n / 32;

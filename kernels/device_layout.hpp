@@ -27,7 +27,7 @@ namespace troupe::kernels {
 inline constexpr std::size_t weight_format_count = 6;
 
 /// Bytes a tensor occupies as the checkpoint stores it, its scales included: bf16 2 / f32 4
-/// per element, fp8_block 1 per element + 1 per started 128×128 block, fp4_expert 1/2 per
+/// per element, fp8_block 1 per element + 1 per started scale block, fp4_expert 1/2 per
 /// element + 1 per 32, fp8_table 1 per element + 1 per 32, e8m0 1 per element.
 std::int64_t stored_bytes(const weight_spec& w);
 

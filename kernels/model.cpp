@@ -95,7 +95,7 @@ struct model::weights {
   result<matrix> load(const std::string& hf, const std::vector<i64>& shape) const {
     const auto n = name(hf);
     std::vector<i64> found;
-    auto v = ckpt->load_float(n, &found);
+    auto v = ckpt->load_float(n, &found, cfg.fp8_block_rows(), cfg.fp8_block_cols());
     if (!v) return result<matrix>::failure(v.error());
     if (found != shape)
       return result<matrix>::failure("tensor " + n + ": expected shape " + shape_text(shape) +

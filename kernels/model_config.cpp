@@ -335,6 +335,11 @@ result<text_config> read_text(const json& j, const std::string& source, const st
   for (std::int64_t s : t.dspark_target_layer_ids)
     if (s < 0 || s >= n)
       return result<text_config>::failure(source + ": " + prefix + "dspark_target_layer_ids: expected layer ids in [0, " + std::to_string(n) + "), found " + join(t.dspark_target_layer_ids));
+  // The reference gathers the features in its layer loop, so in ascending layer order; a list in
+  // another order would concatenate them differently from the released main_proj's columns.
+  for (std::size_t i = 1; i < t.dspark_target_layer_ids.size(); ++i)
+    if (t.dspark_target_layer_ids[i] <= t.dspark_target_layer_ids[i - 1])
+      return result<text_config>::failure(source + ": " + prefix + "dspark_target_layer_ids: expected strictly increasing layer ids, found " + join(t.dspark_target_layer_ids));
 
   // --- engram ---------------------------------------------------------------------------------
   if (!have_engram) t.engram_layer_ids.clear();
@@ -437,7 +442,18 @@ result<model_config> parse_model_config(std::string_view json_text, std::string_
       qr.string("fmt", qc.fmt);
       qr.string("scale_fmt", qc.scale_fmt);
       qr.integers("weight_block_size", qc.weight_block_size, 1);
+      qr.string("expert_dtype", qc.expert_dtype);
       if (qr.failed()) return result<model_config>::failure(qr.error());
+      if (!qc.weight_block_size.empty() && qc.weight_block_size.size() != 2)
+        return result<model_config>::failure(source + ": quantization_config.weight_block_size: expected [rows, cols], found " +
+                                             join(qc.weight_block_size));
+      if (!qc.expert_dtype.empty()) {
+        if (!m.expert_dtype.empty() && m.expert_dtype != qc.expert_dtype)
+          return result<model_config>::failure(source + ": expert_dtype \"" + m.expert_dtype +
+                                               "\" disagrees with quantization_config.expert_dtype \"" +
+                                               qc.expert_dtype + "\"");
+        m.expert_dtype = qc.expert_dtype;
+      }
       m.quantization = qc;
     }
     if (r.failed()) return result<model_config>::failure(r.error());
@@ -476,6 +492,14 @@ result<model_config> parse_model_config(std::string_view json_text, std::string_
   } catch (const std::exception& e) {  // a bug here must not escape the API
     return result<model_config>::failure(source + ": internal error while reading the config: " + e.what());
   }
+}
+
+std::int64_t model_config::fp8_block_rows() const {
+  return quantization && quantization->weight_block_size.size() == 2 ? quantization->weight_block_size[0] : 128;
+}
+
+std::int64_t model_config::fp8_block_cols() const {
+  return quantization && quantization->weight_block_size.size() == 2 ? quantization->weight_block_size[1] : 128;
 }
 
 result<model_config> load_model_config(const std::filesystem::path& path) {

@@ -154,7 +154,8 @@ struct quantization_config {
   std::string quant_method;                 // "fp8" in the released checkpoints
   std::string fmt;                          // "e4m3"
   std::string scale_fmt;                    // "ue8m0"
-  std::vector<std::int64_t> weight_block_size;  // [128, 128]
+  std::vector<std::int64_t> weight_block_size;  // [32, 32] in V4.1, [128, 128] in V4-Flash
+  std::string expert_dtype;                 // where V4.1 puts it ("fp4"); see model_config
 };
 
 /// The whole config.json.
@@ -166,7 +167,14 @@ struct model_config {
   std::int64_t image_token_id = 129264;
   bool tie_word_embeddings = false;
   std::optional<quantization_config> quantization;
-  std::string expert_dtype;  // "fp4" when routed experts are packed FP4, else empty
+  /// "fp4" when routed experts are packed FP4, else empty: the top-level `expert_dtype`
+  /// (V4-Flash) or `quantization_config.expert_dtype` (V4.1); both given must agree.
+  std::string expert_dtype;
+
+  /// Rows and columns of one FP8 weight scale block: `quantization_config.weight_block_size`,
+  /// [128, 128] when absent.
+  std::int64_t fp8_block_rows() const;
+  std::int64_t fp8_block_cols() const;
 };
 
 /// Parses config.json text. `source` names the file in error messages ("<source>: <field>:

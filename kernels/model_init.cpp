@@ -99,10 +99,6 @@ std::uint8_t nearest_code(const std::array<float, N>& mags, float a) {
 
 constexpr std::array<float, 8> e2m1_magnitudes = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
-std::vector<std::int64_t> scale_shape_fp8(const std::vector<std::int64_t>& shape) {
-  return {(shape[0] + 127) / 128, (shape[1] + 127) / 128};
-}
-
 }  // namespace
 
 std::uint8_t float_to_fp8_e4m3(float x) {
@@ -132,11 +128,14 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
   for (std::uint64_t i = 0; i < n; ++i) raw[i] = mean + stddev * normal(key, i);
 
   generated_weight g;
-  const std::string base = ends_with(spec.name, ".weight") ? spec.name.substr(0, spec.name.size() - 7) : spec.name;
+  const auto forms = stored_tensors(spec);
+  auto put = [&](std::size_t i, std::vector<std::byte> bytes) {
+    g.stored.push_back({forms[i].name, forms[i].type, forms[i].shape, std::move(bytes)});
+  };
   switch (spec.format) {
     case weight_format::f32:
       g.values = raw;
-      g.stored.push_back({spec.name, dtype::F32, spec.shape, bytes_of(raw)});
+      put(0, bytes_of(raw));
       break;
     case weight_format::bf16: {
       std::vector<std::uint16_t> b(n);
@@ -145,13 +144,13 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
         b[i] = float_to_bf16(raw[i]);
         g.values[i] = bf16_value(b[i]);
       }
-      g.stored.push_back({spec.name, dtype::BF16, spec.shape, bytes_of(b)});
+      put(0, bytes_of(b));
       break;
     }
     case weight_format::e8m0: {  // the Engram table's scales: 1.0
       std::vector<std::uint8_t> s(n, 127);
       g.values.assign(n, 1.0f);
-      g.stored.push_back({spec.name, dtype::F8_E8M0, spec.shape, bytes_of(s)});
+      put(0, bytes_of(s));
       break;
     }
     case weight_format::fp8_table: {  // e4m3 values with unit scales
@@ -161,32 +160,34 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
         q[i] = float_to_fp8_e4m3(raw[i]);
         g.values[i] = fp8_e4m3_to_float(q[i]);
       }
-      g.stored.push_back({spec.name, dtype::F8_E4M3, spec.shape, bytes_of(q)});
+      put(0, bytes_of(q));
       break;
     }
     case weight_format::fp8_block: {
       const std::int64_t rows = spec.shape[0], cols = spec.shape[1];
-      const auto sshape = scale_shape_fp8(spec.shape);
+      const std::int64_t br = spec.block_rows, bc = spec.block_cols;
+      const auto& sshape = forms[1].shape;
       std::vector<std::uint8_t> q(n), s(std::size_t(sshape[0] * sshape[1]));
       g.values.resize(n);
       for (std::int64_t bi = 0; bi < sshape[0]; ++bi)
         for (std::int64_t bj = 0; bj < sshape[1]; ++bj) {
+          const std::int64_t r_end = std::min(rows, (bi + 1) * br), c_end = std::min(cols, (bj + 1) * bc);
           float amax = 0;
-          for (std::int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
-            for (std::int64_t c = bj * 128; c < std::min(cols, bj * 128 + 128); ++c)
+          for (std::int64_t r = bi * br; r < r_end; ++r)
+            for (std::int64_t c = bj * bc; c < c_end; ++c)
               amax = std::max(amax, std::fabs(raw[std::size_t(r * cols + c)]));
           const int k = std::clamp(pow2_ceil_exponent(std::max(amax, 1e-30f) / 448.0f), -127, 127);
           s[std::size_t(bi * sshape[1] + bj)] = std::uint8_t(127 + k);
           const float scale = std::ldexp(1.0f, k);
-          for (std::int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
-            for (std::int64_t c = bj * 128; c < std::min(cols, bj * 128 + 128); ++c) {
+          for (std::int64_t r = bi * br; r < r_end; ++r)
+            for (std::int64_t c = bj * bc; c < c_end; ++c) {
               const std::size_t i = std::size_t(r * cols + c);
               q[i] = float_to_fp8_e4m3(raw[i] / scale);
               g.values[i] = fp8_e4m3_to_float(q[i]) * scale;
             }
         }
-      g.stored.push_back({spec.name, dtype::F8_E4M3, spec.shape, bytes_of(q)});
-      g.stored.push_back({base + ".scale", dtype::F8_E8M0, sshape, bytes_of(s)});
+      put(0, bytes_of(q));
+      put(1, bytes_of(s));
       break;
     }
     case weight_format::fp4_expert: {
@@ -207,8 +208,8 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
             packed[i / 2] |= std::uint8_t(c % 2 == 0 ? code : code << 4);
           }
         }
-      g.stored.push_back({spec.name, dtype::I8, {rows, cols / 2}, bytes_of(packed)});
-      g.stored.push_back({base + ".scale", dtype::F8_E8M0, {rows, cols / 32}, bytes_of(s)});
+      put(0, bytes_of(packed));
+      put(1, bytes_of(s));
       break;
     }
   }
@@ -295,9 +296,10 @@ result<std::string> preset_config_json(std::string_view preset) {
       {"model_type", "deepseek_v41"},
       {"image_token_id", vocab - 1},
       {"tie_word_embeddings", false},
-      {"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
-                               {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}}},
-      {"expert_dtype", "fp4"},
+      // As released for V4.1: FP8 dense weights in 32 x 32 scale blocks, FP4 experts.
+      {"quantization_config", {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"},
+                               {"weight_block_size", {32, 32}}, {"scale_fmt", "ue8m0"},
+                               {"expert_dtype", "fp4"}}},
       {"text_config", text},
       {"vision_config", {{"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
                          {"num_attention_heads", 2}, {"patch_size", 14}, {"downsample_ratio", 3},

@@ -48,6 +48,26 @@ std::vector<std::vector<std::int64_t>> engram_primes(const text_config& t) {
   return out;
 }
 
+std::vector<stored_tensor> stored_tensors(const weight_spec& spec) {
+  const std::string& n = spec.name;
+  const bool weight = n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0;
+  const std::string scale = (weight ? n.substr(0, n.size() - 7) : n) + ".scale";
+  const auto& s = spec.shape;
+  switch (spec.format) {
+    case weight_format::bf16: return {{n, dtype::BF16, s}};
+    case weight_format::f32: return {{n, dtype::F32, s}};
+    case weight_format::e8m0: return {{n, dtype::F8_E8M0, s}};
+    case weight_format::fp8_table: return {{n, dtype::F8_E4M3, s}};
+    case weight_format::fp8_block:
+      return {{n, dtype::F8_E4M3, s},
+              {scale, dtype::F8_E8M0,
+               {(s[0] + spec.block_rows - 1) / spec.block_rows, (s[1] + spec.block_cols - 1) / spec.block_cols}}};
+    case weight_format::fp4_expert:
+      return {{n, dtype::I8, {s[0], s[1] / 2}}, {scale, dtype::F8_E8M0, {s[0], s[1] / 32}}};
+  }
+  return {};
+}
+
 std::vector<weight_spec> released_layout(const model_config& cfg) {
   const text_config& t = cfg.text;
   const bool fp8 = cfg.quantization && cfg.quantization->quant_method == "fp8";
@@ -59,7 +79,7 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
   const std::int64_t heads = t.num_attention_heads;
   std::vector<weight_spec> out;
   auto add = [&](std::string name, std::vector<std::int64_t> shape, weight_format f) {
-    out.push_back({std::move(name), std::move(shape), f});
+    out.push_back({std::move(name), std::move(shape), f, cfg.fp8_block_rows(), cfg.fp8_block_cols()});
   };
   add("embed.weight", {t.vocab_size, H}, weight_format::bf16);
   // One block of layer tensors under prefix p: a backbone layer i, or a DSpark draft layer
@@ -127,16 +147,19 @@ std::vector<weight_spec> released_layout(const model_config& cfg) {
     add_layer("layers." + std::to_string(i) + ".", i, false);
   add("norm.weight", {H}, weight_format::bf16);
   add("head.weight", {t.vocab_size, H}, weight_format::bf16);
-  // The DSpark draft layers as released (`mtp.<stage>.`): each stage a sliding-window layer;
-  // the first also projects the target layers' features (main_proj, main_norm), the last
-  // holds the final norm, the Markov head (embed [vocab, rank], head [vocab, rank]) and the
-  // confidence head [1, hidden + rank]. Embedding and LM head are the backbone's.
+  // The DSpark draft layers as released in V4.1 (`mtp.<stage>.`; DeepSeek's inference/model.py
+  // and vLLM's V4.1 loader): each stage a sliding-window layer; the first also projects the
+  // target layers' features (main_proj, FP8 like every dense projection, and main_norm), the
+  // last holds the final norm, the Markov head (embed [vocab, rank], head [vocab, rank]) and
+  // the confidence head [1, hidden + rank]. Embedding and LM head are the backbone's (the
+  // reference ties them; a checkpoint that also ships `mtp.0.embed` / `mtp.<last>.head`
+  // copies loads, the copies unread). No hc_head: V4.1 collapses with the last pre-mix.
   const std::int64_t stages = t.num_nextn_predict_layers;
   for (std::int64_t i = 0; i < stages; ++i) {
     const std::string p = "mtp." + std::to_string(i) + ".";
     if (i == 0) {
       const auto n_targets = static_cast<std::int64_t>(t.dspark_target_layer_ids.size());
-      add(p + "main_proj.weight", {H, n_targets * H}, weight_format::bf16);
+      add(p + "main_proj.weight", {H, n_targets * H}, dense);
       add(p + "main_norm.weight", {H}, weight_format::bf16);
     }
     add_layer(p, t.num_hidden_layers + i, true);

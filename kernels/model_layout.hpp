@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/model_config.hpp"
+#include "kernels/safetensors.hpp"
 
 namespace troupe::kernels {
 
@@ -25,7 +26,7 @@ namespace troupe::kernels {
 enum class weight_format {
   bf16,        // BF16
   f32,         // F32 (the mHC parameters, attention sinks, router biases)
-  fp8_block,   // F8_E4M3 + `<base>.scale` F8_E8M0, one scale per 128x128 block
+  fp8_block,   // F8_E4M3 + `<base>.scale` F8_E8M0, one scale per block (weight_spec::block_*)
   fp4_expert,  // packed E2M1 in I8 [out, in/2] + `<base>.scale` F8_E8M0 [out, in/32]
   fp8_table,   // Engram table: F8_E4M3 [rows, dim] with `<base>.scale` F8_E8M0 [rows, dim/32]
   e8m0,        // F8_E8M0 (the Engram table's scales, listed as their own tensor)
@@ -37,6 +38,8 @@ struct weight_spec {
   std::string name;
   std::vector<std::int64_t> shape;
   weight_format format = weight_format::bf16;
+  // fp8_block only: the scale block, `quantization_config.weight_block_size` (32 x 32 in V4.1).
+  std::int64_t block_rows = 128, block_cols = 128;
 };
 
 /// The name of a storage format ("bf16", "f32", "fp8_block", ...).
@@ -48,6 +51,18 @@ const char* format_name(weight_format f);
 /// stores it. Quantized weights' `.scale` companions are implied, not listed (except the
 /// Engram table's, which the reference holds as a parameter of its own).
 std::vector<weight_spec> released_layout(const model_config& cfg);
+
+/// A tensor as the checkpoint stores it: name, dtype and stored shape.
+struct stored_tensor {
+  std::string name;
+  dtype type = dtype::F32;
+  std::vector<std::int64_t> shape;
+};
+
+/// What the checkpoint holds for one weight of the layout: the weight in its storage dtype and
+/// shape (packed FP4 [out, in/2] I8), then its `.scale` companion when the format has one (FP8
+/// blocks [ceil(out/block_rows), ceil(in/block_cols)], FP4 [out, in/32], both F8_E8M0).
+std::vector<stored_tensor> stored_tensors(const weight_spec& spec);
 
 /// The Engram bucket layout of the reference: for each Engram layer, for each n-gram size
 /// 2..max_ngram_size, engram_n_heads primes, each the next prime above engram_vocab_size - 1

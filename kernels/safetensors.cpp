@@ -359,7 +359,9 @@ result<tensor_view> checkpoint::get(std::string_view name, dtype expected_type,
 }
 
 result<std::vector<float>> checkpoint::load_float(std::string_view name_view,
-                                                  std::vector<std::int64_t>* shape_out) const {
+                                                  std::vector<std::int64_t>* shape_out,
+                                                  std::int64_t block_rows,
+                                                  std::int64_t block_cols) const {
   auto t = get(name_view);
   if (!t) return result<std::vector<float>>::failure(t.error());
   const std::string name(name_view);
@@ -380,7 +382,7 @@ result<std::vector<float>> checkpoint::load_float(std::string_view name_view,
     return dequantize_fp4(*t, *scale, 32, shape_out);
   }
   if (shape_out) *shape_out = t->shape();
-  if (ty == dtype::F8_E4M3 && scale) return dequantize_fp8_blocks(*t, *scale);
+  if (ty == dtype::F8_E4M3 && scale) return dequantize_fp8_blocks(*t, *scale, block_rows, block_cols);
   return to_float32(*t);
 }
 

@@ -130,11 +130,14 @@ class checkpoint {
                           const std::vector<std::int64_t>& expected_shape) const;
 
   /// The tensor as float32 in row-major order, dequantized: an F8_E4M3 tensor with its block
-  /// scale companion (`.scale` or `_scale_inv`) is scaled by blocks; a packed FP4 tensor
-  /// (I8 / U8 / F4 with a `.scale` companion) is unpacked to its logical [rows, cols] shape.
-  /// `shape_out`, when given, receives the logical shape.
+  /// scale companion (`.scale` or `_scale_inv`) is scaled by blocks of `block_rows` x
+  /// `block_cols` (the config's `weight_block_size`); a packed FP4 tensor (I8 / U8 / F4 with a
+  /// `.scale` companion) is unpacked to its logical [rows, cols] shape. `shape_out`, when
+  /// given, receives the logical shape.
   result<std::vector<float>> load_float(std::string_view name,
-                                        std::vector<std::int64_t>* shape_out = nullptr) const;
+                                        std::vector<std::int64_t>* shape_out = nullptr,
+                                        std::int64_t block_rows = 128,
+                                        std::int64_t block_cols = 128) const;
 
   struct impl;
 

@@ -1,21 +1,23 @@
 """Goldens for the DSpark draft call (kernels/model.hpp `model::draft`).
 
 The transformers reference at the pinned commit has no DSpark modules (it ignores `mtp.*`),
-and DeepSeek's own inference code is not available here. So this is a partial oracle: the
+and DeepSeek's own inference code needs CUDA kernels and cannot run here. So this is a partial
+oracle: the
 target model, the draft features (the attention input streams of dspark_target_layer_ids,
 averaged over hc_mult) and every building block of a draft stage — mHC mixes / collapse /
 expand, the norms, the attention projections, rope and FP8 rounding, the sink softmax, the MoE
 router and experts — are the reference's own modules (`DeepseekV41DecoderLayer` built with the
 draft stage's expert count, loaded with the `mtp.<i>.*` weights), run on torch CPU in fp32.
-What glues them is written here from the public description of DeepSeek's DSpark
-(docs/model.md): main_proj / main_norm into the context K=V, the block [anchor, noise...] seeing
-the last `sliding_window` context rows and the whole block, the Markov bias, the confidence
-head. Parity therefore checks that the C++ computes that description with the reference's
-arithmetic, not that the description is right.
+What glues them is written here from our reading of DeepSeek's DSpark, compared step by step
+with DeepSeek's V4.1 inference/model.py and vLLM's V4.1 DSpark model (docs/model.md):
+main_proj / main_norm into the context K=V, the block [anchor, noise...] seeing the last
+`sliding_window` context rows and the whole block, the Markov bias, the confidence head.
+Parity therefore checks that the C++ computes that reading with the reference's arithmetic;
+that the reading is DeepSeek's rests on the comparison, not on this script.
 
-    build/troupe model init --preset tiny --seed 11 --out /tmp/dspark-tiny
+    build/tests/test_kernels -tc="dspark: parity*"   # writes the golden's tiny checkpoint
     tools/.venv-model/bin/python tools/dspark_golden.py --oracle /work/oracle/deepseek_v41 \\
-        --model /tmp/dspark-tiny --out tests/kernels/golden/model/dspark/golden.json
+        --model /tmp/troupe-test-dspark-golden-<pid> --out tests/kernels/golden/model/dspark/golden.json
 """
 import argparse
 import copy

@@ -605,6 +605,8 @@ def load_released(directory, modeling, mtp=False):
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
     for f in files:
         raw.update(load_file(str(directory / f)))
+    quant = json.loads((directory / "config.json").read_text()).get("quantization_config") or {}
+    br, bc = quant.get("weight_block_size", [128, 128])
     out = {}
     for name, t in raw.items():
         if name.startswith("mtp.") != mtp:  # the DSpark draft layers: the reference has none
@@ -619,7 +621,7 @@ def load_released(directory, modeling, mtp=False):
             s = scale.float().repeat_interleave(32, dim=-1)
             w = values * s
         elif scale is not None and t.dtype == torch.float8_e4m3fn and not name.endswith("engram.embed.weight"):
-            s = scale.float().repeat_interleave(128, 0).repeat_interleave(128, 1)[: t.shape[0], : t.shape[1]]
+            s = scale.float().repeat_interleave(br, 0).repeat_interleave(bc, 1)[: t.shape[0], : t.shape[1]]
             w = t.float() * s
         else:
             w = t.float()

@@ -37,6 +37,45 @@ TEST_CASE("the released DeepSeek-V4.1-Flash config parses with its 40 layers and
   CHECK(t.engram_num_embeddings == std::vector<std::int64_t>{384006168, 384016682});
   REQUIRE(m->vision.has_value());
   CHECK(m->vision->patch_size == 14);
+  // The storage formats as V4.1 declares them: quantization_config holds expert_dtype, and the
+  // FP8 scales are per 32 x 32 block (V4-Flash: top-level expert_dtype, 128 x 128).
+  REQUIRE(m->quantization.has_value());
+  CHECK(m->quantization->quant_method == "fp8");
+  CHECK(m->expert_dtype == "fp4");
+  CHECK(m->fp8_block_rows() == 32);
+  CHECK(m->fp8_block_cols() == 32);
+}
+
+TEST_CASE("quantization_config: expert_dtype in either place, block size, and the errors") {
+  auto parse = [](const std::string& extra) {
+    return parse_model_config(R"({"model_type": "deepseek_v41", "text_config": {})" + extra + "}", "q.json");
+  };
+  auto v4flash = parse(R"(, "expert_dtype": "fp4", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]})");
+  REQUIRE_MESSAGE(v4flash.ok(), v4flash.error());
+  CHECK(v4flash->expert_dtype == "fp4");
+  CHECK(v4flash->fp8_block_rows() == 128);
+  auto v41 = parse(R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [32, 64], "expert_dtype": "fp4"})");
+  REQUIRE_MESSAGE(v41.ok(), v41.error());
+  CHECK(v41->expert_dtype == "fp4");
+  CHECK(v41->fp8_block_rows() == 32);
+  CHECK(v41->fp8_block_cols() == 64);
+  auto none = parse("");
+  REQUIRE(none.ok());
+  CHECK(none->expert_dtype.empty());
+  CHECK(none->fp8_block_rows() == 128);
+
+  auto clash = parse(R"(, "expert_dtype": "fp8", "quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"})");
+  REQUIRE_FALSE(clash.ok());
+  CHECK(clash.error() == "q.json: expert_dtype \"fp8\" disagrees with quantization_config.expert_dtype \"fp4\"");
+  auto three = parse(R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [32, 32, 32]})");
+  REQUIRE_FALSE(three.ok());
+  CHECK(three.error() == "q.json: quantization_config.weight_block_size: expected [rows, cols], found [32, 32, 32]");
+  auto zero = parse(R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [0, 32]})");
+  REQUIRE_FALSE(zero.ok());
+  CHECK(zero.error().find("quantization_config.weight_block_size") != std::string::npos);
+  auto bad = parse(R"(, "quantization_config": {"expert_dtype": "int4"})");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().find("expert_dtype") != std::string::npos);
 }
 
 TEST_CASE("yarn applies to the compressed rope only, with attention factor 1") {
@@ -167,4 +206,16 @@ TEST_CASE("a missing config file is an error naming the file") {
   auto m = load_model_config("/nonexistent/dir/config.json");
   REQUIRE_FALSE(m.ok());
   CHECK(m.error().find("/nonexistent/dir/config.json: cannot open") == 0);
+}
+
+TEST_CASE("dspark_target_layer_ids must be strictly increasing, as the reference gathers them") {
+  auto ok = composite(R"("dspark_target_layer_ids": [36, 38, 39])");
+  REQUIRE_MESSAGE(ok.ok(), ok.error());
+  for (const char* ids : {"[39, 38, 37]", "[37, 37, 39]"}) {
+    CAPTURE(ids);
+    auto m = composite(std::string(R"("dspark_target_layer_ids": )") + ids);
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.error().find("text_config.dspark_target_layer_ids: expected strictly increasing layer ids") !=
+          std::string::npos);
+  }
 }

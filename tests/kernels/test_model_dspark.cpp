@@ -71,6 +71,31 @@ std::vector<float> features_of(const model& m, const std::vector<std::int64_t>& 
   return f;
 }
 
+// The checkpoint tests/kernels/golden/model/dspark/golden.json was made from: the tiny preset at
+// seed 11 as `troupe model init` wrote it before it took V4.1's released formats, i.e. FP8 in
+// 128 x 128 blocks and `mtp.0.main_proj` in BF16. Every weight's values are the preset's (a
+// pure function of seed, name and index); only those two storage choices differ, and the loader
+// reads both (the block size from config.json, any dtype through load_float).
+fs::path golden_model_dir() {
+  const fs::path dir = fs::temp_directory_path() / ("troupe-test-dspark-golden-" + std::to_string(::getpid()));
+  if (fs::exists(dir / "config.json")) return dir;
+  REQUIRE(write_random_model(dir, "tiny", 11).ok());
+  std::ifstream in(dir / "config.json");
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  j["quantization_config"]["weight_block_size"] = {128, 128};
+  std::ofstream(dir / "config.json", std::ios::trunc) << j.dump(2);
+  auto cfg = load_model_config(dir);
+  REQUIRE_MESSAGE(cfg.ok(), cfg.error());
+  std::vector<tensor_to_write> tensors;
+  for (auto spec : released_layout(*cfg)) {
+    if (spec.name == "mtp.0.main_proj.weight") spec.format = weight_format::bf16;
+    for (auto& t : generate_weight(spec, 11).stored) tensors.push_back(std::move(t));
+  }
+  REQUIRE(write_safetensors(dir / "model.safetensors", tensors).ok());
+  return dir;
+}
+
 draft_output draft_one(const model& m, std::span<const float> f, std::int64_t anchor) {
   auto st = m.new_draft_state();
   draft_input in{&st, f, anchor};
@@ -105,6 +130,88 @@ TEST_CASE("dspark: the released layout lists the draft stages and init writes th
   const auto m = load(tiny_dir());
   CHECK(m.has_draft());
   CHECK(m.new_draft_state().rings.size() == 2);
+}
+
+// The released V4.1-Flash checkpoint's draft tensors and storage, as DeepSeek's inference code
+// and vLLM's V4.1 loader read them and as public tools that read its index list them (docs/
+// kernels.md): FP8 dense weights (main_proj too) with one E8M0 scale per 32 x 32 block, FP4
+// experts with one per 32 values, BF16 Markov and confidence heads, no hc_head, no mtp copy of
+// the embedding or the LM head.
+TEST_CASE("dspark: the released V4.1-Flash config gives the released draft tensors, dtypes and shapes") {
+  auto cfg = load_model_config(fs::path(TROUPE_SOURCE_DIR) / "examples/models/DeepSeek-V4.1-Flash");
+  REQUIRE_MESSAGE(cfg.ok(), cfg.error());
+  std::map<std::string, stored_tensor> stored;
+  for (const auto& w : released_layout(*cfg))
+    for (auto& t : stored_tensors(w)) stored[t.name] = t;
+  auto check = [&](const std::string& name, dtype type, std::vector<std::int64_t> shape) {
+    CAPTURE(name);
+    REQUIRE(stored.count(name) == 1);
+    CHECK(stored.at(name).type == type);
+    CHECK(stored.at(name).shape == shape);
+  };
+  check("mtp.0.main_proj.weight", dtype::F8_E4M3, {5120, 15360});
+  check("mtp.0.main_proj.scale", dtype::F8_E8M0, {160, 480});
+  check("mtp.0.main_norm.weight", dtype::BF16, {5120});
+  check("layers.0.ffn.shared_experts.w2.weight", dtype::F8_E4M3, {5120, 2304});
+  check("layers.0.ffn.shared_experts.w2.scale", dtype::F8_E8M0, {160, 72});
+  check("mtp.0.ffn.experts.0.w2.weight", dtype::I8, {5120, 1152});
+  check("mtp.0.ffn.experts.0.w2.scale", dtype::F8_E8M0, {5120, 72});
+  check("mtp.0.ffn.experts.127.w1.weight", dtype::I8, {2304, 2560});
+  check("mtp.1.attn.wq_a.scale", dtype::F8_E8M0, {40, 160});
+  check("mtp.2.norm.weight", dtype::BF16, {5120});
+  check("mtp.2.markov_head.embed.weight", dtype::BF16, {129280, 256});
+  check("mtp.2.markov_head.head.weight", dtype::BF16, {129280, 256});
+  check("mtp.2.confidence_head.proj.weight", dtype::BF16, {1, 5376});
+  check("mtp.2.hc_ffn_fn", dtype::F32, {24, 20480});
+  CHECK(stored.count("mtp.0.ffn.experts.128.w1.weight") == 0);
+  CHECK(stored.count("mtp.3.attn_norm.weight") == 0);
+  for (const auto& [name, t] : stored) {
+    CAPTURE(name);
+    CHECK(name.find("hc_head") == std::string::npos);
+    CHECK(name.find("markov_w") == std::string::npos);
+    CHECK(name.find("mtp.0.embed") == std::string::npos);
+    CHECK(name.rfind(".head.weight") == name.find(".head.weight"));  // only markov_head.head
+  }
+}
+
+// Some published lists of the checkpoint also carry `mtp.0.embed.weight` and
+// `mtp.<last>.head.weight`, copies of the backbone's (DeepSeek's reference ties them). Such a
+// checkpoint loads and drafts exactly as one without them.
+TEST_CASE("dspark: a checkpoint that also ships the draft's embedding and head copies drafts alike") {
+  const fs::path plain = tiny_dir();
+  const fs::path dir = fs::temp_directory_path() / ("troupe-test-dspark-copies-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(plain / "config.json", dir / "config.json");
+  fs::copy_file(plain / "model.safetensors", dir / "model.safetensors");
+  auto ck = checkpoint::open(plain);
+  REQUIRE_MESSAGE(ck.ok(), ck.error());
+  std::vector<tensor_to_write> copies;
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& name : ck->names()) map[name] = "model.safetensors";
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"embed.weight", "mtp.0.embed.weight"},
+                                 {"head.weight", "mtp.1.head.weight"}}) {
+    auto t = ck->get(from);
+    REQUIRE(t.ok());
+    copies.push_back({to, t->type(), t->shape(), std::vector<std::byte>(t->bytes.begin(), t->bytes.end())});
+    map[to] = "draft-copies.safetensors";
+  }
+  REQUIRE(write_safetensors(dir / "draft-copies.safetensors", copies).ok());
+  std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump(1);
+  auto with = checkpoint::open(dir);
+  REQUIRE_MESSAGE(with.ok(), with.error());
+  CHECK(with->contains("mtp.0.embed.weight"));
+
+  const auto a = load(plain), b = load(dir);
+  REQUIRE(b.has_draft());
+  const auto p = prompt(30, 4);
+  const auto fa = features_of(a, p), fb = features_of(b, p);
+  CHECK(fa == fb);
+  const auto da = draft_one(a, fa, 17), db = draft_one(b, fb, 17);
+  CHECK(da.tokens == db.tokens);
+  CHECK(da.logits == db.logits);
+  CHECK(da.confidences == db.confidences);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("dspark: the features are the target layers' input streams, averaged") {
@@ -271,7 +378,7 @@ TEST_CASE("dspark: parity with tools/dspark_golden.py (features, draft logits, d
   std::ifstream in(fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/dspark/golden.json");
   REQUIRE(in.good());
   const auto golden = nlohmann::json::parse(in);
-  const auto dir = tiny_dir();  // the same preset and seed as the script's model
+  const auto dir = golden_model_dir();  // the script's model
   // Both golden cases through the target (features) and one batched draft call: features, then
   // draft logits, then confidences in one vector; the drafts as the exact part.
   auto compute = [&](const model_options& o) {

@@ -13,6 +13,9 @@
 #include <string>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include "kernels/model.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/model_layout.hpp"
@@ -55,7 +58,7 @@ void check_round_trip(const fs::path& dir, std::uint64_t seed) {
       got = *to_float32(*t);
       shape = t->shape();
     } else {
-      auto f = ck->load_float(spec.name, &shape);
+      auto f = ck->load_float(spec.name, &shape, cfg->fp8_block_rows(), cfg->fp8_block_cols());
       REQUIRE_MESSAGE(f.ok(), f.error());
       got = *f;
     }
@@ -112,7 +115,23 @@ TEST_CASE("model init: tiny writes config.json and one file that read back tenso
   CHECK(cfg->text.num_hidden_layers == 6);
   CHECK(cfg->expert_dtype == "fp4");
   CHECK(cfg->quantization.has_value());
+  CHECK(cfg->fp8_block_rows() == 32);  // V4.1's FP8 scale block
+  CHECK(cfg->fp8_block_cols() == 32);
   check_round_trip(dir, 7);
+}
+
+TEST_CASE("model init: a config whose FP8 block size is not the checkpoint's is refused at load") {
+  const auto dir = scratch("block");
+  REQUIRE(write_random_model(dir, "tiny", 7).ok());
+  std::ifstream in(dir / "config.json");
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  j["quantization_config"]["weight_block_size"] = {128, 128};
+  std::ofstream(dir / "config.json", std::ios::trunc) << j.dump(2);
+  auto m = model::load(dir);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().find("expected the block scales of") != std::string::npos);
+  MESSAGE(m.error());
 }
 
 TEST_CASE("model init: sharded output has an index and reads back the same") {
