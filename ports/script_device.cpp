@@ -35,7 +35,6 @@ struct script_device_state {
   std::map<std::uint64_t, script_sequence> sequences;
   /// When the device finishes the steps queued so far.
   runtime::time_point busy_until{};
-  runtime::detail::delayed_replies replies;
   static inline const char* name = "script_device";
 };
 
@@ -58,18 +57,16 @@ runtime::time_point next_free(self_ptr self) {
   return std::max(self->clock().now(), self->state.busy_until);
 }
 
-/// Delivers `value` (a result or an error) to the current request's sender at `when`.
+/// Delivers `value` (a result or an error) to the current request's sender at `when`: at once
+/// when that is now (no round through the clock's thread).
 template <class T>
-caf::response_promise reply_at(self_ptr self, runtime::time_point when, T value) {
+caf::response_promise answer_at(self_ptr self, runtime::time_point when, T value) {
   if (when <= self->clock().now()) {
     auto rp = self->make_response_promise();
     rp.deliver(std::move(value));
     return rp;
   }
-  if constexpr (std::is_same_v<T, caf::error>)
-    return self->state.replies.fail_at(self, when, std::move(value));
-  else
-    return self->state.replies.at(self, when, std::move(value));
+  return runtime::detail::reply_at(self, when, std::move(value));
 }
 
 caf::error validate(const script_device_state& st, const runtime::device_step& step) {
@@ -90,7 +87,7 @@ caf::error validate(const script_device_state& st, const runtime::device_step& s
 caf::response_promise run_step(self_ptr self, const runtime::device_step& step) {
   auto& st = self->state;
   if (auto err = validate(st, step))
-    return reply_at(self, next_free(self), std::move(err));
+    return answer_at(self, next_free(self), std::move(err));
   runtime::device_result out;
   out.id = step.id;
   out.started = next_free(self);
@@ -109,7 +106,7 @@ caf::response_promise run_step(self_ptr self, const runtime::device_step& step) 
     out.sampled.push_back(std::move(t));
   }
   const auto when = out.finished;
-  return reply_at(self, when, std::move(out));
+  return answer_at(self, when, std::move(out));
 }
 
 runtime::kv_bytes encode_sampled(std::uint64_t sampled) {
@@ -128,22 +125,22 @@ caf::behavior script_device_fn(self_ptr self, script_device_params params) {
       auto& st = self->state;
       auto i = st.sequences.find(x.sequence);
       if (i == st.sequences.end())
-        return reply_at(self, next_free(self),
-                        make_error(device_errc::unknown_sequence,
-                                   "kv_export: no sequence " + std::to_string(x.sequence)));
+        return answer_at(self, next_free(self),
+                         make_error(device_errc::unknown_sequence,
+                                    "kv_export: no sequence " + std::to_string(x.sequence)));
       auto snap = std::make_shared<runtime::kv_snapshot>();
       snap->model = model_name;
       snap->length = i->second.length;
       snap->state = encode_sampled(i->second.sampled);
-      return reply_at(self, next_free(self), runtime::kv_snapshot_ptr{std::move(snap)});
+      return answer_at(self, next_free(self), runtime::kv_snapshot_ptr{std::move(snap)});
     },
     [self](const runtime::kv_import& x) {
       auto& st = self->state;
       auto reject = [&](const std::string& why) {
-        return reply_at(self, next_free(self),
-                        make_error(device_errc::snapshot_rejected,
-                                   "kv_import of sequence " + std::to_string(x.sequence) + ": "
-                                     + why));
+        return answer_at(self, next_free(self),
+                         make_error(device_errc::snapshot_rejected,
+                                    "kv_import of sequence " + std::to_string(x.sequence) + ": "
+                                      + why));
       };
       const auto* snap = x.snapshot.get();
       if (snap == nullptr)
@@ -162,23 +159,20 @@ caf::behavior script_device_fn(self_ptr self, script_device_params params) {
       seq.length = snap->length;
       std::memcpy(&seq.sampled, b.data(), sizeof seq.sampled);
       st.sequences.emplace(x.sequence, seq);
-      return reply_at(self, next_free(self), caf::ok_atom::value);
+      return answer_at(self, next_free(self), caf::ok_atom::value);
     },
     [](const runtime::kv_keep&) {},
     [self](const runtime::kv_restore& x) {
       auto& st = self->state;
       const auto length = x.blocks ? x.blocks->length : 0;
       if (length == 0 || x.tokens.size() != length || st.sequences.count(x.sequence) != 0)
-        return reply_at(self, next_free(self),
-                        make_error(device_errc::snapshot_rejected,
-                                   "kv_restore of sequence " + std::to_string(x.sequence)
-                                     + ": no blocks, a token count that does not match them, "
-                                       "or a sequence the device holds"));
+        return answer_at(self, next_free(self),
+                         make_error(device_errc::snapshot_rejected,
+                                    "kv_restore of sequence " + std::to_string(x.sequence)
+                                      + ": no blocks, a token count that does not match them, "
+                                        "or a sequence the device holds"));
       st.sequences.emplace(x.sequence, script_sequence{length, 0});
-      return reply_at(self, next_free(self), runtime::kv_restored{length, true});
-    },
-    [self](runtime::detail::reply_timer_atom, std::uint64_t token) {
-      self->state.replies.fire(token);
+      return answer_at(self, next_free(self), runtime::kv_restored{length, true});
     },
   };
 }

@@ -128,9 +128,6 @@ using kv_shard_fault_atom = caf::atom_constant<caf::atom("kvshfault")>;
 /// passes the order to shard `shard`. No reply.
 using kv_shard_slow_atom = caf::atom_constant<caf::atom("kvshslow")>;
 
-/// Shard-internal: a delayed answer (by its number) falls due.
-using kv_answer_atom = caf::atom_constant<caf::atom("kvanswer")>;
-
 /// The CHECK role as its clients see it: one shard or a sharded front.
 using kv_check_actor = caf::typed_actor<
   caf::reacts_to<kv_shard_fault_atom, std::uint32_t, bool>,
@@ -143,8 +140,7 @@ using kv_check_actor = caf::typed_actor<
 
 /// One shard: the CHECK role plus the two phases of a sharded match.
 using kv_shard_actor = kv_check_actor::extend<caf::replies_to<kv_probe>::with<std::uint32_t>,
-                                              caf::reacts_to<kv_touch>,
-                                              caf::reacts_to<kv_answer_atom, std::uint64_t>>;
+                                              caf::reacts_to<kv_touch>>;
 
 /// Spawns one shard holding a kv_index with `params` (params.block_bytes > 0). It reads time
 /// from its actor clock. Each match, probe and insert is decided when it arrives and answered

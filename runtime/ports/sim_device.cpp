@@ -69,7 +69,6 @@ struct sim_device_state {
   sim_draft_model drafts;
   /// When the device finishes the work queued so far.
   time_point busy_until{};
-  detail::delayed_replies replies;
   static inline const char* name = "sim_device";
 };
 
@@ -105,27 +104,25 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
           r.drafts.push_back(std::move(d));
         }
       }
-      return st.replies.at(self, st.busy_until, std::move(r));
+      return detail::reply_at(self, st.busy_until, std::move(r));
     },
     [](const device_release&) {},
     // A hand-off takes no device time here (the link port costs the bytes); it is answered
     // after the steps queued before it, as a real device answers it.
     [self](const kv_export&) {
       auto& st = self->state;
-      return st.replies.at(self, std::max(self->clock().now(), st.busy_until), empty_snapshot());
+      return detail::reply_at(self, st.busy_until, empty_snapshot());
     },
     [self](const kv_import&) {
       auto& st = self->state;
-      return st.replies.at(self, std::max(self->clock().now(), st.busy_until),
-                           caf::ok_atom::value);
+      return detail::reply_at(self, st.busy_until, caf::ok_atom::value);
     },
     [](const kv_keep&) {},
     [self](const kv_restore& x) {
       auto& st = self->state;
-      return st.replies.at(self, std::max(self->clock().now(), st.busy_until),
-                           kv_restored{x.blocks ? x.blocks->length : 0, false});
+      return detail::reply_at(self, st.busy_until,
+                              kv_restored{x.blocks ? x.blocks->length : 0, false});
     },
-    [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };
 }
 

@@ -17,7 +17,6 @@ struct sim_link_state {
   sim_link_params params;
   /// When the pipe has sent every byte queued so far.
   time_point busy_until{};
-  detail::delayed_replies replies;
   static inline const char* name = "sim_link";
 };
 
@@ -30,9 +29,8 @@ caf::behavior sim_link_fn(caf::stateful_actor<sim_link_state>* self, sim_link_pa
       auto started = std::max(self->clock().now(), st.busy_until);
       st.busy_until = started + from_seconds(static_cast<double>(t.bytes) / st.params.bandwidth);
       auto arrived = st.busy_until + st.params.latency;
-      return st.replies.at(self, arrived, link_delivery{t.id, t.bytes, started, arrived});
+      return detail::reply_at(self, arrived, link_delivery{t.id, t.bytes, started, arrived});
     },
-    [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };
 }
 

@@ -25,7 +25,6 @@ struct sim_store_state {
   std::map<store_key, std::vector<std::uint8_t>> payloads;
   /// When the store's bandwidth has moved every byte queued so far.
   time_point busy_until{};
-  detail::delayed_replies replies;
   static inline const char* name = "sim_store";
 
   void drop(const std::vector<store_key>& keys) {
@@ -71,19 +70,19 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
     [self, metadata_done](store_put& put) {
       auto& st = self->state;
       if (!put.payload.empty() && put.payload.size() != put.size)
-        return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::invalid_argument,
-                                             "payload size differs from declared size"));
+        return detail::reply_at(self, metadata_done(),
+                                make_error(errc::invalid_argument,
+                                           "payload size differs from declared size"));
       if (put.ttl < duration{0})
-        return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::invalid_argument, "negative ttl"));
+        return detail::reply_at(self, metadata_done(),
+                                make_error(errc::invalid_argument, "negative ttl"));
       sweep(self);
       auto victims = st.index.make_room(put.key, put.size);
       if (!victims)
-        return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::store_full,
-                                             std::to_string(put.size) + " bytes, capacity "
-                                               + std::to_string(st.params.capacity)));
+        return detail::reply_at(self, metadata_done(),
+                                make_error(errc::store_full,
+                                           std::to_string(put.size) + " bytes, capacity "
+                                             + std::to_string(st.params.capacity)));
       st.drop(*victims);
       auto now = instant_of(self->clock().now());
       auto ttl_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(put.ttl).count();
@@ -92,7 +91,7 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
         st.payloads.erase(put.key);
       else
         st.payloads[put.key] = std::move(put.payload);
-      return st.replies.at(self, completion(self, put.size), st.index.stats());
+      return detail::reply_at(self, completion(self, put.size), st.index.stats());
     },
     [self, metadata_done](const store_get& get) {
       auto& st = self->state;
@@ -100,8 +99,8 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
       auto* e = st.index.find(get.key);
       if (e == nullptr) {
         st.index.count_miss();
-        return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::not_found, to_string(get.key)));
+        return detail::reply_at(self, metadata_done(),
+                                make_error(errc::not_found, to_string(get.key)));
       }
       st.index.count_hit();
       st.index.touch(get.key);
@@ -110,21 +109,21 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
         obj.payload = p->second; // the store keeps its copy
         obj.checksum = XXH3_64bits(obj.payload.data(), obj.payload.size());
       }
-      return st.replies.at(self, completion(self, e->size), std::move(obj));
+      return detail::reply_at(self, completion(self, e->size), std::move(obj));
     },
     [self, metadata_done](const store_has& has) {
       auto& st = self->state;
       sweep(self);
-      return st.replies.at(self, metadata_done(), st.index.find(has.key) != nullptr);
+      return detail::reply_at(self, metadata_done(), st.index.find(has.key) != nullptr);
     },
     [self, metadata_done](const store_delete& del) {
       auto& st = self->state;
       sweep(self);
       if (!st.index.erase(del.key))
-        return st.replies.fail_at(self, metadata_done(),
-                                  make_error(errc::not_found, to_string(del.key)));
+        return detail::reply_at(self, metadata_done(),
+                                make_error(errc::not_found, to_string(del.key)));
       st.payloads.erase(del.key);
-      return st.replies.at(self, metadata_done(), st.index.stats());
+      return detail::reply_at(self, metadata_done(), st.index.stats());
     },
     [self, metadata_done](const store_list&) {
       auto& st = self->state;
@@ -134,13 +133,12 @@ caf::behavior sim_store_fn(store_actor* self, sim_store_params params) {
       st.index.for_each([&](const store_key& k, const store_index::entry& e) {
         out.push_back(store_entry{k, e.size, time_of(e.expiry)});
       });
-      return st.replies.at(self, metadata_done(), std::move(out));
+      return detail::reply_at(self, metadata_done(), std::move(out));
     },
     [self, metadata_done](store_stats_atom) {
       sweep(self);
-      return self->state.replies.at(self, metadata_done(), self->state.index.stats());
+      return detail::reply_at(self, metadata_done(), self->state.index.stats());
     },
-    [self](detail::reply_timer_atom, std::uint64_t token) { self->state.replies.fire(token); },
   };
 }
 
