@@ -3,7 +3,6 @@
 #pragma once
 
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,7 @@
 #include "kernels/model_init.hpp"
 #include "kernels/model_layout.hpp"
 #include "kernels/safetensors.hpp"
+#include "scratch.hpp"
 
 namespace troupe::kernels::testing {
 
@@ -98,7 +98,7 @@ inline std::filesystem::path write_random_model(const std::filesystem::path& con
                                                 const std::string& name, unsigned seed) {
   namespace fs = std::filesystem;
   fs::path dir =
-      fs::temp_directory_path() / ("troupe-test-model-" + std::to_string(::getpid()) + "-" + name);
+      scratch_root() / ("model-" + name);
   fs::create_directories(dir);
   fs::copy_file(config_path, dir / "config.json", fs::copy_options::overwrite_existing);
   auto cfg = load_model_config(dir);

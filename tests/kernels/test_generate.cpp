@@ -97,7 +97,7 @@ TEST_CASE("generation stops after an end-of-sequence id") {
   const auto first_at =
       std::find(free_run->tokens.begin(), free_run->tokens.end(), third) - free_run->tokens.begin();
 
-  const auto dir = fs::temp_directory_path() / ("troupe-test-eos-" + std::to_string(::getpid()));
+  const auto dir = testing::scratch_root() / "eos";
   fs::create_directories(dir);
   for (const auto& f : fs::directory_iterator(src))
     fs::copy_file(f.path(), dir / f.path().filename(), fs::copy_options::overwrite_existing);
@@ -128,7 +128,7 @@ TEST_CASE("generate and the Engram map loader refuse bad input as values") {
   CHECK(load_engram_token_map(*m, "/nonexistent/map.json").error() ==
         "/nonexistent/map.json: cannot be read");
   const auto bad =
-      fs::temp_directory_path() / ("troupe-test-map-" + std::to_string(::getpid()) + ".json");
+      testing::scratch_root() / "map.json";
   std::ofstream(bad) << "{\"token_map\": [1, \"x\"]}";
   CHECK(load_engram_token_map(*m, bad.string()).error() ==
         bad.string() + ": token_map holds a non-integer");

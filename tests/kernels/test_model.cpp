@@ -207,7 +207,7 @@ TEST_CASE(
   j["text_config"]["index_source_layer_ids"] = {1};
   j["text_config"]["candidate_source_layer_id"] = -1;
   const fs::path cfg =
-      fs::temp_directory_path() / ("troupe-test-schedule-" + std::to_string(::getpid()) + ".json");
+      testing::scratch_root() / "schedule.json";
   std::ofstream(cfg) << j.dump();
   auto dir = testing::write_random_model(cfg, "schedule", 13);
   auto m = model::load(dir);

@@ -5,7 +5,6 @@
 // confidences are probabilities, determinism and batch independence, that the context and the
 // Markov chain matter, rollback, and several block sizes.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -30,9 +29,7 @@ namespace {
 
 // A tiny model directory; block_size > 0 rewrites dspark_block_size in its config.json.
 fs::path tiny_dir(int block_size = 0) {
-  const fs::path dir = fs::temp_directory_path() / ("troupe-test-dspark-" +
-                                                    std::to_string(::getpid()) + "-" +
-                                                    std::to_string(block_size));
+  const fs::path dir = testing::scratch_root() / ("dspark-" + std::to_string(block_size));
   if (!fs::exists(dir / "config.json")) {
     auto w = write_random_model(dir, "tiny", 11);
     REQUIRE_MESSAGE(w.ok(), w.error());
@@ -77,7 +74,7 @@ std::vector<float> features_of(const model& m, const std::vector<std::int64_t>& 
 // pure function of seed, name and index); only those two storage choices differ, and the loader
 // reads both (the block size from config.json, any dtype through load_float).
 fs::path golden_model_dir() {
-  const fs::path dir = fs::temp_directory_path() / ("troupe-test-dspark-golden-" + std::to_string(::getpid()));
+  const fs::path dir = testing::scratch_root() / "dspark-golden";
   if (fs::exists(dir / "config.json")) return dir;
   REQUIRE(write_random_model(dir, "tiny", 11).ok());
   std::ifstream in(dir / "config.json");
@@ -179,7 +176,7 @@ TEST_CASE("dspark: the released V4.1-Flash config gives the released draft tenso
 // checkpoint loads and drafts exactly as one without them.
 TEST_CASE("dspark: a checkpoint that also ships the draft's embedding and head copies drafts alike") {
   const fs::path plain = tiny_dir();
-  const fs::path dir = fs::temp_directory_path() / ("troupe-test-dspark-copies-" + std::to_string(::getpid()));
+  const fs::path dir = testing::scratch_root() / "dspark-copies";
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy_file(plain / "config.json", dir / "config.json");

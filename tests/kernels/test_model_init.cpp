@@ -11,7 +11,6 @@
 #include <iterator>
 #include <set>
 #include <string>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +19,7 @@
 #include "kernels/model_init.hpp"
 #include "kernels/model_layout.hpp"
 #include "kernels/safetensors.hpp"
+#include "scratch.hpp"
 
 using namespace troupe::kernels;
 namespace fs = std::filesystem;
@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("troupe-test-model-init-" + std::to_string(::getpid())) / name;
+  fs::path dir = testing::scratch_root() / "model-init" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

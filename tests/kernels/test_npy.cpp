@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "kernels/npy.hpp"
+#include "scratch.hpp"
 
 using namespace troupe::kernels;
 namespace fs = std::filesystem;
@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("troupe-test-npy-" + std::to_string(::getpid()));
+  fs::path dir = testing::scratch_root() / "npy";
   fs::create_directories(dir);
   return dir / name;
 }

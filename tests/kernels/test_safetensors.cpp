@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "kernels/safetensors.hpp"
+#include "scratch.hpp"
 
 using namespace troupe::kernels;
 namespace fs = std::filesystem;
@@ -20,7 +20,7 @@ namespace {
 const fs::path golden = fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/fixtures/golden";
 
 fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("troupe-test-safetensors-" + std::to_string(::getpid()));
+  fs::path dir = testing::scratch_root() / "safetensors";
   fs::create_directories(dir);
   return dir / name;
 }
