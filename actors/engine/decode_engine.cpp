@@ -41,27 +41,30 @@ namespace {
 
 constexpr std::uint64_t block_size = 128;
 
+/// A job in this engine. The fields every step reads come first, then the job (whose own
+/// first fields are the ones steps read): a step walks every job of the batch twice, and this
+/// keeps each job's share of that walk in few cache lines.
 struct running {
-  decode_job job;
-  runtime::time_point arrived{};
-  runtime::time_point joined{};
   std::uint64_t generated = 0;
   std::uint64_t blocks = 0;
-  caf::typed_response_promise<decode_done> rp;
-  /// Where progress notices go (the job's sender), when the job asks for them.
-  caf::actor progress_to;
   /// The token the next step feeds.
   std::int32_t last = 0;
+  /// Of the drafts the device proposed in the last step (`proposal`), how many the step in
+  /// flight verifies.
+  std::uint32_t verifying = 0;
+  /// Steps in flight that draw a token for this job (at most 2, with overlap).
+  std::uint32_t pending = 0;
   /// The device holds the context's KV (always in the simulated world; a real job's first step
   /// computes it).
   bool on_device = true;
   bool stopped = false;
-  /// The drafts the device proposed in the last step, and how many of them the step in
-  /// flight verifies.
+  decode_job job;
+  runtime::time_point arrived{};
+  runtime::time_point joined{};
+  caf::typed_response_promise<decode_done> rp;
+  /// Where progress notices go (the job's sender), when the job asks for them.
+  caf::actor progress_to;
   runtime::draft_proposal proposal;
-  std::uint32_t verifying = 0;
-  /// Steps in flight that draw a token for this job (at most 2, with overlap).
-  std::uint32_t pending = 0;
   /// Generated since the last progress notice.
   std::vector<std::int32_t> ids;
   std::vector<runtime::sampled_token> logprobs;
@@ -304,7 +307,9 @@ void step(engine_ptr self) {
     if (run.generated + run.pending >= run.job.output_tokens)
       continue;
     const auto position = run.job.context_tokens + run.generated + run.pending;
-    runtime::step_sequence seq{id, position, 1, {}, true, run.job.sampling};
+    // (Built in place: a row is 112 bytes.)
+    auto& seq = ds.batch.emplace_back(id, position, std::uint32_t{1}, std::vector<std::int32_t>{},
+                                      true, run.job.sampling);
     // Every job asks for drafts when speculation is on: a real device accepts a draft when it
     // equals the token it draws at that position (greedy or seeded), so a job's output is the
     // one it has without drafts.
@@ -337,7 +342,6 @@ void step(engine_ptr self) {
                         run.proposal.tokens.begin() + run.verifying);
     }
     ++run.pending;
-    ds.batch.push_back(std::move(seq));
   }
   if (ds.batch.empty())
     return;
