@@ -15,9 +15,9 @@ main_proj / main_norm into the context K=V, the block [anchor, noise...] seeing 
 Parity therefore checks that the C++ computes that reading with the reference's arithmetic;
 that the reading is DeepSeek's rests on the comparison, not on this script.
 
-    build/tests/test_kernels -tc="dspark: parity*"   # writes the golden's tiny checkpoint
+    build/troupe model init --preset tiny --seed 11 --out /tmp/dspark-tiny
     tools/.venv-model/bin/python tools/dspark_golden.py --oracle /work/oracle/deepseek_v41 \\
-        --model /tmp/troupe-test-dspark-golden-<pid> --out tests/kernels/golden/model/dspark/golden.json
+        --model /tmp/dspark-tiny --out tests/kernels/golden/model/dspark/golden.json
 """
 import argparse
 import copy

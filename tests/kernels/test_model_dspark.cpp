@@ -68,31 +68,6 @@ std::vector<float> features_of(const model& m, const std::vector<std::int64_t>& 
   return f;
 }
 
-// The checkpoint tests/kernels/golden/model/dspark/golden.json was made from: the tiny preset at
-// seed 11 as `troupe model init` wrote it before it took V4.1's released formats, i.e. FP8 in
-// 128 x 128 blocks and `mtp.0.main_proj` in BF16. Every weight's values are the preset's (a
-// pure function of seed, name and index); only those two storage choices differ, and the loader
-// reads both (the block size from config.json, any dtype through load_float).
-fs::path golden_model_dir() {
-  const fs::path dir = testing::scratch_root() / "dspark-golden";
-  if (fs::exists(dir / "config.json")) return dir;
-  REQUIRE(write_random_model(dir, "tiny", 11).ok());
-  std::ifstream in(dir / "config.json");
-  auto j = nlohmann::json::parse(in);
-  in.close();
-  j["quantization_config"]["weight_block_size"] = {128, 128};
-  std::ofstream(dir / "config.json", std::ios::trunc) << j.dump(2);
-  auto cfg = load_model_config(dir);
-  REQUIRE_MESSAGE(cfg.ok(), cfg.error());
-  std::vector<tensor_to_write> tensors;
-  for (auto spec : released_layout(*cfg)) {
-    if (spec.name == "mtp.0.main_proj.weight") spec.format = weight_format::bf16;
-    for (auto& t : generate_weight(spec, 11).stored) tensors.push_back(std::move(t));
-  }
-  REQUIRE(write_safetensors(dir / "model.safetensors", tensors).ok());
-  return dir;
-}
-
 draft_output draft_one(const model& m, std::span<const float> f, std::int64_t anchor) {
   auto st = m.new_draft_state();
   draft_input in{&st, f, anchor};
@@ -375,7 +350,7 @@ TEST_CASE("dspark: parity with tools/dspark_golden.py (features, draft logits, d
   std::ifstream in(fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/dspark/golden.json");
   REQUIRE(in.good());
   const auto golden = nlohmann::json::parse(in);
-  const auto dir = golden_model_dir();  // the script's model
+  const auto dir = tiny_dir();  // the same preset and seed as the script's model
   // Both golden cases through the target (features) and one batched draft call: features, then
   // draft logits, then confidences in one vector; the drafts as the exact part.
   auto compute = [&](const model_options& o) {
