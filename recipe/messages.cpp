@@ -81,6 +81,21 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
   if (const ojson* oc = find(body, "output_config")) {
     if (!oc->is_object()) fail("output_config", "Input should be an object");
     effort = find(*oc, "effort");
+    // Structured outputs: {"type": "json_schema", "schema": {...}}, what the SDK's
+    // messages.parse(output_format=Model) sends. The schema goes into the prompt and constrains
+    // the answer, as Chat Completions' response_format json_schema does.
+    if (const ojson* f = find(*oc, "format"); f && !f->is_null()) {
+      if (!f->is_object()) fail("output_config.format", "Input should be an object");
+      const ojson* type = find(*f, "type");
+      if (!type) fail("output_config.format.type", "Field required");
+      if (str(*type, "output_config.format.type") != "json_schema")
+        fail("output_config.format.type", "Input should be 'json_schema'");
+      const ojson* schema = find(*f, "schema");
+      if (!schema) fail("output_config.format.schema", "Field required");
+      if (!schema->is_object()) fail("output_config.format.schema", "Input should be a valid dictionary");
+      conv.format.type = response_format::kind::json_schema;
+      conv.format.schema_json = schema->dump();
+    }
   }
   thinking = detail::set_thinking(conv, sp, thinking, thinking_given, effort, "output_config.effort");
 

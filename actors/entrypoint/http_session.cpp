@@ -684,6 +684,7 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
   if (format.type != recipe::response_format::kind::text) {
     const std::string param = extra ? r.params.extra_constraint_param
                               : p == recipe::protocol::responses ? "text.format"
+                              : p == recipe::protocol::messages  ? "output_config.format"
                                                                  : "response_format";
     if (!params.constraints) {
       send_error(400, make_error(p, 400, "Structured output is not available on this server.",

@@ -450,6 +450,34 @@ def test_chat_parse_with_a_pydantic_model_gives_a_valid_instance(server):
         assert choice.message.content == json.dumps(json.loads(choice.message.content), ensure_ascii=False)
 
 
+class Verdict(pydantic.BaseModel):
+    sensor: Literal["north", "south", "east"]
+    ok: bool
+    note: Optional[Literal["calm", "storm"]]
+
+
+def test_messages_parse_with_a_pydantic_model_gives_a_valid_instance(server):
+    # The anthropic SDK sends the model's schema as output_config.format (structured outputs).
+    client = server.anthropic()
+    for _ in range(3):
+        m = client.messages.parse(
+            model=MODEL, max_tokens=100, output_format=Verdict,
+            messages=[{"role": "user", "content": "Report the sensor."}],
+            thinking={"type": "disabled"})
+        assert m.stop_reason == "end_turn", m.content
+        assert isinstance(m.parsed_output, Verdict)
+
+
+def test_messages_output_config_format_is_checked(server):
+    client = server.anthropic()
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(
+            model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}],
+            output_config={"format": {"type": "json_schema", "schema": {
+                "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}})
+    assert "'not'" in str(e.value) and "#/properties/a" in str(e.value)
+
+
 def test_responses_text_format_json_schema_gives_a_valid_instance(server):
     schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 7},

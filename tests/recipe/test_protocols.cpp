@@ -276,6 +276,14 @@ TEST_CASE("messages: validation errors carry status, message and param in Anthro
       {M + U + R"(, "system": 5})", "system", "valid string or a list of blocks"},
       {M + U + R"(, "thinking": {"type": "bogus"}})", "thinking.type", "Invalid value: 'bogus'"},
       {M + U + R"(, "output_config": {"effort": "bogus"}})", "output_config.effort", "Invalid value: 'bogus'"},
+      {M + U + R"(, "output_config": {"format": "json"}})", "output_config.format", "Input should be an object"},
+      {M + U + R"(, "output_config": {"format": {"schema": {}}}})", "output_config.format.type", "Field required"},
+      {M + U + R"(, "output_config": {"format": {"type": "json_object"}}})", "output_config.format.type",
+       "Input should be 'json_schema'"},
+      {M + U + R"(, "output_config": {"format": {"type": "json_schema"}}})", "output_config.format.schema",
+       "Field required"},
+      {M + U + R"(, "output_config": {"format": {"type": "json_schema", "schema": []}}})", "output_config.format.schema",
+       "valid dictionary"},
       {M + U + R"(, "tools": [{"name": "f"}]})", "tools.0.input_schema", "Field required"},
       {M + U + R"(, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})", "tools.0.type",
        "server tools are not supported"},
@@ -393,6 +401,33 @@ TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit
                                  cfg);
   REQUIRE(std::holds_alternative<api_error>(rejected));
   CHECK(std::get<api_error>(rejected).param == "messages.0.content.0.type");
+}
+
+TEST_CASE("messages: output_config.format (structured outputs) sets the conversation's JSON schema") {
+  const chat_completions_config cfg;
+  const std::string base = R"({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}], )";
+  auto r = parse_messages(base + R"("output_config": {"effort": "high", "format": {"type": "json_schema",
+      "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "additionalProperties": false}}}})",
+                          cfg);
+  REQUIRE(std::holds_alternative<messages_request>(r));
+  const auto& format = std::get<messages_request>(r).conversation.format;
+  CHECK(format.type == response_format::kind::json_schema);
+  CHECK(json::parse(format.schema_json) ==
+        json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                       "additionalProperties": false})"));
+  // The schema reaches the prompt, as Chat Completions' json_schema does.
+  auto marked = parse_messages(base + R"("output_config": {"format": {"type": "json_schema",
+      "schema": {"type": "object", "properties": {"zebra_field": {"type": "integer"}}}}}})",
+                               cfg);
+  REQUIRE(std::holds_alternative<messages_request>(marked));
+  const auto& conv = std::get<messages_request>(marked).conversation;
+  CHECK(render_prompt(conv, prompt_format::v41).text.find("zebra_field") != std::string::npos);
+  CHECK(render_prompt(conv, prompt_format::v4).text.find("zebra_field") != std::string::npos);
+  // A null format is none.
+  auto none = parse_messages(base + R"("output_config": {"format": null}})", cfg);
+  REQUIRE(std::holds_alternative<messages_request>(none));
+  CHECK(std::get<messages_request>(none).conversation.format.type == response_format::kind::text);
 }
 
 TEST_CASE("protocols: V4.1's continuous reasoning effort (1-100) in all three, beyond the reference") {
