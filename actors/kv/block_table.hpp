@@ -74,14 +74,6 @@ public:
   block_slot* find(const block_key& k) noexcept;
   const block_slot* find(const block_key& k) const noexcept;
 
-  /// Starts loading the home slot of `k` into the cache, for a lookup of `k` soon after: the
-  /// table is far larger than the cache, so each lookup begins with a miss, and a loop over a
-  /// chain overlaps them by prefetching a few keys ahead.
-  void prefetch(const block_key& k) const noexcept {
-    if (length_ > 0)
-      __builtin_prefetch(&slots_[home(k.hi)]);
-  }
-
   /// Adds `k`, which must be absent, and returns its slot: key set, expiry 0, meta 0 (the
   /// caller sets a sequence number >= 1 before the next insert or erase). May rehash: every
   /// slot pointer is invalidated.

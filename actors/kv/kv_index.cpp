@@ -21,21 +21,6 @@ runtime::time_point expiry_of(const block_slot& e) {
   return from_ns(e.expiry_ns);
 }
 
-/// How many keys ahead a loop over a chain prefetches their slots.
-constexpr std::size_t lookahead = 8;
-
-/// Prefetches the slots of the first keys a loop over `blocks` looks up.
-void prefetch_first(const block_table& t, std::span<const block_key> blocks) {
-  for (std::size_t i = 0; i < std::min(lookahead, blocks.size()); ++i)
-    t.prefetch(blocks[i]);
-}
-
-/// At step `i` of that loop: prefetches the slot of the key `lookahead` steps later.
-void prefetch_ahead(const block_table& t, std::span<const block_key> blocks, std::size_t i) {
-  if (i + lookahead < blocks.size())
-    t.prefetch(blocks[i + lookahead]);
-}
-
 } // namespace
 
 runtime::duration kv_ttls::of(traffic_class c) const {
@@ -78,9 +63,7 @@ kv_match_result kv_index::match(std::span<const block_key> chain, traffic_class 
 std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_point now,
                             std::optional<runtime::time_point> extend_to) {
   auto hits = blocks.size();
-  prefetch_first(entries_, blocks);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    prefetch_ahead(entries_, blocks, i);
     auto* e = entries_.find(blocks[i]);
     if (e == nullptr) {
       hits = i;
@@ -108,10 +91,8 @@ std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_poi
 void kv_index::touch(std::span<const block_key> blocks, traffic_class cls,
                      runtime::time_point now) {
   auto expiry = now + params_.ttl.of(cls);
-  prefetch_first(entries_, blocks);
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    prefetch_ahead(entries_, blocks, i);
-    auto* e = entries_.find(blocks[i]);
+  for (const auto& k : blocks) {
+    auto* e = entries_.find(k);
     if (e != nullptr && !e->pending() && now < expiry_of(*e))
       extend(*e, expiry);
   }
@@ -131,9 +112,7 @@ kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class 
                                runtime::time_point now, bool pending) {
   kv_insert_result r;
   auto expiry = now + params_.ttl.of(cls);
-  prefetch_first(entries_, blocks);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    prefetch_ahead(entries_, blocks, i);
     const auto& k = blocks[i];
     auto* e = entries_.find(k);
     if (e != nullptr && now >= expiry_of(*e)) {
@@ -176,10 +155,7 @@ kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class 
 
 kv_commit_result kv_index::commit(std::span<const block_key> blocks, runtime::time_point now) {
   kv_commit_result r;
-  prefetch_first(entries_, blocks);
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    prefetch_ahead(entries_, blocks, i);
-    const auto& k = blocks[i];
+  for (const auto& k : blocks) {
     auto* e = entries_.find(k);
     if (e != nullptr && now >= expiry_of(*e)) {
       remove(e, true);
