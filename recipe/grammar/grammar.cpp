@@ -174,6 +174,16 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   return r;
 }
 
+std::uint32_t append_rules(grammar& into, const grammar& from) {
+  const auto offset = static_cast<std::uint32_t>(into.rules.size());
+  for (rule r : from.rules) {
+    for (auto& calls : r.calls)
+      for (auto& c : calls) c.rule += offset;
+    into.rules.push_back(std::move(r));
+  }
+  return offset + from.root;
+}
+
 bool prune(grammar& g) {
   // Productive rules: a fixpoint over "some accepting state is reachable from the start".
   const std::size_t n = g.rules.size();

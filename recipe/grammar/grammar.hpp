@@ -31,6 +31,11 @@ struct byte_set {
 
 inline constexpr std::int32_t no_state = -1;
 
+// The byte that stands for DeepSeek's `｜DSML｜` control token in a grammar (tool calls,
+// tool_calls.hpp). No UTF-8 text holds it, and the vocabulary (token_mask.hpp) never allows a
+// text token that does, so only that control token can match it.
+inline constexpr unsigned char dsml_byte = 0xFF;
+
 struct call_edge {
   std::uint32_t rule;    // the rule called (starts in its state 0)
   std::uint32_t target;  // this rule's state after the callee accepted
@@ -99,6 +104,10 @@ class nfa_builder {
   std::vector<std::vector<byte_edge>> byte_edges_;
   std::vector<std::vector<nfa_call>> calls_;
 };
+
+// Appends `from`'s rules to `into` (their calls renumbered); returns the index `from`'s root has
+// there.
+std::uint32_t append_rules(grammar& into, const grammar& from);
 
 // Removes what can never lead to acceptance: rules that accept nothing (and the calls to them),
 // then states from which no accepting state is reachable (and the edges into them). Afterwards

@@ -241,31 +241,39 @@ class integer_range {
   nfa_builder& b_;
 };
 
-class compiler {
- public:
-  compiler(const json& root, const limits& lim) : root_(root), lim_(lim) {}
+}  // namespace
 
-  grammar run() {
-    g_.root = rule_for("", root_);
-    return std::move(g_);
-  }
+// Compiles (sub)schemas of one root schema into rules appended to a grammar.
+class schema_rules::compiler {
+ public:
+  compiler(const json& root, grammar& g, const limits& lim) : root_(root), lim_(lim), g_(g) {}
 
   std::uint32_t rule_for(const std::string& ptr, const json& node) {
-    if (auto it = memo_.find(ptr); it != memo_.end()) return it->second;
+    return rule_of(memo_, ptr, node, &compiler::emit, "");
+  }
+  // The raw text of `node`'s string instances: no quotes, no escapes.
+  std::uint32_t raw_rule_for(const std::string& ptr, const json& node) {
+    return rule_of(raw_memo_, ptr, node, &compiler::emit_raw, " (raw string)");
+  }
+
+ private:
+  using emitter = void (compiler::*)(nfa_builder&, std::uint32_t, std::uint32_t, const json&, const std::string&);
+  std::uint32_t rule_of(std::map<std::string, std::uint32_t>& memo, const std::string& ptr, const json& node,
+                        emitter emit_fn, const char* suffix) {
+    if (auto it = memo.find(ptr); it != memo.end()) return it->second;
     if (depth_ >= 64) fail("", ptr, "schema nested more than 64 levels deep");
     const auto id = static_cast<std::uint32_t>(g_.rules.size());
     g_.rules.emplace_back();
-    memo_[ptr] = id;
+    memo[ptr] = id;
     ++depth_;
     nfa_builder b;
     const auto s = b.add_state(), a = b.add_state();
-    emit(b, s, a, node, ptr);
-    finish(id, b, s, a, ptr.empty() ? "#" : "#" + ptr);
+    (this->*emit_fn)(b, s, a, node, ptr);
+    finish(id, b, s, a, (ptr.empty() ? "#" : "#" + ptr) + suffix);
     --depth_;
     return id;
   }
 
- private:
   void finish(std::uint32_t id, nfa_builder& b, std::uint32_t s, std::uint32_t a, const std::string& name) {
     try {
       g_.rules[id] = b.determinize(s, a, name, lim_);
@@ -427,11 +435,10 @@ class compiler {
     return *cur;
   }
 
-  void emit(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
-    if (node.is_boolean()) {
-      if (node.get<bool>()) b.call(from, to, any_rule());
-      return;
-    }
+  // The keywords of an object schema are all known; `$ref` and the combinators are followed as
+  // calls of `rule_of` (rule_for or raw_rule_for). True when `node` was handled so.
+  bool follow(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr,
+              std::uint32_t (compiler::*rule_of)(const std::string&, const json&)) {
     if (!node.is_object()) fail("", ptr, "a schema must be an object or a boolean");
     for (auto it = node.begin(); it != node.end(); ++it) {
       const auto& k = it.key();
@@ -444,8 +451,8 @@ class compiler {
       if (!node["$ref"].is_string()) fail("$ref", ptr, "'$ref' must be a string");
       std::string target;
       const json& t = resolve(node["$ref"].get<std::string>(), ptr, target);
-      b.call(from, to, rule_for(target, t));
-      return;
+      b.call(from, to, (this->*rule_of)(target, t));
+      return true;
     }
     for (const char* kw : {"anyOf", "oneOf", "allOf"}) {
       if (!node.contains(kw)) continue;
@@ -454,14 +461,17 @@ class compiler {
       if (!alts.is_array() || alts.empty()) fail(kw, ptr, std::string("'") + kw + "' must be a non-empty array");
       if (std::string(kw) == "allOf") {
         if (alts.size() != 1) fail(kw, ptr, "'allOf' with more than one schema is not supported");
-        b.call(from, to, rule_for(child(ptr, kw) + "/0", alts[0]));
-        return;
+        b.call(from, to, (this->*rule_of)(child(ptr, kw) + "/0", alts[0]));
+        return true;
       }
       for (std::size_t i = 0; i < alts.size(); ++i)
-        b.call(from, to, rule_for(child(ptr, kw) + "/" + std::to_string(i), alts[i]));
-      return;
+        b.call(from, to, (this->*rule_of)(child(ptr, kw) + "/" + std::to_string(i), alts[i]));
+      return true;
     }
-    // Types.
+    return false;
+  }
+
+  std::set<std::string> types_of(const json& node, const std::string& ptr) {
     std::set<std::string> types;
     if (node.contains("type")) {
       const json& t = node["type"];
@@ -479,17 +489,33 @@ class compiler {
       types = {"null", "boolean", "object", "array", "number", "string"};
     }
     if (types.count("number")) types.erase("integer");
-    if (node.contains("enum") || node.contains("const")) {
-      only_with(node, ptr, node.contains("enum") ? "enum" : "const", {"enum", "const", "type", "$defs", "definitions", "$id"});
-      if (node.contains("enum") && node.contains("const")) fail("const", ptr, "'const' beside 'enum' is not supported");
-      std::vector<json> values;
-      if (node.contains("const")) {
-        values.push_back(node["const"]);
-      } else {
-        if (!node["enum"].is_array()) fail("enum", ptr, "'enum' must be an array");
-        values.assign(node["enum"].begin(), node["enum"].end());
-      }
-      for (const auto& v : values) {
+    return types;
+  }
+
+  // The values of `enum` / `const` (checked to stand alone); nullopt without either.
+  std::optional<std::vector<json>> enumerated(const json& node, const std::string& ptr) {
+    if (!node.contains("enum") && !node.contains("const")) return std::nullopt;
+    only_with(node, ptr, node.contains("enum") ? "enum" : "const", {"enum", "const", "type", "$defs", "definitions", "$id"});
+    if (node.contains("enum") && node.contains("const")) fail("const", ptr, "'const' beside 'enum' is not supported");
+    std::vector<json> values;
+    if (node.contains("const")) {
+      values.push_back(node["const"]);
+    } else {
+      if (!node["enum"].is_array()) fail("enum", ptr, "'enum' must be an array");
+      values.assign(node["enum"].begin(), node["enum"].end());
+    }
+    return values;
+  }
+
+  void emit(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
+    if (node.is_boolean()) {
+      if (node.get<bool>()) b.call(from, to, any_rule());
+      return;
+    }
+    if (follow(b, from, to, node, ptr, &compiler::rule_for)) return;
+    const std::set<std::string> types = types_of(node, ptr);
+    if (auto values = enumerated(node, ptr)) {
+      for (const auto& v : *values) {
         const bool ok = (v.is_null() && types.count("null")) || (v.is_boolean() && types.count("boolean")) ||
                         (v.is_object() && types.count("object")) || (v.is_array() && types.count("array")) ||
                         (v.is_string() && types.count("string")) || (v.is_number() && types.count("number")) ||
@@ -512,6 +538,28 @@ class compiler {
       else if (t == "array") array(b, from, to, node, ptr);
       else object(b, from, to, node, ptr);
     }
+  }
+
+  // The string instances of `node` as raw text (a tool-call parameter written with
+  // string="true"); nothing where it admits no string.
+  void emit_raw(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
+    if (node.is_boolean()) {
+      if (node.get<bool>()) {
+        const auto body = b.add_state();
+        b.epsilon(from, body);
+        emit_code_points(b, body, body, any_code_point(), false);
+        b.epsilon(body, to);
+      }
+      return;
+    }
+    if (follow(b, from, to, node, ptr, &compiler::raw_rule_for)) return;
+    const std::set<std::string> types = types_of(node, ptr);
+    if (auto values = enumerated(node, ptr)) {
+      for (const auto& v : *values)
+        if (v.is_string() && types.count("string")) b.literal(from, to, v.get<std::string>());
+      return;
+    }
+    if (types.count("string")) string(b, from, to, node, ptr, true);
   }
 
   std::optional<double> num(const json& node, const std::string& ptr, const char* kw) {
@@ -555,7 +603,9 @@ class compiler {
     integer_range(b).emit(from, to, lo, hi);
   }
 
-  void string(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
+  // A JSON string of `node`; with `raw`, its characters alone (no quotes, no escapes).
+  void string(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr,
+              bool raw = false) {
     const auto min_len = count(node, ptr, "minLength");
     const auto max_len = count(node, ptr, "maxLength");
     const bool lengths = min_len || max_len;
@@ -578,11 +628,16 @@ class compiler {
       re = std::move(std::get<regex>(parsed));
     }
     const auto body = b.add_state(), end = b.add_state();
-    b.byte(from, body, '"');
-    b.byte(end, to, '"');
+    if (raw) {
+      b.epsilon(from, body);
+      b.epsilon(end, to);
+    } else {
+      b.byte(from, body, '"');
+      b.byte(end, to, '"');
+    }
     if (re) {
       try {
-        re->emit(b, body, end, true);
+        re->emit(b, body, end, !raw);
       } catch (const build_error& e) {
         fail(node.contains("pattern") ? "pattern" : "format", ptr, e.message);
       }
@@ -593,18 +648,18 @@ class compiler {
     const std::uint32_t lo = min_len.value_or(0);
     for (std::uint32_t i = 0; i < lo; ++i) {
       const auto nxt = b.add_state();
-      emit_code_points(b, cur, nxt, chars, true);
+      emit_code_points(b, cur, nxt, chars, !raw);
       cur = nxt;
     }
     if (!max_len) {
-      emit_code_points(b, cur, cur, chars, true);
+      emit_code_points(b, cur, cur, chars, !raw);
       b.epsilon(cur, end);
       return;
     }
     for (std::uint32_t i = lo; i < *max_len; ++i) {
       b.epsilon(cur, end);
       const auto nxt = b.add_state();
-      emit_code_points(b, cur, nxt, chars, true);
+      emit_code_points(b, cur, nxt, chars, !raw);
       cur = nxt;
     }
     if (lo <= *max_len) b.epsilon(cur, end);
@@ -759,12 +814,14 @@ class compiler {
 
   const json& root_;
   limits lim_;
-  grammar g_;
-  std::map<std::string, std::uint32_t> memo_;
+  grammar& g_;
+  std::map<std::string, std::uint32_t> memo_, raw_memo_;
   std::optional<std::uint32_t> any_rule_, string_rule_;
   int depth_ = 0;
   std::size_t total_ = 0;
 };
+
+namespace {
 
 // Nesting depth of a JSON text, outside strings (refused before parsing when too deep).
 std::size_t nesting(std::string_view s) {
@@ -794,9 +851,34 @@ std::string canonical_json(const nlohmann::json& value) {
   return out;
 }
 
+std::string json_pointer_child(std::string_view pointer, std::string_view key) {
+  return std::string(pointer) + "/" + escape_pointer_token(std::string(key));
+}
+
+schema_rules::schema_rules(const json& root, grammar& g, const limits& lim)
+    : c_(std::make_unique<compiler>(root, g, lim)) {}
+schema_rules::~schema_rules() = default;
+
+std::variant<std::uint32_t, schema_error> schema_rules::value(const json& node, const std::string& pointer) {
+  try {
+    return c_->rule_for(pointer, node);
+  } catch (const failure& f) {
+    return f.e;
+  }
+}
+
+std::variant<std::uint32_t, schema_error> schema_rules::raw_string(const json& node, const std::string& pointer) {
+  try {
+    return c_->raw_rule_for(pointer, node);
+  } catch (const failure& f) {
+    return f.e;
+  }
+}
+
 std::variant<grammar, schema_error> compile_json_schema(const json& schema, const limits& lim) {
   try {
-    grammar g = compiler(schema, lim).run();
+    grammar g;
+    g.root = schema_rules::compiler(schema, g, lim).rule_for("", schema);
     if (auto r = left_recursive_rule(g); !r.empty())
       return schema_error{"$ref", r.substr(1), "recursion that consumes no output (left recursion) through " + r};
     if (!prune(g)) return schema_error{"", "", "the schema accepts no JSON value"};

@@ -10,6 +10,8 @@
 // cannot enforce exactly is an error naming the keyword and the JSON pointer of its schema — the
 // output is never silently less constrained than the schema says.
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -31,6 +33,31 @@ struct schema_error {
 std::variant<grammar, schema_error> compile_json_schema(const nlohmann::ordered_json& schema, const limits& lim = {});
 // Parses the text first (at most 128 levels deep; a parse error is a schema_error).
 std::variant<grammar, schema_error> compile_json_schema(std::string_view schema_text, const limits& lim = {});
+
+// Rules for (sub)schemas of one root schema, appended to a grammar under construction: for
+// grammars that embed JSON Schema values, such as tool calls (tool_calls.hpp). `node` is a
+// schema inside `root` and `pointer` its JSON pointer (how `$ref`s, rule names and errors name
+// it); the same pointer gives the same rule. The grammar is neither checked for left recursion
+// nor pruned here: its builder does that when it is whole.
+class schema_rules {
+ public:
+  // `root` and `g` must outlive this object.
+  schema_rules(const nlohmann::ordered_json& root, grammar& g, const limits& lim = {});
+  ~schema_rules();
+  // A rule whose sentences are the canonical JSON texts of `node`'s instances.
+  std::variant<std::uint32_t, schema_error> value(const nlohmann::ordered_json& node, const std::string& pointer);
+  // A rule whose sentences are `node`'s string instances as raw text: their characters, without
+  // quotes or escapes (it accepts nothing when `node` admits no string).
+  std::variant<std::uint32_t, schema_error> raw_string(const nlohmann::ordered_json& node, const std::string& pointer);
+
+  class compiler;
+
+ private:
+  std::unique_ptr<compiler> c_;
+};
+
+// `pointer` + "/" + `key` escaped as a JSON pointer token (~0, ~1).
+std::string json_pointer_child(std::string_view pointer, std::string_view key);
 
 // A grammar of any JSON object (the `json_object` response format).
 grammar any_json_object();

@@ -53,7 +53,11 @@ vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
   for (std::uint32_t id = 0; id < n; ++id) {
     const token_id one[] = {id};
     bytes[id] = tok.decode_bytes(one);
-    usable[id] = !tok.is_added(id);
+    usable[id] = !tok.is_added(id) && bytes[id].find(static_cast<char>(dsml_byte)) == std::string::npos;
+  }
+  if (auto dsml = tok.token_to_id("｜DSML｜")) {
+    bytes[*dsml] = std::string(1, static_cast<char>(dsml_byte));
+    usable[*dsml] = true;
   }
   std::vector<std::uint32_t> eos;
   if (auto id = tok.token_to_id("<｜end▁of▁sentence｜>")) eos.push_back(*id);

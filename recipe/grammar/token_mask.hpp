@@ -8,8 +8,8 @@
 // caches the tokens accepted without returning from that frame, and the trie nodes at which a
 // return happens. A mask is then the union of those cached sets for the state's stacks plus a
 // short walk, in the real context, from each cached return point — only that part depends on
-// the stack. Control tokens are never allowed; the end-of-sequence ids are allowed exactly when
-// the output is complete.
+// the stack. Control tokens are never allowed, except `｜DSML｜` where a tool-call grammar asks
+// for it; the end-of-sequence ids are allowed exactly when the output is complete.
 
 #include <cstdint>
 #include <memory>
@@ -32,8 +32,9 @@ class vocabulary {
   // bytes[id] are the bytes token id stands for; ids with usable[id] false are never allowed
   // (control tokens), nor is an id with no bytes; eos ids are allowed when the output is complete.
   vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos);
-  // From a tokenizer: every added token is a control token; end-of-sequence is
-  // `<｜end▁of▁sentence｜>` when the vocabulary has it.
+  // From a tokenizer: every added token is a control token except `｜DSML｜`, which stands for
+  // `dsml_byte` (grammar.hpp; text tokens holding that byte are never allowed); end-of-sequence
+  // is `<｜end▁of▁sentence｜>` when the vocabulary has it.
   static vocabulary from_tokenizer(const tokenizer& tok);
 
   std::size_t size() const { return bytes_.size(); }

@@ -59,15 +59,19 @@ inline const std::shared_ptr<const gr::vocabulary>& v4_vocab() {
   return v;
 }
 
-// The allowed ids by trying every token on a copy of the matcher.
+// The allowed ids by trying every token on a copy of the matcher. Control tokens are never
+// tried but `｜DSML｜` (which stands for gr::dsml_byte); nor is a text token holding that byte.
 inline std::vector<std::uint32_t> brute_force_allowed(const gr::matcher& m, const gr::vocabulary& v) {
+  const auto dsml = v4().token_to_id("｜DSML｜");
   std::vector<std::uint32_t> ids;
   for (std::uint32_t id = 0; id < v.size(); ++id) {
     if (std::find(v.eos().begin(), v.eos().end(), id) != v.eos().end()) {
       if (m.is_complete()) ids.push_back(id);
       continue;
     }
-    if (v4().is_added(id) || v.bytes(id).empty()) continue;
+    const bool is_dsml = dsml && id == *dsml;
+    if ((v4().is_added(id) && !is_dsml) || v.bytes(id).empty()) continue;
+    if (!is_dsml && v.bytes(id).find(static_cast<char>(gr::dsml_byte)) != std::string::npos) continue;
     if (m.can_accept(v.bytes(id))) ids.push_back(id);
   }
   return ids;
