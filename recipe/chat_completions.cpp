@@ -205,8 +205,11 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
       if (params && !params->is_object())
         fail("Invalid type for '" + p + ".function.parameters': expected an object.", p + ".function.parameters");
       ojson schema = params ? *params : ojson::object();  // deepseek_recipe: absent -> {}
-      if (const ojson* strict = find(*fn, "strict"); strict && need_bool(*strict, p + ".function.strict"))
-        make_strict(schema, p + ".function.parameters");
+      if (const ojson* strict = find(*fn, "strict"); strict && need_bool(*strict, p + ".function.strict")) {
+        d.strict_schema = compact(schema);
+        d.schema_param = p + ".function.parameters";
+        make_strict(schema, d.schema_param);
+      }
       d.parameters_json = compact(schema);
       conv.tools.push_back(std::move(d));
     }

@@ -268,6 +268,10 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
       const ojson& schema = need(t, "input_schema", p);
       if (!schema.is_object()) fail(p + ".input_schema", "Input should be an object");
       d.parameters_json = schema.dump();
+      if (const ojson* strict = find(t, "strict"); strict && detail::need_bool(*strict, p + ".strict")) {
+        d.strict_schema = d.parameters_json;
+        d.schema_param = p + ".input_schema";
+      }
       conv.tools.push_back(std::move(d));
     }
   }
@@ -275,8 +279,9 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
     if (!tc->is_object()) fail("tool_choice", "Input should be an object");
     const std::string t = str(need(*tc, "type", "tool_choice"), "tool_choice.type");
     if (const ojson* dp = find(*tc, "disable_parallel_tool_use")) detail::need_bool(*dp, "tool_choice.disable_parallel_tool_use");
-    if (t == "auto" || t == "any") {  // the reference renders `any` like `auto` (no forced call)
+    if (t == "auto" || t == "any") {  // the reference renders `any` like `auto`; the grammar forces a call
       conv.tool_choice = tool_choice::automatic;
+      conv.must_call = t == "any";
     } else if (t == "none") {
       conv.tool_choice = tool_choice::none;
     } else if (t == "tool") {

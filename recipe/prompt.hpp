@@ -41,6 +41,11 @@ struct tool_definition {
   std::string name;
   std::optional<std::string> description;
   std::string parameters_json = "null";  // JSON Schema text (key order is kept)
+  // A strict tool (`strict: true`): its parameters schema as the request sent it, which the
+  // constraint engine enforces on the tool's calls (docs/structured-output.md), and the request
+  // field holding it, for errors ("tools[0].function.parameters"). Not rendered.
+  std::optional<std::string> strict_schema;
+  std::string schema_param;
 };
 
 enum class tool_choice { automatic, none, required };
@@ -65,6 +70,9 @@ struct conversation {
   std::optional<reasoning_effort> effort;  // thinking mode only; unset = high
   std::optional<int> effort_level;         // V4.1's continuous scale, 1-100; wins over `effort` there
   response_format format;
+  // Messages' tool_choice `any`: rendered as `auto` (as the reference renders it), but the
+  // answer must be a block of calls, which structured output enforces.
+  bool must_call = false;
 };
 
 struct encoded_prompt {

@@ -221,7 +221,11 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
         fail("Invalid type for '" + p + ".parameters': expected an object.", p + ".parameters");
       ojson schema = params ? *params : ojson::object();
       const ojson* strict = find(t, "strict");
-      if (strict && need_bool(*strict, p + ".strict")) make_strict(schema, p + ".parameters");
+      if (strict && need_bool(*strict, p + ".strict")) {
+        d.strict_schema = schema.dump();
+        d.schema_param = p + ".parameters";
+        make_strict(schema, d.schema_param);
+      }
       echo_tools.push_back({{"type", "function"},
                             {"name", d.name},
                             {"description", d.description ? ojson(*d.description) : ojson(nullptr)},

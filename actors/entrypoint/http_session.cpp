@@ -678,24 +678,32 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
   for (const auto id : server_->stop_ids)
     g.stop_ids.push_back(static_cast<std::int32_t>(id));
   // Structured output: the format's grammar, compiled now, constrains the devices' sampling.
-  // (Or another server's constraint field, recipe::sampling_params::extra_constraint.)
+  // (Or another server's constraint field, recipe::sampling_params::extra_constraint.) With
+  // strict or required tools the grammar is the tool-call block around it.
   const bool extra = r.params.extra_constraint.has_value();
   const recipe::response_format& format = extra ? *r.params.extra_constraint : r.conversation.format;
-  if (format.type != recipe::response_format::kind::text) {
-    const std::string param = extra ? r.params.extra_constraint_param
-                              : p == recipe::protocol::responses ? "text.format"
-                              : p == recipe::protocol::messages  ? "output_config.format"
-                                                                 : "response_format";
-    if (!params.constraints) {
-      send_error(400, make_error(p, 400, "Structured output is not available on this server.",
-                                 std::nullopt, param), false);
-      return;
-    }
-    if (auto e = params.constraints->add(g.id, format, r.conversation.thinking, param)) {
+  const std::string key = constraint_table::tools_key(r.conversation, r.params.format,
+                                                      constraint_table::format_key(format));
+  const bool strict = std::any_of(r.conversation.tools.begin(), r.conversation.tools.end(),
+                                  [](const recipe::tool_definition& t) { return t.strict_schema.has_value(); });
+  const std::string param = extra ? r.params.extra_constraint_param
+                            : p == recipe::protocol::responses ? "text.format"
+                            : p == recipe::protocol::messages  ? "output_config.format"
+                                                               : "response_format";
+  if (!key.empty() && !params.constraints && (format.type != recipe::response_format::kind::text || strict)) {
+    send_error(400, make_error(p, 400, "Structured output is not available on this server.", std::nullopt,
+                               format.type != recipe::response_format::kind::text ? param : "tools"), false);
+    return;
+  }
+  if (!key.empty() && params.constraints) {
+    std::vector<std::string> tool_params;
+    for (const auto& t : r.conversation.tools)
+      tool_params.push_back(t.schema_param);
+    if (auto e = params.constraints->add(g.id, key, r.conversation.thinking, param, tool_params)) {
       send_error(e->status, *e, false);
       return;
     }
-    g.constraint = {constraint_table::format_key(format), r.conversation.thinking, g.prompt.size()};
+    g.constraint = {key, r.conversation.thinking, g.prompt.size()};
     constraint_id_ = g.id;
   }
   // A conversation with tools is an agent's: its blocks live by the agent TTL.

@@ -4,6 +4,9 @@
 #include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/tool_calls.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 
@@ -32,66 +35,115 @@ std::string constraint_table::format_key(const recipe::response_format& format) 
   return {};
 }
 
-std::optional<recipe::response_format> constraint_table::format_of_key(const std::string& key) {
-  using kind = recipe::response_format::kind;
-  recipe::response_format f;
-  auto rest = [&](std::string_view prefix) -> std::optional<std::string> {
-    if (key.compare(0, prefix.size(), prefix) != 0)
+std::string constraint_table::tools_key(const recipe::conversation& c, recipe::prompt_format f,
+                                        const std::string& content_key) {
+  const bool on = !c.tools.empty() && c.tool_choice != recipe::tool_choice::none;
+  const bool opened = c.tool_choice == recipe::tool_choice::required;
+  const bool strict = std::any_of(c.tools.begin(), c.tools.end(),
+                                  [](const recipe::tool_definition& t) { return t.strict_schema.has_value(); });
+  if (!on || (!strict && !opened && !c.must_call && content_key.empty()))
+    return content_key;
+  nlohmann::ordered_json j;
+  j["v41"] = f == recipe::prompt_format::v41;
+  j["mode"] = opened ? "opened" : c.must_call ? "forced" : "optional";
+  j["content"] = opened || c.must_call ? std::string() : content_key;
+  auto& tools = j["tools"] = nlohmann::ordered_json::array();
+  for (const auto& t : c.tools)
+    tools.push_back({{"name", t.name},
+                     {"schema", t.strict_schema ? nlohmann::ordered_json::parse(*t.strict_schema)
+                                                : nlohmann::ordered_json(nullptr)}});
+  return "tools:" + j.dump();
+}
+
+namespace {
+
+recipe::api_error bad_request(std::string message, std::string param) {
+  return recipe::api_error{400, std::move(message), "invalid_request_error", std::move(param), std::nullopt};
+}
+
+/// The grammar of a key (constraint_table::format_key / tools_key); errors name `param`, or
+/// `tool_params[i]` for tool i's schema.
+std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, const std::string& param,
+                                                        std::span<const std::string> tool_params) {
+  auto rest = [&](std::string_view prefix) -> std::optional<std::string_view> {
+    if (!key.starts_with(prefix))
       return std::nullopt;
     return key.substr(prefix.size());
   };
-  if (key == "object") {
-    f.type = kind::json_object;
-  } else if (auto schema = rest("schema:")) {
-    f.type = kind::json_schema;
-    f.schema_json = std::move(*schema);
-  } else if (auto pattern = rest("regex:")) {
-    f.type = kind::regex;
-    f.regex = std::move(*pattern);
-  } else if (auto ebnf = rest("grammar:")) {
-    f.type = kind::grammar;
-    f.grammar = std::move(*ebnf);
-  } else {
-    return std::nullopt;
+  if (key == "object")
+    return gr::any_json_object();
+  if (auto schema = rest("schema:")) {
+    auto r = gr::compile_json_schema(*schema);
+    if (auto* e = std::get_if<gr::schema_error>(&r))
+      return bad_request("Unsupported JSON schema for structured output: " + e->to_string() + ".", param);
+    return std::move(std::get<gr::grammar>(r));
   }
-  return f;
+  if (auto ebnf = rest("grammar:")) {
+    auto r = gr::compile_ebnf(*ebnf);
+    if (auto* e = std::get_if<gr::ebnf_error>(&r))
+      return bad_request("Invalid grammar for structured output: " + e->to_string() + ".", param);
+    return std::move(std::get<gr::grammar>(r));
+  }
+  if (auto pattern = rest("regex:")) {
+    auto r = gr::compile_regex(*pattern);
+    if (auto* e = std::get_if<gr::regex_error>(&r))
+      return bad_request("Unsupported regex for structured output: " + e->message + " at offset "
+                           + std::to_string(e->offset) + ".",
+                         param);
+    return std::move(std::get<gr::grammar>(r));
+  }
+  if (auto text = rest("tools:")) {
+    const auto j = nlohmann::ordered_json::parse(*text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("tools") || !j["tools"].is_array())
+      return bad_request("not a structured-output format: a malformed tools key", "tools");
+    gr::tool_calls_spec spec;
+    spec.v41 = j.value("v41", false);
+    const auto mode = j.value("mode", std::string("optional"));
+    spec.mode = mode == "opened"   ? gr::tool_calls_mode::opened
+              : mode == "forced"   ? gr::tool_calls_mode::forced
+                                   : gr::tool_calls_mode::optional;
+    std::optional<gr::grammar> content;
+    if (const auto c = j.value("content", std::string()); !c.empty()) {
+      auto r = grammar_of(c, param, {});
+      if (auto* e = std::get_if<recipe::api_error>(&r))
+        return *e;
+      content = std::move(std::get<gr::grammar>(r));
+      spec.content = &*content;
+    }
+    for (const auto& t : j["tools"]) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
+        return bad_request("not a structured-output format: a malformed tools key", "tools");
+      spec.tools.push_back({t["name"].get<std::string>(),
+                            t.contains("schema") && !t["schema"].is_null()
+                              ? std::optional<nlohmann::ordered_json>(t["schema"])
+                              : std::nullopt});
+    }
+    auto r = gr::compile_tool_calls(spec);
+    if (auto* e = std::get_if<gr::tool_calls_error>(&r)) {
+      const bool named = e->tool && *e->tool < tool_params.size();
+      return bad_request("Unsupported JSON schema for a strict tool's parameters: " + e->error.to_string() + ".",
+                         named ? tool_params[*e->tool] : "tools");
+    }
+    return std::move(std::get<gr::grammar>(r));
+  }
+  return bad_request("not a structured-output format: '" + std::string(key.substr(0, 40)) + "'", param);
 }
 
+}  // namespace
+
 std::variant<std::shared_ptr<constraint_table::compiled>, recipe::api_error>
-constraint_table::compile(const recipe::response_format& format, const std::string& param) {
-  using kind = recipe::response_format::kind;
-  const std::string key = format_key(format);
-  auto error = [&](std::string message) {
-    return recipe::api_error{400, std::move(message), "invalid_request_error", param, std::nullopt};
-  };
+constraint_table::compile(const std::string& key, const std::string& param, std::span<const std::string> tool_params) {
   {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end())
       return it->second;
   }
   // Compiled outside the lock: the devices keep sampling meanwhile.
-  gr::grammar g;
-  if (format.type == kind::json_object) {
-    g = gr::any_json_object();
-  } else if (format.type == kind::json_schema) {
-    auto r = gr::compile_json_schema(std::string_view(format.schema_json));
-    if (auto* e = std::get_if<gr::schema_error>(&r))
-      return error("Unsupported JSON schema for structured output: " + e->to_string() + ".");
-    g = std::move(std::get<gr::grammar>(r));
-  } else if (format.type == kind::grammar) {
-    auto r = gr::compile_ebnf(format.grammar);
-    if (auto* e = std::get_if<gr::ebnf_error>(&r))
-      return error("Invalid grammar for structured output: " + e->to_string() + ".");
-    g = std::move(std::get<gr::grammar>(r));
-  } else {
-    auto r = gr::compile_regex(format.regex);
-    if (auto* e = std::get_if<gr::regex_error>(&r))
-      return error("Unsupported regex for structured output: " + e->message + " at offset "
-                   + std::to_string(e->offset) + ".");
-    g = std::move(std::get<gr::grammar>(r));
-  }
+  auto g = grammar_of(key, param, tool_params);
+  if (auto* e = std::get_if<recipe::api_error>(&g))
+    return *e;
   auto c = std::make_shared<compiled>();
-  c->grammar = std::make_shared<const gr::grammar>(std::move(g));
+  c->grammar = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(g)));
   c->masks = std::make_unique<gr::mask_computer>(c->grammar, vocab_);
   std::lock_guard lock(mu_);
   if (auto it = cache_.find(key); it != cache_.end())
@@ -102,11 +154,12 @@ constraint_table::compile(const recipe::response_format& format, const std::stri
   return c;
 }
 
-std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const recipe::response_format& format,
-                                                       bool thinking, const std::string& param) {
-  if (format.type == recipe::response_format::kind::text)
+std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const std::string& key, bool thinking,
+                                                       const std::string& param,
+                                                       std::span<const std::string> tool_params) {
+  if (key.empty())
     return std::nullopt;
-  auto c = compile(format, param);
+  auto c = compile(key, param, tool_params);
   if (auto* e = std::get_if<recipe::api_error>(&c))
     return *e;
   auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);
@@ -117,10 +170,7 @@ std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const r
 
 std::optional<std::string> constraint_table::restore(std::uint64_t id, const runtime::constraint_spec& spec,
                                                      std::span<const std::int32_t> context) {
-  auto format = format_of_key(spec.format);
-  if (!format || format->type == recipe::response_format::kind::text)
-    return "not a structured-output format: '" + spec.format.substr(0, 40) + "'";
-  auto c = compile(*format, "response_format");
+  auto c = compile(spec.format, "response_format", {});
   if (auto* e = std::get_if<recipe::api_error>(&c))
     return e->message;
   auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);

@@ -1,12 +1,14 @@
 // structured_output: the entrypoint's table of structured-output constraints, one per request.
 //
 // A request whose response format is json_object, json_schema, regex or grammar (Chat Completions
-// `response_format`, Responses `text.format`) gets its grammar compiled when the entrypoint
-// parses it (recipe/grammar/, cached by format text), and a matcher registered under its id —
-// the sequence id the devices sample under. The CPU device asks the table for each token's
-// allowed ids and reports the id it drew (runtime::token_constraints), so the grammar code
-// stays out of the ports. In thinking mode the constraint starts after the model's `</think>`:
-// the reasoning is free text. docs/structured-output.md.
+// `response_format`, Responses `text.format`, Messages `output_config.format`), or whose tools
+// are strict or required, gets its grammar compiled when the entrypoint parses it
+// (recipe/grammar/, cached by its key), and a matcher registered under its id — the sequence id
+// the devices sample under. With tools the grammar is the tool-call block around the answer's
+// format (recipe/grammar/tool_calls.hpp). The CPU device asks the table for each token's allowed
+// ids and reports the id it drew (runtime::token_constraints), so the grammar code stays out of
+// the ports. In thinking mode the constraint starts after the model's `</think>`: the reasoning
+// is free text. docs/structured-output.md.
 #pragma once
 
 #include "recipe/api_error.hpp"
@@ -32,19 +34,28 @@ public:
   /// when the output is complete).
   explicit constraint_table(const recipe::tokenizer& tok);
 
-  /// Compiles `format` and registers it for request `id`; a text format registers nothing.
-  /// `param` names the request field in errors (`response_format`, `text.format`). Errors: a
-  /// schema, pattern or grammar the engine refuses (status 400, the message naming the keyword
-  /// and its JSON pointer, the pattern's offset, or the grammar's line and column).
-  std::optional<recipe::api_error> add(std::uint64_t id, const recipe::response_format& format, bool thinking,
-                                       const std::string& param);
-  /// The format as text, as a constraint_spec carries it ("object", "schema:<JSON>",
-  /// "regex:<pattern>"; empty for text), and back (nothing for a text that is none of these).
+  /// A request's constraint as text: what add() and restore() compile and what a
+  /// constraint_spec carries between processes. format_key: "object", "schema:<JSON>",
+  /// "regex:<pattern>", "grammar:<EBNF>", or empty for text. tools_key: "tools:<JSON>" (the
+  /// tools' names and strict schemas, the DSML spelling, whether a call is required, and the
+  /// answer's key) when the conversation's tools are on and some are strict, a call is required
+  /// (tool_choice required or a named tool; Messages' `any`) or the answer has a format; else
+  /// `content_key` unchanged.
   static std::string format_key(const recipe::response_format& format);
-  static std::optional<recipe::response_format> format_of_key(const std::string& key);
+  static std::string tools_key(const recipe::conversation& c, recipe::prompt_format f,
+                               const std::string& content_key);
+
+  /// Compiles `key` and registers it for request `id`; an empty key registers nothing. `param`
+  /// names the request field in errors (`response_format`, `text.format`, ...), `tool_params[i]`
+  /// the field of tool i's schema. Errors: a schema, pattern or grammar the engine refuses
+  /// (status 400, the message naming the keyword and its JSON pointer, the pattern's offset, or
+  /// the grammar's line and column).
+  std::optional<recipe::api_error> add(std::uint64_t id, const std::string& key, bool thinking,
+                                       const std::string& param,
+                                       std::span<const std::string> tool_params = {});
 
   /// Rebuilds request `id`'s constraint in this process (an instance process of `troupe
-  /// launch`, whose devices sample the request): compiles `spec.format` (cached as add() does)
+  /// launch`, whose devices sample the request): compiles the key `spec.format` (cached as add() does)
   /// and feeds the matcher the output tokens of `context` (the ids at absolute positions
   /// spec.output_start .. context.size() - 1, drawn elsewhere), so that the next position
   /// sampled here is constrained where the request's output stands. Replaces an entry of the
@@ -71,16 +82,16 @@ private:
     std::optional<std::uint64_t> next;    // the position of the next constrained token
   };
   void eos_only(std::span<std::uint32_t> mask) const;
-  /// The compiled grammar of `format` (from the cache, or compiled outside the lock and kept).
-  std::variant<std::shared_ptr<compiled>, recipe::api_error> compile(const recipe::response_format& format,
-                                                                     const std::string& param);
+  /// The compiled grammar of `key` (from the cache, or compiled outside the lock and kept).
+  std::variant<std::shared_ptr<compiled>, recipe::api_error> compile(const std::string& key, const std::string& param,
+                                                                     std::span<const std::string> tool_params);
   /// accepted() with the lock held; false if the grammar refused the token.
   bool accept_locked(entry& e, std::uint64_t position, std::int32_t token);
 
   mutable std::mutex mu_;
   std::shared_ptr<const recipe::grammar::vocabulary> vocab_;
   std::optional<recipe::token_id> think_end_;
-  std::map<std::string, std::shared_ptr<compiled>> cache_;  // by kind + text
+  std::map<std::string, std::shared_ptr<compiled>> cache_;  // by key
   std::map<std::uint64_t, entry> entries_;
   std::vector<std::uint32_t> scratch_;
 };

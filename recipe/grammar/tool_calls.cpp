@@ -44,12 +44,14 @@ class builder {
       b.call(more, more, c);
     }
     b.literal(more, a, close_tag(w_.block));
-    if (spec_.required) {
+    if (spec_.mode == tool_calls_mode::opened) {
       b.epsilon(s, first);
     } else {
       const auto head = b.add_state();
       b.literal(head, first, "\n\n" + open_tag(w_.block) + ">\n");
-      if (spec_.content) {
+      if (spec_.mode == tool_calls_mode::forced) {
+        b.epsilon(s, head);
+      } else if (spec_.content) {
         b.call(s, a, append_rules(g_, *spec_.content));
         b.epsilon(s, head);
       } else {  // any text, then perhaps the block

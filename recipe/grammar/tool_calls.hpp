@@ -35,13 +35,18 @@ struct tool_spec {
   std::optional<nlohmann::ordered_json> schema;
 };
 
+// What the output may be.
+enum class tool_calls_mode {
+  optional,  // an answer, or a block of calls (after text when there is no answer format)
+  forced,    // a block of calls and nothing else (Messages' tool_choice `any`)
+  opened,    // tool_choice required: the prompt opened the block; the calls and its end
+};
+
 struct tool_calls_spec {
   std::vector<tool_spec> tools;
   bool v41 = false;  // V4.1's DSML names
-  // tool_choice required: the prompt opened the block, so the output is calls and its end. Else
-  // the output is either an answer or a block of calls, after text when `content` is null.
-  bool required = false;
-  const grammar* content = nullptr;  // the answer's grammar (a response format); null: any text
+  tool_calls_mode mode = tool_calls_mode::optional;
+  const grammar* content = nullptr;  // optional mode: the answer's grammar (a response format); null: any text
 };
 
 struct tool_calls_error {

@@ -36,11 +36,27 @@ std::uint32_t id_of(const std::string& text) {
   return ids[0];
 }
 
-response_format regex(std::string pattern) {
+std::string key(const response_format& f) { return constraint_table::format_key(f); }
+
+std::string regex(std::string pattern) {
   response_format f;
   f.type = response_format::kind::regex;
   f.regex = std::move(pattern);
-  return f;
+  return key(f);
+}
+
+// A conversation with a strict weather tool and a plain lookup tool.
+troupe::recipe::conversation with_tools(troupe::recipe::tool_choice choice) {
+  troupe::recipe::conversation c;
+  c.tool_choice = choice;
+  troupe::recipe::tool_definition weather;
+  weather.name = "get_weather";
+  weather.strict_schema = R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})";
+  weather.schema_param = "tools[0].function.parameters";
+  troupe::recipe::tool_definition lookup;
+  lookup.name = "lookup";
+  c.tools = {weather, lookup};
+  return c;
 }
 
 }  // namespace
@@ -93,18 +109,18 @@ TEST_CASE("structured output table: a refused schema is a 400 naming the keyword
   f.type = response_format::kind::json_schema;
   f.schema_json = R"({"type": "object", "properties": {"a": {"type": "string", "minProperties": 1, "not": {}}}})";
   constraint_table t(v4());
-  const auto e = t.add(9, f, false, "text.format");
+  const auto e = t.add(9, key(f), false, "text.format");
   REQUIRE(e.has_value());
   CHECK(e->status == 400);
   CHECK(e->param == "text.format");
   CHECK(e->message.find("#/properties/a") != std::string::npos);
   CHECK(t.size() == 0);
   response_format text;
-  CHECK_FALSE(t.add(10, text, false, "response_format"));
+  CHECK_FALSE(t.add(10, key(text), false, "response_format"));
   CHECK(t.size() == 0);  // a text format registers nothing
 }
 
-TEST_CASE("structured output table: a format travels as text and comes back the same") {
+TEST_CASE("structured output table: every kind of key compiles where it is rebuilt; others are refused") {
   response_format schema;
   schema.type = response_format::kind::json_schema;
   schema.schema_json = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";
@@ -113,18 +129,55 @@ TEST_CASE("structured output table: a format travels as text and comes back the 
   response_format ebnf;
   ebnf.type = response_format::kind::grammar;
   ebnf.grammar = "root ::= \"yes\" | \"no\"";
-  for (const auto& f : {schema, object, ebnf, regex("(yes|no)!"), regex("")}) {
-    const auto key = constraint_table::format_key(f);
-    const auto back = constraint_table::format_of_key(key);
-    REQUIRE(back.has_value());
-    CHECK(back->type == f.type);
-    CHECK(back->schema_json == f.schema_json);
-    CHECK(back->regex == f.regex);
-    CHECK(back->grammar == f.grammar);
-  }
-  CHECK(constraint_table::format_key(response_format{}).empty());
-  CHECK_FALSE(constraint_table::format_of_key("").has_value());
-  CHECK_FALSE(constraint_table::format_of_key("ebnf:root ::= \"x\"").has_value());
+  const auto tools = constraint_table::tools_key(with_tools(troupe::recipe::tool_choice::automatic),
+                                                 troupe::recipe::prompt_format::v4, key(schema));
+  constraint_table t(v4());
+  const std::vector<std::int32_t> prompt(5, 0);
+  std::uint64_t id = 1;
+  for (const auto& k : {key(schema), key(object), key(ebnf), regex("(yes|no)!"), regex(""), tools})
+    CHECK_MESSAGE(!t.restore(id++, {k, false, prompt.size()}, prompt), k);
+  CHECK(key(response_format{}).empty());
+  CHECK(t.restore(id++, {"", false, 5}, prompt).has_value());
+  CHECK(t.restore(id++, {"ebnf:root ::= \"x\"", false, 5}, prompt).has_value());
+  CHECK(t.restore(id++, {"tools:[1]", false, 5}, prompt).has_value());
+}
+
+TEST_CASE("structured output table: strict or required tools constrain the output to calls of those tools") {
+  using troupe::recipe::tool_choice;
+  const auto v4f = troupe::recipe::prompt_format::v4;
+  // No constraint where nothing asks for one: no tools, tools off, auto tools that are not strict.
+  auto plain = with_tools(tool_choice::automatic);
+  plain.tools[0].strict_schema.reset();
+  CHECK(constraint_table::tools_key(plain, v4f, "").empty());
+  CHECK(constraint_table::tools_key(plain, v4f, regex("x")) != regex("x"));  // a format beside tools
+  CHECK(constraint_table::tools_key(with_tools(tool_choice::none), v4f, regex("x")) == regex("x"));
+  CHECK(constraint_table::tools_key(troupe::recipe::conversation{}, v4f, "").empty());
+  CHECK(constraint_table::tools_key(plain, troupe::recipe::prompt_format::v41, "") == "");
+
+  // tool_choice required: the prompt opened the block, so the output starts with `<｜DSML｜invoke`.
+  const std::string required = constraint_table::tools_key(with_tools(tool_choice::required), v4f, "");
+  REQUIRE(required.starts_with("tools:"));
+  constraint_table t(v4());
+  const std::vector<std::string> params{"tools[0].function.parameters", "tools[1].function.parameters"};
+  REQUIRE_FALSE(t.add(3, required, false, "response_format", params));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  REQUIRE(t.allowed(3, 20, mask));
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{id_of("<")});
+  t.accepted(3, 20, static_cast<std::int32_t>(id_of("<")));
+  REQUIRE(t.allowed(3, 21, mask));
+  const auto dsml = *v4().token_to_id("｜DSML｜");
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{dsml});  // the control token, nothing else
+
+  // A strict schema the engine refuses: a 400 naming that tool's field.
+  auto bad = with_tools(tool_choice::automatic);
+  bad.tools[1].strict_schema = R"({"type": "object", "properties": {"q": {"type": "string", "not": {}}}})";
+  bad.tools[1].schema_param = "tools[1].function.parameters";
+  const auto e = t.add(4, constraint_table::tools_key(bad, v4f, ""), false, "response_format", params);
+  REQUIRE(e.has_value());
+  CHECK(e->status == 400);
+  CHECK(e->param == "tools[1].function.parameters");
+  CHECK(e->message.find("'not'") != std::string::npos);
+  CHECK(e->message.find("#/properties/q") != std::string::npos);
 }
 
 TEST_CASE("structured output table: a constraint rebuilt in another process continues where the output stands") {
@@ -141,7 +194,7 @@ TEST_CASE("structured output table: a constraint rebuilt in another process cont
     control.accepted(7, context.size(), static_cast<std::int32_t>(id_of(piece)));
     context.push_back(static_cast<std::int32_t>(id_of(piece)));
   }
-  const troupe::runtime::constraint_spec spec{constraint_table::format_key(f), false, 100};
+  const troupe::runtime::constraint_spec spec{f, false, 100};
   REQUIRE_FALSE(instance.restore(7, spec, context));
   REQUIRE(control.allowed(7, 103, mask));
   REQUIRE(instance.allowed(7, 103, other));
@@ -165,7 +218,7 @@ TEST_CASE("structured output table: a constraint rebuilt in another process cont
 TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts after the </think> it was given") {
   constraint_table t(v4());
   const auto think_end = static_cast<std::int32_t>(*v4().token_to_id("</think>"));
-  const troupe::runtime::constraint_spec spec{constraint_table::format_key(regex("ok")), true, 10};
+  const troupe::runtime::constraint_spec spec{regex("ok"), true, 10};
   std::vector<std::int32_t> context(10, 0);
   context.push_back(static_cast<std::int32_t>(id_of("!")));  // reasoning, position 10
   REQUIRE_FALSE(t.restore(1, spec, context));
@@ -183,7 +236,7 @@ TEST_CASE("structured output table: a grammar request follows its rules; a bad g
   f.type = response_format::kind::grammar;
   f.grammar = "root ::= answer \"!\"\nanswer ::= \"yes\" | \"no\" | \"(\" answer \")\"";
   constraint_table t(v4());
-  REQUIRE_FALSE(t.add(11, f, false, "response_format"));
+  REQUIRE_FALSE(t.add(11, key(f), false, "response_format"));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   const auto eos = *v4().token_to_id("<｜end▁of▁sentence｜>");
   std::uint64_t pos = 50;
@@ -200,7 +253,7 @@ TEST_CASE("structured output table: a grammar request follows its rules; a bad g
   t.remove(11);
 
   f.grammar = "root ::= answer\nanswer ::= \"yes\" | maybe";
-  const auto e = t.add(12, f, false, "response_format");
+  const auto e = t.add(12, key(f), false, "response_format");
   REQUIRE(e.has_value());
   CHECK(e->status == 400);
   CHECK(e->type == "invalid_request_error");

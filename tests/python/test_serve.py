@@ -7,8 +7,8 @@ instances and the KV hand-off between them. The model is random, so its text is 
 tests check what the server must get right whatever the model says: that the served greedy
 tokens are exactly `troupe generate`'s, alone and among 64 concurrent streams, that streams
 and usage agree, that max_tokens, stop sequences, seeds and API keys are honoured, that a
-client that leaves frees its request, and that structured output (response_format, text.format)
-gives answers that parse against their schema. Every call has a bounded timeout and retries are off.
+client that leaves frees its request, and that structured output (response_format, text.format,
+output_config.format, strict tools) gives answers and calls that parse against their schema. Every call has a bounded timeout and retries are off.
 
 Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_serve.py
 (ctest -L sdk does both steps).
@@ -541,6 +541,81 @@ def test_vllm_and_sglang_constraint_fields_are_honoured(server):
             "Hi, json", max_tokens=5, response_format={"type": "json_object"},
             extra_body={"structured_outputs": {"choice": ["a"]}}))
     assert "cannot be combined with 'response_format'" in e.value.body["message"]
+
+
+# Strict tools: the grammar is the DSML block of calls with each strict tool's parameters by its
+# schema (recipe/grammar/tool_calls.hpp); tool_choice required (or a named tool) makes the random
+# model call, and every call it makes parses against the tool's schema.
+
+class Forecast(pydantic.BaseModel):
+    city: Literal["Paris", "Oslo", "Lima"]
+    days: int = pydantic.Field(ge=1, le=7)
+    unit: Optional[Literal["celsius", "fahrenheit"]]
+
+
+class Lookup(pydantic.BaseModel):
+    topic: Literal["tides", "winds"]
+
+
+def test_chat_strict_tool_calls_parse_against_their_pydantic_models(server):
+    # openai.pydantic_function_tool sends the model's schema with strict: true; parse() checks
+    # every call's arguments against it.
+    client = server.openai()
+    tools = [openai.pydantic_function_tool(Forecast, name="get_forecast"),
+             openai.pydantic_function_tool(Lookup, name="lookup")]
+    for seed, choice in ((1, "required"), (2, "required"),
+                         (3, {"type": "function", "function": {"name": "get_forecast"}})):
+        r = client.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "The forecast?"}], tools=tools,
+            tool_choice=choice, max_tokens=800, temperature=1.0, seed=seed, extra_body=CHAT_MODE)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c.message
+        assert c.message.tool_calls
+        for call in c.message.tool_calls:
+            assert call.function.name in ("get_forecast", "lookup")
+            model = Forecast if call.function.name == "get_forecast" else Lookup
+            assert isinstance(call.function.parsed_arguments, model)
+
+
+def test_messages_strict_tool_input_follows_its_schema(server):
+    client = server.anthropic()
+    tool = {"name": "get_forecast", "description": "The weather.", "strict": True,
+            "input_schema": Forecast.model_json_schema()}
+    for choice in ({"type": "tool", "name": "get_forecast"}, {"type": "any"}):
+        m = client.messages.create(
+            model=MODEL, max_tokens=800, tools=[tool], tool_choice=choice,
+            messages=[{"role": "user", "content": "The forecast?"}], thinking={"type": "disabled"})
+        assert m.stop_reason == "tool_use", m.content
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert uses
+        for u in uses:
+            assert u.name == "get_forecast"
+            Forecast.model_validate(u.input)
+
+
+def test_responses_strict_function_arguments_follow_its_schema(server):
+    schema = openai.pydantic_function_tool(Forecast)["function"]["parameters"]
+    r = server.openai().responses.create(
+        model=MODEL, input="The forecast?", max_output_tokens=800, temperature=1.0,
+        tools=[{"type": "function", "name": "get_forecast", "parameters": schema, "strict": True}],
+        tool_choice="required", reasoning={"effort": "none"})
+    assert r.status == "completed"
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls
+    for call in calls:
+        assert call.name == "get_forecast"
+        Forecast.model_validate_json(call.arguments)
+
+
+def test_a_strict_tool_schema_the_engine_cannot_enforce_is_refused_naming_the_tool(server):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}},
+              "required": ["a"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "ok", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        server.openai().chat.completions.create(**chat_body("Hi", max_tokens=5, tools=tools))
+    assert e.value.body["param"] == "tools[1].function.parameters"
+    assert "'not'" in e.value.body["message"] and "#/properties/a" in e.value.body["message"]
 
 
 def test_a_grammar_that_does_not_compile_is_refused_naming_its_position(server):

@@ -132,13 +132,19 @@ TEST_CASE("grammar tools: V4.1 spells the block with a space and writes an empty
   CHECK_FALSE(accepts(g, block("<" + D + " invoke name=\"lookup\">\n</" + D + " invoke>\n", true)));
 }
 
-TEST_CASE("grammar tools: tool_choice required starts inside the block; a response format is the other answer") {
+TEST_CASE("grammar tools: tool_choice required starts inside the block, `any` with it; a response format is the other answer") {
   auto spec = weather_and_lookup();
-  spec.required = true;
+  spec.mode = gr::tool_calls_mode::opened;
   const auto required = tools_grammar(spec);
   CHECK(accepts(required, invoke("get_weather", paris()) + "</" + D + "tool_calls>"));
   CHECK_FALSE(accepts(required, ""));
   CHECK_FALSE(accepts(required, "Sure." + block(invoke("get_weather", paris()))));
+  // Messages' tool_choice any: the prompt is auto's, the output a block of calls.
+  spec.mode = gr::tool_calls_mode::forced;
+  const auto forced = tools_grammar(spec);
+  CHECK(accepts(forced, block(invoke("get_weather", paris()))));
+  CHECK_FALSE(accepts(forced, "Sure." + block(invoke("get_weather", paris()))));
+  CHECK_FALSE(accepts(forced, ""));
 
   const auto format = schema_grammar(ojson::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}},
                                                       "required": ["a"], "additionalProperties": false})"));
@@ -209,7 +215,7 @@ TEST_CASE("grammar tools: masks equal trying every token of the DeepSeek-V4 voca
 
 TEST_CASE("grammar tools: random generations through the masks parse into calls whose arguments validate") {
   auto spec = weather_and_lookup();
-  spec.required = true;
+  spec.mode = gr::tool_calls_mode::opened;
   const auto g = tools_grammar(spec);
   const mask_computer masks(g, v4_vocab());
   const validator check(weather());
