@@ -436,9 +436,9 @@ class schema_rules::compiler {
   }
 
   // The keywords of an object schema are all known; `$ref` and the combinators are followed as
-  // calls of `rule_of` (rule_for or raw_rule_for). True when `node` was handled so.
+  // calls of `callee` (rule_for or raw_rule_for). True when `node` was handled so.
   bool follow(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr,
-              std::uint32_t (compiler::*rule_of)(const std::string&, const json&)) {
+              std::uint32_t (compiler::*callee)(const std::string&, const json&)) {
     if (!node.is_object()) fail("", ptr, "a schema must be an object or a boolean");
     for (auto it = node.begin(); it != node.end(); ++it) {
       const auto& k = it.key();
@@ -451,7 +451,7 @@ class schema_rules::compiler {
       if (!node["$ref"].is_string()) fail("$ref", ptr, "'$ref' must be a string");
       std::string target;
       const json& t = resolve(node["$ref"].get<std::string>(), ptr, target);
-      b.call(from, to, (this->*rule_of)(target, t));
+      b.call(from, to, (this->*callee)(target, t));
       return true;
     }
     for (const char* kw : {"anyOf", "oneOf", "allOf"}) {
@@ -461,11 +461,11 @@ class schema_rules::compiler {
       if (!alts.is_array() || alts.empty()) fail(kw, ptr, std::string("'") + kw + "' must be a non-empty array");
       if (std::string(kw) == "allOf") {
         if (alts.size() != 1) fail(kw, ptr, "'allOf' with more than one schema is not supported");
-        b.call(from, to, (this->*rule_of)(child(ptr, kw) + "/0", alts[0]));
+        b.call(from, to, (this->*callee)(child(ptr, kw) + "/0", alts[0]));
         return true;
       }
       for (std::size_t i = 0; i < alts.size(); ++i)
-        b.call(from, to, (this->*rule_of)(child(ptr, kw) + "/" + std::to_string(i), alts[i]));
+        b.call(from, to, (this->*callee)(child(ptr, kw) + "/" + std::to_string(i), alts[i]));
       return true;
     }
     return false;
