@@ -242,11 +242,24 @@ echo "slurm harness: scancel $job: job gone, 5 of 5 processes got SIGTERM (${SEC
 # --- 3. the real troupe node serves a request, and scancel --signal=TERM drains it ----------
 "$troupe" model init --preset small --seed 1 --out "$dir/model" >/dev/null \
   || fail "troupe model init failed"
+# Two free ports below the kernel's ephemeral range: the job binds them seconds later, and a port
+# from that range can meanwhile become the local end of another test's outgoing connection.
 read -r http_port control_port <<< "$(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(2)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')"
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+top = low if low > 12000 else 65536
+ports = []
+while len(ports) < 2:
+    p = random.randrange(10000, top)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        if p not in ports: ports.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(*ports)')"
 topo="$(cd "$here/../../.." && pwd)/examples/topologies/local-cpu-3.toml"
 "$troupe" slurm "$topo" --troupe "$troupe" --bind 127.0.0.1 --http-port "$http_port" \
   --control-port "$control_port" --cpus-per-gpu 1 --model "$dir/model" --kv-dir "$dir/kv" \
