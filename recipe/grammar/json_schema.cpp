@@ -377,7 +377,7 @@ class schema_rules::compiler {
     b.epsilon(edigits, to);
   }
 
-  static std::string child(const std::string& ptr, const std::string& key) { return ptr + "/" + escape_pointer_token(key); }
+  static std::string child(const std::string& ptr, const std::string& key) { return json_pointer_child(ptr, key); }
 
   // Only annotations and the listed keywords beside `keyword`.
   void only_with(const json& node, const std::string& ptr, const std::string& keyword, std::set<std::string> allowed) {
