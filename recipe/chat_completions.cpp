@@ -245,6 +245,8 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
     }
   }
 
+  if (const ojson* pc = find(body, "parallel_tool_calls")) conv.one_call = !need_bool(*pc, "parallel_tool_calls");
+
   // sampling and serving fields
   if (const ojson* n = find(body, "n")) {
     std::int64_t v = need_int(*n, "n");

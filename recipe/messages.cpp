@@ -278,7 +278,8 @@ messages_request convert(const ojson& body, const chat_completions_config& cfg) 
   if (const ojson* tc = find(body, "tool_choice")) {
     if (!tc->is_object()) fail("tool_choice", "Input should be an object");
     const std::string t = str(need(*tc, "type", "tool_choice"), "tool_choice.type");
-    if (const ojson* dp = find(*tc, "disable_parallel_tool_use")) detail::need_bool(*dp, "tool_choice.disable_parallel_tool_use");
+    if (const ojson* dp = find(*tc, "disable_parallel_tool_use"))
+      conv.one_call = detail::need_bool(*dp, "tool_choice.disable_parallel_tool_use");
     if (t == "auto" || t == "any") {  // the reference renders `any` like `auto`; the grammar forces a call
       conv.tool_choice = tool_choice::automatic;
       conv.must_call = t == "any";

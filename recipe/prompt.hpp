@@ -73,6 +73,9 @@ struct conversation {
   // Messages' tool_choice `any`: rendered as `auto` (as the reference renders it), but the
   // answer must be a block of calls, which structured output enforces.
   bool must_call = false;
+  // Chat / Responses `parallel_tool_calls: false`, Messages `disable_parallel_tool_use: true`:
+  // at most one call per answer (the prompt is unchanged; structured output enforces it).
+  bool one_call = false;
 };
 
 struct encoded_prompt {

@@ -337,7 +337,10 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
   if (const ojson* s = find(body, "stream")) sp.stream = need_bool(*s, "stream");
   if (const ojson* s = find(body, "store")) f.store = need_bool(*s, "store");
   if (const ojson* s = find(body, "previous_response_id")) f.previous_response_id = need_string(*s, "previous_response_id");
-  if (const ojson* s = find(body, "parallel_tool_calls")) f.parallel_tool_calls = need_bool(*s, "parallel_tool_calls");
+  if (const ojson* s = find(body, "parallel_tool_calls")) {
+    f.parallel_tool_calls = need_bool(*s, "parallel_tool_calls");
+    conv.one_call = !*f.parallel_tool_calls;
+  }
   if (const ojson* s = find(body, "user")) f.user = need_string(*s, "user");
   if (const ojson* s = find(body, "metadata")) {
     if (!s->is_object()) fail("Invalid type for 'metadata': expected an object, got " + type_of(*s) + ".", "metadata");

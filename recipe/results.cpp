@@ -121,7 +121,7 @@ std::string render_response(const generation& g, const response_meta& meta, cons
   out["model"] = meta.model;
   out["moderation"] = nullptr;
   out["output"] = std::move(output);
-  out["parallel_tool_calls"] = true;  // as the reference reports it
+  out["parallel_tool_calls"] = f.parallel_tool_calls.value_or(true);  // enforced (structured output)
   out["presence_penalty"] = 0.0;
   out["previous_response_id"] = nullptr;  // no state is kept (the reference's report too)
   out["prompt_cache_key"] = nullptr;

@@ -93,9 +93,10 @@ CASES += [
 ]
 
 
-def spec_fixed(proto, obj):
+def spec_fixed(proto, obj, request):
     """The reference's object with the fields the official spec requires or forbids put right
-    (docs/recipe.md lists them): what our renderer writes."""
+    (docs/recipe.md lists them), and `parallel_tool_calls` as the request set it (troupe enforces
+    it; the reference always reports true): what our renderer writes."""
     obj = json.loads(json.dumps(obj))
     if proto == "chat_completions":
         for c in obj["choices"]:
@@ -104,6 +105,7 @@ def spec_fixed(proto, obj):
     elif proto == "responses":
         if obj.get("user") is None: obj.pop("user", None)
         obj["usage"]["input_tokens_details"].setdefault("cache_write_tokens", 0)
+        obj["parallel_tool_calls"] = request.get("parallel_tool_calls", True)
     return obj
 
 
@@ -170,7 +172,7 @@ def main():
         rec = {"protocol": proto, "name": name, "request": request, "raw_output": text, "generation": generation,
                "meta": {"id": ID, "model": MODEL, "created": obj.get("created_at", CREATED), "prompt_tokens": PROMPT,
                         "cached_tokens": CACHED},
-               "reference": obj, "expected": spec_fixed(proto, obj)}
+               "reference": obj, "expected": spec_fixed(proto, obj, request)}
         if proto in validators:
             rec["reference_schema_valid"] = validators[proto].is_valid(obj)
             rec["schema_valid"] = validators[proto].is_valid(rec["expected"])

@@ -41,11 +41,12 @@ std::string constraint_table::tools_key(const recipe::conversation& c, recipe::p
   const bool opened = c.tool_choice == recipe::tool_choice::required;
   const bool strict = std::any_of(c.tools.begin(), c.tools.end(),
                                   [](const recipe::tool_definition& t) { return t.strict_schema.has_value(); });
-  if (!on || (!strict && !opened && !c.must_call && content_key.empty()))
+  if (!on || (!strict && !opened && !c.must_call && !c.one_call && content_key.empty()))
     return content_key;
   nlohmann::ordered_json j;
   j["v41"] = f == recipe::prompt_format::v41;
   j["mode"] = opened ? "opened" : c.must_call ? "forced" : "optional";
+  j["one_call"] = c.one_call;
   j["content"] = opened || c.must_call ? std::string() : content_key;
   auto& tools = j["tools"] = nlohmann::ordered_json::array();
   for (const auto& t : c.tools)
@@ -102,6 +103,7 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
     spec.mode = mode == "opened"   ? gr::tool_calls_mode::opened
               : mode == "forced"   ? gr::tool_calls_mode::forced
                                    : gr::tool_calls_mode::optional;
+    spec.one_call = j.value("one_call", false);
     std::optional<gr::grammar> content;
     if (const auto c = j.value("content", std::string()); !c.empty()) {
       auto r = grammar_of(c, param, {});

@@ -2,7 +2,7 @@
 //
 // A request whose response format is json_object, json_schema, regex or grammar (Chat Completions
 // `response_format`, Responses `text.format`, Messages `output_config.format`), or whose tools
-// are strict or required, gets its grammar compiled when the entrypoint parses it
+// are strict or required or limited to one call, gets its grammar compiled when the entrypoint parses it
 // (recipe/grammar/, cached by its key), and a matcher registered under its id — the sequence id
 // the devices sample under. With tools the grammar is the tool-call block around the answer's
 // format (recipe/grammar/tool_calls.hpp). The CPU device asks the table for each token's allowed
@@ -37,9 +37,10 @@ public:
   /// A request's constraint as text: what add() and restore() compile and what a
   /// constraint_spec carries between processes. format_key: "object", "schema:<JSON>",
   /// "regex:<pattern>", "grammar:<EBNF>", or empty for text. tools_key: "tools:<JSON>" (the
-  /// tools' names and strict schemas, the DSML spelling, whether a call is required, and the
-  /// answer's key) when the conversation's tools are on and some are strict, a call is required
-  /// (tool_choice required or a named tool; Messages' `any`) or the answer has a format; else
+  /// tools' names and strict schemas, the DSML spelling, whether a call is required, whether
+  /// parallel calls are off, and the answer's key) when the conversation's tools are on and some
+  /// are strict, a call is required (tool_choice required or a named tool; Messages' `any`),
+  /// parallel calls are off or the answer has a format; else
   /// `content_key` unchanged.
   static std::string format_key(const recipe::response_format& format);
   static std::string tools_key(const recipe::conversation& c, recipe::prompt_format f,

@@ -37,11 +37,12 @@ class builder {
     for (std::size_t i = 0; i < spec_.tools.size(); ++i) calls.push_back(invoke_rule(i));
     nfa_builder b;
     const auto s = b.add_state(), a = b.add_state();
-    // The calls: one or more, then the block's end.
+    // The calls: one or more (exactly one with one_call), then the block's end.
     const auto first = b.add_state(), more = b.add_state();
     for (const auto c : calls) {
       b.call(first, more, c);
-      b.call(more, more, c);
+      if (!spec_.one_call)
+        b.call(more, more, c);
     }
     b.literal(more, a, close_tag(w_.block));
     if (spec_.mode == tool_calls_mode::opened) {

@@ -7,7 +7,7 @@
 //   <D invoke name="NAME">\n                                    V4.1: `<D invoke`
 //   <D parameter name="KEY" string="true">TEXT</D parameter>\n  a string, as it is
 //   <D parameter name="KEY" string="false">JSON</D parameter>\n any value, as canonical JSON
-//   </D invoke>\n                                               (more invokes)
+//   </D invoke>\n                                               (more invokes, unless one_call)
 //   </D tool_calls>
 //
 // D is the `｜DSML｜` control token: `dsml_byte` in the grammar (grammar.hpp). A strict tool
@@ -46,6 +46,7 @@ struct tool_calls_spec {
   std::vector<tool_spec> tools;
   bool v41 = false;  // V4.1's DSML names
   tool_calls_mode mode = tool_calls_mode::optional;
+  bool one_call = false;  // at most one invoke in the block (parallel calls off)
   const grammar* content = nullptr;  // optional mode: the answer's grammar (a response format); null: any text
 };
 

@@ -153,6 +153,9 @@ TEST_CASE("structured output table: strict or required tools constrain the outpu
   CHECK(constraint_table::tools_key(with_tools(tool_choice::none), v4f, regex("x")) == regex("x"));
   CHECK(constraint_table::tools_key(troupe::recipe::conversation{}, v4f, "").empty());
   CHECK(constraint_table::tools_key(plain, troupe::recipe::prompt_format::v41, "") == "");
+  auto one = plain;  // parallel calls off: a grammar with one call at most, even without strict tools
+  one.one_call = true;
+  CHECK(constraint_table::tools_key(one, v4f, "").find("\"one_call\":true") != std::string::npos);
 
   // tool_choice required: the prompt opened the block, so the output starts with `<｜DSML｜invoke`.
   const std::string required = constraint_table::tools_key(with_tools(tool_choice::required), v4f, "");

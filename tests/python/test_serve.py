@@ -607,6 +607,39 @@ def test_responses_strict_function_arguments_follow_its_schema(server):
         Forecast.model_validate_json(call.arguments)
 
 
+def test_parallel_tool_calls_off_makes_one_call_at_most(server):
+    # The random model at temperature 2 writes a second call after the first for about one seed
+    # in six; with parallel calls off, the same seeds (the same draws up to the first call's
+    # end) end the block after one call.
+    client = server.openai()
+    tools = [openai.pydantic_function_tool(Forecast, name="get_forecast"),
+             openai.pydantic_function_tool(Lookup, name="lookup")]
+
+    def calls(seed, parallel):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "The forecast?"}], tools=tools,
+            tool_choice="required", parallel_tool_calls=parallel, max_tokens=800, temperature=2.0,
+            seed=seed, extra_body=CHAT_MODE)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+        return len(r.choices[0].message.tool_calls)
+
+    several = []
+    for seed in range(1, 41):  # bounded: stops at the second seed with several calls
+        if calls(seed, True) > 1:
+            several.append(seed)
+            if len(several) == 2:
+                break
+    assert several, "no seed of 40 made parallel calls"
+    for seed in several + [1]:
+        assert calls(seed, False) == 1, seed
+    m = server.anthropic().messages.create(
+        model=MODEL, max_tokens=800, messages=[{"role": "user", "content": "The forecast?"}],
+        tools=[{"name": "lookup", "strict": True, "input_schema": Lookup.model_json_schema()}],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True}, thinking={"type": "disabled"})
+    assert m.stop_reason == "tool_use", m.content
+    assert [b.type for b in m.content if b.type == "tool_use"] == ["tool_use"]
+
+
 def test_a_strict_tool_schema_the_engine_cannot_enforce_is_refused_naming_the_tool(server):
     schema = {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}},
               "required": ["a"], "additionalProperties": False}

@@ -182,7 +182,9 @@ TEST_CASE("chat completions: sampling and serving fields are carried") {
 
   auto named = ok(R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "disabled"},
       "tools": [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "b"}}],
-      "tool_choice": {"type": "function", "function": {"name": "b"}}})");
+      "tool_choice": {"type": "function", "function": {"name": "b"}}, "parallel_tool_calls": false})");
+  CHECK(named.conversation.one_call);
+  CHECK_FALSE(r.conversation.one_call);  // absent: parallel calls allowed
   CHECK(named.params.tool_choice_function == "b");
   REQUIRE(named.conversation.tools.size() == 1);
   CHECK(named.conversation.tools[0].name == "b");

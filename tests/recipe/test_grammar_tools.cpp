@@ -157,6 +157,24 @@ TEST_CASE("grammar tools: tool_choice required starts inside the block, `any` wi
   CHECK_FALSE(accepts(both, R"({"a": 1})" + block(invoke("lookup", {}))));
 }
 
+TEST_CASE("grammar tools: parallel calls off allows one call in the block, in every mode") {
+  auto spec = weather_and_lookup();
+  spec.one_call = true;
+  const auto optional = tools_grammar(spec);
+  CHECK(accepts(optional, "It is sunny."));
+  CHECK(accepts(optional, "Let me check." + block(invoke("lookup", {}))));
+  CHECK_FALSE(accepts(optional, block(invoke("get_weather", paris()) + invoke("lookup", {}))));
+  CHECK_FALSE(accepts(optional, block(invoke("lookup", {}) + invoke("lookup", {}))));
+  spec.mode = gr::tool_calls_mode::opened;
+  const auto required = tools_grammar(spec);
+  CHECK(accepts(required, invoke("get_weather", paris()) + "</" + D + "tool_calls>"));
+  CHECK_FALSE(accepts(required, invoke("get_weather", paris()) + invoke("lookup", {}) + "</" + D + "tool_calls>"));
+  spec.mode = gr::tool_calls_mode::forced;
+  const auto forced = tools_grammar(spec);
+  CHECK(accepts(forced, block(invoke("lookup", {}))));
+  CHECK_FALSE(accepts(forced, block(invoke("lookup", {}) + invoke("get_weather", paris()))));
+}
+
 TEST_CASE("grammar tools: a strict schema the engine cannot enforce is refused naming the tool, keyword and pointer") {
   auto refused = [](const ojson& schema) {
     gr::tool_calls_spec spec;

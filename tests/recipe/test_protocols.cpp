@@ -341,6 +341,7 @@ TEST_CASE("responses: serving fields are carried") {
   CHECK(!f.store);
   CHECK(f.previous_response_id == "resp_9");
   CHECK(f.parallel_tool_calls == false);
+  CHECK(conv.one_call);
   CHECK(f.user == "u");
   CHECK(f.metadata_json == R"({"k":"v"})");
   CHECK(f.text_format_json == R"({"type":"json_schema","name":"s","schema":{"type":"object"}})");
@@ -395,6 +396,13 @@ TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit
   CHECK(sp.image_parts == 1);
   CHECK(user_id == "who");
   CHECK(conv.effort == reasoning_effort::max);
+  CHECK_FALSE(conv.one_call);
+  auto one = parse_messages(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"name": "a", "input_schema": {"type": "object"}}],
+      "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}})",
+                            cfg);
+  REQUIRE(std::holds_alternative<messages_request>(one));
+  CHECK(std::get<messages_request>(one).conversation.one_call);
   cfg.images = image_policy::reject;
   auto rejected = parse_messages(R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image",
       "source": {"type": "url", "url": "u"}}]}]})",

@@ -115,3 +115,15 @@ TEST_CASE("results: n choices in one chat.completion, usage summed") {
   CHECK(j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 2);
   CHECK(j["usage"]["prompt_cache_miss_tokens"] == 60);
 }
+
+TEST_CASE("results: a response reports parallel_tool_calls as the request set it (true when absent)") {
+  generation g;
+  g.content = "ok";
+  for (const auto& [body, expected] : {std::pair{R"({"model": "m", "input": "hi"})", true},
+                                      std::pair{R"({"model": "m", "input": "hi", "parallel_tool_calls": false})", false}}) {
+    auto req = parse_responses(body);
+    REQUIRE(std::holds_alternative<responses_request>(req));
+    const json j = json::parse(render_response(g, {"resp_1", "m", 7, 3, 0}, std::get<responses_request>(req)));
+    CHECK(j["parallel_tool_calls"] == expected);
+  }
+}
