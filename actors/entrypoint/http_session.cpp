@@ -677,9 +677,11 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
   }
   for (const auto id : server_->stop_ids)
     g.stop_ids.push_back(static_cast<std::int32_t>(id));
-  // Structured output: the format's grammar, compiled now, constrains the devices' sampling.
-  // (Or another server's constraint field, recipe::sampling_params::extra_constraint.) With
-  // strict or required tools the grammar is the tool-call block around it.
+  // Structured output: the format's grammar constrains the devices' sampling. (Or another
+  // server's constraint field, recipe::sampling_params::extra_constraint.) With strict or
+  // required tools the grammar is the tool-call block around it. It compiles on the constraint
+  // table's pool while the request goes on to prefill; the client hears nothing before the
+  // verdict (on_compiled).
   const bool extra = r.params.extra_constraint.has_value();
   const recipe::response_format& format = extra ? *r.params.extra_constraint : r.conversation.format;
   const std::string key = constraint_table::tools_key(r.conversation, r.params.format,
@@ -699,12 +701,14 @@ void http_session::start_generation(request_t& req, recipe::protocol p) {
     std::vector<std::string> tool_params;
     for (const auto& t : r.conversation.tools)
       tool_params.push_back(t.schema_param);
-    if (auto e = params.constraints->add(g.id, key, r.conversation.thinking, param, tool_params)) {
-      send_error(e->status, *e, false);
-      return;
-    }
+    // Registered before the request exists in the graph, so no device samples it unconstrained.
+    params.constraints->add(g.id, key, r.conversation.thinking, param, tool_params,
+                            [server = server_, ex = ex_, self = shared_from_this()](std::optional<recipe::api_error> e) {
+                              server->bridge.post(ex, [self, e = std::move(e)]() mutable { self->on_compiled(std::move(e)); });
+                            });
     g.constraint = {key, r.conversation.thinking, g.prompt.size()};
     constraint_id_ = g.id;
+    compile_pending_ = true;
   }
   // A conversation with tools is an agent's: its blocks live by the agent TTL.
   g.traffic = r.conversation.tools.empty() ? params.traffic : traffic_class::agent;
@@ -790,8 +794,35 @@ void http_session::ensure_stream_open() {
   write_chunk(response_->open());
 }
 
+bool http_session::held(std::function<void()> event) {
+  if (!compile_pending_)
+    return false;
+  held_events_.push_back(std::move(event));
+  return true;
+}
+
+void http_session::on_compiled(std::optional<recipe::api_error> error) {
+  guarded([&] {
+    if (!gen_active_ || !compile_pending_)
+      return;
+    compile_pending_ = false;
+    auto events = std::move(held_events_);
+    held_events_.clear();
+    if (error) {  // refused: end the generation; the client gets the 400 and nothing else
+      cancel_generation("constraint_refused");
+      generation_over();
+      send_error(error->status, *error, false);
+      return;
+    }
+    for (auto& event : events)
+      event();
+  });
+}
+
 void http_session::on_accepted() {
   guarded([&] {
+    if (held([this] { on_accepted(); }))
+      return;
     if (gen_active_)
       ensure_stream_open();
   });
@@ -799,6 +830,8 @@ void http_session::on_accepted() {
 
 void http_session::on_rejected(std::string why) {
   guarded([&] {
+    if (held([this, why] { on_rejected(why); }))
+      return;
     if (!gen_active_)
       return;
     fail_generation(503, why);
@@ -807,6 +840,8 @@ void http_session::on_rejected(std::string why) {
 
 void http_session::on_tokens(generation_tokens t) {
   guarded([&] {
+    if (held([this, t] { on_tokens(t); }))
+      return;
     if (!gen_active_ || !response_)
       return;
     const auto now = clock_type::now();
@@ -840,6 +875,8 @@ void http_session::on_tokens(generation_tokens t) {
 
 void http_session::on_end(generation_end e) {
   guarded([&] {
+    if (held([this, e] { on_end(e); }))
+      return;
     if (!gen_active_ || !response_)
       return;
     server_->metrics.prompt_tokens->inc(static_cast<double>(e.prompt_tokens));
@@ -867,6 +904,8 @@ void http_session::on_end(generation_end e) {
 
 void http_session::on_lost(std::string why) {
   guarded([&] {
+    if (held([this, why] { on_lost(why); }))
+      return;
     if (!gen_active_ || !response_)
       return;
     if (cancel_for_output_) {
@@ -922,6 +961,8 @@ void http_session::generation_over() {
   if (!gen_active_)
     return;
   gen_active_ = false;
+  compile_pending_ = false;
+  held_events_.clear();
   if (constraint_id_) {
     server_->params.constraints->remove(constraint_id_);
     constraint_id_ = 0;

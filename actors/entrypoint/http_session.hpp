@@ -121,6 +121,8 @@ public:
   void on_tokens(generation_tokens tokens) override;
   void on_end(generation_end end) override;
   void on_lost(std::string why) override;
+  /// The constraint table's verdict on the request's constraint (posted to the strand).
+  void on_compiled(std::optional<recipe::api_error> error);
 
 private:
   using request_t = http::request<http::string_body>;
@@ -153,6 +155,9 @@ private:
   void fail_generation(int status, const std::string& message);
   void generation_over();
   void cancel_generation(const char* reason);
+  /// While the request's constraint compiles, keeps a generation event to run after a good
+  /// verdict (dropped after a refusal); false: run it now.
+  bool held(std::function<void()> event);
 
   // writing
   void write(std::string bytes);
@@ -209,6 +214,8 @@ private:
   bool shutdown_cancelled_ = false;
   bool first_token_ = true;
   std::uint64_t constraint_id_ = 0;  // the request registered in params.constraints (0: none)
+  bool compile_pending_ = false;     // its verdict has not come yet: nothing reaches the client
+  std::vector<std::function<void()>> held_events_;
   std::chrono::steady_clock::time_point admitted_at_{};
   std::chrono::steady_clock::time_point last_token_at_{};
 };

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <boost/asio/post.hpp>
+
 #include <algorithm>
 
 namespace troupe::actors {
@@ -19,9 +21,12 @@ namespace {
 constexpr std::size_t cache_limit = 256;
 }  // namespace
 
-constraint_table::constraint_table(const recipe::tokenizer& tok)
+constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compile_threads)
     : vocab_(std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok))),
-      think_end_(tok.token_to_id("</think>")) {}
+      think_end_(tok.token_to_id("</think>")),
+      pool_(std::max(compile_threads, 1u)) {}
+
+constraint_table::~constraint_table() { pool_.join(); }
 
 std::string constraint_table::format_key(const recipe::response_format& format) {
   using kind = recipe::response_format::kind;
@@ -147,6 +152,10 @@ constraint_table::compile(const std::string& key, const std::string& param, std:
   auto c = std::make_shared<compiled>();
   c->grammar = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(g)));
   c->masks = std::make_unique<gr::mask_computer>(c->grammar, vocab_);
+  {  // the first mask, built here rather than while a device waits for it
+    std::vector<std::uint32_t> first(vocab_->mask_words());
+    c->masks->fill(gr::matcher(c->grammar), first);
+  }
   std::lock_guard lock(mu_);
   if (auto it = cache_.find(key); it != cache_.end())
     return it->second;  // compiled meanwhile by another thread
@@ -156,18 +165,46 @@ constraint_table::compile(const std::string& key, const std::string& param, std:
   return c;
 }
 
-std::optional<recipe::api_error> constraint_table::add(std::uint64_t id, const std::string& key, bool thinking,
-                                                       const std::string& param,
-                                                       std::span<const std::string> tool_params) {
-  if (key.empty())
-    return std::nullopt;
-  auto c = compile(key, param, tool_params);
-  if (auto* e = std::get_if<recipe::api_error>(&c))
-    return *e;
-  auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);
-  std::lock_guard lock(mu_);
-  entries_.insert_or_assign(id, entry{compiled, gr::matcher(compiled->grammar), thinking, std::nullopt});
-  return std::nullopt;
+void constraint_table::add(std::uint64_t id, const std::string& key, bool thinking, const std::string& param,
+                           std::span<const std::string> tool_params, verdict done) {
+  if (key.empty()) {
+    done(std::nullopt);
+    return;
+  }
+  bool cached = false;
+  {
+    std::lock_guard lock(mu_);
+    entry e;
+    e.in_reasoning = thinking;
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      e.c = it->second;
+      e.m.emplace(e.c->grammar);
+      cached = true;
+    }
+    entries_.insert_or_assign(id, std::move(e));
+  }
+  if (cached) {
+    done(std::nullopt);
+    return;
+  }
+  boost::asio::post(pool_, [this, id, key, param, tool_params = std::vector<std::string>(tool_params.begin(),
+                                                                                          tool_params.end()),
+                            done = std::move(done)] {
+    auto c = compile(key, param, tool_params);
+    auto* error = std::get_if<recipe::api_error>(&c);
+    // The verdict first: the caller hears it before a device can sample under the grammar.
+    done(error ? std::optional<recipe::api_error>(*error) : std::nullopt);
+    std::lock_guard lock(mu_);
+    if (auto it = entries_.find(id); it != entries_.end()) {
+      if (error) {
+        it->second.failed = true;
+      } else {
+        it->second.c = std::get<std::shared_ptr<compiled>>(c);
+        it->second.m.emplace(it->second.c->grammar);
+      }
+    }
+    compiled_.notify_all();
+  });
 }
 
 std::optional<std::string> constraint_table::restore(std::uint64_t id, const runtime::constraint_spec& spec,
@@ -176,7 +213,10 @@ std::optional<std::string> constraint_table::restore(std::uint64_t id, const run
   if (auto* e = std::get_if<recipe::api_error>(&c))
     return e->message;
   auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);
-  entry e{compiled, gr::matcher(compiled->grammar), spec.thinking, std::nullopt};
+  entry e;
+  e.c = compiled;
+  e.m.emplace(compiled->grammar);
+  e.in_reasoning = spec.thinking;
   std::lock_guard lock(mu_);
   for (auto p = spec.output_start; p < context.size(); ++p) {
     if (!e.in_reasoning && !e.next)
@@ -207,21 +247,32 @@ void constraint_table::eos_only(std::span<std::uint32_t> mask) const {
 }
 
 bool constraint_table::allowed(std::uint64_t sequence, std::uint64_t position, std::span<std::uint32_t> mask) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = entries_.find(sequence);
   if (it == entries_.end() || it->second.in_reasoning)
     return false;
+  // Prefill ended before the compile did: wait for it here, in the device's thread.
+  compiled_.wait(lock, [&] {
+    it = entries_.find(sequence);
+    return it == entries_.end() || it->second.c || it->second.failed;
+  });
+  if (it == entries_.end())
+    return false;
   entry& e = it->second;
+  if (e.failed) {  // the request is being refused: end the output
+    eos_only(mask);
+    return true;
+  }
   if (!e.next)
     e.next = position;
-  if (position < *e.next && e.m.rollback(*e.next - position))  // a step drawn again
+  if (position < *e.next && e.m->rollback(*e.next - position))  // a step drawn again
     e.next = position;
   if (position != *e.next) {  // tokens the table never saw: end the output
     eos_only(mask);
     return true;
   }
   scratch_.assign(vocab_->mask_words(), 0u);
-  e.c->masks->fill(e.m, scratch_);
+  e.c->masks->fill(*e.m, scratch_);
   std::fill(mask.begin(), mask.end(), 0u);
   std::copy_n(scratch_.begin(), std::min(scratch_.size(), mask.size()), mask.begin());
   if (std::all_of(mask.begin(), mask.end(), [](std::uint32_t w) { return w == 0; }))
@@ -242,12 +293,12 @@ bool constraint_table::accept_locked(entry& e, std::uint64_t position, std::int3
     e.in_reasoning = !(think_end_ && id == *think_end_);
     return true;
   }
-  if (!e.next || position != *e.next)
+  if (!e.m || !e.next || position != *e.next)
     return true;
   e.next = position + 1;
   const auto& eos = vocab_->eos();
   if (id < vocab_->size() && std::find(eos.begin(), eos.end(), id) == eos.end())
-    return e.m.accept_token(vocab_->bytes(id));
+    return e.m->accept_token(vocab_->bytes(id));
   return true;
 }
 

@@ -2,13 +2,18 @@
 //
 // A request whose response format is json_object, json_schema, regex or grammar (Chat Completions
 // `response_format`, Responses `text.format`, Messages `output_config.format`), or whose tools
-// are strict or required or limited to one call, gets its grammar compiled when the entrypoint parses it
-// (recipe/grammar/, cached by its key), and a matcher registered under its id — the sequence id
-// the devices sample under. With tools the grammar is the tool-call block around the answer's
-// format (recipe/grammar/tool_calls.hpp). The CPU device asks the table for each token's allowed
-// ids and reports the id it drew (runtime::token_constraints), so the grammar code stays out of
-// the ports. In thinking mode the constraint starts after the model's `</think>`: the reasoning
-// is free text. docs/structured-output.md.
+// are strict or required or limited to one call, gets its grammar compiled (recipe/grammar/,
+// cached by its key) and a matcher registered under its id — the sequence id the devices sample
+// under. With tools the grammar is the tool-call block around the answer's format
+// (recipe/grammar/tool_calls.hpp). The CPU device asks the table for each token's allowed ids and
+// reports the id it drew (runtime::token_constraints), so the grammar code stays out of the
+// ports. In thinking mode the constraint starts after the model's `</think>`: the reasoning is
+// free text. docs/structured-output.md.
+//
+// The compile pool: a key not compiled before is compiled on the table's own worker threads
+// while the request goes on to prefill, so compiling never holds the HTTP threads, and a request
+// waits for its grammar only if prefill ends first (a device asking for its first mask waits
+// there, in the port). The first mask of a new grammar is built in the pool too.
 #pragma once
 
 #include "recipe/api_error.hpp"
@@ -17,7 +22,11 @@
 #include "recipe/tokenizer.hpp"
 #include "runtime/ports/token_constraints.hpp"
 
+#include <boost/asio/thread_pool.hpp>
+
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,8 +40,9 @@ namespace troupe::actors {
 class constraint_table final : public runtime::token_constraints {
 public:
   /// The vocabulary is `tok`'s (its added tokens never allowed; `<｜end▁of▁sentence｜>` allowed
-  /// when the output is complete).
-  explicit constraint_table(const recipe::tokenizer& tok);
+  /// when the output is complete). `compile_threads` (>= 1) workers compile new keys.
+  explicit constraint_table(const recipe::tokenizer& tok, unsigned compile_threads = 2);
+  ~constraint_table() override;
 
   /// A request's constraint as text: what add() and restore() compile and what a
   /// constraint_spec carries between processes. format_key: "object", "schema:<JSON>",
@@ -46,17 +56,24 @@ public:
   static std::string tools_key(const recipe::conversation& c, recipe::prompt_format f,
                                const std::string& content_key);
 
-  /// Compiles `key` and registers it for request `id`; an empty key registers nothing. `param`
-  /// names the request field in errors (`response_format`, `text.format`, ...), `tool_params[i]`
-  /// the field of tool i's schema. Errors: a schema, pattern or grammar the engine refuses
-  /// (status 400, the message naming the keyword and its JSON pointer, the pattern's offset, or
-  /// the grammar's line and column).
-  std::optional<recipe::api_error> add(std::uint64_t id, const std::string& key, bool thinking,
-                                       const std::string& param,
-                                       std::span<const std::string> tool_params = {});
+  /// What add() says, once: no error (the grammar is compiled and the device may sample under
+  /// it), or why the constraint cannot be enforced.
+  using verdict = std::function<void(std::optional<recipe::api_error>)>;
+
+  /// Registers request `id` under the constraint `key` (an empty key registers nothing) and
+  /// calls `done` once: here, if the key was compiled before, else from a compile thread when
+  /// its compile ends — before any device may sample under it. Until then a device asking for
+  /// the request's mask waits; after an error it may only end the output (and the caller ends
+  /// the request). `param` names the request field in errors (`response_format`, `text.format`,
+  /// ...), `tool_params[i]` the field of tool i's schema. Errors: a schema, pattern or grammar
+  /// the engine refuses (status 400, the message naming the keyword and its JSON pointer, the
+  /// pattern's offset, or the grammar's line and column).
+  void add(std::uint64_t id, const std::string& key, bool thinking, const std::string& param,
+           std::span<const std::string> tool_params, verdict done);
 
   /// Rebuilds request `id`'s constraint in this process (an instance process of `troupe
-  /// launch`, whose devices sample the request): compiles the key `spec.format` (cached as add() does)
+  /// launch`, whose devices sample the request): compiles the key `spec.format` on the calling
+  /// thread (cached as add() does)
   /// and feeds the matcher the output tokens of `context` (the ids at absolute positions
   /// spec.output_start .. context.size() - 1, drawn elsewhere), so that the next position
   /// sampled here is constrained where the request's output stands. Replaces an entry of the
@@ -77,10 +94,11 @@ private:
     std::unique_ptr<recipe::grammar::mask_computer> masks;
   };
   struct entry {
-    std::shared_ptr<compiled> c;
-    recipe::grammar::matcher m;
-    bool in_reasoning = false;            // thinking mode, before `</think>`
-    std::optional<std::uint64_t> next;    // the position of the next constrained token
+    std::shared_ptr<compiled> c;                  // null while compiling, or when it failed
+    std::optional<recipe::grammar::matcher> m;    // set with c
+    bool in_reasoning = false;                    // thinking mode, before `</think>`
+    bool failed = false;                          // the compile failed: the output may only end
+    std::optional<std::uint64_t> next;            // the position of the next constrained token
   };
   void eos_only(std::span<std::uint32_t> mask) const;
   /// The compiled grammar of `key` (from the cache, or compiled outside the lock and kept).
@@ -95,6 +113,8 @@ private:
   std::map<std::string, std::shared_ptr<compiled>> cache_;  // by key
   std::map<std::uint64_t, entry> entries_;
   std::vector<std::uint32_t> scratch_;
+  std::condition_variable compiled_;  // an entry's compile ended
+  boost::asio::thread_pool pool_;     // last: joined before the members its jobs use go
 };
 
 }  // namespace troupe::actors

@@ -4,6 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <future>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +42,17 @@ std::uint32_t id_of(const std::string& text) {
 
 std::string key(const response_format& f) { return constraint_table::format_key(f); }
 
+// add(), waiting for its verdict.
+std::optional<troupe::recipe::api_error> add_now(constraint_table& t, std::uint64_t id, const std::string& k,
+                                                 bool thinking, const std::string& param,
+                                                 std::span<const std::string> tool_params = {}) {
+  std::promise<std::optional<troupe::recipe::api_error>> verdict;
+  auto f = verdict.get_future();
+  t.add(id, k, thinking, param, tool_params,
+        [&verdict](std::optional<troupe::recipe::api_error> e) { verdict.set_value(std::move(e)); });
+  return f.get();
+}
+
 std::string regex(std::string pattern) {
   response_format f;
   f.type = response_format::kind::regex;
@@ -63,7 +78,7 @@ troupe::recipe::conversation with_tools(troupe::recipe::tool_choice choice) {
 
 TEST_CASE("structured output table: a regex request allows exactly its tokens, position by position") {
   constraint_table t(v4());
-  REQUIRE_FALSE(t.add(7, regex("(yes|no)!"), false, "response_format"));
+  REQUIRE_FALSE(add_now(t, 7, regex("(yes|no)!"), false, "response_format"));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   REQUIRE(t.allowed(7, 100, mask));
   for (const auto id : ids_of(mask)) {
@@ -91,7 +106,7 @@ TEST_CASE("structured output table: a regex request allows exactly its tokens, p
 
 TEST_CASE("structured output table: in thinking mode the constraint starts after </think>") {
   constraint_table t(v4());
-  REQUIRE_FALSE(t.add(8, regex("ok"), true, "response_format"));
+  REQUIRE_FALSE(add_now(t, 8, regex("ok"), true, "response_format"));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   CHECK_FALSE(t.allowed(8, 10, mask));  // reasoning: unconstrained
   t.accepted(8, 10, static_cast<std::int32_t>(id_of("!")));
@@ -109,15 +124,62 @@ TEST_CASE("structured output table: a refused schema is a 400 naming the keyword
   f.type = response_format::kind::json_schema;
   f.schema_json = R"({"type": "object", "properties": {"a": {"type": "string", "minProperties": 1, "not": {}}}})";
   constraint_table t(v4());
-  const auto e = t.add(9, key(f), false, "text.format");
+  const auto e = add_now(t, 9, key(f), false, "text.format");
   REQUIRE(e.has_value());
   CHECK(e->status == 400);
   CHECK(e->param == "text.format");
   CHECK(e->message.find("#/properties/a") != std::string::npos);
+  // Until the caller ends the request, a device sampling it may only end the output.
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  REQUIRE(t.allowed(9, 30, mask));
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{*v4().token_to_id("<｜end▁of▁sentence｜>")});
+  t.remove(9);
   CHECK(t.size() == 0);
   response_format text;
-  CHECK_FALSE(t.add(10, key(text), false, "response_format"));
+  CHECK_FALSE(add_now(t, 10, key(text), false, "response_format"));
   CHECK(t.size() == 0);  // a text format registers nothing
+}
+
+TEST_CASE("structured output table: a new key compiles on the pool; the verdict comes before any mask") {
+  // A device asking for the first mask while the compile runs waits for it, and by then the
+  // verdict has been given (the entrypoint answers the client before tokens can follow).
+  response_format f;
+  f.type = response_format::kind::json_schema;
+  f.schema_json = R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                      "n": {"type": "integer"}}, "required": ["name", "n"], "additionalProperties": false})";
+  constraint_table t(v4(), 1);
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  for (std::uint64_t id : {21, 22}) {  // 21 compiles, 22 finds it cached
+    std::atomic<bool> heard{false};
+    bool wrong = false;
+    t.add(id, key(f), false, "response_format", {}, [&](std::optional<troupe::recipe::api_error> e) {
+      wrong = e.has_value();
+      heard = true;
+    });
+    if (id == 22)
+      CHECK(heard);  // a cached key is ready at once
+    REQUIRE(t.allowed(id, 40, mask));
+    CHECK(heard);
+    CHECK_FALSE(wrong);
+    CHECK(allows(mask, id_of("{")));
+    CHECK_FALSE(allows(mask, id_of("[")));
+  }
+  // A refused key: the device waiting for it is told to end the output, after the verdict.
+  f.schema_json = R"({"type": "object", "properties": {"a": {"not": {}}}})";
+  std::atomic<bool> refused{false};
+  t.add(23, key(f), false, "response_format", {},
+        [&](std::optional<troupe::recipe::api_error> e) { refused = e.has_value(); });
+  REQUIRE(t.allowed(23, 40, mask));
+  CHECK(refused);
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{*v4().token_to_id("<｜end▁of▁sentence｜>")});
+  // A request ended while its key compiles: the device is told nothing, nothing is kept.
+  f.schema_json = R"({"type": "array", "items": {"type": "string", "maxLength": 25}})";
+  t.add(24, key(f), false, "response_format", {}, [](std::optional<troupe::recipe::api_error>) {});
+  t.remove(24);
+  CHECK_FALSE(t.allowed(24, 40, mask));
+  for (std::uint64_t id : {21, 22, 23})
+    t.remove(id);
+  CHECK(t.size() == 0);
 }
 
 TEST_CASE("structured output table: every kind of key compiles where it is rebuilt; others are refused") {
@@ -162,7 +224,7 @@ TEST_CASE("structured output table: strict or required tools constrain the outpu
   REQUIRE(required.starts_with("tools:"));
   constraint_table t(v4());
   const std::vector<std::string> params{"tools[0].function.parameters", "tools[1].function.parameters"};
-  REQUIRE_FALSE(t.add(3, required, false, "response_format", params));
+  REQUIRE_FALSE(add_now(t, 3, required, false, "response_format", params));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   REQUIRE(t.allowed(3, 20, mask));
   CHECK(ids_of(mask) == std::vector<std::uint32_t>{id_of("<")});
@@ -175,7 +237,7 @@ TEST_CASE("structured output table: strict or required tools constrain the outpu
   auto bad = with_tools(tool_choice::automatic);
   bad.tools[1].strict_schema = R"({"type": "object", "properties": {"q": {"type": "string", "not": {}}}})";
   bad.tools[1].schema_param = "tools[1].function.parameters";
-  const auto e = t.add(4, constraint_table::tools_key(bad, v4f, ""), false, "response_format", params);
+  const auto e = add_now(t, 4, constraint_table::tools_key(bad, v4f, ""), false, "response_format", params);
   REQUIRE(e.has_value());
   CHECK(e->status == 400);
   CHECK(e->param == "tools[1].function.parameters");
@@ -189,7 +251,7 @@ TEST_CASE("structured output table: a constraint rebuilt in another process cont
   // at the next position exactly what the first table allows.
   constraint_table control(v4()), instance(v4());
   const auto f = regex("(yes|no), (yes|no)!");
-  REQUIRE_FALSE(control.add(7, f, false, "response_format"));
+  REQUIRE_FALSE(add_now(control, 7, f, false, "response_format"));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32), other(mask.size());
   std::vector<std::int32_t> context(100, static_cast<std::int32_t>(id_of("!")));  // a prompt
   for (const std::string piece : {"yes", ",", " no"}) {
@@ -239,7 +301,7 @@ TEST_CASE("structured output table: a grammar request follows its rules; a bad g
   f.type = response_format::kind::grammar;
   f.grammar = "root ::= answer \"!\"\nanswer ::= \"yes\" | \"no\" | \"(\" answer \")\"";
   constraint_table t(v4());
-  REQUIRE_FALSE(t.add(11, key(f), false, "response_format"));
+  REQUIRE_FALSE(add_now(t, 11, key(f), false, "response_format"));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   const auto eos = *v4().token_to_id("<｜end▁of▁sentence｜>");
   std::uint64_t pos = 50;
@@ -256,11 +318,12 @@ TEST_CASE("structured output table: a grammar request follows its rules; a bad g
   t.remove(11);
 
   f.grammar = "root ::= answer\nanswer ::= \"yes\" | maybe";
-  const auto e = t.add(12, key(f), false, "response_format");
+  const auto e = add_now(t, 12, key(f), false, "response_format");
   REQUIRE(e.has_value());
   CHECK(e->status == 400);
   CHECK(e->type == "invalid_request_error");
   CHECK(e->param == "response_format");
   CHECK(e->message == "Invalid grammar for structured output: line 2, column 20: undefined rule 'maybe'.");
+  t.remove(12);  // the caller ends a refused request
   CHECK(t.size() == 0);
 }

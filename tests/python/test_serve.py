@@ -478,6 +478,21 @@ def test_messages_output_config_format_is_checked(server):
     assert "'not'" in str(e.value) and "#/properties/a" in str(e.value)
 
 
+def test_a_refused_schema_is_a_400_even_streamed_after_the_request_went_on(server):
+    # The schema compiles while the request goes on to prefill; the refusal cancels it, and a
+    # streamed request gets the 400, not a stream.
+    name = 'troupe_http_cancellations_total{reason="constraint_refused"}'
+    before = server.metric(name) or 0
+    for seed, thinking in ((1, CHAT_MODE), (2, {})):
+        schema = {"type": "object", "properties": {"a": {"not": {"type": "string"}}, "seed": {"const": seed}}}
+        with pytest.raises(openai.BadRequestError) as e:
+            server.openai().chat.completions.create(**chat_body(
+                "Hi", max_tokens=5, stream=True, extra_body=thinking,
+                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}))
+        assert e.value.body["param"] == "response_format" and "'not'" in e.value.body["message"]
+    assert server.metric(name) == before + 2
+
+
 def test_responses_text_format_json_schema_gives_a_valid_instance(server):
     schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 7},
