@@ -70,6 +70,32 @@ void nfa_builder::literal(std::uint32_t from, std::uint32_t to, std::string_view
   }
 }
 
+void nfa_builder::paste(std::uint32_t from, std::uint32_t to, const rule& dfa) {
+  const auto base = size();
+  eps_.reserve(base + dfa.size());
+  byte_edges_.reserve(base + dfa.size());
+  calls_.reserve(base + dfa.size());
+  for (std::uint32_t s = 0; s < dfa.size(); ++s) add_state();
+  epsilon(from, base);
+  for (std::uint32_t s = 0; s < dfa.size(); ++s) {
+    if (dfa.accepting[s]) epsilon(base + s, to);
+    // One edge per run of bytes with the same target, merged into that target's edge.
+    auto& edges = byte_edges_[base + s];
+    for (unsigned b = 0; b < 256;) {
+      const auto t = dfa.step(s, static_cast<unsigned char>(b));
+      unsigned e = b + 1;
+      while (e < 256 && dfa.step(s, static_cast<unsigned char>(e)) == t) ++e;
+      if (t != no_state) {
+        const auto target = base + static_cast<std::uint32_t>(t);
+        auto it = std::find_if(edges.begin(), edges.end(), [&](const byte_edge& x) { return x.to == target; });
+        if (it == edges.end()) it = edges.insert(edges.end(), {byte_set{}, target});
+        it->set.set_range(b, e - 1);
+      }
+      b = e;
+    }
+  }
+}
+
 rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::string name,
                               const limits& lim) const {
   using set_t = std::vector<std::uint32_t>;
@@ -134,7 +160,6 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   std::vector<set_t> per_class(classes);
   for (std::size_t i = 0; i < sets.size(); ++i) {
     const set_t cur = sets[i];
-    r.next.resize((i + 1) * 256, no_state);
     r.calls.emplace_back();
     r.accepting.push_back(std::binary_search(cur.begin(), cur.end(), accept) ? 1 : 0);
     r.has_bytes.push_back(0);
@@ -163,7 +188,7 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       class_target[c] = it->second;
       r.has_bytes[i] = 1;
     }
-    for (unsigned b = 0; b < 256; ++b) r.next[i * 256 + b] = class_target[cls[b]];
+    for (unsigned b = 0; b < 256; ++b) r.next.push_back(class_target[cls[b]]);  // row i
     for (auto& [callee, targets] : per_call) {
       std::sort(targets.begin(), targets.end());
       targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
@@ -239,12 +264,19 @@ bool prune(grammar& g) {
   for (std::size_t ri = 0; ri < n; ++ri) {
     rule& r = g.rules[ri];
     const auto& lv = live[ri];
+    // Only the byte predecessors of dead states have edges to cut.
+    std::vector<std::uint8_t> cut(r.size(), 0);
+    for (std::uint32_t t = 0; t < r.size(); ++t)
+      if (!lv[t])
+        for (const auto s : byte_preds[ri][t]) cut[s] = 1;
     for (std::uint32_t s = 0; s < r.size(); ++s) {
-      r.has_bytes[s] = 0;
-      for (unsigned b = 0; b < 256; ++b) {
-        auto& t = r.next[s * 256u + b];
-        if (t != no_state && !lv[static_cast<std::uint32_t>(t)]) t = no_state;
-        if (t != no_state) r.has_bytes[s] = 1;
+      if (cut[s]) {
+        r.has_bytes[s] = 0;
+        for (unsigned b = 0; b < 256; ++b) {
+          auto& t = r.next[s * 256u + b];
+          if (t != no_state && !lv[static_cast<std::uint32_t>(t)]) t = no_state;
+          if (t != no_state) r.has_bytes[s] = 1;
+        }
       }
       auto& cs = r.calls[s];
       cs.erase(std::remove_if(cs.begin(), cs.end(),

@@ -85,6 +85,10 @@ class nfa_builder {
   void call(std::uint32_t from, std::uint32_t to, std::uint32_t rule);
   // A literal string from `from` to `to` (epsilon when empty).
   void literal(std::uint32_t from, std::uint32_t to, std::string_view s);
+  // A copy of the call-free automaton `dfa` from `from` to `to` (its states new, its accepting
+  // states joined to `to`). Pasting a small determinized piece many times (e.g. one character of a
+  // bounded string) gives the subset construction far fewer NFA states than re-emitting it.
+  void paste(std::uint32_t from, std::uint32_t to, const rule& dfa);
   std::uint32_t size() const { return static_cast<std::uint32_t>(eps_.size()); }
 
   // Subset construction from `start`; `accept` is the one accepting NFA state. Throws

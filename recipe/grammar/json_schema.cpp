@@ -643,26 +643,39 @@ class schema_rules::compiler {
       }
       return;
     }
-    const auto chars = any_code_point();
+    // Each counted character is a copy of one character's small DFA (code_point()).
+    const rule& one = code_point(raw);
     std::uint32_t cur = body;
     const std::uint32_t lo = min_len.value_or(0);
     for (std::uint32_t i = 0; i < lo; ++i) {
       const auto nxt = b.add_state();
-      emit_code_points(b, cur, nxt, chars, !raw);
+      b.paste(cur, nxt, one);
       cur = nxt;
     }
     if (!max_len) {
-      emit_code_points(b, cur, cur, chars, !raw);
+      b.paste(cur, cur, one);
       b.epsilon(cur, end);
       return;
     }
     for (std::uint32_t i = lo; i < *max_len; ++i) {
       b.epsilon(cur, end);
       const auto nxt = b.add_state();
-      emit_code_points(b, cur, nxt, chars, !raw);
+      b.paste(cur, nxt, one);
       cur = nxt;
     }
     if (lo <= *max_len) b.epsilon(cur, end);
+  }
+
+  // One character of a JSON string's inside (canonical escapes), or of raw text, as a DFA.
+  const rule& code_point(bool raw) {
+    auto& dfa = code_point_[raw ? 1 : 0];
+    if (!dfa) {
+      nfa_builder one;
+      const auto s = one.add_state(), a = one.add_state();
+      emit_code_points(one, s, a, any_code_point(), !raw);
+      dfa = one.determinize(s, a, raw ? "character" : "string character", lim_);
+    }
+    return *dfa;
   }
 
   void array(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
@@ -817,6 +830,7 @@ class schema_rules::compiler {
   grammar& g_;
   std::map<std::string, std::uint32_t> memo_, raw_memo_;
   std::optional<std::uint32_t> any_rule_, string_rule_;
+  std::optional<rule> code_point_[2];  // code_point(false), code_point(true)
   int depth_ = 0;
   std::size_t total_ = 0;
 };
