@@ -1,9 +1,10 @@
 // bench_grammar: the structured-output engine's compile time and per-token mask time on the
 // DeepSeek-V4 vocabulary (129,280 ids), on the JSON schemas and EBNF grammars of
-// bench/grammar_workloads.json, each along its valid output tokenized by the V4 tokenizer. Prints p50 / p99 over several rounds;
+// bench/grammar_workloads.json, each along its valid output tokenized by the V4 tokenizer; a "tools" workload is
+// a tool-call grammar (tool_calls.hpp), its output's `｜DSML｜` the control token's id. Prints p50 / p99 over several rounds;
 // "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
 // a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance on the same
-// workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md).
+// workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md), but for the tool-call ones.
 // Usage: bench_grammar [--rounds N] [--peer PYTHON]
 #include <algorithm>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 
 #include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
+#include "recipe/grammar/tool_calls.hpp"
 #include "recipe/grammar/token_mask.hpp"
 #include "recipe/tokenizer.hpp"
 
@@ -43,8 +45,35 @@ double pct(std::vector<double> v, double p) {
 }
 
 struct workload {
-  std::string name, schema, ebnf, output;  // a schema or an EBNF grammar
+  std::string name, schema, ebnf, output;  // a schema, an EBNF grammar, or tools
+  nlohmann::ordered_json tools;            // {v41, mode, tools: [{name, schema}]}, as a constraint key holds them
 };
+
+// The tool-call grammar of a "tools" workload.
+std::variant<gr::grammar, gr::tool_calls_error> compile_tools(const nlohmann::ordered_json& j) {
+  gr::tool_calls_spec spec;
+  spec.v41 = j.value("v41", false);
+  const auto mode = j.value("mode", std::string("optional"));
+  spec.mode = mode == "opened" ? gr::tool_calls_mode::opened
+              : mode == "forced" ? gr::tool_calls_mode::forced
+                                 : gr::tool_calls_mode::optional;
+  for (const auto& t : j["tools"])
+    spec.tools.push_back({t["name"], t["schema"].is_null() ? std::nullopt : std::optional(t["schema"])});
+  return gr::compile_tool_calls(spec);
+}
+
+// The output's ids: text runs tokenized raw, `｜DSML｜` as its control token.
+std::vector<troupe::recipe::token_id> output_ids(const troupe::recipe::tokenizer& tok, const std::string& text) {
+  const std::string dsml = "｜DSML｜";
+  std::vector<troupe::recipe::token_id> ids;
+  std::size_t from = 0;
+  for (std::size_t at; (at = text.find(dsml, from)) != std::string::npos; from = at + dsml.size()) {
+    for (const auto id : tok.encode(text.substr(from, at - from), troupe::recipe::encode_mode::raw)) ids.push_back(id);
+    ids.push_back(*tok.token_to_id(dsml));
+  }
+  for (const auto id : tok.encode(text.substr(from), troupe::recipe::encode_mode::raw)) ids.push_back(id);
+  return ids;
+}
 
 // bench/grammar_workloads.json: the schemas and outputs both this bench and its peer run.
 std::vector<workload> load_workloads() {
@@ -52,7 +81,8 @@ std::vector<workload> load_workloads() {
   const auto j = nlohmann::ordered_json::parse(f);
   std::vector<workload> out;
   for (const auto& w : j)
-    out.push_back({w["name"], w.contains("schema") ? w["schema"].dump() : "", w.value("ebnf", ""), w["output"]});
+    out.push_back({w["name"], w.contains("schema") ? w["schema"].dump() : "", w.value("ebnf", ""), w["output"],
+                   w.value("tools", nlohmann::ordered_json())});
   return out;
 }
 
@@ -79,13 +109,17 @@ int main(int argc, char** argv) {
               "warm mask p50 / p99", "max");
   for (const auto& w : load_workloads()) {
     std::vector<double> compile, cold, warm;
-    const auto ids = tok.encode(w.output, troupe::recipe::encode_mode::raw);
+    const auto ids = output_ids(tok, w.output);
     std::vector<std::uint32_t> mask(vocab->mask_words());
     for (int r = 0; r < rounds; ++r) {
       t0 = clock_type::now();
       std::string error;
       gr::grammar compiled;
-      if (w.ebnf.empty()) {
+      if (!w.tools.is_null()) {
+        auto r = compile_tools(w.tools);
+        if (auto* e = std::get_if<gr::tool_calls_error>(&r)) error = e->error.to_string();
+        else compiled = std::move(std::get<gr::grammar>(r));
+      } else if (w.ebnf.empty()) {
         auto r = gr::compile_json_schema(std::string_view(w.schema));
         if (auto* e = std::get_if<gr::schema_error>(&r)) error = e->to_string();
         else compiled = std::move(std::get<gr::grammar>(r));

@@ -1,6 +1,8 @@
 // Tool calls as a grammar (tool_calls.hpp).
 #include "recipe/grammar/tool_calls.hpp"
 
+#include <algorithm>
+
 #include <array>
 #include <set>
 
@@ -170,7 +172,13 @@ class builder {
         const auto head = parameter_head(b, at[f], it.key());
         const auto as_text = b.add_state(), as_json = b.add_state(), done = b.add_state();
         b.literal(head, as_text, "true\">");
-        b.call(as_text, done, raw);
+        // Raw text may end at any character: inlined, the parameter's closing tag follows it in
+        // this rule, and no mask has to walk the vocabulary through a return from a callee.
+        if (const auto& r = g_.rules[raw]; r.size() > 0 && std::all_of(r.calls.begin(), r.calls.end(),
+                                                                        [](const auto& c) { return c.empty(); }))
+          b.paste(as_text, done, r);
+        else
+          b.call(as_text, done, raw);
         b.literal(head, as_json, "false\">");
         b.call(as_json, done, value);
         b.literal(done, next[0], close_tag(w_.parameter) + "\n");
