@@ -255,6 +255,9 @@ class schema_rules::compiler {
   std::uint32_t raw_rule_for(const std::string& ptr, const json& node) {
     return rule_of(raw_memo_, ptr, node, &compiler::emit_raw, " (raw string)");
   }
+  void raw_into(nfa_builder& b, std::uint32_t from, std::uint32_t to, const std::string& ptr, const json& node) {
+    emit_raw(b, from, to, node, ptr);
+  }
 
  private:
   using emitter = void (compiler::*)(nfa_builder&, std::uint32_t, std::uint32_t, const json&, const std::string&);
@@ -881,9 +884,11 @@ std::variant<std::uint32_t, schema_error> schema_rules::value(const json& node, 
   }
 }
 
-std::variant<std::uint32_t, schema_error> schema_rules::raw_string(const json& node, const std::string& pointer) {
+std::optional<schema_error> schema_rules::emit_raw_string(nfa_builder& b, std::uint32_t from, std::uint32_t to,
+                                                          const json& node, const std::string& pointer) {
   try {
-    return c_->raw_rule_for(pointer, node);
+    c_->raw_into(b, from, to, pointer, node);
+    return std::nullopt;
   } catch (const failure& f) {
     return f.e;
   }

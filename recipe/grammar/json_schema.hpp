@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -46,9 +47,11 @@ class schema_rules {
   ~schema_rules();
   // A rule whose sentences are the canonical JSON texts of `node`'s instances.
   std::variant<std::uint32_t, schema_error> value(const nlohmann::ordered_json& node, const std::string& pointer);
-  // A rule whose sentences are `node`'s string instances as raw text: their characters, without
-  // quotes or escapes (it accepts nothing when `node` admits no string).
-  std::variant<std::uint32_t, schema_error> raw_string(const nlohmann::ordered_json& node, const std::string& pointer);
+  // `node`'s string instances as raw text (their characters, without quotes or escapes), emitted
+  // into `b` from `from` to `to`: in the caller's rule, so that what follows them there is in the
+  // same automaton (nothing when `node` admits no string).
+  std::optional<schema_error> emit_raw_string(nfa_builder& b, std::uint32_t from, std::uint32_t to,
+                                              const nlohmann::ordered_json& node, const std::string& pointer);
 
   class compiler;
 

@@ -164,7 +164,6 @@ class builder {
     std::array<std::uint32_t, 2> at{b.add_state(), start};
     for (auto it = props.begin(); it != props.end(); ++it) {
       const std::string pointer = json_pointer_child("/properties", it.key());
-      const auto raw = rule(rules.raw_string(it.value(), pointer));
       const auto value = rule(rules.value(it.value(), pointer));
       const std::array<std::uint32_t, 2> next{b.add_state(), b.add_state()};
       for (int f = 0; f < 2; ++f) {
@@ -172,13 +171,9 @@ class builder {
         const auto head = parameter_head(b, at[f], it.key());
         const auto as_text = b.add_state(), as_json = b.add_state(), done = b.add_state();
         b.literal(head, as_text, "true\">");
-        // Raw text may end at any character: inlined, the parameter's closing tag follows it in
-        // this rule, and no mask has to walk the vocabulary through a return from a callee.
-        if (const auto& r = g_.rules[raw]; r.size() > 0 && std::all_of(r.calls.begin(), r.calls.end(),
-                                                                        [](const auto& c) { return c.empty(); }))
-          b.paste(as_text, done, r);
-        else
-          b.call(as_text, done, raw);
+        // Raw text may end after any character: emitted into this rule, the parameter's closing
+        // tag follows it here, and no mask walks the vocabulary through a return from a callee.
+        if (auto e = rules.emit_raw_string(b, as_text, done, it.value(), pointer)) throw failure{{i, std::move(*e)}};
         b.literal(head, as_json, "false\">");
         b.call(as_json, done, value);
         b.literal(done, next[0], close_tag(w_.parameter) + "\n");
