@@ -1,6 +1,7 @@
 // libFuzzer target for the structured-output parsers (recipe/grammar/): the first byte picks the
-// regex compiler (odd), the JSON Schema compiler (a multiple of 4) or the EBNF compiler (2 mod 4),
-// the rest is the pattern, the schema text or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
+// regex compiler (odd), the JSON Schema compiler (0 mod 8), the tool-call compiler (4 mod 8) or the
+// EBNF compiler (2 mod 4), the rest is the pattern, the schema text, the tools (as a constraint
+// key's JSON: {"v41", "mode", "one_call", "tools": [{"name", "schema"}]}) or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
 // no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
 // either accepts them or refuses them, and a refused byte string leaves its state unchanged.
 // Built only with a compiler that supports -fsanitize=fuzzer (see tests/CMakeLists.txt);
@@ -16,6 +17,9 @@
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/matcher.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/tool_calls.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace gr = troupe::recipe::grammar;
 
@@ -23,7 +27,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   std::shared_ptr<const gr::grammar> g;
-  if (data[0] % 4 == 0) {
+  if (data[0] % 8 == 4) {
+    const auto j = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("tools") || !j["tools"].is_array()) return 0;
+    gr::tool_calls_spec spec;
+    spec.v41 = j.value("v41", false) == true;
+    const auto mode = j.contains("mode") && j["mode"].is_string() ? j["mode"].get<std::string>() : "";
+    spec.mode = mode == "opened" ? gr::tool_calls_mode::opened
+                : mode == "forced" ? gr::tool_calls_mode::forced
+                                   : gr::tool_calls_mode::optional;
+    spec.one_call = j.value("one_call", false) == true;
+    for (const auto& t : j["tools"]) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return 0;
+      const bool strict = t.contains("schema") && !t["schema"].is_null();
+      spec.tools.push_back({t["name"].get<std::string>(), strict ? std::optional(t["schema"]) : std::nullopt});
+    }
+    auto r = gr::compile_tool_calls(spec);
+    if (auto* e = std::get_if<gr::tool_calls_error>(&r)) {
+      if (e->error.message.empty() || (e->tool && *e->tool >= spec.tools.size())) std::abort();
+      return 0;
+    }
+    g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  } else if (data[0] % 4 == 0) {
     auto r = gr::compile_json_schema(text);
     if (auto* e = std::get_if<gr::schema_error>(&r)) {
       if (e->message.empty()) std::abort();  // every refusal says why
