@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -79,6 +81,65 @@ caf::error restore_constraint(const kv_bridge_params& params, std::uint64_t requ
 void forget_constraint(const kv_bridge_params& params, std::uint64_t request) {
   if (params.constraints)
     params.constraints->remove(request);
+}
+
+using restore_atom = caf::atom_constant<caf::atom("restore")>;
+
+/// Rebuilds jobs' constraints on a thread of its own (a detached actor): compiling a format this
+/// process has not seen takes milliseconds, which the bridge's actor thread must not spend. It
+/// ends with `bridge`.
+caf::actor spawn_restorer(caf::local_actor* bridge, const kv_bridge_params& params) {
+  auto restorer = bridge->system().spawn<caf::detached>([params]() -> caf::behavior {
+    return {
+      [params](restore_atom, std::uint64_t request, const runtime::constraint_spec& spec,
+               const std::vector<std::int32_t>& context) -> caf::result<bool> {
+        if (auto err = restore_constraint(params, request, spec, context))
+          return err;
+        return true;
+      },
+    };
+  });
+  bridge->attach_functor([restorer] { caf::anon_send_exit(restorer, caf::exit_reason::user_shutdown); });
+  return restorer;
+}
+
+/// The jobs a bridge holds while their constraints are rebuilt, and those of them cancelled
+/// meanwhile: a cancel that overtakes a held job has reached the engine before the job did.
+struct held_jobs {
+  std::set<std::uint64_t> holding, cancelled;
+  void cancel(std::uint64_t request) {
+    if (holding.count(request) > 0)
+      cancelled.insert(request);
+  }
+};
+
+/// Runs `next()` once the job's constraint is rebuilt in this process (at once for a job without
+/// one); `failed(error)` if it cannot be, or if the job was cancelled meanwhile.
+template <class Self, class Next, class Failed>
+void after_restore(Self* self, const caf::actor& restorer, const std::shared_ptr<held_jobs>& held,
+                   const kv_bridge_params& params, std::uint64_t request, const runtime::constraint_spec& spec,
+                   std::vector<std::int32_t> context, Next next, Failed failed) {
+  if (spec.format.empty()) {
+    next();
+    return;
+  }
+  held->holding.insert(request);
+  self->request(restorer, caf::infinite, restore_atom::value, request, spec, std::move(context))
+    .then(
+      [held, params, request, next, failed](bool) mutable {
+        held->holding.erase(request);
+        if (held->cancelled.erase(request) > 0) {
+          forget_constraint(params, request);
+          failed(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
+          return;
+        }
+        next();
+      },
+      [held, request, failed](caf::error& err) mutable {
+        held->holding.erase(request);
+        held->cancelled.erase(request);
+        failed(std::move(err));
+      });
 }
 
 void job_ended(const kv_bridge_params& params) {
@@ -180,14 +241,11 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
   auto e = caf::actor_cast<caf::actor>(engine);
   auto bridge = sys.spawn([e, params](caf::event_based_actor* self) -> caf::behavior {
     follow(self, e);
-    return {
-      [self, e, params](actors::prefill_job& job) {
-        auto rp = self->make_response_promise();
+    auto restorer = spawn_restorer(self, params);
+    auto held = std::make_shared<held_jobs>();
+    // Runs the job on the engine; its answer goes back through the bridge.
+    auto run = [self, e, params](actors::prefill_job job, caf::response_promise rp) {
         auto request = job.request;
-        if (auto err = restore_constraint(params, request, job.constraint, job.tokens)) {
-          rp.deliver(std::move(err));
-          return rp;
-        }
         self->request(e, caf::infinite, std::move(job))
           .then(
             [self, rp, params, request](actors::prefill_done& d) mutable {
@@ -206,13 +264,27 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
               forget_constraint(params, request);
               rp.deliver(std::move(err));
             });
+    };
+    return {
+      [self, restorer, held, params, run](actors::prefill_job& job) {
+        auto rp = self->make_response_promise();
+        auto request = job.request;
+        auto spec = job.constraint;
+        auto tokens = job.tokens;
+        after_restore(
+          self, restorer, held, params, request, spec, std::move(tokens),
+          [run, rp, job = std::move(job)]() mutable { run(std::move(job), rp); },
+          [rp](caf::error err) mutable { rp.deliver(std::move(err)); });
         return rp;
       },
       [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
       [self, e](actors::drain_atom a, runtime::duration grace) {
         return self->delegate(e, a, grace);
       },
-      [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
+      [self, e, held](actors::cancel_atom a, std::uint64_t request) {
+        held->cancel(request);
+        self->send(e, a, request);
+      },
     };
   });
   return caf::actor_cast<actors::prefill_engine_actor>(bridge);
@@ -234,6 +306,8 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
   auto bridge = sys.spawn(
     [e, params](caf::stateful_actor<decode_bridge_state>* self) -> caf::behavior {
       follow(self, e);
+      auto restorer = spawn_restorer(self, params);
+      auto held = std::make_shared<held_jobs>();
       // Runs the job on the engine; its answer goes back through the bridge.
       auto run = [self, e, params](actors::decode_job job, caf::response_promise rp) {
         auto request = job.request;
@@ -261,8 +335,39 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
               rp.deliver(std::move(err));
             });
       };
+      // Pulls the job's KV over the fabric when it has a ticket and no handle, then runs it.
+      auto fetch_and_run = [self, params, run](actors::decode_job job, caf::response_promise rp) {
+        if (job.kv || job.kv_ticket.id == 0 || !params.link) {
+          run(std::move(job), rp);
+          return;
+        }
+        auto ticket = job.kv_ticket;
+        self->request(params.link, params.pull_timeout + std::chrono::seconds(5),
+                      runtime::fabric_pull{ticket, params.pull_timeout})
+          .then(
+            [params, run, rp, job](runtime::fabric_pulled& got) mutable {
+              if (auto s = decode_snapshot(got.bytes)) {
+                job.kv = std::make_shared<const runtime::kv_snapshot>(std::move(*s));
+                if (params.counters) {
+                  ++params.counters->pulled;
+                  params.counters->pulled_bytes += got.bytes.size();
+                }
+              } else if (params.counters) {
+                ++params.counters->pull_failures;
+              }
+              job.kv_ticket = {};
+              run(std::move(job), rp);
+            },
+            [params, run, rp, job](const caf::error&) mutable {
+              // The KV could not be had: the engine recomputes the context.
+              if (params.counters)
+                ++params.counters->pull_failures;
+              job.kv_ticket = {};
+              run(std::move(job), rp);
+            });
+      };
       return {
-        [self, params, run](actors::decode_job& job) {
+        [self, params, fetch_and_run, restorer, held](actors::decode_job& job) {
           // (The requester before the promise: making it takes over the sender.)
           self->state.requesters[job.request] = caf::actor_cast<caf::actor>(self->current_sender());
           if (params.counters)
@@ -271,40 +376,16 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
           // The constraint sees the context and the token the first step feeds.
           std::vector<std::int32_t> drawn = job.context;
           drawn.push_back(job.next);
-          if (auto err = restore_constraint(params, job.request, job.constraint, drawn)) {
-            self->state.requesters.erase(job.request);
-            job_ended(params);
-            rp.deliver(std::move(err));
-            return rp;
-          }
-          if (job.kv || job.kv_ticket.id == 0 || !params.link) {
-            run(std::move(job), rp);
-            return rp;
-          }
-          auto ticket = job.kv_ticket;
-          self->request(params.link, params.pull_timeout + std::chrono::seconds(5),
-                        runtime::fabric_pull{ticket, params.pull_timeout})
-            .then(
-              [params, run, rp, job](runtime::fabric_pulled& got) mutable {
-                if (auto s = decode_snapshot(got.bytes)) {
-                  job.kv = std::make_shared<const runtime::kv_snapshot>(std::move(*s));
-                  if (params.counters) {
-                    ++params.counters->pulled;
-                    params.counters->pulled_bytes += got.bytes.size();
-                  }
-                } else if (params.counters) {
-                  ++params.counters->pull_failures;
-                }
-                job.kv_ticket = {};
-                run(std::move(job), rp);
-              },
-              [params, run, rp, job](const caf::error&) mutable {
-                // The KV could not be had: the engine recomputes the context.
-                if (params.counters)
-                  ++params.counters->pull_failures;
-                job.kv_ticket = {};
-                run(std::move(job), rp);
-              });
+          auto request = job.request;
+          auto spec = job.constraint;
+          after_restore(
+            self, restorer, held, params, request, spec, std::move(drawn),
+            [fetch_and_run, rp, job = std::move(job)]() mutable { fetch_and_run(std::move(job), rp); },
+            [self, params, rp, request](caf::error err) mutable {
+              self->state.requesters.erase(request);
+              job_ended(params);
+              rp.deliver(std::move(err));
+            });
           return rp;
         },
         [self](actors::decode_progress& p) {
@@ -316,7 +397,10 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
         [self, e](actors::drain_atom a, runtime::duration grace) {
           return self->delegate(e, a, grace);
         },
-        [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
+        [self, e, held](actors::cancel_atom a, std::uint64_t request) {
+          held->cancel(request);
+          self->send(e, a, request);
+        },
         [self, e](actors::drain_end_atom a) { self->send(e, a); },
       };
     });

@@ -19,9 +19,10 @@
 // A structured-output request's constraint lives in the control process's table, where the
 // entrypoint compiled it; the devices of this process sample from this process's table. So a
 // job that carries a constraint (prefill_job::constraint, decode_job::constraint) has it
-// rebuilt here first: compiled (cached by format) and fed the output tokens drawn so far
-// elsewhere (a prefill's first token, the tokens before a forward or a reroute), and
-// forgotten when the job ends. A constraint that cannot be rebuilt fails the job (the
+// rebuilt here first, on a thread of the bridge's own (compiling takes milliseconds): compiled
+// (cached by format) and fed the output tokens drawn so far elsewhere (a prefill's first token,
+// the tokens before a forward or a reroute), and forgotten when the job ends. The bridge holds
+// the job meanwhile; a cancel that overtakes it ends it there. A constraint that cannot be rebuilt fails the job (the
 // request is rerouted, then fails) rather than generating unconstrained.
 #pragma once
 

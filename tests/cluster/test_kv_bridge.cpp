@@ -118,6 +118,7 @@ engine_fn(actors::decode_engine_actor::pointer self, std::shared_ptr<actors::con
 } // namespace
 
 TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while the job runs") {
+  // (The bridge rebuilds it on a thread of its own and holds the job meanwhile.)
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
   auto table = std::make_shared<actors::constraint_table>(v4());
@@ -170,6 +171,29 @@ TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while th
   CHECK(error.find("structured output") != std::string::npos);
   CHECK(error.find("position 101") != std::string::npos);
   CHECK(out->jobs == jobs_before);
+  CHECK(params.counters->jobs == 0);
+
+  // A cancel that overtakes a job held while its constraint compiles (on the bridge's own
+  // thread; a format this process has not seen: long bounded strings, milliseconds) ends the
+  // job there: the engine never runs it, and nothing stays in the table.
+  job.request = 44;
+  job.context[101] = id_of(",");
+  recipe::response_format slow;
+  slow.type = recipe::response_format::kind::json_schema;
+  slow.schema_json = R"({"anyOf": [{"type": "string", "maxLength": 150}, {"type": "string", "minLength": 2, "maxLength": 149},
+                                   {"type": "string", "minLength": 3, "maxLength": 148}]})";
+  job.constraint = {actors::constraint_table::format_key(slow), false, 100};
+  job.context.resize(100);
+  job.next = id_of("\"");
+  job.context_tokens = job.context.size();
+  error.clear();
+  auto reply = self->request(bridge, std::chrono::seconds(30), job);
+  self->send(bridge, actors::cancel_atom::value, std::uint64_t{44});
+  std::move(reply).receive([](const actors::decode_done&) { FAIL("a cancelled job ran"); },
+                           [&](const caf::error& e) { error = sys.render(e); });
+  CHECK_MESSAGE(error.find("cancelled") != std::string::npos, error);
+  CHECK(out->jobs == jobs_before);
+  CHECK(table->size() == 0);
   CHECK(params.counters->jobs == 0);
   self->send_exit(bridge, caf::exit_reason::user_shutdown);
   self->send_exit(engine, caf::exit_reason::user_shutdown);
