@@ -49,19 +49,6 @@ struct workload {
   nlohmann::ordered_json tools;            // {v41, mode, tools: [{name, schema}]}, as a constraint key holds them
 };
 
-// The tool-call grammar of a "tools" workload.
-std::variant<gr::grammar, gr::tool_calls_error> compile_tools(const nlohmann::ordered_json& j) {
-  gr::tool_calls_spec spec;
-  spec.v41 = j.value("v41", false);
-  const auto mode = j.value("mode", std::string("optional"));
-  spec.mode = mode == "opened" ? gr::tool_calls_mode::opened
-              : mode == "forced" ? gr::tool_calls_mode::forced
-                                 : gr::tool_calls_mode::optional;
-  for (const auto& t : j["tools"])
-    spec.tools.push_back({t["name"], t["schema"].is_null() ? std::nullopt : std::optional(t["schema"])});
-  return gr::compile_tool_calls(spec);
-}
-
 // The output's ids: text runs tokenized raw, `｜DSML｜` as its control token.
 std::vector<troupe::recipe::token_id> output_ids(const troupe::recipe::tokenizer& tok, const std::string& text) {
   const std::string dsml = "｜DSML｜";
@@ -116,7 +103,8 @@ int main(int argc, char** argv) {
       std::string error;
       gr::grammar compiled;
       if (!w.tools.is_null()) {
-        auto r = compile_tools(w.tools);
+        auto spec = gr::tool_calls_spec_of(w.tools);
+        auto r = spec ? gr::compile_tool_calls(*spec) : gr::tool_calls_error{{}, {"", "", "not a tools spec"}};
         if (auto* e = std::get_if<gr::tool_calls_error>(&r)) error = e->error.to_string();
         else compiled = std::move(std::get<gr::grammar>(r));
       } else if (w.ebnf.empty()) {

@@ -100,30 +100,18 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
   }
   if (auto text = rest("tools:")) {
     const auto j = nlohmann::ordered_json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("tools") || !j["tools"].is_array())
+    auto parsed = j.is_discarded() ? std::nullopt : gr::tool_calls_spec_of(j);
+    if (!parsed)
       return bad_request("not a structured-output format: a malformed tools key", "tools");
-    gr::tool_calls_spec spec;
-    spec.v41 = j.value("v41", false);
-    const auto mode = j.value("mode", std::string("optional"));
-    spec.mode = mode == "opened"   ? gr::tool_calls_mode::opened
-              : mode == "forced"   ? gr::tool_calls_mode::forced
-                                   : gr::tool_calls_mode::optional;
-    spec.one_call = j.value("one_call", false);
+    gr::tool_calls_spec& spec = *parsed;
     std::optional<gr::grammar> content;
-    if (const auto c = j.value("content", std::string()); !c.empty()) {
+    if (const auto c = j.contains("content") && j["content"].is_string() ? j["content"].get<std::string>() : "";
+        !c.empty()) {
       auto r = grammar_of(c, param, {});
       if (auto* e = std::get_if<recipe::api_error>(&r))
         return *e;
       content = std::move(std::get<gr::grammar>(r));
       spec.content = &*content;
-    }
-    for (const auto& t : j["tools"]) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
-        return bad_request("not a structured-output format: a malformed tools key", "tools");
-      spec.tools.push_back({t["name"].get<std::string>(),
-                            t.contains("schema") && !t["schema"].is_null()
-                              ? std::optional<nlohmann::ordered_json>(t["schema"])
-                              : std::nullopt});
     }
     auto r = gr::compile_tool_calls(spec);
     if (auto* e = std::get_if<gr::tool_calls_error>(&r)) {

@@ -192,6 +192,24 @@ class builder {
 
 }  // namespace
 
+std::optional<tool_calls_spec> tool_calls_spec_of(const json& j) {
+  if (!j.is_object() || !j.contains("tools") || !j["tools"].is_array()) return std::nullopt;
+  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
+  tool_calls_spec spec;
+  spec.v41 = flag("v41");
+  spec.one_call = flag("one_call");
+  const std::string mode = j.contains("mode") && j["mode"].is_string() ? j["mode"].get<std::string>() : "optional";
+  if (mode == "opened") spec.mode = tool_calls_mode::opened;
+  else if (mode == "forced") spec.mode = tool_calls_mode::forced;
+  else if (mode != "optional") return std::nullopt;
+  for (const auto& t : j["tools"]) {
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return std::nullopt;
+    const bool strict = t.contains("schema") && !t["schema"].is_null();
+    spec.tools.push_back({t["name"].get<std::string>(), strict ? std::optional<json>(t["schema"]) : std::nullopt});
+  }
+  return spec;
+}
+
 std::variant<grammar, tool_calls_error> compile_tool_calls(const tool_calls_spec& spec, const limits& lim) {
   try {
     grammar g = builder(spec, lim).run();

@@ -55,6 +55,11 @@ struct tool_calls_error {
   schema_error error;               // pointers relative to that tool's schema
 };
 
+// A spec from the JSON a tools constraint key carries: {"v41", "mode" ("optional", "forced" or
+// "opened"), "one_call", "tools": [{"name", "schema" (null or absent: not strict)}]}; `content` is
+// left to the caller. Nothing for JSON of another shape.
+std::optional<tool_calls_spec> tool_calls_spec_of(const nlohmann::ordered_json& j);
+
 // A pruned grammar of the output. Errors: a strict schema the JSON Schema compiler refuses, a
 // top level that is not an object of named properties, limits exceeded.
 std::variant<grammar, tool_calls_error> compile_tool_calls(const tool_calls_spec& spec, const limits& lim = {});

@@ -29,22 +29,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::shared_ptr<const gr::grammar> g;
   if (data[0] % 8 == 4) {
     const auto j = nlohmann::ordered_json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("tools") || !j["tools"].is_array()) return 0;
-    gr::tool_calls_spec spec;
-    spec.v41 = j.value("v41", false) == true;
-    const auto mode = j.contains("mode") && j["mode"].is_string() ? j["mode"].get<std::string>() : "";
-    spec.mode = mode == "opened" ? gr::tool_calls_mode::opened
-                : mode == "forced" ? gr::tool_calls_mode::forced
-                                   : gr::tool_calls_mode::optional;
-    spec.one_call = j.value("one_call", false) == true;
-    for (const auto& t : j["tools"]) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return 0;
-      const bool strict = t.contains("schema") && !t["schema"].is_null();
-      spec.tools.push_back({t["name"].get<std::string>(), strict ? std::optional(t["schema"]) : std::nullopt});
-    }
-    auto r = gr::compile_tool_calls(spec);
+    const auto spec = j.is_discarded() ? std::nullopt : gr::tool_calls_spec_of(j);
+    if (!spec) return 0;
+    auto r = gr::compile_tool_calls(*spec);
     if (auto* e = std::get_if<gr::tool_calls_error>(&r)) {
-      if (e->error.message.empty() || (e->tool && *e->tool >= spec.tools.size())) std::abort();
+      if (e->error.message.empty() || (e->tool && *e->tool >= spec->tools.size())) std::abort();
       return 0;
     }
     g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
