@@ -189,6 +189,10 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
   cmd->add_option("--threads", o.device_threads, "CPU threads per device (default 2)");
   cmd->add_option("--max-in-flight", o.max_in_flight,
                   "generation requests in flight at once; more get 429 (default 64)");
+  cmd->add_option("--compile-threads", o.compile_threads,
+                  "threads compiling structured-output grammars while requests go on to prefill "
+                  "(default 2)")
+    ->check(CLI::Range(1u, 64u));
   cmd->add_option("--max-batch", o.max_batch,
                   "requests decoded together per decode instance (default: the decode pool's "
                   "max_batch, else 64)");

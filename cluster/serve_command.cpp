@@ -41,7 +41,7 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   // Every part reports into one registry, which /metrics serves.
   runtime::registry metrics;
   // Structured output: the entrypoint compiles each request's format, the devices mask with it.
-  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
+  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), o.compile_threads);
   auto gp = make_real_graph_params(sys, o, *in, metrics, constraints, command, err);
   if (!gp)
     return 1;

@@ -47,6 +47,8 @@ struct serve_options {
   int device_threads = 2;
   /// Generation requests in flight at once (429 beyond).
   std::uint32_t max_in_flight = 64;
+  /// Threads that compile structured-output grammars (actors::constraint_table's pool).
+  unsigned compile_threads = 2;
   /// Requests decoded together by a decode instance; 0: the decode pool's `max_batch`, else 64.
   std::uint32_t max_batch = 0;
   /// Prompt tokens per prefill step (chunked prefill; a long prompt does not stall others);

@@ -574,7 +574,8 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     plan.push_back(std::move(p));
   };
   std::vector<std::string> control_extra{"--listen", s.listen, "--max-in-flight",
-                                         std::to_string(s.max_in_flight)};
+                                         std::to_string(s.max_in_flight), "--compile-threads",
+                                         std::to_string(s.compile_threads)};
   if (!s.served_model_name.empty())
     control_extra.insert(control_extra.end(), {"--served-model-name", s.served_model_name});
   if (!s.api_keys_file.empty())

@@ -90,7 +90,7 @@ int run_control(const node_options& o, std::ostream& err) {
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   runtime::registry metrics;
-  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
+  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
   if (!gp)
     return 1;
@@ -322,7 +322,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
 
   runtime::registry metrics;
   // Structured-output constraints: the bridge rebuilds each job's here (kv_bridge.hpp).
-  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer());
+  auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
   if (!gp)
     return 1;

@@ -134,7 +134,7 @@ def cluster(model_dir, tmp_path_factory):
 
 def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     out = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
-                          "identity", "--control", "127.0.0.1:7100", "--dry-run"],
+                          "identity", "--control", "127.0.0.1:7100", "--compile-threads", "3", "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
@@ -144,6 +144,7 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     for r in rows:
         assert r[4] == "node" and "--control" in r and r[r.index("--control") + 1] == "127.0.0.1:7100"
     assert rows[2][rows[2].index("--index") + 1] == "0" and rows[3][rows[3].index("--index") + 1] == "1"
+    assert rows[0][rows[0].index("--compile-threads") + 1] == "3"  # the entrypoint's compile pool
 
 
 def test_bad_input_is_refused_before_any_process_starts(model_dir):
