@@ -26,6 +26,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -228,6 +229,11 @@ void finish_server_options(troupe::cluster::serve_options& o, long grace_s) {
 } // namespace
 
 int main(int argc, char** argv) {
+  // libfabric loads every provider it has; the PSM one (libinfinipath) installs a SIGSEGV
+  // handler that prints a backtrace and exits, and can hang instead (seen in CI: a node process
+  // printed "terminated with signal 11 ... Backtrace:" and never exited, so troupe launch could
+  // not restart it). Without the handler a crash is a crash, which the launcher restarts.
+  setenv("IPATH_NO_BACKTRACE", "1", 0);
   CLI::App app{"troupe: an actor-model serving runtime for DeepSeek-V4.1-class MoE models"};
   app.require_subcommand(1);
   int rc = 0;
