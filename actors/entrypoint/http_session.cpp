@@ -794,13 +794,6 @@ void http_session::ensure_stream_open() {
   write_chunk(response_->open());
 }
 
-bool http_session::held(std::function<void()> event) {
-  if (!compile_pending_)
-    return false;
-  held_events_.push_back(std::move(event));
-  return true;
-}
-
 void http_session::on_compiled(std::optional<recipe::api_error> error) {
   guarded([&] {
     if (!gen_active_ || !compile_pending_)
@@ -821,8 +814,10 @@ void http_session::on_compiled(std::optional<recipe::api_error> error) {
 
 void http_session::on_accepted() {
   guarded([&] {
-    if (held([this] { on_accepted(); }))
+    if (compile_pending_) {
+      held_events_.push_back([this] { on_accepted(); });
       return;
+    }
     if (gen_active_)
       ensure_stream_open();
   });
@@ -830,8 +825,10 @@ void http_session::on_accepted() {
 
 void http_session::on_rejected(std::string why) {
   guarded([&] {
-    if (held([this, why] { on_rejected(why); }))
+    if (compile_pending_) {
+      held_events_.push_back([this, why = std::move(why)] { on_rejected(why); });
       return;
+    }
     if (!gen_active_)
       return;
     fail_generation(503, why);
@@ -840,8 +837,10 @@ void http_session::on_rejected(std::string why) {
 
 void http_session::on_tokens(generation_tokens t) {
   guarded([&] {
-    if (held([this, t] { on_tokens(t); }))
+    if (compile_pending_) {
+      held_events_.push_back([this, t = std::move(t)] { on_tokens(t); });
       return;
+    }
     if (!gen_active_ || !response_)
       return;
     const auto now = clock_type::now();
@@ -875,8 +874,10 @@ void http_session::on_tokens(generation_tokens t) {
 
 void http_session::on_end(generation_end e) {
   guarded([&] {
-    if (held([this, e] { on_end(e); }))
+    if (compile_pending_) {
+      held_events_.push_back([this, e = std::move(e)] { on_end(e); });
       return;
+    }
     if (!gen_active_ || !response_)
       return;
     server_->metrics.prompt_tokens->inc(static_cast<double>(e.prompt_tokens));
@@ -904,8 +905,10 @@ void http_session::on_end(generation_end e) {
 
 void http_session::on_lost(std::string why) {
   guarded([&] {
-    if (held([this, why] { on_lost(why); }))
+    if (compile_pending_) {
+      held_events_.push_back([this, why = std::move(why)] { on_lost(why); });
       return;
+    }
     if (!gen_active_ || !response_)
       return;
     if (cancel_for_output_) {

@@ -155,9 +155,6 @@ private:
   void fail_generation(int status, const std::string& message);
   void generation_over();
   void cancel_generation(const char* reason);
-  /// While the request's constraint compiles, keeps a generation event to run after a good
-  /// verdict (dropped after a refusal); false: run it now.
-  bool held(std::function<void()> event);
 
   // writing
   void write(std::string bytes);
@@ -215,6 +212,7 @@ private:
   bool first_token_ = true;
   std::uint64_t constraint_id_ = 0;  // the request registered in params.constraints (0: none)
   bool compile_pending_ = false;     // its verdict has not come yet: nothing reaches the client
+  // The generation's events meanwhile, run after a good verdict (dropped after a refusal).
   std::vector<std::function<void()>> held_events_;
   std::chrono::steady_clock::time_point admitted_at_{};
   std::chrono::steady_clock::time_point last_token_at_{};
