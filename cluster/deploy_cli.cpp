@@ -5,10 +5,13 @@
 #include "cluster/launch/slurm_job.hpp"
 #include "cluster/launch/yaml_writer.hpp"
 #include "cluster/topology.hpp"
+#include "runtime/transport.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -97,6 +100,7 @@ struct slurm_args {
   std::string topology;
   std::string out_file;
   std::string node_args;
+  runtime::tls_options tls;
   cluster::slurm_options opts;
 };
 
@@ -109,6 +113,29 @@ int run_slurm(slurm_args a) {
   std::istringstream words{a.node_args};
   for (std::string w; words >> w;)
     a.opts.node_args.push_back(w);
+  if (a.tls.enabled()) {
+    // Every process presents the same identity; the files are on the job's shared file system.
+    std::string* files[] = {&a.tls.ca_file, &a.tls.cert_file, &a.tls.key_file};
+    for (auto* f : files) {
+      if (f->empty()) {
+        std::cerr << "troupe slurm: TLS needs --tls-ca, --tls-cert and --tls-key together\n";
+        return 1;
+      }
+      *f = fs::absolute(*f).lexically_normal().string();
+    }
+    if (std::all_of(std::begin(files), std::end(files), [](auto* f) { return fs::exists(*f); })) {
+      if (auto e = runtime::check_tls(a.tls)) {
+        std::cerr << "troupe slurm: TLS: " << runtime::error_text(e) << "\n";
+        return 1;
+      }
+    } else {
+      std::cerr << "troupe slurm: note: the TLS files are not all on this machine; not "
+                   "checked here\n";
+    }
+    a.opts.node_args.insert(a.opts.node_args.end(),
+                            {"--tls-ca", a.tls.ca_file, "--tls-cert", a.tls.cert_file,
+                             "--tls-key", a.tls.key_file});
+  }
   auto job = cluster::make_slurm_job(loaded->topo, a.opts);
   if (!job) {
     std::cerr << "troupe slurm: " << job.error() << "\n";
@@ -127,6 +154,27 @@ int run_slurm(slurm_args a) {
 }
 
 } // namespace
+
+void add_slurm_placement_options(CLI::App* cmd, cluster::slurm_options& o, CLI::Option* needs) {
+  std::vector<CLI::Option*> added{
+    cmd->add_option("--topology-path", o.topology_path,
+                    "the topology's path on the job's machines (default: its absolute path "
+                    "here, for a shared file system)"),
+    cmd->add_option("--job-name", o.job_name, "the Slurm job's name (default: troupe-<cluster "
+                                              "name>)"),
+    cmd->add_option("--output", o.output, "the batch step's output file (sbatch --output)")
+      ->default_str("troupe-%j.out"),
+    cmd->add_option("--partition", o.partition, "the partition of every component"),
+    cmd->add_option("--account", o.account, "the account to charge"),
+    cmd->add_option("--time", o.time_limit, "the job's time limit (Slurm syntax)"),
+    cmd->add_option("--gpus-per-node", o.gpus_per_node,
+                    "GPUs per machine (default: the topology hardware's)"),
+    cmd->add_option("--cpus-per-gpu", o.cpus_per_gpu, "CPUs per GPU of a step")
+      ->capture_default_str()};
+  if (needs)
+    for (auto* opt : added)
+      opt->needs(needs);
+}
 
 void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   auto k = std::make_shared<k8s_args>();
@@ -166,24 +214,12 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
              "then one per pool; one srun step per instance)");
   slurm->add_option("topology", s->topology, "the topology file (TOML)")->required();
   slurm->add_option("--out", s->out_file, "write the script to this file (default: stdout)");
-  slurm->add_option("--topology-path", s->opts.topology_path,
-                    "the topology's path on the job's machines (default: its absolute path "
-                    "here, for a shared file system)");
+  add_slurm_placement_options(slurm, s->opts);
   slurm->add_option("--troupe", s->opts.troupe, "the troupe command on the machines")
     ->capture_default_str();
-  slurm->add_option("--job-name", s->opts.job_name, "default: troupe-<cluster name>");
-  slurm->add_option("--output", s->opts.output, "the batch step's output file")
-    ->default_str("troupe-%j.out");
-  slurm->add_option("--partition", s->opts.partition, "the partition of every component");
-  slurm->add_option("--account", s->opts.account, "the account to charge");
-  slurm->add_option("--time", s->opts.time_limit, "the time limit (Slurm syntax)");
-  slurm->add_option("--gpus-per-node", s->opts.gpus_per_node,
-                    "GPUs per machine (default: the topology hardware's)");
   slurm->add_option("--http-port", s->opts.http_port, "the HTTP API port")
     ->capture_default_str();
   slurm->add_option("--control-port", s->opts.control_port, "the port instances join")
-    ->capture_default_str();
-  slurm->add_option("--cpus-per-gpu", s->opts.cpus_per_gpu, "CPUs per GPU of a step")
     ->capture_default_str();
   slurm->add_option("--model", s->opts.model_dir, "the model directory on the machines");
   slurm->add_option("--bind", s->opts.bind,
@@ -194,6 +230,12 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
                     "(e.g. --node-args='--threads 4 --grace 30')");
   slurm->add_option("--kv-dir", s->opts.store_dir,
                     "the KV block store directory on the machines (a shared mount)");
+  slurm->add_option("--tls-ca", s->tls.ca_file,
+                    "the cluster CA's certificate (troupe certs): mutual TLS between the job's "
+                    "processes");
+  slurm->add_option("--tls-cert", s->tls.cert_file,
+                    "the certificate every process presents, signed by the CA");
+  slurm->add_option("--tls-key", s->tls.key_file, "its private key");
   slurm->callback([s, &rc] { rc = run_slurm(*s); });
 }
 

@@ -539,10 +539,12 @@ int main(int argc, char** argv) {
   add_server_options(launch, launch_opts.serve, launch_grace_s);
   add_tls_options(launch, launch_opts.tls);
   launch->add_option("--listen", launch_opts.serve.listen,
-                     "HOST:PORT of the HTTP API (the control process; default 127.0.0.1:8000)");
+                     "HOST:PORT of the HTTP API (the control process; default 127.0.0.1:8000, with "
+                     "--slurm 0.0.0.0:8000)");
   launch->add_option("--control", launch_opts.control,
                      "HOST:PORT the instances reach the control process on (default "
-                     "127.0.0.1:0: a free port)");
+                     "127.0.0.1:0: a free port; with --slurm only the port counts, default "
+                     "4242)");
   launch->add_option("--state", launch_opts.state_file,
                      "write the cluster's processes and addresses here (JSON) as they change");
   launch->add_flag("--dry-run", launch_opts.dry_run, "print the processes and their command lines");
@@ -561,9 +563,21 @@ int main(int argc, char** argv) {
   launch->add_option("--events", launch_opts.events_file,
                      "append a JSON line per process event and fault action to this file");
   long restart_period_s = 60;
-  launch->add_option("--restart-period", restart_period_s,
-                     "restart intensity period in seconds (default 60)");
+  auto* restart_period = launch->add_option("--restart-period", restart_period_s,
+                                            "restart intensity period in seconds (default 60)");
+  auto* slurm = launch->add_flag(
+    "--slurm", launch_opts.slurm,
+    "submit the cluster to Slurm as one heterogeneous job (as troupe slurm writes it) and follow "
+    "it; SIGTERM or Ctrl-C drains the job (docs/deploy.md)");
+  for (const char* local_only :
+       {"--hosts", "--faults", "--seed", "--state", "--events", "--max-restarts", "--fabric"})
+    slurm->excludes(launch->get_option(local_only));
+  slurm->excludes(restart_period);
+  troupe::cli::add_slurm_placement_options(launch, launch_opts.slurm_job, slurm);
   launch->callback([&] {
+    // On Slurm the control listens on every interface unless told otherwise.
+    if (launch_opts.slurm && launch->count("--listen") == 0)
+      launch_opts.serve.listen = "0.0.0.0:8000";
     finish_server_options(launch_opts.serve, launch_grace_s);
     launch_opts.restart_period = std::chrono::seconds(restart_period_s);
     rc = troupe::cluster::run_launch_command(launch_opts, std::cout, shared_stderr());

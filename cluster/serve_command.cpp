@@ -83,7 +83,7 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
     o.on_ready(*port);
 
   int sig = wait_for_stop_signal();
-  err << "troupe serve: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+  err << "troupe serve: " << signal_name(sig)
       << ": no new requests; waiting up to " << o.grace.count()
       << " s for those in flight\n";
   server.stop(o.grace);

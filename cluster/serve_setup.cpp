@@ -290,6 +290,8 @@ int poll_stop_signal(std::chrono::milliseconds timeout) {
   return 0;
 }
 
+const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
+
 int wait_for_stop_signal() {
   for (;;)
     if (int sig = poll_stop_signal(std::chrono::milliseconds(500)); sig != 0)

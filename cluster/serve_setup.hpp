@@ -90,4 +90,7 @@ int poll_stop_signal(std::chrono::milliseconds timeout);
 /// Waits for SIGTERM or SIGINT (block_stop_signals first); returns the signal.
 int wait_for_stop_signal();
 
+/// "SIGTERM" or "SIGINT", for messages about a stop signal.
+const char* signal_name(int sig);
+
 } // namespace troupe::cluster

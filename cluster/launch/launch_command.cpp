@@ -2,6 +2,7 @@
 
 #include "cluster/launch/node_agent.hpp"
 #include "cluster/launch/real_faults.hpp"
+#include "cluster/launch/slurm_launch.hpp"
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/fault_plan.hpp"
 
@@ -135,7 +136,7 @@ public:
                      caf::after(next_wait()) >> [] {});
       int sig = poll_stop_signal(std::chrono::milliseconds(0));
       if (sig == SIGTERM || sig == SIGINT) {
-        err_ << "troupe launch: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+        err_ << "troupe launch: " << signal_name(sig)
              << ": stopping the cluster (instances drain first)\n";
         return stop_all(0);
       }
@@ -450,6 +451,81 @@ private:
   std::ostream& err_;
 };
 
+/// The arguments every `troupe node` of a launch takes alike, besides --model and --control.
+std::vector<std::string> shared_node_args(const launch_options& o) {
+  const auto& s = o.serve;
+  std::vector<std::string> args{"--threads", std::to_string(s.device_threads), "--grace",
+                                std::to_string(s.grace.count())};
+  auto add = [&](const char* flag, const std::string& value) {
+    if (!value.empty()) {
+      args.push_back(flag);
+      args.push_back(value);
+    }
+  };
+  add("--engram-map", s.engram_map);
+  add("--tokenizer", s.tokenizer);
+  add("--kv-dir", s.kv_dir);
+  add("--tls-ca", o.tls.ca_file);
+  add("--tls-cert", o.tls.cert_file);
+  add("--tls-key", o.tls.key_file);
+  if (s.max_batch > 0)
+    add("--max-batch", std::to_string(s.max_batch));
+  if (s.prefill_chunk > 0)
+    add("--prefill-chunk", std::to_string(s.prefill_chunk));
+  if (s.spec != "off")
+    add("--spec", s.spec);
+  if (s.overlap != "on")
+    add("--overlap", s.overlap);
+  return args;
+}
+
+/// The HTTP entrypoint's arguments of the control process, besides --listen.
+std::vector<std::string> entrypoint_node_args(const launch_options& o) {
+  const auto& s = o.serve;
+  std::vector<std::string> args{"--max-in-flight", std::to_string(s.max_in_flight),
+                                "--compile-threads", std::to_string(s.compile_threads)};
+  if (!s.served_model_name.empty())
+    args.insert(args.end(), {"--served-model-name", s.served_model_name});
+  if (!s.api_keys_file.empty())
+    args.insert(args.end(), {"--api-keys", s.api_keys_file});
+  return args;
+}
+
+/// `troupe launch --slurm`: the options become the Slurm job's (paths made absolute, for the
+/// job's machines on a shared file system), which is submitted and followed.
+int launch_on_slurm(launch_options o, const topology& topo,
+                    const std::pair<std::string, std::uint16_t>& listen,
+                    std::uint16_t control_port, std::ostream& out, std::ostream& err) {
+  auto& s = o.serve;
+  auto absolute = [](std::string& path) {
+    if (!path.empty())
+      path = fs::absolute(path).lexically_normal().string();
+  };
+  for (auto* path : {&s.topology, &s.model, &s.kv_dir, &s.tokenizer, &s.api_keys_file,
+                     &o.tls.ca_file, &o.tls.cert_file, &o.tls.key_file})
+    absolute(*path);
+  if (s.engram_map != "identity")
+    absolute(s.engram_map);
+  if (o.tls.enabled())
+    if (auto e = runtime::check_tls(o.tls)) {
+      err << "troupe launch: TLS: " << runtime::error_text(e) << "\n";
+      return 1;
+    }
+  auto job = o.slurm_job;
+  if (job.topology_path.empty())
+    job.topology_path = s.topology;
+  job.troupe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
+  job.model_dir = s.model;
+  job.bind = listen.first;
+  job.http_port = listen.second;
+  if (control_port != 0)
+    job.control_port = control_port;
+  job.node_args = shared_node_args(o);
+  auto entry = entrypoint_node_args(o);
+  job.node_args.insert(job.node_args.end(), entry.begin(), entry.end());
+  return run_slurm_launch(topo, job, o.dry_run, out, err);
+}
+
 } // namespace
 
 std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std::ostream& err) {
@@ -527,29 +603,9 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   const auto& s = o.serve;
   auto exe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
   // What every node takes alike.
-  std::vector<std::string> common{"--model", s.model, "--control", control, "--threads",
-                                  std::to_string(s.device_threads), "--grace",
-                                  std::to_string(s.grace.count())};
-  auto add = [&](const char* flag, const std::string& value) {
-    if (!value.empty()) {
-      common.push_back(flag);
-      common.push_back(value);
-    }
-  };
-  add("--engram-map", s.engram_map);
-  add("--tokenizer", s.tokenizer);
-  add("--kv-dir", s.kv_dir);
-  add("--tls-ca", o.tls.ca_file);
-  add("--tls-cert", o.tls.cert_file);
-  add("--tls-key", o.tls.key_file);
-  if (s.max_batch > 0)
-    add("--max-batch", std::to_string(s.max_batch));
-  if (s.prefill_chunk > 0)
-    add("--prefill-chunk", std::to_string(s.prefill_chunk));
-  if (s.spec != "off")
-    add("--spec", s.spec);
-  if (s.overlap != "on")
-    add("--overlap", s.overlap);
+  std::vector<std::string> common{"--model", s.model, "--control", control};
+  auto shared = shared_node_args(o);
+  common.insert(common.end(), shared.begin(), shared.end());
   std::vector<launch_process> plan;
   auto node = [&](std::string name, std::string role, std::uint32_t index,
                   std::vector<std::string> extra) {
@@ -573,13 +629,9 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     }
     plan.push_back(std::move(p));
   };
-  std::vector<std::string> control_extra{"--listen", s.listen, "--max-in-flight",
-                                         std::to_string(s.max_in_flight), "--compile-threads",
-                                         std::to_string(s.compile_threads)};
-  if (!s.served_model_name.empty())
-    control_extra.insert(control_extra.end(), {"--served-model-name", s.served_model_name});
-  if (!s.api_keys_file.empty())
-    control_extra.insert(control_extra.end(), {"--api-keys", s.api_keys_file});
+  std::vector<std::string> control_extra{"--listen", s.listen};
+  auto entry = entrypoint_node_args(o);
+  control_extra.insert(control_extra.end(), entry.begin(), entry.end());
   if (!ready_file.empty())
     control_extra.insert(control_extra.end(), {"--ready-file", ready_file});
   node("control", "control", 0, control_extra);
@@ -607,6 +659,8 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     return fail("--control '" + o.control + "': expected HOST:PORT, e.g. 127.0.0.1:7000");
   if (!o.serve.api_keys_file.empty() && !load_api_keys_option(o.serve, command, err))
     return 1;
+  if (o.slurm)
+    return launch_on_slurm(o, in->topo, *listen, control->second, out, err);
   std::vector<launch_host> hosts;
   if (!o.hosts_file.empty()) {
     auto loaded = load_hosts(o.hosts_file, err);

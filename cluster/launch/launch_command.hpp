@@ -15,9 +15,11 @@
 // `--dry-run` prints the placement: every process with its command line. SIGTERM or SIGINT
 // stops the cluster: instances first (each drains), then the control process. `--faults`
 // executes a simulator fault plan on the processes (real_faults.hpp), and `--events` keeps a
-// JSON-lines log of what happened to each process.
+// JSON-lines log of what happened to each process. With `--slurm` the same command line
+// becomes a heterogeneous Slurm job instead, submitted and followed (slurm_launch.hpp).
 #pragma once
 
+#include "cluster/launch/slurm_job.hpp"
 #include "cluster/serve_command.hpp"
 #include "runtime/transport.hpp"
 
@@ -65,6 +67,13 @@ struct launch_options {
   /// Append one JSON line per event here (process started / exited / restarted, fault action
   /// carried out), with `t` in seconds since the launch; empty: nowhere.
   std::string events_file;
+  /// Submit the cluster to Slurm as one heterogeneous job and follow it (slurm_launch.hpp)
+  /// instead of starting its processes here.
+  bool slurm = false;
+  /// With `slurm`: the job's placement (partition, account, time limit, machine sizes, output
+  /// file...); its topology, troupe command, model, ports and node arguments are filled in
+  /// from the options above.
+  slurm_options slurm_job;
 };
 
 /// A host of a hosts file: `[[host]]` with `name`, `agent = "HOST:PORT"` (where its `troupe

@@ -39,8 +39,6 @@ using clock = std::chrono::steady_clock;
 /// How long the stopping control process waits for an instance process to take note.
 constexpr std::chrono::milliseconds stopping_notice_limit{2000};
 
-const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
-
 /// Online members of the balancer `lb` (0 when it does not answer).
 std::uint32_t online(caf::scoped_actor& self, const caf::actor& lb) {
   std::uint32_t n = 0;
@@ -112,7 +110,7 @@ int run_control(const node_options& o, std::ostream& err) {
                 + runtime::error_text(published.error()));
   }
   err << command << ": control on " << control->first << ":" << *published
-      << "; waiting for a prefill and a decode instance to join\n";
+      << (o.tls.enabled() ? " (mutual TLS)" : "") << "; waiting for a prefill and a decode instance to join\n";
 
   // Serve once the cluster can: a prefill and a decode instance have joined, and a warm-up
   // request went through them.
@@ -352,8 +350,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     sys, pool_supervisor_config(in->topo, role, *gp,
                                 caf::actor_cast<actors::kv_check_actor>(dir.kv), relay,
                                 {o.index}));
-  err << command << ": joined the control process at " << o.control << " (loading "
-      << so.model << ")\n";
+  err << command << ": joined the control process at " << o.control
+      << (o.tls.enabled() ? " over mutual TLS" : "") << " (loading " << so.model << ")\n";
 
   auto stop = [&](int status) {
     const auto& c = *bridge.counters;

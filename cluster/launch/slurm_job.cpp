@@ -108,8 +108,7 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     s += '\n';
   };
   line("#!/bin/bash");
-  line(fmt::format("# The troupe cluster '{}' as a heterogeneous Slurm job, written by `troupe "
-                   "slurm`.",
+  line(fmt::format("# The troupe cluster '{}' as a heterogeneous Slurm job, written by troupe.",
                    topo.cluster.name));
   line("# Submit with `sbatch FILE`. `scancel --signal=TERM JOBID` drains it (decode instances");
   line("# keep serving for their grace period, then hand their requests over and exit);");

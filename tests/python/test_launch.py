@@ -147,6 +147,45 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     assert rows[0][rows[0].index("--compile-threads") + 1] == "3"  # the entrypoint's compile pool
 
 
+def test_slurm_dry_run_prints_the_job_with_absolute_paths(model_dir):
+    # `launch --slurm` turns the launch options into the heterogeneous job's: paths relative to
+    # here become absolute (the job's machines see a shared file system), the control listens
+    # on every interface, the entrypoint's options reach the nodes.
+    parent, name = os.path.split(model_dir)
+    out = subprocess.run([os.path.abspath(troupe()), "launch", TOPOLOGY, "--model", name, "--engram-map",
+                          "identity", "--compile-threads", "3", "--slurm", "--partition", "gpu",
+                          "--time", "1:00:00", "--dry-run"],
+                         capture_output=True, text=True, timeout=120, cwd=parent)
+    assert out.returncode == 0, out.stderr
+    script = out.stdout
+    assert script.startswith("#!/bin/bash\n") and "#SBATCH --partition=gpu" in script
+    assert script.count("#SBATCH --time=1:00:00") == 3  # control, prefill and decode components
+    nodes = [l for l in script.splitlines() if '"$troupe" node' in l]
+    assert len(nodes) == 4
+    assert "--listen 0.0.0.0:8000" in nodes[0] and "--control 0.0.0.0:4242" in nodes[0]
+    for l in nodes:
+        assert f"--model {model_dir} " in l and "--compile-threads 3" in l
+    assert f"topology={os.path.abspath(TOPOLOGY)}" in script
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--slurm", "--hosts", "hosts.toml"], "--hosts excludes --slurm"),
+    (["--partition", "gpu"], "--partition requires --slurm"),
+])
+def test_slurm_options_are_refused_where_they_do_not_apply(model_dir, args, why):
+    out = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, *args, "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and why in out.stderr, out.stderr
+
+
+def test_slurm_tls_needs_all_three_files(tmp_path):
+    out = subprocess.run([troupe(), "slurm", TOPOLOGY, "--tls-ca", str(tmp_path / "ca.pem")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "TLS needs --tls-ca, --tls-cert and --tls-key together" in out.stderr
+    assert out.stdout == ""
+
+
 def test_bad_input_is_refused_before_any_process_starts(model_dir):
     out = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
                           "identity", "--control", "nowhere"], capture_output=True, text=True,

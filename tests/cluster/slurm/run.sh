@@ -15,11 +15,12 @@
 #      machines, that the steps got their GPUs, and that every component completed;
 #   2. submits it again with the stand-ins holding, scancel's the job once they all run, and
 #      checks that the job is gone and that every process received SIGTERM;
-#   3. serves for real: `troupe slurm examples/topologies/local-cpu-3.toml` with the real
-#      `troupe node` on a random small model (control, one prefill, two decode processes, CPU
-#      engines), sends a chat completion to the control's HTTP port and checks its tokens
-#      equal `troupe generate`'s, then drains the job with `scancel --signal=TERM` and checks
-#      that every process stopped cleanly and the job COMPLETED.
+#   3. serves for real: `troupe launch --slurm examples/topologies/local-cpu-3.toml` submits
+#      the job with the real `troupe node` on a random small model (control, one prefill, two
+#      decode processes, CPU engines, mutual TLS between them with `troupe certs`' files) and
+#      follows it; a chat completion to the control's HTTP port must give `troupe generate`'s
+#      tokens; then SIGTERM to the launcher must drain the job (scancel --signal=TERM): every
+#      process stops cleanly, the job COMPLETED, and the launcher says so and exits 0.
 # The stand-in of 1 and 2 proves placement and signalling on GPU topologies; 3 proves serving.
 # Everything started is stopped and the directory removed on exit, failure included. Exit
 # status 0: passed, 77: skipped (not root or Slurm missing), anything else: failed. Bounded:
@@ -261,12 +262,23 @@ while len(ports) < 2:
         s.close()
 print(*ports)')"
 topo="$(cd "$here/../../.." && pwd)/examples/topologies/local-cpu-3.toml"
-"$troupe" slurm "$topo" --troupe "$troupe" --bind 127.0.0.1 --http-port "$http_port" \
-  --control-port "$control_port" --cpus-per-gpu 1 --model "$dir/model" --kv-dir "$dir/kv" \
-  --node-args="--engram-map identity --threads 1 --grace 2" --output "$dir/job-%j.out" \
-  --out "$dir/serve.sh" || fail "troupe slurm failed for $topo"
-job="$(sbatch --parsable "$dir/serve.sh")" || fail "sbatch refused the serving script"
-job="${job%%;*}"
+# One identity for every process of the job (on the job's shared file system): mutual TLS.
+"$troupe" certs --out "$dir/certs" --nodes cluster >/dev/null || fail "troupe certs failed"
+"$troupe" launch "$topo" --slurm --listen "127.0.0.1:$http_port" \
+  --control "127.0.0.1:$control_port" --cpus-per-gpu 1 --model "$dir/model" --kv-dir "$dir/kv" \
+  --engram-map identity --threads 1 --grace 2 --output "$dir/job-%j.out" \
+  --tls-ca "$dir/certs/ca.pem" --tls-cert "$dir/certs/cluster.pem" \
+  --tls-key "$dir/certs/cluster.key" >"$dir/launch.log" 2>&1 &
+launcher=$!
+pids+=("$launcher")
+job=""
+for _ in $(seq 1 300); do
+  job="$(sed -n 's/^troupe launch: submitted Slurm job \([0-9]*\) .*/\1/p' "$dir/launch.log")"
+  [ -n "$job" ] && break
+  kill -0 "$launcher" 2>/dev/null || fail "troupe launch --slurm exited: $(cat "$dir/launch.log")"
+  sleep 0.1
+done
+[ -n "$job" ] || fail "troupe launch --slurm submitted nothing in 30 s: $(cat "$dir/launch.log")"
 ready=""
 for _ in $(seq 1 1200); do  # 120 s: four processes load the model
   ready="$(python3 - "$http_port" <<'PY' 2>/dev/null
@@ -304,18 +316,34 @@ if r["usage"]["completion_tokens"] != 8 or got != want.rstrip("\n"):
     sys.exit(f"served {r['usage']['completion_tokens']} tokens {got!r}, troupe generate {want!r}")
 PY
 echo "slurm harness: job $job served 8 tokens equal to troupe generate's (${SECONDS} s)"
-scancel --signal=TERM "$job" || fail "scancel --signal=TERM $job failed"
-wait_gone "$job" 900 || fail "job $job still queued 90 s after SIGTERM: $(squeue 2>&1)"
+# The launcher drains the job on SIGTERM (scancel --signal=TERM) and ends with it.
+kill -TERM "$launcher"
+launched=1
+for _ in $(seq 1 900); do
+  kill -0 "$launcher" 2>/dev/null || { wait "$launcher"; launched=$?; break; }
+  sleep 0.1
+done
+out="$(cat "$dir/launch.log")"
+[ "$launched" -eq 0 ] || fail "troupe launch --slurm ended with status $launched after SIGTERM: $out"
+wait_gone "$job" 100 || fail "job $job still queued after the launcher ended: $(squeue 2>&1)"
 state="$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z]*' | sort -u)"
-out="$(cat "$dir"/job-"$job".out)"
 [ "$state" = "JobState=COMPLETED" ] || fail "job $job ended $state after the drain: $out"
+grep -q "^troupe launch: job $job ended: COMPLETED$" <<< "$out" \
+  || fail "the launcher did not report the job's end: $out"
+grep -q "^troupe launch: job $job runs; the HTTP API will be at http://127.0.0.1:$http_port " \
+  <<< "$out" || fail "the launcher did not say where the API is: $out"
+# The job's output reached the launcher's stderr; every process ran over mutual TLS.
 for name in control prefill/0 decode/0 decode/1; do
   grep -q "troupe node\[$name\]: stopped" <<< "$out" || fail "$name did not stop cleanly: $out"
 done
+grep -q "troupe node\[control\]: control on 127.0.0.1:$control_port (mutual TLS)" <<< "$out" \
+  || fail "the control process did not publish over TLS: $out"
+[ "$(grep -c "joined the control process at 127.0.0.1:$control_port over mutual TLS" <<< "$out")" -eq 3 ] \
+  || fail "not every instance joined over TLS: $out"
 # The prompts' KV went from the prefill process to a decode process over the fabric link.
 offered="$(sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p' <<< "$out")"
 pulled="$(sed -n 's/.*troupe node\[decode\/[01]\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' <<< "$out" | awk '{s += $1} END {print s + 0}')"
 [ "${offered:-0}" -gt 0 ] && [ "$pulled" -gt 0 ] \
   || fail "no KV over the fabric in job $job (offered ${offered:-0}, pulled $pulled): $out"
-echo "slurm harness: scancel --signal=TERM $job: 4 of 4 processes stopped cleanly, job COMPLETED (${SECONDS} s)"
+echo "slurm harness: troupe launch --slurm drained job $job on SIGTERM: 4 of 4 processes stopped cleanly over TLS, job COMPLETED (${SECONDS} s)"
 echo "slurm harness: passed"
