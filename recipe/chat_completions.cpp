@@ -315,11 +315,11 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
       if (!re) fail("Missing required parameter: 'response_format.regex'.", "response_format.regex");
       conv.format.type = response_format::kind::regex;
       conv.format.regex = need_string(*re, "response_format.regex");
-    } else if (t == "grammar") {  // our extension: {"type": "grammar", "grammar": EBNF}
+    } else if (t == "grammar") {  // our extension: {"type": "grammar", "grammar": text, "syntax": "lark" | "gbnf"}
       const ojson* gm = find(*rf, "grammar");
       if (!gm) fail("Missing required parameter: 'response_format.grammar'.", "response_format.grammar");
-      conv.format.type = response_format::kind::grammar;
-      conv.format.grammar = need_string(*gm, "response_format.grammar");
+      conv.format = grammar_format(need_string(*gm, "response_format.grammar"), find(*rf, "syntax"),
+                                   "response_format.syntax");
     } else if (t != "text") {
       fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex' and "
            "'grammar'.",

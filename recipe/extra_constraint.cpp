@@ -3,6 +3,8 @@
 
 #include <cctype>
 
+#include "recipe/grammar/lark.hpp"
+
 namespace troupe::recipe::detail {
 
 namespace {
@@ -45,7 +47,9 @@ found read_field(const std::string& kind, const ojson& v, const std::string& par
   } else if (kind == "regex") {
     f.format.type = response_format::kind::regex;
     f.format.regex = need_string(v, param);
-  } else if (kind == "grammar") {
+  } else if (kind == "grammar") {  // vLLM detects Lark the same way
+    f.format = grammar_format(need_string(v, param), nullptr, {});
+  } else if (kind == "ebnf") {  // SGLang's: GBNF
     f.format.type = response_format::kind::grammar;
     f.format.grammar = need_string(v, param);
   } else if (kind == "choice") {
@@ -65,6 +69,21 @@ found read_field(const std::string& kind, const ojson& v, const std::string& par
 }
 
 }  // namespace
+
+response_format grammar_format(const std::string& text, const ojson* syntax, const std::string& syntax_param) {
+  response_format f;
+  f.type = response_format::kind::grammar;
+  f.grammar = text;
+  const bool lark = syntax && !syntax->is_null() ? [&] {
+    const std::string s = need_string(*syntax, syntax_param);
+    if (s != "lark" && s != "gbnf")
+      fail("Invalid value for '" + syntax_param + "': '" + s + "'. Supported values are 'lark' and 'gbnf'.", syntax_param);
+    return s == "lark";
+  }()
+                                                  : grammar::looks_like_lark(text);
+  f.syntax = lark ? response_format::grammar_syntax::lark : response_format::grammar_syntax::gbnf;
+  return f;
+}
 
 void parse_extra_constraint(const ojson& body, const conversation& conv, const std::string& format_param,
                             sampling_params& sp) {
@@ -96,7 +115,7 @@ void parse_extra_constraint(const ojson& body, const conversation& conv, const s
   }
   static const std::pair<const char*, const char*> singles[] = {
       {"guided_json", "json"},   {"guided_regex", "regex"}, {"guided_choice", "choice"},
-      {"guided_grammar", "grammar"}, {"regex", "regex"},     {"ebnf", "grammar"}};
+      {"guided_grammar", "grammar"}, {"regex", "regex"},     {"ebnf", "ebnf"}};
   for (const auto& [key, kind] : singles)
     if (const ojson* v = find(body, key)) all.push_back(read_field(kind, *v, key));
   if (all.empty()) return;

@@ -58,7 +58,9 @@ struct response_format {
   response_format::kind type = kind::text;
   std::string schema_json;  // json_schema: the schema as sent (key order kept)
   std::string regex;        // regex: the pattern
-  std::string grammar;      // grammar: the EBNF (GBNF) text, start rule `root`
+  std::string grammar;      // grammar: the text, GBNF (start rule `root`) or Lark (start rule `start`)
+  enum class grammar_syntax { gbnf, lark };
+  grammar_syntax syntax = grammar_syntax::gbnf;  // grammar: as given, or detected (lark.hpp)
 };
 enum class reasoning_effort { low, high, xhigh, max };
 

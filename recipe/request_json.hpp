@@ -213,6 +213,10 @@ void order_tool_results(conversation& conv);
 void parse_extra_constraint(const ojson& body, const conversation& conv, const std::string& format_param,
                             sampling_params& sp);
 
+/// A grammar format's text and syntax: `syntax` ("lark" or "gbnf", at `syntax_param`) when given
+/// (`syntax` may be null), else detected (grammar::looks_like_lark).
+response_format grammar_format(const std::string& text, const ojson* syntax, const std::string& syntax_param);
+
 /// True when some message of the conversation mentions "json" in any letter case: the reference
 /// requires it for the `json_object` response format.
 bool mentions_json(const conversation& c);

@@ -290,8 +290,12 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
         const ojson* v = find(*fmt, t.c_str());
         if (!v) fail("Missing required parameter: 'text.format." + t + "'.", "text.format." + t);
         const std::string text_value = need_string(*v, "text.format." + t);
-        conv.format.type = t == "regex" ? response_format::kind::regex : response_format::kind::grammar;
-        (t == "regex" ? conv.format.regex : conv.format.grammar) = text_value;
+        if (t == "grammar") {
+          conv.format = grammar_format(text_value, find(*fmt, "syntax"), "text.format.syntax");
+        } else {
+          conv.format.type = response_format::kind::regex;
+          conv.format.regex = text_value;
+        }
       } else if (t != "text") {
         fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex' and "
              "'grammar'.",

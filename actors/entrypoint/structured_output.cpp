@@ -3,6 +3,7 @@
 
 #include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
+#include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/regex.hpp"
 #include "recipe/grammar/tool_calls.hpp"
 
@@ -35,7 +36,8 @@ std::string constraint_table::format_key(const recipe::response_format& format) 
     case kind::json_object: return "object";
     case kind::json_schema: return "schema:" + format.schema_json;
     case kind::regex: return "regex:" + format.regex;
-    case kind::grammar: return "grammar:" + format.grammar;
+    case kind::grammar:
+      return (format.syntax == recipe::response_format::grammar_syntax::lark ? "lark:" : "grammar:") + format.grammar;
   }
   return {};
 }
@@ -82,6 +84,12 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
     auto r = gr::compile_json_schema(*schema);
     if (auto* e = std::get_if<gr::schema_error>(&r))
       return bad_request("Unsupported JSON schema for structured output: " + e->to_string() + ".", param);
+    return std::move(std::get<gr::grammar>(r));
+  }
+  if (auto lark = rest("lark:")) {
+    auto r = gr::compile_lark(*lark);
+    if (auto* e = std::get_if<gr::ebnf_error>(&r))
+      return bad_request("Invalid Lark grammar for structured output: " + e->to_string() + ".", param);
     return std::move(std::get<gr::grammar>(r));
   }
   if (auto ebnf = rest("grammar:")) {

@@ -46,7 +46,7 @@ public:
 
   /// A request's constraint as text: what add() and restore() compile and what a
   /// constraint_spec carries between processes. format_key: "object", "schema:<JSON>",
-  /// "regex:<pattern>", "grammar:<EBNF>", or empty for text. tools_key: "tools:<JSON>" (the
+  /// "regex:<pattern>", "grammar:<GBNF>", "lark:<Lark>", or empty for text. tools_key: "tools:<JSON>" (the
   /// tools' names and strict schemas, the DSML spelling, whether a call is required, whether
   /// parallel calls are off, and the answer's key) when the conversation's tools are on and some
   /// are strict, a call is required (tool_choice required or a named tool; Messages' `any`),

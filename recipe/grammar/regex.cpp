@@ -72,9 +72,23 @@ struct parse_failure {
   regex_error e;
 };
 
+// Under Lark's `i` flag: the other case of each ASCII letter in `r`.
+code_point_ranges fold_ascii_case(code_point_ranges r) {
+  const std::size_t n = r.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto [lo, hi] = r[i];
+    for (const auto& [from, to] : {std::pair<std::uint32_t, std::uint32_t>{'a', 'A'}, {'A', 'a'}}) {
+      const std::uint32_t a = std::max(lo, from), z = std::min(hi, from + 25);
+      if (a <= z) r.emplace_back(a - from + to, z - from + to);
+    }
+  }
+  return normalize_code_points(std::move(r));
+}
+
 class parser {
  public:
-  parser(std::string_view p, const limits& lim) : p_(p), lim_(lim) {}
+  // `lark`: the pattern of a Lark terminal (regex.hpp, lark_regex); null for ECMAScript.
+  parser(std::string_view p, const limits& lim, const lark_regex* lark = nullptr) : p_(p), lim_(lim), lark_(lark) {}
 
   node_ptr parse_all() {
     auto n = alternation(0);
@@ -141,6 +155,7 @@ class parser {
       case '{': {
         ++pos_;
         auto m = number();
+        if (!m && lark_ && !eof() && peek() == ',') m = 0;  // Python's {,n}
         if (!m) {  // not a quantifier: a literal '{' (ECMAScript Annex B)
           pos_ = q_at;
           return a;
@@ -165,7 +180,12 @@ class parser {
     }
     if (a->k == node::kind::start_anchor || a->k == node::kind::end_anchor)
       fail("quantified anchor", atom_at);
-    if (!eof() && peek() == '?') ++pos_;  // lazy: the same language
+    if (!eof() && peek() == '?') {
+      if (lark_)
+        fail("lazy quantifiers are not supported in a Lark terminal (Lark's lexer ends a lazy match early, which a "
+             "constraint on whole lexemes cannot express): write a negated class, such as \"[^\"]*\" for \".*?\"");
+      ++pos_;  // lazy: the same language
+    }
     if (!eof() && (peek() == '*' || peek() == '+' || peek() == '?' || peek() == '{'))
       if (peek() != '{' || (pos_ + 1 < p_.size() && p_[pos_ + 1] >= '0' && p_[pos_ + 1] <= '9'))
         fail("nothing to repeat");
@@ -203,8 +223,11 @@ class parser {
     if (c == '[') return make_set(char_class());
     if (c == '.') {
       ++pos_;
+      if (lark_) return make_set(lark_->dot_all ? any_code_point() : complement_code_points({{'\n', '\n'}}));
       return make_set(complement_code_points({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
     }
+    if ((c == '^' || c == '$') && lark_)
+      fail("anchors are not supported in a Lark terminal (a terminal matches a whole lexeme)");
     if (c == '^' || c == '$') {
       ++pos_;
       auto n = std::make_unique<node>();
@@ -213,9 +236,22 @@ class parser {
     }
     if (c == '*' || c == '+' || c == '?') fail("nothing to repeat");
     if (c == ')') fail("unbalanced ')'");
-    if (c == '\\') return make_set(escape(false));
-    const auto cp = code_point();
-    return make_set({{cp, cp}});
+    if (c == '\\') return make_set(folded(escape(false)));
+    const auto cp = written(code_point(), at);
+    return make_set(folded({{cp, cp}}));
+  }
+
+  // A code point the pattern spells out: under `i` it must not be a non-ASCII character, whose
+  // other cases this engine does not know.
+  std::uint32_t written(std::uint32_t cp, std::size_t at) {
+    if (lark_ && lark_->ignore_case && cp >= 0x80)
+      fail("the 'i' flag applies to ASCII letters only here: a non-ASCII character in a case-insensitive "
+           "pattern is not supported",
+           at);
+    return cp;
+  }
+  code_point_ranges folded(code_point_ranges r) const {
+    return lark_ && lark_->ignore_case ? fold_ascii_case(std::move(r)) : r;
   }
 
   std::uint32_t hex(std::size_t digits) {
@@ -254,7 +290,7 @@ class parser {
       case '0':
         if (!eof() && peek() >= '0' && peek() <= '9') fail("octal escapes are not supported", at);
         return one(0);
-      case 'x': return one(hex(2));
+      case 'x': return one(written(hex(2), at));
       case 'u': {
         if (!eof() && peek() == '{') {
           ++pos_;
@@ -266,18 +302,18 @@ class parser {
           }
           if (eof() || n == 0) fail("bad \\u{...} escape", at);
           ++pos_;
-          return one(v);
+          return one(written(v, at));
         }
         std::uint32_t v = hex(4);
         if (v >= 0xd800 && v <= 0xdbff && pos_ + 1 < p_.size() && p_[pos_] == '\\' && p_[pos_ + 1] == 'u') {
           const std::size_t save = pos_;
           pos_ += 2;
           const std::uint32_t lo = hex(4);
-          if (lo >= 0xdc00 && lo <= 0xdfff) return one(0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00));
+          if (lo >= 0xdc00 && lo <= 0xdfff) return one(written(0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00), at));
           pos_ = save;
         }
         if (v >= 0xd800 && v <= 0xdfff) fail("lone surrogate escape", at);
-        return one(v);
+        return one(written(v, at));
       }
       case 'b':
         if (in_class) return one('\b');
@@ -308,11 +344,12 @@ class parser {
     while (true) {
       if (eof()) fail("missing ']'", at);
       if (peek() == ']' && !first) break;
-      if (peek() == ']') break;  // `[]` is the empty class in ECMAScript
+      if (peek() == ']' && !lark_) break;  // `[]` is the empty class in ECMAScript; in Python `]` first is literal
       first = false;
       auto item = [&]() -> code_point_ranges {
         if (peek() == '\\') return escape(true);
-        const auto cp = code_point();
+        const std::size_t cp_at = pos_;
+        const auto cp = written(code_point(), cp_at);
         return {{cp, cp}};
       };
       const std::size_t item_at = pos_;
@@ -329,12 +366,13 @@ class parser {
       }
     }
     ++pos_;
-    r = normalize_code_points(r);
+    r = folded(normalize_code_points(r));
     return negate ? complement_code_points(r) : r;
   }
 
   std::string_view p_;
   const limits& lim_;
+  const lark_regex* lark_;
   std::size_t pos_ = 0;
 };
 
@@ -522,6 +560,16 @@ std::variant<regex, regex_error> regex::parse(std::string_view pattern, bool sea
       }
     }
     return regex(std::move(root));
+  } catch (const parse_failure& f) {
+    return f.e;
+  }
+}
+
+std::variant<regex, regex_error> regex::parse_lark(std::string_view pattern, const lark_regex& flags,
+                                                   const limits& lim) {
+  try {
+    parser p(pattern, lim, &flags);
+    return regex(p.parse_all());
   } catch (const parse_failure& f) {
     return f.e;
   }

@@ -30,11 +30,23 @@ struct regex_error {
 // Inclusive code point ranges, sorted and disjoint, surrogates excluded.
 using code_point_ranges = std::vector<std::pair<std::uint32_t, std::uint32_t>>;
 
+// How a Lark terminal's /pattern/flags is read (lark.hpp): Python's `re` where it differs from
+// ECMAScript within the subset (`.` excludes only "\n", `{,n}` is {0,n}, a `]` first in a class is
+// a literal), the flags `i` and `s`, and what a terminal cannot mean refused (anchors, lazy
+// quantifiers: Lark's lexer stops a lazy match early, which a set of strings cannot express).
+struct lark_regex {
+  bool ignore_case = false;  // `i`: ASCII letters match either case; other letters are refused
+  bool dot_all = false;      // `s`: `.` matches "\n" too
+};
+
 class regex {
  public:
   // Parses `pattern`. With `search` the pattern may match anywhere in the string unless anchored
   // (JSON Schema `pattern`); without it the whole string must match (a regex constraint).
   static std::variant<regex, regex_error> parse(std::string_view pattern, bool search, const limits& lim = {});
+  // A Lark terminal's pattern (the whole lexeme matches it).
+  static std::variant<regex, regex_error> parse_lark(std::string_view pattern, const lark_regex& flags,
+                                                     const limits& lim = {});
 
   // Emits the language into `b` from `from` to `to`; with `json_string` the characters are
   // spelled as in a canonical JSON string body (without the quotes). Throws build_error when

@@ -327,3 +327,34 @@ TEST_CASE("structured output table: a grammar request follows its rules; a bad g
   t.remove(12);  // the caller ends a refused request
   CHECK(t.size() == 0);
 }
+
+TEST_CASE("structured output table: a Lark grammar has a key of its own; a bad one is a 400 naming the position") {
+  response_format f;
+  f.type = response_format::kind::grammar;
+  f.grammar = "start: \"yes\" | \"no\"";
+  f.syntax = response_format::grammar_syntax::lark;
+  response_format same_text = f;
+  same_text.syntax = response_format::grammar_syntax::gbnf;
+  CHECK(key(f) == "lark:" + f.grammar);
+  CHECK(key(f) != key(same_text));  // the same text in the other syntax is another constraint
+  constraint_table t(v4());
+  REQUIRE_FALSE(add_now(t, 21, key(f), false, "response_format"));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  REQUIRE(t.allowed(21, 50, mask));
+  CHECK(allows(mask, id_of("yes")));
+  CHECK_FALSE(allows(mask, id_of("maybe")));
+  const auto gbnf = add_now(t, 22, key(same_text), false, "response_format");
+  REQUIRE(gbnf.has_value());
+  CHECK(gbnf->message.find("Invalid grammar for structured output: line 1, column 6") == 0);
+
+  f.grammar = "start: answer\nanswer: \"yes\" | maybe";
+  const auto e = add_now(t, 23, key(f), false, "response_format");
+  REQUIRE(e.has_value());
+  CHECK(e->status == 400);
+  CHECK(e->param == "response_format");
+  CHECK(e->message == "Invalid Lark grammar for structured output: line 2, column 17: undefined rule 'maybe'.");
+  t.remove(21);
+  t.remove(22);
+  t.remove(23);
+  CHECK(t.size() == 0);
+}
