@@ -1,6 +1,6 @@
 // libFuzzer target for the structured-output parsers (recipe/grammar/): the first byte picks the
-// regex compiler (odd), the JSON Schema compiler (0 mod 8), the tool-call compiler (4 mod 8) or the
-// EBNF compiler (2 mod 4), the rest is the pattern, the schema text, the tools (as a constraint
+// regex compiler (odd), the JSON Schema compiler (0 mod 8), the tool-call compiler (4 mod 8), the
+// GBNF compiler (2 mod 8) or the Lark compiler (6 mod 8), the rest is the pattern, the schema text, the tools (as a constraint
 // key's JSON: {"v41", "mode", "one_call", "tools": [{"name", "schema"}]}) or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
 // no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
 // either accepts them or refuses them, and a refused byte string leaves its state unchanged.
@@ -15,6 +15,7 @@
 
 #include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/json_schema.hpp"
+#include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/matcher.hpp"
 #include "recipe/grammar/regex.hpp"
 #include "recipe/grammar/tool_calls.hpp"
@@ -45,7 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
   } else if (data[0] % 4 == 2) {
-    auto r = gr::compile_ebnf(text);
+    auto r = data[0] % 8 == 2 ? gr::compile_ebnf(text) : gr::compile_lark(text);
     if (auto* e = std::get_if<gr::ebnf_error>(&r)) {
       // Every refusal says why, and a position lies inside the text (or just past its end).
       if (e->message.empty() || (e->line > 0 && (e->column == 0 || e->column > text.size() + 1))) std::abort();
