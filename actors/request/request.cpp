@@ -25,8 +25,8 @@ struct request_state {
   request_outcome outcome;
   /// Bumped whenever a job is given up: handlers of an older job ignore what they get.
   std::uint64_t attempt = 0;
-  /// The engine of the current job (monitored) and what to do if it goes down.
-  caf::actor_addr watched;
+  /// The engine of the current job (watched: services.watch) and what to do if it goes down.
+  engine_watch::ticket watched;
   std::function<void(const caf::error&)> on_lost;
   /// What to do when the retry timer fires.
   std::function<void()> retry;
@@ -136,23 +136,20 @@ auto retry_or_fail(request_ptr self, std::string phase, std::function<void()> ag
   };
 }
 
-/// Monitors the engine of a new job; returns the job's attempt number.
+/// Watches the engine of a new job; returns the job's attempt number.
 template <class Handle>
 std::uint64_t watch(request_ptr self, const Handle& engine,
                     std::function<void(const caf::error&)> on_lost) {
   auto& st = self->state;
-  st.watched = engine.address();
+  st.watched = st.services.watch->watch(engine.address(), self->address());
   st.on_lost = std::move(on_lost);
-  self->monitor(engine);
   return ++st.attempt;
 }
 
 /// The current job ended (answered or failed): stop watching its engine.
 void unwatch(request_ptr self) {
   auto& st = self->state;
-  if (st.watched)
-    self->demonitor(st.watched);
-  st.watched = caf::actor_addr{};
+  st.watched.reset();
   st.on_lost = nullptr;
   ++st.attempt;
 }
@@ -465,10 +462,10 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
     match(self);
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
-    if (!st.watched || msg.source != st.watched)
+    if (!st.watched || msg.source != st.watched.engine())
       return;
     auto lost = std::move(st.on_lost);
-    st.watched = caf::actor_addr{};
+    st.watched.reset();
     st.on_lost = nullptr;
     ++st.attempt;
     if (lost)

@@ -45,6 +45,7 @@
 #include "actors/lb/decode_lb.hpp"
 #include "actors/lb/prefill_lb.hpp"
 #include "actors/lb/vision_lb.hpp"
+#include "actors/request/engine_watch.hpp"
 #include "actors/request/generation.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/token_constraints.hpp"
@@ -185,7 +186,10 @@ struct request_services {
   block_key chain_root{};
   /// Where the request records its admission, each token it delivers and its end
   /// (history.hpp); none when null.
-  run_history_ptr history;
+  run_history_ptr history{};
+  /// The watches of the requests on their jobs' engines (one registry per graph, shared by
+  /// the copies of these services).
+  engine_watch_ptr watch = std::make_shared<engine_watch>();
 };
 
 /// Spawns the actor of `spec`; it starts at once and exits after sending its outcome.
