@@ -1329,11 +1329,13 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       invariants.violations.push_back(
         {0, "KV leaked: decode instances still hold " + std::to_string(held) + " requests ("
               + std::to_string(counter("decode", "held_kv_tokens"))
-              + " KV tokens) after every request ended"});
+              + " KV tokens) after every request ended",
+         {}});
     if (*kv_stats && (*kv_stats)->pending > 0)
       invariants.violations.push_back(
         {0, "KV leaked: the store holds " + std::to_string((*kv_stats)->pending)
-              + " blocks reserved and never committed after every request ended"});
+              + " blocks reserved and never committed after every request ended",
+         {}});
   }
   // The same promises, recomputed from the run's facts alone (history_checker.hpp).
   std::optional<history_report> history_checked;
