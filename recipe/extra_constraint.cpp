@@ -74,13 +74,14 @@ response_format grammar_format(const std::string& text, const ojson* syntax, con
   response_format f;
   f.type = response_format::kind::grammar;
   f.grammar = text;
-  const bool lark = syntax && !syntax->is_null() ? [&] {
+  bool lark = grammar::looks_like_lark(text);
+  if (syntax && !syntax->is_null()) {
     const std::string s = need_string(*syntax, syntax_param);
     if (s != "lark" && s != "gbnf")
-      fail("Invalid value for '" + syntax_param + "': '" + s + "'. Supported values are 'lark' and 'gbnf'.", syntax_param);
-    return s == "lark";
-  }()
-                                                  : grammar::looks_like_lark(text);
+      fail("Invalid value for '" + syntax_param + "': '" + s + "'. Supported values are 'lark' and 'gbnf'.",
+           syntax_param);
+    lark = s == "lark";
+  }
   f.syntax = lark ? response_format::grammar_syntax::lark : response_format::grammar_syntax::gbnf;
   return f;
 }

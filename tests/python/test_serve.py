@@ -527,6 +527,31 @@ def test_a_grammar_response_format_is_matched_exactly(server):
     assert re.fullmatch(r"<([0-9]|\([a-c]{1,2}\)),([0-9]|\([a-c]{1,2}\))>", r.choices[0].message.content)
 
 
+def test_a_lark_grammar_response_format_is_matched_exactly(server):
+    # A Lark grammar (as vLLM and llguidance take it), detected without "syntax": a repeated
+    # group, an inlined rule, a regex terminal and a common import.
+    grammar = ('start: "[" item ("," item)~1..2 "]"\n?item: LCASE_LETTER~1..3 | NUM\n'
+               'NUM: /[0-9]{1,2}/\n%import common.LCASE_LETTER\n')
+    for seed, syntax in ((7, None), (8, "lark")):
+        fmt = {"type": "grammar", "grammar": grammar, **({"syntax": syntax} if syntax else {})}
+        r = server.openai().chat.completions.create(
+            **chat_body("A list, please.", max_tokens=60, temperature=1.0, seed=seed,
+                        extra_body={**CHAT_MODE, "response_format": fmt}))
+        assert r.choices[0].finish_reason == "stop"
+        text = r.choices[0].message.content
+        assert re.fullmatch(r"\[([a-z]{1,3}|[0-9]{1,2})(,([a-z]{1,3}|[0-9]{1,2})){1,2}\]", text), text
+    with pytest.raises(openai.BadRequestError) as e:
+        server.openai().chat.completions.create(**chat_body(
+            "Hi", max_tokens=5, extra_body={"response_format": {"type": "grammar", "grammar": grammar,
+                                                                "syntax": "peg"}}))
+    assert e.value.body["param"] == "response_format.syntax"
+    with pytest.raises(openai.BadRequestError) as e:  # the same text read as GBNF
+        server.openai().chat.completions.create(**chat_body(
+            "Hi", max_tokens=5, extra_body={"response_format": {"type": "grammar", "grammar": grammar,
+                                                                "syntax": "gbnf"}}))
+    assert e.value.body["param"] == "response_format" and "line 1" in e.value.body["message"]
+
+
 def test_vllm_and_sglang_constraint_fields_are_honoured(server):
     # Clients written for vLLM (`structured_outputs`, and its older `guided_*`) or SGLang
     # (`ebnf`, `regex`) work unchanged: the field constrains the output, the prompt stays as is.
