@@ -36,8 +36,10 @@ std::string constraint_table::format_key(const recipe::response_format& format) 
     case kind::json_object: return "object";
     case kind::json_schema: return "schema:" + format.schema_json;
     case kind::regex: return "regex:" + format.regex;
-    case kind::grammar:
-      return (format.syntax == recipe::response_format::grammar_syntax::lark ? "lark:" : "grammar:") + format.grammar;
+    case kind::grammar: {
+      const bool lark = format.syntax == recipe::response_format::grammar_syntax::lark;
+      return (lark ? "lark:" : "grammar:") + format.grammar;
+    }
   }
   return {};
 }
@@ -203,26 +205,81 @@ void constraint_table::add(std::uint64_t id, const std::string& key, bool thinki
   });
 }
 
-std::optional<std::string> constraint_table::restore(std::uint64_t id, const runtime::constraint_spec& spec,
-                                                     std::span<const std::int32_t> context) {
-  auto c = compile(spec.format, "response_format", {});
-  if (auto* e = std::get_if<recipe::api_error>(&c))
-    return e->message;
-  auto& compiled = std::get<std::shared_ptr<constraint_table::compiled>>(c);
+std::variant<constraint_table::entry, std::string>
+constraint_table::replayed(std::shared_ptr<compiled> c, const runtime::constraint_spec& spec,
+                           std::span<const std::int32_t> context) {
   entry e;
-  e.c = compiled;
-  e.m.emplace(compiled->grammar);
+  e.c = std::move(c);
+  e.m.emplace(e.c->grammar);
   e.in_reasoning = spec.thinking;
-  std::lock_guard lock(mu_);
   for (auto p = spec.output_start; p < context.size(); ++p) {
     if (!e.in_reasoning && !e.next)
       e.next = p;  // where allowed() would have started
     if (!accept_locked(e, p, context[p]))
-      return "the output so far (token " + std::to_string(context[p]) + " at position "
-             + std::to_string(p) + ") does not follow the format";
+      return "the output so far (token " + std::to_string(context[p]) + " at position " + std::to_string(p)
+             + ") does not follow the format";
   }
-  entries_.insert_or_assign(id, std::move(e));
-  return std::nullopt;
+  return e;
+}
+
+constraint_table::restore_result constraint_table::restore(std::uint64_t id, const runtime::constraint_spec& spec,
+                                                           std::vector<std::int32_t> context, restored later) {
+  std::shared_ptr<compiled> cached;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = cache_.find(spec.format); it != cache_.end())
+      cached = it->second;
+  }
+  if (cached) {
+    auto r = replayed(std::move(cached), spec, context);
+    if (auto* why = std::get_if<std::string>(&r))
+      return {restore_result::refused, *why};
+    std::lock_guard lock(mu_);
+    entries_.insert_or_assign(id, std::move(std::get<entry>(r)));
+    return {};
+  }
+  // Until the compile ends: free reasoning up to the first `</think>` (the context's, or one the
+  // device draws meanwhile), and a device waiting in allowed() after it.
+  entry pending;
+  pending.in_reasoning = spec.thinking;
+  for (auto p = spec.output_start; p < context.size() && pending.in_reasoning; ++p)
+    pending.in_reasoning = !(think_end_ && static_cast<std::uint32_t>(context[p]) == *think_end_);
+  {
+    std::lock_guard lock(mu_);
+    entries_.insert_or_assign(id, std::move(pending));
+  }
+  boost::asio::post(pool_, [this, id, spec, context = std::move(context), later = std::move(later)] {
+    auto c = compile(spec.format, "response_format", {});
+    std::optional<std::string> why;
+    std::optional<entry> rebuilt;
+    if (auto* e = std::get_if<recipe::api_error>(&c)) {
+      why = e->message;
+    } else {
+      auto r = replayed(std::get<std::shared_ptr<compiled>>(c), spec, context);
+      if (auto* w = std::get_if<std::string>(&r))
+        why = *w;
+      else
+        rebuilt = std::move(std::get<entry>(r));
+    }
+    // The verdict first: the caller hears it before a device can sample under the grammar.
+    later(why);
+    std::lock_guard lock(mu_);
+    if (auto it = entries_.find(id); it != entries_.end()) {
+      entry& live = it->second;
+      if (!rebuilt) {
+        live.failed = true;
+      } else {
+        // The live entry kept the reasoning the device drew meanwhile; the constrained output
+        // starts where the context's did.
+        live.c = std::move(rebuilt->c);
+        live.m = std::move(rebuilt->m);
+        if (!rebuilt->in_reasoning)
+          live.next = rebuilt->next;
+      }
+    }
+    compiled_.notify_all();
+  });
+  return {restore_result::compiling, {}};
 }
 
 void constraint_table::remove(std::uint64_t id) {

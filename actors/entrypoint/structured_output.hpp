@@ -71,16 +71,29 @@ public:
   void add(std::uint64_t id, const std::string& key, bool thinking, const std::string& param,
            std::span<const std::string> tool_params, verdict done);
 
+  /// What restore() says when the compile ran on a compile thread: nothing, or why the
+  /// constraint cannot be rebuilt.
+  using restored = std::function<void(std::optional<std::string>)>;
+  /// What restore() did: rebuilt the constraint, refused it (`why`), or registered the request
+  /// while a compile thread compiles (the verdict goes to `later`).
+  struct restore_result {
+    enum { rebuilt, refused, compiling } state = rebuilt;
+    std::string why;
+  };
   /// Rebuilds request `id`'s constraint in this process (an instance process of `troupe
-  /// launch`, whose devices sample the request): compiles the key `spec.format` on the calling
-  /// thread (cached as add() does)
-  /// and feeds the matcher the output tokens of `context` (the ids at absolute positions
+  /// launch`, whose devices sample the request): compiles the key `spec.format` (cached as add()
+  /// does) and feeds the matcher the output tokens of `context` (the ids at absolute positions
   /// spec.output_start .. context.size() - 1, drawn elsewhere), so that the next position
   /// sampled here is constrained where the request's output stands. Replaces an entry of the
-  /// same id. Errors: a format that does not compile, or a context token the grammar refuses.
-  std::optional<std::string> restore(std::uint64_t id, const runtime::constraint_spec& spec,
-                                     std::span<const std::int32_t> context);
-
+  /// same id. A key compiled before is rebuilt here and now (rebuilt, or refused: nothing is
+  /// registered then). Otherwise (compiling) the request is registered at once and compiled
+  /// on a compile thread while its job goes on (reasoning before a `</think>` is sampled freely
+  /// meanwhile; a device asking for a constrained mask waits); `later` hears the verdict there,
+  /// before any device may sample under the grammar, and after an error a device may only end
+  /// the output (the caller ends the job). Errors: a format that does not compile, or a context
+  /// token the grammar refuses.
+  restore_result restore(std::uint64_t id, const runtime::constraint_spec& spec,
+                         std::vector<std::int32_t> context, restored later);
   /// Forgets request `id` (its generation ended); unknown ids are ignored.
   void remove(std::uint64_t id);
   std::size_t size() const;
@@ -104,8 +117,12 @@ private:
   /// The compiled grammar of `key` (from the cache, or compiled outside the lock and kept).
   std::variant<std::shared_ptr<compiled>, recipe::api_error> compile(const std::string& key, const std::string& param,
                                                                      std::span<const std::string> tool_params);
-  /// accepted() with the lock held; false if the grammar refused the token.
+  /// accepted() with the lock held (or on an entry no other thread sees); false if the grammar
+  /// refused the token.
   bool accept_locked(entry& e, std::uint64_t position, std::int32_t token);
+  /// The entry of a request whose output so far is `context` (restore()), or why there is none.
+  std::variant<entry, std::string> replayed(std::shared_ptr<compiled> c, const runtime::constraint_spec& spec,
+                                            std::span<const std::int32_t> context);
 
   mutable std::mutex mu_;
   std::shared_ptr<const recipe::grammar::vocabulary> vocab_;

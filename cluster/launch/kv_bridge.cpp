@@ -61,85 +61,76 @@ struct reader {
 
 std::atomic<std::uint64_t> next_offer{1};
 
-/// Rebuilds a job's constraint in this process's table (nothing for an unconstrained job).
-caf::error restore_constraint(const kv_bridge_params& params, std::uint64_t request,
-                              const runtime::constraint_spec& spec,
-                              std::span<const std::int32_t> context) {
-  if (spec.format.empty())
-    return {};
-  std::string why = "this process has no constraint table";
-  if (params.constraints) {
-    auto e = params.constraints->restore(request, spec, context);
-    if (!e)
-      return {};
-    why = *e;
-  }
-  return caf::make_error(caf::sec::runtime_error,
-                         "request " + std::to_string(request) + ": structured output: " + why);
-}
-
 void forget_constraint(const kv_bridge_params& params, std::uint64_t request) {
   if (params.constraints)
     params.constraints->remove(request);
 }
 
-using restore_atom = caf::atom_constant<caf::atom("restore")>;
+using refused_atom = caf::atom_constant<caf::atom("refused")>;
 
-/// Rebuilds jobs' constraints on a thread of its own (a detached actor): compiling a format this
-/// process has not seen takes milliseconds, which the bridge's actor thread must not spend. It
-/// ends with `bridge`.
-caf::actor spawn_restorer(caf::local_actor* bridge, const kv_bridge_params& params) {
-  auto restorer = bridge->system().spawn<caf::detached>([params]() -> caf::behavior {
-    return {
-      [params](restore_atom, std::uint64_t request, const runtime::constraint_spec& spec,
-               const std::vector<std::int32_t>& context) -> caf::result<bool> {
-        if (auto err = restore_constraint(params, request, spec, context))
-          return err;
-        return true;
-      },
-    };
-  });
-  bridge->attach_functor([restorer] { caf::anon_send_exit(restorer, caf::exit_reason::user_shutdown); });
-  return restorer;
+caf::error structured_output_error(std::uint64_t request, const std::string& why) {
+  return caf::make_error(caf::sec::runtime_error,
+                         "request " + std::to_string(request) + ": structured output: " + why);
 }
 
-/// The jobs a bridge holds while their constraints are rebuilt, and those of them cancelled
-/// meanwhile: a cancel that overtakes a held job has reached the engine before the job did.
-struct held_jobs {
-  std::set<std::uint64_t> holding, cancelled;
-  void cancel(std::uint64_t request) {
-    if (holding.count(request) > 0)
-      cancelled.insert(request);
-  }
+/// The bridge's constrained jobs that run while their constraints compile, and those of them
+/// whose constraint turned out not to rebuild: their engine's answer becomes that error.
+struct restoring {
+  std::set<std::uint64_t> running;
+  std::map<std::uint64_t, std::string> refused;
 };
 
-/// Runs `next()` once the job's constraint is rebuilt in this process (at once for a job without
-/// one); `failed(error)` if it cannot be, or if the job was cancelled meanwhile.
+/// Rebuilds the job's constraint in this process's table and runs `next()` at once, the compile
+/// overlapping the job when the format is new here (constraint_table::restore); `failed(error)`
+/// instead when the constraint cannot be rebuilt now. A refusal that comes from the compile
+/// thread reaches the bridge as a `refused` message: the bridge cancels the job at its engine
+/// and answers its requester with the error.
 template <class Self, class Next, class Failed>
-void after_restore(Self* self, const caf::actor& restorer, const std::shared_ptr<held_jobs>& held,
-                   const kv_bridge_params& params, std::uint64_t request, const runtime::constraint_spec& spec,
-                   std::vector<std::int32_t> context, Next next, Failed failed) {
+void restore_then(Self* self, const kv_bridge_params& params, std::uint64_t request,
+                  const runtime::constraint_spec& spec, std::vector<std::int32_t> context, Next next,
+                  Failed failed) {
   if (spec.format.empty()) {
     next();
     return;
   }
-  held->holding.insert(request);
-  self->request(restorer, caf::infinite, restore_atom::value, request, spec, std::move(context))
-    .then(
-      [held, params, request, next, failed](bool) mutable {
-        held->holding.erase(request);
-        if (held->cancelled.erase(request) > 0) {
-          forget_constraint(params, request);
-          failed(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
-          return;
-        }
-        next();
-      },
-      [held, request, failed](caf::error& err) mutable {
-        held->holding.erase(request);
-        held->cancelled.erase(request);
-        failed(std::move(err));
-      });
+  if (!params.constraints) {
+    failed(structured_output_error(request, "this process has no constraint table"));
+    return;
+  }
+  auto bridge = caf::actor_cast<caf::actor>(self);
+  auto r = params.constraints->restore(request, spec, std::move(context),
+                                       [bridge, request](std::optional<std::string> why) {
+                                         if (why)
+                                           caf::anon_send(bridge, refused_atom::value, request, *why);
+                                       });
+  if (r.state == actors::constraint_table::restore_result::refused)
+    failed(structured_output_error(request, r.why));
+  else
+    next();
+}
+
+/// The engine answered a job: its constraint is forgotten, and a refused one's answer is the
+/// refusal. Returns that error, or none.
+caf::error job_answered(restoring& r, const kv_bridge_params& params, std::uint64_t request) {
+  forget_constraint(params, request);
+  r.running.erase(request);
+  auto it = r.refused.find(request);
+  if (it == r.refused.end())
+    return {};
+  auto err = structured_output_error(request, it->second);
+  r.refused.erase(it);
+  return err;
+}
+
+/// A refusal from the compile thread: the job ends at its engine (the device may only end the
+/// output meanwhile) and answers with the refusal.
+template <class Self>
+void job_refused(Self* self, restoring& r, const caf::actor& engine, std::uint64_t request,
+                 std::string why) {
+  if (r.running.count(request) == 0)
+    return;  // answered already
+  r.refused.emplace(request, std::move(why));
+  self->send(engine, actors::cancel_atom::value, request);
 }
 
 void job_ended(const kv_bridge_params& params) {
@@ -241,15 +232,17 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
   auto e = caf::actor_cast<caf::actor>(engine);
   auto bridge = sys.spawn([e, params](caf::event_based_actor* self) -> caf::behavior {
     follow(self, e);
-    auto restorer = spawn_restorer(self, params);
-    auto held = std::make_shared<held_jobs>();
+    auto jobs = std::make_shared<restoring>();
     // Runs the job on the engine; its answer goes back through the bridge.
-    auto run = [self, e, params](actors::prefill_job job, caf::response_promise rp) {
+    auto run = [self, e, params, jobs](actors::prefill_job job, caf::response_promise rp) {
         auto request = job.request;
         self->request(e, caf::infinite, std::move(job))
           .then(
-            [self, rp, params, request](actors::prefill_done& d) mutable {
-              forget_constraint(params, request);
+            [self, rp, params, request, jobs](actors::prefill_done& d) mutable {
+              if (auto refused = job_answered(*jobs, params, request)) {
+                rp.deliver(std::move(refused));
+                return;
+              }
               if (!d.kv) {
                 rp.deliver(std::move(d));
                 return;
@@ -260,31 +253,35 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
                 rp.deliver(std::move(d));
               });
             },
-            [rp, params, request](caf::error& err) mutable {
-              forget_constraint(params, request);
-              rp.deliver(std::move(err));
+            [rp, params, request, jobs](caf::error& err) mutable {
+              auto refused = job_answered(*jobs, params, request);
+              rp.deliver(refused ? std::move(refused) : std::move(err));
             });
     };
     return {
-      [self, restorer, held, params, run](actors::prefill_job& job) {
+      [self, jobs, params, run](actors::prefill_job& job) {
         auto rp = self->make_response_promise();
         auto request = job.request;
         auto spec = job.constraint;
         auto tokens = job.tokens;
-        after_restore(
-          self, restorer, held, params, request, spec, std::move(tokens),
+        jobs->running.insert(request);
+        restore_then(
+          self, params, request, spec, std::move(tokens),
           [run, rp, job = std::move(job)]() mutable { run(std::move(job), rp); },
-          [rp](caf::error err) mutable { rp.deliver(std::move(err)); });
+          [rp, jobs, request](caf::error err) mutable {
+            jobs->running.erase(request);
+            rp.deliver(std::move(err));
+          });
         return rp;
+      },
+      [self, e, jobs](refused_atom, std::uint64_t request, std::string& why) {
+        job_refused(self, *jobs, e, request, std::move(why));
       },
       [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
       [self, e](actors::drain_atom a, runtime::duration grace) {
         return self->delegate(e, a, grace);
       },
-      [self, e, held](actors::cancel_atom a, std::uint64_t request) {
-        held->cancel(request);
-        self->send(e, a, request);
-      },
+      [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
     };
   });
   return caf::actor_cast<actors::prefill_engine_actor>(bridge);
@@ -306,16 +303,19 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
   auto bridge = sys.spawn(
     [e, params](caf::stateful_actor<decode_bridge_state>* self) -> caf::behavior {
       follow(self, e);
-      auto restorer = spawn_restorer(self, params);
-      auto held = std::make_shared<held_jobs>();
+      auto jobs = std::make_shared<restoring>();
       // Runs the job on the engine; its answer goes back through the bridge.
-      auto run = [self, e, params](actors::decode_job job, caf::response_promise rp) {
+      auto run = [self, e, params, jobs](actors::decode_job job, caf::response_promise rp) {
         auto request = job.request;
         self->request(e, caf::infinite, std::move(job))
           .then(
-            [self, rp, params, request](actors::decode_done& d) mutable {
+            [self, rp, params, request, jobs](actors::decode_done& d) mutable {
               self->state.requesters.erase(request);
-              forget_constraint(params, request);
+              if (auto refused = job_answered(*jobs, params, request)) {
+                job_ended(params);
+                rp.deliver(std::move(refused));
+                return;
+              }
               if (!d.kv) {
                 job_ended(params);
                 rp.deliver(std::move(d));
@@ -328,11 +328,11 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
               });
               job_ended(params);  // after the offer counts as being made
             },
-            [self, rp, params, request](caf::error& err) mutable {
+            [self, rp, params, request, jobs](caf::error& err) mutable {
               self->state.requesters.erase(request);
-              forget_constraint(params, request);
+              auto refused = job_answered(*jobs, params, request);
               job_ended(params);
-              rp.deliver(std::move(err));
+              rp.deliver(refused ? std::move(refused) : std::move(err));
             });
       };
       // Pulls the job's KV over the fabric when it has a ticket and no handle, then runs it.
@@ -367,7 +367,7 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
             });
       };
       return {
-        [self, params, fetch_and_run, restorer, held](actors::decode_job& job) {
+        [self, params, fetch_and_run, jobs](actors::decode_job& job) {
           // (The requester before the promise: making it takes over the sender.)
           self->state.requesters[job.request] = caf::actor_cast<caf::actor>(self->current_sender());
           if (params.counters)
@@ -378,15 +378,21 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
           drawn.push_back(job.next);
           auto request = job.request;
           auto spec = job.constraint;
-          after_restore(
-            self, restorer, held, params, request, spec, std::move(drawn),
+          jobs->running.insert(request);
+          // The KV pull (if any) and the compile (if new here) overlap.
+          restore_then(
+            self, params, request, spec, std::move(drawn),
             [fetch_and_run, rp, job = std::move(job)]() mutable { fetch_and_run(std::move(job), rp); },
-            [self, params, rp, request](caf::error err) mutable {
+            [self, params, rp, request, jobs](caf::error err) mutable {
+              jobs->running.erase(request);
               self->state.requesters.erase(request);
               job_ended(params);
               rp.deliver(std::move(err));
             });
           return rp;
+        },
+        [self, e, jobs](refused_atom, std::uint64_t request, std::string& why) {
+          job_refused(self, *jobs, e, request, std::move(why));
         },
         [self](actors::decode_progress& p) {
           auto it = self->state.requesters.find(p.request);
@@ -397,10 +403,7 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
         [self, e](actors::drain_atom a, runtime::duration grace) {
           return self->delegate(e, a, grace);
         },
-        [self, e, held](actors::cancel_atom a, std::uint64_t request) {
-          held->cancel(request);
-          self->send(e, a, request);
-        },
+        [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
         [self, e](actors::drain_end_atom a) { self->send(e, a); },
       };
     });

@@ -19,11 +19,14 @@
 // A structured-output request's constraint lives in the control process's table, where the
 // entrypoint compiled it; the devices of this process sample from this process's table. So a
 // job that carries a constraint (prefill_job::constraint, decode_job::constraint) has it
-// rebuilt here first, on a thread of the bridge's own (compiling takes milliseconds): compiled
-// (cached by format) and fed the output tokens drawn so far elsewhere (a prefill's first token,
-// the tokens before a forward or a reroute), and forgotten when the job ends. The bridge holds
-// the job meanwhile; a cancel that overtakes it ends it there. A constraint that cannot be rebuilt fails the job (the
-// request is rerouted, then fails) rather than generating unconstrained.
+// rebuilt here (constraint_table::restore): compiled (cached by format) and fed the output
+// tokens drawn so far elsewhere (a prefill's first token, the tokens before a forward or a
+// reroute), and forgotten when the job ends. A format new to this process is compiled on the
+// table's compile threads while the job goes on to its KV pull and engine (a device that reaches
+// the first constrained token waits there for the compile). A constraint that cannot be rebuilt
+// fails the job (the request is rerouted, then fails) rather than generating unconstrained:
+// before it runs when that is known at once, else by cancelling it at its engine, whose answer
+// the bridge then replaces by the error.
 #pragma once
 
 #include "actors/engine/decode_engine.hpp"

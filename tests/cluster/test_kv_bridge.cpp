@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,7 +119,6 @@ engine_fn(actors::decode_engine_actor::pointer self, std::shared_ptr<actors::con
 } // namespace
 
 TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while the job runs") {
-  // (The bridge rebuilds it on a thread of its own and holds the job meanwhile.)
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
   auto table = std::make_shared<actors::constraint_table>(v4());
@@ -173,28 +173,40 @@ TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while th
   CHECK(out->jobs == jobs_before);
   CHECK(params.counters->jobs == 0);
 
-  // A cancel that overtakes a job held while its constraint compiles (on the bridge's own
-  // thread; a format this process has not seen: long bounded strings, milliseconds) ends the
-  // job there: the engine never runs it, and nothing stays in the table.
+  // A format new to this process is compiled while the job runs: the engine gets the job at
+  // once, and its device waits for the compile at the first constrained token. When the output
+  // so far turns out not to follow the format (found on the compile thread), the device may
+  // only end the output, and the job answers with the refusal — never unconstrained.
   job.request = 44;
-  job.context[101] = id_of(",");
   recipe::response_format slow;
   slow.type = recipe::response_format::kind::json_schema;
   slow.schema_json = R"({"anyOf": [{"type": "string", "maxLength": 150}, {"type": "string", "minLength": 2, "maxLength": 149},
                                    {"type": "string", "minLength": 3, "maxLength": 148}]})";
   job.constraint = {actors::constraint_table::format_key(slow), false, 100};
   job.context.resize(100);
-  job.next = id_of("\"");
+  job.next = id_of("!");  // position 100: not how a JSON string starts
   job.context_tokens = job.context.size();
   error.clear();
-  auto reply = self->request(bridge, std::chrono::seconds(30), job);
-  self->send(bridge, actors::cancel_atom::value, std::uint64_t{44});
-  std::move(reply).receive([](const actors::decode_done&) { FAIL("a cancelled job ran"); },
-                           [&](const caf::error& e) { error = sys.render(e); });
-  CHECK_MESSAGE(error.find("cancelled") != std::string::npos, error);
-  CHECK(out->jobs == jobs_before);
+  self->request(bridge, std::chrono::seconds(30), job)
+    .receive([](const actors::decode_done&) { FAIL("a refused constraint's job succeeded"); },
+             [&](const caf::error& e) { error = sys.render(e); });
+  CHECK_MESSAGE(error.find("structured output") != std::string::npos, error);
+  CHECK_MESSAGE(error.find("position 100") != std::string::npos, error);
+  CHECK(out->jobs == jobs_before + 1);  // it ran, overlapping the compile
+  CHECK(out->constrained);
+  CHECK(out->allowed == std::vector<std::uint32_t>{*v4().token_to_id("<｜end▁of▁sentence｜>")});
   CHECK(table->size() == 0);
   CHECK(params.counters->jobs == 0);
+
+  // The same format, now compiled here, with a good start: the engine may draw a string's text.
+  job.request = 45;
+  job.next = id_of("\"");
+  self->request(bridge, std::chrono::seconds(30), job)
+    .receive([](const actors::decode_done&) {}, [&](const caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(out->constrained);
+  CHECK(out->allowed.size() > 1000);
+  CHECK(std::find(out->allowed.begin(), out->allowed.end(), static_cast<std::uint32_t>(id_of("!")))
+        != out->allowed.end());
   self->send_exit(bridge, caf::exit_reason::user_shutdown);
   self->send_exit(engine, caf::exit_reason::user_shutdown);
 }

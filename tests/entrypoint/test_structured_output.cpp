@@ -53,6 +53,19 @@ std::optional<troupe::recipe::api_error> add_now(constraint_table& t, std::uint6
   return f.get();
 }
 
+// restore(), and its verdict: at once, or from the compile thread.
+std::optional<std::string> restore_now(constraint_table& t, std::uint64_t id, const troupe::runtime::constraint_spec& spec,
+                                       std::vector<std::int32_t> context) {
+  std::promise<std::optional<std::string>> verdict;
+  auto f = verdict.get_future();
+  auto r = t.restore(id, spec, std::move(context), [&verdict](std::optional<std::string> why) { verdict.set_value(why); });
+  if (r.state == constraint_table::restore_result::compiling)
+    return f.get();
+  if (r.state == constraint_table::restore_result::refused)
+    return r.why;
+  return std::nullopt;
+}
+
 std::string regex(std::string pattern) {
   response_format f;
   f.type = response_format::kind::regex;
@@ -197,11 +210,11 @@ TEST_CASE("structured output table: every kind of key compiles where it is rebui
   const std::vector<std::int32_t> prompt(5, 0);
   std::uint64_t id = 1;
   for (const auto& k : {key(schema), key(object), key(ebnf), regex("(yes|no)!"), regex(""), tools})
-    CHECK_MESSAGE(!t.restore(id++, {k, false, prompt.size()}, prompt), k);
+    CHECK_MESSAGE(!restore_now(t, id++, {k, false, prompt.size()}, prompt), k);
   CHECK(key(response_format{}).empty());
-  CHECK(t.restore(id++, {"", false, 5}, prompt).has_value());
-  CHECK(t.restore(id++, {"ebnf:root ::= \"x\"", false, 5}, prompt).has_value());
-  CHECK(t.restore(id++, {"tools:[1]", false, 5}, prompt).has_value());
+  CHECK(restore_now(t, id++, {"", false, 5}, prompt).has_value());
+  CHECK(restore_now(t, id++, {"ebnf:root ::= \"x\"", false, 5}, prompt).has_value());
+  CHECK(restore_now(t, id++, {"tools:[1]", false, 5}, prompt).has_value());
 }
 
 TEST_CASE("structured output table: strict or required tools constrain the output to calls of those tools") {
@@ -260,7 +273,7 @@ TEST_CASE("structured output table: a constraint rebuilt in another process cont
     context.push_back(static_cast<std::int32_t>(id_of(piece)));
   }
   const troupe::runtime::constraint_spec spec{f, false, 100};
-  REQUIRE_FALSE(instance.restore(7, spec, context));
+  REQUIRE_FALSE(restore_now(instance, 7, spec, context));
   REQUIRE(control.allowed(7, 103, mask));
   REQUIRE(instance.allowed(7, 103, other));
   CHECK(ids_of(other) == ids_of(mask));
@@ -268,16 +281,16 @@ TEST_CASE("structured output table: a constraint rebuilt in another process cont
   // Only the output is replayed: a prompt the grammar would refuse does not matter, but an
   // output token it refuses does, and nothing is registered then.
   context[101] = static_cast<std::int32_t>(id_of("!"));
-  const auto e = instance.restore(8, spec, context);
+  const auto e = restore_now(instance, 8, spec, context);
   REQUIRE(e.has_value());
   CHECK(e->find("position 101") != std::string::npos);
   CHECK_FALSE(instance.allowed(8, 103, other));
   // A spec whose format does not compile is refused with the compiler's words.
   const troupe::runtime::constraint_spec bad{"regex:(", false, 100};
-  const auto b = instance.restore(9, bad, context);
+  const auto b = restore_now(instance, 9, bad, context);
   REQUIRE(b.has_value());
   CHECK(b->find("regex") != std::string::npos);
-  CHECK(instance.restore(10, {"nonsense", false, 0}, context).has_value());
+  CHECK(restore_now(instance, 10, {"nonsense", false, 0}, context).has_value());
 }
 
 TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts after the </think> it was given") {
@@ -286,11 +299,11 @@ TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts af
   const troupe::runtime::constraint_spec spec{regex("ok"), true, 10};
   std::vector<std::int32_t> context(10, 0);
   context.push_back(static_cast<std::int32_t>(id_of("!")));  // reasoning, position 10
-  REQUIRE_FALSE(t.restore(1, spec, context));
+  REQUIRE_FALSE(restore_now(t, 1, spec, context));
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   CHECK_FALSE(t.allowed(1, 11, mask));  // still reasoning
   context.push_back(think_end);
-  REQUIRE_FALSE(t.restore(2, spec, context));
+  REQUIRE_FALSE(restore_now(t, 2, spec, context));
   REQUIRE(t.allowed(2, 12, mask));
   CHECK(allows(mask, id_of("ok")));
   CHECK_FALSE(allows(mask, id_of("!")));

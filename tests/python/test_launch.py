@@ -317,6 +317,15 @@ def test_structured_output_is_enforced_by_the_instance_processes(cluster):
     assert r.choices[0].finish_reason == "stop"
     assert re.fullmatch(r"<([0-9]|\([a-c]{1,2}\)),([0-9]|\([a-c]{1,2}\))>",
                         r.choices[0].message.content), r.choices[0].message.content
+    # And a Lark grammar: the instance processes compile it while the job runs.
+    lark = 'start: "<" PAIR ">"\nPAIR: /[0-9]{1,2},[a-c]{1,2}/\n'
+    r = cluster.openai().chat.completions.create(
+        **chat_body("A pair, please.", max_tokens=40, temperature=1.0, seed=8,
+                    extra_body={**CHAT_MODE, "response_format": {"type": "grammar",
+                                                                  "grammar": lark}}))
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"<[0-9]{1,2},[a-c]{1,2}>", r.choices[0].message.content), \
+        r.choices[0].message.content
 
 
 def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, model_dir):
