@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "recipe/grammar/ebnf.hpp"
+#include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/tool_calls.hpp"
 #include "recipe/grammar/token_mask.hpp"
@@ -45,7 +46,7 @@ double pct(std::vector<double> v, double p) {
 }
 
 struct workload {
-  std::string name, schema, ebnf, output;  // a schema, an EBNF grammar, or tools
+  std::string name, schema, ebnf, lark, output;  // a schema, a GBNF or Lark grammar, or tools
   nlohmann::ordered_json tools;            // {v41, mode, tools: [{name, schema}]}, as a constraint key holds them
 };
 
@@ -68,8 +69,8 @@ std::vector<workload> load_workloads() {
   const auto j = nlohmann::ordered_json::parse(f);
   std::vector<workload> out;
   for (const auto& w : j)
-    out.push_back({w["name"], w.contains("schema") ? w["schema"].dump() : "", w.value("ebnf", ""), w["output"],
-                   w.value("tools", nlohmann::ordered_json())});
+    out.push_back({w["name"], w.contains("schema") ? w["schema"].dump() : "", w.value("ebnf", ""),
+                   w.value("lark", ""), w["output"], w.value("tools", nlohmann::ordered_json())});
   return out;
 }
 
@@ -106,6 +107,10 @@ int main(int argc, char** argv) {
         auto spec = gr::tool_calls_spec_of(w.tools);
         auto r = spec ? gr::compile_tool_calls(*spec) : gr::tool_calls_error{{}, {"", "", "not a tools spec"}};
         if (auto* e = std::get_if<gr::tool_calls_error>(&r)) error = e->error.to_string();
+        else compiled = std::move(std::get<gr::grammar>(r));
+      } else if (!w.lark.empty()) {
+        auto r = gr::compile_lark(w.lark);
+        if (auto* e = std::get_if<gr::ebnf_error>(&r)) error = e->to_string();
         else compiled = std::move(std::get<gr::grammar>(r));
       } else if (w.ebnf.empty()) {
         auto r = gr::compile_json_schema(std::string_view(w.schema));
