@@ -89,8 +89,10 @@ class incremental_detokenizer {
   std::string pending_;
 };
 
-// Utilities shared with tests.
+// Utilities shared with tests and the grammar compilers.
 // Replaces each maximal invalid subpart of s with U+FFFD.
 std::string utf8_sanitize(std::string_view s);
+// Appends the UTF-8 encoding of code point `cp` (at most U+10FFFF) to `out`.
+void append_utf8(std::string& out, std::uint32_t cp);
 
 }  // namespace troupe::recipe

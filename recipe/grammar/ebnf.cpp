@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "recipe/grammar/ebnf_syntax.hpp"
+#include "recipe/tokenizer.hpp"
 
 namespace troupe::recipe::grammar {
 
@@ -212,7 +213,7 @@ class parser : public syntax::scanner {
       const char c = peek();
       if (c == '"') break;
       if (c == '\n') fail("a string cannot span lines (write \\n)");
-      syntax::append_utf8(n.text, c == '\\' ? gbnf_escape() : code_point());
+      recipe::append_utf8(n.text, c == '\\' ? gbnf_escape() : code_point());
     }
     ++pos_;
     return n;

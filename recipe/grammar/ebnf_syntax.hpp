@@ -47,8 +47,6 @@ struct failure {
   std::size_t at;
 };
 
-void append_utf8(std::string& out, std::uint32_t cp);
-
 // Reads a grammar text: the position, UTF-8 code points, escapes, and messages that describe
 // what is at an offset. Failures are thrown as `failure`.
 class scanner {

@@ -10,6 +10,7 @@
 #include "recipe/grammar/decimal.hpp"
 #include "recipe/grammar/ebnf_syntax.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/tokenizer.hpp"
 
 namespace troupe::recipe::grammar {
 
@@ -413,7 +414,7 @@ class parser : public syntax::scanner {
       const char c = peek();
       if (c == quote) break;
       if (c == '\n') fail("a string cannot span lines (write \\n)");
-      syntax::append_utf8(text, c == '\\' ? escape({}, false, quote == '"' ? "\\\"" : "\\'") : code_point());
+      recipe::append_utf8(text, c == '\\' ? escape({}, false, quote == '"' ? "\\\"" : "\\'") : code_point());
     }
     ++pos_;
     const bool fold = !eof() && peek() == 'i' && (pos_ + 1 >= t_.size() || !name_char(t_[pos_ + 1]));

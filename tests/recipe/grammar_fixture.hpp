@@ -77,6 +77,25 @@ inline std::vector<std::uint32_t> brute_force_allowed(const gr::matcher& m, cons
   return ids;
 }
 
+// Along `text` (tokenized raw), every third mask and the last equal the brute-force answer,
+// and the text is a whole sentence of `g`.
+inline void check_masks_along(const std::shared_ptr<const gr::grammar>& g, const std::string& text) {
+  const gr::mask_computer masks(g, v4_vocab());
+  gr::matcher m(g);
+  const auto ids = v4().encode(text, troupe::recipe::encode_mode::raw);
+  int compared = 0;
+  for (std::size_t i = 0; i <= ids.size(); ++i) {
+    if (i % 3 == 0 || i == ids.size()) {
+      INFO("after ", i, " tokens of ", text);
+      CHECK(masks.allowed(m) == brute_force_allowed(m, *v4_vocab()));
+      ++compared;
+    }
+    if (i < ids.size()) REQUIRE(m.accept_token(v4_vocab()->bytes(ids[i])));
+  }
+  CHECK(m.is_complete());
+  CHECK(compared >= 4);
+}
+
 // The whole text is a sentence of the grammar.
 inline bool accepts(const std::shared_ptr<const gr::grammar>& g, std::string_view text) {
   gr::matcher m(g);
