@@ -244,11 +244,13 @@ constraint_table::restore_result constraint_table::restore(std::uint64_t id, con
   pending.in_reasoning = spec.thinking;
   for (auto p = spec.output_start; p < context.size() && pending.in_reasoning; ++p)
     pending.in_reasoning = !(think_end_ && static_cast<std::uint32_t>(context[p]) == *think_end_);
+  std::uint64_t restore = 0;
   {
     std::lock_guard lock(mu_);
+    pending.restore = restore = ++restores_;
     entries_.insert_or_assign(id, std::move(pending));
   }
-  boost::asio::post(pool_, [this, id, spec, context = std::move(context), later = std::move(later)] {
+  boost::asio::post(pool_, [this, id, restore, spec, context = std::move(context), later = std::move(later)] {
     auto c = compile(spec.format, "response_format", {});
     std::optional<std::string> why;
     std::optional<entry> rebuilt;
@@ -264,7 +266,8 @@ constraint_table::restore_result constraint_table::restore(std::uint64_t id, con
     // The verdict first: the caller hears it before a device can sample under the grammar.
     later(why);
     std::lock_guard lock(mu_);
-    if (auto it = entries_.find(id); it != entries_.end()) {
+    // (Not an entry that replaced it: the request's next job, after this one ended.)
+    if (auto it = entries_.find(id); it != entries_.end() && it->second.restore == restore) {
       entry& live = it->second;
       if (!rebuilt) {
         live.failed = true;

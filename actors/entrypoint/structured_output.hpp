@@ -112,6 +112,7 @@ private:
     bool in_reasoning = false;                    // thinking mode, before `</think>`
     bool failed = false;                          // the compile failed: the output may only end
     std::optional<std::uint64_t> next;            // the position of the next constrained token
+    std::uint64_t restore = 0;                    // the restore() that registered it (0: none)
   };
   void eos_only(std::span<std::uint32_t> mask) const;
   /// The compiled grammar of `key` (from the cache, or compiled outside the lock and kept).
@@ -130,6 +131,7 @@ private:
   std::map<std::string, std::shared_ptr<compiled>> cache_;  // by key
   std::map<std::uint64_t, entry> entries_;
   std::vector<std::uint32_t> scratch_;
+  std::uint64_t restores_ = 0;  // restore() calls that compile: an entry's compile fills only its own
   std::condition_variable compiled_;  // an entry's compile ended
   boost::asio::thread_pool pool_;     // last: joined before the members its jobs use go
 };
