@@ -9,8 +9,9 @@
 // balancers' bookings and releases them when a phase ends, so load figures stay true. It is
 // the unit of "nothing lost":
 //
-//   - it monitors the engine it has a job on; when that engine's instance goes down (a rank
-//     failed: the instance stops as a whole), or the job cannot reach it, the request
+//   - it watches the engine it has a job on (engine_watch.hpp: a monitor's down message at
+//     less cost); when that engine's instance goes down (a rank failed: the instance stops
+//     as a whole), or the job cannot reach it, the request
 //     REROUTES: it releases its booking and goes back through match → prefill_lb → prefill →
 //     decode_lb → decode on instances that are up. Its persisted blocks (the prompt's, stored
 //     as its first prefill ended) still hit, so a re-prefill computes only what is not
