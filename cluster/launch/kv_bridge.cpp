@@ -80,20 +80,22 @@ struct restoring {
   std::map<std::uint64_t, std::string> refused;
 };
 
-/// Rebuilds the job's constraint in this process's table and runs `next()` at once, the compile
-/// overlapping the job when the format is new here (constraint_table::restore); `failed(error)`
-/// instead when the constraint cannot be rebuilt now. A refusal that comes from the compile
-/// thread reaches the bridge as a `refused` message: the bridge cancels the job at its engine
-/// and answers its requester with the error.
+/// Counts the job as running, rebuilds its constraint in this process's table and runs `next()`
+/// at once, the compile overlapping the job when the format is new here
+/// (constraint_table::restore); `failed(error)` instead when the constraint cannot be rebuilt
+/// now. `context` is the ids the constraint has seen (empty for an unconstrained job). A refusal that comes from the compile thread reaches the bridge as a `refused` message: the
+/// bridge cancels the job at its engine and answers its requester with the error.
 template <class Self, class Next, class Failed>
-void restore_then(Self* self, const kv_bridge_params& params, std::uint64_t request,
-                  const runtime::constraint_spec& spec, std::vector<std::int32_t> context, Next next,
-                  Failed failed) {
+void restore_then(Self* self, const kv_bridge_params& params, restoring& jobs,
+                  std::uint64_t request, const runtime::constraint_spec& spec,
+                  std::vector<std::int32_t> context, Next next, Failed failed) {
+  jobs.running.insert(request);
   if (spec.format.empty()) {
     next();
     return;
   }
   if (!params.constraints) {
+    jobs.running.erase(request);
     failed(structured_output_error(request, "this process has no constraint table"));
     return;
   }
@@ -103,10 +105,12 @@ void restore_then(Self* self, const kv_bridge_params& params, std::uint64_t requ
                                          if (why)
                                            caf::anon_send(bridge, refused_atom::value, request, *why);
                                        });
-  if (r.state == actors::constraint_table::restore_result::refused)
+  if (r.state == actors::constraint_table::restore_result::refused) {
+    jobs.running.erase(request);
     failed(structured_output_error(request, r.why));
-  else
+  } else {
     next();
+  }
 }
 
 /// The engine answered a job: its constraint is forgotten, and a refused one's answer is the
@@ -263,15 +267,12 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
         auto rp = self->make_response_promise();
         auto request = job.request;
         auto spec = job.constraint;
-        auto tokens = job.tokens;
-        jobs->running.insert(request);
+        // (The prompt is copied only for a constraint to see.)
+        auto tokens = spec.format.empty() ? std::vector<std::int32_t>{} : job.tokens;
         restore_then(
-          self, params, request, spec, std::move(tokens),
+          self, params, *jobs, request, spec, std::move(tokens),
           [run, rp, job = std::move(job)]() mutable { run(std::move(job), rp); },
-          [rp, jobs, request](caf::error err) mutable {
-            jobs->running.erase(request);
-            rp.deliver(std::move(err));
-          });
+          [rp](caf::error err) mutable { rp.deliver(std::move(err)); });
         return rp;
       },
       [self, e, jobs](refused_atom, std::uint64_t request, std::string& why) {
@@ -373,18 +374,19 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
           if (params.counters)
             ++params.counters->jobs;
           auto rp = self->make_response_promise();
-          // The constraint sees the context and the token the first step feeds.
-          std::vector<std::int32_t> drawn = job.context;
-          drawn.push_back(job.next);
           auto request = job.request;
           auto spec = job.constraint;
-          jobs->running.insert(request);
+          // The constraint sees the context and the token the first step feeds.
+          std::vector<std::int32_t> drawn;
+          if (!spec.format.empty()) {
+            drawn = job.context;
+            drawn.push_back(job.next);
+          }
           // The KV pull (if any) and the compile (if new here) overlap.
           restore_then(
-            self, params, request, spec, std::move(drawn),
+            self, params, *jobs, request, spec, std::move(drawn),
             [fetch_and_run, rp, job = std::move(job)]() mutable { fetch_and_run(std::move(job), rp); },
-            [self, params, rp, request, jobs](caf::error err) mutable {
-              jobs->running.erase(request);
+            [self, params, rp, request](caf::error err) mutable {
               self->state.requesters.erase(request);
               job_ended(params);
               rp.deliver(std::move(err));
