@@ -20,6 +20,9 @@ namespace gr = recipe::grammar;
 namespace {
 /// Compiled grammars kept for reuse; past this the oldest key is dropped.
 constexpr std::size_t cache_limit = 256;
+// restore() replays at most this many output tokens on the caller's thread (an actor's: tens of
+// µs); a longer output so far is replayed on a compile thread, as a compile is.
+constexpr std::size_t inline_replay_limit = 256;
 }  // namespace
 
 constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compile_threads)
@@ -225,7 +228,7 @@ constraint_table::replayed(std::shared_ptr<compiled> c, const runtime::constrain
 constraint_table::restore_result constraint_table::restore(std::uint64_t id, const runtime::constraint_spec& spec,
                                                            std::vector<std::int32_t> context, restored later) {
   std::shared_ptr<compiled> cached;
-  {
+  if (context.size() <= spec.output_start + inline_replay_limit) {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(spec.format); it != cache_.end())
       cached = it->second;
@@ -238,7 +241,7 @@ constraint_table::restore_result constraint_table::restore(std::uint64_t id, con
     entries_.insert_or_assign(id, std::move(std::get<entry>(r)));
     return {};
   }
-  // Until the compile ends: free reasoning up to the first `</think>` (the context's, or one the
+  // Until the compile (or the long replay) ends: free reasoning up to the first `</think>` (the context's, or one the
   // device draws meanwhile), and a device waiting in allowed() after it.
   entry pending;
   pending.in_reasoning = spec.thinking;

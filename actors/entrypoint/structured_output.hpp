@@ -86,8 +86,9 @@ public:
   /// spec.output_start .. context.size() - 1, drawn elsewhere), so that the next position
   /// sampled here is constrained where the request's output stands. Replaces an entry of the
   /// same id. A key compiled before is rebuilt here and now (rebuilt, or refused: nothing is
-  /// registered then). Otherwise (compiling) the request is registered at once and compiled
-  /// on a compile thread while its job goes on (reasoning before a `</think>` is sampled freely
+  /// registered then) when the output so far is short (256 tokens); otherwise (compiling) the
+  /// request is registered at once and compiled or replayed on a compile thread while its job
+  /// goes on (reasoning before a `</think>` is sampled freely
   /// meanwhile; a device asking for a constrained mask waits); `later` hears the verdict there,
   /// before any device may sample under the grammar, and after an error a device may only end
   /// the output (the caller ends the job). Errors: a format that does not compile, or a context

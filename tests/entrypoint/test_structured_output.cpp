@@ -293,6 +293,27 @@ TEST_CASE("structured output table: a constraint rebuilt in another process cont
   CHECK(restore_now(instance, 10, {"nonsense", false, 0}, context).has_value());
 }
 
+TEST_CASE("structured output table: a long output so far is replayed on a compile thread, even for a known format") {
+  constraint_table t(v4());
+  const auto a = static_cast<std::int32_t>(id_of("a"));
+  const troupe::runtime::constraint_spec spec{regex("a*b"), false, 10};
+  std::vector<std::int32_t> context(10, 0);
+  REQUIRE_FALSE(restore_now(t, 1, spec, context));  // compiles the format
+  context.insert(context.end(), 300, a);
+  std::promise<std::optional<std::string>> verdict;
+  auto r = t.restore(2, spec, context, [&](std::optional<std::string> why) { verdict.set_value(why); });
+  CHECK(r.state == constraint_table::restore_result::compiling);
+  CHECK_FALSE(verdict.get_future().get());
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  REQUIRE(t.allowed(2, context.size(), mask));
+  CHECK(allows(mask, id_of("a")));
+  CHECK(allows(mask, id_of("b")));
+  // Short, the same replay is done at once.
+  context.resize(10 + 200);
+  CHECK(t.restore(3, spec, context, [](std::optional<std::string>) { FAIL("no compile thread"); }).state ==
+        constraint_table::restore_result::rebuilt);
+}
+
 TEST_CASE("structured output table: a rebuilt thinking-mode constraint starts after the </think> it was given") {
   constraint_table t(v4());
   const auto think_end = static_cast<std::int32_t>(*v4().token_to_id("</think>"));
