@@ -9,10 +9,12 @@
 //     scheduler leaves: a result travelling back, the next step built and travelling out),
 //     mean / p50 / p99, and its share of the device's time;
 // min and median over the rounds, with the load average. The floor is a gap of zero: a device
-// that never waits. The first steps of one run of each mode are printed as a timeline.
+// that never waits. The first steps of one run of each mode are printed as a timeline. With
+// `--spec fixedK|dspark` the engine speculates (the device proposes and verifies drafts; DSpark
+// costs steps by the profile the device measures at start-up), both ways.
 //
 //   build/bench/bench_overlap [--model DIR] [--sequences 1,8] [--tokens 64] [--rounds 5]
-//                             [--threads 2] [--context 32]
+//                             [--threads 2] [--context 32] [--spec off|fixedK|dspark]
 #include "actors/engine/decode_engine.hpp"
 #include "actors/gpu_rank.hpp"
 #include "actors/type_ids.hpp"
@@ -65,6 +67,8 @@ double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
 
 /// Decodes `sequences` requests of `tokens` tokens on `device` through a fresh decode engine.
 run_figures run_once(caf::actor_system& sys, const runtime::device_port& device, bool overlap,
+                     const actors::speculation_setting& spec,
+                     const std::shared_ptr<ports::step_profile>& profile,
                      std::uint32_t sequences, std::uint64_t tokens, std::uint64_t context,
                      std::uint64_t& next_id) {
   auto log = std::make_shared<std::vector<step_record>>();
@@ -72,6 +76,12 @@ run_figures run_once(caf::actor_system& sys, const runtime::device_port& device,
   actors::decode_engine_params p;
   p.max_batch = sequences;
   p.overlap = overlap;
+  p.spec = spec.spec;
+  p.fixed_drafts = spec.fixed_drafts;
+  if (spec.spec == actors::speculation::dspark)
+    p.step_cost = [profile](const runtime::device_step& s) {
+      return runtime::from_seconds(profile->seconds(s.tokens));
+    };
   p.on_step = [log, mutex](runtime::time_point s, runtime::time_point f, runtime::duration st) {
     std::lock_guard lock{*mutex};
     log->push_back({s, f, st});
@@ -155,6 +165,7 @@ int main(int argc, char** argv) {
   std::uint64_t tokens = 64, context = 32;
   int rounds = 5;
   std::size_t threads = 2;
+  std::string spec_name = "off";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--model")
@@ -169,10 +180,18 @@ int main(int argc, char** argv) {
       threads = std::stoul(argv[i + 1]);
     else if (a == "--context")
       context = std::stoull(argv[i + 1]);
+    else if (a == "--spec")
+      spec_name = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
     }
+  }
+  const auto spec = actors::parse_speculation(spec_name);
+  if (!spec) {
+    std::fprintf(stderr, "--spec %s: expected off, fixed1 .. fixed5 or dspark\n",
+                 spec_name.c_str());
+    return 2;
   }
   const bool generated = model_dir.empty();
   const auto dir = generated ? std::filesystem::temp_directory_path()
@@ -194,22 +213,26 @@ int main(int argc, char** argv) {
     d.batch_invariant = true;
     d.engram_map = "identity";
     d.name = "decode";
+    auto profile = std::make_shared<ports::step_profile>();
+    if (spec->spec == actors::speculation::dspark)
+      d.profile = profile;
     auto device = ports::spawn_cpu_device(w.system(), std::move(d));
     double load[3] = {0, 0, 0};
     getloadavg(load, 3);
     std::printf("bench_overlap: %s, device threads %zu, context %llu, %llu tokens per request, "
-                "%d rounds; load average %.2f\n",
+                "speculation %s, %d rounds; load average %.2f\n",
                 generated ? "small preset (seed 1)" : model_dir.c_str(), threads,
                 static_cast<unsigned long long>(context), static_cast<unsigned long long>(tokens),
-                rounds, load[0]);
+                spec_name.c_str(), rounds, load[0]);
     std::uint64_t next_id = 1;
     // A warm-up run (the model's first touches of its weights).
-    (void) run_once(w.system(), device, false, 1, 8, context, next_id);
+    (void) run_once(w.system(), device, false, *spec, profile, 1, 8, context, next_id);
     for (auto n : batch_sizes) {
       std::vector<run_figures> runs[2];
       for (int r = 0; r < rounds; ++r)
         for (int mode = 0; mode < 2; ++mode)
-          runs[mode].push_back(run_once(w.system(), device, mode == 1, n, tokens, context, next_id));
+          runs[mode].push_back(
+            run_once(w.system(), device, mode == 1, *spec, profile, n, tokens, context, next_id));
       std::printf("%u sequence%s:\n", n, n == 1 ? "" : "s");
       for (int mode = 0; mode < 2; ++mode) {
         std::vector<double> tps, mean, p50, p99, share;

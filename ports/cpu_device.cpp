@@ -97,8 +97,13 @@ struct cpu_device_state {
   std::int64_t vocab = 0;
   /// The port's sequence ids -> the backend's.
   std::map<std::uint64_t, kernels::sequence_id> sequences;
-  /// The last token drawn for each sequence (what a `feed_drawn` step feeds).
-  std::map<std::uint64_t, std::int32_t> drawn;
+  /// The last token drawn for each sequence and the drafts proposed after it: what a
+  /// `feed_drawn` step feeds.
+  struct last_draw {
+    std::int32_t token = 0;
+    std::vector<std::int32_t> drafts;
+  };
+  std::map<std::uint64_t, last_draw> drawn;
   /// Kept State and SWA KV by block key, and their recency (most recent first).
   std::map<runtime::store_key, kept_state> kept;
   std::list<runtime::store_key> recency;
@@ -299,8 +304,6 @@ caf::error validate(const cpu_device_state& st, const runtime::device_step& step
     if (s.verify > static_cast<std::uint32_t>(kernels::swa_rollback_tokens))
       return "verifies " + std::to_string(s.verify) + " drafts; at most "
              + std::to_string(kernels::swa_rollback_tokens) + " can be rolled back";
-    if (s.feed_drawn && st.drawn.count(s.sequence) == 0)
-      return std::string("feed_drawn, but no token was drawn for it");
     for (auto t : s.tokens)
       if (t < 0 || t >= st.vocab)
         return "token " + std::to_string(t) + " is outside the vocabulary of "
@@ -313,6 +316,27 @@ caf::error validate(const cpu_device_state& st, const runtime::device_step& step
   return runtime::validate_step(step, true, held, extra);
 }
 
+/// Fills in what a `feed_drawn` row leaves to the device (runtime::step_sequence::feed_drawn):
+/// the last token drawn for the sequence, the drafts proposed after it that the row verifies,
+/// and the position its cache holds. The reason it cannot, or an empty string.
+std::string resolve_fed(const cpu_device_state& st, runtime::step_sequence& s) {
+  auto d = st.drawn.find(s.sequence);
+  if (d == st.drawn.end())
+    return "feed_drawn, but no token was drawn for it";
+  if (s.verify > d->second.drafts.size())
+    return "feed_drawn verifies " + std::to_string(s.verify) + " drafts, but "
+           + std::to_string(d->second.drafts.size()) + " were proposed";
+  if (s.count != 1 + s.verify || s.tokens.size() != s.count)
+    return "feed_drawn with " + std::to_string(s.count) + " new tokens and "
+           + std::to_string(s.tokens.size()) + " ids: expected the drawn token and the "
+           + std::to_string(s.verify) + " drafts verified";
+  s.tokens[0] = d->second.token;
+  std::copy_n(d->second.drafts.begin(), s.verify, s.tokens.begin() + 1);
+  auto len = st.backend->length(st.sequences.at(s.sequence));
+  s.position = len ? static_cast<std::uint64_t>(*len) : 0;
+  return {};
+}
+
 /// Closes the port's sequence `seq` if the device holds it.
 void release(cpu_device_state& st, std::uint64_t seq) {
   auto i = st.sequences.find(seq);
@@ -323,13 +347,19 @@ void release(cpu_device_state& st, std::uint64_t seq) {
   st.drawn.erase(seq);
 }
 
-caf::result<runtime::device_result> run_step(self_ptr self, const runtime::device_step& step) {
+caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step& step) {
   auto& st = self->state;
   if (st.load_error)
     return st.load_error;
   runtime::device_result out;
   out.id = step.id;
   out.started = self->clock().now();
+  for (auto& s : step.batch)
+    if (s.feed_drawn)
+      if (auto why = resolve_fed(st, s); !why.empty())
+        return make_error(device_errc::invalid_step, "step " + std::to_string(step.id)
+                                                       + ", sequence "
+                                                       + std::to_string(s.sequence) + ": " + why);
   if (auto err = validate(st, step))
     return err;
   // Every sequence's tokens as the backend takes them; sequences seen for the first time are
@@ -340,8 +370,6 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
   for (std::size_t i = 0; i < step.batch.size(); ++i) {
     const auto& s = step.batch[i];
     tokens[i].assign(s.tokens.begin(), s.tokens.end());
-    if (s.feed_drawn)
-      tokens[i][0] = st.drawn.at(s.sequence);
     auto [it, fresh] = st.sequences.try_emplace(s.sequence, 0);
     if (fresh) {
       it->second = st.backend->open_sequence();
@@ -441,7 +469,9 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
     if (rejected > 0)
       if (auto ok = st.backend->rollback(st.sequences.at(s.sequence), rejected); !ok)
         return fail(s.sequence, ok.error());
-    st.drawn[s.sequence] = last;
+    auto& drew = st.drawn[s.sequence];
+    drew.token = last;
+    drew.drafts.clear();
     if (propose && s.propose) {
       const auto kept = s.count - rejected;
       drafts.push_back({st.sequences.at(s.sequence), static_cast<std::int64_t>(s.position),
@@ -469,6 +499,7 @@ caf::result<runtime::device_result> run_step(self_ptr self, const runtime::devic
         p.confidences.push_back(made->confidences[d * block + k]);
       }
       inc(st.metrics.drafts_proposed, static_cast<double>(n));
+      st.drawn[s.sequence].drafts = p.tokens;
       out.drafts.push_back(std::move(p));
       ++d;
     }
@@ -725,7 +756,7 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
   }
   params.reset();
   return {
-    [self](const runtime::device_step& step) {
+    [self](runtime::device_step& step) {
       return guarded([&] { return run_step(self, step); });
     },
     [self](const runtime::device_release& r) {

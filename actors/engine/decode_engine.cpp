@@ -9,6 +9,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <set>
@@ -49,9 +50,8 @@ struct running {
   std::uint64_t blocks = 0;
   /// The token the next step feeds.
   std::int32_t last = 0;
-  /// Of the drafts the device proposed in the last step (`proposal`), how many the step in
-  /// flight verifies.
-  std::uint32_t verifying = 0;
+  /// How many drafts each step in flight verifies for this job, oldest first.
+  std::array<std::uint32_t, 2> verifying{};
   /// Steps in flight that draw a token for this job (at most 2, with overlap).
   std::uint32_t pending = 0;
   /// The device holds the context's KV (always in the simulated world; a real job's first step
@@ -238,6 +238,9 @@ bool idle(const decode_engine_state& st) {
 /// The drafts each job of the batch verifies this step, in batch order (empty: none verifies
 /// any — speculation off): none without a proposal from the previous step (or on a step that
 /// rebuilds the context), never more than the job still needs after the step's own token.
+/// With a step in flight for the job (overlap) the drafts verified are the ones that step
+/// proposes, not known yet: their number is chosen on the confidences of the proposal before
+/// (two steps old instead of one), and the job needs at least one token fewer.
 std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
   if (st.params.spec == speculation::off)
     return {};
@@ -250,7 +253,8 @@ std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
                                                                 max_drafts));
       if (!run.job.context.empty())
         n = std::min<std::uint64_t>(n, run.proposal.tokens.size());
-      const auto left = run.job.output_tokens - run.generated;
+      const auto done = run.generated + run.pending;
+      const auto left = run.job.output_tokens > done ? run.job.output_tokens - done : 0;
       n = std::min<std::uint64_t>(n, left > 0 ? left - 1 : 0);
       d.count = static_cast<std::uint32_t>(n);
       std::copy_n(run.proposal.confidences.begin(), n, d.confidence.begin());
@@ -274,9 +278,8 @@ std::vector<std::uint32_t> verify_lengths(const decode_engine_state& st) {
 }
 
 /// Steps that may be in flight: 2 with overlap (the next is built while one runs), else 1.
-/// Speculation runs unoverlapped: a step's drafts and accepted count are the next one's inputs.
 std::uint32_t depth(const decode_engine_state& st) {
-  return st.params.overlap && st.params.spec == speculation::off ? 2 : 1;
+  return st.params.overlap ? 2 : 1;
 }
 
 void on_result(engine_ptr self, runtime::device_result& r);
@@ -315,10 +318,11 @@ void step(engine_ptr self) {
     // one it has without drafts.
     seq.propose = st.params.spec != speculation::off;
     ds.proposing += seq.propose ? 1 : 0;
-    run.verifying = verifying;
-    seq.verify = run.verifying;
-    seq.count += run.verifying;
-    ds.tokens += 1 + run.verifying;
+    run.verifying[run.pending] = verifying;
+    seq.verify = verifying;
+    seq.count += verifying;
+    seq.feed_drawn = run.pending > 0;
+    ds.tokens += 1 + verifying;
     ds.context_tokens += position;
     if (!run.job.context.empty()) {
       if (!run.on_device) {
@@ -328,18 +332,18 @@ void step(engine_ptr self) {
         seq.tokens = run.job.context;
         run.on_device = true;
       }
-      if (run.pending > 0) {
-        // The token to feed is the one the step in flight draws: the device patches it in
-        // (the ids the cache holds get it when it arrives).
-        seq.feed_drawn = true;
-        seq.tokens.push_back(0);
+      if (seq.feed_drawn) {
+        // The token to feed and the drafts to verify are those the step in flight draws and
+        // proposes: the device patches them in (the ids the cache holds get the token when it
+        // arrives, and the drafts it accepts with the next answer).
+        seq.tokens.resize(seq.tokens.size() + 1 + verifying, 0);
       } else {
         seq.tokens.push_back(run.last);
         if (st.store)
           run.held.push_back(run.last);
+        seq.tokens.insert(seq.tokens.end(), run.proposal.tokens.begin(),
+                          run.proposal.tokens.begin() + verifying);
       }
-      seq.tokens.insert(seq.tokens.end(), run.proposal.tokens.begin(),
-                        run.proposal.tokens.begin() + run.verifying);
     }
     ++run.pending;
   }
@@ -394,14 +398,16 @@ void on_result(engine_ptr self, runtime::device_result& r) {
       continue;
     }
     --run.pending;
+    const auto verified = run.verifying[0];
+    run.verifying = {run.verifying[1], 0};
     // This sequence's tokens: one, plus one per accepted draft.
     const auto first = sampled;
     while (sampled != r.sampled.end() && sampled->sequence == i->first)
       ++sampled;
     const auto answered = static_cast<std::uint64_t>(sampled - first);
-    if (run.verifying > 0) {
+    if (verified > 0) {
       ++st.stats.verify_steps;
-      st.stats.drafts_verified += run.verifying;
+      st.stats.drafts_verified += verified;
       st.stats.drafts_accepted += answered - 1;
     }
     run.proposal = {};

@@ -204,10 +204,11 @@ struct decode_engine_params {
   std::function<void(std::uint64_t, std::uint64_t, std::uint64_t)> on_verify;
   /// Overlapped scheduling: step N+1 is built and sent while step N runs, so that the device
   /// does not wait for the scheduler between steps. Only N's sampled tokens are missing when
-  /// N+1 is built: the device feeds them itself (step_sequence::feed_drawn). The costs: a job
-  /// joins the batch one step later, and a job that ends on a stop id has one more token
-  /// computed for it, dropped. Not with speculation: a step's drafts and accepted count are
-  /// the next step's inputs, so speculating engines step unoverlapped.
+  /// N+1 is built (with speculation also N's drafts and how many of N's it accepts): the device
+  /// feeds them itself (step_sequence::feed_drawn). The costs: a job joins the batch one step
+  /// later; a job that ends on a stop id, or reaches its length through accepted drafts, has
+  /// tokens computed for it in the step built ahead that are dropped; and a speculating job's
+  /// verify length is chosen on confidences two steps old instead of one (verify_lengths).
   bool overlap = false;
   /// The scheduler's CPU time to build a step (device_step::prepare): the simulated world's
   /// charge for it, which overlap hides; empty in the real world, whose time is real.

@@ -1183,7 +1183,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     // The share of the decode devices' time (steps + waits between them) spent waiting.
     const double waited = runtime::to_seconds(schedule_tally->waited);
     const double total = runtime::to_seconds(schedule_tally->busy) + waited;
-    report["scheduling"] = {{"overlap", p.overlap && p.speculation == actors::speculation::off},
+    report["scheduling"] = {{"overlap", p.overlap},
                             {"decode_steps", schedule_tally->steps},
                             {"scheduler_wait_s", tidy(waited)},
                             {"wait_share", total > 0 ? tidy(waited / total) : 0.0}};

@@ -85,9 +85,13 @@ struct step_sequence {
   /// Answer drafts for this sequence's next step (device_result::drafts).
   bool propose = false;
   /// Overlapped scheduling: the step was built while the device's previous step, which draws
-  /// this sequence's next token, still ran. The first new token is the last token the device
-  /// drew for this sequence; `tokens[0]` is a placeholder the device replaces with it. A
-  /// device that has drawn no token for the sequence refuses the step (invalid_step).
+  /// this sequence's next token, still ran, so the builder knows neither that token nor (with
+  /// speculation) how many tokens that step keeps. The device fills them in: the first new
+  /// token is the last token it drew for this sequence, the `verify` after it are the first
+  /// drafts it proposed for the sequence in that step, and `position` is what the sequence's
+  /// cache holds (the builder's `position` is a lower bound, `tokens` placeholders). So `count`
+  /// is 1 + `verify`. A device that has drawn no token for the sequence, or proposed fewer than
+  /// `verify` drafts, refuses the step (invalid_step).
   bool feed_drawn = false;
 };
 

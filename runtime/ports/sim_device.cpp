@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <unordered_map>
 
 namespace troupe::runtime {
 
@@ -69,6 +70,9 @@ struct sim_device_state {
   sim_draft_model drafts;
   /// When the device finishes the work queued so far.
   time_point busy_until{};
+  /// Speculating sequences (`propose`): the tokens each one's cache holds after the steps
+  /// queued so far, where a `feed_drawn` row of theirs starts.
+  std::unordered_map<std::uint64_t, std::uint64_t> held;
   static inline const char* name = "sim_device";
 };
 
@@ -77,13 +81,19 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
   self->state.cost = std::move(cost);
   self->state.drafts = drafts;
   return {
-    [self](const device_step& step) {
+    [self](device_step& step) {
       auto& st = self->state;
       auto started = std::max(self->clock().now() + step.prepare, st.busy_until);
       st.busy_until = started + std::max(duration{0}, st.cost(step));
       device_result r{step.id, started, st.busy_until, {}};
       r.sampled.reserve(step.batch.size());
-      for (const auto& s : step.batch) {
+      for (auto& s : step.batch) {
+        if (s.feed_drawn) {
+          // Built while this sequence's previous step ran: start where that one left the cache
+          // (speculating sequences; the others' position is exact).
+          if (auto h = st.held.find(s.sequence); h != st.held.end())
+            s.position = h->second;
+        }
         if (!s.sample)
           continue;
         // The token after the first new one, then one more per accepted draft.
@@ -96,6 +106,7 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
         for (std::uint32_t i = 0; i <= accepted; ++i)
           r.sampled.push_back({s.sequence, modelled_token(s.sequence, first + i), 0.0f, {}});
         if (s.propose) {
+          st.held[s.sequence] = first + accepted;
           // Drafts for the positions after the last token answered.
           draft_proposal d{s.sequence, {}, {}};
           const auto next = first + accepted;
@@ -106,7 +117,7 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       }
       return detail::reply_at(self, st.busy_until, std::move(r));
     },
-    [](const device_release&) {},
+    [self](const device_release& r) { self->state.held.erase(r.sequence); },
     // A hand-off takes no device time here (the link port costs the bytes); it is answered
     // after the steps queued before it, as a real device answers it.
     [self](const kv_export&) {

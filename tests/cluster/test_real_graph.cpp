@@ -148,10 +148,11 @@ struct fixture {
 
   explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {},
                    int decode_instances = 1, actors::speculation_setting spec = {},
-                   ports::step_profile::points step_times = {}, bool overlap = true) {
+                   ports::step_profile::points step_times = {}, bool overlap = true,
+                   const std::filesystem::path& model_dir = {}) {
     profile->set(std::move(step_times));
     log->corrupt_exports = corrupt;
-    const auto& dir = test::model_dirs::tiny();
+    const auto dir = model_dir.empty() ? test::model_dirs::tiny() : model_dir;
     auto cfg = kernels::load_model_config(dir);
     REQUIRE(cfg.ok());
     vocab = cfg->text.vocab_size;
@@ -373,6 +374,58 @@ TEST_CASE("with speculative decoding every request gets the tokens it gets witho
     // are accepted is chance).
     CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"proposed\"}") > 0);
     CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"verified\"}") > 0);
+  }
+}
+
+TEST_CASE("overlapped speculative steps accept drafts and give every request the tokens it gets "
+          "without speculation") {
+  // The uniform model (device_fixture.hpp): greedy requests accept every draft, so the steps
+  // built ahead start where only the device knows; seeded ones draw uniformly at their
+  // positions and rarely accept one, so a wrong position shows in their tokens. One seeded
+  // request ends on a stop id.
+  auto requests = [](fixture& f, std::int32_t stop) {
+    std::vector<actors::generation_request> all;
+    for (std::uint64_t id = 1; id <= 6; ++id) {
+      auto g = f.request(id, prompt_of(18 + 11 * id, static_cast<std::uint32_t>(id + 60), f.vocab),
+                         9 + 4 * id, {});
+      if (id % 2 == 1) {
+        g.sampling.temperature = 1.0;
+        g.sampling.seed = 5 * id;
+      }
+      if (id == 5 && stop >= 0)
+        g.stop_ids = {stop};
+      all.push_back(std::move(g));
+    }
+    return all;
+  };
+  const auto& model = test::model_dirs::tiny_uniform();
+  std::map<std::uint64_t, served> off;
+  {
+    fixture f(false, {}, 1, {}, {}, false, model);
+    caf::scoped_actor self{f.w.system()};
+    off = f.run(self, requests(f, -1));
+  }
+  const auto stop = off[5].tokens.at(6);
+  const auto upto = std::find(off[5].tokens.begin(), off[5].tokens.end(), stop);
+  const std::vector<std::int32_t> stopped(off[5].tokens.begin(), upto + 1);
+  for (const std::string mode : {"fixed5", "dspark"}) {
+    for (const bool overlap : {false, true}) {
+      CAPTURE(mode);
+      CAPTURE(overlap);
+      fixture f(false, {}, 1, *actors::parse_speculation(mode), {{1, 1e-3}, {64, 1e-3}},
+                overlap, model);
+      caf::scoped_actor self{f.w.system()};
+      auto on = f.run(self, requests(f, stop));
+      for (std::uint64_t id = 1; id <= 6; ++id) {
+        CAPTURE(id);
+        CHECK(on[id].tokens == (id == 5 ? stopped : off[id].tokens));
+        CHECK(on[id].end.reason
+              == (id == 5 ? actors::finish_reason::stop : actors::finish_reason::length));
+      }
+      CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"accepted\"}")
+            > 0);
+      CHECK((f.log->fed_drawn > 0) == overlap);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include "kernels/generate.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
+#include "kernels/safetensors.hpp"
 #include "ports/cpu_device.hpp"
 #include "runtime/ports/device.hpp"
 
@@ -17,6 +18,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +40,38 @@ public:
     auto ok = kernels::write_random_model(dir, "tiny", seed);
     REQUIRE_MESSAGE(ok.ok(), ok.error());
     return dirs.written_.emplace(seed, dir).first->second;
+  }
+
+  /// The tiny preset with its LM head and its drafts' Markov head all zero: every logit of the
+  /// model and of its drafts is 0, so greedy draws id 0 and every draft (id 0) is accepted,
+  /// while a seeded draw is uniform over the vocabulary at its position (written once per run).
+  static const std::filesystem::path& tiny_uniform() {
+    static const std::filesystem::path dir = [] {
+      auto d = tiny(11).parent_path() / "tiny-uniform";
+      auto ok = kernels::write_random_model(d, "tiny", 11);
+      REQUIRE_MESSAGE(ok.ok(), ok.error());
+      const auto file = d / "model.safetensors";
+      std::string bytes;
+      {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      auto header = kernels::parse_safetensors_header(
+        std::as_bytes(std::span<const char>(bytes.data(), bytes.size())), file.string());
+      REQUIRE_MESSAGE(header.ok(), header.error());
+      int zeroed = 0;
+      for (const auto& t : header->tensors) {
+        if (t.name != "head.weight" && !t.name.ends_with("markov_head.head.weight"))
+          continue;
+        std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(header->data_start + t.begin),
+                  bytes.begin() + static_cast<std::ptrdiff_t>(header->data_start + t.end), '\0');
+        ++zeroed;
+      }
+      REQUIRE(zeroed == 2);
+      std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+      return d;
+    }();
+    return dir;
   }
 
   ~model_dirs() {

@@ -230,3 +230,63 @@ TEST_CASE_FIXTURE(device_fixture,
   REQUIRE_FALSE(refused);
   CHECK(runtime::is(refused.error(), device_errc::snapshot_rejected));
 }
+
+TEST_CASE_FIXTURE(device_fixture, "a step built ahead verifies the drafts the step before it "
+                                  "proposed, from where that step left the cache") {
+  // Overlapped speculation: every step after the first is sent before the one before it is
+  // answered; its rows feed what that step draws and verify what it proposes (feed_drawn), at
+  // a position only the device knows (the builder's is a lower bound). On the uniform model
+  // greedy accepts every draft (all id 0) and a seeded draw, uniform at its position, rarely
+  // equals a draft: a wrong position shows in the seeded tokens.
+  auto p = tiny_params();
+  p.model_dir = model_dirs::tiny_uniform();
+  auto dev = cpu(std::move(p));
+  const auto pr = prompt(20, 5);
+  const runtime::sampling greedy_params{.temperature = 0.0};
+  const runtime::sampling seeded{.temperature = 1.0, .seed = 3};
+  const auto ref = one_by_one(*this, dev, 1, pr, 48, seeded);
+  self->send(dev, runtime::device_release{1});
+  auto first = [&](std::uint64_t id, runtime::sampling params) {
+    auto s = seq(id, 0, pr, true, params);
+    s.propose = true;
+    return s;
+  };
+  auto ahead = [&](std::uint64_t id, std::uint64_t lower_bound, std::uint32_t verify,
+                   runtime::sampling params) {
+    auto s = seq(id, lower_bound, std::vector<std::int32_t>(1 + verify, 0), true, params);
+    s.verify = verify;
+    s.propose = true;
+    s.feed_drawn = true;
+    return s;
+  };
+  constexpr std::uint64_t steps = 10;
+  self->send(dev, step({first(2, greedy_params), first(3, seeded)}, 1));
+  for (std::uint64_t k = 1; k < steps; ++k)
+    self->send(dev, step({ahead(2, pr.size() + k - 1, 5, greedy_params),
+                          ahead(3, pr.size() + k - 1, 1 + k % 5, seeded)},
+                         k + 1));
+  std::vector<std::int32_t> greedy_got, seeded_got;
+  for (std::uint64_t k = 0; k < steps; ++k)
+    self->receive(
+      [&](runtime::device_result& r) {
+        CHECK(r.id == k + 1);
+        for (const auto& t : r.sampled)
+          (t.sequence == 2 ? greedy_got : seeded_got).push_back(t.token);
+      },
+      [&](caf::error& e) { FAIL(sys.render(e)); });
+  // Greedy: one token, then six per step (every draft accepted), all id 0.
+  CHECK(greedy_got == std::vector<std::int32_t>(1 + 6 * (steps - 1), 0));
+  // Seeded: the tokens of one-token steps.
+  REQUIRE(seeded_got.size() >= steps);
+  REQUIRE(seeded_got.size() <= ref.size());
+  for (std::size_t i = 0; i < seeded_got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(seeded_got[i] == ref[i].token);
+  }
+  // A row built ahead verifies no more drafts than the step before proposed (none here).
+  auto plain = seq(4, 0, pr);
+  REQUIRE(run(dev, step({plain}, 20)));
+  auto r = run(dev, step({ahead(4, pr.size(), 2, greedy_params)}, 21));
+  REQUIRE_FALSE(r);
+  CHECK(runtime::is(r.error(), device_errc::invalid_step));
+}
