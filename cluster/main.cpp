@@ -206,7 +206,7 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "times); drafts come from the model's DSpark layers");
   cmd->add_option("--overlap", o.overlap,
                   "overlapped scheduling: on (default: each decode step is built while the "
-                  "previous one runs) or off; speculating engines step unoverlapped");
+                  "previous one runs, speculating or not) or off");
   cmd->add_option("--kv-dir", o.kv_dir,
                   "the KV block store's directory (default: the topology's [storage] path)");
   cmd->add_option("--grace", grace_s,
@@ -355,7 +355,7 @@ int main(int argc, char** argv) {
   sim->add_option("--overlap", sim_opts.overlap,
                   "overlapped decode scheduling: on (default: each step is built while the "
                   "previous one runs) or off (the device waits for the scheduler's time "
-                  "between steps); speculating engines step unoverlapped");
+                  "between steps), speculating engines alike");
   sim->add_option("--swa-rebuild", sim_opts.swa_rebuild,
                   "how a KV cache hit's sliding-window state is rebuilt: bounded (default: "
                   "recompute the prompt's last window) or exact (layer by layer over the "
