@@ -1,6 +1,8 @@
 // Synthetic workloads: prompts as segment lists, chained block keys, chat and agent sessions.
 #include "cluster/sim/workload.hpp"
 
+#include "actors/kv/block_writer.hpp"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -204,6 +206,8 @@ std::string check(const agent_params& p) {
 struct pending {
   request_record record;
   std::uint64_t turn = 0;
+  /// The prompt begins with the session's previous request's prompt and output.
+  bool continues = false;
 };
 
 // Runs `session(index, start, rng, out)` for Poisson session starts from -warm_up to the end
@@ -228,7 +232,14 @@ std::vector<pending> run_sessions(const runtime::rng& random, double session_rat
   return out;
 }
 
-// Sorts by (arrival, provisional session, turn) and numbers sessions by first arrival.
+// Sorts by (arrival, provisional session, turn) and numbers sessions by first arrival. A
+// request that continues its session's previous one names the blocks that one's decode filled
+// as the decode instance keys them: the simulation numbers requests 1, 2, ... in this order, so
+// the previous request is `decode_content_key(its position + 1, i)` for sequence block i, from
+// the block its prompt's end falls in up to its last full block (its last partial block is
+// not persisted); the blocks before are the previous prompt's, as renamed in turn. So the
+// next turn hits what decode persisted, as a real conversation's next turn hits the previous
+// answer's KV.
 std::vector<request_record> finish(std::vector<pending> ps) {
   std::sort(ps.begin(), ps.end(), [](const pending& a, const pending& b) {
     if (a.record.arrival != b.record.arrival)
@@ -237,6 +248,26 @@ std::vector<request_record> finish(std::vector<pending> ps) {
       return a.record.session < b.record.session;
     return a.turn < b.turn;
   });
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::size_t> at; // (session, turn) -> index
+  for (std::size_t k = 0; k < ps.size(); ++k)
+    at.emplace(std::pair{ps[k].record.session, ps[k].turn}, k);
+  for (auto& p : ps) {
+    if (!p.continues || p.turn == 0)
+      continue;
+    auto prev = at.find({p.record.session, p.turn - 1});
+    if (prev == at.end())
+      continue; // it arrived before the run began
+    const auto& before = ps[prev->second].record; // earlier in this order: renamed already
+    const auto first = before.input_tokens / block_tokens;
+    std::copy_n(before.blocks.begin(),
+                std::min<std::uint64_t>({first, before.blocks.size(), p.record.blocks.size()}),
+                p.record.blocks.begin());
+    const auto end = std::min<std::uint64_t>((before.input_tokens + before.output_tokens)
+                                               / block_tokens,
+                                             p.record.blocks.size());
+    for (auto i = first; i < end; ++i)
+      p.record.blocks[i] = actors::decode_content_key(prev->second + 1, i);
+  }
   std::map<std::uint64_t, std::uint64_t> numbers;
   std::vector<request_record> out;
   out.reserve(ps.size());
@@ -271,8 +302,9 @@ std::vector<pending> chat_requests(const chat_params& p, const runtime::rng& ran
   auto session = [&](std::uint64_t id, runtime::duration start, runtime::rng& r,
                      std::vector<pending>& out) {
     auto emit = [&](runtime::duration at, std::uint64_t turn, const prompt& pr,
-                    std::uint64_t output, std::uint32_t images) {
+                    std::uint64_t output, std::uint32_t images, bool continues) {
       pending q;
+      q.continues = continues;
       q.record.arrival = at;
       q.record.input_tokens = pr.tokens();
       q.record.output_tokens = output;
@@ -291,7 +323,7 @@ std::vector<pending> chat_requests(const chat_params& p, const runtime::rng& ran
         pr.append(system_ids[k], system_lengths[k]);
       }
       pr.append(r(), draw(r, p.one_off_tokens));
-      emit(start, 0, pr, draw(r, p.output_tokens), 0);
+      emit(start, 0, pr, draw(r, p.output_tokens), 0, false);
       return;
     }
     auto k = pick_system(r);
@@ -304,13 +336,14 @@ std::vector<pending> chat_requests(const chat_params& p, const runtime::rng& ran
       auto user = draw(r, p.user_tokens);
       if (pr.tokens() + images * p.image_tokens + user > p.max_context)
         pr.clear();
+      const bool continues = pr.tokens() > 0;
       if (pr.tokens() == 0)
         pr.append(system_ids[k], system_lengths[k]);
       for (std::uint32_t i = 0; i < images; ++i)
         pr.append(r(), p.image_tokens);
       pr.append(r(), user);
       auto output = draw(r, p.output_tokens);
-      emit(at, t, pr, output, images);
+      emit(at, t, pr, output, images, continues);
       pr.append(r(), output);
       at += seconds(static_cast<double>(output) / p.decode_tokens_per_second
                     + r.exponential(1.0 / std::max(1e-9, runtime::to_seconds(p.think_time))));
@@ -347,10 +380,12 @@ std::vector<pending> agent_requests(const agent_params& p, const runtime::rng& r
         pr.append(r(), summary);
     };
     restart(0);
+    bool continues = false;
     auto at = start;
     for (std::uint64_t s = 0; s < steps && at < p.duration; ++s) {
       auto call = draw(r, p.call_tokens);
       pending q;
+      q.continues = continues;
       q.record.arrival = at;
       q.record.input_tokens = pr.tokens();
       q.record.output_tokens = call;
@@ -361,7 +396,8 @@ std::vector<pending> agent_requests(const agent_params& p, const runtime::rng& r
         pr.keys(q.record.blocks);
       out.push_back(std::move(q));
       auto result = draw(r, p.result_tokens);
-      if (pr.tokens() + call + result > p.max_context) {
+      continues = pr.tokens() + call + result <= p.max_context;
+      if (!continues) {
         restart(draw(r, p.summary_tokens));
       } else {
         pr.append(r(), call);

@@ -2,6 +2,8 @@
 // and the synthetic generators.
 #include "cluster/sim/trace.hpp"
 #include "cluster/sim/workload.hpp"
+#include "actors/kv/block_key.hpp"
+#include "actors/kv/block_writer.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 using namespace std::chrono_literals;
 using namespace troupe::cluster::sim;
@@ -383,6 +386,49 @@ TEST_CASE("a chat turn's prompt starts with the previous turn's prompt") {
     last[r.session] = &r;
   }
   CHECK(follow_ups > 100);
+}
+
+TEST_CASE("a turn's prompt names the previous answer's blocks as that request's decode keyed "
+          "them") {
+  // The simulation numbers records 1, 2, ... in order; the previous turn's decode instance
+  // persists its output blocks under decode_chain (actors/kv/block_writer.hpp). The next
+  // turn's chain must run through exactly those keys for the next turn to hit them.
+  for (const bool agent : {false, true}) {
+    CAPTURE(agent);
+    auto w = agent ? generate_agent(short_agent(2, 1800s), rng{7})
+                   : generate_chat(short_chat(2, 1800s), rng{7});
+    REQUIRE(w.ok());
+    std::map<std::uint64_t, std::size_t> last; // session -> index of its latest request
+    std::size_t hits = 0;
+    for (std::size_t k = 0; k < w.records.size(); ++k) {
+      const auto& r = w.records[k];
+      auto it = last.find(r.session);
+      if (it == last.end()) {
+        last[r.session] = k;
+        continue;
+      }
+      const auto before = std::exchange(it->second, k);
+      const auto& prev = w.records[before];
+      const auto first = prev.input_tokens / 128;
+      const auto end = (prev.input_tokens + prev.output_tokens) / 128;
+      if (r.input_tokens < prev.input_tokens + prev.output_tokens || end <= first)
+        continue; // a fresh prompt (context full), or an answer within one block
+      auto prompt = troupe::actors::make_chain(std::span<const std::uint64_t>{prev.blocks},
+                                               prev.input_tokens);
+      auto next = troupe::actors::make_chain(std::span<const std::uint64_t>{r.blocks},
+                                             r.input_tokens);
+      // A continuing turn: the previous prompt's full blocks, then the decoded ones.
+      if (!std::equal(prompt.begin(), prompt.end(), next.begin()))
+        continue;
+      REQUIRE(next.size() >= end);
+      auto decoded = troupe::actors::decode_chain(prompt.empty() ? troupe::actors::block_key{}
+                                                                 : prompt.back(),
+                                                  first, before + 1, first, end - first);
+      CHECK(std::equal(decoded.begin(), decoded.end(), next.begin() + first));
+      ++hits;
+    }
+    CHECK(hits > 50);
+  }
 }
 
 TEST_CASE("agent traffic reuses more of its prompts than chat traffic") {
