@@ -1325,11 +1325,12 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
         return 0;
       return report["lb"][lb][name].get<std::uint64_t>();
     };
-    if (auto held = counter("decode", "held_requests"); held > 0)
+    const auto held = counter("decode", "held_requests");
+    const auto held_kv = counter("decode", "held_kv_tokens");
+    if (held > 0 || held_kv > 0)
       invariants.violations.push_back(
         {0, "KV leaked: decode instances still hold " + std::to_string(held) + " requests ("
-              + std::to_string(counter("decode", "held_kv_tokens"))
-              + " KV tokens) after every request ended",
+              + std::to_string(held_kv) + " KV tokens) after every request ended",
          {}});
     if (*kv_stats && (*kv_stats)->pending > 0)
       invariants.violations.push_back(
