@@ -182,7 +182,7 @@ void constraint_table::add(std::uint64_t id, const std::string& key, bool thinki
       e.m.emplace(e.c->grammar);
       cached = true;
     }
-    entries_.insert_or_assign(id, std::move(e));
+    entries_.insert_or_assign(id, std::make_shared<slot>(std::move(e)));
   }
   if (cached) {
     done(std::nullopt);
@@ -197,11 +197,13 @@ void constraint_table::add(std::uint64_t id, const std::string& key, bool thinki
     done(error ? std::optional<recipe::api_error>(*error) : std::nullopt);
     std::lock_guard lock(mu_);
     if (auto it = entries_.find(id); it != entries_.end()) {
+      std::lock_guard hold(it->second->mu);
+      entry& e = it->second->e;
       if (error) {
-        it->second.failed = true;
+        e.failed = true;
       } else {
-        it->second.c = std::get<std::shared_ptr<compiled>>(c);
-        it->second.m.emplace(it->second.c->grammar);
+        e.c = std::get<std::shared_ptr<compiled>>(c);
+        e.m.emplace(e.c->grammar);
       }
     }
     compiled_.notify_all();
@@ -238,7 +240,7 @@ constraint_table::restore_result constraint_table::restore(std::uint64_t id, con
     if (auto* why = std::get_if<std::string>(&r))
       return {restore_result::refused, *why};
     std::lock_guard lock(mu_);
-    entries_.insert_or_assign(id, std::move(std::get<entry>(r)));
+    entries_.insert_or_assign(id, std::make_shared<slot>(std::move(std::get<entry>(r))));
     return {};
   }
   // Until the compile (or the long replay) ends: free reasoning up to the first `</think>` (the context's, or one the
@@ -251,7 +253,7 @@ constraint_table::restore_result constraint_table::restore(std::uint64_t id, con
   {
     std::lock_guard lock(mu_);
     pending.restore = restore = ++restores_;
-    entries_.insert_or_assign(id, std::move(pending));
+    entries_.insert_or_assign(id, std::make_shared<slot>(std::move(pending)));
   }
   boost::asio::post(pool_, [this, id, restore, spec, context = std::move(context), later = std::move(later)] {
     auto c = compile(spec.format, "response_format", {});
@@ -270,8 +272,9 @@ constraint_table::restore_result constraint_table::restore(std::uint64_t id, con
     later(why);
     std::lock_guard lock(mu_);
     // (Not an entry that replaced it: the request's next job, after this one ended.)
-    if (auto it = entries_.find(id); it != entries_.end() && it->second.restore == restore) {
-      entry& live = it->second;
+    if (auto it = entries_.find(id); it != entries_.end() && it->second->e.restore == restore) {
+      std::lock_guard hold(it->second->mu);
+      entry& live = it->second->e;
       if (!rebuilt) {
         live.failed = true;
       } else {
@@ -306,18 +309,31 @@ void constraint_table::eos_only(std::span<std::uint32_t> mask) const {
 }
 
 bool constraint_table::allowed(std::uint64_t sequence, std::uint64_t position, std::span<std::uint32_t> mask) {
-  std::unique_lock lock(mu_);
-  auto it = entries_.find(sequence);
-  if (it == entries_.end() || it->second.in_reasoning)
-    return false;
-  // Prefill ended before the compile did: wait for it here, in the device's thread.
-  compiled_.wait(lock, [&] {
-    it = entries_.find(sequence);
-    return it == entries_.end() || it->second.c || it->second.failed;
-  });
-  if (it == entries_.end())
-    return false;
-  entry& e = it->second;
+  std::shared_ptr<slot> s;
+  {
+    std::unique_lock lock(mu_);
+    auto it = entries_.find(sequence);
+    if (it == entries_.end())
+      return false;
+    {
+      std::lock_guard hold(it->second->mu);
+      if (it->second->e.in_reasoning)
+        return false;
+    }
+    // Prefill ended before the compile did: wait for it here, in the device's thread. (c and
+    // failed are only set with the table's lock held.)
+    compiled_.wait(lock, [&] {
+      it = entries_.find(sequence);
+      return it == entries_.end() || it->second->e.c || it->second->e.failed;
+    });
+    if (it == entries_.end())
+      return false;
+    s = it->second;
+  }
+  // The mask is built under the entry's own lock: a state's first mask can take milliseconds,
+  // and meanwhile other sequences' masks, add() and remove() go on.
+  std::lock_guard hold(s->mu);
+  entry& e = s->e;
   if (e.failed) {  // the request is being refused: end the output
     eos_only(mask);
     return true;
@@ -330,20 +346,27 @@ bool constraint_table::allowed(std::uint64_t sequence, std::uint64_t position, s
     eos_only(mask);
     return true;
   }
-  scratch_.assign(vocab_->mask_words(), 0u);
-  e.c->masks->fill(*e.m, scratch_);
+  thread_local std::vector<std::uint32_t> scratch;
+  scratch.assign(vocab_->mask_words(), 0u);
+  e.c->masks->fill(*e.m, scratch);
   std::fill(mask.begin(), mask.end(), 0u);
-  std::copy_n(scratch_.begin(), std::min(scratch_.size(), mask.size()), mask.begin());
+  std::copy_n(scratch.begin(), std::min(scratch.size(), mask.size()), mask.begin());
   if (std::all_of(mask.begin(), mask.end(), [](std::uint32_t w) { return w == 0; }))
     eos_only(mask);
   return true;
 }
 
 void constraint_table::accepted(std::uint64_t sequence, std::uint64_t position, std::int32_t token) {
-  std::lock_guard lock(mu_);
-  auto it = entries_.find(sequence);
-  if (it != entries_.end())
-    accept_locked(it->second, position, token);
+  std::shared_ptr<slot> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(sequence);
+    if (it == entries_.end())
+      return;
+    s = it->second;
+  }
+  std::lock_guard hold(s->mu);
+  accept_locked(s->e, position, token);
 }
 
 bool constraint_table::accept_locked(entry& e, std::uint64_t position, std::int32_t token) {

@@ -115,12 +115,19 @@ private:
     std::optional<std::uint64_t> next;            // the position of the next constrained token
     std::uint64_t restore = 0;                    // the restore() that registered it (0: none)
   };
+  /// An entry and the lock of its device side (m, next, in_reasoning; c, failed and restore
+  /// are set with the table's lock held too): a device builds a mask holding only this one.
+  struct slot {
+    explicit slot(entry x) : e(std::move(x)) {}
+    std::mutex mu;
+    entry e;
+  };
   void eos_only(std::span<std::uint32_t> mask) const;
   /// The compiled grammar of `key` (from the cache, or compiled outside the lock and kept).
   std::variant<std::shared_ptr<compiled>, recipe::api_error> compile(const std::string& key, const std::string& param,
                                                                      std::span<const std::string> tool_params);
-  /// accepted() with the lock held (or on an entry no other thread sees); false if the grammar
-  /// refused the token.
+  /// accepted() with the entry's lock held (or on an entry no other thread sees); false if the
+  /// grammar refused the token.
   bool accept_locked(entry& e, std::uint64_t position, std::int32_t token);
   /// The entry of a request whose output so far is `context` (restore()), or why there is none.
   std::variant<entry, std::string> replayed(std::shared_ptr<compiled> c, const runtime::constraint_spec& spec,
@@ -130,8 +137,7 @@ private:
   std::shared_ptr<const recipe::grammar::vocabulary> vocab_;
   std::optional<recipe::token_id> think_end_;
   std::map<std::string, std::shared_ptr<compiled>> cache_;  // by key
-  std::map<std::uint64_t, entry> entries_;
-  std::vector<std::uint32_t> scratch_;
+  std::map<std::uint64_t, std::shared_ptr<slot>> entries_;
   std::uint64_t restores_ = 0;  // restore() calls that compile: an entry's compile fills only its own
   std::condition_variable compiled_;  // an entry's compile ended
   boost::asio::thread_pool pool_;     // last: joined before the members its jobs use go
