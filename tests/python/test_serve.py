@@ -735,7 +735,8 @@ def spec_server(model_dir, tmp_path_factory):
 
 def test_speculative_decoding_answers_what_it_answers_without_greedy_seeded_and_structured(
         server, spec_server):
-    # (`server` also schedules overlapped, the default; a speculating server does not.)
+    # (Both schedule overlapped, the default: the speculating server's steps built ahead verify
+    # the drafts the step in flight proposes.)
     messages = [{"role": "user", "content": "Describe a supervision tree."}]
     for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 7}):
         off = server.openai().chat.completions.create(model=MODEL, messages=messages,
