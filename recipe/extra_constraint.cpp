@@ -86,9 +86,10 @@ response_format grammar_format(const std::string& text, const ojson* syntax, con
   return f;
 }
 
-void parse_extra_constraint(const ojson& body, const conversation& conv, const std::string& format_param,
+void parse_extra_constraint(const ojson& body, conversation& conv, const std::string& format_param,
                             sampling_params& sp) {
   std::vector<found> all;
+  bool compact = false;
   if (const ojson* so = find(body, "structured_outputs")) {
     if (!so->is_object())
       fail(std::string("Invalid type for 'structured_outputs': expected an object, got ") + so->type_name() + ".",
@@ -103,13 +104,10 @@ void parse_extra_constraint(const ojson& body, const conversation& conv, const s
       } else if (key == "disable_fallback") {
         need_bool(v, param);  // there is no fallback: a constraint compiles or is refused
       } else if (key == "disable_any_whitespace") {
-        if (need_bool(v, param))
-          fail("Unsupported value for '" + param + "': JSON output here has one canonical form, with ', ' and "
-               "': ' between items (docs/structured-output.md), not the compact one.",
-               param);
+        compact = need_bool(v, param);  // JSON constraints only, as in vLLM
       } else {
-        fail("Unsupported parameter: '" + param + "'. Supported are 'json', 'regex', 'choice', 'grammar' and "
-             "'json_object'.",
+        fail("Unsupported parameter: '" + param + "'. Supported are 'json', 'regex', 'choice', 'grammar', "
+             "'json_object' and 'disable_any_whitespace'.",
              param);
       }
     }
@@ -119,6 +117,10 @@ void parse_extra_constraint(const ojson& body, const conversation& conv, const s
       {"guided_grammar", "grammar"}, {"regex", "regex"},     {"ebnf", "ebnf"}};
   for (const auto& [key, kind] : singles)
     if (const ojson* v = find(body, key)) all.push_back(read_field(kind, *v, key));
+  // `disable_any_whitespace` makes JSON output compact: the constraint's, or the request's
+  // response format's when that is JSON.
+  conv.format.compact = compact;
+  for (auto& f : all) f.format.compact = compact;
   if (all.empty()) return;
   if (all.size() > 1)
     fail("Only one structured output constraint may be given; this request has '" + all[0].param + "' and '" +

@@ -61,6 +61,7 @@ struct response_format {
   std::string grammar;      // grammar: the text, GBNF (start rule `root`) or Lark (start rule `start`)
   enum class grammar_syntax { gbnf, lark };
   grammar_syntax syntax = grammar_syntax::gbnf;  // grammar: as given, or detected (lark.hpp)
+  bool compact = false;  // json_object, json_schema: no whitespace at all (vLLM's disable_any_whitespace)
 };
 enum class reasoning_effort { low, high, xhigh, max };
 

@@ -209,8 +209,9 @@ void order_tool_results(conversation& conv);
 /// `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`), SGLang's `regex` and
 /// `ebnf`. Null members are absent. At most one constraint in all, and none beside a
 /// `format_param` (response_format / text.format) other than text; sets
-/// sp.extra_constraint(_param).
-void parse_extra_constraint(const ojson& body, const conversation& conv, const std::string& format_param,
+/// sp.extra_constraint(_param). `structured_outputs.disable_any_whitespace: true` makes a JSON
+/// constraint compact (response_format::compact): that field's, or conv.format's.
+void parse_extra_constraint(const ojson& body, conversation& conv, const std::string& format_param,
                             sampling_params& sp);
 
 /// A grammar format's text and syntax: `syntax` ("lark" or "gbnf", at `syntax_param`) when given

@@ -34,10 +34,11 @@ constraint_table::~constraint_table() { pool_.join(); }
 
 std::string constraint_table::format_key(const recipe::response_format& format) {
   using kind = recipe::response_format::kind;
+  const std::string compact = format.compact ? "compact:" : "";
   switch (format.type) {
     case kind::text: return {};
-    case kind::json_object: return "object";
-    case kind::json_schema: return "schema:" + format.schema_json;
+    case kind::json_object: return compact + "object";
+    case kind::json_schema: return compact + "schema:" + format.schema_json;
     case kind::regex: return "regex:" + format.regex;
     case kind::grammar: {
       const bool lark = format.syntax == recipe::response_format::grammar_syntax::lark;
@@ -83,10 +84,17 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
       return std::nullopt;
     return key.substr(prefix.size());
   };
+  gr::json_style style;
+  if (auto json = rest("compact:")) {  // JSON without whitespace: object or schema
+    style.compact = true;
+    key = *json;
+    if (key != "object" && !key.starts_with("schema:"))
+      return bad_request("not a structured-output format: a malformed compact key", param);
+  }
   if (key == "object")
-    return gr::any_json_object();
+    return gr::any_json_object(style);
   if (auto schema = rest("schema:")) {
-    auto r = gr::compile_json_schema(*schema);
+    auto r = gr::compile_json_schema(*schema, {}, style);
     if (auto* e = std::get_if<gr::schema_error>(&r))
       return bad_request("Unsupported JSON schema for structured output: " + e->to_string() + ".", param);
     return std::move(std::get<gr::grammar>(r));

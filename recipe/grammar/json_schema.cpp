@@ -49,17 +49,17 @@ void escape_string_into(std::string& out, std::string_view s) {
   out.push_back('"');
 }
 
-void canonical_into(std::string& out, const nlohmann::json& v) {
+void canonical_into(std::string& out, const nlohmann::json& v, json_style style) {
   switch (v.type()) {
     case nlohmann::json::value_t::object: {
       out.push_back('{');
       bool first = true;
       for (auto it = v.begin(); it != v.end(); ++it) {
-        if (!first) out += ", ";
+        if (!first) out += style.item();
         first = false;
         escape_string_into(out, it.key());
-        out += ": ";
-        canonical_into(out, it.value());
+        out += style.key();
+        canonical_into(out, it.value(), style);
       }
       out.push_back('}');
       return;
@@ -67,8 +67,8 @@ void canonical_into(std::string& out, const nlohmann::json& v) {
     case nlohmann::json::value_t::array: {
       out.push_back('[');
       for (std::size_t i = 0; i < v.size(); ++i) {
-        if (i) out += ", ";
-        canonical_into(out, v[i]);
+        if (i) out += style.item();
+        canonical_into(out, v[i], style);
       }
       out.push_back(']');
       return;
@@ -246,7 +246,8 @@ class integer_range {
 // Compiles (sub)schemas of one root schema into rules appended to a grammar.
 class schema_rules::compiler {
  public:
-  compiler(const json& root, grammar& g, const limits& lim) : root_(root), lim_(lim), g_(g) {}
+  compiler(const json& root, grammar& g, const limits& lim, json_style style)
+      : root_(root), lim_(lim), style_(style), g_(g) {}
 
   std::uint32_t rule_for(const std::string& ptr, const json& node) {
     return rule_of(memo_, ptr, node, &compiler::emit, "");
@@ -328,7 +329,7 @@ class schema_rules::compiler {
     b.byte(s, arr, '[');
     b.byte(arr, a, ']');
     b.call(arr, arr_item, id);
-    b.literal(arr_item, arr_more, ", ");
+    b.literal(arr_item, arr_more, style_.item());
     b.call(arr_more, arr_item, id);
     b.byte(arr_item, a, ']');
     // { } and {"k": v, ...}
@@ -337,9 +338,9 @@ class schema_rules::compiler {
     b.byte(s, obj, '{');
     b.byte(obj, a, '}');
     b.call(obj, colon, key);
-    b.literal(member, obj_more, ", ");
+    b.literal(member, obj_more, style_.item());
     b.call(obj_more, colon, key);
-    b.literal(colon, value, ": ");
+    b.literal(colon, value, style_.key());
     b.call(value, member, id);
     b.byte(member, a, '}');
     finish(id, b, s, a, "any");
@@ -523,7 +524,7 @@ class schema_rules::compiler {
                         (v.is_object() && types.count("object")) || (v.is_array() && types.count("array")) ||
                         (v.is_string() && types.count("string")) || (v.is_number() && types.count("number")) ||
                         (v.is_number() && types.count("integer") && (v.is_number_integer() || std::floor(v.get<double>()) == v.get<double>()));
-        if (ok) b.literal(from, to, canonical_json(nlohmann::json(v)));
+        if (ok) b.literal(from, to, canonical_json(nlohmann::json(v), style_));
       }
       return;
     }
@@ -714,7 +715,7 @@ class schema_rules::compiler {
       std::uint32_t elem_from = c[i];
       if (i > 0) {
         elem_from = b.add_state();
-        b.literal(c[i], elem_from, ", ");
+        b.literal(c[i], elem_from, style_.item());
       }
       c.push_back(b.add_state());
       b.call(elem_from, c[i + 1], i < prefix.size() ? prefix[i] : *items);
@@ -722,7 +723,7 @@ class schema_rules::compiler {
     for (std::uint32_t i = lo; i <= u; ++i) b.byte(c[i], to, ']');
     if (unbounded) {
       const auto sep = b.add_state();
-      b.literal(c[u], sep, ", ");
+      b.literal(c[u], sep, style_.item());
       b.call(sep, c[u], *items);
     }
   }
@@ -781,9 +782,9 @@ class schema_rules::compiler {
       for (int f = 0; f < 2; ++f) {
         if (!m.required) b.epsilon(j[i][f], j[i + 1][f]);
         if (m.forbidden) continue;
-        std::string key = f ? "" : ", ";
+        std::string key(f ? "" : style_.item());
         escape_string_into(key, m.name);
-        key += ": ";
+        key += style_.key();
         const auto v = b.add_state();
         b.literal(j[i][f], v, key);
         b.call(v, j[i + 1][0], m.rule);
@@ -795,9 +796,9 @@ class schema_rules::compiler {
       for (int f = 0; f < 2; ++f) {
         auto k = b.add_state(), colon = b.add_state(), v = b.add_state();
         if (f) b.epsilon(j[n][f], k);
-        else b.literal(j[n][f], k, ", ");
+        else b.literal(j[n][f], k, style_.item());
         b.call(k, colon, key_rule);
-        b.literal(colon, v, ": ");
+        b.literal(colon, v, style_.key());
         b.call(v, j[n][0], *extra);
       }
     }
@@ -830,6 +831,7 @@ class schema_rules::compiler {
 
   const json& root_;
   limits lim_;
+  json_style style_;
   grammar& g_;
   std::map<std::string, std::uint32_t> memo_, raw_memo_;
   std::optional<std::uint32_t> any_rule_, string_rule_;
@@ -862,9 +864,9 @@ std::size_t nesting(std::string_view s) {
 
 }  // namespace
 
-std::string canonical_json(const nlohmann::json& value) {
+std::string canonical_json(const nlohmann::json& value, json_style style) {
   std::string out;
-  canonical_into(out, value);
+  canonical_into(out, value, style);
   return out;
 }
 
@@ -872,8 +874,8 @@ std::string json_pointer_child(std::string_view pointer, std::string_view key) {
   return std::string(pointer) + "/" + escape_pointer_token(std::string(key));
 }
 
-schema_rules::schema_rules(const json& root, grammar& g, const limits& lim)
-    : c_(std::make_unique<compiler>(root, g, lim)) {}
+schema_rules::schema_rules(const json& root, grammar& g, const limits& lim, json_style style)
+    : c_(std::make_unique<compiler>(root, g, lim, style)) {}
 schema_rules::~schema_rules() = default;
 
 std::variant<std::uint32_t, schema_error> schema_rules::value(const json& node, const std::string& pointer) {
@@ -894,10 +896,10 @@ std::optional<schema_error> schema_rules::emit_raw_string(nfa_builder& b, std::u
   }
 }
 
-std::variant<grammar, schema_error> compile_json_schema(const json& schema, const limits& lim) {
+std::variant<grammar, schema_error> compile_json_schema(const json& schema, const limits& lim, json_style style) {
   try {
     grammar g;
-    g.root = schema_rules::compiler(schema, g, lim).rule_for("", schema);
+    g.root = schema_rules::compiler(schema, g, lim, style).rule_for("", schema);
     if (auto r = left_recursive_rule(g); !r.empty())
       return schema_error{"$ref", r.substr(1), "recursion that consumes no output (left recursion) through " + r};
     if (!prune(g)) return schema_error{"", "", "the schema accepts no JSON value"};
@@ -907,15 +909,15 @@ std::variant<grammar, schema_error> compile_json_schema(const json& schema, cons
   }
 }
 
-std::variant<grammar, schema_error> compile_json_schema(std::string_view text, const limits& lim) {
+std::variant<grammar, schema_error> compile_json_schema(std::string_view text, const limits& lim, json_style style) {
   if (nesting(text) > 128) return schema_error{"", "", "the schema is nested more than 128 levels deep"};
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return schema_error{"", "", "the schema is not valid JSON"};
-  return compile_json_schema(j, lim);
+  return compile_json_schema(j, lim, style);
 }
 
-grammar any_json_object() {
-  return std::get<grammar>(compile_json_schema(json{{"type", "object"}}));
+grammar any_json_object(json_style style) {
+  return std::get<grammar>(compile_json_schema(json{{"type", "object"}}, {}, style));
 }
 
 }  // namespace troupe::recipe::grammar

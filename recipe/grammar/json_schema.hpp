@@ -23,6 +23,14 @@
 
 namespace troupe::recipe::grammar {
 
+// How a compiled grammar separates items and members: canonical (`", "` and `": "`, above) or
+// compact (`","` and `":"`, no whitespace at all: vLLM's `disable_any_whitespace`).
+struct json_style {
+  bool compact = false;
+  std::string_view item() const { return compact ? "," : ", "; }
+  std::string_view key() const { return compact ? ":" : ": "; }
+};
+
 struct schema_error {
   std::string keyword;  // the keyword at fault ("" for the schema as a whole)
   std::string pointer;  // JSON pointer of the schema holding it ("" is the root)
@@ -31,9 +39,11 @@ struct schema_error {
 };
 
 // `schema` keeps its key order: `properties` order is the members' order.
-std::variant<grammar, schema_error> compile_json_schema(const nlohmann::ordered_json& schema, const limits& lim = {});
+std::variant<grammar, schema_error> compile_json_schema(const nlohmann::ordered_json& schema, const limits& lim = {},
+                                                        json_style style = {});
 // Parses the text first (at most 128 levels deep; a parse error is a schema_error).
-std::variant<grammar, schema_error> compile_json_schema(std::string_view schema_text, const limits& lim = {});
+std::variant<grammar, schema_error> compile_json_schema(std::string_view schema_text, const limits& lim = {},
+                                                        json_style style = {});
 
 // Rules for (sub)schemas of one root schema, appended to a grammar under construction: for
 // grammars that embed JSON Schema values, such as tool calls (tool_calls.hpp). `node` is a
@@ -43,7 +53,7 @@ std::variant<grammar, schema_error> compile_json_schema(std::string_view schema_
 class schema_rules {
  public:
   // `root` and `g` must outlive this object.
-  schema_rules(const nlohmann::ordered_json& root, grammar& g, const limits& lim = {});
+  schema_rules(const nlohmann::ordered_json& root, grammar& g, const limits& lim = {}, json_style style = {});
   ~schema_rules();
   // A rule whose sentences are the canonical JSON texts of `node`'s instances.
   std::variant<std::uint32_t, schema_error> value(const nlohmann::ordered_json& node, const std::string& pointer);
@@ -63,10 +73,11 @@ class schema_rules {
 std::string json_pointer_child(std::string_view pointer, std::string_view key);
 
 // A grammar of any JSON object (the `json_object` response format).
-grammar any_json_object();
+grammar any_json_object(json_style style = {});
 
 // The canonical text of a JSON value, as the compiled grammars write `enum` / `const` values:
-// object keys sorted (nlohmann::json's order), integral floats below 1e18 as integers.
-std::string canonical_json(const nlohmann::json& value);
+// object keys sorted (nlohmann::json's order), integral floats below 1e18 as integers; the
+// separators `style`'s.
+std::string canonical_json(const nlohmann::json& value, json_style style = {});
 
 }  // namespace troupe::recipe::grammar

@@ -117,6 +117,45 @@ TEST_CASE("structured output table: a regex request allows exactly its tokens, p
   CHECK_FALSE(t.allowed(7, 101, mask));
 }
 
+TEST_CASE("structured output table: a compact JSON format allows no whitespace between members") {
+  constraint_table t(v4());
+  response_format f;
+  f.type = response_format::kind::json_schema;
+  f.schema_json = R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                     "required": ["a", "b"], "additionalProperties": false})";
+  response_format compact = f;
+  compact.compact = true;
+  CHECK(key(compact) != key(f));
+  REQUIRE_FALSE(add_now(t, 1, key(f), false, "response_format"));
+  REQUIRE_FALSE(add_now(t, 2, key(compact), false, "structured_outputs.json"));
+  // Each walks its own form, token by token as a device samples, up to the next key's quote.
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  auto walk = [&](std::uint64_t id, const std::string& text) {
+    std::uint64_t position = 10;
+    for (const auto token : v4().encode(text, troupe::recipe::encode_mode::raw)) {
+      REQUIRE(t.allowed(id, position, mask));
+      REQUIRE(allows(mask, token));
+      t.accepted(id, position++, static_cast<std::int32_t>(token));
+    }
+    REQUIRE(t.allowed(id, position, mask));
+    const auto next = ids_of(mask);
+    REQUIRE_FALSE(next.empty());
+    return next;
+  };
+  auto starts_with_space = [](std::uint32_t id) {
+    const auto bytes = v4().decode_bytes(std::vector<troupe::recipe::token_id>{id});
+    return !bytes.empty() && bytes[0] == ' ';
+  };
+  for (const auto id : walk(1, R"({"a": 1,)"))
+    CHECK_MESSAGE(starts_with_space(id), id);
+  for (const auto id : walk(2, R"({"a":1,)"))
+    CHECK_MESSAGE(!starts_with_space(id), id);
+  // A malformed compact key is refused, naming the field.
+  auto e = add_now(t, 3, "compact:regex:a", false, "structured_outputs.json");
+  REQUIRE(e);
+  CHECK(e->param == "structured_outputs.json");
+}
+
 TEST_CASE("structured output table: in thinking mode the constraint starts after </think>") {
   constraint_table t(v4());
   REQUIRE_FALSE(add_now(t, 8, regex("ok"), true, "response_format"));

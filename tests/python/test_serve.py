@@ -568,6 +568,20 @@ def test_vllm_and_sglang_constraint_fields_are_honoured(server):
         "A number.", max_tokens=30, temperature=1.0, seed=4,
         extra_body={**CHAT_MODE, "guided_json": json.dumps(schema)}))
     assert 0 <= json.loads(r.choices[0].message.content)["n"] <= 9
+    # vLLM's disable_any_whitespace: compact JSON, with the schema's or response_format's.
+    record = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                        "minItems": 2, "maxItems": 2}},
+              "required": ["n", "tags"], "additionalProperties": False}
+    for extra in ({"structured_outputs": {"json": record, "disable_any_whitespace": True}},
+                  {"structured_outputs": {"disable_any_whitespace": True},
+                   "response_format": {"type": "json_schema",
+                                       "json_schema": {"name": "record", "schema": record}}}):
+        r = client.chat.completions.create(**chat_body(
+            "A record, json.", max_tokens=40, temperature=1.0, seed=6, extra_body={**CHAT_MODE, **extra}))
+        text = r.choices[0].message.content
+        value = json.loads(text)
+        assert text == json.dumps(value, separators=(",", ":")), text
     r = client.chat.completions.create(**chat_body(
         "Letters.", max_tokens=30, temperature=1.0, seed=5,
         extra_body={**CHAT_MODE, "ebnf": 'root ::= "[" [a-c]+ "]"'}))

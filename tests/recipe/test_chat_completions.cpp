@@ -138,8 +138,8 @@ TEST_CASE("chat completions: other servers' constraint fields are refused when m
       {R"("structured_outputs": {"json": "{not json"})", "structured_outputs.json", "not a JSON schema"},
       {R"("structured_outputs": {"json": 3})", "structured_outputs.json", "expected an object or a string"},
       {R"("structured_outputs": {"json_object": "yes"})", "structured_outputs.json_object", "expected a boolean"},
-      {R"("structured_outputs": {"disable_any_whitespace": true, "regex": "a"})",
-       "structured_outputs.disable_any_whitespace", "canonical form"},
+      {R"("structured_outputs": {"disable_any_whitespace": "yes", "json_object": true})",
+       "structured_outputs.disable_any_whitespace", "expected a boolean"},
       {R"("structured_outputs": "a+")", "structured_outputs", "expected an object"},
       {R"("ebnf": 7)", "ebnf", "expected a string"},
   };
@@ -152,6 +152,24 @@ TEST_CASE("chat completions: other servers' constraint fields are refused when m
   // `json_object: false`, null members and `disable_any_whitespace: false` ask for nothing.
   CHECK(!ok(M + R"("structured_outputs": {"json_object": false, "regex": null, "disable_any_whitespace": false}})")
              .params.extra_constraint);
+}
+
+TEST_CASE("chat completions: disable_any_whitespace makes a JSON constraint compact") {
+  const std::string M = R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "json a"}], )";
+  auto r = ok(M + R"("structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": true}})");
+  REQUIRE(r.params.extra_constraint);
+  CHECK(r.params.extra_constraint->compact);
+  // Before the constraint it names, or for the response format's JSON.
+  r = ok(M + R"("structured_outputs": {"disable_any_whitespace": true, "json_object": true}})");
+  REQUIRE(r.params.extra_constraint);
+  CHECK(r.params.extra_constraint->compact);
+  r = ok(M + R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+      "structured_outputs": {"disable_any_whitespace": true}})");
+  CHECK_FALSE(r.params.extra_constraint);
+  CHECK(r.conversation.format.compact);
+  // Not asked for: canonical.
+  r = ok(M + R"("structured_outputs": {"json_object": true}})");
+  CHECK_FALSE(r.params.extra_constraint->compact);
 }
 
 TEST_CASE("chat completions: sampling and serving fields are carried") {
