@@ -272,6 +272,35 @@ std::vector<std::int32_t> prompt_of(std::size_t n, std::uint32_t seed, std::int6
   return t;
 }
 
+/// Six requests decoding together: request i has a prompt of `prompt + i * prompt_step` ids and
+/// asks for `tokens + i * tokens_step`; the odd ones sample at `temperature` with seed
+/// `seed_step * i`, the others are greedy; request `stopping` ends on `stop` (when >= 0).
+struct six_requests {
+  std::size_t prompt = 0, prompt_step = 0;
+  std::uint32_t salt = 0;  // the prompts' seeds: i + salt
+  std::uint64_t tokens = 0, tokens_step = 0;
+  double temperature = 0;
+  std::uint64_t seed_step = 0;
+  std::uint64_t stopping = 0;
+
+  std::vector<actors::generation_request> operator()(fixture& f, std::int32_t stop) const {
+    std::vector<actors::generation_request> all;
+    for (std::uint64_t id = 1; id <= 6; ++id) {
+      auto g = f.request(id, prompt_of(prompt + prompt_step * id,
+                                       static_cast<std::uint32_t>(id) + salt, f.vocab),
+                         tokens + tokens_step * id, {});
+      if (id % 2 == 1) {
+        g.sampling.temperature = temperature;
+        g.sampling.seed = seed_step * id;
+      }
+      if (id == stopping && stop >= 0)
+        g.stop_ids = {stop};
+      all.push_back(std::move(g));
+    }
+    return all;
+  }
+};
+
 /// What `troupe generate --greedy --ignore-eos` gives for `prompt` (batch-invariant mode, as
 /// the served devices run).
 std::vector<std::int32_t> generate_greedy(const std::vector<std::int32_t>& prompt, int n) {
@@ -383,21 +412,7 @@ TEST_CASE("overlapped speculative steps accept drafts and give every request the
   // built ahead start where only the device knows; seeded ones draw uniformly at their
   // positions and rarely accept one, so a wrong position shows in their tokens. One seeded
   // request ends on a stop id.
-  auto requests = [](fixture& f, std::int32_t stop) {
-    std::vector<actors::generation_request> all;
-    for (std::uint64_t id = 1; id <= 6; ++id) {
-      auto g = f.request(id, prompt_of(18 + 11 * id, static_cast<std::uint32_t>(id + 60), f.vocab),
-                         9 + 4 * id, {});
-      if (id % 2 == 1) {
-        g.sampling.temperature = 1.0;
-        g.sampling.seed = 5 * id;
-      }
-      if (id == 5 && stop >= 0)
-        g.stop_ids = {stop};
-      all.push_back(std::move(g));
-    }
-    return all;
-  };
+  const six_requests requests{18, 11, 60, 9, 4, 1.0, 5, 5};
   const auto& model = test::model_dirs::tiny_uniform();
   std::map<std::uint64_t, served> off;
   {
@@ -432,21 +447,7 @@ TEST_CASE("overlapped speculative steps accept drafts and give every request the
 TEST_CASE("overlapped decode steps give every request the tokens it gets unoverlapped") {
   // Six requests of different lengths joining at different steps, half seeded, one ending on
   // a stop id (the step built ahead computes a token for it that is dropped).
-  auto requests = [](fixture& f, std::int32_t stop) {
-    std::vector<actors::generation_request> all;
-    for (std::uint64_t id = 1; id <= 6; ++id) {
-      auto g = f.request(id, prompt_of(15 + 23 * id, static_cast<std::uint32_t>(id + 40), f.vocab),
-                         10 + 3 * id, {});
-      if (id % 2 == 1) {
-        g.sampling.temperature = 0.7;
-        g.sampling.seed = 7 * id;
-      }
-      if (id == 4 && stop >= 0)
-        g.stop_ids = {stop};
-      all.push_back(std::move(g));
-    }
-    return all;
-  };
+  const six_requests requests{15, 23, 40, 10, 3, 0.7, 7, 4};
   std::map<std::uint64_t, served> off;
   {
     fixture f(false, {}, 1, {}, {}, false);
