@@ -363,6 +363,10 @@ int main(int argc, char** argv) {
   sim->add_option("--expert-skew", sim_opts.expert_skew,
                   "the routed experts' load: Zipf exponent over the experts (default 0: every "
                   "expert alike); each EP group waits for its busiest rank");
+  sim->add_option("--structured", sim_opts.structured,
+                  "the share of requests under a structured-output constraint (0 .. 1, default "
+                  "0): each decode step builds their token masks on the host while the "
+                  "forward runs, and waits for them when they take longer");
   sim->add_flag("--eplb", sim_opts.eplb,
                 "place the experts by load with one spare slot per rank for copies of hot "
                 "experts (the expert-parallel load balancer), instead of contiguous ranges");

@@ -450,7 +450,8 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     auto r = step_time(model, hw, p, std::max<std::uint32_t>(ep, 1), b, opt);
     if (!r)
       return runtime::duration{0};
-    return runtime::from_seconds(r->total_s + draft_seconds(model, hw, ep, step, opt));
+    const double forward = r->total_s + draft_seconds(model, hw, ep, step, opt);
+    return runtime::from_seconds(std::max(forward, step.constrained * opt.mask_per_sequence_s));
   };
 }
 

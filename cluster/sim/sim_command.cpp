@@ -192,6 +192,11 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   }
   options.params.expert_skew = o.expert_skew;
   options.params.eplb = o.eplb;
+  if (!(o.structured >= 0.0) || o.structured > 1.0) {
+    err << "troupe sim: --structured " << o.structured << ": expected a share in 0 .. 1\n";
+    return 1;
+  }
+  options.params.structured_share = o.structured;
   if (!o.expert_drift.empty()) {
     auto drift = runtime::parse_duration(o.expert_drift);
     if (!drift || drift.value <= runtime::duration{0}) {

@@ -49,6 +49,8 @@ struct sim_command_options {
   /// `--expert-skew S`, `--eplb`.
   double expert_skew = 0.0;
   bool eplb = false;
+  /// The share of requests under a structured-output constraint (sim_params::structured_share).
+  double structured = 0.0;
   /// How a hit's window state is rebuilt: bounded or exact (sim_params::exact_rebuild).
   std::string swa_rebuild = "bounded";
   /// The experts' load drift (one hot rank on per this duration; empty: none) and the expert

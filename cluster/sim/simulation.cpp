@@ -251,6 +251,7 @@ runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t rank
           static_cast<std::uint32_t>(share(s.sequences)),
           share(s.context_tokens),
           static_cast<std::uint32_t>(share(s.proposing)),
+          static_cast<std::uint32_t>(share(s.constrained)),
           {}};
 }
 
@@ -546,12 +547,13 @@ actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
 }
 
 /// The performance model's options for an EP group of `ep` ranks under the run's expert load
-/// (sim_params::expert_skew, eplb).
+/// (sim_params::expert_skew, eplb) and structured output's masks (structured_mask_s).
 perf_options perf_for(const model_profile& model, std::uint32_t ep, double expert_skew,
-                      bool eplb) {
+                      bool eplb, double mask_s) {
   perf_options opt;
   if (expert_skew > 0.0)
     opt.moe_balance = expert_balance(model, ep, expert_skew, eplb);
+  opt.mask_per_sequence_s = mask_s;
   return opt;
 }
 
@@ -795,7 +797,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto per_gpu_batch = pool.role == pool_role::decode ? p.decode_requests_per_gpu : 0;
     ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts,
                     kv_tokens = p.decode_kv_tokens, history, skew = p.expert_skew,
-                    eplb = p.eplb, experts = pool_load](
+                    eplb = p.eplb, mask_s = p.structured_mask_s, experts = pool_load](
                      caf::local_actor* self, actors::instance_id id, std::uint32_t rank,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
@@ -808,7 +810,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                          : kv_tokens > 0  ? kv_tokens
                                           : kv_capacity_tokens(m, h, size, ep);
       auto device = runtime::spawn_sim_device(
-        self->system(), instance_cost(m, h, ep, perf_for(m, ep, skew, eplb), size, busy, key, fleet,
+        self->system(), instance_cost(m, h, ep, perf_for(m, ep, skew, eplb, mask_s), size, busy, key, fleet,
                                       std::uint64_t{per_gpu_batch} * size, kv_capacity, experts),
         drafts);
       // The GPU is held from now until its device exits (docs/report.md, "gpus").
@@ -897,7 +899,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     // DSpark's cost curve: the step time of the pool's configured instance, per GPU share as
     // instance_cost divides it (without its bookkeeping; a slowdown scales every choice alike).
     auto per_gpu = make_step_cost(*model, *hw, decode_pool->ep_size,
-                                  perf_for(*model, decode_pool->ep_size, p.expert_skew, p.eplb));
+                                  perf_for(*model, decode_pool->ep_size, p.expert_skew, p.eplb,
+                                           p.structured_mask_s));
     de.step_cost = [per_gpu, ranks = decode_pool->gpus_per_instance](const runtime::device_step& s) {
       return per_gpu(gpu_share(s, ranks));
     };
@@ -956,7 +959,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   if (topo.autoscaler.enabled) {
     scale_log = std::make_shared<actors::autoscaler_log>();
     auto ap = autoscaler_params_for(topo, *prefill_pool, *decode_pool, vision_pool, *model, *hw,
-                                    perf_for(*model, prefill_pool->ep_size, p.expert_skew, p.eplb),
+                                    perf_for(*model, prefill_pool->ep_size, p.expert_skew, p.eplb,
+                                             p.structured_mask_s),
                                     pe, de, make_prefill, make_decode, cluster, prefill_lb,
                                     decode_lb, scale_log);
     ap.test_order_one_more = p.test_autoscaler_order_one_more;
@@ -982,9 +986,11 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   auto next_id = std::make_shared<std::uint64_t>(0);
   // Surges (fault kind `surge`) speed the workload's clock up by their factor while they last.
   surge_clock surges{options.faults, w.now() - origin};
+  const auto structured = runtime::rng{options.seed}.split("structured");
+  auto constrained = std::make_shared<std::uint64_t>(0);
   admission_stream workload = [next_record = std::move(next_record), chain_blocks, next_id,
-                               image_tokens = p.image_tokens,
-                               surges]() -> std::optional<admission> {
+                               image_tokens = p.image_tokens, share = p.structured_share,
+                               structured, constrained, surges]() -> std::optional<admission> {
     auto r = next_record();
     if (!r)
       return std::nullopt;
@@ -998,6 +1004,10 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                                                       : schemas::traffic_class::chatbot;
     spec.images = r->images;
     spec.image_tokens = r->images * image_tokens;
+    if (share > 0 && structured.split("request", spec.id).chance(share)) {
+      spec.constraint.format = "simulated";  // costed by its masks; no grammar in this world
+      ++*constrained;
+    }
     *chain_blocks += spec.chain.size();
     return admission{r->arrival, std::move(spec)};
   };
@@ -1169,6 +1179,10 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                              {"drafts_per_verify", ratio(verified, seqs)},
                              {"tokens_per_verify", tidy(1.0 + ratio(accepted, seqs))}};
   }
+  if (p.structured_share > 0)
+    report["structured"] = {{"share", tidy(p.structured_share)},
+                            {"requests", *constrained},
+                            {"mask_per_sequence_s", tidy(p.structured_mask_s)}};
   {
     double device_s = 0;
     for (const auto& [key, in] : busy->by_key)
@@ -1413,6 +1427,10 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + num(r["speculation"]["drafts_per_verify"], 2) + " drafts verified, "
            + num(r["speculation"]["tokens_per_verify"], 2) + " tokens per verifying step, "
            + num(r["speculation"]["acceptance"], 3) + " of drafts accepted\n";
+  if (r.contains("structured"))
+    out += "  structured  " + std::to_string(r["structured"]["requests"].get<std::uint64_t>())
+           + " requests constrained, their masks " + num(r["structured"]["mask_per_sequence_s"].get<double>() * 1e6, 1)
+           + " us per sequence per decode step\n";
   if (r.contains("prefill"))
     out += "  prefilled   " + std::to_string(r["prefill"]["computed_tokens"].get<std::uint64_t>())
            + " tokens computed for " + std::to_string(r["prefill"]["jobs"].get<std::uint64_t>())

@@ -13,6 +13,7 @@
 
 #include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/invariants.hpp"
+#include "cluster/sim/perf_model.hpp"
 #include "cluster/sim/result.hpp"
 #include "cluster/sim/trace.hpp"
 #include "actors/engine/decode_engine.hpp"
@@ -70,6 +71,12 @@ struct sim_params {
   runtime::duration retry_interval = std::chrono::seconds(1);
   /// Decode reports delivered tokens to the request every this many tokens.
   std::uint64_t progress_every = 16;
+  /// The share of requests with a structured-output constraint (the same requests for a
+  /// seed), and the host time to build one's token mask for a decode step
+  /// (perf_options::mask_per_sequence_s: each step takes the longer of its forward and its
+  /// GPUs' masks).
+  double structured_share = 0.0;
+  double structured_mask_s = perf_options{}.mask_per_sequence_s;
   /// Speculative decoding of the decode instances (decode_engine.hpp): off, fixed-length
   /// verification of `fixed_drafts` drafts, or DSpark's per-step choice under the performance
   /// model's step time; drafts accepted as `drafts` models them (assumed acceptance rates).

@@ -315,6 +315,38 @@ TEST_CASE("speculative decoding: every request completes exactly, fixed-length a
         > fixed["speculation"]["acceptance"].get<double>());
 }
 
+TEST_CASE("structured output: constrained requests' masks are built while the forward runs, and "
+          "a step waits for them only when they take longer") {
+  replay r{200};
+  auto with = [&](double share, double mask_s) {
+    sim_options o;
+    o.seed = 5;
+    o.params.structured_share = share;
+    o.params.structured_mask_s = mask_s;
+    auto out = run_simulation(r.topo, r.records, o);
+    REQUIRE(out.ok());
+    CHECK(out->report["requests"]["completed"] == 200);
+    CHECK(out->report["invariants"]["violations"].size() == 0);
+    return out->report;
+  };
+  const auto none = with(0.0, 10e-6);
+  const auto half = with(0.5, 10e-6);
+  const auto slow = with(1.0, 20e-3);
+  CHECK_FALSE(none.contains("structured"));
+  // The same requests for a seed, about the share asked for.
+  const auto constrained = half["structured"]["requests"].get<std::uint64_t>();
+  CHECK(constrained > 70);
+  CHECK(constrained < 130);
+  CHECK(with(0.5, 10e-6)["structured"]["requests"] == constrained);
+  CHECK(slow["structured"]["requests"] == 200);
+  // 10 µs masks hide behind a decode forward of milliseconds: the same time between tokens.
+  const auto tbt = [](const nlohmann::json& rep) { return rep["latency_ms"]["tbt"]["p50"].get<double>(); };
+  CHECK(tbt(half) == tbt(none));
+  // 20 ms masks do not: every step takes at least a GPU's sequences' masks.
+  CHECK(tbt(slow) >= 20.0);
+  CHECK(tbt(slow) > tbt(none));
+}
+
 TEST_CASE("GPU figures count the GPU time held: an autoscaled cluster is never over 100% busy") {
   // `troupe sim small-autoscale.toml --workload mixed --rate 20`, shortened: a load well
   // above the initial size, so the autoscaler grows both pools and the GPU time held exceeds
