@@ -318,7 +318,7 @@ void step(engine_ptr self) {
     // one it has without drafts.
     seq.propose = st.params.spec != speculation::off;
     ds.proposing += seq.propose ? 1 : 0;
-    ds.constrained += run.job.constraint.format.empty() ? 0 : 1;
+    ds.masks += run.job.constraint.format.empty() ? 0 : 1 + verifying;
     run.verifying[run.pending] = verifying;
     seq.verify = verifying;
     seq.count += verifying;

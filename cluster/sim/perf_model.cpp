@@ -451,7 +451,7 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     if (!r)
       return runtime::duration{0};
     const double forward = r->total_s + draft_seconds(model, hw, ep, step, opt);
-    return runtime::from_seconds(std::max(forward, step.constrained * opt.mask_per_sequence_s));
+    return runtime::from_seconds(std::max(forward, step.masks * opt.mask_s));
   };
 }
 

@@ -74,13 +74,13 @@ struct perf_options {
   /// (docs/perf-model.md).
   double schedule_fixed_s = 300e-6;
   double schedule_per_sequence_s = 2e-6;
-  /// Structured output: the host CPU time to build one constrained sequence's token mask for a
-  /// decode step (device_step::constrained). A GPU's host builds its sequences' masks while the
-  /// forward runs (they depend only on tokens already sampled), so a step takes the longer of
-  /// the two. 10 µs: troupe's warm masks on the JSON workloads of bench_grammar are 3.5–11 µs
-  /// at the median on this machine's CPU (docs/benchmarks.md); a state's first mask, up to
-  /// milliseconds, is not modelled.
-  double mask_per_sequence_s = 10e-6;
+  /// Structured output: the host CPU time to build one token mask of a decode step
+  /// (device_step::masks). A GPU's host builds its sequences' masks while the forward runs
+  /// (they depend only on tokens already sampled, and on the drafts a step verifies), so a
+  /// step takes the longer of the two. 10 µs: troupe's warm masks on the JSON workloads of
+  /// bench_grammar are 3.5–11 µs at the median on this machine's CPU (docs/benchmarks.md); a
+  /// state's first mask, up to milliseconds, is not modelled.
+  double mask_s = 10e-6;
 };
 
 /// The scheduler's time to build a step of one GPU (perf_options::schedule_*): 0 for a step

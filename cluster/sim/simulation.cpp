@@ -251,7 +251,7 @@ runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t rank
           static_cast<std::uint32_t>(share(s.sequences)),
           share(s.context_tokens),
           static_cast<std::uint32_t>(share(s.proposing)),
-          static_cast<std::uint32_t>(share(s.constrained)),
+          static_cast<std::uint32_t>(share(s.masks)),
           {}};
 }
 
@@ -553,7 +553,7 @@ perf_options perf_for(const model_profile& model, std::uint32_t ep, double exper
   perf_options opt;
   if (expert_skew > 0.0)
     opt.moe_balance = expert_balance(model, ep, expert_skew, eplb);
-  opt.mask_per_sequence_s = mask_s;
+  opt.mask_s = mask_s;
   return opt;
 }
 
@@ -1182,7 +1182,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   if (p.structured_share > 0)
     report["structured"] = {{"share", tidy(p.structured_share)},
                             {"requests", *constrained},
-                            {"mask_per_sequence_s", tidy(p.structured_mask_s)}};
+                            {"mask_s", tidy(p.structured_mask_s)}};
   {
     double device_s = 0;
     for (const auto& [key, in] : busy->by_key)
@@ -1429,8 +1429,8 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
            + num(r["speculation"]["acceptance"], 3) + " of drafts accepted\n";
   if (r.contains("structured"))
     out += "  structured  " + std::to_string(r["structured"]["requests"].get<std::uint64_t>())
-           + " requests constrained, their masks " + num(r["structured"]["mask_per_sequence_s"].get<double>() * 1e6, 1)
-           + " us per sequence per decode step\n";
+           + " requests constrained, " + num(r["structured"]["mask_s"].get<double>() * 1e6, 1)
+           + " us per token mask\n";
   if (r.contains("prefill"))
     out += "  prefilled   " + std::to_string(r["prefill"]["computed_tokens"].get<std::uint64_t>())
            + " tokens computed for " + std::to_string(r["prefill"]["jobs"].get<std::uint64_t>())

@@ -72,11 +72,10 @@ struct sim_params {
   /// Decode reports delivered tokens to the request every this many tokens.
   std::uint64_t progress_every = 16;
   /// The share of requests with a structured-output constraint (the same requests for a
-  /// seed), and the host time to build one's token mask for a decode step
-  /// (perf_options::mask_per_sequence_s: each step takes the longer of its forward and its
-  /// GPUs' masks).
+  /// seed), and the host time to build one token mask (perf_options::mask_s: each decode step
+  /// takes the longer of its forward and its GPUs' masks).
   double structured_share = 0.0;
-  double structured_mask_s = perf_options{}.mask_per_sequence_s;
+  double structured_mask_s = perf_options{}.mask_s;
   /// Speculative decoding of the decode instances (decode_engine.hpp): off, fixed-length
   /// verification of `fixed_drafts` drafts, or DSpark's per-step choice under the performance
   /// model's step time; drafts accepted as `drafts` models them (assumed acceptance rates).

@@ -114,9 +114,10 @@ struct device_step {
   std::uint64_t context_tokens = 0;
   /// Sequences that ask for drafts (`propose`): the draft layers' share of the step.
   std::uint32_t proposing = 0;
-  /// Sequences sampled under a structured-output constraint: the token masks' share of the
-  /// step, which a perf model costs (a real device's masks take real time).
-  std::uint32_t constrained = 0;
+  /// Token masks the step's sampling needs: 1 + `verify` per sequence sampled under a
+  /// structured-output constraint (each verified position is drawn under the grammar). A perf
+  /// model costs them; a real device's masks take real time.
+  std::uint32_t masks = 0;
   /// The scheduler's CPU time to prepare this step, which the device waits for unless the
   /// step was prepared while an earlier one ran: the simulated device starts it no earlier than
   /// `prepare` after it arrives. Real devices ignore it (their scheduler's time is real).
@@ -129,7 +130,7 @@ struct device_step {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_step& x) {
   return f(caf::meta::type_name("device_step"), x.id, x.phase, x.tokens, x.sequences,
-           x.context_tokens, x.proposing, x.constrained, x.prepare, x.batch);
+           x.context_tokens, x.proposing, x.masks, x.prepare, x.batch);
 }
 
 /// A token drawn for one sequence, with its log-probability and the most likely alternatives
