@@ -3,6 +3,7 @@
 
 #include <cctype>
 
+#include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/lark.hpp"
 
 namespace troupe::recipe::detail {
@@ -90,6 +91,17 @@ void parse_extra_constraint(const ojson& body, conversation& conv, const std::st
                             sampling_params& sp) {
   std::vector<found> all;
   bool compact = false;
+  std::optional<std::string> whitespace;
+  std::string whitespace_param;
+  auto read_whitespace = [&](const ojson& v, const std::string& param) {
+    if (whitespace)
+      fail("'" + param + "' cannot be combined with '" + whitespace_param + "'; give one of them.", param);
+    whitespace = need_string(v, param);
+    whitespace_param = param;
+    const auto style = grammar::whitespace_style(*whitespace);
+    if (auto* e = std::get_if<std::string>(&style))
+      fail("Invalid value for '" + param + "': " + *e + ".", param);
+  };
   if (const ojson* so = find(body, "structured_outputs")) {
     if (!so->is_object())
       fail(std::string("Invalid type for 'structured_outputs': expected an object, got ") + so->type_name() + ".",
@@ -105,22 +117,34 @@ void parse_extra_constraint(const ojson& body, conversation& conv, const std::st
         need_bool(v, param);  // there is no fallback: a constraint compiles or is refused
       } else if (key == "disable_any_whitespace") {
         compact = need_bool(v, param);  // JSON constraints only, as in vLLM
+      } else if (key == "whitespace_pattern") {
+        read_whitespace(v, param);  // JSON constraints only, as in vLLM
       } else {
         fail("Unsupported parameter: '" + param + "'. Supported are 'json', 'regex', 'choice', 'grammar', "
-             "'json_object' and 'disable_any_whitespace'.",
+             "'json_object', 'disable_any_whitespace' and 'whitespace_pattern'.",
              param);
       }
     }
   }
+  if (const ojson* v = find(body, "guided_whitespace_pattern"); v && !v->is_null())
+    read_whitespace(*v, "guided_whitespace_pattern");
+  if (compact && whitespace)
+    fail("'" + whitespace_param + "' cannot be combined with 'structured_outputs.disable_any_whitespace'; give one "
+         "of them.",
+         whitespace_param);
   static const std::pair<const char*, const char*> singles[] = {
       {"guided_json", "json"},   {"guided_regex", "regex"}, {"guided_choice", "choice"},
       {"guided_grammar", "grammar"}, {"regex", "regex"},     {"ebnf", "ebnf"}};
   for (const auto& [key, kind] : singles)
     if (const ojson* v = find(body, key)) all.push_back(read_field(kind, *v, key));
-  // `disable_any_whitespace` makes JSON output compact: the constraint's, or the request's
-  // response format's when that is JSON.
+  // `disable_any_whitespace` makes JSON output compact, `whitespace_pattern` spaces it: the
+  // constraint's, or the request's response format's when that is JSON.
   conv.format.compact = compact;
-  for (auto& f : all) f.format.compact = compact;
+  conv.format.whitespace_pattern = whitespace;
+  for (auto& f : all) {
+    f.format.compact = compact;
+    f.format.whitespace_pattern = whitespace;
+  }
   if (all.empty()) return;
   if (all.size() > 1)
     fail("Only one structured output constraint may be given; this request has '" + all[0].param + "' and '" +

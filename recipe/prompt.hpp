@@ -62,6 +62,9 @@ struct response_format {
   enum class grammar_syntax { gbnf, lark };
   grammar_syntax syntax = grammar_syntax::gbnf;  // grammar: as given, or detected (lark.hpp)
   bool compact = false;  // json_object, json_schema: no whitespace at all (vLLM's disable_any_whitespace)
+  // json_object, json_schema: the whitespace around `{ } [ ] , :` (vLLM's whitespace_pattern, a
+  // regex matching only JSON whitespace); never with `compact`
+  std::optional<std::string> whitespace_pattern;
 };
 enum class reasoning_effort { low, high, xhigh, max };
 

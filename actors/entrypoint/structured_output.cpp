@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <charconv>
 
 namespace troupe::actors {
 
@@ -34,11 +35,15 @@ constraint_table::~constraint_table() { pool_.join(); }
 
 std::string constraint_table::format_key(const recipe::response_format& format) {
   using kind = recipe::response_format::kind;
-  const std::string compact = format.compact ? "compact:" : "";
+  // JSON's spacing: `compact:`, or `whitespace:<length>:<pattern>`, before the JSON key
+  const std::string spacing = format.whitespace_pattern
+                                  ? "whitespace:" + std::to_string(format.whitespace_pattern->size()) + ":" +
+                                        *format.whitespace_pattern
+                                  : format.compact ? "compact:" : "";
   switch (format.type) {
     case kind::text: return {};
-    case kind::json_object: return compact + "object";
-    case kind::json_schema: return compact + "schema:" + format.schema_json;
+    case kind::json_object: return spacing + "object";
+    case kind::json_schema: return spacing + "schema:" + format.schema_json;
     case kind::regex: return "regex:" + format.regex;
     case kind::grammar: {
       const bool lark = format.syntax == recipe::response_format::grammar_syntax::lark;
@@ -88,9 +93,20 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
   if (auto json = rest("compact:")) {  // JSON without whitespace: object or schema
     style.compact = true;
     key = *json;
-    if (key != "object" && !key.starts_with("schema:"))
-      return bad_request("not a structured-output format: a malformed compact key", param);
+  } else if (auto spaced = rest("whitespace:")) {  // <length>:<pattern>, then the JSON key
+    std::size_t length = 0;
+    const auto [end, ec] = std::from_chars(spaced->data(), spaced->data() + spaced->size(), length);
+    const std::size_t at = static_cast<std::size_t>(end - spaced->data());
+    if (ec != std::errc() || at >= spaced->size() || (*spaced)[at] != ':' || spaced->size() - at - 1 < length)
+      return bad_request("not a structured-output format: a malformed whitespace key", param);
+    auto ws = gr::whitespace_style(spaced->substr(at + 1, length));
+    if (auto* e = std::get_if<std::string>(&ws))
+      return bad_request("Invalid whitespace pattern for structured output: " + *e + ".", param);
+    style = std::move(std::get<gr::json_style>(ws));
+    key = spaced->substr(at + 1 + length);
   }
+  if ((style.compact || style.whitespace) && key != "object" && !key.starts_with("schema:"))
+    return bad_request("not a structured-output format: JSON spacing before a key that is not JSON", param);
   if (key == "object")
     return gr::any_json_object(style);
   if (auto schema = rest("schema:")) {

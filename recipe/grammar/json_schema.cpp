@@ -312,6 +312,65 @@ class schema_rules::compiler {
     b.epsilon(end, to);
   }
 
+  // The style's spacing (json_style). An opening bracket and the whitespace after it; the
+  // whitespace before a closing one and it (an empty container closes with the bracket alone, the
+  // opening's whitespace being the one between them); `,` or `:` with whitespace on both sides.
+  void open(nfa_builder& b, std::uint32_t from, std::uint32_t to, unsigned char bracket) {
+    if (!style_.whitespace) return b.byte(from, to, bracket);
+    const auto x = b.add_state();
+    b.byte(from, x, bracket);
+    b.paste(x, to, *style_.whitespace);
+  }
+  void close(nfa_builder& b, std::uint32_t from, std::uint32_t to, unsigned char bracket) {
+    if (!style_.whitespace) return b.byte(from, to, bracket);
+    const auto x = b.add_state();
+    b.paste(from, x, *style_.whitespace);
+    b.byte(x, to, bracket);
+  }
+  void separator(nfa_builder& b, std::uint32_t from, std::uint32_t to, char c) {
+    if (!style_.whitespace) return b.literal(from, to, c == ',' ? style_.item() : style_.key());
+    const auto x = b.add_state(), y = b.add_state();
+    b.paste(from, x, *style_.whitespace);
+    b.byte(x, y, static_cast<unsigned char>(c));
+    b.paste(y, to, *style_.whitespace);
+  }
+  // `v`'s text as `enum` / `const` give it: canonical_json's, token by token with a whitespace
+  // pattern.
+  void value_text(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& v) {
+    if (!style_.whitespace || !v.is_structured())
+      return b.literal(from, to, canonical_json(nlohmann::json(v), style_));
+    const nlohmann::json sorted(v);  // canonical_json's member order
+    value_text_sorted(b, from, to, sorted);
+  }
+  void value_text_sorted(nfa_builder& b, std::uint32_t from, std::uint32_t to, const nlohmann::json& v) {
+    if (!v.is_structured()) return b.literal(from, to, canonical_json(v, style_));
+    const bool object = v.is_object();
+    auto x = b.add_state();
+    open(b, from, x, object ? '{' : '[');
+    if (v.empty()) return b.byte(x, to, object ? '}' : ']');
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (!first) {
+        const auto y = b.add_state();
+        separator(b, x, y, ',');
+        x = y;
+      }
+      first = false;
+      if (object) {
+        std::string key;
+        escape_string_into(key, it.key());
+        const auto y = b.add_state(), z = b.add_state();
+        b.literal(x, y, key);
+        separator(b, y, z, ':');
+        x = z;
+      }
+      const auto y = b.add_state();
+      value_text_sorted(b, x, y, *it);
+      x = y;
+    }
+    close(b, x, to, object ? '}' : ']');
+  }
+
   // Any JSON value.
   std::uint32_t any_rule() {
     if (any_rule_) return *any_rule_;
@@ -326,23 +385,23 @@ class schema_rules::compiler {
     b.call(s, a, key);
     // [ ] and [v, v, ...]
     const auto arr = b.add_state(), arr_more = b.add_state(), arr_item = b.add_state();
-    b.byte(s, arr, '[');
+    open(b, s, arr, '[');
     b.byte(arr, a, ']');
     b.call(arr, arr_item, id);
-    b.literal(arr_item, arr_more, style_.item());
+    separator(b, arr_item, arr_more, ',');
     b.call(arr_more, arr_item, id);
-    b.byte(arr_item, a, ']');
+    close(b, arr_item, a, ']');
     // { } and {"k": v, ...}
     const auto obj = b.add_state(), obj_more = b.add_state(), colon = b.add_state(), value = b.add_state(),
                member = b.add_state();
-    b.byte(s, obj, '{');
+    open(b, s, obj, '{');
     b.byte(obj, a, '}');
     b.call(obj, colon, key);
-    b.literal(member, obj_more, style_.item());
+    separator(b, member, obj_more, ',');
     b.call(obj_more, colon, key);
-    b.literal(colon, value, style_.key());
+    separator(b, colon, value, ':');
     b.call(value, member, id);
-    b.byte(member, a, '}');
+    close(b, member, a, '}');
     finish(id, b, s, a, "any");
     return id;
   }
@@ -524,7 +583,7 @@ class schema_rules::compiler {
                         (v.is_object() && types.count("object")) || (v.is_array() && types.count("array")) ||
                         (v.is_string() && types.count("string")) || (v.is_number() && types.count("number")) ||
                         (v.is_number() && types.count("integer") && (v.is_number_integer() || std::floor(v.get<double>()) == v.get<double>()));
-        if (ok) b.literal(from, to, canonical_json(nlohmann::json(v), style_));
+        if (ok) value_text(b, from, to, v);
       }
       return;
     }
@@ -710,20 +769,23 @@ class schema_rules::compiler {
     const std::uint32_t u =
         unbounded ? std::max<std::uint32_t>({lo, static_cast<std::uint32_t>(prefix.size()), 1}) : max_n;
     std::vector<std::uint32_t> c{b.add_state()};
-    b.byte(from, c[0], '[');
+    open(b, from, c[0], '[');
     for (std::uint32_t i = 0; i < u; ++i) {
       std::uint32_t elem_from = c[i];
       if (i > 0) {
         elem_from = b.add_state();
-        b.literal(c[i], elem_from, style_.item());
+        separator(b, c[i], elem_from, ',');
       }
       c.push_back(b.add_state());
       b.call(elem_from, c[i + 1], i < prefix.size() ? prefix[i] : *items);
     }
-    for (std::uint32_t i = lo; i <= u; ++i) b.byte(c[i], to, ']');
+    for (std::uint32_t i = lo; i <= u; ++i) {
+      if (i == 0) b.byte(c[i], to, ']');
+      else close(b, c[i], to, ']');
+    }
     if (unbounded) {
       const auto sep = b.add_state();
-      b.literal(c[u], sep, style_.item());
+      separator(b, c[u], sep, ',');
       b.call(sep, c[u], *items);
     }
   }
@@ -776,17 +838,18 @@ class schema_rules::compiler {
     const std::size_t n = members.size();
     std::vector<std::array<std::uint32_t, 2>> j(n + 1);
     for (auto& s : j) s = {b.add_state(), b.add_state()};
-    b.byte(from, j[0][1], '{');
+    open(b, from, j[0][1], '{');
     for (std::size_t i = 0; i < n; ++i) {
       const auto& m = members[i];
       for (int f = 0; f < 2; ++f) {
         if (!m.required) b.epsilon(j[i][f], j[i + 1][f]);
         if (m.forbidden) continue;
-        std::string key(f ? "" : style_.item());
+        const auto k = f ? j[i][f] : b.add_state(), name = b.add_state(), v = b.add_state();
+        if (!f) separator(b, j[i][f], k, ',');
+        std::string key;
         escape_string_into(key, m.name);
-        key += style_.key();
-        const auto v = b.add_state();
-        b.literal(j[i][f], v, key);
+        b.literal(k, name, key);
+        separator(b, name, v, ':');
         b.call(v, j[i + 1][0], m.rule);
       }
     }
@@ -796,13 +859,13 @@ class schema_rules::compiler {
       for (int f = 0; f < 2; ++f) {
         auto k = b.add_state(), colon = b.add_state(), v = b.add_state();
         if (f) b.epsilon(j[n][f], k);
-        else b.literal(j[n][f], k, style_.item());
+        else separator(b, j[n][f], k, ',');
         b.call(k, colon, key_rule);
-        b.literal(colon, v, style_.key());
+        separator(b, colon, v, ':');
         b.call(v, j[n][0], *extra);
       }
     }
-    b.byte(j[n][0], to, '}');
+    close(b, j[n][0], to, '}');
     b.byte(j[n][1], to, '}');
   }
 
@@ -914,6 +977,21 @@ std::variant<grammar, schema_error> compile_json_schema(std::string_view text, c
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return schema_error{"", "", "the schema is not valid JSON"};
   return compile_json_schema(j, lim, style);
+}
+
+std::variant<json_style, std::string> whitespace_style(std::string_view pattern) {
+  auto r = compile_regex(pattern);
+  if (auto* e = std::get_if<regex_error>(&r)) return e->message + " at offset " + std::to_string(e->offset);
+  grammar& g = std::get<grammar>(r);
+  const rule& dfa = g.rules[g.root];
+  for (std::uint32_t s = 0; s < dfa.size(); ++s)
+    for (unsigned c = 0; c < 256; ++c)
+      if (dfa.step(s, static_cast<unsigned char>(c)) != no_state && c != ' ' && c != '\t' && c != '\n' && c != '\r')
+        return "the pattern matches text other than JSON whitespace (space, tab, line feed, carriage return; "
+               "'\\s' also matches other spaces: write '[ \\t\\n\\r]')";
+  json_style style;
+  style.whitespace = std::make_shared<const rule>(dfa);
+  return style;
 }
 
 grammar any_json_object(json_style style) {

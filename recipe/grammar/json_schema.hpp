@@ -23,13 +23,22 @@
 
 namespace troupe::recipe::grammar {
 
-// How a compiled grammar separates items and members: canonical (`", "` and `": "`, above) or
-// compact (`","` and `":"`, no whitespace at all: vLLM's `disable_any_whitespace`).
+// How a compiled grammar spaces JSON text: canonical (`", "` and `": "`, above), compact (`","`
+// and `":"`, no whitespace at all: vLLM's `disable_any_whitespace`), or a whitespace pattern's
+// (vLLM's `whitespace_pattern`): one text of the pattern between every two tokens of which one is
+// `{ } [ ] , :` (between the brackets of an empty object or array too), none elsewhere.
 struct json_style {
   bool compact = false;
+  // A call-free automaton over JSON whitespace (whitespace_style); when set, `compact` is ignored.
+  std::shared_ptr<const rule> whitespace;
   std::string_view item() const { return compact ? "," : ", "; }
   std::string_view key() const { return compact ? ":" : ": "; }
 };
+
+// The style whose whitespace is the text of `pattern` (a regex, regex.hpp), or why it cannot be:
+// the pattern does not compile, or matches something other than JSON whitespace (space, tab, line
+// feed, carriage return).
+std::variant<json_style, std::string> whitespace_style(std::string_view pattern);
 
 struct schema_error {
   std::string keyword;  // the keyword at fault ("" for the schema as a whole)
@@ -77,7 +86,8 @@ grammar any_json_object(json_style style = {});
 
 // The canonical text of a JSON value, as the compiled grammars write `enum` / `const` values:
 // object keys sorted (nlohmann::json's order), integral floats below 1e18 as integers; the
-// separators `style`'s.
+// separators `style`'s (with a whitespace pattern, the canonical ones: the grammars then write
+// such values token by token, with the pattern between).
 std::string canonical_json(const nlohmann::json& value, json_style style = {});
 
 }  // namespace troupe::recipe::grammar

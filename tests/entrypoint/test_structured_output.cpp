@@ -117,7 +117,7 @@ TEST_CASE("structured output table: a regex request allows exactly its tokens, p
   CHECK_FALSE(t.allowed(7, 101, mask));
 }
 
-TEST_CASE("structured output table: a compact JSON format allows no whitespace between members") {
+TEST_CASE("structured output table: a compact JSON format allows no whitespace, a whitespace pattern's its own") {
   constraint_table t(v4());
   response_format f;
   f.type = response_format::kind::json_schema;
@@ -125,9 +125,13 @@ TEST_CASE("structured output table: a compact JSON format allows no whitespace b
                      "required": ["a", "b"], "additionalProperties": false})";
   response_format compact = f;
   compact.compact = true;
+  response_format spaced = f;
+  spaced.whitespace_pattern = "\n?";
   CHECK(key(compact) != key(f));
+  CHECK(key(spaced) != key(f));
   REQUIRE_FALSE(add_now(t, 1, key(f), false, "response_format"));
   REQUIRE_FALSE(add_now(t, 2, key(compact), false, "structured_outputs.json"));
+  REQUIRE_FALSE(add_now(t, 4, key(spaced), false, "structured_outputs.json"));
   // Each walks its own form, token by token as a device samples, up to the next key's quote.
   std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
   auto walk = [&](std::uint64_t id, const std::string& text) {
@@ -150,10 +154,19 @@ TEST_CASE("structured output table: a compact JSON format allows no whitespace b
     CHECK_MESSAGE(starts_with_space(id), id);
   for (const auto id : walk(2, R"({"a":1,)"))
     CHECK_MESSAGE(!starts_with_space(id), id);
-  // A malformed compact key is refused, naming the field.
-  auto e = add_now(t, 3, "compact:regex:a", false, "structured_outputs.json");
-  REQUIRE(e);
-  CHECK(e->param == "structured_outputs.json");
+  bool newline = false;
+  for (const auto id : walk(4, "{\n\"a\":1\n,")) {
+    CHECK_MESSAGE(!starts_with_space(id), id);
+    newline = newline || v4().decode_bytes(std::vector<troupe::recipe::token_id>{id})[0] == '\n';
+  }
+  CHECK(newline);
+  // A malformed spacing key is refused, naming the field.
+  for (const char* bad : {"compact:regex:a", "whitespace:1: regex:a", "whitespace:9: object", "whitespace:x:object",
+                          "whitespace:1:xobject"}) {
+    auto e = add_now(t, 3, bad, false, "structured_outputs.json");
+    REQUIRE_MESSAGE(e, bad);
+    CHECK(e->param == "structured_outputs.json");
+  }
 }
 
 TEST_CASE("structured output table: in thinking mode the constraint starts after </think>") {

@@ -582,6 +582,24 @@ def test_vllm_and_sglang_constraint_fields_are_honoured(server):
         text = r.choices[0].message.content
         value = json.loads(text)
         assert text == json.dumps(value, separators=(",", ":")), text
+    # vLLM's whitespace_pattern: one text of the pattern around each of { } [ ] , : and nowhere else
+    # (the record's strings hold no whitespace).
+    spaced = []
+    for seed in (7, 8, 9):
+        r = client.chat.completions.create(**chat_body(
+            "A record, json.", max_tokens=60, temperature=1.0, seed=seed,
+            extra_body={**CHAT_MODE, "structured_outputs": {"json": record, "whitespace_pattern": "[\n ]?"}}))
+        text = r.choices[0].message.content
+        value = json.loads(text)
+        assert re.sub(r"[\n ]", "", text) == json.dumps(value, separators=(",", ":")), text
+        assert not re.search(r"[\n ]{2}|^\s|\s$", text), text
+        spaced.append(re.search(r"[\n ]", text) is not None)
+    assert any(spaced)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**chat_body(
+            "Hi, json", max_tokens=5, response_format={"type": "json_object"},
+            extra_body={"guided_whitespace_pattern": "\\s*"}))
+    assert e.value.body["param"] == "guided_whitespace_pattern"
     r = client.chat.completions.create(**chat_body(
         "Letters.", max_tokens=30, temperature=1.0, seed=5,
         extra_body={**CHAT_MODE, "ebnf": 'root ::= "[" [a-c]+ "]"'}))

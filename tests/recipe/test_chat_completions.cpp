@@ -140,6 +140,16 @@ TEST_CASE("chat completions: other servers' constraint fields are refused when m
       {R"("structured_outputs": {"json_object": "yes"})", "structured_outputs.json_object", "expected a boolean"},
       {R"("structured_outputs": {"disable_any_whitespace": "yes", "json_object": true})",
        "structured_outputs.disable_any_whitespace", "expected a boolean"},
+      {R"("structured_outputs": {"whitespace_pattern": "\\s*", "json_object": true})",
+       "structured_outputs.whitespace_pattern", "other than JSON whitespace"},
+      {R"("structured_outputs": {"whitespace_pattern": "[ ", "json_object": true})",
+       "structured_outputs.whitespace_pattern", "Invalid value"},
+      {R"("structured_outputs": {"whitespace_pattern": 3, "json_object": true})",
+       "structured_outputs.whitespace_pattern", "expected a string"},
+      {R"("structured_outputs": {"whitespace_pattern": " ?", "disable_any_whitespace": true, "json_object": true})",
+       "structured_outputs.whitespace_pattern", "cannot be combined with 'structured_outputs.disable_any_whitespace'"},
+      {R"("structured_outputs": {"whitespace_pattern": " ?", "json_object": true}, "guided_whitespace_pattern": " ")",
+       "guided_whitespace_pattern", "cannot be combined with 'structured_outputs.whitespace_pattern'"},
       {R"("structured_outputs": "a+")", "structured_outputs", "expected an object"},
       {R"("ebnf": 7)", "ebnf", "expected a string"},
   };
@@ -170,6 +180,19 @@ TEST_CASE("chat completions: disable_any_whitespace makes a JSON constraint comp
   // Not asked for: canonical.
   r = ok(M + R"("structured_outputs": {"json_object": true}})");
   CHECK_FALSE(r.params.extra_constraint->compact);
+  CHECK_FALSE(r.params.extra_constraint->whitespace_pattern);
+}
+
+TEST_CASE("chat completions: whitespace_pattern spaces a JSON constraint") {
+  const std::string M = R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "json a"}], )";
+  auto r = ok(M + R"("structured_outputs": {"json": {"type": "object"}, "whitespace_pattern": "[\n ]?"}})");
+  REQUIRE(r.params.extra_constraint);
+  CHECK(r.params.extra_constraint->whitespace_pattern == "[\n ]?");
+  CHECK_FALSE(r.params.extra_constraint->compact);
+  // vLLM's older field, for the response format's JSON.
+  r = ok(M + R"("response_format": {"type": "json_object"}, "guided_whitespace_pattern": " *"})");
+  CHECK_FALSE(r.params.extra_constraint);
+  CHECK(r.conversation.format.whitespace_pattern == " *");
 }
 
 TEST_CASE("chat completions: sampling and serving fields are carried") {

@@ -146,6 +146,40 @@ TEST_CASE("grammar schema: the compact style has no whitespace at all") {
   CHECK_FALSE(accepts(any, R"({"a": 1})"));
 }
 
+TEST_CASE("grammar schema: a whitespace pattern's text between tokens around { } [ ] , :, none elsewhere") {
+  auto st = gr::whitespace_style(R"([\n ]?)");
+  REQUIRE(std::holds_alternative<gr::json_style>(st));
+  const auto style = std::get<gr::json_style>(st);
+  const auto schema = ojson::parse(
+      R"({"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "array"},
+          "c": {"enum": [{"k": [1, 2], "e": {}}, 5]}, "d": {"type": "array", "items": {"type": "integer"},
+          "maxItems": 2}}, "required": ["b"]})");
+  auto r = gr::compile_json_schema(schema, {}, style);
+  REQUIRE(std::holds_alternative<gr::grammar>(r));
+  const auto g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  CHECK(accepts(g, R"({"b":"x y","a":[1,{"k":null},[]],"c":{"e":{},"k":[1,2]}})"));
+  CHECK(accepts(g, "{\n\"b\" :\n\"\" ,\n\"a\": [ 1 ,\n{ } ] ,\"c\":{ \"e\":{\n},\"k\":[1, 2 ]},\"d\":[\n3,4]\n}"));
+  CHECK(accepts(g, R"({"b":"","c":5,"z":{"y":[]}})"));
+  CHECK(accepts(g, R"({"b":"","d":[ ]})"));
+  CHECK_FALSE(accepts(g, R"( {"b":""})"));         // not before the value
+  CHECK_FALSE(accepts(g, R"({"b":""} )"));         // nor after it
+  CHECK_FALSE(accepts(g, R"({"b":  ""})"));        // one text of the pattern, not two
+  CHECK_FALSE(accepts(g, R"({"b":"","d":[  ]})")); // an empty array: one between its brackets
+  CHECK_FALSE(accepts(g, "{\"b\":\"\"\t}"));       // a tab is not in the pattern
+  CHECK_FALSE(accepts(g, R"({"b":"","c":{"k":[1,2],"e":{}}})"));  // enum objects in canonical key order
+  CHECK_FALSE(accepts(g, R"({"b":"","d":[1,2,3]})"));
+  // The pattern may match JSON whitespace only; \s matches other spaces too.
+  for (const char* bad : {R"(\s*)", R"([ x]*)", "[ \u00a0]", "("}) {
+    INFO(bad);
+    CHECK(std::holds_alternative<std::string>(gr::whitespace_style(bad)));
+  }
+  CHECK(std::get<std::string>(gr::whitespace_style(R"(\s)")).find("[ \\t\\n\\r]") != std::string::npos);
+  // Matching only the empty text is the compact form.
+  const auto none = std::make_shared<const gr::grammar>(gr::any_json_object(std::get<gr::json_style>(gr::whitespace_style(""))));
+  CHECK(accepts(none, R"({"a":[1,{}]})"));
+  CHECK_FALSE(accepts(none, R"({"a": 1})"));
+}
+
 TEST_CASE("grammar schema: left recursion and schemas accepting nothing are refused") {
   auto r = troupe::recipe::grammar::compile_json_schema(ojson::parse(R"({"$ref": "#"})"));
   REQUIRE(std::holds_alternative<troupe::recipe::grammar::schema_error>(r));
