@@ -320,9 +320,11 @@ chat_completions_request convert(const ojson& body, const chat_completions_confi
       if (!gm) fail("Missing required parameter: 'response_format.grammar'.", "response_format.grammar");
       conv.format = grammar_format(need_string(*gm, "response_format.grammar"), find(*rf, "syntax"),
                                    "response_format.syntax");
+    } else if (t == "structural_tag") {  // vLLM's and SGLang's: the object is the tag
+      conv.format = structural_tag_format(*rf, "response_format");
     } else if (t != "text") {
-      fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex' and "
-           "'grammar'.",
+      fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex', "
+           "'grammar' and 'structural_tag'.",
            "response_format.type");
     }
     sp.response_format_type = t;

@@ -53,6 +53,8 @@ found read_field(const std::string& kind, const ojson& v, const std::string& par
   } else if (kind == "ebnf") {  // SGLang's: GBNF
     f.format.type = response_format::kind::grammar;
     f.format.grammar = need_string(v, param);
+  } else if (kind == "structural_tag") {
+    f.format = structural_tag_format(v, param);
   } else if (kind == "choice") {
     if (!v.is_array() || v.empty())
       fail("Invalid value for '" + param + "': expected a non-empty array of strings.", param);
@@ -87,6 +89,22 @@ response_format grammar_format(const std::string& text, const ojson* syntax, con
   return f;
 }
 
+response_format structural_tag_format(const ojson& v, const std::string& param) {
+  response_format f;
+  f.type = response_format::kind::structural_tag;
+  if (v.is_object()) {
+    f.structural_tag = v.dump();
+    return f;
+  }
+  if (!v.is_string())
+    fail("Invalid type for '" + param + "': expected an object or a string, got " + v.type_name() + ".", param);
+  const ojson parsed = ojson::parse(v.get<std::string>(), nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_object())
+    fail("Invalid value for '" + param + "': the string is not a structural tag (a JSON object).", param);
+  f.structural_tag = parsed.dump();
+  return f;
+}
+
 void parse_extra_constraint(const ojson& body, conversation& conv, const std::string& format_param,
                             sampling_params& sp) {
   std::vector<found> all;
@@ -109,7 +127,7 @@ void parse_extra_constraint(const ojson& body, conversation& conv, const std::st
     for (const auto& [key, v] : so->items()) {
       const std::string param = "structured_outputs." + key;
       if (v.is_null()) continue;
-      if (key == "json" || key == "regex" || key == "grammar" || key == "choice") {
+      if (key == "json" || key == "regex" || key == "grammar" || key == "choice" || key == "structural_tag") {
         all.push_back(read_field(key, v, param));
       } else if (key == "json_object") {
         if (need_bool(v, param)) all.push_back(read_field(key, v, param));
@@ -121,7 +139,7 @@ void parse_extra_constraint(const ojson& body, conversation& conv, const std::st
         read_whitespace(v, param);  // JSON constraints only, as in vLLM
       } else {
         fail("Unsupported parameter: '" + param + "'. Supported are 'json', 'regex', 'choice', 'grammar', "
-             "'json_object', 'disable_any_whitespace' and 'whitespace_pattern'.",
+             "'json_object', 'structural_tag', 'disable_any_whitespace' and 'whitespace_pattern'.",
              param);
       }
     }

@@ -54,13 +54,14 @@ enum class tool_choice { automatic, none, required };
 // the prompt (as deepseek_recipe renders it); regex and grammar add nothing to the prompt. All of
 // them are carried to the constraint engine.
 struct response_format {
-  enum class kind { text, json_object, json_schema, regex, grammar };
+  enum class kind { text, json_object, json_schema, regex, grammar, structural_tag };
   response_format::kind type = kind::text;
   std::string schema_json;  // json_schema: the schema as sent (key order kept)
   std::string regex;        // regex: the pattern
   std::string grammar;      // grammar: the text, GBNF (start rule `root`) or Lark (start rule `start`)
   enum class grammar_syntax { gbnf, lark };
   grammar_syntax syntax = grammar_syntax::gbnf;  // grammar: as given, or detected (lark.hpp)
+  std::string structural_tag;  // structural_tag: the tag as compact JSON (grammar/structural_tag.hpp)
   bool compact = false;  // json_object, json_schema: no whitespace at all (vLLM's disable_any_whitespace)
   // json_object, json_schema: the whitespace around `{ } [ ] , :` (vLLM's whitespace_pattern, a
   // regex matching only JSON whitespace); never with `compact`

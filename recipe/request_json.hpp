@@ -210,13 +210,18 @@ void order_tool_results(conversation& conv);
 /// `ebnf`. Null members are absent. At most one constraint in all, and none beside a
 /// `format_param` (response_format / text.format) other than text; sets
 /// sp.extra_constraint(_param). `structured_outputs.disable_any_whitespace: true` makes a JSON
-/// constraint compact (response_format::compact): that field's, or conv.format's.
+/// constraint compact (response_format::compact), `whitespace_pattern` spaces it; `structural_tag`
+/// (a JSON object, or its text) is a structural tag.
 void parse_extra_constraint(const ojson& body, conversation& conv, const std::string& format_param,
                             sampling_params& sp);
 
 /// A grammar format's text and syntax: `syntax` ("lark" or "gbnf", at `syntax_param`) when given
 /// (`syntax` may be null), else detected (grammar::looks_like_lark).
 response_format grammar_format(const std::string& text, const ojson* syntax, const std::string& syntax_param);
+
+/// A structural tag format (grammar/structural_tag.hpp) from `v` at `param`: a JSON object, or a
+/// string holding one (as vLLM's `structured_outputs.structural_tag`). Checked when compiled.
+response_format structural_tag_format(const ojson& v, const std::string& param);
 
 /// True when some message of the conversation mentions "json" in any letter case: the reference
 /// requires it for the `json_object` response format.

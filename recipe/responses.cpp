@@ -296,9 +296,11 @@ responses_request convert(const ojson& body, const chat_completions_config& cfg)
           conv.format.type = response_format::kind::regex;
           conv.format.regex = text_value;
         }
+      } else if (t == "structural_tag") {  // as in Chat Completions: the object is the tag
+        conv.format = structural_tag_format(*fmt, "text.format");
       } else if (t != "text") {
-        fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex' and "
-             "'grammar'.",
+        fail("Invalid value: '" + t + "'. Supported values are: 'text', 'json_object', 'json_schema', 'regex', "
+             "'grammar' and 'structural_tag'.",
              "text.format.type");
       }
       sp.response_format_type = t;

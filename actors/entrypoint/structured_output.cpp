@@ -5,6 +5,7 @@
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/structural_tag.hpp"
 #include "recipe/grammar/tool_calls.hpp"
 
 #include <nlohmann/json.hpp>
@@ -45,6 +46,7 @@ std::string constraint_table::format_key(const recipe::response_format& format) 
     case kind::json_object: return spacing + "object";
     case kind::json_schema: return spacing + "schema:" + format.schema_json;
     case kind::regex: return "regex:" + format.regex;
+    case kind::structural_tag: return "structural_tag:" + format.structural_tag;
     case kind::grammar: {
       const bool lark = format.syntax == recipe::response_format::grammar_syntax::lark;
       return (lark ? "lark:" : "grammar:") + format.grammar;
@@ -125,6 +127,12 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
     auto r = gr::compile_ebnf(*ebnf);
     if (auto* e = std::get_if<gr::ebnf_error>(&r))
       return bad_request("Invalid grammar for structured output: " + e->to_string() + ".", param);
+    return std::move(std::get<gr::grammar>(r));
+  }
+  if (auto tag = rest("structural_tag:")) {
+    auto r = gr::compile_structural_tag(*tag);
+    if (auto* e = std::get_if<gr::structural_tag_error>(&r))
+      return bad_request("Invalid structural tag for structured output: " + e->to_string() + ".", param);
     return std::move(std::get<gr::grammar>(r));
   }
   if (auto pattern = rest("regex:")) {

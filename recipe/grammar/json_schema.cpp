@@ -905,8 +905,16 @@ class schema_rules::compiler {
 
 namespace {
 
-// Nesting depth of a JSON text, outside strings (refused before parsing when too deep).
-std::size_t nesting(std::string_view s) {
+
+}  // namespace
+
+std::string canonical_json(const nlohmann::json& value, json_style style) {
+  std::string out;
+  canonical_into(out, value, style);
+  return out;
+}
+
+std::size_t json_nesting(std::string_view s) {
   std::size_t depth = 0, max = 0;
   bool in_string = false;
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -923,14 +931,6 @@ std::size_t nesting(std::string_view s) {
     }
   }
   return max;
-}
-
-}  // namespace
-
-std::string canonical_json(const nlohmann::json& value, json_style style) {
-  std::string out;
-  canonical_into(out, value, style);
-  return out;
 }
 
 std::string json_pointer_child(std::string_view pointer, std::string_view key) {
@@ -973,7 +973,7 @@ std::variant<grammar, schema_error> compile_json_schema(const json& schema, cons
 }
 
 std::variant<grammar, schema_error> compile_json_schema(std::string_view text, const limits& lim, json_style style) {
-  if (nesting(text) > 128) return schema_error{"", "", "the schema is nested more than 128 levels deep"};
+  if (json_nesting(text) > 128) return schema_error{"", "", "the schema is nested more than 128 levels deep"};
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return schema_error{"", "", "the schema is not valid JSON"};
   return compile_json_schema(j, lim, style);

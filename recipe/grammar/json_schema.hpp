@@ -78,6 +78,9 @@ class schema_rules {
   std::unique_ptr<compiler> c_;
 };
 
+// The nesting depth of a JSON text, outside strings: deep texts are refused before parsing.
+std::size_t json_nesting(std::string_view text);
+
 // `pointer` + "/" + `key` escaped as a JSON pointer token (~0, ~1).
 std::string json_pointer_child(std::string_view pointer, std::string_view key);
 

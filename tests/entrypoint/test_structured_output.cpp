@@ -256,12 +256,15 @@ TEST_CASE("structured output table: every kind of key compiles where it is rebui
   response_format ebnf;
   ebnf.type = response_format::kind::grammar;
   ebnf.grammar = "root ::= \"yes\" | \"no\"";
+  response_format tag;
+  tag.type = response_format::kind::structural_tag;
+  tag.structural_tag = R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}})";
   const auto tools = constraint_table::tools_key(with_tools(troupe::recipe::tool_choice::automatic),
                                                  troupe::recipe::prompt_format::v4, key(schema));
   constraint_table t(v4());
   const std::vector<std::int32_t> prompt(5, 0);
   std::uint64_t id = 1;
-  for (const auto& k : {key(schema), key(object), key(ebnf), regex("(yes|no)!"), regex(""), tools})
+  for (const auto& k : {key(schema), key(object), key(ebnf), key(tag), regex("(yes|no)!"), regex(""), tools})
     CHECK_MESSAGE(!restore_now(t, id++, {k, false, prompt.size()}, prompt), k);
   CHECK(key(response_format{}).empty());
   CHECK(restore_now(t, id++, {"", false, 5}, prompt).has_value());
@@ -412,6 +415,47 @@ TEST_CASE("structured output table: a grammar request follows its rules; a bad g
   CHECK(e->message == "Invalid grammar for structured output: line 2, column 20: undefined rule 'maybe'.");
   t.remove(12);  // the caller ends a refused request
   CHECK(t.size() == 0);
+}
+
+TEST_CASE("structured output table: a structural tag leaves text free until a trigger; a bad one is a 400") {
+  response_format f;
+  f.type = response_format::kind::structural_tag;
+  f.structural_tag = R"({"type": "structural_tag", "triggers": ["<f="], "structures": [{"begin": "<f=a>",
+      "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                 "additionalProperties": false}, "end": "</f>"}]})";
+  constraint_table t(v4());
+  REQUIRE_FALSE(add_now(t, 13, key(f), false, "response_format"));
+  std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+  const auto eos = *v4().token_to_id("<｜end▁of▁sentence｜>");
+  std::uint64_t pos = 5;
+  REQUIRE(t.allowed(13, pos, mask));
+  CHECK(allows(mask, eos));  // free text may end
+  CHECK(ids_of(mask).size() > v4().vocab_size() / 2);
+  const auto text = v4().encode("Hi <f=a>{\"n\": 4}</f>", troupe::recipe::encode_mode::raw);
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    REQUIRE(t.allowed(13, pos, mask));
+    REQUIRE(allows(mask, text[i]));
+    const auto so_far = v4().decode_bytes({text.data(), i});
+    // Inside the call: a few tokens allowed, and not the end of the output.
+    if (so_far.find("<f=") != std::string::npos) {
+      CHECK_MESSAGE(ids_of(mask).size() < 2000, so_far);
+      CHECK_FALSE(allows(mask, eos));
+    }
+    t.accepted(13, pos++, static_cast<std::int32_t>(text[i]));
+  }
+  REQUIRE(t.allowed(13, pos, mask));
+  CHECK(allows(mask, eos));
+  t.remove(13);
+
+  f.structural_tag = R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "token", "token": 5}, "end": "</a>"}})";
+  const auto e = add_now(t, 14, key(f), false, "structured_outputs.structural_tag");
+  REQUIRE(e.has_value());
+  CHECK(e->status == 400);
+  CHECK(e->param == "structured_outputs.structural_tag");
+  CHECK(e->message.starts_with("Invalid structural tag for structured output: token-level formats ('token') are "
+                               "not supported"));
+  CHECK(e->message.find("(at '#/format/content/type')") != std::string::npos);
+  t.remove(14);
 }
 
 TEST_CASE("structured output table: a Lark grammar has a key of its own; a bad one is a 400 naming the position") {

@@ -615,6 +615,46 @@ def test_vllm_and_sglang_constraint_fields_are_honoured(server):
     assert "cannot be combined with 'response_format'" in e.value.body["message"]
 
 
+def test_structural_tag_response_format(server):
+    # vLLM's and SGLang's structural tags: free text in which a trigger starts a tagged region whose
+    # content follows a schema (XGrammar's format and the original structures/triggers form).
+    client = server.openai()
+    weather = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                                "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+               "required": ["city", "days"], "additionalProperties": False}
+    one_call = {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<function="], "at_least_one": True, "stop_after_first": True,
+        "tags": [{"type": "tag", "begin": "<function=get_weather>",
+                  "content": {"type": "json_schema", "json_schema": weather}, "end": "</function>"}]}}
+    for seed in (1, 2):
+        r = client.chat.completions.create(**chat_body(
+            "Weather?", max_tokens=40, temperature=1.0, seed=seed,
+            extra_body={**CHAT_MODE, "response_format": one_call}))
+        text = r.choices[0].message.content
+        m = re.fullmatch(r"<function=get_weather>(.*)</function>", text, re.S)
+        assert m and r.choices[0].finish_reason == "stop", text
+        call = json.loads(m.group(1))
+        assert call["city"] in ("Paris", "Oslo") and 1 <= call["days"] <= 3
+    # The original form through structured_outputs (a JSON string, as vLLM's type is): free text,
+    # and every trigger in it starts a whole call.
+    legacy = {"type": "structural_tag", "triggers": ["<f"],
+              "structures": [{"begin": "<f>", "schema": weather, "end": "</f>"}]}
+    r = client.chat.completions.create(**chat_body(
+        "Weather?", max_tokens=30, temperature=1.0, seed=3,
+        extra_body={**CHAT_MODE, "structured_outputs": {"structural_tag": json.dumps(legacy)}}))
+    text = r.choices[0].message.content
+    for call in re.finditer(r"<f", text):
+        rest = text[call.start():]
+        assert rest.startswith("<f>") and ("</f>" in rest or r.choices[0].finish_reason == "length"), text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**chat_body(
+            "Hi", max_tokens=5, extra_body={"response_format": {
+                "type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>",
+                                                     "content": {"type": "any_tokens"}}}}))
+    assert e.value.body["param"] == "response_format"
+    assert "#/format/content/type" in e.value.body["message"]
+
+
 # Strict tools: the grammar is the DSML block of calls with each strict tool's parameters by its
 # schema (recipe/grammar/tool_calls.hpp); tool_choice required (or a named tool) makes the random
 # model call, and every call it makes parses against the tool's schema.

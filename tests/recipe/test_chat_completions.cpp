@@ -109,6 +109,12 @@ TEST_CASE("chat completions: vLLM's and SGLang's constraint fields constrain the
   CHECK(check(R"("structured_outputs": {"grammar": "root ::= \"x\"", "disable_fallback": true})", kind::grammar,
               "structured_outputs.grammar").grammar == "root ::= \"x\"");
   check(R"("structured_outputs": {"json_object": true})", kind::json_object, "structured_outputs.json_object");
+  // A structural tag as an object or as its JSON text (vLLM's type is a string).
+  const auto st = check(R"("structured_outputs": {"structural_tag": {"type": "structural_tag", "format": {"type": "any_text"}}})",
+                        kind::structural_tag, "structured_outputs.structural_tag");
+  CHECK(check(R"("structured_outputs": {"structural_tag": "{\"type\": \"structural_tag\", \"format\": {\"type\": \"any_text\"}}"})",
+              kind::structural_tag, "structured_outputs.structural_tag").structural_tag == st.structural_tag);
+  CHECK(nlohmann::json::parse(st.structural_tag)["format"]["type"] == "any_text");
   // The older vLLM fields and SGLang's.
   check(R"("guided_json": {"type": "object"})", kind::json_schema, "guided_json");
   check(R"("guided_regex": "a+")", kind::regex, "guided_regex");
@@ -132,7 +138,9 @@ TEST_CASE("chat completions: other servers' constraint fields are refused when m
       {R"("structured_outputs": {"regex": "a", "choice": ["b"]})", "structured_outputs.choice", "Only one"},
       {R"("structured_outputs": {"regex": "a"}, "ebnf": "root ::= \"a\"")", "ebnf", "Only one"},
       {R"("regex": "a", "response_format": {"type": "json_object"})", "regex", "cannot be combined with 'response_format'"},
-      {R"("structured_outputs": {"structural_tag": "x"})", "structured_outputs.structural_tag", "Unsupported parameter"},
+      {R"("structured_outputs": {"structural_tag": "x"})", "structured_outputs.structural_tag", "not a structural tag"},
+      {R"("structured_outputs": {"structural_tag": 3})", "structured_outputs.structural_tag", "expected an object or a string"},
+      {R"("structured_outputs": {"structural_tags": {}})", "structured_outputs.structural_tags", "Unsupported parameter"},
       {R"("structured_outputs": {"choice": []})", "structured_outputs.choice", "non-empty array"},
       {R"("structured_outputs": {"choice": ["a", 1]})", "structured_outputs.choice[1]", "expected a string"},
       {R"("structured_outputs": {"json": "{not json"})", "structured_outputs.json", "not a JSON schema"},
@@ -193,6 +201,19 @@ TEST_CASE("chat completions: whitespace_pattern spaces a JSON constraint") {
   r = ok(M + R"("response_format": {"type": "json_object"}, "guided_whitespace_pattern": " *"})");
   CHECK_FALSE(r.params.extra_constraint);
   CHECK(r.conversation.format.whitespace_pattern == " *");
+}
+
+TEST_CASE("chat completions: a structural_tag response format is the tag, leaving the prompt as it is") {
+  using kind = response_format::kind;
+  const std::string M = R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}], )";
+  auto r = ok(M + R"("response_format": {"type": "structural_tag", "triggers": ["<f="],
+      "structures": [{"begin": "<f=a>", "schema": {"type": "object"}, "end": "</f>"}]}})");
+  CHECK(r.conversation.format.type == kind::structural_tag);
+  const auto tag = nlohmann::json::parse(r.conversation.format.structural_tag);
+  CHECK(tag["triggers"][0] == "<f=");
+  CHECK(tag["structures"][0]["end"] == "</f>");
+  const auto plain = ok(R"({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}]})");
+  CHECK(encode_prompt(r.conversation, v4()).ids == encode_prompt(plain.conversation, v4()).ids);
 }
 
 TEST_CASE("chat completions: sampling and serving fields are carried") {

@@ -1,6 +1,7 @@
 // libFuzzer target for the structured-output parsers (recipe/grammar/): the first byte picks the
-// regex compiler (odd), the JSON Schema compiler (0 mod 8), the tool-call compiler (4 mod 8), the
-// GBNF compiler (2 mod 8) or the Lark compiler (6 mod 8), the rest is the pattern, the schema text, the tools (as a constraint
+// regex compiler (odd), the JSON Schema compiler (0 mod 16), the structural tag compiler (8 mod
+// 16), the tool-call compiler (4 mod 8), the GBNF compiler (2 mod 8) or the Lark compiler (6 mod
+// 8), the rest is the pattern, the schema text, the structural tag, the tools (as a constraint
 // key's JSON: {"v41", "mode", "one_call", "tools": [{"name", "schema"}]}) or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
 // no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
 // either accepts them or refuses them, and a refused byte string leaves its state unchanged.
@@ -18,6 +19,7 @@
 #include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/matcher.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/structural_tag.hpp"
 #include "recipe/grammar/tool_calls.hpp"
 
 #include <nlohmann/json.hpp>
@@ -35,6 +37,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto r = gr::compile_tool_calls(*spec);
     if (auto* e = std::get_if<gr::tool_calls_error>(&r)) {
       if (e->error.message.empty() || (e->tool && *e->tool >= spec->tools.size())) std::abort();
+      return 0;
+    }
+    g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  } else if (data[0] % 16 == 8) {
+    auto r = gr::compile_structural_tag(text);
+    if (auto* e = std::get_if<gr::structural_tag_error>(&r)) {
+      if (e->message.empty()) std::abort();  // every refusal says why
       return 0;
     }
     g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));

@@ -1,0 +1,45 @@
+#pragma once
+// Structural tags (XGrammar's format, as vLLM and SGLang take it) compiled to a grammar: free text
+// in which a trigger string switches to a constrained region — a tool call's JSON between its
+// begin and end strings — and other compositions of constrained chunks.
+//
+// Two shapes are accepted:
+//   {"type": "structural_tag", "format": FORMAT}
+//   {"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}
+// the second (the original one) meaning a `triggered_tags` format of those tags. FORMAT is one of
+//   const_string {value}            json_schema {json_schema}   (style "json", any_order false)
+//   grammar {grammar} (GBNF, or Lark as vLLM detects it)         regex {pattern}
+//   any_text {excludes}             sequence / or {elements}     optional / plus / star {content}
+//   repeat {min, max (-1: no bound), content}                    tag {begin, content, end (one or a list)}
+//   triggered_tags {triggers, tags, at_least_one, stop_after_first, excludes}
+//   tags_with_separator {tags, separator, at_least_one, stop_after_first}
+//   dispatch {rules: [[pattern, FORMAT]...], loop, excludes}
+// Free text is any bytes but the DSML control token's (grammar.hpp). It ends where its enclosing
+// tag's end string first appears when it is that tag's content (or the last element of a sequence
+// that is), else anywhere; it never holds an exclude, and a trigger or dispatch pattern in it
+// always starts its region. Token-level formats and the token or character budgets of `any_text`
+// are refused, naming the member and its JSON pointer.
+
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "recipe/grammar/grammar.hpp"
+
+namespace troupe::recipe::grammar {
+
+struct structural_tag_error {
+  std::string pointer;  // JSON pointer of the member at fault in the structural tag ("" is the whole)
+  std::string message;
+  std::string to_string() const;  // "<message> (at '#<pointer>')"
+};
+
+// A pruned grammar of the outputs `tag` allows.
+std::variant<grammar, structural_tag_error> compile_structural_tag(const nlohmann::ordered_json& tag,
+                                                                   const limits& lim = {});
+// Parses the text first (a parse error, or nesting past 128 levels, is an error).
+std::variant<grammar, structural_tag_error> compile_structural_tag(std::string_view text, const limits& lim = {});
+
+}  // namespace troupe::recipe::grammar
