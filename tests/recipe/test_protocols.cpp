@@ -378,6 +378,15 @@ TEST_CASE("responses: vLLM's structured_outputs constrains the output; with text
   CHECK(std::get<api_error>(r).message.find("'text.format'") != std::string::npos);
 }
 
+TEST_CASE("responses: a structural_tag text.format is the tag") {
+  auto r = parse_responses(R"({"model": "m", "input": "a", "text": {"format": {"type": "structural_tag",
+      "format": {"type": "const_string", "value": "ok"}}}})");
+  REQUIRE(std::holds_alternative<responses_request>(r));
+  const auto& format = std::get<responses_request>(r).conversation.format;
+  CHECK(format.type == response_format::kind::structural_tag);
+  CHECK(nlohmann::json::parse(format.structural_tag)["format"]["value"] == "ok");
+}
+
 TEST_CASE("messages: serving fields are carried, max_tokens lowered to the limit") {
   chat_completions_config cfg;
   cfg.max_tokens_limit = 1000;
