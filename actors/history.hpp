@@ -10,10 +10,11 @@
 // records each booking it made (the KV it reserved on an instance) and released, and each
 // instance that joined or left it; the simulated world records each instance incarnation's
 // start and stop (its leader rank's device). Nothing here decides anything: the facts are appended in
-// the order the actors act (one thread in the simulated world), and read after the run.
+// the order the actors act (under a lock: the real world's actors run on several threads), and
+// read after the run, once no actor records any more.
 //
-// Recording is opt-in: an actor given no history (the real world, or a simulation that does
-// not check one) records nothing and pays one pointer test per act.
+// Recording is opt-in: an actor given no history (a simulation that does not check one, or
+// `troupe serve` without --check-history) records nothing and pays one pointer test per act.
 #pragma once
 
 #include "actors/kv/block_key.hpp"
@@ -22,6 +23,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -84,13 +87,38 @@ struct instance_fact {
   bool up = true;
 };
 
-/// A run's facts, in the order they happened.
+/// A run's facts, in the order they happened. Actors append with add() from any thread; the
+/// lists are read once the run is over.
 struct run_history {
   std::vector<kv_fact> kv;
   std::vector<token_fact> tokens;
   std::vector<request_fact> requests;
   std::vector<booking_fact> bookings;
   std::vector<instance_fact> instances;
+
+  void add(std::span<const kv_fact> facts) {
+    std::lock_guard lock{mu_};
+    kv.insert(kv.end(), facts.begin(), facts.end());
+  }
+  void add(token_fact f) {
+    std::lock_guard lock{mu_};
+    tokens.push_back(f);
+  }
+  void add(request_fact f) {
+    std::lock_guard lock{mu_};
+    requests.push_back(f);
+  }
+  void add(booking_fact f) {
+    std::lock_guard lock{mu_};
+    bookings.push_back(f);
+  }
+  void add(instance_fact f) {
+    std::lock_guard lock{mu_};
+    instances.push_back(std::move(f));
+  }
+
+private:
+  std::mutex mu_;
 };
 
 using run_history_ptr = std::shared_ptr<run_history>;

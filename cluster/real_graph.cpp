@@ -70,6 +70,7 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
   control_graph g;
   // The KV CHECK role and the balancers.
   auto kv = kv_params(topo, params);
+  kv.history = params.history;
   g.kv = actors::spawn_sharded_kv_store(sys, kv, 1);
   if (params.store)
     index_stored_blocks(sys, params.store, g.kv, wait);
@@ -78,7 +79,7 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
   g.prefill_lb = actors::spawn_prefill_lb(sys, plb);
   actors::decode_balancer_params dlb;
   dlb.max_requests = params.max_batch;
-  g.decode_lb = actors::spawn_decode_lb(sys, dlb);
+  g.decode_lb = actors::spawn_decode_lb(sys, dlb, params.history);
 
   // The front door.
   actors::generation_service_params gp;
@@ -88,6 +89,7 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
   // notices by 16 to stay cheap).
   gp.services.progress_every = 1;
   gp.services.chain_root = params.chain_root;
+  gp.services.history = params.history;
   gp.max_context = params.max_context;
   g.service = actors::spawn_generation_service(sys, gp);
   return g;

@@ -64,6 +64,8 @@ struct serve_options {
   std::string overlap = "on";
   /// SIGTERM: requests in flight get this long to finish.
   std::chrono::seconds grace{30};
+  /// Record the run's history and check it after the stop (troupe serve --check-history).
+  bool check_history = false;
   /// Called with the bound port once the server is ready (tests); may be empty.
   std::function<void(std::uint16_t)> on_ready;
 };

@@ -39,8 +39,11 @@ void record(shard_ptr self, std::span<const block_key> blocks, kv_act act, traff
   auto& h = self->state.params.history;
   if (!h)
     return;
+  std::vector<kv_fact> facts;
+  facts.reserve(blocks.size());
   for (const auto& k : blocks)
-    h->kv.push_back(kv_fact{now, k, act, cls});
+    facts.push_back(kv_fact{now, k, act, cls});
+  h->add(facts);
 }
 
 /// The blocks a put placed or refreshed: all but the rejected tail.

@@ -27,7 +27,7 @@ using lb_ptr = decode_lb_actor::stateful_pointer<decode_lb_state>;
 
 void record(lb_ptr self, instance_id id, booking_fact::kind_t kind, std::uint64_t reserved = 0) {
   if (auto& h = self->state.history)
-    h->bookings.push_back({self->clock().now(), id, kind, reserved});
+    h->add(booking_fact{self->clock().now(), id, kind, reserved});
 }
 
 decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params params,

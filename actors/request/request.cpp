@@ -71,9 +71,9 @@ void finish(request_ptr self, std::string failure) {
   o.failure = std::move(failure);
   o.finished = self->clock().now();
   if (auto& h = st.services.history)
-    h->requests.push_back({o.finished, o.id,
-                           o.completed ? request_fact::completed : request_fact::failed,
-                           o.input_tokens, o.output_tokens, o.stopped});
+    h->add(request_fact{o.finished, o.id,
+                        o.completed ? request_fact::completed : request_fact::failed,
+                        o.input_tokens, o.output_tokens, o.stopped});
   if (st.spec.stream) {
     generation_end end{st.spec.id, finish_reason::length, {}, 0, 0, 0};
     end.reason = st.cancelled     ? finish_reason::cancelled
@@ -189,7 +189,7 @@ void deliver(request_ptr self, std::vector<std::int32_t> ids,
   for (std::size_t k = 0; k < ids.size(); ++k) {
     auto t = ids[k];
     if (auto& h = st.services.history)
-      h->tokens.push_back({self->clock().now(), st.spec.id, st.delivered, t});
+      h->add(token_fact{self->clock().now(), st.spec.id, st.delivered, t});
     st.outcome.token_digest = digest_token(st.outcome.token_digest, st.delivered, t);
     ++st.delivered;
     st.last = t;
@@ -454,8 +454,8 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
   st.spec = std::move(spec);
   st.services = std::move(services);
   if (auto& h = st.services.history)
-    h->requests.push_back({st.outcome.admitted, st.spec.id, request_fact::admitted,
-                           st.spec.input_tokens, st.spec.output_tokens, false});
+    h->add(request_fact{st.outcome.admitted, st.spec.id, request_fact::admitted,
+                        st.spec.input_tokens, st.spec.output_tokens, false});
   if (st.spec.images > 0)
     encode(self);
   else

@@ -199,7 +199,8 @@ public:
                                        t.position, r.output));
         continue;
       }
-      auto expected = runtime::modelled_token(t.request, r.input + t.position);
+      auto expected = e_.modelled_tokens ? runtime::modelled_token(t.request, r.input + t.position)
+                                         : t.token;
       if (t.token != expected) {
         r.stream_broken = true;
         bad.add(t.request, fmt::format("delivered token {} at position {} where the device "

@@ -17,7 +17,8 @@
 //   store's, so it may let through a hit a correct store would not give, never the converse.)
 // - Tokens: the k-th token a request delivers is its output position k, and carries the
 //   token the simulated device generates at that position (runtime::modelled_token at
-//   input_tokens + k): no position twice, none skipped, none out of order, none beyond the
+//   input_tokens + k; a real device's tokens are not known in advance, so for `troupe serve
+//   --check-history` only the positions are checked): no position twice, none skipped, none out of order, none beyond the
 //   output, across reroutes and forwards; a completed request delivered exactly its output
 //   length (unless a stop id ended it); nothing is delivered after the request ended.
 // - Requests: every admitted request ends exactly once (when the run finished), and nothing
@@ -61,6 +62,9 @@ struct history_expectations {
   /// Every request ended (false: the run stopped at a deadline, so an admitted request
   /// without an end, and bookings still held, are not violations).
   bool run_finished = true;
+  /// Tokens are the simulated device's (runtime::modelled_token), so each delivered id is
+  /// checked too; false (a real device): only positions are.
+  bool modelled_tokens = true;
 };
 
 /// What the checker read and found.

@@ -819,7 +819,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
       // The history's incarnations: the leader's device up and down.
       const bool leader = rank == 0 && history != nullptr;
       if (leader)
-        history->instances.push_back({busy->clock->now(), key, true});
+        history->add(actors::instance_fact{busy->clock->now(), key, true});
       caf::actor_cast<caf::abstract_actor*>(device)->attach_functor([busy, index, leader, history,
                                                                      key] {
         // After the report (clock cleared) the world is shutting down: nothing to record.
@@ -827,7 +827,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
           return;
         busy->devices[index].end = busy->clock->now();
         if (leader)
-          history->instances.push_back({busy->clock->now(), key, false});
+          history->add(actors::instance_fact{busy->clock->now(), key, false});
       });
       return device;
     };

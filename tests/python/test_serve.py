@@ -48,7 +48,7 @@ class Server:
             [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu.toml"),
              "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
              "--api-keys", keys_file, "--max-in-flight", "80", "--grace", "10",
-             "--kv-dir", kv_dir, *extra],
+             "--kv-dir", kv_dir, "--check-history", *extra],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         found = threading.Event()
@@ -106,6 +106,9 @@ def server(model_dir, tmp_path_factory):
     yield s
     s.stop()
     assert s.proc.returncode == 0, "troupe serve did not stop cleanly on SIGTERM:\n" + "".join(s.log)
+    # --check-history: everything this module's tests made the server do, checked at the stop
+    # (tokens by position, each request ending once, KV TTLs, decode bookings).
+    assert any("facts: no violations" in line for line in s.log), "".join(s.log)
 
 
 def chat_body(content, **extra):
