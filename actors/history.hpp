@@ -87,14 +87,23 @@ struct instance_fact {
   bool up = true;
 };
 
-/// A run's facts, in the order they happened. Actors append with add() from any thread; the
-/// lists are read once the run is over.
-struct run_history {
+/// A run's facts, in the order they happened.
+struct run_facts {
   std::vector<kv_fact> kv;
   std::vector<token_fact> tokens;
   std::vector<request_fact> requests;
   std::vector<booking_fact> bookings;
   std::vector<instance_fact> instances;
+};
+
+/// The facts as a run records them: actors append with add() from any thread; a reader takes
+/// them whole once the run is over, or a snapshot() while some actor may still record (a real
+/// server's stop).
+struct run_history : run_facts {
+  run_facts snapshot() const {
+    std::lock_guard lock{mu_};
+    return run_facts{*this};
+  }
 
   void add(std::span<const kv_fact> facts) {
     std::lock_guard lock{mu_};
@@ -118,7 +127,7 @@ struct run_history {
   }
 
 private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
 };
 
 using run_history_ptr = std::shared_ptr<run_history>;

@@ -211,6 +211,11 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "the KV block store's directory (default: the topology's [storage] path)");
   cmd->add_option("--grace", grace_s,
                   "seconds requests in flight get to finish on SIGTERM (default 30)");
+  cmd->add_flag("--check-history", o.check_history,
+                "record what the requests, the KV index and the decode balancer do, and on "
+                "SIGTERM check it (tokens by position, every request ending once, KV TTLs, "
+                "decode bookings) as the simulator's history checker does; violations are "
+                "printed and the exit status is 1 (launch: in the control process)");
 }
 
 /// --tls-ca / --tls-cert / --tls-key: mutual TLS between a launched cluster's processes.
@@ -529,11 +534,6 @@ int main(int argc, char** argv) {
     "serve", "serve the OpenAI and Anthropic APIs from a topology on this machine (CPU backend)");
   add_server_options(serve, serve_opts, serve_grace_s);
   serve->add_option("--listen", serve_opts.listen, "HOST:PORT to listen on (default 127.0.0.1:8000)");
-  serve->add_flag("--check-history", serve_opts.check_history,
-                  "record what the requests, the KV index and the decode balancer do, and on "
-                  "SIGTERM check it (tokens by position, every request ending once, KV TTLs, "
-                  "decode bookings) as the simulator's history checker does; violations are "
-                  "printed and the exit status is 1");
   serve->callback([&] {
     finish_server_options(serve_opts, serve_grace_s);
     rc = troupe::cluster::run_serve_command(serve_opts, std::cerr);

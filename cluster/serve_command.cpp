@@ -2,11 +2,8 @@
 
 #include "actors/entrypoint/entrypoint.hpp"
 #include "cluster/serve_setup.hpp"
-#include "cluster/sim/history_checker.hpp"
 
 #include <caf/actor_system.hpp>
-#include <caf/after.hpp>
-#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include <csignal>
@@ -15,48 +12,6 @@
 #include <ostream>
 
 namespace troupe::cluster {
-
-namespace {
-
-/// Stops the pools and waits until they are down: their engines' last messages to the
-/// balancers are then in the balancers' mailboxes.
-void stop_pools(caf::actor_system& sys, const caf::actor& cluster) {
-  caf::scoped_actor self{sys};
-  self->monitor(cluster);
-  self->send_exit(cluster, caf::exit_reason::user_shutdown);
-  self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::minutes(2)) >> [] {});
-}
-
-/// Checks what the run recorded (`--check-history`): what the actors did, by the rules the
-/// simulator's history checker applies, with the limits this server gave them. Returns the
-/// exit status: 0 when nothing is violated.
-int check_served_history(caf::actor_system& sys, const serve_inputs& in, const real_graph_params& gp,
-                         const real_graph& graph, runtime::time_point origin, bool all_ended,
-                         std::ostream& err) {
-  // decode_lb answers after the releases and departures queued before this request.
-  caf::scoped_actor self{sys};
-  self->request(graph.decode_lb, std::chrono::seconds(30), actors::lb_stats_atom::value)
-    .receive([](const actors::lb_counters&) {}, [](const caf::error&) {});
-  sim::history_expectations expect;
-  expect.origin = origin;
-  expect.ttl = sim::ttl_of_classes(in.topo.storage.ttl);
-  actors::decode_balancer_params limits;
-  expect.decode_kv_tokens = limits.max_kv_tokens;
-  expect.decode_max_requests = gp.max_batch;
-  expect.restart_time = std::chrono::seconds(1);  // the pools' restart delay (real_graph.cpp)
-  expect.run_finished = all_ended;
-  expect.modelled_tokens = false;
-  const auto report = sim::check_history(*gp.history, expect);
-  err << "troupe serve: history: " << report.request_facts << " request, " << report.token_facts
-      << " token, " << report.kv_facts << " KV and " << report.booking_facts << " booking facts: "
-      << (report.ok() ? "no violations" : std::to_string(report.violations.size()) + " violation(s)")
-      << "\n";
-  for (const auto& v : report.violations)
-    err << "troupe serve: " << v.to_string() << "\n";
-  return report.ok() ? 0 : 1;
-}
-
-} // namespace
 
 int run_serve_command(const serve_options& o, std::ostream& err) {
   auto fail = [&](const std::string& msg) {
@@ -91,8 +46,6 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   if (!gp)
     return 1;
   const auto origin = sys.clock().now();
-  if (o.check_history)
-    gp->history = std::make_shared<actors::run_history>();
   auto graph = spawn_real_graph(sys, in->topo, *gp);
   auto& cluster = graph.cluster;
   auto& service = graph.service;
@@ -135,11 +88,10 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
       << ": no new requests; waiting up to " << o.grace.count()
       << " s for those in flight\n";
   server.stop(o.grace);
-  const bool all_ended = server.in_flight() == 0;
-  stop_pools(sys, cluster);
-  int rc = 0;
-  if (gp->history)
-    rc = check_served_history(sys, *in, *gp, graph, origin, all_ended, err);
+  const int rc = gp->history ? check_run_history(sys, *in, *gp, graph.decode_lb, origin,
+                                                 server.in_flight() == 0, command, err)
+                             : 0;
+  caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
   if (gp->store)
     caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
   err << "troupe serve: stopped\n";

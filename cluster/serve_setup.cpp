@@ -3,6 +3,7 @@
 #include "actors/entrypoint/api_keys.hpp"
 #include "actors/type_ids.hpp"
 #include "cluster/launch/control_directory.hpp"
+#include "cluster/sim/history_checker.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/safetensors.hpp"
 #include "ports/cpu_device.hpp"
@@ -159,6 +160,8 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                        std::shared_ptr<actors::constraint_table> constraints,
                        const std::string& command, std::ostream& err) {
   real_graph_params gp;
+  if (o.check_history)
+    gp.history = std::make_shared<actors::run_history>();
   // (--spec was checked by load_serve_inputs.)
   const auto spec = actors::parse_speculation(o.spec).value_or(actors::speculation_setting{});
   gp.spec = spec;
@@ -212,6 +215,32 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
                      : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
   return gp;
+}
+
+int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real_graph_params& gp,
+                      const actors::decode_lb_actor& decode_lb, runtime::time_point origin,
+                      bool all_ended, const std::string& command, std::ostream& err) {
+  // decode_lb answers after the releases the requests queued before they ended.
+  caf::scoped_actor self{sys};
+  self->request(decode_lb, std::chrono::seconds(30), actors::lb_stats_atom::value)
+    .receive([](const actors::lb_counters&) {}, [](const caf::error&) {});
+  sim::history_expectations expect;
+  expect.origin = origin;
+  expect.ttl = sim::ttl_of_classes(in.topo.storage.ttl);
+  expect.decode_kv_tokens = actors::decode_balancer_params{}.max_kv_tokens;
+  expect.decode_max_requests = gp.max_batch;
+  expect.restart_time = std::chrono::seconds(1);  // the pools' restart delay (real_graph.cpp)
+  expect.run_finished = all_ended;
+  expect.modelled_tokens = false;
+  // Late facts (a KV write still on its way) are left out: nothing recorded before depends on them.
+  const auto report = sim::check_history(gp.history->snapshot(), expect);
+  err << command << ": history: " << report.request_facts << " request, " << report.token_facts
+      << " token, " << report.kv_facts << " KV and " << report.booking_facts << " booking facts: "
+      << (report.ok() ? "no violations" : std::to_string(report.violations.size()) + " violation(s)")
+      << "\n";
+  for (const auto& v : report.violations)
+    err << command << ": " << v.to_string() << "\n";
+  return report.ok() ? 0 : 1;
 }
 
 /// Sends one short request through the whole graph and waits for its end: both devices have

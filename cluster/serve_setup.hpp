@@ -71,6 +71,17 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                        std::shared_ptr<actors::constraint_table> constraints,
                        const std::string& command, std::ostream& err);
 
+/// `--check-history`: checks what the run's actors recorded in `gp.history` (set by
+/// make_real_graph_params), by the rules of the simulator's history checker
+/// (cluster/sim/history_checker.hpp) with the limits this server gave its actors; token ids
+/// are the model's, so only their positions are checked. Call once the HTTP server stopped
+/// (`all_ended`: no request was left in flight): it first lets `decode_lb` handle the releases
+/// queued before. Writes "<command>: history: ..." and each violation to `err`; returns the
+/// exit status, 1 when something is violated.
+int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real_graph_params& gp,
+                      const actors::decode_lb_actor& decode_lb, runtime::time_point origin,
+                      bool all_ended, const std::string& command, std::ostream& err);
+
 /// Sends one short greedy request through `service` and waits for its end, up to `timeout`
 /// for each answer: every device on the path has loaded the model and every actor answers.
 /// Returns an error message, or empty.

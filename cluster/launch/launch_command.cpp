@@ -488,6 +488,8 @@ std::vector<std::string> entrypoint_node_args(const launch_options& o) {
     args.insert(args.end(), {"--served-model-name", s.served_model_name});
   if (!s.api_keys_file.empty())
     args.insert(args.end(), {"--api-keys", s.api_keys_file});
+  if (s.check_history)
+    args.push_back("--check-history");
   return args;
 }
 

@@ -92,6 +92,7 @@ int run_control(const node_options& o, std::ostream& err) {
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
   if (!gp)
     return 1;
+  const auto origin = sys.clock().now();
   auto graph = spawn_control_graph(sys, in->topo, *gp);
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
@@ -168,6 +169,11 @@ int run_control(const node_options& o, std::ostream& err) {
   err << command << ": " << signal_name(sig) << ": no new requests; waiting up to "
       << so.grace.count() << " s for those in flight\n";
   server.stop(so.grace);
+  // The requests release their decode bookings here, in this process: the check needs nothing
+  // from the instances (a KV write still on its way is simply not a fact yet).
+  const int rc = gp->history ? check_run_history(sys, *in, *gp, graph.decode_lb, origin,
+                                                 server.in_flight() == 0, command, err)
+                             : 0;
   {
     // Every instance process learns that the cluster stops (not that the control is lost).
     caf::scoped_actor self{sys};
@@ -177,7 +183,7 @@ int run_control(const node_options& o, std::ostream& err) {
   stop_graph();
   caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
   err << command << ": stopped\n";
-  return 0;
+  return rc;
 }
 
 /// The address of this machine's interface that the route to `control` ("HOST:PORT") leaves

@@ -133,7 +133,7 @@ public:
     }
   }
 
-  void requests(const actors::run_history& h) {
+  void requests(const actors::run_facts& h) {
     sink bad{out_, "requests"};
     struct req {
       std::uint64_t input = 0, output = 0;
@@ -324,7 +324,7 @@ nlohmann::json history_report::to_json() const {
           {"violations", violations.size()}};
 }
 
-history_report check_history(const actors::run_history& h, const history_expectations& e) {
+history_report check_history(const actors::run_facts& h, const history_expectations& e) {
   history_report r;
   r.kv_facts = h.kv.size();
   r.token_facts = h.tokens.size();

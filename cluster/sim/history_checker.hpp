@@ -86,7 +86,7 @@ struct history_report {
 /// Violations listed per check before the rest are only counted.
 inline constexpr std::size_t shown_per_check = 20;
 
-history_report check_history(const actors::run_history& history,
+history_report check_history(const actors::run_facts& history,
                              const history_expectations& expect);
 
 /// The TTLs a topology's `storage.ttl` gives (class name → TTL), with the documented defaults

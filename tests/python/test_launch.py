@@ -111,11 +111,15 @@ def run_streams(cluster, bodies, ready_chars, fault):
 @pytest.fixture(scope="module")
 def cluster(model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("launch") / "state.json"
-    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state))
+    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state), ("--check-history",))
     yield c
     pids = [p["pid"] for p in c.state()["processes"] if p["pid"]]
     c.stop()
     assert c.proc.returncode == 0, "troupe launch did not stop cleanly:\n" + "".join(c.log)
+    # --check-history: the control process checked what its requests, KV index and decode_lb
+    # recorded through every test of this module (decode processes killed, stopped, drained).
+    assert any(re.match(r"troupe node\[control\]: history: .* facts: no violations", l) for l in c.log), \
+        "".join(c.log)
     # The prompts' KV crossed from the prefill process to the decode processes over the fabric
     # link (and, in the drain test, from decode/0 to decode/1), none of it lost on the way.
     fabric = {}
