@@ -980,7 +980,13 @@ std::variant<grammar, schema_error> compile_json_schema(std::string_view text, c
 }
 
 std::variant<json_style, std::string> whitespace_style(std::string_view pattern) {
-  auto r = compile_regex(pattern);
+  // Whitespace needs a few states; the bound keeps this compile microseconds long on any input
+  // (request parsing checks the pattern on the HTTP thread) and the copies pasted around every
+  // separator small.
+  limits lim;
+  lim.max_rule_states = lim.max_total_states = lim.max_repeat = 64;
+  lim.max_subset_work = 100000;
+  auto r = compile_regex(pattern, lim);
   if (auto* e = std::get_if<regex_error>(&r)) return e->message + " at offset " + std::to_string(e->offset);
   grammar& g = std::get<grammar>(r);
   const rule& dfa = g.rules[g.root];

@@ -36,8 +36,8 @@ struct json_style {
 };
 
 // The style whose whitespace is the text of `pattern` (a regex, regex.hpp), or why it cannot be:
-// the pattern does not compile, or matches something other than JSON whitespace (space, tab, line
-// feed, carriage return).
+// the pattern does not compile within small limits (64 automaton states, repetition bounds up to
+// 64), or matches something other than JSON whitespace (space, tab, line feed, carriage return).
 std::variant<json_style, std::string> whitespace_style(std::string_view pattern);
 
 struct schema_error {

@@ -164,8 +164,7 @@ class compiler {
   static bool ends_inside(const json& node) {
     if (!node.is_object() || !node.contains("type") || !node["type"].is_string()) return false;
     const auto& type = node["type"].get_ref<const std::string&>();
-    if (type == "any_text") return true;
-    if (type == "triggered_tags") return true;
+    if (type == "any_text" || type == "triggered_tags") return true;
     if (type == "sequence" && node.contains("elements") && node["elements"].is_array() && !node["elements"].empty())
       return ends_inside(node["elements"].back());
     return false;

@@ -169,7 +169,7 @@ TEST_CASE("grammar schema: a whitespace pattern's text between tokens around { }
   CHECK_FALSE(accepts(g, R"({"b":"","c":{"k":[1,2],"e":{}}})"));  // enum objects in canonical key order
   CHECK_FALSE(accepts(g, R"({"b":"","d":[1,2,3]})"));
   // The pattern may match JSON whitespace only; \s matches other spaces too.
-  for (const char* bad : {R"(\s*)", R"([ x]*)", "[ \u00a0]", "("}) {
+  for (const char* bad : {R"(\s*)", R"([ x]*)", "[ \u00a0]", "(", "[ ]{0,65}"}) {
     INFO(bad);
     CHECK(std::holds_alternative<std::string>(gr::whitespace_style(bad)));
   }
