@@ -5,7 +5,7 @@
 // "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
 // a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance on the same
 // workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md), but for the tool-call ones.
-// Usage: bench_grammar [--rounds N] [--peer PYTHON]
+// Usage: bench_grammar [--rounds N] [--workload NAME] [--peer PYTHON] (--workload: that one only, peer too)
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
@@ -78,10 +78,11 @@ std::vector<workload> load_workloads() {
 
 int main(int argc, char** argv) {
   int rounds = 20;
-  std::string peer;
+  std::string peer, only;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--rounds") rounds = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--peer") peer = argv[i + 1];
+    if (std::string(argv[i]) == "--workload") only = argv[i + 1];
   }
   std::string load = "?";
   if (std::ifstream f("/proc/loadavg"); f) std::getline(f, load);
@@ -95,7 +96,10 @@ int main(int argc, char** argv) {
               vocab->trie().size(), us_since(t0) / 1000);
   std::printf("%-15s %7s | %-17s | %-19s | %-19s | %s\n", "workload", "tokens", "compile p50 / p99", "cold mask p50 / p99",
               "warm mask p50 / p99", "max");
+  bool found = only.empty();
   for (const auto& w : load_workloads()) {
+    if (!only.empty() && w.name != only) continue;
+    found = true;
     std::vector<double> compile, cold, warm;
     const auto ids = output_ids(tok, w.output);
     std::vector<std::uint32_t> mask(vocab->mask_words());
@@ -145,9 +149,14 @@ int main(int argc, char** argv) {
                 ids.size() + 1, pct(compile, 0.5), pct(compile, 0.99), pct(cold, 0.5), pct(cold, 0.99), pct(warm, 0.5),
                 pct(warm, 0.99), *std::max_element(cold.begin(), cold.end()));
   }
+  if (!found) {
+    std::printf("no workload named %s in bench/grammar_workloads.json\n", only.c_str());
+    return 1;
+  }
   if (!peer.empty()) {
     std::fflush(stdout);
-    const std::string cmd = peer + " " + TROUPE_SOURCE_DIR + "/bench/grammar_peer.py --rounds " + std::to_string(rounds);
+    std::string cmd = peer + " " + TROUPE_SOURCE_DIR + "/bench/grammar_peer.py --rounds " + std::to_string(rounds);
+    if (!only.empty()) cmd += " --workload " + only;
     return std::system(cmd.c_str()) == 0 ? 0 : 1;
   }
   return 0;

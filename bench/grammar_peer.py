@@ -117,9 +117,12 @@ def run_xgrammar(text, workloads, rounds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--workload", help="run this workload only")
     a = ap.parse_args()
     text = gzip.open(os.path.join(ROOT, "recipe/data/deepseek-v4/tokenizer.json.gz")).read().decode()
     workloads = json.load(open(os.path.join(ROOT, "bench/grammar_workloads.json")))
+    if a.workload:
+        workloads = [w for w in workloads if w["name"] == a.workload]
     run_llguidance(text, workloads, a.rounds)
     try:
         import xgrammar  # noqa: F401

@@ -83,46 +83,51 @@ struct walker {
   void walk(std::uint32_t n, std::vector<stack>& ready) const {
     const auto& t = v.trie();
     std::vector<stack> raw;
-    for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) {
-      const unsigned char b = t[c].byte;
-      if (ready.size() == 1) {
-        // One stack and a plain byte step (no call, no return): the closure is the identity, so
-        // step in place.
-        frame& top = ready[0].back();
-        const rule& r = g.rules[top.rule];
-        const auto nx = r.step(top.state, b);
-        if (nx == no_state) continue;
-        const auto target = static_cast<std::uint32_t>(nx);
-        if (r.calls[target].empty() && !r.accepting[target]) {
-          const std::uint32_t saved = top.state;
-          top.state = target;
-          mark(c);
-          if (t[c].end > c + 1) walk(c, ready);
-          ready[0].back().state = saved;
-          continue;
-        }
-      }
-      raw.clear();
-      for (const stack& s : ready) {
-        const auto nx = g.rules[s.back().rule].step(s.back().state, b);
-        if (nx == no_state) continue;
-        stack s2 = s;
-        s2.back().state = static_cast<std::uint32_t>(nx);
-        raw.push_back(std::move(s2));
-      }
-      if (raw.empty()) continue;
-      bool popped = false;
-      auto next = close_stacks(g, raw, max_depth, popped);
-      if (popped) {
-        if (returns)
-          returns->push_back(c);
-        else
-          mark(c);
-      }
-      if (!next.empty()) {
+    for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) visit(c, ready, raw);
+  }
+
+  // Node c's byte after the stacks `ready` (left as they were), then c's subtree; `raw` is
+  // scratch.
+  void visit(std::uint32_t c, std::vector<stack>& ready, std::vector<stack>& raw) const {
+    const auto& t = v.trie();
+    const unsigned char b = t[c].byte;
+    if (ready.size() == 1) {
+      // One stack and a plain byte step (no call, no return): the closure is the identity, so
+      // step in place.
+      frame& top = ready[0].back();
+      const rule& r = g.rules[top.rule];
+      const auto nx = r.step(top.state, b);
+      if (nx == no_state) return;
+      const auto target = static_cast<std::uint32_t>(nx);
+      if (r.calls[target].empty() && !r.accepting[target]) {
+        const std::uint32_t saved = top.state;
+        top.state = target;
         mark(c);
-        if (t[c].end > c + 1) walk(c, next);
+        if (t[c].end > c + 1) walk(c, ready);
+        ready[0].back().state = saved;
+        return;
       }
+    }
+    raw.clear();
+    for (const stack& s : ready) {
+      const auto nx = g.rules[s.back().rule].step(s.back().state, b);
+      if (nx == no_state) continue;
+      stack s2 = s;
+      s2.back().state = static_cast<std::uint32_t>(nx);
+      raw.push_back(std::move(s2));
+    }
+    if (raw.empty()) return;
+    bool popped = false;
+    auto next = close_stacks(g, raw, max_depth, popped);
+    if (popped) {
+      if (returns)
+        returns->push_back(c);
+      else
+        mark(c);
+    }
+    if (!next.empty()) {
+      mark(c);
+      if (t[c].end > c + 1) walk(c, next);
     }
   }
 };
@@ -144,9 +149,28 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
   if (!slot) {
     auto e = std::make_unique<entry>();
     e->accepted.assign(v_->mask_words(), 0);
-    walker w{*g_, *v_, matcher_options{}.max_depth, e->accepted.data(), &e->returns};
+    std::vector<std::uint32_t> returns;
+    walker w{*g_, *v_, matcher_options{}.max_depth, e->accepted.data(), &returns};
     std::vector<stack> ready{stack{f}};
     w.walk(0, ready);
+    // Bucket the children of the return nodes by their byte, so that a mask walks only those
+    // whose byte the context takes next (for a number that ends in a return, few of its
+    // thousand-odd tokens have a child `+`, `*` or `)`).
+    const auto& t = v_->trie();
+    std::vector<std::pair<unsigned char, std::uint32_t>> children;
+    for (const auto n : returns) {
+      const auto ids = v_->ids_at(n);
+      e->returned.insert(e->returned.end(), ids.begin(), ids.end());
+      for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) children.emplace_back(t[c].byte, c);
+    }
+    std::stable_sort(children.begin(), children.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    e->has_returns = !returns.empty();
+    e->after_return.reserve(children.size());
+    for (std::size_t i = 0, b = 0; b <= 256; ++b) {
+      e->after_return_at[b] = static_cast<std::uint32_t>(i);
+      while (b < 256 && i < children.size() && children[i].first == b) e->after_return.push_back(children[i++].second);
+    }
     slot = std::move(e);
   }
   return *slot;
@@ -160,20 +184,29 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
   for (const stack& s : st.stacks) {
     const entry& e = entry_for(s.back());
     for (std::size_t i = 0; i < mask.size(); ++i) mask[i] |= e.accepted[i];
-    if (e.returns.empty()) continue;
+    if (!e.has_returns) continue;
     // What follows a return from the top frame depends on the frames below it.
     stack parent(s.begin(), s.end() - 1);
     bool popped = parent.empty();
     std::vector<stack> ready;
     if (!parent.empty()) ready = close_stacks(*g_, {parent}, m.options().max_depth, popped);
     if (ready.empty() && !popped) continue;
+    // A token that ends where the frame returns leaves the context's stacks (or a complete
+    // output) behind.
+    for (const auto id : e.returned) mask[id >> 5] |= 1u << (id & 31);
+    if (ready.empty()) continue;
+    byte_set next;
+    for (const stack& r : ready) {
+      const rule& rl = g_->rules[r.back().rule];
+      const std::int32_t* row = rl.next.data() + std::size_t{r.back().state} * 256;
+      for (unsigned b = 0; b < 256; ++b)
+        if (row[b] != no_state) next.set(b);
+    }
     walker w{*g_, *v_, m.options().max_depth, mask.data(), nullptr};
-    for (const auto n : e.returns) {
-      w.mark(n);
-      if (!ready.empty()) {
-        auto r = ready;
-        w.walk(n, r);
-      }
+    std::vector<stack> raw;
+    for (unsigned b = 0; b < 256; ++b) {
+      if (!next.test(b)) continue;
+      for (auto i = e.after_return_at[b]; i < e.after_return_at[b + 1]; ++i) w.visit(e.after_return[i], ready, raw);
     }
   }
 }

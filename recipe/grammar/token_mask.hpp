@@ -7,10 +7,12 @@
 // the top frame of a stack, not on what lies below it: for each (rule, state) the mask_computer
 // caches the tokens accepted without returning from that frame, and the trie nodes at which a
 // return happens. A mask is then the union of those cached sets for the state's stacks plus a
-// short walk, in the real context, from each cached return point — only that part depends on
-// the stack. Control tokens are never allowed, except `｜DSML｜` where a tool-call grammar asks
-// for it; the end-of-sequence ids are allowed exactly when the output is complete.
+// short walk, in the real context, below each cached return point — only that part depends on
+// the stack, and only the children whose byte the context takes next are walked. Control tokens
+// are never allowed, except `｜DSML｜` where a tool-call grammar asks for it; the end-of-sequence
+// ids are allowed exactly when the output is complete.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -79,7 +81,12 @@ class mask_computer {
  private:
   struct entry {
     std::vector<std::uint32_t> accepted;  // bitmask
-    std::vector<std::uint32_t> returns;   // trie nodes after whose byte the frame returns
+    bool has_returns = false;             // some token's bytes return from the frame
+    std::vector<std::uint32_t> returned;  // ids whose last byte returns from the frame
+    // The children of the trie nodes after whose byte the frame returns, by byte: those of byte
+    // b are after_return[after_return_at[b], after_return_at[b + 1]).
+    std::vector<std::uint32_t> after_return;
+    std::array<std::uint32_t, 257> after_return_at{};
   };
   const entry& entry_for(frame f) const;
   std::shared_ptr<const grammar> g_;

@@ -187,7 +187,7 @@ TEST_CASE("grammar ebnf: masks equal trying every token of the DeepSeek-V4 vocab
   };
   for (const auto& [grammar, text] : std::vector<example>{
            {json_grammar, " {\"name\": \"Ada \\\"L\\\"\", \"tags\": [\"math\", 1.5e3, -0],\n  \"ok\": true, \"x\": null} "},
-           {arithmetic_grammar, "(12+-345)*6-((7))*89"}}) {
+           {arithmetic_grammar, "(12+-345)*6-((7))*89+(1024*-(3-4))-5*(6+7*(8-9))"}}) {
     check_masks_along(ebnf_grammar(grammar), text);
   }
 }
