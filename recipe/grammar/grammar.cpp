@@ -158,6 +158,9 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   std::vector<unsigned> representative(classes, 256);
   for (unsigned b = 256; b-- > 0;) representative[cls[b]] = b;
   std::vector<set_t> per_class(classes);
+  // Each state's target per class; the 256-wide table is written once at the end (growing it row
+  // by row was most of the time on large rules: reallocation and fresh pages).
+  std::vector<std::int32_t> rows;
   for (std::size_t i = 0; i < sets.size(); ++i) {
     const set_t cur = sets[i];
     r.calls.emplace_back();
@@ -176,7 +179,7 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       for (const auto& c : calls_[x]) per_call[c.rule].push_back(c.to);
     }
     // Classes with the same target set share one closure.
-    std::vector<std::int32_t> class_target(classes, no_state);
+    rows.resize(rows.size() + classes, no_state);
     std::map<set_t, std::int32_t> done;
     for (std::uint16_t c = 0; c < classes; ++c) {
       auto& v = per_class[c];
@@ -185,10 +188,9 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       v.erase(std::unique(v.begin(), v.end()), v.end());
       auto it = done.find(v);
       if (it == done.end()) it = done.emplace(v, static_cast<std::int32_t>(id_of(closure(v)))).first;
-      class_target[c] = it->second;
+      rows[i * classes + c] = it->second;
       r.has_bytes[i] = 1;
     }
-    for (unsigned b = 0; b < 256; ++b) r.next.push_back(class_target[cls[b]]);  // row i
     for (auto& [callee, targets] : per_call) {
       std::sort(targets.begin(), targets.end());
       targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
@@ -196,6 +198,9 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       r.calls[i].push_back({callee, t});
     }
   }
+  r.next.resize(sets.size() * 256);
+  for (std::size_t i = 0; i < sets.size(); ++i)
+    for (unsigned b = 0; b < 256; ++b) r.next[i * 256 + b] = rows[i * classes + cls[b]];
   return r;
 }
 
