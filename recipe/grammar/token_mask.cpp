@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 #include "recipe/tokenizer.hpp"
 
@@ -21,6 +22,8 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
   const std::string* prev = nullptr;
   for (const auto id : order) {
     const std::string& s = bytes_[id];
+    if (s.size() > 0xFFFF) throw std::invalid_argument("vocabulary: a token of more than 65535 bytes");
+    max_depth_ = std::max(max_depth_, s.size());
     std::size_t common = 0;
     if (prev)
       while (common < prev->size() && common < s.size() && (*prev)[common] == s[common]) ++common;
@@ -31,6 +34,7 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
     for (std::size_t i = common; i < s.size(); ++i) {
       node n;
       n.byte = static_cast<std::uint8_t>(s[i]);
+      n.depth = static_cast<std::uint16_t>(i + 1);
       trie_.push_back(n);
       path.push_back(static_cast<std::uint32_t>(trie_.size() - 1));
     }
@@ -73,6 +77,7 @@ struct walker {
   const grammar& g;
   const vocabulary& v;
   std::size_t max_depth;
+  const std::vector<std::vector<std::uint8_t>>& plain;  // [rule][state]: no call, not accepting
   std::uint32_t* mask;
   std::vector<std::uint32_t>* returns;
 
@@ -83,7 +88,40 @@ struct walker {
   void walk(std::uint32_t n, std::vector<stack>& ready) const {
     const auto& t = v.trie();
     std::vector<stack> raw;
-    for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) visit(c, ready, raw);
+    if (ready.size() != 1) {
+      for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) visit(c, ready, raw);
+      return;
+    }
+    // One stack: a plain byte step (to a state with no call, not accepting) leaves the closure
+    // the identity, so those are followed here in preorder, keeping only the top frame's state
+    // per depth; every other step goes through visit(). Most of a cold walk is this loop.
+    frame& top = ready[0].back();
+    const std::uint32_t start = top.state;
+    const std::int32_t* next = g.rules[top.rule].next.data();
+    const std::uint8_t* is_plain = plain[top.rule].data();
+    const std::uint32_t* ids = v.ids();
+    // after[d]: the state after the node being walked at depth base + d.
+    const std::uint32_t base = t[n].depth;
+    std::vector<std::uint32_t> after(v.max_depth() + 1 - base);
+    after[0] = start;
+    for (std::uint32_t c = n + 1; c < t[n].end;) {
+      const vocabulary::node& node = t[c];
+      const std::uint32_t d = node.depth - base;
+      const std::uint32_t s = after[d - 1];
+      const auto nx = next[s * 256u + node.byte];
+      if (nx == no_state) {
+        c = node.end;
+      } else if (is_plain[nx]) {
+        for (std::uint32_t i = node.first; i < node.first + node.count; ++i) mask[ids[i] >> 5] |= 1u << (ids[i] & 31);
+        after[d] = static_cast<std::uint32_t>(nx);
+        ++c;  // the first child, or (a leaf) the next node in preorder
+      } else {
+        top.state = s;
+        visit(c, ready, raw);
+        top.state = start;
+        c = node.end;
+      }
+    }
   }
 
   // Node c's byte after the stacks `ready` (left as they were), then c's subtree; `raw` is
@@ -99,7 +137,7 @@ struct walker {
       const auto nx = r.step(top.state, b);
       if (nx == no_state) return;
       const auto target = static_cast<std::uint32_t>(nx);
-      if (r.calls[target].empty() && !r.accepting[target]) {
+      if (plain[top.rule][target]) {
         const std::uint32_t saved = top.state;
         top.state = target;
         mark(c);
@@ -135,7 +173,12 @@ struct walker {
 }  // namespace
 
 mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<const vocabulary> v)
-    : g_(std::move(g)), v_(std::move(v)) {}
+    : g_(std::move(g)), v_(std::move(v)) {
+  for (const rule& r : g_->rules) {
+    auto& p = plain_.emplace_back(r.size());
+    for (std::uint32_t s = 0; s < r.size(); ++s) p[s] = r.calls[s].empty() && !r.accepting[s];
+  }
+}
 
 std::size_t mask_computer::cached_states() const {
   std::lock_guard lock(mu_);
@@ -150,7 +193,7 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     auto e = std::make_unique<entry>();
     e->accepted.assign(v_->mask_words(), 0);
     std::vector<std::uint32_t> returns;
-    walker w{*g_, *v_, matcher_options{}.max_depth, e->accepted.data(), &returns};
+    walker w{*g_, *v_, matcher_options{}.max_depth, plain_, e->accepted.data(), &returns};
     std::vector<stack> ready{stack{f}};
     w.walk(0, ready);
     // Bucket the children of the return nodes by their byte, so that a mask walks only those
@@ -202,7 +245,7 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
       for (unsigned b = 0; b < 256; ++b)
         if (row[b] != no_state) next.set(b);
     }
-    walker w{*g_, *v_, m.options().max_depth, mask.data(), nullptr};
+    walker w{*g_, *v_, m.options().max_depth, plain_, mask.data(), nullptr};
     std::vector<stack> raw;
     for (unsigned b = 0; b < 256; ++b) {
       if (!next.test(b)) continue;

@@ -45,14 +45,18 @@ class vocabulary {
   const std::vector<std::uint32_t>& eos() const { return eos_; }
 
   // The trie, nodes in preorder: node 0 is the root; a node's children follow it, its subtree
-  // ends at `end`; the ids whose bytes end at a node are ids_[first, first + count).
+  // ends at `end`; the ids whose bytes end at a node are ids_[first, first + count); `depth` is
+  // the length of its bytes.
   struct node {
     std::uint32_t end = 0;
     std::uint32_t first = 0;
     std::uint16_t count = 0;
+    std::uint16_t depth = 0;
     std::uint8_t byte = 0;
   };
+  std::size_t max_depth() const { return max_depth_; }
   const std::vector<node>& trie() const { return trie_; }
+  const std::uint32_t* ids() const { return ids_.data(); }
   std::span<const std::uint32_t> ids_at(std::uint32_t n) const {
     return {ids_.data() + trie_[n].first, trie_[n].count};
   }
@@ -62,6 +66,7 @@ class vocabulary {
   std::vector<std::uint32_t> eos_;
   std::vector<node> trie_;
   std::vector<std::uint32_t> ids_;
+  std::size_t max_depth_ = 0;
 };
 
 // One per (grammar, vocabulary); thread-safe (the cache is shared under a lock).
@@ -91,6 +96,7 @@ class mask_computer {
   const entry& entry_for(frame f) const;
   std::shared_ptr<const grammar> g_;
   std::shared_ptr<const vocabulary> v_;
+  std::vector<std::vector<std::uint8_t>> plain_;  // [rule][state]: no call edge, not accepting
   mutable std::mutex mu_;
   mutable std::unordered_map<std::uint64_t, std::unique_ptr<entry>> cache_;
 };
