@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <span>
 
 namespace troupe::recipe::grammar {
 
@@ -19,6 +20,8 @@ std::uint64_t grammar::fingerprint() const {
   mix(root);
   for (const auto& r : rules) {
     mix(r.size());
+    mix(r.classes);
+    for (const auto c : r.byte_class) mix(c);
     for (const auto n : r.next) mix(static_cast<std::uint32_t>(n));
     for (std::uint32_t s = 0; s < r.size(); ++s) {
       mix(r.accepting[s]);
@@ -77,21 +80,19 @@ void nfa_builder::paste(std::uint32_t from, std::uint32_t to, const rule& dfa) {
   calls_.reserve(base + dfa.size());
   for (std::uint32_t s = 0; s < dfa.size(); ++s) add_state();
   epsilon(from, base);
+  std::vector<byte_set> class_bytes(dfa.classes);
+  for (unsigned b = 0; b < 256; ++b) class_bytes[dfa.byte_class[b]].set(b);
   for (std::uint32_t s = 0; s < dfa.size(); ++s) {
     if (dfa.accepting[s]) epsilon(base + s, to);
-    // One edge per run of bytes with the same target, merged into that target's edge.
+    // One edge per target, the union of the classes that lead there.
     auto& edges = byte_edges_[base + s];
-    for (unsigned b = 0; b < 256;) {
-      const auto t = dfa.step(s, static_cast<unsigned char>(b));
-      unsigned e = b + 1;
-      while (e < 256 && dfa.step(s, static_cast<unsigned char>(e)) == t) ++e;
-      if (t != no_state) {
-        const auto target = base + static_cast<std::uint32_t>(t);
-        auto it = std::find_if(edges.begin(), edges.end(), [&](const byte_edge& x) { return x.to == target; });
-        if (it == edges.end()) it = edges.insert(edges.end(), {byte_set{}, target});
-        it->set.set_range(b, e - 1);
-      }
-      b = e;
+    for (std::uint32_t c = 0; c < dfa.classes; ++c) {
+      const auto t = dfa.next[s * dfa.classes + c];
+      if (t == no_state) continue;
+      const auto target = base + static_cast<std::uint32_t>(t);
+      auto it = std::find_if(edges.begin(), edges.end(), [&](const byte_edge& x) { return x.to == target; });
+      if (it == edges.end()) it = edges.insert(edges.end(), {byte_set{}, target});
+      for (int w = 0; w < 4; ++w) it->set.bits[w] |= class_bytes[c].bits[w];
     }
   }
 }
@@ -101,18 +102,21 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   using set_t = std::vector<std::uint32_t>;
   std::vector<std::uint32_t> mark(eps_.size(), 0);
   std::uint32_t epoch = 0;
-  auto closure = [&](set_t s) {
+  // The epsilon closure of `s` into `out` (sorted); `todo` is scratch.
+  set_t todo, out;
+  auto closure = [&](const set_t& s) -> const set_t& {
     ++epoch;
-    set_t out;
+    out.clear();
+    todo = s;
     for (const auto x : s) mark[x] = epoch;
-    while (!s.empty()) {
-      const auto x = s.back();
-      s.pop_back();
+    while (!todo.empty()) {
+      const auto x = todo.back();
+      todo.pop_back();
       out.push_back(x);
       for (const auto y : eps_[x])
         if (mark[y] != epoch) {
           mark[y] = epoch;
-          s.push_back(y);
+          todo.push_back(y);
         }
     }
     std::sort(out.begin(), out.end());
@@ -122,16 +126,15 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   rule r;
   r.name = std::move(name);
   std::map<set_t, std::uint32_t> ids;
-  std::vector<set_t> sets;
+  std::vector<const set_t*> sets;  // the keys of `ids` (stable), by state
   std::uint64_t work = 0;
-  auto id_of = [&](set_t s) -> std::uint32_t {
-    auto [it, inserted] = ids.emplace(std::move(s), static_cast<std::uint32_t>(sets.size()));
-    if (inserted) {
-      if (sets.size() >= lim.max_rule_states)
-        throw build_error{"rule " + r.name + " needs more than " + std::to_string(lim.max_rule_states) +
-                          " automaton states"};
-      sets.push_back(it->first);
-    }
+  auto id_of = [&](const set_t& s) -> std::uint32_t {
+    if (auto it = ids.find(s); it != ids.end()) return it->second;
+    if (sets.size() >= lim.max_rule_states)
+      throw build_error{"rule " + r.name + " needs more than " + std::to_string(lim.max_rule_states) +
+                        " automaton states"};
+    const auto it = ids.emplace(s, static_cast<std::uint32_t>(sets.size())).first;
+    sets.push_back(&it->first);
     return it->second;
   };
   id_of(closure({start}));
@@ -158,11 +161,19 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   std::vector<unsigned> representative(classes, 256);
   for (unsigned b = 256; b-- > 0;) representative[cls[b]] = b;
   std::vector<set_t> per_class(classes);
-  // Each state's target per class; the 256-wide table is written once at the end (growing it row
-  // by row was most of the time on large rules: reallocation and fresh pages).
-  std::vector<std::int32_t> rows;
+  std::vector<std::uint16_t> distinct;  // a state's classes whose target sets differ from earlier ones
+  // The classes each byte edge covers, listed once per NFA state rather than tested per subset.
+  std::vector<std::vector<std::vector<std::uint16_t>>> edge_classes(byte_edges_.size());
+  for (std::size_t x = 0; x < byte_edges_.size(); ++x)
+    for (const auto& e : byte_edges_[x]) {
+      auto& covered = edge_classes[x].emplace_back();
+      for (std::uint16_t c = 0; c < classes; ++c)
+        if (e.set.test(representative[c])) covered.push_back(c);
+    }
+  for (unsigned b = 0; b < 256; ++b) r.byte_class[b] = static_cast<std::uint8_t>(cls[b]);
+  r.classes = classes;
   for (std::size_t i = 0; i < sets.size(); ++i) {
-    const set_t cur = sets[i];
+    const set_t& cur = *sets[i];
     r.calls.emplace_back();
     r.accepting.push_back(std::binary_search(cur.begin(), cur.end(), accept) ? 1 : 0);
     r.has_bytes.push_back(0);
@@ -173,22 +184,25 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       if (work > lim.max_subset_work)
         throw build_error{"rule " + r.name + " is too large to determinize (more than " +
                           std::to_string(lim.max_subset_work) + " steps of subset construction)"};
-      for (const auto& e : byte_edges_[x])
-        for (std::uint16_t c = 0; c < classes; ++c)
-          if (e.set.test(representative[c])) per_class[c].push_back(e.to);
+      for (std::size_t j = 0; j < byte_edges_[x].size(); ++j)
+        for (const auto c : edge_classes[x][j]) per_class[c].push_back(byte_edges_[x][j].to);
       for (const auto& c : calls_[x]) per_call[c.rule].push_back(c.to);
     }
     // Classes with the same target set share one closure.
-    rows.resize(rows.size() + classes, no_state);
-    std::map<set_t, std::int32_t> done;
+    r.next.resize(r.next.size() + classes, no_state);
+    distinct.clear();
     for (std::uint16_t c = 0; c < classes; ++c) {
       auto& v = per_class[c];
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());
       v.erase(std::unique(v.begin(), v.end()), v.end());
-      auto it = done.find(v);
-      if (it == done.end()) it = done.emplace(v, static_cast<std::int32_t>(id_of(closure(v)))).first;
-      rows[i * classes + c] = it->second;
+      const auto same = std::find_if(distinct.begin(), distinct.end(), [&](std::uint16_t d) { return per_class[d] == v; });
+      if (same != distinct.end()) {
+        r.next[i * classes + c] = r.next[i * classes + *same];
+      } else {
+        r.next[i * classes + c] = static_cast<std::int32_t>(id_of(closure(v)));
+        distinct.push_back(c);
+      }
       r.has_bytes[i] = 1;
     }
     for (auto& [callee, targets] : per_call) {
@@ -198,9 +212,6 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       r.calls[i].push_back({callee, t});
     }
   }
-  r.next.resize(sets.size() * 256);
-  for (std::size_t i = 0; i < sets.size(); ++i)
-    for (unsigned b = 0; b < 256; ++b) r.next[i * 256 + b] = rows[i * classes + cls[b]];
   return r;
 }
 
@@ -217,23 +228,32 @@ std::uint32_t append_rules(grammar& into, const grammar& from) {
 bool prune(grammar& g) {
   // Productive rules: a fixpoint over "some accepting state is reachable from the start".
   const std::size_t n = g.rules.size();
-  // Predecessors of each state: by a byte edge, and by a call edge (with its callee).
-  std::vector<std::vector<std::vector<std::uint32_t>>> byte_preds(n);
+  // Predecessors of each state: by a byte edge (of rule ri, those of state t are
+  // byte_from[ri][byte_at[ri][t] .. byte_at[ri][t + 1]), possibly repeated), and by a call edge
+  // (with its callee).
+  std::vector<std::vector<std::uint32_t>> byte_at(n), byte_from(n);
   std::vector<std::vector<std::vector<call_edge>>> call_preds(n);  // {callee, source state}
   for (std::size_t ri = 0; ri < n; ++ri) {
     const rule& r = g.rules[ri];
-    byte_preds[ri].resize(r.size());
+    auto& at = byte_at[ri];
+    at.assign(r.size() + 1, 0);
+    for (const auto t : r.next)
+      if (t != no_state) ++at[static_cast<std::uint32_t>(t) + 1];
+    for (std::uint32_t t = 0; t < r.size(); ++t) at[t + 1] += at[t];
+    auto fill = at;
+    byte_from[ri].resize(at.back());
     call_preds[ri].resize(r.size());
     for (std::uint32_t s = 0; s < r.size(); ++s) {
-      for (unsigned b = 0; b < 256; ++b) {
-        const auto t = r.step(s, static_cast<unsigned char>(b));
-        if (t == no_state) continue;
-        auto& p = byte_preds[ri][static_cast<std::uint32_t>(t)];
-        if (p.empty() || p.back() != s) p.push_back(s);
+      for (std::uint32_t c = 0; c < r.classes; ++c) {
+        const auto t = r.next[s * r.classes + c];
+        if (t != no_state) byte_from[ri][fill[static_cast<std::uint32_t>(t)]++] = s;
       }
       for (const auto& c : r.calls[s]) call_preds[ri][c.target].push_back({c.rule, s});
     }
   }
+  auto byte_preds = [&](std::size_t ri, std::uint32_t t) {
+    return std::span<const std::uint32_t>(byte_from[ri].data() + byte_at[ri][t], byte_at[ri][t + 1] - byte_at[ri][t]);
+  };
   std::vector<std::uint8_t> productive(n, 0);
   std::vector<std::vector<std::uint8_t>> live(n);
   for (bool changed = true; changed;) {
@@ -252,7 +272,7 @@ bool prune(grammar& g) {
       while (!todo.empty()) {
         const auto t = todo.back();
         todo.pop_back();
-        for (const auto s : byte_preds[ri][t])
+        for (const auto s : byte_preds(ri, t))
           if (!lv[s]) {
             lv[s] = 1;
             todo.push_back(s);
@@ -273,12 +293,12 @@ bool prune(grammar& g) {
     std::vector<std::uint8_t> cut(r.size(), 0);
     for (std::uint32_t t = 0; t < r.size(); ++t)
       if (!lv[t])
-        for (const auto s : byte_preds[ri][t]) cut[s] = 1;
+        for (const auto s : byte_preds(ri, t)) cut[s] = 1;
     for (std::uint32_t s = 0; s < r.size(); ++s) {
       if (cut[s]) {
         r.has_bytes[s] = 0;
-        for (unsigned b = 0; b < 256; ++b) {
-          auto& t = r.next[s * 256u + b];
+        for (std::uint32_t c = 0; c < r.classes; ++c) {
+          auto& t = r.next[s * r.classes + c];
           if (t != no_state && !lv[static_cast<std::uint32_t>(t)]) t = no_state;
           if (t != no_state) r.has_bytes[s] = 1;
         }
@@ -369,6 +389,19 @@ rule without_words(const rule& r, const std::vector<std::string>& words, std::ui
   }
   rule out;
   out.name = r.name + "-minus-words";
+  // A byte of some word is a class of its own; the others keep r's classes.
+  std::array<bool, 256> in_words{};
+  for (const auto& w : words)
+    for (const unsigned char c : w) in_words[c] = true;
+  std::map<std::pair<unsigned, int>, std::uint8_t> class_of;
+  std::vector<unsigned> representative;
+  for (unsigned b = 0; b < 256; ++b) {
+    const auto [it, added] = class_of.emplace(std::make_pair(unsigned{r.byte_class[b]}, in_words[b] ? int(b) : -1),
+                                              static_cast<std::uint8_t>(class_of.size()));
+    if (added) representative.push_back(b);
+    out.byte_class[b] = it->second;
+  }
+  out.classes = static_cast<std::uint32_t>(representative.size());
   std::map<std::pair<std::int32_t, std::int32_t>, std::uint32_t> ids;
   std::vector<std::pair<std::int32_t, std::int32_t>> states;
   auto id_of = [&](std::int32_t q, std::int32_t t) {
@@ -384,16 +417,17 @@ rule without_words(const rule& r, const std::vector<std::string>& words, std::ui
   id_of(0, 0);
   for (std::size_t i = 0; i < states.size(); ++i) {
     const auto [q, t] = states[i];
-    out.next.resize((i + 1) * 256, no_state);
+    out.next.resize((i + 1) * out.classes, no_state);
     out.calls.emplace_back();
     out.accepting.push_back(
         r.accepting[static_cast<std::uint32_t>(q)] && !(t >= 0 && word_end[static_cast<std::size_t>(t)]));
     out.has_bytes.push_back(0);
-    for (unsigned b = 0; b < 256; ++b) {
+    for (std::uint32_t c = 0; c < out.classes; ++c) {
+      const unsigned b = representative[c];
       const auto q2 = r.step(static_cast<std::uint32_t>(q), static_cast<unsigned char>(b));
       if (q2 == no_state) continue;
       const std::int32_t t2 = t >= 0 ? trie[static_cast<std::size_t>(t)][b] : -1;
-      out.next[i * 256 + b] = static_cast<std::int32_t>(id_of(q2, t2));
+      out.next[i * out.classes + c] = static_cast<std::int32_t>(id_of(q2, t2));
       out.has_bytes[i] = 1;
     }
   }

@@ -41,15 +41,19 @@ struct call_edge {
   std::uint32_t target;  // this rule's state after the callee accepted
 };
 
-// A deterministic automaton over bytes; state 0 is the start.
+// A deterministic automaton over bytes; state 0 is the start. Bytes that no state tells apart
+// share a class, and the transition table has one column per class (a bounded JSON string of a
+// thousand states needs a few dozen columns, not 256).
 struct rule {
   std::string name;                             // for messages and dumps
-  std::vector<std::int32_t> next;               // next[state * 256 + byte], or no_state
+  std::array<std::uint8_t, 256> byte_class{};   // the class of each byte, < classes
+  std::uint32_t classes = 1;
+  std::vector<std::int32_t> next;               // next[state * classes + class], or no_state
   std::vector<std::vector<call_edge>> calls;    // per state
   std::vector<std::uint8_t> accepting;          // per state
   std::vector<std::uint8_t> has_bytes;          // per state: some byte edge leaves it
   std::uint32_t size() const { return static_cast<std::uint32_t>(accepting.size()); }
-  std::int32_t step(std::uint32_t state, unsigned char b) const { return next[state * 256u + b]; }
+  std::int32_t step(std::uint32_t state, unsigned char b) const { return next[state * classes + byte_class[b]]; }
 };
 
 struct grammar {

@@ -97,7 +97,10 @@ struct walker {
     // per depth; every other step goes through visit(). Most of a cold walk is this loop.
     frame& top = ready[0].back();
     const std::uint32_t start = top.state;
-    const std::int32_t* next = g.rules[top.rule].next.data();
+    const rule& r = g.rules[top.rule];
+    const std::int32_t* next = r.next.data();
+    const std::uint8_t* byte_class = r.byte_class.data();
+    const std::uint32_t classes = r.classes;
     const std::uint8_t* is_plain = plain[top.rule].data();
     const std::uint32_t* ids = v.ids();
     // after[d]: the state after the node being walked at depth base + d.
@@ -108,7 +111,7 @@ struct walker {
       const vocabulary::node& node = t[c];
       const std::uint32_t d = node.depth - base;
       const std::uint32_t s = after[d - 1];
-      const auto nx = next[s * 256u + node.byte];
+      const auto nx = next[s * classes + byte_class[node.byte]];
       if (nx == no_state) {
         c = node.end;
       } else if (is_plain[nx]) {
@@ -241,9 +244,8 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
     byte_set next;
     for (const stack& r : ready) {
       const rule& rl = g_->rules[r.back().rule];
-      const std::int32_t* row = rl.next.data() + std::size_t{r.back().state} * 256;
       for (unsigned b = 0; b < 256; ++b)
-        if (row[b] != no_state) next.set(b);
+        if (rl.step(r.back().state, static_cast<unsigned char>(b)) != no_state) next.set(b);
     }
     walker w{*g_, *v_, m.options().max_depth, plain_, mask.data(), nullptr};
     std::vector<stack> raw;
