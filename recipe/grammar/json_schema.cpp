@@ -690,6 +690,10 @@ class schema_rules::compiler {
         fail("pattern", ptr, "pattern: " + e->message + " at offset " + std::to_string(e->offset));
       re = std::move(std::get<regex>(parsed));
     }
+    if (!re && !raw && max_len) {
+      b.call(from, to, bounded_string(min_len.value_or(0), *max_len, ptr));
+      return;
+    }
     const auto body = b.add_state(), end = b.add_state();
     if (raw) {
       b.epsilon(from, body);
@@ -729,16 +733,73 @@ class schema_rules::compiler {
     if (lo <= *max_len) b.epsilon(cur, end);
   }
 
+  // A quoted JSON string of lo..hi characters, as a rule built directly rather than through the
+  // subset construction (which gives the same automaton, a thousand states for a maxLength of 40,
+  // and was most of the compile time of a schema with one): its state (k, s) has read k
+  // characters and is in state s of code_point() within the next. Shared by the schema's strings
+  // of the same bounds.
+  std::uint32_t bounded_string(std::uint32_t lo, std::uint32_t hi, const std::string& ptr) {
+    if (auto it = bounded_.find({lo, hi}); it != bounded_.end()) return it->second;
+    const rule& one = code_point(false);
+    // one's states but its accepting ones (which end a character and have no byte edge).
+    std::vector<std::int32_t> inner(one.size(), -1);
+    std::uint32_t m = 0;
+    for (std::uint32_t q = 0; q < one.size(); ++q)
+      if (!one.accepting[q]) inner[q] = static_cast<std::int32_t>(m++);
+    rule r;
+    r.name = "string of " + std::to_string(lo) + ".." + std::to_string(hi) + " characters";
+    // State 0 waits for the opening quote; (k, s) is 1 + k * m + inner[s] (for k = hi only s = 0,
+    // the start of one); the closing quote leads to the accepting state.
+    const std::uint64_t states = std::uint64_t{hi} * m + 3;
+    if (states > lim_.max_rule_states)
+      fail("maxLength", ptr, "'maxLength' " + std::to_string(hi) + " needs more than " +
+                                 std::to_string(lim_.max_rule_states) + " automaton states");
+    const auto n = static_cast<std::uint32_t>(states), done = n - 1;
+    const unsigned char quote = '"';
+    r.byte_class = one.byte_class;
+    r.byte_class[quote] = static_cast<std::uint8_t>(one.classes);
+    r.classes = one.classes + 1;
+    r.next.assign(std::size_t{n} * r.classes, no_state);
+    r.calls.resize(n);
+    r.accepting.assign(n, 0);
+    r.has_bytes.assign(n, 1);
+    r.accepting[done] = 1;
+    r.has_bytes[done] = 0;
+    auto id = [&](std::uint32_t k, std::uint32_t q) { return static_cast<std::int32_t>(1 + k * m + inner[q]); };
+    r.next[std::size_t{0} * r.classes + r.byte_class[quote]] = id(0, 0);
+    for (std::uint32_t k = 0; k <= hi; ++k)
+      for (std::uint32_t q = 0; q < one.size(); ++q) {
+        if (inner[q] < 0 || (k == hi && q != 0)) continue;
+        std::int32_t* row = r.next.data() + std::size_t(id(k, q)) * r.classes;
+        for (std::uint32_t c = 0; c <= one.classes; ++c) {
+          const auto t = c < one.classes ? one.next[q * one.classes + c] : one.step(q, quote);
+          if (t == no_state) continue;
+          if (one.accepting[t]) {
+            if (k < hi) row[c] = id(k + 1, 0);
+          } else if (k < hi) {
+            row[c] = id(k, static_cast<std::uint32_t>(t));
+          }
+        }
+        if (q == 0 && k >= lo) row[r.byte_class[quote]] = static_cast<std::int32_t>(done);
+      }
+    const auto rid = static_cast<std::uint32_t>(g_.rules.size());
+    g_.rules.push_back(std::move(r));
+    add_states(n);
+    bounded_[{lo, hi}] = rid;
+    return rid;
+  }
+
   // One character of a JSON string's inside (canonical escapes), or of raw text, as a DFA.
-  const rule& code_point(bool raw) {
-    auto& dfa = code_point_[raw ? 1 : 0];
-    if (!dfa) {
-      nfa_builder one;
-      const auto s = one.add_state(), a = one.add_state();
-      emit_code_points(one, s, a, any_code_point(), !raw);
-      dfa = one.determinize(s, a, raw ? "character" : "string character", lim_);
-    }
-    return *dfa;
+  // The same for every schema: built once per process.
+  static const rule& code_point(bool raw) {
+    static const rule dfa[2] = {character(false), character(true)};
+    return dfa[raw ? 1 : 0];
+  }
+  static rule character(bool raw) {
+    nfa_builder one;
+    const auto s = one.add_state(), a = one.add_state();
+    emit_code_points(one, s, a, any_code_point(), !raw);
+    return one.determinize(s, a, raw ? "character" : "string character", limits{});
   }
 
   void array(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
@@ -898,7 +959,7 @@ class schema_rules::compiler {
   grammar& g_;
   std::map<std::string, std::uint32_t> memo_, raw_memo_;
   std::optional<std::uint32_t> any_rule_, string_rule_;
-  std::optional<rule> code_point_[2];  // code_point(false), code_point(true)
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> bounded_;  // bounded_string()
   int depth_ = 0;
   std::size_t total_ = 0;
 };
