@@ -112,6 +112,37 @@ TEST_CASE("grammar schema: integer bounds accept exactly the integers in range")
   CHECK_FALSE(accepts(open, "-50"));
 }
 
+TEST_CASE("grammar schema: minLength and maxLength count characters: escapes and multi-byte ones are one each") {
+  // Strings of 0..5 characters drawn from one-byte, two-byte, four-byte and escaped characters,
+  // against bounds that share a rule (the two 2..3 properties) and bounds that do not.
+  const std::vector<std::string> chars{"a", "\\\"", "\\n", "\\u0001", "é", "😀"};
+  for (const auto& [lo, hi] : std::vector<std::pair<int, int>>{{0, 0}, {2, 3}, {0, 5}, {4, 4}}) {
+    const auto g = schema_grammar(ojson::parse(
+        R"({"type": "object", "properties": {"a": {"type": "string", "minLength": )" + std::to_string(lo) +
+        R"(, "maxLength": )" + std::to_string(hi) + R"(}, "b": {"type": "string", "minLength": 2, "maxLength": 3}},
+            "required": ["a", "b"], "additionalProperties": false})"));
+    std::mt19937 rng(static_cast<unsigned>(lo * 31 + hi));
+    for (int n = 0; n <= 5; ++n)
+      for (int trial = 0; trial < 8; ++trial) {
+        std::string text;
+        for (int i = 0; i < n; ++i) text += chars[rng() % chars.size()];
+        INFO("[", lo, ", ", hi, "] ", text);
+        CHECK(accepts(g, R"({"a": ")" + text + R"(", "b": "xy"})") == (n >= lo && n <= hi));
+        CHECK(accepts(g, R"({"a": ")" + std::string(static_cast<std::size_t>(lo), 'z') + R"(", "b": ")" + text + "\"}") ==
+              (n >= 2 && n <= 3));
+      }
+  }
+  // Bounds that admit no string make the schema accept nothing; bounds past the state limit
+  // name the keyword.
+  auto r = troupe::recipe::grammar::compile_json_schema(
+      ojson::parse(R"({"type": "string", "minLength": 3, "maxLength": 2})"));
+  CHECK(std::get<troupe::recipe::grammar::schema_error>(r).message == "the schema accepts no JSON value");
+  r = troupe::recipe::grammar::compile_json_schema(ojson::parse(R"({"type": "string", "maxLength": 1000})"));
+  const auto& e = std::get<troupe::recipe::grammar::schema_error>(r);
+  CHECK(e.keyword == "maxLength");
+  CHECK(e.message.find("automaton states") != std::string::npos);
+}
+
 TEST_CASE("grammar schema: the canonical form is json.dumps spacing, properties order, canonical escapes") {
   const auto g = schema_grammar(ojson::parse(
       R"({"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "array"}}, "required": ["b"]})"));
