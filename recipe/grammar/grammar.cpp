@@ -2,9 +2,11 @@
 #include "recipe/grammar/grammar.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <set>
 #include <span>
+#include <string_view>
 
 namespace troupe::recipe::grammar {
 
@@ -256,10 +258,25 @@ bool prune(grammar& g) {
   };
   std::vector<std::uint8_t> productive(n, 0);
   std::vector<std::vector<std::uint8_t>> live(n);
+  // A rule's live states change only when one of its callees becomes productive: `became[ri]`
+  // is the step at which rule ri did, `computed[ri]` the step at which its live states were.
+  std::uint64_t step = 1;
+  std::vector<std::uint64_t> became(n, 0), computed(n, 0);
+  std::vector<std::vector<std::uint32_t>> callees(n);
+  for (std::size_t ri = 0; ri < n; ++ri) {
+    for (const auto& cs : g.rules[ri].calls)
+      for (const auto& c : cs) callees[ri].push_back(c.rule);
+    std::sort(callees[ri].begin(), callees[ri].end());
+    callees[ri].erase(std::unique(callees[ri].begin(), callees[ri].end()), callees[ri].end());
+  }
   for (bool changed = true; changed;) {
     changed = false;
     for (std::size_t ri = 0; ri < n; ++ri) {
       const rule& r = g.rules[ri];
+      if (computed[ri] && std::none_of(callees[ri].begin(), callees[ri].end(),
+                                       [&](std::uint32_t c) { return became[c] >= computed[ri]; }))
+        continue;
+      computed[ri] = ++step;
       auto& lv = live[ri];
       lv.assign(r.size(), 0);
       // Backward reachability from the accepting states over byte edges and productive calls.
@@ -283,7 +300,10 @@ bool prune(grammar& g) {
             todo.push_back(s);
           }
       }
-      if (!productive[ri] && r.size() > 0 && lv[0]) productive[ri] = changed = 1;
+      if (!productive[ri] && r.size() > 0 && lv[0]) {
+        productive[ri] = changed = 1;
+        became[ri] = ++step;
+      }
     }
   }
   for (std::size_t ri = 0; ri < n; ++ri) {
@@ -430,6 +450,100 @@ rule without_words(const rule& r, const std::vector<std::string>& words, std::ui
       out.next[i * out.classes + c] = static_cast<std::int32_t>(id_of(q2, t2));
       out.has_bytes[i] = 1;
     }
+  }
+  return out;
+}
+
+rule enclosed(std::string_view open, const rule& a, std::string_view close, std::string name,
+              std::uint32_t max_states) {
+  if (close.size() > 63) throw build_error{"rule " + name + ": a closing text of more than 63 bytes"};
+  rule out;
+  out.name = std::move(name);
+  // Bytes of `open` and `close` are classes of their own; the others keep a's classes.
+  std::array<bool, 256> literal{};
+  for (const unsigned char c : open) literal[c] = true;
+  for (const unsigned char c : close) literal[c] = true;
+  std::map<std::pair<unsigned, int>, std::uint8_t> class_of;
+  std::vector<unsigned> representative;
+  for (unsigned b = 0; b < 256; ++b) {
+    const auto [it, added] = class_of.emplace(std::make_pair(unsigned{a.byte_class[b]}, literal[b] ? int(b) : -1),
+                                              static_cast<std::uint8_t>(class_of.size()));
+    if (added) representative.push_back(b);
+    out.byte_class[b] = it->second;
+  }
+  out.classes = static_cast<std::uint32_t>(representative.size());
+  // A product state: a's state (-1: a refused the bytes), the lengths j of the prefixes of
+  // `close` just read from an accepting state of a (bit j), and whether `close` was read whole.
+  struct key {
+    std::int32_t q;
+    std::uint64_t matched;
+    bool done;
+    auto operator<=>(const key&) const = default;
+  };
+  // Most states are a's state alone (no part of `close` read): those are found by a's state, the
+  // others in a map.
+  std::vector<std::int32_t> alone(a.size(), -1);
+  std::map<key, std::uint32_t> ids;
+  std::vector<key> states;
+  auto add = [&](const key& k) -> std::uint32_t {
+    const bool by_state = k.q >= 0 && !k.done && (k.matched & ~std::uint64_t{1}) == 0;
+    if (by_state && alone[static_cast<std::uint32_t>(k.q)] >= 0) return static_cast<std::uint32_t>(alone[static_cast<std::uint32_t>(k.q)]);
+    if (!by_state)
+      if (auto it = ids.find(k); it != ids.end()) return it->second;
+    if (states.size() + open.size() >= max_states)
+      throw build_error{"rule " + out.name + " needs more than " + std::to_string(max_states) + " automaton states"};
+    const auto id = static_cast<std::uint32_t>(states.size() + open.size());
+    states.push_back(k);
+    if (by_state) alone[static_cast<std::uint32_t>(k.q)] = static_cast<std::int32_t>(id);
+    else ids.emplace(k, id);
+    return id;
+  };
+  const std::uint64_t whole = std::uint64_t{1} << close.size();
+  // The start of a, where `close` may begin at once if a accepts the empty text.
+  const key start{0, a.accepting[0] ? 1u : 0u, false};
+  auto norm = [&](key k) {
+    if (k.matched & whole) {
+      k.matched &= ~whole;
+      k.done = true;
+    }
+    return k;
+  };
+  add(norm(start));
+  std::vector<std::uint32_t> a_class(out.classes);
+  for (std::uint32_t c = 0; c < out.classes; ++c) a_class[c] = a.byte_class[representative[c]];
+  // The rows of the states reading `open` first, then the product's.
+  const std::size_t width = out.classes;
+  out.next.reserve((open.size() + a.size() + close.size() + 1) * width);
+  out.next.assign(open.size() * width, no_state);
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const key k = states[i];
+    out.next.resize(out.next.size() + width, no_state);
+    std::int32_t* row = out.next.data() + (open.size() + i) * width;
+    const std::int32_t* a_row = k.q >= 0 ? a.next.data() + std::size_t(k.q) * a.classes : nullptr;
+    for (std::uint32_t c = 0; c < out.classes; ++c) {
+      const unsigned b = representative[c];
+      key n{-1, 0, false};
+      if (a_row) n.q = a_row[a_class[c]];
+      for (std::uint64_t bits = k.matched; bits; bits &= bits - 1) {
+        const auto j = static_cast<unsigned>(std::countr_zero(bits));
+        if (static_cast<unsigned char>(close[j]) == b) n.matched |= std::uint64_t{2} << j;
+      }
+      if (n.q >= 0 && a.accepting[static_cast<std::uint32_t>(n.q)]) n.matched |= 1;
+      n = norm(n);
+      if (n.q < 0 && (n.matched & ~std::uint64_t{1}) == 0 && !n.done) continue;
+      row[c] = static_cast<std::int32_t>(add(n));  // add() may grow states, not out.next
+    }
+  }
+  const auto n = static_cast<std::uint32_t>(open.size() + states.size());
+  for (std::size_t i = 0; i < open.size(); ++i)
+    out.next[i * width + out.byte_class[static_cast<unsigned char>(open[i])]] = static_cast<std::int32_t>(i + 1);
+  out.calls.resize(n);
+  out.accepting.assign(n, 0);
+  out.has_bytes.assign(n, 0);
+  for (std::uint32_t st = 0; st < n; ++st) {
+    if (st >= open.size()) out.accepting[st] = states[st - open.size()].done;
+    for (std::uint32_t c = 0; c < out.classes; ++c)
+      if (out.next[std::size_t{st} * out.classes + c] != no_state) out.has_bytes[st] = 1;
   }
   return out;
 }

@@ -131,4 +131,10 @@ std::string left_recursive_rule(const grammar& g);
 // A copy of `r` (a rule without calls) that accepts what `r` accepts except the given words.
 rule without_words(const rule& r, const std::vector<std::string>& words, std::uint32_t max_states);
 
+// `open`, then a sentence of `a` (a rule without calls), then `close` (at most 63 bytes), as one
+// rule built by a product of `a` with the progress through `close` (what the subset
+// construction would build, without it). Throws build_error past `max_states` states.
+rule enclosed(std::string_view open, const rule& a, std::string_view close, std::string name,
+              std::uint32_t max_states);
+
 }  // namespace troupe::recipe::grammar

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "recipe/grammar/regex.hpp"
 
@@ -256,8 +257,16 @@ class schema_rules::compiler {
   std::uint32_t raw_rule_for(const std::string& ptr, const json& node) {
     return rule_of(raw_memo_, ptr, node, &compiler::emit_raw, " (raw string)");
   }
-  void raw_into(nfa_builder& b, std::uint32_t from, std::uint32_t to, const std::string& ptr, const json& node) {
-    emit_raw(b, from, to, node, ptr);
+  // ... followed by `then` (schema_rules::emit_raw_string).
+  void raw_into(nfa_builder& b, std::uint32_t from, std::uint32_t to, const std::string& ptr, const json& node,
+                const std::string& then) {
+    if (auto bounds = length_bounds_only(node, ptr)) {
+      b.call(from, to, bounded_string(bounds->first, bounds->second, true, "", then, ptr));
+      return;
+    }
+    const auto mid = b.add_state();
+    emit_raw(b, from, mid, node, ptr);
+    b.literal(mid, to, then);
   }
 
  private:
@@ -691,7 +700,7 @@ class schema_rules::compiler {
       re = std::move(std::get<regex>(parsed));
     }
     if (!re && !raw && max_len) {
-      b.call(from, to, bounded_string(min_len.value_or(0), *max_len, ptr));
+      b.call(from, to, bounded_string(min_len.value_or(0), *max_len, false, "\"", "\"", ptr));
       return;
     }
     const auto body = b.add_state(), end = b.add_state();
@@ -733,60 +742,76 @@ class schema_rules::compiler {
     if (lo <= *max_len) b.epsilon(cur, end);
   }
 
-  // A quoted JSON string of lo..hi characters, as a rule built directly rather than through the
-  // subset construction (which gives the same automaton, a thousand states for a maxLength of 40,
-  // and was most of the compile time of a schema with one): its state (k, s) has read k
-  // characters and is in state s of code_point() within the next. Shared by the schema's strings
-  // of the same bounds.
-  std::uint32_t bounded_string(std::uint32_t lo, std::uint32_t hi, const std::string& ptr) {
-    if (auto it = bounded_.find({lo, hi}); it != bounded_.end()) return it->second;
-    const rule& one = code_point(false);
+  // {minLength (or 0), maxLength} when `node` is `"type": "string"` with a maxLength and no other
+  // assertion.
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> length_bounds_only(const json& node, const std::string& ptr) {
+    if (!node.is_object() || node.value("type", json()) != "string" || !node.contains("maxLength")) return std::nullopt;
+    for (auto it = node.begin(); it != node.end(); ++it)
+      if (!annotations().count(it.key()) && it.key() != "type" && it.key() != "minLength" && it.key() != "maxLength")
+        return std::nullopt;
+    return std::make_pair(count(node, ptr, "minLength").value_or(0), *count(node, ptr, "maxLength"));
+  }
+
+  // Strings of lo..hi characters between `open` and `close` (a JSON string's quotes, or nothing
+  // and a tool call's closing tag after raw text), as a rule built directly rather than through
+  // the subset construction (which builds the same automaton, a thousand states for a maxLength
+  // of 40, and was most of the compile time of a schema with one). Shared by the strings of the
+  // same bounds and ends.
+  std::uint32_t bounded_string(std::uint32_t lo, std::uint32_t hi, bool raw, const std::string& open,
+                               const std::string& close, const std::string& ptr) {
+    const auto key = std::make_tuple(lo, hi, raw, open, close);
+    if (auto it = bounded_.find(key); it != bounded_.end()) return it->second;
+    rule r;
+    try {
+      r = enclosed(open, characters(lo, hi, raw), close,
+                   (raw ? "text of " : "string of ") + std::to_string(lo) + ".." + std::to_string(hi) + " characters",
+                   lim_.max_rule_states);
+    } catch (const build_error&) {
+      fail("maxLength", ptr, "'maxLength' " + std::to_string(hi) + " needs more than " +
+                                 std::to_string(lim_.max_rule_states) + " automaton states");
+    }
+    const auto id = static_cast<std::uint32_t>(g_.rules.size());
+    add_states(r.size());
+    g_.rules.push_back(std::move(r));
+    bounded_[key] = id;
+    return id;
+  }
+  // lo..hi characters (code_point(raw) each) as a call-free rule: state (k, s) has read k
+  // characters and is in state s of code_point(raw) within the next; it accepts at (k >= lo, 0).
+  rule characters(std::uint32_t lo, std::uint32_t hi, bool raw) const {
+    const rule& one = code_point(raw);
     // one's states but its accepting ones (which end a character and have no byte edge).
     std::vector<std::int32_t> inner(one.size(), -1);
     std::uint32_t m = 0;
     for (std::uint32_t q = 0; q < one.size(); ++q)
       if (!one.accepting[q]) inner[q] = static_cast<std::int32_t>(m++);
+    // (k, s) is k * m + inner[s]; for k = hi only s = 0 (the start of one).
+    const std::uint64_t states = std::uint64_t{hi} * m + 1;
+    if (states > lim_.max_rule_states) throw build_error{"too many states"};
+    const auto n = static_cast<std::uint32_t>(states);
     rule r;
-    r.name = "string of " + std::to_string(lo) + ".." + std::to_string(hi) + " characters";
-    // State 0 waits for the opening quote; (k, s) is 1 + k * m + inner[s] (for k = hi only s = 0,
-    // the start of one); the closing quote leads to the accepting state.
-    const std::uint64_t states = std::uint64_t{hi} * m + 3;
-    if (states > lim_.max_rule_states)
-      fail("maxLength", ptr, "'maxLength' " + std::to_string(hi) + " needs more than " +
-                                 std::to_string(lim_.max_rule_states) + " automaton states");
-    const auto n = static_cast<std::uint32_t>(states), done = n - 1;
-    const unsigned char quote = '"';
     r.byte_class = one.byte_class;
-    r.byte_class[quote] = static_cast<std::uint8_t>(one.classes);
-    r.classes = one.classes + 1;
+    r.classes = one.classes;
     r.next.assign(std::size_t{n} * r.classes, no_state);
     r.calls.resize(n);
     r.accepting.assign(n, 0);
-    r.has_bytes.assign(n, 1);
-    r.accepting[done] = 1;
-    r.has_bytes[done] = 0;
-    auto id = [&](std::uint32_t k, std::uint32_t q) { return static_cast<std::int32_t>(1 + k * m + inner[q]); };
-    r.next[std::size_t{0} * r.classes + r.byte_class[quote]] = id(0, 0);
+    r.has_bytes.assign(n, 0);
+    auto id = [&](std::uint32_t k, std::uint32_t q) { return static_cast<std::int32_t>(k * m + static_cast<std::uint32_t>(inner[q])); };
     for (std::uint32_t k = 0; k <= hi; ++k)
       for (std::uint32_t q = 0; q < one.size(); ++q) {
         if (inner[q] < 0 || (k == hi && q != 0)) continue;
-        std::int32_t* row = r.next.data() + std::size_t(id(k, q)) * r.classes;
-        for (std::uint32_t c = 0; c <= one.classes; ++c) {
-          const auto t = c < one.classes ? one.next[q * one.classes + c] : one.step(q, quote);
+        const auto at = static_cast<std::uint32_t>(id(k, q));
+        if (q == 0 && k >= lo) r.accepting[at] = 1;
+        if (k == hi) continue;
+        std::int32_t* row = r.next.data() + std::size_t{at} * r.classes;
+        for (std::uint32_t c = 0; c < one.classes; ++c) {
+          const auto t = one.next[q * one.classes + c];
           if (t == no_state) continue;
-          if (one.accepting[t]) {
-            if (k < hi) row[c] = id(k + 1, 0);
-          } else if (k < hi) {
-            row[c] = id(k, static_cast<std::uint32_t>(t));
-          }
+          row[c] = one.accepting[static_cast<std::uint32_t>(t)] ? id(k + 1, 0) : id(k, static_cast<std::uint32_t>(t));
+          r.has_bytes[at] = 1;
         }
-        if (q == 0 && k >= lo) row[r.byte_class[quote]] = static_cast<std::int32_t>(done);
       }
-    const auto rid = static_cast<std::uint32_t>(g_.rules.size());
-    g_.rules.push_back(std::move(r));
-    add_states(n);
-    bounded_[{lo, hi}] = rid;
-    return rid;
+    return r;
   }
 
   // One character of a JSON string's inside (canonical escapes), or of raw text, as a DFA.
@@ -959,7 +984,7 @@ class schema_rules::compiler {
   grammar& g_;
   std::map<std::string, std::uint32_t> memo_, raw_memo_;
   std::optional<std::uint32_t> any_rule_, string_rule_;
-  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> bounded_;  // bounded_string()
+  std::map<std::tuple<std::uint32_t, std::uint32_t, bool, std::string, std::string>, std::uint32_t> bounded_;
   int depth_ = 0;
   std::size_t total_ = 0;
 };
@@ -1011,9 +1036,10 @@ std::variant<std::uint32_t, schema_error> schema_rules::value(const json& node, 
 }
 
 std::optional<schema_error> schema_rules::emit_raw_string(nfa_builder& b, std::uint32_t from, std::uint32_t to,
-                                                          const json& node, const std::string& pointer) {
+                                                          const json& node, const std::string& pointer,
+                                                          const std::string& then) {
   try {
-    c_->raw_into(b, from, to, pointer, node);
+    c_->raw_into(b, from, to, pointer, node, then);
     return std::nullopt;
   } catch (const failure& f) {
     return f.e;

@@ -66,11 +66,15 @@ class schema_rules {
   ~schema_rules();
   // A rule whose sentences are the canonical JSON texts of `node`'s instances.
   std::variant<std::uint32_t, schema_error> value(const nlohmann::ordered_json& node, const std::string& pointer);
-  // `node`'s string instances as raw text (their characters, without quotes or escapes), emitted
-  // into `b` from `from` to `to`: in the caller's rule, so that what follows them there is in the
-  // same automaton (nothing when `node` admits no string).
+  // `node`'s string instances as raw text (their characters, without quotes or escapes), then
+  // the text `then`, emitted into `b` from `from` to `to` (nothing when `node` admits no string).
+  // Raw text may end after any character, so what follows it must be in the same automaton as
+  // it: a mask then never walks the vocabulary through a return after each character. Emitted
+  // into the caller's rule, or for a string with only length bounds a rule of its own holding
+  // `then`.
   std::optional<schema_error> emit_raw_string(nfa_builder& b, std::uint32_t from, std::uint32_t to,
-                                              const nlohmann::ordered_json& node, const std::string& pointer);
+                                              const nlohmann::ordered_json& node, const std::string& pointer,
+                                              const std::string& then);
 
   class compiler;
 

@@ -170,13 +170,13 @@ class builder {
         if (!required.count(it.key())) b.epsilon(at[f], next[f]);
         const auto head = parameter_head(b, at[f], it.key());
         const auto as_text = b.add_state(), as_json = b.add_state(), done = b.add_state();
+        const std::string close = close_tag(w_.parameter) + "\n";
         b.literal(head, as_text, "true\">");
-        // Raw text may end after any character: emitted into this rule, the parameter's closing
-        // tag follows it here, and no mask walks the vocabulary through a return from a callee.
-        if (auto e = rules.emit_raw_string(b, as_text, done, it.value(), pointer)) throw failure{{i, std::move(*e)}};
+        if (auto e = rules.emit_raw_string(b, as_text, next[0], it.value(), pointer, close))
+          throw failure{{i, std::move(*e)}};
         b.literal(head, as_json, "false\">");
         b.call(as_json, done, value);
-        b.literal(done, next[0], close_tag(w_.parameter) + "\n");
+        b.literal(done, next[0], close);
       }
       at = next;
     }

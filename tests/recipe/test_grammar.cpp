@@ -65,6 +65,26 @@ TEST_CASE("grammar regex: matches exactly what std::regex_match matches, on ever
   }
 }
 
+TEST_CASE("grammar enclosed: open, a sentence of the rule, close, as the subset construction of the same gives") {
+  // Closing texts that the rule's own sentences can also hold, start or continue ("ab" inside
+  // (ab)*, "aa" after a+), so that the product must follow several ways at once.
+  const std::vector<std::string> patterns{"[ab]*", "a|ab", "(ab)*c?", "a+", "", "b{2,3}"};
+  const std::vector<std::pair<std::string, std::string>> ends{{"", "ab"}, {"x", "a"}, {"c", "aa"}, {"", ""},
+                                                              {"ab", "bab"}, {"x", "c"}};
+  for (const auto& p : patterns)
+    for (const auto& [open, close] : ends) {
+      const auto a = regex_grammar(p);
+      auto g = std::make_shared<gr::grammar>();
+      g->rules.push_back(gr::enclosed(open, a->rules[a->root], close, "t", 4096));
+      REQUIRE(gr::prune(*g));
+      const auto oracle = regex_grammar(open + "(?:" + p + ")" + close);
+      for (const auto& s : all_strings("abcx", 6)) {
+        INFO("\"", open, "\" (", p, ") \"", close, "\" on \"", s, "\"");
+        CHECK(accepts(g, s) == accepts(oracle, s));
+      }
+    }
+}
+
 TEST_CASE("grammar regex: characters are code points encoded as UTF-8") {
   const auto g = regex_grammar("[α-ω]+.😀?");
   CHECK(accepts(g, "αβγx"));

@@ -118,6 +118,15 @@ TEST_CASE("grammar tools: the DSML block with the tools' names, a strict tool's 
   p = paris();
   std::get<2>(p[0]) = "Llanfairpwllgwyngyll";  // maxLength 12
   CHECK_FALSE(accepts(g, block(invoke("get_weather", p))));
+  // Raw text may hold what begins the closing tag (`<`, `</`), counted as characters; 12 is
+  // the most.
+  for (const auto& [city, ok] : std::vector<std::pair<std::string, bool>>{
+           {"a</b", true}, {"<</<</<</</<", true}, {"<</<</<</</<<", false}, {"é\"ü</ 12345", true}, {"", true}}) {
+    p = paris();
+    std::get<2>(p[0]) = city;
+    INFO(city);
+    CHECK(accepts(g, block(invoke("get_weather", p))) == ok);
+  }
   CHECK_FALSE(accepts(g, block(invoke("lookup", {})) + "done"));
   CHECK_FALSE(accepts(g, "<" + D + "tool_calls>\n" + invoke("lookup", {}) + "</" + D + "tool_calls>"));
   CHECK_FALSE(accepts(g, block("")));  // a block holds at least one call
