@@ -520,10 +520,23 @@ rule enclosed(std::string_view open, const rule& a, std::string_view close, std:
     out.next.resize(out.next.size() + width, no_state);
     std::int32_t* row = out.next.data() + (open.size() + i) * width;
     const std::int32_t* a_row = k.q >= 0 ? a.next.data() + std::size_t(k.q) * a.classes : nullptr;
+    const bool plain = (k.matched & ~std::uint64_t{1}) == 0;
     for (std::uint32_t c = 0; c < out.classes; ++c) {
       const unsigned b = representative[c];
       key n{-1, 0, false};
       if (a_row) n.q = a_row[a_class[c]];
+      if (plain && !literal[b]) {
+        // Most steps: no part of `close` read before or after, only a's state moves.
+        if (n.q < 0) continue;
+        const auto q = static_cast<std::uint32_t>(n.q);
+        if (alone[q] < 0 || close.empty()) {
+          if (a.accepting[q]) n.matched = 1;
+          row[c] = static_cast<std::int32_t>(add(norm(n)));
+        } else {
+          row[c] = alone[q];
+        }
+        continue;
+      }
       for (std::uint64_t bits = k.matched; bits; bits &= bits - 1) {
         const auto j = static_cast<unsigned>(std::countr_zero(bits));
         if (static_cast<unsigned char>(close[j]) == b) n.matched |= std::uint64_t{2} << j;
