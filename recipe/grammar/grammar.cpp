@@ -163,15 +163,12 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
   std::vector<unsigned> representative(classes, 256);
   for (unsigned b = 256; b-- > 0;) representative[cls[b]] = b;
   std::vector<set_t> per_class(classes);
-  std::vector<std::uint16_t> distinct;  // a state's classes whose target sets differ from earlier ones
-  // The classes each byte edge covers, listed once per NFA state rather than tested per subset.
+  // A state's classes whose target sets differ from earlier ones, with a hash of the set.
+  std::vector<std::pair<std::uint64_t, std::uint16_t>> distinct;
+  // The classes each byte edge covers, listed the first time a subset holds its NFA state rather
+  // than tested in every subset.
   std::vector<std::vector<std::vector<std::uint16_t>>> edge_classes(byte_edges_.size());
-  for (std::size_t x = 0; x < byte_edges_.size(); ++x)
-    for (const auto& e : byte_edges_[x]) {
-      auto& covered = edge_classes[x].emplace_back();
-      for (std::uint16_t c = 0; c < classes; ++c)
-        if (e.set.test(representative[c])) covered.push_back(c);
-    }
+  std::vector<std::uint8_t> listed(byte_edges_.size(), 0);
   for (unsigned b = 0; b < 256; ++b) r.byte_class[b] = static_cast<std::uint8_t>(cls[b]);
   r.classes = classes;
   for (std::size_t i = 0; i < sets.size(); ++i) {
@@ -186,6 +183,14 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       if (work > lim.max_subset_work)
         throw build_error{"rule " + r.name + " is too large to determinize (more than " +
                           std::to_string(lim.max_subset_work) + " steps of subset construction)"};
+      if (!listed[x]) {
+        listed[x] = 1;
+        for (const auto& e : byte_edges_[x]) {
+          auto& covered = edge_classes[x].emplace_back();
+          for (std::uint16_t c = 0; c < classes; ++c)
+            if (e.set.test(representative[c])) covered.push_back(c);
+        }
+      }
       for (std::size_t j = 0; j < byte_edges_[x].size(); ++j)
         for (const auto c : edge_classes[x][j]) per_class[c].push_back(byte_edges_[x][j].to);
       for (const auto& c : calls_[x]) per_call[c.rule].push_back(c.to);
@@ -198,12 +203,15 @@ rule nfa_builder::determinize(std::uint32_t start, std::uint32_t accept, std::st
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());
       v.erase(std::unique(v.begin(), v.end()), v.end());
-      const auto same = std::find_if(distinct.begin(), distinct.end(), [&](std::uint16_t d) { return per_class[d] == v; });
+      std::uint64_t h = 14695981039346656037ull;
+      for (const auto x : v) h = (h ^ x) * 1099511628211ull;
+      const auto same = std::find_if(distinct.begin(), distinct.end(),
+                                     [&](const auto& d) { return d.first == h && per_class[d.second] == v; });
       if (same != distinct.end()) {
-        r.next[i * classes + c] = r.next[i * classes + *same];
+        r.next[i * classes + c] = r.next[i * classes + same->second];
       } else {
         r.next[i * classes + c] = static_cast<std::int32_t>(id_of(closure(v)));
-        distinct.push_back(c);
+        distinct.emplace_back(h, c);
       }
       r.has_bytes[i] = 1;
     }

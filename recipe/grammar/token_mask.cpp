@@ -102,7 +102,6 @@ struct walker {
     const std::uint8_t* byte_class = r.byte_class.data();
     const std::uint32_t classes = r.classes;
     const std::uint8_t* is_plain = plain[top.rule].data();
-    const std::uint32_t* ids = v.ids();
     // after[d]: the state after the node being walked at depth base + d.
     const std::uint32_t base = t[n].depth;
     std::vector<std::uint32_t> after(v.max_depth() + 1 - base);
@@ -115,7 +114,7 @@ struct walker {
       if (nx == no_state) {
         c = node.end;
       } else if (is_plain[nx]) {
-        for (std::uint32_t i = node.first; i < node.first + node.count; ++i) mask[ids[i] >> 5] |= 1u << (ids[i] & 31);
+        mark(c);
         after[d] = static_cast<std::uint32_t>(nx);
         ++c;  // the first child, or (a leaf) the next node in preorder
       } else {
@@ -179,7 +178,15 @@ mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<c
     : g_(std::move(g)), v_(std::move(v)) {
   for (const rule& r : g_->rules) {
     auto& p = plain_.emplace_back(r.size());
-    for (std::uint32_t s = 0; s < r.size(); ++s) p[s] = r.calls[s].empty() && !r.accepting[s];
+    auto& f = first_bytes_.emplace_back(r.size());
+    std::vector<byte_set> class_bytes(r.classes);
+    for (unsigned b = 0; b < 256; ++b) class_bytes[r.byte_class[b]].set(b);
+    for (std::uint32_t s = 0; s < r.size(); ++s) {
+      p[s] = r.calls[s].empty() && !r.accepting[s];
+      for (std::uint32_t c = 0; c < r.classes; ++c)
+        if (r.next[s * r.classes + c] != no_state)
+          for (int w = 0; w < 4; ++w) f[s].bits[w] |= class_bytes[c].bits[w];
+    }
   }
 }
 
@@ -242,11 +249,8 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
     for (const auto id : e.returned) mask[id >> 5] |= 1u << (id & 31);
     if (ready.empty()) continue;
     byte_set next;
-    for (const stack& r : ready) {
-      const rule& rl = g_->rules[r.back().rule];
-      for (unsigned b = 0; b < 256; ++b)
-        if (rl.step(r.back().state, static_cast<unsigned char>(b)) != no_state) next.set(b);
-    }
+    for (const stack& r : ready)
+      for (int w = 0; w < 4; ++w) next.bits[w] |= first_bytes_[r.back().rule][r.back().state].bits[w];
     walker w{*g_, *v_, m.options().max_depth, plain_, mask.data(), nullptr};
     std::vector<stack> raw;
     for (unsigned b = 0; b < 256; ++b) {

@@ -56,7 +56,6 @@ class vocabulary {
   };
   std::size_t max_depth() const { return max_depth_; }
   const std::vector<node>& trie() const { return trie_; }
-  const std::uint32_t* ids() const { return ids_.data(); }
   std::span<const std::uint32_t> ids_at(std::uint32_t n) const {
     return {ids_.data() + trie_[n].first, trie_[n].count};
   }
@@ -97,6 +96,7 @@ class mask_computer {
   std::shared_ptr<const grammar> g_;
   std::shared_ptr<const vocabulary> v_;
   std::vector<std::vector<std::uint8_t>> plain_;  // [rule][state]: no call edge, not accepting
+  std::vector<std::vector<byte_set>> first_bytes_;  // [rule][state]: the bytes it steps on
   mutable std::mutex mu_;
   mutable std::unordered_map<std::uint64_t, std::unique_ptr<entry>> cache_;
 };
