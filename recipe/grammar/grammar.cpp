@@ -398,6 +398,25 @@ std::string left_recursive_rule(const grammar& g) {
   return {};
 }
 
+namespace {
+
+// Sets `out`'s byte classes to `from`'s with each byte in `own` a class of its own; returns a
+// byte of each class.
+std::vector<unsigned> refine_classes(rule& out, const rule& from, const std::array<bool, 256>& own) {
+  std::map<std::pair<unsigned, int>, std::uint8_t> class_of;
+  std::vector<unsigned> representative;
+  for (unsigned b = 0; b < 256; ++b) {
+    const auto [it, added] = class_of.emplace(std::make_pair(unsigned{from.byte_class[b]}, own[b] ? int(b) : -1),
+                                              static_cast<std::uint8_t>(class_of.size()));
+    if (added) representative.push_back(b);
+    out.byte_class[b] = it->second;
+  }
+  out.classes = static_cast<std::uint32_t>(representative.size());
+  return representative;
+}
+
+}  // namespace
+
 rule without_words(const rule& r, const std::vector<std::string>& words, std::uint32_t max_states) {
   // A trie of the words; the product of r with it, where "off the trie" is node -1.
   std::vector<std::array<std::int32_t, 256>> trie(1);
@@ -421,15 +440,7 @@ rule without_words(const rule& r, const std::vector<std::string>& words, std::ui
   std::array<bool, 256> in_words{};
   for (const auto& w : words)
     for (const unsigned char c : w) in_words[c] = true;
-  std::map<std::pair<unsigned, int>, std::uint8_t> class_of;
-  std::vector<unsigned> representative;
-  for (unsigned b = 0; b < 256; ++b) {
-    const auto [it, added] = class_of.emplace(std::make_pair(unsigned{r.byte_class[b]}, in_words[b] ? int(b) : -1),
-                                              static_cast<std::uint8_t>(class_of.size()));
-    if (added) representative.push_back(b);
-    out.byte_class[b] = it->second;
-  }
-  out.classes = static_cast<std::uint32_t>(representative.size());
+  const auto representative = refine_classes(out, r, in_words);
   std::map<std::pair<std::int32_t, std::int32_t>, std::uint32_t> ids;
   std::vector<std::pair<std::int32_t, std::int32_t>> states;
   auto id_of = [&](std::int32_t q, std::int32_t t) {
@@ -471,15 +482,7 @@ rule enclosed(std::string_view open, const rule& a, std::string_view close, std:
   std::array<bool, 256> literal{};
   for (const unsigned char c : open) literal[c] = true;
   for (const unsigned char c : close) literal[c] = true;
-  std::map<std::pair<unsigned, int>, std::uint8_t> class_of;
-  std::vector<unsigned> representative;
-  for (unsigned b = 0; b < 256; ++b) {
-    const auto [it, added] = class_of.emplace(std::make_pair(unsigned{a.byte_class[b]}, literal[b] ? int(b) : -1),
-                                              static_cast<std::uint8_t>(class_of.size()));
-    if (added) representative.push_back(b);
-    out.byte_class[b] = it->second;
-  }
-  out.classes = static_cast<std::uint32_t>(representative.size());
+  const auto representative = refine_classes(out, a, literal);
   // A product state: a's state (-1: a refused the bytes), the lengths j of the prefixes of
   // `close` just read from an accepting state of a (bit j), and whether `close` was read whole.
   struct key {
