@@ -129,6 +129,8 @@ int serve_troupe(unsigned max_in_flight) {
     std::cerr << "bench_serve: cannot load " << topology_file << "\n";
     return 1;
   }
+  // The registry outlives the world, whose end waits for the actors that count into it.
+  runtime::registry metrics;
   runtime::world w{runtime::world_options{runtime::world_mode::real, 0, 0, false,
                                           actors::register_actor_types}};
   cluster::real_graph_params gp;
@@ -143,7 +145,6 @@ int serve_troupe(unsigned max_in_flight) {
   gp.max_context = 65536;
   gp.max_batch = max_in_flight;
   auto graph = cluster::spawn_real_graph(w.system(), *topo.value, gp);
-  runtime::registry metrics;
   actors::entrypoint_params ep;
   ep.models = {model_name};
   ep.max_in_flight = max_in_flight;

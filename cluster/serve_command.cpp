@@ -35,11 +35,11 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   // SIGTERM / SIGINT are taken by this thread alone (wait_for_stop_signal below): blocked
   // before any other thread starts, so every thread inherits the mask.
   block_stop_signals();
+  // Every part reports into one registry, which /metrics serves. It outlives the world: the
+  // world's end waits for the actors, and a device still finishing a step counts into it.
+  runtime::registry metrics;
   runtime::world w{real_world_options(false)};
   auto& sys = w.system();
-
-  // Every part reports into one registry, which /metrics serves.
-  runtime::registry metrics;
   // Structured output: the entrypoint compiles each request's format, the devices mask with it.
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), o.compile_threads);
   auto gp = make_real_graph_params(sys, o, *in, metrics, constraints, command, err);

@@ -85,9 +85,10 @@ int run_control(const node_options& o, std::ostream& err) {
     if (auto e = runtime::check_tls(o.tls))
       return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
+  // The registry outlives the world, whose end waits for the actors that count into it.
+  runtime::registry metrics;
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
-  runtime::registry metrics;
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
   if (!gp)
@@ -276,6 +277,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     if (auto e = runtime::check_tls(o.tls))
       return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
+  // The registry outlives the world, whose end waits for the actors that count into it.
+  runtime::registry metrics;
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
 
@@ -324,7 +327,6 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   });
   caf::anon_send(directory, caf::join_atom::value, watcher);
 
-  runtime::registry metrics;
   // Structured-output constraints: the bridge rebuilds each job's here (kv_bridge.hpp).
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);

@@ -171,6 +171,8 @@ int main(int argc, char** argv) {
                                       "San Francisco, California, United States of America");
 
   constexpr std::uint32_t max_context = 65536;
+  // The registry outlives the world, whose end waits for the actors that count into it.
+  runtime::registry registry;
   runtime::world world(runtime::world_options{runtime::world_mode::real, 1, 2, false,
                                               actors::register_actor_types});
   actors::generation_service service;
@@ -198,7 +200,6 @@ int main(int argc, char** argv) {
       world.system(), [s](const actors::generation_request&) { return s; },
       std::make_shared<test::fake_log>());
   }
-  runtime::registry registry;
   actors::entrypoint_params p;
   p.address = "127.0.0.1";
   p.port = static_cast<std::uint16_t>(port);
