@@ -42,6 +42,8 @@ struct job_state {
   bool exporting = false;
   bool started = false;
   runtime::time_point started_at{};
+  /// When this engine took the job.
+  runtime::time_point received_at{};
   /// Real world: the context's last block boundary before its end (in blocks), where the
   /// device keeps the state for later requests with this prefix (0: none).
   std::uint64_t keep_blocks = 0;
@@ -259,6 +261,7 @@ void step(engine_ptr self) {
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> batch; // request, tokens taken
   runtime::device_step ds{st.next_step, runtime::step_phase::prefill, 0, 0, 0, 0, {}};
+  const auto now = self->clock().now();
   for (auto [id, n] : take) {
     if (n == 0)
       continue;
@@ -271,6 +274,11 @@ void step(engine_ptr self) {
     runtime::step_sequence seq{id, j.position, static_cast<std::uint32_t>(n), {},
                                n == j.remaining, j.job.sampling};
     seq.propose = st.params.draft_context;
+    if (seq.sample && !j.job.constraint.format.empty()) {
+      const auto age = now - j.received_at;
+      if (ds.first_constraint_age < runtime::duration{0} || age < ds.first_constraint_age)
+        ds.first_constraint_age = age;
+    }
     if (!j.job.tokens.empty()) {
       auto from = j.job.tokens.begin() + static_cast<std::ptrdiff_t>(j.position);
       seq.tokens.assign(from, from + static_cast<std::ptrdiff_t>(n));
@@ -281,7 +289,6 @@ void step(engine_ptr self) {
     return;
   st.stepping = true;
   ++st.next_step;
-  auto now = self->clock().now();
   for (auto& [id, take] : batch) {
     auto& j = st.jobs.at(id);
     if (!j.started) {
@@ -350,6 +357,7 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       auto replay = std::min(job.input_tokens, st.params.replay_tokens);
       job_state j;
       j.job = job;
+      j.received_at = self->clock().now();
       if (!job.tokens.empty()) {
         j.job.cached_tokens = 0;
         j.job.fetch_bytes = 0;

@@ -322,12 +322,12 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
         st.outcome.prefill_instance = a.instance;
         prefill_job job{st.spec.id, context, cached_tokens,
                         cached_tokens * st.services.kv_bytes_per_token, {}, st.spec.sampling};
+        job.constraint = st.spec.constraint;  // the simulated world costs its compile
         if (!st.spec.prompt.empty()) {
           job.tokens = st.spec.prompt;
           job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());
           job.chain = st.spec.chain;
           job.traffic = st.spec.traffic;
-          job.constraint = st.spec.constraint;
         }
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});

@@ -451,7 +451,10 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     if (!r)
       return runtime::duration{0};
     const double forward = r->total_s + draft_seconds(model, hw, ep, step, opt);
-    return runtime::from_seconds(std::max(forward, step.masks * opt.mask_s));
+    double host = step.masks * opt.mask_s;
+    if (step.first_constraint_age >= runtime::duration{0})
+      host = std::max(host, opt.compile_s - runtime::to_seconds(step.first_constraint_age));
+    return runtime::from_seconds(std::max(forward, host));
   };
 }
 

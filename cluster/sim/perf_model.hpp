@@ -79,8 +79,15 @@ struct perf_options {
   /// (they depend only on tokens already sampled, and on the drafts a step verifies), so a
   /// step takes the longer of the two. 10 µs: troupe's warm masks on the JSON workloads of
   /// bench_grammar are 3.5–11 µs at the median on this machine's CPU (docs/benchmarks.md); a
-  /// state's first mask, up to milliseconds, is not modelled.
+  /// state's first mask later in the output, up to milliseconds, is not modelled.
   double mask_s = 10e-6;
+  /// Structured output: the compile of a request's constraint, with its first mask, on the
+  /// entrypoint's compile pool from the request's admission. A step that samples a constrained
+  /// sequence for the first time lasts at least what is left of it
+  /// (device_step::first_constraint_age). 1.5 ms: bench_grammar's compile of a strict record or
+  /// a strict tool is 0.9–1.5 ms at the median on this machine (docs/benchmarks.md); every
+  /// constrained request is taken to bring a format not compiled before.
+  double compile_s = 1.5e-3;
 };
 
 /// The scheduler's time to build a step of one GPU (perf_options::schedule_*): 0 for a step

@@ -245,14 +245,16 @@ struct pool_experts {
 /// batch's content is not needed to cost it, so it is not copied).
 runtime::device_step gpu_share(const runtime::device_step& s, std::uint32_t ranks) {
   auto share = [ranks](std::uint64_t x) { return (x + ranks - 1) / ranks; };
-  return {s.id,
-          s.phase,
-          share(s.tokens),
-          static_cast<std::uint32_t>(share(s.sequences)),
-          share(s.context_tokens),
-          static_cast<std::uint32_t>(share(s.proposing)),
-          static_cast<std::uint32_t>(share(s.masks)),
-          {}};
+  runtime::device_step g{s.id,
+                         s.phase,
+                         share(s.tokens),
+                         static_cast<std::uint32_t>(share(s.sequences)),
+                         share(s.context_tokens),
+                         static_cast<std::uint32_t>(share(s.proposing)),
+                         static_cast<std::uint32_t>(share(s.masks)),
+                         {}};
+  g.first_constraint_age = s.first_constraint_age;  // a wait for the host, on every GPU alike
+  return g;
 }
 
 /// A device cost for a rank of an instance incarnation with `ranks` ranks and EP `ep`: the
@@ -547,14 +549,20 @@ actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
 }
 
 /// The performance model's options for an EP group of `ep` ranks under the run's expert load
-/// (sim_params::expert_skew, eplb) and structured output's masks (structured_mask_s).
+/// (sim_params::expert_skew, eplb) and structured output's masks and compiles
+/// (structured_mask_s, structured_compile_s).
 perf_options perf_for(const model_profile& model, std::uint32_t ep, double expert_skew,
-                      bool eplb, double mask_s) {
+                      bool eplb, double mask_s, double compile_s) {
   perf_options opt;
   if (expert_skew > 0.0)
     opt.moe_balance = expert_balance(model, ep, expert_skew, eplb);
   opt.mask_s = mask_s;
+  opt.compile_s = compile_s;
   return opt;
+}
+
+perf_options perf_for(const model_profile& model, std::uint32_t ep, const sim_params& p) {
+  return perf_for(model, ep, p.expert_skew, p.eplb, p.structured_mask_s, p.structured_compile_s);
 }
 
 /// The autoscaler's parameters from the topology. Per-instance capacities come from the
@@ -797,7 +805,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     auto per_gpu_batch = pool.role == pool_role::decode ? p.decode_requests_per_gpu : 0;
     ports.device = [m, h, configured, pool_ep, busy, name, fleet, per_gpu_batch, drafts = p.drafts,
                     kv_tokens = p.decode_kv_tokens, history, skew = p.expert_skew,
-                    eplb = p.eplb, mask_s = p.structured_mask_s, experts = pool_load](
+                    eplb = p.eplb, mask_s = p.structured_mask_s,
+                    compile_s = p.structured_compile_s, experts = pool_load](
                      caf::local_actor* self, actors::instance_id id, std::uint32_t rank,
                      std::uint32_t size) {
       // Only the leader rank is sent steps (its cost covers the EP group); the EP size
@@ -810,7 +819,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
                          : kv_tokens > 0  ? kv_tokens
                                           : kv_capacity_tokens(m, h, size, ep);
       auto device = runtime::spawn_sim_device(
-        self->system(), instance_cost(m, h, ep, perf_for(m, ep, skew, eplb, mask_s), size, busy, key, fleet,
+        self->system(), instance_cost(m, h, ep, perf_for(m, ep, skew, eplb, mask_s, compile_s), size, busy, key, fleet,
                                       std::uint64_t{per_gpu_batch} * size, kv_capacity, experts),
         drafts);
       // The GPU is held from now until its device exits (docs/report.md, "gpus").
@@ -899,8 +908,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
     // DSpark's cost curve: the step time of the pool's configured instance, per GPU share as
     // instance_cost divides it (without its bookkeeping; a slowdown scales every choice alike).
     auto per_gpu = make_step_cost(*model, *hw, decode_pool->ep_size,
-                                  perf_for(*model, decode_pool->ep_size, p.expert_skew, p.eplb,
-                                           p.structured_mask_s));
+                                  perf_for(*model, decode_pool->ep_size, p));
     de.step_cost = [per_gpu, ranks = decode_pool->gpus_per_instance](const runtime::device_step& s) {
       return per_gpu(gpu_share(s, ranks));
     };
@@ -959,8 +967,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   if (topo.autoscaler.enabled) {
     scale_log = std::make_shared<actors::autoscaler_log>();
     auto ap = autoscaler_params_for(topo, *prefill_pool, *decode_pool, vision_pool, *model, *hw,
-                                    perf_for(*model, prefill_pool->ep_size, p.expert_skew, p.eplb,
-                                             p.structured_mask_s),
+                                    perf_for(*model, prefill_pool->ep_size, p),
                                     pe, de, make_prefill, make_decode, cluster, prefill_lb,
                                     decode_lb, scale_log);
     ap.test_order_one_more = p.test_autoscaler_order_one_more;
@@ -1182,7 +1189,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   if (p.structured_share > 0)
     report["structured"] = {{"share", tidy(p.structured_share)},
                             {"requests", *constrained},
-                            {"mask_s", tidy(p.structured_mask_s)}};
+                            {"mask_s", tidy(p.structured_mask_s)},
+                            {"compile_s", tidy(p.structured_compile_s)}};
   {
     double device_s = 0;
     for (const auto& [key, in] : busy->by_key)
@@ -1430,7 +1438,8 @@ std::string summarize(const nlohmann::json& r, const nlohmann::json& run) {
   if (r.contains("structured"))
     out += "  structured  " + std::to_string(r["structured"]["requests"].get<std::uint64_t>())
            + " requests constrained, " + num(r["structured"]["mask_s"].get<double>() * 1e6, 1)
-           + " us per token mask\n";
+           + " us per token mask, " + num(r["structured"]["compile_s"].get<double>() * 1e3, 2)
+           + " ms per compile\n";
   if (r.contains("prefill"))
     out += "  prefilled   " + std::to_string(r["prefill"]["computed_tokens"].get<std::uint64_t>())
            + " tokens computed for " + std::to_string(r["prefill"]["jobs"].get<std::uint64_t>())

@@ -72,10 +72,12 @@ struct sim_params {
   /// Decode reports delivered tokens to the request every this many tokens.
   std::uint64_t progress_every = 16;
   /// The share of requests with a structured-output constraint (the same requests for a
-  /// seed), and the host time to build one token mask (perf_options::mask_s: each decode step
-  /// takes the longer of its forward and its GPUs' masks).
+  /// seed), the host time to build one token mask (perf_options::mask_s: each decode step
+  /// takes the longer of its forward and its GPUs' masks), and to compile a constraint
+  /// (perf_options::compile_s: its first token waits for it).
   double structured_share = 0.0;
   double structured_mask_s = perf_options{}.mask_s;
+  double structured_compile_s = perf_options{}.compile_s;
   /// Speculative decoding of the decode instances (decode_engine.hpp): off, fixed-length
   /// verification of `fixed_drafts` drafts, or DSpark's per-step choice under the performance
   /// model's step time; drafts accepted as `drafts` models them (assumed acceptance rates).

@@ -125,12 +125,18 @@ struct device_step {
   /// The sequences, each at most once. Steps that only cost work (vision encodes, and the
   /// simulator's prefill chunks) may leave it empty.
   std::vector<step_sequence> batch{};
+  /// Structured output: of the sequences this step samples under a constraint for the first
+  /// time (a prefill's last chunk), the least time since their engine took the job; negative:
+  /// none. Their constraints compile from then at the latest, and the first mask comes with the
+  /// compile, so a perf model makes the step last at least what is left of a compile
+  /// (perf_options::compile_s). A real device's first mask waits in its port for real.
+  duration first_constraint_age{-1};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_step& x) {
   return f(caf::meta::type_name("device_step"), x.id, x.phase, x.tokens, x.sequences,
-           x.context_tokens, x.proposing, x.masks, x.prepare, x.batch);
+           x.context_tokens, x.proposing, x.masks, x.prepare, x.batch, x.first_constraint_age);
 }
 
 /// A token drawn for one sequence, with its log-probability and the most likely alternatives
