@@ -315,20 +315,25 @@ TEST_CASE("speculative decoding: every request completes exactly, fixed-length a
         > fixed["speculation"]["acceptance"].get<double>());
 }
 
+/// The report of seed 5 on the 200 requests of `r` with a share of them under a structured-output
+/// constraint whose masks and compile take `mask_s` and `compile_s`: every request completed.
+nlohmann::json structured_report(const replay& r, double share, double mask_s, double compile_s) {
+  sim_options o;
+  o.seed = 5;
+  o.params.structured_share = share;
+  o.params.structured_mask_s = mask_s;
+  o.params.structured_compile_s = compile_s;
+  auto out = run_simulation(r.topo, r.records, o);
+  REQUIRE(out.ok());
+  CHECK(out->report["requests"]["completed"] == 200);
+  CHECK(out->report["invariants"]["violations"].size() == 0);
+  return out->report;
+}
+
 TEST_CASE("structured output: constrained requests' masks are built while the forward runs, and "
           "a step waits for them only when they take longer") {
   replay r{200};
-  auto with = [&](double share, double mask_s) {
-    sim_options o;
-    o.seed = 5;
-    o.params.structured_share = share;
-    o.params.structured_mask_s = mask_s;
-    auto out = run_simulation(r.topo, r.records, o);
-    REQUIRE(out.ok());
-    CHECK(out->report["requests"]["completed"] == 200);
-    CHECK(out->report["invariants"]["violations"].size() == 0);
-    return out->report;
-  };
+  auto with = [&](double share, double mask_s) { return structured_report(r, share, mask_s, 1.5e-3); };
   const auto none = with(0.0, 10e-6);
   const auto half = with(0.5, 10e-6);
   const auto slow = with(1.0, 20e-3);
@@ -350,17 +355,7 @@ TEST_CASE("structured output: constrained requests' masks are built while the fo
 TEST_CASE("structured output: a constraint compiles while its request is routed and prefilled; "
           "its first token waits only for what is left of the compile") {
   replay r{200};
-  auto with = [&](double share, double compile_s) {
-    sim_options o;
-    o.seed = 5;
-    o.params.structured_share = share;
-    o.params.structured_compile_s = compile_s;
-    auto out = run_simulation(r.topo, r.records, o);
-    REQUIRE(out.ok());
-    CHECK(out->report["requests"]["completed"] == 200);
-    CHECK(out->report["invariants"]["violations"].size() == 0);
-    return out->report;
-  };
+  auto with = [&](double share, double compile_s) { return structured_report(r, share, 10e-6, compile_s); };
   const auto ttft = [](const nlohmann::json& rep, const char* q) {
     return rep["latency_ms"]["ttft"][q].get<double>();
   };
