@@ -94,7 +94,7 @@ void nfa_builder::paste(std::uint32_t from, std::uint32_t to, const rule& dfa) {
       const auto target = base + static_cast<std::uint32_t>(t);
       auto it = std::find_if(edges.begin(), edges.end(), [&](const byte_edge& x) { return x.to == target; });
       if (it == edges.end()) it = edges.insert(edges.end(), {byte_set{}, target});
-      for (int w = 0; w < 4; ++w) it->set.bits[w] |= class_bytes[c].bits[w];
+      it->set |= class_bytes[c];
     }
   }
 }

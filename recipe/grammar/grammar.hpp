@@ -27,6 +27,10 @@ struct byte_set {
   }
   bool test(unsigned b) const { return (bits[b >> 6] >> (b & 63)) & 1; }
   bool empty() const { return !(bits[0] | bits[1] | bits[2] | bits[3]); }
+  byte_set& operator|=(const byte_set& o) {
+    for (int w = 0; w < 4; ++w) bits[w] |= o.bits[w];
+    return *this;
+  }
 };
 
 inline constexpr std::int32_t no_state = -1;

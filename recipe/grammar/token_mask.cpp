@@ -185,7 +185,7 @@ mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<c
       p[s] = r.calls[s].empty() && !r.accepting[s];
       for (std::uint32_t c = 0; c < r.classes; ++c)
         if (r.next[s * r.classes + c] != no_state)
-          for (int w = 0; w < 4; ++w) f[s].bits[w] |= class_bytes[c].bits[w];
+          f[s] |= class_bytes[c];
     }
   }
 }
@@ -250,7 +250,7 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
     if (ready.empty()) continue;
     byte_set next;
     for (const stack& r : ready)
-      for (int w = 0; w < 4; ++w) next.bits[w] |= first_bytes_[r.back().rule][r.back().state].bits[w];
+      next |= first_bytes_[r.back().rule][r.back().state];
     walker w{*g_, *v_, m.options().max_depth, plain_, mask.data(), nullptr};
     std::vector<stack> raw;
     for (unsigned b = 0; b < 256; ++b) {
