@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "recipe/grammar/grammar.hpp"
 
 namespace troupe::recipe::grammar {
@@ -24,7 +26,9 @@ struct frame {
   std::uint32_t rule = 0, state = 0;
   auto operator<=>(const frame&) const = default;
 };
-using stack = std::vector<frame>;
+// Frames kept inline up to a nesting of 6, so that copying a stack (the closure and the mask
+// walks copy them for every byte) allocates nothing for most outputs.
+using stack = boost::container::small_vector<frame, 6>;
 
 // A matcher state: the stacks waiting for a byte, and whether the root rule may end here.
 struct match_state {
