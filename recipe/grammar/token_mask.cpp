@@ -9,6 +9,80 @@
 
 namespace troupe::recipe::grammar {
 
+namespace {
+
+// The UTF-8 automaton of text (token_mask.hpp): state 0 is between characters, 1..7 inside one;
+// -1: not text.
+constexpr int text_step_of(int u, unsigned b) {
+  switch (u) {
+    case 0:
+      if (b < 0x20 || b == '"' || b == '\\') return -1;
+      if (b < 0x80) return 0;
+      if (b < 0xC2) return -1;
+      if (b <= 0xDF) return 1;
+      if (b == 0xE0) return 4;
+      if (b == 0xED) return 5;
+      if (b <= 0xEF) return 2;
+      if (b == 0xF0) return 6;
+      if (b <= 0xF3) return 3;
+      if (b == 0xF4) return 7;
+      return -1;
+    case 1: return b >= 0x80 && b <= 0xBF ? 0 : -1;
+    case 2: return b >= 0x80 && b <= 0xBF ? 1 : -1;
+    case 3: return b >= 0x80 && b <= 0xBF ? 2 : -1;
+    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;  // E0: no overlong form
+    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;  // ED: no surrogate
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;  // F0: no overlong form
+    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;  // F4: nothing past U+10FFFF
+    default: return -1;
+  }
+}
+
+struct utf8_tables {
+  std::array<std::array<std::int8_t, 256>, 8> next{};
+  // Bytes with the same steps from every state share a role: 0 for a byte never in text.
+  std::array<std::uint8_t, 256> role{};
+  std::uint8_t roles = 1;
+};
+
+constexpr utf8_tables make_utf8_tables() {
+  utf8_tables t;
+  for (int u = 0; u < 8; ++u)
+    for (unsigned b = 0; b < 256; ++b) t.next[u][b] = static_cast<std::int8_t>(text_step_of(u, b));
+  for (unsigned b = 0; b < 256; ++b) {
+    bool text = false;
+    for (int u = 0; u < 8; ++u) text = text || t.next[u][b] >= 0;
+    if (!text) continue;
+    for (unsigned a = 0; a < b && t.role[b] == 0; ++a) {
+      bool same = t.role[a] != 0;
+      for (int u = 0; u < 8 && same; ++u) same = t.next[u][a] == t.next[u][b];
+      if (same) t.role[b] = t.role[a];
+    }
+    if (t.role[b] == 0) t.role[b] = t.roles++;
+  }
+  return t;
+}
+
+constexpr utf8_tables utf8 = make_utf8_tables();
+
+int text_step(int u, unsigned char b) { return utf8.next[u][b]; }
+
+constexpr unsigned no_text = ~0u;
+
+// The characters of a text token (a trailing partial one counts), or no_text.
+unsigned text_chars(const std::string& s) {
+  unsigned chars = 0;
+  int u = 0;
+  for (const char c : s) {
+    if (u == 0) ++chars;
+    u = text_step(u, static_cast<unsigned char>(c));
+    if (u < 0) return no_text;
+  }
+  return chars;
+}
+
+}  // namespace
+
 vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos)
     : bytes_(std::move(bytes)), eos_(std::move(eos)) {
   std::vector<std::uint32_t> order;
@@ -17,8 +91,16 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
   std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
     return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b;
   });
+  text_masks_.assign((text_mask_chars + 2) * mask_words(), 0);
   trie_.push_back({});
   std::vector<std::uint32_t> path{0};
+  // A node's subtree is complete when it leaves the path: its cover then goes to its parent.
+  const auto pop = [&] {
+    const node& done = trie_[path.back()];
+    trie_[path.back()].end = static_cast<std::uint32_t>(trie_.size());
+    path.pop_back();
+    if (!path.empty()) trie_[path.back()].cover = std::max(trie_[path.back()].cover, done.cover);
+  };
   const std::string* prev = nullptr;
   for (const auto id : order) {
     const std::string& s = bytes_[id];
@@ -27,10 +109,7 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
     std::size_t common = 0;
     if (prev)
       while (common < prev->size() && common < s.size() && (*prev)[common] == s[common]) ++common;
-    while (path.size() > common + 1) {
-      trie_[path.back()].end = static_cast<std::uint32_t>(trie_.size());
-      path.pop_back();
-    }
+    while (path.size() > common + 1) pop();
     for (std::size_t i = common; i < s.size(); ++i) {
       node n;
       n.byte = static_cast<std::uint8_t>(s[i]);
@@ -43,11 +122,18 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
     ids_.push_back(id);
     ++n.count;
     prev = &s;
+    const unsigned chars = text_chars(s);
+    n.cover = std::max(n.cover, chars == no_text ? not_text : static_cast<std::uint8_t>(std::min<unsigned>(chars, any_text)));
+    if (chars == no_text) continue;
+    max_text_chars_ = std::max(max_text_chars_, chars);
+    for (const unsigned k : {std::min(chars, text_mask_chars + 1), text_mask_chars + 1})
+      text_masks_[k * mask_words() + (id >> 5)] |= 1u << (id & 31);
   }
-  while (!path.empty()) {
-    trie_[path.back()].end = static_cast<std::uint32_t>(trie_.size());
-    path.pop_back();
-  }
+  while (!path.empty()) pop();
+  // Mask k holds the tokens of at most k characters.
+  for (unsigned k = 1; k <= text_mask_chars; ++k)
+    for (std::size_t i = 0; i < mask_words(); ++i)
+      text_masks_[k * mask_words() + i] |= text_masks_[(k - 1) * mask_words() + i];
 }
 
 vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
@@ -70,6 +156,10 @@ vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
 
 namespace {
 
+// What a step to a state leaves to do (mask_computer::kind_): nothing (no call edge, not
+// accepting), a return (accepting, no call edge), or calls.
+constexpr std::uint8_t step_calls = 0, step_plain = 1, step_return = 2;
+
 // Walks the trie below a node with a set of stacks. Local mode (returns != nullptr): the stacks
 // are rooted at one frame, and a return from it is recorded as a trie node instead of being
 // followed. Full mode: a return from the last frame means the output is complete.
@@ -77,9 +167,12 @@ struct walker {
   const grammar& g;
   const vocabulary& v;
   std::size_t max_depth;
-  const std::vector<std::vector<std::uint8_t>>& plain;  // [rule][state]: no call, not accepting
+  const std::vector<std::vector<std::uint8_t>>& kinds;  // [rule][state]: step_plain, ...
   std::uint32_t* mask;
   std::vector<std::uint32_t>* returns;
+  // Subtrees of text tokens of at most this many characters are skipped: their ids are in the
+  // mask already or refused (mask_computer::text_budget_of). 0 in the walks below a return.
+  std::uint8_t budget = 0;
 
   void mark(std::uint32_t n) const {
     for (const auto id : v.ids_at(n)) mask[id >> 5] |= 1u << (id & 31);
@@ -94,36 +187,74 @@ struct walker {
     }
     // One stack: a plain byte step (to a state with no call, not accepting) leaves the closure
     // the identity, so those are followed here in preorder, keeping only the top frame's state
-    // per depth; every other step goes through visit(). Most of a cold walk is this loop.
+    // per depth; so is a step that can return when the frame is the stack's only one (a number
+    // of the frame's rule, say). Every other step goes through visit(). Most of a cold walk is
+    // this loop.
+    if (budget)
+      walk_one<true>(n, ready, raw);
+    else
+      walk_one<false>(n, ready, raw);
+  }
+
+  // walk() with one stack; Skip: subtrees of short text tokens are skipped (`budget`), a test
+  // per node that costs a sixth of the loop where nothing is skipped.
+  template <bool Skip>
+  void walk_one(std::uint32_t n, std::vector<stack>& ready, std::vector<stack>& raw) const {
+    const auto& t = v.trie();
     frame& top = ready[0].back();
-    const std::uint32_t start = top.state;
     const rule& r = g.rules[top.rule];
     const std::int32_t* next = r.next.data();
     const std::uint8_t* byte_class = r.byte_class.data();
     const std::uint32_t classes = r.classes;
-    const std::uint8_t* is_plain = plain[top.rule].data();
+    const std::uint8_t* kind = kinds[top.rule].data();
+    const std::uint8_t skip = budget;
     // after[d]: the state after the node being walked at depth base + d.
     const std::uint32_t base = t[n].depth;
     std::vector<std::uint32_t> after(v.max_depth() + 1 - base);
-    after[0] = start;
+    after[0] = top.state;
     for (std::uint32_t c = n + 1; c < t[n].end;) {
       const vocabulary::node& node = t[c];
+      if (Skip && node.cover <= skip) {
+        c = node.end;
+        continue;
+      }
       const std::uint32_t d = node.depth - base;
-      const std::uint32_t s = after[d - 1];
-      const auto nx = next[s * classes + byte_class[node.byte]];
+      const auto nx = next[after[d - 1] * classes + byte_class[node.byte]];
       if (nx == no_state) {
         c = node.end;
-      } else if (is_plain[nx]) {
+      } else if (kind[nx] == step_plain) {
         mark(c);
         after[d] = static_cast<std::uint32_t>(nx);
         ++c;  // the first child, or (a leaf) the next node in preorder
       } else {
-        top.state = s;
-        visit(c, ready, raw);
-        top.state = start;
-        c = node.end;
+        c = other_step(c, static_cast<std::uint32_t>(nx), after.data() + d, ready, raw);
       }
     }
+  }
+
+  // walk()'s step at node c to state nx of its one stack's top frame that is not plain (after[-1]
+  // the state before it, after[0] set when the walk goes below c); the next node to walk. Out of
+  // walk()'s loop, which keeps its registers for the plain steps.
+  [[gnu::noinline]] std::uint32_t other_step(std::uint32_t c, std::uint32_t nx, std::uint32_t* after,
+                                             std::vector<stack>& ready, std::vector<stack>& raw) const {
+    frame& top = ready[0].back();
+    if (kinds[top.rule][nx] == step_return && ready[0].size() == 1) {
+      // The only frame returns: the output is complete, or (local mode) the return is
+      // recorded; the frame also goes on where bytes leave the state.
+      if (returns)
+        returns->push_back(c);
+      else
+        mark(c);
+      if (!g.rules[top.rule].has_bytes[nx]) return v.trie()[c].end;
+      mark(c);
+      after[0] = nx;
+      return c + 1;
+    }
+    const std::uint32_t start = top.state;
+    top.state = after[-1];
+    visit(c, ready, raw);
+    top.state = start;
+    return v.trie()[c].end;
   }
 
   // Node c's byte after the stacks `ready` (left as they were), then c's subtree; `raw` is
@@ -139,7 +270,7 @@ struct walker {
       const auto nx = r.step(top.state, b);
       if (nx == no_state) return;
       const auto target = static_cast<std::uint32_t>(nx);
-      if (plain[top.rule][target]) {
+      if (kinds[top.rule][target] == step_plain) {
         const std::uint32_t saved = top.state;
         top.state = target;
         mark(c);
@@ -157,6 +288,14 @@ struct walker {
       raw.push_back(std::move(s2));
     }
     if (raw.empty()) return;
+    if (const frame top = raw.size() == 1 ? raw[0].back() : frame{};
+        raw.size() == 1 && kinds[top.rule][top.state] == step_plain && g.rules[top.rule].has_bytes[top.state]) {
+      // Of several stacks one took the byte, to a plain state: its closure is itself, and the
+      // walk below goes on with one stack (raw is the caller's scratch, free until this returns).
+      mark(c);
+      if (t[c].end > c + 1) walk(c, raw);
+      return;
+    }
     bool popped = false;
     auto next = close_stacks(g, raw, max_depth, popped);
     if (popped) {
@@ -177,12 +316,22 @@ struct walker {
 mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<const vocabulary> v)
     : g_(std::move(g)), v_(std::move(v)) {
   for (const rule& r : g_->rules) {
-    auto& p = plain_.emplace_back(r.size());
+    // Bytes the rule and the UTF-8 automaton of text both tell apart: one of each kind.
+    auto& tb = text_bytes_.emplace_back();
+    std::vector<std::uint8_t> seen(std::size_t{r.classes} * utf8.roles);
+    for (unsigned b = 0; b < 256; ++b) {
+      if (utf8.role[b] == 0) continue;
+      auto& s = seen[std::size_t{r.byte_class[b]} * utf8.roles + utf8.role[b]];
+      if (s) continue;
+      s = 1;
+      (utf8.next[0][b] >= 0 ? tb.first : tb.inner).push_back(static_cast<unsigned char>(b));
+    }
+    auto& k = kind_.emplace_back(r.size());
     auto& f = first_bytes_.emplace_back(r.size());
     std::vector<byte_set> class_bytes(r.classes);
     for (unsigned b = 0; b < 256; ++b) class_bytes[r.byte_class[b]].set(b);
     for (std::uint32_t s = 0; s < r.size(); ++s) {
-      p[s] = r.calls[s].empty() && !r.accepting[s];
+      k[s] = !r.calls[s].empty() ? step_calls : r.accepting[s] ? step_return : step_plain;
       for (std::uint32_t c = 0; c < r.classes; ++c)
         if (r.next[s * r.classes + c] != no_state)
           f[s] |= class_bytes[c];
@@ -195,6 +344,66 @@ std::size_t mask_computer::cached_states() const {
   return cache_.size();
 }
 
+mask_computer::text_budget mask_computer::text_budget_of(frame f) const {
+  // The (rule state, UTF-8 state) pairs after exactly c characters, level by level: a text byte
+  // that leads nowhere or to a state that is not plain fails the texts of its character count.
+  const rule& r = g_->rules[f.rule];
+  const auto& kind = kind_[f.rule];
+  const auto capped = [](unsigned k) {
+    return static_cast<std::uint8_t>(std::min(k, vocabulary::text_mask_chars));
+  };
+  constexpr unsigned unseen = ~0u;
+  std::vector<unsigned> level_of(std::size_t{r.size()} * 8, unseen);
+  std::vector<std::uint32_t> seeds{f.state * 8}, level, next;
+  // Past text_mask_chars the answer is only whether every text passes: the levels repeat by
+  // then, or the rule counts characters and {text_mask_chars, text_mask_chars} is as good.
+  for (unsigned c = 0; c <= std::min(v_->max_text_chars(), vocabulary::text_mask_chars); ++c) {
+    level = seeds;
+    for (const auto p : level) level_of[p] = c;
+    next.clear();
+    bool fail_here = false, fail_next = false, lead_taken = false;
+    for (std::size_t i = 0; i < level.size(); ++i) {  // grows with the steps inside a character
+      const std::uint32_t q = level[i] / 8;
+      const int u = static_cast<int>(level[i] % 8);
+      for (const unsigned char b : u == 0 ? text_bytes_[f.rule].first : text_bytes_[f.rule].inner) {
+        const int u2 = text_step(u, b);
+        if (u2 < 0) continue;
+        const auto q2 = r.step(q, b);
+        if (u == 0 && q2 != no_state) lead_taken = true;
+        if (q2 == no_state || kind[static_cast<std::uint32_t>(q2)] != step_plain) {
+          (u == 0 ? fail_next : fail_here) = true;
+          continue;
+        }
+        const std::uint32_t to = static_cast<std::uint32_t>(q2) * 8 + static_cast<std::uint32_t>(u2);
+        if (u != 0) {
+          if (level_of[to] != c) {
+            level_of[to] = c;
+            level.push_back(to);
+          }
+        } else if (level_of[to] != c + 1) {
+          level_of[to] = c + 1;
+          next.push_back(to);
+        }
+      }
+    }
+    // Every text of up to c - 1 characters passed; one of c characters failed.
+    if (fail_here) return {capped(c - 1), capped(c - 1)};
+    if (fail_next) {
+      // Every text of up to c characters passes, and none of more when no state took a
+      // character's first byte: then no text-only subtree needs walking.
+      if (!lead_taken && c <= vocabulary::text_mask_chars) return {capped(c), vocabulary::any_text};
+      return {capped(c), capped(c)};
+    }
+    // The same pairs again: the levels repeat, every text passes.
+    std::sort(next.begin(), next.end());
+    next.erase(std::unique(next.begin(), next.end()), next.end());
+    if (next == seeds) break;
+    seeds.swap(next);
+    if (c == vocabulary::text_mask_chars && c < v_->max_text_chars()) return {capped(c), capped(c)};
+  }
+  return {vocabulary::any_text, vocabulary::any_text};
+}
+
 const mask_computer::entry& mask_computer::entry_for(frame f) const {
   const std::uint64_t key = (std::uint64_t{f.rule} << 32) | f.state;
   std::lock_guard lock(mu_);
@@ -203,7 +412,12 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     auto e = std::make_unique<entry>();
     e->accepted.assign(v_->mask_words(), 0);
     std::vector<std::uint32_t> returns;
-    walker w{*g_, *v_, matcher_options{}.max_depth, plain_, e->accepted.data(), &returns};
+    const text_budget budget = text_budget_of(f);
+    if (budget.accepted > 0) {
+      const std::uint32_t* text = v_->text_mask(budget.accepted);
+      for (std::size_t i = 0; i < e->accepted.size(); ++i) e->accepted[i] |= text[i];
+    }
+    walker w{*g_, *v_, matcher_options{}.max_depth, kind_, e->accepted.data(), &returns, budget.skipped};
     std::vector<stack> ready{stack{f}};
     w.walk(0, ready);
     // Bucket the children of the return nodes by their byte, so that a mask walks only those
@@ -251,7 +465,7 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
     byte_set next;
     for (const stack& r : ready)
       next |= first_bytes_[r.back().rule][r.back().state];
-    walker w{*g_, *v_, m.options().max_depth, plain_, mask.data(), nullptr};
+    walker w{*g_, *v_, m.options().max_depth, kind_, mask.data(), nullptr};
     std::vector<stack> raw;
     for (unsigned b = 0; b < 256; ++b) {
       if (!next.test(b)) continue;

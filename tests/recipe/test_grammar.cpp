@@ -269,6 +269,95 @@ TEST_CASE("grammar mask: equals trying every token of the DeepSeek-V4 vocabulary
   CHECK(compared > 10);
 }
 
+TEST_CASE("grammar vocabulary: text tokens are sorted out by their characters, the others set apart") {
+  // Text: a valid UTF-8 prefix of characters a JSON string holds unescaped.
+  const std::vector<std::string> bytes{
+      "a",                       // 0: 1 character
+      "ab",                      // 1: 2
+      "\xC3\xA9",                // 2: é, 1
+      "\xC3",                    // 3: é's first byte: a partial character counts as one
+      "\x7F",                    // 4: DEL, which JSON strings hold raw: 1
+      "x\xE4\xB8",               // 5: x and two bytes of 中: 2
+      "\xA9",                    // 6: a continuation byte first: not text
+      "a\"",                     // 7: a quote: not text
+      "b\\",                     // 8: a backslash: not text
+      "x\n",                     // 9: a control character: not text
+      "\xED\xA0\x80",            // 10: a surrogate: not text
+      "\xE0\x80\x80",            // 11: an overlong form: not text
+      "\xF4\x90\x80\x80",        // 12: past U+10FFFF: not text
+      std::string(40, 'z'),      // 13: 40 characters, past the kept masks
+      "\xE4\xB8\xAD\xE6\x96\x87",  // 14: 中文, 2
+      "",                        // 15: no bytes: never allowed
+  };
+  const vocabulary v(bytes, std::vector<bool>(bytes.size(), true), {});
+  const auto ids = [&](std::uint8_t chars) {
+    std::vector<std::uint32_t> out;
+    const std::uint32_t* m = v.text_mask(chars);
+    for (std::uint32_t id = 0; id < v.size(); ++id)
+      if ((m[id >> 5] >> (id & 31)) & 1) out.push_back(id);
+    return out;
+  };
+  CHECK(ids(0).empty());
+  CHECK(ids(1) == std::vector<std::uint32_t>{0, 2, 3, 4});
+  CHECK(ids(2) == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 14});
+  CHECK(ids(vocabulary::text_mask_chars) == ids(2));
+  CHECK(ids(vocabulary::any_text) == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 13, 14});
+  CHECK(v.max_text_chars() == 40);
+  // A node's cover is the most characters of a text token below it, or not_text.
+  const auto& t = v.trie();
+  for (std::uint32_t n = 1; n < t.size(); ++n) {
+    std::uint8_t cover = 0;
+    for (std::uint32_t m = n; m < t[n].end; ++m)
+      for (const auto id : v.ids_at(m)) {
+        const auto all = ids(vocabulary::any_text);
+        std::uint8_t chars = vocabulary::not_text;
+        if (std::find(all.begin(), all.end(), id) != all.end())
+          for (std::uint8_t k = 1; k <= vocabulary::text_mask_chars && chars == vocabulary::not_text; ++k) {
+            const auto some = ids(k);
+            if (std::find(some.begin(), some.end(), id) != some.end()) chars = k;
+          }
+        if (id == 13) chars = 40;
+        cover = std::max(cover, chars);
+      }
+    CHECK(t[n].cover == cover);
+  }
+}
+
+TEST_CASE("grammar mask: a first mask inside a string takes text tokens whole, as trying every token does") {
+  // Each mask from a fresh mask_computer (a first mask, where the text budget decides what is
+  // walked), after byte chunks that also stop inside a character, an escape and a closing tag.
+  const std::vector<std::pair<ojson, std::string>> cases{
+      {ojson::parse(R"({"type": "string"})"), "\"Ab \u4e2d\u6587\\n\\\" z\u00e9\U0001F600.\""},
+      {ojson::parse(R"({"type": "string", "maxLength": 3})"), "\"\u4e2d\u00e9x\""},
+      {ojson::parse(R"({"type": "string", "minLength": 2, "maxLength": 40})"),
+       "\"The quick brown fox jumps over the lazy\""},
+      {ojson::parse(R"({"type": "string", "pattern": "^[a-z]+$"})"), "\"abcdef\""},
+      // Every character's first byte is taken, not every continuation after it: è is refused.
+      {ojson::parse(R"({"type": "string", "pattern": "^[^\u00e8]*$"})"), "\"\u00e9t\u00e9\""},
+      {ojson::parse(R"({"type": "array", "items": {"type": "string", "maxLength": 34}})"),
+       "[\"0123456789012345678901234567890123\", \"\"]"},
+      {ojson::parse(R"({"enum": ["ab", "abc", "\u00e9t\u00e9"]})"), "\"\u00e9t\u00e9\""},
+  };
+  std::mt19937_64 rng(41);
+  int compared = 0;
+  for (const auto& [schema, text] : cases) {
+    const auto g = schema_grammar(schema);
+    matcher m(g);
+    for (std::size_t at = 0; at <= text.size();) {
+      INFO("schema ", schema.dump(), " after ", text.substr(0, at));
+      const mask_computer fresh(g, v4_vocab());
+      CHECK(fresh.allowed(m) == brute_force_allowed(m, *v4_vocab()));
+      ++compared;
+      if (at == text.size()) break;
+      const std::size_t n = std::min<std::size_t>(1 + rng() % 3, text.size() - at);
+      REQUIRE(m.accept_token(text.substr(at, n)));
+      at += n;
+    }
+    CHECK(m.is_complete());
+  }
+  CHECK(compared > 60);
+}
+
 TEST_CASE("grammar mask: random walks through allowed tokens always end in valid canonical JSON") {
   const std::vector<ojson> schemas{
       strict_schema(),
