@@ -7,8 +7,12 @@ from the schema or grammar / XGrammar's GrammarCompiler.compile_* (its cache off
 a GrammarMatcher; mask = fill_next_token_bitmask before each token of the output; p50 / p99 over
 all rounds (each round a new matcher, so llguidance's lazy caches start cold every round;
 XGrammar builds its token masks at compile time), in thread CPU time (time.thread_time_ns, as
-bench_grammar: the machine is shared). Python call overhead is included. Tool-call workloads are
-not run (the DSML block would have to be written in each library's own grammar form). Pinned:
+bench_grammar: the machine is shared). Python call overhead is included. A tool-call workload
+runs on llguidance from its `llguidance_lark` field: the DSML block written by hand as a Lark
+grammar, `<[128825]>` being the `｜DSML｜` token, each strict parameter's JSON through `%json`.
+It differs from troupe's grammar in two places: a raw value holds no `<` (llguidance's lexer takes
+the longest match, so a value that may hold `</` runs past the closing tag), and a raw date is
+checked for its digits and month / day ranges only. XGrammar does not run it. Pinned:
 bench/requirements-grammar.txt (llguidance) and bench/requirements-grammar-xgrammar.txt
 (bench/setup-grammar-venv.sh [--xgrammar])."""
 import argparse
@@ -45,10 +49,12 @@ def run_llguidance(text, workloads, rounds):
     header(f"llguidance {llguidance.get_version() if hasattr(llguidance, 'get_version') else '?'}, "
            f"vocabulary {tok.vocab_size} ids")
     for w in workloads:
-        if "tools" in w:
-            print(f"{w['name']:15} not run: tool-call grammars are not written for llguidance")
+        if "tools" in w and "llguidance_lark" not in w:
+            print(f"{w['name']:15} not run: no llguidance form of its tool-call grammar")
             continue
-        if "ebnf" in w:
+        if "llguidance_lark" in w:
+            grammar = llguidance.grammar_from("lark", w["llguidance_lark"])
+        elif "ebnf" in w:
             grammar = llguidance.grammar_from("gbnf", w["ebnf"])
         elif "lark" in w:
             grammar = llguidance.grammar_from("lark", w["lark"])
