@@ -2,6 +2,7 @@
 #include "recipe/grammar/token_mask.hpp"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -170,6 +171,8 @@ struct walker {
   const std::vector<std::vector<std::uint8_t>>& kinds;  // [rule][state]: step_plain, ...
   std::uint32_t* mask;
   std::vector<std::uint32_t>* returns;
+  // The closures of the stacks stepped so far in this walk: (stacks waiting, popped).
+  std::map<std::vector<stack>, std::pair<std::vector<stack>, bool>>& closures;
   // Subtrees of text tokens of at most this many characters are skipped: their ids are in the
   // mask already or refused (mask_computer::text_budget_of). 0 in the walks below a return.
   std::uint8_t budget = 0;
@@ -296,8 +299,17 @@ struct walker {
       if (t[c].end > c + 1) walk(c, raw);
       return;
     }
-    bool popped = false;
-    auto next = close_stacks(g, raw, max_depth, popped);
+    // The same stacks are closed again and again below one state (after each whitespace byte
+    // before a value, say), so the closures are kept for the walk.
+    auto it = closures.find(raw);
+    if (it == closures.end()) {
+      bool popped = false;
+      auto closed = close_stacks(g, raw, max_depth, popped);
+      it = closures.emplace(std::move(raw), std::pair{std::move(closed), popped}).first;
+    }
+    const bool popped = it->second.second;
+    // A copy: the walk below changes its stacks' states for a while.
+    std::vector<stack> next = it->second.first;
     if (popped) {
       if (returns)
         returns->push_back(c);
@@ -417,7 +429,8 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
       const std::uint32_t* text = v_->text_mask(budget.accepted);
       for (std::size_t i = 0; i < e->accepted.size(); ++i) e->accepted[i] |= text[i];
     }
-    walker w{*g_, *v_, matcher_options{}.max_depth, kind_, e->accepted.data(), &returns, budget.skipped};
+    std::map<std::vector<stack>, std::pair<std::vector<stack>, bool>> closures;
+    walker w{*g_, *v_, matcher_options{}.max_depth, kind_, e->accepted.data(), &returns, closures, budget.skipped};
     std::vector<stack> ready{stack{f}};
     w.walk(0, ready);
     // Bucket the children of the return nodes by their byte, so that a mask walks only those
@@ -465,7 +478,8 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
     byte_set next;
     for (const stack& r : ready)
       next |= first_bytes_[r.back().rule][r.back().state];
-    walker w{*g_, *v_, m.options().max_depth, kind_, mask.data(), nullptr};
+    std::map<std::vector<stack>, std::pair<std::vector<stack>, bool>> closures;
+    walker w{*g_, *v_, m.options().max_depth, kind_, mask.data(), nullptr, closures};
     std::vector<stack> raw;
     for (unsigned b = 0; b < 256; ++b) {
       if (!next.test(b)) continue;
