@@ -110,7 +110,7 @@ class builder {
   }
 
   // Any parameters: names without quotes or line breaks, any values.
-  void any_parameters(nfa_builder& b, std::uint32_t start, const std::array<std::uint32_t, 2>& end) const {
+  void any_parameters(nfa_builder& b, std::uint32_t start, const std::array<std::uint32_t, 2>& end) {
     b.epsilon(start, end[1]);
     const std::array<std::uint32_t, 2> before{b.add_state(), start};  // [0]: after a parameter
     b.epsilon(before[0], end[0]);
@@ -124,9 +124,26 @@ class builder {
       b.literal(named, kind, "\" string=\"");
       b.literal(kind, value, "true\">");
       b.literal(kind, value, "false\">");
-      emit_code_points(b, value, value, any_code_point(), false);
-      b.literal(value, before[0], close_tag(w_.parameter) + "\n");
+      b.call(value, before[0], any_value_rule());
     }
+  }
+
+  // Any text and the parameter's closing tag, as one rule built directly (enclosed()) and shared
+  // by the tools without a schema: the text's loop, determinized inside each call's rule with
+  // the progress through the tag, was most of its states.
+  std::uint32_t any_value_rule() {
+    if (any_value_) return *any_value_;
+    nfa_builder b;
+    const auto s = b.add_state();
+    emit_code_points(b, s, s, any_code_point(), false);
+    try {
+      const rule text = b.determinize(s, s, "text", lim_);
+      g_.rules.push_back(enclosed("", text, close_tag(w_.parameter) + "\n", "any value", lim_.max_rule_states));
+    } catch (const build_error& e) {
+      throw failure{{std::nullopt, {"", "", e.message}}};
+    }
+    any_value_ = static_cast<std::uint32_t>(g_.rules.size() - 1);
+    return *any_value_;
   }
 
   // A strict tool: its schema's properties in order, each a raw string or canonical JSON.
@@ -188,6 +205,7 @@ class builder {
   const limits& lim_;
   words w_;
   grammar g_;
+  std::optional<std::uint32_t> any_value_;
 };
 
 }  // namespace
