@@ -358,6 +358,79 @@ TEST_CASE("grammar mask: a first mask inside a string takes text tokens whole, a
   CHECK(compared > 60);
 }
 
+TEST_CASE("grammar mask: first masks of random patterns equal trying every token of a small vocabulary") {
+  // Tokens of one to three pieces (ASCII, é, 中, a quote, a backslash, the bytes of a closing
+  // tag, a newline), lone lead and continuation bytes, and long runs past the kept text masks:
+  // every kind of token the text budget sorts out.
+  const std::vector<std::string> pieces{"a", "b", "c", "\xC3\xA9", "\xE4\xB8\xAD", "\"", "\\", "<", "/", "\n", " "};
+  std::vector<std::string> bytes;
+  for (const auto& x : pieces) {
+    bytes.push_back(x);
+    for (const auto& y : pieces) {
+      bytes.push_back(x + y);
+      for (const auto& z : {std::string("a"), std::string("\xC3\xA9"), std::string("\""), std::string("<")})
+        bytes.push_back(x + y + z);
+    }
+  }
+  for (const char* t : {"\xC3", "\xA9", "\xE4\xB8", "\xAD", "a\xE4", "\xED\xA0\x80", "\xC3\xA8", "b\xC3\xA8"})
+    bytes.push_back(t);
+  for (const std::size_t n : {20, 33, 40}) bytes.push_back(std::string(n, 'a'));
+  bytes.push_back(std::string(20, 'b') + "\"");
+  const auto eos = static_cast<std::uint32_t>(bytes.size());
+  bytes.emplace_back();  // end of sequence
+  const auto vocab = std::make_shared<const vocabulary>(bytes, std::vector<bool>(bytes.size(), true),
+                                                        std::vector<std::uint32_t>{eos});
+  const auto brute = [&](const matcher& m) {
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t id = 0; id < eos; ++id)
+      if (m.can_accept(bytes[id])) ids.push_back(id);
+    if (m.is_complete()) ids.push_back(eos);
+    return ids;
+  };
+  // Random patterns, alone or as a JSON string's pattern, or a JSON string's bounds.
+  std::mt19937_64 rng(2026);
+  const std::vector<std::string> atoms{"a", "b", "\u00e9", "\u4e2d", "\\\"", "<", "/", "[a-c]", "[^a]", "[\u00e9\u4e2d]",
+                                       ".", "(?:a|\u00e9b)", "\\\\", "[^\u00e8]"};
+  const std::vector<std::string> repeats{"", "", "*", "+", "?", "{0,3}", "{2,5}", "{1,40}"};
+  int compared = 0, refused = 0;
+  for (int round = 0; round < 120; ++round) {
+    std::string pattern;
+    for (int k = 1 + static_cast<int>(rng() % 4); k > 0; --k)
+      pattern += atoms[rng() % atoms.size()] + repeats[rng() % repeats.size()];
+    std::variant<gr::grammar, gr::regex_error> by_regex = gr::regex_error{};
+    std::variant<gr::grammar, gr::schema_error> by_schema = gr::schema_error{};
+    if (round % 3 == 0) {
+      by_regex = gr::compile_regex(pattern);
+    } else if (round % 3 == 1) {
+      by_schema = gr::compile_json_schema(ojson{{"type", "string"}, {"pattern", "^" + pattern + "$"}});
+    } else {
+      const auto hi = 1 + rng() % 40;
+      by_schema = gr::compile_json_schema(ojson{{"type", "string"}, {"minLength", rng() % (hi + 1)}, {"maxLength", hi}});
+    }
+    gr::grammar* compiled = round % 3 == 0 ? std::get_if<gr::grammar>(&by_regex) : std::get_if<gr::grammar>(&by_schema);
+    if (!compiled) {
+      ++refused;  // past the state limits
+      continue;
+    }
+    const auto g = std::make_shared<const gr::grammar>(std::move(*compiled));
+    matcher m(g);
+    for (int step = 0; step < 24; ++step) {
+      INFO("pattern ", pattern, " round ", round, " step ", step);
+      const auto want = brute(m);
+      const mask_computer fresh(g, vocab);
+      CHECK(fresh.allowed(m) == want);
+      ++compared;
+      std::vector<std::uint32_t> next(want.begin(), want.end());
+      std::erase(next, eos);
+      if (next.empty()) break;
+      REQUIRE(m.accept_token(bytes[next[rng() % next.size()]]));
+    }
+  }
+  MESSAGE(compared, " masks compared, ", refused, " of 120 grammars past the limits");
+  CHECK(refused < 20);
+  CHECK(compared > 500);
+}
+
 TEST_CASE("grammar mask: random walks through allowed tokens always end in valid canonical JSON") {
   const std::vector<ojson> schemas{
       strict_schema(),
