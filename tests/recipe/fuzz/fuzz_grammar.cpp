@@ -5,7 +5,9 @@
 // key's JSON: {"v41", "mode", "one_call", "tools": [{"name", "schema"}]}) or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
 // no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
 // either accepts them or refuses them, and a refused byte string leaves its state unchanged.
-// Built only with a compiler that supports -fsanitize=fuzzer (see tests/CMakeLists.txt);
+// Its first masks (before and after those bytes) over a small vocabulary — every single byte,
+// pieces of JSON and tags, partial and invalid UTF-8, runs past the text masks kept — equal
+// trying every token. Built only with a compiler that supports -fsanitize=fuzzer (see tests/CMakeLists.txt);
 // docs/structured-output.md says how to run it.
 #include <cstddef>
 #include <cstdint>
@@ -20,11 +22,41 @@
 #include "recipe/grammar/matcher.hpp"
 #include "recipe/grammar/regex.hpp"
 #include "recipe/grammar/structural_tag.hpp"
+#include "recipe/grammar/token_mask.hpp"
 #include "recipe/grammar/tool_calls.hpp"
 
 #include <nlohmann/json.hpp>
 
 namespace gr = troupe::recipe::grammar;
+
+namespace {
+
+const std::shared_ptr<const gr::vocabulary>& small_vocabulary() {
+  static const auto v = [] {
+    std::vector<std::string> bytes;
+    for (unsigned b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+    for (const char* t : {"\"", "{\"", "\": ", "\", ", "[\"", "\"]", "\\n", "true", "null", "12", "-3.5e", "ab", "abc",
+                          " a", "\xC3\xA9", "\xE4\xB8\xAD\xE6\x96\x87", "\xC3", "\xA9\xC3", "\xED\xA0\x80", "</", "</\xFF",
+                          "\xFFparameter", "parameter>\n", "\n\n", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "\"}"})
+      bytes.emplace_back(t);
+    const auto eos = static_cast<std::uint32_t>(bytes.size());
+    bytes.emplace_back();
+    return std::make_shared<const gr::vocabulary>(bytes, std::vector<bool>(bytes.size(), true),
+                                                  std::vector<std::uint32_t>{eos});
+  }();
+  return v;
+}
+
+// A fresh mask_computer's allowed ids (its first mask of the state) against trying each token.
+void check_mask(const std::shared_ptr<const gr::grammar>& g, const gr::matcher& m) {
+  const auto& v = *small_vocabulary();
+  std::vector<std::uint32_t> want;
+  for (std::uint32_t id = 0; id < v.size(); ++id)
+    if (v.bytes(id).empty() ? m.is_complete() : m.can_accept(v.bytes(id))) want.push_back(id);
+  if (gr::mask_computer(g, small_vocabulary()).allowed(m) != want) std::abort();
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -70,8 +102,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   gr::matcher m(g);
   // A pruned grammar always has a way to go on or end.
   if (!m.can_continue() && !m.is_complete()) std::abort();
+  check_mask(g, m);
   const auto before = m.state();
   if (!m.accept_token(text) && !(m.state() == before)) std::abort();
   if (!gr::matcher::restore(g, m.serialize())) std::abort();
+  check_mask(g, m);
   return 0;
 }
