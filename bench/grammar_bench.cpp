@@ -3,8 +3,9 @@
 // bench/grammar_workloads.json, each along its valid output tokenized by the V4 tokenizer; a "tools" workload is
 // a tool-call grammar (tool_calls.hpp), its output's `｜DSML｜` the control token's id. Prints p50 / p99 over several rounds;
 // "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
-// a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance on the same
-// workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md), but for the tool-call ones.
+// a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance (and
+// XGrammar when installed) on the same workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md); a tool-call
+// workload through the hand-written peer forms it carries.
 // Usage: bench_grammar [--rounds N] [--workload NAME] [--peer PYTHON] (--workload: that one only, peer too)
 #include <algorithm>
 #include <cstdlib>
