@@ -39,17 +39,31 @@ constexpr int text_step_of(int u, unsigned b) {
   }
 }
 
-struct utf8_tables {
+// An ASCII-only class: one state, the class's bytes loop on it.
+constexpr int ascii_step_of(unsigned cls, int u, unsigned b) {
+  if (u != 0) return -1;
+  const bool lower = b >= 'a' && b <= 'z', upper = b >= 'A' && b <= 'Z', digit = b >= '0' && b <= '9';
+  switch (cls) {
+    case vocabulary::lower: return lower ? 0 : -1;
+    case vocabulary::letters: return lower || upper ? 0 : -1;
+    case vocabulary::digits: return digit ? 0 : -1;
+    case vocabulary::alnum: return lower || upper || digit ? 0 : -1;
+    default: return -1;
+  }
+}
+
+struct class_automaton {
   std::array<std::array<std::int8_t, 256>, 8> next{};
-  // Bytes with the same steps from every state share a role: 0 for a byte never in text.
+  // Bytes with the same steps from every state share a role: 0 for a byte never in the class.
   std::array<std::uint8_t, 256> role{};
   std::uint8_t roles = 1;
 };
 
-constexpr utf8_tables make_utf8_tables() {
-  utf8_tables t;
+constexpr class_automaton make_automaton(unsigned cls) {
+  class_automaton t;
   for (int u = 0; u < 8; ++u)
-    for (unsigned b = 0; b < 256; ++b) t.next[u][b] = static_cast<std::int8_t>(text_step_of(u, b));
+    for (unsigned b = 0; b < 256; ++b)
+      t.next[u][b] = static_cast<std::int8_t>(cls == vocabulary::json_text ? text_step_of(u, b) : ascii_step_of(cls, u, b));
   for (unsigned b = 0; b < 256; ++b) {
     bool text = false;
     for (int u = 0; u < 8; ++u) text = text || t.next[u][b] >= 0;
@@ -64,25 +78,26 @@ constexpr utf8_tables make_utf8_tables() {
   return t;
 }
 
-constexpr utf8_tables utf8 = make_utf8_tables();
-
-int text_step(int u, unsigned char b) { return utf8.next[u][b]; }
+constexpr std::array<class_automaton, vocabulary::text_classes> automata{
+    make_automaton(vocabulary::json_text), make_automaton(vocabulary::lower), make_automaton(vocabulary::letters),
+    make_automaton(vocabulary::digits), make_automaton(vocabulary::alnum)};
 
 constexpr unsigned no_text = ~0u;
 
-// The characters of a text token (a trailing partial one counts), or no_text.
-unsigned text_chars(const std::string& s) {
+// The characters of a token of the class (a trailing partial one counts), or no_text.
+unsigned text_chars(unsigned cls, const std::string& s) {
   unsigned chars = 0;
   int u = 0;
   for (const char c : s) {
     if (u == 0) ++chars;
-    u = text_step(u, static_cast<unsigned char>(c));
+    u = automata[cls].next[u][static_cast<unsigned char>(c)];
     if (u < 0) return no_text;
   }
   return chars;
 }
 
 }  // namespace
+
 
 vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos)
     : bytes_(std::move(bytes)), eos_(std::move(eos)) {
@@ -92,15 +107,20 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
   std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
     return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b;
   });
-  text_masks_.assign((text_mask_chars + 2) * mask_words(), 0);
+  for (auto& c : classes_) {
+    c.masks.assign((text_mask_chars + 2) * mask_words(), 0);
+    c.counts.assign(text_mask_chars + 2, 0);
+    c.cover.push_back(0);  // the root
+  }
   trie_.push_back({});
   std::vector<std::uint32_t> path{0};
-  // A node's subtree is complete when it leaves the path: its cover then goes to its parent.
+  // A node's subtree is complete when it leaves the path: its covers then go to its parent.
   const auto pop = [&] {
-    const node& done = trie_[path.back()];
-    trie_[path.back()].end = static_cast<std::uint32_t>(trie_.size());
+    const std::uint32_t done = path.back();
+    trie_[done].end = static_cast<std::uint32_t>(trie_.size());
     path.pop_back();
-    if (!path.empty()) trie_[path.back()].cover = std::max(trie_[path.back()].cover, done.cover);
+    if (!path.empty())
+      for (auto& c : classes_) c.cover[path.back()] = std::max(c.cover[path.back()], c.cover[done]);
   };
   const std::string* prev = nullptr;
   for (const auto id : order) {
@@ -116,6 +136,7 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
       n.byte = static_cast<std::uint8_t>(s[i]);
       n.depth = static_cast<std::uint16_t>(i + 1);
       trie_.push_back(n);
+      for (auto& c : classes_) c.cover.push_back(0);
       path.push_back(static_cast<std::uint32_t>(trie_.size() - 1));
     }
     node& n = trie_[path.back()];
@@ -123,18 +144,29 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
     ids_.push_back(id);
     ++n.count;
     prev = &s;
-    const unsigned chars = text_chars(s);
-    n.cover = std::max(n.cover, chars == no_text ? not_text : static_cast<std::uint8_t>(std::min<unsigned>(chars, any_text)));
-    if (chars == no_text) continue;
-    max_text_chars_ = std::max(max_text_chars_, chars);
-    for (const unsigned k : {std::min(chars, text_mask_chars + 1), text_mask_chars + 1})
-      text_masks_[k * mask_words() + (id >> 5)] |= 1u << (id & 31);
+    for (unsigned cls = 0; cls < text_classes; ++cls) {
+      auto& c = classes_[cls];
+      const unsigned chars = text_chars(cls, s);
+      auto& cover = c.cover[path.back()];
+      cover = std::max(cover, chars == no_text ? not_text : static_cast<std::uint8_t>(std::min<unsigned>(chars, any_text)));
+      if (chars == no_text) continue;
+      c.max_chars = std::max(c.max_chars, chars);
+      // In mask `chars` when that one is kept (accumulated below), and in the mask of all.
+      const auto put = [&](unsigned k) {
+        c.masks[k * mask_words() + (id >> 5)] |= 1u << (id & 31);
+        ++c.counts[k];
+      };
+      if (chars <= text_mask_chars) put(chars);
+      put(text_mask_chars + 1);
+    }
   }
   while (!path.empty()) pop();
   // Mask k holds the tokens of at most k characters.
-  for (unsigned k = 1; k <= text_mask_chars; ++k)
-    for (std::size_t i = 0; i < mask_words(); ++i)
-      text_masks_[k * mask_words() + i] |= text_masks_[(k - 1) * mask_words() + i];
+  for (auto& c : classes_)
+    for (unsigned k = 1; k <= text_mask_chars; ++k) {
+      for (std::size_t i = 0; i < mask_words(); ++i) c.masks[k * mask_words() + i] |= c.masks[(k - 1) * mask_words() + i];
+      c.counts[k] += c.counts[k - 1];
+    }
 }
 
 vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
@@ -173,9 +205,11 @@ struct walker {
   std::vector<std::uint32_t>* returns;
   // The closures of the stacks stepped so far in this walk: (stacks waiting, popped).
   std::map<std::vector<stack>, std::pair<std::vector<stack>, bool>>& closures;
-  // Subtrees of text tokens of at most this many characters are skipped: their ids are in the
-  // mask already or refused (mask_computer::text_budget_of). 0 in the walks below a return.
+  // Subtrees of the tokens of a text class of at most `budget` characters (`cover`: the class's
+  // per node) are skipped: their ids are in the mask already or refused
+  // (mask_computer::text_budget_of). 0 in the walks below a return.
   std::uint8_t budget = 0;
+  const std::uint8_t* cover = nullptr;
 
   void mark(std::uint32_t n) const {
     for (const auto id : v.ids_at(n)) mask[id >> 5] |= 1u << (id & 31);
@@ -217,7 +251,7 @@ struct walker {
     after[0] = top.state;
     for (std::uint32_t c = n + 1; c < t[n].end;) {
       const vocabulary::node& node = t[c];
-      if (Skip && node.cover <= skip) {
+      if (Skip && cover[c] <= skip) {
         c = node.end;
         continue;
       }
@@ -329,14 +363,18 @@ mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<c
     : g_(std::move(g)), v_(std::move(v)) {
   for (const rule& r : g_->rules) {
     // Bytes the rule and the UTF-8 automaton of text both tell apart: one of each kind.
-    auto& tb = text_bytes_.emplace_back();
-    std::vector<std::uint8_t> seen(std::size_t{r.classes} * utf8.roles);
-    for (unsigned b = 0; b < 256; ++b) {
-      if (utf8.role[b] == 0) continue;
-      auto& s = seen[std::size_t{r.byte_class[b]} * utf8.roles + utf8.role[b]];
-      if (s) continue;
-      s = 1;
-      (utf8.next[0][b] >= 0 ? tb.first : tb.inner).push_back(static_cast<unsigned char>(b));
+    auto& tbs = text_bytes_.emplace_back();
+    for (unsigned cls = 0; cls < vocabulary::text_classes; ++cls) {
+      const auto& a = automata[cls];
+      auto& tb = tbs[cls];
+      std::vector<std::uint8_t> seen(std::size_t{r.classes} * a.roles);
+      for (unsigned b = 0; b < 256; ++b) {
+        if (a.role[b] == 0) continue;
+        auto& s = seen[std::size_t{r.byte_class[b]} * a.roles + a.role[b]];
+        if (s) continue;
+        s = 1;
+        (a.next[0][b] >= 0 ? tb.first : tb.inner).push_back(static_cast<unsigned char>(b));
+      }
     }
     auto& k = kind_.emplace_back(r.size());
     auto& f = first_bytes_.emplace_back(r.size());
@@ -357,8 +395,26 @@ std::size_t mask_computer::cached_states() const {
 }
 
 mask_computer::text_budget mask_computer::text_budget_of(frame f) const {
-  // The (rule state, UTF-8 state) pairs after exactly c characters, level by level: a text byte
-  // that leads nowhere or to a state that is not plain fails the texts of its character count.
+  // JSON text holds the others: when it spares anything beyond one character, it spares the
+  // most; otherwise (a pattern's characters, a format's) the class whose skipped tokens are the
+  // most.
+  text_budget best = class_budget(f, vocabulary::json_text);
+  if (best.skipped == vocabulary::any_text || best.accepted >= 2) return best;
+  std::uint32_t spared = v_->text_count(best.cls, best.skipped);
+  for (unsigned cls = 1; cls < vocabulary::text_classes; ++cls) {
+    const text_budget b = class_budget(f, cls);
+    if (const auto n = v_->text_count(cls, b.skipped); n > spared) {
+      best = b;
+      spared = n;
+    }
+  }
+  return best;
+}
+
+mask_computer::text_budget mask_computer::class_budget(frame f, unsigned cls) const {
+  // The (rule state, class automaton state) pairs after exactly c characters, level by level: a
+  // byte of the class that leads nowhere or to a state that is not plain fails the texts of its
+  // character count.
   const rule& r = g_->rules[f.rule];
   const auto& kind = kind_[f.rule];
   const auto capped = [](unsigned k) {
@@ -369,7 +425,9 @@ mask_computer::text_budget mask_computer::text_budget_of(frame f) const {
   std::vector<std::uint32_t> seeds{f.state * 8}, level, next;
   // Past text_mask_chars the answer is only whether every text passes: the levels repeat by
   // then, or the rule counts characters and {text_mask_chars, text_mask_chars} is as good.
-  for (unsigned c = 0; c <= std::min(v_->max_text_chars(), vocabulary::text_mask_chars); ++c) {
+  const unsigned max_chars = v_->max_text_chars(cls);
+  const auto& bytes = text_bytes_[f.rule][cls];
+  for (unsigned c = 0; c <= std::min(max_chars, vocabulary::text_mask_chars); ++c) {
     level = seeds;
     for (const auto p : level) level_of[p] = c;
     next.clear();
@@ -377,8 +435,8 @@ mask_computer::text_budget mask_computer::text_budget_of(frame f) const {
     for (std::size_t i = 0; i < level.size(); ++i) {  // grows with the steps inside a character
       const std::uint32_t q = level[i] / 8;
       const int u = static_cast<int>(level[i] % 8);
-      for (const unsigned char b : u == 0 ? text_bytes_[f.rule].first : text_bytes_[f.rule].inner) {
-        const int u2 = text_step(u, b);
+      for (const unsigned char b : u == 0 ? bytes.first : bytes.inner) {
+        const int u2 = automata[cls].next[u][b];
         if (u2 < 0) continue;
         const auto q2 = r.step(q, b);
         if (u == 0 && q2 != no_state) lead_taken = true;
@@ -399,21 +457,21 @@ mask_computer::text_budget mask_computer::text_budget_of(frame f) const {
       }
     }
     // Every text of up to c - 1 characters passed; one of c characters failed.
-    if (fail_here) return {capped(c - 1), capped(c - 1)};
+    if (fail_here) return {cls, capped(c - 1), capped(c - 1)};
     if (fail_next) {
       // Every text of up to c characters passes, and none of more when no state took a
       // character's first byte: then no text-only subtree needs walking.
-      if (!lead_taken && c <= vocabulary::text_mask_chars) return {capped(c), vocabulary::any_text};
-      return {capped(c), capped(c)};
+      if (!lead_taken && c <= vocabulary::text_mask_chars) return {cls, capped(c), vocabulary::any_text};
+      return {cls, capped(c), capped(c)};
     }
     // The same pairs again: the levels repeat, every text passes.
     std::sort(next.begin(), next.end());
     next.erase(std::unique(next.begin(), next.end()), next.end());
     if (next == seeds) break;
     seeds.swap(next);
-    if (c == vocabulary::text_mask_chars && c < v_->max_text_chars()) return {capped(c), capped(c)};
+    if (c == vocabulary::text_mask_chars && c < max_chars) return {cls, capped(c), capped(c)};
   }
-  return {vocabulary::any_text, vocabulary::any_text};
+  return {cls, vocabulary::any_text, vocabulary::any_text};
 }
 
 const mask_computer::entry& mask_computer::entry_for(frame f) const {
@@ -426,11 +484,12 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     std::vector<std::uint32_t> returns;
     const text_budget budget = text_budget_of(f);
     if (budget.accepted > 0) {
-      const std::uint32_t* text = v_->text_mask(budget.accepted);
+      const std::uint32_t* text = v_->text_mask(budget.cls, budget.accepted);
       for (std::size_t i = 0; i < e->accepted.size(); ++i) e->accepted[i] |= text[i];
     }
     std::map<std::vector<stack>, std::pair<std::vector<stack>, bool>> closures;
-    walker w{*g_, *v_, matcher_options{}.max_depth, kind_, e->accepted.data(), &returns, closures, budget.skipped};
+    walker w{*g_, *v_, matcher_options{}.max_depth, kind_, e->accepted.data(), &returns, closures, budget.skipped,
+             v_->cover(budget.cls)};
     std::vector<stack> ready{stack{f}};
     w.walk(0, ready);
     // Bucket the children of the return nodes by their byte, so that a mask walks only those

@@ -11,13 +11,15 @@
 // the stack, and only the children whose byte the context takes next are walked.
 //
 // A state inside a string takes nearly every token, so its first walk would visit nearly the
-// whole trie. The vocabulary therefore sorts its tokens once: *text* tokens are a valid UTF-8
-// prefix of characters that a JSON string holds unescaped (no control character, `"` or `\`),
-// the rest are not. When every text of up to k characters steps a frame through plain states (a
-// small product of its rule with a UTF-8 automaton decides it), the text tokens of up to k
-// characters are accepted all at once from a precomputed mask, and the walk skips every subtree
-// holding only such tokens: a free string's first mask walks the ~4,000 nodes above the other
-// tokens instead of 274,000. Control tokens
+// whole trie. The vocabulary therefore sorts its tokens once into *text classes*: the tokens
+// that are a valid UTF-8 prefix of characters a JSON string holds unescaped (no control
+// character, `"` or `\`), and those made only of [a-z], of [A-Za-z], of [0-9] or of
+// [A-Za-z0-9]. When every text of a class up to k characters steps a frame through plain states
+// (a small product of its rule with the class's automaton decides it), the class's tokens of up
+// to k characters are accepted all at once from a precomputed mask, and the walk skips every
+// subtree holding only such tokens: a free string's first mask walks the ~4,000 nodes above the
+// non-text tokens instead of 274,000, a `[a-z]+` pattern's those above tokens with another
+// byte. Control tokens
 // are never allowed, except `｜DSML｜` where a tool-call grammar asks for it; the end-of-sequence
 // ids are allowed exactly when the output is complete.
 
@@ -55,26 +57,31 @@ class vocabulary {
 
   // The trie, nodes in preorder: node 0 is the root; a node's children follow it, its subtree
   // ends at `end`; the ids whose bytes end at a node are ids_[first, first + count); `depth` is
-  // the length of its bytes; `cover` is the most characters of a text token in its subtree (at
-  // most `any_text`), `not_text` when it holds another token.
+  // the length of its bytes.
   struct node {
     std::uint32_t end = 0;
     std::uint32_t first = 0;
     std::uint16_t count = 0;
     std::uint16_t depth = 0;
     std::uint8_t byte = 0;
-    std::uint8_t cover = 0;
   };
+  // The text classes: 0 JSON string text (UTF-8), then ASCII-only ones.
+  enum text_class : unsigned { json_text, lower, letters, digits, alnum };
+  static constexpr unsigned text_classes = 5;
   static constexpr std::uint8_t not_text = 255, any_text = 254;
-  // Text masks are kept for up to this many characters, and for all text tokens.
+  // Text masks are kept for up to this many characters, and for all of a class's tokens.
   static constexpr unsigned text_mask_chars = 32;
-  // The most characters of a text token.
-  unsigned max_text_chars() const { return max_text_chars_; }
-  // The text tokens of at most `chars` characters (`chars` <= text_mask_chars), or all of them
-  // (`any_text`), as a bitmask.
-  const std::uint32_t* text_mask(std::uint8_t chars) const {
-    return text_masks_.data() + (chars == any_text ? text_mask_chars + 1 : chars) * mask_words();
+  // The most characters of a token of the class.
+  unsigned max_text_chars(unsigned cls) const { return classes_[cls].max_chars; }
+  // The class's tokens of at most `chars` characters (`chars` <= text_mask_chars), or all of them
+  // (`any_text`), as a bitmask, and how many they are.
+  const std::uint32_t* text_mask(unsigned cls, std::uint8_t chars) const {
+    return classes_[cls].masks.data() + index(chars) * mask_words();
   }
+  std::uint32_t text_count(unsigned cls, std::uint8_t chars) const { return classes_[cls].counts[index(chars)]; }
+  // Per node: the most characters of a token of the class in its subtree (at most `any_text`),
+  // `not_text` when it holds another token.
+  const std::uint8_t* cover(unsigned cls) const { return classes_[cls].cover.data(); }
   std::size_t max_depth() const { return max_depth_; }
   const std::vector<node>& trie() const { return trie_; }
   std::span<const std::uint32_t> ids_at(std::uint32_t n) const {
@@ -87,8 +94,14 @@ class vocabulary {
   std::vector<node> trie_;
   std::vector<std::uint32_t> ids_;
   std::size_t max_depth_ = 0;
-  unsigned max_text_chars_ = 0;
-  std::vector<std::uint32_t> text_masks_;  // text_mask_chars + 2 masks
+  static unsigned index(std::uint8_t chars) { return chars == any_text ? text_mask_chars + 1 : chars; }
+  struct class_tables {
+    unsigned max_chars = 0;
+    std::vector<std::uint32_t> masks;    // text_mask_chars + 2 masks
+    std::vector<std::uint32_t> counts;   // their tokens
+    std::vector<std::uint8_t> cover;     // per node
+  };
+  std::array<class_tables, text_classes> classes_;
 };
 
 // One per (grammar, vocabulary); thread-safe (the cache is shared under a lock).
@@ -116,26 +129,30 @@ class mask_computer {
     std::array<std::uint32_t, 257> after_return_at{};
   };
   const entry& entry_for(frame f) const;
-  // What a frame does with text tokens (vocabulary::node::cover counts): those of at most
-  // `accepted` characters step it through plain states (`any_text`: all of them), so their mask
-  // is taken whole; subtrees of text tokens of at most `skipped` characters need no walk — they
-  // are accepted, or (when `skipped` is above `accepted`) refused because no state takes the
-  // next character.
+  // What a frame does with the tokens of a text class (vocabulary::cover counts): those of at
+  // most `accepted` characters step it through plain states (`any_text`: all of them), so their
+  // mask is taken whole; subtrees of the class's tokens of at most `skipped` characters need no
+  // walk — they are accepted, or (when `skipped` is above `accepted`) refused because no state
+  // takes the next character.
   struct text_budget {
+    unsigned cls = 0;
     std::uint8_t accepted = 0, skipped = 0;
   };
+  // The budget of the class that spares the most of the walk.
   text_budget text_budget_of(frame f) const;
+  text_budget class_budget(frame f, unsigned cls) const;
   std::shared_ptr<const grammar> g_;
   std::shared_ptr<const vocabulary> v_;
   // [rule][state]: what a step to the state leaves to do: nothing (no call edge, not accepting),
   // a return (accepting, no call edge) or calls.
   std::vector<std::vector<std::uint8_t>> kind_;
   std::vector<std::vector<byte_set>> first_bytes_;  // [rule][state]: the bytes it steps on
-  // [rule]: a byte per (class, UTF-8 role), of those that start a character and of the others.
+  // [rule][text class]: a byte per (byte class, role in the text class), of those that start a
+  // character and of the others.
   struct text_bytes {
     std::vector<unsigned char> first, inner;
   };
-  std::vector<text_bytes> text_bytes_;
+  std::vector<std::array<text_bytes, vocabulary::text_classes>> text_bytes_;
   mutable std::mutex mu_;
   mutable std::unordered_map<std::uint64_t, std::unique_ptr<entry>> cache_;
 };

@@ -292,7 +292,7 @@ TEST_CASE("grammar vocabulary: text tokens are sorted out by their characters, t
   const vocabulary v(bytes, std::vector<bool>(bytes.size(), true), {});
   const auto ids = [&](std::uint8_t chars) {
     std::vector<std::uint32_t> out;
-    const std::uint32_t* m = v.text_mask(chars);
+    const std::uint32_t* m = v.text_mask(vocabulary::json_text, chars);
     for (std::uint32_t id = 0; id < v.size(); ++id)
       if ((m[id >> 5] >> (id & 31)) & 1) out.push_back(id);
     return out;
@@ -302,7 +302,21 @@ TEST_CASE("grammar vocabulary: text tokens are sorted out by their characters, t
   CHECK(ids(2) == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 14});
   CHECK(ids(vocabulary::text_mask_chars) == ids(2));
   CHECK(ids(vocabulary::any_text) == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 13, 14});
-  CHECK(v.max_text_chars() == 40);
+  CHECK(v.max_text_chars(vocabulary::json_text) == 40);
+  // The ASCII classes: tokens of their bytes only.
+  const auto class_ids = [&](unsigned cls, std::uint8_t chars) {
+    std::vector<std::uint32_t> out;
+    const std::uint32_t* m = v.text_mask(cls, chars);
+    for (std::uint32_t id = 0; id < v.size(); ++id)
+      if ((m[id >> 5] >> (id & 31)) & 1) out.push_back(id);
+    CHECK(out.size() == v.text_count(cls, chars));
+    return out;
+  };
+  CHECK(class_ids(vocabulary::lower, 1) == std::vector<std::uint32_t>{0});
+  CHECK(class_ids(vocabulary::lower, vocabulary::any_text) == std::vector<std::uint32_t>{0, 1, 13});
+  CHECK(class_ids(vocabulary::letters, vocabulary::any_text) == std::vector<std::uint32_t>{0, 1, 13});
+  CHECK(class_ids(vocabulary::digits, vocabulary::any_text).empty());
+  CHECK(v.max_text_chars(vocabulary::lower) == 40);
   // A node's cover is the most characters of a text token below it, or not_text.
   const auto& t = v.trie();
   for (std::uint32_t n = 1; n < t.size(); ++n) {
@@ -319,7 +333,7 @@ TEST_CASE("grammar vocabulary: text tokens are sorted out by their characters, t
         if (id == 13) chars = 40;
         cover = std::max(cover, chars);
       }
-    CHECK(t[n].cover == cover);
+    CHECK(v.cover(vocabulary::json_text)[n] == cover);
   }
 }
 
@@ -359,10 +373,10 @@ TEST_CASE("grammar mask: a first mask inside a string takes text tokens whole, a
 }
 
 TEST_CASE("grammar mask: first masks of random patterns equal trying every token of a small vocabulary") {
-  // Tokens of one to three pieces (ASCII, é, 中, a quote, a backslash, the bytes of a closing
-  // tag, a newline), lone lead and continuation bytes, and long runs past the kept text masks:
-  // every kind of token the text budget sorts out.
-  const std::vector<std::string> pieces{"a", "b", "c", "\xC3\xA9", "\xE4\xB8\xAD", "\"", "\\", "<", "/", "\n", " "};
+  // Tokens of one to three pieces (lower and upper case, a digit, é, 中, a quote, a backslash,
+  // the bytes of a closing tag, a newline), lone lead and continuation bytes, and long runs past
+  // the kept text masks: every kind of token the text classes sort out.
+  const std::vector<std::string> pieces{"a", "b", "c", "A", "7", "\xC3\xA9", "\xE4\xB8\xAD", "\"", "\\", "<", "/", "\n", " "};
   std::vector<std::string> bytes;
   for (const auto& x : pieces) {
     bytes.push_back(x);
@@ -390,7 +404,7 @@ TEST_CASE("grammar mask: first masks of random patterns equal trying every token
   // Random patterns, alone or as a JSON string's pattern, or a JSON string's bounds.
   std::mt19937_64 rng(2026);
   const std::vector<std::string> atoms{"a", "b", "\u00e9", "\u4e2d", "\\\"", "<", "/", "[a-c]", "[^a]", "[\u00e9\u4e2d]",
-                                       ".", "(?:a|\u00e9b)", "\\\\", "[^\u00e8]"};
+                                       ".", "(?:a|\u00e9b)", "\\\\", "[^\u00e8]", "[a-z]", "[A-Za-z]", "[0-9]", "[a-zA-Z0-9]", "[^0-9]"};
   const std::vector<std::string> repeats{"", "", "*", "+", "?", "{0,3}", "{2,5}", "{1,40}"};
   int compared = 0, refused = 0;
   for (int round = 0; round < 120; ++round) {
