@@ -36,8 +36,9 @@ const std::shared_ptr<const gr::vocabulary>& small_vocabulary() {
     std::vector<std::string> bytes;
     for (unsigned b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
     for (const char* t : {"\"", "{\"", "\": ", "\", ", "[\"", "\"]", "\\n", "true", "null", "12", "-3.5e", "ab", "abc",
-                          " a", "\xC3\xA9", "\xE4\xB8\xAD\xE6\x96\x87", "\xC3", "\xA9\xC3", "\xED\xA0\x80", "</", "</\xFF",
-                          "\xFFparameter", "parameter>\n", "\n\n", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "\"}"})
+                          " a", "Ab7", "2026", "XYZ", "\xC3\xA9", "\xE4\xB8\xAD\xE6\x96\x87", "\xC3", "\xA9\xC3",
+                          "\xED\xA0\x80", "</", "</\xFF", "\xFFparameter", "parameter>\n", "\n\n",
+                          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "\"}"})
       bytes.emplace_back(t);
     const auto eos = static_cast<std::uint32_t>(bytes.size());
     bytes.emplace_back();
