@@ -495,21 +495,20 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     // Bucket the children of the return nodes by their byte, so that a mask walks only those
     // whose byte the context takes next (for a number that ends in a return, few of its
     // thousand-odd tokens have a child `+`, `*` or `)`).
+    // A counting sort: children counted by byte, then placed in return order.
     const auto& t = v_->trie();
-    std::vector<std::pair<unsigned char, std::uint32_t>> children;
+    std::array<std::uint32_t, 257> at{};
     for (const auto n : returns) {
       const auto ids = v_->ids_at(n);
       e->returned.insert(e->returned.end(), ids.begin(), ids.end());
-      for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) children.emplace_back(t[c].byte, c);
+      for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) ++at[t[c].byte + 1];
     }
-    std::stable_sort(children.begin(), children.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (unsigned b = 0; b < 256; ++b) at[b + 1] += at[b];
+    e->after_return_at = at;
+    e->after_return.resize(at[256]);
+    for (const auto n : returns)
+      for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) e->after_return[at[t[c].byte]++] = c;
     e->has_returns = !returns.empty();
-    e->after_return.reserve(children.size());
-    for (std::size_t i = 0, b = 0; b <= 256; ++b) {
-      e->after_return_at[b] = static_cast<std::uint32_t>(i);
-      while (b < 256 && i < children.size() && children[i].first == b) e->after_return.push_back(children[i++].second);
-    }
     slot = std::move(e);
   }
   return *slot;
