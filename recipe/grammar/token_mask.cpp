@@ -495,6 +495,19 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     // Bucket the children of the return nodes by their byte, so that a mask walks only those
     // whose byte the context takes next (for a number that ends in a return, few of its
     // thousand-odd tokens have a child `+`, `*` or `)`).
+    // Eight words at a time: most of a sparse entry's are zero.
+    const std::uint32_t* acc = e->accepted.data();
+    const auto words = static_cast<std::uint32_t>(e->accepted.size());
+    for (std::uint32_t i = 0; i < words && e->nonzero.size() * 4 < words; i += 8) {
+      const std::uint32_t end = std::min(i + 8, words);
+      std::uint32_t any = 0;
+      for (std::uint32_t j = i; j < end; ++j) any |= acc[j];
+      if (any)
+        for (std::uint32_t j = i; j < end; ++j)
+          if (acc[j]) e->nonzero.push_back(j);
+    }
+    e->sparse = e->nonzero.size() * 4 < words;
+    if (!e->sparse) e->nonzero = {};
     // A counting sort: children counted by byte, then placed in return order.
     const auto& t = v_->trie();
     std::array<std::uint32_t, 257> at{};
@@ -521,7 +534,10 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
     for (const auto id : v_->eos()) mask[id >> 5] |= 1u << (id & 31);
   for (const stack& s : st.stacks) {
     const entry& e = entry_for(s.back());
-    for (std::size_t i = 0; i < mask.size(); ++i) mask[i] |= e.accepted[i];
+    if (e.sparse)
+      for (const auto i : e.nonzero) mask[i] |= e.accepted[i];
+    else
+      for (std::size_t i = 0; i < mask.size(); ++i) mask[i] |= e.accepted[i];
     if (!e.has_returns) continue;
     // What follows a return from the top frame depends on the frames below it.
     stack parent(s.begin(), s.end() - 1);

@@ -121,6 +121,10 @@ class mask_computer {
  private:
   struct entry {
     std::vector<std::uint32_t> accepted;  // bitmask
+    // sparse: under a quarter of the words of `accepted` are not zero (a number's or a keyword's
+    // state), and `nonzero` lists them; otherwise a mask takes every word.
+    bool sparse = false;
+    std::vector<std::uint32_t> nonzero;
     bool has_returns = false;             // some token's bytes return from the frame
     std::vector<std::uint32_t> returned;  // ids whose last byte returns from the frame
     // The children of the trie nodes after whose byte the frame returns, by byte: those of byte
