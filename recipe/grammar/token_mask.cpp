@@ -325,13 +325,15 @@ struct walker {
       raw.push_back(std::move(s2));
     }
     if (raw.empty()) return;
-    if (const frame top = raw.size() == 1 ? raw[0].back() : frame{};
-        raw.size() == 1 && kinds[top.rule][top.state] == step_plain && g.rules[top.rule].has_bytes[top.state]) {
-      // Of several stacks one took the byte, to a plain state: its closure is itself, and the
+    if (raw.size() == 1) {
+      // Of several stacks one took the byte; to a plain state, its closure is itself, and the
       // walk below goes on with one stack (raw is the caller's scratch, free until this returns).
-      mark(c);
-      if (t[c].end > c + 1) walk(c, raw);
-      return;
+      const frame top = raw[0].back();
+      if (kinds[top.rule][top.state] == step_plain && g.rules[top.rule].has_bytes[top.state]) {
+        mark(c);
+        if (t[c].end > c + 1) walk(c, raw);
+        return;
+      }
     }
     // The same stacks are closed again and again below one state (after each whitespace byte
     // before a value, say), so the closures are kept for the walk.
