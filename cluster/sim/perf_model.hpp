@@ -85,7 +85,8 @@ struct perf_options {
   /// entrypoint's compile pool from the request's admission. A step that samples a constrained
   /// sequence for the first time lasts at least what is left of it
   /// (device_step::first_constraint_age). 1.5 ms: bench_grammar's compile of a strict record or
-  /// a strict tool is 0.9–1.5 ms at the median on this machine (docs/benchmarks.md); every
+  /// a strict tool was 0.9–1.5 ms at the median on this machine, 0.6–1.0 ms since 2026-12-04
+  /// (docs/benchmarks.md), so the figure is on the safe side of a loaded host; every
   /// constrained request is taken to bring a format not compiled before.
   double compile_s = 1.5e-3;
 };
