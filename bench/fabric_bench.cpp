@@ -1,7 +1,9 @@
 // The fabric link (ports/fabric_link) moving 112 KiB KV blocks over libfabric's shm and tcp
 // providers, beside the physical floor measured in the same run: memcpy of the same bytes
-// (what shm can at best approach) and a plain loopback TCP socket pair moving the same blocks
-// request/response (what the tcp provider can at best approach).
+// (what shm can at best approach), process_vm_readv of the same bytes (the cross-memory-attach
+// copy by which libfabric 1.17's shm provider moves a large message: shm's own floor), and a
+// plain loopback TCP socket pair moving the same blocks request/response (what the tcp
+// provider can at best approach).
 //
 // Every case moves `--blocks` blocks (distinct source blocks, each pulled into one of a set of
 // reused destination buffers, as a KV pool would) two ways:
@@ -14,6 +16,10 @@
 //
 // `--kib 7168` moves 7 MiB per transfer (a 64-block request's KV in one pull) instead.
 //
+// Every buffer comes from malloc. Run with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 to back them
+// with transparent huge pages, as `troupe node` does for its instance processes (the header
+// line says which): process_vm_readv pins the pages it copies, one by one.
+//
 //   build/bench/bench_fabric [--rounds N] [--blocks N] [--depth N] [--kib N]
 #include "ports/fabric_link.hpp"
 
@@ -24,6 +30,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -37,6 +44,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 namespace {
@@ -94,6 +102,35 @@ result run_memcpy(const std::vector<std::string>& src, std::vector<std::string>&
     std::memcpy(dst[i % targets].data(), src[i % sources].data(), block_bytes);
     lat.push_back(seconds(steady::now() - t) * 1e6);
   }
+  r.p50_us = percentile(lat, 0.5);
+  r.p99_us = percentile(lat, 0.99);
+  return r;
+}
+
+// -- process_vm_readv: the copy shm makes, here from this process into itself ---------------
+
+result run_cma(const std::vector<std::string>& src, std::vector<std::string>& dst,
+               std::size_t blocks) {
+  const pid_t self = ::getpid();
+  auto copy = [&](std::size_t i) {
+    iovec to{dst[i % targets].data(), block_bytes};
+    iovec from{const_cast<char*>(src[i % sources].data()), block_bytes};
+    return ::process_vm_readv(self, &to, 1, &from, 1, 0) == static_cast<ssize_t>(block_bytes);
+  };
+  result r;
+  std::size_t failed = 0;
+  auto t0 = steady::now();
+  for (std::size_t i = 0; i < blocks; ++i)
+    failed += copy(i) ? 0 : 1;
+  r.gbps = static_cast<double>(blocks * block_bytes) / seconds(steady::now() - t0) / 1e9;
+  std::vector<double> lat;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    auto t = steady::now();
+    failed += copy(i) ? 0 : 1;
+    lat.push_back(seconds(steady::now() - t) * 1e6);
+  }
+  if (failed > 0)
+    std::printf("  process_vm_readv: %zu copies failed (%s)\n", failed, std::strerror(errno));
   r.p50_us = percentile(lat, 0.5);
   r.p99_us = percentile(lat, 0.99);
   return r;
@@ -305,6 +342,10 @@ int main(int argc, char** argv) {
               "%u hardware threads; load average %.2f\n",
               block_bytes / 1024, blocks, depth, rounds, std::thread::hardware_concurrency(),
               load[0]);
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  std::printf("malloc: %s\n", tunables && std::strstr(tunables, "glibc.malloc.hugetlb=1")
+                                 ? "transparent huge pages (glibc.malloc.hugetlb=1)"
+                                 : "4 KiB pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for huge)");
 
   fabric_case shm, tcp;
   bool have_shm = open_fabric("shm", src, shm);
@@ -315,11 +356,12 @@ int main(int argc, char** argv) {
     std::string name;
     std::vector<double> gbps, p50, p99;
   };
-  std::vector<series> all(4);
+  std::vector<series> all(5);
   all[0].name = "memcpy (floor for shm)";
-  all[1].name = "bare TCP socket (floor for tcp)";
-  all[2].name = "fabric " + (have_shm ? shm.name : std::string{"shm"});
-  all[3].name = "fabric " + (have_tcp ? tcp.name : std::string{"tcp"});
+  all[1].name = "process_vm_readv (shm's copy)";
+  all[2].name = "bare TCP socket (floor for tcp)";
+  all[3].name = "fabric " + (have_shm ? shm.name : std::string{"shm"});
+  all[4].name = "fabric " + (have_tcp ? tcp.name : std::string{"tcp"});
   auto add = [](series& s, const result& r) {
     s.gbps.push_back(r.gbps);
     s.p50.push_back(r.p50_us);
@@ -327,11 +369,12 @@ int main(int argc, char** argv) {
   };
   for (int round = 0; round < rounds; ++round) {
     add(all[0], run_memcpy(src, dst, blocks));
-    add(all[1], run_socket(sock, dst, blocks, depth));
+    add(all[1], run_cma(src, dst, blocks));
+    add(all[2], run_socket(sock, dst, blocks, depth));
     if (have_shm)
-      add(all[2], run_fabric(shm, dst, blocks, depth));
+      add(all[3], run_fabric(shm, dst, blocks, depth));
     if (have_tcp)
-      add(all[3], run_fabric(tcp, dst, blocks, depth));
+      add(all[4], run_fabric(tcp, dst, blocks, depth));
   }
   std::printf("%-34s %22s %22s %12s\n", "case", "GB/s min / median / max",
               "p50 us min / median", "p99 us med");
@@ -342,12 +385,16 @@ int main(int argc, char** argv) {
                 min_of(s.gbps), median_of(s.gbps), max_of(s.gbps), min_of(s.p50),
                 median_of(s.p50), median_of(s.p99));
   }
-  if (have_shm)
+  if (have_shm) {
     std::printf("shm / memcpy throughput (medians): %.2f  (goal >= 0.80)\n",
-                median_of(all[2].gbps) / median_of(all[0].gbps));
+                median_of(all[3].gbps) / median_of(all[0].gbps));
+    std::printf("process_vm_readv / memcpy: %.2f, shm / process_vm_readv: %.2f (medians)\n",
+                median_of(all[1].gbps) / median_of(all[0].gbps),
+                median_of(all[3].gbps) / median_of(all[1].gbps));
+  }
   if (have_tcp)
     std::printf("tcp / bare socket throughput (medians): %.2f  (goal >= 0.80)\n",
-                median_of(all[3].gbps) / median_of(all[1].gbps));
+                median_of(all[4].gbps) / median_of(all[2].gbps));
   getloadavg(load, 3);
   std::printf("load average after: %.2f\n", load[0]);
   return 0;

@@ -633,6 +633,7 @@ int main(int argc, char** argv) {
   node->callback([&] {
     finish_server_options(node_opts.serve, node_grace_s);
     node_opts.connect_timeout = std::chrono::seconds(connect_timeout_s);
+    troupe::cluster::reexec_with_huge_page_heap(node_opts, argv, shared_stderr());
     rc = troupe::cluster::run_node_command(node_opts, shared_stderr());
   });
 

@@ -15,13 +15,17 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <ostream>
+#include <string_view>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -419,6 +423,25 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
 }
 
 } // namespace
+
+void reexec_with_huge_page_heap(const node_options& o, char** argv, std::ostream& err) {
+  if (o.role == "control" || o.fabric == "none")
+    return;
+  constexpr std::string_view tunable = "glibc.malloc.hugetlb";
+  const char* before = std::getenv("GLIBC_TUNABLES");
+  std::string tunables = before ? before : "";
+  if (tunables.find(tunable) != std::string::npos)
+    return;
+  tunables += (tunables.empty() ? "" : ":") + std::string{tunable} + "=1";
+  setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  err << "troupe node: cannot re-execute with huge pages for the heap (" << std::strerror(errno)
+      << "); running on 4 KiB pages\n";
+  if (before)
+    setenv("GLIBC_TUNABLES", before, 1);
+  else
+    unsetenv("GLIBC_TUNABLES");
+}
 
 int run_node_command(const node_options& o, std::ostream& err) {
   if (o.role == "control")
