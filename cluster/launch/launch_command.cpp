@@ -95,7 +95,7 @@ struct process_state {
   std::string host;
   std::int32_t pid = 0;
   std::uint32_t restarts = 0;
-  /// starting | running | restarting | stopped | down | exited | failed
+  /// starting | running | restarting | stopped | down | exited | failed | lost
   std::string state = "starting";
   std::optional<clock::time_point> restart_at;
   /// Killed by a fault: not restarted until the fault releases it.
@@ -105,10 +105,11 @@ struct process_state {
 class launcher {
 public:
   launcher(caf::actor_system& sys, std::map<std::string, caf::actor> agents,
-           const launch_options& o, std::vector<launch_process> plan, std::string control,
-           std::string listen_host, std::string ready_file, std::vector<process_action> faults,
-           std::ostream& err)
-    : self_(sys), agents_(std::move(agents)), o_(o), control_(std::move(control)),
+           std::vector<launch_host> hosts, const launch_options& o,
+           std::vector<launch_process> plan, std::string control, std::string listen_host,
+           std::string ready_file, std::vector<process_action> faults, std::ostream& err)
+    : self_(sys), agents_(std::move(agents)), hosts_(std::move(hosts)), o_(o),
+      control_(std::move(control)),
       listen_host_(std::move(listen_host)), ready_file_(std::move(ready_file)),
       faults_(std::move(faults)), err_(err) {
     for (auto& [host, agent] : agents_)
@@ -140,13 +141,9 @@ public:
              << ": stopping the cluster (instances drain first)\n";
         return stop_all(0);
       }
-      if (lost) {
-        err_ << "troupe launch: lost the agent of host " << *lost << "; stopping the cluster\n";
-        for (auto& p : procs_)
-          if (p.host == *lost)
-            p.pid = 0, p.state = "failed";
-        return stop_all(1);
-      }
+      if (lost)
+        if (int status = lose_host(*lost); status >= 0)
+          return stop_all(status);
       if (exited)
         if (int status = on_exit(*exited); status >= 0)
           return stop_all(status);
@@ -277,51 +274,118 @@ private:
   int on_exit(const agent_exit& e) {
     int status = e.status;
     auto pid = e.pid;
-    {
-      auto* p = find(e.host, pid);
-      if (p == nullptr)
-        return -1;
-      bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      event("exit", *p, {{"status", describe_status(status)}});
-      p->pid = 0;
-      err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
-           << describe_status(status);
-      if (p->held) {
-        // Killed by a fault: down until the fault releases it (no restart, no intensity).
-        p->state = "down";
-        err_ << "; down until the fault ends\n";
-        write_state();
-        return -1;
-      }
-      if (clean) {
-        p->state = "exited";
-        err_ << "\n";
-        write_state();
-        if (p->spec.role == "control") {
-          err_ << "troupe launch: the control process ended; stopping the cluster\n";
-          return 0;
-        }
-        return -1;
-      }
-      // Restart intensity over every process, as a one_for_one supervisor counts it.
-      auto now = clock::now();
-      restarts_.push_back(now);
-      while (!restarts_.empty() && now - restarts_.front() > o_.restart_period)
-        restarts_.pop_front();
-      if (restarts_.size() > o_.max_restarts) {
-        p->state = "failed";
-        err_ << "; more than " << o_.max_restarts << " restarts within "
-             << o_.restart_period.count() << " s: stopping the cluster\n";
-        write_state();
-        return 1;
-      }
-      ++p->restarts;
-      p->state = "restarting";
-      p->restart_at = now + o_.restart_delay;
-      err_ << "; restart " << p->restarts << " in " << std::fixed << std::setprecision(1)
-           << std::chrono::duration<double>(o_.restart_delay).count() << " s\n";
+    auto* p = find(e.host, pid);
+    if (p == nullptr)
+      return -1;
+    bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    event("exit", *p, {{"status", describe_status(status)}});
+    p->pid = 0;
+    err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
+         << describe_status(status);
+    if (p->held) {
+      // Killed by a fault: down until the fault releases it (no restart, no intensity).
+      p->state = "down";
+      err_ << "; down until the fault ends\n";
       write_state();
+      return -1;
     }
+    if (clean) {
+      p->state = "exited";
+      err_ << "\n";
+      write_state();
+      if (p->spec.role == "control") {
+        err_ << "troupe launch: the control process ended; stopping the cluster\n";
+        return 0;
+      }
+      return -1;
+    }
+    return restart_later(*p);
+  }
+
+  /// Schedules a restart of `p`, ending the line the caller began on `err_`. Returns -1, or
+  /// 1 when the restart intensity is exceeded (the cluster stops).
+  int restart_later(process_state& p) {
+    // Restart intensity over every process, as a one_for_one supervisor counts it.
+    auto now = clock::now();
+    restarts_.push_back(now);
+    while (!restarts_.empty() && now - restarts_.front() > o_.restart_period)
+      restarts_.pop_front();
+    if (restarts_.size() > o_.max_restarts) {
+      p.state = "failed";
+      err_ << "; more than " << o_.max_restarts << " restarts within "
+           << o_.restart_period.count() << " s: stopping the cluster\n";
+      write_state();
+      return 1;
+    }
+    ++p.restarts;
+    p.state = "restarting";
+    p.restart_at = now + o_.restart_delay;
+    err_ << "; restart " << p.restarts << " in " << std::fixed << std::setprecision(1)
+         << std::chrono::duration<double>(o_.restart_delay).count() << " s\n";
+    write_state();
+    return -1;
+  }
+
+  /// The agent of `host` is gone (the machine died, or its link to us): its processes are
+  /// taken as gone too (a cut-off instance exits by itself once its link to the control
+  /// process times out). Each moves to the live host that takes its role and runs the fewest
+  /// processes, and starts there as a restart; one that no live host takes stays `lost`. The
+  /// control process cannot move: every instance was started with its address. Returns -1,
+  /// or the status to stop the cluster with.
+  int lose_host(const std::string& host) {
+    agents_.erase(host);
+    bool control = false;
+    for (auto& p : procs_)
+      if (p.host == host) {
+        event("lost", p, {{"host", host}});
+        p.pid = 0;
+        p.restart_at.reset();
+        control = control || p.spec.role == "control";
+      }
+    if (control) {
+      err_ << "troupe launch: lost the agent of host " << host
+           << ", which runs the control process; stopping the cluster\n";
+      for (auto& p : procs_)
+        if (p.host == host)
+          p.state = "failed";
+      return 1;
+    }
+    err_ << "troupe launch: lost the agent of host " << host << "\n";
+    for (auto& p : procs_) {
+      if (p.host != host)
+        continue;
+      const launch_host* to = nullptr;
+      std::size_t fewest = 0;
+      for (const auto& h : hosts_) {
+        if (agents_.count(h.name) == 0
+            || std::find(h.roles.begin(), h.roles.end(), p.spec.role) == h.roles.end())
+          continue;
+        auto n = static_cast<std::size_t>(std::count_if(
+          procs_.begin(), procs_.end(), [&](const process_state& q) { return q.host == h.name; }));
+        if (to == nullptr || n < fewest)
+          to = &h, fewest = n;
+      }
+      if (to == nullptr) {
+        p.state = "lost";
+        err_ << "troupe launch: " << p.spec.name << ": no live host takes the " << p.spec.role
+             << " role; it stays down\n";
+        continue;
+      }
+      p.host = to->name;
+      // Its fabric endpoint binds to the address its new host is reached at.
+      auto flag = std::find(p.spec.argv.begin(), p.spec.argv.end(), "--fabric-host");
+      if (flag != p.spec.argv.end() && std::next(flag) != p.spec.argv.end())
+        *std::next(flag) = parse_host_port(to->agent)->first;
+      err_ << "troupe launch: " << p.spec.name << " moves from " << host << " to " << to->name;
+      if (p.held) {  // killed by a fault: it starts there when the fault releases it
+        p.state = "down";
+        err_ << "; down until the fault ends\n";
+        continue;
+      }
+      if (int status = restart_later(p); status >= 0)
+        return status;
+    }
+    write_state();
     return -1;
   }
 
@@ -436,6 +500,7 @@ private:
 
   caf::scoped_actor self_;
   std::map<std::string, caf::actor> agents_;
+  std::vector<launch_host> hosts_;  // empty: one host, the agent in this process
   const launch_options& o_;
   std::vector<process_state> procs_;
   std::string control_;
@@ -769,8 +834,8 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   }
   int status = 0;
   {
-    launcher l(sys, agents, o, std::move(plan), control_addr, listen->first, ready_file,
-               std::move(faults.actions), err);
+    launcher l(sys, agents, hosts, o, std::move(plan), control_addr, listen->first,
+               ready_file, std::move(faults.actions), err);
     status = l.run();
   }
   if (local)

@@ -380,7 +380,17 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
       caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
     return status;
   };
+  bool announced = false;
   for (;;) {
+    if (!announced) {
+      // The engine announces itself to its balancer once its model is loaded: say so.
+      caf::scoped_actor self{sys};
+      self->request(relay, 1s, caf::get_atom::value)
+        .receive([&](const caf::actor& e) { announced = static_cast<bool>(e); },
+                 [](const caf::error&) {});
+      if (announced)
+        err << command << ": model loaded; serving in the " << o.role << " pool\n";
+    }
     if (cluster_stopping->load()) {
       err << command << ": the control process is stopping the cluster\n";
       err << command << ": stopped\n";

@@ -8,8 +8,9 @@
 # one for the cluster's processes). The test checks
 # that each process runs in its host's namespace, that a client on h2 is served across the
 # hosts, that a decode process killed on h2 is restarted there by its agent while requests
-# go on and that no other process loses its links (over TLS too: docs/tls.md), and that
-# SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
+# go on and that no other process loses its links (over TLS too: docs/tls.md), that when
+# host h3 is lost (its namespace's processes killed) its decode process moves to h2 and
+# serves, and that SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
 # addresses. Needs root (ip netns); exits 77 (skipped) without it.
 #   bash tests/cluster/launch/hosts_netns.sh build/troupe
 set -euo pipefail
@@ -146,6 +147,34 @@ for name in control prefill/0 decode/1; do
     || fail "$name restarted after decode/0 was killed"
 done
 
+# Host h3 lost: every process in its namespace killed, its agent too. decode/1 moves to h2 (the
+# live host that takes the decode role, with its fabric endpoint on h2's address), starts there
+# as a restart, and serves.
+ip netns pids "$TAG-h3" | xargs -r kill -KILL
+for _ in $(seq 240); do
+  [ "$(state "next(p['host'] for p in s['processes'] if p['name']=='decode/1')")" = "h2" ] \
+    && [ "$(state "next(p['state'] for p in s['processes'] if p['name']=='decode/1')")" = "running" ] && break
+  sleep 0.5
+done
+pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/1' and p['host']=='h2' and p['state']=='running')")
+[ "$(ip netns identify "$pid")" = "$TAG-h2" ] || fail "the moved decode/1 (pid $pid) is not in $TAG-h2"
+tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--fabric-host $NET.2 " \
+  || fail "the moved decode/1 does not bind its fabric endpoint on h2"
+grep -q "troupe launch: lost the agent of host h3$" "$WORK/launch.log" || fail "no lost host in the log"
+grep -q "troupe launch: decode/1 moves from h3 to h2; restart 1 in" "$WORK/launch.log" \
+  || fail "no move in the log"
+for _ in $(seq 240); do
+  grep -q "troupe node\[decode/1\]: model loaded; serving in the decode pool" "$WORK/agent2.log" && break
+  sleep 0.5
+done
+# With two decode instances the balancer keeps decode/1 for long contexts, so decode/0 goes
+# down once more and the next request is decoded by the moved decode/1.
+ip netns exec "$TAG-h2" kill -KILL "$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/0')")"
+sleep 0.5
+after=$(ask "Hello from h2" 40)
+[ "$after" = "$during" ] || fail "the greedy request after the host was lost gave '$after', before '$during'"
+[ "$(state "s['http']")" = "$HTTP" ] || fail "the cluster's address changed"
+
 # SIGTERM stops the cluster: every node process exits, the launcher with status 0.
 kill -TERM "$LAUNCHER"
 status=0
@@ -161,4 +190,7 @@ pulled=$(cat "$WORK"/agent2.log "$WORK"/agent3.log | sed -n 's/.*KV over the fab
 offered=$(echo "$offered" | awk '{s += $1} END {print s + 0}')
 [ "$offered" -gt 0 ] && [ "${pulled:-0}" -gt 0 ] || fail "no KV over the fabric (offered ${offered:-0}, pulled ${pulled:-0})"
 echo "KV over the fabric: $offered offered on h1, $pulled pulled on h2 and h3"
+# The moved decode/1 decoded the last request: its KV came over the fabric to h2.
+moved=$(sed -n 's/.*troupe node\[decode\/1\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' "$WORK"/agent2.log | awk '{s += $1} END {print s + 0}')
+[ "$moved" -gt 0 ] || fail "the moved decode/1 pulled no KV on h2"
 echo "1 passed, 0 failed"
