@@ -620,11 +620,13 @@ int main(int argc, char** argv) {
   node->add_option("--listen", node_opts.serve.listen,
                    "control: HOST:PORT of the HTTP API (default 127.0.0.1:8000)");
   node->add_option("--fabric", node_opts.fabric,
-                   "instances: the libfabric provider KV crosses processes by: tcp (default), "
-                   "shm, or none (the decode side recomputes)");
+                   "the libfabric provider KV and block store payloads cross processes by: tcp "
+                   "(default), shm, or none (the decode side recomputes; store payloads go in "
+                   "CAF messages)");
   node->add_option("--fabric-host", node_opts.fabric_host,
-                   "instances: the address the fabric endpoint binds to (default 127.0.0.1; "
-                   "auto: the address this machine reaches the control process from)");
+                   "the address the fabric endpoint binds to (default: 127.0.0.1 for an "
+                   "instance, the --control host for the control process; auto: the address "
+                   "this machine reaches the control process from)");
   node->add_option("--ready-file", node_opts.ready_file,
                    "control: once serving, write the bound ports here (JSON)");
   long connect_timeout_s = 120;

@@ -158,7 +158,8 @@ std::optional<real_graph_params>
 make_real_graph_params(caf::actor_system& sys, const serve_options& o, const serve_inputs& in,
                        runtime::registry& metrics,
                        std::shared_ptr<actors::constraint_table> constraints,
-                       const std::string& command, std::ostream& err) {
+                       const std::string& command, std::ostream& err,
+                       runtime::store_port cluster_store) {
   real_graph_params gp;
   if (o.check_history)
     gp.history = std::make_shared<actors::run_history>();
@@ -190,17 +191,21 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   };
   // The cluster KV cache: block files in the topology's directory (or --kv-dir), keyed by
   // chains rooted in the model's fingerprint.
-  if (!in.kv_dir.empty()) {
+  if (!in.kv_dir.empty() || cluster_store) {
     auto fp = ports::model_fingerprint(o.model);
     if (!fp) {
       err << command << ": " << fp.error() << "\n";
       return std::nullopt;
     }
-    ports::posix_store_params sp;
-    sp.directory = in.kv_dir;
-    sp.capacity = in.topo.storage.capacity_bytes;
-    sp.metrics = &metrics;
-    gp.store = ports::spawn_posix_store(sys, std::move(sp));
+    if (cluster_store) {
+      gp.store = std::move(cluster_store);
+    } else {
+      ports::posix_store_params sp;
+      sp.directory = in.kv_dir;
+      sp.capacity = in.topo.storage.capacity_bytes;
+      sp.metrics = &metrics;
+      gp.store = ports::spawn_posix_store(sys, std::move(sp));
+    }
     auto root = XXH3_128bits(fp->data(), fp->size());
     gp.chain_root = actors::block_key{root.high64, root.low64};
   }

@@ -63,13 +63,16 @@ runtime::world_options real_world_options(bool network, const runtime::tls_optio
 /// The graph parameters every real-world server shares: a CPU device per instance (batch-
 /// invariant, reporting into `metrics`, masking with `constraints`), the posix block store of
 /// `in.kv_dir` (when set) with chains rooted in the model's fingerprint, the model's block
-/// size and context, and the step budgets of `o` or the topology. Nothing after an error on
+/// size and context, and the step budgets of `o` or the topology. With `cluster_store` valid
+/// (an instance process of `troupe launch`: the control process's store, through its store
+/// proxy) that store is used and the directory is not opened here. Nothing after an error on
 /// `err`. The returned device factory refers to `o` and `metrics`: both must outlive it.
 std::optional<real_graph_params>
 make_real_graph_params(caf::actor_system& sys, const serve_options& o, const serve_inputs& in,
                        runtime::registry& metrics,
                        std::shared_ptr<actors::constraint_table> constraints,
-                       const std::string& command, std::ostream& err);
+                       const std::string& command, std::ostream& err,
+                       runtime::store_port cluster_store = {});
 
 /// `--check-history`: checks what the run's actors recorded in `gp.history` (set by
 /// make_real_graph_params), by the rules of the simulator's history checker

@@ -3,8 +3,9 @@
 // A launched cluster's control process (the KV CHECK role, the balancers, the HTTP
 // entrypoint) and its instance processes are joined by CAF's middleman. The control process
 // publishes one actor, the directory, on its control address; an instance process connects
-// to it, asks for the handles it needs (the CHECK role its block writers commit to, and the
-// balancer its engine announces itself to), and monitors it: when the control process goes
+// to it, asks for the handles it needs (the CHECK role its block writers commit to, the
+// balancer its engine announces itself to, and the cluster's block store with its store
+// front), and monitors it: when the control process goes
 // away, so does the connection, and the instance process exits for the launcher to restart.
 // An orderly stop of the control process is told apart from a loss: each instance process
 // joins the directory with a watcher, and the control process, before it stops, has the
@@ -15,6 +16,7 @@
 
 #include "actors/wire_type_ids.hpp"
 #include "cluster/launch/kv_bridge.hpp"
+#include "cluster/launch/store_bridge.hpp"
 #include "cluster/real_graph.hpp"
 
 #include <caf/actor.hpp>
@@ -32,11 +34,16 @@ struct control_directory {
   caf::actor kv;
   caf::actor prefill_lb;
   caf::actor decode_lb;
+  /// The cluster's block store and its store front (store_bridge.hpp); invalid: no store, or
+  /// (the front) no fabric link in the control process.
+  caf::actor store;
+  caf::actor store_front;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
-  return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb);
+  return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb, x.store,
+           x.store_front);
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
@@ -47,6 +54,7 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 /// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
 /// `watcher_timeout` has passed.
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
+                                   caf::actor store, caf::actor store_front,
                                    std::chrono::milliseconds watcher_timeout);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements
@@ -64,4 +72,7 @@ void register_launch_types(caf::actor_system_config& cfg);
 
 CAF_BEGIN_TYPE_ID_BLOCK(troupe_launch, troupe::actors::actors_wire_type_ids_end)
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::control_directory))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_fetch))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_fetched))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_deposit))
 CAF_END_TYPE_ID_BLOCK(troupe_launch)

@@ -90,6 +90,17 @@ void add_data_args(json& command, const k8s_options& o) {
   }
 }
 
+// The pod's fabric endpoint binds to the pod's IP (Kubernetes expands $(POD_IP) in a
+// command from the container's environment): other pods pull KV and block payloads there.
+void add_fabric_args(json& command) {
+  command.push_back("--fabric-host");
+  command.push_back("$(POD_IP)");
+}
+
+json pod_ip_env() {
+  return {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}};
+}
+
 std::string topology_path() {
   return fmt::format("{}/{}", k8s_topology_dir, k8s_topology_key);
 }
@@ -211,10 +222,12 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
                                 "--control", fmt::format("0.0.0.0:{}", o.control_port), "--listen",
                                 fmt::format("0.0.0.0:{}", o.http_port)});
     add_data_args(command, o);
+    add_fabric_args(command);
     json container;
     container["name"] = "control";
     container["image"] = o.image;
     container["command"] = command;
+    container["env"] = json::array({pod_ip_env()});
     container["ports"] = json::array(
       {{{"name", "http"}, {"containerPort", o.http_port}, {"protocol", "TCP"}},
        {{"name", "control"}, {"containerPort", o.control_port}, {"protocol", "TCP"}}});
@@ -278,6 +291,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
       json command = json::array({"troupe", "node", topology_path(), "--role", role, "--index",
                                   std::to_string(index), "--control", control_address});
       add_data_args(command, o);
+      add_fabric_args(command);
       json container;
       container["name"] = role;
       container["image"] = o.image;
@@ -288,7 +302,8 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
         {{{"name", "TROUPE_POD_NAME"},
           {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.name"}}}}}},
          {{"name", "TROUPE_INSTANCE_PROCESSES"}, {"value", std::to_string(layout->processes)}},
-         {{"name", "TROUPE_INSTANCE_LEADER"}, {"value", fmt::format("{}-0.{}", name, name)}}});
+         {{"name", "TROUPE_INSTANCE_LEADER"}, {"value", fmt::format("{}-0.{}", name, name)}},
+         pod_ip_env()});
       json requests = {{"cpu", std::to_string(devices * o.cpus_per_gpu)},
                        {"memory", fmt::format("{}Gi", devices * o.memory_gib_per_gpu)}};
       json resources;

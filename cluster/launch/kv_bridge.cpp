@@ -59,8 +59,6 @@ struct reader {
   }
 };
 
-std::atomic<std::uint64_t> next_offer{1};
-
 void forget_constraint(const kv_bridge_params& params, std::uint64_t request) {
   if (params.constraints)
     params.constraints->remove(request);
@@ -150,7 +148,7 @@ void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv
     then(runtime::fabric_ticket{});
     return;
   }
-  auto id = next_offer.fetch_add(1);
+  auto id = next_offer_id();
   auto bytes = encode_snapshot(kv);
   auto size = bytes.size();
   if (p.counters)
@@ -181,6 +179,11 @@ void follow(Self* self, const caf::actor& engine) {
 }
 
 } // namespace
+
+std::uint64_t next_offer_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1);
+}
 
 std::string encode_snapshot(const runtime::kv_snapshot& s) {
   std::string out;

@@ -45,6 +45,10 @@
 
 namespace troupe::cluster {
 
+/// A fresh id for an offer on this process's fabric link (the bridges and the store proxy
+/// share the link, so they share the ids).
+std::uint64_t next_offer_id();
+
 /// A snapshot as one byte string (its model name, length, blocks, State and SWA KV with
 /// their checksums), and back. decode_snapshot returns nothing for bytes that are not one.
 std::string encode_snapshot(const runtime::kv_snapshot& s);

@@ -693,6 +693,9 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
         if (h.name == p.host)
           address = parse_host_port(h.agent)->first;
       p.argv.insert(p.argv.end(), {"--fabric", o.fabric, "--fabric-host", address});
+    } else {
+      // Its fabric link serves the block store's payloads, bound to the --control host.
+      p.argv.insert(p.argv.end(), {"--fabric", o.fabric});
     }
     plan.push_back(std::move(p));
   };

@@ -3,6 +3,7 @@
 #include "actors/entrypoint/entrypoint.hpp"
 #include "actors/lb/lb_protocol.hpp"
 #include "cluster/launch/control_directory.hpp"
+#include "cluster/launch/store_bridge.hpp"
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
@@ -99,16 +100,36 @@ int run_control(const node_options& o, std::ostream& err) {
     return 1;
   const auto origin = sys.clock().now();
   auto graph = spawn_control_graph(sys, in->topo, *gp);
+  // The cluster's block store is this process's (store_bridge.hpp): the instances reach it
+  // through its store front, the payloads over this process's fabric link, which binds to
+  // the host the instances reach this process by (the --control host) unless told otherwise.
+  caf::actor link, front;
+  if (gp->store && o.fabric != "none") {
+    ports::fabric_params fp;
+    fp.provider = o.fabric;
+    fp.host = o.fabric_host.empty() || o.fabric_host == "auto" ? control->first : o.fabric_host;
+    auto opened = ports::spawn_fabric_link(sys, fp);
+    if (!opened) {
+      caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
+      return fail("the fabric link (--fabric " + o.fabric + ", --fabric-host " + fp.host
+                  + "): " + sys.render(opened.error()));
+    }
+    link = caf::actor_cast<caf::actor>(*opened);
+    front = spawn_store_front(sys, gp->store, *opened);
+  }
+  auto directory = spawn_control_directory(sys, graph, caf::actor_cast<caf::actor>(gp->store),
+                                           front, stopping_notice_limit);
+  // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
                    caf::actor_cast<caf::actor>(graph.prefill_lb),
                    caf::actor_cast<caf::actor>(graph.decode_lb),
-                   caf::actor_cast<caf::actor>(graph.service)})
-      caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
+                   caf::actor_cast<caf::actor>(graph.service), front, link, directory})
+      if (h)
+        caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     if (gp->store)
       caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
   };
-  auto directory = spawn_control_directory(sys, graph, stopping_notice_limit);
   auto published = runtime::publish_actor(sys, directory, control->second, control->first, true);
   if (!published) {
     stop_graph();
@@ -186,7 +207,6 @@ int run_control(const node_options& o, std::ostream& err) {
       .receive([](caf::ok_atom) {}, [](const caf::error&) {});
   }
   stop_graph();
-  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
   err << command << ": stopped\n";
   return rc;
 }
@@ -333,17 +353,15 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
 
   // Structured-output constraints: the bridge rebuilds each job's here (kv_bridge.hpp).
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
-  auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
-  if (!gp)
-    return 1;
-  // The fabric link the KV crosses processes by (kv_bridge.hpp).
+  // The fabric link the KV crosses processes by (kv_bridge.hpp), and the block store's
+  // payloads (store_bridge.hpp).
   kv_bridge_params bridge;
   bridge.counters = std::make_shared<kv_bridge_counters>();
   bridge.constraints = constraints;
   if (o.fabric != "none") {
     ports::fabric_params fp;
     fp.provider = o.fabric;
-    fp.host = o.fabric_host;
+    fp.host = o.fabric_host.empty() ? "127.0.0.1" : o.fabric_host;
     if (fp.host == "auto") {
       auto local = address_towards(o.control);
       if (!local)
@@ -355,6 +373,20 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
       return fail("the fabric link (--fabric " + o.fabric + ", --fabric-host " + fp.host
                   + "): " + sys.render(link.error()));
     bridge.link = *link;
+  }
+  // The cluster's block store, the control process's, through a proxy here.
+  runtime::store_port store;
+  if (dir.store)
+    store = spawn_store_proxy(sys, caf::actor_cast<runtime::store_port>(dir.store),
+                              dir.store_front, bridge.link);
+  else
+    in->kv_dir.clear();  // the control process has none: neither has the cluster
+  auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, store);
+  if (!gp) {
+    for (auto h : {caf::actor_cast<caf::actor>(store), caf::actor_cast<caf::actor>(bridge.link)})
+      if (h)
+        caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
+    return 1;
   }
   auto relay = spawn_balancer_relay(
     sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, bridge);

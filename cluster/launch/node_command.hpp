@@ -12,8 +12,9 @@
 //   actors monitor the engine across the connection, so a dead process is a down message, as
 //   a failed instance is in the simulator: requests are rerouted and resume from the tokens
 //   already delivered.
-// The same actors as `troupe serve`, the same inputs and checks (serve_setup.hpp). Every
-// process of a cluster opens the block store's directory (a POSIX mount all can reach).
+// The same actors as `troupe serve`, the same inputs and checks (serve_setup.hpp). The
+// control process opens the block store's directory and owns the store; an instance reaches
+// it through a store proxy, the payloads over the fabric (store_bridge.hpp).
 //
 // Signals: SIGTERM or SIGINT stops a node. An instance first drains (its balancer excludes
 // it; a decode instance serves for the grace period, then forwards the requests left); the
@@ -44,11 +45,13 @@ struct node_options {
   std::string control;
   /// An instance process gives up connecting to the control process after this long.
   std::chrono::seconds connect_timeout{120};
-  /// Instances: the libfabric provider their KV crosses processes by ("tcp", "shm"; "none":
-  /// not at all, the decode side recomputes), and the address its endpoint binds to (one
-  /// the other instances reach).
+  /// The libfabric provider KV crosses processes by ("tcp", "shm"; "none": not at all, the
+  /// decode side recomputes and block store payloads travel in CAF messages), and the
+  /// address its endpoint binds to (one the other processes reach).
   std::string fabric = "tcp";
-  std::string fabric_host = "127.0.0.1";
+  /// Empty: 127.0.0.1 for an instance; for the control process (whose fabric link serves the
+  /// block store's payloads, store_bridge.hpp) the host of `control`.
+  std::string fabric_host;
   /// Mutual TLS between the processes (runtime/transport.hpp): every process of a cluster
   /// presents a certificate of the cluster CA (`troupe certs`). Empty: plain TCP.
   runtime::tls_options tls;

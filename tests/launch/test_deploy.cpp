@@ -159,12 +159,23 @@ TEST_CASE("k8s control is probed on /ready and /health; decode drains on preStop
   CHECK(c["livenessProbe"]["httpGet"]["path"] == "/health");
   CHECK(c["command"] == json::array({"troupe", "node", "/etc/troupe/topology.toml", "--role",
                                      "control", "--control", "0.0.0.0:4242", "--listen",
-                                     "0.0.0.0:8000"}));
+                                     "0.0.0.0:8000", "--fabric-host", "$(POD_IP)"}));
+  // Every pod's fabric endpoint binds to its pod IP, which Kubernetes puts in POD_IP.
+  auto pod_ip = [](const json& container) {
+    for (const auto& e : container["env"])
+      if (e["name"] == "POD_IP")
+        return e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP";
+    return false;
+  };
+  CHECK(pod_ip(c));
   for (const auto* sts : of_kind(objects, "StatefulSet")) {
     const auto& pod = (*sts)["spec"]["template"]["spec"];
     const auto& cmd = pod["containers"][0]["command"];
     CHECK(cmd[4] == (*sts)["metadata"]["labels"]["app.kubernetes.io/component"]);
     CHECK(cmd[8] == "small-control:4242");
+    CHECK(cmd[cmd.size() - 2] == "--fabric-host");
+    CHECK(cmd.back() == "$(POD_IP)");
+    CHECK(pod_ip(pod["containers"][0]));
     bool decode = cmd[4] == "decode";
     CHECK(pod["containers"][0].contains("lifecycle") == decode);
     CHECK(pod["terminationGracePeriodSeconds"] == (decode ? 120 : 30));

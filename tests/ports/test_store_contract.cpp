@@ -1,6 +1,7 @@
 // The store port's contract (runtime/ports/store.hpp), written once and run against both
 // implementations: the simulated store on the deterministic scheduler and the POSIX store on
-// a real actor system (tests/ports/store_drivers.hpp). A test here states what an actor may
+// a real actor system (tests/ports/store_drivers.hpp); and in tests/launch against the POSIX
+// store behind a launched cluster's store bridge. A test here states what an actor may
 // rely on whichever world it runs in.
 #include "runtime/errors.hpp"
 #include "store_drivers.hpp"
@@ -70,7 +71,11 @@ struct client {
   }
 };
 
+// tests/launch/test_store_bridge.cpp runs the same suite against the store as a launched
+// cluster's instance processes reach it (through the store bridge) by defining this first.
+#ifndef STORE_IMPLEMENTATIONS
 #define STORE_IMPLEMENTATIONS test::sim_store_driver, test::posix_store_driver
+#endif
 
 } // namespace
 

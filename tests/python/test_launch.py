@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import openai
 import pytest
@@ -303,6 +304,28 @@ def test_instance_processes_run_their_heap_on_huge_pages(cluster):
             assert tunables(p["pid"]) == []
         else:
             assert tunables(p["pid"]) == ["GLIBC_TUNABLES=glibc.malloc.hugetlb=1"], p["name"]
+
+
+def test_the_control_process_holds_the_block_store_of_the_whole_cluster(cluster):
+    # The instance processes persist a long prompt's blocks into the control process's store
+    # and read them back from it, the payloads over the fabric: a repeat of the prompt is a
+    # prefix hit with the same greedy tokens, and the control's /metrics counts the blocks and
+    # the reads (the store's figures are the cluster's).
+    body = chat_body(" ".join(f"block{i} of the store" for i in range(160)), max_tokens=4,
+                     temperature=0, extra_body={"thinking": {"type": "disabled"}})
+    first = cluster.openai().chat.completions.create(**body)
+    assert first.usage.prompt_tokens >= 512
+    for _ in range(20):  # the blocks are committed shortly after the hand-off
+        again = cluster.openai().chat.completions.create(**body)
+        if again.usage.prompt_tokens_details.cached_tokens > 0:
+            break
+        time.sleep(0.5)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 512
+    assert again.choices[0].message.content == first.choices[0].message.content
+    metrics = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
+    value = lambda name: sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name))
+    assert value("troupe_store_blocks") >= 4
+    assert value('troupe_store_reads_total{outcome="hit"}') >= 4
 
 
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
