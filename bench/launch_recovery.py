@@ -11,8 +11,9 @@ and continues. Figures per round:
   resumed      kill → the first token after the kill on the stalled streams (the longest of
                them: the round is recovered when its last stalled stream is), and the gap of
                the other streams (which only share decode/1 with the rerouted ones);
-  rejoined     kill → the restarted decode/0 has joined its balancer again (the launcher's
-               state says running, and the node's "joined" line came), i.e. capacity back.
+  rejoined     kill → the restarted decode/0 has loaded its model and announced itself to its
+               balancer again (the node's "model loaded; serving in the decode pool" line),
+               i.e. capacity back.
 
 Every stream must complete with completion_tokens == --tokens, else the run fails. Rounds wait
 for decode/0 to be back before the next kill. It prints min and median over the rounds, with
@@ -146,12 +147,12 @@ def main():
                 [b - a_ for x in arrivals for a_, b in zip(x, x[1:]) if b <= killed] or [0.0])
             stalled = [g for g in gaps if g > 5 * max(typical, 0.01)]
             resumed = max(stalled) if stalled else None
-            # Capacity back: decode/0 restarted and joined again.
+            # Capacity back: decode/0 restarted, loaded its model and is in its pool again.
             deadline = time.monotonic() + 300
             rejoined = None
             while time.monotonic() < deadline and rejoined is None:
                 for t, l in log:
-                    if t > killed and "troupe node[decode/0]: joined" in l:
+                    if t > killed and "troupe node[decode/0]: model loaded; serving" in l:
                         rejoined = t - killed
                 time.sleep(0.05)
             rows.append((resumed, max(g for g in gaps if g not in stalled) if len(stalled) < len(gaps) else None,
