@@ -1,5 +1,5 @@
 """Time to first token of a request whose long prefix is in the KV store, against the same
-request cold, on `troupe serve` (issue 12 §6).
+request cold, on `troupe serve` (issue 12 §6) or `troupe launch` (--launch).
 
 One invocation starts `troupe serve` on a model directory with a fresh KV store directory and,
 for several rounds, sends a chat request whose prompt is a new --prefix-token text (cold: no
@@ -14,8 +14,13 @@ they used more than --max-foreign of a core was taken under contention: listed, 
 It prints min and median of each kind over the kept requests, their ratio, the cached tokens
 the hits reported, and the load averages seen.
 
+With --launch the server is `troupe launch examples/topologies/local-cpu-3.toml` (a control
+process holding the block store, one prefill and two decode processes): a hit's blocks then
+come from the control process's store through the store bridge, over the fabric (--fabric,
+default tcp), and the server's CPU time is that of the launcher and all its processes.
+
     python3 bench/prefix_hit.py [--troupe build/troupe] [--model DIR] [--prefix 4096]
-        [--rounds 3] [--threads 2]
+        [--rounds 3] [--threads 2] [--launch [--fabric tcp|shm]]
 
 Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
 temporary directory. Standard library only.
@@ -52,11 +57,16 @@ def process_cpu_seconds(pid):
 
 
 class Server:
-    def __init__(self, troupe, model, kv_dir, threads):
+    def __init__(self, troupe, model, kv_dir, threads, launch=None):
+        args = [troupe, "serve", str(REPO / "examples/topologies/local-cpu.toml")]
+        self.state = None
+        if launch:
+            self.state = kv_dir + ".state.json"
+            args = [troupe, "launch", str(REPO / "examples/topologies/local-cpu-3.toml"),
+                    "--state", self.state, "--fabric", launch]
         self.proc = subprocess.Popen(
-            [troupe, "serve", str(REPO / "examples/topologies/local-cpu.toml"), "--model", model,
-             "--engram-map", "identity", "--listen", "127.0.0.1:0", "--kv-dir", kv_dir,
-             "--threads", str(threads)],
+            args + ["--model", model, "--engram-map", "identity", "--listen", "127.0.0.1:0",
+                    "--kv-dir", kv_dir, "--threads", str(threads)],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         ready = threading.Event()
@@ -72,6 +82,13 @@ class Server:
             sys.exit("troupe serve did not start:\n" + "".join(self.log))
         line = next(l for l in self.log if " on http://" in l)
         self.port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+
+    def pids(self):
+        """The server's processes: troupe serve, or the launcher and its node processes."""
+        if not self.state:
+            return [self.proc.pid]
+        with open(self.state) as f:
+            return [self.proc.pid] + [p["pid"] for p in json.load(f)["processes"] if p["pid"]]
 
     def metric(self, name):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
@@ -116,11 +133,13 @@ class Server:
 
 def measured(server, body):
     load = os.getloadavg()[0]
-    busy0, own0 = cpu_busy_seconds(), process_cpu_seconds(server.proc.pid)
+    pids = server.pids()
+    own = lambda: sum(process_cpu_seconds(p) for p in pids)
+    busy0, own0 = cpu_busy_seconds(), own()
     t0 = time.monotonic()
     ttft, usage = server.ttft(body)
     wall = time.monotonic() - t0
-    foreign = (cpu_busy_seconds() - busy0) - (process_cpu_seconds(server.proc.pid) - own0)
+    foreign = (cpu_busy_seconds() - busy0) - (own() - own0)
     return ttft, usage, max(0.0, foreign) / wall, load
 
 
@@ -134,6 +153,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-foreign", type=float, default=0.1,
                     help="cores other processes may use during a request before it is dropped")
+    ap.add_argument("--launch", action="store_true",
+                    help="troupe launch (local-cpu-3.toml) instead of troupe serve")
+    ap.add_argument("--fabric", default="tcp", help="with --launch: the libfabric provider")
     args = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="troupe-prefix-hit-")
@@ -142,7 +164,8 @@ def main():
         model = os.path.join(tmp.name, "small")
         subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
                         "--out", model], check=True, capture_output=True)
-    server = Server(args.troupe, model, os.path.join(tmp.name, "kv"), args.threads)
+    server = Server(args.troupe, model, os.path.join(tmp.name, "kv"), args.threads,
+                    args.fabric if args.launch else None)
     rng = random.Random(1)
     kept = {"cold": [], "hit": []}
     dropped = {"cold": 0, "hit": 0}
