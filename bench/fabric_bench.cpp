@@ -17,7 +17,7 @@
 // `--kib 7168` moves 7 MiB per transfer (a 64-block request's KV in one pull) instead.
 //
 // Every buffer comes from malloc. Run with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 to back them
-// with transparent huge pages, as `troupe node` does for its instance processes (the header
+// with transparent huge pages, as every `troupe node` does (the header
 // line says which): process_vm_readv pins the pages it copies, one by one.
 //
 //   build/bench/bench_fabric [--rounds N] [--blocks N] [--depth N] [--kib N]

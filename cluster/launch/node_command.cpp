@@ -467,7 +467,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
 } // namespace
 
 void reexec_with_huge_page_heap(const node_options& o, char** argv, std::ostream& err) {
-  if (o.role == "control" || o.fabric == "none")
+  if (o.fabric == "none")
     return;
   constexpr std::string_view tunable = "glibc.malloc.hugetlb";
   const char* before = std::getenv("GLIBC_TUNABLES");

@@ -60,15 +60,15 @@ struct node_options {
   std::string ready_file;
 };
 
-/// Instance processes move KV through the fabric in buffers malloc gives; the shm provider
-/// copies them by process_vm_readv, which pins the pages it copies one by one and runs ~2x as
-/// fast on transparent huge pages (docs/benchmarks.md, "Fabric link"). glibc backs its heap
-/// with them under the tunable glibc.malloc.hugetlb=1, which it reads only when a process
-/// starts. So an instance's `troupe node` re-executes itself (`argv`, the same pid) once, with
-/// the tunable added to GLIBC_TUNABLES, unless GLIBC_TUNABLES already sets
-/// glibc.malloc.hugetlb (an operator's choice: =0 keeps 4 KiB pages). Returns without
-/// re-executing for the control role, `--fabric none`, or when that is set; if exec fails it
-/// says so on `err` and returns (the node runs on 4 KiB pages).
+/// A node moves KV and block payloads through the fabric in buffers malloc gives; the shm
+/// provider copies them by process_vm_readv, which pins the pages it copies one by one and
+/// runs ~2x as fast on transparent huge pages (docs/benchmarks.md, "Fabric link"). glibc
+/// backs its heap with them under the tunable glibc.malloc.hugetlb=1, which it reads only when
+/// a process starts. So `troupe node` re-executes itself (`argv`, the same pid) once, with the
+/// tunable added to GLIBC_TUNABLES, unless GLIBC_TUNABLES already sets glibc.malloc.hugetlb
+/// (an operator's choice: =0 keeps 4 KiB pages). Returns without re-executing for
+/// `--fabric none` or when that is set; if exec fails it says so on `err` and returns (the
+/// node runs on 4 KiB pages).
 void reexec_with_huge_page_heap(const node_options& options, char** argv, std::ostream& err);
 
 /// Runs the node until SIGTERM / SIGINT. Returns the exit status: 0 after a clean stop, 1 on
