@@ -205,7 +205,8 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   k8s->add_option("--model-host-path", k->opts.model_host_path,
                   "a directory on every machine with the model (mounted at /model)");
   k8s->add_option("--store-pvc", k->opts.store_pvc,
-                  "a ReadWriteMany claim for the KV block store (mounted at /kv)");
+                  "a claim for the KV block store, mounted at /kv by the control pod alone "
+                  "(ReadWriteOnce will do)");
   k8s->callback([k, &rc] { rc = run_k8s(*k); });
 
   auto s = std::make_shared<slurm_args>();

@@ -49,7 +49,9 @@ json selector_of(json l) {
   return l;
 }
 
-json volumes(const std::string& cluster, const k8s_options& o, bool gpu) {
+// `store`: the pod holds the KV block store (the control pod; the instances reach it through
+// it), so it mounts the store's claim.
+json volumes(const std::string& cluster, const k8s_options& o, bool gpu, bool store) {
   json v = json::array();
   v.push_back({{"name", "topology"}, {"configMap", {{"name", cluster + "-topology"}}}});
   if (!o.model_pvc.empty())
@@ -58,33 +60,33 @@ json volumes(const std::string& cluster, const k8s_options& o, bool gpu) {
   else if (!o.model_host_path.empty())
     v.push_back(
       {{"name", "model"}, {"hostPath", {{"path", o.model_host_path}, {"type", "Directory"}}}});
-  if (!o.store_pvc.empty())
+  if (store && !o.store_pvc.empty())
     v.push_back({{"name", "kv-store"}, {"persistentVolumeClaim", {{"claimName", o.store_pvc}}}});
   if (gpu) // NCCL and the block fetcher's host staging use shared memory; 64 MiB is too little
     v.push_back({{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}});
   return v;
 }
 
-json volume_mounts(const k8s_options& o, bool gpu) {
+json volume_mounts(const k8s_options& o, bool gpu, bool store) {
   json m = json::array();
   m.push_back({{"name", "topology"}, {"mountPath", std::string(k8s_topology_dir)},
                {"readOnly", true}});
   if (!o.model_pvc.empty() || !o.model_host_path.empty())
     m.push_back({{"name", "model"}, {"mountPath", "/model"}, {"readOnly", true}});
-  if (!o.store_pvc.empty())
+  if (store && !o.store_pvc.empty())
     m.push_back({{"name", "kv-store"}, {"mountPath", "/kv"}});
   if (gpu)
     m.push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
   return m;
 }
 
-// --model and --kv-dir as the pods see them.
-void add_data_args(json& command, const k8s_options& o) {
+// --model and (the control pod's) --kv-dir as the pods see them.
+void add_data_args(json& command, const k8s_options& o, bool store) {
   if (!o.model_pvc.empty() || !o.model_host_path.empty()) {
     command.push_back("--model");
     command.push_back("/model");
   }
-  if (!o.store_pvc.empty()) {
+  if (store && !o.store_pvc.empty()) {
     command.push_back("--kv-dir");
     command.push_back("/kv");
   }
@@ -221,7 +223,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
     json command = json::array({"troupe", "node", topology_path(), "--role", "control",
                                 "--control", fmt::format("0.0.0.0:{}", o.control_port), "--listen",
                                 fmt::format("0.0.0.0:{}", o.http_port)});
-    add_data_args(command, o);
+    add_data_args(command, o, true);
     add_fabric_args(command);
     json container;
     container["name"] = "control";
@@ -237,11 +239,11 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
         {"memory", fmt::format("{}Gi", o.control_memory_gib)}}}};
     container["readinessProbe"] = http_probe("/ready", 5, 3);
     container["livenessProbe"] = http_probe("/health", 10, 6);
-    container["volumeMounts"] = volume_mounts(o, false);
+    container["volumeMounts"] = volume_mounts(o, false, true);
     json pod_spec;
     pod_spec["terminationGracePeriodSeconds"] = longest_grace + handoff_margin_s;
     pod_spec["containers"] = json::array({container});
-    pod_spec["volumes"] = volumes(cluster, o, false);
+    pod_spec["volumes"] = volumes(cluster, o, false, true);
     json dep;
     dep["apiVersion"] = "apps/v1";
     dep["kind"] = "Deployment";
@@ -290,7 +292,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
 
       json command = json::array({"troupe", "node", topology_path(), "--role", role, "--index",
                                   std::to_string(index), "--control", control_address});
-      add_data_args(command, o);
+      add_data_args(command, o, false);
       add_fabric_args(command);
       json container;
       container["name"] = role;
@@ -316,7 +318,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
         resources["requests"] = requests;
       }
       container["resources"] = resources;
-      container["volumeMounts"] = volume_mounts(o, gpu);
+      container["volumeMounts"] = volume_mounts(o, gpu, false);
       if (pool.role == pool_role::decode) {
         // Drain: SIGTERM to troupe (PID 1) starts the grace-period drain; the hook returns
         // when the process has handed its requests over and exited, so the kubelet's own
@@ -331,7 +333,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
       json pod_spec;
       pod_spec["terminationGracePeriodSeconds"] = termination;
       pod_spec["containers"] = json::array({container});
-      pod_spec["volumes"] = volumes(cluster, o, gpu);
+      pod_spec["volumes"] = volumes(cluster, o, gpu, false);
 
       json sts;
       sts["apiVersion"] = "apps/v1";

@@ -42,7 +42,7 @@ struct k8s_options {
   std::uint32_t control_memory_gib = 16; // the control pod's memory request, GiB
   std::string model_pvc;               // a PersistentVolumeClaim holding the model directory
   std::string model_host_path;         // or a directory on every machine (hostPath)
-  std::string store_pvc;               // a ReadWriteMany claim for the KV block store
+  std::string store_pvc;               // a claim for the KV block store (the control pod's)
 };
 
 /// The name of the ConfigMap key (and of the mounted file) that holds the topology.

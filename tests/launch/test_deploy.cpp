@@ -206,9 +206,18 @@ TEST_CASE("k8s volumes and namespace follow the options") {
   auto objects = manifests(load_example("small.toml"), o);
   for (const auto& obj : objects)
     CHECK(obj["metadata"]["namespace"] == "serving");
-  const auto& sts = *of_kind(objects, "StatefulSet").at(0);
-  auto cmd = sts["spec"]["template"]["spec"]["containers"][0]["command"].dump();
+  // The store's claim is the control pod's alone: the instances reach the store through it.
+  const auto& control = *of_kind(objects, "Deployment").at(0);
+  auto cmd = control["spec"]["template"]["spec"]["containers"][0]["command"].dump();
   CHECK(cmd.find(R"("--model","/model","--kv-dir","/kv")") != std::string::npos);
+  CHECK(control["spec"]["template"]["spec"]["volumes"].dump().find("\"kv\"") != std::string::npos);
+  for (const auto* sts : of_kind(objects, "StatefulSet")) {
+    const auto& pod = (*sts)["spec"]["template"]["spec"];
+    auto instance = pod["containers"][0]["command"].dump();
+    CHECK(instance.find(R"("--model","/model")") != std::string::npos);
+    CHECK(instance.find("--kv-dir") == std::string::npos);
+    CHECK(pod["volumes"].dump().find("kv-store") == std::string::npos);
+  }
   o.model_host_path = "/mnt/models";
   auto both = k8s_manifests(load_example("small.toml").topo, "", o);
   CHECK_FALSE(both.ok());

@@ -15,23 +15,16 @@
 
 namespace troupe::test {
 
-/// The POSIX store (as the control process holds it) behind a store front and a store proxy;
-/// `Fabric`: payloads over fabric endpoints, else in the messages.
+/// The POSIX store (as the control process holds it: the base's `store`) behind a store
+/// front and a store proxy, which `call` asks; `Fabric`: payloads over fabric endpoints, else
+/// in the messages.
 template <bool Fabric>
-struct bridged_store_driver {
-  static constexpr std::uint64_t overhead = ports::posix_store_header_bytes;
-
-  temp_dir dir;
-  fake_clock clock;
-  runtime::world world{runtime::world_options{runtime::world_mode::real, 42, 2, false, nullptr}};
-  caf::scoped_actor self{world.system()};
-  runtime::store_port backing;
+struct bridged_store_driver : posix_store_driver {
   runtime::fabric_link_port control_link, instance_link;
   caf::actor front;
-  runtime::store_port store;
+  runtime::store_port proxy;
 
-  explicit bridged_store_driver(std::uint64_t capacity)
-    : backing(ports::spawn_posix_store(world.system(), {dir.path(), capacity, clock.fn()})) {
+  explicit bridged_store_driver(std::uint64_t capacity) : posix_store_driver(capacity) {
     if (Fabric) {
       ports::fabric_params p;
       p.provider = "tcp";
@@ -41,28 +34,23 @@ struct bridged_store_driver {
       REQUIRE(b);
       control_link = *a;
       instance_link = *b;
-      front = cluster::spawn_store_front(world.system(), backing, control_link);
+      front = cluster::spawn_store_front(world.system(), store, control_link);
     }
-    store = cluster::spawn_store_proxy(world.system(), backing, front, instance_link);
+    proxy = cluster::spawn_store_proxy(world.system(), store, front, instance_link);
   }
 
   ~bridged_store_driver() {
-    for (auto h : {caf::actor_cast<caf::actor>(store), front,
+    for (auto h : {caf::actor_cast<caf::actor>(proxy), front,
                    caf::actor_cast<caf::actor>(control_link),
                    caf::actor_cast<caf::actor>(instance_link)})
       if (h)
         self->send_exit(h, caf::exit_reason::user_shutdown);
-    stop(self, backing);
   }
 
   template <class T, class... Ts>
   caf::expected<T> call(Ts... xs) {
-    return request<T>(self, store, std::move(xs)...);
+    return request<T>(self, proxy, std::move(xs)...);
   }
-
-  void advance(runtime::duration d) { clock.advance(d); }
-
-  runtime::time_point now() const { return world.now(); }
 };
 
 } // namespace troupe::test

@@ -92,6 +92,13 @@ LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 
 state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
+field() { state "next(p['$2'] for p in s['processes'] if p['name']=='$1')"; }  # field NAME KEY
+wait_running() {  # wait_running NAME KEY VALUE: until NAME runs with KEY == VALUE (2 min at most)
+  for _ in $(seq 240); do
+    [ "$(field "$1" "$2")" = "$3" ] && [ "$(field "$1" state)" = "running" ] && return 0
+    sleep 0.5
+  done
+}
 for _ in $(seq 600); do
   [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
   kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
@@ -132,11 +139,7 @@ during=$(cat "$WORK/during")
 [ "${during%% *}" = "40" ] || fail "request during the kill: $during"
 again=$(ask "Hello from h2" 8)
 [ "$again" = "$first" ] || fail "the same greedy request after the kill gave '$again', before '$first'"
-for _ in $(seq 240); do
-  [ "$(state "next(p['restarts'] for p in s['processes'] if p['name']=='decode/0')")" = "1" ] \
-    && [ "$(state "next(p['state'] for p in s['processes'] if p['name']=='decode/0')")" = "running" ] && break
-  sleep 0.5
-done
+wait_running decode/0 restarts 1
 pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/0')")
 [ "$pid" != "$victim" ] || fail "decode/0 was not restarted"
 [ "$(ip netns identify "$pid")" = "$TAG-h2" ] || fail "the restarted decode/0 is not on h2"
@@ -151,11 +154,7 @@ done
 # live host that takes the decode role, with its fabric endpoint on h2's address), starts there
 # as a restart, and serves.
 ip netns pids "$TAG-h3" | xargs -r kill -KILL
-for _ in $(seq 240); do
-  [ "$(state "next(p['host'] for p in s['processes'] if p['name']=='decode/1')")" = "h2" ] \
-    && [ "$(state "next(p['state'] for p in s['processes'] if p['name']=='decode/1')")" = "running" ] && break
-  sleep 0.5
-done
+wait_running decode/1 host h2
 pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/1' and p['host']=='h2' and p['state']=='running')")
 [ "$(ip netns identify "$pid")" = "$TAG-h2" ] || fail "the moved decode/1 (pid $pid) is not in $TAG-h2"
 tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--fabric-host $NET.2 " \
