@@ -24,6 +24,7 @@
 #include <csignal>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +42,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
+
+/// A lost host's agent answers again (sent by the launcher's reconnect thread).
+using agent_back_atom = caf::atom_constant<caf::atom("agentback")>;
 
 /// A free TCP port on `host` (bound and released: another process may take it first, which
 /// the control process then reports as a failed publish).
@@ -124,6 +128,12 @@ public:
     }
   }
 
+  ~launcher() {
+    stopping_->store(true);
+    for (auto& t : reconnects_)
+      t.join();
+  }
+
   int run() {
     for (auto& p : procs_)
       if (!start(p))
@@ -132,9 +142,16 @@ public:
     for (;;) {
       std::optional<agent_exit> exited;
       std::optional<std::string> lost;
+      std::optional<std::pair<std::string, caf::actor>> back;
       self_->receive([&](agent_exit& e) { exited = std::move(e); },
                      [&](caf::down_msg& d) { lost = host_of(d.source); },
+                     [&](agent_back_atom, std::string& host, caf::actor& agent) {
+                       back.emplace(std::move(host), std::move(agent));
+                     },
                      caf::after(next_wait()) >> [] {});
+      if (back)
+        if (int status = host_back(back->first, std::move(back->second)); status >= 0)
+          return stop_all(status);
       int sig = poll_stop_signal(std::chrono::milliseconds(0));
       if (sig == SIGTERM || sig == SIGINT) {
         err_ << "troupe launch: " << signal_name(sig)
@@ -333,6 +350,7 @@ private:
   /// control process cannot move: every instance was started with its address. Returns -1,
   /// or the status to stop the cluster with.
   int lose_host(const std::string& host) {
+    reconnect_later(host, agents_.at(host).address());
     agents_.erase(host);
     bool control = false;
     for (auto& p : procs_)
@@ -371,11 +389,7 @@ private:
              << " role; it stays down\n";
         continue;
       }
-      p.host = to->name;
-      // Its fabric endpoint binds to the address its new host is reached at.
-      auto flag = std::find(p.spec.argv.begin(), p.spec.argv.end(), "--fabric-host");
-      if (flag != p.spec.argv.end() && std::next(flag) != p.spec.argv.end())
-        *std::next(flag) = parse_host_port(to->agent)->first;
+      move_to(p, *to);
       err_ << "troupe launch: " << p.spec.name << " moves from " << host << " to " << to->name;
       if (p.held) {  // killed by a fault: it starts there when the fault releases it
         p.state = "down";
@@ -498,8 +512,72 @@ private:
     return status;
   }
 
+  /// Tries to reach the agent of lost host `name` again, every 2 s on a thread of its own,
+  /// until an agent answers there that is not the lost one, `gone` (whose proxy the
+  /// middleman may hand out until it has closed its connection): the thread then tells the
+  /// launcher (agent_back_atom). Ends when the launcher stops.
+  void reconnect_later(const std::string& name, caf::actor_addr gone) {
+    auto h = std::find_if(hosts_.begin(), hosts_.end(),
+                          [&](const launch_host& x) { return x.name == name; });
+    if (h == hosts_.end())
+      return;
+    auto addr = *parse_host_port(h->agent);
+    auto me = caf::actor_cast<caf::actor>(self_.ptr());
+    auto& sys = self_->system();
+    reconnects_.emplace_back([&sys, addr, name, me, gone, stop = stopping_] {
+      for (;;) {
+        for (int i = 0; i < 20 && !stop->load(); ++i)
+          std::this_thread::sleep_for(100ms);
+        if (stop->load())
+          return;
+        auto a = runtime::connect_actor(sys, addr.first, addr.second, 3s);
+        if (a && a->address() != gone) {
+          caf::anon_send(me, agent_back_atom::value, name, *a);
+          return;
+        }
+      }
+    });
+  }
+
+  /// The agent of lost host `host` answers again: the host takes processes again, first
+  /// those that no live host took (`lost`), which start there as restarts. Returns -1, or
+  /// the status to stop the cluster with (the restart intensity was exceeded).
+  int host_back(const std::string& host, caf::actor agent) {
+    self_->monitor(agent);
+    agents_[host] = std::move(agent);
+    err_ << "troupe launch: the agent of host " << host << " is back\n";
+    const auto& h = *std::find_if(hosts_.begin(), hosts_.end(),
+                                  [&](const launch_host& x) { return x.name == host; });
+    for (auto& p : procs_) {
+      if (p.state != "lost"
+          || std::find(h.roles.begin(), h.roles.end(), p.spec.role) == h.roles.end())
+        continue;
+      move_to(p, h);
+      err_ << "troupe launch: " << p.spec.name << " moves to " << host;
+      if (p.held) {  // killed by a fault: it starts there when the fault releases it
+        p.state = "down";
+        err_ << "; down until the fault ends\n";
+        continue;
+      }
+      if (int status = restart_later(p); status >= 0)
+        return status;
+    }
+    write_state();
+    return -1;
+  }
+
+  /// Places `p` on host `to`: its fabric endpoint binds to the address the host is reached at.
+  void move_to(process_state& p, const launch_host& to) {
+    p.host = to.name;
+    auto flag = std::find(p.spec.argv.begin(), p.spec.argv.end(), "--fabric-host");
+    if (flag != p.spec.argv.end() && std::next(flag) != p.spec.argv.end())
+      *std::next(flag) = parse_host_port(to.agent)->first;
+  }
+
   caf::scoped_actor self_;
   std::map<std::string, caf::actor> agents_;
+  std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::thread> reconnects_;
   std::vector<launch_host> hosts_;  // empty: one host, the agent in this process
   const launch_options& o_;
   std::vector<process_state> procs_;

@@ -10,7 +10,8 @@
 # hosts, that a decode process killed on h2 is restarted there by its agent while requests
 # go on and that no other process loses its links (over TLS too: docs/tls.md), that when
 # host h3 is lost (its namespace's processes killed) its decode process moves to h2 and
-# serves, and that SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
+# serves, that h3's agent, started again, is reconnected and takes both decode processes when
+# h2 is lost in turn, and that SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
 # addresses. Needs root (ip netns); exits 77 (skipped) without it.
 #   bash tests/cluster/launch/hosts_netns.sh build/troupe
 set -euo pipefail
@@ -174,6 +175,30 @@ after=$(ask "Hello from h2" 40)
 [ "$after" = "$during" ] || fail "the greedy request after the host was lost gave '$after', before '$during'"
 [ "$(state "s['http']")" = "$HTTP" ] || fail "the cluster's address changed"
 
+# h3 comes back (its agent restarted): the launcher reconnects to it. Then h2 is lost: both
+# decode processes move to h3, the one live host left that takes the decode role, and serve.
+# shellcheck disable=SC2046
+ip netns exec "$TAG-h3" "$TROUPE" agent --listen "$NET.3:7700" --name h3 $(tls h3) \
+  > "$WORK/agent3-again.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 120); do
+  grep -q "troupe launch: the agent of host h3 is back$" "$WORK/launch.log" && break
+  sleep 0.5
+done
+grep -q "troupe launch: the agent of host h3 is back$" "$WORK/launch.log" || fail "h3 did not come back"
+ip netns pids "$TAG-h2" | xargs -r kill -KILL
+wait_running decode/0 host h3
+wait_running decode/1 host h3
+for name in decode/0 decode/1; do
+  [ "$(ip netns identify "$(field "$name" pid)")" = "$TAG-h3" ] || fail "$name is not back on h3"
+done
+for _ in $(seq 240); do
+  [ "$(grep -c "model loaded; serving in the decode pool" "$WORK/agent3-again.log")" = "2" ] && break
+  sleep 0.5
+done
+back=$(ask "Hello from h2" 40)
+[ "$back" = "$during" ] || fail "the greedy request after h2 was lost gave '$back', before '$during'"
+
 # SIGTERM stops the cluster: every node process exits, the launcher with status 0.
 kill -TERM "$LAUNCHER"
 status=0
@@ -185,11 +210,11 @@ for name in control prefill/0 decode/0 decode/1; do
 done
 # The KV went from h1's prefill process to the decode processes over the fabric.
 offered=$(sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p' "$WORK"/agent1.log)
-pulled=$(cat "$WORK"/agent2.log "$WORK"/agent3.log | sed -n 's/.*KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' | awk '{s += $1} END {print s + 0}')
+pulled=$(cat "$WORK"/agent2.log "$WORK"/agent3.log "$WORK"/agent3-again.log | sed -n 's/.*KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' | awk '{s += $1} END {print s + 0}')
 offered=$(echo "$offered" | awk '{s += $1} END {print s + 0}')
 [ "$offered" -gt 0 ] && [ "${pulled:-0}" -gt 0 ] || fail "no KV over the fabric (offered ${offered:-0}, pulled ${pulled:-0})"
 echo "KV over the fabric: $offered offered on h1, $pulled pulled on h2 and h3"
-# The moved decode/1 decoded the last request: its KV came over the fabric to h2.
-moved=$(sed -n 's/.*troupe node\[decode\/1\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' "$WORK"/agent2.log | awk '{s += $1} END {print s + 0}')
-[ "$moved" -gt 0 ] || fail "the moved decode/1 pulled no KV on h2"
+# The last request was decoded on h3 after it came back: its KV came over the fabric there.
+moved=$(sed -n 's/.*troupe node\[decode\/[01]\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' "$WORK"/agent3-again.log | awk '{s += $1} END {print s + 0}')
+[ "$moved" -gt 0 ] || fail "no KV pulled on h3 after it came back"
 echo "1 passed, 0 failed"
