@@ -368,6 +368,7 @@ private:
           p.state = "failed";
       return 1;
     }
+    write_state();
     err_ << "troupe launch: lost the agent of host " << host << "\n";
     for (auto& p : procs_) {
       if (p.host != host)
@@ -442,9 +443,15 @@ private:
                        {"pid", p.pid},
                        {"restarts", p.restarts},
                        {"state", p.state}});
+    nlohmann::json hosts = nlohmann::json::array();
+    for (const auto& h : hosts_)
+      hosts.push_back({{"name", h.name},
+                       {"agent", h.agent},
+                       {"state", agents_.count(h.name) ? "up" : "lost"}});
     nlohmann::json j{{"launcher_pid", getpid()},
                      {"control", control_},
                      {"http", http_.empty() ? nlohmann::json() : nlohmann::json(http_)},
+                     {"hosts", hosts},
                      {"processes", procs}};
     auto tmp = o_.state_file + ".tmp";
     {
@@ -545,6 +552,7 @@ private:
   int host_back(const std::string& host, caf::actor agent) {
     self_->monitor(agent);
     agents_[host] = std::move(agent);
+    write_state();
     err_ << "troupe launch: the agent of host " << host << " is back\n";
     const auto& h = *std::find_if(hosts_.begin(), hosts_.end(),
                                   [&](const launch_host& x) { return x.name == host; });

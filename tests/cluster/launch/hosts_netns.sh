@@ -161,6 +161,7 @@ pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/1' and 
 tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--fabric-host $NET.2 " \
   || fail "the moved decode/1 does not bind its fabric endpoint on h2"
 grep -q "troupe launch: lost the agent of host h3$" "$WORK/launch.log" || fail "no lost host in the log"
+[ "$(state "[h['state'] for h in s['hosts']]")" = "['up', 'up', 'lost']" ] || fail "h3 is not lost in the state file"
 grep -q "troupe launch: decode/1 moves from h3 to h2; restart 1 in" "$WORK/launch.log" \
   || fail "no move in the log"
 for _ in $(seq 240); do
@@ -186,6 +187,7 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 grep -q "troupe launch: the agent of host h3 is back$" "$WORK/launch.log" || fail "h3 did not come back"
+[ "$(state "[h['state'] for h in s['hosts']]")" = "['up', 'up', 'up']" ] || fail "h3 is not up in the state file"
 ip netns pids "$TAG-h2" | xargs -r kill -KILL
 wait_running decode/0 host h3
 wait_running decode/1 host h3
