@@ -8,6 +8,10 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -81,36 +85,80 @@ caf::actor spawn_store_front(caf::actor_system& sys, runtime::store_port store,
   });
 }
 
+namespace {
+
+/// At most `limit` payload transfers of a proxy in flight; the others wait, in arrival order.
+/// (A prefill of a long cached prompt asks for thousands of blocks at once; each transfer in
+/// flight holds an offer of its payload in the control process.) Used on the proxy's thread
+/// only.
+struct transfer_gate {
+  std::size_t limit = 1;
+  std::size_t running = 0;
+  std::deque<std::function<void()>> waiting;
+
+  void admit(std::function<void()> start) {
+    if (running < limit) {
+      ++running;
+      start();
+    } else {
+      waiting.push_back(std::move(start));
+    }
+  }
+
+  /// A transfer ended: the next waiting one starts in its place.
+  void done() {
+    if (waiting.empty()) {
+      --running;
+      return;
+    }
+    auto next = std::move(waiting.front());
+    waiting.pop_front();
+    next();
+  }
+};
+
+} // namespace
+
 runtime::store_port spawn_store_proxy(caf::actor_system& sys, runtime::store_port store,
                                       caf::actor front, runtime::fabric_link_port link,
-                                      std::chrono::seconds timeout) {
+                                      std::chrono::seconds timeout, std::size_t max_transfers) {
   const bool fabric = front && link;
-  auto proxy = sys.spawn([store, front, link, timeout,
-                          fabric](caf::event_based_actor* self) -> caf::behavior {
+  auto gate = std::make_shared<transfer_gate>();
+  gate->limit = std::max<std::size_t>(1, max_transfers);
+  auto proxy = sys.spawn([store, front, link, timeout, fabric,
+                          gate](caf::event_based_actor* self) -> caf::behavior {
     return {
       [=](runtime::store_put& p) -> caf::result<runtime::store_stats> {
         if (!fabric || p.payload.empty())
           return self->delegate(store, std::move(p));
         auto rp = self->make_response_promise<runtime::store_stats>();
-        auto id = next_offer_id();
         auto key = p.key;
+        auto bytes = std::make_shared<std::string>(as_string(p.payload));
         store_deposit d{p.key, p.size, {}, p.ttl};
-        self->request(link, timeout, runtime::fabric_offer{id, as_string(p.payload)})
-          .then(
-            [=](runtime::fabric_ticket& t) mutable {
-              d.ticket = std::move(t);
-              self->request(front, timeout * 2, std::move(d))
-                .then(
-                  [=](runtime::store_stats& s) mutable {
-                    caf::anon_send(link, runtime::fabric_withdraw{id});
-                    rp.deliver(std::move(s));
-                  },
-                  [=](caf::error& e) mutable {
-                    caf::anon_send(link, runtime::fabric_withdraw{id});
-                    rp.deliver(std::move(e));
-                  });
-            },
-            [=](caf::error& e) mutable { rp.deliver(fabric_failed("the offer", key, e)); });
+        gate->admit([=]() mutable {
+          auto id = next_offer_id();
+          self->request(link, timeout, runtime::fabric_offer{id, std::move(*bytes)})
+            .then(
+              [=](runtime::fabric_ticket& t) mutable {
+                d.ticket = std::move(t);
+                self->request(front, timeout * 2, std::move(d))
+                  .then(
+                    [=](runtime::store_stats& s) mutable {
+                      caf::anon_send(link, runtime::fabric_withdraw{id});
+                      gate->done();
+                      rp.deliver(std::move(s));
+                    },
+                    [=](caf::error& e) mutable {
+                      caf::anon_send(link, runtime::fabric_withdraw{id});
+                      gate->done();
+                      rp.deliver(std::move(e));
+                    });
+              },
+              [=](caf::error& e) mutable {
+                gate->done();
+                rp.deliver(fabric_failed("the offer", key, e));
+              });
+        });
         return rp;
       },
       [=](runtime::store_get& g) -> caf::result<runtime::store_object> {
@@ -118,28 +166,36 @@ runtime::store_port spawn_store_proxy(caf::actor_system& sys, runtime::store_por
           return self->delegate(store, std::move(g));
         auto rp = self->make_response_promise<runtime::store_object>();
         auto key = g.key;
-        self->request(front, timeout, store_fetch{key})
-          .then(
-            [=](store_fetched& f) mutable {
-              if (f.ticket.id == 0) {
-                rp.deliver(runtime::store_object{f.key, f.size, {}, f.checksum});
-                return;
-              }
-              auto id = f.ticket.id;
-              self->request(link, timeout + std::chrono::seconds(5),
-                            runtime::fabric_pull{std::move(f.ticket), timeout})
-                .then(
-                  [=](runtime::fabric_pulled& got) mutable {
-                    self->send(front, store_release_atom::value, id);
-                    rp.deliver(runtime::store_object{f.key, f.size, as_bytes(got.bytes),
-                                                     f.checksum});
-                  },
-                  [=](caf::error& e) mutable {
-                    self->send(front, store_release_atom::value, id);
-                    rp.deliver(fabric_failed("the pull", key, e));
-                  });
-            },
-            [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        gate->admit([=]() mutable {
+          self->request(front, timeout, store_fetch{key})
+            .then(
+              [=](store_fetched& f) mutable {
+                if (f.ticket.id == 0) {
+                  gate->done();
+                  rp.deliver(runtime::store_object{f.key, f.size, {}, f.checksum});
+                  return;
+                }
+                auto id = f.ticket.id;
+                self->request(link, timeout + std::chrono::seconds(5),
+                              runtime::fabric_pull{std::move(f.ticket), timeout})
+                  .then(
+                    [=](runtime::fabric_pulled& got) mutable {
+                      self->send(front, store_release_atom::value, id);
+                      gate->done();
+                      rp.deliver(runtime::store_object{f.key, f.size, as_bytes(got.bytes),
+                                                       f.checksum});
+                    },
+                    [=](caf::error& e) mutable {
+                      self->send(front, store_release_atom::value, id);
+                      gate->done();
+                      rp.deliver(fabric_failed("the pull", key, e));
+                    });
+              },
+              [=](caf::error& e) mutable {
+                gate->done();
+                rp.deliver(std::move(e));
+              });
+        });
         return rp;
       },
       [=](runtime::store_has& h) { return self->delegate(store, std::move(h)); },

@@ -29,6 +29,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 
 namespace troupe::cluster {
@@ -81,9 +82,13 @@ caf::actor spawn_store_front(caf::actor_system& sys, runtime::store_port store,
                              std::chrono::seconds pull_timeout = std::chrono::seconds(30));
 
 /// Spawns an instance process's store proxy of the cluster's `store`. With `front` and `link`
-/// both valid, payloads cross over the fabric; otherwise in the messages.
+/// both valid, payloads cross over the fabric, at most `max_transfers` gets and puts at a
+/// time (the others wait their turn: a prefill of a long cached prompt asks for thousands of
+/// blocks at once, and each transfer holds an offer of its payload until it is pulled);
+/// otherwise in the messages. `timeout` bounds each step of a transfer once it has started.
 runtime::store_port spawn_store_proxy(caf::actor_system& sys, runtime::store_port store,
                                       caf::actor front, runtime::fabric_link_port link,
-                                      std::chrono::seconds timeout = std::chrono::seconds(30));
+                                      std::chrono::seconds timeout = std::chrono::seconds(30),
+                                      std::size_t max_transfers = 32);
 
 } // namespace troupe::cluster

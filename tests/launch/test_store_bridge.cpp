@@ -87,3 +87,31 @@ TEST_CASE("a store get or put over the fabric leaves no offer behind") {
   CHECK(activity(d.instance_link).offers == 0);
   CHECK(activity(d.control_link).offers == 0);
 }
+
+TEST_CASE("a proxy with 4 transfers at a time serves 64 puts and then 64 gets sent at once") {
+  test::bridged_store_driver<true> d(64 << 20);
+  auto proxy = cluster::spawn_store_proxy(d.world.system(), d.store, d.front, d.instance_link,
+                                          std::chrono::seconds(30), 4);
+  constexpr std::uint64_t n = 64;
+  std::vector<decltype(d.self->request(proxy, caf::infinite, store_get{}))> gets;
+  std::vector<decltype(d.self->request(proxy, caf::infinite, store_put{}))> puts;
+  for (std::uint64_t i = 0; i < n; ++i)
+    puts.push_back(d.self->request(proxy, caf::infinite,
+                                   store_put{key(i), 3000, bytes(3000, static_cast<std::uint8_t>(i)),
+                                             duration{0}}));
+  std::size_t stored = 0;
+  for (auto& p : puts)
+    p.receive([&](store_stats&) { ++stored; }, [](caf::error& e) { FAIL(caf::to_string(e)); });
+  CHECK(stored == n);
+  for (std::uint64_t i = 0; i < n; ++i)
+    gets.push_back(d.self->request(proxy, caf::infinite, store_get{key(i)}));
+  std::size_t right = 0;
+  for (std::uint64_t i = 0; i < n; ++i)
+    gets[i].receive(
+      [&](store_object& o) {
+        right += o.payload == bytes(3000, static_cast<std::uint8_t>(i)) ? 1 : 0;
+      },
+      [](caf::error& e) { FAIL(caf::to_string(e)); });
+  CHECK(right == n);
+  d.self->send_exit(proxy, caf::exit_reason::user_shutdown);
+}
