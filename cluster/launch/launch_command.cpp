@@ -158,7 +158,7 @@ public:
              << ": stopping the cluster (instances drain first)\n";
         return stop_all(0);
       }
-      if (lost)
+      if (lost && agents_.count(*lost) != 0)  // (not a stale agent's second notice)
         if (int status = lose_host(*lost); status >= 0)
           return stop_all(status);
       if (exited)
