@@ -390,14 +390,7 @@ private:
              << " role; it stays down\n";
         continue;
       }
-      move_to(p, *to);
-      err_ << "troupe launch: " << p.spec.name << " moves from " << host << " to " << to->name;
-      if (p.held) {  // killed by a fault: it starts there when the fault releases it
-        p.state = "down";
-        err_ << "; down until the fault ends\n";
-        continue;
-      }
-      if (int status = restart_later(p); status >= 0)
+      if (int status = move_to(p, *to); status >= 0)
         return status;
     }
     write_state();
@@ -560,26 +553,28 @@ private:
       if (p.state != "lost"
           || std::find(h.roles.begin(), h.roles.end(), p.spec.role) == h.roles.end())
         continue;
-      move_to(p, h);
-      err_ << "troupe launch: " << p.spec.name << " moves to " << host;
-      if (p.held) {  // killed by a fault: it starts there when the fault releases it
-        p.state = "down";
-        err_ << "; down until the fault ends\n";
-        continue;
-      }
-      if (int status = restart_later(p); status >= 0)
+      if (int status = move_to(p, h); status >= 0)
         return status;
     }
     write_state();
     return -1;
   }
 
-  /// Places `p` on host `to`: its fabric endpoint binds to the address the host is reached at.
-  void move_to(process_state& p, const launch_host& to) {
+  /// Places `p` (gone with its host) on host `to`, its fabric endpoint bound to the address
+  /// the host is reached at, and restarts it there (a process killed by a fault starts when
+  /// the fault releases it). Returns restart_later's status.
+  int move_to(process_state& p, const launch_host& to) {
+    err_ << "troupe launch: " << p.spec.name << " moves from " << p.host << " to " << to.name;
     p.host = to.name;
     auto flag = std::find(p.spec.argv.begin(), p.spec.argv.end(), "--fabric-host");
     if (flag != p.spec.argv.end() && std::next(flag) != p.spec.argv.end())
       *std::next(flag) = parse_host_port(to.agent)->first;
+    if (p.held) {
+      p.state = "down";
+      err_ << "; down until the fault ends\n";
+      return -1;
+    }
+    return restart_later(p);
   }
 
   caf::scoped_actor self_;
