@@ -1,5 +1,6 @@
 #include "ports/posix_store.hpp"
 #include "ports/le_bytes.hpp"
+#include "ports/store_metrics.hpp"
 
 #include "runtime/errors.hpp"
 #include "runtime/ports/store_index.hpp"
@@ -251,59 +252,6 @@ header_read read_header(const fs::path& path, const store_key& key, fd_guard& fd
 }
 
 // -- the actor --------------------------------------------------------------------------------
-
-/// The store's metrics: gauges of its occupancy, counters advanced by the stats' growth.
-struct store_metrics {
-  runtime::gauge* objects = nullptr;
-  runtime::gauge* bytes = nullptr;
-  runtime::gauge* capacity = nullptr;
-  runtime::counter* hits = nullptr;
-  runtime::counter* misses = nullptr;
-  runtime::counter* corrupt = nullptr;
-  runtime::counter* evicted = nullptr;
-  runtime::counter* expired = nullptr;
-  runtime::store_stats last;
-
-  static store_metrics in(runtime::registry* reg) {
-    store_metrics m;
-    m.objects = runtime::gauge_child(reg, "troupe_store_blocks", "KV blocks in the block store.");
-    m.bytes = runtime::gauge_child(reg, "troupe_store_bytes",
-                                   "Bytes the block store holds (headers included).");
-    m.capacity = runtime::gauge_child(reg, "troupe_store_capacity_bytes",
-                                      "The block store's capacity.");
-    const char* reads = "Block reads by outcome (corrupt: failed the checksum, never served, "
-                        "deleted).";
-    m.hits = runtime::counter_child(reg, "troupe_store_reads_total", reads, {"outcome"}, {"hit"});
-    m.misses = runtime::counter_child(reg, "troupe_store_reads_total", reads, {"outcome"},
-                                      {"miss"});
-    m.corrupt = runtime::counter_child(reg, "troupe_store_reads_total", reads, {"outcome"},
-                                       {"corrupt"});
-    m.evicted = runtime::counter_child(reg, "troupe_store_evictions_total",
-                                       "Blocks evicted to make room (least recently used first).");
-    m.expired = runtime::counter_child(reg, "troupe_store_expirations_total",
-                                       "Blocks removed when their TTL passed.");
-    return m;
-  }
-
-  void publish(const runtime::store_stats& s) {
-    auto advance = [](runtime::counter* c, std::uint64_t now, std::uint64_t before) {
-      if (c != nullptr && now > before)
-        c->inc(static_cast<double>(now - before));
-    };
-    if (objects != nullptr)
-      objects->set(static_cast<double>(s.objects));
-    if (bytes != nullptr)
-      bytes->set(static_cast<double>(s.used));
-    if (capacity != nullptr)
-      capacity->set(static_cast<double>(s.capacity));
-    advance(hits, s.hits, last.hits);
-    advance(misses, s.misses, last.misses);
-    advance(corrupt, s.corrupt, last.corrupt);
-    advance(evicted, s.evicted, last.evicted);
-    advance(expired, s.expired, last.expired);
-    last = s;
-  }
-};
 
 struct posix_store_state {
   posix_store_params params;
