@@ -47,7 +47,8 @@ std::string to_string(process_action_kind k) {
   return "?";
 }
 
-real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo) {
+real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo,
+                                 bool store_process) {
   real_fault_plan out;
   for (std::size_t i = 0; i < timeline.size(); ++i) {
     const auto& f = timeline[i];
@@ -74,6 +75,10 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         break;
       }
       case target_kind::shard:
+        // Every shard's blocks are in the one store process.
+        if (store_process)
+          procs.push_back("store");
+        break;
       case target_kind::link:
       case target_kind::none:
         break;
@@ -81,6 +86,21 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
     auto act = [&](runtime::duration at, process_action_kind k) {
       for (const auto& p : procs)
         out.actions.push_back(process_action{at, k, p, i});
+    };
+    // A slowdown by f.factor: of each 200 ms period, stopped for 1 − 1/factor of it.
+    auto duty_cycle = [&] {
+      if (f.factor <= 1) {
+        skip("a factor of at most 1 slows nothing");
+        return;
+      }
+      const runtime::duration period = std::chrono::duration_cast<runtime::duration>(200ms);
+      auto stopped = std::chrono::duration_cast<runtime::duration>(
+        period * (1.0 - 1.0 / f.factor));
+      auto end = f.at + f.duration.value_or(runtime::duration{0});
+      for (auto t = f.at; t < end; t += period) {
+        act(t, process_action_kind::stop);
+        act(std::min(t + stopped, end), process_action_kind::resume);
+      }
     };
     switch (f.kind) {
       case sim::fault_kind::fail:
@@ -113,23 +133,13 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         act(f.at, process_action_kind::stop);
         act(f.at + f.duration.value_or(runtime::duration{0}), process_action_kind::resume);
         break;
-      case sim::fault_kind::slow: {
-        if (procs.empty() || f.factor <= 1) {
-          skip(procs.empty() ? "link slowdowns are not executed yet"
-                             : "a factor of at most 1 slows nothing");
+      case sim::fault_kind::slow:
+        if (procs.empty()) {
+          skip("link slowdowns are not executed yet");
           break;
         }
-        // Duty cycle: of each 200 ms period, stopped for 1 − 1/factor of it.
-        const runtime::duration period = std::chrono::duration_cast<runtime::duration>(200ms);
-        auto stopped = std::chrono::duration_cast<runtime::duration>(
-          period * (1.0 - 1.0 / f.factor));
-        auto end = f.at + f.duration.value_or(runtime::duration{0});
-        for (auto t = f.at; t < end; t += period) {
-          act(t, process_action_kind::stop);
-          act(std::min(t + stopped, end), process_action_kind::resume);
-        }
+        duty_cycle();
         break;
-      }
       case sim::fault_kind::drain:
         if (procs.empty()) {
           skip("no process of a launched cluster is its target");
@@ -141,9 +151,21 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         skip("traffic comes from the clients of a real cluster");
         break;
       case sim::fault_kind::store_fail:
+        if (procs.empty()) {
+          skip("the cluster has no block store");
+          break;
+        }
+        // Down for its duration, else until a `recover` of the shard (as in the simulator).
+        act(f.at, process_action_kind::kill);
+        if (f.duration)
+          act(f.at + *f.duration, process_action_kind::release);
+        break;
       case sim::fault_kind::store_slow:
-        skip("every process opens the block store's directory itself: store faults are not "
-             "executed yet");
+        if (procs.empty()) {
+          skip("the cluster has no block store");
+          break;
+        }
+        duty_cycle();
         break;
     }
   }

@@ -14,11 +14,14 @@
 // | partition (instance, pool, node) | SIGSTOP for the duration, then SIGCONT: alive but unreachable |
 // | slow by factor f | SIGSTOP/SIGCONT duty cycle of 200 ms periods, stopped 1 − 1/f of each |
 // | drain (decode) | SIGTERM: the process drains with its --grace (the plan's grace is not used) |
+// | store_fail (shard) | SIGKILL of the store process; with a `duration`, down until it ends, without, until a `recover` of the shard |
+// | store_slow (shard) by factor f | the store process's duty cycle, as `slow` |
 //
 // A gpu target is its instance (one device per instance process). Every [[node]] is this
 // host, so a node target is every instance process of the pools whose role the node lists.
-// Store faults, links and surges have no real counterpart yet: they are returned as not
-// executed, with the reason.
+// A shard target is the store process, which holds every shard's blocks (with
+// `store_process`: the cluster has one). Links and surges have no real counterpart yet: they
+// are returned as not executed, with the reason.
 #pragma once
 
 #include "cluster/sim/fault_plan.hpp"
@@ -55,7 +58,9 @@ struct real_fault_plan {
 };
 
 /// The actions that carry out `timeline` (sim::expand's) on the processes of `topo` as
-/// `troupe launch` runs it (pool "prefill" instance i is process "prefill/i").
-real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo);
+/// `troupe launch` runs it (pool "prefill" instance i is process "prefill/i"; the block store,
+/// with `store_process`, is process "store").
+real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo,
+                                 bool store_process = false);
 
 } // namespace troupe::cluster

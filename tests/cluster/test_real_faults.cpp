@@ -27,11 +27,13 @@ const topology& local3() {
   return t;
 }
 
-real_fault_plan translate(const std::string& plan_text) {
+/// `plan_text` on local-cpu-3, a cluster with a store process or (`store`false) without a
+/// block store.
+real_fault_plan translate(const std::string& plan_text, bool store = true) {
   auto plan = sim::parse_fault_plan(plan_text, "plan.toml", local3());
   REQUIRE_MESSAGE(plan.ok(), (plan.errors.empty() ? "" : plan.errors.front().to_string()));
   auto timeline = sim::expand(*plan.value, runtime::rng{1}.split("faults"), 1h);
-  return plan_real_faults(timeline, local3());
+  return plan_real_faults(timeline, local3(), store);
 }
 
 runtime::duration secs(double s) {
@@ -107,12 +109,47 @@ TEST_CASE("a decode drain is a SIGTERM to its process") {
 
 TEST_CASE("faults without a real counterpart are listed as not executed, with the reason") {
   auto r = translate("[[fault]]\nat = \"1s\"\nkind = \"surge\"\nfactor = 2\nduration = \"5s\"\n"
-                     "[[fault]]\nat = \"2s\"\nkind = \"store_fail\"\nshard = 0\n");
+                     "[[fault]]\nat = \"2s\"\nkind = \"store_fail\"\nshard = 0\n",
+                     false);
   CHECK(r.actions.empty());
   REQUIRE(r.not_executed.size() == 2);
   CHECK(r.not_executed[0].find("surge") != std::string::npos);
   CHECK(r.not_executed[1].find("store_fail") != std::string::npos);
-  CHECK(r.not_executed[1].find("store faults are not executed") != std::string::npos);
+  CHECK(r.not_executed[1].find("no block store") != std::string::npos);
+}
+
+TEST_CASE("a store shard's failure kills the store process, down for its duration or until recovered") {
+  auto r = translate("[[fault]]\nat = \"2s\"\nkind = \"store_fail\"\nshard = 3\n"
+                     "duration = \"4s\"\n"
+                     "[[fault]]\nat = \"10s\"\nkind = \"store_fail\"\nshard = 0\n"
+                     "[[fault]]\nat = \"15s\"\nkind = \"recover\"\nshard = 0\n");
+  CHECK(r.not_executed.empty());
+  REQUIRE(r.actions.size() == 4);
+  for (const auto& a : r.actions)
+    CHECK(a.process == "store");
+  CHECK(r.actions[0].kind == process_action_kind::kill);
+  CHECK(r.actions[0].at == secs(2));
+  CHECK(r.actions[1].kind == process_action_kind::release);
+  CHECK(r.actions[1].at == secs(6));
+  CHECK(r.actions[2].kind == process_action_kind::kill);
+  CHECK(r.actions[2].at == secs(10));
+  CHECK(r.actions[3].kind == process_action_kind::release);
+  CHECK(r.actions[3].at == secs(15));
+}
+
+TEST_CASE("a slow store shard stops and resumes the store process, as a slow instance") {
+  auto r = translate("[[fault]]\nat = \"1s\"\nkind = \"store_slow\"\nshard = 1\nfactor = 4\n"
+                     "duration = \"1s\"\n");
+  CHECK(r.not_executed.empty());
+  REQUIRE(r.actions.size() == 10);  // five 200 ms periods
+  runtime::duration stopped{0};
+  for (std::size_t i = 0; i < r.actions.size(); i += 2) {
+    CHECK(r.actions[i].process == "store");
+    CHECK(r.actions[i].kind == process_action_kind::stop);
+    CHECK(r.actions[i + 1].kind == process_action_kind::resume);
+    stopped += r.actions[i + 1].at - r.actions[i].at;
+  }
+  CHECK(runtime::to_seconds(stopped) == doctest::Approx(0.75).epsilon(1e-6));
 }
 
 TEST_CASE("actions come out in time order across faults") {
