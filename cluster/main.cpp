@@ -608,11 +608,14 @@ int main(int argc, char** argv) {
   troupe::cluster::node_options node_opts;
   long node_grace_s = 30;
   auto* node = app.add_subcommand(
-    "node", "one process of a launched cluster: the control role or one engine instance "
-            "(troupe launch starts these)");
+    "node", "one process of a launched cluster: the control role, the block store or one "
+            "engine instance (troupe launch starts these)");
   add_server_options(node, node_opts.serve, node_grace_s);
   add_tls_options(node, node_opts.tls);
-  node->add_option("--role", node_opts.role, "control, prefill or decode")->required();
+  node->add_option("--role", node_opts.role, "control, store, prefill or decode")->required();
+  node->add_flag("--external-store", node_opts.external_store,
+                 "control: the block store runs in a store process (--role store) that joins; "
+                 "wait for it, and do not open the store directory here");
   node->add_option("--index", node_opts.index, "the instance's number in its pool (prefill, decode)");
   node->add_option("--control", node_opts.control,
                    "HOST:PORT of the control process (control: where to publish it)")

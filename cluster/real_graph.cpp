@@ -15,8 +15,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// Indexes the blocks `store` holds in the CHECK role `kv` (as hits of the chatbot class: the
-/// store's own expiry stays authoritative, a fetch of an expired block misses).
+} // namespace
+
 void index_stored_blocks(caf::actor_system& sys, const runtime::store_port& store,
                          const actors::kv_check_actor& kv, std::chrono::seconds wait) {
   caf::scoped_actor self{sys};
@@ -33,8 +33,6 @@ void index_stored_blocks(caf::actor_system& sys, const runtime::store_port& stor
       .receive([](const actors::kv_insert_result&) {}, [](const caf::error&) {});
   }
 }
-
-} // namespace
 
 std::string check_real_topology(const topology& topo) {
   const auto* prefill = find_pool(topo, pool_role::prefill);

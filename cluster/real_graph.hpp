@@ -99,6 +99,12 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
                                                   const caf::actor& lb,
                                                   const std::vector<std::uint32_t>& instances);
 
+/// Indexes the blocks `store` holds in the CHECK role `kv` (as hits of the chatbot class: the
+/// store's own expiry stays authoritative, a fetch of an expired block misses), waiting up to
+/// `wait` for each answer. When the store does not answer, the index is left as it was.
+void index_stored_blocks(caf::actor_system& sys, const runtime::store_port& store,
+                         const actors::kv_check_actor& kv, std::chrono::seconds wait);
+
 /// Spawns the graph of a topology that passed check_real_topology. With a store, the CHECK
 /// role's index is first filled with the blocks the store holds (a restart finds the blocks
 /// written before it); that waits for the store's answer, up to `wait`, and on failure the

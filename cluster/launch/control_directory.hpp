@@ -4,8 +4,8 @@
 // entrypoint) and its instance processes are joined by CAF's middleman. The control process
 // publishes one actor, the directory, on its control address; an instance process connects
 // to it, asks for the handles it needs (the CHECK role its block writers commit to, the
-// balancer its engine announces itself to, and the cluster's block store with its store
-// front), and monitors it: when the control process goes
+// balancer its engine announces itself to, and the registry of the cluster's block store,
+// where a store process registers its store), and monitors it: when the control process goes
 // away, so does the connection, and the instance process exits for the launcher to restart.
 // An orderly stop of the control process is told apart from a loss: each instance process
 // joins the directory with a watcher, and the control process, before it stops, has the
@@ -34,16 +34,15 @@ struct control_directory {
   caf::actor kv;
   caf::actor prefill_lb;
   caf::actor decode_lb;
-  /// The cluster's block store and its store front (store_bridge.hpp); invalid: no store, or
-  /// (the front) no fabric link in the control process.
-  caf::actor store;
-  caf::actor store_front;
+  /// The registry of the cluster's block store (store_bridge.hpp); invalid: the cluster has
+  /// no store.
+  caf::actor store_registry;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
-  return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb, x.store,
-           x.store_front);
+  return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb,
+           x.store_registry);
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
@@ -54,7 +53,7 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 /// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
 /// `watcher_timeout` has passed.
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
-                                   caf::actor store, caf::actor store_front,
+                                   caf::actor store_registry,
                                    std::chrono::milliseconds watcher_timeout);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements
@@ -75,4 +74,5 @@ CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::control_directory))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_fetch))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_fetched))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_deposit))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_binding))
 CAF_END_TYPE_ID_BLOCK(troupe_launch)

@@ -93,6 +93,19 @@ std::string describe_status(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
+/// Whether host `h` of `hosts` takes `role`: it lists it; the store, when no host lists it,
+/// runs where the control process may.
+bool takes_role(const launch_host& h, const std::string& role,
+                const std::vector<launch_host>& hosts) {
+  auto lists = [](const launch_host& x, const std::string& r) {
+    return std::find(x.roles.begin(), x.roles.end(), r) != x.roles.end();
+  };
+  if (role == "store"
+      && std::none_of(hosts.begin(), hosts.end(), [&](const auto& x) { return lists(x, role); }))
+    return lists(h, "control");
+  return lists(h, role);
+}
+
 struct process_state {
   launch_process spec;
   /// The host (its agent) the process runs on, and its pid there (0: not running).
@@ -376,8 +389,7 @@ private:
       const launch_host* to = nullptr;
       std::size_t fewest = 0;
       for (const auto& h : hosts_) {
-        if (agents_.count(h.name) == 0
-            || std::find(h.roles.begin(), h.roles.end(), p.spec.role) == h.roles.end())
+        if (agents_.count(h.name) == 0 || !takes_role(h, p.spec.role, hosts_))
           continue;
         auto n = static_cast<std::size_t>(std::count_if(
           procs_.begin(), procs_.end(), [&](const process_state& q) { return q.host == h.name; }));
@@ -484,7 +496,8 @@ private:
     }
   }
 
-  /// Stops every process: instances first (SIGTERM: they drain), then the control process,
+  /// Stops every process: instances first (SIGTERM: they drain, and a drained decode
+  /// instance may still write blocks), then the store process, then the control process,
   /// SIGKILL for any still alive after its grace. Returns `status`.
   int stop_all(int status) {
     for (auto& p : procs_) {
@@ -492,10 +505,11 @@ private:
       if (p.state == "stopped")
         signal(p, SIGCONT);  // a stopped process cannot drain
     }
-    std::vector<process_state*> instances, control;
+    std::vector<process_state*> instances, store, control;
     for (auto& p : procs_)
-      (p.spec.role == "control" ? control : instances).push_back(&p);
-    for (auto* group : {&instances, &control}) {
+      (p.spec.role == "control" ? control : p.spec.role == "store" ? store : instances)
+        .push_back(&p);
+    for (auto* group : {&instances, &store, &control}) {
       for (auto* p : *group)
         signal(*p, SIGTERM);
       wait_for(*group, clock::now() + o_.serve.grace + 60s);
@@ -550,8 +564,7 @@ private:
     const auto& h = *std::find_if(hosts_.begin(), hosts_.end(),
                                   [&](const launch_host& x) { return x.name == host; });
     for (auto& p : procs_) {
-      if (p.state != "lost"
-          || std::find(h.roles.begin(), h.roles.end(), p.spec.role) == h.roles.end())
+      if (p.state != "lost" || !takes_role(h, p.spec.role, hosts_))
         continue;
       if (int status = move_to(p, h); status >= 0)
         return status;
@@ -597,8 +610,10 @@ private:
   std::ostream& err_;
 };
 
-/// The arguments every `troupe node` of a launch takes alike, besides --model and --control.
-std::vector<std::string> shared_node_args(const launch_options& o) {
+/// The arguments every `troupe node` of a launch takes alike, besides --model and --control
+/// (with `kv_dir`, the store directory: under Slurm every process is given it, the control
+/// process opens it).
+std::vector<std::string> shared_node_args(const launch_options& o, bool kv_dir) {
   const auto& s = o.serve;
   std::vector<std::string> args{"--threads", std::to_string(s.device_threads), "--grace",
                                 std::to_string(s.grace.count())};
@@ -610,7 +625,8 @@ std::vector<std::string> shared_node_args(const launch_options& o) {
   };
   add("--engram-map", s.engram_map);
   add("--tokenizer", s.tokenizer);
-  add("--kv-dir", s.kv_dir);
+  if (kv_dir)
+    add("--kv-dir", s.kv_dir);
   add("--tls-ca", o.tls.ca_file);
   add("--tls-cert", o.tls.cert_file);
   add("--tls-key", o.tls.key_file);
@@ -668,7 +684,7 @@ int launch_on_slurm(launch_options o, const topology& topo,
   job.http_port = listen.second;
   if (control_port != 0)
     job.control_port = control_port;
-  job.node_args = shared_node_args(o);
+  job.node_args = shared_node_args(o, true);
   auto entry = entrypoint_node_args(o);
   job.node_args.insert(job.node_args.end(), entry.begin(), entry.end());
   return run_slurm_launch(topo, job, o.dry_run, out, err);
@@ -705,12 +721,14 @@ std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std:
         if (auto* roles = (*t)["roles"].as_array())
           for (const auto& r : *roles) {
             auto role = r.value_or(std::string{});
-            if (role != "control" && role != "prefill" && role != "decode")
-              problems.push_back(where + ": role '" + role + "': expected control, prefill or decode");
+            if (role != "control" && role != "store" && role != "prefill" && role != "decode")
+              problems.push_back(where + ": role '" + role
+                                 + "': expected control, store, prefill or decode");
             h.roles.push_back(role);
           }
         else
-          problems.push_back(where + ": roles is missing (a list of control, prefill, decode)");
+          problems.push_back(where
+                             + ": roles is missing (a list of control, store, prefill, decode)");
         for (const auto& [k, v] : *t)
           if (k.str() != "name" && k.str() != "agent" && k.str() != "roles")
             problems.push_back(where + ": unknown key '" + std::string(k.str()) + "'");
@@ -735,14 +753,15 @@ std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std:
 }
 
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
-                                        std::uint32_t decode, const std::string& control,
+                                        std::uint32_t decode, bool store,
+                                        const std::string& control,
                                         const std::string& ready_file,
                                         const std::vector<launch_host>& hosts) {
   // The hosts each role may run on, and the next one to take an instance.
   auto takers = [&](const std::string& role) {
     std::vector<std::string> out;
     for (const auto& h : hosts)
-      if (std::find(h.roles.begin(), h.roles.end(), role) != h.roles.end())
+      if (takes_role(h, role, hosts))
         out.push_back(h.name);
     if (out.empty())
       out.push_back("local");
@@ -752,7 +771,7 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   auto exe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
   // What every node takes alike.
   std::vector<std::string> common{"--model", s.model, "--control", control};
-  auto shared = shared_node_args(o);
+  auto shared = shared_node_args(o, false);
   common.insert(common.end(), shared.begin(), shared.end());
   std::vector<launch_process> plan;
   auto node = [&](std::string name, std::string role, std::uint32_t index,
@@ -761,7 +780,7 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     launch_process p{std::move(name), on[index % on.size()], std::move(role), index,
                      {exe, "node", s.topology, "--role"}};
     p.argv.push_back(p.role);
-    if (p.role != "control") {
+    if (p.role == "prefill" || p.role == "decode") {
       p.argv.push_back("--index");
       p.argv.push_back(std::to_string(index));
     }
@@ -775,7 +794,6 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
           address = parse_host_port(h.agent)->first;
       p.argv.insert(p.argv.end(), {"--fabric", o.fabric, "--fabric-host", address});
     } else {
-      // Its fabric link serves the block store's payloads, bound to the --control host.
       p.argv.insert(p.argv.end(), {"--fabric", o.fabric});
     }
     plan.push_back(std::move(p));
@@ -785,7 +803,16 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   control_extra.insert(control_extra.end(), entry.begin(), entry.end());
   if (!ready_file.empty())
     control_extra.insert(control_extra.end(), {"--ready-file", ready_file});
+  // The block store runs in a process of its own, which the control process waits for.
+  if (store)
+    control_extra.push_back("--external-store");
   node("control", "control", 0, control_extra);
+  if (store) {
+    std::vector<std::string> store_extra;
+    if (!s.kv_dir.empty())
+      store_extra = {"--kv-dir", s.kv_dir};
+    node("store", "store", 0, store_extra);
+  }
   for (std::uint32_t i = 0; i < prefill; ++i)
     node("prefill/" + std::to_string(i), "prefill", i, {});
   for (std::uint32_t i = 0; i < decode; ++i)
@@ -859,11 +886,12 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     }
     auto timeline = sim::expand(*loaded.value, runtime::rng{o.seed}.split("faults"),
                                 std::chrono::duration_cast<runtime::duration>(o.fault_horizon));
-    faults = plan_real_faults(timeline, in->topo);
+    faults = plan_real_faults(timeline, in->topo, !in->kv_dir.empty());
     for (const auto& why : faults.not_executed)
       err << command << ": warning: fault not executed: " << why << "\n";
   }
-  auto plan = plan_launch(o, prefill, decode, control_addr, ready_file, hosts);
+  auto plan = plan_launch(o, prefill, decode, !in->kv_dir.empty(), control_addr, ready_file,
+                          hosts);
   if (o.dry_run) {
     out << "# " << plan.size() << " processes on "
         << (hosts.empty() ? std::string("this host") : std::to_string(hosts.size()) + " hosts")
@@ -885,7 +913,8 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     return 0;
   }
   err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "
-      << prefill << " prefill, " << decode << " decode)\n";
+      << (in->kv_dir.empty() ? "" : "the block store, ") << prefill << " prefill, " << decode
+      << " decode)\n";
 
   // The agents that start the processes: one in this process, or each host's `troupe agent`.
   if (o.tls.enabled())

@@ -78,7 +78,8 @@ struct launch_options {
 
 /// A host of a hosts file: `[[host]]` with `name`, `agent = "HOST:PORT"` (where its `troupe
 /// agent` listens; its HOST is also the address the host's processes are reached at) and
-/// `roles` (any of "control", "prefill", "decode": what may run there).
+/// `roles` (any of "control", "store", "prefill", "decode": what may run there; the store
+/// process runs where the control process may when no host lists "store").
 struct launch_host {
   std::string name;
   std::string agent;
@@ -91,7 +92,7 @@ std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std:
 
 /// One process of a launched cluster.
 struct launch_process {
-  /// "control", "prefill/0", "decode/1"...
+  /// "control", "store", "prefill/0", "decode/1"...
   std::string name;
   /// The host it runs on ("local" without a hosts file).
   std::string host;
@@ -101,11 +102,13 @@ struct launch_process {
 };
 
 /// The processes of the topology of `o` (its checked inputs), with their hosts and command
-/// lines, the control process first: the control on the first host that takes it, each
-/// pool's instances round-robin over the hosts that take its role (all on "local" when
-/// `hosts` is empty). `control` is the resolved control address.
+/// lines, the control process first, then (with `store`: the cluster has a block store) the
+/// store process: each on the first host that takes it, each pool's instances round-robin
+/// over the hosts that take its role (all on "local" when `hosts` is empty). `control` is the
+/// resolved control address.
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
-                                        std::uint32_t decode, const std::string& control,
+                                        std::uint32_t decode, bool store,
+                                        const std::string& control,
                                         const std::string& ready_file,
                                         const std::vector<launch_host>& hosts);
 

@@ -7,6 +7,7 @@
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
+#include "ports/posix_store.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -25,6 +26,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string_view>
 #include <thread>
@@ -95,16 +97,29 @@ int run_control(const node_options& o, std::ostream& err) {
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
-  auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err);
-  if (!gp)
+  // The registry of the cluster's block store (store_bridge.hpp). With --external-store a
+  // store process registers there and this process reaches its store through a proxy, as the
+  // instances do, and mirrors its figures on /metrics; otherwise the store is this process's.
+  caf::actor registry;
+  runtime::store_port external;
+  if (o.external_store) {
+    registry = spawn_store_registry(sys, &metrics);
+    external = spawn_store_proxy(sys, registry, {});
+  }
+  auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, external);
+  if (!gp) {
+    for (auto h : {registry, caf::actor_cast<caf::actor>(external)})
+      if (h)
+        caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     return 1;
+  }
   const auto origin = sys.clock().now();
   auto graph = spawn_control_graph(sys, in->topo, *gp);
-  // The cluster's block store is this process's (store_bridge.hpp): the instances reach it
-  // through its store front, the payloads over this process's fabric link, which binds to
-  // the host the instances reach this process by (the --control host) unless told otherwise.
+  // A store of this process: the instances reach it through its store front, the payloads
+  // over this process's fabric link, which binds to the host the instances reach this process
+  // by (the --control host) unless told otherwise.
   caf::actor link, front;
-  if (gp->store && o.fabric != "none") {
+  if (gp->store && !o.external_store && o.fabric != "none") {
     ports::fabric_params fp;
     fp.provider = o.fabric;
     fp.host = o.fabric_host.empty() || o.fabric_host == "auto" ? control->first : o.fabric_host;
@@ -117,14 +132,19 @@ int run_control(const node_options& o, std::ostream& err) {
     link = caf::actor_cast<caf::actor>(*opened);
     front = spawn_store_front(sys, gp->store, *opened);
   }
-  auto directory = spawn_control_directory(sys, graph, caf::actor_cast<caf::actor>(gp->store),
-                                           front, stopping_notice_limit);
+  if (gp->store && !o.external_store) {
+    registry = spawn_store_registry(sys);
+    caf::anon_send(registry, caf::put_atom::value,
+                   store_binding{caf::actor_cast<caf::actor>(gp->store), front});
+  }
+  auto directory = spawn_control_directory(sys, graph, registry, stopping_notice_limit);
   // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
                    caf::actor_cast<caf::actor>(graph.prefill_lb),
                    caf::actor_cast<caf::actor>(graph.decode_lb),
-                   caf::actor_cast<caf::actor>(graph.service), front, link, directory})
+                   caf::actor_cast<caf::actor>(graph.service), front, link, registry,
+                   directory})
       if (h)
         caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     if (gp->store)
@@ -137,26 +157,38 @@ int run_control(const node_options& o, std::ostream& err) {
                 + runtime::error_text(published.error()));
   }
   err << command << ": control on " << control->first << ":" << *published
-      << (o.tls.enabled() ? " (mutual TLS)" : "") << "; waiting for a prefill and a decode instance to join\n";
+      << (o.tls.enabled() ? " (mutual TLS)" : "") << "; waiting for a prefill and a decode instance"
+      << (o.external_store ? " and the store process" : "") << " to join\n";
 
-  // Serve once the cluster can: a prefill and a decode instance have joined, and a warm-up
-  // request went through them.
+  // Serve once the cluster can: a prefill and a decode instance (and the store process) have
+  // joined, and a warm-up request went through them.
   {
     caf::scoped_actor self{sys};
     auto last_note = clock::now();
+    bool store_up = !o.external_store;
     for (;;) {
       if (int sig = poll_stop_signal(200ms); sig != 0) {
         err << command << ": " << signal_name(sig) << " before serving; stopped\n";
         stop_graph();
         return 0;
       }
+      if (!store_up) {
+        self->request(registry, 10s, caf::get_atom::value)
+          .receive([&](const store_binding& b) { store_up = static_cast<bool>(b.store); },
+                   [](const caf::error&) {});
+        // The CHECK role learns the blocks the store holds (the store's directory outlives
+        // the cluster), as a store of this process's would have told it at start.
+        if (store_up)
+          index_stored_blocks(sys, gp->store, graph.kv, 60s);
+      }
       auto p = online(self, caf::actor_cast<caf::actor>(graph.prefill_lb));
       auto d = online(self, caf::actor_cast<caf::actor>(graph.decode_lb));
-      if (p > 0 && d > 0)
+      if (p > 0 && d > 0 && store_up)
         break;
       if (clock::now() - last_note > 30s) {
         err << command << ": still waiting: " << p << " prefill and " << d
-            << " decode instance(s) online\n";
+            << " decode instance(s) online" << (store_up ? "" : ", no store process yet")
+            << "\n";
         last_note = clock::now();
       }
     }
@@ -278,6 +310,100 @@ bool wait_for_handover(caf::scoped_actor& self, const kv_bridge_params& bridge,
   return false;
 }
 
+/// The fabric link of a store or instance process (--fabric, not none): bound to
+/// --fabric-host, by default 127.0.0.1, or with `auto` the address this machine reaches the
+/// control process from.
+sim::result<runtime::fabric_link_port> open_fabric_link(caf::actor_system& sys,
+                                                        const node_options& o) {
+  using failure = sim::result<runtime::fabric_link_port>;
+  ports::fabric_params fp;
+  fp.provider = o.fabric;
+  fp.host = o.fabric_host.empty() ? "127.0.0.1" : o.fabric_host;
+  if (fp.host == "auto") {
+    auto local = address_towards(o.control);
+    if (!local)
+      return failure::failure("--fabric-host auto: " + local.error());
+    fp.host = *local;
+  }
+  auto link = ports::spawn_fabric_link(sys, fp);
+  if (!link)
+    return failure::failure("the fabric link (--fabric " + o.fabric + ", --fabric-host " + fp.host
+                            + "): " + sys.render(link.error()));
+  return *link;
+}
+
+/// A process of a launched cluster, joined to its control process.
+struct joined_control {
+  caf::actor directory;
+  control_directory dir;
+  /// Answers the control process's stopping notice; monitors the directory.
+  caf::actor watcher;
+  /// The control process went away / said the cluster stops.
+  std::shared_ptr<std::atomic<bool>> lost;
+  std::shared_ptr<std::atomic<bool>> stopping;
+};
+
+/// Connects to the control process at o.control (retried until it answers, up to
+/// o.connect_timeout: it may start after this process), asks for its directory and joins it
+/// with a watcher. Nothing when that fails or a stop signal came first, after a message on
+/// `err`, with the exit status in `status` (1, or 0 after a signal).
+std::optional<joined_control> join_control(caf::actor_system& sys, const node_options& o,
+                                           const std::string& command, std::ostream& err,
+                                           int& status) {
+  auto control = parse_host_port(o.control);
+  joined_control j;
+  auto deadline = clock::now() + o.connect_timeout;
+  std::string last_error;
+  while (!j.directory) {
+    auto h = runtime::connect_actor(sys, control->first, control->second);
+    if (h) {
+      j.directory = *h;
+      break;
+    }
+    last_error = runtime::error_text(h.error());
+    if (clock::now() >= deadline) {
+      err << command << ": cannot reach the control process at " << o.control << " within "
+          << o.connect_timeout.count() << " s: " << last_error << "\n";
+      status = 1;
+      return std::nullopt;
+    }
+    if (int sig = poll_stop_signal(500ms); sig != 0) {
+      err << command << ": " << signal_name(sig) << " before joining; stopped\n";
+      status = 0;
+      return std::nullopt;
+    }
+  }
+  {
+    caf::scoped_actor self{sys};
+    bool ok = false;
+    self->request(j.directory, 60s, directory_atom::value)
+      .receive([&](control_directory& d) { j.dir = std::move(d), ok = true; },
+               [&](const caf::error& e) { last_error = sys.render(e); });
+    if (!ok) {
+      err << command << ": the control process at " << o.control
+          << " did not answer: " << last_error << "\n";
+      status = 1;
+      return std::nullopt;
+    }
+  }
+  // The control process going away ends this one: cleanly (status 0) when the control
+  // process said beforehand that the cluster stops, with status 3 otherwise (the launcher
+  // restarts it).
+  j.lost = std::make_shared<std::atomic<bool>>(false);
+  j.stopping = std::make_shared<std::atomic<bool>>(false);
+  j.watcher = sys.spawn([directory = j.directory, lost = j.lost,
+                         stopping = j.stopping](caf::event_based_actor* self) {
+    self->monitor(directory);
+    self->set_down_handler([lost](caf::down_msg&) { lost->store(true); });
+    return caf::behavior{[stopping](stopping_atom) {
+      stopping->store(true);
+      return caf::ok_atom::value;
+    }};
+  });
+  caf::anon_send(j.directory, caf::join_atom::value, j.watcher);
+  return j;
+}
+
 int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   const std::string command = "troupe node[" + o.role + "/" + std::to_string(o.index) + "]";
   auto fail = [&](const std::string& msg) {
@@ -306,50 +432,14 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
 
-  // The control process: retried until it answers (it may start after this one).
-  caf::actor directory;
-  auto deadline = clock::now() + o.connect_timeout;
-  std::string last_error;
-  while (!directory) {
-    auto h = runtime::connect_actor(sys, control->first, control->second);
-    if (h) {
-      directory = *h;
-      break;
-    }
-    last_error = runtime::error_text(h.error());
-    if (clock::now() >= deadline)
-      return fail("cannot reach the control process at " + o.control + " within "
-                  + std::to_string(o.connect_timeout.count()) + " s: " + last_error);
-    if (int sig = poll_stop_signal(500ms); sig != 0) {
-      err << command << ": " << signal_name(sig) << " before joining; stopped\n";
-      return 0;
-    }
-  }
-  control_directory dir;
-  {
-    caf::scoped_actor self{sys};
-    bool ok = false;
-    self->request(directory, 60s, directory_atom::value)
-      .receive([&](control_directory& d) { dir = std::move(d), ok = true; },
-               [&](const caf::error& e) { last_error = sys.render(e); });
-    if (!ok)
-      return fail("the control process at " + o.control + " did not answer: " + last_error);
-  }
-  // The control process going away ends this one: cleanly (status 0) when the control
-  // process said beforehand that the cluster stops, with status 3 otherwise (the launcher
-  // restarts it).
-  auto control_lost = std::make_shared<std::atomic<bool>>(false);
-  auto cluster_stopping = std::make_shared<std::atomic<bool>>(false);
-  auto watcher = sys.spawn([directory, control_lost, cluster_stopping](
-                             caf::event_based_actor* self) {
-    self->monitor(directory);
-    self->set_down_handler([control_lost](caf::down_msg&) { control_lost->store(true); });
-    return caf::behavior{[cluster_stopping](stopping_atom) {
-      cluster_stopping->store(true);
-      return caf::ok_atom::value;
-    }};
-  });
-  caf::anon_send(directory, caf::join_atom::value, watcher);
+  int status = 0;
+  auto joined = join_control(sys, o, command, err, status);
+  if (!joined)
+    return status;
+  const auto& dir = joined->dir;
+  const auto& control_lost = joined->lost;
+  const auto& cluster_stopping = joined->stopping;
+  const auto& watcher = joined->watcher;
 
   // Structured-output constraints: the bridge rebuilds each job's here (kv_bridge.hpp).
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
@@ -359,26 +449,15 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   bridge.counters = std::make_shared<kv_bridge_counters>();
   bridge.constraints = constraints;
   if (o.fabric != "none") {
-    ports::fabric_params fp;
-    fp.provider = o.fabric;
-    fp.host = o.fabric_host.empty() ? "127.0.0.1" : o.fabric_host;
-    if (fp.host == "auto") {
-      auto local = address_towards(o.control);
-      if (!local)
-        return fail("--fabric-host auto: " + local.error());
-      fp.host = *local;
-    }
-    auto link = ports::spawn_fabric_link(sys, fp);
+    auto link = open_fabric_link(sys, o);
     if (!link)
-      return fail("the fabric link (--fabric " + o.fabric + ", --fabric-host " + fp.host
-                  + "): " + sys.render(link.error()));
+      return fail(link.error());
     bridge.link = *link;
   }
-  // The cluster's block store, the control process's, through a proxy here.
+  // The cluster's block store, through a proxy here.
   runtime::store_port store;
-  if (dir.store)
-    store = spawn_store_proxy(sys, caf::actor_cast<runtime::store_port>(dir.store),
-                              dir.store_front, bridge.link);
+  if (dir.store_registry)
+    store = spawn_store_proxy(sys, dir.store_registry, bridge.link);
   else
     in->kv_dir.clear();  // the control process has none: neither has the cluster
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, store);
@@ -464,6 +543,91 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   }
 }
 
+/// The cluster's block store in a process of its own: it opens the store directory, offers
+/// payloads on its fabric link through a store front, and registers both with the control
+/// process's store registry (again after each restart: the launcher restarts it like an
+/// instance). It holds no model, only the store's files.
+int run_store(const node_options& o, std::ostream& err) {
+  const std::string command = "troupe node[store]";
+  auto fail = [&](const std::string& msg) {
+    err << command << ": " << msg << "\n";
+    return 1;
+  };
+  auto in = load_serve_inputs(o.serve, command, err);
+  if (!in)
+    return 1;
+  if (in->kv_dir.empty())
+    return fail("no store directory: give --kv-dir DIR (or a topology with a posix store)");
+  auto control = parse_host_port(o.control);
+  if (!control || control->second == 0)
+    return fail("--control '" + o.control + "': expected HOST:PORT of the control process");
+  if (o.tls.enabled())
+    if (auto e = runtime::check_tls(o.tls))
+      return fail("TLS: " + runtime::error_text(e));
+  block_stop_signals();
+  runtime::world w{real_world_options(true, o.tls)};
+  auto& sys = w.system();
+
+  int status = 0;
+  auto joined = join_control(sys, o, command, err, status);
+  if (!joined)
+    return status;
+  std::vector<caf::actor> actors{joined->watcher};
+  auto stop = [&](int code) {
+    for (const auto& a : actors)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return code;
+  };
+  if (!joined->dir.store_registry)
+    return stop(fail("the control process at " + o.control
+                     + " takes no store process (it was started without --external-store)"));
+
+  ports::posix_store_params sp;
+  sp.directory = in->kv_dir;
+  sp.capacity = in->topo.storage.capacity_bytes;
+  auto store = ports::spawn_posix_store(sys, std::move(sp));
+  actors.push_back(caf::actor_cast<caf::actor>(store));
+  runtime::store_stats held;
+  {
+    caf::scoped_actor self{sys};
+    std::string why;
+    self->request(store, 120s, runtime::store_stats_atom::value)
+      .receive([&](const runtime::store_stats& s) { held = s; },
+               [&](const caf::error& e) { why = sys.render(e); });
+    if (!why.empty())
+      return stop(fail("cannot open the store directory " + in->kv_dir.string() + ": " + why));
+  }
+  caf::actor front;
+  if (o.fabric != "none") {
+    auto link = open_fabric_link(sys, o);
+    if (!link)
+      return stop(fail(link.error()));
+    actors.push_back(caf::actor_cast<caf::actor>(*link));
+    front = spawn_store_front(sys, store, *link);
+    actors.push_back(front);
+  }
+  caf::anon_send(joined->dir.store_registry, caf::put_atom::value,
+                 store_binding{caf::actor_cast<caf::actor>(store), front});
+  err << command << ": serving the block store in " << in->kv_dir.string() << " ("
+      << held.objects << " block(s)) to the cluster at " << o.control
+      << (front ? "; payloads over the fabric" : "; payloads in CAF messages") << "\n";
+  for (;;) {
+    if (joined->stopping->load()) {
+      err << command << ": the control process is stopping the cluster\n";
+      err << command << ": stopped\n";
+      return stop(0);
+    }
+    if (joined->lost->load()) {
+      err << command << ": lost the control process at " << o.control << "; exiting\n";
+      return stop(3);
+    }
+    if (int sig = poll_stop_signal(500ms); sig != 0 && !joined->stopping->load()) {
+      err << command << ": " << signal_name(sig) << ": stopped\n";
+      return stop(0);
+    }
+  }
+}
+
 } // namespace
 
 void reexec_with_huge_page_heap(const node_options& o, char** argv, std::ostream& err) {
@@ -492,7 +656,9 @@ int run_node_command(const node_options& o, std::ostream& err) {
     return run_instance(o, pool_role::prefill, err);
   if (o.role == "decode")
     return run_instance(o, pool_role::decode, err);
-  err << "troupe node: --role '" << o.role << "': expected control, prefill or decode\n";
+  if (o.role == "store")
+    return run_store(o, err);
+  err << "troupe node: --role '" << o.role << "': expected control, store, prefill or decode\n";
   return 1;
 }
 

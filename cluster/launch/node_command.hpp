@@ -6,15 +6,18 @@
 //   (one request actor per API request) and the HTTP entrypoint. It publishes its directory
 //   (control_directory.hpp) on its control address, waits until a prefill and a decode
 //   instance have joined, sends a warm-up request through them, then listens for clients.
+// - store: the cluster's block store (store_bridge.hpp): it opens the store directory and
+//   registers its store with the control process, whose --external-store says to wait for it.
+//   The processes reach it through store proxies; it may die and come back while they serve.
 // - prefill or decode: one engine instance of that pool (its engine and rank on a CPU device,
 //   its block writer): it connects to the control process (retrying until it answers), and
 //   its engine announces itself to the pool's balancer there. The balancer and the request
 //   actors monitor the engine across the connection, so a dead process is a down message, as
 //   a failed instance is in the simulator: requests are rerouted and resume from the tokens
 //   already delivered.
-// The same actors as `troupe serve`, the same inputs and checks (serve_setup.hpp). The
-// control process opens the block store's directory and owns the store; an instance reaches
-// it through a store proxy, the payloads over the fabric (store_bridge.hpp).
+// The same actors as `troupe serve`, the same inputs and checks (serve_setup.hpp). The block
+// store is the store process's, or without one the control process's; the other processes
+// reach it through store proxies, the payloads over the fabric (store_bridge.hpp).
 //
 // Signals: SIGTERM or SIGINT stops a node. An instance first drains (its balancer excludes
 // it; a decode instance serves for the grace period, then forwards the requests left); the
@@ -36,8 +39,12 @@ struct node_options {
   /// The inputs a server takes (topology, model, tokenizer, threads, store, API keys...);
   /// `serve.listen` is the control process's HTTP address.
   serve_options serve;
-  /// "control", "prefill" or "decode".
+  /// "control", "store", "prefill" or "decode".
   std::string role;
+  /// Control: the cluster's block store runs in a store process of its own (role "store"),
+  /// which registers with this one: it is waited for before serving, and the store's
+  /// directory is not opened here.
+  bool external_store = false;
   /// The instance's number in its pool (prefill and decode roles).
   std::uint32_t index = 0;
   /// HOST:PORT: where the control process publishes its directory (port 0: any free port),

@@ -1,6 +1,7 @@
 #include "cluster/launch/store_bridge.hpp"
 #include "cluster/launch/kv_bridge.hpp"
 
+#include "ports/store_metrics.hpp"
 #include "runtime/errors.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -119,89 +121,301 @@ struct transfer_gate {
 
 } // namespace
 
-runtime::store_port spawn_store_proxy(caf::actor_system& sys, runtime::store_port store,
-                                      caf::actor front, runtime::fabric_link_port link,
-                                      std::chrono::seconds timeout, std::size_t max_transfers) {
-  const bool fabric = front && link;
-  auto gate = std::make_shared<transfer_gate>();
-  gate->limit = std::max<std::size_t>(1, max_transfers);
-  auto proxy = sys.spawn([store, front, link, timeout, fabric,
-                          gate](caf::event_based_actor* self) -> caf::behavior {
+caf::actor spawn_store_registry(caf::actor_system& sys, runtime::registry* metrics,
+                                std::chrono::milliseconds poll) {
+  struct state {
+    store_binding current;
+    std::vector<caf::actor> subscribers;
+    ports::store_metrics figures;
+  };
+  using poll_atom = caf::atom_constant<caf::atom("storepoll")>;
+  return sys.spawn([metrics, poll](caf::event_based_actor* self) -> caf::behavior {
+    auto st = std::make_shared<state>();
+    st->figures = ports::store_metrics::in(metrics);
+    auto tell_all = [self, st] {
+      for (const auto& s : st->subscribers)
+        self->send(s, caf::put_atom::value, st->current);
+    };
+    self->set_down_handler([st, tell_all](caf::down_msg& m) {
+      auto& subs = st->subscribers;
+      subs.erase(std::remove_if(subs.begin(), subs.end(),
+                                [&](const caf::actor& s) { return s.address() == m.source; }),
+                 subs.end());
+      if (st->current.store && st->current.store.address() == m.source) {
+        st->current = {};
+        tell_all();
+      }
+    });
+    if (metrics != nullptr)
+      self->send(self, poll_atom::value);
     return {
-      [=](runtime::store_put& p) -> caf::result<runtime::store_stats> {
-        if (!fabric || p.payload.empty())
-          return self->delegate(store, std::move(p));
-        auto rp = self->make_response_promise<runtime::store_stats>();
-        auto key = p.key;
+      [self, st, tell_all](caf::put_atom, store_binding& b) {
+        if (!b.store)
+          return;
+        self->monitor(b.store);
+        st->current = std::move(b);
+        st->figures.restart();  // a new store counts from zero
+        tell_all();
+      },
+      [st](caf::get_atom) { return st->current; },
+      [self, st](caf::join_atom, const caf::actor& subscriber) {
+        self->monitor(subscriber);
+        st->subscribers.push_back(subscriber);
+        self->send(subscriber, caf::put_atom::value, st->current);
+      },
+      [self, st, poll](poll_atom) {
+        self->delayed_send(self, poll, poll_atom::value);
+        if (!st->current.store)
+          return;
+        auto asked = st->current.store;
+        self->request(asked, poll, runtime::store_stats_atom::value)
+          .then(
+            [st, asked](const runtime::store_stats& s) {
+              if (st->current.store == asked)
+                st->figures.publish(s);
+            },
+            [](const caf::error&) {});
+      },
+    };
+  });
+}
+
+namespace {
+
+/// What a store proxy keeps between messages (on its own thread only).
+struct proxy_state {
+  caf::actor registry;
+  runtime::fabric_link_port link;
+  std::chrono::seconds timeout{30};
+  /// The store of the moment; an invalid store: none known.
+  store_binding bound;
+  /// A lookup at the registry is under way; these wait for its answer (nullptr: no store).
+  bool looking = false;
+  std::vector<std::function<void(const store_binding*)>> waiting;
+  /// Operations sent to `bound`: each fails at once if that store goes down.
+  std::map<std::uint64_t, std::function<void()>> in_flight;
+  std::uint64_t next_op = 0;
+  transfer_gate gate;
+
+  /// Calls `f` with the store (nullptr when there is none), asking the registry if need be.
+  void with_store(caf::event_based_actor* self, std::function<void(const store_binding*)> f) {
+    if (bound.store) {
+      f(&bound);
+      return;
+    }
+    waiting.push_back(std::move(f));
+    if (looking)
+      return;
+    looking = true;
+    auto answer = [this, self](store_binding* b) {
+      looking = false;
+      if (b != nullptr && b->store) {
+        bound = std::move(*b);
+        self->monitor(bound.store);
+      }
+      auto ready = std::move(waiting);
+      waiting.clear();
+      for (auto& w : ready)
+        w(bound.store ? &bound : nullptr);
+    };
+    self->request(registry, timeout, caf::get_atom::value)
+      .then([answer](store_binding& b) { answer(&b); },
+            [answer](const caf::error&) { answer(nullptr); });
+  }
+
+  /// The store went down: forget it, and fail what was sent to it.
+  void lost(const caf::actor_addr& store) {
+    if (!bound.store || bound.store.address() != store)
+      return;
+    bound = {};
+    auto failing = std::move(in_flight);
+    in_flight.clear();
+    for (auto& [id, fail] : failing)
+      fail();
+  }
+
+  /// The registry names the store of the moment (an invalid store: none). It sees a store
+  /// process die even when this process had no connection of its own to it (CAF routes to a
+  /// third process through the control process, and may not tell us of its loss).
+  void told(caf::event_based_actor* self, store_binding b) {
+    if (b.store == bound.store)
+      return;
+    if (bound.store)
+      lost(bound.store.address());
+    if (b.store) {
+      bound = std::move(b);
+      self->monitor(bound.store);
+    }
+  }
+};
+
+caf::error no_store(const char* why) {
+  return runtime::make_error(runtime::errc::unavailable,
+                             std::string("the cluster's block store ") + why);
+}
+
+/// Runs one operation of a proxy: once a store is known, `body(store, finish)` sends it there
+/// and calls `finish` with the answer. The operation is answered once: by `finish`, or with
+/// errc::unavailable when there is no store or the store goes down first. With `gated`, it
+/// waits for a transfer slot first and frees it when answered.
+template <class T>
+caf::result<T> run_op(caf::event_based_actor* self, const std::shared_ptr<proxy_state>& st,
+                      bool gated,
+                      std::function<void(const store_binding&,
+                                         std::function<void(caf::expected<T>)>)> body) {
+  auto rp = self->make_response_promise<T>();
+  auto begin = [self, st, gated, body, rp]() mutable {
+    st->with_store(self, [self, st, gated, body, rp](const store_binding* b) mutable {
+      const auto id = ++st->next_op;
+      auto done = std::make_shared<bool>(false);
+      std::function<void(caf::expected<T>)> finish = [st, gated, rp, done,
+                                                       id](caf::expected<T> r) mutable {
+        if (*done)
+          return;
+        *done = true;
+        st->in_flight.erase(id);
+        if (gated)
+          st->gate.done();
+        if (r)
+          rp.deliver(std::move(*r));
+        else
+          rp.deliver(std::move(r.error()));
+      };
+      if (b == nullptr) {
+        finish(no_store("is not available (its process is down or has not joined)"));
+        return;
+      }
+      st->in_flight.emplace(id, [finish]() mutable {
+        finish(no_store("went down during the operation"));
+      });
+      body(*b, finish);
+    });
+  };
+  if (gated)
+    st->gate.admit(std::move(begin));
+  else
+    begin();
+  return rp;
+}
+
+/// An operation without a payload to move: sent to the store itself.
+template <class T, class Msg>
+caf::result<T> forward(caf::event_based_actor* self, const std::shared_ptr<proxy_state>& st,
+                       Msg msg) {
+  return run_op<T>(self, st, false,
+                   [self, st, msg](const store_binding& b,
+                                   std::function<void(caf::expected<T>)> finish) {
+                     self->request(b.store, st->timeout, msg)
+                       .then([finish](T& r) mutable { finish(std::move(r)); },
+                             [finish](caf::error& e) mutable { finish(std::move(e)); });
+                   });
+}
+
+} // namespace
+
+runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registry,
+                                      runtime::fabric_link_port link,
+                                      std::chrono::seconds timeout, std::size_t max_transfers) {
+  auto st = std::make_shared<proxy_state>();
+  st->registry = std::move(registry);
+  st->link = std::move(link);
+  st->timeout = timeout;
+  st->gate.limit = std::max<std::size_t>(1, max_transfers);
+  auto proxy = sys.spawn([st](caf::event_based_actor* self) -> caf::behavior {
+    self->set_down_handler([st](caf::down_msg& m) { st->lost(m.source); });
+    self->send(st->registry, caf::join_atom::value, caf::actor_cast<caf::actor>(self));
+    const auto timeout = st->timeout;
+    return {
+      [self, st](caf::put_atom, store_binding& b) { st->told(self, std::move(b)); },
+      [self, st, timeout](runtime::store_put& p) -> caf::result<runtime::store_stats> {
+        if (!st->link || p.payload.empty())
+          return forward<runtime::store_stats>(self, st, std::move(p));
         auto bytes = std::make_shared<std::string>(as_string(p.payload));
         store_deposit d{p.key, p.size, {}, p.ttl};
-        gate->admit([=]() mutable {
-          auto id = next_offer_id();
-          self->request(link, timeout, runtime::fabric_offer{id, std::move(*bytes)})
-            .then(
-              [=](runtime::fabric_ticket& t) mutable {
-                d.ticket = std::move(t);
-                self->request(front, timeout * 2, std::move(d))
-                  .then(
-                    [=](runtime::store_stats& s) mutable {
-                      caf::anon_send(link, runtime::fabric_withdraw{id});
-                      gate->done();
-                      rp.deliver(std::move(s));
-                    },
-                    [=](caf::error& e) mutable {
-                      caf::anon_send(link, runtime::fabric_withdraw{id});
-                      gate->done();
-                      rp.deliver(std::move(e));
-                    });
-              },
-              [=](caf::error& e) mutable {
-                gate->done();
-                rp.deliver(fabric_failed("the offer", key, e));
-              });
-        });
-        return rp;
+        return run_op<runtime::store_stats>(
+          self, st, true,
+          [self, st, timeout, bytes, d](const store_binding& b,
+                                           std::function<void(caf::expected<runtime::store_stats>)>
+                                             finish) mutable {
+            if (!b.front) {  // the store's process has no fabric link
+              self->request(b.store, timeout,
+                            runtime::store_put{d.key, d.size, as_bytes(*bytes), d.ttl})
+                .then([finish](runtime::store_stats& s) mutable { finish(std::move(s)); },
+                      [finish](caf::error& e) mutable { finish(std::move(e)); });
+              return;
+            }
+            auto link = st->link;
+            auto id = next_offer_id();
+            auto key = d.key;
+            self->request(link, timeout, runtime::fabric_offer{id, std::move(*bytes)})
+              .then(
+                [self, link, timeout, b, d, id, finish](runtime::fabric_ticket& t) mutable {
+                  d.ticket = std::move(t);
+                  self->request(b.front, timeout * 2, std::move(d))
+                    .then(
+                      [link, id, finish](runtime::store_stats& s) mutable {
+                        caf::anon_send(link, runtime::fabric_withdraw{id});
+                        finish(std::move(s));
+                      },
+                      [link, id, finish](caf::error& e) mutable {
+                        caf::anon_send(link, runtime::fabric_withdraw{id});
+                        finish(std::move(e));
+                      });
+                },
+                [key, finish](caf::error& e) mutable {
+                  finish(fabric_failed("the offer", key, e));
+                });
+          });
       },
-      [=](runtime::store_get& g) -> caf::result<runtime::store_object> {
-        if (!fabric)
-          return self->delegate(store, std::move(g));
-        auto rp = self->make_response_promise<runtime::store_object>();
+      [self, st, timeout](runtime::store_get& g) -> caf::result<runtime::store_object> {
         auto key = g.key;
-        gate->admit([=]() mutable {
-          self->request(front, timeout, store_fetch{key})
-            .then(
-              [=](store_fetched& f) mutable {
-                if (f.ticket.id == 0) {
-                  gate->done();
-                  rp.deliver(runtime::store_object{f.key, f.size, {}, f.checksum});
-                  return;
-                }
-                auto id = f.ticket.id;
-                self->request(link, timeout + std::chrono::seconds(5),
-                              runtime::fabric_pull{std::move(f.ticket), timeout})
-                  .then(
-                    [=](runtime::fabric_pulled& got) mutable {
-                      self->send(front, store_release_atom::value, id);
-                      gate->done();
-                      rp.deliver(runtime::store_object{f.key, f.size, as_bytes(got.bytes),
-                                                       f.checksum});
-                    },
-                    [=](caf::error& e) mutable {
-                      self->send(front, store_release_atom::value, id);
-                      gate->done();
-                      rp.deliver(fabric_failed("the pull", key, e));
-                    });
-              },
-              [=](caf::error& e) mutable {
-                gate->done();
-                rp.deliver(std::move(e));
-              });
-        });
-        return rp;
+        return run_op<runtime::store_object>(
+          self, st, static_cast<bool>(st->link),
+          [self, st, timeout, key](const store_binding& b,
+                                   std::function<void(caf::expected<runtime::store_object>)>
+                                     finish) {
+            if (!st->link || !b.front) {  // no fabric here or there: the bytes in the answer
+              self->request(b.store, timeout, runtime::store_get{key})
+                .then([finish](runtime::store_object& o) mutable { finish(std::move(o)); },
+                      [finish](caf::error& e) mutable { finish(std::move(e)); });
+              return;
+            }
+            auto front = b.front;
+            auto link = st->link;
+            self->request(front, timeout, store_fetch{key})
+              .then(
+                [self, front, link, timeout, key, finish](store_fetched& f) mutable {
+                  if (f.ticket.id == 0) {
+                    finish(runtime::store_object{f.key, f.size, {}, f.checksum});
+                    return;
+                  }
+                  auto id = f.ticket.id;
+                  self->request(link, timeout + std::chrono::seconds(5),
+                                runtime::fabric_pull{std::move(f.ticket), timeout})
+                    .then(
+                      [self, front, id, f, finish](runtime::fabric_pulled& got) mutable {
+                        self->send(front, store_release_atom::value, id);
+                        finish(runtime::store_object{f.key, f.size, as_bytes(got.bytes),
+                                                     f.checksum});
+                      },
+                      [self, front, id, key, finish](caf::error& e) mutable {
+                        self->send(front, store_release_atom::value, id);
+                        finish(fabric_failed("the pull", key, e));
+                      });
+                },
+                [finish](caf::error& e) mutable { finish(std::move(e)); });
+          });
       },
-      [=](runtime::store_has& h) { return self->delegate(store, std::move(h)); },
-      [=](runtime::store_delete& d) { return self->delegate(store, std::move(d)); },
-      [=](runtime::store_list& l) { return self->delegate(store, std::move(l)); },
-      [=](runtime::store_stats_atom a) { return self->delegate(store, a); },
+      [self, st](runtime::store_has& h) { return forward<bool>(self, st, std::move(h)); },
+      [self, st](runtime::store_delete& d) {
+        return forward<runtime::store_stats>(self, st, std::move(d));
+      },
+      [self, st](runtime::store_list& l) {
+        return forward<std::vector<runtime::store_entry>>(self, st, std::move(l));
+      },
+      [self, st](runtime::store_stats_atom a) {
+        return forward<runtime::store_stats>(self, st, a);
+      },
     };
   });
   return caf::actor_cast<runtime::store_port>(proxy);

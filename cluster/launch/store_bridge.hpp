@@ -2,24 +2,33 @@
 //
 // The cluster KV cache's blocks live in one store (ports/posix_store.hpp), and a store owns its
 // directory alone: its capacity, LRU order and TTLs count every block only when every put and
-// get goes through it. So in a launched cluster the control process (the KV CHECK role) opens
-// the store, and the instance processes reach it through two actors:
-// - a *store front* beside the store in the control process: (store_fetch) reads an object
-//   and offers its payload on the control process's fabric link, answering with the ticket;
-//   (store_deposit) pulls a payload an instance offered and puts it; (store_release) withdraws
-//   an offer once the instance has pulled it (an offer nobody releases is withdrawn after
-//   `offer_ttl`);
-// - a *store proxy* in each instance process, with the store port's interface (what its
-//   prefill engine reads and its block writer writes): a get asks the front and pulls the
-//   bytes from the ticket, a put offers the payload on this process's fabric link and has the
-//   front pull it; has, delete, list and stats, which carry no payload, go to the store itself.
-//   Without a fabric (`--fabric none` here or in the control process) gets and puts go to the
-//   store too, their bytes in the messages over CAF's middleman.
-// The store's contract is unchanged for the engines (runtime/ports/store.hpp); a payload that
-// cannot cross (the fabric failed) is an errc::unavailable answer, which a prefill treats as a
-// miss and a block writer as a write that did not happen.
+// get goes through it. In a cluster of `troupe launch` the store runs in a process of its own
+// (`troupe node --role store`; under Slurm and Kubernetes, in the control process), and the
+// other processes reach it through three actors:
+// - a *store front* beside the store: (store_fetch) reads an object and offers its payload on
+//   the store process's fabric link, answering with the ticket; (store_deposit) pulls a
+//   payload another process offered and puts it; (store_release) withdraws an offer once it
+//   has been pulled (an offer nobody releases is withdrawn after `offer_ttl`);
+// - a *store registry* in the control process, which knows the store of the moment: the store
+//   process registers its store and front there when it starts (again after each restart),
+//   and the registry forgets them when that store goes down, and tells every proxy of each
+//   change (a process that reaches the store through the control process, as CAF's
+//   middleman routes to a third process, is not always told of the store's loss itself);
+// - a *store proxy* in each process that uses the store, with the store port's interface
+//   (what a prefill engine reads and a block writer writes). It asks the registry for the
+//   store when it has none; a get asks the front and pulls the bytes from the ticket, a put
+//   offers the payload on this process's fabric link and has the front pull it; has, delete,
+//   list and stats, which carry no payload, go to the store itself. Without a fabric (`--fabric
+//   none` here or in the store's process) gets and puts go to the store too, their bytes in the
+//   messages over CAF's middleman.
+// The store's contract is unchanged for the engines (runtime/ports/store.hpp). While there is
+// no store (it died and has not come back), and for every operation in flight when it dies,
+// the proxy answers errc::unavailable at once, which a prefill treats as a miss and a block
+// writer as a write that did not happen; nothing waits for a store that is gone. The same
+// answer comes for a payload that cannot cross (the fabric failed).
 #pragma once
 
+#include "runtime/metrics.hpp"
 #include "runtime/ports/fabric.hpp"
 #include "runtime/ports/store.hpp"
 
@@ -75,19 +84,42 @@ typename Inspector::result_type inspect(Inspector& f, store_deposit& x) {
 /// The payload offered under this id has been pulled (or given up on): withdraw it.
 using store_release_atom = caf::atom_constant<caf::atom("strelease")>;
 
-/// Spawns the store front of `store` in the control process; it offers payloads on `link`.
+/// A store and its front, as the store's process registers them with the store registry
+/// (`front` invalid: that process has no fabric link, payloads travel in the messages).
+struct store_binding {
+  caf::actor store;
+  caf::actor front;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_binding& x) {
+  return f(caf::meta::type_name("store_binding"), x.store, x.front);
+}
+
+/// Spawns the store front of `store`; it offers payloads on `link`.
 caf::actor spawn_store_front(caf::actor_system& sys, runtime::store_port store,
                              runtime::fabric_link_port link,
                              std::chrono::seconds offer_ttl = std::chrono::seconds(120),
                              std::chrono::seconds pull_timeout = std::chrono::seconds(30));
 
-/// Spawns an instance process's store proxy of the cluster's `store`. With `front` and `link`
-/// both valid, payloads cross over the fabric, at most `max_transfers` gets and puts at a
-/// time (the others wait their turn: a prefill of a long cached prompt asks for thousands of
+/// Spawns the store registry: (caf::put_atom, store_binding) makes that store the cluster's
+/// and monitors it (a store going down is forgotten, unless another was registered since);
+/// (caf::get_atom) answers the current store_binding (an invalid store: none now);
+/// (caf::join_atom, subscriber) sends the subscriber (caf::put_atom, store_binding) now and at
+/// every change, until the subscriber is down (the store proxies subscribe). With
+/// `metrics`, every `poll` while it knows a store it asks the store's stats and publishes them
+/// there as the store's metrics (ports/store_metrics.hpp): for a store in another process, so
+/// that they appear on this process's /metrics.
+caf::actor spawn_store_registry(caf::actor_system& sys, runtime::registry* metrics = nullptr,
+                                std::chrono::milliseconds poll = std::chrono::seconds(1));
+
+/// Spawns a store proxy of the store that `registry` names. Payloads cross over the fabric
+/// when `link` and the store's front are both valid, at most `max_transfers` gets and puts at
+/// a time (the others wait their turn: a prefill of a long cached prompt asks for thousands of
 /// blocks at once, and each transfer holds an offer of its payload until it is pulled);
-/// otherwise in the messages. `timeout` bounds each step of a transfer once it has started.
-runtime::store_port spawn_store_proxy(caf::actor_system& sys, runtime::store_port store,
-                                      caf::actor front, runtime::fabric_link_port link,
+/// otherwise in the messages. `timeout` bounds each step of an operation once it has started.
+runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registry,
+                                      runtime::fabric_link_port link,
                                       std::chrono::seconds timeout = std::chrono::seconds(30),
                                       std::size_t max_transfers = 32);
 

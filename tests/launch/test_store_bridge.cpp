@@ -1,27 +1,44 @@
-// The block store as a launched cluster's instance processes reach it (store_bridge.hpp): the
-// store port's whole contract (tests/ports/test_store_contract.cpp), run against a store proxy
-// in front of a POSIX store and its store front, once with payloads crossing over two fabric
-// endpoints (libfabric tcp on loopback: an instance process's and the control process's) and
-// once without a fabric (payloads in the messages). Then what the fabric path adds: the
-// offers a get or a put makes are withdrawn once the bytes have crossed.
+// The block store as a launched cluster's processes reach it (store_bridge.hpp): the store
+// port's whole contract (tests/ports/test_store_contract.cpp), run against a store proxy in
+// front of a POSIX store and its store front, found through a store registry, once with
+// payloads crossing over two fabric endpoints (libfabric tcp on loopback: an instance
+// process's and the store process's) and once without a fabric (payloads in the messages).
+// Then what the fabric path adds (the offers a get or a put makes are withdrawn once the bytes
+// have crossed), and what a store process that dies and comes back means for a proxy: every
+// operation answered at once while there is no store, none left waiting on the dead one, the
+// next store served, and the registry's mirrored metrics never going back.
+#include "cluster/launch/control_directory.hpp"
 #include "cluster/launch/store_bridge.hpp"
 #include "ports/fabric_link.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/metrics.hpp"
 
 #include "../ports/store_drivers.hpp"
 
 #include <doctest/doctest.h>
 
+#include <sstream>
 #include <thread>
 
 namespace troupe::test {
 
-/// The POSIX store (as the control process holds it: the base's `store`) behind a store
-/// front and a store proxy, which `call` asks; `Fabric`: payloads over fabric endpoints, else
-/// in the messages.
+/// Registers `store` and `front` with `registry`, and waits until it took them.
+inline void register_store(caf::scoped_actor& self, const caf::actor& registry,
+                           const caf::actor& store, const caf::actor& front) {
+  self->send(registry, caf::put_atom::value, cluster::store_binding{store, front});
+  self->request(registry, caf::infinite, caf::get_atom::value)
+    .receive([&](const cluster::store_binding& b) { REQUIRE(b.store == store); },
+             [](caf::error& e) { FAIL(caf::to_string(e)); });
+}
+
+/// The POSIX store (as the store process holds it: the base's `store`) behind a store front,
+/// registered with a store registry, and a store proxy, which `call` asks; `Fabric`: payloads
+/// over fabric endpoints, else in the messages.
 template <bool Fabric>
 struct bridged_store_driver : posix_store_driver {
   runtime::fabric_link_port control_link, instance_link;
   caf::actor front;
+  caf::actor registry;
   runtime::store_port proxy;
 
   explicit bridged_store_driver(std::uint64_t capacity) : posix_store_driver(capacity) {
@@ -36,11 +53,13 @@ struct bridged_store_driver : posix_store_driver {
       instance_link = *b;
       front = cluster::spawn_store_front(world.system(), store, control_link);
     }
-    proxy = cluster::spawn_store_proxy(world.system(), store, front, instance_link);
+    registry = cluster::spawn_store_registry(world.system());
+    register_store(self, registry, caf::actor_cast<caf::actor>(store), front);
+    proxy = cluster::spawn_store_proxy(world.system(), registry, instance_link);
   }
 
   ~bridged_store_driver() {
-    for (auto h : {caf::actor_cast<caf::actor>(proxy), front,
+    for (auto h : {caf::actor_cast<caf::actor>(proxy), front, registry,
                    caf::actor_cast<caf::actor>(control_link),
                    caf::actor_cast<caf::actor>(instance_link)})
       if (h)
@@ -90,7 +109,7 @@ TEST_CASE("a store get or put over the fabric leaves no offer behind") {
 
 TEST_CASE("a proxy with 4 transfers at a time serves 64 puts and then 64 gets sent at once") {
   test::bridged_store_driver<true> d(64 << 20);
-  auto proxy = cluster::spawn_store_proxy(d.world.system(), d.store, d.front, d.instance_link,
+  auto proxy = cluster::spawn_store_proxy(d.world.system(), d.registry, d.instance_link,
                                           std::chrono::seconds(30), 4);
   constexpr std::uint64_t n = 64;
   std::vector<decltype(d.self->request(proxy, caf::infinite, store_get{}))> gets;
@@ -114,4 +133,110 @@ TEST_CASE("a proxy with 4 transfers at a time serves 64 puts and then 64 gets se
       [](caf::error& e) { FAIL(caf::to_string(e)); });
   CHECK(right == n);
   d.self->send_exit(proxy, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+/// A store that takes every get and never answers it (a store process about to die).
+caf::actor spawn_silent_store(caf::actor_system& sys) {
+  return sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    return {[self](runtime::store_get&) { return self->make_response_promise<store_object>(); }};
+  });
+}
+
+} // namespace
+
+TEST_CASE("a proxy answers at once while there is no store, and when its store dies") {
+  test::bridged_store_driver<true> d(1 << 20);
+  auto& sys = d.world.system();
+  auto registry = cluster::spawn_store_registry(sys);
+  auto proxy = cluster::spawn_store_proxy(sys, registry, d.instance_link);
+  // Each answer must come long before the proxy's 30 s timeout: a timeout here is a failure.
+  auto get = [&](std::uint64_t i) {
+    return test::request<store_object>(d.self, proxy, store_get{key(i)});
+  };
+  auto answered_within = [&](auto&& f) {
+    auto start = std::chrono::steady_clock::now();
+    auto r = f();
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+    return r;
+  };
+
+  // No store registered yet: unavailable, not a wait.
+  auto none = answered_within([&] { return get(1); });
+  REQUIRE_FALSE(none);
+  CHECK(runtime::is(none.error(), errc::unavailable));
+
+  // A store that dies with gets in flight: they all fail as soon as it is down. (It has no
+  // front, as a store process without a fabric: the gets go to the store itself.)
+  auto silent = spawn_silent_store(sys);
+  test::register_store(d.self, registry, silent, {});
+  std::vector<decltype(d.self->request(proxy, caf::infinite, store_get{}))> stuck;
+  for (std::uint64_t i = 0; i < 3; ++i)
+    stuck.push_back(d.self->request(proxy, std::chrono::seconds(10), store_get{key(i)}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  d.self->send_exit(silent, caf::exit_reason::kill);
+  std::size_t unavailable = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (auto& r : stuck)
+    r.receive([](store_object&) { FAIL("a silent store answered"); },
+              [&](caf::error& e) { unavailable += runtime::is(e, errc::unavailable) ? 1 : 0; });
+  CHECK(unavailable == 3);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+
+  // The store is gone and nothing replaced it: unavailable at once again.
+  auto gone = answered_within([&] { return get(1); });
+  REQUIRE_FALSE(gone);
+  CHECK(runtime::is(gone.error(), errc::unavailable));
+
+  // The store process comes back: the same proxy uses it, no new handle given to it, its
+  // payloads over the fabric again.
+  test::register_store(d.self, registry, caf::actor_cast<caf::actor>(d.store), d.front);
+  REQUIRE(test::request<store_stats>(d.self, proxy,
+                                     store_put{key(7), 500, bytes(500, 7), duration{0}}));
+  auto back = test::request<store_object>(d.self, proxy, store_get{key(7)});
+  REQUIRE(back);
+  CHECK(back->payload == bytes(500, 7));
+  for (auto h : {caf::actor_cast<caf::actor>(proxy), registry})
+    d.self->send_exit(h, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the registry mirrors its store's figures, and they never go back after a restart") {
+  test::posix_store_driver d(1 << 20);
+  auto& sys = d.world.system();
+  runtime::registry metrics;
+  auto registry = cluster::spawn_store_registry(sys, &metrics, std::chrono::milliseconds(20));
+  auto value = [&](const std::string& name) {
+    double v = -1;
+    std::istringstream text{metrics.expose()};
+    for (std::string line; std::getline(text, line);)
+      if (line.rfind(name + " ", 0) == 0)
+        v = std::stod(line.substr(name.size() + 1));
+    return v;
+  };
+  auto settle = [&](const std::string& name, double want) {
+    for (int i = 0; i < 250 && value(name) != want; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return value(name);
+  };
+  const std::string blocks = "troupe_store_blocks";
+  const std::string hits = "troupe_store_reads_total{outcome=\"hit\"}";
+  test::register_store(d.self, registry, caf::actor_cast<caf::actor>(d.store), {});
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    REQUIRE(test::request<store_stats>(d.self, d.store,
+                                       store_put{key(i), 100, bytes(100, 1), duration{0}}));
+    REQUIRE(test::request<store_object>(d.self, d.store, store_get{key(i)}));
+  }
+  CHECK(settle(blocks, 3) == 3);
+  CHECK(settle(hits, 3) == 3);
+
+  // The store restarts on its directory (a new process): it counts its reads from zero, the
+  // mirrored counter goes on from where it was.
+  test::stop(d.self, d.store);
+  d.store = d.spawn(1 << 20);
+  test::register_store(d.self, registry, caf::actor_cast<caf::actor>(d.store), {});
+  REQUIRE(test::request<store_object>(d.self, d.store, store_get{key(0)}));
+  CHECK(settle(hits, 4) == 4);
+  CHECK(settle(blocks, 3) == 3);
+  d.self->send_exit(registry, caf::exit_reason::user_shutdown);
 }

@@ -1,12 +1,14 @@
 """`troupe launch`: the serving graph as OS processes, with real process faults.
 
 `troupe launch examples/topologies/local-cpu-3.toml` runs a control process (KV CHECK role,
-balancers, HTTP entrypoint), one prefill and two decode instance processes, joined by CAF's
-middleman, on a random small-preset model (the CPU engine computes every token). The tests
-drive it with the official OpenAI SDK and check what a cluster must get right: served greedy
-tokens equal `troupe generate`'s; a decode process killed with SIGKILL in the middle of eight
-streams loses no request and changes no token (the request actors reroute to the other
-decode process, which recomputes the context), and the launcher restarts the process; SIGTERM
+balancers, HTTP entrypoint), the block store's process, one prefill and two decode instance
+processes, joined by CAF's middleman, on a random small-preset model (the CPU engine computes
+every token). The tests drive it with the official OpenAI SDK and check what a cluster must
+get right: served greedy tokens equal `troupe generate`'s; a decode process killed with
+SIGKILL in the middle of eight streams loses no request and changes no token (the request
+actors reroute to the other decode process, which recomputes the context), and the launcher
+restarts the process; the store process killed under load loses no request either (the
+blocks it cannot serve are recomputed) and serves its blocks again once restarted; SIGTERM
 stops the cluster cleanly. Every call has a bounded timeout and retries are off.
 
 Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_launch.py
@@ -144,12 +146,16 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     assert out.returncode == 0, out.stderr
     rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
     assert [(r[0], r[1], r[2]) for r in rows] == [
-        ("control", "local", "control"), ("prefill/0", "local", "prefill"),
-        ("decode/0", "local", "decode"), ("decode/1", "local", "decode")]
+        ("control", "local", "control"), ("store", "local", "store"),
+        ("prefill/0", "local", "prefill"), ("decode/0", "local", "decode"),
+        ("decode/1", "local", "decode")]
     for r in rows:
         assert r[4] == "node" and "--control" in r and r[r.index("--control") + 1] == "127.0.0.1:7100"
-    assert rows[2][rows[2].index("--index") + 1] == "0" and rows[3][rows[3].index("--index") + 1] == "1"
+    assert rows[3][rows[3].index("--index") + 1] == "0" and rows[4][rows[4].index("--index") + 1] == "1"
     assert rows[0][rows[0].index("--compile-threads") + 1] == "3"  # the entrypoint's compile pool
+    # The topology's store (a posix directory) is the store process's: the control process
+    # waits for it instead of opening the directory.
+    assert "--external-store" in rows[0] and "--index" not in rows[1]
 
 
 def test_slurm_dry_run_prints_the_job_with_absolute_paths(model_dir):
@@ -288,9 +294,9 @@ def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_
 
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
     procs = cluster.state()["processes"]
-    assert [p["name"] for p in procs] == ["control", "prefill/0", "decode/0", "decode/1"]
+    assert [p["name"] for p in procs] == ["control", "store", "prefill/0", "decode/0", "decode/1"]
     assert all(p["state"] == "running" and p["pid"] > 0 for p in procs)
-    assert len({p["pid"] for p in procs}) == 4
+    assert len({p["pid"] for p in procs}) == 5
 
 
 def test_every_node_process_runs_its_heap_on_huge_pages(cluster):
@@ -304,26 +310,91 @@ def test_every_node_process_runs_its_heap_on_huge_pages(cluster):
         assert tunables(p["pid"]) == ["GLIBC_TUNABLES=glibc.malloc.hugetlb=1"], p["name"]
 
 
-def test_the_control_process_holds_the_block_store_of_the_whole_cluster(cluster):
-    # The instance processes persist a long prompt's blocks into the control process's store
-    # and read them back from it, the payloads over the fabric: a repeat of the prompt is a
-    # prefix hit with the same greedy tokens, and the control's /metrics counts the blocks and
-    # the reads (the store's figures are the cluster's).
-    body = chat_body(" ".join(f"block{i} of the store" for i in range(160)), max_tokens=4,
+def long_prompt(tag):
+    return chat_body(" ".join(f"{tag}{i} of the store" for i in range(160)), max_tokens=4,
                      temperature=0, extra_body={"thinking": {"type": "disabled"}})
+
+
+def until_cached(cluster, body, tries=20):
+    """The response to `body` once its prompt is a prefix hit (the blocks are committed
+    shortly after the hand-off), or the last one after `tries`."""
+    for _ in range(tries):
+        r = cluster.openai().chat.completions.create(**body)
+        if r.usage.prompt_tokens_details.cached_tokens > 0:
+            return r
+        time.sleep(0.5)
+    return r
+
+
+def store_metric(cluster, name, at_least):
+    """The control's /metrics value of `name` once it reaches `at_least` (the store's figures
+    are mirrored from the store process every second), or the last one read."""
+    for _ in range(50):
+        text = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
+        value = sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name))
+        if value >= at_least:
+            break
+        time.sleep(0.2)
+    return value
+
+
+def test_the_store_process_holds_the_block_store_of_the_whole_cluster(cluster):
+    # The instance processes persist a long prompt's blocks into the store process and read
+    # them back from it, the payloads over the fabric: a repeat of the prompt is a prefix hit
+    # with the same greedy tokens, and the control's /metrics counts the blocks and the reads
+    # (the store's figures are the cluster's).
+    body = long_prompt("block")
     first = cluster.openai().chat.completions.create(**body)
     assert first.usage.prompt_tokens >= 512
-    for _ in range(20):  # the blocks are committed shortly after the hand-off
-        again = cluster.openai().chat.completions.create(**body)
-        if again.usage.prompt_tokens_details.cached_tokens > 0:
-            break
-        time.sleep(0.5)
+    again = until_cached(cluster, body)
     assert again.usage.prompt_tokens_details.cached_tokens >= 512
     assert again.choices[0].message.content == first.choices[0].message.content
-    metrics = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
-    value = lambda name: sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name))
-    assert value("troupe_store_blocks") >= 4
-    assert value('troupe_store_reads_total{outcome="hit"}') >= 4
+    assert store_metric(cluster, "troupe_store_blocks", 4) >= 4
+    assert store_metric(cluster, 'troupe_store_reads_total{outcome="hit"}', 4) >= 4
+
+
+def test_a_store_process_killed_under_load_loses_no_request(cluster):
+    # kill -9 of the store process while eight streams decode and four long prompts are being
+    # read back from it: every request completes with the tokens of a run without the fault
+    # (what the store cannot serve is recomputed; nothing waits on the dead store), the
+    # launcher restarts the store, and the blocks it had written are hits again.
+    cached = [long_prompt(f"kept{k}_") for k in range(4)]
+    want_cached = [cluster.openai().chat.completions.create(**b).choices[0].message.content
+                   for b in cached]
+    for b in cached:
+        until_cached(cluster, b)
+    streams = [chat_body(f"Store fault stream {i}: tell a long story.", max_tokens=48,
+                         temperature=0) for i in range(8)]
+    want_streams = [cluster.openai().chat.completions.create(**b) for b in streams]
+    store = cluster.process("store")
+    restarts = store["restarts"]
+
+    def kill_store():
+        os.kill(store["pid"], signal.SIGKILL)
+        # Prompts whose blocks are in the dead store: asked while it is down or restarting.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(cached)) as pool:
+            got = list(pool.map(lambda b: cluster.openai().chat.completions.create(**b), cached))
+        assert [r.choices[0].message.content for r in got] == want_cached
+
+    results = run_streams(cluster, streams, 8, kill_store)
+    for (text, usage), want in zip(results, want_streams):
+        assert usage.completion_tokens == want.usage.completion_tokens
+        assert text == (getattr(want.choices[0].message, "reasoning_content", None) or "") + (
+            want.choices[0].message.content or "")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        p = cluster.process("store")
+        if p["state"] == "running" and p["pid"] != store["pid"] and p["restarts"] == restarts + 1:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the store process was not restarted:\n" + "".join(cluster.log))
+    # Back: the blocks written before the kill are on its disk, and hits again.
+    for b, want in zip(cached, want_cached):
+        r = until_cached(cluster, b)
+        assert r.usage.prompt_tokens_details.cached_tokens >= 512, "".join(cluster.log)
+        assert r.choices[0].message.content == want
+    assert any("troupe node[store]: serving the block store" in l for l in cluster.log)
 
 
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `troupe launch --hosts` across three hosts built on this machine: network namespaces h1, h2,
 # h3 joined by veth pairs to a bridge in a fourth namespace (the switch), 10.231.7.0/24. Each
-# host runs `troupe agent`; the launcher (on h1) places the control process and prefill/0 on
+# host runs `troupe agent`; the launcher (on h1) places the control process, the store process
+# (the hosts file lists no store role: it goes with the control process) and prefill/0 on
 # h1, decode/0 on h2 and decode/1 on h3, and starts them through the agents. The prompts' KV
 # crosses from h1 to h2 / h3 over the fabric link (libfabric tcp). Between the processes and
 # the agents the links are mutual TLS (`troupe certs`: a certificate per host for its agent,
@@ -110,7 +111,7 @@ HTTP=$(state 's["http"]')
 echo "serving on $HTTP"
 
 # Placement: each process on its host, and in that host's namespace.
-for spec in control:h1 prefill/0:h1 decode/0:h2 decode/1:h3; do
+for spec in control:h1 store:h1 prefill/0:h1 decode/0:h2 decode/1:h3; do
   name=${spec%%:*}; host=${spec##*:}
   got=$(state "next(p['host'] for p in s['processes'] if p['name']=='$name')")
   [ "$got" = "$host" ] || fail "$name placed on $got, expected $host"
@@ -206,7 +207,7 @@ kill -TERM "$LAUNCHER"
 status=0
 wait "$LAUNCHER" || status=$?
 [ "$status" = "0" ] || fail "the launcher exited with $status"
-for name in control prefill/0 decode/0 decode/1; do
+for name in control store prefill/0 decode/0 decode/1; do
   pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='$name')")
   [ "$pid" = "0" ] || fail "$name still has pid $pid after the stop"
 done
