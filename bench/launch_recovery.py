@@ -1,4 +1,4 @@
-"""Recovery of a launched cluster after a decode process is killed: kill -9 → stream resumed.
+"""Recovery of a launched cluster after a decode or the store process is killed (kill -9).
 
 One invocation starts `troupe launch examples/topologies/local-cpu-3.toml` (a control
 process, one prefill and two decode processes on CPU devices) on a model directory and, for
@@ -15,14 +15,27 @@ and continues. Figures per round:
                balancer again (the node's "model loaded; serving in the decode pool" line),
                i.e. capacity back.
 
+With --kill store, each round first makes a long prompt (--cached-words words, its own per
+round) a prefix hit, then kills the store process while the streams decode, and records:
+
+  stream gap   the longest time a stream went without a token after the kill (the streams
+               do not use the store while they decode: nothing should stall);
+  outage TTFT  the cached prompt asked right after the kill: its blocks cannot be read, so it
+               is computed in full (and its cached_tokens);
+  store back   kill → the restarted store process serves its directory again (its "serving
+               the block store" line);
+  hit TTFT     the cached prompt once the store is back (a prefix hit again), beside the hit
+               TTFT before the kill.
+
 Every stream must complete with completion_tokens == --tokens, else the run fails. Rounds wait
-for decode/0 to be back before the next kill. It prints min and median over the rounds, with
+for the killed process to be back before the next kill. It prints min and median over the rounds, with
 the 1-minute load average of each round (a figure taken under load is not a figure), beside
 the published figures of the peers: SGLang's elastic EP reports ~6-7 s to recover from a rank
 failure on GPUs, and DeepSeek describes a restart of an inference instance as taking minutes.
 
     python3 bench/launch_recovery.py [--troupe build/troupe] [--model DIR] [--rounds 3]
-        [--streams 4] [--tokens 96] [--warm 8] [--threads 1]
+        [--streams 4] [--tokens 96] [--warm 8] [--threads 1] [--kill decode|store]
+        [--cached-words 300]
 
 Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
 temporary directory. The standard library only.
@@ -70,6 +83,33 @@ def stream(port, prompt, tokens, arrivals, done):
     done.append(usage)
 
 
+def first_token(port, prompt):
+    """A greedy one-token request: (seconds to its first token, the prompt's cached tokens)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 1, "temperature": 0, "stream": True, "thinking": {"type": "disabled"},
+            "stream_options": {"include_usage": True}}
+    start = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"content-type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+    ttft, cached = None, None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        for c in chunk.get("choices", []):
+            d = c.get("delta", {})
+            if ttft is None and (d.get("content") or d.get("reasoning_content")):
+                ttft = time.monotonic() - start
+    return ttft, cached
+
+
 def state(path):
     with open(path) as f:
         return json.load(f)
@@ -88,6 +128,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--warm", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--kill", choices=("decode", "store"), default="decode")
+    ap.add_argument("--cached-words", type=int, default=300)
     a = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="troupe-recovery-")
@@ -125,18 +167,56 @@ def main():
             threads = [threading.Thread(target=stream, args=(
                 port, f"Round {rnd}, stream {i}: tell me about supervision.", a.tokens,
                 arrivals[i], done)) for i in range(a.streams)]
+            if a.kill == "store":
+                cached_prompt = " ".join(f"round{rnd}word{i}" for i in range(a.cached_words))
+                first_token(port, cached_prompt)
+                for _ in range(40):  # its blocks are committed shortly after the hand-off
+                    hit_before, got = first_token(port, cached_prompt)
+                    if got:
+                        break
+                    time.sleep(0.25)
+                else:
+                    raise RuntimeError(f"round {rnd}: the cached prompt never became a hit")
             for t in threads:
                 t.start()
             while min(len(x) for x in arrivals) < a.warm:
                 time.sleep(0.005)
-            victim = proc(state(state_file), "decode/0")
+            victim = proc(state(state_file), "decode/0" if a.kill == "decode" else "store")
             killed = time.monotonic()
             os.kill(victim["pid"], signal.SIGKILL)
+            if a.kill == "store":
+                outage, outage_cached = first_token(port, cached_prompt)
             for t in threads:
                 t.join(timeout=900)
             if len(done) != a.streams or any(u is None or u["completion_tokens"] != a.tokens
                                              for u in done):
                 raise RuntimeError(f"round {rnd}: a stream did not complete: {done}")
+            if a.kill == "store":
+                gap = max(next((t for t in x if t > killed), killed) - max(
+                    [t for t in x if t <= killed] or [killed]) for x in arrivals)
+                back = None
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline and back is None:
+                    for t, l in log:
+                        if t > killed and "troupe node[store]: serving the block store" in l:
+                            back = t - killed
+                    time.sleep(0.05)
+                if back is None:
+                    raise RuntimeError(f"round {rnd}: the store process did not come back")
+                for _ in range(40):
+                    hit_after, got = first_token(port, cached_prompt)
+                    if got:
+                        break
+                    time.sleep(0.25)
+                else:
+                    raise RuntimeError(f"round {rnd}: the cached prompt is no hit after the restart")
+                rows.append((gap, outage, back, hit_before, hit_after, load))
+                print(f"round {rnd}: stream gap {gap:.3f} s, outage TTFT {outage:.3f} s "
+                      f"(cached {outage_cached}), store back {back:.3f} s, hit TTFT "
+                      f"{hit_before:.3f} s before / {hit_after:.3f} s after (cached {got}), "
+                      f"load {load:.2f}", flush=True)
+                time.sleep(2)
+                continue
             gaps = []
             for x in arrivals:
                 after = [t for t in x if t > killed]
@@ -163,6 +243,18 @@ def main():
                   f"{typical * 1000:.1f} ms, load {load:.2f}", flush=True)
             # Let the restarted process settle before the next round.
             time.sleep(2)
+        if a.kill == "store":
+            print(f"\nkill -9 of the store process, {a.streams} streams of {a.tokens} tokens, "
+                  f"a cached prompt of {a.cached_words} words, {len(rows)} rounds (load average "
+                  f"{min(r[5] for r in rows):.2f}..{max(r[5] for r in rows):.2f})")
+            for i, what in enumerate(("longest stream gap after the kill",
+                                      "TTFT of the cached prompt while the store is down",
+                                      "store process back (kill -> serving its directory)",
+                                      "TTFT of the cached prompt before the kill (hit)",
+                                      "TTFT of the cached prompt after the restart (hit)")):
+                v = [r[i] for r in rows]
+                print(f"  {what}: min {min(v):.3f} s, median {statistics.median(v):.3f} s")
+            return 0
         res = [r[0] for r in rows if r[0] is not None]
         rej = [r[2] for r in rows if r[2] is not None]
         print(f"\nkill -9 of a decode process, {a.streams} streams of {a.tokens} tokens, "
