@@ -205,7 +205,7 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   k8s->add_option("--model-host-path", k->opts.model_host_path,
                   "a directory on every machine with the model (mounted at /model)");
   k8s->add_option("--store-pvc", k->opts.store_pvc,
-                  "a claim for the KV block store, mounted at /kv by the control pod alone "
+                  "a claim for the KV block store, mounted at /kv by the store pod alone "
                   "(ReadWriteOnce will do)");
   k8s->callback([k, &rc] { rc = run_k8s(*k); });
 
@@ -230,7 +230,8 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
                     "more arguments of every troupe node, as one string split at spaces "
                     "(e.g. --node-args='--threads 4 --grace 30')");
   slurm->add_option("--kv-dir", s->opts.store_dir,
-                    "the KV block store directory on the machines (a shared mount)");
+                    "the KV block store directory of the store process (default: the "
+                    "topology's [storage] path)");
   slurm->add_option("--tls-ca", s->tls.ca_file,
                     "the cluster CA's certificate (troupe certs): mutual TLS between the job's "
                     "processes");

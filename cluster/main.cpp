@@ -611,6 +611,10 @@ int main(int argc, char** argv) {
     "node", "one process of a launched cluster: the control role, the block store or one "
             "engine instance (troupe launch starts these)");
   add_server_options(node, node_opts.serve, node_grace_s);
+  // The store process holds no model; the other roles say so when --model is missing.
+  node->get_option("--model")->required(false)->description(
+    "the model directory (config.json + safetensors, the released layout); every role but "
+    "store");
   add_tls_options(node, node_opts.tls);
   node->add_option("--role", node_opts.role, "control, store, prefill or decode")->required();
   node->add_flag("--external-store", node_opts.external_store,

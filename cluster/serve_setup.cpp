@@ -104,18 +104,28 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
                 + " ids but the model only " + std::to_string(text.vocab_size)
                 + " (a model for another tokenizer; the `small` preset has the full vocabulary)");
 
-  // The KV store's directory: --kv-dir, else the topology's posix path (relative paths
-  // from the working directory); none for a topology with the simulated store.
-  in.kv_dir = o.kv_dir;
-  if (in.kv_dir.empty() && in.topo.storage.backend == storage_backend::posix)
-    in.kv_dir = in.topo.storage.path;
-  if (!in.kv_dir.empty()) {
-    std::error_code ec;
-    in.kv_dir = fs::absolute(in.kv_dir, ec);
-    if (ec)
-      return fail("the KV store directory " + in.kv_dir.string() + ": " + ec.message());
-  }
+  auto dir = store_directory(o, in.topo, command, err);
+  if (!dir)
+    return std::nullopt;
+  in.kv_dir = std::move(*dir);
   return in;
+}
+
+std::optional<std::filesystem::path> store_directory(const serve_options& o, const topology& topo,
+                                                     const std::string& command,
+                                                     std::ostream& err) {
+  fs::path dir = o.kv_dir;
+  if (dir.empty() && topo.storage.backend == storage_backend::posix)
+    dir = topo.storage.path;
+  if (dir.empty())
+    return dir;
+  std::error_code ec;
+  auto absolute = fs::absolute(dir, ec);
+  if (ec) {
+    err << command << ": the KV store directory " << dir.string() << ": " << ec.message() << "\n";
+    return std::nullopt;
+  }
+  return absolute;
 }
 
 std::optional<std::set<std::string>> load_api_keys_option(const serve_options& o,

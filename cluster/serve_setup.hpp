@@ -49,6 +49,13 @@ std::optional<std::pair<std::string, std::uint16_t>> parse_host_port(const std::
 std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std::string& command,
                                               std::ostream& err);
 
+/// The KV store's directory of a server: --kv-dir, else the topology's posix path (relative
+/// paths from the working directory), made absolute; empty for a topology with the simulated
+/// store. Nothing after an error written to `err`.
+std::optional<std::filesystem::path> store_directory(const serve_options& o, const topology& topo,
+                                                     const std::string& command,
+                                                     std::ostream& err);
+
 /// The API keys of `o.api_keys_file` (empty set: none, after a warning on `err` that the API
 /// at `listen` is open). Nothing after an error written to `err`.
 std::optional<std::set<std::string>> load_api_keys_option(const serve_options& o,

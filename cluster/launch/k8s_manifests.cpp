@@ -49,15 +49,15 @@ json selector_of(json l) {
   return l;
 }
 
-// `store`: the pod holds the KV block store (the control pod; the instances reach it through
-// it), so it mounts the store's claim.
+// `store`: the pod holds the KV block store (the store pod; the others reach it through the
+// control process's store registry), so it mounts the store's claim, and no model.
 json volumes(const std::string& cluster, const k8s_options& o, bool gpu, bool store) {
   json v = json::array();
   v.push_back({{"name", "topology"}, {"configMap", {{"name", cluster + "-topology"}}}});
-  if (!o.model_pvc.empty())
+  if (!store && !o.model_pvc.empty())
     v.push_back({{"name", "model"},
                  {"persistentVolumeClaim", {{"claimName", o.model_pvc}, {"readOnly", true}}}});
-  else if (!o.model_host_path.empty())
+  else if (!store && !o.model_host_path.empty())
     v.push_back(
       {{"name", "model"}, {"hostPath", {{"path", o.model_host_path}, {"type", "Directory"}}}});
   if (store && !o.store_pvc.empty())
@@ -71,7 +71,7 @@ json volume_mounts(const k8s_options& o, bool gpu, bool store) {
   json m = json::array();
   m.push_back({{"name", "topology"}, {"mountPath", std::string(k8s_topology_dir)},
                {"readOnly", true}});
-  if (!o.model_pvc.empty() || !o.model_host_path.empty())
+  if (!store && (!o.model_pvc.empty() || !o.model_host_path.empty()))
     m.push_back({{"name", "model"}, {"mountPath", "/model"}, {"readOnly", true}});
   if (store && !o.store_pvc.empty())
     m.push_back({{"name", "kv-store"}, {"mountPath", "/kv"}});
@@ -80,9 +80,9 @@ json volume_mounts(const k8s_options& o, bool gpu, bool store) {
   return m;
 }
 
-// --model and (the control pod's) --kv-dir as the pods see them.
+// --model (the store pod needs none) and (the store pod's) --kv-dir as the pods see them.
 void add_data_args(json& command, const k8s_options& o, bool store) {
-  if (!o.model_pvc.empty() || !o.model_host_path.empty()) {
+  if (!store && (!o.model_pvc.empty() || !o.model_host_path.empty())) {
     command.push_back("--model");
     command.push_back("/model");
   }
@@ -153,6 +153,8 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
   if (!gpn)
     return failure::failure(gpn.error());
   const bool gpu = *gpn > 0;
+  // The cluster has a block store: a claim for it, or a directory the topology names.
+  const bool store = !o.store_pvc.empty() || topo.storage.backend == storage_backend::posix;
 
   const std::string cluster = k8s_name(topo.cluster.name);
   if (cluster.empty())
@@ -223,7 +225,9 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
     json command = json::array({"troupe", "node", topology_path(), "--role", "control",
                                 "--control", fmt::format("0.0.0.0:{}", o.control_port), "--listen",
                                 fmt::format("0.0.0.0:{}", o.http_port)});
-    add_data_args(command, o, true);
+    add_data_args(command, o, false);
+    if (store)
+      command.push_back("--external-store");
     add_fabric_args(command);
     json container;
     container["name"] = "control";
@@ -239,11 +243,11 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
         {"memory", fmt::format("{}Gi", o.control_memory_gib)}}}};
     container["readinessProbe"] = http_probe("/ready", 5, 3);
     container["livenessProbe"] = http_probe("/health", 10, 6);
-    container["volumeMounts"] = volume_mounts(o, false, true);
+    container["volumeMounts"] = volume_mounts(o, false, false);
     json pod_spec;
     pod_spec["terminationGracePeriodSeconds"] = longest_grace + handoff_margin_s;
     pod_spec["containers"] = json::array({container});
-    pod_spec["volumes"] = volumes(cluster, o, false, true);
+    pod_spec["volumes"] = volumes(cluster, o, false, false);
     json dep;
     dep["apiVersion"] = "apps/v1";
     dep["kind"] = "Deployment";
@@ -258,6 +262,39 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
   }
 
   const std::string control_address = fmt::format("{}:{}", control, o.control_port);
+  if (store) {
+    const std::string name = cluster + "-store";
+    if (auto e = check_name(name, 63); !e.empty())
+      return failure::failure(e);
+    const json l = labels(cluster, "store");
+    json command = json::array(
+      {"troupe", "node", topology_path(), "--role", "store", "--control", control_address});
+    add_data_args(command, o, true);
+    add_fabric_args(command);
+    json container;
+    container["name"] = "store";
+    container["image"] = o.image;
+    container["command"] = command;
+    container["env"] = json::array({pod_ip_env()});
+    container["resources"] = {{"requests",
+                               {{"cpu", std::to_string(o.store_cpus)},
+                                {"memory", fmt::format("{}Gi", o.store_memory_gib)}}}};
+    container["volumeMounts"] = volume_mounts(o, false, true);
+    json pod_spec;
+    pod_spec["terminationGracePeriodSeconds"] = default_termination_s;
+    pod_spec["containers"] = json::array({container});
+    pod_spec["volumes"] = volumes(cluster, o, false, true);
+    json dep;
+    dep["apiVersion"] = "apps/v1";
+    dep["kind"] = "Deployment";
+    dep["metadata"] = metadata(name, l, o);
+    // One store at a time: a store owns its directory (and a ReadWriteOnce claim).
+    dep["spec"] = {{"replicas", 1},
+                   {"strategy", {{"type", "Recreate"}}},
+                   {"selector", {{"matchLabels", selector_of(l)}}},
+                   {"template", {{"metadata", {{"labels", selector_of(l)}}}, {"spec", pod_spec}}}};
+    out.push_back(std::move(dep));
+  }
   for (const auto& pool : topo.pools) {
     auto layout = layout_of(pool, *gpn);
     if (!layout)

@@ -5,7 +5,9 @@
 // controllers keep running. The control process (KV CHECK role, load balancers, HTTP
 // entrypoint) is a one-replica Deployment behind two Services: a ClusterIP Service for the
 // HTTP API and a headless Service through which the instance processes reach its control
-// port. Each EP instance of each pool is one StatefulSet (one pod per machine the instance
+// port. The KV block store, when the cluster has one (a store claim, or a topology with a
+// posix store), is a one-replica Deployment of its own that mounts the claim and registers
+// with the control process (cluster/launch/store_bridge.hpp). Each EP instance of each pool is one StatefulSet (one pod per machine the instance
 // spans, see deploy_layout.hpp) with its own headless Service, so the ranks of an instance
 // have stable DNS names and an instance can be restarted, scaled or deleted as one unit
 // without a custom resource definition. The topology file itself travels as a ConfigMap that
@@ -40,9 +42,11 @@ struct k8s_options {
   std::uint32_t memory_gib_per_gpu = 64; // memory request per GPU, GiB
   std::uint32_t control_cpus = 4;      // the control pod's CPU request
   std::uint32_t control_memory_gib = 16; // the control pod's memory request, GiB
+  std::uint32_t store_cpus = 2;          // the store pod's CPU request
+  std::uint32_t store_memory_gib = 8;    // the store pod's memory request, GiB
   std::string model_pvc;               // a PersistentVolumeClaim holding the model directory
   std::string model_host_path;         // or a directory on every machine (hostPath)
-  std::string store_pvc;               // a claim for the KV block store (the control pod's)
+  std::string store_pvc;               // a claim for the KV block store (the store pod's)
 };
 
 /// The name of the ConfigMap key (and of the mounted file) that holds the topology.
@@ -53,7 +57,7 @@ inline constexpr std::string_view k8s_topology_dir = "/etc/troupe";
 
 /// The Kubernetes objects for `topo`, whose file text is `topology_text` (stored verbatim in
 /// the ConfigMap), in apply order: the ConfigMap, the control's headless and HTTP Services,
-/// the control Deployment, then per pool (file order) and per instance index 0 … initial−1
+/// the control Deployment, the store Deployment (when there is a store), then per pool (file order) and per instance index 0 … initial−1
 /// a headless Service and a StatefulSet. Pools of zero initial instances emit nothing.
 /// Fails with one message when an option is invalid (empty image, both model sources given),
 /// an instance does not fit the machines (deploy_layout.hpp), or a generated name would not

@@ -610,10 +610,9 @@ private:
   std::ostream& err_;
 };
 
-/// The arguments every `troupe node` of a launch takes alike, besides --model and --control
-/// (with `kv_dir`, the store directory: under Slurm every process is given it, the control
-/// process opens it).
-std::vector<std::string> shared_node_args(const launch_options& o, bool kv_dir) {
+/// The arguments every `troupe node` of a launch takes alike, besides --model, --control and
+/// (the store process's) --kv-dir.
+std::vector<std::string> shared_node_args(const launch_options& o) {
   const auto& s = o.serve;
   std::vector<std::string> args{"--threads", std::to_string(s.device_threads), "--grace",
                                 std::to_string(s.grace.count())};
@@ -625,8 +624,6 @@ std::vector<std::string> shared_node_args(const launch_options& o, bool kv_dir) 
   };
   add("--engram-map", s.engram_map);
   add("--tokenizer", s.tokenizer);
-  if (kv_dir)
-    add("--kv-dir", s.kv_dir);
   add("--tls-ca", o.tls.ca_file);
   add("--tls-cert", o.tls.cert_file);
   add("--tls-key", o.tls.key_file);
@@ -684,7 +681,8 @@ int launch_on_slurm(launch_options o, const topology& topo,
   job.http_port = listen.second;
   if (control_port != 0)
     job.control_port = control_port;
-  job.node_args = shared_node_args(o, true);
+  job.store_dir = s.kv_dir;
+  job.node_args = shared_node_args(o);
   auto entry = entrypoint_node_args(o);
   job.node_args.insert(job.node_args.end(), entry.begin(), entry.end());
   return run_slurm_launch(topo, job, o.dry_run, out, err);
@@ -769,9 +767,9 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   };
   const auto& s = o.serve;
   auto exe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
-  // What every node takes alike.
-  std::vector<std::string> common{"--model", s.model, "--control", control};
-  auto shared = shared_node_args(o, false);
+  // What every node takes alike (the store process no model).
+  std::vector<std::string> common{"--control", control};
+  auto shared = shared_node_args(o);
   common.insert(common.end(), shared.begin(), shared.end());
   std::vector<launch_process> plan;
   auto node = [&](std::string name, std::string role, std::uint32_t index,
@@ -780,6 +778,8 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     launch_process p{std::move(name), on[index % on.size()], std::move(role), index,
                      {exe, "node", s.topology, "--role"}};
     p.argv.push_back(p.role);
+    if (p.role != "store")
+      p.argv.insert(p.argv.end(), {"--model", s.model});
     if (p.role == "prefill" || p.role == "decode") {
       p.argv.push_back("--index");
       p.argv.push_back(std::to_string(index));

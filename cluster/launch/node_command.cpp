@@ -546,17 +546,23 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
 /// The cluster's block store in a process of its own: it opens the store directory, offers
 /// payloads on its fabric link through a store front, and registers both with the control
 /// process's store registry (again after each restart: the launcher restarts it like an
-/// instance). It holds no model, only the store's files.
+/// instance). It reads the topology (the store's capacity and directory), not the model.
 int run_store(const node_options& o, std::ostream& err) {
   const std::string command = "troupe node[store]";
   auto fail = [&](const std::string& msg) {
     err << command << ": " << msg << "\n";
     return 1;
   };
-  auto in = load_serve_inputs(o.serve, command, err);
-  if (!in)
+  auto topo = load_topology(o.serve.topology);
+  if (!topo.value) {
+    for (const auto& d : topo.errors)
+      err << d.to_string() << "\n";
     return 1;
-  if (in->kv_dir.empty())
+  }
+  auto kv_dir = store_directory(o.serve, *topo.value, command, err);
+  if (!kv_dir)
+    return 1;
+  if (kv_dir->empty())
     return fail("no store directory: give --kv-dir DIR (or a topology with a posix store)");
   auto control = parse_host_port(o.control);
   if (!control || control->second == 0)
@@ -583,8 +589,8 @@ int run_store(const node_options& o, std::ostream& err) {
                      + " takes no store process (it was started without --external-store)"));
 
   ports::posix_store_params sp;
-  sp.directory = in->kv_dir;
-  sp.capacity = in->topo.storage.capacity_bytes;
+  sp.directory = *kv_dir;
+  sp.capacity = topo.value->storage.capacity_bytes;
   auto store = ports::spawn_posix_store(sys, std::move(sp));
   actors.push_back(caf::actor_cast<caf::actor>(store));
   runtime::store_stats held;
@@ -595,7 +601,7 @@ int run_store(const node_options& o, std::ostream& err) {
       .receive([&](const runtime::store_stats& s) { held = s; },
                [&](const caf::error& e) { why = sys.render(e); });
     if (!why.empty())
-      return stop(fail("cannot open the store directory " + in->kv_dir.string() + ": " + why));
+      return stop(fail("cannot open the store directory " + kv_dir->string() + ": " + why));
   }
   caf::actor front;
   if (o.fabric != "none") {
@@ -608,7 +614,7 @@ int run_store(const node_options& o, std::ostream& err) {
   }
   caf::anon_send(joined->dir.store_registry, caf::put_atom::value,
                  store_binding{caf::actor_cast<caf::actor>(store), front});
-  err << command << ": serving the block store in " << in->kv_dir.string() << " ("
+  err << command << ": serving the block store in " << kv_dir->string() << " ("
       << held.objects << " block(s)) to the cluster at " << o.control
       << (front ? "; payloads over the fabric" : "; payloads in CAF messages") << "\n";
   for (;;) {
@@ -622,7 +628,9 @@ int run_store(const node_options& o, std::ostream& err) {
       return stop(3);
     }
     if (int sig = poll_stop_signal(500ms); sig != 0 && !joined->stopping->load()) {
-      err << command << ": " << signal_name(sig) << ": stopped\n";
+      // Writes still on their way are answered as not done (unavailable) by the proxies.
+      err << command << ": " << signal_name(sig) << ": the store stops\n";
+      err << command << ": stopped\n";
       return stop(0);
     }
   }

@@ -57,13 +57,16 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
   if (!gpn)
     return failure::failure(gpn.error());
 
+  // The cluster has a block store (a directory given, or one the topology names): it runs as
+  // a second process of component 0, beside the control process.
+  const bool store = !o.store_dir.empty() || topo.storage.backend == storage_backend::posix;
   slurm_job job;
   slurm_component control;
   control.name = "control";
   control.role = "control";
   control.instances = 1;
   control.nodes = 1;
-  control.tasks = 1;
+  control.tasks = store ? 2 : 1;
   control.tasks_per_instance = 1;
   control.cpus_per_task = std::max<std::uint32_t>(1, o.control_cpus);
   job.components.push_back(control);
@@ -118,8 +121,8 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     const auto& c = job.components[i];
     if (c.role == "control") {
       line(fmt::format("# component {}: control (HTTP entrypoint, KV CHECK role, load "
-                       "balancers), 1 process",
-                       i));
+                       "balancers){}",
+                       i, store ? " and the KV block store, 2 processes" : ", 1 process"));
       continue;
     }
     std::string where =
@@ -168,13 +171,15 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
   line(fmt::format("control=\"${{control_addr:-$control_node}}:{}\"", o.control_port));
   line("echo \"troupe: job $SLURM_JOB_ID, control on $control_node ($control)\"");
   line("");
-  std::string data_args;
+  std::string data_args, store_args;
   if (!o.model_dir.empty())
     data_args += " --model " + shell_word(o.model_dir);
   if (!o.store_dir.empty())
-    data_args += " --kv-dir " + shell_word(o.store_dir);
-  for (const auto& a : o.node_args)
+    store_args += " --kv-dir " + shell_word(o.store_dir);
+  for (const auto& a : o.node_args) {
     data_args += " " + shell_word(a);
+    store_args += " " + shell_word(a);
+  }
   line("pids=()");
   for (std::size_t i = 0; i < job.components.size(); ++i) {
     const auto& c = job.components[i];
@@ -191,10 +196,19 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     if (c.role == "control") {
       line(fmt::format("{} --job-name=control \\", step));
       line(fmt::format("  \"$troupe\" node \"$topology\" --role control --control {} "
-                       "--listen {}{} &",
+                       "--listen {}{}{} &",
                        shell_word(fmt::format("{}:{}", o.bind, o.control_port)),
-                       shell_word(fmt::format("{}:{}", o.bind, o.http_port)), data_args));
+                       shell_word(fmt::format("{}:{}", o.bind, o.http_port)), data_args,
+                       store ? " --external-store" : ""));
       line("pids+=($!)");
+      if (store) {
+        // The store needs no model; it binds its fabric endpoint as the instances do.
+        line(fmt::format("{} --job-name=store \\", step));
+        line(fmt::format("  \"$troupe\" node \"$topology\" --role store --control "
+                         "\"$control\" --fabric-host auto{} &",
+                         store_args));
+        line("pids+=($!)");
+      }
       continue;
     }
     for (std::uint32_t index = 0; index < c.instances; ++index) {

@@ -2,11 +2,13 @@
 //
 // On an HPC cluster run by Slurm, troupe does not place processes itself: the topology becomes
 // one heterogeneous job (`sbatch` hetjob components) whose component 0 is the control process
-// (KV CHECK role, load balancers, HTTP entrypoint) and whose further components are the pools,
+// (KV CHECK role, load balancers, HTTP entrypoint) and, when the cluster has a block store, the
+// store process (cluster/launch/store_bridge.hpp), and whose further components are the pools,
 // each sized for its initial instances (whole machines for instances that span machines, shared
 // machines for small ones, see deploy_layout.hpp). The script then starts one `srun` job step
-// per process group: the control in component 0, and per pool and instance index one step in
-// the pool's component running `troupe node ... --role R --index N --control ADDR`, where ADDR
+// per process group: the control (and the store) in component 0, and per pool and instance
+// index one step in the pool's component running `troupe node ... --role R --index N
+// --control ADDR`, where ADDR
 // is the NodeAddr of the control component's first machine. An instance spanning P machines is
 // one step of P tasks (one per machine, SLURM_PROCID its rank). Because every step is a child
 // of the job, `scancel` (or the time limit) signals them all: SIGTERM starts the decode drain.
@@ -36,7 +38,7 @@ struct slurm_options {
   std::uint32_t control_cpus = 4;    // CPUs of the control step
   std::uint32_t cpus_per_gpu = 8;    // CPUs per GPU (per CPU device on hardware cpu) of a step
   std::string model_dir;             // --model of every process (needed); empty: not passed
-  std::string store_dir;             // --kv-dir of every process; empty: not passed
+  std::string store_dir;             // --kv-dir of the store process; empty: the topology's
   std::string bind = "0.0.0.0";      // the address the control publishes and serves HTTP on
   std::vector<std::string> node_args; // more arguments of every `troupe node` (e.g. --threads 4)
 };
@@ -47,7 +49,7 @@ struct slurm_component {
   std::string role;                  // "control", "prefill", "decode" or "vision"
   std::uint32_t instances = 0;       // instances started in it (1 for the control)
   std::uint32_t nodes = 0;           // machines requested
-  std::uint32_t tasks = 0;           // processes in all
+  std::uint32_t tasks = 0;           // processes in all (the control's: 2 with a store)
   std::uint32_t tasks_per_instance = 0;
   std::uint32_t gpus_per_node = 0;   // GRES gpu per machine requested (0: none)
   std::uint32_t gpus_per_task = 0;   // GPUs of one process

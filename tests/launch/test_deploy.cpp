@@ -206,11 +206,25 @@ TEST_CASE("k8s volumes and namespace follow the options") {
   auto objects = manifests(load_example("small.toml"), o);
   for (const auto& obj : objects)
     CHECK(obj["metadata"]["namespace"] == "serving");
-  // The store's claim is the control pod's alone: the instances reach the store through it.
+  // The store's claim is the store pod's alone: the control waits for that pod's store
+  // process, and every other pod reaches the store through the control's store registry.
+  REQUIRE(of_kind(objects, "Deployment").size() == 2);
   const auto& control = *of_kind(objects, "Deployment").at(0);
   auto cmd = control["spec"]["template"]["spec"]["containers"][0]["command"].dump();
-  CHECK(cmd.find(R"("--model","/model","--kv-dir","/kv")") != std::string::npos);
-  CHECK(control["spec"]["template"]["spec"]["volumes"].dump().find("\"kv\"") != std::string::npos);
+  CHECK(cmd.find(R"("--model","/model","--external-store")") != std::string::npos);
+  CHECK(cmd.find("--kv-dir") == std::string::npos);
+  CHECK(control["spec"]["template"]["spec"]["volumes"].dump().find("\"kv\"") == std::string::npos);
+  const auto& store = *of_kind(objects, "Deployment").at(1);
+  CHECK(store["metadata"]["name"] == "small-store");
+  CHECK(store["spec"]["replicas"] == 1);
+  CHECK(store["spec"]["strategy"]["type"] == "Recreate");
+  const auto& store_pod = store["spec"]["template"]["spec"];
+  CHECK(store_pod["containers"][0]["command"]
+        == json::array({"troupe", "node", "/etc/troupe/topology.toml", "--role", "store",
+                        "--control", "small-control:4242", "--kv-dir", "/kv", "--fabric-host",
+                        "$(POD_IP)"}));
+  CHECK(store_pod["volumes"].dump().find(R"("claimName":"kv")") != std::string::npos);
+  CHECK(store_pod["volumes"].dump().find("\"model\"") == std::string::npos);
   for (const auto* sts : of_kind(objects, "StatefulSet")) {
     const auto& pod = (*sts)["spec"]["template"]["spec"];
     auto instance = pod["containers"][0]["command"].dump();
@@ -365,9 +379,26 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   auto job = make_slurm_job(e.topo, o);
   REQUIRE(job.ok());
   CHECK(job->script.find("topology='/shared/my topology.toml'\n") != std::string::npos);
-  CHECK(count(job->script, "--model /models/v4.1 --kv-dir /kv --threads 4 --engram-map "
-                           "'identity map' &") == 3);
+  // The instances and the control take the model; the store process takes the directory, in
+  // component 0 beside the control process, which waits for it.
+  CHECK(count(job->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' &") == 2);
+  CHECK(count(job->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' "
+                           "--external-store &") == 1);
   CHECK(count(job->script, "--role control --control 10.0.0.5:4242 --listen 10.0.0.5:8000 ") == 1);
+  CHECK(count(job->script, "--role store --control \"$control\" --fabric-host auto --kv-dir /kv "
+                           "--threads 4 --engram-map 'identity map' &") == 1);
+  CHECK(count(job->script, "srun --het-group=0 ") == 2);
+  REQUIRE(job->components.at(0).tasks == 2);
+  // Without a directory the topology's (a posix store) is the store's; a simulated store
+  // has no store process.
+  o.store_dir.clear();
+  CHECK(count(make_slurm_job(e.topo, o)->script, "--role store") == 1);
+  auto sim_store = load_example("small.toml");
+  auto no_store = make_slurm_job(sim_store.topo, o);
+  REQUIRE(no_store.ok());
+  CHECK(count(no_store->script, "--role store") == 0);
+  CHECK(count(no_store->script, "--external-store") == 0);
+  CHECK(no_store->components.at(0).tasks == 1);
   CHECK(job->script.find("--gres") == std::string::npos); // the CPU backend asks for no GPUs
   o.topology_path.clear();
   CHECK_FALSE(make_slurm_job(e.topo, o).ok());

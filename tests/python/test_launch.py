@@ -172,10 +172,12 @@ def test_slurm_dry_run_prints_the_job_with_absolute_paths(model_dir):
     assert script.startswith("#!/bin/bash\n") and "#SBATCH --partition=gpu" in script
     assert script.count("#SBATCH --time=1:00:00") == 3  # control, prefill and decode components
     nodes = [l for l in script.splitlines() if '"$troupe" node' in l]
-    assert len(nodes) == 4
+    assert len(nodes) == 5  # control, store, prefill/0, decode/0, decode/1
     assert "--listen 0.0.0.0:8000" in nodes[0] and "--control 0.0.0.0:4242" in nodes[0]
+    assert "--external-store" in nodes[0] and "--role store" in nodes[1]
     for l in nodes:
-        assert f"--model {model_dir} " in l and "--compile-threads 3" in l
+        assert (f"--model {model_dir} " in l) == ("--role store" not in l)
+        assert "--compile-threads 3" in l
     assert f"topology={os.path.abspath(TOPOLOGY)}" in script
 
 

@@ -333,9 +333,13 @@ grep -q "^troupe launch: job $job ended: COMPLETED$" <<< "$out" \
 grep -q "^troupe launch: job $job runs; the HTTP API will be at http://127.0.0.1:$http_port " \
   <<< "$out" || fail "the launcher did not say where the API is: $out"
 # The job's output reached the launcher's stderr; every process ran over mutual TLS.
-for name in control prefill/0 decode/0 decode/1; do
+for name in control store prefill/0 decode/0 decode/1; do
   grep -q "troupe node\[$name\]: stopped" <<< "$out" || fail "$name did not stop cleanly: $out"
 done
+# The block store ran as a process of its own beside the control (local-cpu-3 names a store
+# directory), which waited for it; the prefix cache was the store process's.
+grep -q "troupe node\[store\]: serving the block store in $dir/kv " <<< "$out" \
+  || fail "the store process did not serve $dir/kv: $out"
 grep -q "troupe node\[control\]: control on 127.0.0.1:$control_port (mutual TLS)" <<< "$out" \
   || fail "the control process did not publish over TLS: $out"
 [ "$(grep -c "joined the control process at 127.0.0.1:$control_port over mutual TLS" <<< "$out")" -eq 3 ] \

@@ -13,6 +13,7 @@ import copy
 import os
 import pathlib
 import subprocess
+import tomllib
 
 import kubernetes_validate
 import pytest
@@ -60,7 +61,16 @@ def test_every_manifest_is_valid_kubernetes(topology, options, tmp_path):
         validate(doc)
         assert f.name.endswith(f"-{doc['kind'].lower()}-{doc['metadata']['name']}.yaml")
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("ConfigMap") == 1 and kinds.count("Deployment") == 1
+    # The control's Deployment, and the block store's when the cluster has one (a store claim,
+    # or a topology whose store is a directory).
+    spec = tomllib.loads(topology.read_text())
+    store = "--store-pvc" in opts or spec.get("storage", {}).get("backend") == "posix"
+    assert kinds.count("ConfigMap") == 1 and kinds.count("Deployment") == 1 + store
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    assert [d["spec"]["template"]["spec"]["containers"][0]["command"][4]
+            for d in deployments] == ["control"] + ["store"] * store
+    assert ("--external-store" in deployments[0]["spec"]["template"]["spec"]["containers"][0][
+        "command"]) == store
     assert kinds.count("StatefulSet") == kinds.count("Service") - 2
 
     config = next(d for d in docs if d["kind"] == "ConfigMap")
