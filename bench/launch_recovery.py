@@ -57,56 +57,49 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 MODEL_NAME = "deepseek-v4.1-flash"
 
 
-def stream(port, prompt, tokens, arrivals, done):
-    """One greedy SSE stream; appends the arrival time of each text chunk to `arrivals`."""
+def chunks(port, body):
+    """Streams a greedy Chat Completions request: yields each SSE chunk (a dict)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": MODEL_NAME, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **body}
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
                  {"content-type": "application/json"})
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-    usage = None
     for raw in r:
         line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def has_text(chunk):
+    return any(c.get("delta", {}).get("content") or c.get("delta", {}).get("reasoning_content")
+               for c in chunk.get("choices", []))
+
+
+def stream(port, prompt, tokens, arrivals, done):
+    """One greedy SSE stream; appends the arrival time of each text chunk to `arrivals`."""
+    usage = None
+    for chunk in chunks(port, {"messages": [{"role": "user", "content": prompt}],
+                               "max_tokens": tokens}):
         if chunk.get("usage"):
             usage = chunk["usage"]
-        for c in chunk.get("choices", []):
-            d = c.get("delta", {})
-            if d.get("content") or d.get("reasoning_content"):
-                arrivals.append(time.monotonic())
+        if has_text(chunk):
+            arrivals.append(time.monotonic())
     done.append(usage)
 
 
 def first_token(port, prompt):
     """A greedy one-token request: (seconds to its first token, the prompt's cached tokens)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 1, "temperature": 0, "stream": True, "thinking": {"type": "disabled"},
-            "stream_options": {"include_usage": True}}
     start = time.monotonic()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"content-type": "application/json"})
-    r = conn.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
     ttft, cached = None, None
-    for raw in r:
-        line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
+    for chunk in chunks(port, {"messages": [{"role": "user", "content": prompt}],
+                               "max_tokens": 1, "thinking": {"type": "disabled"}}):
         if chunk.get("usage"):
             cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        for c in chunk.get("choices", []):
-            d = c.get("delta", {})
-            if ttft is None and (d.get("content") or d.get("reasoning_content")):
-                ttft = time.monotonic() - start
+        if ttft is None and has_text(chunk):
+            ttft = time.monotonic() - start
     return ttft, cached
 
 

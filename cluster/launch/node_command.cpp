@@ -332,6 +332,18 @@ sim::result<runtime::fabric_link_port> open_fabric_link(caf::actor_system& sys,
   return *link;
 }
 
+/// What keeps a store or instance process from joining its control process (a malformed
+/// --control, TLS files that do not load), or empty.
+std::string joining_problem(const node_options& o) {
+  auto control = parse_host_port(o.control);
+  if (!control || control->second == 0)
+    return "--control '" + o.control + "': expected HOST:PORT of the control process";
+  if (o.tls.enabled())
+    if (auto e = runtime::check_tls(o.tls))
+      return "TLS: " + runtime::error_text(e);
+  return {};
+}
+
 /// A process of a launched cluster, joined to its control process.
 struct joined_control {
   caf::actor directory;
@@ -419,13 +431,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     return fail("--index " + std::to_string(o.index) + ": pool '" + pool->name + "' has "
                 + std::to_string(pool->instances.initial) + " instance(s) (0.."
                 + std::to_string(pool->instances.initial - 1) + ")");
-  auto control = parse_host_port(o.control);
-  if (!control || control->second == 0)
-    return fail("--control '" + o.control + "': expected HOST:PORT of the control process");
-
-  if (o.tls.enabled())
-    if (auto e = runtime::check_tls(o.tls))
-      return fail("TLS: " + runtime::error_text(e));
+  if (auto why = joining_problem(o); !why.empty())
+    return fail(why);
   block_stop_signals();
   // The registry outlives the world, whose end waits for the actors that count into it.
   runtime::registry metrics;
@@ -564,12 +571,8 @@ int run_store(const node_options& o, std::ostream& err) {
     return 1;
   if (kv_dir->empty())
     return fail("no store directory: give --kv-dir DIR (or a topology with a posix store)");
-  auto control = parse_host_port(o.control);
-  if (!control || control->second == 0)
-    return fail("--control '" + o.control + "': expected HOST:PORT of the control process");
-  if (o.tls.enabled())
-    if (auto e = runtime::check_tls(o.tls))
-      return fail("TLS: " + runtime::error_text(e));
+  if (auto why = joining_problem(o); !why.empty())
+    return fail(why);
   block_stop_signals();
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
