@@ -103,6 +103,29 @@ def first_token(port, prompt):
     return ttft, cached
 
 
+def until_hit(port, prompt, what):
+    """first_token() of `prompt` once it is a prefix hit (its blocks are committed shortly
+    after the hand-off): (TTFT, cached tokens); fails after 10 s."""
+    for _ in range(40):
+        ttft, cached = first_token(port, prompt)
+        if cached:
+            return ttft, cached
+        time.sleep(0.25)
+    raise RuntimeError(f"{what}: the cached prompt is no hit")
+
+
+def seconds_to_line(log, since, text, limit=300):
+    """Seconds from `since` to the first line of `log` after it that holds `text` (waiting
+    up to `limit` s for it), or None."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for t, l in log:
+            if t > since and text in l:
+                return t - since
+        time.sleep(0.05)
+    return None
+
+
 def state(path):
     with open(path) as f:
         return json.load(f)
@@ -163,13 +186,7 @@ def main():
             if a.kill == "store":
                 cached_prompt = " ".join(f"round{rnd}word{i}" for i in range(a.cached_words))
                 first_token(port, cached_prompt)
-                for _ in range(40):  # its blocks are committed shortly after the hand-off
-                    hit_before, got = first_token(port, cached_prompt)
-                    if got:
-                        break
-                    time.sleep(0.25)
-                else:
-                    raise RuntimeError(f"round {rnd}: the cached prompt never became a hit")
+                hit_before, _ = until_hit(port, cached_prompt, f"round {rnd}, before the kill")
             for t in threads:
                 t.start()
             while min(len(x) for x in arrivals) < a.warm:
@@ -187,22 +204,10 @@ def main():
             if a.kill == "store":
                 gap = max(next((t for t in x if t > killed), killed) - max(
                     [t for t in x if t <= killed] or [killed]) for x in arrivals)
-                back = None
-                deadline = time.monotonic() + 300
-                while time.monotonic() < deadline and back is None:
-                    for t, l in log:
-                        if t > killed and "troupe node[store]: serving the block store" in l:
-                            back = t - killed
-                    time.sleep(0.05)
+                back = seconds_to_line(log, killed, "troupe node[store]: serving the block store")
                 if back is None:
                     raise RuntimeError(f"round {rnd}: the store process did not come back")
-                for _ in range(40):
-                    hit_after, got = first_token(port, cached_prompt)
-                    if got:
-                        break
-                    time.sleep(0.25)
-                else:
-                    raise RuntimeError(f"round {rnd}: the cached prompt is no hit after the restart")
+                hit_after, got = until_hit(port, cached_prompt, f"round {rnd}, after the restart")
                 rows.append((gap, outage, back, hit_before, hit_after, load))
                 print(f"round {rnd}: stream gap {gap:.3f} s, outage TTFT {outage:.3f} s "
                       f"(cached {outage_cached}), store back {back:.3f} s, hit TTFT "
@@ -221,13 +226,7 @@ def main():
             stalled = [g for g in gaps if g > 5 * max(typical, 0.01)]
             resumed = max(stalled) if stalled else None
             # Capacity back: decode/0 restarted, loaded its model and is in its pool again.
-            deadline = time.monotonic() + 300
-            rejoined = None
-            while time.monotonic() < deadline and rejoined is None:
-                for t, l in log:
-                    if t > killed and "troupe node[decode/0]: model loaded; serving" in l:
-                        rejoined = t - killed
-                time.sleep(0.05)
+            rejoined = seconds_to_line(log, killed, "troupe node[decode/0]: model loaded; serving")
             rows.append((resumed, max(g for g in gaps if g not in stalled) if len(stalled) < len(gaps) else None,
                          rejoined, load, len(stalled)))
             print(f"round {rnd}: stalled streams {len(stalled)}/{a.streams}, resumed "
