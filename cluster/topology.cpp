@@ -104,7 +104,7 @@ void read_storage(checker& c, const toml::table& root, topology& t) {
   if (tbl == nullptr)
     return;
   const std::string p = "storage";
-  c.check_keys(*tbl, p, {"backend", "path", "capacity", "ttl"});
+  c.check_keys(*tbl, p, {"backend", "path", "capacity", "ttl", "shards"});
   if (auto b = c.choice(*tbl, p, "backend", backend_names, "storage backend", false))
     t.storage.backend = *b == "posix" ? storage_backend::posix : storage_backend::sim;
   auto path = c.string(*tbl, p, "path", t.storage.backend == storage_backend::posix,
@@ -124,6 +124,8 @@ void read_storage(checker& c, const toml::table& root, topology& t) {
     else
       t.storage.capacity_bytes = *cap;
   }
+  if (auto n = c.integer(*tbl, p, "shards", 1, max_store_shards, false))
+    t.storage.shards = static_cast<std::uint32_t>(*n);
   auto* ttl = c.table(*tbl, p, "ttl", false);
   if (ttl == nullptr) {
     if (tbl->get("ttl") == nullptr) {
@@ -718,6 +720,8 @@ std::string describe(const topology& t) {
     line("  path      {}", t.storage.path);
   line("  capacity  {} ({} bytes)", runtime::format_bytes(t.storage.capacity_bytes),
        t.storage.capacity_bytes);
+  if (t.storage.shards > 0)
+    line("  shards    {}", t.storage.shards);
   std::string ttl;
   for (const auto& [cls, d] : t.storage.ttl) {
     if (!ttl.empty())

@@ -60,7 +60,16 @@ struct storage_spec {
   std::string path;                             // posix only; empty for sim
   std::uint64_t capacity_bytes = 0;             // > 0
   std::map<std::string, caf::timespan> ttl;     // traffic class → block time-to-live (> 0)
+  /// Shards the blocks are spread over (a block lives on shard key.lo % shards); 0: not
+  /// given (the simulator models `sim_params::kv_shards`, a real cluster one shard).
+  std::uint32_t shards = 0;
+
+  /// Shards of a real cluster's store: one store process each under `troupe launch`.
+  std::uint32_t real_shards() const noexcept { return shards == 0 ? 1 : shards; }
 };
+
+/// Most shards a store may have.
+inline constexpr std::uint32_t max_store_shards = 1024;
 
 /// Instance counts of a pool: min ≤ initial ≤ max, max ≥ 1.
 struct instance_bounds {

@@ -72,6 +72,8 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
   }
   sim_options options;
   options.seed = o.seed;
+  if (topo.value->storage.shards > 0)
+    options.params.kv_shards = topo.value->storage.shards;
   if (!o.until.empty()) {
     auto until = runtime::parse_duration(o.until);
     if (!until) {

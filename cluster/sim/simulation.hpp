@@ -48,7 +48,8 @@ struct sim_params {
   /// Prefill → decode KV hand-off into one decode instance (bytes/s, latency).
   double handoff_bandwidth = 400e9;
   runtime::duration handoff_latency = std::chrono::microseconds(20);
-  /// Shards of the KV CHECK role.
+  /// Shards of the KV store (its CHECK role); `troupe sim` takes the topology's
+  /// `storage.shards` when it gives one.
   std::uint32_t kv_shards = 8;
   /// The modelled time of one KV store shard operation (a metadata round trip in the
   /// datacenter): a match (its probes, in parallel across shards) or an insert is answered

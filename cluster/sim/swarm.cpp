@@ -52,6 +52,8 @@ swarm_case draw_swarm_case(const topology& topo, std::uint64_t seed, bool plant_
   auto w = generate_mixed(wp, wr);
   c.records = std::move(w.records);
   c.options.params.image_tokens = wp.chat.image_tokens;
+  if (topo.storage.shards > 0)
+    c.options.params.kv_shards = topo.storage.shards;
 
   // The plan (BUGGIFY-style): the seed switches each injectable kind on or off, then draws
   // how many faults, when and on what.

@@ -289,6 +289,29 @@ TEST_CASE("the real world's step budgets belong to their roles") {
   CHECK_FALSE(zero.ok());
 }
 
+TEST_CASE("storage.shards spreads the store over shards; unset, a real cluster has one") {
+  auto with = [](const std::string& line) {
+    auto text = std::string(minimal);
+    auto at = text.find("capacity = 4096\n");
+    text.insert(at + std::string("capacity = 4096\n").size(), line);
+    return parse_topology(text, "inline.toml");
+  };
+  auto unset = parse_topology(minimal, "inline.toml");
+  REQUIRE(unset.ok());
+  CHECK(unset.value->storage.shards == 0);
+  CHECK(unset.value->storage.real_shards() == 1);
+  auto four = with("shards = 4\n");
+  INFO(all_errors(four));
+  REQUIRE(four.ok());
+  CHECK(four.value->storage.real_shards() == 4);
+  CHECK(describe(*four.value).find("  shards    4\n") != std::string::npos);
+  for (const char* bad : {"shards = 0\n", "shards = 1025\n", "shards = \"two\"\n"}) {
+    auto r = with(bad);
+    CHECK_FALSE(r.ok());
+    CHECK(all_errors(r).find("storage.shards") != std::string::npos);
+  }
+}
+
 TEST_CASE("a capacity with an unknown size unit is an error") {
   expect_error("bad-capacity.toml", 8, "storage.capacity: '1PiBs' has an unknown size unit 'PiBs'");
 }
