@@ -8,6 +8,7 @@
 #include "kernels/safetensors.hpp"
 #include "ports/cpu_device.hpp"
 #include "ports/posix_store.hpp"
+#include "ports/store_router.hpp"
 
 #include <caf/actor_system_config.hpp>
 #include <caf/scoped_actor.hpp>
@@ -214,7 +215,8 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
       sp.directory = in.kv_dir;
       sp.capacity = in.topo.storage.capacity_bytes;
       sp.metrics = &metrics;
-      gp.store = ports::spawn_posix_store(sys, std::move(sp));
+      gp.store = ports::spawn_sharded_posix_store(sys, std::move(sp),
+                                                  in.topo.storage.real_shards());
     }
     auto root = XXH3_128bits(fp->data(), fp->size());
     gp.chain_root = actors::block_key{root.high64, root.low64};

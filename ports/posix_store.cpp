@@ -560,7 +560,7 @@ caf::behavior posix_store_fn(store_actor* self, posix_store_params params) {
     return {};
   }
   auto& st = self->state;
-  st.metrics = store_metrics::in(st.params.metrics);
+  st.metrics = store_metrics::in(st.params.metrics, st.params.metrics_shard);
   st.metrics.publish(st.index.stats());
   // Every answer first publishes the stats it leaves behind.
   auto published = [self](auto&& result) {

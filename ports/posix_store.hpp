@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <string>
 
 namespace troupe::ports {
 
@@ -51,6 +52,9 @@ struct posix_store_params {
   /// Where the store reports its occupancy and counters (troupe_store_*; docs/serve.md,
   /// "Metrics") after every request; null: nowhere. Must outlive the store.
   runtime::registry* metrics = nullptr;
+  /// The `shard` label of those metrics (one shard of a sharded store, ports/store_router.hpp);
+  /// empty: none.
+  std::string metrics_shard;
 };
 
 /// The size of a block file's header, charged against the capacity with each object.

@@ -5,11 +5,14 @@
 // store_bridge.hpp) publishes the stats it asks that store for, so the same metrics appear on
 // its /metrics. Gauges take the stats' values; counters advance by the stats' growth, so they
 // never go back, even when the store behind them restarts (call `restart` then: the new store
-// counts from zero).
+// counts from zero). A store of several shards (topology `storage.shards`) publishes each
+// shard's figures under a `shard` label.
 #pragma once
 
 #include "runtime/metrics.hpp"
 #include "runtime/ports/store.hpp"
+
+#include <string>
 
 namespace troupe::ports {
 
@@ -25,8 +28,9 @@ struct store_metrics {
   /// The stats published last.
   runtime::store_stats last;
 
-  /// The store's metrics in `reg` (none: every pointer null, publishing changes nothing).
-  static store_metrics in(runtime::registry* reg);
+  /// The store's metrics in `reg` (none: every pointer null, publishing changes nothing);
+  /// with `shard` (not empty), those of that shard (label `shard`).
+  static store_metrics in(runtime::registry* reg, const std::string& shard = {});
 
   /// Sets the gauges to `s` and advances the counters by its growth since `last`.
   void publish(const runtime::store_stats& s);

@@ -1,0 +1,147 @@
+// A block store of several shards (ports/store_router.hpp): the blocks spread by key over
+// shard directories of their own, the router answering as one store, and a shard that stops
+// failing only its own blocks.
+#include "ports/store_router.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/metrics.hpp"
+#include "store_drivers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+using namespace troupe;
+using namespace troupe::runtime;
+using test::bytes;
+using test::key;
+
+namespace {
+
+struct sharded_fixture {
+  test::temp_dir dir;
+  runtime::registry metrics;
+  runtime::world world{runtime::world_options{runtime::world_mode::real, 42, 2, false, nullptr}};
+  caf::scoped_actor self{world.system()};
+
+  store_port open(std::uint32_t shards, std::uint64_t capacity) {
+    ports::posix_store_params p;
+    p.directory = dir.path();
+    p.capacity = capacity;
+    p.metrics = &metrics;
+    return ports::spawn_sharded_posix_store(world.system(), std::move(p), shards);
+  }
+
+  /// The keys a plain store on `directory` holds.
+  std::vector<store_key> keys_in(const std::filesystem::path& directory) {
+    auto store = ports::spawn_posix_store(world.system(), {directory, 1 << 30, {}});
+    auto listed = test::request<std::vector<store_entry>>(self, store, store_list{});
+    REQUIRE(listed);
+    test::stop(self, store);
+    std::vector<store_key> out;
+    for (const auto& e : *listed)
+      out.push_back(e.key);
+    return out;
+  }
+};
+
+} // namespace
+
+TEST_CASE("a store of one shard is the plain store on its directory") {
+  CHECK(ports::store_shard_directory("/kv", 0, 1) == std::filesystem::path("/kv"));
+  CHECK(ports::store_shard_directory("/kv", 2, 3) == std::filesystem::path("/kv/shard-2-of-3"));
+  CHECK(ports::store_shard_of(key(7), 1) == 0);
+  CHECK(ports::store_shard_of(store_key{5, 7}, 3) == 1);
+}
+
+TEST_CASE("a sharded store puts each block in its shard's directory and answers as one store") {
+  sharded_fixture f;
+  constexpr std::uint32_t shards = 3;
+  constexpr std::uint64_t n = 30;
+  auto store = f.open(shards, 3'000'000);
+  for (std::uint64_t i = 0; i < n; ++i)
+    REQUIRE(test::request<store_stats>(
+      f.self, store, store_put{key(i), 500, bytes(500, static_cast<std::uint8_t>(i)), duration{0}}));
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto got = test::request<store_object>(f.self, store, store_get{key(i)});
+    REQUIRE(got);
+    CHECK(got->payload == bytes(500, static_cast<std::uint8_t>(i)));
+  }
+  REQUIRE(test::request<store_stats>(f.self, store, store_delete{key(0)}));
+  CHECK_FALSE(*test::request<bool>(f.self, store, store_has{key(0)}));
+  CHECK(*test::request<bool>(f.self, store, store_has{key(1)}));
+
+  auto listed = test::request<std::vector<store_entry>>(f.self, store, store_list{});
+  REQUIRE(listed);
+  CHECK(listed->size() == n - 1);
+  CHECK(std::is_sorted(listed->begin(), listed->end(),
+                       [](const store_entry& a, const store_entry& b) { return a.key < b.key; }));
+  auto sum = test::request<store_stats>(f.self, store, store_stats_atom::value);
+  REQUIRE(sum);
+  CHECK(sum->objects == n - 1);
+  CHECK(sum->hits == n);
+  CHECK(sum->capacity == 3'000'000);
+
+  // Each shard's figures under its label: 10 blocks each, but for the one deleted from shard 0.
+  const auto text = f.metrics.expose();
+  CHECK(text.find("troupe_store_blocks{shard=\"0\"} 9") != std::string::npos);
+  CHECK(text.find("troupe_store_blocks{shard=\"1\"} 10") != std::string::npos);
+  CHECK(text.find("troupe_store_blocks{shard=\"2\"} 10") != std::string::npos);
+
+  // On disk: shard i's directory holds exactly the blocks whose key.lo % 3 is i.
+  test::stop(f.self, store);
+  std::size_t seen = 0;
+  for (std::uint32_t i = 0; i < shards; ++i) {
+    auto keys = f.keys_in(f.dir.path() / ("shard-" + std::to_string(i) + "-of-3"));
+    CHECK(keys.size() == (i == 0 ? 9u : 10u));
+    for (const auto& k : keys)
+      CHECK(ports::store_shard_of(k, shards) == i);
+    seen += keys.size();
+  }
+  CHECK(seen == n - 1);
+
+  // Opened again with the same count, the store finds every block.
+  store = f.open(shards, 3'000'000);
+  auto again = test::request<std::vector<store_entry>>(f.self, store, store_list{});
+  REQUIRE(again);
+  CHECK(again->size() == n - 1);
+  test::stop(f.self, store);
+}
+
+TEST_CASE("each shard keeps its share of the capacity") {
+  sharded_fixture f;
+  // Two shards of 5,000 bytes: a 4,000-byte block fits in one, a 6,000-byte block in neither.
+  auto store = f.open(2, 10'000);
+  CHECK(test::request<store_stats>(f.self, store, store_put{key(0), 4000, bytes(4000, 1), duration{0}}));
+  auto big = test::request<store_stats>(f.self, store, store_put{key(1), 6000, bytes(6000, 2), duration{0}});
+  REQUIRE_FALSE(big);
+  CHECK(runtime::is(big.error(), errc::store_full));
+  test::stop(f.self, store);
+}
+
+TEST_CASE("a shard that stops fails only its own blocks; the router stops its shards") {
+  test::temp_dir a, b;
+  runtime::world world{runtime::world_options{runtime::world_mode::real, 42, 2, false, nullptr}};
+  caf::scoped_actor self{world.system()};
+  auto shard0 = ports::spawn_posix_store(world.system(), {a.path(), 1 << 20, {}});
+  auto shard1 = ports::spawn_posix_store(world.system(), {b.path(), 1 << 20, {}});
+  auto store = ports::spawn_store_router(world.system(), {shard0, shard1});
+  for (std::uint64_t i = 0; i < 6; ++i)
+    REQUIRE(test::request<store_stats>(self, store, store_put{key(i), 100, bytes(100, 3), duration{0}}));
+  test::stop(self, shard1);
+  for (std::uint64_t i = 0; i < 6; ++i) {
+    auto got = test::request<store_object>(self, store, store_get{key(i)});
+    CHECK(static_cast<bool>(got) == (i % 2 == 0));
+  }
+  // The whole store's list and stats are not whole without shard 1.
+  CHECK_FALSE(test::request<std::vector<store_entry>>(self, store, store_list{}));
+  CHECK_FALSE(test::request<store_stats>(self, store, store_stats_atom::value));
+  // Stopping the router stops the shard left.
+  self->monitor(shard0);
+  self->send_exit(store, caf::exit_reason::user_shutdown);
+  bool down = false;
+  self->receive([&](const caf::down_msg&) { down = true; },
+                caf::after(std::chrono::seconds(10)) >> [] {});
+  CHECK(down);
+}
