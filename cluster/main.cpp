@@ -620,7 +620,7 @@ int main(int argc, char** argv) {
   node->add_flag("--external-store", node_opts.external_store,
                  "control: the block store runs in a store process (--role store) that joins; "
                  "wait for it, and do not open the store directory here");
-  node->add_option("--index", node_opts.index, "the instance's number in its pool (prefill, decode)");
+  node->add_option("--index", node_opts.index, "the instance's number in its pool (prefill, decode), or the store's shard (store)");
   node->add_option("--control", node_opts.control,
                    "HOST:PORT of the control process (control: where to publish it)")
     ->required();

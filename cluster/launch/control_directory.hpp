@@ -37,12 +37,15 @@ struct control_directory {
   /// The registry of the cluster's block store (store_bridge.hpp); invalid: the cluster has
   /// no store.
   caf::actor store_registry;
+  /// The shards that registry has (one per store process; one for a store of the control
+  /// process, whatever its own sharding).
+  std::uint32_t store_shards = 1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
   return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb,
-           x.store_registry);
+           x.store_registry, x.store_shards);
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
@@ -53,7 +56,7 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 /// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
 /// `watcher_timeout` has passed.
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
-                                   caf::actor store_registry,
+                                   caf::actor store_registry, std::uint32_t store_shards,
                                    std::chrono::milliseconds watcher_timeout);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements

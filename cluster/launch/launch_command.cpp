@@ -751,7 +751,7 @@ std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std:
 }
 
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
-                                        std::uint32_t decode, bool store,
+                                        std::uint32_t decode, std::uint32_t store_shards,
                                         const std::string& control,
                                         const std::string& ready_file,
                                         const std::vector<launch_host>& hosts) {
@@ -780,7 +780,7 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     p.argv.push_back(p.role);
     if (p.role != "store")
       p.argv.insert(p.argv.end(), {"--model", s.model});
-    if (p.role == "prefill" || p.role == "decode") {
+    if (p.role == "prefill" || p.role == "decode" || (p.role == "store" && store_shards > 1)) {
       p.argv.push_back("--index");
       p.argv.push_back(std::to_string(index));
     }
@@ -803,15 +803,16 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   control_extra.insert(control_extra.end(), entry.begin(), entry.end());
   if (!ready_file.empty())
     control_extra.insert(control_extra.end(), {"--ready-file", ready_file});
-  // The block store runs in a process of its own, which the control process waits for.
-  if (store)
+  // The block store runs in processes of its own (one per shard), which the control process
+  // waits for.
+  if (store_shards > 0)
     control_extra.push_back("--external-store");
   node("control", "control", 0, control_extra);
-  if (store) {
+  for (std::uint32_t i = 0; i < store_shards; ++i) {
     std::vector<std::string> store_extra;
     if (!s.kv_dir.empty())
       store_extra = {"--kv-dir", s.kv_dir};
-    node("store", "store", 0, store_extra);
+    node(store_process_name(i, store_shards), "store", i, store_extra);
   }
   for (std::uint32_t i = 0; i < prefill; ++i)
     node("prefill/" + std::to_string(i), "prefill", i, {});
@@ -878,7 +879,11 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   // The fault plan: validated against the topology, expanded with the seed, translated.
   real_fault_plan faults;
   if (!o.faults_file.empty()) {
-    auto loaded = sim::load_fault_plan(o.faults_file, in->topo);
+    // Shard indices as `troupe sim` takes them: the topology's shards, or its default.
+    sim::fault_limits limits;
+    if (in->topo.storage.shards > 0)
+      limits.store_shards = in->topo.storage.shards;
+    auto loaded = sim::load_fault_plan(o.faults_file, in->topo, limits);
     if (!loaded.ok()) {
       for (const auto& d : loaded.errors)
         err << d.to_string() << "\n";
@@ -890,8 +895,8 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     for (const auto& why : faults.not_executed)
       err << command << ": warning: fault not executed: " << why << "\n";
   }
-  auto plan = plan_launch(o, prefill, decode, !in->kv_dir.empty(), control_addr, ready_file,
-                          hosts);
+  const std::uint32_t store_shards = in->kv_dir.empty() ? 0 : in->topo.storage.real_shards();
+  auto plan = plan_launch(o, prefill, decode, store_shards, control_addr, ready_file, hosts);
   if (o.dry_run) {
     out << "# " << plan.size() << " processes on "
         << (hosts.empty() ? std::string("this host") : std::to_string(hosts.size()) + " hosts")
@@ -913,7 +918,10 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     return 0;
   }
   err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "
-      << (in->kv_dir.empty() ? "" : "the block store, ") << prefill << " prefill, " << decode
+      << (store_shards == 0   ? std::string{}
+          : store_shards == 1 ? std::string("the block store, ")
+                              : "the block store in " + std::to_string(store_shards) + " shards, ")
+      << prefill << " prefill, " << decode
       << " decode)\n";
 
   // The agents that start the processes: one in this process, or each host's `troupe agent`.

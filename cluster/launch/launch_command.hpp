@@ -102,12 +102,13 @@ struct launch_process {
 };
 
 /// The processes of the topology of `o` (its checked inputs), with their hosts and command
-/// lines, the control process first, then (with `store`: the cluster has a block store) the
-/// store process: each on the first host that takes it, each pool's instances round-robin
+/// lines, the control process first, then the `store_shards` store processes (none: the
+/// cluster has no block store; store_process_name), each pool's instances and the store's
+/// shards round-robin
 /// over the hosts that take its role (all on "local" when `hosts` is empty). `control` is the
 /// resolved control address.
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
-                                        std::uint32_t decode, bool store,
+                                        std::uint32_t decode, std::uint32_t store_shards,
                                         const std::string& control,
                                         const std::string& ready_file,
                                         const std::vector<launch_host>& hosts);

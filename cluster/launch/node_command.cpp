@@ -8,6 +8,7 @@
 #include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
 #include "ports/posix_store.hpp"
+#include "ports/store_router.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -102,9 +103,11 @@ int run_control(const node_options& o, std::ostream& err) {
   // instances do, and mirrors its figures on /metrics; otherwise the store is this process's.
   caf::actor registry;
   runtime::store_port external;
+  // One shard per store process; a store of this process is one, however it is sharded.
+  const std::uint32_t store_shards = o.external_store ? in->topo.storage.real_shards() : 1;
   if (o.external_store) {
-    registry = spawn_store_registry(sys, &metrics);
-    external = spawn_store_proxy(sys, registry, {});
+    registry = spawn_store_registry(sys, store_shards, &metrics);
+    external = spawn_cluster_store(sys, registry, store_shards, {});
   }
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, external);
   if (!gp) {
@@ -133,11 +136,12 @@ int run_control(const node_options& o, std::ostream& err) {
     front = spawn_store_front(sys, gp->store, *opened);
   }
   if (gp->store && !o.external_store) {
-    registry = spawn_store_registry(sys);
+    registry = spawn_store_registry(sys, store_shards);
     caf::anon_send(registry, caf::put_atom::value,
-                   store_binding{caf::actor_cast<caf::actor>(gp->store), front});
+                   store_binding{caf::actor_cast<caf::actor>(gp->store), front, 0});
   }
-  auto directory = spawn_control_directory(sys, graph, registry, stopping_notice_limit);
+  auto directory =
+    spawn_control_directory(sys, graph, registry, store_shards, stopping_notice_limit);
   // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
@@ -158,7 +162,11 @@ int run_control(const node_options& o, std::ostream& err) {
   }
   err << command << ": control on " << control->first << ":" << *published
       << (o.tls.enabled() ? " (mutual TLS)" : "") << "; waiting for a prefill and a decode instance"
-      << (o.external_store ? " and the store process" : "") << " to join\n";
+      << (o.external_store ? store_shards > 1 ? " and the " + std::to_string(store_shards)
+                                                    + " store processes"
+                                              : std::string(" and the store process")
+                           : std::string{})
+      << " to join\n";
 
   // Serve once the cluster can: a prefill and a decode instance (and the store process) have
   // joined, and a warm-up request went through them.
@@ -166,6 +174,7 @@ int run_control(const node_options& o, std::ostream& err) {
     caf::scoped_actor self{sys};
     auto last_note = clock::now();
     bool store_up = !o.external_store;
+    std::uint32_t shards_up = 0;
     for (;;) {
       if (int sig = poll_stop_signal(200ms); sig != 0) {
         err << command << ": " << signal_name(sig) << " before serving; stopped\n";
@@ -173,9 +182,12 @@ int run_control(const node_options& o, std::ostream& err) {
         return 0;
       }
       if (!store_up) {
-        self->request(registry, 10s, caf::get_atom::value)
-          .receive([&](const store_binding& b) { store_up = static_cast<bool>(b.store); },
-                   [](const caf::error&) {});
+        shards_up = 0;
+        for (std::uint32_t i = 0; i < store_shards; ++i)
+          self->request(registry, 10s, caf::get_atom::value, i)
+            .receive([&](const store_binding& b) { shards_up += b.store ? 1 : 0; },
+                     [](const caf::error&) {});
+        store_up = shards_up == store_shards;
         // The CHECK role learns the blocks the store holds (the store's directory outlives
         // the cluster), as a store of this process's would have told it at start.
         if (store_up)
@@ -187,8 +199,10 @@ int run_control(const node_options& o, std::ostream& err) {
         break;
       if (clock::now() - last_note > 30s) {
         err << command << ": still waiting: " << p << " prefill and " << d
-            << " decode instance(s) online" << (store_up ? "" : ", no store process yet")
-            << "\n";
+            << " decode instance(s) online";
+        if (!store_up)
+          err << ", " << shards_up << " of " << store_shards << " store process(es)";
+        err << "\n";
         last_note = clock::now();
       }
     }
@@ -464,7 +478,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   // The cluster's block store, through a proxy here.
   runtime::store_port store;
   if (dir.store_registry)
-    store = spawn_store_proxy(sys, dir.store_registry, bridge.link);
+    store = spawn_cluster_store(sys, dir.store_registry, dir.store_shards, bridge.link);
   else
     in->kv_dir.clear();  // the control process has none: neither has the cluster
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, store);
@@ -571,6 +585,10 @@ int run_store(const node_options& o, std::ostream& err) {
     return 1;
   if (kv_dir->empty())
     return fail("no store directory: give --kv-dir DIR (or a topology with a posix store)");
+  if (o.index >= topo.value->storage.real_shards())
+    return fail("--index " + std::to_string(o.index) + ": the topology's store has "
+                + std::to_string(topo.value->storage.real_shards())
+                + " shard(s) (storage.shards), numbered from 0");
   if (auto why = joining_problem(o); !why.empty())
     return fail(why);
   block_stop_signals();
@@ -591,9 +609,12 @@ int run_store(const node_options& o, std::ostream& err) {
     return stop(fail("the control process at " + o.control
                      + " takes no store process (it was started without --external-store)"));
 
+  // Shard --index of the topology's store: its own directory and share of the capacity.
+  const auto shards = topo.value->storage.real_shards();
+  const auto shard_dir = ports::store_shard_directory(*kv_dir, o.index, shards);
   ports::posix_store_params sp;
-  sp.directory = *kv_dir;
-  sp.capacity = topo.value->storage.capacity_bytes;
+  sp.directory = shard_dir;
+  sp.capacity = topo.value->storage.capacity_bytes / shards;
   auto store = ports::spawn_posix_store(sys, std::move(sp));
   actors.push_back(caf::actor_cast<caf::actor>(store));
   runtime::store_stats held;
@@ -604,7 +625,7 @@ int run_store(const node_options& o, std::ostream& err) {
       .receive([&](const runtime::store_stats& s) { held = s; },
                [&](const caf::error& e) { why = sys.render(e); });
     if (!why.empty())
-      return stop(fail("cannot open the store directory " + kv_dir->string() + ": " + why));
+      return stop(fail("cannot open the store directory " + shard_dir.string() + ": " + why));
   }
   caf::actor front;
   if (o.fabric != "none") {
@@ -615,10 +636,19 @@ int run_store(const node_options& o, std::ostream& err) {
     front = spawn_store_front(sys, store, *link);
     actors.push_back(front);
   }
-  caf::anon_send(joined->dir.store_registry, caf::put_atom::value,
-                 store_binding{caf::actor_cast<caf::actor>(store), front});
-  err << command << ": serving the block store in " << kv_dir->string() << " ("
-      << held.objects << " block(s)) to the cluster at " << o.control
+  {
+    caf::scoped_actor self{sys};
+    std::string why;
+    self->request(joined->dir.store_registry, 30s, caf::put_atom::value,
+                  store_binding{caf::actor_cast<caf::actor>(store), front, o.index})
+      .receive([](caf::ok_atom) {}, [&](const caf::error& e) { why = runtime::error_text(e); });
+    if (!why.empty())
+      return stop(fail("the control process at " + o.control + " refused this store: " + why));
+  }
+  err << command << ": serving " << (shards > 1 ? "shard " + std::to_string(o.index) + " of "
+                                                    + std::to_string(shards) + " of " : "")
+      << "the block store in " << shard_dir.string() << " (" << held.objects
+      << " block(s)) to the cluster at " << o.control
       << (front ? "; payloads over the fabric" : "; payloads in CAF messages") << "\n";
   for (;;) {
     if (joined->stopping->load()) {

@@ -47,6 +47,10 @@ std::string to_string(process_action_kind k) {
   return "?";
 }
 
+std::string store_process_name(std::uint32_t index, std::uint32_t shards) {
+  return shards <= 1 ? std::string("store") : "store/" + std::to_string(index);
+}
+
 real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo,
                                  bool store_process) {
   real_fault_plan out;
@@ -75,9 +79,10 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         break;
       }
       case target_kind::shard:
-        // Every shard's blocks are in the one store process.
-        if (store_process)
-          procs.push_back("store");
+        if (store_process) {
+          const auto shards = topo.storage.real_shards();
+          procs.push_back(store_process_name(f.target.shard % shards, shards));
+        }
         break;
       case target_kind::link:
       case target_kind::none:

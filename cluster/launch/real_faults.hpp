@@ -57,9 +57,15 @@ struct real_fault_plan {
   std::vector<std::string> not_executed;
 };
 
+/// The process of shard `index` of a store of `shards` shards under `troupe launch`: "store"
+/// for one shard, else "store/<index>".
+std::string store_process_name(std::uint32_t index, std::uint32_t shards);
+
 /// The actions that carry out `timeline` (sim::expand's) on the processes of `topo` as
 /// `troupe launch` runs it (pool "prefill" instance i is process "prefill/i"; the block store,
-/// with `store_process`, is process "store").
+/// with `store_process`, is one process per shard of `storage.shards`, and a fault on shard k
+/// acts on the process of shard k modulo that count: a plan written for the simulator's 8
+/// shards kills the one store process of an unsharded cluster).
 real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo,
                                  bool store_process = false);
 

@@ -2,6 +2,7 @@
 #include "cluster/launch/kv_bridge.hpp"
 
 #include "ports/store_metrics.hpp"
+#include "ports/store_router.hpp"
 #include "runtime/errors.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -121,60 +122,84 @@ struct transfer_gate {
 
 } // namespace
 
-caf::actor spawn_store_registry(caf::actor_system& sys, runtime::registry* metrics,
-                                std::chrono::milliseconds poll) {
-  struct state {
+caf::actor spawn_store_registry(caf::actor_system& sys, std::uint32_t shards,
+                                runtime::registry* metrics, std::chrono::milliseconds poll) {
+  shards = std::max<std::uint32_t>(1, shards);
+  struct shard_state {
     store_binding current;
-    std::vector<caf::actor> subscribers;
     ports::store_metrics figures;
   };
+  struct state {
+    std::vector<shard_state> shards;
+    std::vector<caf::actor> subscribers;
+  };
   using poll_atom = caf::atom_constant<caf::atom("storepoll")>;
-  return sys.spawn([metrics, poll](caf::event_based_actor* self) -> caf::behavior {
+  return sys.spawn([shards, metrics, poll](caf::event_based_actor* self) -> caf::behavior {
     auto st = std::make_shared<state>();
-    st->figures = ports::store_metrics::in(metrics);
-    auto tell_all = [self, st] {
+    st->shards.resize(shards);
+    for (std::uint32_t i = 0; i < shards; ++i) {
+      st->shards[i].current.shard = i;
+      st->shards[i].figures =
+        ports::store_metrics::in(metrics, shards > 1 ? std::to_string(i) : std::string{});
+    }
+    auto tell_all = [self, st](std::uint32_t shard) {
       for (const auto& s : st->subscribers)
-        self->send(s, caf::put_atom::value, st->current);
+        self->send(s, caf::put_atom::value, st->shards[shard].current);
     };
     self->set_down_handler([st, tell_all](caf::down_msg& m) {
       auto& subs = st->subscribers;
       subs.erase(std::remove_if(subs.begin(), subs.end(),
                                 [&](const caf::actor& s) { return s.address() == m.source; }),
                  subs.end());
-      if (st->current.store && st->current.store.address() == m.source) {
-        st->current = {};
-        tell_all();
-      }
+      for (auto& sh : st->shards)
+        if (sh.current.store && sh.current.store.address() == m.source) {
+          sh.current = store_binding{{}, {}, sh.current.shard};
+          tell_all(sh.current.shard);
+        }
     });
     if (metrics != nullptr)
       self->send(self, poll_atom::value);
     return {
-      [self, st, tell_all](caf::put_atom, store_binding& b) {
+      [self, st, tell_all](caf::put_atom, store_binding& b) -> caf::result<caf::ok_atom> {
+        if (b.shard >= st->shards.size())
+          return runtime::make_error(
+            runtime::errc::invalid_argument,
+            "shard " + std::to_string(b.shard) + " does not exist: the cluster's store has "
+              + std::to_string(st->shards.size()) + " shard(s) (storage.shards of the control "
+              + "process's topology)");
         if (!b.store)
-          return;
+          return caf::ok_atom::value;
+        auto& sh = st->shards[b.shard];
         self->monitor(b.store);
-        st->current = std::move(b);
-        st->figures.restart();  // a new store counts from zero
-        tell_all();
+        sh.current = std::move(b);
+        sh.figures.restart();  // a new store counts from zero
+        tell_all(sh.current.shard);
+        return caf::ok_atom::value;
       },
-      [st](caf::get_atom) { return st->current; },
+      [st](caf::get_atom, std::uint32_t shard) {
+        return shard < st->shards.size() ? st->shards[shard].current
+                                          : store_binding{{}, {}, shard};
+      },
       [self, st](caf::join_atom, const caf::actor& subscriber) {
         self->monitor(subscriber);
         st->subscribers.push_back(subscriber);
-        self->send(subscriber, caf::put_atom::value, st->current);
+        for (const auto& sh : st->shards)
+          self->send(subscriber, caf::put_atom::value, sh.current);
       },
       [self, st, poll](poll_atom) {
         self->delayed_send(self, poll, poll_atom::value);
-        if (!st->current.store)
-          return;
-        auto asked = st->current.store;
-        self->request(asked, poll, runtime::store_stats_atom::value)
-          .then(
-            [st, asked](const runtime::store_stats& s) {
-              if (st->current.store == asked)
-                st->figures.publish(s);
-            },
-            [](const caf::error&) {});
+        for (std::uint32_t i = 0; i < st->shards.size(); ++i) {
+          auto asked = st->shards[i].current.store;
+          if (!asked)
+            continue;
+          self->request(asked, poll, runtime::store_stats_atom::value)
+            .then(
+              [st, i, asked](const runtime::store_stats& s) {
+                if (st->shards[i].current.store == asked)
+                  st->shards[i].figures.publish(s);
+              },
+              [](const caf::error&) {});
+        }
       },
     };
   });
@@ -185,6 +210,8 @@ namespace {
 /// What a store proxy keeps between messages (on its own thread only).
 struct proxy_state {
   caf::actor registry;
+  /// The shard of the store this proxy reaches.
+  std::uint32_t shard = 0;
   runtime::fabric_link_port link;
   std::chrono::seconds timeout{30};
   /// The store of the moment; an invalid store: none known.
@@ -218,7 +245,7 @@ struct proxy_state {
       for (auto& w : ready)
         w(bound.store ? &bound : nullptr);
     };
-    self->request(registry, timeout, caf::get_atom::value)
+    self->request(registry, timeout, caf::get_atom::value, shard)
       .then([answer](store_binding& b) { answer(&b); },
             [answer](const caf::error&) { answer(nullptr); });
   }
@@ -238,7 +265,7 @@ struct proxy_state {
   /// process die even when this process had no connection of its own to it (CAF routes to a
   /// third process through the control process, and may not tell us of its loss).
   void told(caf::event_based_actor* self, store_binding b) {
-    if (b.store == bound.store)
+    if (b.shard != shard || b.store == bound.store)
       return;
     if (bound.store)
       lost(bound.store.address());
@@ -315,9 +342,11 @@ caf::result<T> forward(caf::event_based_actor* self, const std::shared_ptr<proxy
 
 runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registry,
                                       runtime::fabric_link_port link,
-                                      std::chrono::seconds timeout, std::size_t max_transfers) {
+                                      std::chrono::seconds timeout, std::size_t max_transfers,
+                                      std::uint32_t shard) {
   auto st = std::make_shared<proxy_state>();
   st->registry = std::move(registry);
+  st->shard = shard;
   st->link = std::move(link);
   st->timeout = timeout;
   st->gate.limit = std::max<std::size_t>(1, max_transfers);
@@ -419,6 +448,14 @@ runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registr
     };
   });
   return caf::actor_cast<runtime::store_port>(proxy);
+}
+
+runtime::store_port spawn_cluster_store(caf::actor_system& sys, caf::actor registry,
+                                        std::uint32_t shards, runtime::fabric_link_port link) {
+  std::vector<runtime::store_port> proxies;
+  for (std::uint32_t i = 0; i < std::max<std::uint32_t>(1, shards); ++i)
+    proxies.push_back(spawn_store_proxy(sys, registry, link, std::chrono::seconds(30), 32, i));
+  return ports::spawn_store_router(sys, std::move(proxies));
 }
 
 } // namespace troupe::cluster

@@ -21,6 +21,10 @@
 //   list and stats, which carry no payload, go to the store itself. Without a fabric (`--fabric
 //   none` here or in the store's process) gets and puts go to the store too, their bytes in the
 //   messages over CAF's middleman.
+// A store of several shards (topology `storage.shards`) runs as one store process per shard:
+// each registers as its shard, and a process reaches the whole store through a router over
+// one proxy per shard (`spawn_cluster_store`, ports/store_router.hpp), so a shard that is down
+// fails only its own blocks.
 // The store's contract is unchanged for the engines (runtime/ports/store.hpp). While there is
 // no store (it died and has not come back), and for every operation in flight when it dies,
 // the proxy answers errc::unavailable at once, which a prefill treats as a miss and a block
@@ -85,15 +89,17 @@ typename Inspector::result_type inspect(Inspector& f, store_deposit& x) {
 using store_release_atom = caf::atom_constant<caf::atom("strelease")>;
 
 /// A store and its front, as the store's process registers them with the store registry
-/// (`front` invalid: that process has no fabric link, payloads travel in the messages).
+/// (`front` invalid: that process has no fabric link, payloads travel in the messages), and
+/// the shard of the cluster's store it is.
 struct store_binding {
   caf::actor store;
   caf::actor front;
+  std::uint32_t shard = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_binding& x) {
-  return f(caf::meta::type_name("store_binding"), x.store, x.front);
+  return f(caf::meta::type_name("store_binding"), x.store, x.front, x.shard);
 }
 
 /// Spawns the store front of `store`; it offers payloads on `link`.
@@ -102,15 +108,21 @@ caf::actor spawn_store_front(caf::actor_system& sys, runtime::store_port store,
                              std::chrono::seconds offer_ttl = std::chrono::seconds(120),
                              std::chrono::seconds pull_timeout = std::chrono::seconds(30));
 
-/// Spawns the store registry: (caf::put_atom, store_binding) makes that store the cluster's
-/// and monitors it (a store going down is forgotten, unless another was registered since);
-/// (caf::get_atom) answers the current store_binding (an invalid store: none now);
-/// (caf::join_atom, subscriber) sends the subscriber (caf::put_atom, store_binding) now and at
-/// every change, until the subscriber is down (the store proxies subscribe). With
-/// `metrics`, every `poll` while it knows a store it asks the store's stats and publishes them
-/// there as the store's metrics (ports/store_metrics.hpp): for a store in another process, so
-/// that they appear on this process's /metrics.
-caf::actor spawn_store_registry(caf::actor_system& sys, runtime::registry* metrics = nullptr,
+/// Spawns the store registry of a store of `shards` shards (at least 1):
+/// - (caf::put_atom, store_binding) makes that store its shard's and monitors it (a store
+///   going down is forgotten, unless another was registered for its shard since); answers
+///   caf::ok_atom, or errc::invalid_argument for a shard the store does not have;
+/// - (caf::get_atom, shard) answers that shard's current store_binding (an invalid store:
+///   none now);
+/// - (caf::join_atom, subscriber) sends the subscriber (caf::put_atom, store_binding) for each
+///   shard now and at every change, until the subscriber is down (the store proxies
+///   subscribe).
+/// With `metrics`, every `poll` it asks each shard's store for its stats and publishes them
+/// there as the store's metrics (ports/store_metrics.hpp; under a `shard` label when there
+/// are several): for a store in other processes, so that they appear on this process's
+/// /metrics.
+caf::actor spawn_store_registry(caf::actor_system& sys, std::uint32_t shards,
+                                runtime::registry* metrics = nullptr,
                                 std::chrono::milliseconds poll = std::chrono::seconds(1));
 
 /// Spawns a store proxy of the store that `registry` names. Payloads cross over the fabric
@@ -118,9 +130,15 @@ caf::actor spawn_store_registry(caf::actor_system& sys, runtime::registry* metri
 /// a time (the others wait their turn: a prefill of a long cached prompt asks for thousands of
 /// blocks at once, and each transfer holds an offer of its payload until it is pulled);
 /// otherwise in the messages. `timeout` bounds each step of an operation once it has started.
+/// The proxy reaches shard `shard` of the store.
 runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registry,
                                       runtime::fabric_link_port link,
                                       std::chrono::seconds timeout = std::chrono::seconds(30),
-                                      std::size_t max_transfers = 32);
+                                      std::size_t max_transfers = 32, std::uint32_t shard = 0);
+
+/// The whole store of `shards` shards that `registry` names: one proxy per shard behind a
+/// router (ports/store_router.hpp); for one shard, its proxy.
+runtime::store_port spawn_cluster_store(caf::actor_system& sys, caf::actor registry,
+                                        std::uint32_t shards, runtime::fabric_link_port link);
 
 } // namespace troupe::cluster

@@ -137,6 +137,29 @@ TEST_CASE("a store shard's failure kills the store process, down for its duratio
   CHECK(r.actions[3].at == secs(15));
 }
 
+TEST_CASE("in a store of several shards, a shard's failure kills that shard's process only") {
+  auto topo = local3();
+  topo.storage.shards = 2;
+  auto plan = sim::parse_fault_plan("[[fault]]\nat = \"2s\"\nkind = \"store_fail\"\nshard = 1\n"
+                                    "duration = \"4s\"\n"
+                                    "[[fault]]\nat = \"3s\"\nkind = \"store_slow\"\nshard = 0\n"
+                                    "factor = 2\nduration = \"200ms\"\n",
+                                    "plan.toml", topo);
+  REQUIRE(plan.ok());
+  auto timeline = sim::expand(*plan.value, runtime::rng{1}.split("faults"), 1h);
+  auto r = plan_real_faults(timeline, topo, true);
+  REQUIRE(r.actions.size() == 4);
+  CHECK(r.actions[0].process == "store/1");
+  CHECK(r.actions[0].kind == process_action_kind::kill);
+  CHECK(r.actions[1].process == "store/0");
+  CHECK(r.actions[1].kind == process_action_kind::stop);
+  CHECK(r.actions[2].process == "store/0");
+  CHECK(r.actions[3].process == "store/1");
+  CHECK(r.actions[3].kind == process_action_kind::release);
+  CHECK(store_process_name(0, 1) == "store");
+  CHECK(store_process_name(3, 4) == "store/3");
+}
+
 TEST_CASE("a slow store shard stops and resumes the store process, as a slow instance") {
   auto r = translate("[[fault]]\nat = \"1s\"\nkind = \"store_slow\"\nshard = 1\nfactor = 4\n"
                      "duration = \"1s\"\n");

@@ -6,11 +6,14 @@
 // Then what the fabric path adds (the offers a get or a put makes are withdrawn once the bytes
 // have crossed), and what a store process that dies and comes back means for a proxy: every
 // operation answered at once while there is no store, none left waiting on the dead one, the
-// next store served, and the registry's mirrored metrics never going back.
+// next store served, and the registry's mirrored metrics never going back. Last, a store of
+// two shards in two stores (as two store processes): each block on its shard, a dead shard
+// failing only its own blocks, and each shard's figures under its label.
 #include "cluster/launch/control_directory.hpp"
 #include "cluster/launch/store_bridge.hpp"
 #include "ports/fabric_link.hpp"
 #include "runtime/errors.hpp"
+#include "ports/store_router.hpp"
 #include "runtime/metrics.hpp"
 
 #include "../ports/store_drivers.hpp"
@@ -22,11 +25,15 @@
 
 namespace troupe::test {
 
-/// Registers `store` and `front` with `registry`, and waits until it took them.
+/// Registers `store` and `front` with `registry` as its shard `shard`, and waits until it
+/// took them.
 inline void register_store(caf::scoped_actor& self, const caf::actor& registry,
-                           const caf::actor& store, const caf::actor& front) {
-  self->send(registry, caf::put_atom::value, cluster::store_binding{store, front});
-  self->request(registry, caf::infinite, caf::get_atom::value)
+                           const caf::actor& store, const caf::actor& front,
+                           std::uint32_t shard = 0) {
+  self->request(registry, caf::infinite, caf::put_atom::value,
+                cluster::store_binding{store, front, shard})
+    .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(caf::to_string(e)); });
+  self->request(registry, caf::infinite, caf::get_atom::value, shard)
     .receive([&](const cluster::store_binding& b) { REQUIRE(b.store == store); },
              [](caf::error& e) { FAIL(caf::to_string(e)); });
 }
@@ -53,7 +60,7 @@ struct bridged_store_driver : posix_store_driver {
       instance_link = *b;
       front = cluster::spawn_store_front(world.system(), store, control_link);
     }
-    registry = cluster::spawn_store_registry(world.system());
+    registry = cluster::spawn_store_registry(world.system(), 1);
     register_store(self, registry, caf::actor_cast<caf::actor>(store), front);
     proxy = cluster::spawn_store_proxy(world.system(), registry, instance_link);
   }
@@ -149,7 +156,7 @@ caf::actor spawn_silent_store(caf::actor_system& sys) {
 TEST_CASE("a proxy answers at once while there is no store, and when its store dies") {
   test::bridged_store_driver<true> d(1 << 20);
   auto& sys = d.world.system();
-  auto registry = cluster::spawn_store_registry(sys);
+  auto registry = cluster::spawn_store_registry(sys, 1);
   auto proxy = cluster::spawn_store_proxy(sys, registry, d.instance_link);
   // Each answer must come long before the proxy's 30 s timeout: a timeout here is a failure.
   auto get = [&](std::uint64_t i) {
@@ -205,7 +212,7 @@ TEST_CASE("the registry mirrors its store's figures, and they never go back afte
   test::posix_store_driver d(1 << 20);
   auto& sys = d.world.system();
   runtime::registry metrics;
-  auto registry = cluster::spawn_store_registry(sys, &metrics, std::chrono::milliseconds(20));
+  auto registry = cluster::spawn_store_registry(sys, 1, &metrics, std::chrono::milliseconds(20));
   auto value = [&](const std::string& name) {
     double v = -1;
     std::istringstream text{metrics.expose()};
@@ -239,4 +246,91 @@ TEST_CASE("the registry mirrors its store's figures, and they never go back afte
   CHECK(settle(hits, 4) == 4);
   CHECK(settle(blocks, 3) == 3);
   d.self->send_exit(registry, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a store of two shards: each block on its shard, a dead shard fails only its own") {
+  // Shard 0 is the driver's store (behind a front, over the fabric); shard 1 a second store
+  // in a directory of its own, registered without a front (payloads in the messages).
+  test::bridged_store_driver<true> d(1 << 20);
+  auto& sys = d.world.system();
+  test::temp_dir second_dir;
+  auto spawn_second = [&] {
+    ports::posix_store_params p;
+    p.directory = second_dir.path();
+    p.capacity = 1 << 20;
+    return ports::spawn_posix_store(sys, std::move(p));
+  };
+  auto second = spawn_second();
+  runtime::registry metrics;
+  auto registry = cluster::spawn_store_registry(sys, 2, &metrics, std::chrono::milliseconds(20));
+  test::register_store(d.self, registry, caf::actor_cast<caf::actor>(d.store), d.front, 0);
+  test::register_store(d.self, registry, caf::actor_cast<caf::actor>(second), {}, 1);
+  // A third shard does not exist: the registry says so, and keeps the two.
+  d.self->request(registry, caf::infinite, caf::put_atom::value,
+                  cluster::store_binding{caf::actor_cast<caf::actor>(second), {}, 2})
+    .receive([](caf::ok_atom) { FAIL("a store for shard 2 of 2 was taken"); },
+             [](caf::error& e) { CHECK(runtime::is(e, errc::invalid_argument)); });
+
+  auto store = cluster::spawn_cluster_store(sys, registry, 2, d.instance_link);
+  constexpr std::uint64_t n = 12;
+  for (std::uint64_t i = 0; i < n; ++i)
+    REQUIRE(test::request<store_stats>(
+      d.self, store, store_put{key(i), 200, bytes(200, static_cast<std::uint8_t>(i)), duration{0}}));
+  // Each block went to shard key.lo % 2 and to no other.
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto& owner = ports::store_shard_of(key(i), 2) == 0 ? d.store : second;
+    const auto& other = ports::store_shard_of(key(i), 2) == 0 ? second : d.store;
+    CHECK(*test::request<bool>(d.self, owner, store_has{key(i)}));
+    CHECK_FALSE(*test::request<bool>(d.self, other, store_has{key(i)}));
+  }
+  auto listed = test::request<std::vector<store_entry>>(d.self, store, store_list{});
+  REQUIRE(listed);
+  REQUIRE(listed->size() == n);
+  CHECK(std::is_sorted(listed->begin(), listed->end(),
+                       [](const store_entry& a, const store_entry& b) { return a.key < b.key; }));
+  auto sum = test::request<store_stats>(d.self, store, store_stats_atom::value);
+  REQUIRE(sum);
+  CHECK(sum->objects == n);
+  CHECK(sum->capacity == 2u << 20);
+
+  // Each shard's figures under its label.
+  auto blocks_of = [&](int shard) {
+    const std::string name = "troupe_store_blocks{shard=\"" + std::to_string(shard) + "\"} ";
+    std::istringstream text{metrics.expose()};
+    for (std::string line; std::getline(text, line);)
+      if (line.rfind(name, 0) == 0)
+        return std::stod(line.substr(name.size()));
+    return -1.0;
+  };
+  for (int i = 0; i < 250 && blocks_of(0) + blocks_of(1) != double(n); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(blocks_of(0) == 6);
+  CHECK(blocks_of(1) == 6);
+
+  // Shard 1's process dies: its blocks fail at once (unavailable: a miss), shard 0's are
+  // served, and the whole-store list and stats say the store is not whole.
+  test::stop(d.self, runtime::store_port{second});
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto got = test::request<store_object>(d.self, store, store_get{key(i)});
+    if (ports::store_shard_of(key(i), 2) == 0) {
+      REQUIRE(got);
+      CHECK(got->payload == bytes(200, static_cast<std::uint8_t>(i)));
+    } else {
+      REQUIRE_FALSE(got);
+      CHECK(runtime::is(got.error(), errc::unavailable));
+    }
+  }
+  CHECK_FALSE(test::request<store_stats>(d.self, store, store_stats_atom::value));
+
+  // It comes back on its directory: its blocks are served again through the same store.
+  second = spawn_second();
+  test::register_store(d.self, registry, caf::actor_cast<caf::actor>(second), {}, 1);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto got = test::request<store_object>(d.self, store, store_get{key(i)});
+    REQUIRE(got);
+    CHECK(got->payload == bytes(200, static_cast<std::uint8_t>(i)));
+  }
+  for (auto h : {caf::actor_cast<caf::actor>(store), caf::actor_cast<caf::actor>(second),
+                 registry})
+    d.self->send_exit(h, caf::exit_reason::user_shutdown);
 }

@@ -2,12 +2,13 @@
 
 `troupe launch examples/topologies/local-cpu-3.toml` runs a control process (KV CHECK role,
 balancers, HTTP entrypoint), the block store's process, one prefill and two decode instance
-processes, joined by CAF's middleman, on a random small-preset model (the CPU engine computes
+processes, joined by CAF's middleman; the module's cluster runs that topology with its store
+in two shards (`storage.shards = 2`: two store processes), on a random small-preset model (the CPU engine computes
 every token). The tests drive it with the official OpenAI SDK and check what a cluster must
 get right: served greedy tokens equal `troupe generate`'s; a decode process killed with
 SIGKILL in the middle of eight streams loses no request and changes no token (the request
 actors reroute to the other decode process, which recomputes the context), and the launcher
-restarts the process; the store process killed under load loses no request either (the
+restarts the process; a store process killed under load loses no request either (the
 blocks it cannot serve are recomputed) and serves its blocks again once restarted; SIGTERM
 stops the cluster cleanly. Every call has a bounded timeout and retries are off.
 
@@ -35,11 +36,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOPOLOGY = os.path.join(ROOT, "examples/topologies/local-cpu-3.toml")
 
 
+def sharded_topology(directory, shards):
+    """local-cpu-3 with its block store in `shards` shards, written under `directory`."""
+    text = open(TOPOLOGY).read().replace('capacity = "16GiB"', f'capacity = "16GiB"\nshards = {shards}')
+    assert f"shards = {shards}" in text
+    path = os.path.join(directory, f"local-cpu-3-{shards}-shards.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 class Cluster:
-    def __init__(self, model_dir, kv_dir, state_file, extra=()):
+    def __init__(self, model_dir, kv_dir, state_file, extra=(), topology=TOPOLOGY):
         self.state_file = state_file
         self.proc = subprocess.Popen(
-            [troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map", "identity",
+            [troupe(), "launch", topology, "--model", model_dir, "--engram-map", "identity",
              "--listen", "127.0.0.1:0", "--grace", "1", "--threads", "1", "--kv-dir", kv_dir,
              "--state", state_file, "--restart-period", "60", "--max-restarts", "5", *extra],
             stderr=subprocess.PIPE, text=True)
@@ -114,7 +125,9 @@ def run_streams(cluster, bodies, ready_chars, fault):
 @pytest.fixture(scope="module")
 def cluster(model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("launch") / "state.json"
-    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state), ("--check-history",))
+    topology = sharded_topology(str(tmp_path_factory.mktemp("topology")), 2)
+    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state), ("--check-history",),
+                topology)
     yield c
     pids = [p["pid"] for p in c.state()["processes"] if p["pid"]]
     c.stop()
@@ -156,6 +169,25 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     # The topology's store (a posix directory) is the store process's: the control process
     # waits for it instead of opening the directory.
     assert "--external-store" in rows[0] and "--index" not in rows[1]
+
+
+def test_dry_run_places_one_store_process_per_shard(model_dir, tmp_path):
+    # storage.shards = 3: three store processes, shard i told by --index i, spread over the
+    # hosts that take the store role.
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('[[host]]\nname = "a"\nagent = "10.0.0.1:7000"\nroles = ["control", "prefill", "decode"]\n'
+                     '[[host]]\nname = "b"\nagent = "10.0.0.2:7000"\nroles = ["store"]\n'
+                     '[[host]]\nname = "c"\nagent = "10.0.0.3:7000"\nroles = ["store"]\n')
+    out = subprocess.run([troupe(), "launch", sharded_topology(str(tmp_path), 3), "--model", model_dir,
+                          "--engram-map", "identity", "--hosts", str(hosts), "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
+    stores = [r for r in rows if r[2] == "store"]
+    assert [(r[0], r[1]) for r in stores] == [("store/0", "b"), ("store/1", "c"), ("store/2", "b")]
+    for i, r in enumerate(stores):
+        assert r[r.index("--index") + 1] == str(i) and "--model" not in r
+    assert "--external-store" in rows[0]
 
 
 def test_slurm_dry_run_prints_the_job_with_absolute_paths(model_dir):
@@ -296,9 +328,10 @@ def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_
 
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
     procs = cluster.state()["processes"]
-    assert [p["name"] for p in procs] == ["control", "store", "prefill/0", "decode/0", "decode/1"]
+    assert [p["name"] for p in procs] == ["control", "store/0", "store/1", "prefill/0",
+                                          "decode/0", "decode/1"]
     assert all(p["state"] == "running" and p["pid"] > 0 for p in procs)
-    assert len({p["pid"] for p in procs}) == 5
+    assert len({p["pid"] for p in procs}) == 6
 
 
 def test_every_node_process_runs_its_heap_on_huge_pages(cluster):
@@ -341,10 +374,10 @@ def store_metric(cluster, name, at_least):
 
 
 def test_the_store_process_holds_the_block_store_of_the_whole_cluster(cluster):
-    # The instance processes persist a long prompt's blocks into the store process and read
-    # them back from it, the payloads over the fabric: a repeat of the prompt is a prefix hit
-    # with the same greedy tokens, and the control's /metrics counts the blocks and the reads
-    # (the store's figures are the cluster's).
+    # The instance processes persist a long prompt's blocks into the store processes (each
+    # block into its shard's) and read them back, the payloads over the fabric: a repeat of
+    # the prompt is a prefix hit with the same greedy tokens, and the control's /metrics counts
+    # the blocks and the reads of each shard (the store's figures are the cluster's).
     body = long_prompt("block")
     first = cluster.openai().chat.completions.create(**body)
     assert first.usage.prompt_tokens >= 512
@@ -352,14 +385,16 @@ def test_the_store_process_holds_the_block_store_of_the_whole_cluster(cluster):
     assert again.usage.prompt_tokens_details.cached_tokens >= 512
     assert again.choices[0].message.content == first.choices[0].message.content
     assert store_metric(cluster, "troupe_store_blocks", 4) >= 4
-    assert store_metric(cluster, 'troupe_store_reads_total{outcome="hit"}', 4) >= 4
+    assert store_metric(cluster, 'troupe_store_reads_total{outcome="hit"', 4) >= 4
+    for shard in ("0", "1"):  # a prompt's blocks spread over both shards
+        assert store_metric(cluster, f'troupe_store_blocks{{shard="{shard}"}}', 1) >= 1
 
 
 def test_a_store_process_killed_under_load_loses_no_request(cluster):
-    # kill -9 of the store process while eight streams decode and four long prompts are being
-    # read back from it: every request completes with the tokens of a run without the fault
-    # (what the store cannot serve is recomputed; nothing waits on the dead store), the
-    # launcher restarts the store, and the blocks it had written are hits again.
+    # kill -9 of a store process (shard 1 of 2) while eight streams decode and four long
+    # prompts are being read back from the store: every request completes with the tokens of a
+    # run without the fault (what the dead shard cannot serve is recomputed; nothing waits on
+    # it), the launcher restarts it, and the blocks it had written are hits again.
     cached = [long_prompt(f"kept{k}_") for k in range(4)]
     want_cached = [cluster.openai().chat.completions.create(**b).choices[0].message.content
                    for b in cached]
@@ -368,7 +403,7 @@ def test_a_store_process_killed_under_load_loses_no_request(cluster):
     streams = [chat_body(f"Store fault stream {i}: tell a long story.", max_tokens=48,
                          temperature=0) for i in range(8)]
     want_streams = [cluster.openai().chat.completions.create(**b) for b in streams]
-    store = cluster.process("store")
+    store = cluster.process("store/1")
     restarts = store["restarts"]
 
     def kill_store():
@@ -385,18 +420,19 @@ def test_a_store_process_killed_under_load_loses_no_request(cluster):
             want.choices[0].message.content or "")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        p = cluster.process("store")
+        p = cluster.process("store/1")
         if p["state"] == "running" and p["pid"] != store["pid"] and p["restarts"] == restarts + 1:
             break
         time.sleep(0.2)
     else:
-        pytest.fail("the store process was not restarted:\n" + "".join(cluster.log))
+        pytest.fail("store/1 was not restarted:\n" + "".join(cluster.log))
     # Back: the blocks written before the kill are on its disk, and hits again.
     for b, want in zip(cached, want_cached):
         r = until_cached(cluster, b)
         assert r.usage.prompt_tokens_details.cached_tokens >= 512, "".join(cluster.log)
         assert r.choices[0].message.content == want
-    assert any("troupe node[store]: serving the block store" in l for l in cluster.log)
+    assert sum("troupe node[store]: serving shard 1 of 2 of the block store" in l
+               for l in cluster.log) == 2 + restarts, "".join(cluster.log)
 
 
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
