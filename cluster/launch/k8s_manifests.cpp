@@ -262,13 +262,25 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
   }
 
   const std::string control_address = fmt::format("{}:{}", control, o.control_port);
-  if (store) {
-    const std::string name = cluster + "-store";
+  // The block store: one Deployment per shard (storage.shards). Each shard has a directory
+  // of its own under the store's (ports/store_router.hpp), so several shards may share one
+  // claim that every node can mount (ReadWriteMany).
+  const std::uint32_t store_shards = store ? topo.storage.real_shards() : 0;
+  for (std::uint32_t shard = 0; shard < store_shards; ++shard) {
+    const bool one = store_shards == 1;
+    const std::string name = one ? cluster + "-store" : fmt::format("{}-store-{}", cluster, shard);
     if (auto e = check_name(name, 63); !e.empty())
       return failure::failure(e);
-    const json l = labels(cluster, "store");
-    json command = json::array(
-      {"troupe", "node", topology_path(), "--role", "store", "--control", control_address});
+    json l = labels(cluster, "store");
+    if (!one)
+      l["troupe/shard"] = std::to_string(shard);
+    json command = json::array({"troupe", "node", topology_path(), "--role", "store"});
+    if (!one) {
+      command.push_back("--index");
+      command.push_back(std::to_string(shard));
+    }
+    command.push_back("--control");
+    command.push_back(control_address);
     add_data_args(command, o, true);
     add_fabric_args(command);
     json container;
@@ -288,7 +300,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
     dep["apiVersion"] = "apps/v1";
     dep["kind"] = "Deployment";
     dep["metadata"] = metadata(name, l, o);
-    // One store at a time: a store owns its directory (and a ReadWriteOnce claim).
+    // One store of a shard at a time: a store owns its directory.
     dep["spec"] = {{"replicas", 1},
                    {"strategy", {{"type", "Recreate"}}},
                    {"selector", {{"matchLabels", selector_of(l)}}},

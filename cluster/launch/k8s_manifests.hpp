@@ -6,8 +6,9 @@
 // entrypoint) is a one-replica Deployment behind two Services: a ClusterIP Service for the
 // HTTP API and a headless Service through which the instance processes reach its control
 // port. The KV block store, when the cluster has one (a store claim, or a topology with a
-// posix store), is a one-replica Deployment of its own that mounts the claim and registers
-// with the control process (cluster/launch/store_bridge.hpp). Each EP instance of each pool is one StatefulSet (one pod per machine the instance
+// posix store), is a one-replica Deployment per shard (`storage.shards`) that mounts the
+// claim and registers with the control process (cluster/launch/store_bridge.hpp). Each EP
+// instance of each pool is one StatefulSet (one pod per machine the instance
 // spans, see deploy_layout.hpp) with its own headless Service, so the ranks of an instance
 // have stable DNS names and an instance can be restarted, scaled or deleted as one unit
 // without a custom resource definition. The topology file itself travels as a ConfigMap that
@@ -57,8 +58,9 @@ inline constexpr std::string_view k8s_topology_dir = "/etc/troupe";
 
 /// The Kubernetes objects for `topo`, whose file text is `topology_text` (stored verbatim in
 /// the ConfigMap), in apply order: the ConfigMap, the control's headless and HTTP Services,
-/// the control Deployment, the store Deployment (when there is a store), then per pool (file order) and per instance index 0 … initial−1
-/// a headless Service and a StatefulSet. Pools of zero initial instances emit nothing.
+/// the control Deployment, the store Deployments (when there is a store, one per shard),
+/// then per pool (file order) and per instance index 0 … initial−1 a headless Service and a
+/// StatefulSet. Pools of zero initial instances emit nothing.
 /// Fails with one message when an option is invalid (empty image, both model sources given),
 /// an instance does not fit the machines (deploy_layout.hpp), or a generated name would not
 /// be a valid Kubernetes name (over 63 characters for Services, 52 for StatefulSets).

@@ -57,16 +57,17 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
   if (!gpn)
     return failure::failure(gpn.error());
 
-  // The cluster has a block store (a directory given, or one the topology names): it runs as
-  // a second process of component 0, beside the control process.
+  // The cluster has a block store (a directory given, or one the topology names): it runs in
+  // component 0 beside the control process, one process per shard.
   const bool store = !o.store_dir.empty() || topo.storage.backend == storage_backend::posix;
+  const std::uint32_t store_shards = store ? topo.storage.real_shards() : 0;
   slurm_job job;
   slurm_component control;
   control.name = "control";
   control.role = "control";
   control.instances = 1;
   control.nodes = 1;
-  control.tasks = store ? 2 : 1;
+  control.tasks = 1 + store_shards;
   control.tasks_per_instance = 1;
   control.cpus_per_task = std::max<std::uint32_t>(1, o.control_cpus);
   job.components.push_back(control);
@@ -122,7 +123,12 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     if (c.role == "control") {
       line(fmt::format("# component {}: control (HTTP entrypoint, KV CHECK role, load "
                        "balancers){}",
-                       i, store ? " and the KV block store, 2 processes" : ", 1 process"));
+                       i,
+                       store_shards == 0   ? std::string(", 1 process")
+                       : store_shards == 1 ? std::string(" and the KV block store, 2 processes")
+                                           : fmt::format(" and the KV block store in {} shards, "
+                                                         "{} processes",
+                                                         store_shards, 1 + store_shards)));
       continue;
     }
     std::string where =
@@ -201,12 +207,14 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
                        shell_word(fmt::format("{}:{}", o.bind, o.http_port)), data_args,
                        store ? " --external-store" : ""));
       line("pids+=($!)");
-      if (store) {
-        // The store needs no model; it binds its fabric endpoint as the instances do.
-        line(fmt::format("{} --job-name=store \\", step));
-        line(fmt::format("  \"$troupe\" node \"$topology\" --role store --control "
+      // The store needs no model; it binds its fabric endpoint as the instances do.
+      for (std::uint32_t shard = 0; shard < store_shards; ++shard) {
+        const bool one = store_shards == 1;
+        line(fmt::format("{} --job-name={} \\", step,
+                         one ? std::string("store") : fmt::format("store-{}", shard)));
+        line(fmt::format("  \"$troupe\" node \"$topology\" --role store{} --control "
                          "\"$control\" --fabric-host auto{} &",
-                         store_args));
+                         one ? std::string{} : fmt::format(" --index {}", shard), store_args));
         line("pids+=($!)");
       }
       continue;

@@ -49,7 +49,7 @@ struct slurm_component {
   std::string role;                  // "control", "prefill", "decode" or "vision"
   std::uint32_t instances = 0;       // instances started in it (1 for the control)
   std::uint32_t nodes = 0;           // machines requested
-  std::uint32_t tasks = 0;           // processes in all (the control's: 2 with a store)
+  std::uint32_t tasks = 0;           // processes in all (the control's: 1 + one per store shard)
   std::uint32_t tasks_per_instance = 0;
   std::uint32_t gpus_per_node = 0;   // GRES gpu per machine requested (0: none)
   std::uint32_t gpus_per_task = 0;   // GPUs of one process

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -237,6 +238,31 @@ TEST_CASE("k8s volumes and namespace follow the options") {
   CHECK_FALSE(both.ok());
 }
 
+TEST_CASE("k8s: a store of several shards is one Deployment per shard, told its shard") {
+  auto e = load_example("small.toml");
+  e.topo.storage.shards = 3;
+  k8s_options o;
+  o.store_pvc = "kv";
+  auto objects = manifests(e, o);
+  const auto deployments = of_kind(objects, "Deployment");
+  REQUIRE(deployments.size() == 4);  // the control, then shards 0, 1, 2
+  std::set<std::string> selectors;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    const auto& store = *deployments.at(1 + i);
+    CHECK(store["metadata"]["name"] == "small-store-" + std::to_string(i));
+    const auto& cmd = store["spec"]["template"]["spec"]["containers"][0]["command"];
+    CHECK(cmd == json::array({"troupe", "node", "/etc/troupe/topology.toml", "--role", "store",
+                              "--index", std::to_string(i), "--control", "small-control:4242",
+                              "--kv-dir", "/kv", "--fabric-host", "$(POD_IP)"}));
+    // Each Deployment selects its own shard's pod only.
+    const auto sel = store["spec"]["selector"]["matchLabels"];
+    CHECK(sel["troupe/shard"] == std::to_string(i));
+    CHECK(store["spec"]["template"]["metadata"]["labels"] == sel);
+    selectors.insert(sel.dump());
+  }
+  CHECK(selectors.size() == 3);
+}
+
 TEST_CASE("k8s output is deterministic and rejects what cannot be placed or named") {
   auto e = load_example("small.toml");
   auto yaml_of = [&] {
@@ -399,6 +425,17 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   CHECK(count(no_store->script, "--role store") == 0);
   CHECK(count(no_store->script, "--external-store") == 0);
   CHECK(no_store->components.at(0).tasks == 1);
+  // A store of two shards: two store processes in component 0, each told its shard.
+  auto sharded = e;
+  sharded.topo.storage.shards = 2;
+  auto two = make_slurm_job(sharded.topo, o);
+  REQUIRE(two.ok());
+  CHECK(two->components.at(0).tasks == 3);
+  CHECK(count(two->script, "--job-name=store-0 ") == 1);
+  CHECK(count(two->script, "--job-name=store-1 ") == 1);
+  CHECK(count(two->script, "--role store --index 0 --control") == 1);
+  CHECK(count(two->script, "--role store --index 1 --control") == 1);
+  CHECK(count(two->script, "--external-store") == 1);
   CHECK(job->script.find("--gres") == std::string::npos); // the CPU backend asks for no GPUs
   o.topology_path.clear();
   CHECK_FALSE(make_slurm_job(e.topo, o).ok());
