@@ -82,6 +82,28 @@ def test_every_manifest_is_valid_kubernetes(topology, options, tmp_path):
     assert emit(topology, opts) == stream, "two runs gave different bytes"
 
 
+def test_a_sharded_store_is_one_valid_deployment_per_shard(tmp_path):
+    # [storage] shards = 3: three store Deployments, each selecting its own shard's pod and
+    # telling it its shard.
+    source = SOURCE / "examples" / "topologies" / "local-cpu-3.toml"
+    topology = tmp_path / "sharded.toml"
+    text = source.read_text().replace('capacity = "16GiB"', 'capacity = "16GiB"\nshards = 3')
+    assert "shards = 3" in text
+    topology.write_text(text)
+    out = tmp_path / "out"
+    emit(topology, ["--store-pvc", "troupe-kv"], out)
+    docs = [yaml.safe_load(f.read_text()) for f in sorted(out.glob("*.yaml"))]
+    for doc in docs:
+        validate(doc)
+    stores = [d for d in docs if d["kind"] == "Deployment" and "troupe/shard" in d["metadata"]["labels"]]
+    assert sorted(d["metadata"]["name"] for d in stores) == [f"local-cpu-3-store-{k}" for k in range(3)]
+    for d in stores:
+        k = d["metadata"]["labels"]["troupe/shard"]
+        assert d["spec"]["selector"]["matchLabels"]["troupe/shard"] == k
+        command = d["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[command.index("--index") + 1] == k
+
+
 def test_the_validator_rejects_broken_manifests(tmp_path):
     emit(TOPOLOGIES[0], [], tmp_path)
     docs = [yaml.safe_load(f.read_text()) for f in sorted(tmp_path.glob("*.yaml"))]
