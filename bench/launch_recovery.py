@@ -27,6 +27,10 @@ round) a prefix hit, then kills the store process while the streams decode, and 
   hit TTFT     the cached prompt once the store is back (a prefix hit again), beside the hit
                TTFT before the kill.
 
+With --shards N (N > 1) the topology's store is in N shards (`storage.shards`: N store
+processes) and --kill store kills the last shard's process only: while it is down the cached
+prompt is still a hit up to its first block on that shard (its cached_tokens say how much).
+
 Every stream must complete with completion_tokens == --tokens, else the run fails. Rounds wait
 for the killed process to be back before the next kill. It prints min and median over the rounds, with
 the 1-minute load average of each round (a figure taken under load is not a figure), beside
@@ -35,7 +39,7 @@ failure on GPUs, and DeepSeek describes a restart of an inference instance as ta
 
     python3 bench/launch_recovery.py [--troupe build/troupe] [--model DIR] [--rounds 3]
         [--streams 4] [--tokens 96] [--warm 8] [--threads 1] [--kill decode|store]
-        [--cached-words 300]
+        [--cached-words 300] [--shards 1]
 
 Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
 temporary directory. The standard library only.
@@ -146,6 +150,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kill", choices=("decode", "store"), default="decode")
     ap.add_argument("--cached-words", type=int, default=300)
+    ap.add_argument("--shards", type=int, default=1)
     a = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="troupe-recovery-")
@@ -155,9 +160,19 @@ def main():
         subprocess.run([a.troupe, "model", "init", "--preset", "small", "--seed", "1", "--out",
                         model], check=True, capture_output=True)
     state_file = os.path.join(tmp.name, "state.json")
+    topology = str(REPO / "examples/topologies/local-cpu-3.toml")
+    store_name, store_line = "store", "troupe node[store]: serving the block store"
+    if a.shards > 1:
+        text = open(topology).read().replace('capacity = "16GiB"',
+                                             f'capacity = "16GiB"\nshards = {a.shards}')
+        topology = os.path.join(tmp.name, "sharded.toml")
+        with open(topology, "w") as f:
+            f.write(text)
+        store_name = f"store/{a.shards - 1}"
+        store_line = f"troupe node[store]: serving shard {a.shards - 1} of {a.shards} of the block store"
     log = []
     launcher = subprocess.Popen(
-        [a.troupe, "launch", str(REPO / "examples/topologies/local-cpu-3.toml"), "--model", model,
+        [a.troupe, "launch", topology, "--model", model,
          "--engram-map", "identity", "--listen", "127.0.0.1:0", "--threads", str(a.threads),
          "--grace", "3", "--kv-dir", os.path.join(tmp.name, "kv"), "--state", state_file],
         stderr=subprocess.PIPE, text=True)
@@ -191,7 +206,7 @@ def main():
                 t.start()
             while min(len(x) for x in arrivals) < a.warm:
                 time.sleep(0.005)
-            victim = proc(state(state_file), "decode/0" if a.kill == "decode" else "store")
+            victim = proc(state(state_file), "decode/0" if a.kill == "decode" else store_name)
             killed = time.monotonic()
             os.kill(victim["pid"], signal.SIGKILL)
             if a.kill == "store":
@@ -204,11 +219,11 @@ def main():
             if a.kill == "store":
                 gap = max(next((t for t in x if t > killed), killed) - max(
                     [t for t in x if t <= killed] or [killed]) for x in arrivals)
-                back = seconds_to_line(log, killed, "troupe node[store]: serving the block store")
+                back = seconds_to_line(log, killed, store_line)
                 if back is None:
                     raise RuntimeError(f"round {rnd}: the store process did not come back")
                 hit_after, got = until_hit(port, cached_prompt, f"round {rnd}, after the restart")
-                rows.append((gap, outage, back, hit_before, hit_after, load))
+                rows.append((gap, outage, back, hit_before, hit_after, load, outage_cached))
                 print(f"round {rnd}: stream gap {gap:.3f} s, outage TTFT {outage:.3f} s "
                       f"(cached {outage_cached}), store back {back:.3f} s, hit TTFT "
                       f"{hit_before:.3f} s before / {hit_after:.3f} s after (cached {got}), "
@@ -236,9 +251,10 @@ def main():
             # Let the restarted process settle before the next round.
             time.sleep(2)
         if a.kill == "store":
-            print(f"\nkill -9 of the store process, {a.streams} streams of {a.tokens} tokens, "
-                  f"a cached prompt of {a.cached_words} words, {len(rows)} rounds (load average "
-                  f"{min(r[5] for r in rows):.2f}..{max(r[5] for r in rows):.2f})")
+            print(f"\nkill -9 of {store_name} ({a.shards} shard(s)), {a.streams} streams of "
+                  f"{a.tokens} tokens, a cached prompt of {a.cached_words} words, {len(rows)} "
+                  f"rounds (load average {min(r[5] for r in rows):.2f}..{max(r[5] for r in rows):.2f}); "
+                  f"tokens still cached during the outage: {[r[6] for r in rows]}")
             for i, what in enumerate(("longest stream gap after the kill",
                                       "TTFT of the cached prompt while the store is down",
                                       "store process back (kill -> serving its directory)",
