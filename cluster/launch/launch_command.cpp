@@ -117,7 +117,17 @@ struct process_state {
   std::optional<clock::time_point> restart_at;
   /// Killed by a fault: not restarted until the fault releases it.
   bool held = false;
+  /// Killed by the launcher to join the control process on its new host: restarted at once,
+  /// not counted against the restart intensity.
+  bool rejoin = false;
 };
+
+/// Sets the value after `flag` in `argv`, if the flag is there.
+void set_arg(std::vector<std::string>& argv, const std::string& flag, const std::string& value) {
+  auto f = std::find(argv.begin(), argv.end(), flag);
+  if (f != argv.end() && std::next(f) != argv.end())
+    *std::next(f) = value;
+}
 
 class launcher {
 public:
@@ -319,6 +329,14 @@ private:
       write_state();
       return -1;
     }
+    if (p->rejoin) {
+      p->rejoin = false;
+      p->state = "restarting";
+      p->restart_at = clock::now();
+      err_ << "; restarts to join the control process at " << control_ << "\n";
+      write_state();
+      return -1;
+    }
     if (clean) {
       p->state = "exited";
       err_ << "\n";
@@ -360,8 +378,10 @@ private:
   /// taken as gone too (a cut-off instance exits by itself once its link to the control
   /// process times out). Each moves to the live host that takes its role and runs the fewest
   /// processes, and starts there as a restart; one that no live host takes stays `lost`. The
-  /// control process cannot move: every instance was started with its address. Returns -1,
-  /// or the status to stop the cluster with.
+  /// control process moves too, when a live host takes the control role: its address (and
+  /// the HTTP address, when it was the lost host's) becomes that host's, and every other
+  /// process is restarted at once with the new address (its requests were the lost control
+  /// process's). Returns -1, or the status to stop the cluster with.
   int lose_host(const std::string& host) {
     reconnect_later(host, agents_.at(host).address());
     agents_.erase(host);
@@ -373,9 +393,11 @@ private:
         p.restart_at.reset();
         control = control || p.spec.role == "control";
       }
-    if (control) {
+    const launch_host* control_to = control ? least_loaded("control") : nullptr;
+    if (control && control_to == nullptr) {
       err_ << "troupe launch: lost the agent of host " << host
-           << ", which runs the control process; stopping the cluster\n";
+           << ", which runs the control process, and no live host takes the control role; "
+              "stopping the cluster\n";
       for (auto& p : procs_)
         if (p.host == host)
           p.state = "failed";
@@ -383,19 +405,12 @@ private:
     }
     write_state();
     err_ << "troupe launch: lost the agent of host " << host << "\n";
+    if (control_to != nullptr)
+      move_control(host, *control_to);
     for (auto& p : procs_) {
       if (p.host != host)
         continue;
-      const launch_host* to = nullptr;
-      std::size_t fewest = 0;
-      for (const auto& h : hosts_) {
-        if (agents_.count(h.name) == 0 || !takes_role(h, p.spec.role, hosts_))
-          continue;
-        auto n = static_cast<std::size_t>(std::count_if(
-          procs_.begin(), procs_.end(), [&](const process_state& q) { return q.host == h.name; }));
-        if (to == nullptr || n < fewest)
-          to = &h, fewest = n;
-      }
+      const launch_host* to = p.spec.role == "control" ? control_to : least_loaded(p.spec.role);
       if (to == nullptr) {
         p.state = "lost";
         err_ << "troupe launch: " << p.spec.name << ": no live host takes the " << p.spec.role
@@ -576,12 +591,60 @@ private:
   /// Places `p` (gone with its host) on host `to`, its fabric endpoint bound to the address
   /// the host is reached at, and restarts it there (a process killed by a fault starts when
   /// the fault releases it). Returns restart_later's status.
+  /// The live host that takes `role` and runs the fewest processes (null: none).
+  const launch_host* least_loaded(const std::string& role) const {
+    const launch_host* to = nullptr;
+    std::size_t fewest = 0;
+    for (const auto& h : hosts_) {
+      if (agents_.count(h.name) == 0 || !takes_role(h, role, hosts_))
+        continue;
+      auto n = static_cast<std::size_t>(std::count_if(
+        procs_.begin(), procs_.end(), [&](const process_state& q) { return q.host == h.name; }));
+      if (to == nullptr || n < fewest)
+        to = &h, fewest = n;
+    }
+    return to;
+  }
+
+  /// The control process leaves lost host `from` for `to`: it will publish on `to`'s address
+  /// (same port) and listen for HTTP there when it listened on `from`'s address. Every process
+  /// is told the new address; those still running elsewhere are killed to restart with it
+  /// (rejoin: not counted as crashes), as they would exit by themselves once their link to the
+  /// lost control process timed out.
+  void move_control(const std::string& from, const launch_host& to) {
+    const auto old_host = parse_host_port(control_)->first;
+    const auto new_host = parse_host_port(to.agent)->first;
+    control_ = join_host_port(new_host, parse_host_port(control_)->second);
+    if (listen_host_ == old_host)
+      listen_host_ = new_host;
+    // Not serving until the moved control process reports its HTTP port.
+    http_.clear();
+    fs::remove(ready_file_);
+    err_ << "troupe launch: the control process moves from " << from << " to " << to.name
+         << ": control " << control_ << ", HTTP on " << listen_host_
+         << "; the other processes restart to join it\n";
+    for (auto& p : procs_) {
+      set_arg(p.spec.argv, "--control", control_);
+      if (p.spec.role == "control") {
+        auto flag = std::find(p.spec.argv.begin(), p.spec.argv.end(), "--listen");
+        if (flag != p.spec.argv.end() && std::next(flag) != p.spec.argv.end()) {
+          auto listen = parse_host_port(*std::next(flag));
+          if (listen && listen->first == old_host)
+            *std::next(flag) = join_host_port(new_host, listen->second);
+        }
+      } else if (p.host != from && p.pid != 0 && !p.held) {
+        p.rejoin = true;
+        signal(p, SIGKILL);
+      } else if (p.host != from && p.state == "restarting") {
+        p.restart_at = clock::now();  // its restart takes the new address
+      }
+    }
+  }
+
   int move_to(process_state& p, const launch_host& to) {
     err_ << "troupe launch: " << p.spec.name << " moves from " << p.host << " to " << to.name;
     p.host = to.name;
-    auto flag = std::find(p.spec.argv.begin(), p.spec.argv.end(), "--fabric-host");
-    if (flag != p.spec.argv.end() && std::next(flag) != p.spec.argv.end())
-      *std::next(flag) = parse_host_port(to.agent)->first;
+    set_arg(p.spec.argv, "--fabric-host", parse_host_port(to.agent)->first);
     if (p.held) {
       p.state = "down";
       err_ << "; down until the fault ends\n";

@@ -12,7 +12,10 @@
 # go on and that no other process loses its links (over TLS too: docs/tls.md), that when
 # host h3 is lost (its namespace's processes killed) its decode process moves to h2 and
 # serves, that h3's agent, started again, is reconnected and takes both decode processes when
-# h2 is lost in turn, and that SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
+# h2 is lost in turn, that when h1 is lost (its agent and node processes killed; the launcher
+# itself lives on) the control process moves to h3 with the store and prefill/0, the decode
+# processes restart to join it, and the cluster serves again on h3's address, and that
+# SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
 # addresses. Needs root (ip netns); exits 77 (skipped) without it.
 #   bash tests/cluster/launch/hosts_netns.sh build/troupe
 set -euo pipefail
@@ -83,7 +86,7 @@ roles = ["decode"]
 [[host]]
 name = "h3"
 agent = "$NET.3:7700"
-roles = ["decode"]
+roles = ["decode", "control", "prefill"]
 TOML
 
 ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.toml" \
@@ -202,6 +205,36 @@ done
 back=$(ask "Hello from h2" 40)
 [ "$back" = "$during" ] || fail "the greedy request after h2 was lost gave '$back', before '$during'"
 
+# h1 lost: its agent and node processes killed (not the launcher, which stands for a machine
+# of its own). The control process moves to h3, the other host that takes the control role,
+# with its HTTP address; the store (which goes where the control may) and prefill/0 move there
+# too, and the decode processes on h3 restart to join the new control process, without
+# counting as crashes. The same greedy request gives the same tokens on the new address.
+decode_restarts=$(field decode/0 restarts)
+ip netns pids "$TAG-h1" | grep -vx "$LAUNCHER" | xargs -r kill -KILL
+for name in control store prefill/0; do wait_running "$name" host h3; done
+for _ in $(seq 240); do
+  NEW_HTTP=$(state 's["http"] or ""')
+  [ -n "$NEW_HTTP" ] && [ "$NEW_HTTP" != "$HTTP" ] && break
+  sleep 0.5
+done
+[ "${NEW_HTTP%:*}" = "$NET.3" ] || fail "the cluster serves on '$NEW_HTTP' after h1 was lost, not on h3"
+grep -q "troupe launch: the control process moves from h1 to h3: control $NET.3:" "$WORK/launch.log" \
+  || fail "no control move in the log"
+for name in control store prefill/0 decode/0 decode/1; do
+  [ "$(ip netns identify "$(field "$name" pid)")" = "$TAG-h3" ] || fail "$name is not on h3"
+  tr '\0' ' ' < "/proc/$(field "$name" pid)/cmdline" | grep -q -- "--control $NET.3:" \
+    || fail "$name does not join the control process on h3"
+done
+[ "$(field decode/0 restarts)" = "$decode_restarts" ] || fail "decode/0's rejoin counted as a crash"
+HTTP=$NEW_HTTP
+for _ in $(seq 240); do
+  [ "$(grep -c "model loaded; serving in the decode pool" "$WORK/agent3-again.log")" -ge 4 ] && break
+  sleep 0.5
+done
+moved_control=$(ask "Hello from h2" 8)
+[ "$moved_control" = "$first" ] || fail "the greedy request after the control moved gave '$moved_control', before '$first'"
+
 # SIGTERM stops the cluster: every node process exits, the launcher with status 0.
 kill -TERM "$LAUNCHER"
 status=0
@@ -212,11 +245,11 @@ for name in control store prefill/0 decode/0 decode/1; do
   [ "$pid" = "0" ] || fail "$name still has pid $pid after the stop"
 done
 # The KV went from h1's prefill process to the decode processes over the fabric.
-offered=$(sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p' "$WORK"/agent1.log)
+offered=$(cat "$WORK"/agent*.log | sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p')
 pulled=$(cat "$WORK"/agent2.log "$WORK"/agent3.log "$WORK"/agent3-again.log | sed -n 's/.*KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' | awk '{s += $1} END {print s + 0}')
 offered=$(echo "$offered" | awk '{s += $1} END {print s + 0}')
 [ "$offered" -gt 0 ] && [ "${pulled:-0}" -gt 0 ] || fail "no KV over the fabric (offered ${offered:-0}, pulled ${pulled:-0})"
-echo "KV over the fabric: $offered offered on h1, $pulled pulled on h2 and h3"
+echo "KV over the fabric: $offered offered by prefill/0, $pulled pulled on h2 and h3"
 # The last request was decoded on h3 after it came back: its KV came over the fabric there.
 moved=$(sed -n 's/.*troupe node\[decode\/[01]\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' "$WORK"/agent3-again.log | awk '{s += $1} END {print s + 0}')
 [ "$moved" -gt 0 ] || fail "no KV pulled on h3 after it came back"
