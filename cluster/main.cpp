@@ -566,6 +566,11 @@ int main(int argc, char** argv) {
   launch->add_option("--seed", launch_opts.seed, "seed of the fault plan's expansion (default 1)");
   launch->add_option("--fabric", launch_opts.fabric,
                      "the libfabric provider KV crosses processes by: tcp (default), shm, or none");
+  std::string block_fetchers = "on";
+  launch->add_option("--block-fetchers", block_fetchers,
+                     "a block fetcher process beside each prefill instance reads its cached "
+                     "blocks into shared memory: on (default) or off")
+    ->check(CLI::IsMember({"on", "off"}));
   launch->add_option("--hosts", launch_opts.hosts_file,
                      "place the processes on the hosts of this file, each running `troupe agent` "
                      "(docs/launch.md)");
@@ -579,7 +584,8 @@ int main(int argc, char** argv) {
     "submit the cluster to Slurm as one heterogeneous job (as troupe slurm writes it) and follow "
     "it; SIGTERM or Ctrl-C drains the job (docs/deploy.md)");
   for (const char* local_only :
-       {"--hosts", "--faults", "--seed", "--state", "--events", "--max-restarts", "--fabric"})
+       {"--hosts", "--faults", "--seed", "--state", "--events", "--max-restarts", "--fabric",
+        "--block-fetchers"})
     slurm->excludes(launch->get_option(local_only));
   slurm->excludes(restart_period);
   troupe::cli::add_slurm_placement_options(launch, launch_opts.slurm_job, slurm);
@@ -589,6 +595,7 @@ int main(int argc, char** argv) {
       launch_opts.serve.listen = "0.0.0.0:8000";
     finish_server_options(launch_opts.serve, launch_grace_s);
     launch_opts.restart_period = std::chrono::seconds(restart_period_s);
+    launch_opts.block_fetchers = block_fetchers == "on";
     rc = troupe::cluster::run_launch_command(launch_opts, std::cout, shared_stderr());
   });
 
@@ -614,13 +621,16 @@ int main(int argc, char** argv) {
   // The store process holds no model; the other roles say so when --model is missing.
   node->get_option("--model")->required(false)->description(
     "the model directory (config.json + safetensors, the released layout); every role but "
-    "store");
+    "store and fetcher");
   add_tls_options(node, node_opts.tls);
-  node->add_option("--role", node_opts.role, "control, store, prefill or decode")->required();
+  node->add_option("--role", node_opts.role, "control, store, fetcher, prefill or decode")
+    ->required();
   node->add_flag("--external-store", node_opts.external_store,
                  "control: the block store runs in a store process (--role store) that joins; "
                  "wait for it, and do not open the store directory here");
-  node->add_option("--index", node_opts.index, "the instance's number in its pool (prefill, decode), or the store's shard (store)");
+  node->add_option("--index", node_opts.index,
+                   "the instance's number in its pool (prefill, decode), the store's shard "
+                   "(store), or the prefill instance whose blocks it fetches (fetcher)");
   node->add_option("--control", node_opts.control,
                    "HOST:PORT of the control process (control: where to publish it)")
     ->required();

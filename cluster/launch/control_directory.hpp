@@ -15,6 +15,7 @@
 #pragma once
 
 #include "actors/wire_type_ids.hpp"
+#include "cluster/launch/block_fetcher.hpp"
 #include "cluster/launch/kv_bridge.hpp"
 #include "cluster/launch/store_bridge.hpp"
 #include "cluster/real_graph.hpp"
@@ -40,12 +41,14 @@ struct control_directory {
   /// The shards that registry has (one per store process; one for a store of the control
   /// process, whatever its own sharding).
   std::uint32_t store_shards = 1;
+  /// The registry of the cluster's block fetcher processes (block_fetcher.hpp).
+  caf::actor fetchers;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
   return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb,
-           x.store_registry, x.store_shards);
+           x.store_registry, x.store_shards, x.fetchers);
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
@@ -57,6 +60,7 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 /// `watcher_timeout` has passed.
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
+                                   caf::actor fetchers,
                                    std::chrono::milliseconds watcher_timeout);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements
@@ -78,4 +82,8 @@ CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_fetch))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_fetched))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_deposit))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::store_binding))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetcher_join))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetcher_segment))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetch_block))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetched_block))
 CAF_END_TYPE_ID_BLOCK(troupe_launch)

@@ -97,6 +97,8 @@ std::string describe_status(int status) {
 /// runs where the control process may.
 bool takes_role(const launch_host& h, const std::string& role,
                 const std::vector<launch_host>& hosts) {
+  if (role == "fetcher")  // a prefill instance's, on its host
+    return takes_role(h, "prefill", hosts);
   auto lists = [](const launch_host& x, const std::string& r) {
     return std::find(x.roles.begin(), x.roles.end(), r) != x.roles.end();
   };
@@ -841,9 +843,10 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
     launch_process p{std::move(name), on[index % on.size()], std::move(role), index,
                      {exe, "node", s.topology, "--role"}};
     p.argv.push_back(p.role);
-    if (p.role != "store")
+    if (p.role != "store" && p.role != "fetcher")
       p.argv.insert(p.argv.end(), {"--model", s.model});
-    if (p.role == "prefill" || p.role == "decode" || (p.role == "store" && store_shards > 1)) {
+    if (p.role == "prefill" || p.role == "decode" || p.role == "fetcher"
+        || (p.role == "store" && store_shards > 1)) {
       p.argv.push_back("--index");
       p.argv.push_back(std::to_string(index));
     }
@@ -877,8 +880,11 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
       store_extra = {"--kv-dir", s.kv_dir};
     node(store_process_name(i, store_shards), "store", i, store_extra);
   }
-  for (std::uint32_t i = 0; i < prefill; ++i)
+  for (std::uint32_t i = 0; i < prefill; ++i) {
     node("prefill/" + std::to_string(i), "prefill", i, {});
+    if (store_shards > 0 && o.block_fetchers)
+      node("fetcher/" + std::to_string(i), "fetcher", i, {});
+  }
   for (std::uint32_t i = 0; i < decode; ++i)
     node("decode/" + std::to_string(i), "decode", i, {});
   return plan;

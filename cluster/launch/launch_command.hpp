@@ -61,6 +61,9 @@ struct launch_options {
   runtime::tls_options tls;
   /// The libfabric provider instances move KV between processes by ("tcp", "shm", "none").
   std::string fabric = "tcp";
+  /// A block fetcher process beside each prefill instance (`fetcher/<i>`, on its host) reads
+  /// the cached blocks its engine asks for (block_fetcher.hpp), when the cluster has a store.
+  bool block_fetchers = true;
   /// A hosts file (launch_host below): the processes are placed on its hosts and started by
   /// each host's `troupe agent`; empty: every process on this host (an agent in-process).
   std::string hosts_file;
@@ -103,8 +106,9 @@ struct launch_process {
 
 /// The processes of the topology of `o` (its checked inputs), with their hosts and command
 /// lines, the control process first, then the `store_shards` store processes (none: the
-/// cluster has no block store; store_process_name), each pool's instances and the store's
-/// shards round-robin
+/// cluster has no block store; store_process_name), then the instances (each prefill instance
+/// followed by its block fetcher when the cluster has a store and `o.block_fetchers`, on the
+/// same host), each pool's instances and the store's shards round-robin
 /// over the hosts that take its role (all on "local" when `hosts` is empty). `control` is the
 /// resolved control address.
 std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,

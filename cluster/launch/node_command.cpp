@@ -3,12 +3,14 @@
 #include "actors/entrypoint/entrypoint.hpp"
 #include "actors/lb/lb_protocol.hpp"
 #include "cluster/launch/control_directory.hpp"
+#include "cluster/launch/block_fetcher.hpp"
 #include "cluster/launch/store_bridge.hpp"
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
 #include "ports/posix_store.hpp"
 #include "ports/store_router.hpp"
+#include "kernels/kv_blocks.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -140,15 +142,17 @@ int run_control(const node_options& o, std::ostream& err) {
     caf::anon_send(registry, caf::put_atom::value,
                    store_binding{caf::actor_cast<caf::actor>(gp->store), front, 0});
   }
-  auto directory =
-    spawn_control_directory(sys, graph, registry, store_shards, stopping_notice_limit);
+  // Where the prefill instances' block fetcher processes register (block_fetcher.hpp).
+  auto fetchers = spawn_fetcher_registry(sys);
+  auto directory = spawn_control_directory(sys, graph, registry, store_shards, fetchers,
+                                           stopping_notice_limit);
   // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
                    caf::actor_cast<caf::actor>(graph.prefill_lb),
                    caf::actor_cast<caf::actor>(graph.decode_lb),
                    caf::actor_cast<caf::actor>(graph.service), front, link, registry,
-                   directory})
+                   fetchers, directory})
       if (h)
         caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     if (gp->store)
@@ -481,6 +485,14 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     store = spawn_cluster_store(sys, dir.store_registry, dir.store_shards, bridge.link);
   else
     in->kv_dir.clear();  // the control process has none: neither has the cluster
+  // A prefill instance reads cached blocks through its block fetcher process, when one runs
+  // (block_fetcher.hpp); until then, and without one, from the store as before.
+  auto fetched = std::make_shared<fetch_counters>();
+  const auto name = std::string(to_string(role)) + "/" + std::to_string(o.index);
+  if (store && dir.fetchers && role == pool_role::prefill)
+    store = spawn_fetching_store(
+      sys, store, dir.fetchers, name,
+      static_cast<std::uint64_t>(kernels::block_kv_bytes(in->model.text)), 64, fetched);
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, store);
   if (!gp) {
     for (auto h : {caf::actor_cast<caf::actor>(store), caf::actor_cast<caf::actor>(bridge.link)})
@@ -505,6 +517,10 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
           << " KiB), " << c.pull_failures << " failed pull(s)\n";
       caf::anon_send_exit(bridge.link, caf::exit_reason::user_shutdown);
     }
+    if (fetched->fetched > 0 || fetched->direct > 0)
+      err << command << ": cached blocks read: " << fetched->fetched << " through fetcher/"
+          << o.index << " in shared memory (" << fetched->bytes / 1024 << " KiB), "
+          << fetched->direct << " from the store directly\n";
     caf::anon_send_exit(pool_sup, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
@@ -669,6 +685,81 @@ int run_store(const node_options& o, std::ostream& err) {
   }
 }
 
+/// The block fetcher of prefill instance --index: it reads the blocks that instance's engine
+/// asks for from the cluster's store into shared memory (block_fetcher.hpp), and registers
+/// with the control process's fetcher registry. It reads the topology only.
+int run_fetcher(const node_options& o, std::ostream& err) {
+  const std::string command = "troupe node[fetcher/" + std::to_string(o.index) + "]";
+  auto fail = [&](const std::string& msg) {
+    err << command << ": " << msg << "\n";
+    return 1;
+  };
+  auto topo = load_topology(o.serve.topology);
+  if (!topo.value) {
+    for (const auto& d : topo.errors)
+      err << d.to_string() << "\n";
+    return 1;
+  }
+  const auto* pool = find_pool(*topo.value, pool_role::prefill);
+  if (pool == nullptr || o.index >= pool->instances.initial)
+    return fail("--index " + std::to_string(o.index) + ": the topology has no prefill instance "
+                + std::to_string(o.index));
+  if (auto why = joining_problem(o); !why.empty())
+    return fail(why);
+  block_stop_signals();
+  runtime::world w{real_world_options(true, o.tls)};
+  auto& sys = w.system();
+  int status = 0;
+  auto joined = join_control(sys, o, command, err, status);
+  if (!joined)
+    return status;
+  std::vector<caf::actor> actors{joined->watcher};
+  auto stop = [&](int code) {
+    for (const auto& a : actors)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return code;
+  };
+  if (!joined->dir.store_registry || !joined->dir.fetchers)
+    return stop(fail("the control process at " + o.control + " has no block store to fetch from"));
+  runtime::fabric_link_port link;
+  if (o.fabric != "none") {
+    auto opened = open_fabric_link(sys, o);
+    if (!opened)
+      return stop(fail(opened.error()));
+    link = *opened;
+    actors.push_back(caf::actor_cast<caf::actor>(link));
+  }
+  auto store = spawn_cluster_store(sys, joined->dir.store_registry, joined->dir.store_shards, link);
+  actors.push_back(caf::actor_cast<caf::actor>(store));
+  auto counters = std::make_shared<fetch_counters>();
+  auto fetcher = spawn_block_fetcher(sys, store, counters);
+  actors.push_back(fetcher);
+  caf::anon_send(joined->dir.fetchers, caf::put_atom::value, "prefill/" + std::to_string(o.index),
+                 fetcher);
+  err << command << ": fetching blocks for prefill/" << o.index << " from the cluster at "
+      << o.control << "\n";
+  auto report = [&] {
+    err << command << ": " << counters->fetched << " block(s) fetched into shared memory ("
+        << counters->bytes / 1024 << " KiB)\n";
+  };
+  for (;;) {
+    if (joined->stopping->load()) {
+      report();
+      err << command << ": the control process is stopping the cluster\n";
+      return stop(0);
+    }
+    if (joined->lost->load()) {
+      err << command << ": lost the control process at " << o.control << "; exiting\n";
+      return stop(3);
+    }
+    if (int sig = poll_stop_signal(500ms); sig != 0 && !joined->stopping->load()) {
+      report();
+      err << command << ": " << signal_name(sig) << ": stopped\n";
+      return stop(0);
+    }
+  }
+}
+
 } // namespace
 
 void reexec_with_huge_page_heap(const node_options& o, char** argv, std::ostream& err) {
@@ -699,7 +790,10 @@ int run_node_command(const node_options& o, std::ostream& err) {
     return run_instance(o, pool_role::decode, err);
   if (o.role == "store")
     return run_store(o, err);
-  err << "troupe node: --role '" << o.role << "': expected control, store, prefill or decode\n";
+  if (o.role == "fetcher")
+    return run_fetcher(o, err);
+  err << "troupe node: --role '" << o.role
+      << "': expected control, store, fetcher, prefill or decode\n";
   return 1;
 }
 

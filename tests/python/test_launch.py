@@ -2,7 +2,8 @@
 
 `troupe launch examples/topologies/local-cpu-3.toml` runs a control process (KV CHECK role,
 balancers, HTTP entrypoint), the block store's process, one prefill and two decode instance
-processes, joined by CAF's middleman; the module's cluster runs that topology with its store
+processes and the prefill's block fetcher process, joined by CAF's middleman; the module's
+cluster runs that topology with its store
 in two shards (`storage.shards = 2`: two store processes), on a random small-preset model (the CPU engine computes
 every token). The tests drive it with the official OpenAI SDK and check what a cluster must
 get right: served greedy tokens equal `troupe generate`'s; a decode process killed with
@@ -148,6 +149,11 @@ def cluster(model_dir, tmp_path_factory):
     assert sum(p for k in ("decode/0", "decode/1") for _, p, _ in fabric.get(k, [])) > 0
     assert sum(f for v in fabric.values() for _, _, f in v) == 0
     assert sum(o for o, _, _ in fabric.get("decode/0", [])) > 0  # the drain's forwards
+    # prefill/0 read the cached prompts' blocks through its block fetcher process, in shared
+    # memory.
+    through = [int(m.group(1)) for l in c.log
+               if (m := re.match(r"troupe node\[prefill/0\]: cached blocks read: (\d+) through fetcher/0", l))]
+    assert sum(through) > 0, "".join(c.log)
     for pid in pids:  # every node process is gone
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
@@ -160,15 +166,22 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("control", "local", "control"), ("store", "local", "store"),
-        ("prefill/0", "local", "prefill"), ("decode/0", "local", "decode"),
-        ("decode/1", "local", "decode")]
+        ("prefill/0", "local", "prefill"), ("fetcher/0", "local", "fetcher"),
+        ("decode/0", "local", "decode"), ("decode/1", "local", "decode")]
     for r in rows:
         assert r[4] == "node" and "--control" in r and r[r.index("--control") + 1] == "127.0.0.1:7100"
-    assert rows[3][rows[3].index("--index") + 1] == "0" and rows[4][rows[4].index("--index") + 1] == "1"
+    assert rows[4][rows[4].index("--index") + 1] == "0" and rows[5][rows[5].index("--index") + 1] == "1"
+    # prefill/0's block fetcher: no model, its instance's index.
+    assert rows[3][rows[3].index("--index") + 1] == "0" and "--model" not in rows[3]
     assert rows[0][rows[0].index("--compile-threads") + 1] == "3"  # the entrypoint's compile pool
     # The topology's store (a posix directory) is the store process's: the control process
     # waits for it instead of opening the directory.
     assert "--external-store" in rows[0] and "--index" not in rows[1]
+    off = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
+                          "identity", "--block-fetchers", "off", "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert "fetcher" not in off.stdout
 
 
 def test_dry_run_places_one_store_process_per_shard(model_dir, tmp_path):
@@ -329,9 +342,9 @@ def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
     procs = cluster.state()["processes"]
     assert [p["name"] for p in procs] == ["control", "store/0", "store/1", "prefill/0",
-                                          "decode/0", "decode/1"]
+                                          "fetcher/0", "decode/0", "decode/1"]
     assert all(p["state"] == "running" and p["pid"] > 0 for p in procs)
-    assert len({p["pid"] for p in procs}) == 6
+    assert len({p["pid"] for p in procs}) == 7
 
 
 def test_every_node_process_runs_its_heap_on_huge_pages(cluster):
