@@ -15,12 +15,16 @@ It prints min and median of each kind over the kept requests, their ratio, the c
 the hits reported, and the load averages seen.
 
 With --launch the server is `troupe launch examples/topologies/local-cpu-3.toml` (a control
-process holding the block store, one prefill and two decode processes): a hit's blocks then
-come from the control process's store through the store bridge, over the fabric (--fabric,
-default tcp), and the server's CPU time is that of the launcher and all its processes.
+process, the block store's process, one prefill and two decode processes, and the prefill's
+block fetcher): a hit's blocks then come from the store process through the fetcher into
+shared memory, the store's payloads over the fabric (--fabric, default tcp), and the server's
+CPU time is that of the launcher and all its processes. --compare-fetchers starts two such
+clusters, one with block fetchers and one without (the prefill process reads the store
+itself), and measures both in every round, in alternating order: each server is idle while
+the other is measured (its idle CPU counts as foreign).
 
     python3 bench/prefix_hit.py [--troupe build/troupe] [--model DIR] [--prefix 4096]
-        [--rounds 3] [--threads 2] [--launch [--fabric tcp|shm]]
+        [--rounds 3] [--threads 2] [--launch [--fabric tcp|shm] [--compare-fetchers]]
 
 Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
 temporary directory. Standard library only.
@@ -57,13 +61,13 @@ def process_cpu_seconds(pid):
 
 
 class Server:
-    def __init__(self, troupe, model, kv_dir, threads, launch=None):
+    def __init__(self, troupe, model, kv_dir, threads, launch=None, fetchers="on"):
         args = [troupe, "serve", str(REPO / "examples/topologies/local-cpu.toml")]
         self.state = None
         if launch:
             self.state = kv_dir + ".state.json"
             args = [troupe, "launch", str(REPO / "examples/topologies/local-cpu-3.toml"),
-                    "--state", self.state, "--fabric", launch]
+                    "--state", self.state, "--fabric", launch, "--block-fetchers", fetchers]
         self.proc = subprocess.Popen(
             args + ["--model", model, "--engram-map", "identity", "--listen", "127.0.0.1:0",
                     "--kv-dir", kv_dir, "--threads", str(threads)],
@@ -156,7 +160,11 @@ def main():
     ap.add_argument("--launch", action="store_true",
                     help="troupe launch (local-cpu-3.toml) instead of troupe serve")
     ap.add_argument("--fabric", default="tcp", help="with --launch: the libfabric provider")
+    ap.add_argument("--compare-fetchers", action="store_true",
+                    help="with --launch: a cluster with block fetchers and one without")
     args = ap.parse_args()
+    if args.compare_fetchers and not args.launch:
+        sys.exit("--compare-fetchers needs --launch")
 
     tmp = tempfile.TemporaryDirectory(prefix="troupe-prefix-hit-")
     model = args.model
@@ -164,11 +172,15 @@ def main():
         model = os.path.join(tmp.name, "small")
         subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
                         "--out", model], check=True, capture_output=True)
-    server = Server(args.troupe, model, os.path.join(tmp.name, "kv"), args.threads,
-                    args.fabric if args.launch else None)
+    names = ["fetchers", "no fetchers"] if args.compare_fetchers else ["server"]
+    servers = {}
+    for name in names:
+        servers[name] = Server(args.troupe, model, os.path.join(tmp.name, f"kv-{len(servers)}"),
+                               args.threads, args.fabric if args.launch else None,
+                               "off" if name == "no fetchers" else "on")
     rng = random.Random(1)
-    kept = {"cold": [], "hit": []}
-    dropped = {"cold": 0, "hit": 0}
+    kept = {(n, k): [] for n in names for k in ("cold", "hit")}
+    dropped = {(n, k): 0 for n in names for k in ("cold", "hit")}
     loads, cached = [], []
     try:
         for r in range(args.rounds):
@@ -176,41 +188,47 @@ def main():
             body = {"model": "deepseek-v4.1-flash", "max_tokens": 1, "temperature": 0,
                     "stream": True, "stream_options": {"include_usage": True},
                     "messages": [{"role": "user", "content": words}]}
-            blocks_before = server.metric("troupe_store_blocks")
-            for kind in ("cold", "hit"):
-                if kind == "hit":
-                    # The cold request's blocks are written after its hand-off: wait for them.
-                    want = blocks_before + (prompt - 1) // 128
-                    for _ in range(600):
-                        if server.metric("troupe_store_blocks") >= want:
-                            break
-                        time.sleep(0.1)
-                ttft, usage, foreign, load = measured(server, body)
-                prompt = usage["prompt_tokens"]
-                hit = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                ok = foreign <= args.max_foreign
-                print(f"round {r + 1} {kind:4}: prompt {prompt} tokens, cached {hit}, TTFT "
-                      f"{ttft:.3f} s, load {load:.2f}, foreign {foreign:.2f} cores"
-                      f"{'' if ok else '  (contended: dropped)'}", flush=True)
-                loads.append(load)
-                if kind == "hit":
-                    cached.append(hit)
-                if ok:
-                    kept[kind].append(ttft)
-                else:
-                    dropped[kind] += 1
+            for name in (names if r % 2 == 0 else names[::-1]):
+                server = servers[name]
+                blocks_before = server.metric("troupe_store_blocks")
+                for kind in ("cold", "hit"):
+                    if kind == "hit":
+                        # The cold request's blocks are written after its hand-off: wait for them.
+                        want = blocks_before + (prompt - 1) // 128
+                        for _ in range(600):
+                            if server.metric("troupe_store_blocks") >= want:
+                                break
+                            time.sleep(0.1)
+                    ttft, usage, foreign, load = measured(server, body)
+                    prompt = usage["prompt_tokens"]
+                    hit = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    ok = foreign <= args.max_foreign
+                    print(f"round {r + 1} {name} {kind:4}: prompt {prompt} tokens, cached {hit}, TTFT "
+                          f"{ttft:.3f} s, load {load:.2f}, foreign {foreign:.2f} cores"
+                          f"{'' if ok else '  (contended: dropped)'}", flush=True)
+                    loads.append(load)
+                    if kind == "hit":
+                        cached.append(hit)
+                    if ok:
+                        kept[(name, kind)].append(ttft)
+                    else:
+                        dropped[(name, kind)] += 1
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     print()
-    for kind in ("cold", "hit"):
-        v = kept[kind]
-        if v:
-            print(f"{kind:4}: TTFT min {min(v):.3f} s, median {statistics.median(v):.3f} s over "
-                  f"{len(v)} runs ({dropped[kind]} dropped)")
-        else:
-            print(f"{kind:4}: every run was contended ({dropped[kind]} dropped)")
-    if kept["cold"] and kept["hit"]:
-        print(f"hit / cold (median): {statistics.median(kept['hit']) / statistics.median(kept['cold']):.3f}")
+    for name in names:
+        for kind in ("cold", "hit"):
+            v = kept[(name, kind)]
+            label = kind if len(names) == 1 else f"{name}, {kind}"
+            if v:
+                print(f"{label}: TTFT min {min(v):.3f} s, median {statistics.median(v):.3f} s "
+                      f"over {len(v)} runs ({dropped[(name, kind)]} dropped)")
+            else:
+                print(f"{label}: every run was contended ({dropped[(name, kind)]} dropped)")
+        if kept[(name, "cold")] and kept[(name, "hit")]:
+            ratio = statistics.median(kept[(name, "hit")]) / statistics.median(kept[(name, "cold")])
+            print(f"{'' if len(names) == 1 else name + ': '}hit / cold (median): {ratio:.3f}")
     print(f"cached tokens reported by the hits: {cached}; load average {min(loads):.2f}-{max(loads):.2f}")
 
 
