@@ -207,7 +207,15 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   k8s->add_option("--store-pvc", k->opts.store_pvc,
                   "a claim for the KV block store, mounted at /kv by the store pod alone "
                   "(ReadWriteOnce will do)");
-  k8s->callback([k, &rc] { rc = run_k8s(*k); });
+  auto fetchers = std::make_shared<std::string>("on");
+  k8s->add_option("--block-fetchers", *fetchers,
+                  "a block fetcher container beside each one-pod prefill instance when the "
+                  "cluster has a block store: on (default) or off")
+    ->check(CLI::IsMember({"on", "off"}));
+  k8s->callback([k, fetchers, &rc] {
+    k->opts.block_fetchers = *fetchers == "on";
+    rc = run_k8s(*k);
+  });
 
   auto s = std::make_shared<slurm_args>();
   auto* slurm = app.add_subcommand(

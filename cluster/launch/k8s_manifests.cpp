@@ -383,6 +383,32 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
       pod_spec["terminationGracePeriodSeconds"] = termination;
       pod_spec["containers"] = json::array({container});
       pod_spec["volumes"] = volumes(cluster, o, gpu, false);
+      // The block fetcher beside a prefill engine: both containers mount one memory-backed
+      // /dev/shm, where the fetcher hands the cached blocks over.
+      if (store && o.block_fetchers && pool.role == pool_role::prefill
+          && layout->processes == 1) {
+        // A GPU pod mounts one already (dshm, for NCCL); a CPU pod gets one here.
+        const json shm_mount = {{"name", "dshm"}, {"mountPath", "/dev/shm"}};
+        if (!gpu) {
+          pod_spec["containers"][0]["volumeMounts"].push_back(shm_mount);
+          pod_spec["volumes"].push_back({{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}});
+        }
+        json fetch_cmd = json::array({"troupe", "node", topology_path(), "--role", "fetcher",
+                                      "--index", std::to_string(index), "--control",
+                                      control_address});
+        add_fabric_args(fetch_cmd);
+        json fetcher;
+        fetcher["name"] = "fetcher";
+        fetcher["image"] = o.image;
+        fetcher["command"] = fetch_cmd;
+        fetcher["env"] = json::array({pod_ip_env()});
+        fetcher["resources"] = {{"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}};
+        fetcher["volumeMounts"] = json::array({{{"name", "topology"},
+                                                {"mountPath", std::string(k8s_topology_dir)},
+                                                {"readOnly", true}},
+                                               shm_mount});
+        pod_spec["containers"].push_back(std::move(fetcher));
+      }
 
       json sts;
       sts["apiVersion"] = "apps/v1";

@@ -13,7 +13,9 @@
 // have stable DNS names and an instance can be restarted, scaled or deleted as one unit
 // without a custom resource definition. The topology file itself travels as a ConfigMap that
 // every pod mounts. GPU requests come from gpus_per_instance, the decode pods' termination
-// grace period from the pool's drain grace, and their preStop hook starts the drain.
+// grace period from the pool's drain grace, and their preStop hook starts the drain. A
+// prefill instance of one pod, in a cluster with a block store, has its block fetcher
+// (block_fetcher.hpp) as a second container that shares the pod's /dev/shm.
 //
 // The output is deterministic: the same topology text and options give the same objects in
 // the same order with the same keys, so manifests can be diffed and reviewed.
@@ -48,6 +50,8 @@ struct k8s_options {
   std::string model_pvc;               // a PersistentVolumeClaim holding the model directory
   std::string model_host_path;         // or a directory on every machine (hostPath)
   std::string store_pvc;               // a claim for the KV block store (the store pod's)
+  /// A block fetcher container beside each one-pod prefill instance (cluster has a store).
+  bool block_fetchers = true;
 };
 
 /// The name of the ConfigMap key (and of the mounted file) that holds the topology.

@@ -263,6 +263,52 @@ TEST_CASE("k8s: a store of several shards is one Deployment per shard, told its 
   CHECK(selectors.size() == 3);
 }
 
+TEST_CASE("k8s: a prefill pod has its block fetcher beside it, sharing /dev/shm") {
+  for (const char* file : {"small.toml", "local-cpu.toml"}) {
+    INFO(file);
+    k8s_options o;
+    o.store_pvc = "kv";
+    auto objects = manifests(load_example(file), o);
+    std::size_t prefill_pods = 0;
+    for (const auto* sts : of_kind(objects, "StatefulSet")) {
+      const auto& pod = (*sts)["spec"]["template"]["spec"];
+      const auto& main = pod["containers"][0];
+      const bool prefill = main["name"] == "prefill";
+      REQUIRE(pod["containers"].size() == (prefill ? 2u : 1u));
+      if (!prefill)
+        continue;
+      ++prefill_pods;
+      const auto& fetcher = pod["containers"][1];
+      CHECK(fetcher["name"] == "fetcher");
+      const auto& cmd = fetcher["command"];
+      REQUIRE(main["command"][5] == "--index");
+      const auto index = main["command"][6].get<std::string>();
+      CHECK(cmd[4] == "fetcher");
+      CHECK(cmd[5] == "--index");
+      CHECK(cmd[6] == index);
+      CHECK(cmd.dump().find("--model") == std::string::npos);
+      // Both containers mount the same memory-backed volume at /dev/shm.
+      auto shm_of = [](const json& c) {
+        for (const auto& m : c["volumeMounts"])
+          if (m["mountPath"] == "/dev/shm")
+            return m["name"].get<std::string>();
+        return std::string{};
+      };
+      REQUIRE_FALSE(shm_of(main).empty());
+      CHECK(shm_of(fetcher) == shm_of(main));
+      bool memory = false;
+      for (const auto& v : pod["volumes"])
+        memory = memory || (v["name"] == shm_of(main) && v["emptyDir"]["medium"] == "Memory");
+      CHECK(memory);
+    }
+    CHECK(prefill_pods > 0);
+    o.block_fetchers = false;
+    const auto without = manifests(load_example(file), o);
+    for (const auto* sts : of_kind(without, "StatefulSet"))
+      CHECK((*sts)["spec"]["template"]["spec"]["containers"].size() == 1);
+  }
+}
+
 TEST_CASE("k8s output is deterministic and rejects what cannot be placed or named") {
   auto e = load_example("small.toml");
   auto yaml_of = [&] {
