@@ -94,7 +94,17 @@ struct client_segment {
   caf::actor_addr client;
   std::vector<std::uint32_t> free;
   std::deque<std::function<void(std::uint32_t)>> waiting;
-  std::uint32_t busy = 0;
+
+  /// `slot` is free again: the first waiting fetch takes it.
+  void give_back(std::uint32_t slot) {
+    if (waiting.empty()) {
+      free.push_back(slot);
+      return;
+    }
+    auto w = std::move(waiting.front());
+    waiting.pop_front();
+    w(slot);
+  }
 };
 
 } // namespace
@@ -195,7 +205,7 @@ caf::actor spawn_block_fetcher(caf::actor_system& sys, runtime::store_port store
                   return;  // the client is gone
                 auto& seg = it->second;
                 if (o.payload.size() > seg.slot_bytes) {
-                  seg.free.push_back(slot);
+                  seg.give_back(slot);
                   rp.deliver(runtime::make_error(
                     runtime::errc::invalid_argument,
                     "block " + runtime::to_string(o.key) + " has " + std::to_string(o.payload.size())
@@ -209,18 +219,9 @@ caf::actor spawn_block_fetcher(caf::actor_system& sys, runtime::store_port store
                 rp.deliver(fetched_block{o.key, o.size, o.checksum, slot});
               },
               [segments, rp, name, slot](caf::error& e) mutable {
-                auto it = segments->find(name);
-                if (it != segments->end()) {
-                  // The slot was never handed out: free it for the next fetch.
-                  auto& seg = it->second;
-                  if (!seg.waiting.empty()) {
-                    auto w = std::move(seg.waiting.front());
-                    seg.waiting.pop_front();
-                    w(slot);
-                  } else {
-                    seg.free.push_back(slot);
-                  }
-                }
+                // The slot was never handed out: free it for the next fetch.
+                if (auto it = segments->find(name); it != segments->end())
+                  it->second.give_back(slot);
                 rp.deliver(std::move(e));
               });
         };
@@ -235,17 +236,8 @@ caf::actor spawn_block_fetcher(caf::actor_system& sys, runtime::store_port store
         return rp;
       },
       [segments](fetch_release_atom, const std::string& name, std::uint32_t slot) {
-        auto it = segments->find(name);
-        if (it == segments->end())
-          return;
-        auto& seg = it->second;
-        if (!seg.waiting.empty()) {
-          auto w = std::move(seg.waiting.front());
-          seg.waiting.pop_front();
-          w(slot);
-        } else {
-          seg.free.push_back(slot);
-        }
+        if (auto it = segments->find(name); it != segments->end())
+          it->second.give_back(slot);
       },
     };
   });

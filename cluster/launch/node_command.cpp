@@ -434,6 +434,31 @@ std::optional<joined_control> join_control(caf::actor_system& sys, const node_op
   return j;
 }
 
+/// The main loop of a store or fetcher process, on the main thread: until the control process
+/// stops the cluster (status 0), is lost (3), or a stop signal comes (0). `last_words` runs
+/// before an orderly end.
+int until_the_end(const joined_control& j, const node_options& o, const std::string& command,
+                  std::ostream& err, const std::function<void()>& last_words) {
+  for (;;) {
+    if (j.stopping->load()) {
+      last_words();
+      err << command << ": the control process is stopping the cluster\n";
+      err << command << ": stopped\n";
+      return 0;
+    }
+    if (j.lost->load()) {
+      err << command << ": lost the control process at " << o.control << "; exiting\n";
+      return 3;
+    }
+    if (int sig = poll_stop_signal(500ms); sig != 0 && !j.stopping->load()) {
+      last_words();
+      err << command << ": " << signal_name(sig) << "\n";
+      err << command << ": stopped\n";
+      return 0;
+    }
+  }
+}
+
 int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   const std::string command = "troupe node[" + o.role + "/" + std::to_string(o.index) + "]";
   auto fail = [&](const std::string& msg) {
@@ -666,23 +691,9 @@ int run_store(const node_options& o, std::ostream& err) {
       << "the block store in " << shard_dir.string() << " (" << held.objects
       << " block(s)) to the cluster at " << o.control
       << (front ? "; payloads over the fabric" : "; payloads in CAF messages") << "\n";
-  for (;;) {
-    if (joined->stopping->load()) {
-      err << command << ": the control process is stopping the cluster\n";
-      err << command << ": stopped\n";
-      return stop(0);
-    }
-    if (joined->lost->load()) {
-      err << command << ": lost the control process at " << o.control << "; exiting\n";
-      return stop(3);
-    }
-    if (int sig = poll_stop_signal(500ms); sig != 0 && !joined->stopping->load()) {
-      // Writes still on their way are answered as not done (unavailable) by the proxies.
-      err << command << ": " << signal_name(sig) << ": the store stops\n";
-      err << command << ": stopped\n";
-      return stop(0);
-    }
-  }
+  // Writes still on their way when it stops are answered as not done (unavailable) by the
+  // proxies.
+  return stop(until_the_end(*joined, o, command, err, [] {}));
 }
 
 /// The block fetcher of prefill instance --index: it reads the blocks that instance's engine
@@ -738,26 +749,10 @@ int run_fetcher(const node_options& o, std::ostream& err) {
                  fetcher);
   err << command << ": fetching blocks for prefill/" << o.index << " from the cluster at "
       << o.control << "\n";
-  auto report = [&] {
+  return stop(until_the_end(*joined, o, command, err, [&] {
     err << command << ": " << counters->fetched << " block(s) fetched into shared memory ("
         << counters->bytes / 1024 << " KiB)\n";
-  };
-  for (;;) {
-    if (joined->stopping->load()) {
-      report();
-      err << command << ": the control process is stopping the cluster\n";
-      return stop(0);
-    }
-    if (joined->lost->load()) {
-      err << command << ": lost the control process at " << o.control << "; exiting\n";
-      return stop(3);
-    }
-    if (int sig = poll_stop_signal(500ms); sig != 0 && !joined->stopping->load()) {
-      report();
-      err << command << ": " << signal_name(sig) << ": stopped\n";
-      return stop(0);
-    }
-  }
+  }));
 }
 
 } // namespace
