@@ -459,6 +459,31 @@ int until_the_end(const joined_control& j, const node_options& o, const std::str
   }
 }
 
+/// Runs a store or fetcher process: checks the options it joins with, joins the control
+/// process and calls `body` with the actor system, the joined control process and the actors
+/// that end with the process (the watcher first; `body` adds its own). Returns `body`'s exit
+/// status (1 when joining failed, 0 after a signal before joining).
+int run_joined(const node_options& o, const std::string& command, std::ostream& err,
+               const std::function<int(caf::actor_system&, const joined_control&,
+                                       std::vector<caf::actor>&)>& body) {
+  if (auto why = joining_problem(o); !why.empty()) {
+    err << command << ": " << why << "\n";
+    return 1;
+  }
+  block_stop_signals();
+  runtime::world w{real_world_options(true, o.tls)};
+  auto& sys = w.system();
+  int status = 0;
+  auto joined = join_control(sys, o, command, err, status);
+  if (!joined)
+    return status;
+  std::vector<caf::actor> actors{joined->watcher};
+  status = body(sys, *joined, actors);
+  for (const auto& a : actors)
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  return status;
+}
+
 int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   const std::string command = "troupe node[" + o.role + "/" + std::to_string(o.index) + "]";
   auto fail = [&](const std::string& msg) {
@@ -630,70 +655,56 @@ int run_store(const node_options& o, std::ostream& err) {
     return fail("--index " + std::to_string(o.index) + ": the topology's store has "
                 + std::to_string(topo.value->storage.real_shards())
                 + " shard(s) (storage.shards), numbered from 0");
-  if (auto why = joining_problem(o); !why.empty())
-    return fail(why);
-  block_stop_signals();
-  runtime::world w{real_world_options(true, o.tls)};
-  auto& sys = w.system();
-
-  int status = 0;
-  auto joined = join_control(sys, o, command, err, status);
-  if (!joined)
-    return status;
-  std::vector<caf::actor> actors{joined->watcher};
-  auto stop = [&](int code) {
-    for (const auto& a : actors)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    return code;
-  };
-  if (!joined->dir.store_registry)
-    return stop(fail("the control process at " + o.control
-                     + " takes no store process (it was started without --external-store)"));
-
-  // Shard --index of the topology's store: its own directory and share of the capacity.
-  const auto shards = topo.value->storage.real_shards();
-  const auto shard_dir = ports::store_shard_directory(*kv_dir, o.index, shards);
-  ports::posix_store_params sp;
-  sp.directory = shard_dir;
-  sp.capacity = topo.value->storage.capacity_bytes / shards;
-  auto store = ports::spawn_posix_store(sys, std::move(sp));
-  actors.push_back(caf::actor_cast<caf::actor>(store));
-  runtime::store_stats held;
-  {
-    caf::scoped_actor self{sys};
-    std::string why;
-    self->request(store, 120s, runtime::store_stats_atom::value)
-      .receive([&](const runtime::store_stats& s) { held = s; },
-               [&](const caf::error& e) { why = sys.render(e); });
-    if (!why.empty())
-      return stop(fail("cannot open the store directory " + shard_dir.string() + ": " + why));
-  }
-  caf::actor front;
-  if (o.fabric != "none") {
-    auto link = open_fabric_link(sys, o);
-    if (!link)
-      return stop(fail(link.error()));
-    actors.push_back(caf::actor_cast<caf::actor>(*link));
-    front = spawn_store_front(sys, store, *link);
-    actors.push_back(front);
-  }
-  {
-    caf::scoped_actor self{sys};
-    std::string why;
-    self->request(joined->dir.store_registry, 30s, caf::put_atom::value,
-                  store_binding{caf::actor_cast<caf::actor>(store), front, o.index})
-      .receive([](caf::ok_atom) {}, [&](const caf::error& e) { why = runtime::error_text(e); });
-    if (!why.empty())
-      return stop(fail("the control process at " + o.control + " refused this store: " + why));
-  }
-  err << command << ": serving " << (shards > 1 ? "shard " + std::to_string(o.index) + " of "
-                                                    + std::to_string(shards) + " of " : "")
-      << "the block store in " << shard_dir.string() << " (" << held.objects
-      << " block(s)) to the cluster at " << o.control
-      << (front ? "; payloads over the fabric" : "; payloads in CAF messages") << "\n";
-  // Writes still on their way when it stops are answered as not done (unavailable) by the
-  // proxies.
-  return stop(until_the_end(*joined, o, command, err, [] {}));
+  return run_joined(o, command, err, [&](caf::actor_system& sys, const joined_control& joined,
+                                         std::vector<caf::actor>& actors) {
+    if (!joined.dir.store_registry)
+      return fail("the control process at " + o.control
+                       + " takes no store process (it was started without --external-store)");
+    // Shard --index of the topology's store: its own directory and share of the capacity.
+    const auto shards = topo.value->storage.real_shards();
+    const auto shard_dir = ports::store_shard_directory(*kv_dir, o.index, shards);
+    ports::posix_store_params sp;
+    sp.directory = shard_dir;
+    sp.capacity = topo.value->storage.capacity_bytes / shards;
+    auto store = ports::spawn_posix_store(sys, std::move(sp));
+    actors.push_back(caf::actor_cast<caf::actor>(store));
+    runtime::store_stats held;
+    {
+      caf::scoped_actor self{sys};
+      std::string why;
+      self->request(store, 120s, runtime::store_stats_atom::value)
+        .receive([&](const runtime::store_stats& s) { held = s; },
+                 [&](const caf::error& e) { why = sys.render(e); });
+      if (!why.empty())
+        return fail("cannot open the store directory " + shard_dir.string() + ": " + why);
+    }
+    caf::actor front;
+    if (o.fabric != "none") {
+      auto link = open_fabric_link(sys, o);
+      if (!link)
+        return fail(link.error());
+      actors.push_back(caf::actor_cast<caf::actor>(*link));
+      front = spawn_store_front(sys, store, *link);
+      actors.push_back(front);
+    }
+    {
+      caf::scoped_actor self{sys};
+      std::string why;
+      self->request(joined.dir.store_registry, 30s, caf::put_atom::value,
+                    store_binding{caf::actor_cast<caf::actor>(store), front, o.index})
+        .receive([](caf::ok_atom) {}, [&](const caf::error& e) { why = runtime::error_text(e); });
+      if (!why.empty())
+        return fail("the control process at " + o.control + " refused this store: " + why);
+    }
+    err << command << ": serving " << (shards > 1 ? "shard " + std::to_string(o.index) + " of "
+                                                      + std::to_string(shards) + " of " : "")
+        << "the block store in " << shard_dir.string() << " (" << held.objects
+        << " block(s)) to the cluster at " << o.control
+        << (front ? "; payloads over the fabric" : "; payloads in CAF messages") << "\n";
+    // Writes still on their way when it stops are answered as not done (unavailable) by the
+    // proxies.
+    return until_the_end(joined, o, command, err, [] {});
+  });
 }
 
 /// The block fetcher of prefill instance --index: it reads the blocks that instance's engine
@@ -715,44 +726,32 @@ int run_fetcher(const node_options& o, std::ostream& err) {
   if (pool == nullptr || o.index >= pool->instances.initial)
     return fail("--index " + std::to_string(o.index) + ": the topology has no prefill instance "
                 + std::to_string(o.index));
-  if (auto why = joining_problem(o); !why.empty())
-    return fail(why);
-  block_stop_signals();
-  runtime::world w{real_world_options(true, o.tls)};
-  auto& sys = w.system();
-  int status = 0;
-  auto joined = join_control(sys, o, command, err, status);
-  if (!joined)
-    return status;
-  std::vector<caf::actor> actors{joined->watcher};
-  auto stop = [&](int code) {
-    for (const auto& a : actors)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    return code;
-  };
-  if (!joined->dir.store_registry || !joined->dir.fetchers)
-    return stop(fail("the control process at " + o.control + " has no block store to fetch from"));
-  runtime::fabric_link_port link;
-  if (o.fabric != "none") {
-    auto opened = open_fabric_link(sys, o);
-    if (!opened)
-      return stop(fail(opened.error()));
-    link = *opened;
-    actors.push_back(caf::actor_cast<caf::actor>(link));
-  }
-  auto store = spawn_cluster_store(sys, joined->dir.store_registry, joined->dir.store_shards, link);
-  actors.push_back(caf::actor_cast<caf::actor>(store));
-  auto counters = std::make_shared<fetch_counters>();
-  auto fetcher = spawn_block_fetcher(sys, store, counters);
-  actors.push_back(fetcher);
-  caf::anon_send(joined->dir.fetchers, caf::put_atom::value, "prefill/" + std::to_string(o.index),
-                 fetcher);
-  err << command << ": fetching blocks for prefill/" << o.index << " from the cluster at "
-      << o.control << "\n";
-  return stop(until_the_end(*joined, o, command, err, [&] {
-    err << command << ": " << counters->fetched << " block(s) fetched into shared memory ("
-        << counters->bytes / 1024 << " KiB)\n";
-  }));
+  return run_joined(o, command, err, [&](caf::actor_system& sys, const joined_control& joined,
+                                         std::vector<caf::actor>& actors) {
+    if (!joined.dir.store_registry || !joined.dir.fetchers)
+      return fail("the control process at " + o.control + " has no block store to fetch from");
+    runtime::fabric_link_port link;
+    if (o.fabric != "none") {
+      auto opened = open_fabric_link(sys, o);
+      if (!opened)
+        return fail(opened.error());
+      link = *opened;
+      actors.push_back(caf::actor_cast<caf::actor>(link));
+    }
+    auto store = spawn_cluster_store(sys, joined.dir.store_registry, joined.dir.store_shards, link);
+    actors.push_back(caf::actor_cast<caf::actor>(store));
+    auto counters = std::make_shared<fetch_counters>();
+    auto fetcher = spawn_block_fetcher(sys, store, counters);
+    actors.push_back(fetcher);
+    caf::anon_send(joined.dir.fetchers, caf::put_atom::value, "prefill/" + std::to_string(o.index),
+                   fetcher);
+    err << command << ": fetching blocks for prefill/" << o.index << " from the cluster at "
+        << o.control << "\n";
+    return until_the_end(joined, o, command, err, [&] {
+      err << command << ": " << counters->fetched << " block(s) fetched into shared memory ("
+          << counters->bytes / 1024 << " KiB)\n";
+    });
+  });
 }
 
 } // namespace
