@@ -54,7 +54,7 @@ struct posix_store_params {
   runtime::registry* metrics = nullptr;
   /// The `shard` label of those metrics (one shard of a sharded store, ports/store_router.hpp);
   /// empty: none.
-  std::string metrics_shard;
+  std::string metrics_shard = {};
 };
 
 /// The size of a block file's header, charged against the capacity with each object.
