@@ -412,7 +412,9 @@ private:
     for (auto& p : procs_) {
       if (p.host != host)
         continue;
-      const launch_host* to = p.spec.role == "control" ? control_to : least_loaded(p.spec.role);
+      const launch_host* to = p.spec.role == "control"   ? control_to
+                              : p.spec.role == "fetcher" ? host_of_prefill(p.spec.index)
+                                                         : least_loaded(p.spec.role);
       if (to == nullptr) {
         p.state = "lost";
         err_ << "troupe launch: " << p.spec.name << ": no live host takes the " << p.spec.role
@@ -593,6 +595,18 @@ private:
   /// Places `p` (gone with its host) on host `to`, its fabric endpoint bound to the address
   /// the host is reached at, and restarts it there (a process killed by a fault starts when
   /// the fault releases it). Returns restart_later's status.
+  /// The live host prefill instance `index` runs on (moved there already: it comes first in
+  /// the plan), where its block fetcher must run too (null: none).
+  const launch_host* host_of_prefill(std::uint32_t index) const {
+    const std::string name = "prefill/" + std::to_string(index);
+    for (const auto& p : procs_)
+      if (p.spec.name == name)
+        for (const auto& h : hosts_)
+          if (h.name == p.host && agents_.count(h.name) != 0 && p.state != "lost")
+            return &h;
+    return nullptr;
+  }
+
   /// The live host that takes `role` and runs the fewest processes (null: none).
   const launch_host* least_loaded(const std::string& role) const {
     const launch_host* to = nullptr;

@@ -114,7 +114,7 @@ HTTP=$(state 's["http"]')
 echo "serving on $HTTP"
 
 # Placement: each process on its host, and in that host's namespace.
-for spec in control:h1 store:h1 prefill/0:h1 decode/0:h2 decode/1:h3; do
+for spec in control:h1 store:h1 prefill/0:h1 fetcher/0:h1 decode/0:h2 decode/1:h3; do
   name=${spec%%:*}; host=${spec##*:}
   got=$(state "next(p['host'] for p in s['processes'] if p['name']=='$name')")
   [ "$got" = "$host" ] || fail "$name placed on $got, expected $host"
@@ -208,11 +208,11 @@ back=$(ask "Hello from h2" 40)
 # h1 lost: its agent and node processes killed (not the launcher, which stands for a machine
 # of its own). The control process moves to h3, the other host that takes the control role,
 # with its HTTP address; the store (which goes where the control may) and prefill/0 move there
-# too, and the decode processes on h3 restart to join the new control process, without
-# counting as crashes. The same greedy request gives the same tokens on the new address.
+# too (prefill/0's block fetcher with it), and the decode processes on h3 restart to join the
+# new control process, without counting as crashes. The same greedy request gives the same tokens on the new address.
 decode_restarts=$(field decode/0 restarts)
 ip netns pids "$TAG-h1" | grep -vx "$LAUNCHER" | xargs -r kill -KILL
-for name in control store prefill/0; do wait_running "$name" host h3; done
+for name in control store prefill/0 fetcher/0; do wait_running "$name" host h3; done
 for _ in $(seq 240); do
   NEW_HTTP=$(state 's["http"] or ""')
   [ -n "$NEW_HTTP" ] && [ "$NEW_HTTP" != "$HTTP" ] && break
@@ -221,7 +221,7 @@ done
 [ "${NEW_HTTP%:*}" = "$NET.3" ] || fail "the cluster serves on '$NEW_HTTP' after h1 was lost, not on h3"
 grep -q "troupe launch: the control process moves from h1 to h3: control $NET.3:" "$WORK/launch.log" \
   || fail "no control move in the log"
-for name in control store prefill/0 decode/0 decode/1; do
+for name in control store prefill/0 fetcher/0 decode/0 decode/1; do
   [ "$(ip netns identify "$(field "$name" pid)")" = "$TAG-h3" ] || fail "$name is not on h3"
   tr '\0' ' ' < "/proc/$(field "$name" pid)/cmdline" | grep -q -- "--control $NET.3:" \
     || fail "$name does not join the control process on h3"
