@@ -209,7 +209,8 @@ back=$(ask "Hello from h2" 40)
 # of its own). The control process moves to h3, the other host that takes the control role,
 # with its HTTP address; the store (which goes where the control may) and prefill/0 move there
 # too (prefill/0's block fetcher with it), and the decode processes on h3 restart to join the
-# new control process, without counting as crashes. The same greedy request gives the same tokens on the new address.
+# new control process, without counting as crashes. The same greedy request gives the same
+# tokens on the new address.
 decode_restarts=$(field decode/0 restarts)
 ip netns pids "$TAG-h1" | grep -vx "$LAUNCHER" | xargs -r kill -KILL
 for name in control store prefill/0 fetcher/0; do wait_running "$name" host h3; done
