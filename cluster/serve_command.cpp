@@ -52,7 +52,11 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   err << "troupe serve: loading " << o.model << " on " << prefill_pool->instances.initial
       << " prefill and " << decode_pool->instances.initial << " decode instance(s)"
       << (in->kv_dir.empty() ? std::string{" (no KV store)"}
-                             : ", KV store in " + in->kv_dir.string())
+                             : ", KV store in " + in->kv_dir.string()
+                                 + (in->topo.storage.real_shards() > 1
+                                      ? " (" + std::to_string(in->topo.storage.real_shards())
+                                          + " shards)"
+                                      : std::string{}))
       << "...\n";
   if (auto why = warm_up(sys, service, std::chrono::minutes(10)); !why.empty()) {
     caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
