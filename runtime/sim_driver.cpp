@@ -3,7 +3,9 @@
 #include "runtime/check.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/atom.hpp>
+#include <caf/detail/simple_actor_clock.hpp>
 #include <caf/local_actor.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -87,6 +89,31 @@ std::string demangle(const std::type_info& t) {
     if (auto colon = out.rfind("::"); colon != std::string::npos)
       out = out.substr(colon + 2);
   return out;
+}
+
+const char* name_of(const caf::strong_actor_ptr& p) {
+  if (auto* a = dynamic_cast<caf::local_actor*>(caf::actor_cast<caf::abstract_actor*>(p)))
+    return a->name();
+  return "?";
+}
+
+/// What a pending timer is (a delayed message, a request's timeout, an actor's own timeout)
+/// and whom it reaches.
+std::pair<const char*, const char*>
+timer_of(const caf::detail::simple_actor_clock::delayed_event& e) {
+  using clk = caf::detail::simple_actor_clock;
+  switch (e.subtype) {
+    case clk::actor_msg_type:
+      return {"delayed message", name_of(static_cast<const clk::actor_msg&>(e).receiver)};
+    case clk::request_timeout_type:
+      return {"request timeout", name_of(static_cast<const clk::request_timeout&>(e).self)};
+    case clk::ordinary_timeout_type:
+      return {"timeout", name_of(static_cast<const clk::ordinary_timeout&>(e).self)};
+    case clk::multi_timeout_type:
+      return {"timeout", name_of(static_cast<const clk::multi_timeout&>(e).self)};
+    default:
+      return {"group message", "?"};
+  }
 }
 
 } // namespace
@@ -182,11 +209,14 @@ stop_reason sim_driver::drive(std::optional<time_point> deadline) {
       next_progress_ = mark + progress_every_;
     }
     if (profiling_) {
+      auto [kind, receiver] = timer_of(*clock.schedule().begin()->second);
       auto start = std::chrono::steady_clock::now();
       clock.trigger_timeout();
-      auto& row = rows_[profile_key{"clock", nullptr, 0}];
-      row.actor = "clock";
-      row.message = "timer";
+      auto& row = rows_[profile_key{receiver, kind, 1}];
+      if (row.count == 0) {
+        row.actor = "clock";
+        row.message = std::string{kind} + " for " + receiver;
+      }
       ++row.count;
       row.wall_s
         += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

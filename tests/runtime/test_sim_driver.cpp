@@ -252,7 +252,7 @@ TEST_CASE_FIXTURE(driven, "a profile counts every event by actor and message typ
     CHECK(r.wall_s >= 0);
     if (r.message == "(tick)")
       ticked += r.count;
-    if (r.actor == "clock" && r.message == "timer")
+    if (r.actor == "clock" && r.message.starts_with("delayed message for "))
       timers += r.count;
     if (r.message == "@str") // CAF's name of std::string
       strings += r.count;
