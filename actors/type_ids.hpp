@@ -20,7 +20,6 @@ struct kv_reserve;
 struct kv_insert_result;
 struct kv_commit;
 struct kv_commit_result;
-struct kv_probe;
 struct kv_touch;
 struct kv_stats;
 struct vision_job;
@@ -42,7 +41,6 @@ CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_reserve))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_insert_result))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_commit))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_commit_result))
-CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_probe))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_touch))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::kv_stats))
 CAF_ADD_TYPE_ID(troupe_actors, (troupe::actors::vision_job))

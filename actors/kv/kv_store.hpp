@@ -1,22 +1,26 @@
-// kv_store: the CHECK role of the cluster KV cache as actors (one shard, and a sharding front).
+// kv_store: the CHECK role of the cluster KV cache as an actor (one shard, or several).
 //
 // Every request asks "how much of my prompt is cached?" before it is routed, so the answer
 // sits on the critical path: it must be a metadata-only round trip. Decode instances persist
 // each full 128-token block as it fills and tell the CHECK role, so later requests (and a
 // rerouted one) hit it. A cluster's cache is too large for one index, so it is sharded by
-// block key across several `kv_store` actors; the `kv_router` front makes them look like
-// one: the same protocol, the same answers as a single index of the summed capacity (as long
-// as no shard is full; each shard evicts on its own).
+// block key: the same protocol, the same answers as a single index of the summed capacity (as
+// long as no shard is full; each shard evicts on its own).
 //
 // Sharding: each block lives on shard `shard_of(key, S)` (its key's low 64 bits mod S), not
 // on the shard of its chain's first block: chains share prefixes (a system prompt's first
 // blocks start most conversations), so routing by first block would put most traffic on a
-// few shards. A match therefore asks every shard that owns some block of the chain, in
-// parallel, for the leading run of hits among *its* blocks (`kv_probe`); the chain's leading
-// run ends at the earliest first miss over all shards. Only then are the hit blocks refreshed
-// (`kv_touch`), so a block after a miss is neither counted nor refreshed. A shard that fails
-// or does not answer in time counts as a miss from its first block: the cache is an
-// optimization, and a match never fails.
+// few shards. A sharded store keeps one index per shard, each with its own capacity, eviction
+// order, faults and slowdowns, in one actor: a match asks every shard that owns some block of
+// the chain for the leading run of hits among *its* blocks; the chain's leading run ends at
+// the earliest first miss over all shards, and the answer comes when the slowest of those
+// shards would have answered (they work in parallel). Only then are the hit blocks refreshed,
+// so a block after a miss is neither counted nor refreshed. A failed shard counts as a miss
+// from its first block: the cache is an optimization, and a match never fails.
+//
+// The shards share one actor rather than one each because a match then costs one message and
+// its answer instead of a probe, an answer and a refresh per shard: in the simulator the
+// CHECK role's messages were a third of all events.
 //
 // All time comes from the actor clock; nothing here blocks.
 #pragma once
@@ -87,20 +91,8 @@ typename Inspector::result_type inspect(Inspector& f, kv_commit& x) {
   return f(caf::meta::type_name("kv_commit"), x.blocks);
 }
 
-/// Shard-internal, first phase of a sharded match: the leading run of hits among `blocks`
-/// (this shard's blocks of one chain, in chain order), without refresh or accounting.
-/// Reply: std::uint32_t.
-struct kv_probe {
-  std::vector<block_key> blocks;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, kv_probe& x) {
-  return f(caf::meta::type_name("kv_probe"), x.blocks);
-}
-
-/// Shard-internal, second phase of a sharded match: refresh these hit blocks with the TTL of
-/// `traffic`. No reply.
+/// Internal to a sharded store, the second phase of a match: refresh these hit blocks (the
+/// chain's leading run, each in its shard) with the TTL of `traffic`. No reply.
 struct kv_touch {
   std::vector<block_key> blocks;
   traffic_class traffic = traffic_class::chatbot;
@@ -111,24 +103,24 @@ typename Inspector::result_type inspect(Inspector& f, kv_touch& x) {
   return f(caf::meta::type_name("kv_touch"), x.blocks, x.traffic);
 }
 
-/// Asks for kv_stats (a router sums its shards' and adds its own match accounting).
+/// Asks for kv_stats (a sharded store sums its shards' and adds its own match accounting).
 using kv_stats_atom = caf::atom_constant<caf::atom("kvstats")>;
 
 /// Fault injection (simulated world): (kv_shard_fault_atom, shard, down). `down`: the shard
 /// fails — it loses its metadata (its index is emptied) and, until it comes back, counts as
 /// failed (every probe a miss, every insert or reserve rejected, every commit missing); not
-/// `down`: it comes back, empty. A single shard ignores the shard number; a router passes the
-/// order to shard `shard`. No reply. The cache is an optimisation: results do not change,
+/// `down`: it comes back, empty. A single shard ignores the shard number; a sharded store
+/// applies it to shard `shard` (none if it has no such shard). No reply. The cache is an optimisation: results do not change,
 /// only hits are lost (docs/faults.md).
 using kv_shard_fault_atom = caf::atom_constant<caf::atom("kvshfault")>;
 
 /// Fault injection (simulated world): (kv_shard_slow_atom, shard, factor, on). While on, the
 /// shard answers `factor` times its `op_latency` after a request arrives (overlapping
-/// slowdowns: the largest factor); `on` false ends the slowdown of that factor. A router
-/// passes the order to shard `shard`. No reply.
+/// slowdowns: the largest factor); `on` false ends the slowdown of that factor. Shard numbers
+/// as for kv_shard_fault_atom. No reply.
 using kv_shard_slow_atom = caf::atom_constant<caf::atom("kvshslow")>;
 
-/// The CHECK role as its clients see it: one shard or a sharded front.
+/// The CHECK role as its clients see it: one shard or a sharded store.
 using kv_check_actor = caf::typed_actor<
   caf::reacts_to<kv_shard_fault_atom, std::uint32_t, bool>,
   caf::reacts_to<kv_shard_slow_atom, std::uint32_t, double, bool>,
@@ -138,29 +130,16 @@ using kv_check_actor = caf::typed_actor<
   caf::replies_to<kv_commit>::with<kv_commit_result>,
   caf::replies_to<kv_stats_atom>::with<kv_stats>>;
 
-/// One shard: the CHECK role plus the two phases of a sharded match.
-using kv_shard_actor = kv_check_actor::extend<caf::replies_to<kv_probe>::with<std::uint32_t>,
-                                              caf::reacts_to<kv_touch>>;
-
 /// Spawns one shard holding a kv_index with `params` (params.block_bytes > 0). It reads time
-/// from its actor clock. Each match, probe and insert is decided when it arrives and answered
-/// `params.op_latency` (times a store_slow factor) later; reserve and commit at once. It stops like any actor (no state survives: the index is rebuilt
-/// from writes after a restart, and a restarted shard just misses until then).
-kv_shard_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params);
+/// from its actor clock. Each match and insert is decided when it arrives and answered
+/// `params.op_latency` (times a store_slow factor) later; reserve and commit at once. It
+/// stops like any actor (no state survives: the index is rebuilt from writes after a restart,
+/// and a restarted store just misses until then).
+kv_check_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params);
 
-struct kv_router_params {
-  /// The shards, in shard-number order; not empty. The router keeps them alive.
-  std::vector<kv_shard_actor> shards;
-  /// How long the router waits for a shard; a shard that does not answer counts as a miss
-  /// (match), as rejecting its blocks (insert, reserve), as missing them (commit), or as
-  /// nothing (stats).
-  runtime::duration shard_timeout = std::chrono::seconds(1);
-};
-
-/// Spawns the sharding front over `params.shards`. Blocks go to shard_of(key, shards.size()).
-kv_check_actor spawn_kv_router(caf::actor_system& sys, kv_router_params params);
-
-/// Spawns `shards` shards, each with `per_shard` (its own capacity), and a router over them.
+/// Spawns a store of `shards` shards (blocks go to shard_of(key, shards)), each an index
+/// with `per_shard` (its own capacity), in one actor; answers as spawn_kv_store's do, a
+/// match or insert when its slowest shard would have.
 kv_check_actor spawn_sharded_kv_store(caf::actor_system& sys, kv_index_params per_shard,
                                       std::uint32_t shards);
 

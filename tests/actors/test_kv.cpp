@@ -1,5 +1,5 @@
 // The KV cache's CHECK role: hash chains, the index (TTL, eviction, accounting), the shard
-// actor in virtual time, and the sharding front.
+// actor in virtual time, and a sharded store.
 #include "actors/kv/block_key.hpp"
 #include "actors/kv/kv_index.hpp"
 #include "actors/kv/kv_store.hpp"
@@ -10,6 +10,7 @@
 #include <caf/all.hpp>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -369,7 +370,7 @@ TEST_CASE_FIXTURE(kv_fixture, "a shard answers after its operation latency, time
   CHECK(normal.value->has_value());
 }
 
-// -- the sharding front ---------------------------------------------------------------------
+// -- a sharded store -------------------------------------------------------------------------
 
 TEST_CASE_FIXTURE(kv_fixture, "a sharded match equals an unsharded match on random chains") {
   auto rng = world.random().split("kv-test");
@@ -419,20 +420,30 @@ TEST_CASE_FIXTURE(kv_fixture, "a sharded hit refreshes only the blocks of the le
   CHECK(tail.hit_blocks == 0);
 }
 
-TEST_CASE_FIXTURE(kv_fixture, "a dead shard makes its blocks misses instead of failing a match") {
-  auto p = params_for_blocks(100);
-  kv_router_params rp;
-  for (int i = 0; i < 3; ++i)
-    rp.shards.push_back(spawn_kv_store(sys, p));
-  auto router = spawn_kv_router(sys, rp);
+TEST_CASE_FIXTURE(kv_fixture, "a failed shard makes its blocks misses instead of failing a match") {
+  auto store = spawn_sharded_kv_store(sys, params_for_blocks(100), 3);
   auto chain = chain_of(9);
-  call<kv_insert_result>(router, kv_insert{chain, traffic_class::chatbot});
+  call<kv_insert_result>(store, kv_insert{chain, traffic_class::chatbot});
   auto dead = shard_of(chain[4], 3);
   std::size_t first_dead = 0;
   while (shard_of(chain[first_dead], 3) != dead)
     ++first_dead;
-  caf::anon_send_exit(rp.shards[dead], caf::exit_reason::kill);
+  caf::anon_send(store, kv_shard_fault_atom::value, dead, true);
   world.driver().run();
-  auto r = call<kv_match_result>(router, kv_match{chain, traffic_class::chatbot, 0});
+  auto r = call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0});
   CHECK(r.hit_blocks == first_dead);
+  // Its part of an insert is rejected; the other shards take theirs.
+  auto ins = call<kv_insert_result>(store, kv_insert{chain, traffic_class::chatbot});
+  auto on_dead = static_cast<std::uint32_t>(
+    std::count_if(chain.begin(), chain.end(), [&](auto& k) { return shard_of(k, 3) == dead; }));
+  CHECK(ins.rejected == on_dead);
+  CHECK(ins.refreshed == chain.size() - on_dead);
+  // Back up, it is empty: its blocks are misses until written again.
+  caf::anon_send(store, kv_shard_fault_atom::value, dead, false);
+  world.driver().run();
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
+        == first_dead);
+  call<kv_insert_result>(store, kv_insert{chain, traffic_class::chatbot});
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
+        == chain.size());
 }
