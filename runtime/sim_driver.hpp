@@ -53,7 +53,7 @@ struct sim_progress {
 /// `actor` is the receiving actor's name (its state's `name`), `message` the type of the
 /// message's first element (an atom by its value); a fired timer is actor "clock", message
 /// what it was and whom it reached ("delayed message for decode_engine", "request timeout for
-/// kv_router", "timeout for ..."). A delayed message is then counted a second time when its
+/// request", "timeout for ..."). A delayed message is then counted a second time when its
 /// receiver handles it.
 struct sim_profile_row {
   std::string actor;
