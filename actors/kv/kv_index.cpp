@@ -21,6 +21,18 @@ runtime::time_point expiry_of(const block_slot& e) {
   return from_ns(e.expiry_ns);
 }
 
+/// How many blocks of a chain ahead of the one looked up are prefetched (block_table::prefetch).
+constexpr std::size_t prefetch_ahead = 8;
+
+/// Prefetches block i + prefetch_ahead of `blocks` (and at i = 0 the ones before it).
+void prefetch_ahead_of(const block_table& t, std::span<const block_key> blocks, std::size_t i) {
+  if (i == 0)
+    for (std::size_t j = 0; j < std::min(prefetch_ahead, blocks.size()); ++j)
+      t.prefetch(blocks[j]);
+  if (i + prefetch_ahead < blocks.size())
+    t.prefetch(blocks[i + prefetch_ahead]);
+}
+
 } // namespace
 
 runtime::duration kv_ttls::of(traffic_class c) const {
@@ -64,6 +76,7 @@ std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_poi
                             std::optional<runtime::time_point> extend_to) {
   auto hits = blocks.size();
   for (std::size_t i = 0; i < blocks.size(); ++i) {
+    prefetch_ahead_of(entries_, blocks, i);
     auto* e = entries_.find(blocks[i]);
     if (e == nullptr) {
       hits = i;
@@ -91,8 +104,9 @@ std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_poi
 void kv_index::touch(std::span<const block_key> blocks, traffic_class cls,
                      runtime::time_point now) {
   auto expiry = now + params_.ttl.of(cls);
-  for (const auto& k : blocks) {
-    auto* e = entries_.find(k);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    prefetch_ahead_of(entries_, blocks, i);
+    auto* e = entries_.find(blocks[i]);
     if (e != nullptr && !e->pending() && now < expiry_of(*e))
       extend(*e, expiry);
   }
@@ -113,6 +127,7 @@ kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class 
   kv_insert_result r;
   auto expiry = now + params_.ttl.of(cls);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
+    prefetch_ahead_of(entries_, blocks, i);
     const auto& k = blocks[i];
     auto* e = entries_.find(k);
     if (e != nullptr && now >= expiry_of(*e)) {
@@ -155,7 +170,9 @@ kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class 
 
 kv_commit_result kv_index::commit(std::span<const block_key> blocks, runtime::time_point now) {
   kv_commit_result r;
-  for (const auto& k : blocks) {
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    prefetch_ahead_of(entries_, blocks, i);
+    const auto& k = blocks[i];
     auto* e = entries_.find(k);
     if (e != nullptr && now >= expiry_of(*e)) {
       remove(e, true);
