@@ -216,7 +216,8 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
       sp.capacity = in.topo.storage.capacity_bytes;
       sp.metrics = &metrics;
       gp.store = ports::spawn_sharded_posix_store(sys, std::move(sp),
-                                                  in.topo.storage.real_shards());
+                                                  in.topo.storage.real_shards(),
+                                                  in.topo.storage.real_replicas());
     }
     auto root = XXH3_128bits(fp->data(), fp->size());
     gp.chain_root = actors::block_key{root.high64, root.low64};

@@ -104,7 +104,7 @@ void read_storage(checker& c, const toml::table& root, topology& t) {
   if (tbl == nullptr)
     return;
   const std::string p = "storage";
-  c.check_keys(*tbl, p, {"backend", "path", "capacity", "ttl", "shards"});
+  c.check_keys(*tbl, p, {"backend", "path", "capacity", "ttl", "shards", "replicas"});
   if (auto b = c.choice(*tbl, p, "backend", backend_names, "storage backend", false))
     t.storage.backend = *b == "posix" ? storage_backend::posix : storage_backend::sim;
   auto path = c.string(*tbl, p, "path", t.storage.backend == storage_backend::posix,
@@ -126,6 +126,17 @@ void read_storage(checker& c, const toml::table& root, topology& t) {
   }
   if (auto n = c.integer(*tbl, p, "shards", 1, max_store_shards, false))
     t.storage.shards = static_cast<std::uint32_t>(*n);
+  if (auto n = c.integer(*tbl, p, "replicas", 1, max_store_replicas, false)) {
+    if (static_cast<std::uint64_t>(*n) > t.storage.real_shards())
+      c.error(tbl->get("replicas")->source(), "storage.replicas",
+              "a block's copies are on different shards: " + std::to_string(*n)
+                + " replicas need at least as many shards, and storage.shards is "
+                + (t.storage.shards == 0 ? "not set (one shard)"
+                                         : std::to_string(t.storage.shards)),
+              "set shards = " + std::to_string(*n) + " or more, or fewer replicas");
+    else
+      t.storage.replicas = static_cast<std::uint32_t>(*n);
+  }
   auto* ttl = c.table(*tbl, p, "ttl", false);
   if (ttl == nullptr) {
     if (tbl->get("ttl") == nullptr) {
@@ -722,6 +733,8 @@ std::string describe(const topology& t) {
        t.storage.capacity_bytes);
   if (t.storage.shards > 0)
     line("  shards    {}", t.storage.shards);
+  if (t.storage.replicas > 0)
+    line("  replicas  {}", t.storage.replicas);
   std::string ttl;
   for (const auto& [cls, d] : t.storage.ttl) {
     if (!ttl.empty())

@@ -63,13 +63,20 @@ struct storage_spec {
   /// Shards the blocks are spread over (a block lives on shard key.lo % shards); 0: not
   /// given (the simulator models `sim_params::kv_shards`, a real cluster one shard).
   std::uint32_t shards = 0;
+  /// Copies of each block, on its shard and the next `replicas - 1` (mod shards); 0: not
+  /// given (one copy). At most `shards`.
+  std::uint32_t replicas = 0;
 
   /// Shards of a real cluster's store: one store process each under `troupe launch`.
   std::uint32_t real_shards() const noexcept { return shards == 0 ? 1 : shards; }
+  /// Copies of each block.
+  std::uint32_t real_replicas() const noexcept { return replicas == 0 ? 1 : replicas; }
 };
 
 /// Most shards a store may have.
 inline constexpr std::uint32_t max_store_shards = 1024;
+/// Most copies of a block.
+inline constexpr std::uint32_t max_store_replicas = 8;
 
 /// Instance counts of a pool: min ≤ initial ≤ max, max ≥ 1.
 struct instance_bounds {

@@ -9,6 +9,14 @@
 // router's: a shard that is down fails only its own blocks); list merges every shard's list
 // in key order and stats add up, and both fail when a shard fails to answer (a partial list
 // or sum would pass for the whole store).
+//
+// With `storage.replicas` = R > 1 a block has R copies, on its shard and the next R - 1
+// (mod shards), so a store process that dies takes no block with it while another copy's
+// shard is up. A put or delete goes to every copy and succeeds when one copy does (the first
+// copy's error otherwise); a get or has asks the copies in order until one has the block, so
+// it costs one round trip while the block's first shard is up (a block no copy has is
+// not_found, or false, when a copy's shard answered). A list names each block once;
+// stats count every copy.
 #pragma once
 
 #include "ports/posix_store.hpp"
@@ -26,23 +34,31 @@ namespace troupe::ports {
 /// The shard of `key` in a store of `shards` shards (at least 1).
 std::uint32_t store_shard_of(const runtime::store_key& key, std::uint32_t shards) noexcept;
 
+/// The shards holding the copies of `key` in a store of `shards` shards with `replicas` copies
+/// (clamped to 1..shards): its shard, then the next ones (mod shards).
+std::vector<std::uint32_t> store_copies_of(const runtime::store_key& key, std::uint32_t shards,
+                                           std::uint32_t replicas);
+
 /// The directory of shard `index` of a store of `shards` shards rooted at `root`: `root`
 /// itself for one shard, else `root/shard-<index>-of-<shards>` (the count in the name: a store
 /// re-sharded does not read blocks another count placed).
 std::filesystem::path store_shard_directory(const std::filesystem::path& root,
                                             std::uint32_t index, std::uint32_t shards);
 
-/// Spawns a router over `shards` (not empty; with one, that shard is returned). The shards
-/// stop when the router does; a shard that stops alone fails its own blocks only. `timeout`
-/// bounds the shards' answers to a list or stats.
+/// Spawns a router over `shards` (not empty; with one, that shard is returned) keeping
+/// `replicas` copies of each block (clamped to 1..shards). The shards stop when the router
+/// does; a shard that stops alone fails its own blocks only (with replicas: the blocks none
+/// of whose copies' shards is up). `timeout` bounds the shards' answers to a list or stats,
+/// and to each copy's answer when there are replicas.
 runtime::store_port spawn_store_router(caf::actor_system& sys,
                                        std::vector<runtime::store_port> shards,
+                                       std::uint32_t replicas = 1,
                                        std::chrono::seconds timeout = std::chrono::seconds(60));
 
 /// A POSIX store of `shards` shards (at least 1) under `params.directory`
 /// (store_shard_directory), each with `params.capacity / shards` bytes and its metrics under
-/// its `shard` label (none for one shard), behind a router.
+/// its `shard` label (none for one shard), behind a router keeping `replicas` copies.
 runtime::store_port spawn_sharded_posix_store(caf::actor_system& sys, posix_store_params params,
-                                              std::uint32_t shards);
+                                              std::uint32_t shards, std::uint32_t replicas = 1);
 
 } // namespace troupe::ports

@@ -23,10 +23,11 @@ namespace {
 
 using store_actor = kv_check_actor::extend<caf::reacts_to<kv_touch>>;
 
-/// One shard: its index, whether a fault has failed it, and the slowdowns in force.
+/// One shard: the index of the blocks whose first copy it holds, whether a fault has failed
+/// it, and the slowdowns in force.
 struct shard {
   std::optional<kv_index> index;
-  /// Failed by a fault (kv_shard_fault_atom): answers as a failed shard until it comes back.
+  /// Failed by a fault (kv_shard_fault_atom) until it comes back.
   bool down = false;
   /// The factors of the slowdowns in force (kv_shard_slow_atom); the largest applies.
   std::multiset<double> slow;
@@ -37,6 +38,8 @@ struct store_state {
   std::vector<shard> shards;
   /// Matches go by probe and touch (sharded) rather than by kv_index::match (one shard).
   bool sharded = false;
+  /// Copies of each block: on its shard and the next replicas - 1 (mod shards).
+  std::uint32_t replicas = 1;
   /// Match accounting of a sharded store (lookups, hits, misses); the indexes hold the rest.
   kv_stats matches;
   static inline const char* name = "kv_store";
@@ -63,11 +66,27 @@ std::span<const block_key> placed(const std::vector<block_key>& blocks,
   return std::span<const block_key>{blocks}.first(blocks.size() - r.rejected);
 }
 
-/// How long shard `s` takes to answer: the operation latency times its largest slowdown.
-runtime::duration latency_of(store_ptr self, const shard& s) {
+/// The shard that answers for the blocks whose first copy is on shard `i`: the first of their
+/// copies' shards that is up, or null when every one of them is down.
+const shard* holder(store_ptr self, std::size_t i) {
+  auto& st = self->state;
+  for (std::uint32_t c = 0; c < st.replicas; ++c) {
+    const auto& s = st.shards[(i + c) % st.shards.size()];
+    if (!s.down)
+      return &s;
+  }
+  return nullptr;
+}
+
+/// How long the blocks of shard `i` take to answer: the operation latency times the largest
+/// slowdown of the shard answering for them (of shard `i` itself when none is up).
+runtime::duration latency_of(store_ptr self, std::size_t i) {
+  const auto* s = holder(self, i);
+  if (s == nullptr)
+    s = &self->state.shards[i];
   auto latency = self->state.params.op_latency;
-  if (!s.slow.empty())
-    latency = runtime::from_seconds(runtime::to_seconds(latency) * *s.slow.rbegin());
+  if (!s->slow.empty())
+    latency = runtime::from_seconds(runtime::to_seconds(latency) * *s->slow.rbegin());
   return latency;
 }
 
@@ -98,14 +117,15 @@ split_chain split(const std::vector<block_key>& chain, std::size_t shards) {
   return out;
 }
 
-/// Refreshes the hit blocks of a sharded match, each in its shard (a failed one skips them).
+/// Refreshes the hit blocks of a sharded match, each in its shard (skipped when no copy of it
+/// is up).
 void touch(store_ptr self, const kv_touch& m) {
   auto& st = self->state;
   auto parts = split(m.blocks, st.shards.size());
   auto now = self->clock().now();
   for (std::size_t i = 0; i < st.shards.size(); ++i) {
     auto& sh = st.shards[i];
-    if (parts.blocks[i].empty() || sh.down)
+    if (parts.blocks[i].empty() || holder(self, i) == nullptr)
       continue;
     sh.index->touch(parts.blocks[i], m.traffic, now);
     record(self, parts.blocks[i], kv_act::refresh, m.traffic, now);
@@ -128,9 +148,9 @@ caf::result<kv_match_result> sharded_match(store_ptr self, const kv_match& m) {
     if (blocks.empty())
       continue;
     auto& sh = st.shards[i];
-    latency = std::max(latency, latency_of(self, sh));
+    latency = std::max(latency, latency_of(self, i));
     std::size_t lead = 0;
-    if (!sh.down) {
+    if (holder(self, i) != nullptr) {
       lead = sh.index->probe(blocks, now);
       record(self, std::span<const block_key>{blocks}.first(lead), kv_act::hit,
              traffic_class::chatbot, now);
@@ -167,8 +187,8 @@ caf::result<kv_insert_result> scatter(store_ptr self, const std::vector<block_ke
     if (part.empty())
       continue;
     auto& sh = st.shards[i];
-    latency = std::max(latency, latency_of(self, sh));
-    if (sh.down) {
+    latency = std::max(latency, latency_of(self, i));
+    if (holder(self, i) == nullptr) {
       sum.rejected += static_cast<std::uint32_t>(part.size());
       continue;
     }
@@ -203,33 +223,47 @@ void add_stats(kv_stats& acc, const kv_stats& s) {
 }
 
 store_actor::behavior_type store_fn(store_ptr self, kv_index_params params,
-                                    std::uint32_t shards, bool sharded) {
+                                    std::uint32_t shards, std::uint32_t replicas, bool sharded) {
   auto& st = self->state;
   st.params = params;
   st.sharded = sharded;
+  st.replicas = std::clamp<std::uint32_t>(replicas, 1, shards);
   st.shards.resize(shards);
   for (auto& sh : st.shards)
     sh.index.emplace(params);
   // One shard takes any shard number; a sharded store ignores numbers it does not have.
-  auto shard_at = [self](std::uint32_t i) -> shard* {
+  auto shard_at = [self](std::uint32_t i) -> std::optional<std::size_t> {
     auto& v = self->state.shards;
     if (v.size() == 1 && !self->state.sharded)
-      return &v.front();
-    return i < v.size() ? &v[i] : nullptr;
+      return 0;
+    if (i < v.size())
+      return i;
+    return std::nullopt;
   };
   auto now = [self] { return self->clock().now(); };
   return {
     [self, shard_at](kv_shard_fault_atom, std::uint32_t i, bool down) {
-      // Down or back up, the shard's metadata is gone: it starts over empty.
-      if (auto* sh = shard_at(i)) {
-        sh->down = down;
-        sh->index.emplace(self->state.params);
+      auto at = shard_at(i);
+      if (!at)
+        return;
+      auto& st = self->state;
+      st.shards[*at].down = down;
+      if (!down)
+        return; // It comes back with what its copies kept, or empty (below).
+      // The blocks whose every copy's shard is now down are lost: those shards' metadata goes
+      // with them (one copy: the shard's own blocks).
+      const auto n = st.shards.size();
+      for (std::uint32_t c = 0; c < st.replicas; ++c) {
+        auto first = (*at + n - c) % n;
+        if (holder(self, first) == nullptr)
+          st.shards[first].index.emplace(st.params);
       }
     },
-    [shard_at](kv_shard_slow_atom, std::uint32_t i, double factor, bool on) {
-      auto* sh = shard_at(i);
-      if (sh == nullptr)
+    [self, shard_at](kv_shard_slow_atom, std::uint32_t i, double factor, bool on) {
+      auto at = shard_at(i);
+      if (!at)
         return;
+      auto* sh = &self->state.shards[*at];
       if (on)
         sh->slow.insert(factor);
       else if (auto f = sh->slow.find(factor); f != sh->slow.end())
@@ -240,7 +274,7 @@ store_actor::behavior_type store_fn(store_ptr self, kv_index_params params,
       if (st.sharded)
         return sharded_match(self, m);
       auto& sh = st.shards.front();
-      auto latency = latency_of(self, sh);
+      auto latency = latency_of(self, 0);
       if (sh.down)
         return answer(self, latency, kv_match_result{});
       auto r = sh.index->match(m.chain, m.traffic, now(), m.prompt_tokens);
@@ -272,7 +306,7 @@ store_actor::behavior_type store_fn(store_ptr self, kv_index_params params,
         if (part.empty())
           continue;
         auto& sh = st.shards[i];
-        if (sh.down) {
+        if (holder(self, i) == nullptr) {
           sum.missing += static_cast<std::uint32_t>(part.size());
           continue;
         }
@@ -297,14 +331,14 @@ store_actor::behavior_type store_fn(store_ptr self, kv_index_params params,
 
 kv_check_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params) {
   TROUPE_CHECK(params.block_bytes > 0, "kv_store: block_bytes must be > 0");
-  return sys.spawn(store_fn, params, std::uint32_t{1}, false);
+  return sys.spawn(store_fn, params, std::uint32_t{1}, std::uint32_t{1}, false);
 }
 
 kv_check_actor spawn_sharded_kv_store(caf::actor_system& sys, kv_index_params per_shard,
-                                      std::uint32_t shards) {
+                                      std::uint32_t shards, std::uint32_t replicas) {
   TROUPE_CHECK(per_shard.block_bytes > 0, "kv_store: block_bytes must be > 0");
   TROUPE_CHECK(shards > 0, "kv_store: needs at least one shard");
-  return sys.spawn(store_fn, per_shard, shards, true);
+  return sys.spawn(store_fn, per_shard, shards, replicas, true);
 }
 
 } // namespace troupe::actors

@@ -109,7 +109,9 @@ using kv_stats_atom = caf::atom_constant<caf::atom("kvstats")>;
 /// Fault injection (simulated world): (kv_shard_fault_atom, shard, down). `down`: the shard
 /// fails — it loses its metadata (its index is emptied) and, until it comes back, counts as
 /// failed (every probe a miss, every insert or reserve rejected, every commit missing); not
-/// `down`: it comes back, empty. A single shard ignores the shard number; a sharded store
+/// `down`: it comes back, empty. With replicas, a failed shard's blocks are answered by the
+/// next of their copies' shards that is up, and only the blocks none of whose copies' shards
+/// is up are lost. A single shard ignores the shard number; a sharded store
 /// applies it to shard `shard` (none if it has no such shard). No reply. The cache is an optimisation: results do not change,
 /// only hits are lost (docs/faults.md).
 using kv_shard_fault_atom = caf::atom_constant<caf::atom("kvshfault")>;
@@ -139,8 +141,11 @@ kv_check_actor spawn_kv_store(caf::actor_system& sys, kv_index_params params);
 
 /// Spawns a store of `shards` shards (blocks go to shard_of(key, shards)), each an index
 /// with `per_shard` (its own capacity), in one actor; answers as spawn_kv_store's do, a
-/// match or insert when its slowest shard would have.
+/// match or insert when its slowest shard would have. With `replicas` > 1 (at most
+/// `shards`) each block is also copied on the next replicas - 1 shards: a failed shard's
+/// blocks stay hits while one of their copies' shards is up, and are lost (its index emptied)
+/// when none is.
 kv_check_actor spawn_sharded_kv_store(caf::actor_system& sys, kv_index_params per_shard,
-                                      std::uint32_t shards);
+                                      std::uint32_t shards, std::uint32_t replicas = 1);
 
 } // namespace troupe::actors

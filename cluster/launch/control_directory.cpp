@@ -16,12 +16,13 @@ namespace troupe::cluster {
 
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
-                                   caf::actor fetchers,
+                                   std::uint32_t store_replicas, caf::actor fetchers,
                                    std::chrono::milliseconds watcher_timeout) {
   control_directory dir{caf::actor_cast<caf::actor>(control.kv),
                         caf::actor_cast<caf::actor>(control.prefill_lb),
                         caf::actor_cast<caf::actor>(control.decode_lb),
-                        std::move(store_registry), store_shards, std::move(fetchers)};
+                        std::move(store_registry), store_shards, store_replicas,
+                        std::move(fetchers)};
   return sys.spawn([dir, watcher_timeout](caf::event_based_actor* self) -> caf::behavior {
     auto watchers = std::make_shared<std::vector<caf::actor>>();
     self->set_down_handler([watchers](caf::down_msg& m) {

@@ -41,6 +41,8 @@ struct control_directory {
   /// The shards that registry has (one per store process; one for a store of the control
   /// process, whatever its own sharding).
   std::uint32_t store_shards = 1;
+  /// Copies of each block over those shards (storage.replicas).
+  std::uint32_t store_replicas = 1;
   /// The registry of the cluster's block fetcher processes (block_fetcher.hpp).
   caf::actor fetchers;
 };
@@ -48,7 +50,7 @@ struct control_directory {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
   return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb,
-           x.store_registry, x.store_shards, x.fetchers);
+           x.store_registry, x.store_shards, x.store_replicas, x.fetchers);
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
@@ -60,7 +62,7 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 /// `watcher_timeout` has passed.
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
-                                   caf::actor fetchers,
+                                   std::uint32_t store_replicas, caf::actor fetchers,
                                    std::chrono::milliseconds watcher_timeout);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements

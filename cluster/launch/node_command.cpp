@@ -107,9 +107,10 @@ int run_control(const node_options& o, std::ostream& err) {
   runtime::store_port external;
   // One shard per store process; a store of this process is one, however it is sharded.
   const std::uint32_t store_shards = o.external_store ? in->topo.storage.real_shards() : 1;
+  const std::uint32_t store_replicas = o.external_store ? in->topo.storage.real_replicas() : 1;
   if (o.external_store) {
     registry = spawn_store_registry(sys, store_shards, &metrics);
-    external = spawn_cluster_store(sys, registry, store_shards, {});
+    external = spawn_cluster_store(sys, registry, store_shards, store_replicas, {});
   }
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, external);
   if (!gp) {
@@ -144,7 +145,7 @@ int run_control(const node_options& o, std::ostream& err) {
   }
   // Where the prefill instances' block fetcher processes register (block_fetcher.hpp).
   auto fetchers = spawn_fetcher_registry(sys);
-  auto directory = spawn_control_directory(sys, graph, registry, store_shards, fetchers,
+  auto directory = spawn_control_directory(sys, graph, registry, store_shards, store_replicas, fetchers,
                                            stopping_notice_limit);
   // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
@@ -532,7 +533,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   // The cluster's block store, through a proxy here.
   runtime::store_port store;
   if (dir.store_registry)
-    store = spawn_cluster_store(sys, dir.store_registry, dir.store_shards, bridge.link);
+    store = spawn_cluster_store(sys, dir.store_registry, dir.store_shards, dir.store_replicas,
+                                bridge.link);
   else
     in->kv_dir.clear();  // the control process has none: neither has the cluster
   // A prefill instance reads cached blocks through its block fetcher process, when one runs
@@ -738,7 +740,8 @@ int run_fetcher(const node_options& o, std::ostream& err) {
       link = *opened;
       actors.push_back(caf::actor_cast<caf::actor>(link));
     }
-    auto store = spawn_cluster_store(sys, joined.dir.store_registry, joined.dir.store_shards, link);
+    auto store = spawn_cluster_store(sys, joined.dir.store_registry, joined.dir.store_shards,
+                                     joined.dir.store_replicas, link);
     actors.push_back(caf::actor_cast<caf::actor>(store));
     auto counters = std::make_shared<fetch_counters>();
     auto fetcher = spawn_block_fetcher(sys, store, counters);

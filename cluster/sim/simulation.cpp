@@ -747,7 +747,8 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   kv.history = history;
   kv.op_latency = p.kv_store_latency;
   kv.test_ignore_expiry = p.test_kv_ignore_expiry;
-  auto kv_store = actors::spawn_sharded_kv_store(sys, kv, std::max<std::uint32_t>(1, p.kv_shards));
+  auto kv_store = actors::spawn_sharded_kv_store(sys, kv, std::max<std::uint32_t>(1, p.kv_shards),
+                                                 topo.storage.real_replicas());
   actors::prefill_lb_params plb;
   plb.balancer.bucket_bounds = prefill_pool->buckets;
   plb.rebalance_interval = p.rebalance_interval;

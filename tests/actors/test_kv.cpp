@@ -447,3 +447,45 @@ TEST_CASE_FIXTURE(kv_fixture, "a failed shard makes its blocks misses instead of
   CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
         == chain.size());
 }
+
+TEST_CASE_FIXTURE(kv_fixture, "with replicas a failed shard's blocks stay hits until every copy's shard fails") {
+  auto store = spawn_sharded_kv_store(sys, params_for_blocks(100), 3, 2);
+  auto chain = chain_of(12);
+  call<kv_insert_result>(store, kv_insert{chain, traffic_class::chatbot});
+  auto first_on = [&](std::uint32_t shard) {
+    std::size_t i = 0;
+    while (i < chain.size() && shard_of(chain[i], 3) != shard)
+      ++i;
+    return i;
+  };
+  // Shard 1 fails: its blocks' second copies are on shard 2.
+  caf::anon_send(store, kv_shard_fault_atom::value, std::uint32_t{1}, true);
+  world.driver().run();
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
+        == chain.size());
+  // Written while it is down, a block of shard 1 goes to its copy and is a hit.
+  auto more = make_chain(std::vector<std::uint64_t>(20, 9), 20 * block_tokens);
+  auto ins = call<kv_insert_result>(store, kv_insert{more, traffic_class::chatbot});
+  CHECK(ins.rejected == 0);
+  // Shard 2 fails too: shard 1's blocks have no copy up and are lost; shard 2's are on 0.
+  caf::anon_send(store, kv_shard_fault_atom::value, std::uint32_t{2}, true);
+  world.driver().run();
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
+        == first_on(1));
+  // Both back: shard 2's blocks were kept by shard 0, shard 1's stay lost until written again.
+  caf::anon_send(store, kv_shard_fault_atom::value, std::uint32_t{1}, false);
+  caf::anon_send(store, kv_shard_fault_atom::value, std::uint32_t{2}, false);
+  world.driver().run();
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
+        == first_on(1));
+  std::vector<block_key> on2;
+  for (const auto& k : chain)
+    if (shard_of(k, 3) == 2)
+      on2.push_back(k);
+  REQUIRE_FALSE(on2.empty());
+  CHECK(call<kv_match_result>(store, kv_match{{on2.front()}, traffic_class::chatbot, 0}).hit_blocks
+        == 1);
+  call<kv_insert_result>(store, kv_insert{chain, traffic_class::chatbot});
+  CHECK(call<kv_match_result>(store, kv_match{chain, traffic_class::chatbot, 0}).hit_blocks
+        == chain.size());
+}

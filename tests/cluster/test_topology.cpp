@@ -289,7 +289,7 @@ TEST_CASE("the real world's step budgets belong to their roles") {
   CHECK_FALSE(zero.ok());
 }
 
-TEST_CASE("storage.shards spreads the store over shards; unset, a real cluster has one") {
+TEST_CASE("storage.shards spreads the store over shards (unset, a real cluster has one); replicas copy it") {
   auto with = [](const std::string& line) {
     auto text = std::string(minimal);
     auto at = text.find("capacity = 4096\n");
@@ -309,6 +309,26 @@ TEST_CASE("storage.shards spreads the store over shards; unset, a real cluster h
     auto r = with(bad);
     CHECK_FALSE(r.ok());
     CHECK(all_errors(r).find("storage.shards") != std::string::npos);
+  }
+  // Replicas: copies on different shards, so no more than the shards.
+  CHECK(unset.value->storage.real_replicas() == 1);
+  auto copies = with("shards = 4\nreplicas = 2\n");
+  INFO(all_errors(copies));
+  REQUIRE(copies.ok());
+  CHECK(copies.value->storage.real_replicas() == 2);
+  CHECK(describe(*copies.value).find("  replicas  2\n") != std::string::npos);
+  CHECK(with("replicas = 1\n").ok());
+  auto alone = with("replicas = 2\n");
+  CHECK_FALSE(alone.ok());
+  CHECK(all_errors(alone).find("storage.replicas: a block's copies are on different shards: 2 "
+                               "replicas need at least as many shards, and storage.shards is "
+                               "not set (one shard)")
+        != std::string::npos);
+  for (const char* bad : {"shards = 2\nreplicas = 3\n", "shards = 16\nreplicas = 9\n",
+                          "shards = 2\nreplicas = 0\n"}) {
+    auto r = with(bad);
+    CHECK_FALSE(r.ok());
+    CHECK(all_errors(r).find("storage.replicas") != std::string::npos);
   }
 }
 

@@ -271,7 +271,7 @@ TEST_CASE("a store of two shards: each block on its shard, a dead shard fails on
     .receive([](caf::ok_atom) { FAIL("a store for shard 2 of 2 was taken"); },
              [](caf::error& e) { CHECK(runtime::is(e, errc::invalid_argument)); });
 
-  auto store = cluster::spawn_cluster_store(sys, registry, 2, d.instance_link);
+  auto store = cluster::spawn_cluster_store(sys, registry, 2, 1, d.instance_link);
   constexpr std::uint64_t n = 12;
   for (std::uint64_t i = 0; i < n; ++i)
     REQUIRE(test::request<store_stats>(

@@ -1,6 +1,6 @@
 // A block store of several shards (ports/store_router.hpp): the blocks spread by key over
-// shard directories of their own, the router answering as one store, and a shard that stops
-// failing only its own blocks.
+// shard directories of their own, the router answering as one store, a shard that stops
+// failing only its own blocks, and with replicas, none.
 #include "ports/store_router.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/metrics.hpp"
@@ -25,12 +25,12 @@ struct sharded_fixture {
   runtime::world world{runtime::world_options{runtime::world_mode::real, 42, 2, false, nullptr}};
   caf::scoped_actor self{world.system()};
 
-  store_port open(std::uint32_t shards, std::uint64_t capacity) {
+  store_port open(std::uint32_t shards, std::uint64_t capacity, std::uint32_t replicas = 1) {
     ports::posix_store_params p;
     p.directory = dir.path();
     p.capacity = capacity;
     p.metrics = &metrics;
-    return ports::spawn_sharded_posix_store(world.system(), std::move(p), shards);
+    return ports::spawn_sharded_posix_store(world.system(), std::move(p), shards, replicas);
   }
 
   /// The keys a plain store on `directory` holds.
@@ -53,6 +53,10 @@ TEST_CASE("a store of one shard is the plain store on its directory") {
   CHECK(ports::store_shard_directory("/kv", 2, 3) == std::filesystem::path("/kv/shard-2-of-3"));
   CHECK(ports::store_shard_of(key(7), 1) == 0);
   CHECK(ports::store_shard_of(store_key{5, 7}, 3) == 1);
+  CHECK(ports::store_copies_of(store_key{5, 7}, 3, 1) == std::vector<std::uint32_t>{1});
+  CHECK(ports::store_copies_of(store_key{5, 8}, 3, 2) == std::vector<std::uint32_t>{2, 0});
+  CHECK(ports::store_copies_of(store_key{5, 8}, 3, 9) == std::vector<std::uint32_t>{2, 0, 1});
+  CHECK(ports::store_copies_of(store_key{5, 8}, 1, 2) == std::vector<std::uint32_t>{0});
 }
 
 TEST_CASE("a sharded store puts each block in its shard's directory and answers as one store") {
@@ -144,4 +148,58 @@ TEST_CASE("a shard that stops fails only its own blocks; the router stops its sh
   self->receive([&](const caf::down_msg&) { down = true; },
                 caf::after(std::chrono::seconds(10)) >> [] {});
   CHECK(down);
+}
+
+TEST_CASE("with replicas a block is on its shard and the next, and a stopped shard loses none") {
+  sharded_fixture f;
+  constexpr std::uint32_t shards = 3;
+  constexpr std::uint64_t n = 12;
+  auto store = f.open(shards, 3'000'000, 2);
+  for (std::uint64_t i = 0; i < n; ++i)
+    REQUIRE(test::request<store_stats>(
+      f.self, store, store_put{key(i), 500, bytes(500, static_cast<std::uint8_t>(i)), duration{0}}));
+  // A list names each block once; stats count every copy.
+  auto listed = test::request<std::vector<store_entry>>(f.self, store, store_list{});
+  REQUIRE(listed);
+  CHECK(listed->size() == n);
+  auto sum = test::request<store_stats>(f.self, store, store_stats_atom::value);
+  REQUIRE(sum);
+  CHECK(sum->objects == 2 * n);
+  // A delete removes every copy.
+  REQUIRE(test::request<store_stats>(f.self, store, store_delete{key(0)}));
+  test::stop(f.self, store);
+  std::size_t copies = 0;
+  for (std::uint32_t i = 0; i < shards; ++i)
+    for (const auto& k : f.keys_in(f.dir.path() / ("shard-" + std::to_string(i) + "-of-3"))) {
+      auto holders = ports::store_copies_of(k, shards, 2);
+      CHECK(std::find(holders.begin(), holders.end(), i) != holders.end());
+      CHECK(k != key(0));
+      ++copies;
+    }
+  CHECK(copies == 2 * (n - 1));
+
+  // Shard 1 stops: every block is still served, from its other copy, and written to it.
+  test::temp_dir a, b, c;
+  auto s0 = ports::spawn_posix_store(f.world.system(), {a.path(), 1 << 20, {}});
+  auto s1 = ports::spawn_posix_store(f.world.system(), {b.path(), 1 << 20, {}});
+  auto s2 = ports::spawn_posix_store(f.world.system(), {c.path(), 1 << 20, {}});
+  store = ports::spawn_store_router(f.world.system(), {s0, s1, s2}, 2);
+  for (std::uint64_t i = 0; i < n; ++i)
+    REQUIRE(test::request<store_stats>(f.self, store,
+                                       store_put{key(i), 100, bytes(100, 3), duration{0}}));
+  test::stop(f.self, s1);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(test::request<store_object>(f.self, store, store_get{key(i)}));
+    CHECK(*test::request<bool>(f.self, store, store_has{key(i)}));
+  }
+  auto late = key(n + 1);
+  REQUIRE(ports::store_shard_of(late, shards) == 1); // its first copy's shard is the stopped one
+  CHECK(test::request<store_stats>(f.self, store, store_put{late, 100, bytes(100, 4), duration{0}}));
+  CHECK(test::request<store_object>(f.self, store, store_get{late}));
+  // A block absent from every copy is a miss, as without replicas.
+  auto missing = test::request<store_object>(f.self, store, store_get{key(n + 4)});
+  REQUIRE_FALSE(missing);
+  CHECK(runtime::is(missing.error(), errc::not_found));
+  test::stop(f.self, store);
 }

@@ -37,11 +37,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOPOLOGY = os.path.join(ROOT, "examples/topologies/local-cpu-3.toml")
 
 
-def sharded_topology(directory, shards):
-    """local-cpu-3 with its block store in `shards` shards, written under `directory`."""
-    text = open(TOPOLOGY).read().replace('capacity = "16GiB"', f'capacity = "16GiB"\nshards = {shards}')
-    assert f"shards = {shards}" in text
-    path = os.path.join(directory, f"local-cpu-3-{shards}-shards.toml")
+def sharded_topology(directory, shards, replicas=1):
+    """local-cpu-3 with its block store in `shards` shards, each block in `replicas` of them,
+    written under `directory`."""
+    store = f"shards = {shards}" + (f"\nreplicas = {replicas}" if replicas > 1 else "")
+    text = open(TOPOLOGY).read().replace('capacity = "16GiB"', f'capacity = "16GiB"\n{store}')
+    assert store in text
+    path = os.path.join(directory, f"local-cpu-3-{shards}-shards-{replicas}-copies.toml")
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -126,7 +128,7 @@ def run_streams(cluster, bodies, ready_chars, fault):
 @pytest.fixture(scope="module")
 def cluster(model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("launch") / "state.json"
-    topology = sharded_topology(str(tmp_path_factory.mktemp("topology")), 2)
+    topology = sharded_topology(str(tmp_path_factory.mktemp("topology")), 2, replicas=2)
     c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state), ("--check-history",),
                 topology)
     yield c
@@ -404,10 +406,11 @@ def test_the_store_process_holds_the_block_store_of_the_whole_cluster(cluster):
 
 
 def test_a_store_process_killed_under_load_loses_no_request(cluster):
-    # kill -9 of a store process (shard 1 of 2) while eight streams decode and four long
-    # prompts are being read back from the store: every request completes with the tokens of a
-    # run without the fault (what the dead shard cannot serve is recomputed; nothing waits on
-    # it), the launcher restarts it, and the blocks it had written are hits again.
+    # kill -9 of a store process (shard 1 of 2, every block copied on both: storage.replicas
+    # = 2) while eight streams decode and four long prompts are being read back from the
+    # store: every request completes with the tokens of a run without the fault, the prompts
+    # asked while it is down are still hits (served by the other copy), the launcher restarts
+    # it, and its blocks are hits again.
     cached = [long_prompt(f"kept{k}_") for k in range(4)]
     want_cached = [cluster.openai().chat.completions.create(**b).choices[0].message.content
                    for b in cached]
@@ -425,6 +428,8 @@ def test_a_store_process_killed_under_load_loses_no_request(cluster):
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(cached)) as pool:
             got = list(pool.map(lambda b: cluster.openai().chat.completions.create(**b), cached))
         assert [r.choices[0].message.content for r in got] == want_cached
+        hits = [r.usage.prompt_tokens_details.cached_tokens for r in got]
+        assert all(h >= 512 for h in hits), (hits, "".join(cluster.log))
 
     results = run_streams(cluster, streams, 8, kill_store)
     for (text, usage), want in zip(results, want_streams):
