@@ -30,6 +30,8 @@ round) a prefix hit, then kills the store process while the streams decode, and 
 With --shards N (N > 1) the topology's store is in N shards (`storage.shards`: N store
 processes) and --kill store kills the last shard's process only: while it is down the cached
 prompt is still a hit up to its first block on that shard (its cached_tokens say how much).
+With --replicas R (2..N) every block is on R shards (`storage.replicas`), and the cached
+prompt should stay a whole hit while the shard is down.
 
 Every stream must complete with completion_tokens == --tokens, else the run fails. Rounds wait
 for the killed process to be back before the next kill. It prints min and median over the rounds, with
@@ -39,7 +41,7 @@ failure on GPUs, and DeepSeek describes a restart of an inference instance as ta
 
     python3 bench/launch_recovery.py [--troupe build/troupe] [--model DIR] [--rounds 3]
         [--streams 4] [--tokens 96] [--warm 8] [--threads 1] [--kill decode|store]
-        [--cached-words 300] [--shards 1]
+        [--cached-words 300] [--shards 1] [--replicas 1]
 
 Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
 temporary directory. The standard library only.
@@ -151,6 +153,7 @@ def main():
     ap.add_argument("--kill", choices=("decode", "store"), default="decode")
     ap.add_argument("--cached-words", type=int, default=300)
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=1)
     a = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="troupe-recovery-")
@@ -163,8 +166,8 @@ def main():
     topology = str(REPO / "examples/topologies/local-cpu-3.toml")
     store_name, store_line = "store", "troupe node[store]: serving the block store"
     if a.shards > 1:
-        text = open(topology).read().replace('capacity = "16GiB"',
-                                             f'capacity = "16GiB"\nshards = {a.shards}')
+        store = f"shards = {a.shards}" + (f"\nreplicas = {a.replicas}" if a.replicas > 1 else "")
+        text = open(topology).read().replace('capacity = "16GiB"', f'capacity = "16GiB"\n{store}')
         topology = os.path.join(tmp.name, "sharded.toml")
         with open(topology, "w") as f:
             f.write(text)
@@ -251,7 +254,8 @@ def main():
             # Let the restarted process settle before the next round.
             time.sleep(2)
         if a.kill == "store":
-            print(f"\nkill -9 of {store_name} ({a.shards} shard(s)), {a.streams} streams of "
+            print(f"\nkill -9 of {store_name} ({a.shards} shard(s), {a.replicas} cop(ies) of each "
+                  f"block), {a.streams} streams of "
                   f"{a.tokens} tokens, a cached prompt of {a.cached_words} words, {len(rows)} "
                   f"rounds (load average {min(r[5] for r in rows):.2f}..{max(r[5] for r in rows):.2f}); "
                   f"tokens still cached during the outage: {[r[6] for r in rows]}")
