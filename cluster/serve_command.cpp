@@ -55,7 +55,13 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
                              : ", KV store in " + in->kv_dir.string()
                                  + (in->topo.storage.real_shards() > 1
                                       ? " (" + std::to_string(in->topo.storage.real_shards())
-                                          + " shards)"
+                                          + " shards"
+                                          + (in->topo.storage.real_replicas() > 1
+                                               ? ", " + std::to_string(
+                                                   in->topo.storage.real_replicas())
+                                                   + " copies of each block"
+                                               : std::string{})
+                                          + ")"
                                       : std::string{}))
       << "...\n";
   if (auto why = warm_up(sys, service, std::chrono::minutes(10)); !why.empty()) {
