@@ -1003,7 +1003,12 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "
       << (store_shards == 0   ? std::string{}
           : store_shards == 1 ? std::string("the block store, ")
-                              : "the block store in " + std::to_string(store_shards) + " shards, ")
+                              : "the block store in " + std::to_string(store_shards) + " shards"
+                                  + (in->topo.storage.real_replicas() > 1
+                                       ? " (" + std::to_string(in->topo.storage.real_replicas())
+                                           + " copies of each block)"
+                                       : std::string{})
+                                  + ", ")
       << prefill << " prefill, " << decode
       << " decode)\n";
 
