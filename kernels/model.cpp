@@ -80,6 +80,10 @@ struct model::weights {
   std::vector<i64> token_map;  // token id -> compressed id (Engram)
   std::shared_ptr<block_pool> pool = std::make_shared<block_pool>();
   int expert_shards = 1;
+  // The EP placement the main layers' MoEs run by (set_expert_placement), and the router's
+  // top-k counts per routed expert.
+  std::optional<expert_placement> placement;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> routed_counts;
   // DSpark draft layers (empty stages: the checkpoint has none).
   text_config draft_cfg;  // the text config with the draft stages' expert counts
   matrix main_proj, main_norm, draft_norm, markov_embed, markov_head, confidence;
@@ -172,6 +176,8 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
                                   " does not divide n_routed_experts " +
                                   std::to_string(w.cfg.text.n_routed_experts));
   w.expert_shards = options.expert_shards;
+  w.routed_counts = std::make_unique<std::atomic<std::uint64_t>[]>(
+      sz(std::max<i64>(0, w.cfg.text.n_routed_experts)));
   w.ckpt.emplace(std::move(*ck));
   w.released_names = !w.ckpt->contains("model.embed.weight") && w.ckpt->contains("embed.weight");
   const auto& c = w.cfg.text;
@@ -326,6 +332,52 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     }
   }
   return m;
+}
+
+result<bool> model::set_expert_placement(std::optional<expert_placement> placement) {
+  using r = result<bool>;
+  auto& W = *w_;
+  if (!placement) {
+    W.placement.reset();
+    return true;
+  }
+  const auto& p = *placement;
+  const i64 E = W.cfg.text.n_routed_experts;
+  if (W.expert_shards > 1)
+    return r::failure("expert placement: the model evaluates " + std::to_string(W.expert_shards) +
+                      " expert shards already (model_options::expert_shards)");
+  if (p.experts != E)
+    return r::failure("expert placement: it places " + std::to_string(p.experts) +
+                      " experts, the model has " + std::to_string(E) + " routed experts");
+  if (p.ranks < 1 || p.homes.size() != sz(p.experts) || p.local.size() != sz(p.ranks))
+    return r::failure("expert placement: " + std::to_string(p.ranks) + " ranks with " +
+                      std::to_string(p.local.size()) + " slot lists and " +
+                      std::to_string(p.homes.size()) + " home lists for " +
+                      std::to_string(p.experts) + " experts");
+  for (i64 e = 0; e < E; ++e) {
+    const auto& homes = p.homes[sz(e)];
+    if (homes.empty())
+      return r::failure("expert placement: expert " + std::to_string(e) + " has no home");
+    for (auto rank : homes)
+      if (p.slot_of(rank, static_cast<std::int32_t>(e)) < 0)
+        return r::failure("expert placement: expert " + std::to_string(e) + " lists rank " +
+                          std::to_string(rank) + ", which does not hold it");
+  }
+  for (i64 rank = 0; rank < p.ranks; ++rank)
+    for (auto e : p.local[sz(rank)])
+      if (e < 0 || e >= E)
+        return r::failure("expert placement: rank " + std::to_string(rank) + " holds expert " +
+                          std::to_string(e) + ", out of range [0, " + std::to_string(E) + ")");
+  W.placement = std::move(placement);
+  return true;
+}
+
+std::vector<std::uint64_t> model::expert_counts() const {
+  const auto& W = *w_;
+  std::vector<std::uint64_t> out(sz(W.cfg.text.n_routed_experts));
+  for (std::size_t e = 0; e < out.size(); ++e)
+    out[e] = W.routed_counts[e].load(std::memory_order_relaxed);
+  return out;
 }
 
 result<bool> model::set_engram_token_map(std::vector<std::int64_t> map) {
@@ -946,11 +998,52 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
   project(mode, grouped.data(), T, G * R, L.wo_b.data(), D, out.data());
 }
 
+// The routed experts of a placement's ranks on the token copies dispatched to them: `ids` and
+// `weights` [T, k] are each token's experts and gate weights. Each rank runs its local experts
+// on the rows plan_dispatch sends it; each token's outputs are then added into y in ascending
+// expert id (the order moe_site sums in without a placement).
+void moe_placed(const text_config& c, const layer_weights& L, gemm_mode mode,
+                const expert_placement& placement, const std::vector<std::int32_t>& ids,
+                const std::vector<float>& weights, i64 k, const std::vector<float>& a, i64 T,
+                std::vector<float>& y) {
+  const i64 D = c.hidden_size;
+  auto plan = plan_dispatch(placement, ids, static_cast<std::int32_t>(k));
+  const auto& p = *plan;  // the ids are the router's, in range
+  const i64 rows = static_cast<i64>(p.send_copy.size());
+  std::vector<float> sent(sz(rows * D)), returned(sz(rows * D)), row_w(sz(rows));
+  gather_rows(p, a.data(), D, sent.data());
+  for (i64 i = 0; i < rows; ++i) row_w[sz(i)] = weights[sz(p.send_copy[sz(i)])];
+  i64 row = 0;
+  for (std::int32_t rank = 0; rank < p.ranks; ++rank)
+    for (std::size_t slot = 0; slot < p.expert_counts[sz(rank)].size(); ++slot) {
+      const i64 m = p.expert_counts[sz(rank)][slot];
+      if (m == 0) continue;
+      const auto e = placement.local[sz(rank)][slot];
+      expert_forward(c, mode, L.experts[sz(e)], sent.data() + row * D, m, row_w.data() + row,
+                     returned.data() + row * D);
+      row += m;
+    }
+  std::vector<i64> order(sz(k));
+  for (i64 t = 0; t < T; ++t) {
+    std::iota(order.begin(), order.end(), i64{0});
+    std::sort(order.begin(), order.end(),
+              [&](i64 x, i64 z) { return ids[sz(t * k + x)] < ids[sz(t * k + z)]; });
+    float* dst = y.data() + t * D;
+    for (i64 j : order) {
+      const float* src = returned.data() + i64{p.copy_row[sz(t * k + j)]} * D;
+      for (i64 d = 0; d < D; ++d) dst[d] += src[d];
+    }
+  }
+}
+
 // The MoE of a layer on its normed input a [T, D] → y [T, D]. The routed experts are split into
 // `shards` contiguous ranges (as expert-parallel ranks hold them); each shard sums its experts in
 // expert order into a partial output, the partials are summed in shard order, then the shared
-// expert is added. With one shard this is every routed expert in expert order.
+// expert is added. With one shard this is every routed expert in expert order. With a
+// `placement` they run as its ranks would (moe_placed). `counts` (null: none) gets each routed
+// expert's tokens added.
 void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int shards,
+              const expert_placement* placement, std::atomic<std::uint64_t>* counts,
               const std::vector<float>& a, i64 T, std::vector<float>& y) {
   const i64 D = c.hidden_size;
   const i64 E = c.n_routed_experts;
@@ -959,15 +1052,28 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int 
   std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
   std::vector<i64> chosen;
   std::vector<float> chosen_w;
+  std::vector<std::int32_t> ids;
+  std::vector<float> ids_w;
+  i64 k = 0;
   for (i64 t = 0; t < T; ++t) {
     route_token(c, gl.data() + t * E, L.gate_bias.data(), chosen, chosen_w);
-    for (std::size_t i = 0; i < chosen.size(); ++i)
+    k = static_cast<i64>(chosen.size());
+    for (std::size_t i = 0; i < chosen.size(); ++i) {
       routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
+      ids.push_back(static_cast<std::int32_t>(chosen[i]));
+      ids_w.push_back(chosen_w[i]);
+    }
   }
+  if (counts != nullptr)
+    for (i64 e = 0; e < E; ++e)
+      if (!routed[sz(e)].empty())
+        counts[e].fetch_add(routed[sz(e)].size(), std::memory_order_relaxed);
   y.assign(sz(T * D), 0.0f);
   std::vector<float> partial, xe, ye, we;
+  if (placement != nullptr && T > 0)
+    moe_placed(c, L, mode, *placement, ids, ids_w, k, a, T, y);
   const i64 per_shard = E / shards;
-  for (i64 shard = 0; shard < shards; ++shard) {
+  for (i64 shard = 0; placement == nullptr && shard < shards; ++shard) {
     std::vector<float>& acc = shards == 1 ? y : partial;
     if (shards > 1) partial.assign(sz(T * D), 0.0f);
     for (i64 e = shard * per_shard; e < (shard + 1) * per_shard; ++e) {
@@ -1165,7 +1271,8 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
     hc_collapse(c, streams, attn_pre, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    moe_site(c, L, mode, W.expert_shards, a, T, out);
+    moe_site(c, L, mode, W.expert_shards, W.placement ? &*W.placement : nullptr,
+             W.routed_counts.get(), a, T, out);
     hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
     if (layer_streams != nullptr) layer_streams->push_back(streams);
@@ -1485,7 +1592,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
     hc_mixes(c, mode, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
     hc_collapse(c, streams, attn_pre, T, a);
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    moe_site(W.draft_cfg, L, mode, 1, a, T, out);
+    moe_site(W.draft_cfg, L, mode, 1, nullptr, nullptr, a, T, out);
     hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
   }

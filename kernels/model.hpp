@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/engram_hash.hpp"
+#include "kernels/ep_dispatch.hpp"
 #include "kernels/kv_cache.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/result.hpp"
@@ -105,6 +107,24 @@ class model {
   /// vocabulary; this sets that map (one compressed id per token id, each below
   /// engram_compressed_vocab_size). Without it a model with Engram layers refuses to run.
   result<bool> set_engram_token_map(std::vector<std::int64_t> map);
+
+  /// Expert-parallel evaluation by a placement (kernels/ep_dispatch.hpp), as the ranks of an EP
+  /// group with redundant copies of hot experts would run it: from the next forward on, each
+  /// MoE of the main layers dispatches every token copy to a home of its expert
+  /// (plan_dispatch), each rank runs its local experts on the rows it received, and each
+  /// token's expert outputs are summed in ascending expert id, as without a placement. In
+  /// batch-invariant mode an expert's row does not depend on the rows beside it, so logits are
+  /// bitwise those of the model without a placement, under any placement (tested); otherwise
+  /// they may differ in the last bits. std::nullopt: back to one group. The expert-parallel
+  /// load balancer switches placements between steps; not to be called during a forward.
+  /// Errors: a placement of another expert count, or inconsistent (an expert without a home, a
+  /// home that does not list it), or together with model_options::expert_shards > 1.
+  result<bool> set_expert_placement(std::optional<expert_placement> placement);
+
+  /// Tokens routed to each routed expert since the model was loaded, summed over the main
+  /// layers' MoEs (the router's top-k counts, which the load balancer places by; the draft
+  /// layers' experts are not counted). Thread-safe.
+  std::vector<std::uint64_t> expert_counts() const;
 
   /// A fresh cache for one sequence. Paged (the default): its compressed KV and indexer keys
   /// live in 128-token pages of the model's block pool (kv_pool), listed in block tables.

@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -197,6 +199,128 @@ TEST_CASE("experts sharded over 1, 2 and 4 shards give the same logits") {
   auto bad = model::load(dir, {.expert_shards = 3});
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().find("expert_shards 3") != std::string::npos);
+}
+
+namespace {
+
+// The tiny model's 8 experts over EP groups as the expert balancer might place them: one
+// rank; 4 ranks with copies of experts 3 and 5; 3 ranks with three copies; two ranks holding
+// shuffled experts, one of them twice (expert 2 lives on both).
+std::vector<expert_placement> test_placements() {
+  std::vector<expert_placement> out;
+  out.push_back(*place_experts(8, 1));
+  const std::int32_t hot4[] = {3, 5};
+  out.push_back(*place_experts(8, 4, hot4));
+  const std::int32_t hot3[] = {0, 1, 2};
+  out.push_back(*place_experts(8, 3, hot3));
+  expert_placement p;
+  p.experts = 8;
+  p.ranks = 2;
+  p.local = {{7, 2, 5, 0}, {1, 3, 2, 4, 6}};
+  p.homes = {{0}, {1}, {1, 0}, {1}, {1}, {0}, {1}, {0}};
+  out.push_back(p);
+  return out;
+}
+
+std::uint64_t total(const std::vector<std::uint64_t>& v) {
+  std::uint64_t n = 0;
+  for (auto x : v) n += x;
+  return n;
+}
+
+std::vector<std::uint64_t> minus(std::vector<std::uint64_t> a, const std::vector<std::uint64_t>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+  return a;
+}
+
+std::int64_t argmax(std::span<const float> row) {
+  return std::max_element(row.begin(), row.end()) - row.begin();
+}
+
+}  // namespace
+
+TEST_CASE("an expert placement moves experts between ranks and leaves every logit unchanged") {
+  auto m = load_tiny({.batch_invariant = true});
+  const auto V = m.text().vocab_size;
+  const auto toks = prompt(40, 23, V);
+  auto c0 = m.new_sequence();
+  const auto before = m.expert_counts();
+  const auto ref = run(m, c0, toks);
+  // The router's top-k counts: every token of every main layer picks 2 experts.
+  const auto routed = minus(m.expert_counts(), before);
+  CHECK(total(routed) == 40u * 2u * 6u);
+
+  for (const auto& p : test_placements()) {
+    CAPTURE(p.ranks);
+    REQUIRE(m.set_expert_placement(p).ok());
+    auto c = m.new_sequence();
+    const auto at = m.expert_counts();
+    const auto got = run(m, c, toks);
+    REQUIRE(got.size() == ref.size());
+    CHECK(std::memcmp(got.data(), ref.data(), sizeof(float) * ref.size()) == 0);
+    CHECK(minus(m.expert_counts(), at) == routed);  // same routing, counted the same
+  }
+
+  // Greedy decoding that switches placement at every step boundary, against one that never
+  // has a placement: the same tokens and the same bits.
+  auto greedy = [&](bool switching) {
+    REQUIRE(m.set_expert_placement(std::nullopt).ok());
+    const auto placements = test_placements();
+    auto c = m.new_sequence();
+    std::vector<float> logits = run(m, c, std::span(toks).first(17));
+    std::vector<std::int64_t> out;
+    std::vector<float> all;
+    for (int step = 0; step < 12; ++step) {
+      const auto row = last_row(logits, V);
+      all.insert(all.end(), row.begin(), row.end());
+      out.push_back(argmax(row));
+      if (switching)
+        REQUIRE(m.set_expert_placement(placements[std::size_t(step) % placements.size()]).ok());
+      logits = run(m, c, std::span(out).last(1));
+    }
+    return std::pair{out, all};
+  };
+  const auto plain = greedy(false);
+  const auto switched = greedy(true);
+  CHECK(switched.first == plain.first);
+  REQUIRE(switched.second.size() == plain.second.size());
+  CHECK(std::memcmp(switched.second.data(), plain.second.data(),
+                    sizeof(float) * plain.second.size()) == 0);
+  REQUIRE(m.set_expert_placement(std::nullopt).ok());
+
+  // Without batch invariance an expert's rows may round differently with other rows beside
+  // them: close, not bitwise (these inputs sit clear of every top-k boundary at 1e-5: above).
+  auto fast = load_tiny();
+  auto cf = fast.new_sequence();
+  const auto fast_ref = run(fast, cf, toks);
+  REQUIRE(fast.set_expert_placement(test_placements()[1]).ok());
+  auto cp = fast.new_sequence();
+  CHECK(testing::relative_error(run(fast, cp, toks), fast_ref) <= 1e-5);
+}
+
+TEST_CASE("a wrong expert placement is refused and changes nothing") {
+  auto m = load_tiny({.batch_invariant = true});
+  auto seven = *place_experts(7, 2);
+  auto r = m.set_expert_placement(seven);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("places 7 experts, the model has 8") != std::string::npos);
+
+  auto homeless = *place_experts(8, 2);
+  homeless.homes[4].clear();
+  r = m.set_expert_placement(homeless);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("expert 4 has no home") != std::string::npos);
+
+  auto lying = *place_experts(8, 2);
+  lying.homes[0] = {1};  // rank 1 holds experts 4..7
+  r = m.set_expert_placement(lying);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("expert 0 lists rank 1, which does not hold it") != std::string::npos);
+
+  auto sharded = load_tiny({.expert_shards = 2});
+  r = sharded.set_expert_placement(*place_experts(8, 2));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("expert shards") != std::string::npos);
 }
 
 TEST_CASE("Block KV, State KV and SWA KV serialise and restore bit-exactly") {
