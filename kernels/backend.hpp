@@ -102,6 +102,7 @@ class cpu_backend final : public model_backend {
   explicit cpu_backend(model m) : model_(std::move(m)) {}
 
   const model& cpu_model() const { return model_; }
+  model& cpu_model() { return model_; }
 
   sequence_id open_sequence() override;
   result<bool> close_sequence(sequence_id id) override;

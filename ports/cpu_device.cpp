@@ -87,6 +87,8 @@ struct device_metrics {
   runtime::counter* drafts_proposed = nullptr;
   runtime::counter* drafts_verified = nullptr;
   runtime::counter* drafts_accepted = nullptr;
+  runtime::counter* placements_applied = nullptr;
+  runtime::counter* placements_refused = nullptr;
 };
 
 struct cpu_device_state {
@@ -113,6 +115,11 @@ struct cpu_device_state {
   std::shared_ptr<runtime::token_constraints> constraints;
   std::vector<std::uint32_t> mask;  // constraints' allowed ids; masked: the row with -inf elsewhere
   std::vector<float> masked;
+  /// Expert-parallel load balancing: the link, the proposal switched to, the router counts
+  /// already reported.
+  std::shared_ptr<expert_link> experts;
+  std::uint64_t placement_seen = 0;
+  std::vector<std::uint64_t> reported;
   static inline const char* name = "cpu_device";
 };
 
@@ -153,6 +160,12 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
   m.drafts_proposed = counter("troupe_device_drafts_total", drafts, "outcome", "proposed");
   m.drafts_verified = counter("troupe_device_drafts_total", drafts, "outcome", "verified");
   m.drafts_accepted = counter("troupe_device_drafts_total", drafts, "outcome", "accepted");
+  const char* placements = "Expert placements proposed by the pool's expert balancer "
+                           "(serve --eplb), switched to at a step boundary or refused.";
+  m.placements_applied = counter("troupe_device_expert_placements_total", placements, "outcome",
+                                 "applied");
+  m.placements_refused = counter("troupe_device_expert_placements_total", placements, "outcome",
+                                 "refused");
   m.checksum_failures = runtime::counter_child(
     reg, "troupe_kv_checksum_failures_total",
     "KV handed to the device (hand-off snapshots, restored blocks) that failed its checksum "
@@ -347,10 +360,35 @@ void release(cpu_device_state& st, std::uint64_t seq) {
   st.drawn.erase(seq);
 }
 
+/// Adds the router counts since the last report to the expert link.
+void report_expert_counts(cpu_device_state& st) {
+  auto counts = st.backend->cpu_model().expert_counts();
+  st.reported.resize(counts.size(), 0);
+  auto delta = counts;
+  for (std::size_t e = 0; e < delta.size(); ++e)
+    delta[e] -= st.reported[e];
+  st.experts->add(delta);
+  st.reported = std::move(counts);
+}
+
+/// At a step boundary: reports the counts so far and switches to the balancer's newest
+/// placement.
+void switch_expert_placement(cpu_device_state& st) {
+  report_expert_counts(st);
+  auto next = st.experts->newer_than(st.placement_seen);
+  if (!next)
+    return;
+  inc(st.backend->cpu_model().set_expert_placement(std::move(*next)).ok()
+        ? st.metrics.placements_applied
+        : st.metrics.placements_refused);
+}
+
 caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step& step) {
   auto& st = self->state;
   if (st.load_error)
     return st.load_error;
+  if (st.experts)
+    switch_expert_placement(st);
   runtime::device_result out;
   out.id = step.id;
   out.started = self->clock().now();
@@ -505,6 +543,8 @@ caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step
     }
   }
   out.finished = self->clock().now();
+  if (st.experts)
+    report_expert_counts(st);
   inc(step.phase == runtime::step_phase::decode ? st.metrics.decode_tokens
                                                 : st.metrics.prefill_tokens,
       static_cast<double>(step.tokens));
@@ -747,6 +787,7 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
                                                   std::shared_ptr<cpu_device_params> params) {
   self->state.keep_limit = params->keep_bytes;
   self->state.constraints = params->constraints;
+  self->state.experts = params->experts;
   self->state.metrics = register_metrics(params->metrics, params->name);
   // The detached actor's first act, on its own thread: load the model.
   try {
@@ -816,6 +857,33 @@ double step_profile::seconds(std::uint64_t tokens) const {
                        return a.second < b.second;
                      })->second;
   return std::max(low, y0 + t * (y1 - y0));
+}
+
+expert_link::expert_link(std::size_t experts) : totals_(experts, 0) {}
+
+void expert_link::add(const std::vector<std::uint64_t>& routed) {
+  std::lock_guard lock{mutex_};
+  for (std::size_t e = 0; e < std::min(routed.size(), totals_.size()); ++e)
+    totals_[e] += routed[e];
+}
+
+std::vector<std::uint64_t> expert_link::totals() const {
+  std::lock_guard lock{mutex_};
+  return totals_;
+}
+
+void expert_link::propose(kernels::expert_placement placement) {
+  std::lock_guard lock{mutex_};
+  placement_ = std::move(placement);
+  ++version_;
+}
+
+std::optional<kernels::expert_placement> expert_link::newer_than(std::uint64_t& seen) const {
+  std::lock_guard lock{mutex_};
+  if (version_ == seen)
+    return std::nullopt;
+  seen = version_;
+  return placement_;
 }
 
 runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params) {

@@ -56,6 +56,32 @@ private:
   points points_;
 };
 
+/// The expert-parallel load balancer's link to the CPU devices of a pool (troupe serve
+/// --eplb): the devices add the router's top-k counts of every step (kernels::model::
+/// expert_counts), the balancer reads their sum and proposes placements, and each device
+/// switches to the newest one at its next step boundary (kernels::model::
+/// set_expert_placement). Thread-safe.
+class expert_link {
+public:
+  /// A link for a model with `experts` routed experts.
+  explicit expert_link(std::size_t experts);
+  /// A device: tokens routed to each expert since its last report.
+  void add(const std::vector<std::uint64_t>& routed);
+  /// Tokens routed to each expert by the pool's devices so far.
+  std::vector<std::uint64_t> totals() const;
+  /// The balancer: the placement the devices switch to at their next step.
+  void propose(kernels::expert_placement placement);
+  /// A device that has switched to proposal `seen` (0: none yet): the newest proposal, when
+  /// there is a newer one, with its number written to `seen`.
+  std::optional<kernels::expert_placement> newer_than(std::uint64_t& seen) const;
+
+private:
+  mutable std::mutex mutex_;
+  std::vector<std::uint64_t> totals_;
+  std::uint64_t version_ = 0;
+  kernels::expert_placement placement_;
+};
+
 /// The token counts a device profiles: 1, 2, 4, ..., 64.
 inline constexpr std::uint64_t profile_max_tokens = 64;
 
@@ -96,6 +122,9 @@ struct cpu_device_params {
   /// its first step: steps of 1, 2, 4, ..., profile_max_tokens tokens of a scratch sequence
   /// (closed again), the fastest of three runs each.
   std::shared_ptr<step_profile> profile;
+  /// Expert-parallel load balancing (expert_link); null: the MoEs run as one group and
+  /// nothing is counted.
+  std::shared_ptr<expert_link> experts;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its
@@ -133,6 +162,9 @@ struct cpu_device_params {
 ///     device_errc::snapshot_rejected and leaves no sequence behind.
 ///   - kv_keep: copies the sequence's State and SWA KV into host memory under the key, when
 ///     the sequence sits at a block boundary (else ignored), within `keep_bytes`.
+///   - with `experts`, before each step: switches to the link's newest placement (a placement
+///     the model refuses is counted as refused and the device keeps its own); after it: adds
+///     the step's router counts (and those of any replay or profile run since) to the link.
 ///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's
 ///     shapes), then the kept State and SWA KV of the key when there is a copy at that length
 ///     (exact), else rebuilds them by bounded replay of the last sliding window of the tokens

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 using namespace troupe;
 using namespace troupe::test;
@@ -416,4 +417,53 @@ TEST_CASE_FIXTURE(device_fixture, "a CPU device runs on a model loaded by its ca
   p.model = load_tiny({.batch_invariant = true});
   auto dev = cpu(std::move(p));
   CHECK(greedy(dev, 1, pr, 4) == want);
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "expert placements switched between steps leave every token and logprob as is") {
+  const auto model = load_tiny();
+  const auto E = static_cast<std::int32_t>(model.text().n_routed_experts);
+  const auto k = static_cast<std::uint64_t>(model.text().num_experts_per_tok);
+  const auto layers = static_cast<std::uint64_t>(model.text().num_hidden_layers);
+  const auto pr = prompt(21, 6);
+  auto plain = cpu(tiny_params());
+  std::vector<float> want_lp;
+  const auto want = greedy(plain, 1, pr, 13, &want_lp);
+
+  runtime::registry metrics;
+  auto link = std::make_shared<ports::expert_link>(static_cast<std::size_t>(E));
+  auto p = tiny_params();
+  p.experts = link;
+  p.metrics = &metrics;
+  p.name = "d";
+  auto dev = cpu(std::move(p));
+  std::vector<float> lp;
+  auto got = greedy(dev, 1, pr, 5, &lp);
+  // What a balancer proposes: copies of the two busiest experts over 4 ranks, then 3 ranks.
+  auto counts = link->totals();
+  std::vector<std::int32_t> busiest(static_cast<std::size_t>(E));
+  std::iota(busiest.begin(), busiest.end(), 0);
+  std::stable_sort(busiest.begin(), busiest.end(),
+                   [&](auto a, auto b) { return counts[std::size_t(a)] > counts[std::size_t(b)]; });
+  link->propose(*kernels::place_experts(E, 4, std::span(busiest).first(2)));
+  auto more = continue_greedy(dev, 1, pr.size() + 4, got.back(), 4, &lp);
+  got.insert(got.end(), more.begin(), more.end());
+  link->propose(*kernels::place_experts(E, 2));
+  link->propose(*kernels::place_experts(E, 3, std::span(busiest).first(3)));  // the newest wins
+  more = continue_greedy(dev, 1, pr.size() + 8, got.back(), 2, &lp);
+  got.insert(got.end(), more.begin(), more.end());
+  link->propose(*kernels::place_experts(E + 1, 2));  // a wrong one: refused, the last one kept
+  more = continue_greedy(dev, 1, pr.size() + 10, got.back(), 2, &lp);
+  got.insert(got.end(), more.begin(), more.end());
+  CHECK(got == want);
+  CHECK(lp == want_lp);
+  // Every token of the prompt and of the 12 decode steps, k experts in every layer.
+  const auto routed = link->totals();
+  CHECK(std::accumulate(routed.begin(), routed.end(), std::uint64_t{0})
+        == (pr.size() + 12) * k * layers);
+  const auto text = metrics.expose();
+  CHECK(text.find(R"(troupe_device_expert_placements_total{device="d",outcome="applied"} 2)")
+        != std::string::npos);
+  CHECK(text.find(R"(troupe_device_expert_placements_total{device="d",outcome="refused"} 1)")
+        != std::string::npos);
 }
