@@ -207,6 +207,13 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
   cmd->add_option("--overlap", o.overlap,
                   "overlapped scheduling: on (default: each decode step is built while the "
                   "previous one runs, speculating or not) or off");
+  cmd->add_option("--eplb", o.eplb_ranks,
+                  "expert-parallel load balancing: each device runs its MoEs as an EP group of "
+                  "this many ranks with one spare slot each for copies of hot experts, re-placed "
+                  "by the router's counts every --eplb-interval (default: off)");
+  cmd->add_option("--eplb-interval", o.eplb_interval,
+                  "with --eplb: re-place the experts by their load over the last interval every "
+                  "this long (default 1min)");
   cmd->add_option("--kv-dir", o.kv_dir,
                   "the KV block store's directory (default: the topology's [storage] path)");
   cmd->add_option("--grace", grace_s,

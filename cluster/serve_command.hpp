@@ -62,6 +62,12 @@ struct serve_options {
   /// Overlapped scheduling on the decode instances: on (default) or off
   /// (decode_engine_params::overlap; docs/serve.md, "Overlapped scheduling").
   std::string overlap = "on";
+  /// Expert-parallel load balancing (docs/serve.md, "Expert-parallel load balancing"): each
+  /// CPU device runs its MoEs as an EP group of this many ranks, one spare expert slot each,
+  /// and an expert balancer per device re-places the experts by the router's counts every
+  /// `eplb_interval`. 0: off (the experts run as one group).
+  std::uint32_t eplb_ranks = 0;
+  std::string eplb_interval = "1min";
   /// SIGTERM: requests in flight get this long to finish.
   std::chrono::seconds grace{30};
   /// Record the run's history and check it after the stop (troupe serve --check-history).

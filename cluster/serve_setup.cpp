@@ -1,6 +1,7 @@
 #include "cluster/serve_setup.hpp"
 
 #include "actors/entrypoint/api_keys.hpp"
+#include "actors/lb/expert_balancer.hpp"
 #include "actors/type_ids.hpp"
 #include "cluster/launch/control_directory.hpp"
 #include "cluster/sim/history_checker.hpp"
@@ -9,6 +10,7 @@
 #include "ports/cpu_device.hpp"
 #include "ports/posix_store.hpp"
 #include "ports/store_router.hpp"
+#include "runtime/units.hpp"
 
 #include <caf/actor_system_config.hpp>
 #include <caf/scoped_actor.hpp>
@@ -16,6 +18,8 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <deque>
+#include <mutex>
 #include <csignal>
 #include <ctime>
 #include <pthread.h>
@@ -85,6 +89,14 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
     return fail("--spec " + o.spec + ": expected off, fixed1 .. fixed5 or dspark");
   if (o.overlap != "on" && o.overlap != "off")
     return fail("--overlap " + o.overlap + ": expected on or off");
+  if (o.eplb_ranks == 1 || o.eplb_ranks > text.n_routed_experts)
+    return fail("--eplb " + std::to_string(o.eplb_ranks) + ": expected 2 .. "
+                + std::to_string(text.n_routed_experts)
+                + " ranks (the model's routed experts) for each device's EP group");
+  auto interval = runtime::parse_duration(o.eplb_interval);
+  if (!interval || interval.value <= runtime::duration{0})
+    return fail("--eplb-interval " + o.eplb_interval + ": expected a duration > 0 (e.g. 30s)");
+  in.eplb_interval = interval.value;
   if (o.spec != "off") {
     auto ckpt = kernels::checkpoint::open(o.model);
     if (!ckpt)
@@ -165,6 +177,70 @@ runtime::world_options real_world_options(bool network, const runtime::tls_optio
   return o;
 }
 
+namespace {
+
+/// The expert balancer of one CPU device (serve --eplb): every `interval` it places the
+/// device's experts over `ranks` ranks (their share of the experts and one spare slot each, as
+/// the simulator's EPLB) by the router's counts over the last interval, and the device switches
+/// at its next step (its weights are all in host memory: nothing to load first). Reports the
+/// balancedness of the placement the device ran and of the new one under that load.
+actors::expert_balancer_actor spawn_device_balancer(caf::actor_system& sys,
+                                                    std::shared_ptr<ports::expert_link> link,
+                                                    std::uint32_t experts, std::uint32_t ranks,
+                                                    runtime::duration interval,
+                                                    runtime::registry& metrics,
+                                                    const std::string& device) {
+  struct window {
+    std::mutex mutex;
+    std::deque<std::pair<runtime::time_point, std::vector<std::uint64_t>>> snapshots;
+    std::optional<actors::expert_placement> running;
+  };
+  auto w = std::make_shared<window>();
+  actors::expert_balancer_params eb;
+  eb.ranks = ranks;
+  eb.slots_per_rank = (experts + ranks - 1) / ranks + 1;
+  eb.interval = interval;
+  eb.window = interval;
+  eb.load_time = runtime::duration{0};
+  // The load over [from, to): the counts now less those of the last snapshot at or before
+  // `from` (the oldest one while the window is young).
+  eb.load = [w, link](runtime::time_point from, runtime::time_point to) {
+    std::lock_guard lock{w->mutex};
+    auto now = link->totals();
+    w->snapshots.emplace_back(to, now);
+    while (w->snapshots.size() > 1 && w->snapshots[1].first <= from)
+      w->snapshots.pop_front();
+    const auto& base = w->snapshots.front().second;
+    std::vector<double> load(now.size());
+    for (std::size_t e = 0; e < now.size(); ++e)
+      load[e] = static_cast<double>(now[e] - base[e]);
+    return load;
+  };
+  const char* help = "Balancedness (mean / max rank load) of a device's EP ranks under the "
+                     "router's load of the expert balancer's last interval (serve --eplb): with "
+                     "the placement the device ran, and with the one it switches to.";
+  auto before = runtime::gauge_child(&metrics, "troupe_eplb_balancedness", help,
+                                     {"device", "placement"}, {device, "previous"});
+  auto after = runtime::gauge_child(&metrics, "troupe_eplb_balancedness", help,
+                                    {"device", "placement"}, {device, "new"});
+  eb.publish = [w, link, ranks, before, after](const std::vector<double>& load,
+                                               const actors::expert_placement& p) {
+    std::lock_guard lock{w->mutex};
+    // Before the first switch the device runs every expert once, in contiguous ranges.
+    const auto previous = w->running ? actors::balancedness_under(*w->running, load)
+                                     : actors::contiguous_placement(load, ranks).balancedness();
+    if (before != nullptr)
+      before->set(previous);
+    if (after != nullptr)
+      after->set(p.balancedness());
+    w->running = p;
+    link->propose(actors::dispatch_placement(p));
+  };
+  return actors::spawn_expert_balancer(sys, std::move(eb));
+}
+
+} // namespace
+
 std::optional<real_graph_params>
 make_real_graph_params(caf::actor_system& sys, const serve_options& o, const serve_inputs& in,
                        runtime::registry& metrics,
@@ -186,8 +262,10 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
       return runtime::from_seconds(profile->seconds(s.tokens));
     };
   }
-  gp.device = [&o, &metrics, constraints, profile](caf::actor_system& sys, pool_role role,
-                                                   std::uint32_t instance) {
+  const auto experts = static_cast<std::uint32_t>(in.model.text.n_routed_experts);
+  gp.device = [&o, &metrics, constraints, profile, experts,
+               interval = in.eplb_interval](caf::actor_system& sys, pool_role role,
+                                            std::uint32_t instance) {
     ports::cpu_device_params d;
     d.model_dir = o.model;
     d.threads = o.device_threads;
@@ -198,7 +276,20 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     d.constraints = constraints;
     if (role == pool_role::decode)
       d.profile = profile;
-    return ports::spawn_cpu_device(sys, std::move(d));
+    if (o.eplb_ranks == 0)
+      return ports::spawn_cpu_device(sys, std::move(d));
+    auto link = std::make_shared<ports::expert_link>(experts);
+    d.experts = link;
+    auto name = d.name;
+    auto device = ports::spawn_cpu_device(sys, std::move(d));
+    auto balancer = spawn_device_balancer(sys, std::move(link), experts, o.eplb_ranks, interval,
+                                          metrics, name);
+    // The balancer goes with its device (a restarted device gets a new pair).
+    caf::actor_cast<caf::strong_actor_ptr>(device)->get()->attach_functor(
+      [balancer](const caf::error&) {
+        caf::anon_send_exit(balancer, caf::exit_reason::user_shutdown);
+      });
+    return device;
   };
   // The cluster KV cache: block files in the topology's directory (or --kv-dir), keyed by
   // chains rooted in the model's fingerprint.

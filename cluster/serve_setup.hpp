@@ -38,6 +38,8 @@ struct serve_inputs {
   std::unique_ptr<recipe::codec> codec;
   /// The KV store's directory (absolute), or empty: no store.
   std::filesystem::path kv_dir;
+  /// serve_options::eplb_interval, parsed.
+  runtime::duration eplb_interval{};
 };
 
 /// "host:port" → (host, port); IPv6 as "[::1]:8000". Nothing on a malformed address.

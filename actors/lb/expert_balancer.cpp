@@ -6,6 +6,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <utility>
@@ -20,6 +21,7 @@ struct expert_balancer_state {
   std::map<std::uint64_t, std::pair<std::vector<double>, expert_placement>> loading;
   std::uint64_t computed = 0;
   std::uint64_t published = 0;
+  std::uint64_t idle = 0;
   double last_balancedness = 1.0;
   /// The first tick (sent at spawn) places from the load of that instant and publishes at once.
   bool started = false;
@@ -28,12 +30,16 @@ struct expert_balancer_state {
 
 using balancer_ptr = expert_balancer_actor::stateful_pointer<expert_balancer_state>;
 
-/// Places the experts by the load over [from, to); nullopt (and the actor exits) when the
-/// parameters admit no placement.
+/// Places the experts by the load over [from, to); nullopt when no token was routed then (the
+/// placement stays as it is), or (and the actor exits) when the parameters admit no placement.
 std::optional<std::pair<std::vector<double>, expert_placement>>
 place(balancer_ptr self, runtime::time_point from, runtime::time_point to) {
   auto& st = self->state;
   auto load = st.params.load(from, to);
+  if (std::all_of(load.begin(), load.end(), [](double x) { return x == 0.0; })) {
+    ++st.idle;
+    return std::nullopt;
+  }
   auto placed = place_experts(
     {load, st.params.ranks, st.params.slots_per_rank, st.params.nodes, st.params.groups});
   if (auto* why = std::get_if<std::string>(&placed)) {
@@ -63,6 +69,7 @@ expert_balancer_actor::behavior_type expert_balancer_fn(balancer_ptr self,
       c.lb = "expert";
       c.add("placements_computed", st.computed);
       c.add("placements_published", st.published);
+      c.add("windows_idle", st.idle);
       c.add("last_balancedness_ppm", static_cast<std::uint64_t>(std::llround(st.last_balancedness * 1e6)));
       return c;
     },

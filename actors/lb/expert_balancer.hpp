@@ -15,8 +15,10 @@
 //     instances switch to it at their next step boundary. Serving never stops.
 //
 // At start it places once from the load at that instant and publishes at once (the pool
-// starts balanced). `(lb_stats_atom)` answers its counters: placements computed and published,
-// and the last placement's balancedness under the load it was computed from (× 1e6).
+// starts balanced). A window in which no token was routed (the real world's idle server)
+// leaves the placement as it is. `(lb_stats_atom)` answers its counters: placements computed
+// and published, idle windows, and the last placement's balancedness under the load it was
+// computed from (× 1e6).
 #pragma once
 
 #include "actors/lb/expert_placement.hpp"

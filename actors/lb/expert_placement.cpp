@@ -162,4 +162,21 @@ expert_placement contiguous_placement(const std::vector<double>& load, std::uint
   return out;
 }
 
+kernels::expert_placement dispatch_placement(const expert_placement& placement) {
+  kernels::expert_placement out;
+  out.experts = static_cast<std::int32_t>(placement.copies.size());
+  out.ranks = static_cast<std::int32_t>(placement.slots.size());
+  out.homes.resize(placement.copies.size());
+  for (std::size_t r = 0; r < placement.slots.size(); ++r) {
+    auto& local = out.local.emplace_back();
+    for (auto e : placement.slots[r]) {
+      local.push_back(static_cast<std::int32_t>(e));
+      auto& homes = out.homes[e];
+      if (homes.empty() || homes.back() != static_cast<std::int32_t>(r))
+        homes.push_back(static_cast<std::int32_t>(r));
+    }
+  }
+  return out;
+}
+
 } // namespace troupe::actors

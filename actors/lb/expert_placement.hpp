@@ -22,6 +22,8 @@
 // token's traffic stays within the nodes its groups live on.
 #pragma once
 
+#include "kernels/ep_dispatch.hpp"
+
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -66,5 +68,10 @@ double balancedness_under(const expert_placement& placement, const std::vector<d
 /// shards and the simulator's EP resize hold them), one copy each, with its rank loads under
 /// `load`.
 expert_placement contiguous_placement(const std::vector<double>& load, std::uint32_t ranks);
+
+/// `placement` as the EP dispatch plans take it (kernels/ep_dispatch.hpp): each rank's local
+/// experts in its slot order; each expert's homes, the ranks holding it, ascending (a rank
+/// holding an expert in two slots is one home; dispatch uses the first slot).
+kernels::expert_placement dispatch_placement(const expert_placement& placement);
 
 } // namespace troupe::actors

@@ -714,6 +714,10 @@ std::vector<std::string> shared_node_args(const launch_options& o) {
     add("--spec", s.spec);
   if (s.overlap != "on")
     add("--overlap", s.overlap);
+  if (s.eplb_ranks > 0) {
+    add("--eplb", std::to_string(s.eplb_ranks));
+    add("--eplb-interval", s.eplb_interval);
+  }
   return args;
 }
 

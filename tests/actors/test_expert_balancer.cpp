@@ -115,3 +115,64 @@ TEST_CASE("an expert balancer whose placement cannot exist exits with the reason
   REQUIRE(*reason);
   CHECK(w.system().render(*reason).find("4 slots for 8 experts") != std::string::npos);
 }
+
+TEST_CASE("windows in which no token was routed leave the placement as it is") {
+  runtime::world w{runtime::world_options{runtime::world_mode::sim, 1, 0, false,
+                                          register_actor_types}};
+  const auto origin = w.now();
+  auto out = std::make_shared<std::vector<published>>();
+  auto asked = std::make_shared<std::vector<std::pair<double, double>>>();
+  auto p = params(origin, out, asked, w);
+  // An idle server until 100 s (the real world's counts), then expert 5 is hot.
+  p.load = [origin](runtime::time_point, runtime::time_point to) {
+    std::vector<double> load(8, 0.0);
+    if (to - origin > 100s) {
+      std::fill(load.begin(), load.end(), 1.0);
+      load[5] = 20.0;
+    }
+    return load;
+  };
+  auto balancer = spawn_expert_balancer(w.system(), std::move(p));
+  w.driver().run_until(origin + 150s);
+  // Nothing at start nor at 60 s; at 120 s the load, published at 130 s.
+  REQUIRE(out->size() == 1);
+  CHECK(runtime::to_seconds((*out)[0].at - origin) == doctest::Approx(130.0));
+  CHECK((*out)[0].placement.copies[5] == 5);
+  auto counters = std::make_shared<std::optional<lb_counters>>();
+  w.system().spawn([balancer, counters](caf::event_based_actor* self) {
+    self->request(balancer, caf::infinite, lb_stats_atom::value)
+      .then([counters](lb_counters& c) { *counters = std::move(c); });
+  });
+  w.driver().run_for(0s);
+  REQUIRE(counters->has_value());
+  CHECK((*counters)->names.at(2) == "windows_idle");
+  CHECK((*counters)->values.at(2) == 2);
+  caf::anon_send_exit(balancer, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a balancer's placement becomes the EP dispatch plans' placement") {
+  std::vector<double> load(8, 1.0);
+  load[5] = 20.0;
+  auto placed = place_experts({load, 4, 3});
+  const auto& p = std::get<expert_placement>(placed);
+  const auto d = dispatch_placement(p);
+  CHECK(d.experts == 8);
+  CHECK(d.ranks == 4);
+  for (std::int32_t r = 0; r < 4; ++r)
+    CHECK(d.local[std::size_t(r)]
+          == std::vector<std::int32_t>(p.slots[std::size_t(r)].begin(), p.slots[std::size_t(r)].end()));
+  for (std::int32_t e = 0; e < 8; ++e) {
+    CAPTURE(e);
+    const auto& homes = d.homes[std::size_t(e)];
+    REQUIRE_FALSE(homes.empty());
+    CHECK(std::is_sorted(homes.begin(), homes.end()));
+    CHECK(std::adjacent_find(homes.begin(), homes.end()) == homes.end());
+    for (auto r : homes)
+      CHECK(d.slot_of(r, e) >= 0);
+    // Every rank holding e is a home.
+    for (std::int32_t r = 0; r < 4; ++r)
+      CHECK((d.slot_of(r, e) >= 0) == (std::find(homes.begin(), homes.end(), r) != homes.end()));
+  }
+  // Expert 5's five copies over four ranks: four homes (one rank holds it twice).
+  CHECK(d.homes[5].size() == 4);
+}

@@ -785,6 +785,8 @@ def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
 @pytest.mark.parametrize("flag,value,message", [
     ("--spec", "fixed9", "--spec fixed9: expected off, fixed1 .. fixed5 or dspark"),
     ("--overlap", "maybe", "--overlap maybe: expected on or off"),
+    ("--eplb", "1", "--eplb 1: expected 2 .. 16 ranks"),
+    ("--eplb-interval", "soon", "--eplb-interval soon: expected a duration > 0"),
 ])
 def test_an_unknown_spec_or_overlap_mode_is_refused_before_anything_starts(
         model_dir, tmp_path, flag, value, message):
@@ -831,3 +833,44 @@ def test_speculative_decoding_answers_what_it_answers_without_greedy_seeded_and_
         assert on.choices[0].message.content == off.choices[0].message.content
     verified = 'troupe_device_drafts_total{device="decode/0",outcome="verified"}'
     assert spec_server.metric(verified) > 0
+
+
+@pytest.fixture(scope="module")
+def eplb_server(model_dir, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys-eplb") / "keys.txt"
+    keys.write_text(API_KEY + "\n")
+    s = Server(model_dir, str(keys), str(tmp_path_factory.mktemp("kv-eplb")),
+               ("--eplb", "4", "--eplb-interval", "1s"))
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, "troupe serve did not stop cleanly on SIGTERM:\n" + "".join(s.log)
+
+
+def test_expert_placements_switched_while_serving_change_no_answer(server, eplb_server):
+    # The devices run their MoEs as EP groups of 4 ranks, re-placed every second by the
+    # router's counts; each switch happens between two steps. Load them until both devices have
+    # switched at least twice (bounded), then ask what the plain server answers.
+    applied = 'troupe_device_expert_placements_total{{device="{}",outcome="applied"}}'
+    client = eplb_server.openai()
+    for i in range(30):
+        if all((eplb_server.metric(applied.format(d)) or 0) >= 2 for d in ("prefill/0", "decode/0")):
+            break
+        client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, messages=[
+            {"role": "user", "content": f"Warm the experts, round {i}."}])
+        time.sleep(0.5)
+    for d in ("prefill/0", "decode/0"):
+        assert eplb_server.metric(applied.format(d)) >= 2
+        assert eplb_server.metric(f'troupe_device_expert_placements_total{{device="{d}",outcome="refused"}}') == 0
+        for placement in ("previous", "new"):
+            b = eplb_server.metric(f'troupe_eplb_balancedness{{device="{d}",placement="{placement}"}}')
+            assert 0 < b <= 1
+    messages = [{"role": "user", "content": "Which expert answers this?"}]
+    for sampling in ({"temperature": 0, "logprobs": True, "top_logprobs": 2},
+                     {"temperature": 1.0, "seed": 11}):
+        off = server.openai().chat.completions.create(model=MODEL, messages=messages,
+                                                      max_tokens=24, **sampling)
+        on = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
+                                            **sampling)
+        assert served_text(on.choices[0].message) == served_text(off.choices[0].message)
+        if off.choices[0].logprobs is not None:
+            assert on.choices[0].logprobs == off.choices[0].logprobs
