@@ -1,6 +1,7 @@
 #include "ports/store_router.hpp"
 
 #include "runtime/errors.hpp"
+#include "runtime/metrics.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
@@ -80,29 +81,40 @@ struct copies_answer {
   caf::error first_error;
 };
 
+/// The copies of a key: their shards' indices and ports.
+struct copy_set {
+  std::vector<std::uint32_t> shards;
+  std::vector<runtime::store_port> ports;
+};
+
 /// Sends `msg` to every copy of its key; answers the stats of the first copy that succeeds,
-/// or once every copy has failed, the first copy's error.
-template <class Msg>
+/// or once every copy has failed, the first copy's error. `heard(shard, ok)` learns each
+/// copy's outcome.
+template <class Msg, class Heard>
 caf::result<runtime::store_stats> to_all_copies(runtime::store_port::pointer self,
-                                                const std::vector<runtime::store_port>& copies,
-                                                std::chrono::seconds timeout, Msg msg) {
+                                                const copy_set& copies,
+                                                std::chrono::seconds timeout, Msg msg,
+                                                Heard heard) {
   auto rp = self->make_response_promise<runtime::store_stats>();
   auto g = std::make_shared<copies_answer>();
-  g->left = copies.size();
-  for (std::size_t i = 0; i < copies.size(); ++i) {
+  g->left = copies.ports.size();
+  for (std::size_t i = 0; i < copies.ports.size(); ++i) {
     // The last copy takes the message; the others a copy of it (a put's payload too).
-    auto m = i + 1 < copies.size() ? Msg{msg} : std::move(msg);
-    self->request(copies[i], timeout, std::move(m))
+    auto m = i + 1 < copies.ports.size() ? Msg{msg} : std::move(msg);
+    const auto shard = copies.shards[i];
+    self->request(copies.ports[i], timeout, std::move(m))
       .then(
-        [g, rp](runtime::store_stats& st) mutable {
+        [g, rp, heard, shard](runtime::store_stats& st) mutable {
           --g->left;
+          heard(shard, true);
           if (!g->answered) {
             g->answered = true;
             rp.deliver(std::move(st));
           }
         },
-        [g, rp, i](caf::error& e) mutable {
+        [g, rp, i, heard, shard](caf::error& e) mutable {
           --g->left;
+          heard(shard, false);
           if (i == 0)
             g->first_error = std::move(e);
           if (g->left == 0 && !g->answered) {
@@ -113,6 +125,37 @@ caf::result<runtime::store_stats> to_all_copies(runtime::store_port::pointer sel
   }
   return rp;
 }
+
+/// Blocks a shard missed while it was down (a put of it failed there and succeeded on another
+/// copy), to be copied to it once it answers again: hinted repair.
+struct repair_hint {
+  runtime::store_key key;
+  /// When the put was asked and its ttl (0: never expires), on the router's clock.
+  runtime::time_point put_at;
+  runtime::duration ttl{0};
+  /// Copies to the shard that failed (a hint is dropped after max_repair_attempts).
+  std::uint32_t attempts = 0;
+};
+
+constexpr std::size_t max_repair_hints = std::size_t{1} << 18;
+constexpr std::uint32_t max_repair_attempts = 3;
+
+struct shard_repairs {
+  std::vector<std::vector<repair_hint>> hints;  // per shard
+  std::vector<bool> running;                    // a repair of that shard is under way
+  runtime::counter* repaired = nullptr;
+  runtime::counter* lost = nullptr;
+  runtime::gauge* pending = nullptr;
+
+  void update_pending() {
+    if (pending == nullptr)
+      return;
+    std::size_t n = 0;
+    for (const auto& h : hints)
+      n += h.size();
+    pending->set(static_cast<double>(n));
+  }
+};
 
 /// Asks the copies of a key in order, from copy `i` on, until one answers `accept`ably; the
 /// answer is that one's, else the first definite answer (a value, or not_found: a copy that
@@ -148,10 +191,108 @@ void ask_copies(runtime::store_port::pointer self,
           [next](caf::error& e) mutable { next(std::move(e)); });
 }
 
+using shard_list = std::shared_ptr<const std::vector<runtime::store_port>>;
+
+void repair_next(runtime::store_port::pointer self, shard_list shards, std::uint32_t replicas,
+                 std::chrono::seconds timeout, std::shared_ptr<shard_repairs> st,
+                 std::uint32_t target, std::shared_ptr<std::vector<repair_hint>> work,
+                 std::size_t i);
+
+/// Copies hint `i` of `work` to shard `target` from the key's copy `source` (its j-th other
+/// copy), or from the next, then goes on with the next hint.
+void repair_from(runtime::store_port::pointer self, shard_list shards, std::uint32_t replicas,
+                 std::chrono::seconds timeout, std::shared_ptr<shard_repairs> st,
+                 std::uint32_t target, std::shared_ptr<std::vector<repair_hint>> work,
+                 std::size_t i, std::size_t j) {
+  const auto h = (*work)[i];
+  std::vector<std::uint32_t> sources;
+  for (auto c : store_copies_of(h.key, static_cast<std::uint32_t>(shards->size()), replicas))
+    if (c != target)
+      sources.push_back(c);
+  if (j >= sources.size()) {  // no other copy has it (evicted, expired or lost there too)
+    if (st->lost != nullptr)
+      st->lost->inc();
+    repair_next(self, shards, replicas, timeout, st, target, work, i + 1);
+    return;
+  }
+  self->request((*shards)[sources[j]], timeout, runtime::store_get{h.key})
+    .then(
+      [=](runtime::store_object& obj) {
+        auto ttl = runtime::duration{0};
+        if (h.ttl > runtime::duration{0}) {
+          ttl = h.put_at + h.ttl - self->clock().now();
+          if (ttl <= runtime::duration{0}) {  // expired while it was copied
+            repair_next(self, shards, replicas, timeout, st, target, work, i + 1);
+            return;
+          }
+        }
+        self
+          ->request((*shards)[target], timeout,
+                    runtime::store_put{h.key, obj.size, std::move(obj.payload), ttl})
+          .then(
+            [=](const runtime::store_stats&) {
+              if (st->repaired != nullptr)
+                st->repaired->inc();
+              repair_next(self, shards, replicas, timeout, st, target, work, i + 1);
+            },
+            [=](const caf::error&) {
+              // The shard failed again: the hints not copied wait for its next answer.
+              auto& pending = st->hints[target];
+              for (auto k = i; k < work->size(); ++k) {
+                auto left = (*work)[k];
+                if (k == i && ++left.attempts >= max_repair_attempts) {
+                  if (st->lost != nullptr)
+                    st->lost->inc();
+                  continue;
+                }
+                if (pending.size() < max_repair_hints)
+                  pending.push_back(left);
+                else if (st->lost != nullptr)
+                  st->lost->inc();
+              }
+              st->running[target] = false;
+              st->update_pending();
+            });
+      },
+      [=](const caf::error&) {
+        repair_from(self, shards, replicas, timeout, st, target, work, i, j + 1);
+      });
+}
+
+void repair_next(runtime::store_port::pointer self, shard_list shards, std::uint32_t replicas,
+                 std::chrono::seconds timeout, std::shared_ptr<shard_repairs> st,
+                 std::uint32_t target, std::shared_ptr<std::vector<repair_hint>> work,
+                 std::size_t i) {
+  const auto now = self->clock().now();
+  while (i < work->size() && (*work)[i].ttl > runtime::duration{0}
+         && (*work)[i].put_at + (*work)[i].ttl <= now)
+    ++i;  // expired: nothing to copy
+  if (i >= work->size()) {
+    st->running[target] = false;
+    st->update_pending();
+    return;
+  }
+  repair_from(self, std::move(shards), replicas, timeout, std::move(st), target, std::move(work),
+              i, 0);
+}
+
+/// Starts copying the blocks `target` missed, one at a time, unless that is under way.
+void start_repair(runtime::store_port::pointer self, shard_list shards, std::uint32_t replicas,
+                  std::chrono::seconds timeout, std::shared_ptr<shard_repairs> st,
+                  std::uint32_t target) {
+  if (st->running[target] || st->hints[target].empty())
+    return;
+  st->running[target] = true;
+  auto work = std::make_shared<std::vector<repair_hint>>(std::move(st->hints[target]));
+  st->hints[target].clear();
+  repair_next(self, std::move(shards), replicas, timeout, std::move(st), target, std::move(work),
+              0);
+}
+
 runtime::store_port::behavior_type
 store_router(runtime::store_port::pointer self,
              std::shared_ptr<const std::vector<runtime::store_port>> shards,
-             std::uint32_t replicas, std::chrono::seconds timeout) {
+             std::uint32_t replicas, std::chrono::seconds timeout, runtime::registry* metrics) {
   // The shards end with the router; a shard that ends alone fails only its own blocks.
   self->attach_functor([shards] {
     for (const auto& s : *shards)
@@ -167,11 +308,51 @@ store_router(runtime::store_port::pointer self,
       v->push_back((*shards)[c]);
     return std::shared_ptr<const std::vector<runtime::store_port>>{std::move(v)};
   };
+  auto copy_set_of = [shards, count, replicas](const runtime::store_key& k) {
+    copy_set out;
+    out.shards = store_copies_of(k, count, replicas);
+    for (auto c : out.shards)
+      out.ports.push_back((*shards)[c]);
+    return out;
+  };
+  // Hinted repair (replicas only): a put a shard failed is copied to it once it answers again.
+  auto repairs = std::make_shared<shard_repairs>();
+  repairs->hints.resize(count);
+  repairs->running.assign(count, false);
+  if (replicas > 1) {
+    const char* help = "Blocks a store shard missed while it was down (a put that failed there "
+                       "and succeeded on another copy), copied to it when it answered again "
+                       "(repaired) or not copied (lost: no other copy had it any more, or the "
+                       "shard kept refusing it).";
+    repairs->repaired = runtime::counter_child(metrics, "troupe_store_repairs_total", help,
+                                               {"outcome"}, {"repaired"});
+    repairs->lost = runtime::counter_child(metrics, "troupe_store_repairs_total", help,
+                                           {"outcome"}, {"lost"});
+    repairs->pending = runtime::gauge_child(metrics, "troupe_store_repairs_pending",
+                                            "Blocks waiting to be copied to a store shard that "
+                                            "missed them while it was down.");
+  }
+  auto heard = [self, shards, replicas, timeout, repairs](std::uint32_t s, bool ok) {
+    if (ok)
+      start_repair(self, shards, replicas, timeout, repairs, s);
+  };
   return {
-    [self, shard, copies, replicas, timeout](runtime::store_put& p) -> caf::result<runtime::store_stats> {
+    [self, shard, copy_set_of, replicas, timeout, repairs,
+     heard](runtime::store_put& p) -> caf::result<runtime::store_stats> {
       if (replicas <= 1)
         return self->delegate(shard(p.key), std::move(p));
-      return to_all_copies(self, *copies(p.key), timeout, std::move(p));
+      repair_hint hint{p.key, self->clock().now(), p.ttl};
+      auto on_put = [repairs, heard, hint](std::uint32_t s, bool ok) {
+        if (!ok) {
+          if (repairs->hints[s].size() < max_repair_hints)
+            repairs->hints[s].push_back(hint);
+          else if (repairs->lost != nullptr)
+            repairs->lost->inc();  // beyond what the router keeps: never copied
+          repairs->update_pending();
+        }
+        heard(s, ok);
+      };
+      return to_all_copies(self, copy_set_of(p.key), timeout, std::move(p), on_put);
     },
     [self, shard, copies, replicas, timeout](const runtime::store_get& g) -> caf::result<runtime::store_object> {
       if (replicas <= 1)
@@ -190,10 +371,11 @@ store_router(runtime::store_port::pointer self,
                        std::make_shared<caf::expected<bool>>(caf::error{}));
       return rp;
     },
-    [self, shard, copies, replicas, timeout](const runtime::store_delete& d) -> caf::result<runtime::store_stats> {
+    [self, shard, copy_set_of, replicas, timeout,
+     heard](const runtime::store_delete& d) -> caf::result<runtime::store_stats> {
       if (replicas <= 1)
         return self->delegate(shard(d.key), d);
-      return to_all_copies(self, *copies(d.key), timeout, d);
+      return to_all_copies(self, copy_set_of(d.key), timeout, d, heard);
     },
     [self, shards, timeout](const runtime::store_list& l) {
       using entries = std::vector<runtime::store_entry>;
@@ -238,12 +420,13 @@ store_router(runtime::store_port::pointer self,
 
 runtime::store_port spawn_store_router(caf::actor_system& sys,
                                        std::vector<runtime::store_port> shards,
-                                       std::uint32_t replicas, std::chrono::seconds timeout) {
+                                       std::uint32_t replicas, std::chrono::seconds timeout,
+                                       runtime::registry* metrics) {
   if (shards.size() == 1)
     return shards.front();
   replicas = std::clamp<std::uint32_t>(replicas, 1, static_cast<std::uint32_t>(shards.size()));
   auto all = std::make_shared<const std::vector<runtime::store_port>>(std::move(shards));
-  return sys.spawn(store_router, std::move(all), replicas, timeout);
+  return sys.spawn(store_router, std::move(all), replicas, timeout, metrics);
 }
 
 runtime::store_port spawn_sharded_posix_store(caf::actor_system& sys, posix_store_params params,
@@ -258,7 +441,8 @@ runtime::store_port spawn_sharded_posix_store(caf::actor_system& sys, posix_stor
       p.metrics_shard = std::to_string(i);
     ports.push_back(spawn_posix_store(sys, std::move(p)));
   }
-  return spawn_store_router(sys, std::move(ports), replicas);
+  return spawn_store_router(sys, std::move(ports), replicas, std::chrono::seconds(60),
+                            params.metrics);
 }
 
 } // namespace troupe::ports

@@ -17,6 +17,15 @@
 // it costs one round trip while the block's first shard is up (a block no copy has is
 // not_found, or false, when a copy's shard answered). A list names each block once;
 // stats count every copy.
+//
+// Hinted repair: a put that fails on a copy's shard (down, or not answering in time) and is
+// sent while others take it leaves the router a hint (the key, when, its ttl); the next time
+// that shard answers anything, the router copies the blocks it missed to it, one at a time,
+// from another copy (with what is left of their ttl; expired ones are skipped), so the block
+// has R copies again. A shard that fails again mid-way keeps the rest for its next answer; a
+// block is tried at most 3 times. Hints live in the router's memory (at most 262,144 per
+// shard, about 10 MiB): a router that restarts forgets them, and a delete a shard missed is
+// not repeated (the block stays there until its ttl or eviction).
 #pragma once
 
 #include "ports/posix_store.hpp"
@@ -50,10 +59,13 @@ std::filesystem::path store_shard_directory(const std::filesystem::path& root,
 /// does; a shard that stops alone fails its own blocks only (with replicas: the blocks none
 /// of whose copies' shards is up). `timeout` bounds the shards' answers to a list or stats,
 /// and to each copy's answer when there are replicas.
+/// With `metrics`, repairs are counted there (troupe_store_repairs_total{outcome},
+/// troupe_store_repairs_pending).
 runtime::store_port spawn_store_router(caf::actor_system& sys,
                                        std::vector<runtime::store_port> shards,
                                        std::uint32_t replicas = 1,
-                                       std::chrono::seconds timeout = std::chrono::seconds(60));
+                                       std::chrono::seconds timeout = std::chrono::seconds(60),
+                                       runtime::registry* metrics = nullptr);
 
 /// A POSIX store of `shards` shards (at least 1) under `params.directory`
 /// (store_shard_directory), each with `params.capacity / shards` bytes and its metrics under

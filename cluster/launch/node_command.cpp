@@ -110,7 +110,7 @@ int run_control(const node_options& o, std::ostream& err) {
   const std::uint32_t store_replicas = o.external_store ? in->topo.storage.real_replicas() : 1;
   if (o.external_store) {
     registry = spawn_store_registry(sys, store_shards, &metrics);
-    external = spawn_cluster_store(sys, registry, store_shards, store_replicas, {});
+    external = spawn_cluster_store(sys, registry, store_shards, store_replicas, {}, &metrics);
   }
   auto gp = make_real_graph_params(sys, so, *in, metrics, constraints, command, err, external);
   if (!gp) {
@@ -534,7 +534,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   runtime::store_port store;
   if (dir.store_registry)
     store = spawn_cluster_store(sys, dir.store_registry, dir.store_shards, dir.store_replicas,
-                                bridge.link);
+                                bridge.link, &metrics);
   else
     in->kv_dir.clear();  // the control process has none: neither has the cluster
   // A prefill instance reads cached blocks through its block fetcher process, when one runs

@@ -452,11 +452,13 @@ runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registr
 
 runtime::store_port spawn_cluster_store(caf::actor_system& sys, caf::actor registry,
                                         std::uint32_t shards, std::uint32_t replicas,
-                                        runtime::fabric_link_port link) {
+                                        runtime::fabric_link_port link,
+                                        runtime::registry* metrics) {
   std::vector<runtime::store_port> proxies;
   for (std::uint32_t i = 0; i < std::max<std::uint32_t>(1, shards); ++i)
     proxies.push_back(spawn_store_proxy(sys, registry, link, std::chrono::seconds(30), 32, i));
-  return ports::spawn_store_router(sys, std::move(proxies), replicas);
+  return ports::spawn_store_router(sys, std::move(proxies), replicas, std::chrono::seconds(60),
+                                   metrics);
 }
 
 } // namespace troupe::cluster

@@ -137,10 +137,11 @@ runtime::store_port spawn_store_proxy(caf::actor_system& sys, caf::actor registr
                                       std::size_t max_transfers = 32, std::uint32_t shard = 0);
 
 /// The whole store of `shards` shards that `registry` names, with `replicas` copies of each
-/// block: one proxy per shard behind a router (ports/store_router.hpp); for one shard, its
-/// proxy.
+/// block: one proxy per shard behind a router (ports/store_router.hpp; its repairs counted in
+/// `metrics` when given); for one shard, its proxy.
 runtime::store_port spawn_cluster_store(caf::actor_system& sys, caf::actor registry,
                                         std::uint32_t shards, std::uint32_t replicas,
-                                        runtime::fabric_link_port link);
+                                        runtime::fabric_link_port link,
+                                        runtime::registry* metrics = nullptr);
 
 } // namespace troupe::cluster

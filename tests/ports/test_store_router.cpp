@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 #include <thread>
 
@@ -202,4 +203,122 @@ TEST_CASE("with replicas a block is on its shard and the next, and a stopped sha
   REQUIRE_FALSE(missing);
   CHECK(runtime::is(missing.error(), errc::not_found));
   test::stop(f.self, store);
+}
+
+namespace {
+
+/// A shard that can go down and come back: it forwards to its store while `up`, and answers
+/// errc::unavailable while not (what a launched cluster's store proxy answers while the
+/// shard's process is gone).
+store_port switchable(caf::actor_system& sys, store_port inner,
+                      std::shared_ptr<std::atomic<bool>> up) {
+  return sys.spawn([inner, up](store_port::pointer self) -> store_port::behavior_type {
+    auto down = [] { return make_error(errc::unavailable, "the shard is down"); };
+    return {
+      [=](store_put& p) -> caf::result<store_stats> {
+        if (!*up)
+          return down();
+        return self->delegate(inner, std::move(p));
+      },
+      [=](const store_get& g) -> caf::result<store_object> {
+        if (!*up)
+          return down();
+        return self->delegate(inner, g);
+      },
+      [=](const store_has& h) -> caf::result<bool> {
+        if (!*up)
+          return down();
+        return self->delegate(inner, h);
+      },
+      [=](const store_delete& d) -> caf::result<store_stats> {
+        if (!*up)
+          return down();
+        return self->delegate(inner, d);
+      },
+      [=](const store_list& l) -> caf::result<std::vector<store_entry>> {
+        if (!*up)
+          return down();
+        return self->delegate(inner, l);
+      },
+      [=](store_stats_atom a) -> caf::result<store_stats> {
+        if (!*up)
+          return down();
+        return self->delegate(inner, a);
+      },
+    };
+  });
+}
+
+double metric(const runtime::registry& r, const std::string& line_start) {
+  std::istringstream in{r.expose()};
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(line_start + " ", 0) == 0)
+      return std::stod(line.substr(line_start.size() + 1));
+  return -1;
+}
+
+} // namespace
+
+TEST_CASE("a shard that was down gets the blocks it missed copied to it when it answers again") {
+  sharded_fixture f;
+  constexpr std::uint32_t shards = 3;
+  test::temp_dir a, b, c;
+  auto s0 = ports::spawn_posix_store(f.world.system(), {a.path(), 1 << 24, {}});
+  auto inner1 = ports::spawn_posix_store(f.world.system(), {b.path(), 1 << 24, {}});
+  auto s2 = ports::spawn_posix_store(f.world.system(), {c.path(), 1 << 24, {}});
+  auto up = std::make_shared<std::atomic<bool>>(true);
+  auto s1 = switchable(f.world.system(), inner1, up);
+  auto store = ports::spawn_store_router(f.world.system(), {s0, s1, s2}, 2,
+                                         std::chrono::seconds(10), &f.metrics);
+  auto put = [&](std::uint64_t i, duration ttl = duration{0}) {
+    REQUIRE(test::request<store_stats>(
+      f.self, store, store_put{key(i), 300, bytes(300, static_cast<std::uint8_t>(i)), ttl}));
+  };
+  auto on_shard1 = [&](std::uint64_t i) {
+    auto copies = ports::store_copies_of(key(i), shards, 2);
+    return std::find(copies.begin(), copies.end(), 1u) != copies.end();
+  };
+  for (std::uint64_t i = 0; i < 6; ++i)
+    put(i);
+  // Shard 1 goes down: the blocks written meanwhile reach only their other copy.
+  *up = false;
+  std::vector<std::uint64_t> missed;
+  std::uint64_t short_lived = 0;
+  for (std::uint64_t i = 6; i < 30; ++i) {
+    if (on_shard1(i) && short_lived == 0) {
+      short_lived = i;  // expires before shard 1 is back: nothing to copy
+      put(i, std::chrono::milliseconds(1));
+      continue;
+    }
+    put(i);
+    if (on_shard1(i))
+      missed.push_back(i);
+  }
+  REQUIRE(missed.size() >= 8);
+  CHECK(metric(f.metrics, "troupe_store_repairs_pending") == double(missed.size() + 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Back: its next answer (a put of a block it holds a copy of) starts the repair.
+  *up = true;
+  std::uint64_t probe = 30;
+  while (!on_shard1(probe))
+    ++probe;
+  put(probe);
+  const std::string repaired = R"(troupe_store_repairs_total{outcome="repaired"})";
+  for (int i = 0; i < 500 && metric(f.metrics, repaired) < double(missed.size()); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(metric(f.metrics, repaired) == double(missed.size()));
+  CHECK(metric(f.metrics, R"(troupe_store_repairs_total{outcome="lost"})") == 0);
+  CHECK(metric(f.metrics, "troupe_store_repairs_pending") == 0);
+  // Shard 1 holds every block whose copies include it, with its bytes, except the expired one.
+  for (std::uint64_t i = 0; i <= probe; ++i) {
+    CAPTURE(i);
+    if (!on_shard1(i) || i == short_lived)
+      continue;
+    auto got = test::request<store_object>(f.self, inner1, store_get{key(i)});
+    REQUIRE(got);
+    CHECK(got->payload == bytes(300, static_cast<std::uint8_t>(i)));
+  }
+  CHECK_FALSE(*test::request<bool>(f.self, inner1, store_has{key(short_lived)}));
+  test::stop(f.self, store);
+  test::stop(f.self, inner1);
 }

@@ -453,6 +453,30 @@ def test_a_store_process_killed_under_load_loses_no_request(cluster):
                for l in cluster.log) == 2 + restarts, "".join(cluster.log)
 
 
+def test_blocks_a_stopped_store_shard_missed_are_copied_to_it_once_it_answers(cluster):
+    # SIGSTOP of store/1 (every block on both shards): a new prompt's blocks reach shard 0,
+    # and their puts to shard 1 fail when its proxy gives up on it (30 s). After SIGCONT the
+    # next put shard 1 answers makes the prefill process's store router copy the blocks it
+    # missed (hinted repair): both shards hold every block again.
+    def blocks(shard):
+        return store_metric(cluster, f'troupe_store_blocks{{shard="{shard}"}}', 0)
+    store = cluster.process("store/1")
+    os.kill(store["pid"], signal.SIGSTOP)
+    try:
+        cluster.openai().chat.completions.create(**long_prompt("missed_"))
+        time.sleep(32)
+    finally:
+        os.kill(store["pid"], signal.SIGCONT)
+    time.sleep(2)  # the control mirrors the store's figures every second
+    missed = blocks("0") - blocks("1")
+    assert missed > 0, "".join(cluster.log)
+    until_cached(cluster, long_prompt("after_stop_"))
+    deadline = time.monotonic() + 60
+    while blocks("1") < blocks("0") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert blocks("1") == blocks("0"), "".join(cluster.log)
+
+
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
     body = chat_body("Tell me about actors.", max_tokens=10, temperature=0)
     want, tokens = generated_text(model_dir, body, 10)
