@@ -27,7 +27,6 @@ import argparse
 import concurrent.futures
 import http.client
 import json
-import os
 import pathlib
 import re
 import statistics
@@ -130,16 +129,8 @@ def main():
                 break
             order = runs if rnd % 2 == 0 else list(reversed(runs))
             for name, n in order:
-                svg.wait_quiet(pids[0], args.max_foreign)
-                load = os.getloadavg()[0]
-                busy0, own0 = svg.cpu_busy_seconds(), svg.own_cpu_seconds()
-                srv0 = sum(svg.process_cpu_seconds(p) for p in pids)
-                t0 = time.monotonic()
-                r = svg.run_served(servers[name].port, n, args.tokens)
-                wall = time.monotonic() - t0
-                own = (svg.own_cpu_seconds() - own0
-                       + sum(svg.process_cpu_seconds(p) for p in pids) - srv0)
-                foreign = max(0.0, svg.cpu_busy_seconds() - busy0 - own) / wall
+                r, load, foreign = svg.measured_run(pids, servers[name].port, n, args.tokens,
+                                                    args.max_foreign)
                 contended = foreign > args.max_foreign
                 print(f"round {rnd + 1} {name:5s} x{n:<3d} load {load:4.2f} others {foreign:4.2f} "
                       f"cores  {r['tokens/s']:7.2f} tokens/s{'  (dropped)' if contended else ''}",

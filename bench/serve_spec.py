@@ -21,12 +21,10 @@ measures what drafting and verifying cost more than what they gain). The standar
 import argparse
 import http.client
 import json
-import os
 import pathlib
 import re
 import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import serve_vs_generate as svg  # noqa: E402
@@ -87,16 +85,8 @@ def main():
             order = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
             for mode, n in order:
                 pids = [s.proc.pid for s in servers.values()]
-                svg.wait_quiet(pids[0], args.max_foreign)
-                load = os.getloadavg()[0]
-                busy0, own0 = svg.cpu_busy_seconds(), svg.own_cpu_seconds()
-                srv0 = sum(svg.process_cpu_seconds(p) for p in pids)
-                t0 = time.monotonic()
-                r = svg.run_served(servers[mode].port, n, args.tokens)
-                wall = time.monotonic() - t0
-                own = (svg.own_cpu_seconds() - own0
-                       + sum(svg.process_cpu_seconds(p) for p in pids) - srv0)
-                foreign = max(0.0, svg.cpu_busy_seconds() - busy0 - own) / wall
+                r, load, foreign = svg.measured_run(pids, servers[mode].port, n, args.tokens,
+                                                    args.max_foreign)
                 contended = foreign > args.max_foreign
                 print(f"round {rnd + 1} {mode:7s} x{n:<3d} load {load:4.2f} others {foreign:4.2f} "
                       f"cores  {r['tokens/s']:7.2f} tokens/s{'  (dropped)' if contended else ''}",

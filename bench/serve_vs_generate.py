@@ -84,6 +84,21 @@ def wait_quiet(server_pid, max_foreign, limit_s=600):
             return
 
 
+def measured_run(pids, port, n, tokens, max_foreign):
+    """run_served(port, n, tokens) after a quiet wait (wait_quiet on pids[0]): its result, the
+    1-minute load average before it, and the cores that processes other than this script and
+    `pids` used during it."""
+    wait_quiet(pids[0], max_foreign)
+    load = os.getloadavg()[0]
+    busy0, own0 = cpu_busy_seconds(), own_cpu_seconds()
+    srv0 = sum(process_cpu_seconds(p) for p in pids)
+    t0 = time.monotonic()
+    r = run_served(port, n, tokens)
+    wall = time.monotonic() - t0
+    own = own_cpu_seconds() - own0 + sum(process_cpu_seconds(p) for p in pids) - srv0
+    return r, load, max(0.0, cpu_busy_seconds() - busy0 - own) / wall
+
+
 def percentile(values, p):
     v = sorted(values)
     return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")

@@ -226,7 +226,7 @@ actors::expert_balancer_actor spawn_device_balancer(caf::actor_system& sys,
   eb.publish = [w, link, ranks, before, after](const std::vector<double>& load,
                                                const actors::expert_placement& p) {
     std::lock_guard lock{w->mutex};
-    // Before the first switch the device runs every expert once, in contiguous ranges.
+    // Before the first switch the device runs contiguous ranges, one copy each.
     const auto previous = w->running ? actors::balancedness_under(*w->running, load)
                                      : actors::contiguous_placement(load, ranks).balancedness();
     if (before != nullptr)
@@ -279,6 +279,10 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     if (o.eplb_ranks == 0)
       return ports::spawn_cpu_device(sys, std::move(d));
     auto link = std::make_shared<ports::expert_link>(experts);
+    // The EP group starts from contiguous expert ranges, one copy each (--eplb was checked
+    // against the experts), until the balancer's first placement.
+    link->propose(*kernels::place_experts(static_cast<std::int32_t>(experts),
+                                          static_cast<std::int32_t>(o.eplb_ranks)));
     d.experts = link;
     auto name = d.name;
     auto device = ports::spawn_cpu_device(sys, std::move(d));

@@ -160,8 +160,8 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
   m.drafts_proposed = counter("troupe_device_drafts_total", drafts, "outcome", "proposed");
   m.drafts_verified = counter("troupe_device_drafts_total", drafts, "outcome", "verified");
   m.drafts_accepted = counter("troupe_device_drafts_total", drafts, "outcome", "accepted");
-  const char* placements = "Expert placements proposed by the pool's expert balancer "
-                           "(serve --eplb), switched to at a step boundary or refused.";
+  const char* placements = "Expert placements (serve --eplb: the starting contiguous one, then "
+                           "the expert balancer's) switched to at a step boundary, or refused.";
   m.placements_applied = counter("troupe_device_expert_placements_total", placements, "outcome",
                                  "applied");
   m.placements_refused = counter("troupe_device_expert_placements_total", placements, "outcome",

@@ -79,6 +79,8 @@ struct copies_answer {
   std::size_t left = 0;
   bool answered = false;
   caf::error first_error;
+  /// The shards that failed, for `settled`.
+  std::vector<std::uint32_t> failed;
 };
 
 /// The copies of a key: their shards' indices and ports.
@@ -89,12 +91,13 @@ struct copy_set {
 
 /// Sends `msg` to every copy of its key; answers the stats of the first copy that succeeds,
 /// or once every copy has failed, the first copy's error. `heard(shard, ok)` learns each
-/// copy's outcome.
-template <class Msg, class Heard>
+/// copy's outcome as it comes, `settled(failed shards)` the shards that failed once all have
+/// answered and at least one succeeded.
+template <class Msg, class Heard, class Settled>
 caf::result<runtime::store_stats> to_all_copies(runtime::store_port::pointer self,
                                                 const copy_set& copies,
                                                 std::chrono::seconds timeout, Msg msg,
-                                                Heard heard) {
+                                                Heard heard, Settled settled) {
   auto rp = self->make_response_promise<runtime::store_stats>();
   auto g = std::make_shared<copies_answer>();
   g->left = copies.ports.size();
@@ -104,22 +107,27 @@ caf::result<runtime::store_stats> to_all_copies(runtime::store_port::pointer sel
     const auto shard = copies.shards[i];
     self->request(copies.ports[i], timeout, std::move(m))
       .then(
-        [g, rp, heard, shard](runtime::store_stats& st) mutable {
+        [g, rp, heard, settled, shard](runtime::store_stats& st) mutable {
           --g->left;
           heard(shard, true);
           if (!g->answered) {
             g->answered = true;
             rp.deliver(std::move(st));
           }
+          if (g->left == 0 && !g->failed.empty())
+            settled(g->failed);
         },
-        [g, rp, i, heard, shard](caf::error& e) mutable {
+        [g, rp, i, heard, settled, shard](caf::error& e) mutable {
           --g->left;
           heard(shard, false);
+          g->failed.push_back(shard);
           if (i == 0)
             g->first_error = std::move(e);
           if (g->left == 0 && !g->answered) {
             g->answered = true;
             rp.deliver(g->first_error ? g->first_error : e);
+          } else if (g->left == 0) {
+            settled(g->failed);
           }
         });
   }
@@ -143,6 +151,7 @@ constexpr std::uint32_t max_repair_attempts = 3;
 struct shard_repairs {
   std::vector<std::vector<repair_hint>> hints;  // per shard
   std::vector<bool> running;                    // a repair of that shard is under way
+  std::vector<std::size_t> copying;             // hints of that repair not done yet
   runtime::counter* repaired = nullptr;
   runtime::counter* lost = nullptr;
   runtime::gauge* pending = nullptr;
@@ -153,6 +162,8 @@ struct shard_repairs {
     std::size_t n = 0;
     for (const auto& h : hints)
       n += h.size();
+    for (auto c : copying)
+      n += c;
     pending->set(static_cast<double>(n));
   }
 };
@@ -251,6 +262,7 @@ void repair_from(runtime::store_port::pointer self, shard_list shards, std::uint
                   st->lost->inc();
               }
               st->running[target] = false;
+              st->copying[target] = 0;
               st->update_pending();
             });
       },
@@ -267,9 +279,10 @@ void repair_next(runtime::store_port::pointer self, shard_list shards, std::uint
   while (i < work->size() && (*work)[i].ttl > runtime::duration{0}
          && (*work)[i].put_at + (*work)[i].ttl <= now)
     ++i;  // expired: nothing to copy
+  st->copying[target] = work->size() - i;
+  st->update_pending();
   if (i >= work->size()) {
     st->running[target] = false;
-    st->update_pending();
     return;
   }
   repair_from(self, std::move(shards), replicas, timeout, std::move(st), target, std::move(work),
@@ -319,6 +332,7 @@ store_router(runtime::store_port::pointer self,
   auto repairs = std::make_shared<shard_repairs>();
   repairs->hints.resize(count);
   repairs->running.assign(count, false);
+  repairs->copying.assign(count, 0);
   if (replicas > 1) {
     const char* help = "Blocks a store shard missed while it was down (a put that failed there "
                        "and succeeded on another copy), copied to it when it answered again "
@@ -341,18 +355,17 @@ store_router(runtime::store_port::pointer self,
      heard](runtime::store_put& p) -> caf::result<runtime::store_stats> {
       if (replicas <= 1)
         return self->delegate(shard(p.key), std::move(p));
+      // The copies a put reached the others' shards missed: hints, once all have answered.
       repair_hint hint{p.key, self->clock().now(), p.ttl};
-      auto on_put = [repairs, heard, hint](std::uint32_t s, bool ok) {
-        if (!ok) {
+      auto missed = [repairs, hint](const std::vector<std::uint32_t>& failed) {
+        for (auto s : failed)
           if (repairs->hints[s].size() < max_repair_hints)
             repairs->hints[s].push_back(hint);
           else if (repairs->lost != nullptr)
             repairs->lost->inc();  // beyond what the router keeps: never copied
-          repairs->update_pending();
-        }
-        heard(s, ok);
+        repairs->update_pending();
       };
-      return to_all_copies(self, copy_set_of(p.key), timeout, std::move(p), on_put);
+      return to_all_copies(self, copy_set_of(p.key), timeout, std::move(p), heard, missed);
     },
     [self, shard, copies, replicas, timeout](const runtime::store_get& g) -> caf::result<runtime::store_object> {
       if (replicas <= 1)
@@ -375,7 +388,8 @@ store_router(runtime::store_port::pointer self,
      heard](const runtime::store_delete& d) -> caf::result<runtime::store_stats> {
       if (replicas <= 1)
         return self->delegate(shard(d.key), d);
-      return to_all_copies(self, copy_set_of(d.key), timeout, d, heard);
+      return to_all_copies(self, copy_set_of(d.key), timeout, d, heard,
+                           [](const std::vector<std::uint32_t>&) {});
     },
     [self, shards, timeout](const runtime::store_list& l) {
       using entries = std::vector<runtime::store_entry>;

@@ -49,6 +49,18 @@ expert_balancer_params params(runtime::time_point origin,
   return p;
 }
 
+/// The balancer's counters (lb_stats_atom), asked on the deterministic scheduler.
+lb_counters counters_of(runtime::world& w, const expert_balancer_actor& balancer) {
+  auto counters = std::make_shared<std::optional<lb_counters>>();
+  w.system().spawn([balancer, counters](caf::event_based_actor* self) {
+    self->request(balancer, caf::infinite, lb_stats_atom::value)
+      .then([counters](lb_counters& c) { *counters = std::move(c); });
+  });
+  w.driver().run_for(0s);
+  REQUIRE(counters->has_value());
+  return **counters;
+}
+
 } // namespace
 
 TEST_CASE("the expert balancer re-places by the recent load and switches after the load time") {
@@ -80,16 +92,10 @@ TEST_CASE("the expert balancer re-places by the recent load and switches after t
                                              (*out)[2].placement.slots[r].end(), 5u));
   CHECK(*std::min_element(holders.begin(), holders.end()) >= 1);
   // Its counters.
-  auto counters = std::make_shared<std::optional<lb_counters>>();
-  w.system().spawn([balancer, counters](caf::event_based_actor* self) {
-    self->request(balancer, caf::infinite, lb_stats_atom::value)
-      .then([counters](lb_counters& c) { *counters = std::move(c); });
-  });
-  w.driver().run_for(0s);
-  REQUIRE(counters->has_value());
-  CHECK((*counters)->lb == "expert");
-  CHECK((*counters)->values.at(0) == 3);  // computed
-  CHECK((*counters)->values.at(1) == 3);  // published
+  const auto counters = counters_of(w, balancer);
+  CHECK(counters.lb == "expert");
+  CHECK(counters.values.at(0) == 3);  // computed
+  CHECK(counters.values.at(1) == 3);  // published
   caf::anon_send_exit(balancer, caf::exit_reason::user_shutdown);
 }
 
@@ -138,15 +144,9 @@ TEST_CASE("windows in which no token was routed leave the placement as it is") {
   REQUIRE(out->size() == 1);
   CHECK(runtime::to_seconds((*out)[0].at - origin) == doctest::Approx(130.0));
   CHECK((*out)[0].placement.copies[5] == 5);
-  auto counters = std::make_shared<std::optional<lb_counters>>();
-  w.system().spawn([balancer, counters](caf::event_based_actor* self) {
-    self->request(balancer, caf::infinite, lb_stats_atom::value)
-      .then([counters](lb_counters& c) { *counters = std::move(c); });
-  });
-  w.driver().run_for(0s);
-  REQUIRE(counters->has_value());
-  CHECK((*counters)->names.at(2) == "windows_idle");
-  CHECK((*counters)->values.at(2) == 2);
+  const auto counters = counters_of(w, balancer);
+  CHECK(counters.names.at(2) == "windows_idle");
+  CHECK(counters.values.at(2) == 2);
   caf::anon_send_exit(balancer, caf::exit_reason::user_shutdown);
 }
 
