@@ -284,6 +284,17 @@ void family<Metric>::render(std::string& out) const {
   }
 }
 
+template <class Metric>
+void family<Metric>::collect(metric_samples& out) const {
+  if constexpr (!std::is_same_v<Metric, histogram>) {
+    std::lock_guard guard{mtx_};
+    for (const auto& [values, child] : children_) {
+      out.labels.push_back(values);
+      out.values.push_back(child->value());
+    }
+  }
+}
+
 template class family<counter>;
 template class family<gauge>;
 template class family<histogram>;
@@ -360,6 +371,82 @@ std::string registry::expose() const {
   for (const auto& [name, f] : families_)
     f->render(out);
   return out;
+}
+
+std::vector<metric_samples> registry::samples() const {
+  std::vector<metric_samples> out;
+  std::lock_guard guard{mtx_};
+  for (const auto& [name, f] : families_) {
+    if (f->type() == metric_type::histogram)
+      continue;
+    metric_samples s;
+    s.name = name;
+    s.help = f->help();
+    s.gauge = f->type() == metric_type::gauge;
+    s.label_names = f->label_names();
+    if (s.gauge)
+      static_cast<const gauge_family&>(*f).collect(s);
+    else
+      static_cast<const counter_family&>(*f).collect(s);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+bool registry::has(std::string_view name) const {
+  std::lock_guard guard{mtx_};
+  return families_.find(name) != families_.end();
+}
+
+// -- metrics_mirror ---------------------------------------------------------------------------
+
+void metrics_mirror::apply(const std::string& source, const std::vector<metric_samples>& families) {
+  if (reg_ == nullptr)
+    return;
+  for (const auto& f : families) {
+    if (f.labels.size() != f.values.size())
+      continue;
+    if (f.gauge && !mirrored_.count(f.name)) {
+      if (owned_.count(f.name) || reg_->has(f.name)) {
+        owned_.insert(f.name);
+        continue;
+      }
+      mirrored_.insert(f.name);
+    }
+    for (std::size_t i = 0; i < f.labels.size(); ++i) {
+      child_key key{f.name, f.labels[i]};
+      auto& c = children_[key];
+      c.help = f.help;
+      c.label_names = f.label_names;
+      c.gauge = f.gauge;
+      auto [at, fresh] = c.by_source.try_emplace(source, 0.0);
+      const double before = at->second;
+      at->second = f.values[i];
+      if (f.gauge) {
+        set_gauge(key, c);
+        continue;
+      }
+      const double grew = !fresh && f.values[i] >= before ? f.values[i] - before : f.values[i];
+      if (auto fam = reg_->add_counter(f.name, f.help, f.label_names))
+        if (auto child = (*fam)->with(f.labels[i]))
+          (*child)->inc(grew);
+    }
+  }
+}
+
+void metrics_mirror::forget(const std::string& source) {
+  for (auto& [key, c] : children_)
+    if (c.by_source.erase(source) > 0 && c.gauge)
+      set_gauge(key, c);
+}
+
+void metrics_mirror::set_gauge(const child_key& key, const child_state& c) {
+  double sum = 0.0;
+  for (const auto& [source, value] : c.by_source)
+    sum += value;
+  if (auto fam = reg_->add_gauge(key.first, c.help, c.label_names))
+    if (auto child = (*fam)->with(key.second))
+      (*child)->set(sum);
 }
 
 gauge* gauge_child(registry* reg, std::string name, std::string help,

@@ -13,12 +13,14 @@
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
+#include <caf/meta/type_name.hpp>
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -125,6 +127,23 @@ private:
   std::uint64_t count_ = 0;
 };
 
+/// The counter and gauge children of one family, as another process mirrors them
+/// (metrics_mirror): `labels[i]` (in the order of `label_names`) has `values[i]`.
+struct metric_samples {
+  std::string name;
+  std::string help;
+  bool gauge = false;
+  std::vector<std::string> label_names;
+  std::vector<std::vector<std::string>> labels;
+  std::vector<double> values;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, metric_samples& x) {
+  return f(caf::meta::type_name("metric_samples"), x.name, x.help, x.gauge, x.label_names,
+           x.labels, x.values);
+}
+
 /// The type of a family, as the `# TYPE` line names it.
 enum class metric_type : std::uint8_t { counter, gauge, histogram };
 
@@ -169,6 +188,9 @@ public:
   /// The bucket bounds of a histogram family (empty for counters and gauges).
   const std::vector<double>& bounds() const noexcept { return bounds_; }
 
+  /// Each child's label values and value, in label-value order (counters and gauges).
+  void collect(metric_samples& out) const;
+
   void render(std::string& out) const override;
 
 private:
@@ -212,6 +234,13 @@ public:
   /// Thread-safe; values are read while other threads may update them.
   std::string expose() const;
 
+  /// Every counter and gauge family with its children's values, families by name (histograms
+  /// are left out). Thread-safe.
+  std::vector<metric_samples> samples() const;
+
+  /// Whether a family named `name` is registered.
+  bool has(std::string_view name) const;
+
 private:
   template <class Metric>
   caf::expected<family<Metric>*> add(metric_type type, std::string name, std::string help,
@@ -220,6 +249,40 @@ private:
 
   mutable std::mutex mtx_;
   std::map<std::string, std::unique_ptr<family_base>, std::less<>> families_;
+};
+
+/// Shows other processes' counters and gauges in one registry (troupe launch: the control
+/// process's /metrics holds its instance processes' device metrics). Each source (a process)
+/// hands in its samples from time to time; a counter child grows by what the source's value
+/// grew since its last samples (by the whole value when it went down: the source restarted),
+/// so counters sum over sources and go on across a source's restarts; a gauge child is the sum
+/// of the sources' latest values. A gauge family the registry had before the mirror saw it is
+/// the registry's own and is left alone; a family whose help or labels conflict with the
+/// registry's is skipped. Not thread-safe: one actor applies the samples.
+class metrics_mirror {
+public:
+  explicit metrics_mirror(registry* reg) : reg_(reg) {}
+
+  /// Applies source `source`'s samples.
+  void apply(const std::string& source, const std::vector<metric_samples>& families);
+
+  /// The source is gone: its gauges no longer count (its counters stay counted).
+  void forget(const std::string& source);
+
+private:
+  using child_key = std::pair<std::string, std::vector<std::string>>;  // family, labels
+  struct child_state {
+    std::string help;
+    std::vector<std::string> label_names;
+    bool gauge = false;
+    std::map<std::string, double> by_source;
+  };
+  void set_gauge(const child_key& key, const child_state& c);
+
+  registry* reg_;
+  std::map<child_key, child_state> children_;
+  std::set<std::string> owned_;  // gauge families the registry had itself
+  std::set<std::string> mirrored_;
 };
 
 /// The child with `label_values` of the gauge family `name` of `reg`, registering the family

@@ -14,24 +14,47 @@
 
 namespace troupe::cluster {
 
+namespace {
+
+/// A joined process's name as a metrics source: its watcher's address.
+std::string source_of(const caf::actor_addr& watcher) {
+  return to_string(watcher);
+}
+
+} // namespace
+
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
                                    std::uint32_t store_replicas, caf::actor fetchers,
-                                   std::chrono::milliseconds watcher_timeout) {
+                                   std::chrono::milliseconds watcher_timeout,
+                                   runtime::registry* metrics) {
   control_directory dir{caf::actor_cast<caf::actor>(control.kv),
                         caf::actor_cast<caf::actor>(control.prefill_lb),
                         caf::actor_cast<caf::actor>(control.decode_lb),
                         std::move(store_registry), store_shards, store_replicas,
                         std::move(fetchers)};
-  return sys.spawn([dir, watcher_timeout](caf::event_based_actor* self) -> caf::behavior {
+  return sys.spawn([dir, watcher_timeout, metrics](caf::event_based_actor* self) -> caf::behavior {
     auto watchers = std::make_shared<std::vector<caf::actor>>();
-    self->set_down_handler([watchers](caf::down_msg& m) {
+    auto mirror = std::make_shared<runtime::metrics_mirror>(metrics);
+    self->set_down_handler([watchers, mirror](caf::down_msg& m) {
+      mirror->forget(source_of(m.source));
       watchers->erase(std::remove_if(watchers->begin(), watchers->end(),
                                      [&](const caf::actor& w) { return w.address() == m.source; }),
                       watchers->end());
     });
+    if (metrics != nullptr)
+      self->send(self, mirror_tick_atom::value);
     return {
       [dir](directory_atom) { return dir; },
+      [self, watchers, mirror](mirror_tick_atom) {
+        for (const auto& w : *watchers)
+          self->request(w, std::chrono::seconds(5), metrics_atom::value)
+            .then(
+              [mirror, source = source_of(w.address())](
+                std::vector<runtime::metric_samples>& samples) { mirror->apply(source, samples); },
+              [](const caf::error&) {});
+        self->delayed_send(self, std::chrono::seconds(1), mirror_tick_atom::value);
+      },
       [self, watchers](caf::join_atom, const caf::actor& watcher) {
         self->monitor(watcher);
         watchers->push_back(watcher);

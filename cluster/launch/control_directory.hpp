@@ -55,15 +55,23 @@ typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
 using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
+/// Asks a joined process's watcher for its metrics (std::vector<runtime::metric_samples>);
+/// the directory's own timer to ask them all.
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using mirror_tick_atom = caf::atom_constant<caf::atom("mirrortick")>;
 
 /// Spawns the directory of `control`: it answers (directory_atom) with a control_directory;
 /// (caf::join_atom, watcher) adds an instance process's watcher; (stopping_atom) sends
 /// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
-/// `watcher_timeout` has passed.
+/// `watcher_timeout` has passed. With `metrics`, every second it asks each watcher for its
+/// process's metrics (metrics_atom) and mirrors them there (runtime::metrics_mirror): the
+/// control process's /metrics shows the instance processes' devices; a process that goes away
+/// leaves its counters counted and its gauges out.
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
                                    std::uint32_t store_replicas, caf::actor fetchers,
-                                   std::chrono::milliseconds watcher_timeout);
+                                   std::chrono::milliseconds watcher_timeout,
+                                   runtime::registry* metrics = nullptr);
 
 /// A stand-in balancer for one instance process: it forwards the instance's announcements
 /// (add_instance_atom, drain_instance_atom) to the real balancer `lb` in the control process
@@ -88,4 +96,6 @@ CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetcher_join))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetcher_segment))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetch_block))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetched_block))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::runtime::metric_samples))
+CAF_ADD_TYPE_ID(troupe_launch, (std::vector<troupe::runtime::metric_samples>))
 CAF_END_TYPE_ID_BLOCK(troupe_launch)

@@ -146,7 +146,7 @@ int run_control(const node_options& o, std::ostream& err) {
   // Where the prefill instances' block fetcher processes register (block_fetcher.hpp).
   auto fetchers = spawn_fetcher_registry(sys);
   auto directory = spawn_control_directory(sys, graph, registry, store_shards, store_replicas, fetchers,
-                                           stopping_notice_limit);
+                                           stopping_notice_limit, &metrics);
   // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
@@ -376,11 +376,12 @@ struct joined_control {
 
 /// Connects to the control process at o.control (retried until it answers, up to
 /// o.connect_timeout: it may start after this process), asks for its directory and joins it
-/// with a watcher. Nothing when that fails or a stop signal came first, after a message on
+/// with a watcher, which answers the control process's requests for `metrics` (none: an
+/// empty list). Nothing when that fails or a stop signal came first, after a message on
 /// `err`, with the exit status in `status` (1, or 0 after a signal).
 std::optional<joined_control> join_control(caf::actor_system& sys, const node_options& o,
                                            const std::string& command, std::ostream& err,
-                                           int& status) {
+                                           int& status, runtime::registry* metrics = nullptr) {
   auto control = parse_host_port(o.control);
   joined_control j;
   auto deadline = clock::now() + o.connect_timeout;
@@ -422,14 +423,18 @@ std::optional<joined_control> join_control(caf::actor_system& sys, const node_op
   // restarts it).
   j.lost = std::make_shared<std::atomic<bool>>(false);
   j.stopping = std::make_shared<std::atomic<bool>>(false);
-  j.watcher = sys.spawn([directory = j.directory, lost = j.lost,
-                         stopping = j.stopping](caf::event_based_actor* self) {
+  j.watcher = sys.spawn([directory = j.directory, lost = j.lost, stopping = j.stopping,
+                         metrics](caf::event_based_actor* self) {
     self->monitor(directory);
     self->set_down_handler([lost](caf::down_msg&) { lost->store(true); });
-    return caf::behavior{[stopping](stopping_atom) {
-      stopping->store(true);
-      return caf::ok_atom::value;
-    }};
+    return caf::behavior{
+      [stopping](stopping_atom) {
+        stopping->store(true);
+        return caf::ok_atom::value;
+      },
+      [metrics](metrics_atom) {
+        return metrics != nullptr ? metrics->samples() : std::vector<runtime::metric_samples>{};
+      }};
   });
   caf::anon_send(j.directory, caf::join_atom::value, j.watcher);
   return j;
@@ -509,7 +514,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   auto& sys = w.system();
 
   int status = 0;
-  auto joined = join_control(sys, o, command, err, status);
+  auto joined = join_control(sys, o, command, err, status, &metrics);
   if (!joined)
     return status;
   const auto& dir = joined->dir;

@@ -477,6 +477,20 @@ def test_blocks_a_stopped_store_shard_missed_are_copied_to_it_once_it_answers(cl
     assert blocks("1") == blocks("0"), "".join(cluster.log)
 
 
+def test_the_control_process_shows_the_instance_processes_device_metrics(cluster):
+    # Each instance process's devices count into its own registry; the control process asks
+    # every joined process for its metrics each second and shows them on /metrics.
+    cluster.openai().chat.completions.create(**chat_body("Count my tokens.", max_tokens=8,
+                                                         temperature=0))
+    prefilled = 'troupe_device_tokens_total{device="prefill/0",phase="prefill"}'
+    assert store_metric(cluster, prefilled, 1) >= 1
+    decoded = 'troupe_device_tokens_total{device="decode/'  # either decode instance
+    assert store_metric(cluster, decoded, 1) >= 1
+    text = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
+    assert 'troupe_device_sequences{device="prefill/0"}' in text
+    assert text.count("# TYPE troupe_device_tokens_total counter") == 1
+
+
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
     body = chat_body("Tell me about actors.", max_tokens=10, temperature=0)
     want, tokens = generated_text(model_dir, body, 10)

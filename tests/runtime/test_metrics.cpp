@@ -238,3 +238,49 @@ TEST_CASE("concurrent updates are all counted") {
   CHECK(snap.cumulative == std::vector<std::uint64_t>{20000, 40000});
   CHECK(snap.sum == 20000);
 }
+
+TEST_CASE("a registry's samples mirrored into another sum over sources and survive restarts") {
+  registry a, b, control;
+  auto tokens = [](registry& r, const char* device) {
+    return counter_child(&r, "tokens_total", "Tokens.", {"device"}, {device});
+  };
+  auto held = [](registry& r) { return gauge_child(&r, "held", "Held.", {}, {}); };
+  must(must(a.add_histogram("latency", "", {1}))->with({}))->observe(0.5);
+  tokens(a, "decode/0")->inc(10);
+  tokens(b, "decode/1")->inc(4);
+  held(a)->set(3);
+  held(b)->set(2);
+  // The control has a gauge of its own under a name a source also uses: left alone.
+  gauge_child(&control, "own", "Own.", {}, {})->set(7);
+  gauge_child(&a, "own", "Own.", {}, {})->set(100);
+
+  auto samples = a.samples();
+  REQUIRE(samples.size() == 3);  // held, own, tokens_total: the histogram is left out
+  CHECK(samples[0].name == "held");
+  CHECK(samples[0].gauge);
+  CHECK(samples[2].labels == std::vector<std::vector<std::string>>{{"decode/0"}});
+  CHECK(samples[2].values == std::vector<double>{10});
+
+  metrics_mirror mirror{&control};
+  mirror.apply("a", a.samples());
+  mirror.apply("b", b.samples());
+  tokens(a, "decode/0")->inc(5);
+  mirror.apply("a", a.samples());  // grew by 5
+  auto text = control.expose();
+  CHECK(text.find("tokens_total{device=\"decode/0\"} 15\n") != std::string::npos);
+  CHECK(text.find("tokens_total{device=\"decode/1\"} 4\n") != std::string::npos);
+  CHECK(text.find("held 5\n") != std::string::npos);  // 3 + 2
+  CHECK(text.find("own 7\n") != std::string::npos);
+  CHECK(text.find("latency") == std::string::npos);
+
+  // Source a restarts (a fresh registry, counters from 0) as source "a2": counters go on, its
+  // old gauges no longer count.
+  mirror.forget("a");
+  registry a2;
+  tokens(a2, "decode/0")->inc(2);
+  held(a2)->set(1);
+  mirror.apply("a2", a2.samples());
+  text = control.expose();
+  CHECK(text.find("tokens_total{device=\"decode/0\"} 17\n") != std::string::npos);
+  CHECK(text.find("held 3\n") != std::string::npos);  // 2 + 1
+}
