@@ -25,8 +25,6 @@ standard library only.
 """
 import argparse
 import concurrent.futures
-import http.client
-import json
 import pathlib
 import re
 import statistics
@@ -39,22 +37,8 @@ import serve_vs_generate as svg  # noqa: E402
 DEVICES = ("prefill/0", "decode/0")
 
 
-def answer(port, prompt, tokens):
-    body = json.dumps({"model": svg.MODEL_NAME, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": tokens, "temperature": 0})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-    reply = json.loads(conn.getresponse().read())
-    conn.close()
-    msg = reply["choices"][0]["message"]
-    return (msg.get("reasoning_content") or "") + (msg.get("content") or "")
-
-
 def metrics(port):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
+    text = svg.metrics_text(port)
     out = {}
     for d in DEVICES:
         m = re.search(r'troupe_device_expert_placements_total\{device="%s",outcome="applied"\} (\S+)'
@@ -94,7 +78,7 @@ def main():
                                   ("--eplb", str(args.ranks), "--eplb-interval", "2s"))}
     try:
         for p in prompts(0, 3):
-            want, got = (answer(servers[s].port, p, args.tokens) for s in ("plain", "eplb"))
+            want, got = (svg.answer(servers[s].port, p, args.tokens) for s in ("plain", "eplb"))
             if got != want:
                 raise RuntimeError(f"--eplb answered {got!r}, the plain server {want!r}")
 
@@ -103,7 +87,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(args.concurrent) as pool:
             for i in range(args.intervals):
                 before = metrics(port)
-                list(pool.map(lambda p: answer(port, p, args.tokens), prompts(i + 1, args.concurrent)))
+                list(pool.map(lambda p: svg.answer(port, p, args.tokens), prompts(i + 1, args.concurrent)))
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline:  # the next placement after this load
                     now = metrics(port)

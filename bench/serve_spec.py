@@ -19,8 +19,6 @@ Without --model it writes the small preset (random weights: its drafts are chanc
 measures what drafting and verifying cost more than what they gain). The standard library only.
 """
 import argparse
-import http.client
-import json
 import pathlib
 import re
 import statistics
@@ -32,23 +30,8 @@ import serve_vs_generate as svg  # noqa: E402
 MODES = ("off", "fixed5", "dspark")
 
 
-def text_of(port, tokens):
-    body = json.dumps({"model": svg.MODEL_NAME,
-                       "messages": [{"role": "user", "content": svg.PROMPT}],
-                       "max_tokens": tokens, "temperature": 0})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-    reply = json.loads(conn.getresponse().read())
-    conn.close()
-    msg = reply["choices"][0]["message"]
-    return (msg.get("reasoning_content") or "") + (msg.get("content") or "")
-
-
 def drafts(port):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
+    text = svg.metrics_text(port)
     out = {}
     for outcome in ("proposed", "verified", "accepted"):
         m = re.search(r'troupe_device_drafts_total\{device="decode/0",outcome="%s"\} (\S+)'
@@ -71,9 +54,9 @@ def main():
     model, tmp = svg.model_or_small(args.troupe, args.model, "troupe-bench-spec-")
     servers = {m: svg.Server(args.troupe, model, args.threads, ("--spec", m)) for m in MODES}
     try:
-        want = text_of(servers["off"].port, args.tokens)
+        want = svg.answer(servers["off"].port, svg.PROMPT, args.tokens)
         for m in MODES[1:]:
-            got = text_of(servers[m].port, args.tokens)
+            got = svg.answer(servers[m].port, svg.PROMPT, args.tokens)
             if got != want:
                 raise RuntimeError(f"--spec {m} answered {got!r}, --spec off {want!r}")
         runs = [(m, n) for m in MODES for n in (1, args.concurrent)]

@@ -84,6 +84,27 @@ def wait_quiet(server_pid, max_foreign, limit_s=600):
             return
 
 
+def answer(port, prompt, tokens):
+    """The greedy Chat Completions answer to `prompt` (reasoning and content), not streamed."""
+    body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": tokens, "temperature": 0})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    reply = json.loads(conn.getresponse().read())
+    conn.close()
+    msg = reply["choices"][0]["message"]
+    return (msg.get("reasoning_content") or "") + (msg.get("content") or "")
+
+
+def metrics_text(port):
+    """The server's /metrics."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
 def measured_run(pids, port, n, tokens, max_foreign):
     """run_served(port, n, tokens) after a quiet wait (wait_quiet on pids[0]): its result, the
     1-minute load average before it, and the cores that processes other than this script and
