@@ -9,7 +9,7 @@ the balancedness (mean / max rank load) of each device's ranks under that interv
 load, with the placement the device ran (`previous`: contiguous expert ranges before the first
 switch) and with the new one. It prints min and median of both per device.
 
-Cost: for several rounds (the order alternating) it sends each server the same greedy streams,
+Cost: for several rounds (the order rotating every round) it sends each server the same greedy streams,
 1 and then --concurrent at once, and prints min and median tokens/s
 (bench/serve_vs_generate.py's definition). A run during which other processes used more than
 --max-foreign of a core is dropped (listed, not counted). The ranks are not separate devices
@@ -61,16 +61,9 @@ def prompts(round_, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--troupe", default=str(svg.REPO / "build/troupe"))
-    ap.add_argument("--model", type=pathlib.Path)
+    svg.add_round_options(ap, tokens=32)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--intervals", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-rounds", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--concurrent", type=int, default=8)
-    ap.add_argument("--max-foreign", type=float, default=0.10)
     args = ap.parse_args()
     model, tmp = svg.model_or_small(args.troupe, args.model, "troupe-bench-eplb-")
     servers = {"plain": svg.Server(args.troupe, model, args.threads),
@@ -104,24 +97,7 @@ def main():
                     line.append(f"{d} {now[(d, 'previous')]:.3f} -> {now[(d, 'new')]:.3f}")
                 print(f"interval {i + 1}: " + ", ".join(line), flush=True)
 
-        runs = [(s, n) for s in servers for n in (1, args.concurrent)]
-        kept = {r: [] for r in runs}
-        loads = []
-        pids = [s.proc.pid for s in servers.values()]
-        for rnd in range(args.max_rounds):
-            if all(len(v) >= args.rounds for v in kept.values()):
-                break
-            order = runs if rnd % 2 == 0 else list(reversed(runs))
-            for name, n in order:
-                r, load, foreign = svg.measured_run(pids, servers[name].port, n, args.tokens,
-                                                    args.max_foreign)
-                contended = foreign > args.max_foreign
-                print(f"round {rnd + 1} {name:5s} x{n:<3d} load {load:4.2f} others {foreign:4.2f} "
-                      f"cores  {r['tokens/s']:7.2f} tokens/s{'  (dropped)' if contended else ''}",
-                      flush=True)
-                if not contended:
-                    kept[(name, n)].append(r["tokens/s"])
-                    loads.append(load)
+        svg.interleaved_rounds(servers, args)
         print()
         print(f"balancedness over {args.intervals} intervals ({args.ranks} ranks), min / median:")
         for d in DEVICES:
@@ -129,12 +105,6 @@ def main():
             if prev and new:
                 print(f"  {d:10s} running placement {min(prev):.3f} / {statistics.median(prev):.3f}"
                       f"   new placement {min(new):.3f} / {statistics.median(new):.3f}")
-        print(f"{'server':6s} {'streams':>7s} {'runs':>4s} {'min tok/s':>10s} {'median':>8s}")
-        for (name, n), v in kept.items():
-            if v:
-                print(f"{name:6s} {n:7d} {len(v):4d} {min(v):10.2f} {statistics.median(v):8.2f}")
-        if loads:
-            print(f"load average (1 min) over kept runs: {min(loads):.2f}-{max(loads):.2f}")
     finally:
         for s in servers.values():
             s.stop()

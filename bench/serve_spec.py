@@ -21,7 +21,6 @@ measures what drafting and verifying cost more than what they gain). The standar
 import argparse
 import pathlib
 import re
-import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -42,14 +41,7 @@ def drafts(port):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--troupe", default=str(svg.REPO / "build/troupe"))
-    ap.add_argument("--model", type=pathlib.Path)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-rounds", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--concurrent", type=int, default=8)
-    ap.add_argument("--max-foreign", type=float, default=0.10)
+    svg.add_round_options(ap, tokens=64)
     args = ap.parse_args()
     model, tmp = svg.model_or_small(args.troupe, args.model, "troupe-bench-spec-")
     servers = {m: svg.Server(args.troupe, model, args.threads, ("--spec", m)) for m in MODES}
@@ -59,35 +51,11 @@ def main():
             got = svg.answer(servers[m].port, svg.PROMPT, args.tokens)
             if got != want:
                 raise RuntimeError(f"--spec {m} answered {got!r}, --spec off {want!r}")
-        runs = [(m, n) for m in MODES for n in (1, args.concurrent)]
-        kept = {r: [] for r in runs}
-        loads = []
-        for rnd in range(args.max_rounds):
-            if all(len(v) >= args.rounds for v in kept.values()):
-                break
-            order = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
-            for mode, n in order:
-                pids = [s.proc.pid for s in servers.values()]
-                r, load, foreign = svg.measured_run(pids, servers[mode].port, n, args.tokens,
-                                                    args.max_foreign)
-                contended = foreign > args.max_foreign
-                print(f"round {rnd + 1} {mode:7s} x{n:<3d} load {load:4.2f} others {foreign:4.2f} "
-                      f"cores  {r['tokens/s']:7.2f} tokens/s{'  (dropped)' if contended else ''}",
-                      flush=True)
-                if not contended:
-                    kept[(mode, n)].append(r["tokens/s"])
-                    loads.append(load)
-        print()
-        print(f"{'mode':8s} {'streams':>7s} {'runs':>4s} {'min tok/s':>10s} {'median':>8s}")
-        for (mode, n), v in kept.items():
-            if v:
-                print(f"{mode:8s} {n:7d} {len(v):4d} {min(v):10.2f} {statistics.median(v):8.2f}")
+        svg.interleaved_rounds(servers, args)
         for m in MODES:
             d = drafts(servers[m].port)
             print(f"drafts {m:7s} proposed {d['proposed']}, verified {d['verified']}, "
                   f"accepted {d['accepted']}")
-        if loads:
-            print(f"load average (1 min) over kept runs: {min(loads):.2f}-{max(loads):.2f}")
     finally:
         for s in servers.values():
             s.stop()

@@ -105,6 +105,49 @@ def metrics_text(port):
     return text
 
 
+def add_round_options(ap, tokens):
+    """The options of the benches that compare servers in interleaved rounds."""
+    ap.add_argument("--troupe", default=str(REPO / "build/troupe"))
+    ap.add_argument("--model", type=pathlib.Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-rounds", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrent", type=int, default=8)
+    ap.add_argument("--max-foreign", type=float, default=0.10)
+
+
+def interleaved_rounds(servers, args):
+    """Greedy streams to each server of `servers` (name -> Server), 1 and then args.concurrent
+    at once, the order rotating every round, until each has args.rounds uncontended runs (at
+    most args.max_rounds rounds); prints every run, then min and median tokens/s per server
+    and streams, and the load average over the kept runs."""
+    runs = [(name, n) for name in servers for n in (1, args.concurrent)]
+    kept = {r: [] for r in runs}
+    loads = []
+    pids = [s.proc.pid for s in servers.values()]
+    for rnd in range(args.max_rounds):
+        if all(len(v) >= args.rounds for v in kept.values()):
+            break
+        for name, n in runs[rnd % len(runs):] + runs[:rnd % len(runs)]:
+            r, load, foreign = measured_run(pids, servers[name].port, n, args.tokens,
+                                            args.max_foreign)
+            contended = foreign > args.max_foreign
+            print(f"round {rnd + 1} {name:7s} x{n:<3d} load {load:4.2f} others {foreign:4.2f} "
+                  f"cores  {r['tokens/s']:7.2f} tokens/s{'  (dropped)' if contended else ''}",
+                  flush=True)
+            if not contended:
+                kept[(name, n)].append(r["tokens/s"])
+                loads.append(load)
+    print()
+    print(f"{'server':8s} {'streams':>7s} {'runs':>4s} {'min tok/s':>10s} {'median':>8s}")
+    for (name, n), v in kept.items():
+        if v:
+            print(f"{name:8s} {n:7d} {len(v):4d} {min(v):10.2f} {statistics.median(v):8.2f}")
+    if loads:
+        print(f"load average (1 min) over kept runs: {min(loads):.2f}-{max(loads):.2f}")
+
+
 def measured_run(pids, port, n, tokens, max_foreign):
     """run_served(port, n, tokens) after a quiet wait (wait_quiet on pids[0]): its result, the
     1-minute load average before it, and the cores that processes other than this script and
