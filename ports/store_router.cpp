@@ -170,26 +170,27 @@ struct shard_repairs {
 
 /// Asks the copies of a key in order, from copy `i` on, until one answers `accept`ably; the
 /// answer is that one's, else the first definite answer (a value, or not_found: a copy that
-/// was reached), else the first copy's error (`first`).
-template <class T, class Msg, class Accept>
-void ask_copies(runtime::store_port::pointer self,
-                std::shared_ptr<const std::vector<runtime::store_port>> copies,
-                std::chrono::seconds timeout, Msg msg, Accept accept,
+/// was reached), else the first copy's error (`first`). `heard(shard, up)` learns of each
+/// copy asked whether it answered definitely.
+template <class T, class Msg, class Accept, class Heard>
+void ask_copies(runtime::store_port::pointer self, std::shared_ptr<const copy_set> copies,
+                std::chrono::seconds timeout, Msg msg, Accept accept, Heard heard,
                 caf::typed_response_promise<T> rp, std::size_t i,
                 std::shared_ptr<caf::expected<T>> first) {
-  auto next = [self, copies, timeout, msg, accept, rp, i,
+  auto next = [self, copies, timeout, msg, accept, heard, rp, i,
                first](caf::expected<T> a) mutable {
+    auto definite = [](const caf::expected<T>& x) {
+      return x || runtime::is(x.error(), runtime::errc::not_found);
+    };
+    heard(copies->shards[i], definite(a));  // a definite answer: the shard is up
     if (a && accept(*a)) {
       rp.deliver(std::move(*a));
       return;
     }
-    auto definite = [](const caf::expected<T>& x) {
-      return x || runtime::is(x.error(), runtime::errc::not_found);
-    };
     if (i == 0 || (!definite(*first) && definite(a)))
       *first = std::move(a);
-    if (i + 1 < copies->size()) {
-      ask_copies<T>(self, copies, timeout, msg, accept, rp, i + 1, first);
+    if (i + 1 < copies->ports.size()) {
+      ask_copies<T>(self, copies, timeout, msg, accept, heard, rp, i + 1, first);
       return;
     }
     if (*first)
@@ -197,7 +198,7 @@ void ask_copies(runtime::store_port::pointer self,
     else
       rp.deliver(first->error());
   };
-  self->request((*copies)[i], timeout, msg)
+  self->request(copies->ports[i], timeout, msg)
     .then([next](T& x) mutable { next(std::move(x)); },
           [next](caf::error& e) mutable { next(std::move(e)); });
 }
@@ -315,18 +316,15 @@ store_router(runtime::store_port::pointer self,
   auto shard = [shards, count](const runtime::store_key& k) {
     return (*shards)[store_shard_of(k, count)];
   };
-  auto copies = [shards, count, replicas](const runtime::store_key& k) {
-    auto v = std::make_shared<std::vector<runtime::store_port>>();
-    for (auto c : store_copies_of(k, count, replicas))
-      v->push_back((*shards)[c]);
-    return std::shared_ptr<const std::vector<runtime::store_port>>{std::move(v)};
-  };
   auto copy_set_of = [shards, count, replicas](const runtime::store_key& k) {
     copy_set out;
     out.shards = store_copies_of(k, count, replicas);
     for (auto c : out.shards)
       out.ports.push_back((*shards)[c]);
     return out;
+  };
+  auto copies = [copy_set_of](const runtime::store_key& k) {
+    return std::make_shared<const copy_set>(copy_set_of(k));
   };
   // Hinted repair (replicas only): a put a shard failed is copied to it once it answers again.
   auto repairs = std::make_shared<shard_repairs>();
@@ -367,21 +365,23 @@ store_router(runtime::store_port::pointer self,
       };
       return to_all_copies(self, copy_set_of(p.key), timeout, std::move(p), heard, missed);
     },
-    [self, shard, copies, replicas, timeout](const runtime::store_get& g) -> caf::result<runtime::store_object> {
+    [self, shard, copies, replicas, timeout,
+     heard](const runtime::store_get& g) -> caf::result<runtime::store_object> {
       if (replicas <= 1)
         return self->delegate(shard(g.key), g);
       auto rp = self->make_response_promise<runtime::store_object>();
-      ask_copies<runtime::store_object>(self, copies(g.key), timeout, g,
-                                        [](const runtime::store_object&) { return true; }, rp,
-                                        0, std::make_shared<caf::expected<runtime::store_object>>(caf::error{}));
+      ask_copies<runtime::store_object>(
+        self, copies(g.key), timeout, g, [](const runtime::store_object&) { return true; }, heard,
+        rp, 0, std::make_shared<caf::expected<runtime::store_object>>(caf::error{}));
       return rp;
     },
-    [self, shard, copies, replicas, timeout](const runtime::store_has& h) -> caf::result<bool> {
+    [self, shard, copies, replicas, timeout,
+     heard](const runtime::store_has& h) -> caf::result<bool> {
       if (replicas <= 1)
         return self->delegate(shard(h.key), h);
       auto rp = self->make_response_promise<bool>();
-      ask_copies<bool>(self, copies(h.key), timeout, h, [](bool has) { return has; }, rp, 0,
-                       std::make_shared<caf::expected<bool>>(caf::error{}));
+      ask_copies<bool>(self, copies(h.key), timeout, h, [](bool has) { return has; }, heard, rp,
+                       0, std::make_shared<caf::expected<bool>>(caf::error{}));
       return rp;
     },
     [self, shard, copy_set_of, replicas, timeout,

@@ -20,7 +20,8 @@
 //
 // Hinted repair: a put that fails on a copy's shard (down, or not answering in time) and is
 // sent while others take it leaves the router a hint (the key, when, its ttl); the next time
-// that shard answers anything, the router copies the blocks it missed to it, one at a time,
+// that shard answers a put, delete, get or has, the router copies the blocks it missed to it,
+// one at a time,
 // from another copy (with what is left of their ttl; expired ones are skipped), so the block
 // has R copies again. A shard that fails again mid-way keeps the rest for its next answer; a
 // block is tried at most 3 times. Hints live in the router's memory (at most 262,144 per

@@ -301,12 +301,14 @@ TEST_CASE("a shard that was down gets the blocks it missed copied to it when it 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(metric(f.metrics, "troupe_store_repairs_pending") == hinted);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  // Back: its next answer (a put of a block it holds a copy of) starts the repair.
+  // Back: its next answer (here to a get of a block whose first copy it holds) starts the
+  // repair.
   *up = true;
-  std::uint64_t probe = 30;
-  while (!on_shard1(probe))
+  std::uint64_t probe = 0;
+  while (ports::store_shard_of(key(probe), shards) != 1)
     ++probe;
-  put(probe);
+  REQUIRE(probe < 6);
+  REQUIRE(test::request<store_object>(f.self, store, store_get{key(probe)}));
   const std::string repaired = R"(troupe_store_repairs_total{outcome="repaired"})";
   for (int i = 0; i < 500 && metric(f.metrics, repaired) < double(missed.size()); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -314,7 +316,7 @@ TEST_CASE("a shard that was down gets the blocks it missed copied to it when it 
   CHECK(metric(f.metrics, R"(troupe_store_repairs_total{outcome="lost"})") == 0);
   CHECK(metric(f.metrics, "troupe_store_repairs_pending") == 0);
   // Shard 1 holds every block whose copies include it, with its bytes, except the expired one.
-  for (std::uint64_t i = 0; i <= probe; ++i) {
+  for (std::uint64_t i = 0; i < 30; ++i) {
     CAPTURE(i);
     if (!on_shard1(i) || i == short_lived)
       continue;
