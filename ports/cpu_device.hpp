@@ -162,14 +162,14 @@ struct cpu_device_params {
 ///     device_errc::snapshot_rejected and leaves no sequence behind.
 ///   - kv_keep: copies the sequence's State and SWA KV into host memory under the key, when
 ///     the sequence sits at a block boundary (else ignored), within `keep_bytes`.
-///   - with `experts`, before each step: switches to the link's newest placement (a placement
-///     the model refuses is counted as refused and the device keeps its own); after it: adds
-///     the step's router counts (and those of any replay or profile run since) to the link.
 ///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's
 ///     shapes), then the kept State and SWA KV of the key when there is a copy at that length
 ///     (exact), else rebuilds them by bounded replay of the last sliding window of the tokens
 ///     (kernels::model::replay). Bad blocks or tokens are device_errc::snapshot_rejected and
 ///     leave no sequence behind.
+/// With `experts`, before each step it switches to the link's newest placement (a placement
+/// the model refuses is counted as refused and the device keeps its own), and after it adds
+/// the step's router counts (and those of any replay or profile run since) to the link.
 /// Times in device_result are the actor clock's (wall time) around the step.
 runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params);
 
