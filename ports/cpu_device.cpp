@@ -120,6 +120,8 @@ struct cpu_device_state {
   std::shared_ptr<expert_link> experts;
   std::uint64_t placement_seen = 0;
   std::vector<std::uint64_t> reported;
+  /// troupe_device_expert_tokens_total, one child per routed expert (with a link and metrics).
+  std::vector<runtime::counter*> expert_tokens;
   static inline const char* name = "cpu_device";
 };
 
@@ -365,8 +367,11 @@ void report_expert_counts(cpu_device_state& st) {
   auto counts = st.backend->cpu_model().expert_counts();
   st.reported.resize(counts.size(), 0);
   auto delta = counts;
-  for (std::size_t e = 0; e < delta.size(); ++e)
+  for (std::size_t e = 0; e < delta.size(); ++e) {
     delta[e] -= st.reported[e];
+    if (e < st.expert_tokens.size() && delta[e] > 0)
+      st.expert_tokens[e]->inc(static_cast<double>(delta[e]));
+  }
   st.experts->add(delta);
   st.reported = std::move(counts);
 }
@@ -789,6 +794,14 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
   self->state.constraints = params->constraints;
   self->state.experts = params->experts;
   self->state.metrics = register_metrics(params->metrics, params->name);
+  if (params->experts && params->metrics != nullptr)
+    for (std::size_t e = 0; e < params->experts->totals().size(); ++e)
+      if (auto* c = runtime::counter_child(
+            params->metrics, "troupe_device_expert_tokens_total",
+            "Tokens the router sent to each routed expert, summed over the main layers' MoEs "
+            "(serve --eplb): the load the expert balancer places by.",
+            {"device", "expert"}, {params->name, std::to_string(e)}))
+        self->state.expert_tokens.push_back(c);
   // The detached actor's first act, on its own thread: load the model.
   try {
     load(self->state, *params);

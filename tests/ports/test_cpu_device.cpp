@@ -466,4 +466,10 @@ TEST_CASE_FIXTURE(device_fixture,
         != std::string::npos);
   CHECK(text.find(R"(troupe_device_expert_placements_total{device="d",outcome="refused"} 1)")
         != std::string::npos);
+  // The router's counts per expert, as the link got them.
+  for (std::size_t e = 0; e < routed.size(); ++e) {
+    const auto line = "troupe_device_expert_tokens_total{device=\"d\",expert=\"" +
+                      std::to_string(e) + "\"} " + std::to_string(routed[e]) + "\n";
+    CHECK(text.find(line) != std::string::npos);
+  }
 }
