@@ -129,8 +129,10 @@ def run_streams(cluster, bodies, ready_chars, fault):
 def cluster(model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("launch") / "state.json"
     topology = sharded_topology(str(tmp_path_factory.mktemp("topology")), 2, replicas=2)
-    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state), ("--check-history",),
-                topology)
+    # Every engine process re-places its experts every second (--eplb): the module's token
+    # comparisons hold through every switch.
+    c = Cluster(model_dir, str(tmp_path_factory.mktemp("kv")), str(state),
+                ("--check-history", "--eplb", "4", "--eplb-interval", "1s"), topology)
     yield c
     pids = [p["pid"] for p in c.state()["processes"] if p["pid"]]
     c.stop()
@@ -489,6 +491,15 @@ def test_the_control_process_shows_the_instance_processes_device_metrics(cluster
     text = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
     assert 'troupe_device_sequences{device="prefill/0"}' in text
     assert text.count("# TYPE troupe_device_tokens_total counter") == 1
+    # The engine processes' expert balancers: a placement made from one request's load is
+    # switched to at the next step (bounded).
+    applied = 'troupe_device_expert_placements_total{device="prefill/0",outcome="applied"}'
+    for i in range(10):
+        if store_metric(cluster, applied, 2) >= 2:
+            break
+        cluster.openai().chat.completions.create(**chat_body(f"Balance {i}.", max_tokens=2,
+                                                             temperature=0))
+    assert store_metric(cluster, applied, 2) >= 2
 
 
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
