@@ -2,6 +2,7 @@
 
 #include "actors/entrypoint/entrypoint.hpp"
 #include "cluster/serve_setup.hpp"
+#include "runtime/units.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
@@ -63,6 +64,9 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
                                                : std::string{})
                                           + ")"
                                       : std::string{}))
+      << (o.eplb_ranks > 0 ? "; experts re-placed over " + std::to_string(o.eplb_ranks)
+                               + " EP ranks every " + runtime::format_duration(in->eplb_interval)
+                           : std::string{})
       << "...\n";
   if (auto why = warm_up(sys, service, std::chrono::minutes(10)); !why.empty()) {
     caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);

@@ -851,6 +851,7 @@ def test_expert_placements_switched_while_serving_change_no_answer(server, eplb_
     # router's counts; each switch happens between two steps. Load them until both devices have
     # switched to two of the balancer's placements after the starting one (bounded), then ask
     # what the plain server answers.
+    assert any("experts re-placed over 4 EP ranks every 1s" in l for l in eplb_server.log)
     applied = 'troupe_device_expert_placements_total{{device="{}",outcome="applied"}}'
     client = eplb_server.openai()
     for i in range(30):
