@@ -19,7 +19,6 @@
 
 #include <chrono>
 #include <deque>
-#include <mutex>
 #include <csignal>
 #include <ctime>
 #include <pthread.h>
@@ -190,8 +189,8 @@ actors::expert_balancer_actor spawn_device_balancer(caf::actor_system& sys,
                                                     runtime::duration interval,
                                                     runtime::registry& metrics,
                                                     const std::string& device) {
+  // Read and written by the balancer's load and publish only: one actor, one at a time.
   struct window {
-    std::mutex mutex;
     std::deque<std::pair<runtime::time_point, std::vector<std::uint64_t>>> snapshots;
     std::optional<actors::expert_placement> running;
   };
@@ -205,7 +204,6 @@ actors::expert_balancer_actor spawn_device_balancer(caf::actor_system& sys,
   // The load over [from, to): the counts now less those of the last snapshot at or before
   // `from` (the oldest one while the window is young).
   eb.load = [w, link](runtime::time_point from, runtime::time_point to) {
-    std::lock_guard lock{w->mutex};
     auto now = link->totals();
     w->snapshots.emplace_back(to, now);
     while (w->snapshots.size() > 1 && w->snapshots[1].first <= from)
@@ -225,7 +223,6 @@ actors::expert_balancer_actor spawn_device_balancer(caf::actor_system& sys,
                                     {"device", "placement"}, {device, "new"});
   eb.publish = [w, link, ranks, before, after](const std::vector<double>& load,
                                                const actors::expert_placement& p) {
-    std::lock_guard lock{w->mutex};
     // Before the first switch the device runs contiguous ranges, one copy each.
     const auto previous = w->running ? actors::balancedness_under(*w->running, load)
                                      : actors::contiguous_placement(load, ranks).balancedness();

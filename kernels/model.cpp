@@ -1052,16 +1052,17 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int 
   std::vector<std::vector<std::pair<i64, float>>> routed(sz(E));  // (token, weight)
   std::vector<i64> chosen;
   std::vector<float> chosen_w;
-  std::vector<std::int32_t> ids;
+  std::vector<std::int32_t> ids;  // [T, k], with a placement only: its dispatch plan's input
   std::vector<float> ids_w;
   i64 k = 0;
   for (i64 t = 0; t < T; ++t) {
     route_token(c, gl.data() + t * E, L.gate_bias.data(), chosen, chosen_w);
     k = static_cast<i64>(chosen.size());
-    for (std::size_t i = 0; i < chosen.size(); ++i) {
+    for (std::size_t i = 0; i < chosen.size(); ++i)
       routed[sz(chosen[i])].emplace_back(t, chosen_w[i]);
-      ids.push_back(static_cast<std::int32_t>(chosen[i]));
-      ids_w.push_back(chosen_w[i]);
+    if (placement != nullptr) {
+      ids.insert(ids.end(), chosen.begin(), chosen.end());
+      ids_w.insert(ids_w.end(), chosen_w.begin(), chosen_w.end());
     }
   }
   if (counts != nullptr)
