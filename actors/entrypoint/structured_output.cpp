@@ -30,7 +30,23 @@ constexpr std::size_t inline_replay_limit = 256;
 constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compile_threads)
     : vocab_(std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok))),
       think_end_(tok.token_to_id("</think>")),
-      pool_(std::max(compile_threads, 1u)) {}
+      pool_(std::max(compile_threads, 1u)) {
+  // A token-level format names a token by id, or by its string: an added token's content or a
+  // text token's text.
+  std::map<std::string, std::uint32_t, std::less<>> added;
+  for (std::uint32_t id = 0; id < tok.vocab_size(); ++id)
+    if (tok.is_added(id)) {
+      const recipe::token_id one[] = {id};
+      added.emplace(tok.decode(one), id);
+    }
+  tokens_.vocab_size = static_cast<std::uint32_t>(vocab_->size());
+  tokens_.eos = vocab_->eos();
+  tokens_.id_of = [added = std::move(added), vocab = vocab_](std::string_view s) -> std::optional<std::uint32_t> {
+    if (auto it = added.find(s); it != added.end()) return it->second;
+    if (const auto ids = vocab->find(s); !ids.empty()) return ids.front();
+    return std::nullopt;
+  };
+}
 
 constraint_table::~constraint_table() { pool_.join(); }
 
@@ -85,7 +101,8 @@ recipe::api_error bad_request(std::string message, std::string param) {
 /// The grammar of a key (constraint_table::format_key / tools_key); errors name `param`, or
 /// `tool_params[i]` for tool i's schema.
 std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, const std::string& param,
-                                                        std::span<const std::string> tool_params) {
+                                                        std::span<const std::string> tool_params,
+                                                        const gr::token_names& tokens) {
   auto rest = [&](std::string_view prefix) -> std::optional<std::string_view> {
     if (!key.starts_with(prefix))
       return std::nullopt;
@@ -130,7 +147,7 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
     return std::move(std::get<gr::grammar>(r));
   }
   if (auto tag = rest("structural_tag:")) {
-    auto r = gr::compile_structural_tag(*tag);
+    auto r = gr::compile_structural_tag(*tag, {}, &tokens);
     if (auto* e = std::get_if<gr::structural_tag_error>(&r))
       return bad_request("Invalid structural tag for structured output: " + e->to_string() + ".", param);
     return std::move(std::get<gr::grammar>(r));
@@ -152,7 +169,7 @@ std::variant<gr::grammar, recipe::api_error> grammar_of(std::string_view key, co
     std::optional<gr::grammar> content;
     if (const auto c = j.contains("content") && j["content"].is_string() ? j["content"].get<std::string>() : "";
         !c.empty()) {
-      auto r = grammar_of(c, param, {});
+      auto r = grammar_of(c, param, {}, tokens);
       if (auto* e = std::get_if<recipe::api_error>(&r))
         return *e;
       content = std::move(std::get<gr::grammar>(r));
@@ -179,7 +196,7 @@ constraint_table::compile(const std::string& key, const std::string& param, std:
       return it->second;
   }
   // Compiled outside the lock: the devices keep sampling meanwhile.
-  auto g = grammar_of(key, param, tool_params);
+  auto g = grammar_of(key, param, tool_params, tokens_);
   if (auto* e = std::get_if<recipe::api_error>(&g))
     return *e;
   auto c = std::make_shared<compiled>();
@@ -412,7 +429,7 @@ bool constraint_table::accept_locked(entry& e, std::uint64_t position, std::int3
   e.next = position + 1;
   const auto& eos = vocab_->eos();
   if (id < vocab_->size() && std::find(eos.begin(), eos.end(), id) == eos.end())
-    return e.m->accept_token(vocab_->bytes(id));
+    return e.c->masks->accept(*e.m, id);
   return true;
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "recipe/api_error.hpp"
+#include "recipe/grammar/structural_tag.hpp"
 #include "recipe/grammar/token_mask.hpp"
 #include "recipe/prompt.hpp"
 #include "recipe/tokenizer.hpp"
@@ -136,6 +137,7 @@ private:
   mutable std::mutex mu_;
   std::shared_ptr<const recipe::grammar::vocabulary> vocab_;
   std::optional<recipe::token_id> think_end_;
+  recipe::grammar::token_names tokens_;  // what structural tags' token-level formats name
   std::map<std::string, std::shared_ptr<compiled>> cache_;  // by key
   std::map<std::uint64_t, std::shared_ptr<slot>> entries_;
   std::uint64_t restores_ = 0;  // restore() calls that compile: an entry's compile fills only its own

@@ -30,6 +30,11 @@ std::uint64_t grammar::fingerprint() const {
       for (const auto& c : r.calls[s]) mix((std::uint64_t{c.rule} << 32) | c.target);
     }
   }
+  for (const auto& t : symbols) {
+    mix((std::uint64_t{t.byte} << 1) | (t.any ? 1 : 0));
+    mix(t.ids.size());
+    for (const auto id : t.ids) mix(id);
+  }
   return h;
 }
 

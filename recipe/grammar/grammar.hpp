@@ -40,6 +40,23 @@ inline constexpr std::int32_t no_state = -1;
 // text token that does, so only that control token can match it.
 inline constexpr unsigned char dsml_byte = 0xFF;
 
+// Bytes that no UTF-8 text holds (C0, C1, F5-FE), which a grammar may give to whole tokens: a
+// structural tag's token-level formats (structural_tag.hpp) stand for "the token <｜tool▁call▁begin｜>"
+// or "any text token but these" with one of them. The vocabulary never allows a text token holding
+// one (token_mask.hpp), free text never takes one, and a grammar has at most 12 such symbols.
+inline constexpr unsigned char symbol_bytes[] = {0xC0, 0xC1, 0xF5, 0xF6, 0xF7, 0xF8, 0xF9, 0xFA, 0xFB, 0xFC, 0xFD, 0xFE};
+inline constexpr bool is_symbol_byte(unsigned b) { return b == 0xC0 || b == 0xC1 || (b >= 0xF5 && b <= 0xFE); }
+
+// What a symbol byte of a grammar stands for: one token (`any` false: ids[0]), or any one text
+// token of the vocabulary but `ids` (`any` true; ids sorted). A token is accepted as its bytes or
+// as any symbol standing for it (mask_computer::accept).
+struct token_symbol {
+  unsigned char byte = 0;
+  bool any = false;
+  std::vector<std::uint32_t> ids;
+  bool operator==(const token_symbol&) const = default;
+};
+
 struct call_edge {
   std::uint32_t rule;    // the rule called (starts in its state 0)
   std::uint32_t target;  // this rule's state after the callee accepted
@@ -63,6 +80,7 @@ struct rule {
 struct grammar {
   std::vector<rule> rules;
   std::uint32_t root = 0;
+  std::vector<token_symbol> symbols;  // the symbol bytes its rules step on, and their tokens
   // A fingerprint of the rules (FNV-1a over their tables): a serialised matcher state names the
   // grammar it belongs to, so that restoring it against another grammar fails.
   std::uint64_t fingerprint() const;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 namespace troupe::recipe::grammar {
 
@@ -70,6 +71,28 @@ std::optional<match_state> matcher::advance(const match_state& from, std::string
 
 bool matcher::accept_token(std::string_view bytes) {
   auto next = advance(state_, bytes);
+  if (!next) return false;
+  history_.push_back(std::move(state_));
+  if (history_.size() > opt_.max_rollback) history_.erase(history_.begin());
+  state_ = std::move(*next);
+  return true;
+}
+
+bool matcher::accept_any(std::span<const std::string_view> texts) {
+  std::optional<match_state> next;
+  for (const auto t : texts) {
+    auto n = advance(state_, t);
+    if (!n) continue;
+    if (!next) {
+      next = std::move(n);
+      continue;
+    }
+    next->complete = next->complete || n->complete;
+    std::vector<stack> merged;
+    std::set_union(next->stacks.begin(), next->stacks.end(), n->stacks.begin(), n->stacks.end(),
+                   std::back_inserter(merged));
+    next->stacks = std::move(merged);
+  }
   if (!next) return false;
   history_.push_back(std::move(state_));
   if (history_.size() > opt_.max_rollback) history_.erase(history_.begin());

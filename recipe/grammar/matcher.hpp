@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,10 @@ class matcher {
   // Accepts `bytes` as one token: true and the state advanced, or false and nothing changed.
   // An empty token is accepted and recorded (so rollback counts it).
   bool accept_token(std::string_view bytes);
+  // Accepts one token that may be read as any of `texts` (its bytes, or a token symbol standing
+  // for it: grammar.hpp): the state becomes every stack that some reading leads to. False, and
+  // nothing changed, when no reading is accepted.
+  bool accept_any(std::span<const std::string_view> texts);
   // Whether `bytes` would be accepted, without changing anything.
   bool can_accept(std::string_view bytes) const;
   // Undoes the last k accepted tokens; false (and nothing undone) when fewer than k are kept.

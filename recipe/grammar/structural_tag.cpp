@@ -1,6 +1,7 @@
 // Structural tags to grammar (structural_tag.hpp).
 #include "recipe/grammar/structural_tag.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -87,7 +88,7 @@ using emitter = std::function<void(nfa_builder&, std::uint32_t, std::uint32_t)>;
 
 class compiler {
  public:
-  explicit compiler(const limits& lim) : lim_(lim) {}
+  compiler(const limits& lim, const token_names* tokens) : lim_(lim), tokens_(tokens) {}
 
   grammar run(const json& tag) {
     if (!tag.is_object()) fail("", "a structural tag must be a JSON object");
@@ -118,6 +119,7 @@ class compiler {
   struct tag_view {
     std::string begin;
     std::vector<std::string> ends;
+    std::optional<std::uint32_t> begin_token, end_token;  // a token instead of the begin / the ends
     emitter content;
     bool ends_inside = false;  // the content consumes one of the ends itself (free text last)
     std::string ptr;
@@ -224,11 +226,27 @@ class compiler {
       dispatch(b, from, to, node, ptr);
     } else if (type == "token" || type == "exclude_token" || type == "any_tokens" || type == "token_triggered_tags" ||
                type == "token_dispatch") {
-      fail(child(ptr, "type"), "token-level formats ('" + type + "') are not supported: write the text instead");
+      token_level(b, from, to, node, ptr, type);
     } else {
       fail(child(ptr, "type"), "unknown format type '" + type + "'");
     }
     --depth_;
+  }
+
+  void token_level(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr,
+                   const std::string& type) {
+    if (!tokens_) fail(child(ptr, "type"), "token-level formats ('" + type + "') need the model's tokenizer");
+    if (type == "token") {
+      b.byte(from, to, symbol(false, {token_of(*member(node, "token", ptr, true), child(ptr, "token"))}, ptr));
+    } else if (type == "exclude_token") {
+      b.byte(from, to, symbol(true, excluded(node, ptr), ptr));
+    } else if (type == "any_tokens") {
+      any_tokens(b, from, to, node, ptr);
+    } else if (type == "token_triggered_tags") {
+      token_triggered_tags(b, from, to, node, ptr);
+    } else {
+      token_dispatch(b, from, to, node, ptr);
+    }
   }
 
   void json_schema(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
@@ -298,15 +316,17 @@ class compiler {
     tag_view t;
     t.ptr = ptr;
     const json& begin = *member(node, "begin", ptr, true);
-    if (!begin.is_string()) fail(child(ptr, "begin"), "'begin' must be a string (token begins are not supported)");
-    t.begin = begin.get<std::string>();
+    if (begin.is_string()) t.begin = begin.get<std::string>();
+    else if (begin.is_object()) t.begin_token = token_format(begin, child(ptr, "begin"));
+    else fail(child(ptr, "begin"), "'begin' must be a string or a token format");
     const json& end = *member(node, "end", ptr, true);
     if (end.is_string()) t.ends = {end.get<std::string>()};
     else if (end.is_array()) t.ends = texts(node, "end", ptr, true);
-    else fail(child(ptr, "end"), "'end' must be a string or an array of strings (token ends are not supported)");
-    if (t.ends.empty()) fail(child(ptr, "end"), "'end' must not be an empty array");
+    else if (end.is_object()) t.end_token = token_format(end, child(ptr, "end"));
+    else fail(child(ptr, "end"), "'end' must be a string, an array of strings or a token format");
+    if (t.ends.empty() && !t.end_token) fail(child(ptr, "end"), "'end' must not be an empty array");
     const json& content = *member(node, "content", ptr, true);
-    t.ends_inside = ends_inside(content);
+    t.ends_inside = !t.end_token && ends_inside(content);
     const std::string cptr = child(ptr, "content");
     t.content = [this, &content, cptr, ends = t.ends, inside = t.ends_inside](nfa_builder& b, std::uint32_t from,
                                                                               std::uint32_t to) {
@@ -318,14 +338,156 @@ class compiler {
   // begin, content, one of the ends; from `from` to `to`. `skip`: bytes of begin already matched.
   void emit_tag(nfa_builder& b, std::uint32_t from, std::uint32_t to, const tag_view& t, std::size_t skip = 0) {
     const auto open = b.add_state();
-    b.literal(from, open, std::string_view(t.begin).substr(skip));
-    if (t.ends_inside) return t.content(b, open, to);
-    const auto body = b.add_state();
-    t.content(b, open, body);
-    for (const auto& e : t.ends) b.literal(body, to, e);
+    if (t.begin_token) b.byte(from, open, symbol(false, {*t.begin_token}, child(t.ptr, "begin")));
+    else b.literal(from, open, std::string_view(t.begin).substr(skip));
+    // The token-level formats inside exclude this tag's end token (none with end strings).
+    const auto outer = enclosing_end_;
+    enclosing_end_ = t.end_token;
+    if (t.ends_inside) {
+      t.content(b, open, to);
+    } else {
+      const auto body = b.add_state();
+      t.content(b, open, body);
+      if (t.end_token) b.byte(body, to, symbol(false, {*t.end_token}, child(t.ptr, "end")));
+      for (const auto& e : t.ends) b.literal(body, to, e);
+    }
+    enclosing_end_ = outer;
   }
 
-  // Free text from `from`: any bytes but the DSML byte, never holding an exclude. When a dispatch
+  // A token: its id, or its string (an added token's content or a text token's text).
+  std::uint32_t token_of(const json& v, const std::string& ptr, bool eos_ok = false) const {
+    const token_names& n = *tokens_;
+    std::uint32_t id = 0;
+    if (v.is_number_integer()) {
+      const auto i = v.get<std::int64_t>();
+      if (i < 0 || i >= n.vocab_size)
+        fail(ptr, "token id " + std::to_string(i) + " is not in the vocabulary (0 to " +
+                      std::to_string(n.vocab_size - 1) + ")");
+      id = static_cast<std::uint32_t>(i);
+    } else if (v.is_string()) {
+      const auto found = n.id_of ? n.id_of(v.get_ref<const std::string&>()) : std::nullopt;
+      if (!found) fail(ptr, "unknown token '" + v.get<std::string>() + "'");
+      id = *found;
+    } else {
+      fail(ptr, "a token must be a token id or a token's string");
+    }
+    if (!eos_ok && std::find(n.eos.begin(), n.eos.end(), id) != n.eos.end())
+      fail(ptr, "the end-of-sequence token ends the output: a format cannot hold it");
+    return id;
+  }
+  // {"type": "token", "token": ...} as a tag's begin or end.
+  std::uint32_t token_format(const json& node, const std::string& ptr) const {
+    if (const json* t = member(node, "type", ptr); !t || *t != "token")
+      fail(child(ptr, "type"), "a begin or end that is not a string must be {\"type\": \"token\", \"token\": ...}");
+    if (!tokens_) fail(child(ptr, "type"), "token-level formats ('token') need the model's tokenizer");
+    return token_of(*member(node, "token", ptr, true), child(ptr, "token"));
+  }
+  std::vector<std::uint32_t> token_list(const json& node, const char* key, const std::string& ptr, bool required,
+                                        bool eos_ok) const {
+    const json* v = member(node, key, ptr, required);
+    std::vector<std::uint32_t> out;
+    if (!v || v->is_null()) return out;
+    if (!v->is_array()) fail(child(ptr, key), std::string("'") + key + "' must be an array of token ids or strings");
+    for (std::size_t i = 0; i < v->size(); ++i) out.push_back(token_of((*v)[i], child(child(ptr, key), i), eos_ok));
+    if (required && out.empty()) fail(child(ptr, key), std::string("'") + key + "' must not be empty");
+    return out;
+  }
+  // The format's exclude_tokens and the enclosing tag's end token.
+  std::vector<std::uint32_t> excluded(const json& node, const std::string& ptr) const {
+    auto out = token_list(node, "exclude_tokens", ptr, false, true);
+    if (enclosing_end_) out.push_back(*enclosing_end_);
+    return out;
+  }
+  // The symbol byte standing for one token (`any` false) or for any text token but `ids`.
+  unsigned char symbol(bool any, std::vector<std::uint32_t> ids, const std::string& ptr) {
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (const auto& t : g_.symbols)
+      if (t.any == any && t.ids == ids) return t.byte;
+    if (g_.symbols.size() == std::size(symbol_bytes))
+      fail(ptr, "a structural tag may name at most " + std::to_string(std::size(symbol_bytes)) +
+                    " different tokens and token exclusions");
+    g_.symbols.push_back({symbol_bytes[g_.symbols.size()], any, std::move(ids)});
+    return g_.symbols.back().byte;
+  }
+
+  void any_tokens(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
+    const auto sym = symbol(true, excluded(node, ptr), ptr);
+    const json* max = member(node, "max_tokens", ptr);
+    if (!max || max->is_null()) {
+      const auto loop = b.add_state();
+      b.epsilon(from, loop);
+      b.byte(loop, loop, sym);
+      b.epsilon(loop, to);
+      return;
+    }
+    if (!max->is_number_integer() || max->get<std::int64_t>() < 0 || max->get<std::int64_t>() > lim_.max_repeat)
+      fail(child(ptr, "max_tokens"), "'max_tokens' must be null or 0 to " + std::to_string(lim_.max_repeat));
+    std::uint32_t at = from;
+    for (std::int64_t i = 0; i < max->get<std::int64_t>(); ++i) {
+      const auto next = b.add_state();
+      b.epsilon(at, to);
+      b.byte(at, next, sym);
+      at = next;
+    }
+    b.epsilon(at, to);
+  }
+
+  // Any tokens in which a trigger token starts the tag that begins with it.
+  void token_triggered_tags(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node,
+                            const std::string& ptr) {
+    const auto triggers = token_list(node, "trigger_tokens", ptr, true, false);
+    const auto all = tags(node, ptr);
+    for (const auto& t : all) {
+      if (!t.begin_token)
+        fail(child(t.ptr, "begin"), "a tag of token_triggered_tags must begin with a token format");
+      if (std::find(triggers.begin(), triggers.end(), *t.begin_token) == triggers.end())
+        fail(child(t.ptr, "begin"), "the begin token is none of the trigger tokens");
+    }
+    auto excl = excluded(node, ptr);
+    excl.insert(excl.end(), triggers.begin(), triggers.end());
+    const auto sym = symbol(true, std::move(excl), ptr);
+    const bool at_least_one = flag(node, "at_least_one", ptr), stop_after_first = flag(node, "stop_after_first", ptr);
+    const auto again = b.add_state(), done = b.add_state();
+    b.epsilon(done, stop_after_first ? to : again);
+    b.byte(again, again, sym);
+    b.epsilon(again, to);
+    for (const auto& t : all) emit_tag(b, again, done, t);
+    if (at_least_one) {  // no tokens before the first tag
+      for (const auto& t : all) emit_tag(b, from, done, t);
+    } else {
+      b.epsilon(from, again);
+    }
+  }
+
+  // Any tokens in which a rule's token is followed by its format; then any tokens again (`loop`,
+  // the default) or the end.
+  void token_dispatch(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
+    const json& list = elements(node, "rules", ptr);
+    const bool loop = !node.contains("loop") || node["loop"].is_null() || flag(node, "loop", ptr);
+    auto excl = excluded(node, ptr);
+    std::vector<std::uint32_t> starts;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string rptr = child(child(ptr, "rules"), i);
+      if (!list[i].is_array() || list[i].size() != 2) fail(rptr, "a rule must be [token, format]");
+      starts.push_back(token_of(list[i][0], child(rptr, 0)));
+    }
+    excl.insert(excl.end(), starts.begin(), starts.end());
+    const auto sym = symbol(true, std::move(excl), ptr);
+    const auto again = b.add_state();
+    b.epsilon(from, again);
+    b.byte(again, again, sym);
+    b.epsilon(again, to);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string rptr = child(child(ptr, "rules"), i);
+      const auto mid = b.add_state();
+      b.byte(again, mid, symbol(false, {starts[i]}, child(rptr, 0)));
+      emit(b, mid, loop ? again : to, list[i][1], child(rptr, 1), nullptr);
+    }
+  }
+
+  // Free text from `from`: any bytes but the DSML byte and the symbol bytes (no control token),
+  // never holding an exclude. When a dispatch
   // pattern ends, that rule's continuation follows (back to `again` after it, or to `to`). With
   // `ends`, the text ends at the first end (consumed) and goes to `to`; without, it may end
   // anywhere.
@@ -359,7 +521,7 @@ class compiler {
       if (!ends) b.epsilon(state[n], to);
       std::map<std::int32_t, byte_set> by_target;
       for (unsigned c = 0; c < 256; ++c)
-        if (c != dsml_byte) by_target[ac.next[n][c]].set(c);
+        if (c != dsml_byte && !is_symbol_byte(c)) by_target[ac.next[n][c]].set(c);
       for (const auto& [target, set] : by_target) b.bytes(state[n], state[target], set);
     }
   }
@@ -384,6 +546,8 @@ class compiler {
     if (triggers.empty()) fail(child(ptr, "triggers"), "'triggers' must not be empty");
     std::vector<std::vector<const tag_view*>> by_trigger(triggers.size());
     for (const auto& t : all) {
+      if (t.begin_token)
+        fail(child(t.ptr, "begin"), "a tag of triggered_tags must begin with a string (token_triggered_tags takes tokens)");
       std::size_t matched = 0;
       for (std::size_t i = 0; i < triggers.size(); ++i)
         if (t.begin.starts_with(triggers[i])) {
@@ -473,6 +637,8 @@ class compiler {
   }
 
   const limits& lim_;
+  const token_names* tokens_;
+  std::optional<std::uint32_t> enclosing_end_;  // the end token of the tag being emitted
   grammar g_;
   std::map<std::string, std::uint32_t> compiled_;  // rules of schemas, grammars, regexes by pointer
   int depth_ = 0;
@@ -480,9 +646,10 @@ class compiler {
 
 }  // namespace
 
-std::variant<grammar, structural_tag_error> compile_structural_tag(const json& tag, const limits& lim) {
+std::variant<grammar, structural_tag_error> compile_structural_tag(const json& tag, const limits& lim,
+                                                                   const token_names* tokens) {
   try {
-    grammar g = compiler(lim).run(tag);
+    grammar g = compiler(lim, tokens).run(tag);
     if (auto r = left_recursive_rule(g); !r.empty())
       return structural_tag_error{"", "recursion that consumes no output (left recursion) through " + r};
     if (!prune(g)) return structural_tag_error{"", "the structural tag allows no output"};
@@ -492,11 +659,12 @@ std::variant<grammar, structural_tag_error> compile_structural_tag(const json& t
   }
 }
 
-std::variant<grammar, structural_tag_error> compile_structural_tag(std::string_view text, const limits& lim) {
+std::variant<grammar, structural_tag_error> compile_structural_tag(std::string_view text, const limits& lim,
+                                                                   const token_names* tokens) {
   if (json_nesting(text) > 128) return structural_tag_error{"", "the structural tag is nested more than 128 levels deep"};
   const json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return structural_tag_error{"", "the structural tag is not valid JSON"};
-  return compile_structural_tag(j, lim);
+  return compile_structural_tag(j, lim, tokens);
 }
 
 }  // namespace troupe::recipe::grammar

@@ -14,12 +14,23 @@
 //   triggered_tags {triggers, tags, at_least_one, stop_after_first, excludes}
 //   tags_with_separator {tags, separator, at_least_one, stop_after_first}
 //   dispatch {rules: [[pattern, FORMAT]...], loop, excludes}
+//   token {token}                   exclude_token {exclude_tokens}
+//   any_tokens {exclude_tokens, max_tokens}                      tag {begin / end: {"type": "token", ...}}
+//   token_triggered_tags {trigger_tokens, tags, exclude_tokens, at_least_one, stop_after_first}
+//   token_dispatch {rules: [[token, FORMAT]...], loop, exclude_tokens}
 // Free text is any bytes but the DSML control token's (grammar.hpp). It ends where its enclosing
 // tag's end string first appears when it is that tag's content (or the last element of a sequence
 // that is), else anywhere; it never holds an exclude, and a trigger or dispatch pattern in it
-// always starts its region. Token-level formats and the token or character budgets of `any_text`
-// are refused, naming the member and its JSON pointer.
+// always starts its region. The token-level formats read whole tokens (a token id, or its string:
+// an added token's content or a text token's text), through the grammar's token symbols: "any
+// token" is any text token, never a control token the tag does not name; an enclosing tag's end
+// token is excluded from the token-level formats inside it, and a trigger or dispatch token from
+// its own region. The token or character budgets of `any_text` are refused, naming the member and
+// its JSON pointer.
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -36,10 +47,20 @@ struct structural_tag_error {
   std::string to_string() const;  // "<message> (at '#<pointer>')"
 };
 
-// A pruned grammar of the outputs `tag` allows.
+// What the token-level formats need of the vocabulary: its size, the id of a token's string,
+// and the end-of-sequence ids (which end the output, so no format may name them).
+struct token_names {
+  std::uint32_t vocab_size = 0;
+  std::function<std::optional<std::uint32_t>(std::string_view)> id_of;
+  std::vector<std::uint32_t> eos;
+};
+
+// A pruned grammar of the outputs `tag` allows. Without `tokens`, a token-level format is refused.
 std::variant<grammar, structural_tag_error> compile_structural_tag(const nlohmann::ordered_json& tag,
-                                                                   const limits& lim = {});
+                                                                   const limits& lim = {},
+                                                                   const token_names* tokens = nullptr);
 // Parses the text first (a parse error, or nesting past 128 levels, is an error).
-std::variant<grammar, structural_tag_error> compile_structural_tag(std::string_view text, const limits& lim = {});
+std::variant<grammar, structural_tag_error> compile_structural_tag(std::string_view text, const limits& lim = {},
+                                                                   const token_names* tokens = nullptr);
 
 }  // namespace troupe::recipe::grammar

@@ -102,8 +102,17 @@ unsigned text_chars(unsigned cls, const std::string& s) {
 vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos)
     : bytes_(std::move(bytes)), eos_(std::move(eos)) {
   std::vector<std::uint32_t> order;
-  for (std::uint32_t id = 0; id < bytes_.size(); ++id)
-    if (id < usable.size() && usable[id] && !bytes_[id].empty()) order.push_back(id);
+  usable_.assign(mask_words(), 0);
+  text_tokens_.assign(mask_words(), 0);
+  for (std::uint32_t id = 0; id < bytes_.size(); ++id) {
+    const std::string& s = bytes_[id];
+    if (id >= usable.size() || !usable[id] || s.empty() ||
+        std::any_of(s.begin(), s.end(), [](char c) { return is_symbol_byte(static_cast<unsigned char>(c)); }))
+      continue;
+    order.push_back(id);
+    usable_[id >> 5] |= 1u << (id & 31);
+    if (s.find(static_cast<char>(dsml_byte)) == std::string::npos) text_tokens_[id >> 5] |= 1u << (id & 31);
+  }
   std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
     return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b;
   });
@@ -167,6 +176,18 @@ vocabulary::vocabulary(std::vector<std::string> bytes, const std::vector<bool>& 
       for (std::size_t i = 0; i < mask_words(); ++i) c.masks[k * mask_words() + i] |= c.masks[(k - 1) * mask_words() + i];
       c.counts[k] += c.counts[k - 1];
     }
+}
+
+std::span<const std::uint32_t> vocabulary::find(std::string_view text) const {
+  std::uint32_t n = 0;
+  for (const char ch : text) {
+    const auto b = static_cast<std::uint8_t>(ch);
+    std::uint32_t c = n + 1;
+    while (c < trie_[n].end && trie_[c].byte != b) c = trie_[c].end;
+    if (c >= trie_[n].end) return {};
+    n = c;
+  }
+  return n == 0 ? std::span<const std::uint32_t>{} : ids_at(n);
 }
 
 vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
@@ -389,6 +410,39 @@ mask_computer::mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<c
           f[s] |= class_bytes[c];
     }
   }
+  for (const token_symbol& t : g_->symbols) {
+    auto& mask = symbol_masks_.emplace_back(v_->mask_words(), 0u);
+    if (t.any) mask = v_->text_tokens();
+    for (const auto id : t.ids) {
+      if (id >= v_->size()) continue;
+      if (t.any) mask[id >> 5] &= ~(1u << (id & 31));
+      else mask[id >> 5] |= 1u << (id & 31);
+    }
+  }
+}
+
+void mask_computer::readings(std::uint32_t id, std::vector<std::string_view>& out) const {
+  out.clear();
+  if (v_->usable(id)) out.push_back(v_->bytes(id));
+  for (std::size_t i = 0; i < g_->symbols.size(); ++i)
+    if ((symbol_masks_[i][id >> 5] >> (id & 31)) & 1)
+      out.emplace_back(reinterpret_cast<const char*>(&g_->symbols[i].byte), 1);
+}
+
+bool mask_computer::accept(matcher& m, std::uint32_t id) const {
+  if (id >= v_->size()) return false;
+  if (g_->symbols.empty()) return m.accept_token(v_->bytes(id));
+  std::vector<std::string_view> texts;
+  readings(id, texts);
+  return m.accept_any(texts);
+}
+
+bool mask_computer::can_accept(const matcher& m, std::uint32_t id) const {
+  if (id >= v_->size()) return false;
+  if (g_->symbols.empty()) return m.can_accept(v_->bytes(id));
+  std::vector<std::string_view> texts;
+  readings(id, texts);
+  return std::any_of(texts.begin(), texts.end(), [&](std::string_view t) { return m.can_accept(t); });
 }
 
 std::size_t mask_computer::cached_states() const {
@@ -561,6 +615,12 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
       if (!next.test(b)) continue;
       for (auto i = e.after_return_at[b]; i < e.after_return_at[b + 1]; ++i) w.visit(e.after_return[i], ready, raw);
     }
+  }
+  // The tokens the state takes whole, as a symbol.
+  for (std::size_t i = 0; i < g_->symbols.size(); ++i) {
+    if (!m.can_accept(std::string_view(reinterpret_cast<const char*>(&g_->symbols[i].byte), 1))) continue;
+    const auto& sm = symbol_masks_[i];
+    for (std::size_t w = 0; w < mask.size() && w < sm.size(); ++w) mask[w] |= sm[w];
   }
 }
 

@@ -20,8 +20,9 @@
 // subtree holding only such tokens: a free string's first mask walks the ~4,000 nodes above the
 // non-text tokens instead of 274,000, a `[a-z]+` pattern's those above tokens with another
 // byte. Control tokens
-// are never allowed, except `｜DSML｜` where a tool-call grammar asks for it; the end-of-sequence
-// ids are allowed exactly when the output is complete.
+// are never allowed, except `｜DSML｜` where a tool-call grammar asks for it and the tokens a
+// grammar's token symbols stand for (grammar.hpp), added after the walk; the end-of-sequence ids
+// are allowed exactly when the output is complete.
 
 #include <array>
 #include <cstdint>
@@ -43,7 +44,9 @@ namespace troupe::recipe::grammar {
 class vocabulary {
  public:
   // bytes[id] are the bytes token id stands for; ids with usable[id] false are never allowed
-  // (control tokens), nor is an id with no bytes; eos ids are allowed when the output is complete.
+  // (control tokens), nor is an id with no bytes or with a symbol byte (grammar.hpp: no text
+  // holds one); eos ids are allowed when the output is complete. Control tokens reach an output
+  // only as a grammar's token symbols.
   vocabulary(std::vector<std::string> bytes, const std::vector<bool>& usable, std::vector<std::uint32_t> eos);
   // From a tokenizer: every added token is a control token except `｜DSML｜`, which stands for
   // `dsml_byte` (grammar.hpp; text tokens holding that byte are never allowed); end-of-sequence
@@ -54,6 +57,12 @@ class vocabulary {
   std::size_t mask_words() const { return (bytes_.size() + 31) / 32; }
   const std::string& bytes(std::uint32_t id) const { return bytes_[id]; }
   const std::vector<std::uint32_t>& eos() const { return eos_; }
+  // Whether the trie holds the id (a usable token), and the text tokens (usable, not holding
+  // `dsml_byte`: what a token symbol's "any text token" means) as a bitmask.
+  bool usable(std::uint32_t id) const { return id < size() && ((usable_[id >> 5] >> (id & 31)) & 1); }
+  const std::vector<std::uint32_t>& text_tokens() const { return text_tokens_; }
+  // The usable ids whose bytes are exactly `text`.
+  std::span<const std::uint32_t> find(std::string_view text) const;
 
   // The trie, nodes in preorder: node 0 is the root; a node's children follow it, its subtree
   // ends at `end`; the ids whose bytes end at a node are ids_[first, first + count); `depth` is
@@ -93,6 +102,7 @@ class vocabulary {
   std::vector<std::uint32_t> eos_;
   std::vector<node> trie_;
   std::vector<std::uint32_t> ids_;
+  std::vector<std::uint32_t> usable_, text_tokens_;  // bitmasks
   std::size_t max_depth_ = 0;
   static unsigned index(std::uint8_t chars) { return chars == any_text ? text_mask_chars + 1 : chars; }
   struct class_tables {
@@ -114,6 +124,11 @@ class mask_computer {
   void fill(const matcher& m, std::span<std::uint32_t> mask) const;
   // The allowed ids, ascending (tests and tools).
   std::vector<std::uint32_t> allowed(const matcher& m) const;
+  // Feeds token `id` to `m` as the grammar reads it: its bytes (a usable token) or any of the
+  // grammar's token symbols standing for it, all of them at once (the matcher keeps every stack
+  // they lead to). False, and nothing changed, when none is accepted.
+  bool accept(matcher& m, std::uint32_t id) const;
+  bool can_accept(const matcher& m, std::uint32_t id) const;
 
   const vocabulary& vocab() const { return *v_; }
   std::size_t cached_states() const;
@@ -147,6 +162,10 @@ class mask_computer {
   text_budget class_budget(frame f, unsigned cls) const;
   std::shared_ptr<const grammar> g_;
   std::shared_ptr<const vocabulary> v_;
+  // Per token symbol of the grammar: the ids it stands for, as a bitmask.
+  std::vector<std::vector<std::uint32_t>> symbol_masks_;
+  // The texts token `id` may be read as: its bytes, and the symbols standing for it.
+  void readings(std::uint32_t id, std::vector<std::string_view>& out) const;
   // [rule][state]: what a step to the state leaves to do: nothing (no call edge, not accepting),
   // a return (accepting, no call edge) or calls.
   std::vector<std::vector<std::uint8_t>> kind_;

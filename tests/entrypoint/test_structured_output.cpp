@@ -447,14 +447,42 @@ TEST_CASE("structured output table: a structural tag leaves text free until a tr
   CHECK(allows(mask, eos));
   t.remove(13);
 
-  f.structural_tag = R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "token", "token": 5}, "end": "</a>"}})";
+  // Token-level formats: a call begins and ends with control tokens, which only the grammar's
+  // token symbols let through; accepted() reads them as those tokens.
+  f.structural_tag = R"({"format": {"type": "token_triggered_tags", "trigger_tokens": ["<｜tool▁call▁begin｜>"],
+      "at_least_one": true, "stop_after_first": true, "tags": [{"type": "tag",
+      "begin": {"type": "token", "token": "<｜tool▁call▁begin｜>"}, "content": {"type": "regex", "pattern": "[0-9]+"},
+      "end": {"type": "token", "token": "<｜tool▁call▁end｜>"}}]}})";
+  REQUIRE_FALSE(add_now(t, 15, key(f), false, "response_format"));
+  const auto begin = *v4().token_to_id("<｜tool▁call▁begin｜>"), end = *v4().token_to_id("<｜tool▁call▁end｜>");
+  pos = 0;
+  REQUIRE(t.allowed(15, pos, mask));
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{begin});
+  t.accepted(15, pos++, static_cast<std::int32_t>(begin));
+  REQUIRE(t.allowed(15, pos, mask));
+  CHECK_FALSE(allows(mask, end));
+  const auto digits = v4().encode("42", troupe::recipe::encode_mode::raw);
+  for (const auto id : digits) {
+    REQUIRE(t.allowed(15, pos, mask));
+    REQUIRE(allows(mask, id));
+    t.accepted(15, pos++, static_cast<std::int32_t>(id));
+  }
+  REQUIRE(t.allowed(15, pos, mask));
+  CHECK(allows(mask, end));
+  CHECK_FALSE(allows(mask, eos));
+  t.accepted(15, pos++, static_cast<std::int32_t>(end));
+  REQUIRE(t.allowed(15, pos, mask));
+  CHECK(ids_of(mask) == std::vector<std::uint32_t>{eos});
+  t.remove(15);
+
+  f.structural_tag = R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "token", "token": "<｜nope｜>"},
+      "end": "</a>"}})";
   const auto e = add_now(t, 14, key(f), false, "structured_outputs.structural_tag");
   REQUIRE(e.has_value());
   CHECK(e->status == 400);
   CHECK(e->param == "structured_outputs.structural_tag");
-  CHECK(e->message.starts_with("Invalid structural tag for structured output: token-level formats ('token') are "
-                               "not supported"));
-  CHECK(e->message.find("(at '#/format/content/type')") != std::string::npos);
+  CHECK(e->message == "Invalid structural tag for structured output: unknown token '<｜nope｜>' (at "
+                      "'#/format/content/token').");
   t.remove(14);
 }
 

@@ -649,13 +649,33 @@ def test_structural_tag_response_format(server):
     for call in re.finditer(r"<f", text):
         rest = text[call.start():]
         assert rest.startswith("<f>") and ("</f>" in rest or r.choices[0].finish_reason == "length"), text
+    # Token-level formats: the call begins and ends with DeepSeek's control tokens, which appear
+    # in the content as their text; a token the tokenizer lacks is a 400 naming its pointer.
+    token_call = {"type": "structural_tag", "format": {
+        "type": "token_triggered_tags", "trigger_tokens": ["<｜tool▁call▁begin｜>"],
+        "at_least_one": True, "stop_after_first": True,
+        "tags": [{"type": "tag", "begin": {"type": "token", "token": "<｜tool▁call▁begin｜>"},
+                  "content": {"type": "json_schema", "json_schema": weather},
+                  "end": {"type": "token", "token": "<｜tool▁call▁end｜>"}}]}}
+    for seed in (4, 5):
+        r = client.chat.completions.create(**chat_body(
+            "Weather?", max_tokens=40, temperature=1.0, seed=seed, logprobs=True,
+            extra_body={**CHAT_MODE, "response_format": token_call}))
+        text = r.choices[0].message.content
+        m = re.fullmatch(r"<｜tool▁call▁begin｜>(.*)<｜tool▁call▁end｜>", text, re.S)
+        assert m and r.choices[0].finish_reason == "stop", text
+        call = json.loads(m.group(1))
+        assert call["city"] in ("Paris", "Oslo") and 1 <= call["days"] <= 3
+        tokens = [t.token for t in r.choices[0].logprobs.content]
+        assert tokens[0] == "<｜tool▁call▁begin｜>" and tokens[-1] == "<｜tool▁call▁end｜>", tokens
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**chat_body(
             "Hi", max_tokens=5, extra_body={"response_format": {
                 "type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>",
-                                                     "content": {"type": "any_tokens"}}}}))
+                                                     "content": {"type": "token", "token": "<｜nope｜>"}}}}))
     assert e.value.body["param"] == "response_format"
-    assert "#/format/content/type" in e.value.body["message"]
+    assert "unknown token '<｜nope｜>'" in e.value.body["message"]
+    assert "#/format/content/token" in e.value.body["message"]
 
 
 # Strict tools: the grammar is the DSML block of calls with each strict tool's parameters by its

@@ -138,7 +138,9 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
       {R"({"type": "structural_tag"})", "", "needs a 'format'"},
       {R"({"type": "json_schema", "format": {"type": "any_text"}})", "/type", "must be 'structural_tag'"},
       {R"({"format": {"type": "sequence", "elements": [{"type": "token", "token": 7}]}})", "/format/elements/0/type",
-       "token-level"},
+       "need the model's tokenizer"},
+      {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": {"type": "token",
+          "token": 7}}})", "/format/end/type", "need the model's tokenizer"},
       {R"({"format": {"type": "nope"}})", "/format/type", "unknown format type 'nope'"},
       {R"({"format": {"type": "any_text", "max_tokens": 5}})", "/format/max_tokens", "not supported"},
       {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema":
@@ -169,4 +171,242 @@ TEST_CASE("structural tag: masks equal trying every token of the DeepSeek-V4 voc
   const auto g = tag_grammar(tools_format(""));
   check_masks_along(g, R"(Checking the weather now: <function=get_weather>{"city": "Kraków"}</function> and )"
                        R"(the time <function=get_time>{"tz": "UTC"}</function>. Done.)");
+}
+
+// Token-level formats, over the V4 vocabulary: whole tokens, named by id or by string.
+namespace {
+
+const gr::token_names& v4_names() {
+  static const gr::token_names names = [] {
+    gr::token_names n;
+    n.vocab_size = static_cast<std::uint32_t>(v4_vocab()->size());
+    n.eos = v4_vocab()->eos();
+    n.id_of = [](std::string_view s) -> std::optional<std::uint32_t> {
+      if (auto id = v4().token_to_id(s); id && v4().is_added(*id)) return id;
+      if (const auto ids = v4_vocab()->find(s); !ids.empty()) return ids.front();
+      return std::nullopt;
+    };
+    return n;
+  }();
+  return names;
+}
+
+std::shared_ptr<const gr::grammar> token_grammar(const std::string& format) {
+  auto r = gr::compile_structural_tag(std::string_view(R"({"type": "structural_tag", "format": )" + format + "}"), {},
+                                      &v4_names());
+  if (auto* e = std::get_if<gr::structural_tag_error>(&r)) FAIL_CHECK(e->to_string());
+  REQUIRE(std::holds_alternative<gr::grammar>(r));
+  return std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+}
+
+gr::structural_tag_error token_error(const std::string& format) {
+  auto r = gr::compile_structural_tag(std::string_view(R"({"type": "structural_tag", "format": )" + format + "}"), {},
+                                      &v4_names());
+  REQUIRE(std::holds_alternative<gr::structural_tag_error>(r));
+  return std::get<gr::structural_tag_error>(r);
+}
+
+std::uint32_t id_of(const std::string& token) {
+  const auto id = v4_names().id_of(token);
+  REQUIRE_MESSAGE(id.has_value(), token);
+  return *id;
+}
+
+// Text as the ids of its raw tokenization.
+std::vector<std::uint32_t> text_ids(const std::string& text) {
+  const auto ids = v4().encode(text, troupe::recipe::encode_mode::raw);
+  return {ids.begin(), ids.end()};
+}
+
+// The allowed ids by offering each id of the vocabulary to a copy of the matcher (the mask's
+// independent answer): end-of-sequence when the output is complete.
+std::vector<std::uint32_t> offered_allowed(const gr::mask_computer& masks, const gr::matcher& m) {
+  std::vector<std::uint32_t> ids;
+  const auto& eos = v4_vocab()->eos();
+  for (std::uint32_t id = 0; id < v4_vocab()->size(); ++id) {
+    if (std::find(eos.begin(), eos.end(), id) != eos.end()) {
+      if (m.is_complete()) ids.push_back(id);
+      continue;
+    }
+    gr::matcher copy = m;
+    if (masks.accept(copy, id)) ids.push_back(id);
+  }
+  return ids;
+}
+
+// Feeds `ids`, checking every `every`-th mask and the last against offered_allowed; returns the
+// matcher.
+gr::matcher feed(const std::shared_ptr<const gr::grammar>& g, const std::vector<std::uint32_t>& ids,
+                 std::size_t every = 1) {
+  const gr::mask_computer masks(g, v4_vocab());
+  gr::matcher m(g);
+  for (std::size_t i = 0; i <= ids.size(); ++i) {
+    if (i % every == 0 || i == ids.size()) {
+      INFO("after ", i, " tokens");
+      CHECK(masks.allowed(m) == offered_allowed(masks, m));
+    }
+    if (i < ids.size()) REQUIRE_MESSAGE(masks.accept(m, ids[i]), "token ", i, " (id ", ids[i], ")");
+  }
+  return m;
+}
+
+std::vector<std::uint32_t> cat(std::initializer_list<std::vector<std::uint32_t>> parts) {
+  std::vector<std::uint32_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+const std::string call_tags = R"({"type": "token_triggered_tags", "trigger_tokens": ["<｜tool▁call▁begin｜>"],
+    "tags": [{"type": "tag", "begin": {"type": "token", "token": "<｜tool▁call▁begin｜>"},
+              "content": {"type": "json_schema", "json_schema": )" + weather_schema + R"(},
+              "end": {"type": "token", "token": "<｜tool▁call▁end｜>"}}])";
+
+}  // namespace
+
+TEST_CASE("structural tag: token_triggered_tags start a tag at a control token, never at its text") {
+  const auto g = token_grammar(call_tags + "}");
+  const gr::mask_computer masks(g, v4_vocab());
+  const auto begin = id_of("<｜tool▁call▁begin｜>"), end = id_of("<｜tool▁call▁end｜>"), user = id_of("<｜User｜>");
+  const auto m = feed(g, cat({text_ids("Let me check. "), {begin}, text_ids(R"({"city": "Kraków"})"), {end},
+                              text_ids(" Done, and again: "), {begin}, text_ids(R"({"city": "Oslo"})"), {end}}),
+                      3);
+  CHECK(m.is_complete());
+  gr::matcher start(g);
+  const auto first = masks.allowed(start);
+  const auto has = [](const std::vector<std::uint32_t>& ids, std::uint32_t id) {
+    return std::binary_search(ids.begin(), ids.end(), id);
+  };
+  CHECK(has(first, begin));
+  CHECK_FALSE(has(first, end));   // only a tag ends with it
+  CHECK_FALSE(has(first, user));  // a control token the tag does not name
+  CHECK(first.size() > 100000);   // any text token
+  // Inside the call: JSON only, and the end token once the object is whole.
+  gr::matcher in(g);
+  REQUIRE(masks.accept(in, begin));
+  CHECK_FALSE(has(masks.allowed(in), end));
+  for (const auto id : text_ids(R"({"city": "Rome"})")) REQUIRE(masks.accept(in, id));
+  CHECK(masks.allowed(in) == std::vector<std::uint32_t>{end});
+  // The text of the control token is text, and starts no tag.
+  gr::matcher text(g);
+  for (const auto id : text_ids("<｜tool▁call▁begin｜>{")) REQUIRE(masks.accept(text, id));
+  CHECK(text.is_complete());
+  CHECK_FALSE(has(masks.allowed(text), end));
+  // Rollback and serialisation keep the token-level state.
+  gr::matcher r(g);
+  REQUIRE(masks.accept(r, begin));
+  const auto saved = r.serialize();
+  REQUIRE(masks.accept(r, text_ids("{")[0]));
+  REQUIRE(r.rollback(1));
+  CHECK(r.serialize() == saved);
+  auto restored = gr::matcher::restore(g, saved);
+  REQUIRE(restored);
+  CHECK(masks.allowed(*restored) == masks.allowed(r));
+}
+
+TEST_CASE("structural tag: at_least_one and stop_after_first over tokens") {
+  const auto once = token_grammar(call_tags + R"(, "at_least_one": true, "stop_after_first": true})");
+  const gr::mask_computer masks(once, v4_vocab());
+  const auto begin = id_of("<｜tool▁call▁begin｜>"), end = id_of("<｜tool▁call▁end｜>");
+  gr::matcher m(once);
+  CHECK(masks.allowed(m) == std::vector<std::uint32_t>{begin});  // no text first
+  const auto done = feed(once, cat({{begin}, text_ids(R"({"city": "Paris"})"), {end}}));
+  CHECK(done.is_complete());
+  CHECK(masks.allowed(done) == v4_vocab()->eos());  // nothing after the first call
+}
+
+TEST_CASE("structural tag: any_tokens and exclude_token read whole tokens") {
+  const auto think = id_of("<think>"), close = id_of("</think>"), hello = id_of("Hello");
+  // A token-level tag whose content is any tokens but "Hello" (as a token: its text by other
+  // tokens is fine), at most 3 of them.
+  const auto g = token_grammar(R"({"type": "tag", "begin": {"type": "token", "token": "<think>"},
+      "content": {"type": "any_tokens", "exclude_tokens": ["Hello"], "max_tokens": 3},
+      "end": {"type": "token", "token": "</think>"}})");
+  const gr::mask_computer masks(g, v4_vocab());
+  gr::matcher m(g);
+  REQUIRE(masks.accept(m, think));
+  auto inside = masks.allowed(m);
+  CHECK_FALSE(std::binary_search(inside.begin(), inside.end(), hello));
+  CHECK(std::binary_search(inside.begin(), inside.end(), close));   // the content may be empty
+  CHECK_FALSE(std::binary_search(inside.begin(), inside.end(), think));  // a control token, not text
+  const auto he = text_ids("He"), llo = text_ids("llo");
+  REQUIRE(he.size() == 1);
+  REQUIRE(llo.size() == 1);
+  REQUIRE(masks.accept(m, he[0]));
+  REQUIRE(masks.accept(m, llo[0]));
+  REQUIRE(masks.accept(m, text_ids("!")[0]));
+  CHECK(masks.allowed(m) == std::vector<std::uint32_t>{close});  // the budget is spent
+  feed(g, cat({{think}, he, llo, {close}}));
+  CHECK_FALSE(masks.can_accept(gr::matcher(g), hello));
+
+  // exclude_token: exactly one token; the enclosing tag's end token is excluded by itself.
+  const auto one = token_grammar(R"({"type": "tag", "begin": "[", "content": {"type": "exclude_token",
+      "exclude_tokens": [)" + std::to_string(hello) + R"(]}, "end": {"type": "token", "token": 128822}})");
+  const gr::mask_computer ones(one, v4_vocab());
+  gr::matcher o(one);
+  REQUIRE(ones.accept(o, text_ids("[")[0]));
+  const auto any_one = ones.allowed(o);
+  CHECK_FALSE(std::binary_search(any_one.begin(), any_one.end(), hello));
+  CHECK_FALSE(std::binary_search(any_one.begin(), any_one.end(), close));
+  REQUIRE(ones.accept(o, he[0]));
+  CHECK(ones.allowed(o) == std::vector<std::uint32_t>{close});
+}
+
+TEST_CASE("structural tag: a token names that one token, and token_dispatch switches on tokens") {
+  const auto hello = id_of("Hello");
+  const auto g = token_grammar(R"({"type": "sequence", "elements": [{"type": "token", "token": "Hello"},
+      {"type": "const_string", "value": "!"}]})");
+  const gr::mask_computer masks(g, v4_vocab());
+  CHECK(masks.allowed(gr::matcher(g)) == std::vector<std::uint32_t>{hello});  // not "He" + "llo"
+  CHECK(feed(g, {hello, text_ids("!")[0]}).is_complete());
+
+  const auto sep = id_of("<｜tool▁sep｜>"), calls = id_of("<｜tool▁calls▁begin｜>");
+  const auto d = token_grammar(R"({"type": "token_dispatch", "rules": [["<｜tool▁sep｜>", {"type": "const_string",
+      "value": "x"}], [)" + std::to_string(calls) + R"(, {"type": "regex", "pattern": "[0-9]+"}]], "loop": true})");
+  const auto m = feed(d, cat({text_ids("free "), {sep}, text_ids("x"), text_ids(" more "), {calls}, text_ids("42")}), 2);
+  CHECK(m.is_complete());
+  const gr::mask_computer dm(d, v4_vocab());
+  gr::matcher after(d);
+  REQUIRE(dm.accept(after, sep));
+  CHECK(dm.allowed(after) == std::vector<std::uint32_t>{text_ids("x")[0]});
+  const auto no_loop = token_grammar(R"({"type": "token_dispatch", "rules": [["<｜tool▁sep｜>", {"type":
+      "const_string", "value": "x"}]], "loop": false})");
+  const gr::mask_computer nm(no_loop, v4_vocab());
+  auto n = feed(no_loop, cat({text_ids("a "), {sep}, text_ids("x")}));
+  CHECK(nm.allowed(n) == v4_vocab()->eos());
+}
+
+TEST_CASE("structural tag: token-level refusals name the member and its pointer") {
+  const struct {
+    std::string format, pointer, message;
+  } cases[] = {
+      {R"({"type": "token", "token": "<｜no▁such｜>"})", "/format/token", "unknown token '<｜no▁such｜>'"},
+      {R"({"type": "token", "token": 129280})", "/format/token", "not in the vocabulary"},
+      {R"({"type": "token", "token": 1.5})", "/format/token", "a token must be"},
+      {R"({"type": "token", "token": "<｜end▁of▁sentence｜>"})", "/format/token", "end-of-sequence"},
+      {R"({"type": "any_tokens", "max_tokens": 5000})", "/format/max_tokens", "'max_tokens' must be"},
+      {R"({"type": "triggered_tags", "triggers": ["<"], "tags": [{"type": "tag", "begin": {"type": "token",
+          "token": "<think>"}, "content": {"type": "any_text"}, "end": "x"}]})",
+       "/format/tags/0/begin", "token_triggered_tags takes tokens"},
+      {R"({"type": "token_triggered_tags", "trigger_tokens": ["<think>"], "tags": [{"type": "tag", "begin": "<a>",
+          "content": {"type": "any_text"}, "end": "x"}]})",
+       "/format/tags/0/begin", "must begin with a token"},
+      {R"({"type": "token_triggered_tags", "trigger_tokens": ["<think>"], "tags": [{"type": "tag", "begin":
+          {"type": "token", "token": "</think>"}, "content": {"type": "any_text"}, "end": "x"}]})",
+       "/format/tags/0/begin", "none of the trigger tokens"},
+      {R"({"type": "token_triggered_tags", "trigger_tokens": [], "tags": []})", "/format/trigger_tokens",
+       "must not be empty"},
+      {R"({"type": "tag", "begin": {"type": "const_string", "value": "a"}, "content": {"type": "any_text"},
+          "end": "b"})", "/format/begin/type", "must be {\"type\": \"token\""},
+      {R"({"type": "token_dispatch", "rules": [["<think>"]]})", "/format/rules/0", "[token, format]"},
+  };
+  for (const auto& c : cases) {
+    const auto e = token_error(c.format);
+    CHECK_MESSAGE(e.pointer == c.pointer, c.format, " -> ", e.pointer, ": ", e.message);
+    CHECK_MESSAGE(e.message.find(c.message) != std::string::npos, c.format, " -> ", e.message);
+  }
+  // At most 12 different tokens and exclusions.
+  std::string many = R"({"type": "or", "elements": [)";
+  for (int i = 0; i < 13; ++i) many += (i ? ", " : "") + std::string(R"({"type": "token", "token": )") + std::to_string(1000 + i) + "}";
+  const auto e = token_error(many + "]}");
+  CHECK(e.message.find("at most 12") != std::string::npos);
 }

@@ -1,7 +1,8 @@
 // libFuzzer target for the structured-output parsers (recipe/grammar/): the first byte picks the
 // regex compiler (odd), the JSON Schema compiler (0 mod 16), the structural tag compiler (8 mod
 // 16), the tool-call compiler (4 mod 8), the GBNF compiler (2 mod 8) or the Lark compiler (6 mod
-// 8), the rest is the pattern, the schema text, the structural tag, the tools (as a constraint
+// 8), the rest is the pattern, the schema text, the structural tag (its token-level formats naming
+// the small vocabulary's tokens), the tools (as a constraint
 // key's JSON: {"v41", "mode", "one_call", "tools": [{"name", "schema"}]}) or the grammar. Every input must give a grammar or an error value — no crash, no sanitizer report,
 // no hang (libFuzzer's -timeout) — and a grammar must run: a matcher fed the input's own bytes
 // either accepts them or refuses them, and a refused byte string leaves its state unchanged.
@@ -48,13 +49,30 @@ const std::shared_ptr<const gr::vocabulary>& small_vocabulary() {
   return v;
 }
 
-// A fresh mask_computer's allowed ids (its first mask of the state) against trying each token.
+// Token-level formats name the small vocabulary's tokens by id or by their exact bytes.
+const gr::token_names& small_names() {
+  static const gr::token_names n = [] {
+    gr::token_names t;
+    t.vocab_size = static_cast<std::uint32_t>(small_vocabulary()->size());
+    t.eos = small_vocabulary()->eos();
+    t.id_of = [](std::string_view s) -> std::optional<std::uint32_t> {
+      const auto ids = small_vocabulary()->find(s);
+      return ids.empty() ? std::nullopt : std::optional<std::uint32_t>(ids.front());
+    };
+    return t;
+  }();
+  return n;
+}
+
+// A fresh mask_computer's allowed ids (its first mask of the state) against offering each token
+// (its bytes, or the token symbols standing for it).
 void check_mask(const std::shared_ptr<const gr::grammar>& g, const gr::matcher& m) {
   const auto& v = *small_vocabulary();
+  const gr::mask_computer masks(g, small_vocabulary());
   std::vector<std::uint32_t> want;
   for (std::uint32_t id = 0; id < v.size(); ++id)
-    if (v.bytes(id).empty() ? m.is_complete() : m.can_accept(v.bytes(id))) want.push_back(id);
-  if (gr::mask_computer(g, small_vocabulary()).allowed(m) != want) std::abort();
+    if (v.bytes(id).empty() ? m.is_complete() : masks.can_accept(m, id)) want.push_back(id);
+  if (masks.allowed(m) != want) std::abort();
 }
 
 }  // namespace
@@ -74,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
   } else if (data[0] % 16 == 8) {
-    auto r = gr::compile_structural_tag(text);
+    auto r = gr::compile_structural_tag(text, {}, &small_names());
     if (auto* e = std::get_if<gr::structural_tag_error>(&r)) {
       if (e->message.empty()) std::abort();  // every refusal says why
       return 0;
