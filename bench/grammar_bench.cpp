@@ -6,15 +6,25 @@
 // a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance (and
 // XGrammar when installed) on the same workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md); a tool-call
 // workload through the hand-written peer forms it carries.
-// Usage: bench_grammar [--rounds N] [--workload NAME] [--peer PYTHON] (--workload: that one only, peer too)
+// With --device-step-us N it measures instead what a device waits for: each workload's output
+// through troupe serve's constraint table (actors/entrypoint/structured_output.hpp), the mask asked
+// for (wall time) after a forward pass of N µs (a sleep) behind each accepted token, with the
+// table's warming of the next state's mask off and on, interleaved, a fresh table per round.
+// Usage: bench_grammar [--rounds N] [--workload NAME] [--peer PYTHON] [--device-step-us N]
+//        (--workload: that one only, peer too)
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdlib>
+#include <future>
+#include <thread>
 #include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "actors/entrypoint/structured_output.hpp"
 #include "recipe/grammar/ebnf.hpp"
 #include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/json_schema.hpp"
@@ -75,15 +85,73 @@ std::vector<workload> load_workloads() {
   return out;
 }
 
+// The constraint key troupe serve gives the workload (constraint_table::format_key's forms).
+std::string constraint_key(const workload& w) {
+  if (!w.tools.is_null()) return "tools:" + w.tools.dump();
+  if (!w.lark.empty()) return "lark:" + w.lark;
+  if (!w.ebnf.empty()) return "grammar:" + w.ebnf;
+  return "schema:" + w.schema;
+}
+
+// --device-step-us: the masks a device waits for, without and with the next state's warming.
+int device_path(const troupe::recipe::tokenizer& tok, int rounds, const std::string& only, int step_us) {
+  std::printf("each token: the mask asked for (wall time), then accepted, then a %d us forward pass\n\n", step_us);
+  std::printf("%-15s %7s | %-29s | %-29s\n", "workload", "tokens", "not warmed: p50 / p99 / max", "warmed: p50 / p99 / max");
+  std::vector<workload> all;
+  for (auto& w : load_workloads())
+    if (only.empty() || w.name == only) all.push_back(std::move(w));
+  // [workload][warmed]: every mask's wait, over the rounds
+  std::vector<std::array<std::vector<double>, 2>> waits(all.size());
+  std::vector<std::uint32_t> mask((tok.vocab_size() + 31) / 32);
+  for (int r = 0; r < rounds; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const bool warmed = (r + k) % 2 == 1;  // alternate which goes first
+      troupe::actors::constraint_table table(tok, 2, warmed);
+      for (std::size_t wi = 0; wi < all.size(); ++wi) {
+        const auto ids = output_ids(tok, all[wi].output);
+        const std::uint64_t seq = wi + 1;
+        std::promise<std::optional<troupe::recipe::api_error>> compiled;
+        table.add(seq, constraint_key(all[wi]), false, "response_format", {},
+                  [&](std::optional<troupe::recipe::api_error> e) { compiled.set_value(std::move(e)); });
+        if (auto e = compiled.get_future().get()) {
+          std::printf("%s: %s\n", all[wi].name.c_str(), e->message.c_str());
+          return 1;
+        }
+        for (std::size_t i = 0; i <= ids.size(); ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          table.allowed(seq, i, mask);
+          waits[wi][warmed].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          if (i == ids.size()) break;
+          if (!((mask[ids[i] / 32] >> (ids[i] % 32)) & 1)) {
+            std::printf("%s: token %zu not allowed\n", all[wi].name.c_str(), i);
+            return 1;
+          }
+          table.accepted(seq, i, static_cast<std::int32_t>(ids[i]));
+          std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+        }
+        table.remove(seq);
+      }
+    }
+  for (std::size_t wi = 0; wi < all.size(); ++wi) {
+    const auto& w = waits[wi];
+    std::printf("%-15s %7zu | %6.1f / %6.1f / %7.1f us | %6.1f / %6.1f / %7.1f us\n", all[wi].name.c_str(),
+                w[0].size() / static_cast<std::size_t>(rounds), pct(w[0], 0.5), pct(w[0], 0.99),
+                *std::max_element(w[0].begin(), w[0].end()), pct(w[1], 0.5), pct(w[1], 0.99),
+                *std::max_element(w[1].begin(), w[1].end()));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 20;
+  int rounds = 20, step_us = 0;
   std::string peer, only;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--rounds") rounds = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--peer") peer = argv[i + 1];
     if (std::string(argv[i]) == "--workload") only = argv[i + 1];
+    if (std::string(argv[i]) == "--device-step-us") step_us = std::stoi(argv[i + 1]);
   }
   std::string load = "?";
   if (std::ifstream f("/proc/loadavg"); f) std::getline(f, load);
@@ -92,6 +160,7 @@ int main(int argc, char** argv) {
   auto t0 = clock_type::now();
   const auto tok = troupe::recipe::tokenizer::from_file(std::string(TROUPE_SOURCE_DIR) +
                                                         "/recipe/data/deepseek-v4/tokenizer.json.gz");
+  if (step_us > 0) return device_path(tok, rounds, only, step_us);
   const auto vocab = std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok));
   std::printf("vocabulary: %zu ids, trie of %zu nodes, built in %.0f ms (with the tokenizer load)\n\n", vocab->size(),
               vocab->trie().size(), us_since(t0) / 1000);

@@ -27,9 +27,10 @@ constexpr std::size_t cache_limit = 256;
 constexpr std::size_t inline_replay_limit = 256;
 }  // namespace
 
-constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compile_threads)
+constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compile_threads, bool warm_next)
     : vocab_(std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok))),
       think_end_(tok.token_to_id("</think>")),
+      warm_next_(warm_next),
       pool_(std::max(compile_threads, 1u)) {
   // A token-level format names a token by id, or by its string: an added token's content or a
   // text token's text.
@@ -416,6 +417,11 @@ void constraint_table::accepted(std::uint64_t sequence, std::uint64_t position, 
   }
   std::lock_guard hold(s->mu);
   accept_locked(s->e, position, token);
+  // A state not seen before: its mask's cached entries are built now, on a compile thread,
+  // rather than when the device asks for the mask after its forward pass.
+  const entry& e = s->e;
+  if (warm_next_ && e.m && e.c && !e.in_reasoning && !e.c->masks->is_warm(*e.m))
+    boost::asio::post(pool_, [c = e.c, next = e.m->without_history()] { c->masks->warm(next); });
 }
 
 bool constraint_table::accept_locked(entry& e, std::uint64_t position, std::int32_t token) {

@@ -42,7 +42,10 @@ class constraint_table final : public runtime::token_constraints {
 public:
   /// The vocabulary is `tok`'s (its added tokens never allowed; `<｜end▁of▁sentence｜>` allowed
   /// when the output is complete). `compile_threads` (>= 1) workers compile new keys.
-  explicit constraint_table(const recipe::tokenizer& tok, unsigned compile_threads = 2);
+  /// `warm_next`: after each accepted token, a compile thread builds what the next state's mask
+  /// needs when it is a state not seen before, while the device runs its forward pass (off only
+  /// to measure what it saves: bench_grammar --device-step-us).
+  explicit constraint_table(const recipe::tokenizer& tok, unsigned compile_threads = 2, bool warm_next = true);
   ~constraint_table() override;
 
   /// A request's constraint as text: what add() and restore() compile and what a
@@ -137,6 +140,7 @@ private:
   mutable std::mutex mu_;
   std::shared_ptr<const recipe::grammar::vocabulary> vocab_;
   std::optional<recipe::token_id> think_end_;
+  bool warm_next_ = true;
   recipe::grammar::token_names tokens_;  // what structural tags' token-level formats name
   std::map<std::string, std::shared_ptr<compiled>> cache_;  // by key
   std::map<std::uint64_t, std::shared_ptr<slot>> entries_;

@@ -102,6 +102,11 @@ bool matcher::accept_any(std::span<const std::string_view> texts) {
 
 bool matcher::can_accept(std::string_view bytes) const { return advance(state_, bytes).has_value(); }
 
+matcher matcher::without_history() const {
+  matcher m(*this, 0);
+  return m;
+}
+
 bool matcher::rollback(std::size_t k) {
   if (k > history_.size()) return false;
   if (k == 0) return true;

@@ -72,6 +72,8 @@ class matcher {
   // Some byte may follow.
   bool can_continue() const { return !state_.stacks.empty(); }
   const match_state& state() const { return state_; }
+  // The current state without the rollback history: a cheap copy to build masks with elsewhere.
+  matcher without_history() const;
   const grammar& rules() const { return *g_; }
   const matcher_options& options() const { return opt_; }
 
@@ -82,6 +84,7 @@ class matcher {
                                         matcher_options opt = {});
 
  private:
+  matcher(const matcher& o, int) : g_(o.g_), opt_(o.opt_), state_(o.state_) {}  // without_history()
   std::optional<match_state> advance(const match_state& from, std::string_view bytes) const;
   std::shared_ptr<const grammar> g_;
   matcher_options opt_;

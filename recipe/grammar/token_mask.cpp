@@ -445,6 +445,19 @@ bool mask_computer::can_accept(const matcher& m, std::uint32_t id) const {
   return std::any_of(texts.begin(), texts.end(), [&](std::string_view t) { return m.can_accept(t); });
 }
 
+bool mask_computer::is_warm(const matcher& m) const {
+  std::lock_guard lock(mu_);
+  return std::all_of(m.state().stacks.begin(), m.state().stacks.end(), [&](const stack& s) {
+    return cache_.contains((std::uint64_t{s.back().rule} << 32) | s.back().state);
+  });
+}
+
+bool mask_computer::warm(const matcher& m) const {
+  if (is_warm(m)) return false;
+  for (const stack& s : m.state().stacks) entry_for(s.back());
+  return true;
+}
+
 std::size_t mask_computer::cached_states() const {
   std::lock_guard lock(mu_);
   return cache_.size();
@@ -532,9 +545,14 @@ mask_computer::text_budget mask_computer::class_budget(frame f, unsigned cls) co
 
 const mask_computer::entry& mask_computer::entry_for(frame f) const {
   const std::uint64_t key = (std::uint64_t{f.rule} << 32) | f.state;
-  std::lock_guard lock(mu_);
-  auto& slot = cache_[key];
-  if (!slot) {
+  {
+    std::lock_guard lock(mu_);
+    if (const auto it = cache_.find(key); it != cache_.end()) return *it->second;
+  }
+  // Built without the lock: a first mask takes up to a few hundred µs, and meanwhile other
+  // threads' masks of this grammar (the device's, a compile thread warming the next state) go
+  // on. Two threads may build the same entry; the first one kept wins.
+  {
     auto e = std::make_unique<entry>();
     e->accepted.assign(v_->mask_words(), 0);
     std::vector<std::uint32_t> returns;
@@ -578,9 +596,11 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     for (const auto n : returns)
       for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) e->after_return[at[t[c].byte]++] = c;
     e->has_returns = !returns.empty();
-    slot = std::move(e);
+    std::lock_guard lock(mu_);
+    auto& slot = cache_[key];
+    if (!slot) slot = std::move(e);
+    return *slot;
   }
-  return *slot;
 }
 
 void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const {

@@ -114,7 +114,8 @@ class vocabulary {
   std::array<class_tables, text_classes> classes_;
 };
 
-// One per (grammar, vocabulary); thread-safe (the cache is shared under a lock).
+// One per (grammar, vocabulary); thread-safe (the cache is shared under a lock; an entry is built
+// outside it).
 class mask_computer {
  public:
   mask_computer(std::shared_ptr<const grammar> g, std::shared_ptr<const vocabulary> v);
@@ -129,6 +130,12 @@ class mask_computer {
   // they lead to). False, and nothing changed, when none is accepted.
   bool accept(matcher& m, std::uint32_t id) const;
   bool can_accept(const matcher& m, std::uint32_t id) const;
+
+  // Builds the cached entries that `m`'s mask needs (one per top frame of its stacks), so that
+  // the mask then costs what a warm one does; false when they were all built already.
+  bool warm(const matcher& m) const;
+  // Whether they are all built.
+  bool is_warm(const matcher& m) const;
 
   const vocabulary& vocab() const { return *v_; }
   std::size_t cached_states() const;

@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 using troupe::actors::constraint_table;
@@ -515,4 +517,31 @@ TEST_CASE("structured output table: a Lark grammar has a key of its own; a bad o
   t.remove(22);
   t.remove(23);
   CHECK(t.size() == 0);
+}
+
+TEST_CASE("structured output table: warming the next state's mask on a compile thread changes no mask") {
+  // A nested schema along a valid output: the masks asked for, with the warming on and off, are
+  // the same (each token followed by the time a forward pass would give the compile threads).
+  response_format f;
+  f.type = response_format::kind::json_schema;
+  f.schema_json = R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+      "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}}, "n": {"type": "integer"}},
+      "required": ["name", "tags", "n"], "additionalProperties": false})";
+  const auto text = v4().encode(R"({"name": "Ada", "tags": ["bb", "a"], "n": -42})", troupe::recipe::encode_mode::raw);
+  std::vector<std::vector<std::uint32_t>> masks[2];
+  for (const bool warm : {false, true}) {
+    constraint_table t(v4(), 2, warm);
+    REQUIRE_FALSE(add_now(t, 1, key(f), false, "response_format"));
+    std::vector<std::uint32_t> mask((v4().vocab_size() + 31) / 32);
+    for (std::size_t i = 0; i <= text.size(); ++i) {
+      REQUIRE(t.allowed(1, i, mask));
+      masks[warm].push_back(ids_of(mask));
+      if (i == text.size()) break;
+      REQUIRE(allows(mask, text[i]));
+      t.accepted(1, i, static_cast<std::int32_t>(text[i]));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  CHECK(masks[0] == masks[1]);
+  CHECK(masks[1].back() == std::vector<std::uint32_t>{*v4().token_to_id("<｜end▁of▁sentence｜>")});
 }

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <thread>
 
 #include "grammar_fixture.hpp"
 #include "recipe/grammar/token_mask.hpp"
@@ -370,6 +371,34 @@ TEST_CASE("grammar mask: a first mask inside a string takes text tokens whole, a
     CHECK(m.is_complete());
   }
   CHECK(compared > 60);
+}
+
+TEST_CASE("grammar mask: warming a state builds its entries, from another thread, and changes no mask") {
+  // What the constraint table does after each accepted token: warm() on a compile thread while
+  // the device computes, then the device's fill() finds the entries built.
+  const auto g = schema_grammar(ojson::parse(R"({"type": "object", "properties": {"a": {"type": "string"},
+      "b": {"type": "array", "items": {"type": "integer"}}}, "required": ["a", "b"], "additionalProperties": false})"));
+  const std::string text = R"({"a": "x\"y", "b": [1, -20, 3]})";
+  const mask_computer warmed(g, v4_vocab()), cold(g, v4_vocab());
+  matcher m(g);
+  int built = 0;
+  for (std::size_t at = 0; at <= text.size(); ++at) {
+    INFO("after ", text.substr(0, at));
+    const matcher copy = m.without_history();
+    CHECK(copy.state() == m.state());
+    CHECK(copy.rollback_depth() == 0);
+    const bool was_warm = warmed.is_warm(m);
+    bool did = false;
+    std::thread([&] { did = warmed.warm(copy); }).join();
+    CHECK(did == !was_warm);
+    built += did;
+    CHECK(warmed.is_warm(m));
+    CHECK_FALSE(warmed.warm(m));  // nothing left to build
+    CHECK(warmed.allowed(m) == cold.allowed(m));
+    if (at < text.size()) REQUIRE(m.accept_token(text.substr(at, 1)));
+  }
+  CHECK(built > 5);
+  CHECK(warmed.cached_states() == cold.cached_states());
 }
 
 TEST_CASE("grammar mask: first masks of random patterns equal trying every token of a small vocabulary") {
