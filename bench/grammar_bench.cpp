@@ -3,7 +3,8 @@
 // bench/grammar_workloads.json, each along its valid output tokenized by the V4 tokenizer; a "tools" workload is
 // a tool-call grammar (tool_calls.hpp), its output's `｜DSML｜` the control token's id. Prints p50 / p99 over several rounds;
 // "cold" masks are the first pass of a fresh mask_computer (its per-state cache empty), "warm"
-// a second pass over the same output; times are the thread's CPU time. With --peer PYTHON it then runs llguidance (and
+// a second pass over the same output; then, apart, the time to build every state's cache entry up
+// front (mask_computer::warm_all). Times are the thread's CPU time. With --peer PYTHON it then runs llguidance (and
 // XGrammar when installed) on the same workloads and tokenizer file (bench/grammar_peer.py; docs/benchmarks.md); a tool-call
 // workload through the hand-written peer forms it carries.
 // With --device-step-us N it measures instead what a device waits for: each workload's output
@@ -167,12 +168,14 @@ int main(int argc, char** argv) {
   std::printf("%-15s %7s | %-17s | %-19s | %-19s | %s\n", "workload", "tokens", "compile p50 / p99", "cold mask p50 / p99",
               "warm mask p50 / p99", "max");
   bool found = only.empty();
+  std::vector<std::pair<std::string, std::shared_ptr<const gr::grammar>>> grammars;
   for (const auto& w : load_workloads()) {
     if (!only.empty() && w.name != only) continue;
     found = true;
     std::vector<double> compile, cold, warm;
     const auto ids = output_ids(tok, w.output);
     std::vector<std::uint32_t> mask(vocab->mask_words());
+    std::shared_ptr<const gr::grammar> last;
     for (int r = 0; r < rounds; ++r) {
       t0 = clock_type::now();
       std::string error;
@@ -201,6 +204,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       const auto g = std::make_shared<const gr::grammar>(std::move(compiled));
+      last = g;
       const gr::mask_computer masks(g, vocab);
       for (int pass = 0; pass < 2; ++pass) {
         gr::matcher m(g);
@@ -218,6 +222,22 @@ int main(int argc, char** argv) {
     std::printf("%-15s %7zu | %7.0f / %7.0f us | %7.1f / %7.0f us | %7.1f / %7.1f us | cold %.0f us\n", w.name.c_str(),
                 ids.size() + 1, pct(compile, 0.5), pct(compile, 0.99), pct(cold, 0.5), pct(cold, 0.99), pct(warm, 0.5),
                 pct(warm, 0.99), *std::max_element(cold.begin(), cold.end()));
+    grammars.emplace_back(w.name, std::move(last));
+  }
+  // Apart, after the rest (its megabytes of masks freed between rounds would slow the compiles
+  // measured after them): what building every state's mask up front costs, as XGrammar's compile
+  // does (mask_computer::warm_all).
+  std::printf("\n%-15s %7s | %s\n", "workload", "frames", "every state's mask built up front: p50 / p99");
+  for (const auto& [name, g] : grammars) {
+    std::vector<double> every;
+    std::size_t frames = 0;
+    for (int r = 0; r < rounds; ++r) {
+      const gr::mask_computer all(g, vocab);
+      t0 = clock_type::now();
+      frames = all.warm_all(std::size_t(-1));
+      every.push_back(us_since(t0));
+    }
+    std::printf("%-15s %7zu | %7.2f / %7.2f ms\n", name.c_str(), frames, pct(every, 0.5) / 1000, pct(every, 0.99) / 1000);
   }
   if (!found) {
     std::printf("no workload named %s in bench/grammar_workloads.json\n", only.c_str());

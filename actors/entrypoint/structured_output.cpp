@@ -25,6 +25,10 @@ constexpr std::size_t cache_limit = 256;
 // restore() replays at most this many output tokens on the caller's thread (an actor's: tens of
 // µs); a longer output so far is replayed on a compile thread, as a compile is.
 constexpr std::size_t inline_replay_limit = 256;
+// A new grammar with at most this many frames a stack can wait in gets every frame's mask entry
+// built on a compile thread after its compile (at most 4 MiB of masks), as XGrammar builds its
+// masks; larger ones are warmed state by state after each accepted token.
+constexpr std::size_t warm_all_frames = 256;
 }  // namespace
 
 constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compile_threads, bool warm_next)
@@ -213,6 +217,8 @@ constraint_table::compile(const std::string& key, const std::string& param, std:
   if (cache_.size() >= cache_limit)
     cache_.erase(cache_.begin());
   cache_.emplace(key, c);
+  if (warm_next_)
+    boost::asio::post(pool_, [c] { c->masks->warm_all(warm_all_frames); });
   return c;
 }
 

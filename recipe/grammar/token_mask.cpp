@@ -452,6 +452,16 @@ bool mask_computer::is_warm(const matcher& m) const {
   });
 }
 
+std::size_t mask_computer::warm_all(std::size_t max_frames) const {
+  std::vector<frame> frames;
+  for (std::uint32_t r = 0; r < g_->rules.size(); ++r)
+    for (std::uint32_t s = 0; s < g_->rules[r].size(); ++s)
+      if (g_->rules[r].has_bytes[s]) frames.push_back({r, s});
+  if (frames.size() > max_frames) return 0;
+  for (const frame f : frames) entry_for(f);
+  return frames.size();
+}
+
 bool mask_computer::warm(const matcher& m) const {
   if (is_warm(m)) return false;
   for (const stack& s : m.state().stacks) entry_for(s.back());
@@ -581,7 +591,14 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
           if (acc[j]) e->nonzero.push_back(j);
     }
     e->sparse = e->nonzero.size() * 4 < words;
-    if (!e->sparse) e->nonzero = {};
+    if (e->sparse) {  // kept as the non-zero words only: 16 KiB less for most states
+      std::vector<std::uint32_t> values;
+      values.reserve(e->nonzero.size());
+      for (const auto i : e->nonzero) values.push_back(acc[i]);
+      e->accepted = std::move(values);
+    } else {
+      e->nonzero = {};
+    }
     // A counting sort: children counted by byte, then placed in return order.
     const auto& t = v_->trie();
     std::array<std::uint32_t, 257> at{};
@@ -611,7 +628,7 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
   for (const stack& s : st.stacks) {
     const entry& e = entry_for(s.back());
     if (e.sparse)
-      for (const auto i : e.nonzero) mask[i] |= e.accepted[i];
+      for (std::size_t k = 0; k < e.nonzero.size(); ++k) mask[e.nonzero[k]] |= e.accepted[k];
     else
       for (std::size_t i = 0; i < mask.size(); ++i) mask[i] |= e.accepted[i];
     if (!e.has_returns) continue;

@@ -136,15 +136,20 @@ class mask_computer {
   bool warm(const matcher& m) const;
   // Whether they are all built.
   bool is_warm(const matcher& m) const;
+  // Builds the entry of every frame a stack can wait in (every rule state with a byte edge) when
+  // there are at most `max_frames` of them, as a grammar compiler that builds every mask up
+  // front would; returns how many (0: more than `max_frames`, nothing built).
+  std::size_t warm_all(std::size_t max_frames) const;
 
   const vocabulary& vocab() const { return *v_; }
   std::size_t cached_states() const;
 
  private:
   struct entry {
-    std::vector<std::uint32_t> accepted;  // bitmask
-    // sparse: under a quarter of the words of `accepted` are not zero (a number's or a keyword's
-    // state), and `nonzero` lists them; otherwise a mask takes every word.
+    std::vector<std::uint32_t> accepted;  // bitmask, or (sparse) its words listed in `nonzero`
+    // sparse: under a quarter of the bitmask's words are not zero (a number's or a keyword's
+    // state), `nonzero` lists them and `accepted` holds only those; otherwise a mask takes every
+    // word.
     bool sparse = false;
     std::vector<std::uint32_t> nonzero;
     bool has_returns = false;             // some token's bytes return from the frame

@@ -399,6 +399,24 @@ TEST_CASE("grammar mask: warming a state builds its entries, from another thread
   }
   CHECK(built > 5);
   CHECK(warmed.cached_states() == cold.cached_states());
+
+  // Every frame up front (a small grammar after its compile): nothing is built past the limit;
+  // within it, every mask along the output finds its entries built and equals the cold one.
+  const mask_computer all(g, v4_vocab());
+  CHECK(all.warm_all(3) == 0);
+  CHECK(all.cached_states() == 0);
+  std::size_t frames = 0;
+  for (const auto& r : g->rules)
+    for (std::uint32_t s = 0; s < r.size(); ++s) frames += r.has_bytes[s];
+  CHECK(all.warm_all(frames) == frames);
+  CHECK(all.cached_states() == frames);
+  matcher again(g);
+  for (std::size_t at = 0; at <= text.size(); ++at) {
+    CHECK(all.is_warm(again));
+    CHECK(all.allowed(again) == cold.allowed(again));
+    if (at < text.size()) REQUIRE(again.accept_token(text.substr(at, 1)));
+  }
+  CHECK(all.cached_states() == frames);
 }
 
 TEST_CASE("grammar mask: first masks of random patterns equal trying every token of a small vocabulary") {
