@@ -26,7 +26,7 @@ constexpr std::size_t cache_limit = 256;
 // µs); a longer output so far is replayed on a compile thread, as a compile is.
 constexpr std::size_t inline_replay_limit = 256;
 // A new grammar with at most this many frames a stack can wait in gets every frame's mask entry
-// built on a compile thread after its compile (at most 4 MiB of masks), as XGrammar builds its
+// built on the warming thread after its compile (at most 4 MiB of masks), as XGrammar builds its
 // masks; larger ones are warmed state by state after each accepted token.
 constexpr std::size_t warm_all_frames = 256;
 }  // namespace
@@ -53,7 +53,10 @@ constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compil
   };
 }
 
-constraint_table::~constraint_table() { pool_.join(); }
+constraint_table::~constraint_table() {
+  pool_.join();
+  warm_pool_.join();
+}
 
 std::string constraint_table::format_key(const recipe::response_format& format) {
   using kind = recipe::response_format::kind;
@@ -218,7 +221,7 @@ constraint_table::compile(const std::string& key, const std::string& param, std:
     cache_.erase(cache_.begin());
   cache_.emplace(key, c);
   if (warm_next_)
-    boost::asio::post(pool_, [c] { c->masks->warm_all(warm_all_frames); });
+    boost::asio::post(warm_pool_, [c] { c->masks->warm_all(warm_all_frames); });
   return c;
 }
 
@@ -423,11 +426,11 @@ void constraint_table::accepted(std::uint64_t sequence, std::uint64_t position, 
   }
   std::lock_guard hold(s->mu);
   accept_locked(s->e, position, token);
-  // A state not seen before: its mask's cached entries are built now, on a compile thread,
+  // A state not seen before: its mask's cached entries are built now, on the warming thread,
   // rather than when the device asks for the mask after its forward pass.
   const entry& e = s->e;
   if (warm_next_ && e.m && e.c && !e.in_reasoning && !e.c->masks->is_warm(*e.m))
-    boost::asio::post(pool_, [c = e.c, next = e.m->without_history()] { c->masks->warm(next); });
+    boost::asio::post(warm_pool_, [c = e.c, next = e.m->without_history()] { c->masks->warm(next); });
 }
 
 bool constraint_table::accept_locked(entry& e, std::uint64_t position, std::int32_t token) {

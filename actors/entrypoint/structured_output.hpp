@@ -44,8 +44,8 @@ public:
   /// when the output is complete). `compile_threads` (>= 1) workers compile new keys.
   /// `warm_next`: after each accepted token, a compile thread builds what the next state's mask
   /// needs when it is a state not seen before, while the device runs its forward pass, and after
-  /// a small grammar's compile it builds every state's (off only to measure what it saves:
-  /// bench_grammar --device-step-us).
+  /// a small grammar's compile it builds every state's, on a thread of its own (off only to
+  /// measure what it saves: bench_grammar --device-step-us).
   explicit constraint_table(const recipe::tokenizer& tok, unsigned compile_threads = 2, bool warm_next = true);
   ~constraint_table() override;
 
@@ -148,6 +148,8 @@ private:
   std::uint64_t restores_ = 0;  // restore() calls that compile: an entry's compile fills only its own
   std::condition_variable compiled_;  // an entry's compile ended
   boost::asio::thread_pool pool_;     // last: joined before the members its jobs use go
+  /// Warming masks (warm_next): a thread of its own, so that a compile never waits behind it.
+  boost::asio::thread_pool warm_pool_{1};
 };
 
 }  // namespace troupe::actors
