@@ -920,6 +920,7 @@ class schema_rules::compiler {
     }
     for (const auto& m : members)
       if (m.forbidden && m.required) return;  // a required property that must not exist
+    if (style_.any_order) return any_order_object(b, from, to, members, extra, declared, ptr);
     // States j[i][f]: before member i, f = no member written yet.
     const std::size_t n = members.size();
     std::vector<std::array<std::uint32_t, 2>> j(n + 1);
@@ -953,6 +954,45 @@ class schema_rules::compiler {
     }
     close(b, j[n][0], to, '}');
     b.byte(j[n][1], to, '}');
+  }
+
+  // any_order: entries of any permitted member in any order, at least as many as the required
+  // members. c[k]: k entries written (the last one: at least max(required, 1)).
+  template <class Member>
+  void any_order_object(nfa_builder& b, std::uint32_t from, std::uint32_t to, const std::vector<Member>& members,
+                        const std::optional<std::uint32_t>& extra, const std::set<std::string>& declared,
+                        const std::string& ptr) {
+    std::size_t required = 0;
+    for (const auto& m : members) required += m.required;
+    const std::size_t top = std::max<std::size_t>(required, 1);
+    if (top > lim_.max_repeat) fail("required", ptr, "more than " + std::to_string(lim_.max_repeat) + " required properties");
+    std::vector<std::uint32_t> c(top + 1);
+    for (auto& s : c) s = b.add_state();
+    open(b, from, c[0], '{');
+    const std::optional<std::uint32_t> key_rule =
+        extra ? std::optional<std::uint32_t>(extra_key_rule(declared, ptr)) : std::nullopt;
+    for (std::size_t k = 0; k <= top; ++k) {
+      const auto next = c[std::min(k + 1, top)];
+      const auto entry = k ? b.add_state() : c[0];
+      if (k) separator(b, c[k], entry, ',');
+      for (const auto& m : members) {
+        if (m.forbidden) continue;
+        std::string key;
+        escape_string_into(key, m.name);
+        const auto name = b.add_state(), v = b.add_state();
+        b.literal(entry, name, key);
+        separator(b, name, v, ':');
+        b.call(v, next, m.rule);
+      }
+      if (key_rule) {
+        const auto colon = b.add_state(), v = b.add_state();
+        b.call(entry, colon, *key_rule);
+        separator(b, colon, v, ':');
+        b.call(v, next, *extra);
+      }
+    }
+    if (required == 0) b.byte(c[0], to, '}');
+    close(b, c[top], to, '}');
   }
 
   std::uint32_t extra_key_rule(const std::set<std::string>& declared, const std::string& ptr) {

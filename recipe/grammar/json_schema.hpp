@@ -29,6 +29,11 @@ namespace troupe::recipe::grammar {
 // `{ } [ ] , :` (between the brackets of an empty object or array too), none elsewhere.
 struct json_style {
   bool compact = false;
+  // XGrammar's any_order: an object's members in any order. Each is a permitted key with a value
+  // of its schema, but which keys appear is not tracked (a required one may be missing, a key may
+  // repeat); only their number is bounded below, by the number of required properties. Every
+  // object of the schema, nested ones too.
+  bool any_order = false;
   // A call-free automaton over JSON whitespace (whitespace_style); when set, `compact` is ignored.
   std::shared_ptr<const rule> whitespace;
   std::string_view item() const { return compact ? "," : ", "; }

@@ -252,13 +252,15 @@ class compiler {
   void json_schema(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
     if (const json* style = member(node, "style", ptr); style && !style->is_null() && *style != "json")
       fail(child(ptr, "style"), "only the 'json' style is supported");
-    if (flag(node, "any_order", ptr)) fail(child(ptr, "any_order"), "'any_order' is not supported");
+    json_style style;
+    style.any_order = flag(node, "any_order", ptr);
     const json& schema = *member(node, "json_schema", ptr, true);
-    schema_call(b, from, to, schema, child(ptr, "json_schema"));
+    schema_call(b, from, to, schema, child(ptr, "json_schema"), style);
   }
-  void schema_call(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& schema, const std::string& ptr) {
+  void schema_call(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& schema, const std::string& ptr,
+                   json_style style = {}) {
     if (auto it = compiled_.find(ptr); it != compiled_.end()) return b.call(from, to, it->second);
-    schema_rules rules(schema, g_, lim_);
+    schema_rules rules(schema, g_, lim_, style);
     auto r = rules.value(schema, "");
     if (auto* e = std::get_if<schema_error>(&r)) {
       const std::string where = e->keyword.empty() ? ptr + e->pointer : child(ptr + e->pointer, e->keyword);

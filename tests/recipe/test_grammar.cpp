@@ -198,6 +198,39 @@ TEST_CASE("grammar schema: the compact style has no whitespace at all") {
   CHECK_FALSE(accepts(any, R"({"a": 1})"));
 }
 
+TEST_CASE("grammar schema: any_order takes permitted members in any order, as many as the required ones") {
+  const auto schema = ojson::parse(
+      R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+          "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": [1, 2]},
+          "v": {"type": "boolean"}}, "required": ["k", "v"], "additionalProperties": false}},
+          "no": false}, "required": ["name", "age"], "additionalProperties": false})");
+  gr::json_style style;
+  style.any_order = true;
+  auto r = gr::compile_json_schema(schema, {}, style);
+  REQUIRE(std::holds_alternative<gr::grammar>(r));
+  const auto g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
+  CHECK(accepts(g, R"({"name": "Ada", "age": 36})"));
+  CHECK(accepts(g, R"({"age": 36, "name": "Ada"})"));
+  CHECK(accepts(g, R"({"tags": [{"v": true, "k": 2}], "age": 1, "name": ""})"));  // nested too
+  CHECK(accepts(g, R"({"age": 1, "age": 2})"));  // as XGrammar: keys are not tracked, only counted
+  CHECK_FALSE(accepts(g, R"({"age": 36})"));     // fewer entries than required properties
+  CHECK_FALSE(accepts(g, R"({})"));
+  CHECK_FALSE(accepts(g, R"({"name": "Ada", "age": 36, "x": 1})"));  // additionalProperties false
+  CHECK_FALSE(accepts(g, R"({"name": "Ada", "age": 36, "no": 1})"));  // a false schema
+  CHECK_FALSE(accepts(g, R"({"name": 1, "age": 36})"));
+  CHECK_FALSE(accepts(g, R"({"name": "Ada", "age": 36, "tags": [{"k": 1}]})"));
+  // Without required members the empty object is one; other keys where additionalProperties
+  // allows them, never the declared names with another schema.
+  const auto open = ojson::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})");
+  auto o = gr::compile_json_schema(open, {}, style);
+  REQUIRE(std::holds_alternative<gr::grammar>(o));
+  const auto og = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(o)));
+  CHECK(accepts(og, "{}"));
+  CHECK(accepts(og, R"({"z": [1], "a": 2, "b": null})"));
+  CHECK_FALSE(accepts(og, R"({"a": "x"})"));
+  check_masks_along(g, R"({"tags": [{"v": false, "k": 1}, {"k": 2, "v": true}], "age": -7, "name": "Zoë"})");
+}
+
 TEST_CASE("grammar schema: a whitespace pattern's text between tokens around { } [ ] , :, none elsewhere") {
   auto st = gr::whitespace_style(R"([\n ]?)");
   REQUIRE(std::holds_alternative<gr::json_style>(st));

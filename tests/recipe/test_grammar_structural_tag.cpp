@@ -167,6 +167,21 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
   }
 }
 
+TEST_CASE("structural tag: a json_schema format's any_order") {
+  const auto g = tag_grammar(R"({"type": "structural_tag", "format": {"type": "json_schema", "any_order": true,
+      "json_schema": )" + weather_schema + "}}");
+  CHECK(accepts(g, R"({"city": "Paris"})"));
+  const auto two = tag_grammar(R"({"type": "structural_tag", "format": {"type": "json_schema", "any_order": true,
+      "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "required": ["a", "b"], "additionalProperties": false}}})");
+  CHECK(accepts(two, R"({"b": 1, "a": 2})"));
+  CHECK_FALSE(accepts(two, R"({"b": 1})"));
+  const auto ordered = tag_grammar(R"({"type": "structural_tag", "format": {"type": "json_schema",
+      "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "required": ["a", "b"], "additionalProperties": false}}})");
+  CHECK_FALSE(accepts(ordered, R"({"b": 1, "a": 2})"));
+}
+
 TEST_CASE("structural tag: masks equal trying every token of the DeepSeek-V4 vocabulary") {
   const auto g = tag_grammar(tools_format(""));
   check_masks_along(g, R"(Checking the weather now: <function=get_weather>{"city": "Kraków"}</function> and )"
