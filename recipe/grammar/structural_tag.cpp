@@ -14,6 +14,7 @@
 #include "recipe/grammar/json_schema.hpp"
 #include "recipe/grammar/lark.hpp"
 #include "recipe/grammar/regex.hpp"
+#include "recipe/grammar/tool_calls.hpp"
 
 namespace troupe::recipe::grammar {
 
@@ -250,8 +251,22 @@ class compiler {
   }
 
   void json_schema(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
-    if (const json* style = member(node, "style", ptr); style && !style->is_null() && *style != "json")
-      fail(child(ptr, "style"), "only the 'json' style is supported");
+    const json* named = member(node, "style", ptr);
+    if (named && !named->is_null() && *named == "deepseek_xml") {
+      if (flag(node, "any_order", ptr)) fail(child(ptr, "any_order"), "'any_order' is not supported with 'deepseek_xml'");
+      const json& schema = *member(node, "json_schema", ptr, true);
+      const std::string sptr = child(ptr, "json_schema");
+      return call_compiled(b, from, to, ptr + "#deepseek_xml", [&] {
+        auto r = compile_dsml_parameters(schema, false, lim_);
+        if (auto* e = std::get_if<schema_error>(&r)) {
+          const std::string where = e->keyword.empty() ? sptr + e->pointer : child(sptr + e->pointer, e->keyword);
+          fail(where, "unsupported JSON schema: " + e->message);
+        }
+        return std::move(std::get<grammar>(r));
+      });
+    }
+    if (named && !named->is_null() && *named != "json")
+      fail(child(ptr, "style"), "only the 'json' and 'deepseek_xml' styles are supported");
     json_style style;
     style.any_order = flag(node, "any_order", ptr);
     const json& schema = *member(node, "json_schema", ptr, true);

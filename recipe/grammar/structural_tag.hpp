@@ -7,7 +7,7 @@
 //   {"type": "structural_tag", "format": FORMAT}
 //   {"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}
 // the second (the original one) meaning a `triggered_tags` format of those tags. FORMAT is one of
-//   const_string {value}            json_schema {json_schema, any_order}   (style "json")
+//   const_string {value}            json_schema {json_schema, any_order, style ("json", "deepseek_xml")}
 //   grammar {grammar} (GBNF, or Lark as vLLM detects it)         regex {pattern}
 //   any_text {excludes}             sequence / or {elements}     optional / plus / star {content}
 //   repeat {min, max (-1: no bound), content}                    tag {begin, content, end (one or a list)}

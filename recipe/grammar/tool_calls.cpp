@@ -29,9 +29,26 @@ std::string close_tag(const std::string& word) {
 
 class builder {
  public:
-  builder(const tool_calls_spec& spec, const limits& lim)
+  builder(const tool_calls_spec& spec, const limits& lim, std::string what = "a strict tool")
       : spec_(spec), lim_(lim),
-        w_(spec.v41 ? words{" calls", " invoke", " parameter"} : words{"tool_calls", "invoke", "parameter"}) {}
+        w_(spec.v41 ? words{" calls", " invoke", " parameter"} : words{"tool_calls", "invoke", "parameter"}),
+        what_(std::move(what)) {}
+
+  // Only the parameters of tool 0, as the root rule (dsml_parameters).
+  grammar parameters() {
+    g_.rules.emplace_back();
+    nfa_builder b;
+    const auto s = b.add_state(), a = b.add_state();
+    const std::array<std::uint32_t, 2> end{b.add_state(), b.add_state()};
+    strict_parameters(b, s, end, 0);
+    b.epsilon(end[0], a);
+    b.epsilon(end[1], a);
+    g_.rules[0] = determinize(b, s, a, "parameters", 0);
+    if (g_.state_count() > lim_.max_total_states)
+      throw failure{{0, {"", "", "the parameters need more than " + std::to_string(lim_.max_total_states) +
+                                     " automaton states"}}};
+    return std::move(g_);
+  }
 
   grammar run() {
     g_.rules.emplace_back();  // the root, built last
@@ -153,16 +170,16 @@ class builder {
     auto refuse = [&](std::string keyword, std::string message) {
       throw failure{{i, {std::move(keyword), "", std::move(message)}}};
     };
-    if (!schema.is_object()) refuse("", "a strict tool's parameters must be an object schema");
+    if (!schema.is_object()) refuse("", "the parameters of " + what_ + " must be an object schema");
     static const std::set<std::string> top{"type", "properties", "required", "additionalProperties", "$defs",
                                            "definitions", "title", "description", "$schema", "$comment"};
     for (auto it = schema.begin(); it != schema.end(); ++it)
       if (!top.count(it.key()))
-        refuse(it.key(), "'" + it.key() + "' is not supported at the top of a strict tool's parameters");
+        refuse(it.key(), "'" + it.key() + "' is not supported at the top of the parameters of " + what_);
     if (schema.contains("type") && schema["type"] != "object")
-      refuse("type", "the parameters of a strict tool must be of type 'object'");
+      refuse("type", "the parameters of " + what_ + " must be of type 'object'");
     if (schema.contains("additionalProperties") && schema["additionalProperties"] != false)
-      refuse("additionalProperties", "a strict tool takes only the parameters its 'properties' name "
+      refuse("additionalProperties", what_ + " takes only the parameters its 'properties' name "
                                      "('additionalProperties' must be false)");
     const json props = schema.value("properties", json::object());
     if (!props.is_object()) refuse("properties", "'properties' must be an object");
@@ -204,6 +221,7 @@ class builder {
   const tool_calls_spec& spec_;
   const limits& lim_;
   words w_;
+  std::string what_;  // what the parameters belong to, in errors
   grammar g_;
   std::optional<std::uint32_t> any_value_;
 };
@@ -226,6 +244,21 @@ std::optional<tool_calls_spec> tool_calls_spec_of(const json& j) {
     spec.tools.push_back({t["name"].get<std::string>(), strict ? std::optional<json>(t["schema"]) : std::nullopt});
   }
   return spec;
+}
+
+std::variant<grammar, schema_error> compile_dsml_parameters(const json& schema, bool v41, const limits& lim) {
+  tool_calls_spec spec;
+  spec.v41 = v41;
+  spec.tools.push_back({"", schema});
+  try {
+    grammar g = builder(spec, lim, "a deepseek_xml value").parameters();
+    if (auto r = left_recursive_rule(g); !r.empty())
+      return schema_error{"$ref", "", "recursion that consumes no output (left recursion) through " + r};
+    if (!prune(g)) return schema_error{"", "", "no parameters satisfy the schema"};
+    return g;
+  } catch (const failure& f) {
+    return f.e.error;
+  }
 }
 
 std::variant<grammar, tool_calls_error> compile_tool_calls(const tool_calls_spec& spec, const limits& lim) {

@@ -60,6 +60,13 @@ struct tool_calls_error {
 // left to the caller. Nothing for JSON of another shape.
 std::optional<tool_calls_spec> tool_calls_spec_of(const nlohmann::ordered_json& j);
 
+// The parameters of one call alone, as a strict tool's (`<D parameter name="KEY"
+// string="true">TEXT</D parameter>\n` or string="false" with canonical JSON, in the schema's
+// order): a structural tag's json_schema format with XGrammar's `deepseek_xml` style. A pruned
+// grammar, or what the schema has that is refused (as for a strict tool).
+std::variant<grammar, schema_error> compile_dsml_parameters(const nlohmann::ordered_json& schema, bool v41 = false,
+                                                            const limits& lim = {});
+
 // A pruned grammar of the output. Errors: a strict schema the JSON Schema compiler refuses, a
 // top level that is not an object of named properties, limits exceeded.
 std::variant<grammar, tool_calls_error> compile_tool_calls(const tool_calls_spec& spec, const limits& lim = {});

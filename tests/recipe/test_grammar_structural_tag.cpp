@@ -154,7 +154,7 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
       {R"({"format": {"type": "grammar", "grammar": "root ::= x"}})", "/format/grammar", "invalid grammar"},
       {R"({"format": {"type": "repeat", "min": 3, "max": 2, "content": {"type": "const_string", "value": "a"}}})",
        "/format/max", "'max' must be"},
-      {R"({"format": {"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}})", "/format/style", "'json'"},
+      {R"({"format": {"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}})", "/format/style", "'json' and 'deepseek_xml'"},
       {R"({"triggers": ["<f="], "structures": [{"begin": "<f=a>", "end": "</f>"}]})", "/structures/0",
        "missing member 'schema'"},
       {R"({"format": {"type": "const_string", "value": "a", "x": 1}, "y": [)" + std::string(200, '[') + "]}", "",
@@ -180,6 +180,50 @@ TEST_CASE("structural tag: a json_schema format's any_order") {
       "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
       "required": ["a", "b"], "additionalProperties": false}}})");
   CHECK_FALSE(accepts(ordered, R"({"b": 1, "a": 2})"));
+}
+
+TEST_CASE("structural tag: the deepseek_xml style writes a call's parameters in DSML") {
+  const std::string d(1, static_cast<char>(gr::dsml_byte));  // the ｜DSML｜ control token
+  const auto g = tag_grammar(R"({"type": "structural_tag", "format": {"type": "tag", "begin": "<call>\n",
+      "content": {"type": "json_schema", "style": "deepseek_xml", "json_schema": {"type": "object",
+      "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+      "required": ["city"], "additionalProperties": false}}, "end": "</call>"}})");
+  const auto param = [&](const std::string& name, bool text, const std::string& value) {
+    return "<" + d + "parameter name=\"" + name + "\" string=\"" + (text ? "true" : "false") + "\">" + value + "</" + d +
+           "parameter>\n";
+  };
+  CHECK(accepts(g, "<call>\n" + param("city", true, "Paris") + "</call>"));
+  CHECK(accepts(g, "<call>\n" + param("city", false, "\"Paris\"") + param("days", false, "3") + "</call>"));
+  CHECK_FALSE(accepts(g, "<call>\n" + param("days", false, "3") + "</call>"));  // city is required
+  CHECK_FALSE(accepts(g, "<call>\n" + param("city", true, "Paris") + param("days", false, "0") + "</call>"));
+  CHECK_FALSE(accepts(g, "<call>\n{\"city\": \"Paris\"}</call>"));
+  CHECK_FALSE(accepts(g, "<call>\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</call>"));
+  // Along the V4 tokens, ｜DSML｜ as its control token: every third mask against trying each.
+  const gr::mask_computer masks(g, v4_vocab());
+  const auto dsml = *v4().token_to_id("｜DSML｜");
+  std::vector<std::uint32_t> ids;
+  for (const auto& piece : {std::string("<call>\n<"), std::string("\x01"), std::string("parameter name=\"city\" string=\"true\">Oslo</"),
+                            std::string("\x01"), std::string("parameter>\n</call>")}) {
+    if (piece == "\x01") {
+      ids.push_back(dsml);
+      continue;
+    }
+    for (const auto id : v4().encode(piece, troupe::recipe::encode_mode::raw)) ids.push_back(id);
+  }
+  gr::matcher m(g);
+  for (std::size_t i = 0; i <= ids.size(); ++i) {
+    if (i % 3 == 0 || i == ids.size()) CHECK(masks.allowed(m) == brute_force_allowed(m, *v4_vocab()));
+    if (i < ids.size()) REQUIRE(masks.accept(m, ids[i]));
+  }
+  CHECK(m.is_complete());
+  // What a strict tool refuses, named with its pointer; other styles refused.
+  const auto e = tag_error(R"({"type": "structural_tag", "format": {"type": "json_schema", "style": "deepseek_xml",
+      "json_schema": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": true}}})");
+  CHECK(e.pointer == "/format/json_schema/additionalProperties");
+  CHECK(e.message.find("a deepseek_xml value takes only the parameters") != std::string::npos);
+  const auto q = tag_error(R"({"type": "structural_tag", "format": {"type": "json_schema", "style": "qwen_xml",
+      "json_schema": {}}})");
+  CHECK(q.pointer == "/format/style");
 }
 
 TEST_CASE("structural tag: masks equal trying every token of the DeepSeek-V4 vocabulary") {
