@@ -560,7 +560,7 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     if (const auto it = cache_.find(key); it != cache_.end()) return *it->second;
   }
   // Built without the lock: a first mask takes up to a few hundred µs, and meanwhile other
-  // threads' masks of this grammar (the device's, a compile thread warming the next state) go
+  // threads' masks of this grammar (the device's, the constraint table's warming thread's) go
   // on. Two threads may build the same entry; the first one kept wins.
   {
     auto e = std::make_unique<entry>();
