@@ -199,10 +199,22 @@ class compiler {
         return std::move(std::get<grammar>(r));
       });
     } else if (type == "any_text") {
-      for (const char* budget : {"max_tokens", "max_chars"})
-        if (node.contains(budget) && !node[budget].is_null())
-          fail(child(ptr, budget), std::string("'") + budget + "' is not supported: give the request's max_tokens");
-      free_text(b, from, to, {}, texts(node, "excludes", ptr, false), ends, ptr);
+      if (node.contains("max_chars") && !node["max_chars"].is_null())
+        fail(child(ptr, "max_chars"), "'max_chars' is not supported: give the request's max_tokens");
+      const auto excludes = texts(node, "excludes", ptr, false);
+      if (node.contains("max_tokens") && !node["max_tokens"].is_null()) {
+        // A token budget counts whole tokens: text tokens, where no string has to be found in
+        // the text (an exclude, a string end), read as any_tokens.
+        const std::string mptr = child(ptr, "max_tokens");
+        if (!tokens_) fail(mptr, "'max_tokens' needs the model's tokenizer");
+        if (!excludes.empty()) fail(mptr, "'max_tokens' is not supported beside 'excludes'");
+        if (ends)
+          fail(mptr, "'max_tokens' is not supported where a string ends the text: give the tag a token end "
+                     "({\"type\": \"token\", ...}), as DeepSeek's </think> is");
+        any_tokens(b, from, to, node, ptr);
+      } else {
+        free_text(b, from, to, {}, excludes, ends, ptr);
+      }
     } else if (type == "sequence") {
       const json& e = elements(node, "elements", ptr);
       std::uint32_t at = from;

@@ -25,8 +25,9 @@
 // an added token's content or a text token's text), through the grammar's token symbols: "any
 // token" is any text token, never a control token the tag does not name; an enclosing tag's end
 // token is excluded from the token-level formats inside it, and a trigger or dispatch token from
-// its own region. The token or character budgets of `any_text` are refused, naming the member and
-// its JSON pointer.
+// its own region. `any_text`'s `max_tokens` is read as `any_tokens` where no string has to be
+// found in its text (no excludes, no string end); elsewhere, and `max_chars`, it is refused,
+// naming the member and its JSON pointer.
 
 #include <cstdint>
 #include <functional>

@@ -142,7 +142,8 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
       {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": {"type": "token",
           "token": 7}}})", "/format/end/type", "need the model's tokenizer"},
       {R"({"format": {"type": "nope"}})", "/format/type", "unknown format type 'nope'"},
-      {R"({"format": {"type": "any_text", "max_tokens": 5}})", "/format/max_tokens", "not supported"},
+      {R"({"format": {"type": "any_text", "max_tokens": 5}})", "/format/max_tokens", "needs the model's tokenizer"},
+      {R"({"format": {"type": "any_text", "max_chars": 5}})", "/format/max_chars", "not supported"},
       {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema":
           {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}, "end": "</a>"}})",
        "/format/content/json_schema/properties/n/multipleOf", "unsupported JSON schema"},
@@ -410,6 +411,26 @@ TEST_CASE("structural tag: any_tokens and exclude_token read whole tokens") {
   CHECK(ones.allowed(o) == std::vector<std::uint32_t>{close});
 }
 
+TEST_CASE("structural tag: any_text's token budget before a token end") {
+  // DeepSeek's </think> is a control token: a reasoning budget as XGrammar's docs write it, with
+  // the tag's ends as tokens.
+  const auto think = id_of("<think>"), close = id_of("</think>");
+  const auto g = token_grammar(R"({"type": "tag", "begin": {"type": "token", "token": "<think>"},
+      "content": {"type": "any_text", "max_tokens": 2}, "end": {"type": "token", "token": "</think>"}})");
+  const gr::mask_computer masks(g, v4_vocab());
+  gr::matcher m(g);
+  REQUIRE(masks.accept(m, think));
+  const auto inside = masks.allowed(m);
+  CHECK(inside.size() > 100000);
+  CHECK(std::binary_search(inside.begin(), inside.end(), close));
+  CHECK_FALSE(std::binary_search(inside.begin(), inside.end(), think));
+  REQUIRE(masks.accept(m, text_ids("Hmm")[0]));
+  REQUIRE(masks.accept(m, text_ids(",")[0]));
+  CHECK(masks.allowed(m) == std::vector<std::uint32_t>{close});  // the budget is spent
+  CHECK(feed(token_grammar(R"({"type": "sequence", "elements": [{"type": "any_text", "max_tokens": 3},
+      {"type": "const_string", "value": "!"}]})"), cat({text_ids("ok"), text_ids("!")})).is_complete());
+}
+
 TEST_CASE("structural tag: a token names that one token, and token_dispatch switches on tokens") {
   const auto hello = id_of("Hello");
   const auto g = token_grammar(R"({"type": "sequence", "elements": [{"type": "token", "token": "Hello"},
@@ -443,6 +464,9 @@ TEST_CASE("structural tag: token-level refusals name the member and its pointer"
       {R"({"type": "token", "token": 1.5})", "/format/token", "a token must be"},
       {R"({"type": "token", "token": "<｜end▁of▁sentence｜>"})", "/format/token", "end-of-sequence"},
       {R"({"type": "any_tokens", "max_tokens": 5000})", "/format/max_tokens", "'max_tokens' must be"},
+      {R"({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_tokens": 8}, "end": "</a>"})",
+       "/format/content/max_tokens", "where a string ends the text"},
+      {R"({"type": "any_text", "max_tokens": 8, "excludes": ["x"]})", "/format/max_tokens", "beside 'excludes'"},
       {R"({"type": "triggered_tags", "triggers": ["<"], "tags": [{"type": "tag", "begin": {"type": "token",
           "token": "<think>"}, "content": {"type": "any_text"}, "end": "x"}]})",
        "/format/tags/0/begin", "token_triggered_tags takes tokens"},
