@@ -35,23 +35,8 @@ constraint_table::constraint_table(const recipe::tokenizer& tok, unsigned compil
     : vocab_(std::make_shared<const gr::vocabulary>(gr::vocabulary::from_tokenizer(tok))),
       think_end_(tok.token_to_id("</think>")),
       warm_next_(warm_next),
-      pool_(std::max(compile_threads, 1u)) {
-  // A token-level format names a token by id, or by its string: an added token's content or a
-  // text token's text.
-  std::map<std::string, std::uint32_t, std::less<>> added;
-  for (std::uint32_t id = 0; id < tok.vocab_size(); ++id)
-    if (tok.is_added(id)) {
-      const recipe::token_id one[] = {id};
-      added.emplace(tok.decode(one), id);
-    }
-  tokens_.vocab_size = static_cast<std::uint32_t>(vocab_->size());
-  tokens_.eos = vocab_->eos();
-  tokens_.id_of = [added = std::move(added), vocab = vocab_](std::string_view s) -> std::optional<std::uint32_t> {
-    if (auto it = added.find(s); it != added.end()) return it->second;
-    if (const auto ids = vocab->find(s); !ids.empty()) return ids.front();
-    return std::nullopt;
-  };
-}
+      tokens_(gr::names_of(vocab_, tok)),
+      pool_(std::max(compile_threads, 1u)) {}
 
 constraint_table::~constraint_table() {
   pool_.join();

@@ -17,7 +17,6 @@
 #pragma once
 
 #include "recipe/api_error.hpp"
-#include "recipe/grammar/structural_tag.hpp"
 #include "recipe/grammar/token_mask.hpp"
 #include "recipe/prompt.hpp"
 #include "recipe/tokenizer.hpp"

@@ -12,6 +12,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +57,15 @@ struct token_symbol {
   bool any = false;
   std::vector<std::uint32_t> ids;
   bool operator==(const token_symbol&) const = default;
+};
+
+// What a structural tag's token-level formats need (structural_tag.hpp; names_of in
+// token_mask.hpp makes one) of the vocabulary: its size, the id of a token's string,
+// and the end-of-sequence ids (which end the output, so no format may name them).
+struct token_names {
+  std::uint32_t vocab_size = 0;
+  std::function<std::optional<std::uint32_t>(std::string_view)> id_of;
+  std::vector<std::uint32_t> eos;
 };
 
 struct call_edge {

@@ -29,9 +29,6 @@
 // found in its text (no excludes, no string end); elsewhere, and `max_chars`, it is refused,
 // naming the member and its JSON pointer.
 
-#include <cstdint>
-#include <functional>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -46,14 +43,6 @@ struct structural_tag_error {
   std::string pointer;  // JSON pointer of the member at fault in the structural tag ("" is the whole)
   std::string message;
   std::string to_string() const;  // "<message> (at '#<pointer>')"
-};
-
-// What the token-level formats need of the vocabulary: its size, the id of a token's string,
-// and the end-of-sequence ids (which end the output, so no format may name them).
-struct token_names {
-  std::uint32_t vocab_size = 0;
-  std::function<std::optional<std::uint32_t>(std::string_view)> id_of;
-  std::vector<std::uint32_t> eos;
 };
 
 // A pruned grammar of the outputs `tag` allows. Without `tokens`, a token-level format is refused.

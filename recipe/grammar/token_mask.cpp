@@ -208,6 +208,28 @@ vocabulary vocabulary::from_tokenizer(const tokenizer& tok) {
   return vocabulary(std::move(bytes), usable, std::move(eos));
 }
 
+token_names names_of(std::shared_ptr<const vocabulary> v, std::map<std::string, std::uint32_t, std::less<>> added) {
+  token_names n;
+  n.vocab_size = static_cast<std::uint32_t>(v->size());
+  n.eos = v->eos();
+  n.id_of = [added = std::move(added), v](std::string_view s) -> std::optional<std::uint32_t> {
+    if (auto it = added.find(s); it != added.end()) return it->second;
+    if (const auto ids = v->find(s); !ids.empty()) return ids.front();
+    return std::nullopt;
+  };
+  return n;
+}
+
+token_names names_of(std::shared_ptr<const vocabulary> v, const tokenizer& tok) {
+  std::map<std::string, std::uint32_t, std::less<>> added;
+  for (std::uint32_t id = 0; id < tok.vocab_size(); ++id)
+    if (tok.is_added(id)) {
+      const token_id one[] = {id};
+      added.emplace(tok.decode(one), id);
+    }
+  return names_of(std::move(v), std::move(added));
+}
+
 namespace {
 
 // What a step to a state leaves to do (mask_computer::kind_): nothing (no call edge, not

@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -113,6 +114,12 @@ class vocabulary {
   };
   std::array<class_tables, text_classes> classes_;
 };
+
+// The token names of `v` (token_names, grammar.hpp): a string is an added token's content
+// (`added`), else the text of a text token (the lowest id when several have it).
+token_names names_of(std::shared_ptr<const vocabulary> v, std::map<std::string, std::uint32_t, std::less<>> added = {});
+// With the tokenizer's added tokens.
+token_names names_of(std::shared_ptr<const vocabulary> v, const tokenizer& tok);
 
 // One per (grammar, vocabulary); thread-safe (the cache is shared under a lock; an entry is built
 // outside it).

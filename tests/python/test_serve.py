@@ -629,15 +629,21 @@ def test_structural_tag_response_format(server):
         "type": "triggered_tags", "triggers": ["<function="], "at_least_one": True, "stop_after_first": True,
         "tags": [{"type": "tag", "begin": "<function=get_weather>",
                   "content": {"type": "json_schema", "json_schema": weather}, "end": "</function>"}]}}
-    for seed in (1, 2):
-        r = client.chat.completions.create(**chat_body(
-            "Weather?", max_tokens=40, temperature=1.0, seed=seed,
-            extra_body={**CHAT_MODE, "response_format": one_call}))
-        text = r.choices[0].message.content
-        m = re.fullmatch(r"<function=get_weather>(.*)</function>", text, re.S)
-        assert m and r.choices[0].finish_reason == "stop", text
-        call = json.loads(m.group(1))
-        assert call["city"] in ("Paris", "Oslo") and 1 <= call["days"] <= 3
+
+    def forced_calls(fmt, begin, end, seeds):
+        """The one call `fmt` forces, between `begin` and `end`, parses and follows `weather`."""
+        for seed in seeds:
+            r = client.chat.completions.create(**chat_body(
+                "Weather?", max_tokens=40, temperature=1.0, seed=seed, logprobs=True,
+                extra_body={**CHAT_MODE, "response_format": fmt}))
+            text = r.choices[0].message.content
+            m = re.fullmatch(re.escape(begin) + "(.*)" + re.escape(end), text, re.S)
+            assert m and r.choices[0].finish_reason == "stop", text
+            call = json.loads(m.group(1))
+            assert call["city"] in ("Paris", "Oslo") and 1 <= call["days"] <= 3
+            yield [t.token for t in r.choices[0].logprobs.content]
+
+    list(forced_calls(one_call, "<function=get_weather>", "</function>", (1, 2)))
     # The original form through structured_outputs (a JSON string, as vLLM's type is): free text,
     # and every trigger in it starts a whole call.
     legacy = {"type": "structural_tag", "triggers": ["<f"],
@@ -657,16 +663,7 @@ def test_structural_tag_response_format(server):
         "tags": [{"type": "tag", "begin": {"type": "token", "token": "<｜tool▁call▁begin｜>"},
                   "content": {"type": "json_schema", "json_schema": weather},
                   "end": {"type": "token", "token": "<｜tool▁call▁end｜>"}}]}}
-    for seed in (4, 5):
-        r = client.chat.completions.create(**chat_body(
-            "Weather?", max_tokens=40, temperature=1.0, seed=seed, logprobs=True,
-            extra_body={**CHAT_MODE, "response_format": token_call}))
-        text = r.choices[0].message.content
-        m = re.fullmatch(r"<｜tool▁call▁begin｜>(.*)<｜tool▁call▁end｜>", text, re.S)
-        assert m and r.choices[0].finish_reason == "stop", text
-        call = json.loads(m.group(1))
-        assert call["city"] in ("Paris", "Oslo") and 1 <= call["days"] <= 3
-        tokens = [t.token for t in r.choices[0].logprobs.content]
+    for tokens in forced_calls(token_call, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", (4, 5)):
         assert tokens[0] == "<｜tool▁call▁begin｜>" and tokens[-1] == "<｜tool▁call▁end｜>", tokens
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**chat_body(

@@ -237,17 +237,7 @@ TEST_CASE("structural tag: masks equal trying every token of the DeepSeek-V4 voc
 namespace {
 
 const gr::token_names& v4_names() {
-  static const gr::token_names names = [] {
-    gr::token_names n;
-    n.vocab_size = static_cast<std::uint32_t>(v4_vocab()->size());
-    n.eos = v4_vocab()->eos();
-    n.id_of = [](std::string_view s) -> std::optional<std::uint32_t> {
-      if (auto id = v4().token_to_id(s); id && v4().is_added(*id)) return id;
-      if (const auto ids = v4_vocab()->find(s); !ids.empty()) return ids.front();
-      return std::nullopt;
-    };
-    return n;
-  }();
+  static const gr::token_names names = gr::names_of(v4_vocab(), v4());
   return names;
 }
 

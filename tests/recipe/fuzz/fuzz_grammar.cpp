@@ -51,16 +51,7 @@ const std::shared_ptr<const gr::vocabulary>& small_vocabulary() {
 
 // Token-level formats name the small vocabulary's tokens by id or by their exact bytes.
 const gr::token_names& small_names() {
-  static const gr::token_names n = [] {
-    gr::token_names t;
-    t.vocab_size = static_cast<std::uint32_t>(small_vocabulary()->size());
-    t.eos = small_vocabulary()->eos();
-    t.id_of = [](std::string_view s) -> std::optional<std::uint32_t> {
-      const auto ids = small_vocabulary()->find(s);
-      return ids.empty() ? std::nullopt : std::optional<std::uint32_t>(ids.front());
-    };
-    return t;
-  }();
+  static const gr::token_names n = gr::names_of(small_vocabulary());
   return n;
 }
 
