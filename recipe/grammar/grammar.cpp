@@ -23,6 +23,7 @@ std::uint64_t grammar::fingerprint() const {
   for (const auto& r : rules) {
     mix(r.size());
     mix(r.classes);
+    mix((std::uint64_t{r.max_tokens} << 32) | r.max_chars);
     for (const auto c : r.byte_class) mix(c);
     for (const auto n : r.next) mix(static_cast<std::uint32_t>(n));
     for (std::uint32_t s = 0; s < r.size(); ++s) {

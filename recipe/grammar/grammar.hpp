@@ -73,6 +73,13 @@ struct call_edge {
   std::uint32_t target;  // this rule's state after the callee accepted
 };
 
+// No budget (rule::max_tokens, max_chars).
+inline constexpr std::uint32_t no_budget = 0xFFFFFFFFu;
+
+// Whether byte b begins a character (is not a UTF-8 continuation byte): what a character budget
+// counts.
+inline constexpr bool starts_char(unsigned b) { return (b & 0xC0) != 0x80; }
+
 // A deterministic automaton over bytes; state 0 is the start. Bytes that no state tells apart
 // share a class, and the transition table has one column per class (a bounded JSON string of a
 // thousand states needs a few dozen columns, not 256).
@@ -84,6 +91,12 @@ struct rule {
   std::vector<std::vector<call_edge>> calls;    // per state
   std::vector<std::uint8_t> accepting;          // per state
   std::vector<std::uint8_t> has_bytes;          // per state: some byte edge leaves it
+  // Budgets of each time the rule is entered (structural tags' any_text and any_tokens): at most
+  // max_tokens tokens take a byte in it (a token that enters or leaves it midway counts) and at
+  // most max_chars characters (bytes that begin one) are taken in it; when one is spent, the rule
+  // can only return. Only a rule without calls has one (the matcher counts in the top frame).
+  std::uint32_t max_tokens = no_budget, max_chars = no_budget;
+  bool budgeted() const { return max_tokens != no_budget || max_chars != no_budget; }
   std::uint32_t size() const { return static_cast<std::uint32_t>(accepting.size()); }
   std::int32_t step(std::uint32_t state, unsigned char b) const { return next[state * classes + byte_class[b]]; }
 };

@@ -7,6 +7,44 @@
 
 namespace troupe::recipe::grammar {
 
+bool charge(const rule& r, stack& s, unsigned char b) {
+  const bool token = r.max_tokens != no_budget && !s.charged();
+  const bool ch = r.max_chars != no_budget && starts_char(b);
+  if ((token && s.tokens == 0) || (ch && s.chars == 0)) return false;
+  if (token) s.tokens = (s.tokens - 1) | stack::charged_bit;
+  if (ch) --s.chars;
+  return true;
+}
+
+bool can_step(const grammar& g, const stack& s) {
+  const frame f = s.back();
+  const rule& r = g.rules[f.rule];
+  if (!r.has_bytes[f.state]) return false;
+  if (!r.budgeted()) return true;
+  if (r.max_tokens != no_budget && s.tokens == 0) return false;  // spent, and not by this token
+  if (r.max_chars == no_budget || s.chars > 0) return true;
+  // No character left: only the rest of one begun.
+  for (unsigned b = 0x80; b <= 0xBF; ++b)
+    if (r.step(f.state, static_cast<unsigned char>(b)) != no_state) return true;
+  return false;
+}
+
+bool end_token(const grammar& g, std::vector<stack>& stacks) {
+  bool any = false;
+  for (const stack& s : stacks) any = any || s.charged();
+  if (!any) return false;
+  std::vector<stack> kept;
+  kept.reserve(stacks.size());
+  for (stack& s : stacks) {
+    s.tokens &= ~stack::charged_bit;
+    if (can_step(g, s)) kept.push_back(std::move(s));
+  }
+  std::sort(kept.begin(), kept.end());
+  kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+  stacks = std::move(kept);
+  return true;
+}
+
 std::vector<stack> close_stacks(const grammar& g, std::vector<stack> raw, std::size_t max_depth, bool& popped) {
   std::vector<stack> ready, seen;
   while (!raw.empty()) {
@@ -16,21 +54,22 @@ std::vector<stack> close_stacks(const grammar& g, std::vector<stack> raw, std::s
     seen.push_back(s);
     const frame top = s.back();
     const rule& r = g.rules[top.rule];
-    if (r.has_bytes[top.state]) ready.push_back(s);
+    if (r.has_bytes[top.state] && (!r.budgeted() || can_step(g, s))) ready.push_back(s);
     for (const call_edge& c : r.calls[top.state]) {
       stack t = s;
       if (r.accepting[c.target] && !r.has_bytes[c.target] && r.calls[c.target].empty()) {
         // A tail call: the caller would only return after it, so the callee takes its frame
         // (right recursion such as `list ::= item list | item` does not deepen the stack).
-        t.back() = {c.rule, 0};
+        enter(g, t, c.rule, true);
       } else {
         t.back().state = c.target;
-        t.push_back({c.rule, 0});
+        enter(g, t, c.rule);
       }
       raw.push_back(std::move(t));
     }
     if (r.accepting[top.state]) {
       s.pop_back();
+      s.tokens = s.chars = 0;  // the frame below has no budget (it made a call)
       if (s.empty())
         popped = true;
       else
@@ -44,7 +83,9 @@ std::vector<stack> close_stacks(const grammar& g, std::vector<stack> raw, std::s
 
 matcher::matcher(std::shared_ptr<const grammar> g, matcher_options opt) : g_(std::move(g)), opt_(opt) {
   bool popped = false;
-  state_.stacks = close_stacks(*g_, {stack{{g_->root, 0}}}, opt_.max_depth, popped);
+  stack start;
+  enter(*g_, start, g_->root);
+  state_.stacks = close_stacks(*g_, {start}, opt_.max_depth, popped);
   state_.complete = popped;
 }
 
@@ -54,11 +95,8 @@ std::optional<match_state> matcher::advance(const match_state& from, std::string
     const auto b = static_cast<unsigned char>(ch);
     std::vector<stack> raw;
     for (const stack& s : cur.stacks) {
-      const auto t = g_->rules[s.back().rule].step(s.back().state, b);
-      if (t == no_state) continue;
       stack n = s;
-      n.back().state = static_cast<std::uint32_t>(t);
-      raw.push_back(std::move(n));
+      if (step_top(*g_, n, b)) raw.push_back(std::move(n));
     }
     if (raw.empty()) return std::nullopt;
     bool popped = false;
@@ -66,6 +104,7 @@ std::optional<match_state> matcher::advance(const match_state& from, std::string
     cur.complete = popped;
     if (cur.stacks.empty() && !cur.complete) return std::nullopt;
   }
+  if (end_token(*g_, cur.stacks) && cur.stacks.empty() && !cur.complete) return std::nullopt;
   return cur;
 }
 
@@ -116,7 +155,7 @@ bool matcher::rollback(std::size_t k) {
 }
 
 namespace {
-constexpr char magic[4] = {'T', 'G', 'S', '1'};
+constexpr char magic[4] = {'T', 'G', 'S', '2'};
 
 void put(std::string& out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -149,6 +188,8 @@ std::string matcher::serialize() const {
       put(out, f.rule, 4);
       put(out, f.state, 4);
     }
+    put(out, s.tokens, 4);
+    put(out, s.chars, 4);
   }
   return out;
 }
@@ -170,7 +211,15 @@ std::optional<matcher> matcher::restore(std::shared_ptr<const grammar> g, std::s
       if (!r.ok || rule >= g->rules.size() || state >= g->rules[rule].size()) return std::nullopt;
       s.push_back({static_cast<std::uint32_t>(rule), static_cast<std::uint32_t>(state)});
     }
-    if (!g->rules[s.back().rule].has_bytes[s.back().state]) return std::nullopt;
+    // The budget left of the top frame: at most its rule's, none where it has none (and not
+    // counting a token: a state lies between tokens).
+    const auto tokens = r.get(4), chars = r.get(4);
+    const auto& top = g->rules[s.back().rule];
+    const auto within = [](std::uint64_t left, std::uint32_t max) { return max == no_budget ? left == 0 : left <= max; };
+    if (!r.ok || !within(tokens, top.max_tokens) || !within(chars, top.max_chars)) return std::nullopt;
+    s.tokens = static_cast<std::uint32_t>(tokens);
+    s.chars = static_cast<std::uint32_t>(chars);
+    if (!can_step(*g, s)) return std::nullopt;
     st.stacks.push_back(std::move(s));
   }
   if (!r.ok || !r.in.empty() || !std::is_sorted(st.stacks.begin(), st.stacks.end()) ||

@@ -34,6 +34,32 @@ struct failure {
 
 // Which of several strings ends where, over bytes (Aho-Corasick): node 0 is "nothing matched";
 // `done[n]` lists the patterns that end at node n (a pattern ending inside a longer match too).
+// UTF-8 (any scalar value): state 0 is between characters, 1..7 inside one; -1 is not UTF-8.
+int utf8_step(int u, unsigned b) {
+  const bool cont = b >= 0x80 && b <= 0xBF;
+  switch (u) {
+    case 0:
+      if (b < 0x80) return 0;
+      if (b < 0xC2) return -1;
+      if (b <= 0xDF) return 1;
+      if (b == 0xE0) return 4;
+      if (b == 0xED) return 5;
+      if (b <= 0xEF) return 2;
+      if (b == 0xF0) return 6;
+      if (b <= 0xF3) return 3;
+      if (b == 0xF4) return 7;
+      return -1;
+    case 1: return cont ? 0 : -1;
+    case 2: return cont ? 1 : -1;
+    case 3: return cont ? 2 : -1;
+    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;  // E0: no overlong form
+    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;  // ED: no surrogate
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;  // F0: no overlong form
+    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;  // F4: nothing past U+10FFFF
+    default: return -1;
+  }
+}
+
 struct pattern_automaton {
   std::vector<std::array<std::int32_t, 256>> next;
   std::vector<std::vector<std::size_t>> done;
@@ -199,21 +225,15 @@ class compiler {
         return std::move(std::get<grammar>(r));
       });
     } else if (type == "any_text") {
-      if (node.contains("max_chars") && !node["max_chars"].is_null())
-        fail(child(ptr, "max_chars"), "'max_chars' is not supported: give the request's max_tokens");
       const auto excludes = texts(node, "excludes", ptr, false);
-      if (node.contains("max_tokens") && !node["max_tokens"].is_null()) {
-        // A token budget counts whole tokens: text tokens, where no string has to be found in
-        // the text (an exclude, a string end), read as any_tokens.
-        const std::string mptr = child(ptr, "max_tokens");
-        if (!tokens_) fail(mptr, "'max_tokens' needs the model's tokenizer");
-        if (!excludes.empty()) fail(mptr, "'max_tokens' is not supported beside 'excludes'");
-        if (ends)
-          fail(mptr, "'max_tokens' is not supported where a string ends the text: give the tag a token end "
-                     "({\"type\": \"token\", ...}), as DeepSeek's </think> is");
-        any_tokens(b, from, to, node, ptr);
-      } else {
+      const auto max_tokens = budget(node, "max_tokens", ptr), max_chars = budget(node, "max_chars", ptr);
+      if (max_tokens == no_budget && max_chars == no_budget) {
         free_text(b, from, to, {}, excludes, ends, ptr);
+      } else if (max_tokens == 0 || max_chars == 0) {  // no text: the end at once
+        if (ends) for (const auto& e : *ends) b.literal(from, to, e);
+        else b.epsilon(from, to);
+      } else {
+        budgeted_text(b, from, to, excludes, ends, max_tokens, max_chars, ptr);
       }
     } else if (type == "sequence") {
       const json& e = elements(node, "elements", ptr);
@@ -278,7 +298,8 @@ class compiler {
       });
     }
     if (named && !named->is_null() && *named != "json")
-      fail(child(ptr, "style"), "only the 'json' and 'deepseek_xml' styles are supported");
+      fail(child(ptr, "style"), (named->is_string() ? "style '" + named->get<std::string>() + "'" : std::string("this style")) +
+                                    " is not supported: a DeepSeek model's parameters are 'deepseek_xml' (or 'json')");
     json_style style;
     style.any_order = flag(node, "any_order", ptr);
     const json& schema = *member(node, "json_schema", ptr, true);
@@ -442,24 +463,115 @@ class compiler {
 
   void any_tokens(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
     const auto sym = symbol(true, excluded(node, ptr), ptr);
-    const json* max = member(node, "max_tokens", ptr);
-    if (!max || max->is_null()) {
+    const auto max = budget(node, "max_tokens", ptr);
+    if (max == 0) return b.epsilon(from, to);
+    if (max == no_budget) {
       const auto loop = b.add_state();
       b.epsilon(from, loop);
       b.byte(loop, loop, sym);
       b.epsilon(loop, to);
       return;
     }
-    if (!max->is_number_integer() || max->get<std::int64_t>() < 0 || max->get<std::int64_t>() > lim_.max_repeat)
-      fail(child(ptr, "max_tokens"), "'max_tokens' must be null or 0 to " + std::to_string(lim_.max_repeat));
-    std::uint32_t at = from;
-    for (std::int64_t i = 0; i < max->get<std::int64_t>(); ++i) {
-      const auto next = b.add_state();
-      b.epsilon(at, to);
-      b.byte(at, next, sym);
-      at = next;
+    // At most `max` of them: a rule of its own whose token budget the matcher counts.
+    nfa_builder sub;
+    const auto loop = sub.add_state(), done = sub.add_state();
+    sub.byte(loop, loop, sym);
+    sub.epsilon(loop, done);
+    b.call(from, to, budgeted_rule(sub, loop, done, "any_tokens", max, no_budget, ptr));
+  }
+
+  // A budget member (max_tokens, max_chars): no_budget when absent or null.
+  static std::uint32_t budget(const json& node, const char* key, const std::string& ptr) {
+    const json* v = member(node, key, ptr);
+    if (!v || v->is_null()) return no_budget;
+    if (!v->is_number_integer() || v->get<std::int64_t>() < 0 || v->get<std::int64_t>() > 2147483647)
+      fail(child(ptr, key), std::string("'") + key + "' must be null or 0 to 2147483647");
+    return static_cast<std::uint32_t>(v->get<std::int64_t>());
+  }
+
+  // `sub`'s automaton from `start` to `accept` as a rule of the grammar with these budgets (a
+  // rule without calls: the matcher counts them in its frame); its index.
+  std::uint32_t budgeted_rule(const nfa_builder& sub, std::uint32_t start, std::uint32_t accept, const char* name,
+                              std::uint32_t max_tokens, std::uint32_t max_chars, const std::string& ptr) {
+    rule r;
+    try {
+      r = sub.determinize(start, accept, name, lim_);
+    } catch (const build_error& e) {
+      fail(ptr, e.message);
     }
-    b.epsilon(at, to);
+    r.max_tokens = max_tokens;
+    r.max_chars = max_chars;
+    g_.rules.push_back(std::move(r));
+    return static_cast<std::uint32_t>(g_.rules.size() - 1);
+  }
+
+  // any_text with a budget: text that holds no exclude, in a rule of its own (budgeted_rule),
+  // then (`ends`) one of the ends. The budget counts the text, not the end: for each end a rule
+  // whose text may stop exactly where that end, written next, is the first pattern found (the
+  // free text's reading: the text stops at the first end).
+  void budgeted_text(nfa_builder& b, std::uint32_t from, std::uint32_t to, const std::vector<std::string>& excludes,
+                     const std::vector<std::string>* ends, std::uint32_t max_tokens, std::uint32_t max_chars,
+                     const std::string& ptr) {
+    std::vector<std::string> patterns = excludes;
+    const std::size_t first_end = patterns.size();
+    if (ends) patterns.insert(patterns.end(), ends->begin(), ends->end());
+    const pattern_automaton ac(patterns);
+    if (ac.next.size() > lim_.max_rule_states)
+      fail(ptr, "free text with patterns longer than " + std::to_string(lim_.max_rule_states) + " bytes in all");
+    const std::size_t alternatives = ends ? ends->size() : 1;
+    for (std::size_t e = 0; e < alternatives; ++e) {
+      // Whether text that leaves the automaton in state n may stop there.
+      const auto may_stop = [&](std::size_t n) {
+        if (!ends) return true;
+        const std::string& end = (*ends)[e];
+        std::int32_t m = static_cast<std::int32_t>(n);
+        for (std::size_t i = 0; i < end.size(); ++i) {
+          m = ac.next[static_cast<std::size_t>(m)][static_cast<unsigned char>(end[i])];
+          const auto& found = ac.done[static_cast<std::size_t>(m)];
+          if (i + 1 < end.size() ? !found.empty()
+                                 : std::find(found.begin(), found.end(), first_end + e) == found.end())
+            return false;
+        }
+        return true;
+      };
+      // States (pattern automaton state, place in a UTF-8 character), made as reached; with a
+      // character budget the text is UTF-8, so that a spent budget leaves only the rest of a
+      // character begun (without one, any bytes: free text's reading).
+      const bool utf8 = max_chars != no_budget;
+      nfa_builder sub;
+      std::map<std::pair<std::size_t, int>, std::uint32_t> state;
+      std::vector<std::pair<std::size_t, int>> todo{{0, 0}};
+      state[{0, 0}] = sub.add_state();
+      const auto accept = sub.add_state();
+      while (!todo.empty()) {
+        const auto [n, u] = todo.back();
+        todo.pop_back();
+        const auto from_state = state[{n, u}];
+        if (u == 0 && may_stop(n)) sub.epsilon(from_state, accept);
+        std::map<std::pair<std::size_t, int>, byte_set> by_target;
+        for (unsigned c = 0; c < 256; ++c) {
+          const auto n2 = static_cast<std::size_t>(ac.next[n][c]);
+          const int u2 = utf8 ? utf8_step(u, c) : 0;
+          if (c == dsml_byte || is_symbol_byte(c) || !ac.done[n2].empty() || u2 < 0) continue;
+          by_target[{n2, u2}].set(c);
+        }
+        for (const auto& [target, set] : by_target) {
+          auto [it, fresh] = state.try_emplace(target, 0);
+          if (fresh) {
+            if (state.size() > lim_.max_rule_states)
+              fail(ptr, "budgeted free text needs more than " + std::to_string(lim_.max_rule_states) + " states");
+            it->second = sub.add_state();
+            todo.push_back(target);
+          }
+          sub.bytes(from_state, it->second, set);
+        }
+      }
+      const auto text = budgeted_rule(sub, state.at({0, 0}), accept, "any_text", max_tokens, max_chars, ptr);
+      if (!ends) return b.call(from, to, text);
+      const auto mid = b.add_state();
+      b.call(from, mid, text);
+      b.literal(mid, to, (*ends)[e]);
+    }
   }
 
   // Any tokens in which a trigger token starts the tag that begins with it.

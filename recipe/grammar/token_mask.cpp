@@ -236,6 +236,24 @@ namespace {
 // accepting), a return (accepting, no call edge), or calls.
 constexpr std::uint8_t step_calls = 0, step_plain = 1, step_return = 2;
 
+// Whether a budget of `f` (a top frame) can refuse a byte of the token being read or leave the
+// frame unable to go on after it: a last token, or no more characters left than a token's bytes
+// (`longest`). Otherwise the walks may step it as a frame without budgets.
+inline bool budget_bites(const grammar& g, std::size_t longest, const stack& s) {
+  const rule& r = g.rules[s.back().rule];
+  return r.budgeted() &&
+         ((r.max_tokens != no_budget && s.tokens_left() <= 1) || (r.max_chars != no_budget && s.chars <= longest));
+}
+
+// Whether a stack the closure kept (it may take a byte now, within a token) may still take one
+// after the token ends: a top frame that spent its last token in it may not.
+bool rests(const grammar& g, const stack& s) {
+  if (!s.charged()) return true;
+  stack after = s;
+  after.tokens &= ~stack::charged_bit;
+  return can_step(g, after);
+}
+
 // Walks the trie below a node with a set of stacks. Local mode (returns != nullptr): the stacks
 // are rooted at one frame, and a return from it is recorded as a trie node instead of being
 // followed. Full mode: a return from the last frame means the output is complete.
@@ -258,10 +276,12 @@ struct walker {
     for (const auto id : v.ids_at(n)) mask[id >> 5] |= 1u << (id & 31);
   }
 
+  bool bites(const stack& s) const { return budget_bites(g, v.max_depth(), s); }
+
   void walk(std::uint32_t n, std::vector<stack>& ready) const {
     const auto& t = v.trie();
     std::vector<stack> raw;
-    if (ready.size() != 1) {
+    if (ready.size() != 1 || bites(ready[0])) {
       for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) visit(c, ready, raw);
       return;
     }
@@ -342,7 +362,7 @@ struct walker {
   void visit(std::uint32_t c, std::vector<stack>& ready, std::vector<stack>& raw) const {
     const auto& t = v.trie();
     const unsigned char b = t[c].byte;
-    if (ready.size() == 1) {
+    if (ready.size() == 1 && !bites(ready[0])) {
       // One stack and a plain byte step (no call, no return): the closure is the identity, so
       // step in place.
       frame& top = ready[0].back();
@@ -361,14 +381,11 @@ struct walker {
     }
     raw.clear();
     for (const stack& s : ready) {
-      const auto nx = g.rules[s.back().rule].step(s.back().state, b);
-      if (nx == no_state) continue;
       stack s2 = s;
-      s2.back().state = static_cast<std::uint32_t>(nx);
-      raw.push_back(std::move(s2));
+      if (step_top(g, s2, b)) raw.push_back(std::move(s2));
     }
     if (raw.empty()) return;
-    if (raw.size() == 1) {
+    if (raw.size() == 1 && !bites(raw[0])) {
       // Of several stacks one took the byte; to a plain state, its closure is itself, and the
       // walk below goes on with one stack (raw is the caller's scratch, free until this returns).
       const frame top = raw[0].back();
@@ -396,8 +413,25 @@ struct walker {
         mark(c);
     }
     if (!next.empty()) {
-      mark(c);
+      // A token ending here leaves some stack that goes on (not one whose last token it was).
+      if (std::any_of(next.begin(), next.end(), [&](const stack& s) { return rests(g, s); })) mark(c);
       if (t[c].end > c + 1) walk(c, next);
+    }
+  }
+
+  // Local mode, the one frame of `s`, of a rule with a budget that bites: the trie below node n,
+  // stepping it as the matcher does (a leaf rule: its steps are plain or may return).
+  void walk_budgeted(std::uint32_t n, const stack& s) const {
+    const auto& t = v.trie();
+    for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) {
+      stack h = s;
+      if (!step_top(g, h, t[c].byte)) continue;
+      const frame f = h.back();
+      if (g.rules[f.rule].accepting[f.state]) returns->push_back(c);
+      stack after = h;  // once a token ends here: may the frame go on?
+      after.tokens &= ~stack::charged_bit;
+      if (can_step(g, after)) mark(c);
+      if (t[c].end > c + 1 && g.rules[f.rule].has_bytes[f.state]) walk_budgeted(c, h);
     }
   }
 };
@@ -453,7 +487,7 @@ void mask_computer::readings(std::uint32_t id, std::vector<std::string_view>& ou
 
 bool mask_computer::accept(matcher& m, std::uint32_t id) const {
   if (id >= v_->size()) return false;
-  if (g_->symbols.empty()) return m.accept_token(v_->bytes(id));
+  if (g_->symbols.empty()) return v_->usable(id) && m.accept_token(v_->bytes(id));
   std::vector<std::string_view> texts;
   readings(id, texts);
   return m.accept_any(texts);
@@ -461,32 +495,44 @@ bool mask_computer::accept(matcher& m, std::uint32_t id) const {
 
 bool mask_computer::can_accept(const matcher& m, std::uint32_t id) const {
   if (id >= v_->size()) return false;
-  if (g_->symbols.empty()) return m.can_accept(v_->bytes(id));
+  if (g_->symbols.empty()) return v_->usable(id) && m.can_accept(v_->bytes(id));
   std::vector<std::string_view> texts;
   readings(id, texts);
   return std::any_of(texts.begin(), texts.end(), [&](std::string_view t) { return m.can_accept(t); });
 }
 
+mask_computer::entry_key mask_computer::key_of(const stack& s) const {
+  const frame f = s.back();
+  const rule& r = g_->rules[f.rule];
+  const auto longest = static_cast<std::uint32_t>(v_->max_depth());
+  return {f.rule, f.state, r.max_tokens == no_budget ? 0 : std::min(s.tokens_left(), 2u),
+          r.max_chars == no_budget ? 0 : std::min(s.chars, longest + 1)};
+}
+
 bool mask_computer::is_warm(const matcher& m) const {
   std::lock_guard lock(mu_);
-  return std::all_of(m.state().stacks.begin(), m.state().stacks.end(), [&](const stack& s) {
-    return cache_.contains((std::uint64_t{s.back().rule} << 32) | s.back().state);
-  });
+  return std::all_of(m.state().stacks.begin(), m.state().stacks.end(),
+                     [&](const stack& s) { return cache_.contains(key_of(s)); });
 }
 
 std::size_t mask_computer::warm_all(std::size_t max_frames) const {
-  std::vector<frame> frames;
+  std::vector<stack> frames;
   for (std::uint32_t r = 0; r < g_->rules.size(); ++r)
     for (std::uint32_t s = 0; s < g_->rules[r].size(); ++s)
-      if (g_->rules[r].has_bytes[s]) frames.push_back({r, s});
+      if (g_->rules[r].has_bytes[s]) {
+        stack one;
+        enter(*g_, one, r);
+        one.back().state = s;
+        frames.push_back(std::move(one));
+      }
   if (frames.size() > max_frames) return 0;
-  for (const frame f : frames) entry_for(f);
+  for (const stack& f : frames) entry_for(f);
   return frames.size();
 }
 
 bool mask_computer::warm(const matcher& m) const {
   if (is_warm(m)) return false;
-  for (const stack& s : m.state().stacks) entry_for(s.back());
+  for (const stack& s : m.state().stacks) entry_for(s);
   return true;
 }
 
@@ -575,8 +621,13 @@ mask_computer::text_budget mask_computer::class_budget(frame f, unsigned cls) co
   return {cls, vocabulary::any_text, vocabulary::any_text};
 }
 
-const mask_computer::entry& mask_computer::entry_for(frame f) const {
-  const std::uint64_t key = (std::uint64_t{f.rule} << 32) | f.state;
+const mask_computer::entry& mask_computer::entry_for(const stack& s) const {
+  const entry_key key = key_of(s);
+  // The walks start from the top frame alone (with its budget).
+  stack top{s.back()};
+  top.tokens = s.tokens;
+  top.chars = s.chars;
+  const frame f = top.back();
   {
     std::lock_guard lock(mu_);
     if (const auto it = cache_.find(key); it != cache_.end()) return *it->second;
@@ -588,7 +639,8 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     auto e = std::make_unique<entry>();
     e->accepted.assign(v_->mask_words(), 0);
     std::vector<std::uint32_t> returns;
-    const text_budget budget = text_budget_of(f);
+    const bool bites = budget_bites(*g_, v_->max_depth(), top);
+    const text_budget budget = bites ? text_budget{} : text_budget_of(f);
     if (budget.accepted > 0) {
       const std::uint32_t* text = v_->text_mask(budget.cls, budget.accepted);
       for (std::size_t i = 0; i < e->accepted.size(); ++i) e->accepted[i] |= text[i];
@@ -596,8 +648,12 @@ const mask_computer::entry& mask_computer::entry_for(frame f) const {
     std::map<std::vector<stack>, std::pair<std::vector<stack>, bool>> closures;
     walker w{*g_, *v_, matcher_options{}.max_depth, kind_, e->accepted.data(), &returns, closures, budget.skipped,
              v_->cover(budget.cls)};
-    std::vector<stack> ready{stack{f}};
-    w.walk(0, ready);
+    if (bites) {
+      w.walk_budgeted(0, top);
+    } else {
+      std::vector<stack> ready{top};
+      w.walk(0, ready);
+    }
     // Bucket the children of the return nodes by their byte, so that a mask walks only those
     // whose byte the context takes next (for a number that ends in a return, few of its
     // thousand-odd tokens have a child `+`, `*` or `)`).
@@ -648,7 +704,7 @@ void mask_computer::fill(const matcher& m, std::span<std::uint32_t> mask) const 
   if (st.complete)
     for (const auto id : v_->eos()) mask[id >> 5] |= 1u << (id & 31);
   for (const stack& s : st.stacks) {
-    const entry& e = entry_for(s.back());
+    const entry& e = entry_for(s);
     if (e.sparse)
       for (std::size_t k = 0; k < e.nonzero.size(); ++k) mask[e.nonzero[k]] |= e.accepted[k];
     else

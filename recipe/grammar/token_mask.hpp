@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -166,7 +167,21 @@ class mask_computer {
     std::vector<std::uint32_t> after_return;
     std::array<std::uint32_t, 257> after_return_at{};
   };
-  const entry& entry_for(frame f) const;
+  // An entry per (rule, state), and for a budgeted rule per budget left, as far as it can change
+  // the mask: 1 token left or more, up to the longest token's bytes of characters or more.
+  struct entry_key {
+    std::uint32_t rule = 0, state = 0, tokens = 0, chars = 0;
+    bool operator==(const entry_key&) const = default;
+  };
+  struct key_hash {
+    std::size_t operator()(const entry_key& k) const noexcept {
+      return std::hash<std::uint64_t>{}((std::uint64_t{k.rule} << 32 | k.state) * 0x9E3779B97F4A7C15ull ^
+                                        (std::uint64_t{k.tokens} << 32 | k.chars));
+    }
+  };
+  // Of a stack's top frame (with the stack's budget left).
+  entry_key key_of(const stack& s) const;
+  const entry& entry_for(const stack& s) const;
   // What a frame does with the tokens of a text class (vocabulary::cover counts): those of at
   // most `accepted` characters step it through plain states (`any_text`: all of them), so their
   // mask is taken whole; subtrees of the class's tokens of at most `skipped` characters need no
@@ -196,7 +211,7 @@ class mask_computer {
   };
   std::vector<std::array<text_bytes, vocabulary::text_classes>> text_bytes_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<std::uint64_t, std::unique_ptr<entry>> cache_;
+  mutable std::unordered_map<entry_key, std::unique_ptr<entry>, key_hash> cache_;
 };
 
 }  // namespace troupe::recipe::grammar

@@ -665,6 +665,26 @@ def test_structural_tag_response_format(server):
                   "end": {"type": "token", "token": "<｜tool▁call▁end｜>"}}]}}
     for tokens in forced_calls(token_call, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", (4, 5)):
         assert tokens[0] == "<｜tool▁call▁begin｜>" and tokens[-1] == "<｜tool▁call▁end｜>", tokens
+    # Budgets: at most 12 characters and 4 tokens of text between the brackets (a token counts
+    # when it holds a byte of the text), then the rest of the format.
+    budgeted = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "[", "end": "]",
+         "content": {"type": "any_text", "max_chars": 12, "max_tokens": 4}},
+        {"type": "const_string", "value": " ok"}]}}
+    for seed in (6, 7):
+        r = client.chat.completions.create(**chat_body(
+            "Short thought?", max_tokens=30, temperature=1.0, seed=seed, logprobs=True,
+            extra_body={**CHAT_MODE, "response_format": budgeted}))
+        text = r.choices[0].message.content
+        m = re.fullmatch(r"\[(.*)\] ok", text, re.S)
+        assert m and r.choices[0].finish_reason == "stop", text
+        assert len(m.group(1)) <= 12, text
+        inside, at, touching = (1, 1 + len(m.group(1).encode())), 0, 0
+        for t in r.choices[0].logprobs.content:
+            end = at + len(bytes(t.bytes))
+            touching += at < inside[1] and end > inside[0]
+            at = end
+        assert touching <= 4, (text, [t.token for t in r.choices[0].logprobs.content])
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**chat_body(
             "Hi", max_tokens=5, extra_body={"response_format": {

@@ -183,7 +183,9 @@ TEST_CASE("grammar schema: the compact style has no whitespace at all") {
   const auto schema = ojson::parse(
       R"({"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "array"},
           "c": {"const": {"k": [1, 2]}}}, "required": ["b"]})");
-  auto r = gr::compile_json_schema(schema, {}, gr::json_style{true});
+  gr::json_style compact;
+  compact.compact = true;
+  auto r = gr::compile_json_schema(schema, {}, compact);
   REQUIRE(std::holds_alternative<gr::grammar>(r));
   const auto g = std::make_shared<const gr::grammar>(std::move(std::get<gr::grammar>(r)));
   CHECK(accepts(g, R"({"b":"x y","a":[1,{"k":null},[]],"c":{"k":[1,2]}})"));
@@ -191,9 +193,9 @@ TEST_CASE("grammar schema: the compact style has no whitespace at all") {
   CHECK_FALSE(accepts(g, R"({"b": ""})"));
   CHECK_FALSE(accepts(g, R"({"b":"","a":[1, 2]})"));
   CHECK_FALSE(accepts(g, R"({"b":"","c":{"k": [1,2]}})"));
-  CHECK(gr::canonical_json(nlohmann::json::parse(R"({"k": [1, {"j": null}]})"), gr::json_style{true})
+  CHECK(gr::canonical_json(nlohmann::json::parse(R"({"k": [1, {"j": null}]})"), compact)
         == R"({"k":[1,{"j":null}]})");
-  const auto any = std::make_shared<const gr::grammar>(gr::any_json_object(gr::json_style{true}));
+  const auto any = std::make_shared<const gr::grammar>(gr::any_json_object(compact));
   CHECK(accepts(any, R"({"a":[1,"x"],"b":{"c":false}})"));
   CHECK_FALSE(accepts(any, R"({"a": 1})"));
 }

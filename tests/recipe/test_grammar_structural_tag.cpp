@@ -142,8 +142,8 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
       {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": {"type": "token",
           "token": 7}}})", "/format/end/type", "need the model's tokenizer"},
       {R"({"format": {"type": "nope"}})", "/format/type", "unknown format type 'nope'"},
-      {R"({"format": {"type": "any_text", "max_tokens": 5}})", "/format/max_tokens", "needs the model's tokenizer"},
-      {R"({"format": {"type": "any_text", "max_chars": 5}})", "/format/max_chars", "not supported"},
+      {R"({"format": {"type": "any_text", "max_tokens": -1}})", "/format/max_tokens", "must be null or 0 to 2147483647"},
+      {R"({"format": {"type": "any_text", "max_chars": "5"}})", "/format/max_chars", "must be null or 0 to 2147483647"},
       {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema":
           {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}, "end": "</a>"}})",
        "/format/content/json_schema/properties/n/multipleOf", "unsupported JSON schema"},
@@ -155,7 +155,7 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
       {R"({"format": {"type": "grammar", "grammar": "root ::= x"}})", "/format/grammar", "invalid grammar"},
       {R"({"format": {"type": "repeat", "min": 3, "max": 2, "content": {"type": "const_string", "value": "a"}}})",
        "/format/max", "'max' must be"},
-      {R"({"format": {"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}})", "/format/style", "'json' and 'deepseek_xml'"},
+      {R"({"format": {"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}})", "/format/style", "style 'qwen_xml' is not supported: a DeepSeek model's parameters are 'deepseek_xml'"},
       {R"({"triggers": ["<f="], "structures": [{"begin": "<f=a>", "end": "</f>"}]})", "/structures/0",
        "missing member 'schema'"},
       {R"({"format": {"type": "const_string", "value": "a", "x": 1}, "y": [)" + std::string(200, '[') + "]}", "",
@@ -421,6 +421,154 @@ TEST_CASE("structural tag: any_text's token budget before a token end") {
       {"type": "const_string", "value": "!"}]})"), cat({text_ids("ok"), text_ids("!")})).is_complete());
 }
 
+TEST_CASE("structural tag: any_text's budgets count the text's tokens and characters, not its end") {
+  // A token counts once, whether it lies in the text or enters or leaves it midway.
+  const auto one = token_grammar(R"({"type": "sequence", "elements": [{"type": "const_string", "value": "x"},
+      {"type": "any_text", "max_tokens": 1}, {"type": "const_string", "value": "!"}]})");
+  const auto tokens_accept = [&](std::initializer_list<std::string_view> tokens) {
+    gr::matcher m(one);
+    for (const auto t : tokens)
+      if (!m.accept_token(t)) return false;
+    return m.is_complete();
+  };
+  CHECK(tokens_accept({"xab", "!"}));
+  CHECK(tokens_accept({"x", "ab!"}));
+  CHECK(tokens_accept({"xab!"}));
+  CHECK(tokens_accept({"x", "!"}));
+  CHECK(tokens_accept({"x", "a", "!"}));
+  CHECK_FALSE(tokens_accept({"xa", "b!"}));
+  CHECK_FALSE(tokens_accept({"x", "a", "b", "!"}));
+
+  // Characters are code points: a character split between tokens counts once.
+  const auto chars = token_grammar(R"({"type": "sequence", "elements": [{"type": "any_text", "max_chars": 3},
+      {"type": "const_string", "value": "!"}]})");
+  CHECK(accepts(chars, "h\xC3\xA9\xC3\xA9!"));
+  CHECK(accepts(chars, "!"));
+  CHECK_FALSE(accepts(chars, "abcd!"));
+  gr::matcher split(chars);
+  CHECK(split.accept_token("h\xC3"));
+  CHECK(split.accept_token("\xA9\xC3\xA9"));
+  CHECK_FALSE(split.can_accept("x"));
+  CHECK(split.accept_token("!"));
+  CHECK(split.is_complete());
+
+  // Budgets of 0 leave no text; one as large as the schema allows is no budget at all.
+  CHECK(accepts(token_grammar(R"({"type": "tag", "begin": "<", "content": {"type": "any_text", "max_chars": 0},
+      "end": ">"})"), "<>"));
+  CHECK_FALSE(accepts(token_grammar(R"({"type": "tag", "begin": "<", "content": {"type": "any_text",
+      "max_tokens": 0}, "end": ">"})"), "<a>"));
+  CHECK(accepts(token_grammar(R"({"type": "any_text", "max_tokens": 2147483647, "max_chars": 2147483647})"),
+                std::string(5000, 'y')));
+}
+
+TEST_CASE("structural tag: a budget keeps where free text stops at the first exclude or end") {
+  // With a budget the text is a rule of its own and the end follows it: it accepts the strings
+  // the unbudgeted tag accepts whose text (before the end they finish with) fits the budget, also
+  // for ends that overlap themselves and excludes inside or across an end.
+  const struct {
+    std::string ends, excludes;
+  } cases[] = {
+      {R"("aa")", ""}, {R"("aba")", ""}, {R"(["ab", "b]"])", ""}, {R"("ba")", R"(, "excludes": ["ab"])"},
+      {R"("b")", R"(, "excludes": ["aab"])"},
+  };
+  for (const auto& c : cases) {
+    const auto with = [&](const std::string& budget) {
+      return token_grammar(R"({"type": "tag", "begin": "[", "content": {"type": "any_text")" + budget + c.excludes +
+                           R"(}, "end": )" + c.ends + "}");
+    };
+    const auto ends = ojson::parse(c.ends);
+    const auto free = with("");
+    for (const int budget : {2, 100}) {
+      const auto budgeted = with(R"(, "max_chars": )" + std::to_string(budget));
+      const auto tokens = with(R"(, "max_tokens": )" + std::to_string(budget));
+      for (const auto& text : all_strings("ab]", 7)) {
+        const std::string s = "[" + text;
+        std::size_t end_size = 0;
+        for (const auto& e : ends.is_array() ? ends : ojson::array({ends}))
+          if (s.ends_with(e.get<std::string>())) end_size = e.get<std::string>().size();
+        INFO(c.ends, c.excludes, " budget ", budget, " on '", s, "'");
+        const bool expected = accepts(free, s) && text.size() - end_size <= static_cast<std::size_t>(budget);
+        CHECK(accepts(budgeted, s) == expected);
+        // The whole string as one token: a token budget of at least 1 takes it.
+        CHECK(accepts(tokens, s) == accepts(free, s));
+      }
+    }
+  }
+}
+
+TEST_CASE("structural tag: budgeted masks equal offering every token, as budgets run out") {
+  // A token budget before a string end, beside an exclude: once spent, only the end may follow.
+  const auto g = token_grammar(R"({"type": "tag", "begin": "<a>", "content": {"type": "any_text",
+      "max_tokens": 4, "excludes": ["bad"]}, "end": "</a>"})");
+  const auto m = feed(g, text_ids("<a>Hi you all</a>"));
+  CHECK(m.is_complete());
+  const gr::mask_computer masks(g, v4_vocab());
+  gr::matcher spent(g);
+  const auto words = text_ids("Hi you all here");
+  REQUIRE(words.size() == 4);
+  for (const auto id : cat({text_ids("<a>"), words})) REQUIRE(masks.accept(spent, id));
+  const auto after = masks.allowed(spent);
+  REQUIRE_FALSE(after.empty());
+  for (const auto id : after) CHECK(std::string_view("</a>").starts_with(v4_vocab()->bytes(id)));
+  gr::matcher ex(g);
+  REQUIRE(ex.accept_token("<a>ba"));
+  CHECK_FALSE(ex.can_accept("d"));  // the exclude
+  CHECK(ex.can_accept("g"));
+
+  // A character budget bites from the first character: every mask is built with it counted,
+  // including tokens that enter the text midway (" Zür" after the constant " ").
+  const auto chars = token_grammar(R"({"type": "sequence", "elements": [{"type": "const_string", "value": " "},
+      {"type": "any_text", "max_chars": 6}, {"type": "const_string", "value": "!"}]})");
+  CHECK(feed(chars, text_ids(" Zürich!")).is_complete());
+  CHECK(feed(chars, text_ids(" Zü")).can_continue());
+  const gr::mask_computer cm(chars, v4_vocab());
+  gr::matcher full(chars);
+  for (const auto id : text_ids(" Zürich")) REQUIRE(cm.accept(full, id));
+  CHECK(cm.allowed(full) == text_ids("!"));
+
+  // Both budgets at once, and a budget of any_tokens past the old unrolled limit.
+  feed(token_grammar(R"({"type": "sequence", "elements": [{"type": "any_text", "max_tokens": 3, "max_chars": 10},
+      {"type": "const_string", "value": "."}]})"), text_ids("Some words."));
+  const auto think = id_of("<think>"), close = id_of("</think>");
+  const auto many = token_grammar(R"({"type": "tag", "begin": {"type": "token", "token": "<think>"},
+      "content": {"type": "any_tokens", "max_tokens": 100000}, "end": {"type": "token", "token": "</think>"}})");
+  CHECK(feed(many, cat({{think}, text_ids("A long thought."), {close}}), 4).is_complete());
+}
+
+TEST_CASE("structural tag: budgets roll back and travel with a serialised state") {
+  const auto g = token_grammar(R"({"type": "sequence", "elements": [{"type": "any_text", "max_tokens": 3},
+      {"type": "const_string", "value": "!"}]})");
+  const gr::mask_computer masks(g, v4_vocab());
+  gr::matcher m(g);
+  const auto ids = text_ids("one two three");
+  REQUIRE(ids.size() == 3);
+  const auto fresh = masks.allowed(m);
+  REQUIRE(masks.accept(m, ids[0]));
+  REQUIRE(masks.accept(m, ids[1]));
+  const auto one_left = masks.allowed(m);
+  REQUIRE(masks.accept(m, ids[2]));
+  CHECK(masks.allowed(m) == text_ids("!"));
+  // Restored elsewhere: the same budget left, so the same mask.
+  auto moved = gr::matcher::restore(g, m.serialize());
+  REQUIRE(moved.has_value());
+  CHECK(moved->state() == m.state());
+  CHECK(masks.allowed(*moved) == text_ids("!"));
+  REQUIRE(m.rollback(1));
+  CHECK(masks.allowed(m) == one_left);
+  auto again = gr::matcher::restore(g, m.serialize());
+  REQUIRE(again.has_value());
+  CHECK(masks.allowed(*again) == one_left);
+  REQUIRE(m.rollback(2));
+  CHECK(masks.allowed(m) == fresh);
+  // A budget left above the rule's is refused.
+  // Magic, fingerprint, complete, stack count, then per stack its depth, frames and budget left.
+  std::string forged = moved->serialize();
+  const auto depth = static_cast<unsigned char>(forged[4 + 8 + 1 + 4]);
+  REQUIRE(forged.size() >= 4 + 8 + 1 + 4 + 4 + 8u * depth + 8);
+  forged[4 + 8 + 1 + 4 + 4 + 8 * depth] = 9;  // the first stack's tokens left
+  CHECK_FALSE(gr::matcher::restore(g, forged).has_value());
+}
+
 TEST_CASE("structural tag: a token names that one token, and token_dispatch switches on tokens") {
   const auto hello = id_of("Hello");
   const auto g = token_grammar(R"({"type": "sequence", "elements": [{"type": "token", "token": "Hello"},
@@ -453,10 +601,7 @@ TEST_CASE("structural tag: token-level refusals name the member and its pointer"
       {R"({"type": "token", "token": 129280})", "/format/token", "not in the vocabulary"},
       {R"({"type": "token", "token": 1.5})", "/format/token", "a token must be"},
       {R"({"type": "token", "token": "<｜end▁of▁sentence｜>"})", "/format/token", "end-of-sequence"},
-      {R"({"type": "any_tokens", "max_tokens": 5000})", "/format/max_tokens", "'max_tokens' must be"},
-      {R"({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_tokens": 8}, "end": "</a>"})",
-       "/format/content/max_tokens", "where a string ends the text"},
-      {R"({"type": "any_text", "max_tokens": 8, "excludes": ["x"]})", "/format/max_tokens", "beside 'excludes'"},
+      {R"({"type": "any_tokens", "max_tokens": 2147483648})", "/format/max_tokens", "'max_tokens' must be"},
       {R"({"type": "triggered_tags", "triggers": ["<"], "tags": [{"type": "tag", "begin": {"type": "token",
           "token": "<think>"}, "content": {"type": "any_text"}, "end": "x"}]})",
        "/format/tags/0/begin", "token_triggered_tags takes tokens"},
