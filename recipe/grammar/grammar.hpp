@@ -80,6 +80,32 @@ inline constexpr std::uint32_t no_budget = 0xFFFFFFFFu;
 // counts.
 inline constexpr bool starts_char(unsigned b) { return (b & 0xC0) != 0x80; }
 
+// UTF-8 (any scalar value): state 0 is between characters, 1..7 inside one; -1 is not UTF-8.
+inline constexpr int utf8_step(int u, unsigned b) {
+  const bool cont = b >= 0x80 && b <= 0xBF;
+  switch (u) {
+    case 0:
+      if (b < 0x80) return 0;
+      if (b < 0xC2) return -1;
+      if (b <= 0xDF) return 1;
+      if (b == 0xE0) return 4;
+      if (b == 0xED) return 5;
+      if (b <= 0xEF) return 2;
+      if (b == 0xF0) return 6;
+      if (b <= 0xF3) return 3;
+      if (b == 0xF4) return 7;
+      return -1;
+    case 1: return cont ? 0 : -1;
+    case 2: return cont ? 1 : -1;
+    case 3: return cont ? 2 : -1;
+    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;  // E0: no overlong form
+    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;  // ED: no surrogate
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;  // F0: no overlong form
+    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;  // F4: nothing past U+10FFFF
+    default: return -1;
+  }
+}
+
 // A deterministic automaton over bytes; state 0 is the start. Bytes that no state tells apart
 // share a class, and the transition table has one column per class (a bounded JSON string of a
 // thousand states needs a few dozen columns, not 256).

@@ -87,9 +87,9 @@ struct match_state {
 };
 
 // Closes `raw` (stacks whose top frames may call, return or wait for a byte) into the stacks
-// waiting for a byte (can_step), sorted and distinct. A return from the last frame sets `popped` (in the
-// matcher: the output is complete). A call whose return state could only return again replaces
-// its caller's frame (a tail call). Stacks deeper than `max_depth` are dropped.
+// waiting for a byte (can_step), sorted and distinct. A return from the last frame sets `popped`
+// (in the matcher: the output is complete). A call whose return state could only return again
+// replaces its caller's frame (a tail call). Stacks deeper than `max_depth` are dropped.
 std::vector<stack> close_stacks(const grammar& g, std::vector<stack> raw, std::size_t max_depth, bool& popped);
 // The end of a token: clears the top frames' `charged` marks and drops the stacks that then may
 // take no byte (a spent token budget); `stacks` stays sorted and distinct. Nothing to do (false)

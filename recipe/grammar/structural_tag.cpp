@@ -34,32 +34,6 @@ struct failure {
 
 // Which of several strings ends where, over bytes (Aho-Corasick): node 0 is "nothing matched";
 // `done[n]` lists the patterns that end at node n (a pattern ending inside a longer match too).
-// UTF-8 (any scalar value): state 0 is between characters, 1..7 inside one; -1 is not UTF-8.
-int utf8_step(int u, unsigned b) {
-  const bool cont = b >= 0x80 && b <= 0xBF;
-  switch (u) {
-    case 0:
-      if (b < 0x80) return 0;
-      if (b < 0xC2) return -1;
-      if (b <= 0xDF) return 1;
-      if (b == 0xE0) return 4;
-      if (b == 0xED) return 5;
-      if (b <= 0xEF) return 2;
-      if (b == 0xF0) return 6;
-      if (b <= 0xF3) return 3;
-      if (b == 0xF4) return 7;
-      return -1;
-    case 1: return cont ? 0 : -1;
-    case 2: return cont ? 1 : -1;
-    case 3: return cont ? 2 : -1;
-    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;  // E0: no overlong form
-    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;  // ED: no surrogate
-    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;  // F0: no overlong form
-    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;  // F4: nothing past U+10FFFF
-    default: return -1;
-  }
-}
-
 struct pattern_automaton {
   std::vector<std::array<std::int32_t, 256>> next;
   std::vector<std::vector<std::size_t>> done;
@@ -490,7 +464,7 @@ class compiler {
   }
 
   // `sub`'s automaton from `start` to `accept` as a rule of the grammar with these budgets (a
-  // rule without calls: the matcher counts them in its frame); its index.
+  // rule without calls: the matcher counts them in its stacks); its index.
   std::uint32_t budgeted_rule(const nfa_builder& sub, std::uint32_t start, std::uint32_t accept, const char* name,
                               std::uint32_t max_tokens, std::uint32_t max_chars, const std::string& ptr) {
     rule r;

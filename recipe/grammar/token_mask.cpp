@@ -12,31 +12,11 @@ namespace troupe::recipe::grammar {
 
 namespace {
 
-// The UTF-8 automaton of text (token_mask.hpp): state 0 is between characters, 1..7 inside one;
-// -1: not text.
+// The UTF-8 automaton of text (token_mask.hpp): JSON string text, so no control character, `"`
+// or `\` (grammar.hpp's utf8_step otherwise); -1: not text.
 constexpr int text_step_of(int u, unsigned b) {
-  switch (u) {
-    case 0:
-      if (b < 0x20 || b == '"' || b == '\\') return -1;
-      if (b < 0x80) return 0;
-      if (b < 0xC2) return -1;
-      if (b <= 0xDF) return 1;
-      if (b == 0xE0) return 4;
-      if (b == 0xED) return 5;
-      if (b <= 0xEF) return 2;
-      if (b == 0xF0) return 6;
-      if (b <= 0xF3) return 3;
-      if (b == 0xF4) return 7;
-      return -1;
-    case 1: return b >= 0x80 && b <= 0xBF ? 0 : -1;
-    case 2: return b >= 0x80 && b <= 0xBF ? 1 : -1;
-    case 3: return b >= 0x80 && b <= 0xBF ? 2 : -1;
-    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;  // E0: no overlong form
-    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;  // ED: no surrogate
-    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;  // F0: no overlong form
-    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;  // F4: nothing past U+10FFFF
-    default: return -1;
-  }
+  if (u == 0 && (b < 0x20 || b == '"' || b == '\\')) return -1;
+  return utf8_step(u, b);
 }
 
 // An ASCII-only class: one state, the class's bytes loop on it.
@@ -236,9 +216,9 @@ namespace {
 // accepting), a return (accepting, no call edge), or calls.
 constexpr std::uint8_t step_calls = 0, step_plain = 1, step_return = 2;
 
-// Whether a budget of `f` (a top frame) can refuse a byte of the token being read or leave the
-// frame unable to go on after it: a last token, or no more characters left than a token's bytes
-// (`longest`). Otherwise the walks may step it as a frame without budgets.
+// Whether a budget of the top frame of `s` can refuse a byte of the token being read or leave
+// the frame unable to go on after it: a last token, or no more characters left than a token's
+// bytes (`longest`). Otherwise the walks may step it as a frame without budgets.
 inline bool budget_bites(const grammar& g, std::size_t longest, const stack& s) {
   const rule& r = g.rules[s.back().rule];
   return r.budgeted() &&
@@ -623,15 +603,15 @@ mask_computer::text_budget mask_computer::class_budget(frame f, unsigned cls) co
 
 const mask_computer::entry& mask_computer::entry_for(const stack& s) const {
   const entry_key key = key_of(s);
+  {
+    std::lock_guard lock(mu_);
+    if (const auto it = cache_.find(key); it != cache_.end()) return *it->second;
+  }
   // The walks start from the top frame alone (with its budget).
   stack top{s.back()};
   top.tokens = s.tokens;
   top.chars = s.chars;
   const frame f = top.back();
-  {
-    std::lock_guard lock(mu_);
-    if (const auto it = cache_.find(key); it != cache_.end()) return *it->second;
-  }
   // Built without the lock: a first mask takes up to a few hundred µs, and meanwhile other
   // threads' masks of this grammar (the device's, the constraint table's warming thread's) go
   // on. Two threads may build the same entry; the first one kept wins.
