@@ -95,6 +95,7 @@ std::optional<match_state> matcher::advance(const match_state& from, std::string
     const auto b = static_cast<unsigned char>(ch);
     std::vector<stack> raw;
     for (const stack& s : cur.stacks) {
+      if (g_->rules[s.back().rule].step(s.back().state, b) == no_state) continue;  // before copying
       stack n = s;
       if (step_top(*g_, n, b)) raw.push_back(std::move(n));
     }

@@ -361,6 +361,7 @@ struct walker {
     }
     raw.clear();
     for (const stack& s : ready) {
+      if (g.rules[s.back().rule].step(s.back().state, b) == no_state) continue;  // before copying
       stack s2 = s;
       if (step_top(g, s2, b)) raw.push_back(std::move(s2));
     }
@@ -404,6 +405,7 @@ struct walker {
   void walk_budgeted(std::uint32_t n, const stack& s) const {
     const auto& t = v.trie();
     for (std::uint32_t c = n + 1; c < t[n].end; c = t[c].end) {
+      if (g.rules[s.back().rule].step(s.back().state, t[c].byte) == no_state) continue;  // before copying
       stack h = s;
       if (!step_top(g, h, t[c].byte)) continue;
       const frame f = h.back();
