@@ -133,6 +133,17 @@ class compiler {
     }
     return &node[key];
   }
+  // Refuses a member of `node` that is not in `known`: a misspelt member (`max_token`) is not
+  // silently ignored.
+  static void only(const json& node, const std::vector<std::string_view>& known, const std::string& ptr,
+                   std::string_view what) {
+    for (const auto& [key, value] : node.items()) {
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      std::string list;
+      for (const auto k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      fail(child(ptr, key), "unknown member '" + key + "': " + std::string(what) + " takes " + list);
+    }
+  }
   static std::string text(const json& node, const char* key, const std::string& ptr) {
     const json& v = *member(node, key, ptr, true);
     if (!v.is_string()) fail(child(ptr, key), std::string("'") + key + "' must be a string");
@@ -180,6 +191,7 @@ class compiler {
     if (!node.is_object()) fail(ptr, "a format must be a JSON object");
     if (++depth_ > 64) fail(ptr, "formats nested more than 64 levels deep");
     const std::string type = text(node, "type", ptr);
+    known_members(node, type, ptr);
     if (type == "const_string") {
       b.literal(from, to, text(node, "value", ptr));
     } else if (type == "json_schema") {
@@ -240,6 +252,33 @@ class compiler {
     --depth_;
   }
 
+  // The members XGrammar defines for each format type (an unknown type is refused after this).
+  static void known_members(const json& node, const std::string& type, const std::string& ptr) {
+    static const std::map<std::string, std::vector<std::string_view>, std::less<>> members = {
+        {"const_string", {"type", "value"}},
+        {"json_schema", {"type", "json_schema", "style", "any_order", "max_whitespace_cnt"}},
+        {"grammar", {"type", "grammar"}},
+        {"regex", {"type", "pattern"}},
+        {"any_text", {"type", "excludes", "max_tokens", "max_chars"}},
+        {"sequence", {"type", "elements"}},
+        {"or", {"type", "elements"}},
+        {"optional", {"type", "content"}},
+        {"plus", {"type", "content"}},
+        {"star", {"type", "content"}},
+        {"repeat", {"type", "content", "min", "max"}},
+        {"tag", {"type", "begin", "content", "end"}},
+        {"triggered_tags", {"type", "triggers", "tags", "at_least_one", "stop_after_first", "excludes"}},
+        {"tags_with_separator", {"type", "tags", "separator", "at_least_one", "stop_after_first"}},
+        {"dispatch", {"type", "rules", "loop", "excludes"}},
+        {"token", {"type", "token"}},
+        {"exclude_token", {"type", "exclude_tokens"}},
+        {"any_tokens", {"type", "exclude_tokens", "max_tokens"}},
+        {"token_triggered_tags", {"type", "trigger_tokens", "tags", "exclude_tokens", "at_least_one", "stop_after_first"}},
+        {"token_dispatch", {"type", "rules", "loop", "exclude_tokens"}},
+    };
+    if (const auto it = members.find(type); it != members.end()) only(node, it->second, ptr, "format '" + type + "'");
+  }
+
   void token_level(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr,
                    const std::string& type) {
     if (!tokens_) fail(child(ptr, "type"), "token-level formats ('" + type + "') need the model's tokenizer");
@@ -258,8 +297,14 @@ class compiler {
 
   void json_schema(nfa_builder& b, std::uint32_t from, std::uint32_t to, const json& node, const std::string& ptr) {
     const json* named = member(node, "style", ptr);
+    // The canonical form writes at most one whitespace character in a row (`, `, `: `; DSML a
+    // newline between parameters), so a cap of 1 or more holds already and 0 asks for the
+    // compact form.
+    const auto max_whitespace = budget(node, "max_whitespace_cnt", ptr);
     if (named && !named->is_null() && *named == "deepseek_xml") {
       if (flag(node, "any_order", ptr)) fail(child(ptr, "any_order"), "'any_order' is not supported with 'deepseek_xml'");
+      if (max_whitespace == 0)
+        fail(child(ptr, "max_whitespace_cnt"), "'deepseek_xml' writes a newline between parameters: the cap must be at least 1");
       const json& schema = *member(node, "json_schema", ptr, true);
       const std::string sptr = child(ptr, "json_schema");
       return call_compiled(b, from, to, ptr + "#deepseek_xml", [&] {
@@ -276,6 +321,7 @@ class compiler {
                                     " is not supported: a DeepSeek model's parameters are 'deepseek_xml' (or 'json')");
     json_style style;
     style.any_order = flag(node, "any_order", ptr);
+    style.compact = max_whitespace == 0;
     const json& schema = *member(node, "json_schema", ptr, true);
     schema_call(b, from, to, schema, child(ptr, "json_schema"), style);
   }
@@ -337,6 +383,7 @@ class compiler {
   tag_view tag_of(const json& node, const std::string& ptr) {
     if (!node.is_object()) fail(ptr, "a tag must be a JSON object");
     if (const json* t = member(node, "type", ptr); t && *t != "tag") fail(child(ptr, "type"), "a tag's type must be 'tag'");
+    only(node, {"type", "begin", "content", "end"}, ptr, "a tag");
     tag_view t;
     t.ptr = ptr;
     const json& begin = *member(node, "begin", ptr, true);
@@ -403,6 +450,7 @@ class compiler {
   std::uint32_t token_format(const json& node, const std::string& ptr) const {
     if (const json* t = member(node, "type", ptr); !t || *t != "token")
       fail(child(ptr, "type"), "a begin or end that is not a string must be {\"type\": \"token\", \"token\": ...}");
+    only(node, {"type", "token"}, ptr, "format 'token'");
     if (!tokens_) fail(child(ptr, "type"), "token-level formats ('token') need the model's tokenizer");
     return token_of(*member(node, "token", ptr, true), child(ptr, "token"));
   }
@@ -454,7 +502,7 @@ class compiler {
     b.call(from, to, budgeted_rule(sub, loop, done, "any_tokens", max, no_budget, ptr));
   }
 
-  // A budget member (max_tokens, max_chars): no_budget when absent or null.
+  // A budget member (max_tokens, max_chars, max_whitespace_cnt): no_budget when absent or null.
   static std::uint32_t budget(const json& node, const char* key, const std::string& ptr) {
     const json* v = member(node, key, ptr);
     if (!v || v->is_null()) return no_budget;
@@ -737,6 +785,7 @@ class compiler {
       const std::string ptr = child(std::string("/structures"), i);
       const json& s = list[i];
       if (!s.is_object()) fail(ptr, "a structure must be a JSON object");
+      only(s, {"begin", "schema", "end"}, ptr, "a structure");
       tag_view t;
       t.ptr = ptr;
       t.begin = text(s, "begin", ptr);

@@ -143,6 +143,14 @@ TEST_CASE("structural tag: what cannot be compiled is refused naming the member 
           "token": 7}}})", "/format/end/type", "need the model's tokenizer"},
       {R"({"format": {"type": "nope"}})", "/format/type", "unknown format type 'nope'"},
       {R"({"format": {"type": "any_text", "max_tokens": -1}})", "/format/max_tokens", "must be null or 0 to 2147483647"},
+      {R"({"format": {"type": "any_text", "max_token": 5}})", "/format/max_token",
+       "unknown member 'max_token': format 'any_text' takes type, excludes, max_tokens, max_chars"},
+      {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "</a>", "ends": ["x"]}})",
+       "/format/ends", "unknown member 'ends': format 'tag' takes type, begin, content, end"},
+      {R"({"triggers": ["<f="], "structures": [{"begin": "<f=a>", "schemas": {}, "end": "</f>"}]})",
+       "/structures/0/schemas", "unknown member 'schemas': a structure takes begin, schema, end"},
+      {R"({"format": {"type": "json_schema", "json_schema": {}, "style": "deepseek_xml", "max_whitespace_cnt": 0}})",
+       "/format/max_whitespace_cnt", "a newline between parameters"},
       {R"({"format": {"type": "any_text", "max_chars": "5"}})", "/format/max_chars", "must be null or 0 to 2147483647"},
       {R"({"format": {"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema":
           {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}, "end": "</a>"}})",
@@ -181,6 +189,24 @@ TEST_CASE("structural tag: a json_schema format's any_order") {
       "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
       "required": ["a", "b"], "additionalProperties": false}}})");
   CHECK_FALSE(accepts(ordered, R"({"b": 1, "a": 2})"));
+}
+
+TEST_CASE("structural tag: max_whitespace_cnt 0 asks for the compact JSON form") {
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array"}},
+      "required": ["a", "b"], "additionalProperties": false})";
+  const auto with = [&](const std::string& cap) {
+    return tag_grammar(R"({"type": "structural_tag", "format": {"type": "json_schema", "json_schema": )" + schema + cap +
+                       "}}");
+  };
+  const auto compact = with(R"(, "max_whitespace_cnt": 0)");
+  CHECK(accepts(compact, R"({"a":1,"b":[2,3]})"));
+  CHECK_FALSE(accepts(compact, R"({"a": 1, "b": [2, 3]})"));
+  for (const auto& cap : {std::string(R"(, "max_whitespace_cnt": 1)"), std::string(R"(, "max_whitespace_cnt": null)"),
+                          std::string()}) {
+    const auto canonical = with(cap);  // one space after ':' and ',' at most: within any cap of 1 or more
+    CHECK(accepts(canonical, R"({"a": 1, "b": [2, 3]})"));
+    CHECK_FALSE(accepts(canonical, R"({"a":1,"b":[2,3]})"));
+  }
 }
 
 TEST_CASE("structural tag: the deepseek_xml style writes a call's parameters in DSML") {
