@@ -41,10 +41,10 @@ class constraint_table final : public runtime::token_constraints {
 public:
   /// The vocabulary is `tok`'s (its added tokens never allowed; `<｜end▁of▁sentence｜>` allowed
   /// when the output is complete). `compile_threads` (>= 1) workers compile new keys.
-  /// `warm_next`: after each accepted token, a compile thread builds what the next state's mask
-  /// needs when it is a state not seen before, while the device runs its forward pass, and after
-  /// a small grammar's compile it builds every state's, on a thread of its own (off only to
-  /// measure what it saves: bench_grammar --device-step-us).
+  /// `warm_next`: after each accepted token, a warming thread of its own builds what the next
+  /// state's mask needs when it is a state not seen before, while the device runs its forward
+  /// pass, and after a small grammar's compile it builds every state's (off only to measure what
+  /// it saves: bench_grammar --device-step-us).
   explicit constraint_table(const recipe::tokenizer& tok, unsigned compile_threads = 2, bool warm_next = true);
   ~constraint_table() override;
 

@@ -120,7 +120,8 @@ struct rule {
   // Budgets of each time the rule is entered (structural tags' any_text and any_tokens): at most
   // max_tokens tokens take a byte in it (a token that enters or leaves it midway counts) and at
   // most max_chars characters (bytes that begin one) are taken in it; when one is spent, the rule
-  // can only return. Only a rule without calls has one (the matcher counts in the top frame).
+  // can only return. Only a rule without calls has one, so its frame is a stack's top, and the
+  // stack holds what is left (matcher.hpp).
   std::uint32_t max_tokens = no_budget, max_chars = no_budget;
   bool budgeted() const { return max_tokens != no_budget || max_chars != no_budget; }
   std::uint32_t size() const { return static_cast<std::uint32_t>(accepting.size()); }

@@ -7,9 +7,11 @@
 //   {"type": "structural_tag", "format": FORMAT}
 //   {"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}
 // the second (the original one) meaning a `triggered_tags` format of those tags. FORMAT is one of
-//   const_string {value}            json_schema {json_schema, any_order, style ("json", "deepseek_xml")}
+//   const_string {value}            json_schema {json_schema, any_order, style ("json", "deepseek_xml"),
+//                                                max_whitespace_cnt (0: the compact form)}
 //   grammar {grammar} (GBNF, or Lark as vLLM detects it)         regex {pattern}
-//   any_text {excludes}             sequence / or {elements}     optional / plus / star {content}
+//   any_text {excludes, max_tokens, max_chars}                   sequence / or {elements}
+//   optional / plus / star {content}
 //   repeat {min, max (-1: no bound), content}                    tag {begin, content, end (one or a list)}
 //   triggered_tags {triggers, tags, at_least_one, stop_after_first, excludes}
 //   tags_with_separator {tags, separator, at_least_one, stop_after_first}
@@ -25,9 +27,9 @@
 // an added token's content or a text token's text), through the grammar's token symbols: "any
 // token" is any text token, never a control token the tag does not name; an enclosing tag's end
 // token is excluded from the token-level formats inside it, and a trigger or dispatch token from
-// its own region. `any_text`'s `max_tokens` is read as `any_tokens` where no string has to be
-// found in its text (no excludes, no string end); elsewhere, and `max_chars`, it is refused,
-// naming the member and its JSON pointer.
+// its own region. `any_text`'s and `any_tokens`' budgets are counted by the matcher (a rule of
+// their own; docs/structured-output.md#budgets). A member a format does not define is refused,
+// as is what cannot be compiled, naming the member and its JSON pointer.
 
 #include <string>
 #include <string_view>

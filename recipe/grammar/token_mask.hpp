@@ -167,8 +167,9 @@ class mask_computer {
     std::vector<std::uint32_t> after_return;
     std::array<std::uint32_t, 257> after_return_at{};
   };
-  // An entry per (rule, state), and for a budgeted rule per budget left, as far as it can change
-  // the mask: 1 token left or more, up to the longest token's bytes of characters or more.
+  // An entry per (rule, state), and for a budgeted rule per budget left as far as it can change
+  // the mask: one token left or more; each count of characters left up to the longest token's
+  // bytes, or more.
   struct entry_key {
     std::uint32_t rule = 0, state = 0, tokens = 0, chars = 0;
     bool operator==(const entry_key&) const = default;
