@@ -17,12 +17,12 @@ constexpr std::size_t min_capacity = 1024;
 /// Spare slots after the last home slot at least (runs spill there instead of wrapping around).
 constexpr std::size_t tail_slots = 1024;
 
-/// Grow when size > 9/10 of the home slots; grow by 1/8.
+/// Grow when size > 93/100 of the home slots; grow by 1/16.
 constexpr bool over_load(std::size_t size, std::size_t capacity) {
-  return size * 10 > capacity * 9;
+  return size * 100 > capacity * 93;
 }
 constexpr std::size_t grown(std::size_t capacity) {
-  return std::max(min_capacity, capacity + capacity / 8);
+  return std::max(min_capacity, capacity + capacity / 16);
 }
 
 } // namespace
@@ -57,9 +57,9 @@ const block_slot* block_table::find(const block_key& k) const noexcept {
     const auto& s = slots_[i];
     if (s.empty())
       return nullptr;
-    if (s.key == k)
+    if (s.key == k.hi)
       return &s;
-    if (k < s.key)
+    if (k.hi < s.key)
       return nullptr;
   }
 }
@@ -71,7 +71,7 @@ block_slot& block_table::insert(const block_key& k) {
       continue;
     }
     auto p = home(k.hi);
-    while (!slots_[p].empty() && slots_[p].key < k)
+    while (!slots_[p].empty() && slots_[p].key < k.hi)
       ++p;
     auto e = p;
     while (!slots_[e].empty())
@@ -83,7 +83,7 @@ block_slot& block_table::insert(const block_key& k) {
       continue;
     }
     std::memmove(&slots_[p + 1], &slots_[p], (e - p) * sizeof(block_slot));
-    slots_[p] = block_slot{k, 0, 0};
+    slots_[p] = block_slot{k.hi, 0};
     ++size_;
     return slots_[p];
   }
@@ -94,7 +94,7 @@ void block_table::erase(block_slot* s) noexcept {
   // Entries after p that sit past their home move back one slot; the run ends at an empty
   // slot or at an entry in its home slot.
   auto q = p + 1;
-  while (!slots_[q].empty() && home(slots_[q].key.hi) < q)
+  while (!slots_[q].empty() && home(slots_[q].key) < q)
     ++q;
   std::memmove(&slots_[p], &slots_[p + 1], (q - p - 1) * sizeof(block_slot));
   slots_[q - 1] = block_slot{};
@@ -113,7 +113,7 @@ void block_table::rehash(std::size_t capacity, std::size_t min_length) {
   for (std::size_t i = 0; i < length_; ++i) {
     if (slots_[i].empty())
       continue;
-    auto h = home_in(slots_[i].key.hi);
+    auto h = home_in(slots_[i].key);
     if (h > n)
       lift = std::max(lift, h - n);
     ++n;
@@ -143,7 +143,7 @@ void block_table::rehash(std::size_t capacity, std::size_t min_length) {
   std::size_t pos = 0;
   for (std::size_t j = 0; j < n; ++j) {
     auto from = length - n + j;
-    auto at = std::max(home_in(slots_[from].key.hi), pos);
+    auto at = std::max(home_in(slots_[from].key), pos);
     if (at != from) {
       slots_[at] = slots_[from];
       slots_[from] = block_slot{};

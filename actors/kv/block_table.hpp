@@ -1,23 +1,29 @@
-// block_table: the compact entry store of one kv_index shard, 32 bytes per slot.
+// block_table: the compact entry store of one kv_index shard, 16 bytes per slot.
 //
 // A CHECK shard of a large store holds tens of millions of block entries (the 1k-GPU
-// simulation: ~47 M after an hour over 8 shards). A node-based `std::unordered_map` pays a
+// simulation: ~44 M after an hour over 8 shards). A node-based `std::unordered_map` pays a
 // heap node, a cached hash and a bucket pointer per entry (~72 bytes). This table keeps each
-// entry in one fixed 32-byte slot of a flat array: the 128-bit key, the expiry in nanoseconds,
-// and one word packing the placement sequence number, the traffic class and the pending flag.
+// entry in one fixed 16-byte slot of a flat array: the key's high 64 bits, and one word packing
+// the expiry in nanoseconds, the traffic class and the pending flag.
+//
+// Keys are told apart by their high 64 bits only: two blocks whose keys share them are one
+// entry. Keys are XXH3-128 hashes, so among n entries a lookup of a block not held finds a
+// false match with probability n / 2^64 (2.4e-12 at 44 M entries); the index would then call
+// the block cached, and its fetch from the store, which names blocks by the whole key, would
+// miss and the tokens be recomputed, as for a block the store lost. Nothing is served wrong.
 //
 // Layout: an *ordered linear-probing* table (Amble & Knuth). The key is already a uniform hash,
-// so its `hi` bits are used directly: an entry's home slot is `hi * capacity / 2^64` (monotone
-// in the key), and the occupied slots are kept sorted by key with every entry at or after its
-// home and no empty slot between its home and itself. A lookup scans from the home slot and
-// stops at an empty slot or a larger key; an insert shifts the run after its place right by one
-// slot; an erase shifts the displaced entries after it left by one (backward-shift deletion, no
+// so it is used directly: an entry's home slot is `key * capacity / 2^64` (monotone in the
+// key), and the occupied slots are kept sorted by key with every entry at or after its home and
+// no empty slot between its home and itself. A lookup scans from the home slot and stops at an
+// empty slot or a larger key; an insert shifts the run after its place right by one slot; an
+// erase shifts the displaced entries after it left by one (backward-shift deletion, no
 // tombstones). The array ends with a tail of spare slots instead of wrapping around; its last
 // slot is always empty, so every scan ends (a run that reaches it doubles the tail). Growth
-// (load above 0.9) rehashes into 1/8 more home slots, in place (the array is realloc'ed, then
+// (load above 0.93) rehashes into 1/16 more home slots, in place (the array is realloc'ed, then
 // the entries, still in key order, are packed to its end and spread to their new places), so
-// the load stays between 0.8 and 0.9 (35.6-40 bytes per entry) and a growing table never
-// holds two arrays.
+// the load stays between 0.875 and 0.93 (17.2-18.3 bytes per entry) and a growing table never
+// holds two arrays. (At 0.8-0.9 the 1k-GPU hour ran ~5-8 % faster and peaked 38 MiB higher.)
 //
 // Nothing observable depends on the slot order: kv_index only looks keys up, and the one
 // iteration (`for_each`, building the eviction order) feeds an ordered set.
@@ -26,6 +32,7 @@
 #include "actors/kv/block_key.hpp"
 #include "schemas/convert.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -33,34 +40,43 @@
 
 namespace troupe::actors {
 
-/// One entry of a block_table. `meta == 0` marks an empty slot; a held entry always has a
-/// sequence number >= 1.
+/// One entry of a block_table: the key's high 64 bits, then pending << 63 | traffic class << 61 |
+/// (expiry in ns + 1). An expiry field of 0 marks an empty slot.
 struct block_slot {
-  block_key key;
-  /// Expiry, nanoseconds since the clock's epoch.
-  std::int64_t expiry_ns = 0;
-  /// seq << 3 | traffic class << 1 | pending.
-  std::uint64_t meta = 0;
+  std::uint64_t key = 0;
+  std::uint64_t word = 0;
 
-  /// The largest sequence number a slot holds (2^61 - 1).
-  static constexpr std::uint64_t max_seq = (std::uint64_t{1} << 61) - 1;
+  /// The latest expiry a slot holds: 2^61 - 2 ns, 73 years of the actor clock (steady time
+  /// since boot; virtual time since the simulation's start); later ones are held as this.
+  static constexpr std::int64_t max_expiry_ns = (std::int64_t{1} << 61) - 2;
 
-  bool empty() const noexcept { return meta == 0; }
-  std::uint64_t seq() const noexcept { return meta >> 3; }
+  bool empty() const noexcept { return (word & expiry_bits) == 0; }
+  /// Nanoseconds since the clock's epoch; requires !empty().
+  std::int64_t expiry_ns() const noexcept {
+    return static_cast<std::int64_t>(word & expiry_bits) - 1;
+  }
   schemas::traffic_class cls() const noexcept {
-    return static_cast<schemas::traffic_class>((meta >> 1) & 3u);
+    return static_cast<schemas::traffic_class>((word >> 61) & 3u);
   }
-  bool pending() const noexcept { return (meta & 1u) != 0; }
+  bool pending() const noexcept { return (word >> 63) != 0; }
 
-  /// Requires seq <= max_seq (checked by the caller).
-  void set_seq(std::uint64_t s) noexcept { meta = (s << 3) | (meta & 7u); }
-  void set_cls(schemas::traffic_class c) noexcept {
-    meta = (meta & ~std::uint64_t{6}) | ((static_cast<std::uint64_t>(c) & 3u) << 1);
+  /// Clamped to 0..max_expiry_ns (an expiry before the epoch has passed already).
+  void set_expiry_ns(std::int64_t ns) noexcept {
+    const auto held = static_cast<std::uint64_t>(std::clamp<std::int64_t>(ns, 0, max_expiry_ns));
+    word = (word & ~expiry_bits) | (held + 1);
   }
-  void set_pending(bool p) noexcept { meta = (meta & ~std::uint64_t{1}) | (p ? 1u : 0u); }
+  void set_cls(schemas::traffic_class c) noexcept {
+    word = (word & ~(std::uint64_t{3} << 61)) | ((static_cast<std::uint64_t>(c) & 3u) << 61);
+  }
+  void set_pending(bool p) noexcept {
+    word = (word & ~(std::uint64_t{1} << 63)) | (std::uint64_t{p ? 1u : 0u} << 63);
+  }
+
+private:
+  static constexpr std::uint64_t expiry_bits = (std::uint64_t{1} << 61) - 1;
 };
 
-static_assert(sizeof(block_slot) == 32, "block_slot: one entry must take 32 bytes");
+static_assert(sizeof(block_slot) == 16, "block_slot: one entry must take 16 bytes");
 
 class block_table {
 public:
@@ -70,7 +86,7 @@ public:
   block_table(block_table&&) noexcept = default;
   block_table& operator=(block_table&&) noexcept = default;
 
-  /// The slot holding `k`, or nullptr. Valid until the next insert or erase.
+  /// The slot holding `k` (matched by `k.hi`), or nullptr. Valid until the next insert or erase.
   block_slot* find(const block_key& k) noexcept;
   const block_slot* find(const block_key& k) const noexcept;
 
@@ -81,9 +97,9 @@ public:
       __builtin_prefetch(&slots_[home(k.hi)]);
   }
 
-  /// Adds `k`, which must be absent, and returns its slot: key set, expiry 0, meta 0 (the
-  /// caller sets a sequence number >= 1 before the next insert or erase). May rehash: every
-  /// slot pointer is invalidated.
+  /// Adds `k`, which must be absent, and returns its slot: key set, still marked empty (the
+  /// caller sets its expiry before the next insert or erase). May rehash: every slot pointer
+  /// is invalidated.
   block_slot& insert(const block_key& k);
 
   /// Removes the entry in `s` (a pointer from find). Other slot pointers are invalidated.

@@ -18,7 +18,15 @@ runtime::time_point from_ns(std::int64_t ns) {
 }
 
 runtime::time_point expiry_of(const block_slot& e) {
-  return from_ns(e.expiry_ns);
+  return from_ns(e.expiry_ns());
+}
+
+/// The expiry of the i-th block of one call's span: i nanoseconds before the call's. The
+/// blocks of a chain placed at one instant with one TTL so expire deepest first, and the
+/// eviction order (by expiry) takes a chain's tail before its prefix with no sequence number
+/// held per entry. Each block expires at most its depth in nanoseconds early, never late.
+runtime::time_point at_depth(runtime::time_point expiry, std::size_t i) {
+  return expiry - std::chrono::nanoseconds(static_cast<std::int64_t>(i));
 }
 
 /// How many blocks of a chain ahead of the one looked up are prefetched (block_table::prefetch).
@@ -96,7 +104,7 @@ std::size_t kv_index::probe(std::span<const block_key> blocks, runtime::time_poi
     if (expired)
       ++stats_.served_expired;
     else if (extend_to)
-      extend(*e, *extend_to);
+      extend(*e, at_depth(*extend_to, i));
   }
   return hits;
 }
@@ -108,7 +116,7 @@ void kv_index::touch(std::span<const block_key> blocks, traffic_class cls,
     prefetch_ahead_of(entries_, blocks, i);
     auto* e = entries_.find(blocks[i]);
     if (e != nullptr && !e->pending() && now < expiry_of(*e))
-      extend(*e, expiry);
+      extend(*e, at_depth(expiry, i));
   }
 }
 
@@ -125,10 +133,11 @@ kv_insert_result kv_index::reserve(std::span<const block_key> blocks, traffic_cl
 kv_insert_result kv_index::put(std::span<const block_key> blocks, traffic_class cls,
                                runtime::time_point now, bool pending) {
   kv_insert_result r;
-  auto expiry = now + params_.ttl.of(cls);
+  const auto call_expiry = now + params_.ttl.of(cls);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     prefetch_ahead_of(entries_, blocks, i);
     const auto& k = blocks[i];
+    const auto expiry = at_depth(call_expiry, i);
     auto* e = entries_.find(k);
     if (e != nullptr && now >= expiry_of(*e)) {
       remove(e, true);
@@ -186,7 +195,7 @@ kv_commit_result kv_index::commit(std::span<const block_key> blocks, runtime::ti
       e->set_pending(false);
       stats_.pending -= 1;
       stats_.committed += 1;
-      extend(*e, now + params_.ttl.of(e->cls()));
+      extend(*e, at_depth(now + params_.ttl.of(e->cls()), i));
     }
     r.committed += 1;
   }
@@ -212,18 +221,16 @@ kv_stats kv_index::stats() const {
 }
 
 void kv_index::place(block_slot& e, runtime::time_point expiry) {
-  if (ordered_ && e.seq() != 0)
-    order_.erase(order_key{expiry_of(e), ~e.seq(), e.key});
-  TROUPE_CHECK(next_seq_ < block_slot::max_seq, "kv_index: sequence numbers exhausted");
-  e.expiry_ns = to_ns(expiry);
-  e.set_seq(++next_seq_);
+  if (ordered_ && !e.empty())
+    order_.erase(order_key{e.expiry_ns(), e.key});
+  e.set_expiry_ns(to_ns(expiry));
   if (ordered_)
-    order_.insert(order_key{expiry_of(e), ~e.seq(), e.key});
+    order_.insert(order_key{e.expiry_ns(), e.key});
 }
 
 void kv_index::build_order() {
   entries_.for_each(
-    [this](const block_slot& e) { order_.insert(order_key{expiry_of(e), ~e.seq(), e.key}); });
+    [this](const block_slot& e) { order_.insert(order_key{e.expiry_ns(), e.key}); });
   ordered_ = true;
 }
 
@@ -234,7 +241,7 @@ void kv_index::extend(block_slot& e, runtime::time_point expiry) {
 
 void kv_index::remove(block_slot* e, bool expired) {
   if (ordered_)
-    order_.erase(order_key{expiry_of(*e), ~e->seq(), e->key});
+    order_.erase(order_key{e->expiry_ns(), e->key});
   if (e->pending())
     stats_.pending -= 1;
   stats_.bytes -= params_.block_bytes;
@@ -252,10 +259,11 @@ bool kv_index::make_room(runtime::time_point now, runtime::time_point expiry) {
     if (order_.empty())
       return false;
     const auto oldest = *order_.begin();
-    bool expired = now >= oldest.expiry;
-    if (!expired && oldest.expiry >= expiry)
+    const auto oldest_expiry = from_ns(oldest.expiry_ns);
+    bool expired = now >= oldest_expiry;
+    if (!expired && oldest_expiry >= expiry)
       return false;
-    auto* e = entries_.find(oldest.key);
+    auto* e = entries_.find(block_key{oldest.key, 0});
     TROUPE_CHECK(e != nullptr, "kv_index: eviction order names a missing entry");
     remove(e, expired);
   }

@@ -17,16 +17,18 @@
 //   expired one (`served_expired`, which the simulation's invariant checker requires to be 0).
 // - A hit refreshes: expiry becomes max(expiry, now + TTL of the asking request's class), so
 //   the TTL counts from the last use, and a block's parents never expire before it.
-// - When full, room is made oldest-expiry first; among equal expiries the most recently
-//   written / refreshed entry goes first (a chain's deeper blocks before its prefix, since a
-//   prefix without its tail is still useful and a tail without its prefix is not). A block is
-//   never placed by evicting one that expires no earlier than itself: it is rejected instead,
-//   with the rest of its chain.
+// - When full, room is made oldest-expiry first, a chain's deeper blocks before its prefix
+//   (a prefix without its tail is still useful and a tail without its prefix is not): the
+//   i-th block of one call's span expires i nanoseconds before the call's expiry, so a chain
+//   written or refreshed at one instant leaves from its tail. Equal expiries go by key. A
+//   block is never placed by evicting one that expires no earlier than itself: it is rejected
+//   instead, with the rest of its chain.
 // - Blocks may be inserted visible at once (`insert`), or reserved first and made visible once
 //   their bytes are in the store (`reserve`, then `commit`), so a match never names a block
 //   whose bytes are not written yet.
-// Everything observable is deterministic: lookups use a flat hash table (block_table, 32 bytes
-// per entry), but every decision that iterates (eviction, expiry) walks an ordered set.
+// Everything observable is deterministic: lookups use a flat hash table (block_table, 16 bytes
+// per slot, keys told apart by their high 64 bits), but every decision that iterates
+// (eviction, expiry) walks an ordered set.
 #pragma once
 
 #include "actors/kv/block_key.hpp"
@@ -201,11 +203,10 @@ public:
   const kv_index_params& params() const noexcept { return params_; }
 
 private:
-  /// Eviction order: expiry first, then most recently placed first (rank = ~seq).
+  /// Eviction order: expiry first, then key (the table's 64 bits of it).
   struct order_key {
-    runtime::time_point expiry;
-    std::uint64_t rank = 0;
-    block_key key;
+    std::int64_t expiry_ns = 0;
+    std::uint64_t key = 0;
     friend auto operator<=>(const order_key&, const order_key&) = default;
   };
 
@@ -220,14 +221,13 @@ private:
   void build_order();
 
   kv_index_params params_;
-  /// The entries: 32 bytes per slot in a flat ordered linear-probing table (block_table.hpp).
+  /// The entries: 16 bytes per slot in a flat ordered linear-probing table (block_table.hpp).
   block_table entries_;
-  /// The eviction order, {expiry, ~seq, key} of every entry. It is derived from `entries_`, so
+  /// The eviction order, {expiry, key} of every entry. It is derived from `entries_`, so
   /// it is kept only once a shard has had to make room (`ordered_`): a shard that never fills
   /// (the usual case for a petabyte store) does not pay a tree node per block.
   std::set<order_key> order_;
   bool ordered_ = false;
-  std::uint64_t next_seq_ = 0;
   kv_stats stats_;
 };
 

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -18,30 +19,33 @@ template <class MakeKey>
 void check_against_map(std::uint64_t seed, std::size_t steps, MakeKey make_key) {
   std::mt19937_64 rng(seed);
   block_table t;
-  std::map<block_key, std::uint64_t> ref; // key -> seq
+  std::map<std::uint64_t, std::int64_t> ref; // key's hi -> expiry
   std::vector<block_key> keys;
-  std::uint64_t seq = 0;
+  std::int64_t expiry = 0;
   for (std::size_t i = 0; i < steps; ++i) {
     auto op = rng() % 10;
     if (op < 6 || keys.empty()) {
       auto k = make_key(rng);
-      if (ref.count(k) == 0) {
+      if (ref.count(k.hi) == 0) {
         auto& s = t.insert(k);
-        REQUIRE(s.key == k);
-        s.set_seq(++seq);
-        s.expiry_ns = static_cast<std::int64_t>(seq) * 3;
-        ref[k] = seq;
+        REQUIRE(s.key == k.hi);
+        REQUIRE(s.empty());
+        s.set_expiry_ns(expiry += 3);
+        ref[k.hi] = expiry;
         keys.push_back(k);
+      } else {
+        // Keys are told apart by their hi half: another lo finds the same entry.
+        auto* s = t.find(block_key{k.hi, ~k.lo});
+        REQUIRE(s != nullptr);
+        REQUIRE(s->expiry_ns() == ref[k.hi]);
       }
     } else if (op < 8) {
       auto k = keys[rng() % keys.size()];
       auto* s = t.find(k);
-      auto it = ref.find(k);
+      auto it = ref.find(k.hi);
       REQUIRE((s != nullptr) == (it != ref.end()));
-      if (s != nullptr) {
-        REQUIRE(s->seq() == it->second);
-        REQUIRE(s->expiry_ns == static_cast<std::int64_t>(it->second) * 3);
-      }
+      if (s != nullptr)
+        REQUIRE(s->expiry_ns() == it->second);
     } else {
       auto at = rng() % keys.size();
       auto k = keys[at];
@@ -50,21 +54,21 @@ void check_against_map(std::uint64_t seed, std::size_t steps, MakeKey make_key) 
       auto* s = t.find(k);
       REQUIRE(s != nullptr);
       t.erase(s);
-      ref.erase(k);
+      ref.erase(k.hi);
       REQUIRE(t.find(k) == nullptr);
     }
     REQUIRE(t.size() == ref.size());
   }
   // Every key held is found, and for_each walks them in key order.
-  std::vector<block_key> walked;
+  std::vector<std::uint64_t> walked;
   t.for_each([&](const block_slot& s) { walked.push_back(s.key); });
   REQUIRE(walked.size() == ref.size());
   std::size_t i = 0;
-  for (const auto& [k, s] : ref) {
-    CHECK(walked[i++] == k);
-    auto* found = t.find(k);
+  for (const auto& [hi, e] : ref) {
+    CHECK(walked[i++] == hi);
+    auto* found = t.find(block_key{hi, 0});
     REQUIRE(found != nullptr);
-    CHECK(found->seq() == s);
+    CHECK(found->expiry_ns() == e);
   }
 }
 
@@ -75,32 +79,42 @@ TEST_CASE("a block table agrees with an ordered map through growth and erasure")
 }
 
 TEST_CASE("a block table stays correct when keys crowd a few home slots") {
-  // Few distinct `hi` values, many near the top of the key space: long runs, runs that reach
-  // the end of the array.
+  // Keys packed into a few narrow ranges, one at the top of the key space: long runs, runs
+  // that reach the end of the array; and the same hi drawn again with another lo.
   check_against_map(2, 20000, [](std::mt19937_64& rng) {
-    std::uint64_t his[] = {0, 1, std::uint64_t{1} << 63, ~std::uint64_t{0} - 1, ~std::uint64_t{0}};
-    return block_key{his[rng() % 5], rng() % 4000};
+    std::uint64_t bases[] = {0, std::uint64_t{1} << 63, ~std::uint64_t{0} - 3999};
+    return block_key{bases[rng() % 3] + rng() % 4000, rng()};
   });
 }
 
-TEST_CASE("a block slot packs sequence number, class and pending flag apart") {
+TEST_CASE("a block slot packs expiry, class and pending flag apart") {
+  using troupe::schemas::traffic_class;
   block_slot s;
   CHECK(s.empty());
-  s.set_seq(block_slot::max_seq);
-  s.set_cls(troupe::schemas::traffic_class::batch);
+  s.set_cls(traffic_class::batch);
   s.set_pending(true);
+  CHECK(s.empty()); // no expiry yet
+  s.set_expiry_ns(block_slot::max_expiry_ns);
   CHECK(!s.empty());
-  CHECK(s.seq() == block_slot::max_seq);
-  CHECK(s.cls() == troupe::schemas::traffic_class::batch);
+  CHECK(s.expiry_ns() == block_slot::max_expiry_ns);
+  CHECK(s.cls() == traffic_class::batch);
   CHECK(s.pending());
   s.set_pending(false);
-  s.set_cls(troupe::schemas::traffic_class::agent);
-  CHECK(s.seq() == block_slot::max_seq);
-  CHECK(s.cls() == troupe::schemas::traffic_class::agent);
+  s.set_cls(traffic_class::agent);
+  CHECK(s.expiry_ns() == block_slot::max_expiry_ns);
+  CHECK(s.cls() == traffic_class::agent);
   CHECK(!s.pending());
-  s.set_seq(1);
-  CHECK(s.seq() == 1);
-  CHECK(s.cls() == troupe::schemas::traffic_class::agent);
+  // An expiry at the epoch is held (and expired at once); before it or past the range, clamped.
+  s.set_expiry_ns(0);
+  CHECK(!s.empty());
+  CHECK(s.expiry_ns() == 0);
+  CHECK(s.cls() == traffic_class::agent);
+  s.set_expiry_ns(-5);
+  CHECK(s.expiry_ns() == 0);
+  s.set_expiry_ns(std::numeric_limits<std::int64_t>::max());
+  CHECK(s.expiry_ns() == block_slot::max_expiry_ns);
+  CHECK(s.cls() == traffic_class::agent);
+  CHECK(!s.pending());
 }
 
 TEST_CASE("a copied block table holds the same entries, apart from the original") {
@@ -109,7 +123,7 @@ TEST_CASE("a copied block table holds the same entries, apart from the original"
   std::vector<block_key> keys;
   for (int i = 0; i < 5000; ++i) {
     keys.push_back(block_key{rng(), rng()});
-    t.insert(keys.back()).set_seq(static_cast<std::uint64_t>(i) + 1);
+    t.insert(keys.back()).set_expiry_ns(i);
   }
   block_table c = t;
   t.erase(t.find(keys[0]));
@@ -118,7 +132,7 @@ TEST_CASE("a copied block table holds the same entries, apart from the original"
   for (int i = 0; i < 5000; ++i) {
     auto* s = c.find(keys[static_cast<std::size_t>(i)]);
     REQUIRE(s != nullptr);
-    CHECK(s->seq() == static_cast<std::uint64_t>(i) + 1);
+    CHECK(s->expiry_ns() == i);
   }
   CHECK(t.find(keys[0]) == nullptr);
   c = t;

@@ -162,16 +162,20 @@ TEST_CASE("an entry older than its class TTL is not a hit") {
   kv_index idx(params_for_blocks(100));
   auto chain = chain_of(2);
   idx.insert(chain, traffic_class::chatbot, t0);
-  CHECK(idx.probe(chain, t0 + 7 * day - 1ns) == 2);
+  // The second block expires 1 ns before the first (block i of one call, i ns early).
+  CHECK(idx.probe(chain, t0 + 7 * day - 2ns) == 2);
+  CHECK(idx.probe(chain, t0 + 7 * day - 1ns) == 1);
   CHECK(idx.match(chain, traffic_class::chatbot, t0 + 7 * day + 1s).hit_blocks == 0);
-  CHECK(idx.stats().expirations == 1); // found lazily: the first block, where the walk ended
+  // Found lazily, each where its walk ended: the second block by the probe, the first by the
+  // match.
+  CHECK(idx.stats().expirations == 2);
 }
 
 TEST_CASE("the TTL audit counts no block served before expiry, and catches a planted bug") {
   auto chain = chain_of(3);
   kv_index ok(params_for_blocks(100));
   ok.insert(chain, traffic_class::agent, t0);
-  CHECK(ok.probe(chain, t0 + 3 * day - 1ns) == 3);
+  CHECK(ok.probe(chain, t0 + 3 * day - 3ns) == 3);
   CHECK(ok.probe(chain, t0 + 3 * day) == 0); // expired exactly at its expiry
   CHECK(ok.stats().served_expired == 0);
 
@@ -180,7 +184,7 @@ TEST_CASE("the TTL audit counts no block served before expiry, and catches a pla
   planted.test_ignore_expiry = true;
   kv_index bad(planted);
   bad.insert(chain, traffic_class::agent, t0);
-  CHECK(bad.probe(chain, t0 + 3 * day - 1ns) == 3);
+  CHECK(bad.probe(chain, t0 + 3 * day - 3ns) == 3);
   CHECK(bad.stats().served_expired == 0);
   CHECK(bad.match(chain, traffic_class::agent, t0 + 3 * day + 1s).hit_blocks == 3);
   CHECK(bad.stats().served_expired == 3);
@@ -234,7 +238,19 @@ TEST_CASE("a full index evicts the entry with the oldest expiry first") {
   CHECK(idx.stats().bytes == 3000);
 }
 
-TEST_CASE("among equal expiries a chain loses its deepest block first") {
+TEST_CASE("a chain's blocks placed at one instant expire deepest first, a nanosecond apart") {
+  kv_index idx(params_for_blocks(100));
+  auto chain = chain_of(4);
+  idx.insert(chain, traffic_class::agent, t0);
+  for (std::size_t i = 0; i < chain.size(); ++i)
+    CHECK(*idx.expiry(chain[i]) == t0 + 3 * day - std::chrono::nanoseconds(i));
+  // A hit refreshes them the same way, from the time of the hit.
+  CHECK(idx.match(chain, traffic_class::agent, t0 + 1h).hit_blocks == 4);
+  for (std::size_t i = 0; i < chain.size(); ++i)
+    CHECK(*idx.expiry(chain[i]) == t0 + 1h + 3 * day - std::chrono::nanoseconds(i));
+}
+
+TEST_CASE("a full index evicts a chain from its deepest block") {
   kv_index idx(params_for_blocks(3));
   auto chain = chain_of(3, 1);
   idx.insert(chain, traffic_class::chatbot, t0);
