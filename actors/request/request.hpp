@@ -96,7 +96,6 @@ typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
 /// the times of the phases it reached.
 struct request_outcome {
   std::uint64_t id = 0;
-  bool completed = false;
   std::string failure;
   runtime::time_point admitted{};
   /// When its images started encoding and were all encoded (both `admitted` without images).
@@ -112,7 +111,6 @@ struct request_outcome {
   /// asks for any), the rest as decode reports them. Equals `output_tokens` when completed,
   /// unless a stop token ended it earlier (`stopped`).
   std::uint64_t delivered_tokens = 0;
-  bool stopped = false;
   std::uint64_t hit_blocks = 0;
   std::uint64_t hit_tokens = 0;
   instance_id prefill_instance = 0;
@@ -123,6 +121,11 @@ struct request_outcome {
   std::uint32_t reroutes = 0;
   /// Times its decode instance drained and handed it, with its KV, to another one.
   std::uint32_t forwards = 0;
+  // (The flags sit beside the 32-bit counters: the simulator keeps one outcome per request,
+  // 160 bytes each.)
+  bool completed = false;
+  /// Ended early by a stop token (see `delivered_tokens`).
+  bool stopped = false;
   /// The delivered stream: every token id the client received, with its output position,
   /// in delivery order, folded with digest_token. In the simulated world it equals
   /// modelled_digest(0, id, input_tokens, 0, output_tokens) exactly when the client got the

@@ -74,26 +74,37 @@ void check_outcome(const actors::request_outcome& o, std::vector<violation>& out
 invariant_report check_invariants(const std::vector<std::uint64_t>& admitted,
                                   const std::vector<actors::request_outcome>& outcomes,
                                   bool run_finished) {
-  // id → the outcomes it reported, in arrival order.
-  std::map<std::uint64_t, std::vector<const actors::request_outcome*>> by_id;
-  for (const auto& o : outcomes)
-    by_id[o.id].push_back(&o);
-  std::map<std::uint64_t, bool> ids; // id → admitted
-  for (auto id : admitted)
-    ids[id] = true;
-  for (const auto& [id, list] : by_id)
-    ids.emplace(id, false);
+  // Sorted flat lists rather than maps (an hour at 200/s is 720 k requests, checked when the
+  // run's memory peaks): (id, arrival index) of every outcome, so each id's outcomes form one
+  // run in arrival order, and the admitted ids.
+  std::vector<std::pair<std::uint64_t, std::size_t>> by_id;
+  by_id.reserve(outcomes.size());
+  for (std::size_t i = 0; i < outcomes.size(); ++i)
+    by_id.emplace_back(outcomes[i].id, i);
+  std::sort(by_id.begin(), by_id.end());
+  auto was = admitted;
+  std::sort(was.begin(), was.end());
+  was.erase(std::unique(was.begin(), was.end()), was.end());
 
   invariant_report report;
-  report.checked = ids.size();
-  for (const auto& [id, was_admitted] : ids) {
-    auto it = by_id.find(id);
-    if (it == by_id.end()) {
+  std::vector<const actors::request_outcome*> list;
+  // Every id admitted or reported, ascending: a merge of the two lists.
+  for (std::size_t a = 0, b = 0; a < was.size() || b < by_id.size();) {
+    const auto id = b == by_id.size()   ? was[a]
+                    : a == was.size()   ? by_id[b].first
+                                        : std::min(was[a], by_id[b].first);
+    const bool was_admitted = a < was.size() && was[a] == id;
+    if (was_admitted)
+      ++a;
+    list.clear();
+    for (; b < by_id.size() && by_id[b].first == id; ++b)
+      list.push_back(&outcomes[by_id[b].second]);
+    ++report.checked;
+    if (list.empty()) {
       if (run_finished)
         report.violations.push_back({id, "admitted but never reached a terminal state", {}});
       continue;
     }
-    const auto& list = it->second;
     if (!was_admitted)
       report.violations.push_back(
         {id, fmt::format("{} without having been admitted", describe(*list.front())), {}});
