@@ -347,6 +347,12 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
     auto w = params.writer;
     w.instance = params.instance;
     st.writer = spawn_block_writer(self, std::move(w));
+    // The writer ends with its engine. Once it has written to a store or index in another
+    // process, the middleman holds it for that node, so it would outlive its last handle and
+    // keep the process from exiting.
+    self->attach_functor([writer = st.writer] {
+      caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
+    });
   }
   return {
     [self](const prefill_job& job) -> caf::typed_response_promise<prefill_done> {

@@ -137,6 +137,9 @@ def cluster(model_dir, tmp_path_factory):
     pids = [p["pid"] for p in c.state()["processes"] if p["pid"]]
     c.stop()
     assert c.proc.returncode == 0, "troupe launch did not stop cleanly:\n" + "".join(c.log)
+    # Every process left on its own SIGTERM, none killed after its grace (a prefill's block
+    # writer, once it had written to the store process, kept its process alive).
+    assert not any("did not stop; killing it" in l for l in c.log), "".join(c.log)
     # --check-history: the control process checked what its requests, KV index and decode_lb
     # recorded through every test of this module (decode processes killed, stopped, drained).
     assert any(re.match(r"troupe node\[control\]: history: .* facts: no violations", l) for l in c.log), \
