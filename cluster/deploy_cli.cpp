@@ -246,7 +246,15 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   slurm->add_option("--tls-cert", s->tls.cert_file,
                     "the certificate every process presents, signed by the CA");
   slurm->add_option("--tls-key", s->tls.key_file, "its private key");
-  slurm->callback([s, &rc] { rc = run_slurm(*s); });
+  auto slurm_fetchers = std::make_shared<std::string>("on");
+  slurm->add_option("--block-fetchers", *slurm_fetchers,
+                    "a block fetcher beside each one-machine prefill instance, in its step, when "
+                    "the cluster has a block store: on (default) or off")
+    ->check(CLI::IsMember({"on", "off"}));
+  slurm->callback([s, slurm_fetchers, &rc] {
+    s->opts.block_fetchers = *slurm_fetchers == "on";
+    rc = run_slurm(*s);
+  });
 }
 
 }  // namespace troupe::cli

@@ -591,8 +591,7 @@ int main(int argc, char** argv) {
     "submit the cluster to Slurm as one heterogeneous job (as troupe slurm writes it) and follow "
     "it; SIGTERM or Ctrl-C drains the job (docs/deploy.md)");
   for (const char* local_only :
-       {"--hosts", "--faults", "--seed", "--state", "--events", "--max-restarts", "--fabric",
-        "--block-fetchers"})
+       {"--hosts", "--faults", "--seed", "--state", "--events", "--max-restarts", "--fabric"})
     slurm->excludes(launch->get_option(local_only));
   slurm->excludes(restart_period);
   troupe::cli::add_slurm_placement_options(launch, launch_opts.slurm_job, slurm);

@@ -758,6 +758,7 @@ int launch_on_slurm(launch_options o, const topology& topo,
   auto job = o.slurm_job;
   if (job.topology_path.empty())
     job.topology_path = s.topology;
+  job.block_fetchers = o.block_fetchers;
   job.troupe = o.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : o.executable;
   job.model_dir = s.model;
   job.bind = listen.first;

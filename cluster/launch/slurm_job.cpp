@@ -91,6 +91,8 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     c.gpus_per_task = layout->gpus_per_process;
     const std::uint32_t devices = *gpn > 0 ? layout->gpus_per_process : pool.gpus_per_instance;
     c.cpus_per_task = std::max<std::uint32_t>(1, devices * o.cpus_per_gpu);
+    c.fetchers = store && o.block_fetchers && pool.role == pool_role::prefill
+                 && layout->processes == 1;
     if (*gpn == 0) {
       // CPU backend: Slurm packs the processes by their CPUs.
       c.nodes = 0;
@@ -135,9 +137,10 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
       c.gpus_per_task > 0
         ? fmt::format(" x {} GPUs on {}", c.gpus_per_task, plural(c.nodes, "node", "nodes"))
         : "";
-    line(fmt::format("# component {}: pool {} ({}), {} x {}{}", i, c.name, c.role,
+    line(fmt::format("# component {}: pool {} ({}), {} x {}{}{}", i, c.name, c.role,
                      plural(c.instances, "instance", "instances"),
-                     plural(c.tasks_per_instance, "process", "processes"), where));
+                     plural(c.tasks_per_instance, "process", "processes"), where,
+                     c.fetchers ? ", each with its block fetcher" : ""));
   }
   const std::string job_name =
     o.job_name.empty() ? fmt::format("troupe-{}", topo.cluster.name) : o.job_name;
@@ -176,8 +179,11 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
        "]*\\).*/\\1/p' | head -n 1)");
   line(fmt::format("control=\"${{control_addr:-$control_node}}:{}\"", o.control_port));
   line("echo \"troupe: job $SLURM_JOB_ID, control on $control_node ($control)\"");
+  if (std::any_of(job.components.begin(), job.components.end(),
+                  [](const slurm_component& c) { return c.fetchers; }))
+    line("export troupe topology control  # read by the prefill steps' shells");
   line("");
-  std::string data_args, store_args;
+  std::string data_args, store_args, fetch_args;
   if (!o.model_dir.empty())
     data_args += " --model " + shell_word(o.model_dir);
   if (!o.store_dir.empty())
@@ -185,6 +191,7 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
   for (const auto& a : o.node_args) {
     data_args += " " + shell_word(a);
     store_args += " " + shell_word(a);
+    fetch_args += " " + shell_word(a);
   }
   line("pids=()");
   for (std::size_t i = 0; i < job.components.size(); ++i) {
@@ -219,13 +226,26 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
       }
       continue;
     }
+    // A prefill instance on one machine reads its cached blocks through a block fetcher
+    // process beside it, which hands them over in the machine's shared memory: the step's shell
+    // starts the fetcher, then becomes the prefill process. Slurm signals both and ends both
+    // with the step; a fetcher that dies leaves the instance reading from the store itself.
     for (std::uint32_t index = 0; index < c.instances; ++index) {
       line(fmt::format("{} --job-name={} \\", step,
                        shell_word(fmt::format("{}-{}", c.name, index))));
       // The fabric endpoint binds to the address this machine reaches the control by.
-      line(fmt::format("  \"$troupe\" node \"$topology\" --role {} --index {} --control "
-                       "\"$control\" --fabric-host auto{} &",
-                       c.role, index, data_args));
+      const std::string instance =
+        fmt::format("\"$troupe\" node \"$topology\" --role {} --index {} --control "
+                    "\"$control\" --fabric-host auto{}",
+                    c.role, index, data_args);
+      if (c.fetchers)
+        line(fmt::format("  bash -c {} &",
+                         shell_word(fmt::format("\"$troupe\" node \"$topology\" --role fetcher "
+                                                "--index {} --control \"$control\" "
+                                                "--fabric-host auto{} & exec {}",
+                                                index, fetch_args, instance))));
+      else
+        line(fmt::format("  {} &", instance));
       line("pids+=($!)");
     }
   }

@@ -41,6 +41,8 @@ struct slurm_options {
   std::string store_dir;             // --kv-dir of the store process; empty: the topology's
   std::string bind = "0.0.0.0";      // the address the control publishes and serves HTTP on
   std::vector<std::string> node_args; // more arguments of every `troupe node` (e.g. --threads 4)
+  bool block_fetchers = true;         // a block fetcher beside each one-machine prefill instance
+                                      // (when the cluster has a block store)
 };
 
 /// One component of the heterogeneous job, as the script requests it.
@@ -54,6 +56,7 @@ struct slurm_component {
   std::uint32_t gpus_per_node = 0;   // GRES gpu per machine requested (0: none)
   std::uint32_t gpus_per_task = 0;   // GPUs of one process
   std::uint32_t cpus_per_task = 0;
+  bool fetchers = false;             // each prefill instance's step also runs its block fetcher
 };
 
 /// The batch script and the components it requests (component i is --het-group=i).

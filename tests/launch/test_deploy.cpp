@@ -453,7 +453,7 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   CHECK(job->script.find("topology='/shared/my topology.toml'\n") != std::string::npos);
   // The instances and the control take the model; the store process takes the directory, in
   // component 0 beside the control process, which waits for it.
-  CHECK(count(job->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' &") == 2);
+  CHECK(count(job->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' &") == 1);
   CHECK(count(job->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' "
                            "--external-store &") == 1);
   CHECK(count(job->script, "--role control --control 10.0.0.5:4242 --listen 10.0.0.5:8000 ") == 1);
@@ -461,6 +461,25 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
                            "--threads 4 --engram-map 'identity map' &") == 1);
   CHECK(count(job->script, "srun --het-group=0 ") == 2);
   REQUIRE(job->components.at(0).tasks == 2);
+  // The prefill instance's step starts its block fetcher (no model; the store's arguments but
+  // the directory), then becomes the prefill process; its shell reads the exported variables.
+  CHECK(count(job->script,
+              R"(  bash -c '"$troupe" node "$topology" --role fetcher --index 0 --control )"
+              R"("$control" --fabric-host auto --threads 4 --engram-map '\''identity map'\'' & )"
+              R"(exec "$troupe" node "$topology" --role prefill --index 0 --control "$control" )"
+              R"(--fabric-host auto --model /models/v4.1 --threads 4 --engram-map '\''identity )"
+              "map'\\''' &\n") == 1);
+  CHECK(count(job->script, "export troupe topology control ") == 1);
+  CHECK(job->components.at(1).fetchers);
+  CHECK_FALSE(job->components.at(2).fetchers); // decode
+  o.block_fetchers = false;
+  auto without = make_slurm_job(e.topo, o);
+  REQUIRE(without.ok());
+  CHECK(count(without->script, "--role fetcher") == 0);
+  CHECK(count(without->script, "export troupe") == 0);
+  CHECK(count(without->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' &")
+        == 2);
+  o.block_fetchers = true;
   // Without a directory the topology's (a posix store) is the store's; a simulated store
   // has no store process.
   o.store_dir.clear();
@@ -470,6 +489,7 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   REQUIRE(no_store.ok());
   CHECK(count(no_store->script, "--role store") == 0);
   CHECK(count(no_store->script, "--external-store") == 0);
+  CHECK(count(no_store->script, "--role fetcher") == 0); // nothing to fetch from
   CHECK(no_store->components.at(0).tasks == 1);
   // A store of two shards: two store processes in component 0, each told its shard.
   auto sharded = e;

@@ -16,11 +16,13 @@
 #   2. submits it again with the stand-ins holding, scancel's the job once they all run, and
 #      checks that the job is gone and that every process received SIGTERM;
 #   3. serves for real: `troupe launch --slurm examples/topologies/local-cpu-3.toml` submits
-#      the job with the real `troupe node` on a random small model (control, one prefill, two
-#      decode processes, CPU engines, mutual TLS between them with `troupe certs`' files) and
-#      follows it; a chat completion to the control's HTTP port must give `troupe generate`'s
-#      tokens; then SIGTERM to the launcher must drain the job (scancel --signal=TERM): every
-#      process stops cleanly, the job COMPLETED, and the launcher says so and exits 0.
+#      the job with the real `troupe node` on a random small model (control, store, one
+#      prefill with its block fetcher, two decode processes, CPU engines, mutual TLS between
+#      them with `troupe certs`' files) and follows it; a chat completion to the control's HTTP port must give `troupe generate`'s
+#      tokens; a long prompt sent twice is read the second time through prefill/0's block
+#      fetcher, which runs in the prefill's step; then SIGTERM to the launcher must drain the
+#      job (scancel --signal=TERM): every process stops cleanly, the job COMPLETED, and the
+#      launcher says so and exits 0.
 # The stand-in of 1 and 2 proves placement and signalling on GPU topologies; 3 proves serving.
 # Everything started is stopped and the directory removed on exit, failure included. Exit
 # status 0: passed, 77: skipped (not root or Slurm missing), anything else: failed. Bounded:
@@ -316,6 +318,26 @@ if r["usage"]["completion_tokens"] != 8 or got != want.rstrip("\n"):
     sys.exit(f"served {r['usage']['completion_tokens']} tokens {got!r}, troupe generate {want!r}")
 PY
 echo "slurm harness: job $job served 8 tokens equal to troupe generate's (${SECONDS} s)"
+# A prompt of several 128-token blocks, again until it finds its prefix cached (the blocks are
+# committed shortly after the first answer): the prefill process reads those blocks through
+# its block fetcher (same step, same machine).
+python3 - "$http_port" <<'PY' || fail "job $job: the repeated prompt; $(cat "$dir"/job-"$job".out)"
+import json, sys, time, urllib.request
+body = {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user",
+                      "content": " ".join(f"word{i}" for i in range(400))}]}
+for _ in range(20):
+    req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=300))
+    if r["usage"]["completion_tokens"] != 2:
+        sys.exit(f"served {r['usage']}")
+    if r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0:
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit("the prompt was never a prefix hit")
+PY
 # The launcher drains the job on SIGTERM (scancel --signal=TERM) and ends with it.
 kill -TERM "$launcher"
 launched=1
@@ -333,7 +355,7 @@ grep -q "^troupe launch: job $job ended: COMPLETED$" <<< "$out" \
 grep -q "^troupe launch: job $job runs; the HTTP API will be at http://127.0.0.1:$http_port " \
   <<< "$out" || fail "the launcher did not say where the API is: $out"
 # The job's output reached the launcher's stderr; every process ran over mutual TLS.
-for name in control store prefill/0 decode/0 decode/1; do
+for name in control store prefill/0 fetcher/0 decode/0 decode/1; do
   grep -q "troupe node\[$name\]: stopped" <<< "$out" || fail "$name did not stop cleanly: $out"
 done
 # The block store ran as a process of its own beside the control (local-cpu-3 names a store
@@ -344,10 +366,15 @@ grep -q "troupe node\[control\]: control on 127.0.0.1:$control_port (mutual TLS)
   || fail "the control process did not publish over TLS: $out"
 [ "$(grep -c "joined the control process at 127.0.0.1:$control_port over mutual TLS" <<< "$out")" -eq 3 ] \
   || fail "not every instance joined over TLS: $out"
+# prefill/0's block fetcher ran in its step and handed it the repeated prompt's cached blocks.
+grep -q "troupe node\[fetcher/0\]: fetching blocks for prefill/0 from the cluster at 127.0.0.1:$control_port" \
+  <<< "$out" || fail "no block fetcher beside prefill/0: $out"
+fetched="$(sed -n 's/.*troupe node\[prefill\/0\]: cached blocks read: \([0-9]*\) through fetcher\/0.*/\1/p' <<< "$out")"
+[ "${fetched:-0}" -gt 0 ] || fail "prefill/0 read no cached block through its fetcher: $out"
 # The prompts' KV went from the prefill process to a decode process over the fabric link.
 offered="$(sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p' <<< "$out")"
 pulled="$(sed -n 's/.*troupe node\[decode\/[01]\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' <<< "$out" | awk '{s += $1} END {print s + 0}')"
 [ "${offered:-0}" -gt 0 ] && [ "$pulled" -gt 0 ] \
   || fail "no KV over the fabric in job $job (offered ${offered:-0}, pulled $pulled): $out"
-echo "slurm harness: troupe launch --slurm drained job $job on SIGTERM: 4 of 4 processes stopped cleanly over TLS, job COMPLETED (${SECONDS} s)"
+echo "slurm harness: troupe launch --slurm drained job $job on SIGTERM: its 6 processes stopped cleanly over TLS, $fetched cached block(s) through prefill/0's fetcher, job COMPLETED (${SECONDS} s)"
 echo "slurm harness: passed"
