@@ -176,6 +176,14 @@ void add_slurm_placement_options(CLI::App* cmd, cluster::slurm_options& o, CLI::
       opt->needs(needs);
 }
 
+void add_block_fetchers_option(CLI::App* cmd, bool& target, const std::string& what) {
+  cmd
+    ->add_option_function<std::string>(
+      "--block-fetchers", [&target](const std::string& v) { target = v == "on"; },
+      what + ": on (default) or off")
+    ->check(CLI::IsMember({"on", "off"}));
+}
+
 void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   auto k = std::make_shared<k8s_args>();
   k->opts.image = "troupe:" + version;
@@ -207,15 +215,10 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   k8s->add_option("--store-pvc", k->opts.store_pvc,
                   "a claim for the KV block store, mounted at /kv by the store pod alone "
                   "(ReadWriteOnce will do)");
-  auto fetchers = std::make_shared<std::string>("on");
-  k8s->add_option("--block-fetchers", *fetchers,
-                  "a block fetcher container beside each one-pod prefill instance when the "
-                  "cluster has a block store: on (default) or off")
-    ->check(CLI::IsMember({"on", "off"}));
-  k8s->callback([k, fetchers, &rc] {
-    k->opts.block_fetchers = *fetchers == "on";
-    rc = run_k8s(*k);
-  });
+  add_block_fetchers_option(k8s, k->opts.block_fetchers,
+                            "a block fetcher container beside each one-pod prefill instance when "
+                            "the cluster has a block store");
+  k8s->callback([k, &rc] { rc = run_k8s(*k); });
 
   auto s = std::make_shared<slurm_args>();
   auto* slurm = app.add_subcommand(
@@ -246,15 +249,10 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   slurm->add_option("--tls-cert", s->tls.cert_file,
                     "the certificate every process presents, signed by the CA");
   slurm->add_option("--tls-key", s->tls.key_file, "its private key");
-  auto slurm_fetchers = std::make_shared<std::string>("on");
-  slurm->add_option("--block-fetchers", *slurm_fetchers,
-                    "a block fetcher beside each one-machine prefill instance, in its step, when "
-                    "the cluster has a block store: on (default) or off")
-    ->check(CLI::IsMember({"on", "off"}));
-  slurm->callback([s, slurm_fetchers, &rc] {
-    s->opts.block_fetchers = *slurm_fetchers == "on";
-    rc = run_slurm(*s);
-  });
+  add_block_fetchers_option(slurm, s->opts.block_fetchers,
+                            "a block fetcher beside each one-machine prefill instance, in its "
+                            "step, when the cluster has a block store");
+  slurm->callback([s, &rc] { rc = run_slurm(*s); });
 }
 
 }  // namespace troupe::cli

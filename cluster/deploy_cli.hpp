@@ -17,6 +17,10 @@ namespace troupe::cli {
 void add_slurm_placement_options(CLI::App* cmd, cluster::slurm_options& o,
                                  CLI::Option* needs = nullptr);
 
+// Adds `--block-fetchers on|off` to `cmd`, described by `what` (where the fetchers run), into
+// `target` (default: on): `troupe k8s`, `troupe slurm` and `troupe launch` share it.
+void add_block_fetchers_option(CLI::App* cmd, bool& target, const std::string& what);
+
 // Adds the commands to `app`; a command's exit status goes to `rc`. `version` names the
 // default container image (troupe:<version>).
 void add_deploy_commands(CLI::App& app, int& rc, const std::string& version);

@@ -573,11 +573,10 @@ int main(int argc, char** argv) {
   launch->add_option("--seed", launch_opts.seed, "seed of the fault plan's expansion (default 1)");
   launch->add_option("--fabric", launch_opts.fabric,
                      "the libfabric provider KV crosses processes by: tcp (default), shm, or none");
-  std::string block_fetchers = "on";
-  launch->add_option("--block-fetchers", block_fetchers,
-                     "a block fetcher process beside each prefill instance reads its cached "
-                     "blocks into shared memory: on (default) or off")
-    ->check(CLI::IsMember({"on", "off"}));
+  troupe::cli::add_block_fetchers_option(
+    launch, launch_opts.block_fetchers,
+    "a block fetcher process beside each prefill instance reads its cached blocks into shared "
+    "memory");
   launch->add_option("--hosts", launch_opts.hosts_file,
                      "place the processes on the hosts of this file, each running `troupe agent` "
                      "(docs/launch.md)");
@@ -601,7 +600,6 @@ int main(int argc, char** argv) {
       launch_opts.serve.listen = "0.0.0.0:8000";
     finish_server_options(launch_opts.serve, launch_grace_s);
     launch_opts.restart_period = std::chrono::seconds(restart_period_s);
-    launch_opts.block_fetchers = block_fetchers == "on";
     rc = troupe::cluster::run_launch_command(launch_opts, std::cout, shared_stderr());
   });
 
