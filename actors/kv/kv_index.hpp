@@ -15,8 +15,9 @@
 // - Expiry is lazy: an expired entry is removed when a lookup finds it, or when room is made.
 // - Audited: each lookup re-checks the blocks it serves against their expiry and counts any
 //   expired one (`served_expired`, which the simulation's invariant checker requires to be 0).
-// - A hit refreshes: expiry becomes max(expiry, now + TTL of the asking request's class), so
-//   the TTL counts from the last use, and a block's parents never expire before it.
+// - A hit refreshes: expiry becomes max(expiry, now + TTL of the asking request's class, less
+//   the block's depth in the call in ns, below), so the TTL counts from the last use, and a
+//   block's parents never expire before it.
 // - When full, room is made oldest-expiry first, a chain's deeper blocks before its prefix
 //   (a prefix without its tail is still useful and a tail without its prefix is not): the
 //   i-th block of one call's span expires i nanoseconds before the call's expiry, so a chain
