@@ -180,8 +180,30 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
   line(fmt::format("control=\"${{control_addr:-$control_node}}:{}\"", o.control_port));
   line("echo \"troupe: job $SLURM_JOB_ID, control on $control_node ($control)\"");
   if (std::any_of(job.components.begin(), job.components.end(),
-                  [](const slurm_component& c) { return c.fetchers; }))
+                  [](const slurm_component& c) { return c.fetchers; })) {
     line("export troupe topology control  # read by the prefill steps' shells");
+    line("# Runs a command (a block fetcher) and again 1 s after it exits abnormally, as troupe");
+    line("# launch restarts a process, until it exits with status 0 or has exited abnormally");
+    line("# more than 10 times within 60 s. Exported: the prefill steps' shells call it.");
+    line("troupe_respawn() {");
+    line("  local name=$1 rc now t kept starts=()");
+    line("  shift");
+    line("  while :; do");
+    line("    \"$@\" && return 0");
+    line("    rc=$? now=$SECONDS kept=()");
+    line("    for t in \"${starts[@]}\"; do (( now - t < 60 )) && kept+=(\"$t\"); done");
+    line("    starts=(\"${kept[@]}\" \"$now\")");
+    line("    if (( ${#starts[@]} > 10 )); then");
+    line("      echo \"troupe: $name exited with status $rc, more than 10 times within 60 s: not "
+         "restarted\" >&2");
+    line("      return \"$rc\"");
+    line("    fi");
+    line("    echo \"troupe: $name exited with status $rc; restart ${#starts[@]} in 1 s\" >&2");
+    line("    sleep 1");
+    line("  done");
+    line("}");
+    line("export -f troupe_respawn");
+  }
   line("");
   std::string data_args, store_args, fetch_args;
   if (!o.model_dir.empty())
@@ -228,8 +250,9 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
     }
     // A prefill instance on one machine reads its cached blocks through a block fetcher
     // process beside it, which hands them over in the machine's shared memory: the step's shell
-    // starts the fetcher, then becomes the prefill process. Slurm signals both and ends both
-    // with the step; a fetcher that dies leaves the instance reading from the store itself.
+    // starts the fetcher (under troupe_respawn, which restarts it when it dies), then becomes
+    // the prefill process. Slurm signals both and ends both with the step; while its fetcher
+    // is down, the instance reads from the store itself.
     for (std::uint32_t index = 0; index < c.instances; ++index) {
       line(fmt::format("{} --job-name={} \\", step,
                        shell_word(fmt::format("{}-{}", c.name, index))));
@@ -240,10 +263,11 @@ sim::result<slurm_job> make_slurm_job(const topology& topo, const slurm_options&
                     c.role, index, data_args);
       if (c.fetchers)
         line(fmt::format("  bash -c {} &",
-                         shell_word(fmt::format("\"$troupe\" node \"$topology\" --role fetcher "
-                                                "--index {} --control \"$control\" "
-                                                "--fabric-host auto{} & exec {}",
-                                                index, fetch_args, instance))));
+                         shell_word(fmt::format("troupe_respawn fetcher/{} \"$troupe\" node "
+                                                "\"$topology\" --role fetcher --index {} "
+                                                "--control \"$control\" --fabric-host auto{} "
+                                                "& exec {}",
+                                                index, index, fetch_args, instance))));
       else
         line(fmt::format("  {} &", instance));
       line("pids+=($!)");

@@ -12,7 +12,8 @@
 // is the NodeAddr of the control component's first machine. An instance spanning P machines is
 // one step of P tasks (one per machine, SLURM_PROCID its rank). With a block store, a prefill
 // instance on one machine has its block fetcher in its step (block_fetcher.hpp): the step's
-// shell starts it, then becomes the prefill process. Because every step is a child of the
+// shell starts it under `troupe_respawn` (a function the script exports, which restarts it
+// when it dies), then becomes the prefill process. Because every step is a child of the
 // job, `scancel` (or the time limit) signals them all: SIGTERM starts the decode drain.
 #pragma once
 

@@ -462,14 +462,18 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   CHECK(count(job->script, "srun --het-group=0 ") == 2);
   REQUIRE(job->components.at(0).tasks == 2);
   // The prefill instance's step starts its block fetcher (no model; the store's arguments but
-  // the directory), then becomes the prefill process; its shell reads the exported variables.
+  // the directory) under troupe_respawn, then becomes the prefill process; its shell reads the
+  // exported variables and function.
   CHECK(count(job->script,
-              R"(  bash -c '"$troupe" node "$topology" --role fetcher --index 0 --control )"
+              R"(  bash -c 'troupe_respawn fetcher/0 "$troupe" node "$topology" --role fetcher )"
+              R"(--index 0 --control )"
               R"("$control" --fabric-host auto --threads 4 --engram-map '\''identity map'\'' & )"
               R"(exec "$troupe" node "$topology" --role prefill --index 0 --control "$control" )"
               R"(--fabric-host auto --model /models/v4.1 --threads 4 --engram-map '\''identity )"
               "map'\\''' &\n") == 1);
   CHECK(count(job->script, "export troupe topology control ") == 1);
+  CHECK(count(job->script, "\ntroupe_respawn() {\n") == 1);
+  CHECK(count(job->script, "\nexport -f troupe_respawn\n") == 1);
   CHECK(job->components.at(1).fetchers);
   CHECK_FALSE(job->components.at(2).fetchers); // decode
   o.block_fetchers = false;
@@ -477,6 +481,7 @@ TEST_CASE("slurm job quotes paths and passes model and store") {
   REQUIRE(without.ok());
   CHECK(count(without->script, "--role fetcher") == 0);
   CHECK(count(without->script, "export troupe") == 0);
+  CHECK(count(without->script, "troupe_respawn") == 0);
   CHECK(count(without->script, "--model /models/v4.1 --threads 4 --engram-map 'identity map' &")
         == 2);
   o.block_fetchers = true;

@@ -233,15 +233,17 @@ def test_slurm_dry_run_prints_the_job_with_absolute_paths(model_dir):
     assert f"topology={os.path.abspath(TOPOLOGY)}" in script
     # prefill/0's step starts its block fetcher (no model), then becomes the prefill process.
     prefill = [l for l in nodes if "--role prefill" in l]
-    assert len(prefill) == 1 and prefill[0].startswith("  bash -c '")
+    assert len(prefill) == 1 and prefill[0].startswith("  bash -c 'troupe_respawn fetcher/0 ")
     fetcher, engine = prefill[0].split(" & exec ")
     assert "--role fetcher --index 0 " in fetcher and "--model" not in fetcher
+    assert "\ntroupe_respawn() {\n" in script and "\nexport -f troupe_respawn\n" in script
     assert "--role prefill --index 0 " in engine
     off = subprocess.run([os.path.abspath(troupe()), "launch", TOPOLOGY, "--model", name,
                           "--engram-map", "identity", "--slurm", "--block-fetchers", "off",
                           "--dry-run"], capture_output=True, text=True, timeout=120, cwd=parent)
     assert off.returncode == 0, off.stderr
     assert "--role fetcher" not in off.stdout and "bash -c" not in off.stdout
+    assert "troupe_respawn" not in off.stdout
 
 
 @pytest.mark.parametrize("args,why", [
