@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <cmath>
 #include <limits>
@@ -252,7 +253,7 @@ const layer_class_map& layer_classes(const model_profile& m) {
 // One step with (split) or without two micro-batches; `eff` is the end-to-end efficiency.
 step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phase p,
                         std::uint32_t ep, const batch& b, const perf_options& opt, double eff,
-                        bool split, const a2a_factors& a2a) {
+                        bool split, const a2a_factors& a2a, const layer_class_map& classes) {
   const double parts = split ? 2.0 : 1.0;
   // Prefill's all-to-all kernels occupy SMs while they overlap compute; decode's do not.
   const double sm_share = split && p == phase::prefill ? 1.0 - hw.comm_sm_fraction : 1.0;
@@ -269,10 +270,23 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
                        double(b.tokens) / double(b.sequences));
 
   // Layers with equal profiles cost the same (cost_layer is a pure function of the profile and
-  // the step): each distinct profile is costed once per step, then accumulated in layer order.
-  const auto& classes = layer_classes(m);
-  std::vector<layer_cost> costs(classes.distinct);
-  std::vector<bool> costed(classes.distinct, false);
+  // the step): each distinct profile is costed once per step, with its shares of the step's
+  // figures, which are then accumulated in layer order. (A model has a handful of distinct
+  // profiles: they live on the stack unless there are many.)
+  struct class_share {
+    bool costed = false;
+    double comm_one = 0;  // one micro-batch's all-to-all
+    double compute = 0, comm = 0, layer = 0, engram = 0;
+    double attention = 0, attention_core = 0, moe = 0, dense = 0;
+  };
+  constexpr std::size_t on_stack = 16;
+  std::array<class_share, on_stack> stack_shares{};
+  std::vector<class_share> heap_shares;
+  class_share* shares = stack_shares.data();
+  if (classes.distinct > on_stack) {
+    heap_shares.resize(classes.distinct);
+    shares = heap_shares.data();
+  }
 
   step_breakdown out;
   double elapsed = 0;        // compute timeline, for Engram prefetch
@@ -280,33 +294,37 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
   double first_comm = -1;
   for (std::size_t li = 0; li < m.layers.size(); ++li) {
     const auto& l = m.layers[li];
-    auto ci = classes.of[li];
-    if (!costed[ci]) {
-      costs[ci] = cost_layer(m, hw, l, p, ep, s, r, opt, a2a);
-      costed[ci] = true;
+    auto& c = shares[classes.of[li]];
+    if (!c.costed) {
+      const auto cost = cost_layer(m, hw, l, p, ep, s, r, opt, a2a);
+      c.costed = true;
+      c.comm_one = cost.comm;
+      c.compute = parts * cost.compute() / eff;
+      c.comm = parts * cost.comm;
+      c.layer = split ? std::max(c.compute, c.comm) : c.compute + c.comm;
+      c.engram = parts * cost.engram_read;
+      c.attention = parts * cost.attention / eff;
+      c.attention_core = parts * cost.attention_core / eff;
+      c.moe = parts * cost.moe / eff;
+      c.dense = parts * cost.dense / eff;
     }
-    const auto& c = costs[ci];
-    double compute = parts * c.compute() / eff;
-    double comm = parts * c.comm;
-    double layer = split ? std::max(compute, comm) : compute + comm;
-    if (split && first_comm < 0 && comm > 0)
-      first_comm = c.comm; // the first micro-batch's all-to-all has nothing to hide behind
-    if (c.engram_read > 0) {
-      engram_ready += parts * c.engram_read;
-      out.engram_read_s += parts * c.engram_read;
+    if (split && first_comm < 0 && c.comm > 0)
+      first_comm = c.comm_one; // the first micro-batch's all-to-all has nothing to hide behind
+    if (c.engram > 0) {
+      engram_ready += c.engram;
+      out.engram_read_s += c.engram;
       if (engram_ready > elapsed) {
         out.engram_wait_s += engram_ready - elapsed;
         elapsed = engram_ready;
       }
     }
-    elapsed += layer;
-    out.attention_s += parts * c.attention / eff;
-    out.attention_by_kind_s[static_cast<std::size_t>(l.attention)] +=
-      parts * c.attention_core / eff;
-    out.moe_s += parts * c.moe / eff;
-    out.dense_s += parts * c.dense / eff;
-    out.communication_s += comm;
-    out.overlap_s += compute + comm - layer;
+    elapsed += c.layer;
+    out.attention_s += c.attention;
+    out.attention_by_kind_s[static_cast<std::size_t>(l.attention)] += c.attention_core;
+    out.moe_s += c.moe;
+    out.dense_s += c.dense;
+    out.communication_s += c.comm;
+    out.overlap_s += c.compute + c.comm - c.layer;
   }
   if (first_comm > 0) {
     elapsed += first_comm;
@@ -321,6 +339,42 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
   out.dense_s += head;
   elapsed += head;
   out.total_s = elapsed;
+  return out;
+}
+
+// step_time with the layer classes and the all-to-all factors of (model, hardware, phase, ep)
+// given: make_step_cost computes them once for all the steps it costs.
+result<step_breakdown> planned_step_time(const model_profile& m, const hardware_profile& hw,
+                                         phase p, std::uint32_t ep, const batch& b,
+                                         const perf_options& opt,
+                                         const layer_class_map& classes,
+                                         const a2a_factors& a2a) {
+  using r_t = result<step_breakdown>;
+  if (ep == 0)
+    return r_t::failure("ep must be at least 1");
+  if (b.tokens == 0)
+    return r_t::failure("a step needs at least one token");
+  if (b.sequences == 0)
+    return r_t::failure("a step needs at least one sequence");
+  if (b.sequences > b.tokens)
+    return r_t::failure("a step cannot have more sequences (" + std::to_string(b.sequences)
+                        + ") than tokens (" + std::to_string(b.tokens) + ")");
+  if (m.layers.empty())
+    return r_t::failure("the model has no layers");
+  double eff = p == phase::prefill ? opt.prefill_efficiency : opt.decode_efficiency;
+  if (!(eff > 0 && eff <= 1))
+    return r_t::failure("end-to-end efficiency must be in (0, 1]");
+
+  // The engine splits the batch into two micro-batches when that is faster (it usually is once
+  // the all-to-all is worth hiding); a one-token batch cannot be split.
+  auto best = run_step(m, hw, p, ep, b, opt, eff, false, a2a, classes);
+  if (opt.two_micro_batches && ep > 1 && b.tokens >= 2) {
+    auto split = run_step(m, hw, p, ep, b, opt, eff, true, a2a, classes);
+    if (split.total_s < best.total_s)
+      best = split;
+  }
+  auto& out = best;
+  out.tokens_per_s_per_node = double(b.tokens) * hw.gpus_per_node / out.total_s;
   return out;
 }
 
@@ -352,34 +406,7 @@ batch decode_batch(std::uint64_t requests_per_gpu, std::uint64_t context_tokens)
 
 result<step_breakdown> step_time(const model_profile& m, const hardware_profile& hw, phase p,
                                  std::uint32_t ep, const batch& b, const perf_options& opt) {
-  using r_t = result<step_breakdown>;
-  if (ep == 0)
-    return r_t::failure("ep must be at least 1");
-  if (b.tokens == 0)
-    return r_t::failure("a step needs at least one token");
-  if (b.sequences == 0)
-    return r_t::failure("a step needs at least one sequence");
-  if (b.sequences > b.tokens)
-    return r_t::failure("a step cannot have more sequences (" + std::to_string(b.sequences)
-                        + ") than tokens (" + std::to_string(b.tokens) + ")");
-  if (m.layers.empty())
-    return r_t::failure("the model has no layers");
-  double eff = p == phase::prefill ? opt.prefill_efficiency : opt.decode_efficiency;
-  if (!(eff > 0 && eff <= 1))
-    return r_t::failure("end-to-end efficiency must be in (0, 1]");
-
-  // The engine splits the batch into two micro-batches when that is faster (it usually is once
-  // the all-to-all is worth hiding); a one-token batch cannot be split.
-  auto a2a = make_a2a(m, hw, p, ep);
-  auto best = run_step(m, hw, p, ep, b, opt, eff, false, a2a);
-  if (opt.two_micro_batches && ep > 1 && b.tokens >= 2) {
-    auto split = run_step(m, hw, p, ep, b, opt, eff, true, a2a);
-    if (split.total_s < best.total_s)
-      best = split;
-  }
-  auto& out = best;
-  out.tokens_per_s_per_node = double(b.tokens) * hw.gpus_per_node / out.total_s;
-  return out;
+  return planned_step_time(m, hw, p, ep, b, opt, layer_classes(m), make_a2a(m, hw, p, ep));
 }
 
 double schedule_seconds(const runtime::device_step& step, const perf_options& opt) {
@@ -438,8 +465,14 @@ double expert_balance(const model_profile& model, std::uint32_t ep, double skew,
 
 runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,
                                      perf_options opt) {
-  return [model = std::move(model), hw = std::move(hw), ep,
-          opt](const runtime::device_step& step) -> runtime::duration {
+  // What every step of this (model, hardware, ep) shares, computed once: the layers' classes
+  // and each phase's all-to-all factors (step_time computes them per call).
+  const auto at = std::max<std::uint32_t>(ep, 1);
+  auto classes = make_layer_classes(model.layers);
+  std::array<a2a_factors, 2> a2a{make_a2a(model, hw, phase::prefill, at),
+                                 make_a2a(model, hw, phase::decode, at)};
+  return [model = std::move(model), hw = std::move(hw), ep, at, opt, classes = std::move(classes),
+          a2a](const runtime::device_step& step) -> runtime::duration {
     if (step.tokens == 0)
       return runtime::duration{0};
     batch b;
@@ -447,7 +480,8 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     b.sequences = std::clamp<std::uint64_t>(step.sequences, 1, step.tokens);
     b.context_tokens = step.context_tokens;
     phase p = step.phase == runtime::step_phase::decode ? phase::decode : phase::prefill;
-    auto r = step_time(model, hw, p, std::max<std::uint32_t>(ep, 1), b, opt);
+    auto r = planned_step_time(model, hw, p, at, b, opt, classes,
+                               a2a[p == phase::decode ? 1 : 0]);
     if (!r)
       return runtime::duration{0};
     const double forward = r->total_s + draft_seconds(model, hw, ep, step, opt);

@@ -95,11 +95,10 @@ struct busy_table {
   /// The first internal failure of a cost function (the run fails with it).
   std::string internal_failure;
 
-  /// A step of `d` on instance `key` (`gpus` GPUs), arriving now and starting no earlier than
-  /// `prepare` later (device_step::prepare), after the steps before it.
-  void add(const std::string& key, runtime::duration d, std::uint32_t gpus,
-           runtime::duration prepare = runtime::duration{0}) {
-    auto& in = by_key[key];
+  /// A step of `d` on instance `in` (an entry of `by_key`, which stays where it is: none is
+  /// erased; `gpus` GPUs), arriving now and starting no earlier than `prepare` later
+  /// (device_step::prepare), after the steps before it.
+  void add(instance& in, runtime::duration d, std::uint32_t gpus, runtime::duration prepare) {
     in.seconds += runtime::to_seconds(d);
     in.gpu_seconds += runtime::to_seconds(d) * gpus;
     if (clock == nullptr)
@@ -118,11 +117,11 @@ struct busy_table {
     }
   }
 
-  /// A decode step of `d` on instance `key`: `sequences` of `capacity`, holding `kv` tokens of
+  /// A decode step of `d` on instance `key` (its entry `in`): `sequences` of `capacity`, holding `kv` tokens of
   /// the `kv_capacity` its memory has room for.
-  void decode_step(const std::string& key, runtime::duration d, std::uint64_t sequences,
-                   std::uint64_t capacity, std::uint64_t kv, std::uint64_t kv_capacity) {
-    auto& in = by_key[key];
+  void decode_step(const std::string& key, instance& in, runtime::duration d,
+                   std::uint64_t sequences, std::uint64_t capacity, std::uint64_t kv,
+                   std::uint64_t kv_capacity) {
     auto s = runtime::to_seconds(d);
     ++in.decode_steps;
     in.sequences += static_cast<double>(sequences);
@@ -286,9 +285,11 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
   const double prefill_flops = 2.0 * model.active_params_prefill;
   const double weights = weight_bytes_per_gpu(model, ep) * ranks;
   const double kv_bytes = model.kv_bytes_per_token;
+  // The instance's entry in the busy table, found at its first step.
+  busy_table::instance* in = nullptr;
   return [per_gpu, ranks, busy, key, fleet, batch_capacity, kv_capacity, head, decode_flops,
-          prefill_flops, weights, kv_bytes, experts, balanced, restep,
-          ep](const runtime::device_step& s) mutable {
+          prefill_flops, weights, kv_bytes, experts, balanced, restep, ep,
+          in](const runtime::device_step& s) mutable {
     const auto g = gpu_share(s, ranks);
     // An exception here (a bug, memory exhausted) must not escape into the device actor,
     // whose default handler would print it on stdout and carry on: it is recorded, and the
@@ -308,17 +309,19 @@ runtime::step_cost_fn instance_cost(const model_profile& model, const hardware_p
       }
       if (auto f = fleet->factor(key); f != 1.0)
         d = runtime::from_seconds(runtime::to_seconds(d) * f);
-      busy->add(key, d, ranks, s.prepare);
+      if (in == nullptr)
+        in = &busy->by_key[key];
+      busy->add(*in, d, ranks, s.prepare);
       if (s.tokens > 0) {
-        auto& in = busy->by_key[key];
-        in.flops += s.phase == runtime::step_phase::decode
-                      ? decode_flops * static_cast<double>(s.tokens)
-                      : prefill_flops * static_cast<double>(s.tokens)
-                          + 2.0 * head * static_cast<double>(std::max<std::uint32_t>(s.sequences, 1));
-        in.hbm_bytes += weights + kv_bytes * static_cast<double>(s.context_tokens);
+        in->flops += s.phase == runtime::step_phase::decode
+                       ? decode_flops * static_cast<double>(s.tokens)
+                       : prefill_flops * static_cast<double>(s.tokens)
+                           + 2.0 * head * static_cast<double>(std::max<std::uint32_t>(s.sequences, 1));
+        in->hbm_bytes += weights + kv_bytes * static_cast<double>(s.context_tokens);
       }
       if (s.phase == runtime::step_phase::decode)
-        busy->decode_step(key, d, s.sequences, batch_capacity, s.context_tokens, kv_capacity);
+        busy->decode_step(key, *in, d, s.sequences, batch_capacity, s.context_tokens,
+                          kv_capacity);
       return d;
     } catch (const std::exception& e) {
       if (busy->internal_failure.empty())
