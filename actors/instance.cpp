@@ -15,8 +15,10 @@ namespace {
 
 using rank_table = std::shared_ptr<std::vector<runtime::device_port>>;
 
-/// The rank children of one incarnation on `gpus`; each start records its handle in `table`
-/// (position 0 is the leader).
+/// The rank children of one incarnation on `gpus`; each start records the rank's device in
+/// `table` (position 0 is the leader's, which the engine steps: straight to the device, not
+/// through the rank, so that a step costs one message less; the rank owns and watches its
+/// device, and its exit takes the instance down).
 std::vector<runtime::child_spec> rank_children(instance_id id, const std::vector<std::uint32_t>& gpus,
                                                const instance_ports& ports, rank_table table) {
   std::vector<runtime::child_spec> children;
@@ -27,8 +29,9 @@ std::vector<runtime::child_spec> rank_children(instance_id id, const std::vector
     spec.id = "rank" + std::to_string(gpus[r]);
     spec.shutdown = std::chrono::seconds(1);
     spec.start = [id, r, size, gpu = gpus[r], device = ports.device, table](caf::local_actor* self) {
-      auto rank = spawn_gpu_rank(self, gpu_rank_params{id, gpu}, device(self, id, r, size));
-      (*table)[r] = rank;
+      auto dev = device(self, id, r, size);
+      auto rank = spawn_gpu_rank(self, gpu_rank_params{id, gpu}, dev);
+      (*table)[r] = std::move(dev);
       return caf::actor_cast<caf::actor>(rank);
     };
     children.push_back(std::move(spec));

@@ -1,9 +1,9 @@
 // bench_overlap: the decode engine on the CPU device with and without overlapped scheduling
-// (issue 15 §3). The same actors `troupe serve` runs — a decode engine, its gpu_rank and a CPU
-// device on the small preset (or --model DIR) — decode `--sequences` greedy requests of
-// `--tokens` tokens each, interleaved: off, on, off, on, ... for `--rounds` rounds. Each run
-// records the device's timeline (every step's start and end on the device's clock, through
-// decode_engine_params::on_step) and reports:
+// (issue 15 §3). The same actors `troupe serve` runs — a decode engine stepping a CPU device,
+// as an instance's engine steps its leader rank's device, on the small preset (or --model
+// DIR) — decode `--sequences` greedy requests of `--tokens` tokens each, interleaved: off,
+// on, off, on, ... for `--rounds` rounds. Each run records the device's timeline (every step's
+// start and end on the device's clock, through decode_engine_params::on_step) and reports:
 //   - decode tokens per second over the run (first step's start to last step's end);
 //   - the device's idle time before each step built while the batch had work (the gap the
 //     scheduler leaves: a result travelling back, the next step built and travelling out),
@@ -16,7 +16,6 @@
 //   build/bench/bench_overlap [--model DIR] [--sequences 1,8] [--tokens 64] [--rounds 5]
 //                             [--threads 2] [--context 32] [--spec off|fixedK|dspark]
 #include "actors/engine/decode_engine.hpp"
-#include "actors/gpu_rank.hpp"
 #include "actors/type_ids.hpp"
 #include "kernels/model_init.hpp"
 #include "ports/cpu_device.hpp"
@@ -87,8 +86,8 @@ run_figures run_once(caf::actor_system& sys, const runtime::device_port& device,
     log->push_back({s, f, st});
   };
   caf::scoped_actor self{sys};
-  auto rank = actors::spawn_gpu_rank(self.ptr(), {}, device);
-  auto engine = actors::spawn_decode_engine(self.ptr(), p, rank, runtime::link_port{}, {});
+  // (As an instance does: the engine steps the device directly.)
+  auto engine = actors::spawn_decode_engine(self.ptr(), p, device, runtime::link_port{}, {});
   for (std::uint32_t i = 0; i < sequences; ++i) {
     actors::decode_job job;
     job.request = next_id++;
@@ -104,7 +103,6 @@ run_figures run_once(caf::actor_system& sys, const runtime::device_port& device,
     self->receive([](actors::decode_done&) {},
                   [](caf::error& e) { std::fprintf(stderr, "job failed: %s\n", to_string(e).c_str()); });
   self->send_exit(engine, caf::exit_reason::user_shutdown);
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
   std::lock_guard lock{*mutex};
   run_figures out;
   out.timeline = *log;
