@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <numeric>
+#include <unordered_map>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -108,17 +109,32 @@ double all_to_all(const hardware_profile& hw, const a2a_factors& f, std::uint32_
   return hw.scale_out_latency_s + std::max(out, up);
 }
 
-layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const layer_profile& l,
-                      phase p, std::uint32_t ep, const shape& s, const rates& r,
-                      const perf_options& opt, const a2a_factors& a2a) {
-  layer_cost c;
-  // Tokens this layer runs on: bounded replay runs tail-only layers on the last tokens.
+// Tokens a layer runs on per sequence: bounded replay runs tail-only layers on the last tokens.
+double layer_tokens_per_sequence(const model_profile& m, const layer_profile& l, phase p,
+                                 const shape& s) {
   double n = s.new_per_seq;
   if (p == phase::prefill && l.prefill_tail_only && m.replay_tokens > 0)
     n = std::min<double>(n, m.replay_tokens);
+  return n;
+}
+
+// The part of a layer's cost the context does not change: the attention projections, the
+// experts or dense FFN, the all-to-all and Engram. A step's phase, micro-batches, tokens and
+// sequences decide it, so a step cost function remembers it per such shape (shape_memo).
+struct layer_fixed {
+  double proj = 0;
+  double moe = 0;
+  double dense = 0;
+  double engram_read = 0;
+  double comm = 0;
+};
+
+layer_fixed cost_layer_fixed(const model_profile& m, const hardware_profile& hw,
+                             const layer_profile& l, phase p, std::uint32_t ep, const shape& s,
+                             const rates& r, const perf_options& opt, const a2a_factors& a2a) {
+  layer_fixed c;
+  const double n = layer_tokens_per_sequence(m, l, p, s);
   const double t = s.sequences * n;
-  // Positions a token sees on average: its prefix plus, causally, half its own chunk.
-  const double visible = std::max(1.0, s.context - (n - 1.0) / 2.0);
 
   // Attention projections (FP8 GEMMs); a tail-only KV source still compresses every token.
   double proj_params = m.attention_params + (l.index_source ? m.indexer_params : 0);
@@ -128,7 +144,58 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
     proj_flops += 2.0 * s.tokens * m.compressor_params;
     proj_bytes += m.compressor_params * m.dense_bytes_per_param;
   }
-  double proj = roofline(proj_flops, r.gemm, proj_bytes, r.memory);
+  c.proj = roofline(proj_flops, r.gemm, proj_bytes, r.memory);
+
+  // Experts or dense FFN.
+  if (l.moe) {
+    const double k = m.experts_per_token;
+    const double local_experts = max_experts_per_rank(m.routed_experts, ep); // balanced placement
+    // The busiest rank's token-expert pairs (balanced: each GPU receives what it sends).
+    const double balance = std::clamp(opt.moe_balance, 1e-3, 1.0);
+    const double pairs_local = t * k / balance;
+    const double active = std::min(local_experts, pairs_local);
+    double routed = roofline(2.0 * pairs_local * m.expert_params, r.gemm,
+                             active * m.expert_params * m.expert_bytes_per_param, r.memory);
+    double shared = m.shared_experts == 0
+                      ? 0
+                      : roofline(2.0 * t * m.shared_experts * m.expert_params, r.gemm,
+                                 m.shared_experts * m.expert_params * m.dense_bytes_per_param,
+                                 r.memory);
+    double router_params = double(m.hidden) * m.routed_experts;
+    double router = roofline(2.0 * t * router_params, r.gemm, router_params * 4.0, r.memory);
+    c.moe = routed + shared + router;
+    // Dispatch in FP8 (with a 4-byte scale per 128 channels), combine in BF16.
+    double fp8_copy = m.hidden + m.hidden / 128.0 * 4.0;
+    double bf16_copy = 2.0 * m.hidden;
+    c.comm = all_to_all(hw, a2a, ep, t / balance, fp8_copy)
+             + all_to_all(hw, a2a, ep, t / balance, bf16_copy);
+  } else {
+    double params = 3.0 * m.hidden * m.dense_intermediate;
+    c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
+  }
+
+  // Engram: the projection is a dense GEMM; the lookups read table rows from host memory (the
+  // cached share) or SSD (one random read per row).
+  if (l.engram && m.engram_rows_per_token > 0) {
+    double params = m.engram_projection_params;
+    c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
+    double rows = t * m.engram_rows_per_token;
+    double hit = std::clamp(opt.engram_host_hit_ratio, 0.0, 1.0);
+    c.engram_read = hit * rows * m.engram_row_bytes / hw.host_to_device_bytes_per_s
+                    + (1.0 - hit) * rows / hw.ssd_read_iops;
+  }
+  return c;
+}
+
+// A layer's cost: its context-free part `fixed` (cost_layer_fixed of the same step) and the
+// core attention over the context.
+layer_cost cost_layer(const model_profile& m, const layer_profile& l, phase p, const shape& s,
+                      const rates& r, const layer_fixed& fixed) {
+  layer_cost c;
+  const double n = layer_tokens_per_sequence(m, l, p, s);
+  const double t = s.sequences * n;
+  // Positions a token sees on average: its prefix plus, causally, half its own chunk.
+  const double visible = std::max(1.0, s.context - (n - 1.0) / 2.0);
 
   // Core attention: positions attended per token, bytes of KV read per layer.
   double per_pair = 2.0 * m.heads * (m.qk_head_dim + m.v_head_dim);
@@ -176,48 +243,37 @@ layer_cost cost_layer(const model_profile& m, const hardware_profile& hw, const 
   double core = roofline(pairs * per_pair, r.attention, kv_bytes, r.memory);
   double indexer = index_flops > 0 ? roofline(index_flops, r.gemm, index_bytes, r.memory) : 0;
   c.attention_core = core;
-  c.attention = proj + core + indexer;
-
-  // Experts or dense FFN.
-  if (l.moe) {
-    const double k = m.experts_per_token;
-    const double local_experts = max_experts_per_rank(m.routed_experts, ep); // balanced placement
-    // The busiest rank's token-expert pairs (balanced: each GPU receives what it sends).
-    const double balance = std::clamp(opt.moe_balance, 1e-3, 1.0);
-    const double pairs_local = t * k / balance;
-    const double active = std::min(local_experts, pairs_local);
-    double routed = roofline(2.0 * pairs_local * m.expert_params, r.gemm,
-                             active * m.expert_params * m.expert_bytes_per_param, r.memory);
-    double shared = m.shared_experts == 0
-                      ? 0
-                      : roofline(2.0 * t * m.shared_experts * m.expert_params, r.gemm,
-                                 m.shared_experts * m.expert_params * m.dense_bytes_per_param,
-                                 r.memory);
-    double router_params = double(m.hidden) * m.routed_experts;
-    double router = roofline(2.0 * t * router_params, r.gemm, router_params * 4.0, r.memory);
-    c.moe = routed + shared + router;
-    // Dispatch in FP8 (with a 4-byte scale per 128 channels), combine in BF16.
-    double fp8_copy = m.hidden + m.hidden / 128.0 * 4.0;
-    double bf16_copy = 2.0 * m.hidden;
-    c.comm = all_to_all(hw, a2a, ep, t / balance, fp8_copy)
-             + all_to_all(hw, a2a, ep, t / balance, bf16_copy);
-  } else {
-    double params = 3.0 * m.hidden * m.dense_intermediate;
-    c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
-  }
-
-  // Engram: the projection is a dense GEMM; the lookups read table rows from host memory (the
-  // cached share) or SSD (one random read per row).
-  if (l.engram && m.engram_rows_per_token > 0) {
-    double params = m.engram_projection_params;
-    c.dense += roofline(2.0 * t * params, r.gemm, params * m.dense_bytes_per_param, r.memory);
-    double rows = t * m.engram_rows_per_token;
-    double hit = std::clamp(opt.engram_host_hit_ratio, 0.0, 1.0);
-    c.engram_read = hit * rows * m.engram_row_bytes / hw.host_to_device_bytes_per_s
-                    + (1.0 - hit) * rows / hw.ssd_read_iops;
-  }
+  c.attention = fixed.proj + core + indexer;
+  c.moe = fixed.moe;
+  c.dense = fixed.dense;
+  c.engram_read = fixed.engram_read;
+  c.comm = fixed.comm;
   return c;
 }
+
+// What a step cost function remembers: each layer class's context-free cost (layer_fixed) per
+// step shape without its context. Decode steps repeat their shapes (a batch of so many
+// sequences) while their contexts grow, so most steps find theirs here.
+struct shape_key {
+  std::uint64_t tokens = 0;
+  std::uint64_t sequences = 0;
+  phase p = phase::prefill;
+  bool split = false;
+  bool operator==(const shape_key&) const = default;
+};
+
+struct shape_key_hash {
+  std::size_t operator()(const shape_key& k) const {
+    auto h = k.tokens * 0x9e3779b97f4a7c15ULL ^ (k.sequences + 0x7f4a7c15ULL) * 0xc2b2ae3d27d4eb4fULL;
+    return static_cast<std::size_t>(h ^ (h >> 29) ^ (std::uint64_t{k.p == phase::decode} << 1)
+                                    ^ std::uint64_t{k.split});
+  }
+};
+
+using shape_memo = std::unordered_map<shape_key, std::vector<layer_fixed>, shape_key_hash>;
+
+/// Shapes a memo keeps before it starts again (a few hundred KiB).
+constexpr std::size_t shape_memo_limit = 4096;
 
 // Each layer's index among the model's distinct layer profiles (first-seen order).
 struct layer_class_map {
@@ -253,7 +309,8 @@ const layer_class_map& layer_classes(const model_profile& m) {
 // One step with (split) or without two micro-batches; `eff` is the end-to-end efficiency.
 step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phase p,
                         std::uint32_t ep, const batch& b, const perf_options& opt, double eff,
-                        bool split, const a2a_factors& a2a, const layer_class_map& classes) {
+                        bool split, const a2a_factors& a2a, const layer_class_map& classes,
+                        shape_memo* memo) {
   const double parts = split ? 2.0 : 1.0;
   // Prefill's all-to-all kernels occupy SMs while they overlap compute; decode's do not.
   const double sm_share = split && p == phase::prefill ? 1.0 - hw.comm_sm_fraction : 1.0;
@@ -288,6 +345,19 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
     shares = heap_shares.data();
   }
 
+  // The classes' context-free costs for this shape: remembered (memo), or computed below.
+  std::vector<layer_fixed>* known = nullptr;
+  bool remembered = false;
+  if (memo != nullptr) {
+    if (memo->size() >= shape_memo_limit)
+      memo->clear();
+    auto [at, added] = memo->try_emplace(shape_key{b.tokens, b.sequences, p, split});
+    if (added)
+      at->second.resize(classes.distinct);
+    known = &at->second;
+    remembered = !added;
+  }
+
   step_breakdown out;
   double elapsed = 0;        // compute timeline, for Engram prefetch
   double engram_ready = 0;   // when the reads issued so far have landed
@@ -296,7 +366,15 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
     const auto& l = m.layers[li];
     auto& c = shares[classes.of[li]];
     if (!c.costed) {
-      const auto cost = cost_layer(m, hw, l, p, ep, s, r, opt, a2a);
+      layer_fixed fixed;
+      if (remembered) {
+        fixed = (*known)[classes.of[li]];
+      } else {
+        fixed = cost_layer_fixed(m, hw, l, p, ep, s, r, opt, a2a);
+        if (known != nullptr)
+          (*known)[classes.of[li]] = fixed;
+      }
+      const auto cost = cost_layer(m, l, p, s, r, fixed);
       c.costed = true;
       c.comm_one = cost.comm;
       c.compute = parts * cost.compute() / eff;
@@ -348,7 +426,7 @@ result<step_breakdown> planned_step_time(const model_profile& m, const hardware_
                                          phase p, std::uint32_t ep, const batch& b,
                                          const perf_options& opt,
                                          const layer_class_map& classes,
-                                         const a2a_factors& a2a) {
+                                         const a2a_factors& a2a, shape_memo* memo) {
   using r_t = result<step_breakdown>;
   if (ep == 0)
     return r_t::failure("ep must be at least 1");
@@ -367,9 +445,9 @@ result<step_breakdown> planned_step_time(const model_profile& m, const hardware_
 
   // The engine splits the batch into two micro-batches when that is faster (it usually is once
   // the all-to-all is worth hiding); a one-token batch cannot be split.
-  auto best = run_step(m, hw, p, ep, b, opt, eff, false, a2a, classes);
+  auto best = run_step(m, hw, p, ep, b, opt, eff, false, a2a, classes, memo);
   if (opt.two_micro_batches && ep > 1 && b.tokens >= 2) {
-    auto split = run_step(m, hw, p, ep, b, opt, eff, true, a2a, classes);
+    auto split = run_step(m, hw, p, ep, b, opt, eff, true, a2a, classes, memo);
     if (split.total_s < best.total_s)
       best = split;
   }
@@ -406,7 +484,8 @@ batch decode_batch(std::uint64_t requests_per_gpu, std::uint64_t context_tokens)
 
 result<step_breakdown> step_time(const model_profile& m, const hardware_profile& hw, phase p,
                                  std::uint32_t ep, const batch& b, const perf_options& opt) {
-  return planned_step_time(m, hw, p, ep, b, opt, layer_classes(m), make_a2a(m, hw, p, ep));
+  return planned_step_time(m, hw, p, ep, b, opt, layer_classes(m), make_a2a(m, hw, p, ep),
+                           nullptr);
 }
 
 double schedule_seconds(const runtime::device_step& step, const perf_options& opt) {
@@ -466,13 +545,14 @@ double expert_balance(const model_profile& model, std::uint32_t ep, double skew,
 runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, std::uint32_t ep,
                                      perf_options opt) {
   // What every step of this (model, hardware, ep) shares, computed once: the layers' classes
-  // and each phase's all-to-all factors (step_time computes them per call).
+  // and each phase's all-to-all factors (step_time computes them per call); and, per step
+  // shape, the layers' context-free costs (shape_memo).
   const auto at = std::max<std::uint32_t>(ep, 1);
   auto classes = make_layer_classes(model.layers);
   std::array<a2a_factors, 2> a2a{make_a2a(model, hw, phase::prefill, at),
                                  make_a2a(model, hw, phase::decode, at)};
   return [model = std::move(model), hw = std::move(hw), ep, at, opt, classes = std::move(classes),
-          a2a](const runtime::device_step& step) -> runtime::duration {
+          a2a, memo = shape_memo{}](const runtime::device_step& step) mutable -> runtime::duration {
     if (step.tokens == 0)
       return runtime::duration{0};
     batch b;
@@ -481,7 +561,7 @@ runtime::step_cost_fn make_step_cost(model_profile model, hardware_profile hw, s
     b.context_tokens = step.context_tokens;
     phase p = step.phase == runtime::step_phase::decode ? phase::decode : phase::prefill;
     auto r = planned_step_time(model, hw, p, at, b, opt, classes,
-                               a2a[p == phase::decode ? 1 : 0]);
+                               a2a[p == phase::decode ? 1 : 0], &memo);
     if (!r)
       return runtime::duration{0};
     const double forward = r->total_s + draft_seconds(model, hw, ep, step, opt);
