@@ -252,8 +252,9 @@ layer_cost cost_layer(const model_profile& m, const layer_profile& l, phase p, c
 }
 
 // What a step cost function remembers: each layer class's context-free cost (layer_fixed) per
-// step shape without its context. Decode steps repeat their shapes (a batch of so many
-// sequences) while their contexts grow, so most steps find theirs here.
+// decode step shape without its context. Decode steps repeat their shapes (a batch of so many
+// sequences) while their contexts grow, so most find theirs here; prefill chunks seldom repeat
+// a shape and are not remembered.
 struct shape_key {
   std::uint64_t tokens = 0;
   std::uint64_t sequences = 0;
@@ -272,8 +273,10 @@ struct shape_key_hash {
 
 using shape_memo = std::unordered_map<shape_key, std::vector<layer_fixed>, shape_key_hash>;
 
-/// Shapes a memo keeps before it starts again (a few hundred KiB).
-constexpr std::size_t shape_memo_limit = 4096;
+/// Shapes a memo keeps before it starts again (at most ~0.5 MiB): every batch size up to 512
+/// sequences, with and without two micro-batches (without speculation a shape's tokens are its
+/// sequences).
+constexpr std::size_t shape_memo_limit = 1024;
 
 // Each layer's index among the model's distinct layer profiles (first-seen order).
 struct layer_class_map {
@@ -348,7 +351,7 @@ step_breakdown run_step(const model_profile& m, const hardware_profile& hw, phas
   // The classes' context-free costs for this shape: remembered (memo), or computed below.
   std::vector<layer_fixed>* known = nullptr;
   bool remembered = false;
-  if (memo != nullptr) {
+  if (memo != nullptr && p == phase::decode) {
     if (memo->size() >= shape_memo_limit)
       memo->clear();
     auto [at, added] = memo->try_emplace(shape_key{b.tokens, b.sequences, p, split});
