@@ -7,7 +7,7 @@ cluster runs that topology with its store
 in two shards (`storage.shards = 2`: two store processes), on a random small-preset model (the CPU engine computes
 every token). The tests drive it with the official OpenAI SDK and check what a cluster must
 get right: served greedy tokens equal `troupe generate`'s; a decode process killed with
-SIGKILL in the middle of eight streams loses no request and changes no token (the request
+SIGKILL in the middle of 64 streams loses no request and changes no token (the request
 actors reroute to the other decode process, which recomputes the context), and the launcher
 restarts the process; a store process killed under load loses no request either (the
 blocks it cannot serve are recomputed) and serves its blocks again once restarted; SIGTERM
@@ -559,14 +559,21 @@ def test_structured_output_is_enforced_by_the_instance_processes(cluster):
 
 
 def test_a_killed_decode_process_loses_no_request_and_changes_no_token(cluster, model_dir):
-    n, max_tokens = 8, 40
+    # Under load from 64 SDK streams (issue 13 §5): a fault-free run of the 64 first, whose
+    # tokens are the engine's (troupe generate, checked for four of them); then the same 64
+    # again, with decode/0 killed once every stream has its first tokens. Every stream
+    # completes, each with exactly its fault-free tokens (greedy, batch-invariant).
+    n, max_tokens = 64, 24
     bodies = [chat_body(f"Stream {i}: tell me about supervision trees.", max_tokens=max_tokens,
                         temperature=0) for i in range(n)]
-    wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
+    fault_free = run_streams(cluster, bodies, 0, lambda: None)
+    for body, (text, usage) in zip(bodies[:4], fault_free):
+        assert text == generated_text(model_dir, body, max_tokens)[0]
+    assert all(u is not None and u.completion_tokens == max_tokens for _, u in fault_free)
     victim = cluster.process("decode/0")
     # Kill once every stream has tokens: the requests on decode/0 are mid-generation.
     results = run_streams(cluster, bodies, 0, lambda: os.kill(victim["pid"], signal.SIGKILL))
-    for (text, usage), want in zip(results, wants):
+    for (text, usage), (want, _) in zip(results, fault_free):
         assert usage is not None and usage.completion_tokens == max_tokens
         assert text == want
     # The launcher restarted the process.
