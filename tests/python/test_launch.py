@@ -154,7 +154,7 @@ def cluster(model_dir, tmp_path_factory):
             fabric.setdefault(m.group(1), []).append(tuple(int(x) for x in m.group(2, 3, 4)))
     assert sum(o for o, _, _ in fabric.get("prefill/0", [])) > 0, "".join(c.log)
     assert sum(p for k in ("decode/0", "decode/1") for _, p, _ in fabric.get(k, [])) > 0
-    assert sum(f for v in fabric.values() for _, _, f in v) == 0
+    assert sum(f for v in fabric.values() for _, _, f in v) == 0, "".join(c.log)
     assert sum(o for o, _, _ in fabric.get("decode/0", [])) > 0  # the drain's forwards
     # prefill/0 read the cached prompts' blocks through its block fetcher process, in shared
     # memory.
