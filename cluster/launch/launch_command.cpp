@@ -5,6 +5,7 @@
 #include "cluster/launch/slurm_launch.hpp"
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/fault_plan.hpp"
+#include "cluster/sim/result.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -32,8 +33,10 @@
 #include <map>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 namespace troupe::cluster {
 
@@ -263,6 +266,9 @@ private:
         case process_action_kind::term:
           signal(p, SIGTERM);
           break;
+        case process_action_kind::cut:
+          cut(p, a);
+          continue;
       }
       // The duty cycle of a slowdown is too chatty for the terminal; the log has it all.
       if (a.kind != process_action_kind::stop && a.kind != process_action_kind::resume)
@@ -273,6 +279,66 @@ private:
     }
     if (changed)
       write_state();
+  }
+
+  /// A link partition between `p` and the process `a.peer`: the agent of the peer's host cuts
+  /// that host off from `p`'s host for the cut's length (once per fault and pair of hosts).
+  void cut(const process_state& p, const process_action& a) {
+    auto q = std::find_if(procs_.begin(), procs_.end(),
+                          [&](const process_state& x) { return x.spec.name == a.peer; });
+    if (q == procs_.end())
+      return;
+    auto hosts = std::minmax(p.host, q->host);
+    if (!cut_.insert({a.fault, hosts.first, hosts.second}).second)
+      return;
+    const auto head = "troupe launch: fault " + std::to_string(a.fault) + ": ";
+    const auto ends = " (" + p.spec.name + " <-> " + q->spec.name + ")";
+    if (p.host == q->host) {
+      err_ << head << "not cut: both ends run on host " << p.host << ends << "\n";
+      return;
+    }
+    auto address = host_address(p.host);
+    if (!address) {
+      err_ << head << "not cut: " << address.error() << ends << "\n";
+      return;
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(a.length).count();
+    caf::anon_send(agents_.at(q->host), agent_cut{*address, ms});
+    err_ << head << "cut " << p.host << " <-> " << q->host << " for " << ms / 1000.0 << " s"
+         << ends << "\n";
+    event("fault", p, {{"action", "cut"}, {"fault", a.fault}, {"peer", q->spec.name},
+                       {"hosts", {p.host, q->host}}, {"seconds", ms / 1000.0}});
+  }
+
+  /// The numeric IP address by which the other hosts reach `host` (its agent's).
+  sim::result<std::string> host_address(const std::string& host) const {
+    using failure = sim::result<std::string>;
+    auto h = std::find_if(hosts_.begin(), hosts_.end(),
+                          [&](const launch_host& x) { return x.name == host; });
+    auto hp = h == hosts_.end() ? std::nullopt : parse_host_port(h->agent);
+    if (!hp)
+      return failure::failure("host " + host + " has no agent address");
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(hp->first.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
+      return failure::failure("cannot resolve " + hp->first + ", the address of host " + host);
+    char text[INET6_ADDRSTRLEN] = {};
+    const bool v4 = found->ai_family == AF_INET;
+    const void* raw = v4 ? static_cast<const void*>(
+                             &reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr)
+                         : static_cast<const void*>(
+                             &reinterpret_cast<const sockaddr_in6*>(found->ai_addr)->sin6_addr);
+    inet_ntop(found->ai_family, raw, text, sizeof text);
+    bool loopback = v4 ? (ntohl(reinterpret_cast<const sockaddr_in*>(found->ai_addr)
+                                  ->sin_addr.s_addr) >> 24) == 127
+                       : IN6_IS_ADDR_LOOPBACK(
+                           &reinterpret_cast<const sockaddr_in6*>(found->ai_addr)->sin6_addr);
+    freeaddrinfo(found);
+    if (loopback)
+      return failure::failure("host " + host + " is reached on loopback (" + text
+                              + "), which every host of this machine shares");
+    return std::string(text);
   }
 
   std::string host_of(const caf::actor_addr& a) const {
@@ -683,6 +749,8 @@ private:
   std::deque<clock::time_point> restarts_;
   std::vector<process_action> faults_;
   std::size_t next_fault_ = 0;
+  /// Link cuts done: (fault, host, host).
+  std::set<std::tuple<std::size_t, std::string, std::string>> cut_;
   std::optional<clock::time_point> serving_since_;
   clock::time_point started_ = clock::now();
   std::ofstream events_;
@@ -979,7 +1047,7 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     }
     auto timeline = sim::expand(*loaded.value, runtime::rng{o.seed}.split("faults"),
                                 std::chrono::duration_cast<runtime::duration>(o.fault_horizon));
-    faults = plan_real_faults(timeline, in->topo, !in->kv_dir.empty());
+    faults = plan_real_faults(timeline, in->topo, !in->kv_dir.empty(), !hosts.empty());
     for (const auto& why : faults.not_executed)
       err << command << ": warning: fault not executed: " << why << "\n";
   }
@@ -1000,9 +1068,13 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     }
     if (!faults.actions.empty())
       out << "# fault actions (seconds after the cluster serves)\n";
-    for (const auto& a : faults.actions)
+    for (const auto& a : faults.actions) {
       out << "# " << std::fixed << std::setprecision(1) << runtime::to_seconds(a.at) << " "
-          << to_string(a.kind) << " " << a.process << " (fault " << a.fault << ")\n";
+          << to_string(a.kind) << " " << a.process;
+      if (a.kind == process_action_kind::cut)
+        out << " <-> " << a.peer << " for " << runtime::to_seconds(a.length) << " s";
+      out << " (fault " << a.fault << ")\n";
+    }
     return 0;
   }
   err << command << ": " << plan.size() << " processes (control on " << control_addr << ", "

@@ -1,5 +1,6 @@
 #include "cluster/launch/node_agent.hpp"
 
+#include "cluster/launch/net_cut.hpp"
 #include "cluster/serve_setup.hpp"
 
 #include <caf/actor_system.hpp>
@@ -9,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -54,11 +57,16 @@ private:
   std::thread thread_;
 };
 
+/// A cut's time is up (the address); sent by the agent to itself.
+using cut_over_atom = caf::atom_constant<caf::atom("cutover")>;
+
 struct agent_state {
   std::string host;
   /// pid → the actor that started it (receives its agent_exit).
   std::map<std::int32_t, caf::actor> owners;
   std::unique_ptr<reaper> reap;
+  /// Addresses this host is cut off from → cuts of it not over yet.
+  std::map<std::string, std::uint32_t> cuts;
 };
 
 } // namespace
@@ -74,6 +82,8 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
         kill(pid, SIGKILL);
       st->owners.clear();
       st->reap.reset();
+      for (auto& [address, n] : st->cuts)
+        set_cut_off(address, false);
     });
     return {
       [self, st](agent_spawn& s) -> caf::result<std::int32_t> {
@@ -109,6 +119,31 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
           return caf::make_error(caf::sec::runtime_error,
                                  std::string("kill: ") + std::strerror(errno));
         return caf::ok_atom::value;
+      },
+      [self, st](const agent_cut& c) -> caf::result<caf::ok_atom> {
+        const auto prefix = "troupe agent[" + st->host + "]: ";
+        if (st->cuts[c.address]++ == 0)
+          if (auto e = set_cut_off(c.address, true)) {
+            st->cuts.erase(c.address);
+            std::cerr << prefix << runtime::error_text(e) << "\n";
+            return e;
+          }
+        std::cerr << prefix << "cut off from " << c.address << " for " << c.milliseconds
+                  << " ms\n";
+        const auto ms = std::max<std::int64_t>(0, c.milliseconds);
+        self->delayed_send(self, std::chrono::milliseconds(ms), cut_over_atom::value, c.address);
+        return caf::ok_atom::value;
+      },
+      [st](cut_over_atom, const std::string& address) {
+        auto it = st->cuts.find(address);
+        if (it == st->cuts.end() || --it->second > 0)
+          return;
+        st->cuts.erase(it);
+        const auto prefix = "troupe agent[" + st->host + "]: ";
+        if (auto e = set_cut_off(address, false))
+          std::cerr << prefix << runtime::error_text(e) << "\n";
+        else
+          std::cerr << prefix << "reconnected to " << address << "\n";
       },
       [self, st](agent_exit& e) {
         auto it = st->owners.find(e.pid);

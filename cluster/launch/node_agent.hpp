@@ -10,8 +10,11 @@
 //
 // Protocol: agent_spawn → the new process's pid (the sender owns it, and receives an
 // agent_exit when it ends); agent_signal → ok (a pid the agent did not start, or one that
-// has already exited, is an error). When the agent stops, it sends SIGKILL to the processes
-// it started that are still running.
+// has already exited, is an error); agent_cut → ok, or the error: this host is cut off from
+// another host's address for a while (a link fault, net_cut.hpp), and the agent reconnects it
+// itself when the time is up (the launcher may be on the other side of the cut). When the
+// agent stops, it sends SIGKILL to the processes it started that are still running and lifts
+// its cuts.
 #pragma once
 
 #include "cluster/launch/control_directory.hpp"
@@ -50,6 +53,18 @@ typename Inspector::result_type inspect(Inspector& f, agent_signal& x) {
   return f(caf::meta::type_name("agent_signal"), x.pid, x.signal);
 }
 
+/// Cut this host off from numeric IP `address` (every packet to and from it dropped) for
+/// `milliseconds`; overlapping cuts of one address end with the last.
+struct agent_cut {
+  std::string address;
+  std::int64_t milliseconds = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_cut& x) {
+  return f(caf::meta::type_name("agent_cut"), x.address, x.milliseconds);
+}
+
 /// Process `pid` on host `host` ended; `status` is waitpid's.
 struct agent_exit {
   std::string host;
@@ -77,4 +92,5 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe_launch_agent, caf::id_block::troupe_launch::end)
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_spawn))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_signal))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_exit))
+CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_cut))
 CAF_END_TYPE_ID_BLOCK(troupe_launch_agent)

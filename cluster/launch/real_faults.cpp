@@ -43,6 +43,7 @@ std::string to_string(process_action_kind k) {
     case process_action_kind::stop: return "stop";
     case process_action_kind::resume: return "resume";
     case process_action_kind::term: return "term";
+    case process_action_kind::cut: return "cut";
   }
   return "?";
 }
@@ -52,7 +53,7 @@ std::string store_process_name(std::uint32_t index, std::uint32_t shards) {
 }
 
 real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo,
-                                 bool store_process) {
+                                 bool store_process, bool hosts) {
   real_fault_plan out;
   for (std::size_t i = 0; i < timeline.size(); ++i) {
     const auto& f = timeline[i];
@@ -90,7 +91,7 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
     }
     auto act = [&](runtime::duration at, process_action_kind k) {
       for (const auto& p : procs)
-        out.actions.push_back(process_action{at, k, p, i});
+        out.actions.push_back(process_action{at, k, p, i, {}, {}});
     };
     // A slowdown by f.factor: of each 200 ms period, stopped for 1 − 1/factor of it.
     auto duty_cycle = [&] {
@@ -129,10 +130,30 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         act(f.at, process_action_kind::release);
         break;
       case sim::fault_kind::partition:
+        if (f.target.kind == target_kind::link) {
+          if (!hosts) {
+            skip("a link partition needs hosts of their own (--hosts): the processes of one "
+                 "host share its loopback");
+            break;
+          }
+          auto ends = [&](const sim::fault_place& p) {
+            return pool_processes(topo, p.pool, p.instance);
+          };
+          auto peers = ends(f.target.peer);
+          procs = ends(f.target.place);
+          if (procs.empty() || peers.empty()) {
+            skip("an end of the link has no process of a launched cluster");
+            break;
+          }
+          for (const auto& a : procs)
+            for (const auto& b : peers)
+              if (a != b)
+                out.actions.push_back(process_action{f.at, process_action_kind::cut, a, i, b,
+                                                     f.duration.value_or(runtime::duration{0})});
+          break;
+        }
         if (procs.empty()) {
-          skip(f.target.kind == target_kind::link
-                 ? "link partitions are not executed yet (processes share this host's loopback)"
-                 : "no process of a launched cluster is its target");
+          skip("no process of a launched cluster is its target");
           break;
         }
         act(f.at, process_action_kind::stop);

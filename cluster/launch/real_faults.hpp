@@ -12,6 +12,7 @@
 // | fail (gpu, instance, pool, node) | SIGKILL; with a `duration`, down until it ends; without, a gpu or node stays down until a `recover`, an instance or pool is restarted by the launcher at once |
 // | recover | restarted at once (if held down by a fail) |
 // | partition (instance, pool, node) | SIGSTOP for the duration, then SIGCONT: alive but unreachable |
+// | partition (link A <-> B), with --hosts | the network between the hosts of A's and B's processes is cut for the duration: B's host drops every packet to and from A's host (its agent adds blackhole routing rules, and removes them itself when the duration ends) |
 // | slow by factor f | SIGSTOP/SIGCONT duty cycle of 200 ms periods, stopped 1 − 1/f of each |
 // | drain (decode) | SIGTERM: the process drains with its --grace (the plan's grace is not used) |
 // | store_fail (shard) | SIGKILL of the store process; with a `duration`, down until it ends, without, until a `recover` of the shard |
@@ -20,8 +21,10 @@
 // A gpu target is its instance (one device per instance process). Every [[node]] is this
 // host, so a node target is every instance process of the pools whose role the node lists.
 // A shard target is the store process, which holds every shard's blocks (with
-// `store_process`: the cluster has one). Links and surges have no real counterpart yet: they
-// are returned as not executed, with the reason.
+// `store_process`: the cluster has one). A link partition needs hosts of their own (`hosts`:
+// `troupe launch --hosts`): the processes of one host share its loopback, so there it is not
+// executed, and neither are link slowdowns and surges (no real counterpart yet): they are
+// returned as not executed, with the reason.
 #pragma once
 
 #include "cluster/sim/fault_plan.hpp"
@@ -39,6 +42,7 @@ enum class process_action_kind {
   stop,     ///< SIGSTOP
   resume,   ///< SIGCONT
   term,     ///< SIGTERM (the process drains and exits)
+  cut,      ///< cut the network between the hosts of `process` and `peer` for `length`
 };
 
 std::string to_string(process_action_kind k);
@@ -48,6 +52,9 @@ struct process_action {
   process_action_kind kind = process_action_kind::kill;
   std::string process;      ///< "decode/0", "prefill/1"...
   std::size_t fault = 0;    ///< index of the fault in the timeline
+  /// A cut: the process at the link's other end, and how long the cut lasts.
+  std::string peer;
+  runtime::duration length{0};
 };
 
 struct real_fault_plan {
@@ -65,8 +72,9 @@ std::string store_process_name(std::uint32_t index, std::uint32_t shards);
 /// `troupe launch` runs it (pool "prefill" instance i is process "prefill/i"; the block store,
 /// with `store_process`, is one process per shard of `storage.shards`, and a fault on shard k
 /// acts on the process of shard k modulo that count: a plan written for the simulator's 8
-/// shards kills the one store process of an unsharded cluster).
+/// shards kills the one store process of an unsharded cluster). With `hosts` the processes run
+/// on the hosts of a hosts file, so a link partition cuts the network between hosts.
 real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const topology& topo,
-                                 bool store_process = false);
+                                 bool store_process = false, bool hosts = false);
 
 } // namespace troupe::cluster

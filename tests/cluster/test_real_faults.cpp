@@ -28,12 +28,12 @@ const topology& local3() {
 }
 
 /// `plan_text` on local-cpu-3, a cluster with a store process or (`store`false) without a
-/// block store.
-real_fault_plan translate(const std::string& plan_text, bool store = true) {
+/// block store, on this host or (`hosts`) on the hosts of a hosts file.
+real_fault_plan translate(const std::string& plan_text, bool store = true, bool hosts = false) {
   auto plan = sim::parse_fault_plan(plan_text, "plan.toml", local3());
   REQUIRE_MESSAGE(plan.ok(), (plan.errors.empty() ? "" : plan.errors.front().to_string()));
   auto timeline = sim::expand(*plan.value, runtime::rng{1}.split("faults"), 1h);
-  return plan_real_faults(timeline, local3(), store);
+  return plan_real_faults(timeline, local3(), store, hosts);
 }
 
 runtime::duration secs(double s) {
@@ -83,6 +83,27 @@ TEST_CASE("a pool target covers every instance process of the pool") {
   CHECK(r.actions[1].process == "decode/1");
   CHECK(r.actions[2].kind == process_action_kind::resume);
   CHECK(r.actions[2].at == secs(3));
+}
+
+TEST_CASE("a link partition on hosts cuts each pair of its ends' processes for its duration") {
+  const std::string plan = "[[fault]]\nat = \"4s\"\nkind = \"partition\"\n"
+                           "link = [\"prefill/0\", \"decode\"]\nduration = \"3s\"\n";
+  auto r = translate(plan, true, true);
+  CHECK(r.not_executed.empty());
+  REQUIRE(r.actions.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(r.actions[i].kind == process_action_kind::cut);
+    CHECK(r.actions[i].at == secs(4));
+    CHECK(r.actions[i].length == secs(3));
+    CHECK(r.actions[i].process == "prefill/0");
+    CHECK(r.actions[i].peer == "decode/" + std::to_string(i));
+  }
+  // On one host the processes share its loopback: not executed, and said why.
+  auto local = translate(plan);
+  CHECK(local.actions.empty());
+  REQUIRE(local.not_executed.size() == 1);
+  CHECK(local.not_executed[0].find("link prefill/0 <-> decode") != std::string::npos);
+  CHECK(local.not_executed[0].find("--hosts") != std::string::npos);
 }
 
 TEST_CASE("a slowdown is a stop / resume duty cycle that stops 1 - 1/factor of the time") {

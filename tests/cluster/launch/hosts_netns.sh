@@ -8,7 +8,9 @@
 # the agents the links are mutual TLS (`troupe certs`: a certificate per host for its agent,
 # one for the cluster's processes). The test checks
 # that each process runs in its host's namespace, that a client on h2 is served across the
-# hosts, that a decode process killed on h2 is restarted there by its agent while requests
+# hosts, that the fault plan's 2 s partition of the link prefill/0 <-> decode/0 cuts h1 and h2
+# off from each other (h2's agent drops their packets; h3 still reaches both), that a request
+# sent meanwhile gets its fault-free tokens and nothing is lost over the cut, that a decode process killed on h2 is restarted there by its agent while requests
 # go on and that no other process loses its links (over TLS too: docs/tls.md), that when
 # host h3 is lost (its namespace's processes killed) its decode process moves to h2 and
 # serves, that h3's agent, started again, is reconnected and takes both decode processes when
@@ -89,8 +91,19 @@ agent = "$NET.3:7700"
 roles = ["decode", "control", "prefill"]
 TOML
 
+# A fault plan: 12 s after the cluster serves, the link between prefill/0 (h1) and decode/0
+# (h2) is cut for 2 s (briefer than the 8 s in which a silent link is closed).
+cat > "$WORK/faults.toml" <<TOML
+[[fault]]
+at = "12s"
+kind = "partition"
+link = ["prefill/0", "decode/0"]
+duration = "2s"
+TOML
+
 ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.toml" \
   --model "$WORK/model" --engram-map identity --hosts "$WORK/hosts.toml" \
+  --faults "$WORK/faults.toml" \
   --listen "$NET.1:0" --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" \
   $(tls cluster) > "$WORK/launch.log" 2>&1 &
 LAUNCHER=$!
@@ -124,14 +137,45 @@ for spec in control:h1 store:h1 prefill/0:h1 fetcher/0:h1 decode/0:h2 decode/1:h
     || fail "$name (pid $pid) was not started with the cluster's certificate"
 done
 
-ask() {  # a greedy request from host h2's namespace; prints the completion tokens
-  ip netns exec "$TAG-h2" curl -sS -m 300 "http://$HTTP/v1/chat/completions" \
+ask() {  # a greedy request from host h2's namespace (FROM=h3: h3's); prints the completion tokens
+  ip netns exec "$TAG-${FROM:-h2}" curl -sS -m 300 "http://$HTTP/v1/chat/completions" \
     -H 'content-type: application/json' \
     -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
     | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
 }
 first=$(ask "Hello from h2" 8)
 [ "${first%% *}" = "8" ] || fail "request: $first"
+
+# The fault plan's link partition: h2's agent cuts h2 off from h1 (both directions) while h3
+# still reaches both; a request sent from h3 meanwhile is served once the link is back, with
+# the same tokens; then h1 reaches h2 again, and no process or host was lost over it.
+reaches() {  # reaches FROM TO: a TCP connection from host FROM's namespace to TO's agent port
+  ip netns exec "$TAG-$1" python3 -c "import socket,sys; socket.create_connection(('$NET.${2#h}', 7700), 0.5).close()" 2>/dev/null
+}
+for _ in $(seq 600); do
+  grep -q "troupe agent\[h2\]: cut off from $NET.1 for 2000 ms" "$WORK/agent2.log" && break
+  sleep 0.1
+done
+grep -q "troupe agent\[h2\]: cut off from $NET.1 for 2000 ms" "$WORK/agent2.log" \
+  || fail "h2's agent did not cut h2 off from h1"
+grep -q "troupe launch: fault 0: cut h1 <-> h2 for 2 s (prefill/0 <-> decode/0)" "$WORK/launch.log" \
+  || fail "the launcher did not cut the link of fault 0"
+reaches h1 h2 && fail "h1 reached h2 during the cut"
+reaches h2 h1 && fail "h2 reached h1 during the cut"
+reaches h3 h2 || fail "h3 did not reach h2 during the cut of h1 <-> h2"
+cut_ask=$(FROM=h3 ask "Hello from h2" 8)
+[ "$cut_ask" = "$first" ] || fail "the greedy request during the cut gave '$cut_ask', before '$first'"
+for _ in $(seq 100); do
+  grep -q "troupe agent\[h2\]: reconnected to $NET.1$" "$WORK/agent2.log" && break
+  sleep 0.1
+done
+grep -q "troupe agent\[h2\]: reconnected to $NET.1$" "$WORK/agent2.log" || fail "h2 was not reconnected"
+reaches h1 h2 || fail "h1 does not reach h2 after the cut"
+for name in control prefill/0 decode/0 decode/1; do
+  [ "$(field "$name" restarts)" = "0" ] || fail "$name restarted over a 2 s cut"
+done
+[ "$(state "[h['state'] for h in s['hosts']]")" = "['up', 'up', 'up']" ] || fail "a host was lost over the cut"
+echo "link partition: h1 <-> h2 cut for 2 s by h2's agent, a request from h3 served through it"
 
 # decode/0 killed on h2 while a request streams: it completes, and h2's agent restarts it.
 victim=$(state "next(p['pid'] for p in s['processes'] if p['name']=='decode/0')")
