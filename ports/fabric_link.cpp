@@ -191,6 +191,8 @@ struct fabric_endpoint::impl {
   mutable std::mutex mtx;
   std::condition_variable wake;
   std::map<std::uint64_t, bytes_ptr> offers;
+  /// The offers withdrawn once served (fabric_endpoint::offer's `once`).
+  std::set<std::uint64_t> once;
   std::deque<pull_command> commands;
   bool stopping = false;
   fabric_stats counters;
@@ -386,6 +388,10 @@ struct fabric_endpoint::impl {
       else if (status == reply_status::ok) {
         ++counters.served;
         counters.served_bytes += size;
+        if (once.erase(id) > 0) {
+          offers.erase(id);
+          counters.offers = offers.size();
+        }
       }
     }
     if (status != reply_status::ok)
@@ -1008,12 +1014,16 @@ std::uint64_t fabric_endpoint::chunk_bytes() const {
   return impl_->chunk;
 }
 
-runtime::fabric_ticket fabric_endpoint::offer(std::uint64_t id, bytes_ptr bytes) {
+runtime::fabric_ticket fabric_endpoint::offer(std::uint64_t id, bytes_ptr bytes, bool once) {
   runtime::fabric_ticket ticket{impl_->address, id, bytes ? bytes->size() : 0};
   std::lock_guard<std::mutex> guard{impl_->mtx};
   if (!bytes)
     bytes = std::make_shared<const std::string>();
   impl_->offers[id] = std::move(bytes);
+  if (once)
+    impl_->once.insert(id);
+  else
+    impl_->once.erase(id);
   impl_->counters.offers = impl_->offers.size();
   return ticket;
 }
@@ -1021,6 +1031,7 @@ runtime::fabric_ticket fabric_endpoint::offer(std::uint64_t id, bytes_ptr bytes)
 bool fabric_endpoint::withdraw(std::uint64_t id) {
   std::lock_guard<std::mutex> guard{impl_->mtx};
   bool erased = impl_->offers.erase(id) > 0;
+  impl_->once.erase(id);
   impl_->counters.offers = impl_->offers.size();
   return erased;
 }
@@ -1113,7 +1124,7 @@ link_impl::behavior_type fabric_link_fn(link_impl::stateful_pointer<link_state> 
   return {
     [=](runtime::fabric_offer& x) -> runtime::fabric_ticket {
       auto bytes = std::make_shared<const std::string>(std::move(x.bytes));
-      return self->state.endpoint->offer(x.id, std::move(bytes));
+      return self->state.endpoint->offer(x.id, std::move(bytes), x.once);
     },
     [=](const runtime::fabric_withdraw& x) -> bool {
       return self->state.endpoint->withdraw(x.id);

@@ -153,7 +153,8 @@ void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv
   auto size = bytes.size();
   if (p.counters)
     ++p.counters->offering;
-  self->request(p.link, std::chrono::seconds(30), runtime::fabric_offer{id, std::move(bytes)})
+  self->request(p.link, std::chrono::seconds(30),
+                runtime::fabric_offer{id, std::move(bytes), true})
     .then(
       [self, p, id, size, then](runtime::fabric_ticket& t) mutable {
         if (p.counters) {

@@ -304,9 +304,11 @@ sim::result<std::string> address_towards(const std::string& control) {
 /// How long a drained decode process waits for its forwarded KV to be pulled.
 constexpr std::chrono::seconds handover_limit{30};
 
-/// Waits until the bridge holds no job and makes no offer, and its fabric link has served
-/// as many pulls as the bridge made offers, every answer sent in full; false after `limit` or
-/// on a second stop signal.
+/// Waits until the bridge holds no job and makes no offer, and its fabric link holds no offer
+/// and sends no answer: the bridge's offers are withdrawn once pulled (the store proxy's, of
+/// blocks being written, once written), so the KV handed on has all been pulled; false after
+/// `limit` or on a second stop signal. (Not a count of pulls served: the link also serves
+/// the store's pulls of this process's blocks.)
 bool wait_for_handover(caf::scoped_actor& self, const kv_bridge_params& bridge,
                        std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -317,7 +319,7 @@ bool wait_for_handover(caf::scoped_actor& self, const kv_bridge_params& bridge,
       self->request(bridge.link, 5s, caf::get_atom::value)
         .receive(
           [&](const runtime::fabric_activity& a) {
-            done = a.served >= c.offered && a.sending == 0;
+            done = a.offers == 0 && a.sending == 0;
           },
           [](const caf::error&) {});
       if (done)

@@ -38,15 +38,18 @@ typename Inspector::result_type inspect(Inspector& f, fabric_ticket& x) {
   return f(caf::meta::type_name("fabric_ticket"), x.address, x.id, x.bytes);
 }
 
-/// Offer `bytes` to peers under `id` (replacing an earlier offer of that id).
+/// Offer `bytes` to peers under `id` (replacing an earlier offer of that id). With `once`, the
+/// offer is withdrawn as soon as a pull is answered with its bytes (a hand-off that one peer
+/// pulls once).
 struct fabric_offer {
   std::uint64_t id = 0;
   std::string bytes;
+  bool once = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fabric_offer& x) {
-  return f(caf::meta::type_name("fabric_offer"), x.id, x.bytes);
+  return f(caf::meta::type_name("fabric_offer"), x.id, x.bytes, x.once);
 }
 
 /// Withdraw the offer `id`; pulls that arrive afterwards get errc::not_found.
