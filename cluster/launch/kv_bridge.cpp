@@ -135,6 +135,15 @@ void job_refused(Self* self, restoring& r, const caf::actor& engine, std::uint64
   self->send(engine, actors::cancel_atom::value, request);
 }
 
+/// A job's KV could not be pulled: counted, and said (its engine recomputes the context).
+void pull_failed(const kv_bridge_params& params, std::uint64_t request, const std::string& why) {
+  if (params.counters)
+    ++params.counters->pull_failures;
+  if (params.warn)
+    params.warn("the KV of request " + std::to_string(request) + " could not be pulled ("
+                + why + "); its context is recomputed");
+}
+
 void job_ended(const kv_bridge_params& params) {
   if (params.counters)
     --params.counters->jobs;
@@ -357,16 +366,15 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
                   ++params.counters->pulled;
                   params.counters->pulled_bytes += got.bytes.size();
                 }
-              } else if (params.counters) {
-                ++params.counters->pull_failures;
+              } else {
+                pull_failed(params, job.request, "the bytes pulled are not a KV snapshot");
               }
               job.kv_ticket = {};
               run(std::move(job), rp);
             },
-            [params, run, rp, job](const caf::error&) mutable {
+            [params, run, rp, job](const caf::error& e) mutable {
               // The KV could not be had: the engine recomputes the context.
-              if (params.counters)
-                ++params.counters->pull_failures;
+              pull_failed(params, job.request, caf::to_string(e));
               job.kv_ticket = {};
               run(std::move(job), rp);
             });

@@ -39,6 +39,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,6 +70,9 @@ struct kv_bridge_params {
   /// A pull that takes longer fails (the job recomputes).
   std::chrono::seconds pull_timeout{30};
   std::shared_ptr<kv_bridge_counters> counters;
+  /// Told each problem an operator should see (a pull that failed), as one line without its
+  /// end; called on the bridge's thread. Null: nothing is said.
+  std::function<void(const std::string&)> warn;
   /// The table this process's devices sample constrained requests from (null: a job with a
   /// constraint fails).
   std::shared_ptr<actors::constraint_table> constraints;

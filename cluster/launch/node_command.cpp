@@ -531,6 +531,11 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   kv_bridge_params bridge;
   bridge.counters = std::make_shared<kv_bridge_counters>();
   bridge.constraints = constraints;
+  // From the bridge's thread while the main thread may write too: one write per line.
+  bridge.warn = [command](const std::string& what) {
+    const auto line = command + ": " + what + "\n";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, line.data(), line.size());
+  };
   if (o.fabric != "none") {
     auto link = open_fabric_link(sys, o);
     if (!link)
