@@ -297,6 +297,10 @@ private:
       err_ << head << "not cut: both ends run on host " << p.host << ends << "\n";
       return;
     }
+    if (agents_.count(q->host) == 0) {
+      err_ << head << "not cut: the agent of host " << q->host << " is lost" << ends << "\n";
+      return;
+    }
     auto address = host_address(p.host);
     if (!address) {
       err_ << head << "not cut: " << address.error() << ends << "\n";
