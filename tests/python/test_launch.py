@@ -273,6 +273,30 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir):
     assert "started" not in out.stderr
 
 
+def test_a_link_partition_is_a_cut_between_hosts_and_not_executed_on_one(model_dir, tmp_path):
+    # A link fault names pools or instances; with --hosts it becomes a cut between the hosts of
+    # each pair of its ends' processes (hosts_netns.sh carries one out); on one host, where the
+    # processes share the loopback, it is not executed, and the launcher says why.
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[fault]]\nat = "3s"\nkind = "partition"\nlink = ["prefill/0", "decode"]\n'
+                    'duration = "2s"\n')
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('[[host]]\nname = "a"\nagent = "10.0.0.1:7000"\nroles = ["control", "prefill"]\n'
+                     '[[host]]\nname = "b"\nagent = "10.0.0.2:7000"\nroles = ["decode"]\n')
+    base = [troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map", "identity",
+            "--faults", str(plan), "--dry-run"]
+    out = subprocess.run(base + ["--hosts", str(hosts)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [l for l in out.stdout.splitlines() if l.startswith("# 3.0")] == [
+        "# 3.0 cut prefill/0 <-> decode/0 for 2.0 s (fault 0)",
+        "# 3.0 cut prefill/0 <-> decode/1 for 2.0 s (fault 0)"]
+    local = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert local.returncode == 0, local.stderr
+    assert "cut" not in local.stdout
+    assert ("fault not executed: 3.0s partition link prefill/0 <-> decode: a link partition "
+            "needs hosts of their own (--hosts)") in local.stderr
+
+
 def test_a_fault_plan_is_executed_on_the_processes(model_dir, tmp_path):
     # The simulator's plan format, for real: decode/0's GPU fails 1 s after the cluster
     # serves and comes back 4 s later (SIGKILL, held down, restarted); a surge has no real
