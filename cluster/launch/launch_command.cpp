@@ -325,24 +325,19 @@ private:
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
-    if (getaddrinfo(hp->first.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
+    char text[NI_MAXHOST] = {};
+    bool resolved = getaddrinfo(hp->first.c_str(), nullptr, &hints, &found) == 0
+                    && getnameinfo(found->ai_addr, found->ai_addrlen, text, sizeof text, nullptr,
+                                   0, NI_NUMERICHOST) == 0;
+    if (found != nullptr)
+      freeaddrinfo(found);
+    if (!resolved)
       return failure::failure("cannot resolve " + hp->first + ", the address of host " + host);
-    char text[INET6_ADDRSTRLEN] = {};
-    const bool v4 = found->ai_family == AF_INET;
-    const void* raw = v4 ? static_cast<const void*>(
-                             &reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr)
-                         : static_cast<const void*>(
-                             &reinterpret_cast<const sockaddr_in6*>(found->ai_addr)->sin6_addr);
-    inet_ntop(found->ai_family, raw, text, sizeof text);
-    bool loopback = v4 ? (ntohl(reinterpret_cast<const sockaddr_in*>(found->ai_addr)
-                                  ->sin_addr.s_addr) >> 24) == 127
-                       : IN6_IS_ADDR_LOOPBACK(
-                           &reinterpret_cast<const sockaddr_in6*>(found->ai_addr)->sin6_addr);
-    freeaddrinfo(found);
-    if (loopback)
-      return failure::failure("host " + host + " is reached on loopback (" + text
+    const std::string address = text;
+    if (address.rfind("127.", 0) == 0 || address == "::1")
+      return failure::failure("host " + host + " is reached on loopback (" + address
                               + "), which every host of this machine shares");
-    return std::string(text);
+    return address;
   }
 
   std::string host_of(const caf::actor_addr& a) const {
