@@ -5,6 +5,7 @@
 #include "cluster/launch/control_directory.hpp"
 #include "cluster/launch/block_fetcher.hpp"
 #include "cluster/launch/store_bridge.hpp"
+#include "cluster/launch/teardown_limit.hpp"
 #include "cluster/serve_setup.hpp"
 #include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
@@ -48,6 +49,9 @@ using clock = std::chrono::steady_clock;
 
 /// How long the stopping control process waits for an instance process to take note.
 constexpr std::chrono::milliseconds stopping_notice_limit{2000};
+
+/// How long a node process's actors may take to end once it said "stopped" (teardown_limit.hpp).
+constexpr std::chrono::milliseconds teardown_time{10000};
 
 /// Online members of the balancer `lb` (0 when it does not answer).
 std::uint32_t online(caf::scoped_actor& self, const caf::actor& lb) {
@@ -97,6 +101,7 @@ int run_control(const node_options& o, std::ostream& err) {
   block_stop_signals();
   // The registry outlives the world, whose end waits for the actors that count into it.
   runtime::registry metrics;
+  teardown_limit limit{command, teardown_time};  // outlives the world
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   auto constraints = std::make_shared<actors::constraint_table>(in->codec->tokenizer(), so.compile_threads);
@@ -259,6 +264,7 @@ int run_control(const node_options& o, std::ostream& err) {
   }
   stop_graph();
   err << command << ": stopped\n";
+  limit.arm(rc);
   return rc;
 }
 
@@ -467,28 +473,36 @@ int until_the_end(const joined_control& j, const node_options& o, const std::str
   }
 }
 
+/// An actor that ends with its process, named for teardown_limit's message.
+using named_actor = std::pair<caf::actor, std::string>;
+
 /// Runs a store or fetcher process: checks the options it joins with, joins the control
 /// process and calls `body` with the actor system, the joined control process and the actors
 /// that end with the process (the watcher first; `body` adds its own). Returns `body`'s exit
-/// status (1 when joining failed, 0 after a signal before joining).
+/// status (1 when joining failed, 0 after a signal before joining); the teardown after it is
+/// bounded by teardown_time.
 int run_joined(const node_options& o, const std::string& command, std::ostream& err,
                const std::function<int(caf::actor_system&, const joined_control&,
-                                       std::vector<caf::actor>&)>& body) {
+                                       std::vector<named_actor>&)>& body) {
   if (auto why = joining_problem(o); !why.empty()) {
     err << command << ": " << why << "\n";
     return 1;
   }
   block_stop_signals();
+  teardown_limit limit{command, teardown_time};  // outlives the world
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   int status = 0;
   auto joined = join_control(sys, o, command, err, status);
   if (!joined)
     return status;
-  std::vector<caf::actor> actors{joined->watcher};
+  std::vector<named_actor> actors{{joined->watcher, "the control watcher"}};
   status = body(sys, *joined, actors);
-  for (const auto& a : actors)
+  for (const auto& [a, name] : actors) {
+    limit.watch(a, name);
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  limit.arm(status);
   return status;
 }
 
@@ -512,6 +526,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   block_stop_signals();
   // The registry outlives the world, whose end waits for the actors that count into it.
   runtime::registry metrics;
+  teardown_limit limit{command, teardown_time};  // outlives the world
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
 
@@ -579,17 +594,23 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
       err << command << ": KV over the fabric: " << c.offered << " offered ("
           << c.offered_bytes / 1024 << " KiB), " << c.pulled << " pulled (" << c.pulled_bytes / 1024
           << " KiB), " << c.pull_failures << " failed pull(s)\n";
+      limit.watch(caf::actor_cast<caf::actor>(bridge.link), "the fabric link");
       caf::anon_send_exit(bridge.link, caf::exit_reason::user_shutdown);
     }
     if (fetched->fetched > 0 || fetched->direct > 0)
       err << command << ": cached blocks read: " << fetched->fetched << " through fetcher/"
           << o.index << " in shared memory (" << fetched->bytes / 1024 << " KiB), "
           << fetched->direct << " from the store directly\n";
+    limit.watch(pool_sup, "the pool supervisor");
+    limit.watch(relay, "the balancer relay");
+    limit.watch(watcher, "the control watcher");
+    limit.watch(caf::actor_cast<caf::actor>(gp->store), "the cluster store proxy");
     caf::anon_send_exit(pool_sup, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
     if (gp->store)
       caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
+    limit.arm(status);
     return status;
   };
   bool announced = false;
@@ -670,7 +691,7 @@ int run_store(const node_options& o, std::ostream& err) {
                 + std::to_string(topo.value->storage.real_shards())
                 + " shard(s) (storage.shards), numbered from 0");
   return run_joined(o, command, err, [&](caf::actor_system& sys, const joined_control& joined,
-                                         std::vector<caf::actor>& actors) {
+                                         std::vector<named_actor>& actors) {
     if (!joined.dir.store_registry)
       return fail("the control process at " + o.control
                        + " takes no store process (it was started without --external-store)");
@@ -681,7 +702,7 @@ int run_store(const node_options& o, std::ostream& err) {
     sp.directory = shard_dir;
     sp.capacity = topo.value->storage.capacity_bytes / shards;
     auto store = ports::spawn_posix_store(sys, std::move(sp));
-    actors.push_back(caf::actor_cast<caf::actor>(store));
+    actors.emplace_back(caf::actor_cast<caf::actor>(store), "the block store");
     runtime::store_stats held;
     {
       caf::scoped_actor self{sys};
@@ -697,9 +718,9 @@ int run_store(const node_options& o, std::ostream& err) {
       auto link = open_fabric_link(sys, o);
       if (!link)
         return fail(link.error());
-      actors.push_back(caf::actor_cast<caf::actor>(*link));
+      actors.emplace_back(caf::actor_cast<caf::actor>(*link), "the fabric link");
       front = spawn_store_front(sys, store, *link);
-      actors.push_back(front);
+      actors.emplace_back(front, "the store front");
     }
     {
       caf::scoped_actor self{sys};
@@ -741,7 +762,7 @@ int run_fetcher(const node_options& o, std::ostream& err) {
     return fail("--index " + std::to_string(o.index) + ": the topology has no prefill instance "
                 + std::to_string(o.index));
   return run_joined(o, command, err, [&](caf::actor_system& sys, const joined_control& joined,
-                                         std::vector<caf::actor>& actors) {
+                                         std::vector<named_actor>& actors) {
     if (!joined.dir.store_registry || !joined.dir.fetchers)
       return fail("the control process at " + o.control + " has no block store to fetch from");
     runtime::fabric_link_port link;
@@ -750,14 +771,14 @@ int run_fetcher(const node_options& o, std::ostream& err) {
       if (!opened)
         return fail(opened.error());
       link = *opened;
-      actors.push_back(caf::actor_cast<caf::actor>(link));
+      actors.emplace_back(caf::actor_cast<caf::actor>(link), "the fabric link");
     }
     auto store = spawn_cluster_store(sys, joined.dir.store_registry, joined.dir.store_shards,
                                      joined.dir.store_replicas, link);
-    actors.push_back(caf::actor_cast<caf::actor>(store));
+    actors.emplace_back(caf::actor_cast<caf::actor>(store), "the cluster store proxy");
     auto counters = std::make_shared<fetch_counters>();
     auto fetcher = spawn_block_fetcher(sys, store, counters);
-    actors.push_back(fetcher);
+    actors.emplace_back(fetcher, "the block fetcher");
     caf::anon_send(joined.dir.fetchers, caf::put_atom::value, "prefill/" + std::to_string(o.index),
                    fetcher);
     err << command << ": fetching blocks for prefill/" << o.index << " from the cluster at "

@@ -43,12 +43,28 @@ dir="$(mktemp -d /tmp/troupe-slurm.XXXXXX)"
 chmod 755 "$dir"
 pids=()
 munged_pid=""
+# On failure: the job's processes still alive (steps and troupe processes, found by the
+# directory in their command line or environment), each troupe process's threads' stacks.
+dump_leftovers() {
+  local p comm
+  for p in $(pgrep -x slurmstepd) $(pgrep -x troupe); do
+    grep -qs "$dir" "/proc/$p/cmdline" "/proc/$p/environ" || continue
+    comm="$(cat "/proc/$p/comm" 2>/dev/null)" || continue
+    echo "--- still running: $p $comm (state $(awk '/^State/ {print $2}' "/proc/$p/status" 2>/dev/null)):" \
+      "$(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-160)"
+    if [ "$comm" = troupe ] && command -v gdb >/dev/null; then
+      timeout 30 gdb -p "$p" -batch -ex "thread apply all bt 10" 2>/dev/null \
+        | grep -E '^(Thread|#)' | head -n 120
+    fi
+  done
+}
 cleanup() {
   local rc=$?
   if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
     for log in "$dir"/slurmctld.log "$dir"/slurmd-n1.log "$dir"/job-*.out; do
       [ -f "$log" ] && { echo "--- $log (tail)"; tail -n 20 "$log"; }
     done
+    dump_leftovers
   fi
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   [ -n "$munged_pid" ] && kill "$munged_pid" 2>/dev/null
