@@ -259,6 +259,14 @@ struct fetching_state {
   std::shared_ptr<shm_mapping> memory;
   /// Joins started, so that a late answer from an older fetcher is ignored.
   std::uint64_t joins = 0;
+  /// Gets sent to the current fetcher and not answered yet, by number. When the fetcher
+  /// changes or goes, the store answers them: a fetcher whose process died may never answer
+  /// (its death does not always reach this process, whose messages to it go through the
+  /// control process), and its replacement does not know them.
+  std::map<std::uint64_t, std::pair<runtime::store_get,
+                                    caf::typed_response_promise<runtime::store_object>>>
+    waiting;
+  std::uint64_t next_get = 0;
 };
 
 } // namespace
@@ -284,6 +292,11 @@ runtime::store_port spawn_fetching_store(caf::actor_system& sys, runtime::store_
     };
     return {
       [self, st](caf::put_atom, const std::string&, const caf::actor& fetcher) {
+        for (auto& [n, w] : st->waiting) {
+          st->counters->direct += 1;
+          w.second.delegate(st->store, w.first);
+        }
+        st->waiting.clear();
         st->memory.reset();
         st->fetcher = fetcher;
         st->segment.clear();
@@ -312,18 +325,30 @@ runtime::store_port spawn_fetching_store(caf::actor_system& sys, runtime::store_
         auto memory = st->memory;
         auto fetcher = st->fetcher;
         auto segment = st->segment;
+        const auto n = ++st->next_get;
+        st->waiting.emplace(n, std::make_pair(g, rp));
         self->request(fetcher, std::chrono::seconds(90), fetch_block{g.key, segment})
           .then(
-            [self, st, rp, memory, fetcher, segment](const fetched_block& b) mutable {
+            [self, st, n, memory, fetcher, segment](const fetched_block& b) {
+              self->send(fetcher, fetch_release_atom::value, segment, b.slot);
+              auto i = st->waiting.find(n);
+              if (i == st->waiting.end())
+                return;  // answered by the store since (the fetcher changed)
+              auto rp = std::move(i->second.second);
+              st->waiting.erase(i);
               runtime::store_object o{b.key, b.size, {}, b.checksum};
               const auto* from = memory->data() + b.slot * st->slot_bytes;
               o.payload.assign(from, from + b.size);
-              self->send(fetcher, fetch_release_atom::value, segment, b.slot);
               st->counters->fetched += 1;
               st->counters->bytes += b.size;
               rp.deliver(std::move(o));
             },
-            [self, st, rp, g](caf::error& e) mutable {
+            [st, n](caf::error& e) {
+              auto i = st->waiting.find(n);
+              if (i == st->waiting.end())
+                return;
+              auto [g, rp] = std::move(i->second);
+              st->waiting.erase(i);
               if (runtime::is(e, runtime::errc::not_found)) {
                 rp.deliver(std::move(e));
                 return;

@@ -155,3 +155,52 @@ TEST_CASE("a block larger than a slot is never handed over in shared memory") {
   for (auto h : {caf::actor_cast<caf::actor>(store), fetcher})
     f.self->send_exit(h, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("gets a fetcher never answers go to the store once another fetcher registers") {
+  // A fetcher whose process died may never answer: its death does not always reach the
+  // instance, whose messages to it go through the control process. Here it is a stand-in that
+  // joins through a real fetcher and answers the first get, then keeps every later one.
+  fetcher_fixture f;
+  auto real = cluster::spawn_block_fetcher(f.world.system(), f.store, f.fetched);
+  auto kept = std::make_shared<std::vector<caf::response_promise>>();
+  auto silent = f.world.system().spawn([real, kept](caf::event_based_actor* self) -> caf::behavior {
+    auto answered = std::make_shared<bool>(false);
+    return {
+      [self, real](cluster::fetcher_join& j) { self->delegate(real, std::move(j)); },
+      [self, real, kept, answered](cluster::fetch_block& b) {
+        if (*answered) {
+          kept->push_back(self->make_response_promise());  // never delivered
+          return;
+        }
+        *answered = true;
+        self->delegate(real, std::move(b));
+      },
+      [self, real](cluster::fetch_release_atom a, const std::string& s, std::uint32_t slot) {
+        self->send(real, a, s, slot);
+      },
+    };
+  });
+  f.self->send(f.registry, caf::put_atom::value, std::string("prefill/0"), silent);
+  auto store = cluster::spawn_fetching_store(f.world.system(), f.store, f.registry, "prefill/0",
+                                             block, 4, f.client);
+  REQUIRE(f.until([&] {
+    auto r = test::request<store_object>(f.self, store, store_get{key(0)});
+    return r && f.client->fetched == 1;
+  }));
+  const auto direct = f.client->direct.load();
+  std::vector<decltype(f.self->request(store, caf::infinite, store_get{}))> gets;
+  for (std::uint64_t i = 1; i <= 3; ++i)
+    gets.push_back(f.self->request(store, caf::infinite, store_get{key(i)}));
+  REQUIRE(f.until([&] { return kept->size() == 3; }));
+  // Another fetcher registers under the name: the three waiting gets are the store's now.
+  auto next = f.start_fetcher();
+  std::size_t right = 0;
+  for (std::uint64_t i = 1; i <= 3; ++i)
+    gets[i - 1].receive(
+      [&](store_object& o) { right += o.payload == bytes(block, static_cast<std::uint8_t>(i)); },
+      [](caf::error& e) { FAIL(caf::to_string(e)); });
+  CHECK(right == 3);
+  CHECK(f.client->direct - direct == 3);
+  for (auto h : {caf::actor_cast<caf::actor>(store), silent, real, next})
+    f.self->send_exit(h, caf::exit_reason::user_shutdown);
+}
