@@ -330,15 +330,19 @@ runtime::store_port spawn_fetching_store(caf::actor_system& sys, runtime::store_
         self->request(fetcher, std::chrono::seconds(90), fetch_block{g.key, segment})
           .then(
             [self, st, n, memory, fetcher, segment](const fetched_block& b) {
-              self->send(fetcher, fetch_release_atom::value, segment, b.slot);
               auto i = st->waiting.find(n);
-              if (i == st->waiting.end())
-                return;  // answered by the store since (the fetcher changed)
+              if (i == st->waiting.end()) {
+                // Answered by the store since (the fetcher changed): only free the slot.
+                self->send(fetcher, fetch_release_atom::value, segment, b.slot);
+                return;
+              }
               auto rp = std::move(i->second.second);
               st->waiting.erase(i);
               runtime::store_object o{b.key, b.size, {}, b.checksum};
               const auto* from = memory->data() + b.slot * st->slot_bytes;
               o.payload.assign(from, from + b.size);
+              // Copied out: the fetcher may fill the slot again.
+              self->send(fetcher, fetch_release_atom::value, segment, b.slot);
               st->counters->fetched += 1;
               st->counters->bytes += b.size;
               rp.deliver(std::move(o));
