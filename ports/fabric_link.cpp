@@ -193,8 +193,6 @@ struct fabric_endpoint::impl {
   mutable std::mutex mtx;
   std::condition_variable wake;
   std::map<std::uint64_t, bytes_ptr> offers;
-  /// The offers withdrawn once served (fabric_endpoint::offer's `once`).
-  std::set<std::uint64_t> once;
   std::deque<pull_command> commands;
   bool stopping = false;
   fabric_stats counters;
@@ -392,10 +390,6 @@ struct fabric_endpoint::impl {
       else if (status == reply_status::ok) {
         ++counters.served;
         counters.served_bytes += size;
-        if (once.erase(id) > 0) {
-          offers.erase(id);
-          counters.offers = offers.size();
-        }
       }
     }
     if (status != reply_status::ok)
@@ -1051,16 +1045,12 @@ std::uint64_t fabric_endpoint::chunk_bytes() const {
   return impl_->chunk;
 }
 
-runtime::fabric_ticket fabric_endpoint::offer(std::uint64_t id, bytes_ptr bytes, bool once) {
+runtime::fabric_ticket fabric_endpoint::offer(std::uint64_t id, bytes_ptr bytes) {
   runtime::fabric_ticket ticket{impl_->address, id, bytes ? bytes->size() : 0};
   std::lock_guard<std::mutex> guard{impl_->mtx};
   if (!bytes)
     bytes = std::make_shared<const std::string>();
   impl_->offers[id] = std::move(bytes);
-  if (once)
-    impl_->once.insert(id);
-  else
-    impl_->once.erase(id);
   impl_->counters.offers = impl_->offers.size();
   return ticket;
 }
@@ -1068,7 +1058,6 @@ runtime::fabric_ticket fabric_endpoint::offer(std::uint64_t id, bytes_ptr bytes,
 bool fabric_endpoint::withdraw(std::uint64_t id) {
   std::lock_guard<std::mutex> guard{impl_->mtx};
   bool erased = impl_->offers.erase(id) > 0;
-  impl_->once.erase(id);
   impl_->counters.offers = impl_->offers.size();
   return erased;
 }
@@ -1148,9 +1137,15 @@ namespace {
 using link_impl = runtime::fabric_link_port::extend<caf::reacts_to<fabric_pull_done>>;
 
 struct link_state {
+  /// A pull on its way: the offer's id, whom to tell once it has the bytes (the ticket's
+  /// confirm_to), and the promise to the caller.
+  struct pending_pull {
+    std::uint64_t id = 0;
+    caf::strong_actor_ptr confirm_to;
+    caf::typed_response_promise<runtime::fabric_pulled> rp;
+  };
   std::shared_ptr<fabric_endpoint> endpoint;
-  std::map<std::uint64_t, std::pair<std::uint64_t, caf::typed_response_promise<runtime::fabric_pulled>>>
-    pending;
+  std::map<std::uint64_t, pending_pull> pending;
   std::uint64_t next_token = 1;
   static inline const char* name = "fabric_link";
 };
@@ -1161,7 +1156,10 @@ link_impl::behavior_type fabric_link_fn(link_impl::stateful_pointer<link_state> 
   return {
     [=](runtime::fabric_offer& x) -> runtime::fabric_ticket {
       auto bytes = std::make_shared<const std::string>(std::move(x.bytes));
-      return self->state.endpoint->offer(x.id, std::move(bytes), x.once);
+      auto ticket = self->state.endpoint->offer(x.id, std::move(bytes));
+      if (x.once)
+        ticket.confirm_to = caf::actor_cast<caf::strong_actor_ptr>(self);
+      return ticket;
     },
     [=](const runtime::fabric_withdraw& x) -> bool {
       return self->state.endpoint->withdraw(x.id);
@@ -1173,7 +1171,8 @@ link_impl::behavior_type fabric_link_fn(link_impl::stateful_pointer<link_state> 
     [=](runtime::fabric_pull& x) -> caf::typed_response_promise<runtime::fabric_pulled> {
       auto rp = self->make_response_promise<runtime::fabric_pulled>();
       auto token = self->state.next_token++;
-      self->state.pending.emplace(token, std::make_pair(x.ticket.id, rp));
+      self->state.pending.emplace(token,
+                                  link_state::pending_pull{x.ticket.id, x.ticket.confirm_to, rp});
       auto weak = caf::actor_cast<caf::weak_actor_ptr>(self);
       self->state.endpoint->pull_async(
         std::move(x.ticket.address), x.ticket.id, x.ticket.bytes, x.timeout,
@@ -1196,12 +1195,17 @@ link_impl::behavior_type fabric_link_fn(link_impl::stateful_pointer<link_state> 
       auto i = self->state.pending.find(x.token);
       if (i == self->state.pending.end())
         return;
-      auto [id, rp] = std::move(i->second);
+      auto p = std::move(i->second);
       self->state.pending.erase(i);
-      if (x.error)
-        rp.deliver(std::move(x.error));
-      else
-        rp.deliver(runtime::fabric_pulled{id, std::move(x.bytes)});
+      if (x.error) {
+        p.rp.deliver(std::move(x.error));
+        return;
+      }
+      // A hand-off made once: the offering port may let it go now (anonymously: its answer
+      // is not wanted).
+      if (p.confirm_to)
+        caf::anon_send(caf::actor_cast<caf::actor>(p.confirm_to), runtime::fabric_withdraw{p.id});
+      p.rp.deliver(runtime::fabric_pulled{p.id, std::move(x.bytes)});
     },
   };
 }

@@ -121,10 +121,8 @@ public:
   std::uint64_t chunk_bytes() const;
 
   /// Makes `bytes` (non-null) available to peers under `id`, replacing an earlier offer of
-  /// that id (pulls already being answered keep the old bytes). With `once`, the offer is
-  /// withdrawn when a pull is first answered with its bytes (later pulls: not found). Returns
-  /// the ticket.
-  runtime::fabric_ticket offer(std::uint64_t id, bytes_ptr bytes, bool once = false);
+  /// that id (pulls already being answered keep the old bytes). Returns the ticket.
+  runtime::fabric_ticket offer(std::uint64_t id, bytes_ptr bytes);
 
   /// Withdraws offer `id`: later pull requests for it get "not found"; answers already being
   /// sent finish. Returns false if nothing was offered under `id`.

@@ -14,6 +14,7 @@
 
 #include "runtime/time.hpp"
 
+#include <caf/actor_control_block.hpp>
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
@@ -26,21 +27,26 @@
 namespace troupe::runtime {
 
 /// Where offered bytes can be pulled from: the offering endpoint's fabric address (opaque
-/// bytes, fi_getname), the offer's id and its size in bytes.
+/// bytes, fi_getname), the offer's id and its size in bytes, and for an offer made `once` the
+/// offering link port, which the puller's link port tells (fabric_withdraw) once it holds the
+/// bytes.
 struct fabric_ticket {
   std::string address;
   std::uint64_t id = 0;
   std::uint64_t bytes = 0;
+  caf::strong_actor_ptr confirm_to;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fabric_ticket& x) {
-  return f(caf::meta::type_name("fabric_ticket"), x.address, x.id, x.bytes);
+  return f(caf::meta::type_name("fabric_ticket"), x.address, x.id, x.bytes, x.confirm_to);
 }
 
 /// Offer `bytes` to peers under `id` (replacing an earlier offer of that id). With `once`, the
-/// offer is withdrawn as soon as a pull is answered with its bytes (a hand-off that one peer
-/// pulls once).
+/// offer is a hand-off that one peer pulls once: it is withdrawn when the puller's link port
+/// has received the whole bytes and says so (the ticket's `confirm_to`), so an offer still
+/// held means bytes not delivered yet. (Withdrawing it when the answer was sent was not
+/// enough: a process that left then could take the answer with it.)
 struct fabric_offer {
   std::uint64_t id = 0;
   std::string bytes;
@@ -86,8 +92,8 @@ typename Inspector::result_type inspect(Inspector& f, fabric_pulled& x) {
 
 /// What the port's endpoint has served (get_atom): offers held now, pull requests answered
 /// with data since it opened, and answers whose sends have not all completed yet. A producer
-/// that must stay up until its offers are taken (a draining decode process) waits for
-/// `served` to reach what it offered and `sending` to be 0.
+/// that must stay up until its hand-offs are taken (a draining decode process) waits for
+/// `offers` and `sending` to be 0 (its `once` offers go when their pullers hold the bytes).
 struct fabric_activity {
   std::uint64_t offers = 0;
   std::uint64_t served = 0;
