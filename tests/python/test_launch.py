@@ -640,13 +640,14 @@ def test_a_stopped_decode_process_is_cut_off_and_its_streams_go_on(cluster, mode
 
 def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
     # SIGTERM to a decode process: it leaves its balancer, serves for the grace period (1 s
-    # here), then forwards the requests it still holds; they continue on the other decode
-    # process without a gap or a repeat. (Runs last: decode/0 stays down, exited cleanly.)
+    # here), then forwards the requests it still holds, with their KV; they continue on the
+    # other decode process without a gap or a repeat, even when that one pulls the KV late
+    # (module teardown: no failed pull). (Runs last: decode/0 stays down, exited cleanly.)
     # decode_lb keeps long and short requests apart: of two instances, decode/1 is reserved
     # for long contexts, so these short requests all run on decode/0 until it leaves.
     # Two of them are constrained: their matchers are rebuilt on decode/1 from the tokens drawn
     # on decode/0, so their greedy output equals the same request's undisturbed one.
-    n, max_tokens = 6, 160
+    n, max_tokens = 6, 240
     bodies = [chat_body(f"Drain {i}: explain graceful shutdown.", max_tokens=max_tokens,
                         temperature=0) for i in range(n)]
     wants = [generated_text(model_dir, b, max_tokens)[0] for b in bodies]
@@ -658,8 +659,17 @@ def test_a_draining_decode_process_hands_its_streams_on(cluster, model_dir):
         r = cluster.openai().chat.completions.create(**bodies[-1])
         wants.append(r.choices[0].message.content)
         assert set(wants[-1]) <= set("yesno ") and len(wants[-1]) > 100, wants[-1]
-    leaving = cluster.process("decode/0")
-    results = run_streams(cluster, bodies, 20, lambda: os.kill(leaving["pid"], signal.SIGTERM))
+    leaving, taking = cluster.process("decode/0"), cluster.process("decode/1")
+
+    def leave():
+        # SIGTERM once every stream has filled a block, which decode/0 then writes to the
+        # store over its fabric link; decode/1 stops for 3 s around the hand-off (the grace is
+        # 1 s), so it pulls the forwarded KV late, and decode/0 must stay until it has.
+        os.kill(leaving["pid"], signal.SIGTERM)
+        os.kill(taking["pid"], signal.SIGSTOP)
+        threading.Timer(3.0, os.kill, (taking["pid"], signal.SIGCONT)).start()
+
+    results = run_streams(cluster, bodies, 200, leave)
     for (text, usage), want in zip(results, wants):
         assert usage is not None and usage.completion_tokens == max_tokens
         assert text == want
