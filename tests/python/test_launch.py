@@ -10,7 +10,8 @@ get right: served greedy tokens equal `troupe generate`'s; a decode process kill
 SIGKILL in the middle of 64 streams loses no request and changes no token (the request
 actors reroute to the other decode process, which recomputes the context), and the launcher
 restarts the process; a store process killed under load loses no request either (the
-blocks it cannot serve are recomputed) and serves its blocks again once restarted; SIGTERM
+blocks it cannot serve are recomputed) and serves its blocks again once restarted; a block
+fetcher killed with SIGKILL is restarted and its instance reads through it again; SIGTERM
 stops the cluster cleanly. Every call has a bounded timeout and retries are off.
 
 Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_launch.py
@@ -517,6 +518,42 @@ def test_blocks_a_stopped_store_shard_missed_are_copied_to_it_once_it_answers(cl
     while blocks("1") < blocks("0") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert blocks("1") == blocks("0"), "".join(cluster.log)
+
+
+def test_a_killed_block_fetcher_is_restarted_and_its_instance_reads_through_it_again(cluster):
+    # kill -9 of fetcher/0 right after prefill/0 read a cached prompt through it: the prompt
+    # asked again meanwhile is still a hit (read from the store), the launcher restarts the
+    # fetcher, prefill/0 maps the new fetcher's segment (named after its pid), and a new
+    # prompt's cached blocks come through it, each within two minutes (gets the dead fetcher
+    # never answers go to the store once the new one registers: none waits its 90 s out).
+    def mapped_segments():
+        prefill = cluster.process("prefill/0")
+        return open(f"/proc/{prefill['pid']}/maps").read()
+    client = cluster.openai().with_options(timeout=120)
+    body = long_prompt("fetched_")
+    client.chat.completions.create(**body)
+    assert until_cached(cluster, body).usage.prompt_tokens_details.cached_tokens >= 512
+    fetcher = cluster.process("fetcher/0")
+    assert f"/troupe-fetch-{fetcher['pid']}-" in mapped_segments(), "".join(cluster.log)
+    os.kill(fetcher["pid"], signal.SIGKILL)
+    r = client.chat.completions.create(**body)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 512, "".join(cluster.log)
+    again = wait_restarted(cluster, "fetcher/0", fetcher["pid"], fetcher["restarts"] + 1)
+    deadline = time.monotonic() + 60
+    while f"/troupe-fetch-{again['pid']}-" not in mapped_segments():
+        assert time.monotonic() < deadline, "".join(cluster.log)
+        time.sleep(0.2)
+    fresh = long_prompt("refetched_")
+    first = client.chat.completions.create(**fresh)
+    for _ in range(20):
+        r = client.chat.completions.create(**fresh)
+        if r.usage.prompt_tokens_details.cached_tokens > 0:
+            break
+        time.sleep(0.5)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 512, "".join(cluster.log)
+    assert r.choices[0].message.content == first.choices[0].message.content
+    assert sum("troupe node[fetcher/0]: fetching blocks for prefill/0" in l
+               for l in cluster.log) == 2 + fetcher["restarts"], "".join(cluster.log)
 
 
 def test_the_control_process_shows_the_instance_processes_device_metrics(cluster):
