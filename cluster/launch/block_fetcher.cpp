@@ -160,10 +160,22 @@ caf::actor spawn_block_fetcher(caf::actor_system& sys, runtime::store_port store
   return sys.spawn([store, counters](caf::event_based_actor* self) -> caf::behavior {
     auto segments = std::make_shared<std::map<std::string, client_segment>>();
     auto next = std::make_shared<std::uint64_t>(0);
-    // A client gone: its segment goes (its fetches in flight find no segment and answer so).
+    // A client gone: its segment goes (its fetches in flight find no segment and answer so),
+    // and so does its name, in case the client never mapped it (it removes the name when it
+    // does). The same for every segment when the fetcher ends.
     self->set_down_handler([segments](caf::down_msg& m) {
-      for (auto i = segments->begin(); i != segments->end();)
-        i = i->second.client == m.source ? segments->erase(i) : std::next(i);
+      for (auto i = segments->begin(); i != segments->end();) {
+        if (i->second.client != m.source) {
+          ++i;
+          continue;
+        }
+        ::shm_unlink(i->first.c_str());
+        i = segments->erase(i);
+      }
+    });
+    self->attach_functor([segments] {
+      for (const auto& [name, seg] : *segments)
+        ::shm_unlink(name.c_str());
     });
     return {
       [self, segments, next](const fetcher_join& j) -> caf::result<fetcher_segment> {
@@ -306,8 +318,10 @@ runtime::store_port spawn_fetching_store(caf::actor_system& sys, runtime::store_
         self->request(fetcher, std::chrono::seconds(30), fetcher_join{st->slot_bytes, st->slots})
           .then(
             [st, join](const fetcher_segment& s) {
-              if (join != st->joins)
+              if (join != st->joins) {
+                ::shm_unlink(s.name.c_str());  // an older fetcher's: never mapped here
                 return;
+              }
               auto memory = shm_mapping::open(s.name, s.slot_bytes * s.slots);
               // Mapped (or not: another host's segment): the name is no longer needed.
               ::shm_unlink(s.name.c_str());

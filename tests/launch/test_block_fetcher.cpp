@@ -203,4 +203,30 @@ TEST_CASE("gets a fetcher never answers go to the store once another fetcher reg
   CHECK(f.client->direct - direct == 3);
   for (auto h : {caf::actor_cast<caf::actor>(store), silent, real, next})
     f.self->send_exit(h, caf::exit_reason::user_shutdown);
+  // However the join with the new fetcher ended, no segment name is left behind.
+  CHECK(f.until([&] { return f.segments_left() == 0; }));
+}
+
+TEST_CASE("a segment its client never mapped leaves no name when the client or the fetcher goes") {
+  // The client removes a segment's name once it has mapped it; one that never does (it died,
+  // or the answer came for a fetcher it no longer uses) must not leave it in /dev/shm.
+  fetcher_fixture f;
+  auto fetcher = cluster::spawn_block_fetcher(f.world.system(), f.store, f.fetched);
+  auto join = [&](caf::scoped_actor& client) {
+    bool joined = false;
+    client->request(fetcher, std::chrono::seconds(10), cluster::fetcher_join{block, 2})
+      .receive([&](const cluster::fetcher_segment&) { joined = true; },
+               [](const caf::error& e) { FAIL(caf::to_string(e)); });
+    return joined;
+  };
+  {
+    caf::scoped_actor client{f.world.system()};
+    REQUIRE(join(client));
+    CHECK(f.segments_left() == 1);
+  }
+  CHECK(f.until([&] { return f.segments_left() == 0; }));
+  REQUIRE(join(f.self));
+  CHECK(f.segments_left() == 1);
+  f.self->send_exit(fetcher, caf::exit_reason::kill);
+  CHECK(f.until([&] { return f.segments_left() == 0; }));
 }
