@@ -30,6 +30,7 @@ gpu_rank_fn(runtime::device_port::stateful_pointer<gpu_rank_state> self, gpu_ran
     [self](const runtime::kv_export& x) { return self->delegate(self->state.device, x); },
     [self](const runtime::kv_import& x) { return self->delegate(self->state.device, x); },
     [self](const runtime::kv_keep& x) { self->send(self->state.device, x); },
+    [self](const runtime::kv_kept_export& x) { return self->delegate(self->state.device, x); },
     [self](runtime::kv_restore& x) {
       return self->delegate(self->state.device, std::move(x));
     },

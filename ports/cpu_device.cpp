@@ -81,6 +81,7 @@ struct device_metrics {
   runtime::counter* prefill_tokens = nullptr;
   runtime::counter* decode_tokens = nullptr;
   runtime::counter* restored_exact = nullptr;
+  runtime::counter* restored_pulled = nullptr;
   runtime::counter* restored_replayed = nullptr;
   runtime::counter* restore_rejected = nullptr;
   runtime::counter* checksum_failures = nullptr;
@@ -152,9 +153,11 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
   m.prefill_tokens = counter("troupe_device_tokens_total", computed, "phase", "prefill");
   m.decode_tokens = counter("troupe_device_tokens_total", computed, "phase", "decode");
   const char* restores = "Sequences opened from persisted Block KV, by how their window and "
-                         "unfinished block were restored (exact: a kept copy; replayed: bounded "
-                         "replay; rejected: bad blocks or tokens).";
+                         "unfinished block were restored (exact: a copy this device kept; "
+                         "pulled: a copy another device kept, brought by the request; replayed: "
+                         "bounded replay; rejected: bad blocks or tokens).";
   m.restored_exact = counter("troupe_kv_restores_total", restores, "outcome", "exact");
+  m.restored_pulled = counter("troupe_kv_restores_total", restores, "outcome", "pulled");
   m.restored_replayed = counter("troupe_kv_restores_total", restores, "outcome", "replayed");
   m.restore_rejected = counter("troupe_kv_restores_total", restores, "outcome", "rejected");
   const char* drafts = "Speculative drafts: proposed by the model's DSpark layers, verified by "
@@ -706,6 +709,24 @@ void run_keep(cpu_device_state& st, const runtime::kv_keep& x) {
   update_gauges(st);
 }
 
+caf::result<runtime::kv_snapshot_ptr> run_kept_export(cpu_device_state& st,
+                                                      const runtime::kv_kept_export& x) {
+  if (st.load_error)
+    return st.load_error;
+  auto k = st.kept.find(x.key);
+  if (k == st.kept.end() || k->second.length != x.length)
+    return make_error(device_errc::unknown_sequence,
+                      "kv_kept_export: no copy kept under that key at "
+                        + std::to_string(x.length) + " tokens");
+  st.recency.splice(st.recency.begin(), st.recency, k->second.recency);
+  auto snap = std::make_shared<runtime::kv_snapshot>();
+  snap->model = st.model_id;
+  snap->length = k->second.length;
+  snap->state = checksummed(k->second.state);
+  snap->swa = checksummed(k->second.swa);
+  return runtime::kv_snapshot_ptr{std::move(snap)};
+}
+
 caf::result<runtime::kv_restored> run_restore(cpu_device_state& st,
                                               const runtime::kv_restore& x) {
   if (st.load_error)
@@ -760,6 +781,22 @@ caf::result<runtime::kv_restored> run_restore(cpu_device_state& st,
       return run_restore(st, x);
     }
   }
+  // Else the copy another device kept there, when it is this model's at this length, intact.
+  bool pulled = false;
+  if (const auto* c = x.kept.get(); !exact && c != nullptr && c->model == st.model_id
+                                      && c->length == length && c->blocks.empty()) {
+    if (!intact(c->state) || !intact(c->swa)) {
+      inc(st.metrics.checksum_failures);
+    } else if (be.import_state(id, c->state.bytes) && be.import_swa(id, c->swa.bytes)) {
+      exact = pulled = true;
+    } else {
+      // Half imported: start again from the blocks, without it.
+      (void) be.close_sequence(id);
+      auto without = x;
+      without.kept = nullptr;
+      return run_restore(st, without);
+    }
+  }
   if (!exact) {
     std::vector<std::int64_t> tokens(x.tokens.begin(), x.tokens.end());
     if (auto r = be.replay(id, tokens); !r)
@@ -771,9 +808,11 @@ caf::result<runtime::kv_restored> run_restore(cpu_device_state& st,
                 + (held ? std::to_string(*held) : held.error()) + " tokens, not "
                 + std::to_string(length));
   st.sequences.emplace(x.sequence, id);
-  inc(exact ? st.metrics.restored_exact : st.metrics.restored_replayed);
+  inc(pulled  ? st.metrics.restored_pulled
+      : exact ? st.metrics.restored_exact
+              : st.metrics.restored_replayed);
   update_gauges(st);
-  return runtime::kv_restored{length, !exact};
+  return runtime::kv_restored{length, !exact, pulled};
 }
 
 /// Runs `f`, turning an exception (out of memory in the kernels, say) into an error value.
@@ -834,6 +873,9 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
       } catch (...) {
         // Out of memory while copying: nothing kept; a later restore replays.
       }
+    },
+    [self](const runtime::kv_kept_export& x) {
+      return guarded([&] { return run_kept_export(self->state, x); });
     },
     [self](const runtime::kv_restore& x) {
       return guarded([&] { return run_restore(self->state, x); });

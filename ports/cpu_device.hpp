@@ -162,11 +162,14 @@ struct cpu_device_params {
 ///     device_errc::snapshot_rejected and leaves no sequence behind.
 ///   - kv_keep: copies the sequence's State and SWA KV into host memory under the key, when
 ///     the sequence sits at a block boundary (else ignored), within `keep_bytes`.
+///   - kv_kept_export: the copy kept under the key at that length, with checksums (it counts
+///     as a use for the least-recently-used order); none: device_errc::unknown_sequence.
 ///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's
 ///     shapes), then the kept State and SWA KV of the key when there is a copy at that length
-///     (exact), else rebuilds them by bounded replay of the last sliding window of the tokens
-///     (kernels::model::replay). Bad blocks or tokens are device_errc::snapshot_rejected and
-///     leave no sequence behind.
+///     (exact), else the request's `kept` copy when it is this model's at that length and
+///     intact (pulled: exact too; it is not kept here), else rebuilds them by bounded replay
+///     of the last sliding window of the tokens (kernels::model::replay). Bad blocks or tokens
+///     are device_errc::snapshot_rejected and leave no sequence behind.
 /// With `experts`, before each step it switches to the link's newest placement (a placement
 /// the model refuses is counted as refused and the device keeps its own), and after it adds
 /// the step's router counts (and those of any replay or profile run since) to the link.

@@ -162,6 +162,11 @@ caf::behavior script_device_fn(self_ptr self, script_device_params params) {
       return answer_at(self, next_free(self), caf::ok_atom::value);
     },
     [](const runtime::kv_keep&) {},
+    [self](const runtime::kv_kept_export&) {
+      return answer_at(self, next_free(self),
+                       make_error(device_errc::unknown_sequence,
+                                  "the script device keeps no window state"));
+    },
     [self](const runtime::kv_restore& x) {
       auto& st = self->state;
       const auto length = x.blocks ? x.blocks->length : 0;

@@ -271,12 +271,29 @@ typename Inspector::result_type inspect(Inspector& f, kv_keep& x) {
   return f(caf::meta::type_name("kv_keep"), x.sequence, x.key);
 }
 
+/// Asks a device for the copy it kept under `key` at `length` tokens (kv_keep), so that another
+/// device opens a sequence of the same prefix exactly (kv_restore::kept): answered with a
+/// snapshot of that copy (its model, length, State and SWA KV with their checksums, no
+/// blocks), or device_errc::unknown_sequence when the device keeps no such copy (it never
+/// kept one, dropped it, or kept one at another length; the simulated device keeps nothing).
+struct kv_kept_export {
+  store_key key;
+  std::uint64_t length = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_kept_export& x) {
+  return f(caf::meta::type_name("kv_kept_export"), x.key, x.length);
+}
+
 /// Opens `sequence` on a device from persisted Block KV: `blocks` holds the first n full blocks
 /// of its context (from the store; its `length` is 128·n, its state and SWA empty) and
 /// `tokens` those 128·n tokens. The device restores the blocks, then the sequence's State KV
 /// and SWA KV: from its kept copy under `key` (kv_keep) when it has one at that length, exact;
-/// otherwise by bounded replay, which recomputes the last sliding window of `tokens` only
-/// (kernels::model::replay). Answered with kv_restored once the sequence holds 128·n tokens;
+/// else from `kept`, a copy another device kept there (kv_kept_export), when it is of this
+/// model and length and its checksums hold, exact too; otherwise by bounded replay, which
+/// recomputes the last sliding window of `tokens` only (kernels::model::replay). A `kept`
+/// that does not fit is ignored, not refused. Answered with kv_restored once the sequence holds 128·n tokens;
 /// its next step starts there. A block that fails its checksum or does not fit the model, a
 /// token count that does not match, or a sequence the device already holds, is answered with
 /// device_errc::snapshot_rejected and leaves no sequence behind (the caller then computes the
@@ -286,19 +303,22 @@ struct kv_restore {
   kv_snapshot_ptr blocks;
   store_key key;
   std::vector<std::int32_t> tokens{};
+  kv_snapshot_ptr kept{};
 };
 
 /// The answer to a kv_restore: the tokens the sequence holds, and whether its window and
 /// unfinished-block state were rebuilt by bounded replay (an approximation of the exact
-/// state: docs/model.md) rather than restored from a kept copy.
+/// state: docs/model.md) rather than restored from a kept copy, or restored from the copy
+/// the request brought (kv_restore::kept).
 struct kv_restored {
   std::uint64_t length = 0;
   bool replayed = false;
+  bool pulled = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_restored& x) {
-  return f(caf::meta::type_name("kv_restored"), x.length, x.replayed);
+  return f(caf::meta::type_name("kv_restored"), x.length, x.replayed, x.pulled);
 }
 
 /// Replies to each step once it has run; steps run one at a time in arrival order. A step the
@@ -310,6 +330,7 @@ using device_port = caf::typed_actor<caf::replies_to<device_step>::with<device_r
                                      caf::replies_to<kv_export>::with<kv_snapshot_ptr>,
                                      caf::replies_to<kv_import>::with<caf::ok_atom>,
                                      caf::reacts_to<kv_keep>,
+                                     caf::replies_to<kv_kept_export>::with<kv_snapshot_ptr>,
                                      caf::replies_to<kv_restore>::with<kv_restored>>;
 
 /// Why a device refused a request. Errors carry the category `device_error_category`.

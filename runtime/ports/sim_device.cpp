@@ -129,6 +129,10 @@ caf::behavior sim_device_fn(caf::stateful_actor<sim_device_state>* self, step_co
       return detail::reply_at(self, st.busy_until, caf::ok_atom::value);
     },
     [](const kv_keep&) {},
+    [](const kv_kept_export&) -> caf::result<kv_snapshot_ptr> {
+      return make_error(device_errc::unknown_sequence,
+                        "the simulated device keeps no window state");
+    },
     [self](const kv_restore& x) {
       auto& st = self->state;
       return detail::reply_at(self, st.busy_until,

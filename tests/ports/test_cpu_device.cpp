@@ -374,6 +374,73 @@ TEST_CASE_FIXTURE(device_fixture,
   CHECK(token(b, step({seq(5, 0, pr)})) == t);
 }
 
+TEST_CASE_FIXTURE(device_fixture,
+                  "a prefix restored with the window state another device kept continues as "
+                  "there; a copy that does not fit is ignored and the prefix replayed") {
+  auto a = cpu(tiny_params());
+  auto b = cpu(tiny_params());
+  const auto pr = prompt(300, 12);  // two full blocks and 44 ids
+  const std::vector<std::int32_t> head(pr.begin(), pr.begin() + 256);
+  const std::vector<std::int32_t> tail(pr.begin() + 256, pr.end());
+  const runtime::store_key key{0x1234, 0x5678};
+  // a computes the first two blocks and keeps the window state there, as a prefill instance
+  // does at a prompt's last block boundary; its blocks are what the store would serve.
+  REQUIRE(run(a, step({seq(1, 0, head, false)})));
+  self->send(a, runtime::kv_keep{1, key});
+  auto blocks = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1, 0, true});
+  REQUIRE(blocks);
+  REQUIRE((*blocks)->blocks.size() == 2);
+  auto kept = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{key, 256});
+  REQUIRE_MESSAGE(kept, sys.render(kept.error()));
+  CHECK((*kept)->length == 256);
+  CHECK((*kept)->blocks.empty());
+  CHECK_FALSE((*kept)->swa.bytes.empty());
+  // None at another length or under another key.
+  auto other_length = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{key, 128});
+  CHECK((!other_length && runtime::is(other_length.error(), device_errc::unknown_sequence)));
+  auto other_key = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{{1, 2}, 256});
+  CHECK((!other_key && runtime::is(other_key.error(), device_errc::unknown_sequence)));
+
+  // The rest of the prompt and four tokens on a: what b must give.
+  std::vector<float> lp_a, lp_b;
+  const auto first_a = token(a, step({seq(1, 256, tail)}));
+  const auto on_a = continue_greedy(a, 1, 300, first_a, 4, &lp_a);
+  auto restore = [&](std::uint64_t id, runtime::kv_snapshot_ptr copy) {
+    auto r = ask<runtime::kv_restored>(b, runtime::kv_restore{id, *blocks, key, head,
+                                                              std::move(copy)});
+    REQUIRE_MESSAGE(r, sys.render(r.error()));
+    CHECK(r->length == 256);
+    return *r;
+  };
+  // b keeps nothing of its own: with a's copy the restore is exact.
+  auto pulled = restore(5, *kept);
+  CHECK(pulled.pulled);
+  CHECK_FALSE(pulled.replayed);
+  const auto first_b = token(b, step({seq(5, 256, tail)}));
+  const auto on_b = continue_greedy(b, 5, 300, first_b, 4, &lp_b);
+  CHECK(first_b == first_a);
+  CHECK(on_b == on_a);
+  CHECK(lp_b == lp_a);  // bitwise: the same cache as a's
+
+  // A copy whose bytes were changed in transit, one of another length, one of another model's:
+  // ignored, the window replayed.
+  auto corrupt = **kept;
+  corrupt.swa.bytes[corrupt.swa.bytes.size() / 2] ^= 0x01;
+  auto shorter = **kept;
+  shorter.length = 128;
+  auto foreign = **kept;
+  foreign.model = "another model";
+  std::uint64_t id = 6;
+  for (auto* copy : {&corrupt, &shorter, &foreign}) {
+    auto r = restore(id++, std::make_shared<const runtime::kv_snapshot>(*copy));
+    CHECK(r.replayed);
+    CHECK_FALSE(r.pulled);
+  }
+  auto none = restore(id, nullptr);
+  CHECK(none.replayed);
+  CHECK_FALSE(none.pulled);
+}
+
 TEST_CASE_FIXTURE(device_fixture, "a snapshot of another model is refused") {
   CHECK(*ports::model_fingerprint(model_dirs::tiny(11))
         == *ports::model_fingerprint(model_dirs::tiny(11)));
