@@ -105,6 +105,8 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
                                   std::uint32_t size) {
       auto e = engine;
       e.step_tokens = scaled(e.step_tokens, size, ranks);
+      // The balancer learns which prefix window states the instance's device keeps.
+      e.kept = [lb, id](const block_key& key) { caf::anon_send(lb, prefill_kept{id, key}); };
       cfg.children.push_back(engine_child(id, lb, [e, link, table, id, lb](caf::local_actor* self) {
         auto l = link ? link(self, id) : runtime::link_port{};
         // On a drain notice the engine has its balancer exclude the instance.

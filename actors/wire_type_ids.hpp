@@ -3,7 +3,8 @@
 // Inside one process every message may be any C++ type; between processes CAF's middleman
 // serialises each message element by its registered name, so every element a request actor
 // exchanges with an engine in another process (jobs, their answers, progress notices, stats,
-// and the engine handles instances announce to their balancers) needs a name here. The
+// the engine handles instances announce to their balancers, the window states instances report
+// keeping and pull from each other) needs a name here. The
 // block follows troupe_actors' (type_ids.hpp); `register_actor_types` registers both. The
 // in-process KV handles these messages carry (prefill_done::kv, decode_job::kv,
 // decode_done::kv) are not serialised: across processes the bytes move over the link port.
@@ -22,6 +23,9 @@ CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::decode_done))
 CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::engine_stats))
 CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::prefill_engine_actor))
 CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::decode_engine_actor))
+CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::prefill_kept))
+CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kept_state_get))
+CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kept_state))
 CAF_END_TYPE_ID_BLOCK(troupe_actors_wire)
 
 namespace troupe::actors {

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 
 namespace troupe::actors {
 
@@ -47,6 +48,11 @@ struct job_state {
   /// Real world: the context's last block boundary before its end (in blocks), where the
   /// device keeps the state for later requests with this prefix (0: none).
   std::uint64_t keep_blocks = 0;
+  /// Real world: the cached blocks read, waiting for another instance's kept window state
+  /// (asked of the job's keeper) before the restore; and that state once it came.
+  std::shared_ptr<runtime::kv_snapshot> fetched_blocks;
+  bool asking_keeper = false;
+  runtime::kv_snapshot_ptr kept;
   caf::typed_response_promise<prefill_done> rp;
 };
 
@@ -160,7 +166,8 @@ void restore(engine_ptr self, std::uint64_t request, std::shared_ptr<runtime::kv
   runtime::kv_restore r{request, kv, runtime::store_key{key.hi, key.lo},
                         std::vector<std::int32_t>(job.tokens.begin(),
                                                   job.tokens.begin()
-                                                    + static_cast<std::ptrdiff_t>(kv->length))};
+                                                    + static_cast<std::ptrdiff_t>(kv->length)),
+                        std::exchange(i->second.kept, nullptr)};
   self->request(st.device, caf::infinite, std::move(r))
     .then(
       [self, request](const runtime::kv_restored& done) {
@@ -173,6 +180,8 @@ void restore(engine_ptr self, std::uint64_t request, std::shared_ptr<runtime::kv
         j.remaining = j.job.input_tokens - done.length;
         j.job.cached_tokens = done.length;
         st.stats.cached_tokens += done.length;
+        if (done.pulled)
+          ++st.stats.kept_pulled;
         make_ready(self, request);
       },
       [self, request](const caf::error&) {
@@ -209,8 +218,15 @@ void fetch_cached(engine_ptr self, std::uint64_t request, std::uint64_t usable) 
       kv->blocks.push_back(std::move(*b));
     }
     kv->length = kv->blocks.size() * block_tokens;
-    if (kv->blocks.empty())
+    if (kv->blocks.empty()) {
       make_ready(self, request);
+      return;
+    }
+    auto i = self->state.jobs.find(request);
+    if (i == self->state.jobs.end())
+      return;
+    if (i->second.asking_keeper)
+      i->second.fetched_blocks = std::move(kv);  // restored once the keeper answers
     else
       restore(self, request, std::move(kv));
   };
@@ -225,6 +241,34 @@ void fetch_cached(engine_ptr self, std::uint64_t request, std::uint64_t usable) 
           arrived(k, std::move(b));
         },
         [arrived, k](const caf::error&) { arrived(k, std::nullopt); });
+}
+
+/// Asks the job's keeper for the window state its device kept where the job's first `usable`
+/// blocks end (an SWA ring pull), while the blocks are read; the restore waits for both. No
+/// answer within kept_timeout, or none kept there: the device restores without it.
+void ask_keeper(engine_ptr self, std::uint64_t request, std::uint64_t usable) {
+  auto& st = self->state;
+  auto& j = st.jobs.at(request);
+  const auto& key = j.job.chain[usable - 1];
+  j.asking_keeper = true;
+  auto answered = [self, request](runtime::kv_snapshot_ptr kept) {
+    auto i = self->state.jobs.find(request);
+    if (i == self->state.jobs.end())
+      return;
+    if (!kept)
+      ++self->state.stats.kept_misses;
+    auto& j = i->second;
+    j.asking_keeper = false;
+    j.kept = std::move(kept);
+    if (j.fetched_blocks)
+      restore(self, request, std::move(j.fetched_blocks));
+  };
+  self
+    ->request(caf::actor_cast<caf::actor>(j.job.keeper), st.params.kept_timeout,
+              kept_state_get{request, runtime::store_key{key.hi, key.lo},
+                             usable * block_tokens})
+    .then([answered](kept_state& k) { answered(std::move(k.kv)); },
+          [answered](const caf::error&) { answered(nullptr); });
 }
 
 void step(engine_ptr self) {
@@ -320,6 +364,8 @@ void step(engine_ptr self) {
           if (j.keep_blocks > 0 && j.position == j.keep_blocks * block_tokens) {
             const auto& key = j.job.chain[j.keep_blocks - 1];
             self->send(st.device, runtime::kv_keep{id, runtime::store_key{key.hi, key.lo}});
+            if (st.params.kept)
+              st.params.kept(key);
           }
           try_finish(self, id);
         }
@@ -432,6 +478,8 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       auto& placed = st.jobs.emplace(id, std::move(j)).first->second;
       if (ready_now)
         set_ready(st, id, placed);
+      if (usable > 0 && placed.job.keeper)
+        ask_keeper(self, id, usable);
       if (usable > 0)
         fetch_cached(self, id, usable);
       step(self);
@@ -452,6 +500,13 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       auto s = self->state.stats;
       s.jobs_in_flight = self->state.jobs.size();
       return s;
+    },
+    [self](const kept_state_get& g) -> caf::result<kept_state> {
+      auto rp = self->make_response_promise<kept_state>();
+      self->request(self->state.device, caf::infinite, runtime::kv_kept_export{g.key, g.length})
+        .then([rp](runtime::kv_snapshot_ptr kv) mutable { rp.deliver(kept_state{std::move(kv)}); },
+              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
     },
     [self](cancel_atom, std::uint64_t request) {
       auto& st = self->state;

@@ -49,6 +49,7 @@
 #include "runtime/ports/token_constraints.hpp"
 #include "runtime/time.hpp"
 
+#include <caf/actor_control_block.hpp>
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
@@ -80,12 +81,57 @@ struct prefill_job {
   /// The request's structured-output constraint, for a device in another process to rebuild
   /// (format empty: none).
   runtime::constraint_spec constraint{};
+  /// Real world: the prefill engine of another instance whose device kept the window state
+  /// where the cached prefix this job restores ends (prefill_lb's record of prefill_kept), a
+  /// prefill_engine_actor; the job asks it for that state (kept_state_get) while its blocks
+  /// are read, and restores exactly with it. Null: none known (the device's own copy, or
+  /// bounded replay).
+  caf::strong_actor_ptr keeper{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
   return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
-           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint);
+           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint, x.keeper);
+}
+
+/// A prefill engine's report to its balancer: its device now keeps the window state (SWA
+/// rings, unfinished block) of the prefix that ends with block `key` (kv_keep).
+struct prefill_kept {
+  instance_id instance = 0;
+  block_key key;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_kept& x) {
+  return f(caf::meta::type_name("prefill_kept"), x.instance, x.key);
+}
+
+/// Asks a prefill engine for the window state its device kept where a `length`-token prefix
+/// ends with block `key` (an SWA ring pull: docs/serve.md, "Restoring a prefix"), for `request`,
+/// a job of another instance. Answered with kept_state, or an error when the device keeps no
+/// such copy (the asking job then replays).
+struct kept_state_get {
+  std::uint64_t request = 0;
+  runtime::store_key key;
+  std::uint64_t length = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kept_state_get& x) {
+  return f(caf::meta::type_name("kept_state_get"), x.request, x.key, x.length);
+}
+
+/// The kept window state: in one process by handle (a snapshot with State and SWA KV and no
+/// blocks), across processes as a fabric ticket (its bytes: kv_bridge's encoding).
+struct kept_state {
+  runtime::kv_snapshot_ptr kv;
+  runtime::fabric_ticket ticket{};
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kept_state& x) {
+  return f(caf::meta::type_name("kept_state"), x.ticket);
 }
 
 struct prefill_done {
@@ -141,6 +187,10 @@ struct engine_stats {
   std::uint64_t blocks_fetched = 0;
   std::uint64_t fetch_misses = 0;
   std::uint64_t restore_failures = 0;
+  /// Prefill, real world: restores whose window state came from another instance's kept
+  /// copy (kept_state_get), and asks for one that found none (gone, dropped, timed out).
+  std::uint64_t kept_pulled = 0;
+  std::uint64_t kept_misses = 0;
 };
 
 template <class Inspector>
@@ -148,7 +198,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.instance, x.steps, x.tokens, x.jobs_done,
            x.jobs_in_flight, x.busy, x.chained_steps, x.stalled, x.verify_steps, x.drafts_verified, x.drafts_accepted,
            x.kv_import_failures, x.cached_tokens, x.blocks_fetched, x.fetch_misses,
-           x.restore_failures);
+           x.restore_failures, x.kept_pulled, x.kept_misses);
 }
 
 using engine_stats_atom = caf::atom_constant<caf::atom("engstats")>;
@@ -163,7 +213,8 @@ using prefill_engine_actor
   = caf::typed_actor<caf::replies_to<prefill_job>::with<prefill_done>,
                      caf::replies_to<engine_stats_atom>::with<engine_stats>,
                      caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
-                     caf::reacts_to<cancel_atom, std::uint64_t>>;
+                     caf::reacts_to<cancel_atom, std::uint64_t>,
+                     caf::replies_to<kept_state_get>::with<kept_state>>;
 
 struct prefill_engine_params {
   instance_id instance = 0;
@@ -192,6 +243,11 @@ struct prefill_engine_params {
   /// with a chain fetches its cached blocks from the store and persists the blocks it
   /// computed (through a block writer of its own); otherwise it computes its whole context.
   block_writer_params writer;
+  /// Real world: told the key each time the device is asked to keep a prefix's window state
+  /// (prefill_instance has it send prefill_kept to the balancer); null: nobody is told.
+  std::function<void(const block_key&)> kept;
+  /// How long a job waits for another instance's kept window state before it replays.
+  runtime::duration kept_timeout = std::chrono::seconds(5);
 };
 
 /// What an exact rebuild of a `cached`-token prefix's window state costs, in tokens through

@@ -6,6 +6,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <deque>
 #include <map>
 #include <set>
 
@@ -30,6 +31,12 @@ struct prefill_lb_state {
   std::uint64_t routed_tokens = 0;
   /// Drain notices taken (lb.prefill.drained in the report).
   std::uint64_t drained = 0;
+  /// The instance that last reported keeping the window state at a key, with the report's
+  /// number; the keys in report order (a key reported again appears twice, and only its
+  /// newest entry, whose number matches, forgets it).
+  std::map<block_key, std::pair<instance_id, std::uint64_t>> keepers;
+  std::deque<std::pair<block_key, std::uint64_t>> kept_order;
+  std::uint64_t kept_reports = 0;
   static inline const char* name = "prefill_lb";
 };
 
@@ -59,7 +66,12 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       if (!id)
         return runtime::make_error(runtime::errc::unavailable, "no prefill instance is up");
       st.routed_tokens += r.uncached_tokens;
-      return prefill_assignment{*id, st.engines.at(*id)};
+      prefill_assignment a{*id, st.engines.at(*id), {}};
+      if (r.kept != block_key{})
+        if (auto k = st.keepers.find(r.kept); k != st.keepers.end() && k->second.first != *id)
+          if (auto e = st.engines.find(k->second.first); e != st.engines.end())
+            a.keeper = e->second;
+      return a;
     },
     [self](const prefill_release& r) {
       self->state.balancer->complete(r.instance, compute_of(r.uncached_tokens));
@@ -69,6 +81,18 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       self->monitor(engine);
       st.engines[id] = std::move(engine);
       st.balancer->add_instance(id);
+    },
+    [self](const prefill_kept& k) {
+      auto& st = self->state;
+      const auto n = ++st.kept_reports;
+      st.keepers[k.key] = {k.instance, n};
+      st.kept_order.emplace_back(k.key, n);
+      while (st.kept_order.size() > st.params.kept_records) {
+        auto [key, number] = st.kept_order.front();
+        st.kept_order.pop_front();
+        if (auto i = st.keepers.find(key); i != st.keepers.end() && i->second.second == number)
+          st.keepers.erase(i);
+      }
     },
     [self](drain_instance_atom, instance_id id) {
       // Draining: no new routes; the jobs it holds finish there.

@@ -17,25 +17,31 @@
 
 namespace troupe::actors {
 
-/// Where to prefill a request with `uncached_tokens` tokens to compute.
+/// Where to prefill a request with `uncached_tokens` tokens to compute. Real world: `kept` is
+/// the key of the last cached block the request's prefill restores (zero: none), whose window
+/// state an instance's device may keep (prefill_kept).
 struct prefill_route {
   std::uint64_t request = 0;
   std::uint64_t uncached_tokens = 0;
+  block_key kept{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_route& x) {
-  return f(caf::meta::type_name("prefill_route"), x.request, x.uncached_tokens);
+  return f(caf::meta::type_name("prefill_route"), x.request, x.uncached_tokens, x.kept);
 }
 
+/// The instance chosen, and the engine of another member whose device last reported keeping
+/// the window state at the route's `kept` key (invalid: none, or the chosen instance itself).
 struct prefill_assignment {
   instance_id instance = 0;
   prefill_engine_actor engine;
+  prefill_engine_actor keeper{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_assignment& x) {
-  return f(caf::meta::type_name("prefill_assignment"), x.instance, x.engine);
+  return f(caf::meta::type_name("prefill_assignment"), x.instance, x.engine, x.keeper);
 }
 
 /// The request routed with `uncached_tokens` left `instance` (finished or failed).
@@ -50,6 +56,9 @@ typename Inspector::result_type inspect(Inspector& f, prefill_release& x) {
 }
 
 /// Replies: prefill_route -> prefill_assignment, or errc::unavailable when no engine is up.
+/// prefill_kept records which instance keeps the window state at a key (the last report wins;
+/// the newest `kept_records` keys are remembered); routing does not prefer it (the chosen
+/// instance pulls the state from it: prefill_job::keeper).
 /// (drain_instance_atom, id) excludes an instance that is leaving (autoscaler scale-down): no
 /// new routes; it stays a member until its engine exits. pool_load_atom -> pool_load.
 using prefill_lb_actor
@@ -58,11 +67,14 @@ using prefill_lb_actor
                      caf::reacts_to<add_instance_atom, instance_id, prefill_engine_actor>,
                      caf::reacts_to<drain_instance_atom, instance_id>,
                      caf::replies_to<lb_stats_atom>::with<lb_counters>,
-                     caf::replies_to<pool_load_atom>::with<pool_load>>;
+                     caf::replies_to<pool_load_atom>::with<pool_load>,
+                     caf::reacts_to<prefill_kept>>;
 
 struct prefill_lb_params {
   prefill_balancer_params balancer;
   runtime::duration rebalance_interval = std::chrono::seconds(30);
+  /// Keys whose keeper is remembered (the oldest reports are forgotten first).
+  std::size_t kept_records = 65536;
 };
 
 prefill_lb_actor spawn_prefill_lb(caf::actor_system& sys, prefill_lb_params params);

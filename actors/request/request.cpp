@@ -315,7 +315,16 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
   auto context = st.spec.input_tokens + st.delivered;
   cached_tokens = std::min(cached_tokens, context);
   auto uncached = context - cached_tokens;
-  self->request(st.services.prefill, caf::infinite, prefill_route{st.spec.id, uncached})
+  // Real world: the last cached block the prefill restores (never the one holding the
+  // context's last token, as the engine reads them), whose window state an instance may keep.
+  prefill_route route{st.spec.id, uncached, {}};
+  if (!st.spec.prompt.empty() && context > 0) {
+    const auto usable = std::min<std::uint64_t>(
+      {cached_tokens / block_tokens, st.spec.chain.size(), (context - 1) / block_tokens});
+    if (usable > 0)
+      route.kept = st.spec.chain[usable - 1];
+  }
+  self->request(st.services.prefill, caf::infinite, route)
     .then(
       [self, cached_tokens, uncached, context](const prefill_assignment& a) {
         auto& st = self->state;
@@ -328,6 +337,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
           job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());
           job.chain = st.spec.chain;
           job.traffic = st.spec.traffic;
+          job.keeper = caf::actor_cast<caf::strong_actor_ptr>(a.keeper);
         }
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});

@@ -95,6 +95,7 @@ caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge
       [self, lb](actors::drain_instance_atom a, actors::instance_id id) {
         self->send(lb, a, id);
       },
+      [self, lb](const actors::prefill_kept& k) { self->send(lb, k); },
       [engine](caf::get_atom) { return *engine; },
     };
   });

@@ -144,6 +144,16 @@ void pull_failed(const kv_bridge_params& params, std::uint64_t request, const st
                 + why + "); its context is recomputed");
 }
 
+/// A kept window state could not be pulled: counted, and said (its job replays the window).
+void kept_pull_failed(const kv_bridge_params& params, std::uint64_t request,
+                      const std::string& why) {
+  if (params.counters)
+    ++params.counters->pull_failures;
+  if (params.warn)
+    params.warn("the kept window state for request " + std::to_string(request)
+                + " could not be pulled (" + why + "); its prefix is replayed");
+}
+
 void job_ended(const kv_bridge_params& params) {
   if (params.counters)
     --params.counters->jobs;
@@ -250,12 +260,20 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
   auto bridge = sys.spawn([e, params](caf::event_based_actor* self) -> caf::behavior {
     follow(self, e);
     auto jobs = std::make_shared<restoring>();
+    // The keeper (in another process) of each job whose engine asks for a kept window state:
+    // the engine asks the bridge, which asks the keeper and pulls the ticket it answers.
+    auto keepers = std::make_shared<std::map<std::uint64_t, caf::actor>>();
     // Runs the job on the engine; its answer goes back through the bridge.
-    auto run = [self, e, params, jobs](actors::prefill_job job, caf::response_promise rp) {
+    auto run = [self, e, params, jobs, keepers](actors::prefill_job job, caf::response_promise rp) {
         auto request = job.request;
+        if (job.keeper) {
+          (*keepers)[request] = caf::actor_cast<caf::actor>(job.keeper);
+          job.keeper = caf::actor_cast<caf::strong_actor_ptr>(self);
+        }
         self->request(e, caf::infinite, std::move(job))
           .then(
-            [self, rp, params, request, jobs](actors::prefill_done& d) mutable {
+            [self, rp, params, request, jobs, keepers](actors::prefill_done& d) mutable {
+              keepers->erase(request);
               if (auto refused = job_answered(*jobs, params, request)) {
                 rp.deliver(std::move(refused));
                 return;
@@ -270,12 +288,70 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
                 rp.deliver(std::move(d));
               });
             },
-            [rp, params, request, jobs](caf::error& err) mutable {
+            [rp, params, request, jobs, keepers](caf::error& err) mutable {
+              keepers->erase(request);
               auto refused = job_answered(*jobs, params, request);
               rp.deliver(refused ? std::move(refused) : std::move(err));
             });
     };
     return {
+      [self, e, params, keepers](actors::kept_state_get& g) {
+        auto rp = self->make_response_promise();
+        auto k = keepers->find(g.request);
+        if (k == keepers->end()) {
+          // Another process's job asks this engine's device: its copy goes on the fabric.
+          self->request(e, caf::infinite, g)
+            .then(
+              [self, rp, params](actors::kept_state& got) mutable {
+                if (!got.kv) {
+                  rp.deliver(std::move(got));
+                  return;
+                }
+                offer(self, params, *got.kv, [rp](runtime::fabric_ticket t) mutable {
+                  if (t.id == 0)
+                    rp.deliver(caf::make_error(caf::sec::runtime_error,
+                                               "the kept window state could not be offered"));
+                  else
+                    rp.deliver(actors::kept_state{nullptr, std::move(t)});
+                });
+              },
+              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          return rp;
+        }
+        // This engine's job asks another process's keeper, and gets the state's bytes here.
+        const auto request = g.request;
+        self->request(k->second, params.pull_timeout, g)
+          .then(
+            [self, rp, params, request](actors::kept_state& got) mutable {
+              if (got.kv || got.ticket.id == 0 || !params.link) {
+                rp.deliver(std::move(got));
+                return;
+              }
+              self->request(params.link, params.pull_timeout + std::chrono::seconds(5),
+                            runtime::fabric_pull{got.ticket, params.pull_timeout})
+                .then(
+                  [rp, params, request](runtime::fabric_pulled& bytes) mutable {
+                    auto s = decode_snapshot(bytes.bytes);
+                    if (!s) {
+                      kept_pull_failed(params, request, "the bytes pulled are not a KV snapshot");
+                      rp.deliver(caf::make_error(caf::sec::runtime_error, "not a snapshot"));
+                      return;
+                    }
+                    if (params.counters) {
+                      ++params.counters->pulled;
+                      params.counters->pulled_bytes += bytes.bytes.size();
+                    }
+                    rp.deliver(actors::kept_state{
+                      std::make_shared<const runtime::kv_snapshot>(std::move(*s))});
+                  },
+                  [rp, params, request](caf::error& err) mutable {
+                    kept_pull_failed(params, request, caf::to_string(err));
+                    rp.deliver(std::move(err));
+                  });
+            },
+            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
       [self, jobs, params, run](actors::prefill_job& job) {
         auto rp = self->make_response_promise();
         auto request = job.request;

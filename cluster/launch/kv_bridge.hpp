@@ -12,7 +12,11 @@
 //   bytes from the ticket's endpoint and rebuilds the snapshot (a pull that fails leaves the
 //   job without KV: the engine recomputes the context, as after a refused import); a
 //   forwarded decode_done (drain) has its KV offered like prefill's. Progress notices, which
-//   the engine sends to its job's sender (the bridge), go on to the requester.
+//   the engine sends to its job's sender (the bridge), go on to the requester;
+// - window-state pulls (prefill_job::keeper, kept_state_get): a prefill job whose keeper is in
+//   another process has the keeper replaced by the bridge, so its engine asks the bridge,
+//   which asks the keeper (the keeper process's bridge) and pulls the ticket it answers; asked
+//   by another process for its own engine's kept state, a bridge offers it like a hand-off.
 // The engines and the request actors are unchanged; the control messages stay small, the
 // bytes go over the fabric. An offer is withdrawn once pulled, or after `offer_ttl`.
 //

@@ -1,7 +1,9 @@
-// Tests of cluster/launch/kv_bridge: a KV snapshot as one byte string for the fabric link, and
-// the bridge rebuilding a job's structured-output constraint in its process.
+// Tests of cluster/launch/kv_bridge: a KV snapshot as one byte string for the fabric link, the
+// bridge rebuilding a job's structured-output constraint in its process, and a kept window
+// state pulled from another process's bridge.
 #include "cluster/launch/kv_bridge.hpp"
 
+#include "ports/fabric_link.hpp"
 #include "recipe/tokenizer.hpp"
 
 #include <caf/actor_system.hpp>
@@ -209,4 +211,108 @@ TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while th
         != out->allowed.end());
   self->send_exit(bridge, caf::exit_reason::user_shutdown);
   self->send_exit(engine, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+/// What a stand-in prefill engine's jobs got from their keepers (null: an error).
+struct asked {
+  std::vector<runtime::kv_snapshot_ptr> got;
+};
+
+/// A prefill engine that keeps `kept` (none when null) and answers kept_state_get with it, and
+/// whose jobs, when they name a keeper, ask it for the state at block {1, 2} and note the
+/// answer before they are done.
+actors::prefill_engine_actor::behavior_type
+keeper_engine_fn(actors::prefill_engine_actor::pointer self, runtime::kv_snapshot_ptr kept,
+                 std::shared_ptr<asked> out) {
+  return {
+    [self, out](actors::prefill_job& job) {
+      auto rp = self->make_response_promise<actors::prefill_done>();
+      actors::prefill_done done;
+      done.request = job.request;
+      self->request(caf::actor_cast<caf::actor>(job.keeper), std::chrono::seconds(30),
+                    actors::kept_state_get{job.request, {1, 2}, 256})
+        .then(
+          [rp, out, done](actors::kept_state& k) mutable {
+            out->got.push_back(std::move(k.kv));
+            rp.deliver(done);
+          },
+          [rp, out, done](const caf::error&) mutable {
+            out->got.push_back(nullptr);
+            rp.deliver(done);
+          });
+      return rp;
+    },
+    [](actors::engine_stats_atom) { return actors::engine_stats{}; },
+    [](actors::drain_atom, runtime::duration) { return std::uint64_t{0}; },
+    [](actors::cancel_atom, std::uint64_t) {},
+    [kept](const actors::kept_state_get& g) -> caf::result<actors::kept_state> {
+      if (!kept || g.length != kept->length)
+        return caf::make_error(caf::sec::runtime_error, "no window state kept there");
+      return actors::kept_state{kept};
+    },
+  };
+}
+
+} // namespace
+
+TEST_CASE("a kept window state crosses from the keeper's process to the asking job's engine over "
+          "the fabric, and a keeper that has none leaves the job without") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  ports::fabric_params fp;
+  fp.provider = "tcp";
+  auto link_a = ports::spawn_fabric_link(sys, fp);
+  auto link_b = ports::spawn_fabric_link(sys, fp);
+  REQUIRE(link_a);
+  REQUIRE(link_b);
+  auto state = sample();
+  state.length = 256;
+  state.blocks.clear();
+  state.draft = {};
+  const auto kept = std::make_shared<const runtime::kv_snapshot>(state);
+  auto seen_a = std::make_shared<asked>();
+  auto seen_b = std::make_shared<asked>();
+  auto engine_a = sys.spawn(keeper_engine_fn, kept, seen_a);
+  auto engine_b = sys.spawn(keeper_engine_fn, runtime::kv_snapshot_ptr{}, seen_b);
+  // Two processes' bridges, each with its own fabric endpoint.
+  auto bridge = [&](actors::prefill_engine_actor e, runtime::fabric_link_port link) {
+    kv_bridge_params p;
+    p.link = std::move(link);
+    p.counters = std::make_shared<kv_bridge_counters>();
+    return std::pair{spawn_prefill_bridge(sys, std::move(e), p), p.counters};
+  };
+  auto [bridge_a, counters_a] = bridge(engine_a, *link_a);
+  auto [bridge_b, counters_b] = bridge(engine_b, *link_b);
+  caf::scoped_actor self{sys};
+  auto run = [&](const actors::prefill_engine_actor& at, std::uint64_t request,
+                 const actors::prefill_engine_actor& keeper) {
+    actors::prefill_job job;
+    job.request = request;
+    job.keeper = caf::actor_cast<caf::strong_actor_ptr>(keeper);
+    self->request(at, std::chrono::seconds(60), std::move(job))
+      .receive([&](const actors::prefill_done& d) { CHECK(d.request == request); },
+               [&](const caf::error& e) { FAIL(sys.render(e)); });
+  };
+  // B's job asks A (as the balancer names A's bridge): A's bridge offers the copy, B's pulls it
+  // and its engine gets it by handle, byte for byte.
+  run(bridge_b, 7, bridge_a);
+  REQUIRE(seen_b->got.size() == 1);
+  REQUIRE(seen_b->got[0] != nullptr);
+  CHECK(seen_b->got[0] != kept);  // rebuilt from the bytes pulled, not the keeper's handle
+  CHECK(same(*seen_b->got[0], *kept));
+  CHECK(counters_a->offered == 1);
+  CHECK(counters_b->pulled == 1);
+  CHECK(counters_b->pull_failures == 0);
+  // A's job asks B, which keeps nothing: the job goes on without (it replays).
+  run(bridge_a, 8, bridge_b);
+  REQUIRE(seen_a->got.size() == 1);
+  CHECK(seen_a->got[0] == nullptr);
+  CHECK(counters_b->offered == 0);
+  CHECK(counters_a->pulled == 0);
+  for (auto h : {caf::actor_cast<caf::actor>(bridge_a), caf::actor_cast<caf::actor>(bridge_b),
+                 caf::actor_cast<caf::actor>(engine_a), caf::actor_cast<caf::actor>(engine_b),
+                 caf::actor_cast<caf::actor>(*link_a), caf::actor_cast<caf::actor>(*link_b)})
+    self->send_exit(h, caf::exit_reason::user_shutdown);
 }

@@ -54,11 +54,13 @@ instances = 1
 gpus_per_instance = 1
 )";
 
-cluster::topology test_topology(int decode_instances = 1) {
+cluster::topology test_topology(int decode_instances = 1, int prefill_instances = 1) {
   std::string text = topology_text;
-  const std::string one = "role = \"decode\"\ninstances = 1";
-  text.replace(text.find(one), one.size(),
-               "role = \"decode\"\ninstances = " + std::to_string(decode_instances));
+  for (auto [role, n] : {std::pair{"decode", decode_instances}, {"prefill", prefill_instances}}) {
+    const std::string one = "role = \"" + std::string(role) + "\"\ninstances = 1";
+    text.replace(text.find(one), one.size(),
+                 "role = \"" + std::string(role) + "\"\ninstances = " + std::to_string(n));
+  }
   auto t = cluster::parse_topology(text, "test-real.toml");
   REQUIRE(t.value);
   return *t.value;
@@ -123,6 +125,7 @@ runtime::device_port spawn_watched(caf::actor_system& sys, runtime::device_port 
         return rp;
       },
       [self, inner](const runtime::kv_keep& k) { self->send(inner, k); },
+      [self, inner](const runtime::kv_kept_export& k) { return self->delegate(inner, k); },
       [self, inner](const runtime::kv_restore& r) { return self->delegate(inner, r); },
     };
   });
@@ -149,7 +152,7 @@ struct fixture {
   explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {},
                    int decode_instances = 1, actors::speculation_setting spec = {},
                    ports::step_profile::points step_times = {}, bool overlap = true,
-                   const std::filesystem::path& model_dir = {}) {
+                   const std::filesystem::path& model_dir = {}, int prefill_instances = 1) {
     profile->set(std::move(step_times));
     log->corrupt_exports = corrupt;
     const auto dir = model_dir.empty() ? test::model_dirs::tiny() : model_dir;
@@ -165,13 +168,16 @@ struct fixture {
       };
     }
     p.device = [dir, log = log, this, p_spec = spec](caf::actor_system& sys,
-                                                     cluster::pool_role role, std::uint32_t) {
+                                                     cluster::pool_role role, std::uint32_t id) {
       ports::cpu_device_params d;
       d.model_dir = dir;
       d.threads = 1;
       d.engram_map = "identity";
       d.metrics = &metrics;
-      d.name = role == cluster::pool_role::prefill ? "prefill" : "decode";
+      // (A second prefill instance's device is "prefill-1", and so on.)
+      d.name = role == cluster::pool_role::prefill
+                 ? (id == 0 ? std::string("prefill") : "prefill-" + std::to_string(id))
+                 : "decode";
       if (role == cluster::pool_role::decode && p_spec.spec == actors::speculation::dspark)
         d.profile = profile;
       return spawn_watched(sys, ports::spawn_cpu_device(sys, std::move(d)), log);
@@ -187,7 +193,8 @@ struct fixture {
     p.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(cfg->text));
     p.max_batch = 64;
     p.prefill_chunk = 64;
-    graph = cluster::spawn_real_graph(w.system(), test_topology(decode_instances), p);
+    graph = cluster::spawn_real_graph(w.system(), test_topology(decode_instances, prefill_instances),
+                                      p);
   }
 
   ~fixture() {
@@ -557,6 +564,36 @@ TEST_CASE("a prompt seen before computes only its uncached tail, with the exact 
   CHECK(f.metric("troupe_store_reads_total{outcome=\"hit\"}") == 2);
   // Only the tail was computed: 300 + 44 prompt tokens over both requests.
   CHECK(f.metric("troupe_device_tokens_total{device=\"prefill\",phase=\"prefill\"}") == 344);
+}
+
+TEST_CASE("a prompt another prefill instance kept restores there exactly: its window state is "
+          "pulled from that instance") {
+  test::temp_dir dir;
+  fixture f{false, dir.path(), 1, {}, {}, true, {}, 2};
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(300, 27, f.vocab);  // 2 full blocks and 44 tokens
+  const auto exact = generate_greedy(prompt, 8);
+  auto first = f.run(self, {f.request(1, prompt, 8, {})});
+  CHECK(first[1].tokens == exact);
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  // The instance that computed it (and kept the window state at 256) takes no new work, so the
+  // prompt's second prefill runs on the other one.
+  const std::vector<std::string> devices{"prefill", "prefill-1"};
+  auto computed = [&](std::size_t i) {
+    return f.metric("troupe_device_tokens_total{device=\"" + devices[i] + "\",phase=\"prefill\"}");
+  };
+  const std::size_t keeper = computed(0) > 0 ? 0 : 1;
+  REQUIRE(computed(keeper) == 300);
+  caf::anon_send(f.graph.prefill_lb, actors::drain_instance_atom::value,
+                 static_cast<actors::instance_id>(keeper));
+  auto second = f.run(self, {f.request(2, prompt, 8, {})});
+  CHECK(second[2].end.cached_tokens == 256);
+  CHECK(computed(1 - keeper) == 44);
+  // Restored from the keeper's copy: exact, the same tokens as computing everything.
+  const auto other = devices[1 - keeper];
+  CHECK(f.metric("troupe_kv_restores_total{device=\"" + other + "\",outcome=\"pulled\"}") == 1);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"" + other + "\",outcome=\"replayed\"}") == 0);
+  CHECK(second[2].tokens == exact);
 }
 
 TEST_CASE("a prompt sharing only a prefix restores it by bounded replay and computes the rest") {

@@ -384,6 +384,58 @@ def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_
     assert not any("lost the control process" in l for l in c.log), "".join(c.log)
 
 
+def two_prefill_topology(directory):
+    """local-cpu-3 with two prefill instances, in a bucket of prompts with under 200 tokens to
+    compute and one of the rest, and one decode instance, written under `directory`."""
+    text = open(TOPOLOGY).read()
+    for old, new in (('instances = 1\ngpus_per_instance = 1\nbuckets = [4096]',
+                      'instances = 2\ngpus_per_instance = 1\nbuckets = [200]'),
+                     ('instances = 2\ngpus_per_instance = 1\ngrace',
+                      'instances = 1\ngpus_per_instance = 1\ngrace')):
+        assert old in text
+        text = text.replace(old, new)
+    path = os.path.join(directory, "local-cpu-3-two-prefill.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def restores(cluster, outcome):
+    """The control's /metrics count of prefix restores with `outcome` over every prefill
+    device (mirrored from the instance processes each second)."""
+    text = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith('troupe_kv_restores_total{device="prefill/')
+               and f'outcome="{outcome}"' in l)
+
+
+def test_a_window_state_one_prefill_process_kept_is_pulled_by_another(model_dir, tmp_path):
+    # Two prefill processes, one per length bucket. A long prompt is computed in the bucket of
+    # long ones, whose device keeps the prompt's window state at its last block boundary. The
+    # same prompt again computes only its tail, short, so the other process takes it: it
+    # restores the cached prefix with the window state it pulls from the first process (over
+    # the fabric, bridge to bridge), not by bounded replay, and answers the same greedy text.
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"), (),
+                two_prefill_topology(str(tmp_path)))
+    try:
+        body = long_prompt("window")
+        first = c.openai().chat.completions.create(**body)
+        again = until_cached(c, body)
+        assert again.usage.prompt_tokens_details.cached_tokens >= 512
+        assert again.usage.prompt_tokens - again.usage.prompt_tokens_details.cached_tokens < 200
+        for _ in range(50):
+            if restores(c, "pulled") >= 1:
+                break
+            time.sleep(0.2)
+        assert restores(c, "pulled") == 1, "".join(c.log)
+        assert restores(c, "replayed") == 0
+        assert again.choices[0].message.content == first.choices[0].message.content
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0, "".join(c.log)
+    assert not any("could not be pulled" in l for l in c.log), "".join(c.log)
+
+
 def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
     procs = cluster.state()["processes"]
     assert [p["name"] for p in procs] == ["control", "store/0", "store/1", "prefill/0",
