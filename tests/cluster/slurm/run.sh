@@ -20,7 +20,8 @@
 #      prefill with its block fetcher, two decode processes, CPU engines, mutual TLS between
 #      them with `troupe certs`' files) and follows it; a chat completion to the control's HTTP port must give `troupe generate`'s
 #      tokens; a long prompt sent twice is read the second time through prefill/0's block
-#      fetcher, which runs in the prefill's step; then SIGTERM to the launcher must drain the
+#      fetcher, which runs in the prefill's step; the fetcher, killed with kill -9, is
+#      restarted in that step and serves the next prompt's hit; then SIGTERM to the launcher must drain the
 #      job (scancel --signal=TERM): every process stops cleanly, the job COMPLETED, and the
 #      launcher says so and exits 0.
 # The stand-in of 1 and 2 proves placement and signalling on GPU topologies; 3 proves serving.
@@ -354,6 +355,40 @@ for _ in range(20):
     time.sleep(0.5)
 sys.exit("the prompt was never a prefix hit")
 PY
+# A block fetcher that dies is restarted in its step (troupe_respawn): kill -9 fetcher/0, wait
+# until it is back and registered again, and read another prompt's cached blocks through it.
+fetcher_pid="$(pgrep -f -- "node $topo --role fetcher --index 0 " | head -n 1)"
+[ -n "$fetcher_pid" ] || fail "no fetcher/0 process: $(cat "$dir"/job-"$job".out)"
+kill -KILL "$fetcher_pid"
+back=0
+for _ in $(seq 1 600); do  # 60 s
+  out="$(cat "$dir"/job-"$job".out)"
+  if grep -q "^troupe: fetcher/0 exited with status 137; restart 1 in 1 s$" <<< "$out" \
+     && [ "$(grep -c "troupe node\[fetcher/0\]: fetching blocks for prefill/0 " <<< "$out")" -eq 2 ]; then
+    back=1
+    break
+  fi
+  sleep 0.1
+done
+[ "$back" -eq 1 ] || fail "fetcher/0 was not restarted within 60 s of kill -9: $out"
+python3 - "$http_port" <<'PY' || fail "job $job: the prompt after the fetcher's restart; $(cat "$dir"/job-"$job".out)"
+import json, sys, time, urllib.request
+body = {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user",
+                      "content": " ".join(f"term{i}" for i in range(400))}]}
+for _ in range(20):
+    req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=300))
+    if r["usage"]["completion_tokens"] != 2:
+        sys.exit(f"served {r['usage']}")
+    if r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0:
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit("the prompt was never a prefix hit")
+PY
+echo "slurm harness: fetcher/0 restarted in its step after kill -9 (${SECONDS} s)"
 # The launcher drains the job on SIGTERM (scancel --signal=TERM) and ends with it.
 kill -TERM "$launcher"
 launched=1
@@ -387,10 +422,14 @@ grep -q "troupe node\[fetcher/0\]: fetching blocks for prefill/0 from the cluste
   <<< "$out" || fail "no block fetcher beside prefill/0: $out"
 fetched="$(sed -n 's/.*troupe node\[prefill\/0\]: cached blocks read: \([0-9]*\) through fetcher\/0.*/\1/p' <<< "$out")"
 [ "${fetched:-0}" -gt 0 ] || fail "prefill/0 read no cached block through its fetcher: $out"
+# Only the restarted fetcher stopped (the first was killed), having served the second prompt.
+restarted="$(sed -n 's/.*troupe node\[fetcher\/0\]: \([0-9]*\) block(s) fetched into shared memory.*/\1/p' <<< "$out")"
+[ "$(wc -l <<< "$restarted")" -eq 1 ] && [ "${restarted:-0}" -gt 0 ] \
+  || fail "the restarted fetcher/0 fetched no block (${restarted:-none}): $out"
 # The prompts' KV went from the prefill process to a decode process over the fabric link.
 offered="$(sed -n 's/.*troupe node\[prefill\/0\]: KV over the fabric: \([0-9]*\) offered.*/\1/p' <<< "$out")"
 pulled="$(sed -n 's/.*troupe node\[decode\/[01]\]: KV over the fabric: .* \([0-9]*\) pulled.*/\1/p' <<< "$out" | awk '{s += $1} END {print s + 0}')"
 [ "${offered:-0}" -gt 0 ] && [ "$pulled" -gt 0 ] \
   || fail "no KV over the fabric in job $job (offered ${offered:-0}, pulled $pulled): $out"
-echo "slurm harness: troupe launch --slurm drained job $job on SIGTERM: its 6 processes stopped cleanly over TLS, $fetched cached block(s) through prefill/0's fetcher, job COMPLETED (${SECONDS} s)"
+echo "slurm harness: troupe launch --slurm drained job $job on SIGTERM: its 6 processes stopped cleanly over TLS, $fetched cached block(s) through prefill/0's fetcher ($restarted after its restart), job COMPLETED (${SECONDS} s)"
 echo "slurm harness: passed"
