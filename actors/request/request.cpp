@@ -363,8 +363,10 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
               if (!st.first_delivered) {
                 st.first_delivered = true;
                 st.cached_used = done.cached_tokens;
-                st.outcome.prefill_started = done.started;
-                st.outcome.first_token = done.finished;
+                // The engine's clock may be another host's: its times count only as a
+                // duration, anchored at the answer's arrival here.
+                st.outcome.first_token = self->clock().now();
+                st.outcome.prefill_started = st.outcome.first_token - (done.finished - done.started);
                 // The prompt's full blocks are persisted as the KV moves on to decode: in the
                 // simulated world here (anonymous: the store's reply must not come back to
                 // this actor), in the real world by the prefill instance, which has their
@@ -441,8 +443,9 @@ void encode(request_ptr self) {
             [self, a, tokens](const vision_done& done) {
               auto& st = self->state;
               self->send(st.services.vision, vision_release{a.instance, tokens});
-              st.outcome.vision_started = done.started;
-              st.outcome.encoded = done.finished;
+              // (As prefill's: the encoder's duration, ending on arrival here.)
+              st.outcome.encoded = self->clock().now();
+              st.outcome.vision_started = st.outcome.encoded - (done.finished - done.started);
               match(self);
             },
             [self, a, tokens](const caf::error& err) {
