@@ -335,14 +335,15 @@ if r["usage"]["completion_tokens"] != 8 or got != want.rstrip("\n"):
     sys.exit(f"served {r['usage']['completion_tokens']} tokens {got!r}, troupe generate {want!r}")
 PY
 echo "slurm harness: job $job served 8 tokens equal to troupe generate's (${SECONDS} s)"
-# A prompt of several 128-token blocks, again until it finds its prefix cached (the blocks are
-# committed shortly after the first answer): the prefill process reads those blocks through
-# its block fetcher (same step, same machine).
-python3 - "$http_port" <<'PY' || fail "job $job: the repeated prompt; $(cat "$dir"/job-"$job".out)"
+# Sends a 400-word prompt of words "$1"0 .. "$1"399 (several 128-token blocks) to the control's
+# HTTP port again and again until it finds its prefix cached (the blocks are committed shortly
+# after the first answer); fails after 20 tries.
+until_cached() {
+  python3 - "$http_port" "$1" <<'PY'
 import json, sys, time, urllib.request
 body = {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
         "messages": [{"role": "user",
-                      "content": " ".join(f"word{i}" for i in range(400))}]}
+                      "content": " ".join(f"{sys.argv[2]}{i}" for i in range(400))}]}
 for _ in range(20):
     req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
                                  data=json.dumps(body).encode(),
@@ -355,6 +356,10 @@ for _ in range(20):
     time.sleep(0.5)
 sys.exit("the prompt was never a prefix hit")
 PY
+}
+# A long prompt, again until it is a prefix hit: the prefill process reads its blocks through
+# its block fetcher (same step, same machine).
+until_cached word || fail "job $job: the repeated prompt; $(cat "$dir"/job-"$job".out)"
 # A block fetcher that dies is restarted in its step (troupe_respawn): kill -9 fetcher/0, wait
 # until it is back and registered again, and read another prompt's cached blocks through it.
 fetcher_pid="$(pgrep -f -- "node $topo --role fetcher --index 0 " | head -n 1)"
@@ -371,23 +376,7 @@ for _ in $(seq 1 600); do  # 60 s
   sleep 0.1
 done
 [ "$back" -eq 1 ] || fail "fetcher/0 was not restarted within 60 s of kill -9: $out"
-python3 - "$http_port" <<'PY' || fail "job $job: the prompt after the fetcher's restart; $(cat "$dir"/job-"$job".out)"
-import json, sys, time, urllib.request
-body = {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
-        "messages": [{"role": "user",
-                      "content": " ".join(f"term{i}" for i in range(400))}]}
-for _ in range(20):
-    req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
-                                 data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    r = json.load(urllib.request.urlopen(req, timeout=300))
-    if r["usage"]["completion_tokens"] != 2:
-        sys.exit(f"served {r['usage']}")
-    if r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0:
-        sys.exit(0)
-    time.sleep(0.5)
-sys.exit("the prompt was never a prefix hit")
-PY
+until_cached term || fail "job $job: the prompt after the fetcher's restart; $(cat "$dir"/job-"$job".out)"
 echo "slurm harness: fetcher/0 restarted in its step after kill -9 (${SECONDS} s)"
 # The launcher drains the job on SIGTERM (scancel --signal=TERM) and ends with it.
 kill -TERM "$launcher"
