@@ -118,9 +118,16 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
 
 runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                     decode_engine_params engine, instance_ports ports,
-                                    decode_lb_actor lb, block_writer_params writer) {
+                                    decode_lb_actor lb, block_writer_params writer,
+                                    caf::actor kept_to) {
   engine.instance = id;
   writer.instance = id;
+  // The prefill balancer learns which prefix window states the instance's device keeps.
+  if (kept_to && writer.store)
+    engine.kept = [kept_to, id](const block_key& key, const caf::actor& engine) {
+      caf::anon_send(kept_to,
+                     prefill_kept{id, key, caf::actor_cast<caf::strong_actor_ptr>(engine)});
+    };
   auto link = ports.link;
   return elastic_instance(
     pool + "/" + std::to_string(id), id, ranks, std::move(ports),

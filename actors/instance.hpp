@@ -60,10 +60,14 @@ runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint
 
 /// The child spec of decode instance `id` with `ranks` ranks (named "<pool>/<id>"). With a
 /// valid `writer.kv`, a block writer child (started before the engine) persists every block
-/// the engine fills; with an invalid one, filled blocks are not persisted.
+/// the engine fills; with an invalid one, filled blocks are not persisted. With a valid
+/// `kept_to` as well (real world: the prefill balancer, or a relay to it), the engine keeps
+/// window states at the block boundaries its steps end on and reports them there
+/// (prefill_kept, decode_engine_params::kept).
 runtime::child_spec decode_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                     decode_engine_params engine, instance_ports ports,
-                                    decode_lb_actor lb, block_writer_params writer);
+                                    decode_lb_actor lb, block_writer_params writer,
+                                    caf::actor kept_to = {});
 
 /// The child spec of vision instance `id` with `ranks` ranks (named "<pool>/<id>"); it uses
 /// `ports.device` only (an encoder has no KV link).

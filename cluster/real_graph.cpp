@@ -97,7 +97,8 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
                                                   const real_graph_params& params,
                                                   const actors::kv_check_actor& kv,
                                                   const caf::actor& lb,
-                                                  const std::vector<std::uint32_t>& instances) {
+                                                  const std::vector<std::uint32_t>& instances,
+                                                  const caf::actor& kept_to) {
   const auto& pool = *find_pool(topo, role);
   auto ports = actors::instance_ports{};
   ports.device = [make = params.device, role](caf::local_actor* self, actors::instance_id id,
@@ -132,7 +133,8 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
     de.step_cost = params.step_cost;
     for (auto i : instances)
       cfg.children.push_back(actors::decode_instance(
-        pool.name, i, 1, de, ports, caf::actor_cast<actors::decode_lb_actor>(lb), writer));
+        pool.name, i, 1, de, ports, caf::actor_cast<actors::decode_lb_actor>(lb), writer,
+        kept_to));
   }
   return cfg;
 }
@@ -157,7 +159,8 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
                                         all(pool_role::prefill));
   auto decode = pool_supervisor_config(topo, pool_role::decode, params, g.kv,
                                        caf::actor_cast<caf::actor>(g.decode_lb),
-                                       all(pool_role::decode));
+                                       all(pool_role::decode),
+                                       caf::actor_cast<caf::actor>(g.prefill_lb));
   g.cluster = runtime::spawn_supervisor(
     sys, {topo.cluster.name,
           {runtime::strategy::one_for_one, 10, 1min},

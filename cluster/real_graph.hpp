@@ -92,12 +92,14 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
 /// The supervisor of pool `role` (prefill or decode) of `topo` with the instances numbered
 /// `instances` (each one rank on one device from params.device), announcing their engines to
 /// `lb` (that pool's balancer, or an actor that forwards to it) and, with params.store,
-/// persisting blocks through the CHECK role `kv`.
+/// persisting blocks through the CHECK role `kv` and (decode) reporting the window states its
+/// devices keep to `kept_to` (the prefill balancer, or an actor that forwards to it).
 runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_role role,
                                                   const real_graph_params& params,
                                                   const actors::kv_check_actor& kv,
                                                   const caf::actor& lb,
-                                                  const std::vector<std::uint32_t>& instances);
+                                                  const std::vector<std::uint32_t>& instances,
+                                                  const caf::actor& kept_to = {});
 
 /// Indexes the blocks `store` holds in the CHECK role `kv` (as hits of the chatbot class: the
 /// store's own expiry stays authoritative, a fetch of an expired block misses), waiting up to

@@ -111,6 +111,14 @@ struct cpu_device_state {
   std::map<runtime::store_key, kept_state> kept;
   std::list<runtime::store_key> recency;
   std::uint64_t kept_bytes = 0;
+  /// A decode sequence's State and SWA KV at the newest block boundary a step left it at
+  /// (step_sequence::keep), until a kv_keep at that length keeps them or it is released.
+  struct boundary_copy {
+    std::uint64_t length = 0;
+    std::string state;
+    std::string swa;
+  };
+  std::map<std::uint64_t, boundary_copy> boundary;
   std::uint64_t keep_limit = 0;
   device_metrics metrics;
   std::shared_ptr<runtime::token_constraints> constraints;
@@ -363,6 +371,7 @@ void release(cpu_device_state& st, std::uint64_t seq) {
   (void) st.backend->close_sequence(i->second);
   st.sequences.erase(i);
   st.drawn.erase(seq);
+  st.boundary.erase(seq);
 }
 
 /// Adds the router counts since the last report to the expert link.
@@ -389,6 +398,23 @@ void switch_expert_placement(cpu_device_state& st) {
   inc(st.backend->cpu_model().set_expert_placement(std::move(*next)).ok()
         ? st.metrics.placements_applied
         : st.metrics.placements_refused);
+}
+
+/// Sets sequence `seq`'s State and SWA KV aside when its cache ends at a block boundary
+/// (step_sequence::keep); nothing when it does not, or when copying fails.
+void set_boundary_aside(cpu_device_state& st, std::uint64_t seq) {
+  auto i = st.sequences.find(seq);
+  if (i == st.sequences.end())
+    return;
+  auto& be = *st.backend;
+  auto length = be.length(i->second);
+  if (!length || *length == 0 || *length % kernels::kv_block_tokens != 0)
+    return;
+  auto state = be.export_state(i->second);
+  auto swa = be.export_swa(i->second);
+  if (!state || !swa)
+    return;
+  st.boundary[seq] = {static_cast<std::uint64_t>(*length), std::move(*state), std::move(*swa)};
 }
 
 caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step& step) {
@@ -550,6 +576,12 @@ caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step
       ++d;
     }
   }
+  // Decode sequences that keep prefixes: the state at a block boundary a step ends on is set
+  // aside for the kv_keep that follows once the engine knows the block's key.
+  if (st.keep_limit > 0)
+    for (const auto& s : step.batch)
+      if (s.keep)
+        set_boundary_aside(st, s.sequence);
   out.finished = self->clock().now();
   if (st.experts)
     report_expert_counts(st);
@@ -683,28 +715,39 @@ void trim_kept(cpu_device_state& st) {
 }
 
 void run_keep(cpu_device_state& st, const runtime::kv_keep& x) {
-  if (st.load_error || st.keep_limit == 0)
+  if (st.load_error || st.keep_limit == 0 || x.length == 0
+      || x.length % kernels::kv_block_tokens != 0)
     return;
   auto i = st.sequences.find(x.sequence);
   if (i == st.sequences.end())
     return;
   auto& be = *st.backend;
-  auto length = be.length(i->second);
-  if (!length || *length == 0 || *length % kernels::kv_block_tokens != 0)
-    return;
-  auto state = be.export_state(i->second);
-  auto swa = be.export_swa(i->second);
-  if (!state || !swa)
-    return;
+  std::string state;
+  std::string swa;
+  if (auto length = be.length(i->second); length && static_cast<std::uint64_t>(*length) == x.length) {
+    auto s = be.export_state(i->second);
+    auto w = be.export_swa(i->second);
+    if (!s || !w)
+      return;
+    state = std::move(*s);
+    swa = std::move(*w);
+  } else if (auto b = st.boundary.find(x.sequence);
+             b != st.boundary.end() && b->second.length == x.length) {
+    state = std::move(b->second.state);
+    swa = std::move(b->second.swa);
+    st.boundary.erase(b);
+  } else {
+    return;  // neither at that length now nor set aside there
+  }
   if (auto old = st.kept.find(x.key); old != st.kept.end()) {
     st.kept_bytes -= old->second.state.size() + old->second.swa.size();
     st.recency.erase(old->second.recency);
     st.kept.erase(old);
   }
   st.recency.push_front(x.key);
-  st.kept_bytes += state->size() + swa->size();
-  st.kept.emplace(x.key, kept_state{static_cast<std::uint64_t>(*length), std::move(*state),
-                                    std::move(*swa), st.recency.begin()});
+  st.kept_bytes += state.size() + swa.size();
+  st.kept.emplace(x.key, kept_state{x.length, std::move(state), std::move(swa),
+                                    st.recency.begin()});
   trim_kept(st);
   update_gauges(st);
 }

@@ -160,8 +160,11 @@ struct cpu_device_params {
 ///     snapshot carries one) from a snapshot of the same model id; anything wrong (another
 ///     model, a checksum, corrupt or inconsistent bytes, a sequence it already holds) is
 ///     device_errc::snapshot_rejected and leaves no sequence behind.
-///   - kv_keep: copies the sequence's State and SWA KV into host memory under the key, when
-///     the sequence sits at a block boundary (else ignored), within `keep_bytes`.
+///   - a step: a sequence with step_sequence::keep whose cache then ends at a block boundary
+///     has its State and SWA KV copied aside (its newest boundary only; dropped at release).
+///   - kv_keep: copies the sequence's State and SWA KV at the message's length into host
+///     memory under the key, within `keep_bytes`: its state now when it holds that many
+///     tokens, else the copy set aside at that length (moved, not copied), else nothing.
 ///   - kv_kept_export: the copy kept under the key at that length, with checksums (it counts
 ///     as a use for the least-recently-used order); none: device_errc::unknown_sequence.
 ///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's

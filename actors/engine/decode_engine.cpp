@@ -317,6 +317,7 @@ void step(engine_ptr self) {
     // equals the token it draws at that position (greedy or seeded), so a job's output is the
     // one it has without drafts.
     seq.propose = st.params.spec != speculation::off;
+    seq.keep = st.store && st.params.kept && !run.job.context.empty();
     ds.proposing += seq.propose ? 1 : 0;
     ds.masks += run.job.constraint.format.empty() ? 0 : 1 + verifying;
     run.verifying[run.pending] = verifying;
@@ -422,6 +423,9 @@ void on_result(engine_ptr self, runtime::device_result& r) {
       if (run.pending > 0)
         run.held.push_back((sampled - 1)->token);
     }
+    // The device's cache holds the context and every token answered but the last: the step
+    // left it at this length (at a block boundary, the device set the window state aside).
+    const auto reached = run.job.context_tokens + run.generated + answered;
     bool done = false;
     for (auto t = first; t != sampled && !done; ++t) {
       ++st.stats.tokens;
@@ -439,8 +443,15 @@ void on_result(engine_ptr self, runtime::device_result& r) {
         ++run.blocks;
       if (!run.job.context.empty()) {
         // Real world: key the blocks by their ids and store their bytes (before a release).
-        if (full && st.store)
+        if (full && st.store) {
           store_filled(self, run);
+          if (length == reached && st.params.kept && run.tip_blocks == length / block_size) {
+            self->send(st.device,
+                       runtime::kv_keep{i->first, runtime::store_key{run.tip.hi, run.tip.lo},
+                                        length});
+            st.params.kept(run.tip, caf::actor_cast<caf::actor>(self));
+          }
+        }
       } else if (full || (done && run.blocks > 0)) {
         filled.push_back(filled_blocks{i->first, run.job.parent, run.job.parent_blocks,
                                        length / block_size - 1, full ? 1u : 0u,
@@ -628,6 +639,9 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
       // Its KV may still be in transfer: it is dropped when it arrives.
       if (st.transferring.count(request) > 0)
         st.cancelled.insert(request);
+    },
+    [self](const kept_state_get& g) -> caf::result<kept_state> {
+      return answer_kept_state(self, self->state.device, g);
     },
   };
 }

@@ -169,7 +169,8 @@ using decode_engine_actor
   = caf::typed_actor<caf::replies_to<decode_job>::with<decode_done>,
                      caf::replies_to<engine_stats_atom>::with<engine_stats>,
                      caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
-                     caf::reacts_to<drain_end_atom>, caf::reacts_to<cancel_atom, std::uint64_t>>;
+                     caf::reacts_to<drain_end_atom>, caf::reacts_to<cancel_atom, std::uint64_t>,
+                     caf::replies_to<kept_state_get>::with<kept_state>>;
 
 /// Speculative decoding: none; every sequence verifies the same number of drafts; or DSpark's
 /// per-step choice (speculation.hpp).
@@ -217,6 +218,13 @@ struct decode_engine_params {
   /// before it when the batch had work throughout (engine_stats::stalled): a timeline (may be
   /// empty).
   std::function<void(runtime::time_point, runtime::time_point, runtime::duration)> on_step;
+  /// Real world, with a store sink: told the key (and the engine, to be asked with
+  /// kept_state_get) each time a step leaves a job's cache at a block boundary and the device
+  /// is asked to keep the window state there (step_sequence::keep, kv_keep), so that a next
+  /// turn whose cached prefix ends there restores exactly on any prefill instance
+  /// (decode_instance has it send prefill_kept to the prefill balancer). Null: nothing is
+  /// kept.
+  std::function<void(const block_key&, const caf::actor&)> kept;
 };
 
 /// Called once per step that filled a block, with an entry for each request whose KV filled a

@@ -363,7 +363,8 @@ void step(engine_ptr self) {
           st.stats.tokens += take;
           if (j.keep_blocks > 0 && j.position == j.keep_blocks * block_tokens) {
             const auto& key = j.job.chain[j.keep_blocks - 1];
-            self->send(st.device, runtime::kv_keep{id, runtime::store_key{key.hi, key.lo}});
+            self->send(st.device,
+                       runtime::kv_keep{id, runtime::store_key{key.hi, key.lo}, j.position});
             if (st.params.kept)
               st.params.kept(key);
           }
@@ -502,11 +503,7 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       return s;
     },
     [self](const kept_state_get& g) -> caf::result<kept_state> {
-      auto rp = self->make_response_promise<kept_state>();
-      self->request(self->state.device, caf::infinite, runtime::kv_kept_export{g.key, g.length})
-        .then([rp](runtime::kv_snapshot_ptr kv) mutable { rp.deliver(kept_state{std::move(kv)}); },
-              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-      return rp;
+      return answer_kept_state(self, self->state.device, g);
     },
     [self](cancel_atom, std::uint64_t request) {
       auto& st = self->state;

@@ -55,6 +55,7 @@
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -81,11 +82,11 @@ struct prefill_job {
   /// The request's structured-output constraint, for a device in another process to rebuild
   /// (format empty: none).
   runtime::constraint_spec constraint{};
-  /// Real world: the prefill engine of another instance whose device kept the window state
-  /// where the cached prefix this job restores ends (prefill_lb's record of prefill_kept), a
-  /// prefill_engine_actor; the job asks it for that state (kept_state_get) while its blocks
-  /// are read, and restores exactly with it. Null: none known (the device's own copy, or
-  /// bounded replay).
+  /// Real world: the engine of another instance (prefill or decode) whose device kept the
+  /// window state where the cached prefix this job restores ends (prefill_lb's record of
+  /// prefill_kept); the job asks it for that state (kept_state_get) while its blocks are
+  /// read, and restores exactly with it. Null: none known (the device's own copy, or bounded
+  /// replay).
   caf::strong_actor_ptr keeper{};
 };
 
@@ -95,22 +96,27 @@ typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
            x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint, x.keeper);
 }
 
-/// A prefill engine's report to its balancer: its device now keeps the window state (SWA
-/// rings, unfinished block) of the prefix that ends with block `key` (kv_keep).
+/// An engine's report to the prefill balancer: its device now keeps the window state (SWA
+/// rings, unfinished block) of the prefix that ends with block `key` (kv_keep). A prefill
+/// engine reports at its prompts' last block boundaries (it is the balancer's member
+/// `instance`, asked through the engine the balancer knows: `keeper` null); a decode engine
+/// at the block boundaries its steps end on, and names what to ask in `keeper` (itself, or
+/// the kv_bridge in front of it in another process).
 struct prefill_kept {
   instance_id instance = 0;
   block_key key;
+  caf::strong_actor_ptr keeper{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_kept& x) {
-  return f(caf::meta::type_name("prefill_kept"), x.instance, x.key);
+  return f(caf::meta::type_name("prefill_kept"), x.instance, x.key, x.keeper);
 }
 
-/// Asks a prefill engine for the window state its device kept where a `length`-token prefix
-/// ends with block `key` (an SWA ring pull: docs/serve.md, "Restoring a prefix"), for `request`,
-/// a job of another instance. Answered with kept_state, or an error when the device keeps no
-/// such copy (the asking job then replays).
+/// Asks an engine (prefill or decode) for the window state its device kept where a
+/// `length`-token prefix ends with block `key` (an SWA ring pull: docs/serve.md, "Restoring a
+/// prefix"), for `request`, a prefill job of another instance. Answered with kept_state, or an
+/// error when the device keeps no such copy (the asking job then replays).
 struct kept_state_get {
   std::uint64_t request = 0;
   runtime::store_key key;
@@ -132,6 +138,19 @@ struct kept_state {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kept_state& x) {
   return f(caf::meta::type_name("kept_state"), x.ticket);
+}
+
+/// An engine's answer to kept_state_get: its device's copy (kv_kept_export), or the device's
+/// error when it keeps none there.
+template <class Self>
+caf::typed_response_promise<kept_state> answer_kept_state(Self* self,
+                                                          const runtime::device_port& device,
+                                                          const kept_state_get& g) {
+  auto rp = self->template make_response_promise<kept_state>();
+  self->request(device, caf::infinite, runtime::kv_kept_export{g.key, g.length})
+    .then([rp](runtime::kv_snapshot_ptr kv) mutable { rp.deliver(kept_state{std::move(kv)}); },
+          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+  return rp;
 }
 
 struct prefill_done {

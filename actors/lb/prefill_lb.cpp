@@ -34,7 +34,15 @@ struct prefill_lb_state {
   /// The instance that last reported keeping the window state at a key, with the report's
   /// number; the keys in report order (a key reported again appears twice, and only its
   /// newest entry, whose number matches, forgets it).
-  std::map<block_key, std::pair<instance_id, std::uint64_t>> keepers;
+  struct keeper_record {
+    instance_id instance = 0;
+    std::uint64_t number = 0;
+    /// A decode instance (its ids are not the members'): asked through outside_keepers.
+    bool outside = false;
+  };
+  std::map<block_key, keeper_record> keepers;
+  /// Keepers that are not members (decode instances): what to ask, by instance.
+  std::map<instance_id, caf::actor> outside_keepers;
   std::deque<std::pair<block_key, std::uint64_t>> kept_order;
   std::uint64_t kept_reports = 0;
   static inline const char* name = "prefill_lb";
@@ -52,6 +60,8 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
     if (auto id = forget_member(st.engines, msg.source, [](auto& e) -> auto& { return e; })) {
       st.balancer->remove_instance(*id);
       st.draining.erase(*id);
+    } else {
+      forget_member(st.outside_keepers, msg.source, [](auto& a) -> auto& { return a; });
     }
   });
   return {
@@ -68,9 +78,16 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
       st.routed_tokens += r.uncached_tokens;
       prefill_assignment a{*id, st.engines.at(*id), {}};
       if (r.kept != block_key{})
-        if (auto k = st.keepers.find(r.kept); k != st.keepers.end() && k->second.first != *id)
-          if (auto e = st.engines.find(k->second.first); e != st.engines.end())
-            a.keeper = e->second;
+        if (auto k = st.keepers.find(r.kept); k != st.keepers.end()) {
+          const auto& rec = k->second;
+          if (rec.outside) {
+            if (auto o = st.outside_keepers.find(rec.instance); o != st.outside_keepers.end())
+              a.keeper = o->second;
+          } else if (rec.instance != *id) {
+            if (auto e = st.engines.find(rec.instance); e != st.engines.end())
+              a.keeper = caf::actor_cast<caf::actor>(e->second);
+          }
+        }
       return a;
     },
     [self](const prefill_release& r) {
@@ -84,13 +101,20 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
     },
     [self](const prefill_kept& k) {
       auto& st = self->state;
+      if (k.keeper) {
+        auto& known = st.outside_keepers[k.instance];
+        if (known != caf::actor_cast<caf::actor>(k.keeper)) {
+          known = caf::actor_cast<caf::actor>(k.keeper);
+          self->monitor(known);
+        }
+      }
       const auto n = ++st.kept_reports;
-      st.keepers[k.key] = {k.instance, n};
+      st.keepers[k.key] = {k.instance, n, static_cast<bool>(k.keeper)};
       st.kept_order.emplace_back(k.key, n);
       while (st.kept_order.size() > st.params.kept_records) {
         auto [key, number] = st.kept_order.front();
         st.kept_order.pop_front();
-        if (auto i = st.keepers.find(key); i != st.keepers.end() && i->second.second == number)
+        if (auto i = st.keepers.find(key); i != st.keepers.end() && i->second.number == number)
           st.keepers.erase(i);
       }
     },

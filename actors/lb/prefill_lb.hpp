@@ -31,12 +31,13 @@ typename Inspector::result_type inspect(Inspector& f, prefill_route& x) {
   return f(caf::meta::type_name("prefill_route"), x.request, x.uncached_tokens, x.kept);
 }
 
-/// The instance chosen, and the engine of another member whose device last reported keeping
-/// the window state at the route's `kept` key (invalid: none, or the chosen instance itself).
+/// The instance chosen, and the engine of another instance (a member, or a decode instance)
+/// whose device last reported keeping the window state at the route's `kept` key: it answers
+/// kept_state_get (invalid: none, or the chosen instance itself).
 struct prefill_assignment {
   instance_id instance = 0;
   prefill_engine_actor engine;
-  prefill_engine_actor keeper{};
+  caf::actor keeper{};
 };
 
 template <class Inspector>
@@ -57,8 +58,10 @@ typename Inspector::result_type inspect(Inspector& f, prefill_release& x) {
 
 /// Replies: prefill_route -> prefill_assignment, or errc::unavailable when no engine is up.
 /// prefill_kept records which instance keeps the window state at a key (the last report wins;
-/// the newest `kept_records` keys are remembered); routing does not prefer it (the chosen
-/// instance pulls the state from it: prefill_job::keeper).
+/// the newest `kept_records` keys are remembered): a member, or another instance (a decode
+/// one) named by its report's handle, which the balancer monitors and forgets once it is
+/// down. Routing does not prefer the keeper (the chosen instance pulls the state from it:
+/// prefill_job::keeper).
 /// (drain_instance_atom, id) excludes an instance that is leaving (autoscaler scale-down): no
 /// new routes; it stays a member until its engine exits. pool_load_atom -> pool_load.
 using prefill_lb_actor

@@ -78,24 +78,33 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
   });
 }
 
-caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge_params bridge) {
-  return sys.spawn([lb, bridge](caf::event_based_actor* self) -> caf::behavior {
+caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, caf::actor kept_to,
+                                kv_bridge_params bridge) {
+  return sys.spawn([lb, kept_to, bridge](caf::event_based_actor* self) -> caf::behavior {
     auto engine = std::make_shared<caf::actor>();
+    auto decode_bridge = std::make_shared<caf::actor>();
     return {
       [self, lb, engine, bridge](actors::add_instance_atom a, actors::instance_id id,
                                  const actors::prefill_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
         self->send(lb, a, id, spawn_prefill_bridge(self->system(), e, bridge));
       },
-      [self, lb, engine, bridge](actors::add_instance_atom a, actors::instance_id id,
+      [self, lb, engine, decode_bridge, bridge](actors::add_instance_atom a, actors::instance_id id,
                                  const actors::decode_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
-        self->send(lb, a, id, spawn_decode_bridge(self->system(), e, bridge));
+        auto b = spawn_decode_bridge(self->system(), e, bridge);
+        *decode_bridge = caf::actor_cast<caf::actor>(b);
+        self->send(lb, a, id, std::move(b));
       },
       [self, lb](actors::drain_instance_atom a, actors::instance_id id) {
         self->send(lb, a, id);
       },
-      [self, lb](const actors::prefill_kept& k) { self->send(lb, k); },
+      // A decode engine names itself as the keeper: other processes ask its bridge instead.
+      [self, kept_to, engine, decode_bridge](actors::prefill_kept& k) {
+        if (k.keeper && *decode_bridge && caf::actor_cast<caf::actor>(k.keeper) == *engine)
+          k.keeper = caf::actor_cast<caf::strong_actor_ptr>(*decode_bridge);
+        self->send(kept_to, std::move(k));
+      },
       [engine](caf::get_atom) { return *engine; },
     };
   });

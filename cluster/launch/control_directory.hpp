@@ -79,7 +79,11 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
 /// (an invalid handle before the first). The engine's process needs that handle to drain it.
 /// The balancer is told of a bridge in front of the engine (kv_bridge.hpp), which moves KV
 /// over `bridge.link` (if valid) and rebuilds structured-output constraints in this process.
-caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, kv_bridge_params bridge);
+/// The engines' reports of the window states their devices keep (prefill_kept) go to `kept_to`,
+/// the prefill balancer; a decode engine's report names the bridge in front of it instead of
+/// the engine, so that other processes' jobs ask the bridge for the state.
+caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, caf::actor kept_to,
+                                kv_bridge_params bridge);
 
 /// Registers the message types of cluster/launch (the block below and node_agent.hpp's).
 void register_launch_types(caf::actor_system_config& cfg);

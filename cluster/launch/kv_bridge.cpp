@@ -198,6 +198,29 @@ void follow(Self* self, const caf::actor& engine) {
   self->set_down_handler([self](caf::down_msg& m) { self->quit(m.reason); });
 }
 
+/// Another process's job asks the engine `e` behind this bridge for its device's kept window
+/// state: the copy goes on the fabric, and `rp` gets its ticket (or the engine's error).
+template <class Self>
+void offer_kept(Self* self, const caf::actor& e, const kv_bridge_params& params,
+                const actors::kept_state_get& g, caf::response_promise rp) {
+  self->request(e, caf::infinite, g)
+    .then(
+      [self, rp, params](actors::kept_state& got) mutable {
+        if (!got.kv) {
+          rp.deliver(std::move(got));
+          return;
+        }
+        offer(self, params, *got.kv, [rp](runtime::fabric_ticket t) mutable {
+          if (t.id == 0)
+            rp.deliver(caf::make_error(caf::sec::runtime_error,
+                                       "the kept window state could not be offered"));
+          else
+            rp.deliver(actors::kept_state{nullptr, std::move(t)});
+        });
+      },
+      [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+}
+
 } // namespace
 
 std::uint64_t next_offer_id() {
@@ -299,23 +322,7 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
         auto rp = self->make_response_promise();
         auto k = keepers->find(g.request);
         if (k == keepers->end()) {
-          // Another process's job asks this engine's device: its copy goes on the fabric.
-          self->request(e, caf::infinite, g)
-            .then(
-              [self, rp, params](actors::kept_state& got) mutable {
-                if (!got.kv) {
-                  rp.deliver(std::move(got));
-                  return;
-                }
-                offer(self, params, *got.kv, [rp](runtime::fabric_ticket t) mutable {
-                  if (t.id == 0)
-                    rp.deliver(caf::make_error(caf::sec::runtime_error,
-                                               "the kept window state could not be offered"));
-                  else
-                    rp.deliver(actors::kept_state{nullptr, std::move(t)});
-                });
-              },
-              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          offer_kept(self, e, params, g, rp);
           return rp;
         }
         // This engine's job asks another process's keeper, and gets the state's bytes here.
@@ -495,6 +502,11 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
         },
         [self, e](actors::cancel_atom a, std::uint64_t request) { self->send(e, a, request); },
         [self, e](actors::drain_end_atom a) { self->send(e, a); },
+        [self, e, params](actors::kept_state_get& g) {
+          auto rp = self->make_response_promise();
+          offer_kept(self, e, params, g, rp);
+          return rp;
+        },
       };
     });
   return caf::actor_cast<actors::decode_engine_actor>(bridge);

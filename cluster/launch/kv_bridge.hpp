@@ -16,7 +16,9 @@
 // - window-state pulls (prefill_job::keeper, kept_state_get): a prefill job whose keeper is in
 //   another process has the keeper replaced by the bridge, so its engine asks the bridge,
 //   which asks the keeper (the keeper process's bridge) and pulls the ticket it answers; asked
-//   by another process for its own engine's kept state, a bridge offers it like a hand-off.
+//   by another process for its own engine's kept state, a bridge (prefill or decode: a decode
+//   instance keeps the window states at the block boundaries its steps end on) offers it like
+//   a hand-off.
 // The engines and the request actors are unchanged; the control messages stay small, the
 // bytes go over the fabric. An offer is withdrawn once pulled, or after `offer_ttl`.
 //

@@ -580,11 +580,11 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     return 1;
   }
   auto relay = spawn_balancer_relay(
-    sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, bridge);
+    sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, dir.prefill_lb, bridge);
   auto pool_sup = runtime::spawn_supervisor(
     sys, pool_supervisor_config(in->topo, role, *gp,
                                 caf::actor_cast<actors::kv_check_actor>(dir.kv), relay,
-                                {o.index}));
+                                {o.index}, relay));
   err << command << ": joined the control process at " << o.control
       << (o.tls.enabled() ? " over mutual TLS" : "") << " (loading " << so.model << ")\n";
 

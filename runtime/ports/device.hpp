@@ -93,12 +93,17 @@ struct step_sequence {
   /// is 1 + `verify`. A device that has drawn no token for the sequence, or proposed fewer than
   /// `verify` drafts, refuses the step (invalid_step).
   bool feed_drawn = false;
+  /// Decode with prefix keeping on: when the step leaves the sequence's cache exactly at a
+  /// block boundary, the device sets its State KV and SWA KV at that length aside (the newest
+  /// boundary only, until the sequence is released), so that a kv_keep at that length, sent
+  /// once the step's tokens are known and possibly after the next step ran, keeps them.
+  bool keep = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_sequence& x) {
   return f(caf::meta::type_name("step_sequence"), x.sequence, x.position, x.count, x.tokens,
-           x.sample, x.params, x.verify, x.propose, x.feed_drawn);
+           x.sample, x.params, x.verify, x.propose, x.feed_drawn, x.keep);
 }
 
 /// One step of device work: the batch, and the totals a perf model costs it by.
@@ -255,20 +260,24 @@ struct kv_import {
 };
 
 /// Keeps a copy of a sequence's State KV and SWA KV (its unfinished block, compressor state
-/// and sliding-window rings: everything of it that is not Block KV) in the device's host memory
-/// under `key`, the hash-chain key of the sequence's last full block. Sent when a prefill
-/// chunk ends exactly at a block boundary, so that a later request whose cached prefix ends
-/// there continues exactly instead of by bounded replay (kv_restore). No reply; a sequence the
-/// device does not hold, or not at a block boundary, is ignored. Devices bound what they keep
-/// (least recently used copies go first); the simulated device keeps nothing.
+/// and sliding-window rings: everything of it that is not Block KV) as they were at `length`
+/// tokens, a block boundary, in the device's host memory under `key`, the hash-chain key of
+/// the block that ends there. Sent when a prefill chunk ends exactly at a block boundary (the
+/// sequence is at `length` now), and when a decode step left a sequence at one (the device
+/// set that state aside: step_sequence::keep), so that a later request whose cached prefix
+/// ends there continues exactly instead of by bounded replay (kv_restore). No reply; a
+/// sequence the device does not hold, or whose state at `length` it has neither now nor set
+/// aside, is ignored. Devices bound what they keep (least recently used copies go first); the
+/// simulated device keeps nothing.
 struct kv_keep {
   std::uint64_t sequence = 0;
   store_key key;
+  std::uint64_t length = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_keep& x) {
-  return f(caf::meta::type_name("kv_keep"), x.sequence, x.key);
+  return f(caf::meta::type_name("kv_keep"), x.sequence, x.key, x.length);
 }
 
 /// Asks a device for the copy it kept under `key` at `length` tokens (kv_keep), so that another

@@ -87,3 +87,48 @@ TEST_CASE("the prefill balancer names the instance that last kept a prefix's win
   self->send_exit(lb, caf::exit_reason::user_shutdown);
   self->send_exit(e0, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a decode instance's report names the handle to ask; the balancer names it for any "
+          "route, the newest incarnation's, and forgets it once it is down") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto lb = spawn_prefill_lb(sys, prefill_lb_params{});
+  auto e0 = sys.spawn(idle_engine);
+  self->send(lb, add_instance_atom::value, instance_id{0}, e0);
+  // Stand-ins for decode instance 0's engine, before and after a restart: not prefill member
+  // 0, which every route here chooses.
+  auto d1 = sys.spawn(idle_engine);
+  auto d2 = sys.spawn(idle_engine);
+  auto keeper_of = [&](block_key kept) {
+    prefill_assignment a;
+    self->request(lb, 10s, prefill_route{7, 50, kept})
+      .receive([&](prefill_assignment& x) { a = std::move(x); },
+               [&](const caf::error& e) { FAIL(caf::to_string(e)); });
+    self->send(lb, prefill_release{a.instance, 50});
+    CHECK(a.instance == 0);
+    return a.keeper;
+  };
+  const block_key k1{1, 1}, k2{2, 2};
+  self->send(lb, prefill_kept{0, k1, caf::actor_cast<caf::strong_actor_ptr>(d1)});
+  CHECK(keeper_of(k1) == d1);
+  // Restarted: the new engine's reports name it, for every key the instance kept.
+  self->send(lb, prefill_kept{0, k2, caf::actor_cast<caf::strong_actor_ptr>(d2)});
+  CHECK(keeper_of(k2) == d2);
+  CHECK(keeper_of(k1) == d2);
+  // The old incarnation's end changes nothing; the new one's forgets the instance.
+  self->send_exit(d1, caf::exit_reason::user_shutdown);
+  std::this_thread::sleep_for(20ms);
+  CHECK(keeper_of(k2) == d2);
+  self->send_exit(d2, caf::exit_reason::user_shutdown);
+  bool forgotten = false;
+  for (int i = 0; i < 200 && !forgotten; ++i) {
+    forgotten = !keeper_of(k2);
+    if (!forgotten)
+      std::this_thread::sleep_for(5ms);
+  }
+  CHECK(forgotten);
+  CHECK_FALSE(keeper_of(k1));
+  self->send_exit(lb, caf::exit_reason::user_shutdown);
+  self->send_exit(e0, caf::exit_reason::user_shutdown);
+}

@@ -93,11 +93,20 @@ struct seen {
   std::size_t jobs = 0;
 };
 
+/// An engine's answer to kept_state_get when its device keeps `kept` (none when null).
+auto answer_kept(runtime::kv_snapshot_ptr kept) {
+  return [kept](const actors::kept_state_get& g) -> caf::result<actors::kept_state> {
+    if (!kept || g.length != kept->length)
+      return caf::make_error(caf::sec::runtime_error, "no window state kept there");
+    return actors::kept_state{kept};
+  };
+}
+
 /// A decode engine that, for each job, asks the table what the first token it samples (at
-/// context_tokens + 1) may be, and answers done.
+/// context_tokens + 1) may be, and answers done; it keeps the window state `kept`.
 actors::decode_engine_actor::behavior_type
 engine_fn(actors::decode_engine_actor::pointer self, std::shared_ptr<actors::constraint_table> table,
-          std::shared_ptr<seen> out) {
+          std::shared_ptr<seen> out, runtime::kv_snapshot_ptr kept) {
   return {
     [self, table, out](actors::decode_job& job) {
       ++out->jobs;
@@ -115,6 +124,7 @@ engine_fn(actors::decode_engine_actor::pointer self, std::shared_ptr<actors::con
     [](actors::drain_atom, runtime::duration) { return std::uint64_t{0}; },
     [](actors::drain_end_atom) {},
     [](actors::cancel_atom, std::uint64_t) {},
+    answer_kept(std::move(kept)),
   };
 }
 
@@ -125,7 +135,7 @@ TEST_CASE("a decode job's constraint is rebuilt in the bridge's process while th
   caf::actor_system sys{cfg};
   auto table = std::make_shared<actors::constraint_table>(v4());
   auto out = std::make_shared<seen>();
-  auto engine = sys.spawn(engine_fn, table, out);
+  auto engine = sys.spawn(engine_fn, table, out, runtime::kv_snapshot_ptr{});
   kv_bridge_params params;  // no fabric link: KV is not moved, constraints are
   params.counters = std::make_shared<kv_bridge_counters>();
   params.constraints = table;
@@ -247,18 +257,15 @@ keeper_engine_fn(actors::prefill_engine_actor::pointer self, runtime::kv_snapsho
     [](actors::engine_stats_atom) { return actors::engine_stats{}; },
     [](actors::drain_atom, runtime::duration) { return std::uint64_t{0}; },
     [](actors::cancel_atom, std::uint64_t) {},
-    [kept](const actors::kept_state_get& g) -> caf::result<actors::kept_state> {
-      if (!kept || g.length != kept->length)
-        return caf::make_error(caf::sec::runtime_error, "no window state kept there");
-      return actors::kept_state{kept};
-    },
+    answer_kept(std::move(kept)),
   };
 }
 
 } // namespace
 
-TEST_CASE("a kept window state crosses from the keeper's process to the asking job's engine over "
-          "the fabric, and a keeper that has none leaves the job without") {
+TEST_CASE("a kept window state crosses from the keeper's process (prefill or decode) to the "
+          "asking job's engine over the fabric, and a keeper that has none leaves the job "
+          "without") {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
   ports::fabric_params fp;
@@ -311,8 +318,26 @@ TEST_CASE("a kept window state crosses from the keeper's process to the asking j
   CHECK(seen_a->got[0] == nullptr);
   CHECK(counters_b->offered == 0);
   CHECK(counters_a->pulled == 0);
+  // A decode process's bridge answers like a prefill one: B's next job pulls the state the
+  // decode engine's device kept where a reply's block ended.
+  auto link_c = ports::spawn_fabric_link(sys, fp);
+  REQUIRE(link_c);
+  auto decode_engine = sys.spawn(engine_fn, std::make_shared<actors::constraint_table>(v4()),
+                                 std::make_shared<seen>(), kept);
+  kv_bridge_params pc;
+  pc.link = *link_c;
+  pc.counters = std::make_shared<kv_bridge_counters>();
+  auto bridge_c = spawn_decode_bridge(sys, decode_engine, pc);
+  run(bridge_b, 9, caf::actor_cast<actors::prefill_engine_actor>(bridge_c));
+  REQUIRE(seen_b->got.size() == 2);
+  REQUIRE(seen_b->got[1] != nullptr);
+  CHECK(same(*seen_b->got[1], *kept));
+  CHECK(pc.counters->offered == 1);
+  CHECK(counters_b->pulled == 2);
   for (auto h : {caf::actor_cast<caf::actor>(bridge_a), caf::actor_cast<caf::actor>(bridge_b),
                  caf::actor_cast<caf::actor>(engine_a), caf::actor_cast<caf::actor>(engine_b),
-                 caf::actor_cast<caf::actor>(*link_a), caf::actor_cast<caf::actor>(*link_b)})
+                 caf::actor_cast<caf::actor>(bridge_c), caf::actor_cast<caf::actor>(decode_engine),
+                 caf::actor_cast<caf::actor>(*link_a), caf::actor_cast<caf::actor>(*link_b),
+                 caf::actor_cast<caf::actor>(*link_c)})
     self->send_exit(h, caf::exit_reason::user_shutdown);
 }

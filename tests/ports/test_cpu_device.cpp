@@ -386,7 +386,7 @@ TEST_CASE_FIXTURE(device_fixture,
   // a computes the first two blocks and keeps the window state there, as a prefill instance
   // does at a prompt's last block boundary; its blocks are what the store would serve.
   REQUIRE(run(a, step({seq(1, 0, head, false)})));
-  self->send(a, runtime::kv_keep{1, key});
+  self->send(a, runtime::kv_keep{1, key, 256});
   auto blocks = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1, 0, true});
   REQUIRE(blocks);
   REQUIRE((*blocks)->blocks.size() == 2);
@@ -439,6 +439,69 @@ TEST_CASE_FIXTURE(device_fixture,
   auto none = restore(id, nullptr);
   CHECK(none.replayed);
   CHECK_FALSE(none.pulled);
+}
+
+TEST_CASE_FIXTURE(device_fixture,
+                  "a decode step that ends on a block boundary sets the window state aside for "
+                  "a kv_keep that comes after the next step; restored elsewhere it is exact") {
+  auto a = cpu(tiny_params());
+  auto b = cpu(tiny_params());
+  const runtime::sampling greedy_lp{.temperature = 0.0, .top_logprobs = 0};
+  const runtime::store_key key{0xabc, 0xdef};
+  // Sequence 1 on a: a 250-token prompt, then decode steps that keep (as a decode engine's do
+  // with a store); sequence 2 the same without keeping. `held` is what 1's cache holds.
+  auto held = prompt(250, 13);
+  auto last = token(a, step({seq(1, 0, held)}));
+  REQUIRE(run(a, step({seq(2, 0, held)})));
+  auto decode = [&](std::uint64_t id, bool keep) {
+    auto s = seq(id, held.size(), {last}, true, greedy_lp);
+    s.keep = keep;
+    auto t = sampled(a, step({s}));
+    return t;
+  };
+  while (held.size() < 256) {  // the step feeding token 256 ends on the boundary
+    auto t = decode(1, true);
+    REQUIRE(run(a, step({seq(2, held.size(), {last})})));
+    held.push_back(last);
+    last = t.token;
+  }
+  // One more step (as overlapped scheduling sends it) before the engine knows the block's key.
+  auto t = decode(1, true);
+  REQUIRE(run(a, step({seq(2, held.size(), {last})})));
+  held.push_back(last);
+  last = t.token;
+  self->send(a, runtime::kv_keep{1, key, 256});
+  self->send(a, runtime::kv_keep{2, {0xabc, 0x1}, 256});  // never set aside: nothing kept
+  self->send(a, runtime::kv_keep{1, {0xabc, 0x2}, 384});  // not reached: nothing kept
+  auto kept = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{key, 256});
+  REQUIRE_MESSAGE(kept, sys.render(kept.error()));
+  CHECK((*kept)->length == 256);
+  for (auto [k, length] : {std::pair{runtime::store_key{0xabc, 0x1}, 256},
+                           std::pair{runtime::store_key{0xabc, 0x2}, 384}}) {
+    auto none = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{k, std::uint64_t(length)});
+    CHECK((!none && runtime::is(none.error(), device_errc::unknown_sequence)));
+  }
+  // b opens the same 256 tokens from a's blocks and that copy, then feeds what a fed after
+  // them: the same tokens and logprobs, bitwise.
+  auto blocks = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_export{1, 0, true});
+  REQUIRE(blocks);
+  auto first_two = **blocks;
+  first_two.blocks.resize(2);
+  first_two.length = 256;
+  const std::vector<std::int32_t> head(held.begin(), held.begin() + 256);
+  auto r = ask<runtime::kv_restored>(
+    b, runtime::kv_restore{5, std::make_shared<const runtime::kv_snapshot>(first_two), key, head,
+                           *kept});
+  REQUIRE_MESSAGE(r, sys.render(r.error()));
+  CHECK(r->pulled);
+  auto again = sampled(b, step({seq(5, 256, {held[256]}, true, greedy_lp)}));
+  CHECK(again.token == last);
+  CHECK(again.logprob == t.logprob);
+  std::vector<float> lp_a, lp_b;
+  const auto on_a = continue_greedy(a, 1, 257, last, 4, &lp_a);
+  const auto on_b = continue_greedy(b, 5, 257, last, 4, &lp_b);
+  CHECK(on_b == on_a);
+  CHECK(lp_b == lp_a);
 }
 
 TEST_CASE_FIXTURE(device_fixture, "a snapshot of another model is refused") {
