@@ -1,6 +1,7 @@
 // Tests of cluster/launch/kv_bridge: a KV snapshot as one byte string for the fabric link, the
 // bridge rebuilding a job's structured-output constraint in its process, and a kept window
 // state pulled from another process's bridge.
+#include "cluster/launch/control_directory.hpp"
 #include "cluster/launch/kv_bridge.hpp"
 
 #include "ports/fabric_link.hpp"
@@ -340,4 +341,41 @@ TEST_CASE("a kept window state crosses from the keeper's process (prefill or dec
                  caf::actor_cast<caf::actor>(*link_a), caf::actor_cast<caf::actor>(*link_b),
                  caf::actor_cast<caf::actor>(*link_c)})
     self->send_exit(h, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("an instance process's relay reports a decode engine's kept window states to the "
+          "prefill balancer naming the engine's bridge, and a prefill engine's unchanged") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor lb{sys};        // the decode balancer
+  caf::scoped_actor kept_to{sys};   // the prefill balancer
+  auto engine = sys.spawn(engine_fn, std::make_shared<actors::constraint_table>(v4()),
+                          std::make_shared<seen>(), runtime::kv_snapshot_ptr{});
+  auto relay = spawn_balancer_relay(sys, caf::actor_cast<caf::actor>(lb),
+                                    caf::actor_cast<caf::actor>(kept_to), kv_bridge_params{});
+  caf::anon_send(relay, actors::add_instance_atom::value, actors::instance_id{3}, engine);
+  caf::actor bridge;
+  lb->receive([&](actors::add_instance_atom, actors::instance_id id,
+                  const actors::decode_engine_actor& b) {
+    CHECK(id == 3);
+    bridge = caf::actor_cast<caf::actor>(b);
+  });
+  REQUIRE(bridge);
+  CHECK(bridge != caf::actor_cast<caf::actor>(engine));
+  auto reported = [&](actors::prefill_kept k) {
+    caf::anon_send(relay, std::move(k));
+    actors::prefill_kept got;
+    kept_to->receive([&](actors::prefill_kept& x) { got = std::move(x); });
+    return got;
+  };
+  const actors::block_key key{7, 9};
+  auto d = reported({3, key, caf::actor_cast<caf::strong_actor_ptr>(engine)});
+  CHECK(d.instance == 3);
+  CHECK(d.key == key);
+  CHECK(caf::actor_cast<caf::actor>(d.keeper) == bridge);
+  auto p = reported({0, key, nullptr});  // a prefill engine's: its balancer knows the engine
+  CHECK(p.instance == 0);
+  CHECK_FALSE(p.keeper);
+  for (auto h : {relay, bridge, caf::actor_cast<caf::actor>(engine)})
+    caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
 }

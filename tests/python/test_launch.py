@@ -444,6 +444,39 @@ def test_the_launcher_runs_one_process_per_role_and_instance(cluster):
     assert len({p["pid"] for p in procs}) == 7
 
 
+def test_a_next_turn_pulls_the_window_state_a_decode_process_kept_at_its_reply(cluster,
+                                                                                 model_dir):
+    # A 255-token prompt: the decode process's first step feeds the prompt's first token at
+    # position 255 and ends on the block boundary at 256, where its device keeps the window
+    # state (and its block writer persists the block). The next turn's prompt holds the prompt
+    # and the reply, so its cached prefix ends there: the prefill process pulls the state from
+    # the decode process (over the fabric, bridge to bridge), not by bounded replay, and
+    # answers what computing the whole prompt answers.
+    kw = dict(max_tokens=2, temperature=0, extra_body={"thinking": {"type": "disabled"}})
+    first = chat_body("sea" + " sea" * 250, **kw)
+    blocks = store_metric(cluster, "troupe_store_blocks", 0)
+    pulled, replayed = restores(cluster, "pulled"), restores(cluster, "replayed")
+    r1 = cluster.openai().chat.completions.create(**first)
+    assert r1.usage.prompt_tokens == 255
+    # Two copies (replicas = 2) of blocks 0 (prefill's) and 1 (decode's).
+    assert store_metric(cluster, "troupe_store_blocks", blocks + 4) >= blocks + 4
+    second = dict(first)
+    second["messages"] = first["messages"] + [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "And then?"}]
+    r2 = cluster.openai().chat.completions.create(**second)
+    # (A reply whose text tokenizes other than it was generated would end the match earlier.)
+    assert r2.usage.prompt_tokens_details.cached_tokens == 256
+    for _ in range(50):
+        if restores(cluster, "pulled") > pulled:
+            break
+        time.sleep(0.2)
+    assert restores(cluster, "pulled") == pulled + 1, "".join(cluster.log)
+    assert restores(cluster, "replayed") == replayed
+    body = {k: v for k, v in second.items() if k != "extra_body"} | second["extra_body"]
+    assert r2.choices[0].message.content == generated_text(model_dir, body, 2)[0]
+
+
 def test_every_node_process_runs_its_heap_on_huge_pages(cluster):
     # A troupe node re-executes itself once with glibc.malloc.hugetlb=1 (the fabric's shm copy
     # runs ~2x as fast on huge pages); the launcher itself does not.
