@@ -68,6 +68,8 @@ std::string with_map(const std::string& id, const std::vector<std::int64_t>& map
 /// A sequence's State and SWA KV kept at a block boundary (kv_keep).
 struct kept_state {
   std::uint64_t length = 0;
+  /// The sequence that kept it.
+  std::uint64_t sequence = 0;
   std::string state;
   std::string swa;
   std::list<runtime::store_key>::iterator recency;
@@ -119,6 +121,9 @@ struct cpu_device_state {
     std::string swa;
   };
   std::map<std::uint64_t, boundary_copy> boundary;
+  /// The key each held sequence kept its newest copy under: its next keep replaces that copy
+  /// (a decode sequence keeps at every boundary; a later prompt mostly matches up to its last).
+  std::map<std::uint64_t, runtime::store_key> kept_by_sequence;
   std::uint64_t keep_limit = 0;
   device_metrics metrics;
   std::shared_ptr<runtime::token_constraints> constraints;
@@ -372,6 +377,7 @@ void release(cpu_device_state& st, std::uint64_t seq) {
   st.sequences.erase(i);
   st.drawn.erase(seq);
   st.boundary.erase(seq);
+  st.kept_by_sequence.erase(seq);
 }
 
 /// Adds the router counts since the last report to the expert link.
@@ -704,14 +710,17 @@ caf::result<caf::ok_atom> run_import(cpu_device_state& st, const runtime::kv_imp
   return caf::ok_atom::value;
 }
 
+/// Drops kept state `i`.
+void drop_kept(cpu_device_state& st, std::map<runtime::store_key, kept_state>::iterator i) {
+  st.kept_bytes -= i->second.state.size() + i->second.swa.size();
+  st.recency.erase(i->second.recency);
+  st.kept.erase(i);
+}
+
 /// Drops the least recently used kept states until the rest fit the limit.
 void trim_kept(cpu_device_state& st) {
-  while (st.kept_bytes > st.keep_limit && !st.recency.empty()) {
-    auto i = st.kept.find(st.recency.back());
-    st.kept_bytes -= i->second.state.size() + i->second.swa.size();
-    st.kept.erase(i);
-    st.recency.pop_back();
-  }
+  while (st.kept_bytes > st.keep_limit && !st.recency.empty())
+    drop_kept(st, st.kept.find(st.recency.back()));
 }
 
 void run_keep(cpu_device_state& st, const runtime::kv_keep& x) {
@@ -739,14 +748,17 @@ void run_keep(cpu_device_state& st, const runtime::kv_keep& x) {
   } else {
     return;  // neither at that length now nor set aside there
   }
-  if (auto old = st.kept.find(x.key); old != st.kept.end()) {
-    st.kept_bytes -= old->second.state.size() + old->second.swa.size();
-    st.recency.erase(old->second.recency);
-    st.kept.erase(old);
-  }
+  if (auto old = st.kept.find(x.key); old != st.kept.end())
+    drop_kept(st, old);
+  // The sequence's earlier copy (an earlier boundary of the same reply) gives way.
+  if (auto prev = st.kept_by_sequence.find(x.sequence); prev != st.kept_by_sequence.end())
+    if (auto old = st.kept.find(prev->second);
+        old != st.kept.end() && old->second.sequence == x.sequence)
+      drop_kept(st, old);
+  st.kept_by_sequence[x.sequence] = x.key;
   st.recency.push_front(x.key);
   st.kept_bytes += state.size() + swa.size();
-  st.kept.emplace(x.key, kept_state{x.length, std::move(state), std::move(swa),
+  st.kept.emplace(x.key, kept_state{x.length, x.sequence, std::move(state), std::move(swa),
                                     st.recency.begin()});
   trim_kept(st);
   update_gauges(st);
@@ -818,9 +830,7 @@ caf::result<runtime::kv_restored> run_restore(cpu_device_state& st,
       // A copy that does not fit the blocks (it cannot, for a key of the same content):
       // start again from the blocks alone.
       (void) be.close_sequence(id);
-      st.kept_bytes -= k->second.state.size() + k->second.swa.size();
-      st.recency.erase(k->second.recency);
-      st.kept.erase(k);
+      drop_kept(st, k);
       return run_restore(st, x);
     }
   }

@@ -502,6 +502,24 @@ TEST_CASE_FIXTURE(device_fixture,
   const auto on_b = continue_greedy(b, 5, 257, last, 4, &lp_b);
   CHECK(on_b == on_a);
   CHECK(lp_b == lp_a);
+
+  // The sequence's next boundary replaces its copy at 256 (a later prompt mostly matches the
+  // whole reply); the newest copy outlives the sequence's release.
+  held.push_back(last);
+  held.insert(held.end(), on_a.begin(), on_a.end() - 1);
+  last = on_a.back();
+  while (held.size() < 384) {
+    auto n = decode(1, true);
+    held.push_back(last);
+    last = n.token;
+  }
+  const runtime::store_key next{0xabc, 0x384};
+  self->send(a, runtime::kv_keep{1, next, 384});
+  self->send(a, runtime::device_release{1});
+  auto newest = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{next, 384});
+  REQUIRE_MESSAGE(newest, sys.render(newest.error()));
+  auto replaced = ask<runtime::kv_snapshot_ptr>(a, runtime::kv_kept_export{key, 256});
+  CHECK((!replaced && runtime::is(replaced.error(), device_errc::unknown_sequence)));
 }
 
 TEST_CASE_FIXTURE(device_fixture, "a snapshot of another model is refused") {
