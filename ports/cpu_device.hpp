@@ -165,6 +165,7 @@ struct cpu_device_params {
 ///   - kv_keep: copies the sequence's State and SWA KV at the message's length into host
 ///     memory under the key, within `keep_bytes`: its state now when it holds that many
 ///     tokens, else the copy set aside at that length (moved, not copied), else nothing.
+///     It replaces the copy the same sequence kept before, if that is still the sequence's.
 ///   - kv_kept_export: the copy kept under the key at that length, with checksums (it counts
 ///     as a use for the least-recently-used order); none: device_errc::unknown_sequence.
 ///   - kv_restore: imports the blocks (each checked against its XXH3-64 and the model's
