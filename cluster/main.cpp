@@ -216,6 +216,10 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "this long (default 1min)");
   cmd->add_option("--kv-dir", o.kv_dir,
                   "the KV block store's directory (default: the topology's [storage] path)");
+  cmd->add_option("--window-memory", o.window_memory,
+                  "host memory per device for the window states kept where prompts and replies "
+                  "end a block, so that a later request with that prefix restores exactly "
+                  "(default 256MiB; 0: none kept, cached prefixes restore by bounded replay)");
   cmd->add_option("--grace", grace_s,
                   "seconds requests in flight get to finish on SIGTERM (default 30)");
   cmd->add_flag("--check-history", o.check_history,

@@ -68,6 +68,10 @@ struct serve_options {
   /// `eplb_interval`. 0: off (the experts run as one group).
   std::uint32_t eplb_ranks = 0;
   std::string eplb_interval = "1min";
+  /// Host memory per device for the window states kept at block boundaries, for exact prefix
+  /// restores (ports::cpu_device_params::keep_bytes; docs/serve.md, "Window-state pulls"). "0":
+  /// none kept, every cached prefix restores by bounded replay.
+  std::string window_memory = "256MiB";
   /// SIGTERM: requests in flight get this long to finish.
   std::chrono::seconds grace{30};
   /// Record the run's history and check it after the stop (troupe serve --check-history).

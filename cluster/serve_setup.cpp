@@ -96,6 +96,10 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
   if (!interval || interval.value <= runtime::duration{0})
     return fail("--eplb-interval " + o.eplb_interval + ": expected a duration > 0 (e.g. 30s)");
   in.eplb_interval = interval.value;
+  auto window = runtime::parse_size(o.window_memory);
+  if (!window)
+    return fail("--window-memory: " + window.error);
+  in.window_memory = window.value;
   if (o.spec != "off") {
     auto ckpt = kernels::checkpoint::open(o.model);
     if (!ckpt)
@@ -261,13 +265,15 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   }
   const auto experts = static_cast<std::uint32_t>(in.model.text.n_routed_experts);
   gp.device = [&o, &metrics, constraints, profile, experts,
-               interval = in.eplb_interval](caf::actor_system& sys, pool_role role,
+               interval = in.eplb_interval,
+               window = in.window_memory](caf::actor_system& sys, pool_role role,
                                             std::uint32_t instance) {
     ports::cpu_device_params d;
     d.model_dir = o.model;
     d.threads = o.device_threads;
     d.batch_invariant = true;
     d.engram_map = o.engram_map;
+    d.keep_bytes = window;
     d.metrics = &metrics;
     d.name = std::string(to_string(role)) + "/" + std::to_string(instance);
     d.constraints = constraints;

@@ -40,6 +40,8 @@ struct serve_inputs {
   std::filesystem::path kv_dir;
   /// serve_options::eplb_interval, parsed.
   runtime::duration eplb_interval{};
+  /// serve_options::window_memory, parsed.
+  std::uint64_t window_memory = 0;
 };
 
 /// "host:port" → (host, port); IPv6 as "[::1]:8000". Nothing on a malformed address.

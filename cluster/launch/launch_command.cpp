@@ -781,6 +781,8 @@ std::vector<std::string> shared_node_args(const launch_options& o) {
     add("--spec", s.spec);
   if (s.overlap != "on")
     add("--overlap", s.overlap);
+  if (s.window_memory != "256MiB")
+    add("--window-memory", s.window_memory);
   if (s.eplb_ranks > 0) {
     add("--eplb", std::to_string(s.eplb_ranks));
     add("--eplb-interval", s.eplb_interval);

@@ -296,12 +296,14 @@ def test_a_repeated_long_prompt_computes_only_its_uncached_tail(server, model_di
 
 def test_a_restarted_server_serves_a_prefix_from_the_blocks_it_wrote(model_dir, tmp_path):
     """The store outlives the process: SIGTERM, start again on the same directory, and the same
-    prompt's blocks are hits (their window state, kept in memory, is gone: bounded replay)."""
+    prompt's blocks are hits (their window state, kept in memory, is gone: bounded replay).
+    The first server keeps no window state at all (--window-memory 0): its own repeat of the
+    prompt replays too."""
     keys = tmp_path / "keys.txt"
     keys.write_text(API_KEY + "\n")
     kv_dir = str(tmp_path / "kv")
     body = chat_body(" ".join(f"entry{i}" for i in range(200)), max_tokens=3, temperature=0)
-    first = Server(model_dir, str(keys), kv_dir)
+    first = Server(model_dir, str(keys), kv_dir, ("--window-memory", "0"))
     try:
         r = first.openai().chat.completions.create(**body)
         blocks = (r.usage.prompt_tokens - 1) // 128
@@ -310,6 +312,11 @@ def test_a_restarted_server_serves_a_prefix_from_the_blocks_it_wrote(model_dir, 
             if first.metric("troupe_store_blocks") >= blocks:
                 break
             time.sleep(0.1)
+        repeat = first.openai().chat.completions.create(**body)
+        assert repeat.usage.prompt_tokens_details.cached_tokens == 128 * blocks
+        assert first.metric('troupe_kv_restores_total{device="prefill/0",outcome="replayed"}') == 1
+        assert first.metric('troupe_device_kept_states{device="prefill/0"}') == 0
+        assert first.metric('troupe_device_kept_states{device="decode/0"}') == 0
     finally:
         first.stop()
     assert first.proc.returncode == 0, "".join(first.log)
@@ -824,6 +831,7 @@ def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
     ("--overlap", "maybe", "--overlap maybe: expected on or off"),
     ("--eplb", "1", "--eplb 1: expected 2 .. 16 ranks"),
     ("--eplb-interval", "soon", "--eplb-interval soon: expected a duration > 0"),
+    ("--window-memory", "lots", "--window-memory: 'lots' is not a size"),
 ])
 def test_an_unknown_spec_or_overlap_mode_is_refused_before_anything_starts(
         model_dir, tmp_path, flag, value, message):
