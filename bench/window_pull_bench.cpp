@@ -11,8 +11,12 @@
 // - tcp:       the same, with the copy encoded (kv_bridge's format), offered on one fabric
 //              endpoint and pulled from another over libfabric's tcp provider, then decoded
 //              (troupe launch's path between processes; both endpoints in this process).
-// Each time covers the request to its answer. Prints min and median over the rounds, the
-// window state's size, and the load average before and after.
+// Each time covers the request to its answer. And what keeping costs a decode instance: per
+// round, two sequences on A with the same tokens each get 127 tokens (not timed), then the
+// one-token step that ends on a block boundary is timed, once with step_sequence::keep (the
+// device sets the window state aside) and once without, in alternating order.
+// Prints min and median over the rounds, the window state's size, and the load average before
+// and after.
 //
 //   build/bench/bench_window_pull [--preset small] [--tokens 1024] [--rounds 7] [--threads 2]
 #include "cluster/launch/kv_bridge.hpp"
@@ -123,7 +127,9 @@ int main(int argc, char** argv) {
   const auto computed = steady::now();
   ask<runtime::device_result>(self, a, prefill);
   const auto compute_ms = ms(steady::now() - computed);
-  self->send(a, runtime::kv_keep{1, key});
+  self->send(a, runtime::kv_keep{1, key, tokens});
+  prefill.batch[0].sequence = 2;  // the decode-keep comparison's second sequence
+  ask<runtime::device_result>(self, a, prefill);
   auto blocks = ask<runtime::kv_snapshot_ptr>(self, a, runtime::kv_export{1, 0, true});
   const auto state = ask<runtime::kv_snapshot_ptr>(self, a, runtime::kv_kept_export{key, tokens});
   const auto state_bytes = state->state.bytes.size() + state->swa.bytes.size();
@@ -169,9 +175,35 @@ int main(int argc, char** argv) {
       die("the pulled bytes are not a snapshot");
     restore(std::make_shared<const runtime::kv_snapshot>(std::move(*decoded)), true);
     times["pulled, over fabric tcp"].push_back(ms(steady::now() - t0));
+
+    // Sequences 1 and 2 on A: 127 more tokens, then the step onto the next block boundary.
+    const auto at = tokens + r * 128;
+    std::vector<std::int32_t> more(prompt.begin(), prompt.begin() + 128);
+    for (std::uint64_t seq : {1u, 2u}) {
+      runtime::device_step chunk = prefill;
+      chunk.batch[0].sequence = seq;
+      chunk.batch[0].position = at;
+      chunk.batch[0].count = 127;
+      chunk.batch[0].tokens.assign(more.begin(), more.begin() + 127);
+      ask<runtime::device_result>(self, a, chunk);
+    }
+    for (std::uint64_t k = 0; k < 2; ++k) {
+      const std::uint64_t seq = (r + k) % 2 == 0 ? 1 : 2;
+      runtime::device_step step = prefill;
+      step.phase = runtime::step_phase::decode;
+      step.batch[0] = runtime::step_sequence{seq, at + 127, 1, {more[127]}, true, {}};
+      step.batch[0].params.temperature = 0.0;
+      step.batch[0].keep = seq == 1;
+      t0 = steady::now();
+      ask<runtime::device_result>(self, a, step);
+      times[seq == 1 ? "keep: step, set aside" : "keep: step, without"].push_back(
+        ms(steady::now() - t0));
+    }
   }
-  std::printf("%-26s %10s %10s\n", "restore of the prefix", "min ms", "median ms");
-  for (const auto* name : {"bounded replay", "pulled, by handle", "pulled, over fabric tcp"}) {
+  std::printf("%-26s %10s %10s\n", "restore of the prefix /", "min ms", "median ms");
+  std::printf("%-26s\n", "a decode step onto a block");
+  for (const auto* name : {"bounded replay", "pulled, by handle", "pulled, over fabric tcp",
+                           "keep: step, without", "keep: step, set aside"}) {
     auto v = times[name];
     std::sort(v.begin(), v.end());
     std::printf("%-26s %10.2f %10.2f\n", name, v.front(), v[v.size() / 2]);
