@@ -440,6 +440,20 @@ caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step
                                                        + std::to_string(s.sequence) + ": " + why);
   if (auto err = validate(st, step))
     return err;
+  // A keeping sequence's step never crosses a block boundary: drafts beyond the next one are
+  // not verified this step, so that its steps end on every boundary (step_sequence::keep).
+  if (st.keep_limit > 0)
+    for (auto& s : step.batch)
+      if (s.keep && s.verify > 0) {
+        constexpr auto block = static_cast<std::uint64_t>(kernels::kv_block_tokens);
+        const auto boundary = (s.position / block + 1) * block;
+        if (s.position + s.count > boundary) {
+          const auto cut = static_cast<std::uint32_t>(s.position + s.count - boundary);
+          s.count -= cut;
+          s.verify -= cut;
+          s.tokens.resize(s.count);
+        }
+      }
   // Every sequence's tokens as the backend takes them; sequences seen for the first time are
   // opened (and closed again should the step fail).
   std::vector<std::vector<std::int64_t>> tokens(step.batch.size());

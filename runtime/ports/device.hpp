@@ -96,7 +96,10 @@ struct step_sequence {
   /// Decode with prefix keeping on: when the step leaves the sequence's cache exactly at a
   /// block boundary, the device sets its State KV and SWA KV at that length aside (the newest
   /// boundary only, until the sequence is released), so that a kv_keep at that length, sent
-  /// once the step's tokens are known and possibly after the next step ran, keeps them.
+  /// once the step's tokens are known and possibly after the next step ran, keeps them. A
+  /// device that keeps may verify fewer of the row's drafts, so that the step does not cross
+  /// the next block boundary but ends on it (the output is the same; the drafts cut are
+  /// proposed again).
   bool keep = false;
 };
 

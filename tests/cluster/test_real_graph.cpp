@@ -696,6 +696,33 @@ TEST_CASE("a later prompt holding a reply's tokens hits the blocks decode filled
   CHECK(out[2].tokens == generate_greedy(b, 4));
 }
 
+TEST_CASE("with speculative decoding that accepts every draft, the decode device still keeps "
+          "the window state at the reply's block boundary, and the next turn pulls it") {
+  // The uniform model: greedy requests accept every draft, so each step would take six tokens
+  // and step over block boundaries; a keeping device verifies only the drafts up to the next.
+  const auto& model = test::model_dirs::tiny_uniform();
+  test::temp_dir dir;
+  fixture f(false, dir.path(), 1, *actors::parse_speculation("fixed5"), {}, true, model);
+  caf::scoped_actor self{f.w.system()};
+  const auto a = prompt_of(100, 28, f.vocab);
+  auto first = f.run(self, {f.request(1, a, 200, {})});
+  REQUIRE(first[1].tokens.size() == 200);
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"accepted\"}") > 100);
+  auto b = a;
+  b.insert(b.end(), first[1].tokens.begin(), first[1].tokens.begin() + 170);
+  auto out = f.run(self, {f.request(2, b, 6, {})});
+  CHECK(out[2].end.cached_tokens == 256);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"pulled\"}") == 1);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 0);
+  // The same tokens as computing the whole prompt, and the first turn's as without drafts.
+  fixture plain(false, {}, 1, {}, {}, true, model);
+  caf::scoped_actor s2{plain.w.system()};
+  auto want = plain.run(s2, {plain.request(1, a, 200, {}), plain.request(2, b, 6, {})});
+  CHECK(first[1].tokens == want[1].tokens);
+  CHECK(out[2].tokens == want[2].tokens);
+}
+
 TEST_CASE("a draining decode instance hands its request over with its KV: exact tokens, "
           "nothing recomputed") {
   fixture f(false, {}, 2);
