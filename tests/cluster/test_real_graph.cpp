@@ -672,28 +672,42 @@ TEST_CASE("a restarted graph finds the blocks persisted before and restores them
   CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 1);
 }
 
+/// Two turns of a conversation on `f` (with a store): a 100-token prompt `a` and 200 generated
+/// tokens, then, once decode persisted blocks 0 and 1, the next turn `b` (`a` and the reply's
+/// first 170 tokens) for `n` tokens. Its cached prefix ends at 256, inside the reply, where
+/// the decode device kept the window state: the prefill instance pulls it, no replay.
+struct two_turns {
+  std::vector<std::int32_t> a, b;
+  std::vector<std::int32_t> first, second;
+};
+
+two_turns next_turn_pulls(fixture& f, caf::scoped_actor& self, std::uint32_t seed, int n) {
+  two_turns t;
+  t.a = prompt_of(100, seed, f.vocab);  // no full block: prefill persists nothing
+  auto first = f.run(self, {f.request(1, t.a, 200, {})});
+  t.first = first[1].tokens;
+  REQUIRE(t.first.size() == 200);
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  t.b = t.a;
+  t.b.insert(t.b.end(), t.first.begin(), t.first.begin() + 170);
+  auto out = f.run(self, {f.request(2, t.b, static_cast<std::uint32_t>(n), {})});
+  t.second = out[2].tokens;
+  CHECK(out[2].end.cached_tokens == 256);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"pulled\"}") == 1);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 0);
+  return t;
+}
+
 TEST_CASE("a later prompt holding a reply's tokens hits the blocks decode filled, and restores "
           "exactly with the window state the decode device kept there") {
   test::temp_dir dir;
   fixture f{false, dir.path()};
   caf::scoped_actor self{f.w.system()};
-  const auto a = prompt_of(100, 26, f.vocab);  // no full block: prefill persists nothing
-  auto first = f.run(self, {f.request(1, a, 200, {})});
-  REQUIRE(first[1].tokens.size() == 200);
-  // Decode filled blocks 0 and 1 (prompt and reply tokens 0..255) and persisted them.
-  REQUIRE(f.wait_for_blocks(self, 2) == 2);
-  // The next turn: the prompt, the reply so far, then more.
-  auto b = a;
-  b.insert(b.end(), first[1].tokens.begin(), first[1].tokens.begin() + 170);
-  auto out = f.run(self, {f.request(2, b, 4, {})});
-  CHECK(out[2].end.cached_tokens == 256);
-  // The decode device kept the window state at 256 (its steps ended on 128, then 256): the
-  // prefill instance pulled it instead of replaying, and gives what computing it all gives.
-  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"pulled\"}") == 1);
-  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 0);
-  // (Its copy at 128 gave way to the one at 256.)
+  const auto t = next_turn_pulls(f, self, 26, 4);
+  // The decode device's steps ended on 128, then 256 (that copy replaced the first), and the
+  // pulled state gives what computing it all gives.
   CHECK(f.metric("troupe_device_kept_states{device=\"decode\"}") == 1);
-  CHECK(out[2].tokens == generate_greedy(b, 4));
+  CHECK(t.second == generate_greedy(t.b, 4));
 }
 
 TEST_CASE("with speculative decoding that accepts every draft, the decode device still keeps "
@@ -704,23 +718,14 @@ TEST_CASE("with speculative decoding that accepts every draft, the decode device
   test::temp_dir dir;
   fixture f(false, dir.path(), 1, *actors::parse_speculation("fixed5"), {}, true, model);
   caf::scoped_actor self{f.w.system()};
-  const auto a = prompt_of(100, 28, f.vocab);
-  auto first = f.run(self, {f.request(1, a, 200, {})});
-  REQUIRE(first[1].tokens.size() == 200);
-  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  const auto t = next_turn_pulls(f, self, 28, 6);
   CHECK(f.metric("troupe_device_drafts_total{device=\"decode\",outcome=\"accepted\"}") > 100);
-  auto b = a;
-  b.insert(b.end(), first[1].tokens.begin(), first[1].tokens.begin() + 170);
-  auto out = f.run(self, {f.request(2, b, 6, {})});
-  CHECK(out[2].end.cached_tokens == 256);
-  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"pulled\"}") == 1);
-  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 0);
   // The same tokens as computing the whole prompt, and the first turn's as without drafts.
   fixture plain(false, {}, 1, {}, {}, true, model);
   caf::scoped_actor s2{plain.w.system()};
-  auto want = plain.run(s2, {plain.request(1, a, 200, {}), plain.request(2, b, 6, {})});
-  CHECK(first[1].tokens == want[1].tokens);
-  CHECK(out[2].tokens == want[2].tokens);
+  auto want = plain.run(s2, {plain.request(1, t.a, 200, {}), plain.request(2, t.b, 6, {})});
+  CHECK(t.first == want[1].tokens);
+  CHECK(t.second == want[2].tokens);
 }
 
 TEST_CASE("a draining decode instance hands its request over with its KV: exact tokens, "
