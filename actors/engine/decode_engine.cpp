@@ -74,7 +74,20 @@ struct running {
   std::vector<std::int32_t> held;
   block_key tip;
   std::uint64_t tip_blocks = 0;
+  /// The block whose window state the device last kept for this job (each keep replaces the
+  /// one before), told to the prefill balancer when the job ends here.
+  std::optional<block_key> kept;
 };
+
+/// Tells the prefill balancer (decode_engine_params::kept) where the device keeps the window
+/// state of a job that ends here: its reply's last block boundary, which a next turn's
+/// cached prefix reaches. The keeps before it were replaced on the device, so they are not
+/// told.
+template <class Self>
+void report_kept(Self* self, const running& run) {
+  if (run.kept && self->state.params.kept)
+    self->state.params.kept(*run.kept, caf::actor_cast<caf::actor>(self));
+}
 
 /// A stop id ends the job: it is the last token sent.
 bool is_stop(const decode_job& job, std::int32_t token) {
@@ -449,7 +462,7 @@ void on_result(engine_ptr self, runtime::device_result& r) {
             self->send(st.device,
                        runtime::kv_keep{i->first, runtime::store_key{run.tip.hi, run.tip.lo},
                                         length});
-            st.params.kept(run.tip, caf::actor_cast<caf::actor>(self));
+            run.kept = run.tip;
           }
         }
       } else if (full || (done && run.blocks > 0)) {
@@ -475,6 +488,7 @@ void on_result(engine_ptr self, runtime::device_result& r) {
       d.stopped = run.stopped;
       d.ids = std::move(run.ids);
       d.logprobs = std::move(run.logprobs);
+      report_kept(self, run);  // (before the answer: a next turn may follow it at once)
       run.rp.deliver(std::move(d));
       self->send(st.device, runtime::device_release{i->first});
       st.batch_kv -= run.job.context_tokens + run.generated;
@@ -616,6 +630,8 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
     [self](cancel_atom, std::uint64_t request) {
       auto& st = self->state;
       auto drop = [&](running& run) {
+        // A client that stopped the reply may go on with the conversation from its part.
+        report_kept(self, run);
         run.rp.deliver(caf::make_error(caf::sec::request_receiver_down, "cancelled"));
         // The block writer forgets the request's chain tip.
         if (run.blocks > 0 && st.persist)

@@ -218,12 +218,13 @@ struct decode_engine_params {
   /// before it when the batch had work throughout (engine_stats::stalled): a timeline (may be
   /// empty).
   std::function<void(runtime::time_point, runtime::time_point, runtime::duration)> on_step;
-  /// Real world, with a store sink: told the key (and the engine, to be asked with
-  /// kept_state_get) each time a step leaves a job's cache at a block boundary and the device
-  /// is asked to keep the window state there (step_sequence::keep, kv_keep), so that a next
-  /// turn whose cached prefix ends there restores exactly on any prefill instance
-  /// (decode_instance has it send prefill_kept to the prefill balancer). Null: nothing is
-  /// kept.
+  /// Real world, with a store sink: the device is asked to keep a job's window state each
+  /// time a step leaves its cache at a block boundary (step_sequence::keep, kv_keep; each keep
+  /// replaces the job's one before), and when the job ends here (done or cancelled, not
+  /// forwarded) this is told the key of the last one and the engine, to be asked with
+  /// kept_state_get: a next turn whose cached prefix ends there restores exactly on any
+  /// prefill instance (decode_instance has it send prefill_kept to the prefill balancer).
+  /// Null: nothing is kept.
   std::function<void(const block_key&, const caf::actor&)> kept;
 };
 

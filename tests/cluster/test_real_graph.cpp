@@ -710,6 +710,42 @@ TEST_CASE("a later prompt holding a reply's tokens hits the blocks decode filled
   CHECK(t.second == generate_greedy(t.b, 4));
 }
 
+TEST_CASE("a conversation that goes on from a reply the client stopped pulls the window state "
+          "kept where the part it got last ended a block") {
+  test::temp_dir dir;
+  fixture f{false, dir.path()};
+  caf::scoped_actor self{f.w.system()};
+  const auto a = prompt_of(100, 29, f.vocab);
+  auto g = f.request(1, a, 100000, caf::actor_cast<caf::actor>(self));
+  caf::actor request;
+  self->request(f.graph.service, 30s, std::move(g))
+    .receive([&](caf::actor x) { request = std::move(x); },
+             [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+  // Stop it once 160 tokens came (the cache passed 256; the next boundary is 124 tokens on).
+  std::vector<std::int32_t> got;
+  while (got.size() < 160)
+    self->receive(
+      [&](const actors::generation_tokens& t) { got.insert(got.end(), t.tokens.begin(), t.tokens.end()); },
+      caf::after(60s) >> [&] { FAIL("no tokens"); });
+  self->send(request, actors::cancel_atom::value);
+  bool ended = false;
+  while (!ended)
+    self->receive([](const actors::generation_tokens&) {},
+                  [&](const actors::generation_end& e) {
+                    ended = true;
+                    CHECK(e.reason == actors::finish_reason::cancelled);
+                  },
+                  caf::after(60s) >> [&] { FAIL("no end"); });
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  auto b = a;
+  b.insert(b.end(), got.begin(), got.begin() + 160);
+  auto out = f.run(self, {f.request(2, b, 4, {})});
+  CHECK(out[2].end.cached_tokens == 256);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"pulled\"}") == 1);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 0);
+  CHECK(out[2].tokens == generate_greedy(b, 4));
+}
+
 TEST_CASE("with speculative decoding that accepts every draft, the decode device still keeps "
           "the window state at the reply's block boundary, and the next turn pulls it") {
   // The uniform model: greedy requests accept every draft, so each step would take six tokens
