@@ -507,6 +507,19 @@ TEST_CASE("a stop id ends the stream at that token, reported as stop") {
   CHECK(out[1].end.reason == actors::finish_reason::stop);
 }
 
+/// Cancels `request` (streaming to `self`) and waits for its end, which says cancelled.
+void cancel_until_end(caf::scoped_actor& self, const caf::actor& request) {
+  self->send(request, actors::cancel_atom::value);
+  bool ended = false;
+  while (!ended)
+    self->receive([](const actors::generation_tokens&) {},
+                  [&](const actors::generation_end& e) {
+                    ended = true;
+                    CHECK(e.reason == actors::finish_reason::cancelled);
+                  },
+                  caf::after(60s) >> [&] { FAIL("no end"); });
+}
+
 TEST_CASE("a cancelled request ends at once and frees its decode booking") {
   fixture f;
   caf::scoped_actor self{f.w.system()};
@@ -520,15 +533,7 @@ TEST_CASE("a cancelled request ends at once and frees its decode booking") {
   while (got < 3)
     self->receive([&](const actors::generation_tokens& t) { got += t.tokens.size(); },
                   caf::after(60s) >> [&] { FAIL("no tokens"); });
-  self->send(request, actors::cancel_atom::value);
-  bool ended = false;
-  while (!ended)
-    self->receive([](const actors::generation_tokens&) {},
-                  [&](const actors::generation_end& e) {
-                    ended = true;
-                    CHECK(e.reason == actors::finish_reason::cancelled);
-                  },
-                  caf::after(60s) >> [&] { FAIL("no end"); });
+  cancel_until_end(self, request);
   // The decode balancer holds no booking any more (the request released it as it ended).
   for (int tries = 0; tries < 100; ++tries) {
     actors::pool_load load;
@@ -727,15 +732,7 @@ TEST_CASE("a conversation that goes on from a reply the client stopped pulls the
     self->receive(
       [&](const actors::generation_tokens& t) { got.insert(got.end(), t.tokens.begin(), t.tokens.end()); },
       caf::after(60s) >> [&] { FAIL("no tokens"); });
-  self->send(request, actors::cancel_atom::value);
-  bool ended = false;
-  while (!ended)
-    self->receive([](const actors::generation_tokens&) {},
-                  [&](const actors::generation_end& e) {
-                    ended = true;
-                    CHECK(e.reason == actors::finish_reason::cancelled);
-                  },
-                  caf::after(60s) >> [&] { FAIL("no end"); });
+  cancel_until_end(self, request);
   REQUIRE(f.wait_for_blocks(self, 2) == 2);
   auto b = a;
   b.insert(b.end(), got.begin(), got.begin() + 160);
