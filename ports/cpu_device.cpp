@@ -80,6 +80,7 @@ struct device_metrics {
   runtime::gauge* sequences = nullptr;
   runtime::gauge* blocks = nullptr;
   runtime::gauge* kept = nullptr;
+  runtime::gauge* kept_bytes = nullptr;
   runtime::counter* prefill_tokens = nullptr;
   runtime::counter* decode_tokens = nullptr;
   runtime::counter* restored_exact = nullptr;
@@ -162,6 +163,8 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
                    "Full 128-token KV blocks held by the device's sequences.");
   m.kept = gauge("troupe_device_kept_states",
                  "State and SWA KV copies kept at block boundaries for exact prefix restores.");
+  m.kept_bytes = gauge("troupe_device_kept_bytes",
+                       "Host memory those copies take (at most serve --window-memory).");
   const char* computed = "Tokens the device computed, by step phase.";
   m.prefill_tokens = counter("troupe_device_tokens_total", computed, "phase", "prefill");
   m.decode_tokens = counter("troupe_device_tokens_total", computed, "phase", "decode");
@@ -199,6 +202,8 @@ void update_gauges(const cpu_device_state& st) {
     m.sequences->set(static_cast<double>(st.sequences.size()));
   if (m.kept != nullptr)
     m.kept->set(static_cast<double>(st.kept.size()));
+  if (m.kept_bytes != nullptr)
+    m.kept_bytes->set(static_cast<double>(st.kept_bytes));
   if (m.blocks != nullptr && st.backend) {
     std::int64_t blocks = 0;
     for (const auto& [seq, id] : st.sequences)

@@ -522,6 +522,43 @@ TEST_CASE_FIXTURE(device_fixture,
   CHECK((!replaced && runtime::is(replaced.error(), device_errc::unknown_sequence)));
 }
 
+TEST_CASE_FIXTURE(device_fixture,
+                  "kept window states stay within keep_bytes: the least recently used go first, "
+                  "and the gauges show what is kept") {
+  // One block of a prompt on a sequence, kept under `key`.
+  auto keep_one = [&](const runtime::device_port& d, std::uint64_t id, runtime::store_key key) {
+    REQUIRE(run(d, step({seq(id, 0, prompt(128, static_cast<std::uint32_t>(id)), false)})));
+    self->send(d, runtime::kv_keep{id, key, 128});
+  };
+  auto kept = [&](const runtime::device_port& d, runtime::store_key key) {
+    return static_cast<bool>(ask<runtime::kv_snapshot_ptr>(d, runtime::kv_kept_export{key, 128}));
+  };
+  // What one copy takes, on a device that keeps as much as it likes.
+  auto probe = cpu(tiny_params());
+  keep_one(probe, 1, {1, 1});
+  auto copy = ask<runtime::kv_snapshot_ptr>(probe, runtime::kv_kept_export{{1, 1}, 128});
+  REQUIRE(copy);
+  const auto bytes = (*copy)->state.bytes.size() + (*copy)->swa.bytes.size();
+  // Room for two and a half.
+  runtime::registry metrics;
+  auto p = tiny_params();
+  p.keep_bytes = bytes * 5 / 2;
+  p.metrics = &metrics;
+  p.name = "d";
+  auto d = cpu(std::move(p));
+  keep_one(d, 1, {1, 1});
+  keep_one(d, 2, {2, 2});
+  CHECK(kept(d, {1, 1}));  // a use: {2, 2} is now the least recently used
+  keep_one(d, 3, {3, 3});
+  CHECK(kept(d, {1, 1}));
+  CHECK_FALSE(kept(d, {2, 2}));
+  CHECK(kept(d, {3, 3}));
+  const auto text = metrics.expose();
+  CHECK(text.find(R"(troupe_device_kept_states{device="d"} 2)") != std::string::npos);
+  CHECK(text.find("troupe_device_kept_bytes{device=\"d\"} " + std::to_string(2 * bytes) + "\n")
+        != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(device_fixture, "a snapshot of another model is refused") {
   CHECK(*ports::model_fingerprint(model_dirs::tiny(11))
         == *ports::model_fingerprint(model_dirs::tiny(11)));
