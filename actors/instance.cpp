@@ -96,17 +96,18 @@ runtime::child_spec engine_child(instance_id id, Lb lb, Spawn spawn) {
 
 runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                      prefill_engine_params engine, instance_ports ports,
-                                     prefill_lb_actor lb) {
+                                     prefill_lb_actor lb, bool report_kept) {
   engine.instance = id;
   auto link = ports.link;
   return elastic_instance(
     pool + "/" + std::to_string(id), id, ranks, std::move(ports),
-    [engine, link, id, lb, ranks](runtime::supervisor_config& cfg, const rank_table& table,
-                                  std::uint32_t size) {
+    [engine, link, id, lb, ranks, report_kept](runtime::supervisor_config& cfg,
+                                               const rank_table& table, std::uint32_t size) {
       auto e = engine;
       e.step_tokens = scaled(e.step_tokens, size, ranks);
       // The balancer learns which prefix window states the instance's device keeps.
-      e.kept = [lb, id](const block_key& key) { caf::anon_send(lb, prefill_kept{id, key}); };
+      if (report_kept)
+        e.kept = [lb, id](const block_key& key) { caf::anon_send(lb, prefill_kept{id, key}); };
       cfg.children.push_back(engine_child(id, lb, [e, link, table, id, lb](caf::local_actor* self) {
         auto l = link ? link(self, id) : runtime::link_port{};
         // On a drain notice the engine has its balancer exclude the instance.

@@ -53,10 +53,11 @@ struct instance_ports {
 
 /// The child spec of prefill instance `id` with `ranks` ranks (named "<pool>/<id>"). An
 /// incarnation with fewer ranks (`ports.gpus`) scales its engine's per-step budget (prefill
-/// tokens, decode batch) by its share of `ranks`.
+/// tokens, decode batch) by its share of `ranks`. With `report_kept`, the engine tells `lb`
+/// the window states its device keeps (prefill_kept).
 runtime::child_spec prefill_instance(std::string pool, instance_id id, std::uint32_t ranks,
                                      prefill_engine_params engine, instance_ports ports,
-                                     prefill_lb_actor lb);
+                                     prefill_lb_actor lb, bool report_kept = true);
 
 /// The child spec of decode instance `id` with `ranks` ranks (named "<pool>/<id>"). With a
 /// valid `writer.kv`, a block writer child (started before the engine) persists every block

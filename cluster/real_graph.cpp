@@ -123,7 +123,8 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
     pe.writer = writer;
     for (auto i : instances)
       cfg.children.push_back(actors::prefill_instance(
-        pool.name, i, 1, pe, ports, caf::actor_cast<actors::prefill_lb_actor>(lb)));
+        pool.name, i, 1, pe, ports, caf::actor_cast<actors::prefill_lb_actor>(lb),
+        params.keep_windows));
   } else {
     actors::decode_engine_params de;
     de.max_batch = params.max_batch;
@@ -134,7 +135,7 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
     for (auto i : instances)
       cfg.children.push_back(actors::decode_instance(
         pool.name, i, 1, de, ports, caf::actor_cast<actors::decode_lb_actor>(lb), writer,
-        kept_to));
+        params.keep_windows ? kept_to : caf::actor{}));
   }
   return cfg;
 }

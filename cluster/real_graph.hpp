@@ -46,6 +46,10 @@ struct real_graph_params {
   actors::speculation_setting spec;
   /// Overlapped scheduling on the decode instances (decode_engine_params::overlap).
   bool overlap = true;
+  /// The devices keep window states (serve --window-memory above 0): the engines tell the
+  /// prefill balancer where (prefill_kept), and decode steps set states aside. False: nobody
+  /// is told, so no job asks another instance for a state it cannot have.
+  bool keep_windows = true;
   runtime::step_cost_fn step_cost;
   /// Receives every request_outcome (may be invalid).
   caf::actor outcomes;

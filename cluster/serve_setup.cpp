@@ -255,6 +255,7 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   const auto spec = actors::parse_speculation(o.spec).value_or(actors::speculation_setting{});
   gp.spec = spec;
   gp.overlap = o.overlap == "on";
+  gp.keep_windows = in.window_memory > 0;
   // DSpark's cost curve: the first decode device to load measures its step times.
   std::shared_ptr<ports::step_profile> profile;
   if (spec.spec == actors::speculation::dspark) {

@@ -152,7 +152,8 @@ struct fixture {
   explicit fixture(bool corrupt = false, const std::filesystem::path& kv_dir = {},
                    int decode_instances = 1, actors::speculation_setting spec = {},
                    ports::step_profile::points step_times = {}, bool overlap = true,
-                   const std::filesystem::path& model_dir = {}, int prefill_instances = 1) {
+                   const std::filesystem::path& model_dir = {}, int prefill_instances = 1,
+                   bool keep_windows = true) {
     profile->set(std::move(step_times));
     log->corrupt_exports = corrupt;
     const auto dir = model_dir.empty() ? test::model_dirs::tiny() : model_dir;
@@ -162,6 +163,7 @@ struct fixture {
     cluster::real_graph_params p;
     p.spec = spec;
     p.overlap = overlap;
+    p.keep_windows = keep_windows;
     if (spec.spec == actors::speculation::dspark) {
       p.step_cost = [profile = profile](const runtime::device_step& s) {
         return runtime::from_seconds(profile->seconds(s.tokens));
@@ -686,6 +688,19 @@ struct two_turns {
   std::vector<std::int32_t> first, second;
 };
 
+/// The keeper the prefill balancer names for a prefix ending with `tokens`' block at 256
+/// (invalid: none).
+caf::actor keeper_at_256(fixture& f, caf::scoped_actor& self, const std::vector<std::int32_t>& tokens) {
+  std::vector<std::uint32_t> ids(tokens.begin(), tokens.begin() + 256);
+  const auto key = actors::make_chain(std::span<const std::uint32_t>(ids)).back();
+  actors::prefill_assignment a;
+  self->request(f.graph.prefill_lb, 30s, actors::prefill_route{999, 50, key})
+    .receive([&](actors::prefill_assignment& x) { a = std::move(x); },
+             [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+  self->send(f.graph.prefill_lb, actors::prefill_release{a.instance, 50});
+  return a.keeper;
+}
+
 two_turns next_turn_pulls(fixture& f, caf::scoped_actor& self, std::uint32_t seed, int n) {
   two_turns t;
   t.a = prompt_of(100, seed, f.vocab);  // no full block: prefill persists nothing
@@ -695,6 +710,7 @@ two_turns next_turn_pulls(fixture& f, caf::scoped_actor& self, std::uint32_t see
   REQUIRE(f.wait_for_blocks(self, 2) == 2);
   t.b = t.a;
   t.b.insert(t.b.end(), t.first.begin(), t.first.begin() + 170);
+  CHECK(keeper_at_256(f, self, t.b));  // the decode engine, told when the reply ended
   auto out = f.run(self, {f.request(2, t.b, static_cast<std::uint32_t>(n), {})});
   t.second = out[2].tokens;
   CHECK(out[2].end.cached_tokens == 256);
@@ -741,6 +757,23 @@ TEST_CASE("a conversation that goes on from a reply the client stopped pulls the
   CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"pulled\"}") == 1);
   CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 0);
   CHECK(out[2].tokens == generate_greedy(b, 4));
+}
+
+TEST_CASE("with window states off (serve --window-memory 0) no engine reports a keep, so no job "
+          "asks for one: the next turn replays") {
+  test::temp_dir dir;
+  fixture f{false, dir.path(), 1, {}, {}, true, {}, 1, false};
+  caf::scoped_actor self{f.w.system()};
+  const auto a = prompt_of(100, 30, f.vocab);
+  auto first = f.run(self, {f.request(1, a, 200, {})});
+  REQUIRE(f.wait_for_blocks(self, 2) == 2);
+  auto b = a;
+  b.insert(b.end(), first[1].tokens.begin(), first[1].tokens.begin() + 170);
+  CHECK_FALSE(keeper_at_256(f, self, b));
+  auto out = f.run(self, {f.request(2, b, 4, {})});
+  CHECK(out[2].end.cached_tokens == 256);
+  CHECK(f.metric("troupe_kv_restores_total{device=\"prefill\",outcome=\"replayed\"}") == 1);
+  CHECK(f.metric("troupe_device_kept_states{device=\"decode\"}") == 0);
 }
 
 TEST_CASE("with speculative decoding that accepts every draft, the decode device still keeps "
