@@ -752,20 +752,21 @@ void run_keep(cpu_device_state& st, const runtime::kv_keep& x) {
   auto& be = *st.backend;
   std::string state;
   std::string swa;
-  if (auto length = be.length(i->second); length && static_cast<std::uint64_t>(*length) == x.length) {
+  if (auto b = st.boundary.find(x.sequence);
+      b != st.boundary.end() && b->second.length == x.length) {
+    state = std::move(b->second.state);
+    swa = std::move(b->second.swa);
+    st.boundary.erase(b);
+  } else if (auto length = be.length(i->second);
+             length && static_cast<std::uint64_t>(*length) == x.length) {
     auto s = be.export_state(i->second);
     auto w = be.export_swa(i->second);
     if (!s || !w)
       return;
     state = std::move(*s);
     swa = std::move(*w);
-  } else if (auto b = st.boundary.find(x.sequence);
-             b != st.boundary.end() && b->second.length == x.length) {
-    state = std::move(b->second.state);
-    swa = std::move(b->second.swa);
-    st.boundary.erase(b);
   } else {
-    return;  // neither at that length now nor set aside there
+    return;  // neither set aside at that length nor at it now
   }
   if (auto old = st.kept.find(x.key); old != st.kept.end())
     drop_kept(st, old);

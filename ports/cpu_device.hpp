@@ -163,8 +163,8 @@ struct cpu_device_params {
 ///   - a step: a sequence with step_sequence::keep whose cache then ends at a block boundary
 ///     has its State and SWA KV copied aside (its newest boundary only; dropped at release).
 ///   - kv_keep: copies the sequence's State and SWA KV at the message's length into host
-///     memory under the key, within `keep_bytes`: its state now when it holds that many
-///     tokens, else the copy set aside at that length (moved, not copied), else nothing.
+///     memory under the key, within `keep_bytes`: the copy set aside at that length (moved,
+///     not copied), else its state now when it holds that many tokens, else nothing.
 ///     It replaces the copy the same sequence kept before, if that is still the sequence's.
 ///   - kv_kept_export: the copy kept under the key at that length, with checksums (it counts
 ///     as a use for the least-recently-used order); none: device_errc::unknown_sequence.
