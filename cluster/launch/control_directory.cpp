@@ -89,8 +89,9 @@ caf::actor spawn_balancer_relay(caf::actor_system& sys, caf::actor lb, caf::acto
         *engine = caf::actor_cast<caf::actor>(e);
         self->send(lb, a, id, spawn_prefill_bridge(self->system(), e, bridge));
       },
-      [self, lb, engine, decode_bridge, bridge](actors::add_instance_atom a, actors::instance_id id,
-                                 const actors::decode_engine_actor& e) {
+      [self, lb, engine, decode_bridge, bridge](actors::add_instance_atom a,
+                                                actors::instance_id id,
+                                                const actors::decode_engine_actor& e) {
         *engine = caf::actor_cast<caf::actor>(e);
         auto b = spawn_decode_bridge(self->system(), e, bridge);
         *decode_bridge = caf::actor_cast<caf::actor>(b);

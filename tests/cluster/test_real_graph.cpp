@@ -690,7 +690,8 @@ struct two_turns {
 
 /// The keeper the prefill balancer names for a prefix ending with `tokens`' block at 256
 /// (invalid: none).
-caf::actor keeper_at_256(fixture& f, caf::scoped_actor& self, const std::vector<std::int32_t>& tokens) {
+caf::actor keeper_at_256(fixture& f, caf::scoped_actor& self,
+                         const std::vector<std::int32_t>& tokens) {
   std::vector<std::uint32_t> ids(tokens.begin(), tokens.begin() + 256);
   const auto key = actors::make_chain(std::span<const std::uint32_t>(ids)).back();
   actors::prefill_assignment a;
@@ -746,7 +747,9 @@ TEST_CASE("a conversation that goes on from a reply the client stopped pulls the
   std::vector<std::int32_t> got;
   while (got.size() < 160)
     self->receive(
-      [&](const actors::generation_tokens& t) { got.insert(got.end(), t.tokens.begin(), t.tokens.end()); },
+      [&](const actors::generation_tokens& t) {
+        got.insert(got.end(), t.tokens.begin(), t.tokens.end());
+      },
       caf::after(60s) >> [&] { FAIL("no tokens"); });
   cancel_until_end(self, request);
   REQUIRE(f.wait_for_blocks(self, 2) == 2);
