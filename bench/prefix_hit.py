@@ -23,8 +23,19 @@ clusters, one with block fetchers and one without (the prefill process reads the
 itself), and measures both in every round, in alternating order: each server is idle while
 the other is measured (its idle CPU counts as foreign).
 
+With --next-turn it measures the next turn of a conversation instead, on two servers: one
+that keeps window states (the default) and one with --window-memory 0. Each round's first turn
+is a new prompt of --prefix rounded to 128·k − 1 tokens with max_tokens 2, so the decode
+instance's first step ends on the block boundary 128·k, where the first server's decode device
+keeps the window state. The second turn (the messages, the reply, one more user message) has
+that prefix cached: the first server pulls the state from the decode instance, the second
+replays the window. Its TTFT is what is compared (servers in alternating order); a round whose
+reply did not tokenize back into its ids (its cached prefix ends earlier) is listed and not
+counted.
+
     python3 bench/prefix_hit.py [--troupe build/troupe] [--model DIR] [--prefix 4096]
         [--rounds 3] [--threads 2] [--launch [--fabric tcp|shm] [--compare-fetchers]]
+        [--next-turn]
 
 Without --model it writes the small preset (`troupe model init --preset small --seed 1`) to a
 temporary directory. Standard library only.
@@ -61,7 +72,7 @@ def process_cpu_seconds(pid):
 
 
 class Server:
-    def __init__(self, troupe, model, kv_dir, threads, launch=None, fetchers="on"):
+    def __init__(self, troupe, model, kv_dir, threads, launch=None, fetchers="on", extra=()):
         args = [troupe, "serve", str(REPO / "examples/topologies/local-cpu.toml")]
         self.state = None
         if launch:
@@ -70,7 +81,7 @@ class Server:
                     "--state", self.state, "--fabric", launch, "--block-fetchers", fetchers]
         self.proc = subprocess.Popen(
             args + ["--model", model, "--engram-map", "identity", "--listen", "127.0.0.1:0",
-                    "--kv-dir", kv_dir, "--threads", str(threads)],
+                    "--kv-dir", kv_dir, "--threads", str(threads), *extra],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         ready = threading.Event()
@@ -95,14 +106,14 @@ class Server:
             return [self.proc.pid] + [p["pid"] for p in json.load(f)["processes"] if p["pid"]]
 
     def metric(self, name):
+        """The sum of the samples of `name` (a family, or one labelled sample)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
+            return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith(name + " ") or line.startswith(name + "{"))
 
     def ttft(self, body):
-        """Seconds to the first content chunk, and the usage of the stream."""
+        """Seconds to the first content chunk, and the usage of the stream (its text goes to
+        `last_text`)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         t0 = time.monotonic()
         conn.request("POST", "/v1/chat/completions", json.dumps(body),
@@ -111,6 +122,7 @@ class Server:
         if resp.status != 200:
             sys.exit(f"HTTP {resp.status}: {resp.read()[:500]!r}")
         first, usage = None, None
+        self.last_text = ""
         for raw in resp:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -124,6 +136,7 @@ class Server:
                         or choice.get("finish_reason"))
             if first is None and produced:
                 first = time.monotonic() - t0
+            self.last_text += delta.get("content") or ""
             if chunk.get("usage"):
                 usage = chunk["usage"]
         conn.close()
@@ -147,6 +160,101 @@ def measured(server, body):
     return ttft, usage, max(0.0, foreign) / wall, load
 
 
+def exact_prompt(troupe, tokens):
+    """A chat body (non-thinking, 2 tokens, streamed) whose prompt is exactly `tokens` tokens,
+    each round's with a word of its own; None when the next word does not fit exactly."""
+    words = iter(["sea", "ship", "wave", "wind", "rock", "sand", "salt", "star", "moon", "sun",
+                  "rain", "snow", "tree", "leaf", "bird", "fish", "road", "door", "lamp", "book"])
+
+    def body(word, n):
+        return {"model": "deepseek-v4.1-flash", "max_tokens": 2, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True},
+                "thinking": {"type": "disabled"},
+                "messages": [{"role": "user", "content": " ".join([word] * n)}]}
+
+    def length(b):
+        out = subprocess.run([troupe, "encode", "--protocol", "chat", "-"], input=json.dumps(b),
+                             check=True, capture_output=True, text=True)
+        return len(json.loads(out.stdout)["ids"])
+
+    def make():
+        for word in words:
+            n = tokens
+            for _ in range(3):
+                got = length(body(word, n))
+                if got == tokens:
+                    return body(word, n)
+                n += tokens - got
+        return None
+    return make
+
+
+def next_turn(args, model, tmp):
+    names = ["keeping", "no keeping"]
+    servers = {name: Server(args.troupe, model, os.path.join(tmp.name, f"kv-{i}"), args.threads,
+                            extra=() if name == "keeping" else ("--window-memory", "0"))
+               for i, name in enumerate(names)}
+    boundary = max(1, args.prefix // 128) * 128
+    make = exact_prompt(args.troupe, boundary - 1)
+    kept = {n: [] for n in names}
+    dropped = {n: 0 for n in names}
+    loads, unmatched = [], 0
+    try:
+        for r in range(args.rounds):
+            first = make()
+            if first is None:
+                sys.exit("no word left that gives an exact prompt length")
+            for name in (names if r % 2 == 0 else names[::-1]):
+                server = servers[name]
+                blocks = server.metric("troupe_store_blocks")
+                server.ttft(first)
+                reply = server.last_text
+                # Blocks 0 .. k-2 from prefill, k-1 from decode: wait until all are in.
+                for _ in range(600):
+                    if server.metric("troupe_store_blocks") >= blocks + boundary // 128:
+                        break
+                    time.sleep(0.1)
+                second = dict(first)
+                second["messages"] = first["messages"] + [
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": "And then?"}]
+                outcome = {o: server.metric(f'troupe_kv_restores_total{{device="prefill/0",outcome="{o}"}}')
+                           for o in ("exact", "pulled", "replayed")}
+                ttft, usage, foreign, load = measured(server, second)
+                after = {o: server.metric(f'troupe_kv_restores_total{{device="prefill/0",outcome="{o}"}}')
+                         for o in outcome}
+                how = ",".join(o for o in outcome if after[o] > outcome[o]) or "none"
+                hit = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                ok = foreign <= args.max_foreign
+                match = hit == boundary
+                print(f"round {r + 1} {name:10}: next turn {usage['prompt_tokens']} tokens, cached "
+                      f"{hit} ({how}), TTFT {ttft:.3f} s, load {load:.2f}, foreign "
+                      f"{foreign:.2f} cores{'' if ok else '  (contended: dropped)'}"
+                      f"{'' if match else '  (the reply did not tokenize back: not counted)'}",
+                      flush=True)
+                loads.append(load)
+                if not match:
+                    unmatched += 1
+                elif ok:
+                    kept[name].append(ttft)
+                else:
+                    dropped[name] += 1
+    finally:
+        for server in servers.values():
+            server.stop()
+    print()
+    for name in names:
+        v = kept[name]
+        if v:
+            print(f"{name}: next-turn TTFT min {min(v):.3f} s, median {statistics.median(v):.3f} s "
+                  f"over {len(v)} runs ({dropped[name]} dropped)")
+    if kept["keeping"] and kept["no keeping"]:
+        ratio = statistics.median(kept["keeping"]) / statistics.median(kept["no keeping"])
+        print(f"keeping / no keeping (median): {ratio:.3f}")
+    print(f"prefix {boundary} tokens; {unmatched} unmatched; load average "
+          f"{min(loads):.2f}-{max(loads):.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--troupe", default=str(REPO / "build/troupe"))
@@ -162,6 +270,9 @@ def main():
     ap.add_argument("--fabric", default="tcp", help="with --launch: the libfabric provider")
     ap.add_argument("--compare-fetchers", action="store_true",
                     help="with --launch: a cluster with block fetchers and one without")
+    ap.add_argument("--next-turn", action="store_true",
+                    help="a conversation's next turn, on a server that keeps window states and "
+                         "one that does not (--window-memory 0)")
     args = ap.parse_args()
     if args.compare_fetchers and not args.launch:
         sys.exit("--compare-fetchers needs --launch")
@@ -172,6 +283,9 @@ def main():
         model = os.path.join(tmp.name, "small")
         subprocess.run([args.troupe, "model", "init", "--preset", "small", "--seed", "1",
                         "--out", model], check=True, capture_output=True)
+    if args.next_turn:
+        next_turn(args, model, tmp)
+        return
     names = ["fetchers", "no fetchers"] if args.compare_fetchers else ["server"]
     servers = {}
     for name in names:
