@@ -138,36 +138,6 @@ void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m
   }
 }
 
-void sinkhorn(float* cm, std::int64_t hc, std::int64_t iters, float eps) {
-  for (std::int64_t j = 0; j < hc; ++j) {
-    float* row = cm + j * hc;
-    float mx = row[0];
-    for (std::int64_t k = 1; k < hc; ++k) mx = std::max(mx, row[k]);
-    float sum = 0.0f;
-    for (std::int64_t k = 0; k < hc; ++k) sum += row[k] = std::exp(row[k] - mx);
-    for (std::int64_t k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
-  }
-  auto normalise_columns = [&] {
-    for (std::int64_t k = 0; k < hc; ++k) {
-      float sum = 0.0f;
-      for (std::int64_t j = 0; j < hc; ++j) sum += cm[j * hc + k];
-      for (std::int64_t j = 0; j < hc; ++j) cm[j * hc + k] /= sum + eps;
-    }
-  };
-  auto normalise_rows = [&] {
-    for (std::int64_t j = 0; j < hc; ++j) {
-      float sum = 0.0f;
-      for (std::int64_t k = 0; k < hc; ++k) sum += cm[j * hc + k];
-      for (std::int64_t k = 0; k < hc; ++k) cm[j * hc + k] /= sum + eps;
-    }
-  };
-  normalise_columns();
-  for (std::int64_t it = 0; it + 1 < iters; ++it) {
-    normalise_rows();
-    normalise_columns();
-  }
-}
-
 void route_token(const text_config& c, float* scores, const float* bias,
                  std::vector<std::int64_t>& experts, std::vector<float>& weights) {
   const std::int64_t n = c.n_routed_experts;

@@ -72,11 +72,6 @@ void fake_quant_fp8_block32(float* x, std::int64_t n);
 /// e2m1 grid. A length not divisible by `block` is left as is.
 void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales);
 
-/// The mHC residual mixing matrix from its logits `comb` [hc][hc] (in place): a softmax over
-/// each row plus eps, then alternating column and row normalisations (each sum + eps) for
-/// `iters` column passes in all — approximately doubly stochastic.
-void sinkhorn(float* comb, std::int64_t hc, std::int64_t iters, float eps);
-
 /// MoE routing of one token: `scores` are the gate logits [n_experts], turned in place into
 /// the scoring function's values (logits / gate_temp, then sqrtsoftplus, sigmoid or softmax).
 /// The top `num_experts_per_tok` of scores + `bias` are chosen (the bias steers selection only;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cpu_ops.hpp"
+#include "kernels/portable_math.hpp"
 #include "kernels/worker_pool.hpp"
 
 namespace troupe::kernels {
@@ -525,8 +526,7 @@ void project(gemm_mode mode, const float* x, i64 rows, i64 in, const float* w, i
   if (mode.jitter != 0.0f) apply_jitter(mode, y, rows, out, ldy);
 }
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+using portable::sigmoid;
 
 // What the reference's per-forward `shared` dict carries, for one sequence.
 struct shared_state {
@@ -567,33 +567,20 @@ void hc_mixes(const text_config& c, gemm_mode mode, const std::vector<float>& st
   pre.assign(sz(T * hc), 0.0f);
   post.assign(sz(T * hc), 0.0f);
   comb.assign(sz(T * hc * hc), 0.0f);
-  const float* b = base.data();
-  const float* s = scale.data();
-  for (i64 t = 0; t < T; ++t) {
-    const float* m = mixes.data() + t * mix;
-    for (i64 k = 0; k < hc; ++k) {
-      pre[sz(t * hc + k)] = sigmoid(m[k] * s[0] + b[k]) + hc_eps;
-      post[sz(t * hc + k)] = 2.0f * sigmoid(m[hc + k] * s[1] + b[hc + k]);
-    }
-    float* cm = comb.data() + t * hc * hc;  // [j][k]
-    for (i64 i = 0; i < hc * hc; ++i) cm[i] = m[2 * hc + i] * s[2] + b[2 * hc + i];
-    sinkhorn(cm, hc, c.hc_sinkhorn_iters, hc_eps);
-  }
+  for (i64 t = 0; t < T; ++t)
+    portable::hc_token_mixes(mixes.data() + t * mix, scale.data(), base.data(), hc,
+                             c.hc_sinkhorn_iters, hc_eps, pre.data() + t * hc,
+                             post.data() + t * hc, comb.data() + t * hc * hc);
 }
 
 // Σ_j pre_j · stream_j per token → [T, D].
 void hc_collapse(const text_config& c, const std::vector<float>& streams,
                  const std::vector<float>& pre, i64 T, std::vector<float>& out) {
   const i64 hc = c.hc_mult, D = c.hidden_size;
-  out.assign(sz(T * D), 0.0f);
-  for (i64 t = 0; t < T; ++t) {
-    float* o = out.data() + t * D;
-    for (i64 j = 0; j < hc; ++j) {
-      const float p = pre[sz(t * hc + j)];
-      const float* s = streams.data() + (t * hc + j) * D;
-      for (i64 d = 0; d < D; ++d) o[d] += p * s[d];
-    }
-  }
+  out.resize(sz(T * D));
+  for (i64 t = 0; t < T; ++t)
+    for (i64 d = 0; d < D; ++d)
+      out[sz(t * D + d)] = portable::hc_collapse_at(streams.data(), pre.data(), hc, D, t, d);
 }
 
 // streams_k ← post_k · x + Σ_j comb[j][k] · streams_j.
@@ -602,20 +589,10 @@ void hc_expand(const text_config& c, const std::vector<float>& x, const std::vec
   const i64 hc = c.hc_mult, D = c.hidden_size;
   std::vector<float> out(sz(hc * D));
   for (i64 t = 0; t < T; ++t) {
-    const float* res = streams.data() + t * hc * D;
-    const float* cm = comb.data() + t * hc * hc;
-    const float* xt = x.data() + t * D;
-    for (i64 k = 0; k < hc; ++k) {
-      float* o = out.data() + k * D;
-      std::fill(o, o + D, 0.0f);
-      for (i64 j = 0; j < hc; ++j) {
-        const float cjk = cm[j * hc + k];
-        const float* r = res + j * D;
-        for (i64 d = 0; d < D; ++d) o[d] += cjk * r[d];
-      }
-      const float p = post[sz(t * hc + k)];
-      for (i64 d = 0; d < D; ++d) o[d] = p * xt[d] + o[d];
-    }
+    for (i64 k = 0; k < hc; ++k)
+      for (i64 d = 0; d < D; ++d)
+        out[sz(k * D + d)] = portable::hc_expand_at(streams.data(), x.data(), post.data(),
+                                                    comb.data(), hc, D, t, k, d);
     std::copy(out.begin(), out.end(), streams.begin() + t * hc * D);
   }
 }
@@ -629,16 +606,9 @@ void expert_forward(const text_config& c, gemm_mode mode, const expert_weights& 
   project(mode, x, n, D, e.w1.data(), I, g.data());
   project(mode, x, n, D, e.w3.data(), I, u.data());
   for (i64 r = 0; r < n; ++r)
-    for (i64 i = 0; i < I; ++i) {
-      float gv = g[sz(r * I + i)], uv = u[sz(r * I + i)];
-      if (limit > 0) {
-        uv = std::clamp(uv, -limit, limit);
-        gv = std::min(gv, limit);
-      }
-      float v = silu(gv) * uv;
-      if (scale != nullptr) v = scale[r] * v;
-      g[sz(r * I + i)] = v;
-    }
+    for (i64 i = 0; i < I; ++i)
+      g[sz(r * I + i)] = portable::swiglu(g[sz(r * I + i)], u[sz(r * I + i)], limit,
+                                          scale != nullptr, scale != nullptr ? scale[r] : 1.0f);
   project(mode, g.data(), n, I, e.w2.data(), D, y_out);
 }
 
@@ -712,23 +682,12 @@ void engram_site(const model::weights& W, const layer_weights& L, const call_con
   project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
   std::vector<float> weight(sz(hc * D));
   for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q.v[sz(i)] * L.engram_k.v[sz(i)];
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   for (i64 t = 0; t < T; ++t) {
     const float* value = kv.data() + t * out_w + hc * D;
     for (i64 k = 0; k < hc; ++k) {
       float* h = streams.data() + (t * hc + k) * D;
-      const float* key = kv.data() + t * out_w + k * D;
-      const float* wk = weight.data() + k * D;
-      float hh = 0.0f, kk = 0.0f, dot = 0.0f;
-      for (i64 d = 0; d < D; ++d) {
-        hh += h[d] * h[d];
-        kk += key[d] * key[d];
-        dot += h[d] * wk[d] * key[d];
-      }
-      const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(D) + eps)) *
-                         (1.0f / std::sqrt(kk / static_cast<float>(D) + eps));
-      const float x = dot * rstd * inv_sqrt_d;
-      const float gate = sigmoid(std::copysign(std::sqrt(std::max(std::fabs(x), 1e-6f)), x));
+      const float gate =
+          portable::engram_gate(h, kv.data() + t * out_w + k * D, weight.data() + k * D, D, eps);
       for (i64 d = 0; d < D; ++d) h[d] = h[d] + gate * value[d];
     }
   }

@@ -18,6 +18,7 @@
 
 #include "kernels/cpu_ops.hpp"
 #include "kernels/engram_hash.hpp"
+#include "kernels/portable_math.hpp"
 #include "kernels/worker_pool.hpp"
 
 using namespace troupe::kernels;
@@ -134,7 +135,7 @@ TEST_CASE("YaRN keeps high frequencies, divides low ones by the factor") {
 TEST_CASE("Sinkhorn mixing is close to doubly stochastic") {
   std::vector<float> m = {3.0f,  -1.0f, 0.5f, 2.0f, 0.0f, 0.0f, 1.0f, -2.0f,
                           -3.0f, 4.0f,  0.1f, 0.2f, 1.0f, 1.0f, 1.0f, 1.0f};
-  sinkhorn(m.data(), 4, 20, 1e-6f);
+  portable::sinkhorn(m.data(), 4, 20, 1e-6f);
   for (int j = 0; j < 4; ++j) {
     float row = 0, col = 0;
     for (int k = 0; k < 4; ++k) {
