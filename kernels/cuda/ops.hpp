@@ -1,5 +1,6 @@
 // The CUDA kernels of the decode path, launched on device pointers: RMSNorm, sliding-window
-// decode attention over the SWA ring, and the MoE dispatch / combine permutations.
+// decode attention over the SWA ring, the MoE dispatch / combine permutations, and the mHC
+// mixing, Engram's gate and the experts' SwiGLU.
 //
 // Each kernel mirrors a piece of the exact CPU model (kernels/model.cpp, kernels/cpu_ops.hpp)
 // on the same fp32 layouts, so the CUDA backend can be checked against the CPU backend one
@@ -57,5 +58,34 @@ result<bool> moe_gather_rows(const float* x, const std::int32_t* send_copy, std:
 result<bool> moe_combine_rows(const float* returned, const std::int32_t* copy_row,
                               const float* weights, std::int64_t tokens, std::int32_t top_k,
                               std::int64_t width, float* y, void* stream = nullptr);
+
+/// The mHC mixes of T tokens from their projections mixes [T, (2 + hc) · hc] of the normed
+/// flattened streams, with the site's scale [3] and base [(2 + hc) · hc]: pre [T, hc], post
+/// [T, hc] and the Sinkhorn-normalised comb [T, hc, hc] (kernels/portable_math.hpp's
+/// hc_token_mixes, one thread per token).
+result<bool> hc_mixes(const float* mixes, const float* scale, const float* base, std::int64_t T,
+                      std::int64_t hc, std::int64_t sinkhorn_iters, float hc_eps, float* pre,
+                      float* post, float* comb, void* stream = nullptr);
+
+/// out [T, D] = Σ_j pre[t][j] · streams[t][j] (streams [T, hc, D], pre [T, hc]).
+result<bool> hc_collapse(const float* streams, const float* pre, std::int64_t T, std::int64_t hc,
+                         std::int64_t D, float* out, void* stream = nullptr);
+
+/// out [T, hc, D] = the streams after a site whose output is x [T, D]:
+/// post[t][k] · x[t] + Σ_j comb[t][j][k] · streams[t][j]. `out` must not overlap `streams`.
+result<bool> hc_expand(const float* streams, const float* x, const float* post, const float* comb,
+                       std::int64_t T, std::int64_t hc, std::int64_t D, float* out,
+                       void* stream = nullptr);
+
+/// Engram's gated add, in place on streams [T, hc, D]: kv [T, (hc + 1) · D] holds each token's
+/// hc keys then its value, weight [hc, D] the per-channel key weights (engram_q ⊙ engram_k);
+/// stream (t, k) += engram_gate(stream, key k) · value.
+result<bool> engram_gate_add(float* streams, const float* kv, const float* weight, std::int64_t T,
+                             std::int64_t hc, std::int64_t D, float eps, void* stream = nullptr);
+
+/// The experts' clamped SwiGLU in place on g [rows, width] with u [rows, width], each row times
+/// row_scale[row] (null: no scaling).
+result<bool> swiglu(float* g, const float* u, std::int64_t rows, std::int64_t width, float limit,
+                    const float* row_scale, void* stream = nullptr);
 
 }  // namespace troupe::kernels::cuda

@@ -12,6 +12,7 @@
 #include "kernels/cuda/ops.hpp"
 #include "kernels/ep_dispatch.hpp"
 #include "kernels/kv_cache.hpp"
+#include "kernels/portable_math.hpp"
 
 using namespace troupe::kernels;
 using troupe::test::device_buffer;
@@ -21,6 +22,14 @@ namespace {
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+// The largest |a − b| / max(|b|, floor) over the elements.
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, double floor) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), floor));
   return m;
 }
 }  // namespace
@@ -168,5 +177,96 @@ TEST_CASE("the cuBLASLt BF16 GEMM matches an fp32 GEMM of the same BF16 values w
     double scale = 0;
     for (float v : want) scale = std::max(scale, double(std::fabs(v)));
     CHECK(max_abs_diff(got, want) <= 1e-4 * scale);
+  }
+}
+
+// The mHC, Engram and SwiGLU kernels run the CPU engine's own functions
+// (kernels/portable_math.hpp) per thread with FMA contraction off: what uses no exponential
+// is bitwise the CPU's; what does differs by the device's expf (2 ulp) as it propagates.
+TEST_CASE("mHC collapse and expand on the device equal the CPU's bit for bit") {
+  const std::int64_t T = 5, hc = 4, D = 4096;
+  const auto streams = uniform(static_cast<std::size_t>(T * hc * D), 31, -4, 4);
+  const auto pre = uniform(static_cast<std::size_t>(T * hc), 32, 0, 1);
+  const auto post = uniform(static_cast<std::size_t>(T * hc), 33, 0, 2);
+  const auto comb = uniform(static_cast<std::size_t>(T * hc * hc), 34, 0, 1);
+  const auto x = uniform(static_cast<std::size_t>(T * D), 35, -4, 4);
+  std::vector<float> collapsed(static_cast<std::size_t>(T * D)), expanded(streams.size());
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t d = 0; d < D; ++d) {
+      collapsed[static_cast<std::size_t>(t * D + d)] =
+          portable::hc_collapse_at(streams.data(), pre.data(), hc, D, t, d);
+      for (std::int64_t k = 0; k < hc; ++k)
+        expanded[static_cast<std::size_t>((t * hc + k) * D + d)] = portable::hc_expand_at(
+            streams.data(), x.data(), post.data(), comb.data(), hc, D, t, k, d);
+    }
+  device_buffer<float> ds(streams), dpre(pre), dpost(post), dcomb(comb), dx(x),
+      dc(collapsed.size()), de(expanded.size());
+  REQUIRE(cuda::hc_collapse(ds.get(), dpre.get(), T, hc, D, dc.get()).ok());
+  REQUIRE(cuda::hc_expand(ds.get(), dx.get(), dpost.get(), dcomb.get(), T, hc, D, de.get()).ok());
+  const auto c = dc.download(), e = de.download();
+  CHECK(std::memcmp(c.data(), collapsed.data(), c.size() * 4) == 0);
+  CHECK(std::memcmp(e.data(), expanded.data(), e.size() * 4) == 0);
+}
+
+TEST_CASE("the device's mHC mixes match the CPU's within 1e-5") {
+  const std::int64_t T = 64, hc = 4, mix = (2 + hc) * hc, iters = 20;
+  const float hc_eps = 1e-6f;
+  const auto mixes = uniform(static_cast<std::size_t>(T * mix), 41, -3, 3);
+  const auto scale = uniform(3, 42, 0.5f, 2);
+  const auto base = uniform(static_cast<std::size_t>(mix), 43, -1, 1);
+  std::vector<float> pre(static_cast<std::size_t>(T * hc)), post(pre.size()),
+      comb(static_cast<std::size_t>(T * hc * hc));
+  for (std::int64_t t = 0; t < T; ++t)
+    portable::hc_token_mixes(mixes.data() + t * mix, scale.data(), base.data(), hc, iters,
+                             hc_eps, pre.data() + t * hc, post.data() + t * hc,
+                             comb.data() + t * hc * hc);
+  device_buffer<float> dm(mixes), dscale(scale), dbase(base), dpre(pre.size()),
+      dpost(post.size()), dcomb(comb.size());
+  REQUIRE(cuda::hc_mixes(dm.get(), dscale.get(), dbase.get(), T, hc, iters, hc_eps, dpre.get(),
+                         dpost.get(), dcomb.get())
+              .ok());
+  CHECK(max_abs_diff(dpre.download(), pre) <= 1e-6);
+  CHECK(max_abs_diff(dpost.download(), post) <= 2e-6);
+  CHECK(max_abs_diff(dcomb.download(), comb) <= 1e-5);
+}
+
+TEST_CASE("Engram's gated add on the device matches the CPU's within 1e-5 (relative above 1)") {
+  const std::int64_t T = 3, hc = 4, D = 4096;
+  const float eps = 1e-6f;
+  auto streams = uniform(static_cast<std::size_t>(T * hc * D), 51, -2, 2);
+  const auto kv = uniform(static_cast<std::size_t>(T * (hc + 1) * D), 52, -2, 2);
+  const auto weight = uniform(static_cast<std::size_t>(hc * D), 53, 0, 2);
+  device_buffer<float> ds(streams), dkv(kv), dw(weight);
+  REQUIRE(cuda::engram_gate_add(ds.get(), dkv.get(), dw.get(), T, hc, D, eps).ok());
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t k = 0; k < hc; ++k) {
+      float* h = streams.data() + (t * hc + k) * D;
+      const float* row = kv.data() + t * (hc + 1) * D;
+      const float gate = portable::engram_gate(h, row + k * D, weight.data() + k * D, D, eps);
+      for (std::int64_t d = 0; d < D; ++d) h[d] = h[d] + gate * row[hc * D + d];
+    }
+  CHECK(max_rel_diff(ds.download(), streams, 1.0) <= 1e-5);
+}
+
+TEST_CASE("the device's clamped SwiGLU matches the CPU's within 1e-6 relative, row scales or not") {
+  const std::int64_t rows = 7, width = 2048;
+  const float limit = 10.0f;
+  const auto g0 = uniform(static_cast<std::size_t>(rows * width), 61, -15, 15);
+  const auto u = uniform(g0.size(), 62, -15, 15);
+  const auto row_scale = uniform(static_cast<std::size_t>(rows), 63, 0, 1);
+  for (const bool scaled : {false, true}) {
+    CAPTURE(scaled);
+    auto want = g0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t i = 0; i < width; ++i) {
+        auto& v = want[static_cast<std::size_t>(r * width + i)];
+        v = portable::swiglu(v, u[static_cast<std::size_t>(r * width + i)], limit, scaled,
+                             scaled ? row_scale[static_cast<std::size_t>(r)] : 1.0f);
+      }
+    device_buffer<float> dg(g0), du(u), dscale(row_scale);
+    REQUIRE(cuda::swiglu(dg.get(), du.get(), rows, width, limit,
+                         scaled ? dscale.get() : nullptr)
+                .ok());
+    CHECK(max_rel_diff(dg.download(), want, 1e-6) <= 1e-6);
   }
 }

@@ -1,0 +1,129 @@
+// The mHC mixing, Engram's gate and the experts' SwiGLU on the device (kernels/cuda/ops.hpp):
+// each thread runs the CPU engine's own per-token or per-element function
+// (kernels/portable_math.hpp). This file is compiled with -fmad=false, so a product and the sum
+// it feeds round separately as on the CPU; what differs from the CPU is the device's expf.
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/ops.hpp"
+#include "kernels/portable_math.hpp"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace troupe::kernels::cuda {
+
+namespace {
+
+constexpr int threads = 256;
+
+// f(i) for every i in [0, n), one thread each.
+template <class F>
+__global__ void each_index(std::int64_t n, F f) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) f(i);
+}
+
+template <class F>
+result<bool> launch_each(const char* what, std::int64_t n, F f, void* stream) {
+  if (n <= 0) return true;
+  const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
+  each_index<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(n, f);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return result<bool>::failure(std::string(what) + ": " + cuda_error_text(e));
+  return true;
+}
+
+struct mixes_fn {
+  const float *mixes, *scale, *base;
+  std::int64_t hc, iters;
+  float hc_eps;
+  float *pre, *post, *comb;
+  __device__ void operator()(std::int64_t t) const {
+    portable::hc_token_mixes(mixes + t * (2 + hc) * hc, scale, base, hc, iters, hc_eps,
+                             pre + t * hc, post + t * hc, comb + t * hc * hc);
+  }
+};
+
+struct collapse_fn {
+  const float *streams, *pre;
+  std::int64_t hc, D;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = portable::hc_collapse_at(streams, pre, hc, D, i / D, i % D);
+  }
+};
+
+struct expand_fn {
+  const float *streams, *x, *post, *comb;
+  std::int64_t hc, D;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t d = i % D, tk = i / D;
+    out[i] = portable::hc_expand_at(streams, x, post, comb, hc, D, tk / hc, tk % hc, d);
+  }
+};
+
+struct swiglu_fn {
+  float* g;
+  const float* u;
+  std::int64_t width;
+  float limit;
+  const float* row_scale;
+  __device__ void operator()(std::int64_t i) const {
+    const bool scaled = row_scale != nullptr;
+    g[i] = portable::swiglu(g[i], u[i], limit, scaled, scaled ? row_scale[i / width] : 1.0f);
+  }
+};
+
+// One block per (token, stream): its first thread computes the gate from the stream as it is,
+// then the block adds gate · value to the stream.
+__global__ void engram_kernel(float* streams, const float* kv, const float* weight,
+                              std::int64_t hc, std::int64_t D, float eps) {
+  __shared__ float gate;
+  const std::int64_t tk = blockIdx.x, t = tk / hc, k = tk % hc;
+  float* h = streams + tk * D;
+  const float* row = kv + t * (hc + 1) * D;
+  if (threadIdx.x == 0) gate = portable::engram_gate(h, row + k * D, weight + k * D, D, eps);
+  __syncthreads();
+  const float* value = row + hc * D;
+  for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) h[d] = h[d] + gate * value[d];
+}
+
+}  // namespace
+
+result<bool> hc_mixes(const float* mixes, const float* scale, const float* base, std::int64_t T,
+                      std::int64_t hc, std::int64_t sinkhorn_iters, float hc_eps, float* pre,
+                      float* post, float* comb, void* stream) {
+  return launch_each("hc_mixes", T,
+                     mixes_fn{mixes, scale, base, hc, sinkhorn_iters, hc_eps, pre, post, comb},
+                     stream);
+}
+
+result<bool> hc_collapse(const float* streams, const float* pre, std::int64_t T, std::int64_t hc,
+                         std::int64_t D, float* out, void* stream) {
+  return launch_each("hc_collapse", T * D, collapse_fn{streams, pre, hc, D, out}, stream);
+}
+
+result<bool> hc_expand(const float* streams, const float* x, const float* post, const float* comb,
+                       std::int64_t T, std::int64_t hc, std::int64_t D, float* out, void* stream) {
+  return launch_each("hc_expand", T * hc * D, expand_fn{streams, x, post, comb, hc, D, out},
+                     stream);
+}
+
+result<bool> engram_gate_add(float* streams, const float* kv, const float* weight, std::int64_t T,
+                             std::int64_t hc, std::int64_t D, float eps, void* stream) {
+  if (T <= 0) return true;
+  engram_kernel<<<static_cast<unsigned>(T * hc), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      streams, kv, weight, hc, D, eps);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return result<bool>::failure("engram_gate_add: " + cuda_error_text(e));
+  return true;
+}
+
+result<bool> swiglu(float* g, const float* u, std::int64_t rows, std::int64_t width, float limit,
+                    const float* row_scale, void* stream) {
+  return launch_each("swiglu", rows * width, swiglu_fn{g, u, width, limit, row_scale}, stream);
+}
+
+}  // namespace troupe::kernels::cuda
