@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/model_init.hpp"
-#include "kernels/safetensors.hpp"
+#include "kernels/portable_math.hpp"
 
 namespace troupe::kernels {
 
@@ -81,99 +80,34 @@ void apply_rope(float* v, std::int64_t dim, const rope_table& t, std::int64_t po
                 bool inverse) {
   float* r = v + (dim - t.rope_dim);
   const auto pos = static_cast<float>(position);
-  const auto half = t.rope_dim / 2;
-  for (std::int64_t i = 0; i < half; ++i) {
-    const float angle = t.inv_freq[static_cast<std::size_t>(i)] * pos;
-    const float c = std::cos(angle) * t.scaling;
-    const float s = (inverse ? -std::sin(angle) : std::sin(angle)) * t.scaling;
-    const float even = r[2 * i];
-    const float odd = r[2 * i + 1];
-    r[2 * i] = even * c - odd * s;
-    r[2 * i + 1] = even * s + odd * c;
-  }
+  for (std::int64_t i = 0; i < t.rope_dim / 2; ++i)
+    portable::rope_pair(r, i, t.inv_freq[static_cast<std::size_t>(i)], pos, t.scaling, inverse);
 }
 
-float round_to_e4m3(float x) { return fp8_e4m3_to_float(float_to_fp8_e4m3(x)); }
-
-namespace {
-
-// 2^ceil(log2(t)) for a positive normal float, as the reference computes it from the bits.
-float pow2_ceil(float t) { return std::ldexp(1.0f, pow2_ceil_exponent(t)); }
-
-// |q| ≤ 6 onto the e2m1 grid, ties to the even code.
-float round_to_e2m1(float q) { return fp4_e2m1_to_float(float_to_fp4_e2m1(q)); }
-
-}  // namespace
+float round_to_e4m3(float x) { return portable::round_to_e4m3(x); }
 
 void fake_quant_fp8_block32(float* x, std::int64_t n) {
   constexpr std::int64_t block = 32;
   if (n % block != 0) return;
-  for (std::int64_t b = 0; b < n; b += block) {
-    float amax = 0.0f;
-    for (std::int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
-    amax = std::max(amax, 1e-4f);
-    const float scale = pow2_ceil(amax * (1.0f / 448.0f));
-    for (std::int64_t i = 0; i < block; ++i) {
-      const float q = std::clamp(x[b + i] / scale, -448.0f, 448.0f);
-      x[b + i] = round_to_e4m3(q) * scale;
-    }
-  }
+  for (std::int64_t b = 0; b < n; b += block) portable::quant_fp8_block(x + b, block);
 }
 
 void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales) {
   if (block <= 0 || n % block != 0) return;
-  for (std::int64_t b = 0; b < n; b += block) {
-    float amax = 0.0f;
-    for (std::int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
-    float scale;
-    if (e4m3_scales) {
-      scale = round_to_e4m3(std::max(amax, 6.0f * 0x1p-9f) / 6.0f);
-    } else {
-      scale = pow2_ceil(std::max(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
-    }
-    for (std::int64_t i = 0; i < block; ++i) {
-      const float q = std::clamp(x[b + i] / scale, -6.0f, 6.0f);
-      x[b + i] = round_to_e2m1(q) * scale;
-    }
-  }
+  for (std::int64_t b = 0; b < n; b += block) portable::quant_fp4_block(x + b, block, e4m3_scales);
 }
 
 void route_token(const text_config& c, float* scores, const float* bias,
                  std::vector<std::int64_t>& experts, std::vector<float>& weights) {
-  const std::int64_t n = c.n_routed_experts;
-  const auto temp = static_cast<float>(c.gate_temp);
-  for (std::int64_t e = 0; e < n; ++e) scores[e] = scores[e] / temp;
-  if (c.scoring_func == "sqrtsoftplus") {
-    for (std::int64_t e = 0; e < n; ++e) {
-      const float x = scores[e];
-      scores[e] = std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x)));
-    }
-  } else if (c.scoring_func == "sigmoid") {
-    for (std::int64_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + std::exp(-scores[e]));
-  } else {  // softmax
-    float mx = scores[0];
-    for (std::int64_t e = 1; e < n; ++e) mx = std::max(mx, scores[e]);
-    float sum = 0.0f;
-    for (std::int64_t e = 0; e < n; ++e) sum += scores[e] = std::exp(scores[e] - mx);
-    for (std::int64_t e = 0; e < n; ++e) scores[e] /= sum;
-  }
-  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
-  for (std::int64_t e = 0; e < n; ++e) order[static_cast<std::size_t>(e)] = e;
-  const std::int64_t k = std::min(c.num_experts_per_tok, n);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](std::int64_t a, std::int64_t b) {
-                      const float sa = scores[a] + bias[a], sb = scores[b] + bias[b];
-                      return sa != sb ? sa > sb : a < b;
-                    });
-  experts.assign(order.begin(), order.begin() + k);
+  const std::int64_t n = c.n_routed_experts, k = std::min(c.num_experts_per_tok, n);
+  const auto f = c.scoring_func == "sqrtsoftplus" ? portable::router_scoring::sqrtsoftplus
+                 : c.scoring_func == "sigmoid"    ? portable::router_scoring::sigmoid
+                                                  : portable::router_scoring::softmax;
+  experts.resize(static_cast<std::size_t>(k));
   weights.resize(static_cast<std::size_t>(k));
-  float total = 0.0f;
-  for (std::int64_t e : experts) total += scores[e];
-  for (std::int64_t i = 0; i < k; ++i) {
-    float w = scores[experts[static_cast<std::size_t>(i)]];
-    if (c.norm_topk_prob && k > 1) w = w / (total + 1e-20f);
-    weights[static_cast<std::size_t>(i)] = w * static_cast<float>(c.routed_scaling_factor);
-  }
+  portable::route_token(scores, bias, n, k, f, static_cast<float>(c.gate_temp), c.norm_topk_prob,
+                        static_cast<float>(c.routed_scaling_factor), experts.data(),
+                        weights.data());
 }
 
 }  // namespace troupe::kernels

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/counter_rng.hpp"
+#include "kernels/portable_math.hpp"
 
 namespace troupe::kernels {
 
@@ -71,53 +72,7 @@ float bf16_value(std::uint16_t b) {
   return f;
 }
 
-// The 127 non-negative finite e4m3fn values in code order (codes 0..126 are increasing).
-const std::array<float, 127>& e4m3_magnitudes() {
-  static const std::array<float, 127> table = [] {
-    std::array<float, 127> t{};
-    for (int c = 0; c < 127; ++c) {
-      const int exp = (c >> 3) & 0xf, mant = c & 7;
-      t[std::size_t(c)] = exp == 0 ? std::ldexp(float(mant), -9) : std::ldexp(float(8 + mant), exp - 10);
-    }
-    return t;
-  }();
-  return table;
-}
-
-template <std::size_t N>
-std::uint8_t nearest_code(const std::array<float, N>& mags, float a) {
-  // mags increasing; the nearest, ties to the even code
-  const auto it = std::lower_bound(mags.begin(), mags.end(), a);
-  if (it == mags.end()) return std::uint8_t(N - 1);
-  const std::size_t hi = std::size_t(it - mags.begin());
-  if (hi == 0) return 0;
-  const float dlo = a - mags[hi - 1], dhi = mags[hi] - a;
-  if (dlo < dhi) return std::uint8_t(hi - 1);
-  if (dhi < dlo) return std::uint8_t(hi);
-  return std::uint8_t((hi - 1) % 2 == 0 ? hi - 1 : hi);
-}
-
-constexpr std::array<float, 8> e2m1_magnitudes = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
 }  // namespace
-
-std::uint8_t float_to_fp8_e4m3(float x) {
-  const std::uint8_t code = nearest_code(e4m3_magnitudes(), std::min(std::fabs(x), 448.0f));
-  return std::signbit(x) ? std::uint8_t(code | 0x80) : code;
-}
-
-std::uint8_t float_to_fp4_e2m1(float x) {
-  const std::uint8_t code = nearest_code(e2m1_magnitudes, std::min(std::fabs(x), 6.0f));
-  return std::signbit(x) ? std::uint8_t(code | 0x8) : code;
-}
-
-int pow2_ceil_exponent(float t) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &t, 4);
-  const int exponent = int((bits >> 23) & 0xff);
-  const bool mantissa = (bits & 0x7fffff) != 0;
-  return exponent - 127 + (mantissa ? 1 : 0);
-}
 
 generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
   std::uint64_t n = 1;
@@ -157,7 +112,7 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
       std::vector<std::uint8_t> q(n);
       g.values.resize(n);
       for (std::uint64_t i = 0; i < n; ++i) {
-        q[i] = float_to_fp8_e4m3(raw[i]);
+        q[i] = portable::fp8_e4m3_code(raw[i]);
         g.values[i] = fp8_e4m3_to_float(q[i]);
       }
       put(0, bytes_of(q));
@@ -176,13 +131,13 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
           for (std::int64_t r = bi * br; r < r_end; ++r)
             for (std::int64_t c = bj * bc; c < c_end; ++c)
               amax = std::max(amax, std::fabs(raw[std::size_t(r * cols + c)]));
-          const int k = std::clamp(pow2_ceil_exponent(std::max(amax, 1e-30f) / 448.0f), -127, 127);
+          const int k = std::clamp(portable::pow2_ceil_exponent(std::max(amax, 1e-30f) / 448.0f), -127, 127);
           s[std::size_t(bi * sshape[1] + bj)] = std::uint8_t(127 + k);
           const float scale = std::ldexp(1.0f, k);
           for (std::int64_t r = bi * br; r < r_end; ++r)
             for (std::int64_t c = bj * bc; c < c_end; ++c) {
               const std::size_t i = std::size_t(r * cols + c);
-              q[i] = float_to_fp8_e4m3(raw[i] / scale);
+              q[i] = portable::fp8_e4m3_code(raw[i] / scale);
               g.values[i] = fp8_e4m3_to_float(q[i]) * scale;
             }
         }
@@ -198,12 +153,12 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
         for (std::int64_t b = 0; b < cols / 32; ++b) {
           float amax = 0;
           for (std::int64_t c = b * 32; c < b * 32 + 32; ++c) amax = std::max(amax, std::fabs(raw[std::size_t(r * cols + c)]));
-          const int k = std::clamp(pow2_ceil_exponent(std::max(amax, 1e-30f) / 6.0f), -127, 127);
+          const int k = std::clamp(portable::pow2_ceil_exponent(std::max(amax, 1e-30f) / 6.0f), -127, 127);
           s[std::size_t(r * (cols / 32) + b)] = std::uint8_t(127 + k);
           const float scale = std::ldexp(1.0f, k);
           for (std::int64_t c = b * 32; c < b * 32 + 32; ++c) {
             const std::size_t i = std::size_t(r * cols + c);
-            const std::uint8_t code = float_to_fp4_e2m1(raw[i] / scale);
+            const std::uint8_t code = portable::fp4_e2m1_code(raw[i] / scale);
             g.values[i] = fp4_e2m1_to_float(code) * scale;
             packed[i / 2] |= std::uint8_t(c % 2 == 0 ? code : code << 4);
           }

@@ -56,12 +56,4 @@ struct init_summary {
 result<init_summary> write_random_model(const std::filesystem::path& dir, std::string_view preset,
                                         std::uint64_t seed, std::uint64_t shard_bytes = 96ull << 20);
 
-// Encoders of the released formats (the inverses of safetensors.hpp's decoders).
-/// Nearest e4m3fn code to x (|x| <= 448 expected; saturates), ties to the even code.
-std::uint8_t float_to_fp8_e4m3(float x);
-/// Nearest E2M1 code (low 4 bits) to x (|x| <= 6 expected; saturates), ties to the even code.
-std::uint8_t float_to_fp4_e2m1(float x);
-/// The power-of-two scale exponent k = ceil(log2(t)) for t > 0, as the reference rounds it.
-int pow2_ceil_exponent(float t);
-
 }  // namespace troupe::kernels

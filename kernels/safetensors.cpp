@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/portable_math.hpp"
+
 namespace troupe::kernels {
 
 using nlohmann::json;
@@ -412,12 +414,9 @@ float fp16_to_float(std::uint16_t h) {
 }
 
 float fp8_e4m3_to_float(std::uint8_t b) {
-  const bool neg = b & 0x80;
-  const int exp = (b >> 3) & 0xf;
-  const int mant = b & 0x7;
-  if (exp == 0xf && mant == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  float mag = exp == 0 ? std::ldexp(float(mant), -9) : std::ldexp(float(8 + mant), exp - 10);
-  return neg ? -mag : mag;
+  if ((b & 0x7f) == 0x7f) return std::numeric_limits<float>::quiet_NaN();
+  const float mag = portable::e4m3_grid{}(b & 0x7f);
+  return (b & 0x80) != 0 ? -mag : mag;
 }
 
 float fp8_e8m0_to_float(std::uint8_t b) {
@@ -426,8 +425,7 @@ float fp8_e8m0_to_float(std::uint8_t b) {
 }
 
 float fp4_e2m1_to_float(std::uint8_t nibble) {
-  static constexpr float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = magnitudes[nibble & 0x7];
+  const float m = portable::e2m1_grid{}(nibble & 0x7);
   return (nibble & 0x8) ? -m : m;
 }
 

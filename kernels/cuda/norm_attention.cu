@@ -1,6 +1,7 @@
 // RMSNorm and sliding-window decode attention on the device (kernels/cuda/ops.hpp).
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "kernels/portable_math.hpp"
 
 #include <cuda_runtime.h>
 
@@ -83,19 +84,15 @@ __global__ void swa_decode_kernel(swa_decode_args a) {
     out[i] = acc;
   }
   __syncthreads();
-  // Inverse RoPE over the trailing rope_dim channels: pair (even, odd) rotated by -angle.
+  // Inverse RoPE over the trailing rope_dim channels, a pair per thread, as the CPU model.
   float* dst = a.out + (b * a.heads + h) * hd;
   const std::int64_t base = hd - a.rope_dim;
-  for (std::int64_t i = threadIdx.x; i < hd; i += blockDim.x) {
-    if (i < base) {
-      dst[i] = out[i];
-      continue;
-    }
-    const std::int64_t pair = (i - base) / 2;
-    const float angle = a.inv_freq[pair] * static_cast<float>(pos);
-    const float c = cosf(angle) * a.rope_scaling, s = -sinf(angle) * a.rope_scaling;
-    const float even = out[base + 2 * pair], odd = out[base + 2 * pair + 1];
-    dst[i] = (i - base) % 2 == 0 ? even * c - odd * s : even * s + odd * c;
+  for (std::int64_t i = threadIdx.x; i < base; i += blockDim.x) dst[i] = out[i];
+  for (std::int64_t pair = threadIdx.x; pair < a.rope_dim / 2; pair += blockDim.x) {
+    dst[base + 2 * pair] = out[base + 2 * pair];
+    dst[base + 2 * pair + 1] = out[base + 2 * pair + 1];
+    portable::rope_pair(dst + base, pair, a.inv_freq[pair], static_cast<float>(pos),
+                        a.rope_scaling, /*inverse=*/true);
   }
 }
 

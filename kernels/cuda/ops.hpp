@@ -1,6 +1,7 @@
 // The CUDA kernels of the decode path, launched on device pointers: RMSNorm, sliding-window
-// decode attention over the SWA ring, the MoE dispatch / combine permutations, and the mHC
-// mixing, Engram's gate and the experts' SwiGLU.
+// decode attention over the SWA ring, the MoE dispatch / combine permutations, the mHC
+// mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE and the caches' fp8 / fp4
+// quantisers.
 //
 // Each kernel mirrors a piece of the exact CPU model (kernels/model.cpp, kernels/cpu_ops.hpp)
 // on the same fp32 layouts, so the CUDA backend can be checked against the CPU backend one
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/portable_math.hpp"
 #include "kernels/result.hpp"
 
 namespace troupe::kernels::cuda {
@@ -83,9 +85,35 @@ result<bool> hc_expand(const float* streams, const float* x, const float* post, 
 result<bool> engram_gate_add(float* streams, const float* kv, const float* weight, std::int64_t T,
                              std::int64_t hc, std::int64_t D, float eps, void* stream = nullptr);
 
+/// MoE routing of T tokens, a thread per token (kernels/portable_math.hpp's route_token): the
+/// gate logits scores [T, n] become the scoring function's values in place, and each token's
+/// top k of scores + bias [n] go to experts [T, k] with their weights [T, k]. 1 ≤ k ≤ n.
+result<bool> route_tokens(float* scores, const float* bias, std::int64_t T, std::int64_t n,
+                          std::int64_t k, portable::router_scoring f, float gate_temp,
+                          bool norm_topk_prob, float routed_scaling, std::int64_t* experts,
+                          float* weights, void* stream = nullptr);
+
 /// The experts' clamped SwiGLU in place on g [rows, width] with u [rows, width], each row times
 /// row_scale[row] (null: no scaling).
 result<bool> swiglu(float* g, const float* u, std::int64_t rows, std::int64_t width, float limit,
                     const float* row_scale, void* stream = nullptr);
+
+/// RoPE in place on rows of x [rows, dim]: the trailing rope_dim channels of row r rotated at
+/// positions[r / rows_per_position] (a token's heads share its position) with the table's
+/// inv_freq [rope_dim / 2] and scaling (kernels/cpu_ops.hpp's apply_rope); inverse: by minus
+/// the angle.
+result<bool> rope_rows(float* x, std::int64_t rows, std::int64_t dim, const float* inv_freq,
+                       std::int64_t rope_dim, float scaling, const std::int64_t* positions,
+                       std::int64_t rows_per_position, bool inverse, void* stream = nullptr);
+
+/// The reference's window-KV quantiser over x [n] in blocks of `block` (32 in the model): per
+/// block a power-of-two scale and values on the e4m3 grid (kernels/cpu_ops.hpp's
+/// fake_quant_fp8_block32). n must be a multiple of block.
+result<bool> quant_fp8_blocks(float* x, std::int64_t n, std::int64_t block, void* stream = nullptr);
+
+/// The FP4 quantiser over x [n] in blocks of `block` (kernels/cpu_ops.hpp's
+/// fake_quant_fp4_block). n must be a multiple of block.
+result<bool> quant_fp4_blocks(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales,
+                              void* stream = nullptr);
 
 }  // namespace troupe::kernels::cuda

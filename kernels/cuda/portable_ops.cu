@@ -1,5 +1,6 @@
-// The mHC mixing, Engram's gate and the experts' SwiGLU on the device (kernels/cuda/ops.hpp):
-// each thread runs the CPU engine's own per-token or per-element function
+// The mHC mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE and the caches' fp8 /
+// fp4 quantisers on the device (kernels/cuda/ops.hpp): each thread runs the CPU engine's own per-token,
+// per-element or per-block function
 // (kernels/portable_math.hpp). This file is compiled with -fmad=false, so a product and the sum
 // it feeds round separately as on the CPU; what differs from the CPU is the device's expf.
 #include "kernels/cuda/device.hpp"
@@ -64,6 +65,22 @@ struct expand_fn {
   }
 };
 
+struct route_fn {
+  float* scores;
+  const float* bias;
+  std::int64_t n, k;
+  portable::router_scoring f;
+  float gate_temp;
+  bool norm_topk_prob;
+  float routed_scaling;
+  std::int64_t* experts;
+  float* weights;
+  __device__ void operator()(std::int64_t t) const {
+    portable::route_token(scores + t * n, bias, n, k, f, gate_temp, norm_topk_prob,
+                          routed_scaling, experts + t * k, weights + t * k);
+  }
+};
+
 struct swiglu_fn {
   float* g;
   const float* u;
@@ -75,6 +92,40 @@ struct swiglu_fn {
     g[i] = portable::swiglu(g[i], u[i], limit, scaled, scaled ? row_scale[i / width] : 1.0f);
   }
 };
+
+struct rope_fn {
+  float* x;
+  std::int64_t dim, rope_dim, rows_per_position;
+  const float* inv_freq;
+  float scaling;
+  const std::int64_t* positions;
+  bool inverse;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t half = rope_dim / 2, row = i / half, pair = i % half;
+    portable::rope_pair(x + row * dim + (dim - rope_dim), pair, inv_freq[pair],
+                        static_cast<float>(positions[row / rows_per_position]), scaling, inverse);
+  }
+};
+
+struct quant_fn {
+  float* x;
+  std::int64_t block;
+  bool fp4, e4m3_scales;
+  __device__ void operator()(std::int64_t b) const {
+    if (fp4)
+      portable::quant_fp4_block(x + b * block, block, e4m3_scales);
+    else
+      portable::quant_fp8_block(x + b * block, block);
+  }
+};
+
+result<bool> quant_blocks(const char* what, float* x, std::int64_t n, std::int64_t block, bool fp4,
+                          bool e4m3_scales, void* stream) {
+  if (block <= 0 || n % block != 0)
+    return result<bool>::failure(std::string(what) + ": " + std::to_string(n) +
+                                 " values are not whole blocks of " + std::to_string(block));
+  return launch_each(what, n / block, quant_fn{x, block, fp4, e4m3_scales}, stream);
+}
 
 // One block per (token, stream): its first thread computes the gate from the stream as it is,
 // then the block adds gate · value to the stream.
@@ -121,9 +172,44 @@ result<bool> engram_gate_add(float* streams, const float* kv, const float* weigh
   return true;
 }
 
+result<bool> route_tokens(float* scores, const float* bias, std::int64_t T, std::int64_t n,
+                          std::int64_t k, portable::router_scoring f, float gate_temp,
+                          bool norm_topk_prob, float routed_scaling, std::int64_t* experts,
+                          float* weights, void* stream) {
+  if (k < 1 || k > n)
+    return result<bool>::failure("route_tokens: top " + std::to_string(k) + " of " +
+                                 std::to_string(n) + " experts");
+  return launch_each("route_tokens", T,
+                     route_fn{scores, bias, n, k, f, gate_temp, norm_topk_prob, routed_scaling,
+                              experts, weights},
+                     stream);
+}
+
 result<bool> swiglu(float* g, const float* u, std::int64_t rows, std::int64_t width, float limit,
                     const float* row_scale, void* stream) {
   return launch_each("swiglu", rows * width, swiglu_fn{g, u, width, limit, row_scale}, stream);
+}
+
+result<bool> rope_rows(float* x, std::int64_t rows, std::int64_t dim, const float* inv_freq,
+                       std::int64_t rope_dim, float scaling, const std::int64_t* positions,
+                       std::int64_t rows_per_position, bool inverse, void* stream) {
+  if (rope_dim % 2 != 0 || rope_dim > dim || rows_per_position < 1)
+    return result<bool>::failure("rope_rows: rope_dim " + std::to_string(rope_dim) + " of " +
+                                 std::to_string(dim) + ", " + std::to_string(rows_per_position) +
+                                 " rows per position");
+  return launch_each("rope_rows", rows * (rope_dim / 2),
+                     rope_fn{x, dim, rope_dim, rows_per_position, inv_freq, scaling, positions,
+                             inverse},
+                     stream);
+}
+
+result<bool> quant_fp8_blocks(float* x, std::int64_t n, std::int64_t block, void* stream) {
+  return quant_blocks("quant_fp8_blocks", x, n, block, false, false, stream);
+}
+
+result<bool> quant_fp4_blocks(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales,
+                              void* stream) {
+  return quant_blocks("quant_fp4_blocks", x, n, block, true, e4m3_scales, stream);
 }
 
 }  // namespace troupe::kernels::cuda

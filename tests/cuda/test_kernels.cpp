@@ -270,3 +270,96 @@ TEST_CASE("the device's clamped SwiGLU matches the CPU's within 1e-6 relative, r
     CHECK(max_rel_diff(dg.download(), want, 1e-6) <= 1e-6);
   }
 }
+
+TEST_CASE("the device's fp8 and fp4 cache quantisers equal the CPU's bit for bit") {
+  // Blocks of every scale: values from 1e-6 (below the fp8 scale's 1e-4 floor) to 1e3.
+  const std::int64_t n = 64 * 512;
+  auto x = uniform(static_cast<std::size_t>(n), 71, -1, 1);
+  for (std::int64_t i = 0; i < n; ++i)
+    x[static_cast<std::size_t>(i)] *= std::pow(10.0f, static_cast<float>((i / 32) % 10) - 6.0f);
+  struct form {
+    bool fp4;
+    std::int64_t block;
+    bool e4m3_scales;
+  };
+  for (const form f : {form{false, 32, false}, form{true, 32, false}, form{true, 16, true}}) {
+    CAPTURE(f.fp4);
+    CAPTURE(f.block);
+    auto want = x;
+    if (f.fp4)
+      fake_quant_fp4_block(want.data(), n, f.block, f.e4m3_scales);
+    else
+      fake_quant_fp8_block32(want.data(), n);
+    device_buffer<float> dx(x);
+    REQUIRE((f.fp4 ? cuda::quant_fp4_blocks(dx.get(), n, f.block, f.e4m3_scales)
+                   : cuda::quant_fp8_blocks(dx.get(), n, f.block))
+                .ok());
+    const auto got = dx.download();
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+  }
+  device_buffer<float> dx(x);
+  CHECK(!cuda::quant_fp8_blocks(dx.get(), 40, 32).ok());  // not whole blocks: refused
+}
+
+TEST_CASE("RoPE on the device matches the CPU's apply_rope within 1e-6 of the row's scale") {
+  // Queries of 4 heads per token (one position per token) and the inverse rotation, on the
+  // released head shape (512 channels, the last 64 rotated) at positions up to 100k.
+  const std::int64_t T = 6, H = 4, hd = 512;
+  const rope_table rope = make_rope_table([] {
+    rope_parameters p;
+    p.partial_rotary_factor = 64.0 / 512.0;
+    return p;
+  }(), hd);
+  const std::vector<std::int64_t> positions{0, 1, 127, 4096, 65535, 100000};
+  const auto x = uniform(static_cast<std::size_t>(T * H * hd), 81, -3, 3);
+  for (const bool inverse : {false, true}) {
+    CAPTURE(inverse);
+    auto want = x;
+    for (std::int64_t r = 0; r < T * H; ++r)
+      apply_rope(want.data() + r * hd, hd, rope, positions[static_cast<std::size_t>(r / H)], inverse);
+    device_buffer<float> dx(x), dfreq(rope.inv_freq);
+    device_buffer<std::int64_t> dpos(positions);
+    REQUIRE(cuda::rope_rows(dx.get(), T * H, hd, dfreq.get(), rope.rope_dim, rope.scaling,
+                            dpos.get(), H, inverse)
+                .ok());
+    CHECK(max_abs_diff(dx.download(), want) <= 1e-6 * 3 * 2);
+  }
+}
+
+TEST_CASE("the device's MoE router picks the CPU's experts, weights within 1e-6 relative") {
+  // The released router's shape (384 experts, top 6, sqrtsoftplus, normalised, scaled 2.5) and
+  // the other two scoring functions; a bias that moves choices, and tied logits.
+  const std::int64_t T = 40, n = 384, k = 6;
+  auto logits = uniform(static_cast<std::size_t>(T * n), 91, -4, 4);
+  for (std::int64_t e = 0; e < 8; ++e) logits[static_cast<std::size_t>(e)] = 1.5f;  // a tie
+  const auto bias = uniform(static_cast<std::size_t>(n), 92, -0.05f, 0.05f);
+  for (const char* func : {"sqrtsoftplus", "sigmoid", "softmax"}) {
+    CAPTURE(func);
+    text_config c;
+    c.n_routed_experts = n;
+    c.num_experts_per_tok = k;
+    c.scoring_func = func;
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5;
+    std::vector<std::int64_t> want_e;
+    std::vector<float> want_w;
+    auto scores = logits;
+    std::vector<std::int64_t> e1;
+    std::vector<float> w1;
+    for (std::int64_t t = 0; t < T; ++t) {
+      route_token(c, scores.data() + t * n, bias.data(), e1, w1);
+      want_e.insert(want_e.end(), e1.begin(), e1.end());
+      want_w.insert(want_w.end(), w1.begin(), w1.end());
+    }
+    const auto f = std::string(func) == "sqrtsoftplus" ? portable::router_scoring::sqrtsoftplus
+                   : std::string(func) == "sigmoid"    ? portable::router_scoring::sigmoid
+                                                        : portable::router_scoring::softmax;
+    device_buffer<float> ds(logits), db(bias), dw(want_w.size());
+    device_buffer<std::int64_t> de(want_e.size());
+    REQUIRE(cuda::route_tokens(ds.get(), db.get(), T, n, k, f, 1.0f, true, 2.5f, de.get(),
+                               dw.get())
+                .ok());
+    CHECK(de.download() == want_e);
+    CHECK(max_rel_diff(dw.download(), want_w, 1e-3) <= 1e-6);
+  }
+}

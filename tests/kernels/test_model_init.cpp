@@ -18,6 +18,7 @@
 #include "kernels/model_config.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/model_layout.hpp"
+#include "kernels/portable_math.hpp"
 #include "kernels/safetensors.hpp"
 #include "scratch.hpp"
 
@@ -78,28 +79,69 @@ TEST_CASE("model init: the e4m3, e2m1 and power-of-two encoders invert the decod
     CAPTURE(c);
     const float v = fp8_e4m3_to_float(std::uint8_t(c));
     if (v == 0.0f && c == 0x80) {
-      CHECK(float_to_fp8_e4m3(-0.0f) == 0x80);
+      CHECK(portable::fp8_e4m3_code(-0.0f) == 0x80);
       continue;
     }
-    CHECK(float_to_fp8_e4m3(v) == c);
+    CHECK(portable::fp8_e4m3_code(v) == c);
   }
-  CHECK(float_to_fp8_e4m3(1000.0f) == 0x7e);  // saturates at 448
-  CHECK(fp8_e4m3_to_float(float_to_fp8_e4m3(1.0625f)) == 1.0f);  // halfway 1 and 1.125: even code
-  CHECK(fp8_e4m3_to_float(float_to_fp8_e4m3(1.1875f)) == 1.25f);  // halfway 1.125 and 1.25: even code
+  CHECK(portable::fp8_e4m3_code(1000.0f) == 0x7e);  // saturates at 448
+  CHECK(fp8_e4m3_to_float(portable::fp8_e4m3_code(1.0625f)) == 1.0f);  // halfway 1 and 1.125: even code
+  CHECK(fp8_e4m3_to_float(portable::fp8_e4m3_code(1.1875f)) == 1.25f);  // halfway 1.125 and 1.25: even code
   for (int c = 0; c < 16; ++c) {
     const float v = fp4_e2m1_to_float(std::uint8_t(c));
     if (c == 8) continue;  // -0
-    CHECK(float_to_fp4_e2m1(v) == c);
+    CHECK(portable::fp4_e2m1_code(v) == c);
   }
-  CHECK(fp4_e2m1_to_float(float_to_fp4_e2m1(2.5f)) == 2.0f);   // tie: even code (4 -> 2.0)
-  CHECK(fp4_e2m1_to_float(float_to_fp4_e2m1(1.25f)) == 1.0f);  // tie: even code (2 -> 1.0)
-  CHECK(fp4_e2m1_to_float(float_to_fp4_e2m1(1.75f)) == 2.0f);  // tie: even code (4 -> 2.0)
-  CHECK(fp4_e2m1_to_float(float_to_fp4_e2m1(-7.0f)) == -6.0f);
-  CHECK(pow2_ceil_exponent(1.0f) == 0);
-  CHECK(pow2_ceil_exponent(1.5f) == 1);
-  CHECK(pow2_ceil_exponent(0.75f) == 0);
-  CHECK(pow2_ceil_exponent(0.5f) == -1);
-  CHECK(pow2_ceil_exponent(3.0f / 448.0f) == -7);
+  CHECK(fp4_e2m1_to_float(portable::fp4_e2m1_code(2.5f)) == 2.0f);   // tie: even code (4 -> 2.0)
+  CHECK(fp4_e2m1_to_float(portable::fp4_e2m1_code(1.25f)) == 1.0f);  // tie: even code (2 -> 1.0)
+  CHECK(fp4_e2m1_to_float(portable::fp4_e2m1_code(1.75f)) == 2.0f);  // tie: even code (4 -> 2.0)
+  CHECK(fp4_e2m1_to_float(portable::fp4_e2m1_code(-7.0f)) == -6.0f);
+  CHECK(portable::pow2_ceil_exponent(1.0f) == 0);
+  CHECK(portable::pow2_ceil_exponent(1.5f) == 1);
+  CHECK(portable::pow2_ceil_exponent(0.75f) == 0);
+  CHECK(portable::pow2_ceil_exponent(0.5f) == -1);
+  CHECK(portable::pow2_ceil_exponent(3.0f / 448.0f) == -7);
+}
+
+TEST_CASE("the e4m3 and e2m1 encoders pick the nearest code, ties to even, on both sides of every midpoint") {
+  // An independent reference: the code whose decoded value is nearest to |x| (saturating), the
+  // even one of two equally near, by scanning every code.
+  auto nearest = [](float x, int codes, float (*value)(std::uint8_t)) {
+    const float a = std::fabs(x);
+    int best = 0;
+    for (int c = 1; c < codes; ++c) {
+      const float d = std::fabs(a - value(std::uint8_t(c))), db = std::fabs(a - value(std::uint8_t(best)));
+      if (d < db || (d == db && c % 2 == 0)) best = c;
+    }
+    return best;
+  };
+  auto check = [&](float x) {
+    CAPTURE(x);
+    const int e4 = nearest(std::fmin(std::fabs(x), 448.0f), 127, fp8_e4m3_to_float);
+    CHECK(portable::fp8_e4m3_code(x) == (std::signbit(x) ? e4 | 0x80 : e4));
+    const int e2 = nearest(std::fmin(std::fabs(x), 6.0f), 8, fp4_e2m1_to_float);
+    CHECK(portable::fp4_e2m1_code(x) == (std::signbit(x) ? e2 | 0x8 : e2));
+  };
+  std::vector<float> points{0.0f, -0.0f, 1e-30f, 1000.0f, -1000.0f, 448.0f, 464.0f, 6.0f, 7.0f};
+  for (int c = 0; c + 1 < 127; ++c)
+    points.push_back((fp8_e4m3_to_float(std::uint8_t(c)) + fp8_e4m3_to_float(std::uint8_t(c + 1))) / 2);
+  for (int c = 0; c + 1 < 8; ++c)
+    points.push_back((fp4_e2m1_to_float(std::uint8_t(c)) + fp4_e2m1_to_float(std::uint8_t(c + 1))) / 2);
+  for (float p : points)
+    for (float x : {p, std::nextafter(p, 0.0f), std::nextafter(p, 1e9f)}) {
+      check(x);
+      check(-x);
+    }
+  // And every 4099th bit pattern of the positive floats (a mismatch is reported by check).
+  for (std::uint32_t bits = 0; bits < 0x7f800000u; bits += 4099) {
+    float x;
+    std::memcpy(&x, &bits, 4);
+    if (portable::fp8_e4m3_code(x) != (nearest(std::fmin(x, 448.0f), 127, fp8_e4m3_to_float)) ||
+        portable::fp4_e2m1_code(x) != (nearest(std::fmin(x, 6.0f), 8, fp4_e2m1_to_float))) {
+      check(x);
+      break;
+    }
+  }
 }
 
 TEST_CASE("model init: tiny writes config.json and one file that read back tensor for tensor") {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -164,6 +165,41 @@ TEST_CASE("MoE routing: the bias picks the experts, the unbiased scores weigh th
   const double s0 = std::sqrt(std::log1p(std::exp(2.0))), s2 = std::sqrt(std::log(2.0));
   CHECK(weights[0] == doctest::Approx(1.5 * s2 / (s0 + s2)));
   CHECK(weights[1] == doctest::Approx(1.5 * s0 / (s0 + s2)));
+}
+
+TEST_CASE("MoE routing: the top k of a full sort by score + bias, ties to the lower expert") {
+  // The released shape (384 experts, top 6) under each scoring function, against the order a
+  // full sort gives; logits with ties, some broken by the bias and some not.
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(-4, 4);
+  for (const char* func : {"sqrtsoftplus", "sigmoid", "softmax"}) {
+    CAPTURE(func);
+    text_config c;
+    c.n_routed_experts = 384;
+    c.num_experts_per_tok = 6;
+    c.scoring_func = func;
+    for (int t = 0; t < 50; ++t) {
+      std::vector<float> logits(384), bias(384, 0.0f);
+      for (auto& v : logits) v = u(g);
+      for (int e = 0; e < 8; ++e) logits[static_cast<std::size_t>(e * 40)] = 3.9f;  // ties
+      for (int e = 0; e < 384; e += 3) bias[static_cast<std::size_t>(e)] = u(g) / 40;
+      auto scores = logits;
+      std::vector<std::int64_t> experts;
+      std::vector<float> weights;
+      route_token(c, scores.data(), bias.data(), experts, weights);
+      std::vector<std::int64_t> order(384);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+        const float sa = scores[static_cast<std::size_t>(a)] + bias[static_cast<std::size_t>(a)];
+        const float sb = scores[static_cast<std::size_t>(b)] + bias[static_cast<std::size_t>(b)];
+        return sa != sb ? sa > sb : a < b;
+      });
+      order.resize(6);
+      CHECK(experts == order);
+      CHECK(std::accumulate(weights.begin(), weights.end(), 0.0) ==
+            doctest::Approx(c.routed_scaling_factor).epsilon(1e-5));
+    }
+  }
 }
 
 TEST_CASE("numpy_rng reproduces NumPy's default_rng integers") {
