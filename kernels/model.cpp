@@ -790,19 +790,9 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
           const i64 complete = cc.pending_tokens / r;
           std::vector<float> latent(sz(hd));
           for (i64 g = 0; g < complete; ++g) {
-            for (i64 d = 0; d < hd; ++d) {
-              float mx = neg_inf;
-              for (i64 j = 0; j < r; ++j)
-                mx = std::max(mx, cc.pending_gate[sz((g * r + j) * hd + d)]);
-              float sum = 0.0f;
-              for (i64 j = 0; j < r; ++j)
-                sum += std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx);
-              float acc = 0.0f;
-              for (i64 j = 0; j < r; ++j)
-                acc += cc.pending_kv[sz((g * r + j) * hd + d)] *
-                       (std::exp(cc.pending_gate[sz((g * r + j) * hd + d)] - mx) / sum);
-              latent[sz(d)] = acc;
-            }
+            for (i64 d = 0; d < hd; ++d)
+              latent[sz(d)] = portable::compress_pool_at(cc.pending_kv.data(),
+                                                         cc.pending_gate.data(), r, hd, g, d);
             latents.insert(latents.end(), latent.begin(), latent.end());
             latent_pos.push_back((cc.groups + g) * r);
           }
@@ -863,13 +853,10 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
             for (i64 b0 = 0; b0 < reach; b0 += rows_per_block) {
               const i64 rows = std::min(rows_per_block, reach - b0);
               gemm_nt(nh, rows, idh, qt, idh, keys.row(b0), idh, head_scores.data(), rows);
-              for (i64 r = 0; r < rows; ++r) {
-                float acc = 0.0f;
-                for (i64 h = 0; h < nh; ++h)
-                  acc += std::max(head_scores[sz(h * rows + r)], 0.0f) * sm_scale *
-                         (i_w[sz(t * nh + h)] * heads_scale);
-                scores[sz(b0 + r)] = acc;
-              }
+              for (i64 r = 0; r < rows; ++r)
+                scores[sz(b0 + r)] = portable::index_score(head_scores.data() + r, rows,
+                                                           i_w.data() + t * nh, nh, sm_scale,
+                                                           heads_scale);
             }
             if (L.candidate_source) {
               const i64 bs = c.candidate_block_size;

@@ -188,6 +188,32 @@ TROUPE_HD inline void route_token(float* scores, const float* bias, i64 n, i64 k
   }
 }
 
+/// Channel d of CSA2 compressor group g: the group's r token rows of kv [·, hd] pooled by a
+/// softmax over their gate rows gate [·, hd] in that channel (rows g·r … g·r + r − 1).
+TROUPE_HD inline float compress_pool_at(const float* kv, const float* gate, i64 r, i64 hd, i64 g,
+                                        i64 d) {
+  const float* kr = kv + g * r * hd + d;
+  const float* gr = gate + g * r * hd + d;
+  float mx = -INFINITY;
+  for (i64 j = 0; j < r; ++j) mx = max_of(mx, gr[j * hd]);
+  float sum = 0.0f;
+  for (i64 j = 0; j < r; ++j) sum += expf(gr[j * hd] - mx);
+  float acc = 0.0f;
+  for (i64 j = 0; j < r; ++j) acc += kr[j * hd] * (expf(gr[j * hd] - mx) / sum);
+  return acc;
+}
+
+/// A query's CSA2 indexer score of one compressed entry from its nh heads' dot products with
+/// the entry's key (head h's at head_dot[h · stride]) and the query's head weights w [nh]:
+/// Σ_h relu(dot_h) · sm_scale · (w_h · heads_scale), h ascending.
+TROUPE_HD inline float index_score(const float* head_dot, i64 stride, const float* w, i64 nh,
+                                   float sm_scale, float heads_scale) {
+  float acc = 0.0f;
+  for (i64 h = 0; h < nh; ++h)
+    acc += max_of(head_dot[h * stride], 0.0f) * sm_scale * (w[h] * heads_scale);
+  return acc;
+}
+
 // ---- The e4m3fn and e2m1 grids, and the reference's fake quantisers of its caches ----
 
 TROUPE_HD inline std::uint32_t float_bits(float x) {

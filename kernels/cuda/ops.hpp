@@ -1,7 +1,7 @@
 // The CUDA kernels of the decode path, launched on device pointers: RMSNorm, sliding-window
 // decode attention over the SWA ring, the MoE dispatch / combine permutations, the mHC
-// mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE and the caches' fp8 / fp4
-// quantisers.
+// mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE, the caches' fp8 / fp4
+// quantisers, and the CSA2 compressor's pooling and indexer's scores.
 //
 // Each kernel mirrors a piece of the exact CPU model (kernels/model.cpp, kernels/cpu_ops.hpp)
 // on the same fp32 layouts, so the CUDA backend can be checked against the CPU backend one
@@ -92,6 +92,19 @@ result<bool> route_tokens(float* scores, const float* bias, std::int64_t T, std:
                           std::int64_t k, portable::router_scoring f, float gate_temp,
                           bool norm_topk_prob, float routed_scaling, std::int64_t* experts,
                           float* weights, void* stream = nullptr);
+
+/// The CSA2 compressor's latents out [groups, hd]: group g pools its `ratio` token rows of
+/// kv [groups · ratio, hd] by a per-channel softmax over their gate rows (same shape).
+result<bool> compress_pool(const float* kv, const float* gate, std::int64_t groups,
+                           std::int64_t ratio, std::int64_t hd, float* out,
+                           void* stream = nullptr);
+
+/// The CSA2 indexer's scores [queries, entries] from each query's heads' dot products with the
+/// entries' keys, head_dot [queries, nh, entries], and its head weights w [queries, nh]:
+/// Σ_h relu(dot) · sm_scale · (w_h · heads_scale).
+result<bool> index_scores(const float* head_dot, const float* w, std::int64_t queries,
+                          std::int64_t nh, std::int64_t entries, float sm_scale,
+                          float heads_scale, float* scores, void* stream = nullptr);
 
 /// The experts' clamped SwiGLU in place on g [rows, width] with u [rows, width], each row times
 /// row_scale[row] (null: no scaling).

@@ -1,5 +1,5 @@
-// The mHC mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE and the caches' fp8 /
-// fp4 quantisers on the device (kernels/cuda/ops.hpp): each thread runs the CPU engine's own per-token,
+// The mHC mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE, the caches' fp8 /
+// fp4 quantisers and the CSA2 compressor's pooling and indexer's scores on the device (kernels/cuda/ops.hpp): each thread runs the CPU engine's own per-token,
 // per-element or per-block function
 // (kernels/portable_math.hpp). This file is compiled with -fmad=false, so a product and the sum
 // it feeds round separately as on the CPU; what differs from the CPU is the device's expf.
@@ -78,6 +78,27 @@ struct route_fn {
   __device__ void operator()(std::int64_t t) const {
     portable::route_token(scores + t * n, bias, n, k, f, gate_temp, norm_topk_prob,
                           routed_scaling, experts + t * k, weights + t * k);
+  }
+};
+
+struct pool_fn {
+  const float *kv, *gate;
+  std::int64_t r, hd;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = portable::compress_pool_at(kv, gate, r, hd, i / hd, i % hd);
+  }
+};
+
+struct index_fn {
+  const float *head_dot, *w;
+  std::int64_t nh, entries;
+  float sm_scale, heads_scale;
+  float* scores;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t q = i / entries, e = i % entries;
+    scores[i] = portable::index_score(head_dot + q * nh * entries + e, entries, w + q * nh, nh,
+                                      sm_scale, heads_scale);
   }
 };
 
@@ -183,6 +204,18 @@ result<bool> route_tokens(float* scores, const float* bias, std::int64_t T, std:
                      route_fn{scores, bias, n, k, f, gate_temp, norm_topk_prob, routed_scaling,
                               experts, weights},
                      stream);
+}
+
+result<bool> compress_pool(const float* kv, const float* gate, std::int64_t groups,
+                           std::int64_t ratio, std::int64_t hd, float* out, void* stream) {
+  return launch_each("compress_pool", groups * hd, pool_fn{kv, gate, ratio, hd, out}, stream);
+}
+
+result<bool> index_scores(const float* head_dot, const float* w, std::int64_t queries,
+                          std::int64_t nh, std::int64_t entries, float sm_scale,
+                          float heads_scale, float* scores, void* stream) {
+  return launch_each("index_scores", queries * entries,
+                     index_fn{head_dot, w, nh, entries, sm_scale, heads_scale, scores}, stream);
 }
 
 result<bool> swiglu(float* g, const float* u, std::int64_t rows, std::int64_t width, float limit,

@@ -363,3 +363,34 @@ TEST_CASE("the device's MoE router picks the CPU's experts, weights within 1e-6 
     CHECK(max_rel_diff(dw.download(), want_w, 1e-3) <= 1e-6);
   }
 }
+
+TEST_CASE("the CSA2 compressor's pooling (within 4e-6) and indexer scores (bitwise) on the device") {
+  const std::int64_t groups = 9, r = 4, hd = 512;
+  const auto kv = uniform(static_cast<std::size_t>(groups * r * hd), 101, -2, 2);
+  const auto gate = uniform(kv.size(), 102, -6, 6);
+  std::vector<float> pooled(static_cast<std::size_t>(groups * hd));
+  for (std::int64_t g = 0; g < groups; ++g)
+    for (std::int64_t d = 0; d < hd; ++d)
+      pooled[static_cast<std::size_t>(g * hd + d)] =
+          portable::compress_pool_at(kv.data(), gate.data(), r, hd, g, d);
+  device_buffer<float> dkv(kv), dgate(gate), dpool(pooled.size());
+  REQUIRE(cuda::compress_pool(dkv.get(), dgate.get(), groups, r, hd, dpool.get()).ok());
+  CHECK(max_abs_diff(dpool.download(), pooled) <= 4e-6);  // |kv| <= 2, weights within ~5e-7
+
+  // The released indexer: 64 heads, scores over 1,000 entries for 5 queries.
+  const std::int64_t Q = 5, nh = 64, n = 1000;
+  const auto dots = uniform(static_cast<std::size_t>(Q * nh * n), 103, -3, 3);
+  const auto w = uniform(static_cast<std::size_t>(Q * nh), 104, -1, 1);
+  const float sm_scale = 1.0f / std::sqrt(128.0f), heads_scale = 1.0f / std::sqrt(64.0f);
+  std::vector<float> scores(static_cast<std::size_t>(Q * n));
+  for (std::int64_t q = 0; q < Q; ++q)
+    for (std::int64_t e = 0; e < n; ++e)
+      scores[static_cast<std::size_t>(q * n + e)] = portable::index_score(
+          dots.data() + q * nh * n + e, n, w.data() + q * nh, nh, sm_scale, heads_scale);
+  device_buffer<float> ddots(dots), dw(w), dscores(scores.size());
+  REQUIRE(cuda::index_scores(ddots.get(), dw.get(), Q, nh, n, sm_scale, heads_scale,
+                             dscores.get())
+              .ok());
+  const auto got = dscores.download();
+  CHECK(std::memcmp(got.data(), scores.data(), got.size() * 4) == 0);
+}
