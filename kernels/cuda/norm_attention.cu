@@ -36,7 +36,8 @@ __global__ void rms_norm_kernel(float* x, std::int64_t n, const float* weight, f
 
 // One block per (sequence, head): warps take keys in turn for the scores (lanes stride over
 // the head's channels), then the softmax with the sink, then threads take channels for the
-// weighted sum of the same rows, then the inverse RoPE of the rotated pairs.
+// weighted sum of the same rows, then the inverse RoPE of the rotated pairs. Keys 0 … nw − 1
+// are the window's ring rows, the rest the selected compressed rows.
 __global__ void swa_decode_kernel(swa_decode_args a) {
   extern __shared__ float shared[];
   const std::int64_t b = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
@@ -49,15 +50,20 @@ __global__ void swa_decode_kernel(swa_decode_args a) {
   std::int64_t first = pos - a.window + 1;
   if (first < 0) first = 0;
   if (first < a.ring_begin[b]) first = a.ring_begin[b];
-  const int nk = static_cast<int>(pos - first + 1);
+  const int nw = static_cast<int>(pos - first + 1);
+  const int nk = nw + (a.n_selected != nullptr ? static_cast<int>(a.n_selected[b]) : 0);
   const float* qh = a.q + (b * a.heads + h) * hd;
   const float* ring = a.rings + b * a.capacity * hd;
+  const std::int64_t* sel = a.selected + b * a.max_selected;
+  auto key = [&](int k) {
+    return k < nw ? ring + ((first + k) % a.capacity) * hd : a.compressed + sel[k - nw] * hd;
+  };
   for (std::int64_t i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qh[i];
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int k = warp; k < nk; k += warps) {
-    const float* row = ring + ((first + k) % a.capacity) * hd;
+    const float* row = key(k);
     float dot = 0;
     for (std::int64_t i = lane; i < hd; i += 32) dot += q[i] * row[i];
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -80,7 +86,7 @@ __global__ void swa_decode_kernel(swa_decode_args a) {
   __syncthreads();
   for (std::int64_t i = threadIdx.x; i < hd; i += blockDim.x) {
     float acc = 0;
-    for (int k = 0; k < nk; ++k) acc += p[k] * ring[((first + k) % a.capacity) * hd + i];
+    for (int k = 0; k < nk; ++k) acc += p[k] * key(k)[i];
     out[i] = acc;
   }
   __syncthreads();
@@ -120,6 +126,13 @@ result<bool> swa_decode_attention(const swa_decode_args& a, void* stream) {
                                  " and ring capacity " + std::to_string(a.capacity) +
                                  " must satisfy window <= capacity <= " +
                                  std::to_string(swa_max_keys));
+  if (a.n_selected != nullptr &&
+      (a.compressed == nullptr || a.selected == nullptr || a.max_selected < 0 ||
+       a.window + a.max_selected > swa_max_keys))
+    return result<bool>::failure("swa_decode_attention: window " + std::to_string(a.window) +
+                                 " + " + std::to_string(a.max_selected) +
+                                 " selected compressed entries (with their rows and indices) "
+                                 "must be at most " + std::to_string(swa_max_keys) + " keys");
   if (a.rope_dim % 2 != 0 || a.rope_dim > a.head_dim)
     return result<bool>::failure("swa_decode_attention: rope_dim " + std::to_string(a.rope_dim));
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.heads));

@@ -29,8 +29,10 @@ result<bool> rms_norm(float* x, std::int64_t rows, std::int64_t n, const float* 
 /// denominator, the inverse RoPE of the output at the query's position). The ring of sequence
 /// b is rings + b · capacity · head_dim, row of position p at slot p mod capacity (the layout of
 /// kernels/kv_cache.hpp's swa_ring), and must already hold the query's own row. Sequence b's
-/// keys are positions max(0, position[b] − window + 1, ring_begin[b]) .. position[b].
-/// Sliding-window layers only: the CSA2 layers' selected compressed entries are not attended.
+/// keys are positions max(0, position[b] − window + 1, ring_begin[b]) .. position[b], then, in
+/// a CSA2 layer, the compressed entries its indexer selected (n_selected[b] rows of
+/// `compressed` named by selected[b · max_selected …], in the indexer's order), as the CPU
+/// model appends them after the window.
 struct swa_decode_args {
   const float* q = nullptr;           // [batch, heads, head_dim], post-RoPE
   const float* rings = nullptr;       // [batch, capacity, head_dim]
@@ -42,11 +44,15 @@ struct swa_decode_args {
   std::int64_t batch = 0, heads = 0, head_dim = 0, capacity = 0, window = 0, rope_dim = 0;
   float scaling = 1.0f;       // the softmax scale, 1/sqrt(head_dim) in the model
   float rope_scaling = 1.0f;  // rope_table::scaling
+  const float* compressed = nullptr;          // [*, head_dim]: the compressed KV (CSA2 layers)
+  const std::int64_t* selected = nullptr;     // [batch, max_selected]: rows of `compressed`
+  const std::int64_t* n_selected = nullptr;   // [batch] (null: no compressed entries)
+  std::int64_t max_selected = 0;
 };
 result<bool> swa_decode_attention(const swa_decode_args& a, void* stream = nullptr);
 
-/// The largest window + rollback rows swa_decode_attention accepts (its scores live in shared
-/// memory).
+/// The most keys swa_decode_attention takes: ring capacity and window + max_selected (its
+/// scores live in shared memory).
 inline constexpr std::int64_t swa_max_keys = 1024;
 
 /// out[i] = x[send_copy[i] / top_k] for i < rows (kernels/ep_dispatch.hpp's gather_rows):

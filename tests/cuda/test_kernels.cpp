@@ -45,9 +45,10 @@ TEST_CASE("RMSNorm on the device matches the CPU's within 1e-5 relative") {
   CHECK(max_abs_diff(got, x) <= 1e-5 * 1.5 * 3);
 }
 
-TEST_CASE("sliding-window decode attention matches the CPU's sink attention within 2e-5") {
+TEST_CASE("decode attention over the window (and CSA2's selected entries) matches the CPU's within 2e-5") {
   // The released shapes of a sliding-window layer (64 heads of 512, window 128, rope 64), three
-  // sequences at different points: one short, two whose ring has wrapped, one after a reset.
+  // sequences at different points: one short, two whose ring has wrapped, one after a reset;
+  // then as a CSA2 layer: after the window, 0, 5 and 64 selected rows of a compressed KV.
   const std::int64_t H = 64, hd = 512, win = 128, cap = win + swa_rollback_tokens, B = 3;
   const std::vector<std::int64_t> positions{5, 300, 1000}, starts{0, 0, 950};
   const rope_table rope = make_rope_table([] {
@@ -74,55 +75,89 @@ TEST_CASE("sliding-window decode attention matches the CPU's sink attention with
   const auto sinks = uniform(static_cast<std::size_t>(H), 8);
   const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  device_buffer<float> dq(q), drings(rings), dsinks(sinks), dfreq(rope.inv_freq),
-      dout(static_cast<std::size_t>(B * H * hd));
-  device_buffer<std::int64_t> dpos(positions), dbegin(begin);
-  cuda::swa_decode_args a;
-  a.q = dq.get();
-  a.rings = drings.get();
-  a.positions = dpos.get();
-  a.ring_begin = dbegin.get();
-  a.sinks = dsinks.get();
-  a.inv_freq = dfreq.get();
-  a.out = dout.get();
-  a.batch = B;
-  a.heads = H;
-  a.head_dim = hd;
-  a.capacity = cap;
-  a.window = win;
-  a.rope_dim = rope.rope_dim;
-  a.scaling = scaling;
-  a.rope_scaling = rope.scaling;
-  REQUIRE(cuda::swa_decode_attention(a).ok());
-  const auto got = dout.download();
+  // The compressed KV of a CSA2 layer and each sequence's selected rows of it.
+  const std::int64_t n_comp = 200, max_sel = 64;
+  const auto compressed = uniform(static_cast<std::size_t>(n_comp * hd), 9);
+  const std::vector<std::int64_t> n_sel{0, 5, 64};
+  std::vector<std::int64_t> selected(static_cast<std::size_t>(B * max_sel), 0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t k = 0; k < n_sel[static_cast<std::size_t>(b)]; ++k)
+      selected[static_cast<std::size_t>(b * max_sel + k)] = (k * 37 + b * 11) % n_comp;
 
-  // The CPU model's computation (kernels/model.cpp, sink_attention), written out.
-  std::vector<float> want(got.size());
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t p = positions[static_cast<std::size_t>(b)];
-    const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, cpu[static_cast<std::size_t>(b)].begin()});
-    for (std::int64_t h = 0; h < H; ++h) {
-      const float* qh = q.data() + (b * H + h) * hd;
-      std::vector<float> lg;
-      for (std::int64_t k = first; k <= p; ++k) {
-        float dot = 0;
-        for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * cpu[static_cast<std::size_t>(b)].at(k)[i];
-        lg.push_back(dot * scaling);
-      }
-      float mx = sinks[static_cast<std::size_t>(h)];
-      for (float v : lg) mx = std::max(mx, v);
-      float sum = std::exp(sinks[static_cast<std::size_t>(h)] - mx);
-      for (float& v : lg) sum += v = std::exp(v - mx);
-      float* o = want.data() + (b * H + h) * hd;
-      for (std::int64_t i = 0; i < hd; ++i) {
-        float acc = 0;
-        for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * cpu[static_cast<std::size_t>(b)].at(first + static_cast<std::int64_t>(k))[i];
-        o[i] = acc;
-      }
-      apply_rope(o, hd, rope, p, /*inverse=*/true);
+  device_buffer<float> dq(q), drings(rings), dsinks(sinks), dfreq(rope.inv_freq),
+      dcomp(compressed), dout(static_cast<std::size_t>(B * H * hd));
+  device_buffer<std::int64_t> dpos(positions), dbegin(begin), dsel(selected), dnsel(n_sel);
+  for (const bool csa : {false, true}) {
+    CAPTURE(csa);
+    cuda::swa_decode_args a;
+    a.q = dq.get();
+    a.rings = drings.get();
+    a.positions = dpos.get();
+    a.ring_begin = dbegin.get();
+    a.sinks = dsinks.get();
+    a.inv_freq = dfreq.get();
+    a.out = dout.get();
+    if (csa) {
+      a.compressed = dcomp.get();
+      a.selected = dsel.get();
+      a.n_selected = dnsel.get();
+      a.max_selected = max_sel;
     }
+    a.batch = B;
+    a.heads = H;
+    a.head_dim = hd;
+    a.capacity = cap;
+    a.window = win;
+    a.rope_dim = rope.rope_dim;
+    a.scaling = scaling;
+    a.rope_scaling = rope.scaling;
+    REQUIRE(cuda::swa_decode_attention(a).ok());
+    const auto got = dout.download();
+
+    // The CPU model's computation (kernels/model.cpp: the window's rows, then the selected
+    // compressed rows, through sink_attention), written out.
+    std::vector<float> want(got.size());
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t p = positions[static_cast<std::size_t>(b)];
+      const auto& ring = cpu[static_cast<std::size_t>(b)];
+      const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, ring.begin()});
+      std::vector<const float*> keys;
+      for (std::int64_t k = first; k <= p; ++k) keys.push_back(ring.at(k));
+      if (csa)
+        for (std::int64_t k = 0; k < n_sel[static_cast<std::size_t>(b)]; ++k)
+          keys.push_back(compressed.data() + selected[static_cast<std::size_t>(b * max_sel + k)] * hd);
+      for (std::int64_t h = 0; h < H; ++h) {
+        const float* qh = q.data() + (b * H + h) * hd;
+        std::vector<float> lg;
+        for (const float* key : keys) {
+          float dot = 0;
+          for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * key[i];
+          lg.push_back(dot * scaling);
+        }
+        float mx = sinks[static_cast<std::size_t>(h)];
+        for (float v : lg) mx = std::max(mx, v);
+        float sum = std::exp(sinks[static_cast<std::size_t>(h)] - mx);
+        for (float& v : lg) sum += v = std::exp(v - mx);
+        float* o = want.data() + (b * H + h) * hd;
+        for (std::int64_t i = 0; i < hd; ++i) {
+          float acc = 0;
+          for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * keys[k][i];
+          o[i] = acc;
+        }
+        apply_rope(o, hd, rope, p, /*inverse=*/true);
+      }
+    }
+    CHECK(max_abs_diff(got, want) <= 2e-5);
   }
-  CHECK(max_abs_diff(got, want) <= 2e-5);
+  cuda::swa_decode_args too_many;  // window + selected above swa_max_keys: refused
+  too_many.batch = 1;
+  too_many.window = win;
+  too_many.capacity = cap;
+  too_many.n_selected = dnsel.get();
+  too_many.compressed = dcomp.get();
+  too_many.selected = dsel.get();
+  too_many.max_selected = cuda::swa_max_keys;
+  CHECK(!cuda::swa_decode_attention(too_many).ok());
 }
 
 TEST_CASE("the device gather and combine equal the host plan's bit for bit") {
