@@ -282,6 +282,31 @@ TROUPE_HD inline int nearest_code(float a, Grid grid) {
   return (first - 1) % 2 == 0 ? first - 1 : first;
 }
 
+/// The value of a ue8m0 scale byte b < 255: 2^(b − 127) (b = 0: the subnormal 2^-127).
+TROUPE_HD inline float e8m0_value(std::uint8_t b) {
+  return b == 0 ? bits_float(0x00400000u) : pow2f(static_cast<int>(b) - 127);
+}
+
+/// Element (i, j) of an FP8 (e4m3fn) weight with ue8m0 block scales [⌈rows / br⌉, ⌈cols / bc⌉],
+/// dequantized (codes 0x7f / 0xff, NaN in e4m3fn, are not expected in a checkpoint).
+TROUPE_HD inline float fp8_block_weight(const std::uint8_t* w, const std::uint8_t* scales, i64 cols,
+                                        i64 br, i64 bc, i64 i, i64 j) {
+  const std::uint8_t code = w[i * cols + j];
+  const float m = e4m3_grid{}(code & 0x7f);
+  const i64 scale_cols = (cols + bc - 1) / bc;
+  return ((code & 0x80) != 0 ? -m : m) * e8m0_value(scales[(i / br) * scale_cols + j / bc]);
+}
+
+/// Element (i, j) of a packed FP4 (e2m1) weight [rows, cols / 2 bytes] (element k's nibble: the
+/// low one of byte k / 2 when k is even) with ue8m0 scales [rows, cols / block], dequantized.
+TROUPE_HD inline float fp4_packed_weight(const std::uint8_t* packed, const std::uint8_t* scales,
+                                         i64 cols, i64 block, i64 i, i64 j) {
+  const i64 k = i * cols + j;
+  const std::uint8_t nibble = (k % 2) != 0 ? packed[k / 2] >> 4 : packed[k / 2] & 0xf;
+  const float m = e2m1_grid{}(nibble & 0x7);
+  return ((nibble & 0x8) != 0 ? -m : m) * e8m0_value(scales[i * (cols / block) + j / block]);
+}
+
 /// Nearest e4m3fn code to x (saturating at 448), ties to the even code; the sign in bit 7.
 TROUPE_HD inline std::uint8_t fp8_e4m3_code(float x) {
   const int code = nearest_code(min_of(fabsf(x), 448.0f), e4m3_grid{});

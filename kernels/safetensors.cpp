@@ -421,7 +421,7 @@ float fp8_e4m3_to_float(std::uint8_t b) {
 
 float fp8_e8m0_to_float(std::uint8_t b) {
   if (b == 0xff) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, int(b) - 127);
+  return portable::e8m0_value(b);
 }
 
 float fp4_e2m1_to_float(std::uint8_t nibble) {

@@ -1,7 +1,8 @@
 // The CUDA kernels of the decode path, launched on device pointers: RMSNorm, sliding-window
 // decode attention over the SWA ring, the MoE dispatch / combine permutations, the mHC
 // mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE, the caches' fp8 / fp4
-// quantisers, and the CSA2 compressor's pooling and indexer's scores.
+// quantisers, the CSA2 compressor's pooling and indexer's scores, and the released FP8 / FP4
+// weights' dequantisation.
 //
 // Each kernel mirrors a piece of the exact CPU model (kernels/model.cpp, kernels/cpu_ops.hpp)
 // on the same fp32 layouts, so the CUDA backend can be checked against the CPU backend one
@@ -111,6 +112,20 @@ result<bool> compress_pool(const float* kv, const float* gate, std::int64_t grou
 result<bool> index_scores(const float* head_dot, const float* w, std::int64_t queries,
                           std::int64_t nh, std::int64_t entries, float sm_scale,
                           float heads_scale, float* scores, void* stream = nullptr);
+
+/// A released FP8 weight w [rows, cols] (e4m3fn bytes) with ue8m0 block scales
+/// [⌈rows / block_rows⌉, ⌈cols / block_cols⌉] dequantized into out [rows, cols] fp32 (every value
+/// exact: e4m3 · 2^k), as kernels/safetensors.hpp's dequantize_fp8_blocks.
+result<bool> dequant_fp8_blocks(const std::uint8_t* w, const std::uint8_t* scales,
+                                std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                                std::int64_t block_cols, float* out, void* stream = nullptr);
+
+/// A released packed FP4 expert weight [rows, cols / 2 bytes] (low nibble first) with ue8m0
+/// scales [rows, cols / block] dequantized into out [rows, cols] fp32, as
+/// kernels/safetensors.hpp's dequantize_fp4.
+result<bool> dequant_fp4(const std::uint8_t* packed, const std::uint8_t* scales, std::int64_t rows,
+                         std::int64_t cols, std::int64_t block, float* out,
+                         void* stream = nullptr);
 
 /// The experts' clamped SwiGLU in place on g [rows, width] with u [rows, width], each row times
 /// row_scale[row] (null: no scaling).

@@ -1,5 +1,6 @@
 // The mHC mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE, the caches' fp8 /
-// fp4 quantisers and the CSA2 compressor's pooling and indexer's scores on the device (kernels/cuda/ops.hpp): each thread runs the CPU engine's own per-token,
+// fp4 quantisers, the CSA2 compressor's pooling and indexer's scores, and the released FP8 / FP4
+// weights' dequantisation on the device (kernels/cuda/ops.hpp): each thread runs the CPU engine's own per-token,
 // per-element or per-block function
 // (kernels/portable_math.hpp). This file is compiled with -fmad=false, so a product and the sum
 // it feeds round separately as on the CPU; what differs from the CPU is the device's expf.
@@ -99,6 +100,17 @@ struct index_fn {
     const std::int64_t q = i / entries, e = i % entries;
     scores[i] = portable::index_score(head_dot + q * nh * entries + e, entries, w + q * nh, nh,
                                       sm_scale, heads_scale);
+  }
+};
+
+struct dequant_fn {
+  const std::uint8_t *w, *scales;
+  std::int64_t cols, br, bc;  // fp4: bc = 0, br = the scale block along a row
+  float* out;
+  __device__ void operator()(std::int64_t k) const {
+    const std::int64_t i = k / cols, j = k % cols;
+    out[k] = bc > 0 ? portable::fp8_block_weight(w, scales, cols, br, bc, i, j)
+                    : portable::fp4_packed_weight(w, scales, cols, br, i, j);
   }
 };
 
@@ -216,6 +228,24 @@ result<bool> index_scores(const float* head_dot, const float* w, std::int64_t qu
                           float heads_scale, float* scores, void* stream) {
   return launch_each("index_scores", queries * entries,
                      index_fn{head_dot, w, nh, entries, sm_scale, heads_scale, scores}, stream);
+}
+
+result<bool> dequant_fp8_blocks(const std::uint8_t* w, const std::uint8_t* scales,
+                                std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                                std::int64_t block_cols, float* out, void* stream) {
+  if (block_rows <= 0 || block_cols <= 0)
+    return result<bool>::failure("dequant_fp8_blocks: block sizes must be positive");
+  return launch_each("dequant_fp8_blocks", rows * cols,
+                     dequant_fn{w, scales, cols, block_rows, block_cols, out}, stream);
+}
+
+result<bool> dequant_fp4(const std::uint8_t* packed, const std::uint8_t* scales, std::int64_t rows,
+                         std::int64_t cols, std::int64_t block, float* out, void* stream) {
+  if (block <= 0 || cols % block != 0 || cols % 2 != 0)
+    return result<bool>::failure("dequant_fp4: " + std::to_string(cols) +
+                                 " columns are not whole scale blocks of " + std::to_string(block));
+  return launch_each("dequant_fp4", rows * cols, dequant_fn{packed, scales, cols, block, 0, out},
+                     stream);
 }
 
 result<bool> swiglu(float* g, const float* u, std::int64_t rows, std::int64_t width, float limit,

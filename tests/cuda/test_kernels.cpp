@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "device_buffer.hpp"
 #include "kernels/cpu_ops.hpp"
@@ -428,4 +429,34 @@ TEST_CASE("the CSA2 compressor's pooling (within 4e-6) and indexer scores (bitwi
               .ok());
   const auto got = dscores.download();
   CHECK(std::memcmp(got.data(), scores.data(), got.size() * 4) == 0);
+}
+
+TEST_CASE("the device's FP8 and FP4 weight dequantisation equals the CPU decoders bit for bit") {
+  // A released-shaped FP8 block (4 x 3 blocks of 128 x 128, ragged at the edges) and an FP4
+  // expert matrix (per-32 scales), random codes (no NaN e4m3 codes) and scales around 2^0.
+  const std::int64_t rows = 400, cols = 300, fr = 64, fc = 2048;
+  std::mt19937 g(111);
+  std::vector<std::uint8_t> w8(static_cast<std::size_t>(rows * cols)), s8(4 * 3),
+      w4(static_cast<std::size_t>(fr * fc / 2)), s4(static_cast<std::size_t>(fr * fc / 32));
+  for (auto& b : w8) do b = static_cast<std::uint8_t>(g()); while ((b & 0x7f) == 0x7f);
+  for (auto& b : w4) b = static_cast<std::uint8_t>(g());
+  for (auto* v : {&s8, &s4})
+    for (auto& b : *v) b = static_cast<std::uint8_t>(120 + g() % 16);
+  std::vector<float> want8(w8.size()), want4(static_cast<std::size_t>(fr * fc));
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j)
+      want8[static_cast<std::size_t>(i * cols + j)] =
+          portable::fp8_block_weight(w8.data(), s8.data(), cols, 128, 128, i, j);
+  for (std::int64_t i = 0; i < fr; ++i)
+    for (std::int64_t j = 0; j < fc; ++j)
+      want4[static_cast<std::size_t>(i * fc + j)] =
+          portable::fp4_packed_weight(w4.data(), s4.data(), fc, 32, i, j);
+  device_buffer<std::uint8_t> dw8(w8), ds8(s8), dw4(w4), ds4(s4);
+  device_buffer<float> d8(want8.size()), d4(want4.size());
+  REQUIRE(cuda::dequant_fp8_blocks(dw8.get(), ds8.get(), rows, cols, 128, 128, d8.get()).ok());
+  REQUIRE(cuda::dequant_fp4(dw4.get(), ds4.get(), fr, fc, 32, d4.get()).ok());
+  const auto got8 = d8.download(), got4 = d4.download();
+  CHECK(std::memcmp(got8.data(), want8.data(), got8.size() * 4) == 0);
+  CHECK(std::memcmp(got4.data(), want4.data(), got4.size() * 4) == 0);
+  CHECK(!cuda::dequant_fp4(dw4.get(), ds4.get(), fr, 33, 32, d4.get()).ok());  // ragged: refused
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "kernels/portable_math.hpp"
 #include "kernels/safetensors.hpp"
 #include "scratch.hpp"
 
@@ -180,6 +181,43 @@ TEST_CASE("a packed FP4 expert weight unpacks low nibble first and applies its p
   REQUIRE_MESSAGE(w.ok(), w.error());
   CHECK(shape == std::vector<std::int64_t>{8, 64});
   CHECK(*w == floats(*want, "w1"));
+}
+
+TEST_CASE("the per-element FP8 and FP4 weight decoders the CUDA kernels run equal the loader's") {
+  // kernels/portable_math.hpp's fp8_block_weight / fp4_packed_weight on the raw bytes of the
+  // released-style goldens, bit for bit what load_float dequantizes; and every ue8m0 scale byte.
+  for (int b = 0; b < 255; ++b)
+    CHECK(same_bits(portable::e8m0_value(std::uint8_t(b)), std::ldexp(1.0f, b - 127)));
+  auto fp8 = checkpoint::open(golden / "fp8_block.safetensors");
+  REQUIRE_MESSAGE(fp8.ok(), fp8.error());
+  auto w = fp8->get("layers.0.attn.wq_a.weight");
+  auto sc = fp8->get("layers.0.attn.wq_a.scale");
+  REQUIRE(w.ok());
+  REQUIRE(sc.ok());
+  auto want = fp8->load_float("layers.0.attn.wq_a.weight");
+  REQUIRE(want.ok());
+  const auto* wb = reinterpret_cast<const std::uint8_t*>(w->bytes.data());
+  const auto* sb = reinterpret_cast<const std::uint8_t*>(sc->bytes.data());
+  int differ = 0;
+  for (int i = 0; i < 136; ++i)
+    for (int j = 0; j < 136; ++j)
+      differ += !same_bits(portable::fp8_block_weight(wb, sb, 136, 128, 128, i, j), (*want)[i * 136 + j]);
+  CHECK(differ == 0);
+  auto fp4 = checkpoint::open(golden / "fp4_expert.safetensors");
+  REQUIRE(fp4.ok());
+  auto p4 = fp4->get("layers.0.ffn.experts.0.w1.weight");
+  auto s4 = fp4->get("layers.0.ffn.experts.0.w1.scale");
+  auto want4 = fp4->load_float("layers.0.ffn.experts.0.w1.weight");
+  REQUIRE(p4.ok());
+  REQUIRE(s4.ok());
+  REQUIRE(want4.ok());
+  const auto* pb = reinterpret_cast<const std::uint8_t*>(p4->bytes.data());
+  const auto* qb = reinterpret_cast<const std::uint8_t*>(s4->bytes.data());
+  differ = 0;
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 64; ++j)
+      differ += !same_bits(portable::fp4_packed_weight(pb, qb, 64, 32, i, j), (*want4)[i * 64 + j]);
+  CHECK(differ == 0);
 }
 
 TEST_CASE("FP4 scales of the wrong shape are refused naming both tensors") {
