@@ -193,6 +193,7 @@ int replay_bench(const model& m, std::int64_t prompt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  troupe::kernels::reexec_with_blas_kernel_upgrade(argv);  // the kernel troupe runs with
   std::int64_t prompt = 1024, decode = 32;
   int threads = 2;
   std::int64_t replay_prompt = 0;
@@ -231,8 +232,9 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < map.size(); ++i)
     map[i] = std::int64_t(i) % c.engram_compressed_vocab_size;
   (void)m->set_engram_token_map(map);
-  std::printf("model: %s, %d threads\n", generated ? "small preset (seed 1)" : model_dir.c_str(),
-              threads);
+  std::printf("model: %s, %d threads, OpenBLAS kernel %s\n",
+              generated ? "small preset (seed 1)" : model_dir.c_str(), threads,
+              troupe::kernels::blas_kernel_name().c_str());
   if (replay_prompt > 0) {
     const int rc = replay_bench(*m, replay_prompt);
     if (generated) std::filesystem::remove_all(dir);

@@ -13,6 +13,7 @@
 #include "cluster/sim/swarm.hpp"
 #include "cluster/topology.hpp"
 #include "cluster/launch/certs.hpp"
+#include "kernels/cpu_ops.hpp"
 #include "kernels/generate.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/npy.hpp"
@@ -250,12 +251,17 @@ int main(int argc, char** argv) {
   // printed "terminated with signal 11 ... Backtrace:" and never exited, so troupe launch could
   // not restart it). Without the handler a crash is a crash, which the launcher restarts.
   setenv("IPATH_NO_BACKTRACE", "1", 0);
+  // The CPU engine's GEMMs on the CPU's vector units even where OpenBLAS does not know the CPU.
+  troupe::kernels::reexec_with_blas_kernel_upgrade(argv);
   CLI::App app{"troupe: an actor-model serving runtime for DeepSeek-V4.1-class MoE models"};
   app.require_subcommand(1);
   int rc = 0;
 
   auto* version = app.add_subcommand("version", "print the troupe version");
-  version->callback([] { std::cout << "troupe " << TROUPE_VERSION << "\n"; });
+  version->callback([] {
+    std::cout << "troupe " << TROUPE_VERSION << " (OpenBLAS kernel "
+              << troupe::kernels::blas_kernel_name() << ")\n";
+  });
 
   // troupe certs: the cluster CA and a TLS key + certificate per node (cluster/launch/certs.hpp,
   // docs/tls.md).

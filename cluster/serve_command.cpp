@@ -1,4 +1,5 @@
 #include "cluster/serve_command.hpp"
+#include "kernels/cpu_ops.hpp"
 
 #include "actors/entrypoint/entrypoint.hpp"
 #include "cluster/serve_setup.hpp"
@@ -52,6 +53,7 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   auto& service = graph.service;
   err << "troupe serve: loading " << o.model << " on " << prefill_pool->instances.initial
       << " prefill and " << decode_pool->instances.initial << " decode instance(s)"
+      << " (CPU devices, OpenBLAS kernel " << kernels::blas_kernel_name() << ")"
       << (in->kv_dir.empty() ? std::string{" (no KV store)"}
                              : ", KV store in " + in->kv_dir.string()
                                  + (in->topo.storage.real_shards() > 1

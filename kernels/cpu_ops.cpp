@@ -1,9 +1,11 @@
 #include "kernels/cpu_ops.hpp"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/portable_math.hpp"
 
@@ -12,6 +14,25 @@ namespace troupe::kernels {
 void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 
 std::string blas_kernel_name() { return openblas_get_corename(); }
+
+std::string blas_kernel_upgrade() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || blas_kernel_name() != "Prescott") return "";
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
+
+void reexec_with_blas_kernel_upgrade(char** argv) {
+  const std::string kernel = blas_kernel_upgrade();
+  if (kernel.empty()) return;
+  setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");
+}
 
 void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,
             float* y) {

@@ -1,4 +1,5 @@
 #include "cluster/launch/node_command.hpp"
+#include "kernels/cpu_ops.hpp"
 
 #include "actors/entrypoint/entrypoint.hpp"
 #include "actors/lb/lb_protocol.hpp"
@@ -622,7 +623,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
         .receive([&](const caf::actor& e) { announced = static_cast<bool>(e); },
                  [](const caf::error&) {});
       if (announced)
-        err << command << ": model loaded; serving in the " << o.role << " pool\n";
+        err << command << ": model loaded; serving in the " << o.role << " pool (OpenBLAS kernel "
+            << kernels::blas_kernel_name() << ")\n";
     }
     if (cluster_stopping->load()) {
       err << command << ": the control process is stopping the cluster\n";
