@@ -3,8 +3,8 @@
 // kernels (kernels/cuda/) call them once per thread. One definition, so the two engines
 // compute the same sequence of operations on every element, and what the CPU tests check of
 // these functions holds for the device kernels' arithmetic too. What differs on the device is
-// the library behind expf (a few ulps from glibc's) and FMA contraction, which the device
-// build of these functions turns off (kernels/cuda/CMakeLists.txt: -fmad=false).
+// its expf, sinf, cosf and log1pf (within a few ulps of glibc's) and FMA contraction, which
+// the device build of these functions turns off (kernels/cuda/CMakeLists.txt: -fmad=false).
 //
 // Everything here is header-only, fp32, on plain pointers, with no allocation and no standard
 // library call a kernel cannot make: comparisons are written out as std::max / std::min /
