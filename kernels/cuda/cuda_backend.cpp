@@ -13,13 +13,13 @@ namespace {
 
 const char* const missing =
     "the CUDA backend does not run the DeepSeek-V4.1 forward pass yet (built: RMSNorm, decode "
-    "attention over the SWA ring and CSA2's selected entries, the mHC mixes, collapse and "
-    "expand, the MoE router, dispatch/combine permutations and SwiGLU, Engram's gate, RoPE, the "
-    "fp8/fp4 cache quantisers, the CSA2 compressor's pooling and indexer scores, FP8/FP4 weight "
-    "dequantisation, the cuBLASLt BF16 GEMM, the NCCL EP all-to-all; missing: the CSA2 "
-    "indexer's top-k, prefill attention, the routed experts' grouped GEMM on FP8/FP4 weights, "
-    "Engram's table reads, the DSpark draft layers, the State and Block KV on the device, the "
-    "layer loop); use device = \"cpu\"";
+    "and prefill attention over the window and CSA2's selected entries, the mHC mixes, collapse "
+    "and expand, the MoE router, dispatch/combine permutations and SwiGLU, Engram's gate, RoPE, "
+    "the fp8/fp4 cache quantisers, the CSA2 compressor's pooling and indexer scores, FP8/FP4 "
+    "weight dequantisation, the cuBLASLt BF16 GEMM, the NCCL EP all-to-all; missing: the CSA2 "
+    "indexer's top-k, the routed experts' grouped GEMM on FP8/FP4 weights, Engram's table reads, "
+    "the DSpark draft layers, the State and Block KV on the device, the layer loop); use "
+    "device = \"cpu\"";
 
 template <class T>
 result<T> not_implemented() {

@@ -34,10 +34,11 @@ __global__ void rms_norm_kernel(float* x, std::int64_t n, const float* weight, f
     row[i] = weight != nullptr ? weight[i] * (row[i] * inv) : row[i] * inv;
 }
 
-// One block per (sequence, head): warps take keys in turn for the scores (lanes stride over
+// One block per (query, head): warps take keys in turn for the scores (lanes stride over
 // the head's channels), then the softmax with the sink, then threads take channels for the
 // weighted sum of the same rows, then the inverse RoPE of the rotated pairs. Keys 0 … nw − 1
-// are the window's ring rows, the rest the selected compressed rows.
+// are the window's rows (from the ring, or from the call's chunk at and after its start), the
+// rest the selected compressed rows.
 __global__ void swa_decode_kernel(swa_decode_args a) {
   extern __shared__ float shared[];
   const std::int64_t b = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
@@ -47,16 +48,23 @@ __global__ void swa_decode_kernel(swa_decode_args a) {
   __shared__ float stats[2];    // max, sum
 
   const std::int64_t pos = a.positions[b];
+  const std::int64_t seq = a.chunk != nullptr ? a.sequence[b] : b;
+  // Positions from `start` on are the call's chunk rows (decode: none; the ring holds them all).
+  const std::int64_t start = a.chunk != nullptr ? a.chunk_start[b] : pos + 1;
   std::int64_t first = pos - a.window + 1;
   if (first < 0) first = 0;
-  if (first < a.ring_begin[b]) first = a.ring_begin[b];
+  const std::int64_t oldest = a.ring_begin[seq] < start ? a.ring_begin[seq] : start;
+  if (first < oldest) first = oldest;
   const int nw = static_cast<int>(pos - first + 1);
   const int nk = nw + (a.n_selected != nullptr ? static_cast<int>(a.n_selected[b]) : 0);
   const float* qh = a.q + (b * a.heads + h) * hd;
-  const float* ring = a.rings + b * a.capacity * hd;
+  const float* ring = a.rings + seq * a.capacity * hd;
   const std::int64_t* sel = a.selected + b * a.max_selected;
   auto key = [&](int k) {
-    return k < nw ? ring + ((first + k) % a.capacity) * hd : a.compressed + sel[k - nw] * hd;
+    if (k >= nw) return a.compressed + sel[k - nw] * hd;
+    const std::int64_t kp = first + k;
+    return kp < start ? ring + (kp % a.capacity) * hd
+                      : a.chunk + (a.chunk_row[b] + kp - start) * hd;
   };
   for (std::int64_t i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qh[i];
   __syncthreads();
@@ -135,6 +143,10 @@ result<bool> swa_decode_attention(const swa_decode_args& a, void* stream) {
                                  "must be at most " + std::to_string(swa_max_keys) + " keys");
   if (a.rope_dim % 2 != 0 || a.rope_dim > a.head_dim)
     return result<bool>::failure("swa_decode_attention: rope_dim " + std::to_string(a.rope_dim));
+  if (a.chunk != nullptr &&
+      (a.sequence == nullptr || a.chunk_start == nullptr || a.chunk_row == nullptr))
+    return result<bool>::failure(
+        "swa_decode_attention: a chunk needs each query's sequence, chunk start and chunk row");
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.heads));
   const std::size_t shared = sizeof(float) * static_cast<std::size_t>(2 * a.head_dim + swa_max_keys);
   swa_decode_kernel<<<grid, threads, shared, static_cast<cudaStream_t>(stream)>>>(a);

@@ -25,15 +25,18 @@ namespace troupe::kernels::cuda {
 result<bool> rms_norm(float* x, std::int64_t rows, std::int64_t n, const float* weight, float eps,
                       void* stream = nullptr);
 
-/// One decode token per sequence attending over its layer's SWA ring, as the CPU model's
-/// sliding-window attention (K = V = the ring's rows, a per-head sink in the softmax's
-/// denominator, the inverse RoPE of the output at the query's position). The ring of sequence
-/// b is rings + b · capacity · head_dim, row of position p at slot p mod capacity (the layout of
-/// kernels/kv_cache.hpp's swa_ring), and must already hold the query's own row. Sequence b's
-/// keys are positions max(0, position[b] − window + 1, ring_begin[b]) .. position[b], then, in
-/// a CSA2 layer, the compressed entries its indexer selected (n_selected[b] rows of
-/// `compressed` named by selected[b · max_selected …], in the indexer's order), as the CPU
-/// model appends them after the window.
+/// Queries attending over their layer's window, as the CPU model's attention (K = V = the
+/// window's rows, a per-head sink in the softmax's denominator, the inverse RoPE of the output
+/// at the query's position). Decode (chunk null): one token per sequence b, whose ring
+/// (rings + b · capacity · head_dim, row of position p at slot p mod capacity: the layout of
+/// kernels/kv_cache.hpp's swa_ring) already holds its own row; its keys are positions
+/// max(0, position[b] − window + 1, ring_begin[b]) .. position[b]. Prefill (chunk set): query b
+/// belongs to sequence sequence[b], whose rows before chunk_start[b] are in its ring and whose
+/// rows from there on are the call's chunk rows (position chunk_start[b] at chunk row
+/// chunk_row[b]); its keys start at max(0, position[b] − window + 1, min(ring_begin, chunk
+/// start)), as the CPU's. Then, in a CSA2 layer, the compressed entries its indexer selected
+/// (n_selected[b] rows of `compressed` named by selected[b · max_selected …], in the indexer's
+/// order), as the CPU model appends them after the window.
 struct swa_decode_args {
   const float* q = nullptr;           // [batch, heads, head_dim], post-RoPE
   const float* rings = nullptr;       // [batch, capacity, head_dim]
@@ -49,6 +52,10 @@ struct swa_decode_args {
   const std::int64_t* selected = nullptr;     // [batch, max_selected]: rows of `compressed`
   const std::int64_t* n_selected = nullptr;   // [batch] (null: no compressed entries)
   std::int64_t max_selected = 0;
+  const float* chunk = nullptr;               // [rows, head_dim]: the call's window rows (prefill)
+  const std::int64_t* sequence = nullptr;     // [batch]: each query's ring (prefill)
+  const std::int64_t* chunk_start = nullptr;  // [batch]: the position the chunk's rows begin at
+  const std::int64_t* chunk_row = nullptr;    // [batch]: the chunk row of that position
 };
 result<bool> swa_decode_attention(const swa_decode_args& a, void* stream = nullptr);
 

@@ -26,6 +26,37 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// The RoPE of a released attention head: 512 channels, the last 64 rotated.
+rope_table released_rope() {
+  rope_parameters p;
+  p.partial_rotary_factor = 64.0 / 512.0;
+  return make_rope_table(p, 512);
+}
+
+// One query head's attention as the CPU model computes it (kernels/model.cpp's attention_site
+// and sink_attention), written out: scores over `keys` (K = V), a softmax whose denominator
+// also takes the head's sink, the weighted sum of the keys, the inverse RoPE at position p.
+void cpu_sink_attention(const float* qh, const std::vector<const float*>& keys, float sink,
+                        float scaling, std::int64_t hd, const rope_table& rope, std::int64_t p,
+                        float* o) {
+  std::vector<float> lg;
+  for (const float* key : keys) {
+    float dot = 0;
+    for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * key[i];
+    lg.push_back(dot * scaling);
+  }
+  float mx = sink;
+  for (float v : lg) mx = std::max(mx, v);
+  float sum = std::exp(sink - mx);
+  for (float& v : lg) sum += v = std::exp(v - mx);
+  for (std::int64_t i = 0; i < hd; ++i) {
+    float acc = 0;
+    for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * keys[k][i];
+    o[i] = acc;
+  }
+  apply_rope(o, hd, rope, p, /*inverse=*/true);
+}
+
 // The largest |a − b| / max(|b|, floor) over the elements.
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, double floor) {
   double m = 0;
@@ -52,11 +83,7 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
   // then as a CSA2 layer: after the window, 0, 5 and 64 selected rows of a compressed KV.
   const std::int64_t H = 64, hd = 512, win = 128, cap = win + swa_rollback_tokens, B = 3;
   const std::vector<std::int64_t> positions{5, 300, 1000}, starts{0, 0, 950};
-  const rope_table rope = make_rope_table([] {
-    rope_parameters p;
-    p.partial_rotary_factor = 64.0 / 512.0;
-    return p;
-  }(), hd);
+  const rope_table rope = released_rope();
   std::vector<float> rings(static_cast<std::size_t>(B * cap * hd), 0.0f);
   std::vector<std::int64_t> begin(B);
   std::vector<swa_ring> cpu;
@@ -127,26 +154,9 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
       if (csa)
         for (std::int64_t k = 0; k < n_sel[static_cast<std::size_t>(b)]; ++k)
           keys.push_back(compressed.data() + selected[static_cast<std::size_t>(b * max_sel + k)] * hd);
-      for (std::int64_t h = 0; h < H; ++h) {
-        const float* qh = q.data() + (b * H + h) * hd;
-        std::vector<float> lg;
-        for (const float* key : keys) {
-          float dot = 0;
-          for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * key[i];
-          lg.push_back(dot * scaling);
-        }
-        float mx = sinks[static_cast<std::size_t>(h)];
-        for (float v : lg) mx = std::max(mx, v);
-        float sum = std::exp(sinks[static_cast<std::size_t>(h)] - mx);
-        for (float& v : lg) sum += v = std::exp(v - mx);
-        float* o = want.data() + (b * H + h) * hd;
-        for (std::int64_t i = 0; i < hd; ++i) {
-          float acc = 0;
-          for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * keys[k][i];
-          o[i] = acc;
-        }
-        apply_rope(o, hd, rope, p, /*inverse=*/true);
-      }
+      for (std::int64_t h = 0; h < H; ++h)
+        cpu_sink_attention(q.data() + (b * H + h) * hd, keys, sinks[static_cast<std::size_t>(h)],
+                           scaling, hd, rope, p, want.data() + (b * H + h) * hd);
     }
     CHECK(max_abs_diff(got, want) <= 2e-5);
   }
@@ -341,11 +351,7 @@ TEST_CASE("RoPE on the device matches the CPU's apply_rope within 1e-6 of the ro
   // Queries of 4 heads per token (one position per token) and the inverse rotation, on the
   // released head shape (512 channels, the last 64 rotated) at positions up to 100k.
   const std::int64_t T = 6, H = 4, hd = 512;
-  const rope_table rope = make_rope_table([] {
-    rope_parameters p;
-    p.partial_rotary_factor = 64.0 / 512.0;
-    return p;
-  }(), hd);
+  const rope_table rope = released_rope();
   const std::vector<std::int64_t> positions{0, 1, 127, 4096, 65535, 100000};
   const auto x = uniform(static_cast<std::size_t>(T * H * hd), 81, -3, 3);
   for (const bool inverse : {false, true}) {
@@ -459,4 +465,92 @@ TEST_CASE("the device's FP8 and FP4 weight dequantisation equals the CPU decoder
   CHECK(std::memcmp(got8.data(), want8.data(), got8.size() * 4) == 0);
   CHECK(std::memcmp(got4.data(), want4.data(), got4.size() * 4) == 0);
   CHECK(!cuda::dequant_fp4(dw4.get(), ds4.get(), fr, 33, 32, d4.get()).ok());  // ragged: refused
+}
+
+TEST_CASE("prefill attention: a chunk's queries over their ring and the chunk match the CPU's within 2e-5") {
+  // Two sequences in one call: one whose ring holds positions 0 … 149 and whose chunk is 150 …
+  // 189, one fresh (chunk 0 … 24); some queries also take selected compressed rows.
+  const std::int64_t H = 16, hd = 512, win = 128, cap = win + swa_rollback_tokens;
+  const rope_table rope = released_rope();
+  const std::vector<std::int64_t> start{150, 0}, len{40, 25};
+  std::vector<swa_ring> cpu;
+  std::vector<float> rings(static_cast<std::size_t>(2 * cap * hd), 0.0f);
+  std::vector<std::int64_t> begin;
+  for (std::int64_t s = 0; s < 2; ++s) {
+    swa_ring ring(hd, cap);
+    for (std::int64_t p = 0; p < start[static_cast<std::size_t>(s)]; ++p)
+      ring.push(uniform(static_cast<std::size_t>(hd), static_cast<std::uint32_t>(5000 + p)).data());
+    begin.push_back(ring.begin());
+    for (std::int64_t p = ring.begin(); p < ring.end(); ++p)
+      std::copy_n(ring.at(p), hd, rings.data() + (s * cap + p % cap) * hd);
+    cpu.push_back(std::move(ring));
+  }
+  const std::int64_t Q = 65, max_sel = 8, n_comp = 50;
+  const auto chunk = uniform(static_cast<std::size_t>(Q * hd), 121);
+  const auto compressed = uniform(static_cast<std::size_t>(n_comp * hd), 122);
+  const auto q = uniform(static_cast<std::size_t>(Q * H * hd), 123, -0.2f, 0.2f);
+  const auto sinks = uniform(static_cast<std::size_t>(H), 124);
+  std::vector<std::int64_t> positions, sequence, chunk_start, chunk_row, n_sel,
+      selected(static_cast<std::size_t>(Q * max_sel), 0);
+  for (std::int64_t s = 0, row = 0; s < 2; ++s)
+    for (std::int64_t i = 0; i < len[static_cast<std::size_t>(s)]; ++i) {
+      positions.push_back(start[static_cast<std::size_t>(s)] + i);
+      sequence.push_back(s);
+      chunk_start.push_back(start[static_cast<std::size_t>(s)]);
+      chunk_row.push_back(row - i);  // the chunk row of the sequence's first position
+      const std::int64_t b = row++;
+      n_sel.push_back((b % 3) * 4);
+      for (std::int64_t k = 0; k < n_sel.back(); ++k)
+        selected[static_cast<std::size_t>(b * max_sel + k)] = (b * 7 + k * 13) % n_comp;
+    }
+  const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
+  device_buffer<float> dq(q), drings(rings), dsinks(sinks), dfreq(rope.inv_freq), dchunk(chunk),
+      dcomp(compressed), dout(static_cast<std::size_t>(Q * H * hd));
+  device_buffer<std::int64_t> dpos(positions), dbegin(begin), dseq(sequence), dstart(chunk_start),
+      drow(chunk_row), dsel(selected), dnsel(n_sel);
+  cuda::swa_decode_args a;
+  a.q = dq.get();
+  a.rings = drings.get();
+  a.positions = dpos.get();
+  a.ring_begin = dbegin.get();
+  a.sinks = dsinks.get();
+  a.inv_freq = dfreq.get();
+  a.out = dout.get();
+  a.batch = Q;
+  a.heads = H;
+  a.head_dim = hd;
+  a.capacity = cap;
+  a.window = win;
+  a.rope_dim = rope.rope_dim;
+  a.scaling = scaling;
+  a.rope_scaling = rope.scaling;
+  a.compressed = dcomp.get();
+  a.selected = dsel.get();
+  a.n_selected = dnsel.get();
+  a.max_selected = max_sel;
+  a.chunk = dchunk.get();
+  a.sequence = dseq.get();
+  a.chunk_start = dstart.get();
+  a.chunk_row = drow.get();
+  REQUIRE(cuda::swa_decode_attention(a).ok());
+  const auto got = dout.download();
+
+  // kernels/model.cpp's attention_site for these queries, written out.
+  std::vector<float> want(got.size());
+  for (std::int64_t b = 0; b < Q; ++b) {
+    const std::int64_t p = positions[static_cast<std::size_t>(b)], s = sequence[static_cast<std::size_t>(b)];
+    const std::int64_t st = chunk_start[static_cast<std::size_t>(b)];
+    const auto& ring = cpu[static_cast<std::size_t>(s)];
+    const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, std::min(ring.begin(), st)});
+    std::vector<const float*> keys;
+    for (std::int64_t kp = first; kp <= p; ++kp)
+      keys.push_back(kp < st ? ring.at(kp)
+                             : chunk.data() + (chunk_row[static_cast<std::size_t>(b)] + kp - st) * hd);
+    for (std::int64_t k = 0; k < n_sel[static_cast<std::size_t>(b)]; ++k)
+      keys.push_back(compressed.data() + selected[static_cast<std::size_t>(b * max_sel + k)] * hd);
+    for (std::int64_t h = 0; h < H; ++h)
+      cpu_sink_attention(q.data() + (b * H + h) * hd, keys, sinks[static_cast<std::size_t>(h)],
+                         scaling, hd, rope, p, want.data() + (b * H + h) * hd);
+  }
+  CHECK(max_abs_diff(got, want) <= 2e-5);
 }
