@@ -1,8 +1,8 @@
 #include "cluster/serve_command.hpp"
-#include "kernels/cpu_ops.hpp"
 
 #include "actors/entrypoint/entrypoint.hpp"
 #include "cluster/serve_setup.hpp"
+#include "kernels/cpu_ops.hpp"
 #include "runtime/units.hpp"
 
 #include <caf/actor_system.hpp>

@@ -1,7 +1,6 @@
 #include "kernels/model_init.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <fstream>

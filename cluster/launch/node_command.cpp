@@ -1,5 +1,4 @@
 #include "cluster/launch/node_command.hpp"
-#include "kernels/cpu_ops.hpp"
 
 #include "actors/entrypoint/entrypoint.hpp"
 #include "actors/lb/lb_protocol.hpp"
@@ -12,6 +11,7 @@
 #include "ports/fabric_link.hpp"
 #include "ports/posix_store.hpp"
 #include "ports/store_router.hpp"
+#include "kernels/cpu_ops.hpp"
 #include "kernels/kv_blocks.hpp"
 
 #include <caf/actor_system.hpp>
