@@ -30,8 +30,8 @@ void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, 
 /// The OpenBLAS kernel (an OPENBLAS_CORETYPE value) to use instead of the one OpenBLAS chose,
 /// or "" to keep it. OpenBLAS picks its kernel from the CPU's model number when it loads, and
 /// falls back to the generic SSE3 "Prescott" kernel for a model it does not know: Debian 12's
-/// OpenBLAS 0.3.21 does so on Sapphire Rapids and on hypervisors that mask the model, where its
-/// GEMMs then run 2-3x slower than the CPU can (docs/benchmarks.md). So on a CPU with AVX-512
+/// OpenBLAS 0.3.21 does so on CPUs newer than it (Emerald Rapids, family 6 model 207), where
+/// its GEMMs then run 2-4x slower than the CPU can (docs/benchmarks.md). So on a CPU with AVX-512
 /// (F, CD, BW, DQ, VL) this names "SkylakeX", with AVX2 and FMA "Haswell", when OpenBLAS fell
 /// back to Prescott and OPENBLAS_CORETYPE is not set (an operator's choice is kept).
 std::string blas_kernel_upgrade();

@@ -237,7 +237,9 @@ TROUPE_HD inline float bits_float(std::uint32_t u) {
 }
 
 /// 2^k for -126 ≤ k ≤ 128 (2^128: infinity), as ldexpf(1, k), from the bits.
-TROUPE_HD inline float pow2f(int k) { return bits_float(static_cast<std::uint32_t>(k + 127) << 23); }
+TROUPE_HD inline float pow2f(int k) {
+  return bits_float(static_cast<std::uint32_t>(k + 127) << 23);
+}
 
 /// The value of e4m3fn magnitude code c in [0, 126] (the codes increase with their values):
 /// mant · 2^-9 when the exponent field is 0, else 1.mant · 2^(exp − 7), built from the bits.

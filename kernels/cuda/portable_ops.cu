@@ -1,9 +1,9 @@
 // The mHC mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE, the caches' fp8 /
 // fp4 quantisers, the CSA2 compressor's pooling and indexer's scores, and the released FP8 / FP4
-// weights' dequantisation on the device (kernels/cuda/ops.hpp): each thread runs the CPU engine's own per-token,
-// per-element or per-block function
-// (kernels/portable_math.hpp). This file is compiled with -fmad=false, so a product and the sum
-// it feeds round separately as on the CPU; what differs from the CPU is the device's expf.
+// weights' dequantisation on the device (kernels/cuda/ops.hpp): each thread runs the CPU
+// engine's own per-token, per-element or per-block function (kernels/portable_math.hpp). This
+// file is compiled with -fmad=false, so a product and the sum it feeds round separately as on
+// the CPU; what differs from the CPU is the device's expf, sinf, cosf and log1pf.
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/portable_math.hpp"
