@@ -4,6 +4,7 @@
 // engine's own per-token, per-element or per-block function (kernels/portable_math.hpp). This
 // file is compiled with -fmad=false, so a product and the sum it feeds round separately as on
 // the CPU; what differs from the CPU is the device's expf, sinf, cosf and log1pf.
+#include "kernels/cuda/block_kernels.cuh"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/portable_math.hpp"
@@ -16,8 +17,6 @@ namespace troupe::kernels::cuda {
 
 namespace {
 
-constexpr int threads = 256;
-
 // f(i) for every i in [0, n), one thread each.
 template <class F>
 __global__ void each_index(std::int64_t n, F f) {
@@ -28,8 +27,8 @@ __global__ void each_index(std::int64_t n, F f) {
 template <class F>
 result<bool> launch_each(const char* what, std::int64_t n, F f, void* stream) {
   if (n <= 0) return true;
-  const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
-  each_index<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(n, f);
+  const auto blocks = static_cast<unsigned>((n + block_threads - 1) / block_threads);
+  each_index<<<blocks, block_threads, 0, static_cast<cudaStream_t>(stream)>>>(n, f);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return result<bool>::failure(std::string(what) + ": " + cuda_error_text(e));
@@ -160,20 +159,6 @@ result<bool> quant_blocks(const char* what, float* x, std::int64_t n, std::int64
   return launch_each(what, n / block, quant_fn{x, block, fp4, e4m3_scales}, stream);
 }
 
-// One block per (token, stream): its first thread computes the gate from the stream as it is,
-// then the block adds gate · value to the stream.
-__global__ void engram_kernel(float* streams, const float* kv, const float* weight,
-                              std::int64_t hc, std::int64_t D, float eps) {
-  __shared__ float gate;
-  const std::int64_t tk = blockIdx.x, t = tk / hc, k = tk % hc;
-  float* h = streams + tk * D;
-  const float* row = kv + t * (hc + 1) * D;
-  if (threadIdx.x == 0) gate = portable::engram_gate(h, row + k * D, weight + k * D, D, eps);
-  __syncthreads();
-  const float* value = row + hc * D;
-  for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) h[d] = h[d] + gate * value[d];
-}
-
 }  // namespace
 
 result<bool> hc_mixes(const float* mixes, const float* scale, const float* base, std::int64_t T,
@@ -198,8 +183,8 @@ result<bool> hc_expand(const float* streams, const float* x, const float* post, 
 result<bool> engram_gate_add(float* streams, const float* kv, const float* weight, std::int64_t T,
                              std::int64_t hc, std::int64_t D, float eps, void* stream) {
   if (T <= 0) return true;
-  engram_kernel<<<static_cast<unsigned>(T * hc), threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      streams, kv, weight, hc, D, eps);
+  engram_kernel<<<static_cast<unsigned>(T * hc), block_threads, 0,
+                  static_cast<cudaStream_t>(stream)>>>(streams, kv, weight, hc, D, eps);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return result<bool>::failure("engram_gate_add: " + cuda_error_text(e));
   return true;

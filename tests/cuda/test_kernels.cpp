@@ -8,6 +8,7 @@
 #include <random>
 
 #include "device_buffer.hpp"
+#include "tests/cuda_host/attention_reference.hpp"
 #include "kernels/cpu_ops.hpp"
 #include "kernels/cuda/gemm_bf16.hpp"
 #include "kernels/cuda/ops.hpp"
@@ -16,7 +17,9 @@
 #include "kernels/portable_math.hpp"
 
 using namespace troupe::kernels;
+using troupe::test::cpu_sink_attention;
 using troupe::test::device_buffer;
+using troupe::test::released_rope;
 using troupe::test::uniform;
 
 namespace {
@@ -24,37 +27,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
   return m;
-}
-
-// The RoPE of a released attention head: 512 channels, the last 64 rotated.
-rope_table released_rope() {
-  rope_parameters p;
-  p.partial_rotary_factor = 64.0 / 512.0;
-  return make_rope_table(p, 512);
-}
-
-// One query head's attention as the CPU model computes it (kernels/model.cpp's attention_site
-// and sink_attention), written out: scores over `keys` (K = V), a softmax whose denominator
-// also takes the head's sink, the weighted sum of the keys, the inverse RoPE at position p.
-void cpu_sink_attention(const float* qh, const std::vector<const float*>& keys, float sink,
-                        float scaling, std::int64_t hd, const rope_table& rope, std::int64_t p,
-                        float* o) {
-  std::vector<float> lg;
-  for (const float* key : keys) {
-    float dot = 0;
-    for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * key[i];
-    lg.push_back(dot * scaling);
-  }
-  float mx = sink;
-  for (float v : lg) mx = std::max(mx, v);
-  float sum = std::exp(sink - mx);
-  for (float& v : lg) sum += v = std::exp(v - mx);
-  for (std::int64_t i = 0; i < hd; ++i) {
-    float acc = 0;
-    for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * keys[k][i];
-    o[i] = acc;
-  }
-  apply_rope(o, hd, rope, p, /*inverse=*/true);
 }
 
 // The largest |a − b| / max(|b|, floor) over the elements.
