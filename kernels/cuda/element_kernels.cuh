@@ -1,0 +1,142 @@
+// The CUDA kernels of kernels/cuda/portable_ops.cu: one thread per token, element or block,
+// each running the CPU engine's own function (kernels/portable_math.hpp) through a functor.
+// They live in this header so that two compilers build them: nvcc for the device, and g++ for
+// tests/cuda_host/, which runs them on the CPU under the SIMT emulator (tests/cuda_host/simt.hpp)
+// to check each functor's index mapping against the CPU engine's loops.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/portable_math.hpp"
+
+namespace troupe::kernels::cuda {
+
+// Each file that launches them has its own copy (kernels are not inline functions).
+namespace {
+
+// f(i) for every i in [0, n), one thread each.
+template <class F>
+__global__ void each_index(std::int64_t n, F f) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) f(i);
+}
+
+struct mixes_fn {
+  const float *mixes, *scale, *base;
+  std::int64_t hc, iters;
+  float hc_eps;
+  float *pre, *post, *comb;
+  __device__ void operator()(std::int64_t t) const {
+    portable::hc_token_mixes(mixes + t * (2 + hc) * hc, scale, base, hc, iters, hc_eps,
+                             pre + t * hc, post + t * hc, comb + t * hc * hc);
+  }
+};
+
+struct collapse_fn {
+  const float *streams, *pre;
+  std::int64_t hc, D;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = portable::hc_collapse_at(streams, pre, hc, D, i / D, i % D);
+  }
+};
+
+struct expand_fn {
+  const float *streams, *x, *post, *comb;
+  std::int64_t hc, D;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t d = i % D, tk = i / D;
+    out[i] = portable::hc_expand_at(streams, x, post, comb, hc, D, tk / hc, tk % hc, d);
+  }
+};
+
+struct route_fn {
+  float* scores;
+  const float* bias;
+  std::int64_t n, k;
+  portable::router_scoring f;
+  float gate_temp;
+  bool norm_topk_prob;
+  float routed_scaling;
+  std::int64_t* experts;
+  float* weights;
+  __device__ void operator()(std::int64_t t) const {
+    portable::route_token(scores + t * n, bias, n, k, f, gate_temp, norm_topk_prob,
+                          routed_scaling, experts + t * k, weights + t * k);
+  }
+};
+
+struct pool_fn {
+  const float *kv, *gate;
+  std::int64_t r, hd;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = portable::compress_pool_at(kv, gate, r, hd, i / hd, i % hd);
+  }
+};
+
+struct index_fn {
+  const float *head_dot, *w;
+  std::int64_t nh, entries;
+  float sm_scale, heads_scale;
+  float* scores;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t q = i / entries, e = i % entries;
+    scores[i] = portable::index_score(head_dot + q * nh * entries + e, entries, w + q * nh, nh,
+                                      sm_scale, heads_scale);
+  }
+};
+
+struct dequant_fn {
+  const std::uint8_t *w, *scales;
+  std::int64_t cols, br, bc;  // fp4: bc = 0, br = the scale block along a row
+  float* out;
+  __device__ void operator()(std::int64_t k) const {
+    const std::int64_t i = k / cols, j = k % cols;
+    out[k] = bc > 0 ? portable::fp8_block_weight(w, scales, cols, br, bc, i, j)
+                    : portable::fp4_packed_weight(w, scales, cols, br, i, j);
+  }
+};
+
+struct swiglu_fn {
+  float* g;
+  const float* u;
+  std::int64_t width;
+  float limit;
+  const float* row_scale;
+  __device__ void operator()(std::int64_t i) const {
+    const bool scaled = row_scale != nullptr;
+    g[i] = portable::swiglu(g[i], u[i], limit, scaled, scaled ? row_scale[i / width] : 1.0f);
+  }
+};
+
+struct rope_fn {
+  float* x;
+  std::int64_t dim, rope_dim, rows_per_position;
+  const float* inv_freq;
+  float scaling;
+  const std::int64_t* positions;
+  bool inverse;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t half = rope_dim / 2, row = i / half, pair = i % half;
+    portable::rope_pair(x + row * dim + (dim - rope_dim), pair, inv_freq[pair],
+                        static_cast<float>(positions[row / rows_per_position]), scaling, inverse);
+  }
+};
+
+struct quant_fn {
+  float* x;
+  std::int64_t block;
+  bool fp4, e4m3_scales;
+  __device__ void operator()(std::int64_t b) const {
+    if (fp4)
+      portable::quant_fp4_block(x + b * block, block, e4m3_scales);
+    else
+      portable::quant_fp8_block(x + b * block, block);
+  }
+};
+
+}  // namespace
+
+}  // namespace troupe::kernels::cuda
