@@ -1,5 +1,6 @@
 // The CUDA kernels whose threads work together (shared memory, __syncthreads, warp shuffles):
-// RMSNorm's block reduction, attention over the window, Engram's gated add. They live in this
+// RMSNorm's block reduction, attention over the window, Engram's gated add; and the MoE
+// dispatch / combine permutations (a block per row, its threads over the row). They live in this
 // header so that two compilers build them: nvcc for the device (norm_attention.cu,
 // portable_ops.cu launch them), and g++ for tests/cuda_host/, which runs them on the CPU under
 // a small SIMT emulator (tests/cuda_host/simt.hpp: a fiber per thread, barriers for
@@ -135,6 +136,29 @@ __global__ void engram_kernel(float* streams, const float* kv, const float* weig
   __syncthreads();
   const float* value = row + hc * D;
   for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) h[d] = h[d] + gate * value[d];
+}
+
+__global__ void gather_kernel(const float* x, const std::int32_t* send_copy, std::int32_t top_k,
+                              std::int64_t width, float* out) {
+  const std::int64_t i = blockIdx.x;
+  const float* src = x + static_cast<std::int64_t>(send_copy[i] / top_k) * width;
+  for (std::int64_t d = threadIdx.x; d < width; d += blockDim.x) out[i * width + d] = src[d];
+}
+
+// One thread per output element; the k terms in ascending slot order, every product and sum
+// rounded on its own (no FMA), as the CPU reference.
+__global__ void combine_kernel(const float* returned, const std::int32_t* copy_row,
+                               const float* weights, std::int64_t tokens, std::int32_t top_k,
+                               std::int64_t width, float* y) {
+  const std::int64_t t = blockIdx.x;
+  for (std::int64_t d = threadIdx.x; d < width; d += blockDim.x) {
+    float acc = 0.0f;
+    for (std::int32_t j = 0; j < top_k; ++j) {
+      const std::int64_t c = t * top_k + j;
+      acc = __fadd_rn(acc, __fmul_rn(weights[c], returned[copy_row[c] * width + d]));
+    }
+    y[t * width + d] = acc;
+  }
 }
 
 }  // namespace

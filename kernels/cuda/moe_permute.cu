@@ -1,5 +1,6 @@
 // The MoE dispatch / combine permutations on the device (kernels/cuda/ops.hpp), mirroring
-// kernels/ep_dispatch.cpp's gather_rows and combine_rows.
+// kernels/ep_dispatch.cpp's gather_rows and combine_rows; the kernels are in block_kernels.cuh.
+#include "kernels/cuda/block_kernels.cuh"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/ops.hpp"
 
@@ -8,29 +9,6 @@
 namespace troupe::kernels::cuda {
 
 namespace {
-
-__global__ void gather_kernel(const float* x, const std::int32_t* send_copy, std::int32_t top_k,
-                              std::int64_t width, float* out) {
-  const std::int64_t i = blockIdx.x;
-  const float* src = x + static_cast<std::int64_t>(send_copy[i] / top_k) * width;
-  for (std::int64_t d = threadIdx.x; d < width; d += blockDim.x) out[i * width + d] = src[d];
-}
-
-// One thread per output element; the k terms in ascending slot order, every product and sum
-// rounded on its own (no FMA), as the CPU reference.
-__global__ void combine_kernel(const float* returned, const std::int32_t* copy_row,
-                               const float* weights, std::int64_t tokens, std::int32_t top_k,
-                               std::int64_t width, float* y) {
-  const std::int64_t t = blockIdx.x;
-  for (std::int64_t d = threadIdx.x; d < width; d += blockDim.x) {
-    float acc = 0.0f;
-    for (std::int32_t j = 0; j < top_k; ++j) {
-      const std::int64_t c = t * top_k + j;
-      acc = __fadd_rn(acc, __fmul_rn(weights[c], returned[copy_row[c] * width + d]));
-    }
-    y[t * width + d] = acc;
-  }
-}
 
 result<bool> launched(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -44,7 +22,8 @@ result<bool> launched(const char* what) {
 result<bool> moe_gather_rows(const float* x, const std::int32_t* send_copy, std::int64_t rows,
                              std::int32_t top_k, std::int64_t width, float* out, void* stream) {
   if (rows <= 0) return true;
-  gather_kernel<<<static_cast<unsigned>(rows), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+  gather_kernel<<<static_cast<unsigned>(rows), block_threads, 0,
+                  static_cast<cudaStream_t>(stream)>>>(
       x, send_copy, top_k, width, out);
   return launched("moe_gather_rows");
 }
@@ -53,7 +32,8 @@ result<bool> moe_combine_rows(const float* returned, const std::int32_t* copy_ro
                               const float* weights, std::int64_t tokens, std::int32_t top_k,
                               std::int64_t width, float* y, void* stream) {
   if (tokens <= 0) return true;
-  combine_kernel<<<static_cast<unsigned>(tokens), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+  combine_kernel<<<static_cast<unsigned>(tokens), block_threads, 0,
+                   static_cast<cudaStream_t>(stream)>>>(
       returned, copy_row, weights, tokens, top_k, width, y);
   return launched("moe_combine_rows");
 }

@@ -174,6 +174,10 @@ void launch(dim grid, dim block, std::size_t shared_bytes, void (*kernel)(Params
 #define blockDim (::troupe::test::simt::running()->block_dim)
 
 inline void __syncthreads() { ::troupe::test::simt::sync_block(); }
+// Separately rounded products and sums: the host compiler does not fuse them (no FMA for the
+// baseline x86-64 it targets).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return ::troupe::test::simt::shfl_xor(v, lane_mask);
 }
