@@ -8,7 +8,7 @@
 #include <random>
 
 #include "device_buffer.hpp"
-#include "tests/cuda_host/attention_reference.hpp"
+#include "tests/cuda_host/kernel_test_support.hpp"
 #include "kernels/cpu_ops.hpp"
 #include "kernels/cuda/gemm_bf16.hpp"
 #include "kernels/cuda/ops.hpp"
@@ -19,16 +19,12 @@
 using namespace troupe::kernels;
 using troupe::test::cpu_sink_attention;
 using troupe::test::device_buffer;
+using troupe::test::max_abs_diff;
 using troupe::test::released_rope;
+using troupe::test::window_args;
 using troupe::test::uniform;
 
 namespace {
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
-
 // The largest |a − b| / max(|b|, floor) over the elements.
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, double floor) {
   double m = 0;
@@ -89,28 +85,14 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
   device_buffer<std::int64_t> dpos(positions), dbegin(begin), dsel(selected), dnsel(n_sel);
   for (const bool csa : {false, true}) {
     CAPTURE(csa);
-    cuda::swa_decode_args a;
-    a.q = dq.get();
-    a.rings = drings.get();
-    a.positions = dpos.get();
-    a.ring_begin = dbegin.get();
-    a.sinks = dsinks.get();
-    a.inv_freq = dfreq.get();
-    a.out = dout.get();
+    auto a = window_args(dq.get(), drings.get(), dpos.get(), dbegin.get(), dsinks.get(),
+                         dfreq.get(), dout.get(), B, H, cap, win, rope);
     if (csa) {
       a.compressed = dcomp.get();
       a.selected = dsel.get();
       a.n_selected = dnsel.get();
       a.max_selected = max_sel;
     }
-    a.batch = B;
-    a.heads = H;
-    a.head_dim = hd;
-    a.capacity = cap;
-    a.window = win;
-    a.rope_dim = rope.rope_dim;
-    a.scaling = scaling;
-    a.rope_scaling = rope.scaling;
     REQUIRE(cuda::swa_decode_attention(a).ok());
     const auto got = dout.download();
 
@@ -480,22 +462,8 @@ TEST_CASE("prefill attention: a chunk's queries over their ring and the chunk ma
       dcomp(compressed), dout(static_cast<std::size_t>(Q * H * hd));
   device_buffer<std::int64_t> dpos(positions), dbegin(begin), dseq(sequence), dstart(chunk_start),
       drow(chunk_row), dsel(selected), dnsel(n_sel);
-  cuda::swa_decode_args a;
-  a.q = dq.get();
-  a.rings = drings.get();
-  a.positions = dpos.get();
-  a.ring_begin = dbegin.get();
-  a.sinks = dsinks.get();
-  a.inv_freq = dfreq.get();
-  a.out = dout.get();
-  a.batch = Q;
-  a.heads = H;
-  a.head_dim = hd;
-  a.capacity = cap;
-  a.window = win;
-  a.rope_dim = rope.rope_dim;
-  a.scaling = scaling;
-  a.rope_scaling = rope.scaling;
+  auto a = window_args(dq.get(), drings.get(), dpos.get(), dbegin.get(), dsinks.get(), dfreq.get(),
+                       dout.get(), Q, H, cap, win, rope);
   a.compressed = dcomp.get();
   a.selected = dsel.get();
   a.n_selected = dnsel.get();

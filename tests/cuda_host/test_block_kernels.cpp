@@ -14,28 +14,17 @@
 #include "kernels/cuda/block_kernels.cuh"
 #include "kernels/ep_dispatch.hpp"
 #include "kernels/kv_cache.hpp"
-#include "tests/cuda_host/attention_reference.hpp"
+#include "tests/cuda_host/kernel_test_support.hpp"
 
 using namespace troupe::kernels;
 namespace simt = troupe::test::simt;
 using troupe::test::cpu_sink_attention;
+using troupe::test::max_abs_diff;
+using troupe::test::random_values;
 using troupe::test::released_rope;
+using troupe::test::window_args;
 
 namespace {
-
-std::vector<float> random_values(std::size_t n, std::uint32_t seed, float lo = -1, float hi = 1) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
 
 const simt::dim block{cuda::block_threads, 1, 1};
 
@@ -103,22 +92,8 @@ TEST_CASE("emulated: attention over window, CSA2 entries and a chunk: the CPU's 
   const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> got(static_cast<std::size_t>(Q * H * hd), 0.0f), want(got.size());
 
-  cuda::swa_decode_args a;
-  a.q = q.data();
-  a.rings = rings.data();
-  a.positions = positions.data();
-  a.ring_begin = begin.data();
-  a.sinks = sinks.data();
-  a.inv_freq = rope.inv_freq.data();
-  a.out = got.data();
-  a.batch = Q;
-  a.heads = H;
-  a.head_dim = hd;
-  a.capacity = cap;
-  a.window = win;
-  a.rope_dim = rope.rope_dim;
-  a.scaling = scaling;
-  a.rope_scaling = rope.scaling;
+  auto a = window_args(q.data(), rings.data(), positions.data(), begin.data(), sinks.data(),
+                       rope.inv_freq.data(), got.data(), Q, H, cap, win, rope);
   a.compressed = compressed.data();
   a.selected = selected.data();
   a.n_selected = n_sel.data();

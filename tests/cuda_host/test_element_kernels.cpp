@@ -13,19 +13,13 @@
 #include "kernels/cpu_ops.hpp"
 #include "kernels/cuda/element_kernels.cuh"
 #include "kernels/safetensors.hpp"
+#include "tests/cuda_host/kernel_test_support.hpp"
 
 using namespace troupe::kernels;
 namespace simt = troupe::test::simt;
+using troupe::test::random_values;
 
 namespace {
-
-std::vector<float> random_values(std::size_t n, std::uint32_t seed, float lo = -1, float hi = 1) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -1,0 +1,96 @@
+// What the tests of the CUDA kernels share (tests/cuda_host/ under the SIMT emulator, tests/cuda/
+// on a device): random inputs, the released RoPE, the CPU model's attention for one query head
+// written out, and the attention kernel's common arguments.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu_ops.hpp"
+#include "kernels/cuda/ops.hpp"
+
+namespace troupe::test {
+
+/// n values uniform in [lo, hi) from `seed`.
+inline std::vector<float> random_values(std::size_t n, std::uint32_t seed, float lo = -1,
+                                        float hi = 1) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(g);
+  return v;
+}
+
+/// The largest |a − b| over the elements.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+/// The RoPE of a released attention head: 512 channels, the last 64 rotated.
+inline kernels::rope_table released_rope() {
+  kernels::rope_parameters p;
+  p.partial_rotary_factor = 64.0 / 512.0;
+  return kernels::make_rope_table(p, 512);
+}
+
+/// One query head's attention as the CPU model computes it (kernels/model.cpp's attention_site
+/// and sink_attention): scores over `keys` (K = V), a softmax whose denominator also takes the
+/// head's sink, the weighted sum of the keys, the inverse RoPE at position p, into o [hd].
+inline void cpu_sink_attention(const float* qh, const std::vector<const float*>& keys, float sink,
+                               float scaling, std::int64_t hd, const kernels::rope_table& rope,
+                               std::int64_t p, float* o) {
+  std::vector<float> lg;
+  for (const float* key : keys) {
+    float dot = 0;
+    for (std::int64_t i = 0; i < hd; ++i) dot += qh[i] * key[i];
+    lg.push_back(dot * scaling);
+  }
+  float mx = sink;
+  for (float v : lg) mx = std::max(mx, v);
+  float sum = std::exp(sink - mx);
+  for (float& v : lg) sum += v = std::exp(v - mx);
+  for (std::int64_t i = 0; i < hd; ++i) {
+    float acc = 0;
+    for (std::size_t k = 0; k < lg.size(); ++k) acc += lg[k] / sum * keys[k][i];
+    o[i] = acc;
+  }
+  kernels::apply_rope(o, hd, rope, p, /*inverse=*/true);
+}
+
+/// The attention kernel's arguments for `batch` queries of `heads` heads of the released shape
+/// over rings of `capacity` rows and a window of `window`: q and out [batch, heads, 512], the
+/// positions and ring starts, the sinks, the RoPE (inv_freq: where the kernel reads the table);
+/// the caller adds the CSA2 and chunk fields it uses.
+inline kernels::cuda::swa_decode_args window_args(const float* q, const float* rings,
+                                                  const std::int64_t* positions,
+                                                  const std::int64_t* ring_begin,
+                                                  const float* sinks, const float* inv_freq,
+                                                  float* out, std::int64_t batch,
+                                                  std::int64_t heads, std::int64_t capacity,
+                                                  std::int64_t window,
+                                                  const kernels::rope_table& rope) {
+  kernels::cuda::swa_decode_args a;
+  a.q = q;
+  a.rings = rings;
+  a.positions = positions;
+  a.ring_begin = ring_begin;
+  a.sinks = sinks;
+  a.inv_freq = inv_freq;
+  a.out = out;
+  a.batch = batch;
+  a.heads = heads;
+  a.head_dim = 512;
+  a.capacity = capacity;
+  a.window = window;
+  a.rope_dim = rope.rope_dim;
+  a.scaling = 1.0f / std::sqrt(512.0f);
+  a.rope_scaling = rope.scaling;
+  return a;
+}
+
+}  // namespace troupe::test
