@@ -15,6 +15,9 @@ void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, thread
 
 std::string blas_kernel_name() { return openblas_get_corename(); }
 
+namespace {
+
+// The OPENBLAS_CORETYPE reexec_with_blas_kernel_upgrade sets, or "" to keep OpenBLAS's choice.
 std::string blas_kernel_upgrade() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr || blas_kernel_name() != "Prescott") return "";
   __builtin_cpu_init();
@@ -25,6 +28,8 @@ std::string blas_kernel_upgrade() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
   return "";
 }
+
+}  // namespace
 
 void reexec_with_blas_kernel_upgrade(char** argv) {
   const std::string kernel = blas_kernel_upgrade();

@@ -27,18 +27,15 @@ std::string blas_kernel_name();
 void linear(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out,
             float* y);
 
-/// The OpenBLAS kernel (an OPENBLAS_CORETYPE value) to use instead of the one OpenBLAS chose,
-/// or "" to keep it. OpenBLAS picks its kernel from the CPU's model number when it loads, and
-/// falls back to the generic SSE3 "Prescott" kernel for a model it does not know: Debian 12's
-/// OpenBLAS 0.3.21 does so on CPUs newer than it (Emerald Rapids, family 6 model 207), where
-/// its GEMMs then run 2-4x slower than the CPU can (docs/benchmarks.md). So on a CPU with AVX-512
-/// (F, CD, BW, DQ, VL) this names "SkylakeX", with AVX2 and FMA "Haswell", when OpenBLAS fell
-/// back to Prescott and OPENBLAS_CORETYPE is not set (an operator's choice is kept).
-std::string blas_kernel_upgrade();
-
-/// When blas_kernel_upgrade() names a kernel: sets OPENBLAS_CORETYPE to it and re-executes this
-/// program (/proc/self/exe, `argv`, the same pid), since OpenBLAS reads the variable only when
-/// it loads. Returns when there is nothing to upgrade, or when the exec failed (the program then
+/// Runs this program on an OpenBLAS kernel that uses the CPU's vector units. OpenBLAS picks its
+/// kernel from the CPU's model number when it loads, and falls back to the generic SSE3
+/// "Prescott" kernel for a model it does not know: Debian 12's OpenBLAS 0.3.21 does so on CPUs
+/// newer than it (Emerald Rapids, family 6 model 207), where its GEMMs then run 2-4x slower
+/// than the CPU can (docs/benchmarks.md). When OpenBLAS fell back to Prescott, the CPU has
+/// AVX-512 (F, CD, BW, DQ, VL) or AVX2 with FMA, and OPENBLAS_CORETYPE is not set (an operator's
+/// choice is kept), this sets it to "SkylakeX" or "Haswell" and re-executes the program
+/// (/proc/self/exe, `argv`, the same pid), since OpenBLAS reads the variable only when it
+/// loads. Returns when there is nothing to change, or when the exec failed (the program then
 /// runs on with the kernel it has).
 void reexec_with_blas_kernel_upgrade(char** argv);
 

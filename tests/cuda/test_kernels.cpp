@@ -17,7 +17,7 @@
 #include "kernels/portable_math.hpp"
 
 using namespace troupe::kernels;
-using troupe::test::cpu_sink_attention;
+using troupe::test::cpu_query_attention;
 using troupe::test::device_buffer;
 using troupe::test::max_abs_diff;
 using troupe::test::released_rope;
@@ -69,7 +69,6 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
   }
   const auto q = uniform(static_cast<std::size_t>(B * H * hd), 7, -0.2f, 0.2f);
   const auto sinks = uniform(static_cast<std::size_t>(H), 8);
-  const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
 
   // The compressed KV of a CSA2 layer and each sequence's selected rows of it.
   const std::int64_t n_comp = 200, max_sel = 64;
@@ -101,16 +100,10 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
     std::vector<float> want(got.size());
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t p = positions[static_cast<std::size_t>(b)];
-      const auto& ring = cpu[static_cast<std::size_t>(b)];
-      const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, ring.begin()});
-      std::vector<const float*> keys;
-      for (std::int64_t k = first; k <= p; ++k) keys.push_back(ring.at(k));
-      if (csa)
-        for (std::int64_t k = 0; k < n_sel[static_cast<std::size_t>(b)]; ++k)
-          keys.push_back(compressed.data() + selected[static_cast<std::size_t>(b * max_sel + k)] * hd);
-      for (std::int64_t h = 0; h < H; ++h)
-        cpu_sink_attention(q.data() + (b * H + h) * hd, keys, sinks[static_cast<std::size_t>(h)],
-                           scaling, hd, rope, p, want.data() + (b * H + h) * hd);
+      cpu_query_attention(q.data() + b * H * hd, H, cpu[static_cast<std::size_t>(b)], p, win,
+                          p + 1, nullptr, compressed.data(), selected.data() + b * max_sel,
+                          csa ? n_sel[static_cast<std::size_t>(b)] : 0, sinks.data(), rope,
+                          want.data() + b * H * hd);
     }
     CHECK(max_abs_diff(got, want) <= 2e-5);
   }
@@ -457,7 +450,6 @@ TEST_CASE("prefill attention: a chunk's queries over their ring and the chunk ma
       for (std::int64_t k = 0; k < n_sel.back(); ++k)
         selected[static_cast<std::size_t>(b * max_sel + k)] = (b * 7 + k * 13) % n_comp;
     }
-  const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
   device_buffer<float> dq(q), drings(rings), dsinks(sinks), dfreq(rope.inv_freq), dchunk(chunk),
       dcomp(compressed), dout(static_cast<std::size_t>(Q * H * hd));
   device_buffer<std::int64_t> dpos(positions), dbegin(begin), dseq(sequence), dstart(chunk_start),
@@ -478,19 +470,11 @@ TEST_CASE("prefill attention: a chunk's queries over their ring and the chunk ma
   // kernels/model.cpp's attention_site for these queries, written out.
   std::vector<float> want(got.size());
   for (std::int64_t b = 0; b < Q; ++b) {
-    const std::int64_t p = positions[static_cast<std::size_t>(b)], s = sequence[static_cast<std::size_t>(b)];
-    const std::int64_t st = chunk_start[static_cast<std::size_t>(b)];
-    const auto& ring = cpu[static_cast<std::size_t>(s)];
-    const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, std::min(ring.begin(), st)});
-    std::vector<const float*> keys;
-    for (std::int64_t kp = first; kp <= p; ++kp)
-      keys.push_back(kp < st ? ring.at(kp)
-                             : chunk.data() + (chunk_row[static_cast<std::size_t>(b)] + kp - st) * hd);
-    for (std::int64_t k = 0; k < n_sel[static_cast<std::size_t>(b)]; ++k)
-      keys.push_back(compressed.data() + selected[static_cast<std::size_t>(b * max_sel + k)] * hd);
-    for (std::int64_t h = 0; h < H; ++h)
-      cpu_sink_attention(q.data() + (b * H + h) * hd, keys, sinks[static_cast<std::size_t>(h)],
-                         scaling, hd, rope, p, want.data() + (b * H + h) * hd);
+    const auto bi = static_cast<std::size_t>(b);
+    cpu_query_attention(q.data() + b * H * hd, H, cpu[static_cast<std::size_t>(sequence[bi])],
+                        positions[bi], win, chunk_start[bi], chunk.data() + chunk_row[bi] * hd,
+                        compressed.data(), selected.data() + b * max_sel, n_sel[bi],
+                        sinks.data(), rope, want.data() + b * H * hd);
   }
   CHECK(max_abs_diff(got, want) <= 2e-5);
 }

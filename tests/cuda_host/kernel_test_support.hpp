@@ -11,6 +11,7 @@
 
 #include "kernels/cpu_ops.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "kernels/kv_cache.hpp"
 
 namespace troupe::test {
 
@@ -60,6 +61,28 @@ inline void cpu_sink_attention(const float* qh, const std::vector<const float*>&
     o[i] = acc;
   }
   kernels::apply_rope(o, hd, rope, p, /*inverse=*/true);
+}
+
+/// The CPU model's attention for one query at position p, every head, over released-shape
+/// rows (512 channels): its window from max(0, p − window + 1, min(ring begin, chunk_start)) to
+/// p, positions before chunk_start from `ring` and the rest from the call's chunk (chunk_first:
+/// the row of position chunk_start), then n_sel rows of `compressed` named by `selected`. q and
+/// out are [heads, 512]. A decode query has chunk_start p + 1 (every row in its ring).
+inline void cpu_query_attention(const float* q, std::int64_t heads, const kernels::swa_ring& ring,
+                                std::int64_t p, std::int64_t window, std::int64_t chunk_start,
+                                const float* chunk_first, const float* compressed,
+                                const std::int64_t* selected, std::int64_t n_sel,
+                                const float* sinks, const kernels::rope_table& rope, float* out) {
+  constexpr std::int64_t hd = 512;
+  const std::int64_t first =
+      std::max<std::int64_t>({0, p - window + 1, std::min(ring.begin(), chunk_start)});
+  std::vector<const float*> keys;
+  for (std::int64_t kp = first; kp <= p; ++kp)
+    keys.push_back(kp < chunk_start ? ring.at(kp) : chunk_first + (kp - chunk_start) * hd);
+  for (std::int64_t k = 0; k < n_sel; ++k) keys.push_back(compressed + selected[k] * hd);
+  for (std::int64_t h = 0; h < heads; ++h)
+    cpu_sink_attention(q + h * hd, keys, sinks[h], 1.0f / std::sqrt(512.0f), hd, rope, p,
+                       out + h * hd);
 }
 
 /// The attention kernel's arguments for `batch` queries of `heads` heads of the released shape

@@ -18,7 +18,7 @@
 
 using namespace troupe::kernels;
 namespace simt = troupe::test::simt;
-using troupe::test::cpu_sink_attention;
+using troupe::test::cpu_query_attention;
 using troupe::test::max_abs_diff;
 using troupe::test::random_values;
 using troupe::test::released_rope;
@@ -89,7 +89,6 @@ TEST_CASE("emulated: attention over window, CSA2 entries and a chunk: the CPU's 
       selected[static_cast<std::size_t>(b * max_sel + k)] = (b * 5 + k * 2) % n_comp;
   const auto q = random_values(static_cast<std::size_t>(Q * H * hd), 9, -0.2f, 0.2f);
   const auto sinks = random_values(static_cast<std::size_t>(H), 10);
-  const float scaling = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> got(static_cast<std::size_t>(Q * H * hd), 0.0f), want(got.size());
 
   auto a = window_args(q.data(), rings.data(), positions.data(), begin.data(), sinks.data(),
@@ -105,17 +104,10 @@ TEST_CASE("emulated: attention over window, CSA2 entries and a chunk: the CPU's 
 
   for (std::int64_t b = 0; b < Q; ++b) {
     const auto bi = static_cast<std::size_t>(b);
-    const std::int64_t p = positions[bi], st = chunk_start[bi];
-    const auto& ring = cpu[static_cast<std::size_t>(sequence[bi])];
-    const std::int64_t first = std::max<std::int64_t>({0, p - win + 1, std::min(ring.begin(), st)});
-    std::vector<const float*> keys;
-    for (std::int64_t kp = first; kp <= p; ++kp)
-      keys.push_back(kp < st ? ring.at(kp) : chunk.data() + (chunk_row[bi] + kp - st) * hd);
-    for (std::int64_t k = 0; k < n_sel[bi]; ++k)
-      keys.push_back(compressed.data() + selected[static_cast<std::size_t>(b * max_sel + k)] * hd);
-    for (std::int64_t h = 0; h < H; ++h)
-      cpu_sink_attention(q.data() + (b * H + h) * hd, keys, sinks[static_cast<std::size_t>(h)],
-                         scaling, hd, rope, p, want.data() + (b * H + h) * hd);
+    cpu_query_attention(q.data() + b * H * hd, H, cpu[static_cast<std::size_t>(sequence[bi])],
+                        positions[bi], win, chunk_start[bi], chunk.data() + chunk_row[bi] * hd,
+                        compressed.data(), selected.data() + b * max_sel, n_sel[bi],
+                        sinks.data(), rope, want.data() + b * H * hd);
   }
   in_both_orders([&] {
     std::fill(got.begin(), got.end(), 0.0f);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # troupe runs its GEMMs on the CPU's vector units even where OpenBLAS does not know the CPU
 # model and falls back to its generic SSE3 "Prescott" kernel (kernels/cpu_ops.hpp,
-# blas_kernel_upgrade): on a CPU with AVX2 and FMA, `troupe version` names another kernel; an
-# OPENBLAS_CORETYPE the operator set is kept as it is.
+# reexec_with_blas_kernel_upgrade): on a CPU with AVX2 and FMA, `troupe version` names another
+# kernel; an OPENBLAS_CORETYPE the operator set is kept as it is.
 #   blas_upgrade.sh TROUPE
 set -euo pipefail
 troupe=$1
