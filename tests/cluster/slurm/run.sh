@@ -73,14 +73,20 @@ cleanup() {
     for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null
   done
-  # Job processes are children of slurmstepd, which the slurmds' exit leaves behind.
-  pkill_stepd() {
+  # Job processes are children of slurmstepd, which the slurmds' exit leaves behind, and
+  # killing a slurmstepd leaves its children (the batch script, sruns, troupe nodes) running:
+  # every process whose command line or environment names this harness's directory goes.
+  # (Left running, they held the next run's fetcher lookup by topology path: that run failed.)
+  kill_leftovers() {
     local p
-    for p in $(pgrep -x slurmstepd); do
-      grep -q "$dir" "/proc/$p/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null
+    for p in $(pgrep -x slurmstepd) $(pgrep -f -- "$dir/"); do
+      [ "$p" = $$ ] && continue
+      if grep -q "$dir" "/proc/$p/environ" 2>/dev/null || grep -q "$dir" "/proc/$p/cmdline" 2>/dev/null; then
+        kill -9 "$p" 2>/dev/null
+      fi
     done
   }
-  pkill_stepd
+  kill_leftovers
   rm -rf "$dir"
   exit $rc
 }
