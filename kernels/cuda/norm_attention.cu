@@ -1,28 +1,15 @@
 // RMSNorm and sliding-window decode attention on the device (kernels/cuda/ops.hpp).
-#include "kernels/cuda/device.hpp"
 #include "kernels/cuda/block_kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.hpp"
 
-#include <cuda_runtime.h>
-
 namespace troupe::kernels::cuda {
-
-namespace {
-
-result<bool> launched(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return result<bool>::failure(std::string(what) + ": " + cuda_error_text(e));
-  return true;
-}
-
-}  // namespace
 
 result<bool> rms_norm(float* x, std::int64_t rows, std::int64_t n, const float* weight, float eps,
                       void* stream) {
   if (rows <= 0 || n <= 0) return true;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), block_threads, 0,
-                    static_cast<cudaStream_t>(stream)>>>(x, n, weight, eps);
+  TROUPE_LAUNCH(rms_norm_kernel, static_cast<unsigned>(rows), block_threads, 0, stream, x, n,
+                weight, eps);
   return launched("rms_norm");
 }
 
@@ -49,7 +36,7 @@ result<bool> swa_decode_attention(const swa_decode_args& a, void* stream) {
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.heads));
   const std::size_t shared =
       sizeof(float) * static_cast<std::size_t>(2 * a.head_dim + swa_max_keys);
-  swa_decode_kernel<<<grid, block_threads, shared, static_cast<cudaStream_t>(stream)>>>(a);
+  TROUPE_LAUNCH(swa_decode_kernel, grid, block_threads, shared, stream, a);
   return launched("swa_decode_attention");
 }
 

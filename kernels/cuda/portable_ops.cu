@@ -5,12 +5,10 @@
 // file is compiled with -fmad=false, so a product and the sum it feeds round separately as on
 // the CPU; what differs from the CPU is the device's expf, sinf, cosf and log1pf.
 #include "kernels/cuda/block_kernels.cuh"
-#include "kernels/cuda/device.hpp"
 #include "kernels/cuda/element_kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/portable_math.hpp"
-
-#include <cuda_runtime.h>
 
 #include <string>
 
@@ -22,11 +20,8 @@ template <class F>
 result<bool> launch_each(const char* what, std::int64_t n, F f, void* stream) {
   if (n <= 0) return true;
   const auto blocks = static_cast<unsigned>((n + block_threads - 1) / block_threads);
-  each_index<<<blocks, block_threads, 0, static_cast<cudaStream_t>(stream)>>>(n, f);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return result<bool>::failure(std::string(what) + ": " + cuda_error_text(e));
-  return true;
+  TROUPE_LAUNCH(each_index<F>, blocks, block_threads, 0, stream, n, f);
+  return launched(what);
 }
 
 result<bool> quant_blocks(const char* what, float* x, std::int64_t n, std::int64_t block, bool fp4,
@@ -61,11 +56,9 @@ result<bool> hc_expand(const float* streams, const float* x, const float* post, 
 result<bool> engram_gate_add(float* streams, const float* kv, const float* weight, std::int64_t T,
                              std::int64_t hc, std::int64_t D, float eps, void* stream) {
   if (T <= 0) return true;
-  engram_kernel<<<static_cast<unsigned>(T * hc), block_threads, 0,
-                  static_cast<cudaStream_t>(stream)>>>(streams, kv, weight, hc, D, eps);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return result<bool>::failure("engram_gate_add: " + cuda_error_text(e));
-  return true;
+  TROUPE_LAUNCH(engram_kernel, static_cast<unsigned>(T * hc), block_threads, 0, stream, streams,
+                kv, weight, hc, D, eps);
+  return launched("engram_gate_add");
 }
 
 result<bool> route_tokens(float* scores, const float* bias, std::int64_t T, std::int64_t n,

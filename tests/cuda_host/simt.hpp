@@ -22,11 +22,17 @@
 #include <stdexcept>
 #include <vector>
 
+#define TROUPE_SIMT_EMULATOR 1
+
+// CUDA's launch dimensions (a global type there too).
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
 namespace troupe::test::simt {
 
-struct dim {
-  unsigned x = 1, y = 1, z = 1;
-};
+using dim = ::dim3;
 
 struct thread_state {
   ucontext_t context{};
@@ -115,7 +121,9 @@ void launch(dim grid, dim block, std::size_t shared_bytes, void (*kernel)(Params
   if (block.y != 1 || block.z != 1 || block.x % 32 != 0)
     throw std::invalid_argument("simt::launch: blocks must be one-dimensional warps");
   constexpr std::size_t stack_bytes = 64 * 1024;
-  std::vector<std::vector<char>> stacks(block.x, std::vector<char>(stack_bytes));
+  // One stack per thread, kept from launch to launch (a forward pass launches hundreds).
+  static std::vector<std::vector<char>> stacks;
+  while (stacks.size() < block.x) stacks.emplace_back(stack_bytes);
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
