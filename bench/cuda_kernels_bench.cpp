@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/device.hpp"
-#include "kernels/cuda/gemm_bf16.hpp"
+#include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/ops.hpp"
 
 using namespace troupe::kernels::cuda;
@@ -102,7 +102,7 @@ int main() {
   auto* w = device_array<std::uint16_t>(static_cast<std::size_t>(experts * n * k), -0.05f, 0.05f);
   float* y = nullptr;
   cudaMalloc(&y, sizeof(float) * static_cast<std::size_t>(experts * m * n));
-  auto gemm = gemm_bf16::create();
+  auto gemm = lt_gemm::create();
   double gemm_s = 0;
   if (gemm && x && w && y) {
     auto first = gemm->run(x, w, y, m, n, k, experts);

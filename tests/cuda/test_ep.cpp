@@ -9,7 +9,7 @@
 
 #include "device_buffer.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
-#include "kernels/cuda/gemm_bf16.hpp"
+#include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/ep_dispatch.hpp"
@@ -53,7 +53,7 @@ std::vector<float> moe_layer(std::int32_t ranks, const std::vector<float>& x,
                              const exchange_fn& exchange) {
   auto p = place_experts(E, ranks);
   REQUIRE(p.ok());
-  auto gemm = cuda::gemm_bf16::create();
+  auto gemm = cuda::lt_gemm::create();
   REQUIRE(gemm.ok());
   const std::int32_t per = T / ranks;
   std::vector<dispatch_plan> plans;

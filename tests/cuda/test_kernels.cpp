@@ -10,7 +10,7 @@
 #include "device_buffer.hpp"
 #include "tests/cuda_host/kernel_test_support.hpp"
 #include "kernels/cpu_ops.hpp"
-#include "kernels/cuda/gemm_bf16.hpp"
+#include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/ep_dispatch.hpp"
 #include "kernels/kv_cache.hpp"
@@ -160,7 +160,7 @@ TEST_CASE("the cuBLASLt BF16 GEMM matches an fp32 GEMM of the same BF16 values w
     std::vector<float> want(static_cast<std::size_t>(batch * m * n));
     for (std::int64_t b = 0; b < batch; ++b)
       linear(x.data() + b * m * kk, m, kk, w.data() + b * n * kk, n, want.data() + b * m * n);
-    auto gemm = cuda::gemm_bf16::create();
+    auto gemm = cuda::lt_gemm::create();
     REQUIRE(gemm.ok());
     device_buffer<std::uint16_t> dx(xb), dw(wb);
     device_buffer<float> dy(want.size());

@@ -1,5 +1,5 @@
-// The cuBLASLt BF16 GEMM (kernels/cuda/gemm_bf16.hpp).
-#include "kernels/cuda/gemm_bf16.hpp"
+// The cuBLASLt BF16 GEMM (kernels/cuda/gemm.hpp).
+#include "kernels/cuda/gemm.hpp"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 
 namespace troupe::kernels::cuda {
 
-struct gemm_bf16::state {
+struct lt_gemm::state {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::int64_t workspace_bytes = 0;
@@ -61,13 +61,13 @@ cublasStatus_t batched(cublasLtMatrixLayout_t l, std::int64_t batch, std::int64_
 
 }  // namespace
 
-gemm_bf16::gemm_bf16(std::unique_ptr<state> s) : s_(std::move(s)) {}
-gemm_bf16::gemm_bf16(gemm_bf16&&) noexcept = default;
-gemm_bf16& gemm_bf16::operator=(gemm_bf16&&) noexcept = default;
-gemm_bf16::~gemm_bf16() = default;
+lt_gemm::lt_gemm(std::unique_ptr<state> s) : s_(std::move(s)) {}
+lt_gemm::lt_gemm(lt_gemm&&) noexcept = default;
+lt_gemm& lt_gemm::operator=(lt_gemm&&) noexcept = default;
+lt_gemm::~lt_gemm() = default;
 
-result<gemm_bf16> gemm_bf16::create(std::int64_t workspace_bytes) {
-  using r = result<gemm_bf16>;
+result<lt_gemm> lt_gemm::create(std::int64_t workspace_bytes) {
+  using r = result<lt_gemm>;
   auto s = std::make_unique<state>();
   if (auto st = cublasLtCreate(&s->handle); st != CUBLAS_STATUS_SUCCESS)
     return r::failure(status("cublasLtCreate", st));
@@ -77,28 +77,29 @@ result<gemm_bf16> gemm_bf16::create(std::int64_t workspace_bytes) {
       return r::failure(std::string("gemm workspace: ") + cudaGetErrorString(e));
     s->workspace_bytes = workspace_bytes;
   }
-  return gemm_bf16(std::move(s));
+  return lt_gemm(std::move(s));
 }
 
-result<bool> gemm_bf16::run(const std::uint16_t* x, const std::uint16_t* w, float* y,
-                            std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-                            void* stream) {
+namespace {
+
+// y = x · wᵀ in cuBLASLt's column-major terms: A = w as [k, n] (ld ldw, transposed by the op),
+// B = x as [k, m] (ld ldx), C = y as [n, m] (ld ldy), elements of `in` type, y FP32; `batch`
+// products with consecutive operands n·k, m·k and m·n elements apart.
+result<bool> matmul(lt_gemm::state& state, const char* what, cudaDataType_t in, const void* x,
+                    std::int64_t ldx, const void* w, std::int64_t ldw, float* y, std::int64_t ldy,
+                    std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                    void* stream) {
   using r = result<bool>;
-  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0)
-    return r::failure("gemm_bf16: sizes m " + std::to_string(m) + ", n " + std::to_string(n) +
-                      ", k " + std::to_string(k) + ", batch " + std::to_string(batch));
   call c;
   cublasStatus_t st = cublasLtMatmulDescCreate(&c.op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (st != CUBLAS_STATUS_SUCCESS) return r::failure(status("cublasLtMatmulDescCreate", st));
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
   cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa);
   cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb);
-  // Column-major: A = w as [k, n] (ld k, transposed by the op), B = x as [k, m] (ld k), C = y
-  // as [n, m] (ld n).
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  if ((st = cublasLtMatrixLayoutCreate(&c.a, CUDA_R_16BF, u(k), u(n), k)) != CUBLAS_STATUS_SUCCESS ||
-      (st = cublasLtMatrixLayoutCreate(&c.b, CUDA_R_16BF, u(k), u(m), k)) != CUBLAS_STATUS_SUCCESS ||
-      (st = cublasLtMatrixLayoutCreate(&c.c, CUDA_R_32F, u(n), u(m), n)) != CUBLAS_STATUS_SUCCESS)
+  if ((st = cublasLtMatrixLayoutCreate(&c.a, in, u(k), u(n), ldw)) != CUBLAS_STATUS_SUCCESS ||
+      (st = cublasLtMatrixLayoutCreate(&c.b, in, u(k), u(m), ldx)) != CUBLAS_STATUS_SUCCESS ||
+      (st = cublasLtMatrixLayoutCreate(&c.c, CUDA_R_32F, u(n), u(m), ldy)) != CUBLAS_STATUS_SUCCESS)
     return r::failure(status("cublasLtMatrixLayoutCreate", st));
   if (batch > 1 &&
       ((st = batched(c.a, batch, n * k)) != CUBLAS_STATUS_SUCCESS ||
@@ -107,7 +108,7 @@ result<bool> gemm_bf16::run(const std::uint16_t* x, const std::uint16_t* w, floa
     return r::failure(status("batched layout", st));
   if ((st = cublasLtMatmulPreferenceCreate(&c.pref)) != CUBLAS_STATUS_SUCCESS)
     return r::failure(status("cublasLtMatmulPreferenceCreate", st));
-  const auto ws = static_cast<std::uint64_t>(s_->workspace_bytes);
+  const auto ws = static_cast<std::uint64_t>(state.workspace_bytes);
   cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof ws);
   const std::uint32_t align_a = alignment(w), align_b = alignment(x), align_c = alignment(y);
@@ -121,18 +122,43 @@ result<bool> gemm_bf16::run(const std::uint16_t* x, const std::uint16_t* w, floa
                                        sizeof align_c);
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(s_->handle, c.op, c.a, c.b, c.c, c.c, c.pref, 1, &heuristic,
-                                      &found);
+  st = cublasLtMatmulAlgoGetHeuristic(state.handle, c.op, c.a, c.b, c.c, c.c, c.pref, 1,
+                                      &heuristic, &found);
   if (st != CUBLAS_STATUS_SUCCESS) return r::failure(status("cublasLtMatmulAlgoGetHeuristic", st));
   if (found == 0)
-    return r::failure("gemm_bf16: cuBLASLt has no algorithm for m " + std::to_string(m) + ", n " +
-                      std::to_string(n) + ", k " + std::to_string(k));
+    return r::failure(std::string(what) + ": cuBLASLt has no algorithm for m " +
+                      std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k));
   const float alpha = 1.0f, beta = 0.0f;
-  st = cublasLtMatmul(s_->handle, c.op, &alpha, w, c.a, x, c.b, &beta, y, c.c, y, c.c,
-                      &heuristic.algo, s_->workspace, static_cast<std::size_t>(s_->workspace_bytes),
+  st = cublasLtMatmul(state.handle, c.op, &alpha, w, c.a, x, c.b, &beta, y, c.c, y, c.c,
+                      &heuristic.algo, state.workspace,
+                      static_cast<std::size_t>(state.workspace_bytes),
                       static_cast<cudaStream_t>(stream));
   if (st != CUBLAS_STATUS_SUCCESS) return r::failure(status("cublasLtMatmul", st));
   return true;
+}
+
+}  // namespace
+
+result<bool> lt_gemm::run(const std::uint16_t* x, const std::uint16_t* w, float* y,
+                            std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                            void* stream) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0)
+    return result<bool>::failure("lt_gemm: sizes m " + std::to_string(m) + ", n " +
+                                 std::to_string(n) + ", k " + std::to_string(k) + ", batch " +
+                                 std::to_string(batch));
+  return matmul(*s_, "lt_gemm", CUDA_R_16BF, x, k, w, k, y, n, m, n, k, batch, stream);
+}
+
+result<bool> lt_gemm::run_f32(const float* x, std::int64_t ldx, const float* w, std::int64_t ldw,
+                              float* y, std::int64_t ldy, std::int64_t m, std::int64_t n,
+                              std::int64_t k, void* stream) {
+  if (m == 0) return true;
+  if (m < 0 || n <= 0 || k <= 0 || ldx < k || ldw < k || ldy < n)
+    return result<bool>::failure("lt_gemm f32: sizes m " + std::to_string(m) + ", n " +
+                                 std::to_string(n) + ", k " + std::to_string(k) +
+                                 " with row strides " + std::to_string(ldx) + ", " +
+                                 std::to_string(ldw) + ", " + std::to_string(ldy));
+  return matmul(*s_, "lt_gemm f32", CUDA_R_32F, x, ldx, w, ldw, y, ldy, m, n, k, 1, stream);
 }
 
 std::uint16_t to_bf16(float x) {
