@@ -123,12 +123,16 @@ void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m
   for (std::int64_t b = 0; b < n; b += block) portable::quant_fp4_block(x + b, block, e4m3_scales);
 }
 
+portable::router_scoring router_scoring_of(const text_config& c) {
+  return c.scoring_func == "sqrtsoftplus" ? portable::router_scoring::sqrtsoftplus
+         : c.scoring_func == "sigmoid"    ? portable::router_scoring::sigmoid
+                                          : portable::router_scoring::softmax;
+}
+
 void route_token(const text_config& c, float* scores, const float* bias,
                  std::vector<std::int64_t>& experts, std::vector<float>& weights) {
   const std::int64_t n = c.n_routed_experts, k = std::min(c.num_experts_per_tok, n);
-  const auto f = c.scoring_func == "sqrtsoftplus" ? portable::router_scoring::sqrtsoftplus
-                 : c.scoring_func == "sigmoid"    ? portable::router_scoring::sigmoid
-                                                  : portable::router_scoring::softmax;
+  const auto f = router_scoring_of(c);
   experts.resize(static_cast<std::size_t>(k));
   weights.resize(static_cast<std::size_t>(k));
   portable::route_token(scores, bias, n, k, f, static_cast<float>(c.gate_temp), c.norm_topk_prob,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/model_config.hpp"
+#include "kernels/portable_math.hpp"
 
 namespace troupe::kernels {
 
@@ -91,5 +92,9 @@ void fake_quant_fp4_block(float* x, std::int64_t n, std::int64_t block, bool e4m
 /// when norm_topk_prob (and more than one is chosen), times routed_scaling_factor.
 void route_token(const text_config& c, float* scores, const float* bias,
                  std::vector<std::int64_t>& experts, std::vector<float>& weights);
+
+/// The router's scoring function named by the config's scoring_func (softmax unless
+/// "sqrtsoftplus" or "sigmoid").
+portable::router_scoring router_scoring_of(const text_config& c);
 
 }  // namespace troupe::kernels

@@ -209,7 +209,10 @@ class model {
                                                      std::span<const std::int64_t> tokens,
                                                      std::int64_t tail = 0) const;
 
+  /// The loaded weights (kernels/model_weights.hpp), for an engine that runs them elsewhere
+  /// (the CUDA engine's device_model copies them to the device).
   struct weights;
+  const weights& tensors() const { return *w_; }
 
  private:
   model() = default;

@@ -1,0 +1,93 @@
+// The weights of a loaded `model` (kernels/model.hpp) as the CPU engine holds them: every
+// dense tensor fp32 (dequantised at load), the Engram tables left in the mapped checkpoint.
+// model.cpp runs the forward pass over them; the CUDA engine's forward pass
+// (kernels/cuda/device_model.hpp) copies them to the device. Shapes are the reference's: a
+// projection's weight is [out, in].
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_ops.hpp"
+#include "kernels/model.hpp"
+#include "kernels/worker_pool.hpp"
+
+namespace troupe::kernels {
+
+namespace loaded {
+
+struct matrix {
+  std::vector<float> v;
+  const float* data() const { return v.data(); }
+};
+
+struct expert_weights {
+  matrix w1, w2, w3;  // gate [I, D], down [D, I], up [I, D]
+};
+
+struct layer_weights {
+  std::int64_t ratio = 0;
+  bool kv_source = false;
+  bool index_source = false;
+  bool owns_index_keys = false;  // an index source that is also its group's KV source
+  bool candidate_source = false;
+  bool uses_candidates = false;
+  // attention
+  matrix wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
+  matrix c_wkv, c_wgate, c_norm;             // compressor (KV sources)
+  matrix i_wq_b, i_weights, i_wk, i_k_norm;  // indexer (index sources; wk / k_norm: owners)
+  // mHC
+  matrix hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  matrix attn_norm, ffn_norm;
+  // MoE
+  matrix gate, gate_bias;
+  std::vector<expert_weights> experts;
+  expert_weights shared;
+  // Engram
+  std::int64_t engram_index = -1;
+  std::optional<tensor_view> engram_table, engram_scale;
+  matrix engram_wkv, engram_q, engram_k;
+};
+
+}  // namespace loaded
+
+struct model::weights {
+  model_config cfg;
+  std::unique_ptr<worker_pool> workers;  // model_options::threads threads for parallel sections
+  std::optional<checkpoint> ckpt;
+  bool batch_invariant = false;
+  float jitter = 0.0f;
+  std::uint64_t jitter_seed = 0;
+  bool released_names = false;
+  loaded::matrix embed, norm, lm_head;
+  std::vector<loaded::layer_weights> layers;
+  rope_table rope_main, rope_compress;
+  engram_hash_layout engram;
+  std::vector<std::int64_t> token_map;  // token id -> compressed id (Engram)
+  std::shared_ptr<block_pool> pool = std::make_shared<block_pool>();
+  int expert_shards = 1;
+  // The EP placement the main layers' MoEs run by (set_expert_placement), and the router's
+  // top-k counts per routed expert.
+  std::optional<expert_placement> placement;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> routed_counts;
+  // DSpark draft layers (empty stages: the checkpoint has none).
+  text_config draft_cfg;  // the text config with the draft stages' expert counts
+  loaded::matrix main_proj, main_norm, draft_norm, markov_embed, markov_head, confidence;
+  std::vector<loaded::layer_weights> draft_layers;
+
+  std::string name(const std::string& hf) const {
+    if (!released_names) return hf;
+    if (hf == "lm_head.weight") return "head.weight";
+    if (hf.rfind("model.", 0) == 0) return hf.substr(6);
+    return hf;
+  }
+
+  /// A tensor of the checkpoint as fp32 (FP8 / FP4 dequantised), checked against `shape`.
+  result<loaded::matrix> load(const std::string& hf, const std::vector<std::int64_t>& shape) const;
+};
+
+}  // namespace troupe::kernels
