@@ -12,14 +12,13 @@ namespace troupe::kernels::cuda {
 namespace {
 
 const char* const missing =
-    "the CUDA backend does not run the DeepSeek-V4.1 forward pass yet (built: RMSNorm, decode "
-    "and prefill attention over the window and CSA2's selected entries, the mHC mixes, collapse "
-    "and expand, the MoE router, dispatch/combine permutations and SwiGLU, Engram's gate, RoPE, "
-    "the fp8/fp4 cache quantisers, the CSA2 compressor's pooling and indexer scores, FP8/FP4 "
-    "weight dequantisation, the cuBLASLt BF16 GEMM, the NCCL EP all-to-all; missing: the CSA2 "
-    "indexer's top-k, the routed experts' grouped GEMM on FP8/FP4 weights, Engram's table reads, "
-    "the DSpark draft layers, the State and Block KV on the device, the layer loop); use "
-    "device = \"cpu\"";
+    "the CUDA backend does not serve the DeepSeek-V4.1 model yet (built: the kernels of "
+    "kernels/cuda/ops.hpp, the cuBLASLt BF16 and FP32 GEMMs, the NCCL EP all-to-all, and the "
+    "forward pass of sliding-window layers with mHC and the MoE on fp32 weights "
+    "(device_model.hpp); missing: the CSA2 compressor, indexer top-k and compressed attention "
+    "in the forward pass, Engram's table reads, the routed experts' grouped GEMM on FP8/FP4 "
+    "weights, the DSpark draft layers, Block KV export/import and State KV on the device, "
+    "bounded replay); use device = \"cpu\"";
 
 template <class T>
 result<T> not_implemented() {

@@ -1,16 +1,17 @@
 // `cuda_backend`: the model_backend (kernels/backend.hpp) of a CUDA GPU rank — not able to run
 // the model yet.
 //
-// The CUDA engine is being built from the bottom up: the decode path's kernels
-// (kernels/cuda/ops.hpp), the BF16 GEMM (gemm_bf16.hpp), the EP communicator (nccl_comm.hpp)
-// and the host-side plans they follow (kernels/ep_dispatch.hpp, ep_group.hpp,
-// device_layout.hpp) exist; the DeepSeek-V4.1 forward pass assembled from them does not (mHC,
-// the CSA2 compressor, indexer and compressed attention, the routed experts' FP8/FP4 grouped
-// GEMM, Engram, the DSpark draft layers, the State / Block KV on the device). Rather than
-// return wrong logits, `open` does the preflight a real open would do (finds the device, reads
-// the config, plans the device memory) and then fails with a message that says what is
-// missing, so `device = "cuda"` cannot be mistaken for a working engine. No instance is ever
-// made; the class exists so the interface it must fill is fixed and compiled against.
+// The CUDA engine is being built from the bottom up: the kernels (kernels/cuda/ops.hpp), the
+// cuBLASLt GEMMs (gemm.hpp), the EP communicator (nccl_comm.hpp), the host-side plans they
+// follow (kernels/ep_dispatch.hpp, ep_group.hpp, device_layout.hpp) and a forward pass of
+// sliding-window layers on fp32 weights (device_model.hpp) exist; what V4.1 needs beyond them
+// does not (the CSA2 compressor, indexer and compressed attention, the routed experts' FP8/FP4
+// grouped GEMM, Engram's table reads, the DSpark draft layers, the Block and State KV formats
+// on the device). Rather than return wrong logits, `open` does the preflight a real open would
+// do (finds the device, reads the config, plans the device memory) and then fails with a
+// message that says what is missing, so `device = "cuda"` cannot be mistaken for a working
+// engine. No instance is ever made; the class exists so the interface it must fill is fixed
+// and compiled against.
 #pragma once
 
 #include <filesystem>
@@ -31,7 +32,7 @@ class cuda_backend final : public model_backend {
  public:
   /// Always a failure today: "no CUDA device: ..." without a usable GPU, the config's or the
   /// layout's error when the model is unreadable or does not fit, and otherwise "the CUDA
-  /// backend does not run the DeepSeek-V4.1 forward pass yet" with what is and is not built,
+  /// backend does not serve the DeepSeek-V4.1 model yet" with what is and is not built,
   /// and the device memory plan it made.
   static result<std::unique_ptr<cuda_backend>> open(const std::filesystem::path& model_dir,
                                                      const cuda_backend_options& options = {});

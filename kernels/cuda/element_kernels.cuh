@@ -137,6 +137,37 @@ struct quant_fn {
   }
 };
 
+// The forward pass's data movement (device_model.cpp).
+struct embed_fn {  // every stream of token t starts as the embedding row of tokens[t]
+  const float* table;
+  const std::int64_t* tokens;
+  std::int64_t copies, D;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = table[tokens[i / (copies * D)] * D + i % D];
+  }
+};
+
+struct copy_rows_fn {  // dst row dst_rows[r] (null: r) = src row src_rows[r] (null: r)
+  const float* src;
+  const std::int64_t* src_rows;
+  float* dst;
+  const std::int64_t* dst_rows;
+  std::int64_t width;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = i / width, c = i % width;
+    const std::int64_t from = src_rows != nullptr ? src_rows[r] : r;
+    const std::int64_t to = dst_rows != nullptr ? dst_rows[r] : r;
+    dst[to * width + c] = src[from * width + c];
+  }
+};
+
+struct add_fn {  // y += x
+  float* y;
+  const float* x;
+  __device__ void operator()(std::int64_t i) const { y[i] = y[i] + x[i]; }
+};
+
 }  // namespace
 
 }  // namespace troupe::kernels::cuda

@@ -2,7 +2,7 @@
 // decode attention over the SWA ring, the MoE dispatch / combine permutations, the mHC
 // mixing, Engram's gate, the MoE router, the experts' SwiGLU, RoPE, the caches' fp8 / fp4
 // quantisers, the CSA2 compressor's pooling and indexer's scores, and the released FP8 / FP4
-// weights' dequantisation.
+// weights' dequantisation, and the forward pass's embedding, row copies and sums.
 //
 // Each kernel mirrors a piece of the exact CPU model (kernels/model.cpp, kernels/cpu_ops.hpp)
 // on the same fp32 layouts, so the CUDA backend can be checked against the CPU backend one
@@ -156,5 +156,19 @@ result<bool> quant_fp8_blocks(float* x, std::int64_t n, std::int64_t block, void
 /// fake_quant_fp4_block). n must be a multiple of block.
 result<bool> quant_fp4_blocks(float* x, std::int64_t n, std::int64_t block, bool e4m3_scales,
                               void* stream = nullptr);
+
+/// out [T, copies, D]: each of token t's `copies` rows is row tokens[t] of table [*, D] (the
+/// embedding into every mHC stream).
+result<bool> embed_rows(const float* table, const std::int64_t* tokens, std::int64_t T,
+                        std::int64_t copies, std::int64_t D, float* out, void* stream = nullptr);
+
+/// For r < rows: dst row dst_rows[r] = src row src_rows[r], rows of `width` (a null index: r).
+/// The destination rows must differ (the copies run at once).
+result<bool> copy_rows(const float* src, const std::int64_t* src_rows, float* dst,
+                       const std::int64_t* dst_rows, std::int64_t rows, std::int64_t width,
+                       void* stream = nullptr);
+
+/// y[i] += x[i] for i < n.
+result<bool> add_into(float* y, const float* x, std::int64_t n, void* stream = nullptr);
 
 }  // namespace troupe::kernels::cuda

@@ -131,4 +131,20 @@ result<bool> quant_fp4_blocks(float* x, std::int64_t n, std::int64_t block, bool
   return quant_blocks("quant_fp4_blocks", x, n, block, true, e4m3_scales, stream);
 }
 
+result<bool> embed_rows(const float* table, const std::int64_t* tokens, std::int64_t T,
+                        std::int64_t copies, std::int64_t D, float* out, void* stream) {
+  return launch_each("embed_rows", T * copies * D, embed_fn{table, tokens, copies, D, out}, stream);
+}
+
+result<bool> copy_rows(const float* src, const std::int64_t* src_rows, float* dst,
+                       const std::int64_t* dst_rows, std::int64_t rows, std::int64_t width,
+                       void* stream) {
+  return launch_each("copy_rows", rows * width, copy_rows_fn{src, src_rows, dst, dst_rows, width},
+                     stream);
+}
+
+result<bool> add_into(float* y, const float* x, std::int64_t n, void* stream) {
+  return launch_each("add_into", n, add_fn{y, x}, stream);
+}
+
 }  // namespace troupe::kernels::cuda

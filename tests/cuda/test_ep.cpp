@@ -193,6 +193,6 @@ TEST_CASE("cuda_backend refuses to open a model it cannot run, saying what is mi
   const std::string dir = std::string(TROUPE_SOURCE_DIR) + "/tests/kernels/golden/model/sliding";
   auto b = cuda::cuda_backend::open(dir);
   REQUIRE_FALSE(b.ok());
-  CHECK(b.error().find("does not run the DeepSeek-V4.1 forward pass yet") != std::string::npos);
+  CHECK(b.error().find("does not serve the DeepSeek-V4.1 model yet") != std::string::npos);
   CHECK(b.error().find("preflight on") != std::string::npos);
 }

@@ -1,0 +1,114 @@
+// The CUDA forward pass (kernels/cuda/device_model.hpp) against the CPU engine on the same
+// batches: prefill longer than the SWA ring, a decode step batched with another sequence's
+// prefill, decode steps of two sequences, a chunk that wraps the ring inside one call, then
+// greedy decoding. Shared by the emulated device's test (tests/cuda_host) and the GPU's
+// (tests/cuda, bench/gpu_check.sh).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device_model.hpp"
+#include "kernels/model.hpp"
+
+namespace troupe::test {
+
+struct forward_comparison {
+  std::string error;        // a failure of either engine, or "" when both ran every call
+  double max_abs = 0;       // the largest |device − CPU| over every logit of every call
+  double max_logit = 0;     // the largest |CPU logit|, for scale
+  std::int64_t calls = 0;
+  std::int64_t rows = 0;              // logit rows compared
+  std::int64_t argmax_differs = 0;    // rows whose argmax differs
+  std::vector<std::int64_t> greedy_cpu, greedy_device;  // greedy continuations of one prompt
+};
+
+inline forward_comparison compare_with_cpu(const kernels::model& m,
+                                           kernels::cuda::device_model& dev,
+                                           std::int64_t greedy_steps) {
+  using namespace troupe::kernels;
+  forward_comparison out;
+  const std::int64_t V = m.text().vocab_size;
+  const std::int64_t ring = m.text().sliding_window + swa_rollback_tokens;
+  std::uint64_t z = 0x9E3779B97F4A7C15ull;
+  auto tokens = [&](std::int64_t n) {
+    std::vector<std::int64_t> t(static_cast<std::size_t>(n));
+    for (auto& v : t) {
+      z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+      v = static_cast<std::int64_t>(z % static_cast<std::uint64_t>(V));
+    }
+    return t;
+  };
+  struct seq {
+    sequence_cache cpu;
+    sequence_id dev = 0;
+  };
+  auto open = [&](seq& s) {
+    s.cpu = m.new_sequence();
+    auto id = dev.open_sequence();
+    if (!id) return id.error();
+    s.dev = *id;
+    return std::string();
+  };
+  auto argmax = [&](const float* row) {
+    return static_cast<std::int64_t>(std::max_element(row, row + V) - row);
+  };
+  // One call on both engines with tokens for each sequence; the logits compared row by row.
+  auto call = [&](std::vector<std::pair<seq*, std::vector<std::int64_t>>> parts,
+                  std::vector<float>* cpu_logits = nullptr) {
+    std::vector<sequence_input> ci;
+    std::vector<step_input> di;
+    for (auto& [s, t] : parts) {
+      ci.push_back({&s->cpu, t});
+      di.push_back({s->dev, t});
+    }
+    auto want = m.forward(ci);
+    if (!want) return "CPU: " + want.error();
+    auto got = dev.forward(di);
+    if (!got) return "device: " + got.error();
+    if (got->size() != want->size()) return std::string("device: logits of another size");
+    ++out.calls;
+    for (std::size_t i = 0; i < want->size(); ++i) {
+      out.max_abs = std::max(out.max_abs, double(std::fabs((*got)[i] - (*want)[i])));
+      out.max_logit = std::max(out.max_logit, double(std::fabs((*want)[i])));
+    }
+    for (std::size_t r = 0; r < want->size() / static_cast<std::size_t>(V); ++r, ++out.rows)
+      if (argmax(want->data() + r * V) != argmax(got->data() + r * V)) ++out.argmax_differs;
+    if (cpu_logits != nullptr) *cpu_logits = std::move(*want);
+    return std::string();
+  };
+
+  seq a, b, c;
+  for (seq* s : {&a, &b, &c})
+    if (out.error = open(*s); !out.error.empty()) return out;
+  const std::vector<std::vector<std::pair<seq*, std::vector<std::int64_t>>>> schedule = {
+      {{&a, tokens(ring + 3)}},                      // a prefill the ring cannot hold whole
+      {{&a, tokens(1)}, {&b, tokens(5)}},            // a decode step beside b's prefill
+      {{&b, tokens(1)}, {&a, tokens(1)}},            // decode, the batch in another order
+      {{&a, tokens(1)}, {&b, tokens(1)}},
+      {{&b, tokens(ring + 2)}, {&a, tokens(2)}},     // a chunk that wraps b's ring in one call
+      {{&a, tokens(1)}, {&b, tokens(1)}},
+  };
+  for (const auto& parts : schedule)
+    if (out.error = call(parts); !out.error.empty()) return out;
+
+  // Greedy: both engines continue c from the CPU's choice, and each records its own argmax.
+  std::vector<std::int64_t> next = tokens(7);
+  for (std::int64_t step = 0; step < greedy_steps; ++step) {
+    std::vector<sequence_input> ci{{&c.cpu, next}};
+    std::vector<step_input> di{{c.dev, next}};
+    auto want = m.forward_last(ci);
+    if (!want) return out.error = "CPU: " + want.error(), out;
+    auto got = dev.forward(di);
+    if (!got) return out.error = "device: " + got.error(), out;
+    out.greedy_cpu.push_back(argmax(want->data()));
+    out.greedy_device.push_back(argmax(got->data() + got->size() - static_cast<std::size_t>(V)));
+    next = {out.greedy_cpu.back()};
+  }
+  return out;
+}
+
+}  // namespace troupe::test

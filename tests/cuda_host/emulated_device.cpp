@@ -1,0 +1,71 @@
+// The device the CPU tests run the CUDA engine's host code on: the launch wrappers of
+// kernels/cuda/*.cu built by the host compiler, their kernels running under the SIMT emulator
+// (simt.hpp), device memory as host memory, and the FP32 GEMM as a plain loop (each output a
+// sum in ascending k, another order than the CPU engine's BLAS, as cuBLASLt's is). With these,
+// kernels/cuda/device_model.cpp — built here as it is for troupe_cuda — runs the forward pass
+// in every test run. What this device cannot show is a real one's: its math library,
+// scheduling, memory model and cuBLASLt's kernels (bench/gpu_check.sh runs those).
+#include "simt.hpp"  // first: the CUDA spellings, and TROUPE_LAUNCH on the emulator
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cuda/device_memory.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/moe_permute.cu"
+#include "kernels/cuda/norm_attention.cu"
+#include "kernels/cuda/portable_ops.cu"
+
+namespace troupe::kernels::cuda {
+
+result<void*> device_alloc(std::size_t bytes) {
+  void* p = std::malloc(bytes == 0 ? 1 : bytes);
+  if (p == nullptr) return result<void*>::failure("emulated device: out of memory");
+  return p;
+}
+
+void device_free(void* p) noexcept { std::free(p); }
+
+result<bool> copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return true;
+}
+
+result<bool> copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return true;
+}
+
+result<bool> copy_on_device(void* dst, const void* src, std::size_t bytes) {
+  std::memmove(dst, src, bytes);
+  return true;
+}
+
+result<bool> zero_device(void* p, std::size_t bytes) {
+  std::memset(p, 0, bytes);
+  return true;
+}
+
+struct lt_gemm::state {};
+
+lt_gemm::lt_gemm(std::unique_ptr<state> s) : s_(std::move(s)) {}
+lt_gemm::lt_gemm(lt_gemm&&) noexcept = default;
+lt_gemm& lt_gemm::operator=(lt_gemm&&) noexcept = default;
+lt_gemm::~lt_gemm() = default;
+
+result<lt_gemm> lt_gemm::create(std::int64_t) { return lt_gemm(std::make_unique<state>()); }
+
+result<bool> lt_gemm::run_f32(const float* x, std::int64_t ldx, const float* w, std::int64_t ldw,
+                              float* y, std::int64_t ldy, std::int64_t m, std::int64_t n,
+                              std::int64_t k, void*) {
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (std::int64_t p = 0; p < k; ++p) acc += x[i * ldx + p] * w[j * ldw + p];
+      y[i * ldy + j] = acc;
+    }
+  return true;
+}
+
+}  // namespace troupe::kernels::cuda
