@@ -590,6 +590,55 @@ float table_value(const layer_weights& L, i64 row, i64 d, i64 width) {
   }
 }
 
+}  // namespace
+
+std::vector<std::int64_t> engram_hash_ids(const model::weights& W,
+                                          std::span<const std::vector<std::int64_t>* const> recent,
+                                          std::span<const std::int64_t> seq_begin,
+                                          std::span<const std::int64_t> tokens,
+                                          std::span<const std::int64_t> positions) {
+  const auto& c = W.cfg.text;
+  const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size()), cols = W.engram.columns;
+  const i64 N = c.engram_max_ngram_size;
+  const i64 pad = W.token_map[sz(c.engram_pad_id)];
+  std::vector<i64> ids(tokens.size() * sz(n_engram * cols));
+  std::vector<i64> look(sz(N));
+  for (std::size_t s = 0; s < recent.size(); ++s) {
+    std::vector<i64> history = *recent[s];  // oldest first
+    for (i64 t = seq_begin[s]; t < seq_begin[s + 1]; ++t) {
+      history.push_back(W.token_map[sz(tokens[sz(t)])]);
+      const i64 p = positions[sz(t)];
+      for (i64 k = 0; k < N; ++k) look[sz(k)] = p < k ? pad : history[history.size() - 1 - sz(k)];
+      for (i64 e = 0; e < n_engram; ++e)
+        W.engram.hash(e, look, ids.data() + (t * n_engram + e) * cols);
+    }
+  }
+  return ids;
+}
+
+void engram_remember(const model::weights& W, std::vector<std::int64_t>& recent,
+                     std::span<const std::int64_t> tokens) {
+  const auto keep = sz(W.cfg.text.engram_max_ngram_size - 1 + swa_rollback_tokens);
+  for (const i64 t : tokens) recent.push_back(W.token_map[sz(t)]);
+  if (recent.size() > keep)
+    recent.erase(recent.begin(), recent.end() - static_cast<std::ptrdiff_t>(keep));
+}
+
+void engram_table_rows(const model::weights& W, const loaded::layer_weights& L,
+                       std::span<const std::int64_t> hash_ids, std::int64_t T, float* rows) {
+  const auto& c = W.cfg.text;
+  const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size()), cols = W.engram.columns;
+  const i64 ehd = c.engram_head_dim;
+  for (i64 t = 0; t < T; ++t)
+    for (i64 k = 0; k < cols; ++k) {
+      const i64 id = hash_ids[sz((t * n_engram + L.engram_index) * cols + k)];
+      float* dst = rows + (t * cols + k) * ehd;
+      for (i64 d = 0; d < ehd; ++d) dst[d] = table_value(L, id, d, ehd);
+    }
+}
+
+namespace {
+
 // What one forward call runs over: the batch, each sequence's token slice, every token's
 // position, the projection mode, and the per-sequence state the reference keeps in `shared`.
 struct call_context {
@@ -607,17 +656,12 @@ void engram_site(const model::weights& W, const layer_weights& L, const call_con
                  const std::vector<i64>& hash_ids, std::vector<float>& streams) {
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, T = cx.T;
-  const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size()), cols = W.engram.columns;
+  const i64 cols = W.engram.columns;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const gemm_mode mode = cx.mode;
   const i64 ehd = c.engram_head_dim;
   std::vector<float> rows(sz(T * cols * ehd));
-  for (i64 t = 0; t < T; ++t)
-    for (i64 k = 0; k < cols; ++k) {
-      const i64 id = hash_ids[sz((t * n_engram + L.engram_index) * cols + k)];
-      float* dst = rows.data() + (t * cols + k) * ehd;
-      for (i64 d = 0; d < ehd; ++d) dst[d] = table_value(L, id, d, ehd);
-    }
+  engram_table_rows(W, L, hash_ids, T, rows.data());
   const i64 out_w = D * (hc + 1);
   std::vector<float> kv(sz(T * out_w));
   project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
@@ -1067,22 +1111,11 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
   // Engram hash ids: [T, engram layers, columns].
   const i64 n_engram = static_cast<i64>(c.engram_layer_ids.size());
   const i64 cols = has_engram ? W.engram.columns : 0;
-  std::vector<i64> hash_ids(sz(T * n_engram * cols));
+  std::vector<i64> hash_ids;
   if (has_engram) {
-    const i64 N = c.engram_max_ngram_size;
-    const i64 pad = W.token_map[sz(c.engram_pad_id)];
-    for (i64 s = 0; s < S; ++s) {
-      const auto& cache = *batch[sz(s)].cache;
-      std::vector<i64> history = cache.engram_recent;  // oldest first
-      std::vector<i64> look(sz(N));
-      for (i64 t = seq_begin[sz(s)]; t < seq_begin[sz(s + 1)]; ++t) {
-        history.push_back(W.token_map[sz(tokens[sz(t)])]);
-        const i64 p = positions[sz(t)];
-        for (i64 k = 0; k < N; ++k) look[sz(k)] = p < k ? pad : history[history.size() - 1 - sz(k)];
-        for (i64 e = 0; e < n_engram; ++e)
-          W.engram.hash(e, look, hash_ids.data() + (t * n_engram + e) * cols);
-      }
-    }
+    std::vector<const std::vector<i64>*> recent;
+    for (const auto& in : batch) recent.push_back(&in.cache->engram_recent);
+    hash_ids = engram_hash_ids(W, recent, seq_begin, tokens, positions);
   }
 
   // Embeddings, copied into every stream; the first site collapses stream 0 only.
@@ -1190,14 +1223,10 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
   for (i64 s = 0; s < S; ++s) {
     auto& cache = *batch[sz(s)].cache;
     cache.length += seq_begin[sz(s + 1)] - seq_begin[sz(s)];
-    if (has_engram) {
-      const auto keep = sz(c.engram_max_ngram_size - 1 + swa_rollback_tokens);
-      for (i64 t = seq_begin[sz(s)]; t < seq_begin[sz(s + 1)]; ++t)
-        cache.engram_recent.push_back(W.token_map[sz(tokens[sz(t)])]);
-      if (cache.engram_recent.size() > keep)
-        cache.engram_recent.erase(cache.engram_recent.begin(),
-                                  cache.engram_recent.end() - static_cast<std::ptrdiff_t>(keep));
-    }
+    if (has_engram)
+      engram_remember(W, cache.engram_recent,
+                      std::span(tokens).subspan(sz(seq_begin[sz(s)]),
+                                                sz(seq_begin[sz(s + 1)] - seq_begin[sz(s)])));
   }
   return logits;
 }
@@ -1256,11 +1285,7 @@ result<std::vector<float>> model::replay(sequence_cache& s, std::span<const std:
     cc.recent_tokens = 0;
   }
   s.engram_recent.clear();
-  if (!c.engram_layer_ids.empty()) {
-    const i64 keep = c.engram_max_ngram_size - 1 + swa_rollback_tokens;
-    for (i64 t = std::max<i64>(0, start - keep); t < start; ++t)
-      s.engram_recent.push_back(W.token_map[sz(tokens[sz(t)])]);
-  }
+  if (!c.engram_layer_ids.empty()) engram_remember(W, s.engram_recent, tokens.first(sz(start)));
   const sequence_input in{&s, tokens.subspan(sz(start))};
   return forward_last(std::span<const sequence_input>(&in, 1));
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -89,5 +90,25 @@ struct model::weights {
   /// A tensor of the checkpoint as fp32 (FP8 / FP4 dequantised), checked against `shape`.
   result<loaded::matrix> load(const std::string& hf, const std::vector<std::int64_t>& shape) const;
 };
+
+/// The Engram hash ids of one call's tokens, [tokens, Engram layers, columns]: sequence s owns
+/// tokens [seq_begin[s], seq_begin[s + 1]) and continues from its recent compressed ids
+/// `recent[s]` (oldest first); each token hashes the n-gram ending at it, padded before the
+/// sequence's start (positions). The model must have its token map.
+std::vector<std::int64_t> engram_hash_ids(const model::weights& W,
+                                          std::span<const std::vector<std::int64_t>* const> recent,
+                                          std::span<const std::int64_t> seq_begin,
+                                          std::span<const std::int64_t> tokens,
+                                          std::span<const std::int64_t> positions);
+
+/// Appends a sequence's new tokens to its recent compressed ids, keeping what the next call's
+/// n-grams and a rollback need.
+void engram_remember(const model::weights& W, std::vector<std::int64_t>& recent,
+                     std::span<const std::int64_t> tokens);
+
+/// The table rows of Engram layer L for T tokens' hash ids (engram_hash_ids): rows
+/// [T, columns, engram_head_dim] in fp32, read from the mapped checkpoint.
+void engram_table_rows(const model::weights& W, const loaded::layer_weights& L,
+                       std::span<const std::int64_t> hash_ids, std::int64_t T, float* rows);
 
 }  // namespace troupe::kernels
