@@ -7,10 +7,11 @@
 #      each kernel against the CPU math, the NCCL communicator formed through the EP group's
 #      unique-id message, the MoE layer at EP 2 on one GPU equal to EP 1 through NCCL,
 #      cuda_backend's refusal, the forward pass of kernels/cuda/device_model.hpp against the
-#      CPU engine on the sliding-window golden model: logits and 64 greedy tokens),
+#      CPU engine on the sliding-window golden model and the tiny-window preset (Engram):
+#      logits and 64 greedy tokens),
 #   3. runs the throughput benchmark (bench_cuda_kernels) and prints its table.
 # Parity on the other golden models is reported as not run: the device forward pass has no
-# CSA2 or Engram layers yet, and cuda_backend does not serve (docs/cuda.md).
+# CSA2 layers yet, and cuda_backend does not serve (docs/cuda.md).
 # Fails loudly (exit 1) without a GPU. Budget: under 8 minutes on one H200 (each step has its
 # own timeout). Usage: bench/gpu_check.sh [build dir, default build-gpu]
 set -uo pipefail
@@ -53,10 +54,10 @@ if [ $rc -eq 77 ]; then die "test_cuda found no usable CUDA device"; fi
 [ $rc -eq 0 ] || { echo "test_cuda FAILED (exit $rc)"; status=1; }
 
 say "the device forward pass vs the CPU engine on the golden models"
-timeout 60 "$build/tests/test_cuda" -tc="device: the forward pass*" --success=false | grep "MESSAGE" \
+timeout 60 "$build/tests/test_cuda" -tc="device: the forward pass*,device: Engram*" --success=false | grep "MESSAGE" \
   || echo "(no figures: see the device tests above)"
-echo "not run on the mixed, qat and ratio4 goldens: the device forward pass has no CSA2 or"
-echo "Engram layers yet; cuda_backend refuses to open a model instead of computing wrong logits"
+echo "not run on the mixed, qat and ratio4 goldens: the device forward pass has no CSA2 layers"
+echo "yet; cuda_backend refuses to open a model instead of computing wrong logits"
 
 say "throughput against the device's limits"
 timeout 120 "$build/bench/bench_cuda_kernels" || { echo "bench_cuda_kernels FAILED"; status=1; }

@@ -37,12 +37,15 @@ struct device_layer {
   std::vector<device_expert> experts;
   device_expert shared;
   buffer rings;  // [max_sequences, capacity, head_dim]: each sequence's SWA ring at its slot
+  // Engram layers: the key / value projection and the per-channel key weights q ⊙ k.
+  buffer engram_wkv, engram_weight;
 };
 
 // A sequence's place in the rings and how far it has run.
 struct sequence_state {
   i64 slot = 0;
   i64 length = 0;  // tokens run = the ring's end
+  std::vector<i64> engram_recent;  // its last compressed ids (engram_remember)
 };
 
 // A failure passed on as the failure of whatever result the caller returns.
@@ -64,6 +67,7 @@ struct failed {
 }  // namespace
 
 struct device_model::state {
+  const model::weights* W = nullptr;  // the CPU model's: its Engram tables and token map
   text_config c;
   std::int64_t max_sequences = 0, capacity = 0;
   lt_gemm gemm;
@@ -93,6 +97,8 @@ struct device_model::state {
                          const index_buffer& ring_src, const index_buffer& ring_dst,
                          i64 ring_rows, buffer& out);
   result<bool> moe(device_layer& L, const buffer& a, i64 T, buffer& y);
+  result<bool> engram(const loaded::layer_weights& host, const device_layer& L,
+                      const std::vector<i64>& hash_ids, i64 T, buffer& streams);
 };
 
 device_model::device_model(std::unique_ptr<state> s) : s_(std::move(s)) {}
@@ -111,9 +117,6 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
                         std::to_string(L.ratio) +
                         "; the device runs sliding-window layers only (ratio 0) so far: the "
                         "CSA2 compressor, indexer top-k and compressed attention are not built");
-    if (L.engram_index >= 0)
-      return r::failure("device_model: layer " + std::to_string(l) +
-                        " is an Engram layer; the device does not read the Engram tables yet");
   }
   if (options.max_sequences < 1)
     return r::failure("device_model: max_sequences must be at least 1, not " +
@@ -126,6 +129,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   auto gemm = lt_gemm::create();
   if (!gemm) return r::failure(gemm.error());
   auto s = std::make_unique<state>(std::move(*gemm));
+  s->W = &W;
   s->c = c;
   s->max_sequences = options.max_sequences;
   s->capacity = capacity;
@@ -175,6 +179,13 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     d.gate_bias = up(L.gate_bias);
     for (const auto& e : L.experts) d.experts.push_back(up_expert(e));
     d.shared = up_expert(L.shared);
+    if (L.engram_index >= 0) {
+      loaded::matrix weight{std::vector<float>(L.engram_q.v.size())};
+      for (std::size_t i = 0; i < weight.v.size(); ++i)
+        weight.v[i] = L.engram_q.v[i] * L.engram_k.v[i];
+      d.engram_wkv = up(L.engram_wkv);
+      d.engram_weight = up(weight);
+    }
     if (error.empty()) {
       auto rings = buffer::zeros(sz(options.max_sequences * capacity * c.head_dim));
       if (!rings) return r::failure(rings.error());
@@ -194,7 +205,7 @@ result<sequence_id> device_model::open_sequence() {
                                         " sequences are open");
   *free = true;
   const sequence_id id = s.next_id++;
-  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0};
+  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0, {}};
   return id;
 }
 
@@ -366,6 +377,25 @@ result<bool> device_model::state::moe(device_layer& L, const buffer& a, i64 T, b
   return true;
 }
 
+// model.cpp's engram_site: the table rows its hash ids name, read on the host from the mapped
+// checkpoint (where the tables live: they do not fit in device memory at full scale) and
+// copied over, projected to hc keys and a value per token, gated into every stream.
+result<bool> device_model::state::engram(const loaded::layer_weights& host, const device_layer& L,
+                                         const std::vector<i64>& hash_ids, i64 T,
+                                         buffer& streams) {
+  const i64 D = c.hidden_size, hc = c.hc_mult, width = W->engram.columns * c.engram_head_dim;
+  std::vector<float> rows(sz(T * width));
+  engram_table_rows(*W, host, hash_ids, T, rows.data());
+  auto d_rows = buffer::of(rows);
+  auto kv = buffer::zeros(sz(T * (hc + 1) * D));
+  TROUPE_TRY(d_rows);
+  TROUPE_TRY(kv);
+  TROUPE_TRY(project(d_rows->data(), T, width, L.engram_wkv.data(), (hc + 1) * D, kv->data()));
+  TROUPE_TRY(engram_gate_add(streams.data(), kv->data(), L.engram_weight.data(), T, hc, D,
+                             static_cast<float>(c.rms_norm_eps)));
+  return true;
+}
+
 result<std::vector<float>> device_model::forward(std::span<const step_input> batch) {
   using r = result<std::vector<float>>;
   auto& s = *s_;
@@ -409,6 +439,21 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   }
   const i64 T = static_cast<i64>(tokens.size());
   if (T == 0) return std::vector<float>{};
+  const bool has_engram = !c.engram_layer_ids.empty();
+  if (has_engram && s.W->token_map.empty())
+    return r::failure(
+        "device_model: the Engram layers need the compressed token map "
+        "(model::set_engram_token_map)");
+  std::vector<i64> hash_ids;
+  if (has_engram) {
+    std::vector<const std::vector<i64>*> recent;
+    std::vector<i64> seq_begin{0};
+    for (const auto& in : batch) {
+      recent.push_back(&s.sequences[in.sequence].engram_recent);
+      seq_begin.push_back(seq_begin.back() + static_cast<i64>(in.tokens.size()));
+    }
+    hash_ids = engram_hash_ids(*s.W, recent, seq_begin, tokens, positions);
+  }
 
   auto up = [](const std::vector<i64>& v) { return index_buffer::of(v); };
   auto d_tokens = up(tokens), d_positions = up(positions), d_slots = up(slots);
@@ -450,7 +495,10 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
     std::swap(*pre, *next_pre);
     return true;
   };
-  for (auto& L : s.layers) {
+  for (std::size_t l = 0; l < s.layers.size(); ++l) {
+    auto& L = s.layers[l];
+    const auto& host = s.W->layers[l];
+    if (host.engram_index >= 0) TROUPE_TRY(s.engram(host, L, hash_ids, T, *streams));
     TROUPE_TRY(site(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, [&] {
       return s.attention(L, *x, T, *d_positions, *d_slots, *d_start, *d_row, *d_begin, *d_src,
                          *d_dst, static_cast<i64>(ring_src.size()), *out);
@@ -464,7 +512,11 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   TROUPE_TRY(s.project(x->data(), T, D, s.lm_head.data(), V, logits->data()));
   auto host = logits->download();
   TROUPE_TRY(host);
-  for (const auto& in : batch) s.sequences[in.sequence].length += static_cast<i64>(in.tokens.size());
+  for (const auto& in : batch) {
+    auto& seq = s.sequences[in.sequence];
+    seq.length += static_cast<i64>(in.tokens.size());
+    if (has_engram) engram_remember(*s.W, seq.engram_recent, in.tokens);
+  }
   return std::move(*host);
 }
 

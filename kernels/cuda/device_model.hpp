@@ -3,13 +3,14 @@
 // in device memory. The first piece of the CUDA backend that computes logits.
 //
 // What it runs today, and what it refuses with a message: every layer must attend over the
-// sliding window only (compress ratio 0: no CSA2 compressor, indexer or compressed KV yet) and
-// none may be an Engram layer (its hashed table reads are not on the device yet); the DSpark
-// draft layers are not run. Weights are the CPU engine's fp32 copies (`model::tensors()`), not
-// the checkpoint's BF16 / FP8 / FP4 bytes, so memory is 4 bytes per parameter: a check of the
-// layer loop on small models, not a way to fit V4.1-Flash on a GPU. The routed experts run one
-// GEMM per expert on the rows the host's dispatch plan groups for it (kernels/ep_dispatch.hpp,
-// one rank), which needs the router's choices on the host once per layer.
+// sliding window only (compress ratio 0: no CSA2 compressor, indexer or compressed KV yet);
+// Engram layers read their table rows on the host (the tables stay in the mapped checkpoint,
+// as they must at full scale) and gate them in on the device; the DSpark draft layers are not
+// run. Weights are the CPU engine's fp32 copies (`model::tensors()`), not the checkpoint's
+// BF16 / FP8 / FP4 bytes, so memory is 4 bytes per parameter: a check of the layer loop on
+// small models, not a way to fit V4.1-Flash on a GPU. The routed experts run one GEMM per
+// expert on the rows the host's dispatch plan groups for it (kernels/ep_dispatch.hpp, one
+// rank), which needs the router's choices on the host once per layer.
 //
 // This file is plain C++ over device pointers. troupe_cuda builds it with the CUDA runtime and
 // cuBLASLt; tests/cuda_host builds it with host memory and the kernels under the SIMT emulator
@@ -35,9 +36,10 @@ struct device_model_options {
 
 class device_model {
  public:
-  /// The weights of a loaded CPU model copied to the device, and empty rings. Errors: a layer
-  /// the device cannot run yet (named), max_sequences < 1, a window longer than the attention
-  /// kernel takes, a failed allocation or copy.
+  /// The weights of a loaded CPU model copied to the device, and empty rings. The model must
+  /// outlive the device model (its Engram tables and token map are read at each call). Errors:
+  /// a layer the device cannot run yet (named), max_sequences < 1, a window longer than the
+  /// attention kernel takes, a failed allocation or copy.
   static result<device_model> upload(const model& m, const device_model_options& options = {});
 
   device_model(device_model&&) noexcept;

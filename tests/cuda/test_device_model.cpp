@@ -6,14 +6,17 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <numeric>
+#include <unistd.h>
 
 #include "kernels/cuda/device_model.hpp"
 #include "kernels/model.hpp"
+#include "kernels/model_init.hpp"
 #include "tests/cuda_host/device_model_check.hpp"
 
 using namespace troupe::kernels;
 
-TEST_CASE("device: the forward pass gives the CPU engine's logits and 64 greedy tokens") {
+TEST_CASE("device: the forward pass (sliding golden) gives the CPU engine's logits and 64 greedy tokens") {
   const auto golden =
       std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/sliding";
   auto m = model::load(golden);
@@ -29,5 +32,27 @@ TEST_CASE("device: the forward pass gives the CPU engine's logits and 64 greedy 
   CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
   CHECK(cmp.argmax_differs == 0);
   CHECK(cmp.greedy_device.size() == 64);
+  CHECK(cmp.greedy_device == cmp.greedy_cpu);
+}
+
+TEST_CASE("device: Engram layers and whole fp8 blocks (tiny-window) against the CPU engine") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("troupe-test-cuda-tiny-window-" + std::to_string(::getpid()));
+  REQUIRE(write_random_model(dir, "tiny-window", 3));
+  auto m = model::load(dir);
+  REQUIRE_MESSAGE(m, m.error());
+  std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
+  std::iota(identity.begin(), identity.end(), 0);
+  REQUIRE(m->set_engram_token_map(identity));
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
+  REQUIRE_MESSAGE(dev, dev.error());
+  const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 64);
+  std::filesystem::remove_all(dir);
+  REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
+  MESSAGE("device_model on tiny-window: max |device - CPU| " << cmp.max_abs << " over "
+          << cmp.rows << " rows (largest logit " << cmp.max_logit << "), greedy "
+          << cmp.greedy_device.size() << " steps");
+  CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
+  CHECK(cmp.argmax_differs == 0);
   CHECK(cmp.greedy_device == cmp.greedy_cpu);
 }
