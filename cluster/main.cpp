@@ -446,10 +446,9 @@ int main(int argc, char** argv) {
   std::uint64_t init_seed = 0;
   auto* init = model->add_subcommand(
     "init", "write a random V4.1 model directory (config.json + safetensors in the released layout)");
-  init->add_option("--preset", init_preset,
-                   "tiny, tiny-window (sliding-window layers only) or small (~107M parameters)")
+  init->add_option("--preset", init_preset, "tiny or small (~107M parameters)")
     ->required()
-    ->check(CLI::IsMember({"tiny", "tiny-window", "small"}));
+    ->check(CLI::IsMember({"tiny", "small"}));
   init->add_option("--seed", init_seed, "seed of the random weights (default 0)");
   init->add_option("--out", init_out, "the directory to write")->required();
   init->callback([&] {

@@ -172,7 +172,7 @@ generated_weight generate_weight(const weight_spec& spec, std::uint64_t seed) {
 
 result<std::string> preset_config_json(std::string_view preset) {
   json text;
-  if (preset == "tiny" || preset == "tiny-window") {
+  if (preset == "tiny") {
     text = {
         {"model_type", "deepseek_v41_text"}, {"vocab_size", 256}, {"hidden_size", 32},
         {"num_hidden_layers", 6}, {"num_attention_heads", 4}, {"num_key_value_heads", 1},
@@ -192,15 +192,6 @@ result<std::string> preset_config_json(std::string_view preset) {
         {"dspark_markov_rank", 8}, {"dspark_n_routed_experts", 4},
         {"dspark_num_experts_per_tok", 2},
     };
-    if (preset == "tiny-window") {
-      // Only the layers the CUDA engine's forward pass runs so far (device_model.hpp): four
-      // sliding-window layers, Engram on the second.
-      text["num_hidden_layers"] = 4;
-      text["compress_ratios"] = {0, 0, 0, 0};
-      text["kv_source_layer_ids"] = json::array();
-      text["index_source_layer_ids"] = json::array();
-      text["candidate_source_layer_id"] = -1;
-    }
   } else if (preset == "small") {
     std::vector<int> ratios = {0, 2, 2, 2, 1, 1, 1, 1};
     text = {
@@ -224,7 +215,7 @@ result<std::string> preset_config_json(std::string_view preset) {
     };
   } else {
     return result<std::string>::failure("model init: unknown preset '" + std::string(preset) +
-                                        "' (expected tiny, tiny-window or small)");
+                                        "' (expected tiny or small)");
   }
   text["n_shared_experts"] = 1;
   text["scoring_func"] = "sqrtsoftplus";

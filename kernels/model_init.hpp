@@ -13,9 +13,7 @@
 // `small` (about 107M parameters, V4.1-shaped: the released vocabulary of 129,280, 8 layers
 // [0, 2, 2, 2, 1, 1, 1, 1], 16 experts top-4 + shared, Engram, sliding window 128, YaRN on the
 // compress rope; several shards). Both carry DSpark draft layers (`mtp.*`: two stages in tiny,
-// one in small), written like every other tensor of the layout. `tiny-window` is tiny with four
-// sliding-window layers only (Engram on the second): what the CUDA engine's forward pass runs
-// so far (kernels/cuda/device_model.hpp).
+// one in small), written like every other tensor of the layout.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +29,7 @@
 
 namespace troupe::kernels {
 
-/// The config.json text of a preset ("tiny", "tiny-window" or "small").
+/// The config.json text of a preset ("tiny" or "small").
 result<std::string> preset_config_json(std::string_view preset);
 
 /// One weight as written: its stored tensors (the weight, and its `.scale` companion when

@@ -1,5 +1,6 @@
 // The CUDA kernels whose threads work together (shared memory, __syncthreads, warp shuffles):
-// RMSNorm's block reduction, attention over the window, Engram's gated add; and the MoE
+// RMSNorm's block reduction, attention over the window, Engram's gated add, the indexer's
+// top-k selection; and the MoE
 // dispatch / combine permutations (a block per row, its threads over the row). They live in this
 // header so that two compilers build them: nvcc for the device (norm_attention.cu,
 // portable_ops.cu launch them), and g++ for tests/cuda_host/, which runs them on the CPU under
@@ -159,6 +160,51 @@ __global__ void combine_kernel(const float* returned, const std::int32_t* copy_r
     }
     y[t * width + d] = acc;
   }
+}
+
+// Whether (a, at) ranks before (b, bt) in the indexer's order: the higher score, then the lower
+// index; bt < 0 is no entry at all.
+__device__ inline bool ranks_before(float a, std::int64_t at, float b, std::int64_t bt) {
+  return bt < 0 || a > b || (a == b && at < bt);
+}
+
+// One block per row of scores [rows, n]: its k best entries in that order, stopping at the
+// first -inf (kernels/model.cpp's top_finite drops those). Pass j takes the best entry ranked
+// after pass j − 1's pick: each thread its own best over a stride of the row, then a tree
+// reduction in shared memory. Indices plus offset[row] (null: 0) go to idx [rows, k], how many
+// to count[rows].
+__global__ void top_k_kernel(const float* scores, std::int64_t n, std::int64_t k,
+                             const std::int64_t* offset, std::int64_t* idx, std::int64_t* count) {
+  __shared__ float best[block_threads];
+  __shared__ std::int64_t best_at[block_threads];
+  const std::int64_t r = blockIdx.x, tid = threadIdx.x;
+  const float* row = scores + r * n;
+  float prev = INFINITY;
+  std::int64_t prev_at = -1, taken = 0;
+  for (; taken < k; ++taken) {
+    float b = -INFINITY;
+    std::int64_t at = -1;
+    for (std::int64_t i = tid; i < n; i += blockDim.x) {
+      const float v = row[i];
+      if (!(v < prev || (v == prev && i > prev_at))) continue;  // picked already
+      if (ranks_before(v, i, b, at)) b = v, at = i;
+    }
+    best[tid] = b;
+    best_at[tid] = at;
+    __syncthreads();
+    for (std::int64_t w = blockDim.x / 2; w > 0; w /= 2) {
+      if (tid < w && best_at[tid + w] >= 0 &&
+          ranks_before(best[tid + w], best_at[tid + w], best[tid], best_at[tid]))
+        best[tid] = best[tid + w], best_at[tid] = best_at[tid + w];
+      __syncthreads();
+    }
+    prev = best[0];
+    prev_at = best_at[0];
+    __syncthreads();  // every thread has the pick before the next pass overwrites it
+    if (prev_at < 0 || prev == -INFINITY) break;
+    if (tid == 0) idx[r * k + taken] = prev_at + (offset != nullptr ? offset[r] : 0);
+  }
+  if (tid == 0) count[r] = taken;
 }
 
 }  // namespace

@@ -168,6 +168,38 @@ struct add_fn {  // y += x
   __device__ void operator()(std::int64_t i) const { y[i] = y[i] + x[i]; }
 };
 
+// The CSA2 indexer's masks (device_model.cpp), on scores [rows, n].
+struct mask_scores_fn {  // -inf past the row's reach, or outside the row's kept candidate blocks
+  float* scores;
+  std::int64_t n;
+  const std::int64_t* reach;
+  const std::int64_t *kept, *kept_n;  // null: no candidate mask
+  std::int64_t kept_max, block;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = i / n, e = i % n;
+    bool keep = e < reach[r];
+    if (keep && kept != nullptr) {
+      keep = false;
+      for (std::int64_t j = 0; j < kept_n[r]; ++j) keep = keep || kept[r * kept_max + j] == e / block;
+    }
+    if (!keep) scores[i] = -INFINITY;
+  }
+};
+
+struct block_max_fn {  // each block of `block` entries' max score; the row's last visible block +inf
+  const float* scores;
+  std::int64_t n, block, blocks;
+  const std::int64_t* last;
+  float* out;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = i / blocks, b = i % blocks;
+    float m = -INFINITY;
+    for (std::int64_t e = b * block; e < n && e < (b + 1) * block; ++e)
+      m = portable::max_of(m, scores[r * n + e]);
+    out[i] = last[r] == b ? INFINITY : m;
+  }
+};
+
 }  // namespace
 
 }  // namespace troupe::kernels::cuda

@@ -1,4 +1,4 @@
-// RMSNorm and sliding-window decode attention on the device (kernels/cuda/ops.hpp).
+// RMSNorm, attention over the window and the indexer's top-k on the device (kernels/cuda/ops.hpp).
 #include "kernels/cuda/block_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.hpp"
@@ -38,6 +38,16 @@ result<bool> swa_decode_attention(const swa_decode_args& a, void* stream) {
       sizeof(float) * static_cast<std::size_t>(2 * a.head_dim + swa_max_keys);
   TROUPE_LAUNCH(swa_decode_kernel, grid, block_threads, shared, stream, a);
   return launched("swa_decode_attention");
+}
+
+result<bool> top_k_rows(const float* scores, std::int64_t rows, std::int64_t n, std::int64_t k,
+                        const std::int64_t* offset, std::int64_t* idx, std::int64_t* count,
+                        void* stream) {
+  if (rows <= 0) return true;
+  if (k < 0) return result<bool>::failure("top_k_rows: k " + std::to_string(k));
+  TROUPE_LAUNCH(top_k_kernel, static_cast<unsigned>(rows), block_threads, 0, stream, scores, n, k,
+                offset, idx, count);
+  return launched("top_k_rows");
 }
 
 }  // namespace troupe::kernels::cuda

@@ -171,4 +171,25 @@ result<bool> copy_rows(const float* src, const std::int64_t* src_rows, float* ds
 /// y[i] += x[i] for i < n.
 result<bool> add_into(float* y, const float* x, std::int64_t n, void* stream = nullptr);
 
+/// The CSA2 indexer's selection, a block per row of scores [rows, n]: the k best entries in
+/// descending score, ties to the lower index, stopping at the first -inf (the CPU model's
+/// top_finite), each index plus offset[row] (null: 0) into idx [rows, k] and how many into
+/// count [rows]. Any score may be +inf (a candidate source's forced block).
+result<bool> top_k_rows(const float* scores, std::int64_t rows, std::int64_t n, std::int64_t k,
+                        const std::int64_t* offset, std::int64_t* idx, std::int64_t* count,
+                        void* stream = nullptr);
+
+/// In place on scores [rows, n]: -inf at every entry e >= reach[row], and, with a candidate
+/// mask (kept non-null), at every entry whose block e / block is not among the row's kept_n[row]
+/// blocks kept [rows, kept_max].
+result<bool> mask_scores(float* scores, std::int64_t rows, std::int64_t n,
+                         const std::int64_t* reach, const std::int64_t* kept,
+                         const std::int64_t* kept_n, std::int64_t kept_max, std::int64_t block,
+                         void* stream = nullptr);
+
+/// out [rows, ⌈n / block⌉]: the max score of each block of `block` entries of scores [rows, n],
+/// +inf at block last[row] (a candidate source's last visible block; -1: none).
+result<bool> block_max(const float* scores, std::int64_t rows, std::int64_t n, std::int64_t block,
+                       const std::int64_t* last, float* out, void* stream = nullptr);
+
 }  // namespace troupe::kernels::cuda

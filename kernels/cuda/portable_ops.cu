@@ -147,4 +147,20 @@ result<bool> add_into(float* y, const float* x, std::int64_t n, void* stream) {
   return launch_each("add_into", n, add_fn{y, x}, stream);
 }
 
+result<bool> mask_scores(float* scores, std::int64_t rows, std::int64_t n,
+                         const std::int64_t* reach, const std::int64_t* kept,
+                         const std::int64_t* kept_n, std::int64_t kept_max, std::int64_t block,
+                         void* stream) {
+  return launch_each("mask_scores", rows * n,
+                     mask_scores_fn{scores, n, reach, kept, kept_n, kept_max, block}, stream);
+}
+
+result<bool> block_max(const float* scores, std::int64_t rows, std::int64_t n, std::int64_t block,
+                       const std::int64_t* last, float* out, void* stream) {
+  if (block < 1) return result<bool>::failure("block_max: blocks of " + std::to_string(block));
+  const std::int64_t blocks = (n + block - 1) / block;
+  return launch_each("block_max", rows * blocks, block_max_fn{scores, n, block, blocks, last, out},
+                     stream);
+}
+
 }  // namespace troupe::kernels::cuda

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -168,5 +169,46 @@ TEST_CASE("emulated: the MoE gather and combine kernels equal the host plan's bi
                  plan->copy_row.data(), w.data(), std::int64_t{T}, k, W, y.data());
     CHECK(g == gathered);
     CHECK(y == combined);
+  });
+}
+
+TEST_CASE("emulated: the indexer's top-k kernel picks as the CPU's partial_sort: ties, -inf, +inf") {
+  // Rows of few distinct values (many ties), some -inf (dropped), a +inf (a forced candidate
+  // block), shorter and longer than the block, and k above the finite entries.
+  const std::int64_t rows = 4, n = 700, k = 40;
+  std::vector<float> scores(static_cast<std::size_t>(rows * n));
+  std::mt19937 gen(9);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t e = 0; e < n; ++e) {
+      const auto v = static_cast<int>(gen() % 9);
+      scores[static_cast<std::size_t>(r * n + e)] = v == 0 ? -INFINITY : 0.25f * static_cast<float>(v);
+    }
+  scores[static_cast<std::size_t>(n + 650)] = INFINITY;
+  for (std::int64_t e = 30; e < n; ++e) scores[static_cast<std::size_t>(3 * n + e)] = -INFINITY;
+  const std::vector<std::int64_t> offset{0, 1000, 2000, 3000};
+  // The CPU model's top_finite: the first k by (score desc, index asc), then -inf dropped.
+  std::vector<std::vector<std::int64_t>> want(rows);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    const float* row = scores.data() + r * n;
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](auto a, auto b) {
+      return row[a] != row[b] ? row[a] > row[b] : a < b;
+    });
+    for (std::int64_t j = 0; j < k; ++j)
+      if (row[idx[static_cast<std::size_t>(j)]] != -INFINITY)
+        want[static_cast<std::size_t>(r)].push_back(idx[static_cast<std::size_t>(j)] + offset[static_cast<std::size_t>(r)]);
+  }
+  REQUIRE(want[3].size() < static_cast<std::size_t>(k));  // a row with fewer finite entries than k
+  in_both_orders([&] {
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(rows * k), -1), count(rows, -1);
+    simt::launch({static_cast<unsigned>(rows)}, block, 0, cuda::top_k_kernel, scores.data(), n, k,
+                 offset.data(), idx.data(), count.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const auto& w = want[static_cast<std::size_t>(r)];
+      REQUIRE(count[static_cast<std::size_t>(r)] == static_cast<std::int64_t>(w.size()));
+      CHECK(std::equal(w.begin(), w.end(), idx.begin() + r * k));
+    }
   });
 }
