@@ -14,9 +14,8 @@ namespace {
 const char* const missing =
     "the CUDA backend does not serve the DeepSeek-V4.1 model yet (built: the kernels of "
     "kernels/cuda/ops.hpp, the cuBLASLt BF16 and FP32 GEMMs, the NCCL EP all-to-all, and the "
-    "forward pass of sliding-window and Engram layers with mHC and the MoE on fp32 weights "
-    "(device_model.hpp); missing: the CSA2 compressor, indexer top-k and compressed attention "
-    "in the forward pass, the routed experts' grouped GEMM on FP8/FP4 "
+    "backbone's forward pass on fp32 weights (device_model.hpp); missing: serving it through "
+    "this interface, the routed experts' grouped GEMM on FP8/FP4 "
     "weights, the DSpark draft layers, Block KV export/import and State KV on the device, "
     "bounded replay); use device = \"cpu\"";
 

@@ -3,15 +3,14 @@
 //
 // The CUDA engine is being built from the bottom up: the kernels (kernels/cuda/ops.hpp), the
 // cuBLASLt GEMMs (gemm.hpp), the EP communicator (nccl_comm.hpp), the host-side plans they
-// follow (kernels/ep_dispatch.hpp, ep_group.hpp, device_layout.hpp) and a forward pass of
-// sliding-window and Engram layers on fp32 weights (device_model.hpp) exist; what V4.1 needs beyond them
-// does not (the CSA2 compressor, indexer and compressed attention, the routed experts' FP8/FP4
-// grouped GEMM, the DSpark draft layers, the Block and State KV formats
-// on the device). Rather than return wrong logits, `open` does the preflight a real open would
-// do (finds the device, reads the config, plans the device memory) and then fails with a
-// message that says what is missing, so `device = "cuda"` cannot be mistaken for a working
-// engine. No instance is ever made; the class exists so the interface it must fill is fixed
-// and compiled against.
+// follow (kernels/ep_dispatch.hpp, ep_group.hpp, device_layout.hpp) and the backbone's
+// forward pass on fp32 weights (device_model.hpp) exist; what serving V4.1 needs beyond them
+// does not (this interface over device_model, the routed experts' FP8/FP4 grouped GEMM, the
+// DSpark draft layers, the Block and State KV formats on the device). Rather than return wrong
+// logits, `open` does the preflight a real open would do (finds the device, reads the config,
+// plans the device memory) and then fails with a message that says what is missing, so
+// `device = "cuda"` cannot be mistaken for a working engine. No instance is ever made; the
+// class exists so the interface it must fill is fixed and compiled against.
 #pragma once
 
 #include <filesystem>

@@ -1,5 +1,5 @@
 // The forward pass on the device (kernels/cuda/device_model.hpp). Each step mirrors a line of
-// kernels/model.cpp's `run`, `attention_site` (window layers) and `moe_site`; the comments name
+// kernels/model.cpp's `run`, `engram_site`, `attention_site` and `moe_site`; the comments name
 // what differs.
 #include "kernels/cuda/device_model.hpp"
 
@@ -39,6 +39,12 @@ struct device_layer {
   buffer rings;  // [max_sequences, capacity, head_dim]: each sequence's SWA ring at its slot
   // Engram layers: the key / value projection and the per-channel key weights q ⊙ k.
   buffer engram_wkv, engram_weight;
+  // CSA2: the compressor (KV sources), the indexer (index sources; wk / k_norm: key owners).
+  buffer c_wkv, c_wgate, c_norm, i_wq_b, i_weights, i_wk, i_k_norm;
+  // Per sequence slot, max_context rows each: a KV source's compressed KV [*, head_dim] and,
+  // when it owns them, its indexer keys [*, index_head_dim]; the unfinished group's projected
+  // rows (ratio > 1) [ratio rows per slot, head_dim].
+  buffer compressed, index_keys, pending_kv, pending_gate;
 };
 
 // A sequence's place in the rings and how far it has run.
@@ -46,6 +52,25 @@ struct sequence_state {
   i64 slot = 0;
   i64 length = 0;  // tokens run = the ring's end
   std::vector<i64> engram_recent;  // its last compressed ids (engram_remember)
+  std::vector<i64> groups, pending;  // per layer: compressed groups held, unfinished group rows
+};
+
+// One forward call: its sequences' token ranges and the indexer's state the CPU model keeps in
+// its per-call `shared` dict, for every sequence at once.
+struct call_state {
+  i64 T = 0;
+  std::vector<i64> begin;       // sequence b owns call rows [begin[b], begin[b + 1])
+  std::vector<sequence_state*> seqs;
+  std::vector<i64> positions;   // per row
+  device_array<i64> d_positions, d_slots, d_start, d_row, d_ring_begin, d_ring_src, d_ring_dst;
+  device_array<i64> d_offsets;  // per row: its slot's first row in a compressed store
+  i64 ring_rows = 0;
+  // The last KV source and key owner run in this call (-1: none yet), each sequence's
+  // selected compressed entries [T, index_topk] and count [T] (0 until an index source
+  // selects), and its candidate blocks [T, candidate_topk_blocks] and count.
+  i64 compress_src = -1, index_src = -1;
+  device_array<i64> topk, topk_n, kept, kept_n;
+  std::vector<bool> has_candidates;
 };
 
 // A failure passed on as the failure of whatever result the caller returns.
@@ -71,9 +96,15 @@ struct device_model::state {
   text_config c;
   std::int64_t max_sequences = 0, capacity = 0;
   lt_gemm gemm;
-  buffer embed, norm, lm_head, rope_inv_freq;
-  float rope_scaling = 1.0f;
-  std::int64_t rope_dim = 0;
+  std::int64_t max_context = 0;
+  buffer embed, norm, lm_head;
+  // RoPE of the window layers (rope_main) and of the compressed layers and the indexer
+  // (rope_compress).
+  struct rope {
+    buffer inv_freq;
+    float scaling = 1.0f;
+    std::int64_t dim = 0;
+  } rope_main, rope_compress;
   std::vector<device_layer> layers;
   expert_placement one_rank;  // every routed expert on this device
   std::map<sequence_id, sequence_state> sequences;
@@ -91,11 +122,9 @@ struct device_model::state {
   result<bool> mixes(const buffer& streams, i64 T, const buffer& fn, const buffer& scale,
                      const buffer& base, buffer& flat, buffer& mix, buffer& pre, buffer& post,
                      buffer& comb);
-  result<bool> attention(device_layer& L, const buffer& a, i64 T, const index_buffer& positions,
-                         const index_buffer& slots, const index_buffer& chunk_start,
-                         const index_buffer& chunk_row, const index_buffer& ring_begin,
-                         const index_buffer& ring_src, const index_buffer& ring_dst,
-                         i64 ring_rows, buffer& out);
+  result<bool> attention(std::size_t l, const buffer& a, call_state& call, buffer& out);
+  result<bool> compress(std::size_t l, const buffer& a, call_state& call);
+  result<bool> select(std::size_t l, const buffer& q_res, const buffer& a, call_state& call);
   result<bool> moe(device_layer& L, const buffer& a, i64 T, buffer& y);
   result<bool> engram(const loaded::layer_weights& host, const device_layer& L,
                       const std::vector<i64>& hash_ids, i64 T, buffer& streams);
@@ -110,21 +139,21 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   using r = result<device_model>;
   const auto& W = m.tensors();
   const auto& c = W.cfg.text;
-  for (i64 l = 0; l < c.num_hidden_layers; ++l) {
-    const auto& L = W.layers[sz(l)];
-    if (L.ratio != 0)
-      return r::failure("device_model: layer " + std::to_string(l) + " has compress ratio " +
-                        std::to_string(L.ratio) +
-                        "; the device runs sliding-window layers only (ratio 0) so far: the "
-                        "CSA2 compressor, indexer top-k and compressed attention are not built");
-  }
   if (options.max_sequences < 1)
     return r::failure("device_model: max_sequences must be at least 1, not " +
                       std::to_string(options.max_sequences));
+  if (options.max_context < 1)
+    return r::failure("device_model: max_context must be at least 1, not " +
+                      std::to_string(options.max_context));
   const i64 capacity = c.sliding_window + swa_rollback_tokens;
-  if (capacity > swa_max_keys || c.sliding_window < 1)
+  const bool csa2 = std::any_of(W.layers.begin(), W.layers.end(),
+                                [](const auto& L) { return L.ratio != 0; });
+  const i64 keys = std::max(capacity, c.sliding_window + (csa2 ? c.index_topk : 0));
+  if (keys > swa_max_keys || c.sliding_window < 1)
     return r::failure("device_model: a window of " + std::to_string(c.sliding_window) +
-                      " tokens (ring " + std::to_string(capacity) + ") is more than the " +
+                      " tokens (ring " + std::to_string(capacity) + ", " +
+                      std::to_string(csa2 ? c.index_topk : 0) +
+                      " selected compressed entries) is more than the " +
                       std::to_string(swa_max_keys) + " keys the attention kernel takes");
   auto gemm = lt_gemm::create();
   if (!gemm) return r::failure(gemm.error());
@@ -132,6 +161,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   s->W = &W;
   s->c = c;
   s->max_sequences = options.max_sequences;
+  s->max_context = options.max_context;
   s->capacity = capacity;
   s->slot_used.assign(sz(options.max_sequences), false);
   auto placement = place_experts(static_cast<std::int32_t>(c.n_routed_experts), 1);
@@ -154,9 +184,10 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   s->embed = up(W.embed);
   s->norm = up(W.norm);
   s->lm_head = up(W.lm_head);
-  s->rope_inv_freq = up(loaded::matrix{W.rope_main.inv_freq});
-  s->rope_scaling = W.rope_main.scaling;
-  s->rope_dim = W.rope_main.rope_dim;
+  s->rope_main = {up(loaded::matrix{W.rope_main.inv_freq}), W.rope_main.scaling,
+                  W.rope_main.rope_dim};
+  s->rope_compress = {up(loaded::matrix{W.rope_compress.inv_freq}), W.rope_compress.scaling,
+                      W.rope_compress.rope_dim};
   for (const auto& L : W.layers) {
     device_layer d;
     d.wq_a = up(L.wq_a);
@@ -186,10 +217,35 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
       d.engram_wkv = up(L.engram_wkv);
       d.engram_weight = up(weight);
     }
-    if (error.empty()) {
-      auto rings = buffer::zeros(sz(options.max_sequences * capacity * c.head_dim));
-      if (!rings) return r::failure(rings.error());
-      d.rings = std::move(*rings);
+    const i64 slots = options.max_sequences;
+    auto store = [&](i64 rows, i64 width) {
+      if (!error.empty()) return buffer{};
+      auto b = buffer::zeros(sz(slots * rows * width));
+      if (!b) {
+        error = b.error();
+        return buffer{};
+      }
+      return std::move(*b);
+    };
+    d.rings = store(capacity, c.head_dim);
+    if (L.kv_source) {
+      d.c_wkv = up(L.c_wkv);
+      d.c_norm = up(L.c_norm);
+      d.compressed = store(options.max_context, c.head_dim);
+      if (L.ratio > 1) {
+        d.c_wgate = up(L.c_wgate);
+        d.pending_kv = store(L.ratio, c.head_dim);
+        d.pending_gate = store(L.ratio, c.head_dim);
+      }
+    }
+    if (L.index_source) {
+      d.i_wq_b = up(L.i_wq_b);
+      d.i_weights = up(L.i_weights);
+    }
+    if (L.owns_index_keys) {
+      d.i_wk = up(L.i_wk);
+      d.i_k_norm = up(L.i_k_norm);
+      d.index_keys = store(options.max_context, c.index_head_dim);
     }
     s->layers.push_back(std::move(d));
   }
@@ -205,7 +261,9 @@ result<sequence_id> device_model::open_sequence() {
                                         " sequences are open");
   *free = true;
   const sequence_id id = s.next_id++;
-  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0, {}};
+  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0, {},
+                                   std::vector<i64>(s.layers.size(), 0),
+                                   std::vector<i64>(s.layers.size(), 0)};
   return id;
 }
 
@@ -238,67 +296,93 @@ result<bool> device_model::state::mixes(const buffer& streams, i64 T, const buff
   return true;
 }
 
-// model.cpp's attention_site for a window layer: queries, the shared K=V row, attention over
-// the ring and the call's own rows, the rows pushed into the ring, the grouped output
-// projection.
-result<bool> device_model::state::attention(
-    device_layer& L, const buffer& a, i64 T, const index_buffer& positions,
-    const index_buffer& slots, const index_buffer& chunk_start, const index_buffer& chunk_row,
-    const index_buffer& ring_begin, const index_buffer& ring_src, const index_buffer& ring_dst,
-    i64 ring_rows, buffer& out) {
+// model.cpp's attention_site: queries, the shared K=V row, in a compressed layer the CSA2
+// compressor and indexer, attention over the ring, the call's own rows and the selected
+// compressed entries, the rows pushed into the ring, the grouped output projection.
+result<bool> device_model::state::attention(std::size_t l, const buffer& a, call_state& call,
+                                            buffer& out) {
+  device_layer& L = layers[l];
+  const auto& host = W->layers[l];
+  const i64 T = call.T;
   const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
   const i64 G = c.o_groups, R = c.o_lora_rank;
   const auto eps = static_cast<float>(c.rms_norm_eps);
+  const rope& rp = host.ratio != 0 ? rope_compress : rope_main;
   auto q_res = buffer::zeros(sz(T * qr));
   auto q = buffer::zeros(sz(T * H * hd));
   auto kv = buffer::zeros(sz(T * hd));
   auto attn = buffer::zeros(sz(T * H * hd));
   auto grouped = buffer::zeros(sz(T * G * R));
-  TROUPE_TRY(q_res);
-  TROUPE_TRY(q);
-  TROUPE_TRY(kv);
-  TROUPE_TRY(attn);
-  TROUPE_TRY(grouped);
+  for (const auto* b : {&q_res, &q, &kv, &attn, &grouped}) TROUPE_TRY(*b);
   TROUPE_TRY(project(a.data(), T, D, L.wq_a.data(), qr, q_res->data()));
   TROUPE_TRY(rms_norm(q_res->data(), T, qr, L.q_norm.data(), eps));
   TROUPE_TRY(project(q_res->data(), T, qr, L.wq_b.data(), H * hd, q->data()));
   TROUPE_TRY(project(a.data(), T, D, L.wkv.data(), hd, kv->data()));
-  TROUPE_TRY(rope_rows(q->data(), T * H, hd, rope_inv_freq.data(), rope_dim, rope_scaling,
-                       positions.data(), H, false));
+  TROUPE_TRY(rope_rows(q->data(), T * H, hd, rp.inv_freq.data(), rp.dim, rp.scaling,
+                       call.d_positions.data(), H, false));
   TROUPE_TRY(rms_norm(kv->data(), T, hd, L.kv_norm.data(), eps));
-  TROUPE_TRY(rope_rows(kv->data(), T, hd, rope_inv_freq.data(), rope_dim, rope_scaling,
-                       positions.data(), 1, false));
+  TROUPE_TRY(rope_rows(kv->data(), T, hd, rp.inv_freq.data(), rp.dim, rp.scaling,
+                       call.d_positions.data(), 1, false));
   // fake_quant_fp8_block32 leaves a row whose width is not a multiple of 32 as it is.
   if (hd % 32 == 0) TROUPE_TRY(quant_fp8_blocks(kv->data(), T * hd, 32));
 
+  if (host.ratio != 0) {
+    if (host.kv_source) TROUPE_TRY(compress(l, a, call));
+    if (host.owns_index_keys) call.index_src = static_cast<i64>(l);
+    if (host.index_source) TROUPE_TRY(select(l, *q_res, a, call));
+    if (host.kv_source) call.compress_src = static_cast<i64>(l);
+  }
+
   // Every call in the kernel's prefill form: a query reads its ring before its sequence's
   // first position in this call and the call's rows from there on (a decode step is a chunk
-  // of one).
+  // of one); in a compressed layer, then the entries the last index source selected from the
+  // last KV source's compressed KV.
   swa_decode_args args;
   args.q = q->data();
   args.rings = L.rings.data();
-  args.positions = positions.data();
-  args.ring_begin = ring_begin.data();
+  args.positions = call.d_positions.data();
+  args.ring_begin = call.d_ring_begin.data();
   args.sinks = L.attn_sink.data();
-  args.inv_freq = rope_inv_freq.data();
+  args.inv_freq = rp.inv_freq.data();
   args.out = attn->data();
   args.batch = T;
   args.heads = H;
   args.head_dim = hd;
   args.capacity = capacity;
   args.window = c.sliding_window;
-  args.rope_dim = rope_dim;
+  args.rope_dim = rp.dim;
   args.scaling = 1.0f / std::sqrt(static_cast<float>(hd));
-  args.rope_scaling = rope_scaling;
+  args.rope_scaling = rp.scaling;
   args.chunk = kv->data();
-  args.sequence = slots.data();
-  args.chunk_start = chunk_start.data();
-  args.chunk_row = chunk_row.data();
+  args.sequence = call.d_slots.data();
+  args.chunk_start = call.d_start.data();
+  args.chunk_row = call.d_row.data();
+  index_buffer selected_n;  // the selection counts, with sequences whose source is empty at 0
+  if (host.ratio != 0 && call.compress_src >= 0) {
+    const auto src = sz(call.compress_src);
+    args.compressed = layers[src].compressed.data();
+    args.selected = call.topk.data();
+    args.max_selected = c.index_topk;
+    args.n_selected = call.topk_n.data();
+    bool empty = false;
+    for (const auto* seq : call.seqs) empty = empty || seq->groups[src] == 0;
+    if (empty) {
+      auto n = index_buffer::zeros(sz(T));
+      TROUPE_TRY(n);
+      TROUPE_TRY(copy_on_device(n->data(), call.topk_n.data(), sz(T) * sizeof(i64)));
+      for (std::size_t b = 0; b < call.seqs.size(); ++b)
+        if (call.seqs[b]->groups[src] == 0)
+          TROUPE_TRY(zero_device(n->data() + call.begin[b],
+                                 sz(call.begin[b + 1] - call.begin[b]) * sizeof(i64)));
+      selected_n = std::move(*n);
+      args.n_selected = selected_n.data();
+    }
+  }
   TROUPE_TRY(swa_decode_attention(args));
   // Then the rows join the rings (only each sequence's last `capacity` rows: the others
   // would be overwritten in the same slots).
-  TROUPE_TRY(copy_rows(kv->data(), ring_src.data(), L.rings.data(), ring_dst.data(), ring_rows,
-                       hd));
+  TROUPE_TRY(copy_rows(kv->data(), call.d_ring_src.data(), L.rings.data(),
+                       call.d_ring_dst.data(), call.ring_rows, hd));
 
   const i64 per_group = H * hd / G;
   for (i64 g = 0; g < G; ++g)
@@ -306,6 +390,194 @@ result<bool> device_model::state::attention(
                        L.wo_a.data() + g * R * per_group, R, grouped->data() + g * R, H * hd,
                        G * R));
   TROUPE_TRY(project(grouped->data(), T, G * R, L.wo_b.data(), D, out.data()));
+  return true;
+}
+
+// The CSA2 compressor of KV-source layer l: each sequence's groups completed in this call
+// (ratio 1: every token; ratio r: the unfinished group's rows, then the call's, pooled r at a
+// time, the rest kept for the next call), normed; the key owner's indexer keys from them
+// (projected, normed, rotated, FP4-rounded); then the groups rotated and FP4-rounded into the
+// compressed KV. Stores hold a sequence's rows at its slot × max_context.
+result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_state& call) {
+  device_layer& L = layers[l];
+  const auto& host = W->layers[l];
+  const i64 T = call.T, D = c.hidden_size, hd = c.head_dim, idh = c.index_head_dim;
+  const i64 r = host.ratio;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  auto c_kv = buffer::zeros(sz(T * hd));
+  TROUPE_TRY(c_kv);
+  TROUPE_TRY(project(a.data(), T, D, L.c_wkv.data(), hd, c_kv->data()));
+
+  // Per sequence: its new groups' rows in `latents` and their positions.
+  std::vector<i64> latent_pos, latent_dst, group_count(call.seqs.size(), 0);
+  buffer latents;
+  if (r == 1) {
+    latents = std::move(*c_kv);
+    for (std::size_t b = 0; b < call.seqs.size(); ++b) {
+      const auto& seq = *call.seqs[b];
+      for (i64 t = call.begin[b]; t < call.begin[b + 1]; ++t) {
+        latent_pos.push_back(seq.groups[l] + (t - call.begin[b]));
+        latent_dst.push_back(seq.slot * max_context + latent_pos.back());
+      }
+      group_count[b] = call.begin[b + 1] - call.begin[b];
+    }
+  } else {
+    auto c_gate = buffer::zeros(sz(T * hd));
+    TROUPE_TRY(c_gate);
+    TROUPE_TRY(project(a.data(), T, D, L.c_wgate.data(), hd, c_gate->data()));
+    // Each sequence's unfinished rows, then its call rows, one after another in `joined`.
+    std::vector<i64> held_src, held_dst, call_src, call_dst, rest_src, rest_dst, joined_at;
+    i64 joined = 0, n_lat = 0;
+    for (std::size_t b = 0; b < call.seqs.size(); ++b) {
+      const auto& seq = *call.seqs[b];
+      const i64 held = seq.pending[l], n = call.begin[b + 1] - call.begin[b];
+      joined_at.push_back(joined);
+      for (i64 j = 0; j < held; ++j) {
+        held_src.push_back(seq.slot * r + j);
+        held_dst.push_back(joined + j);
+      }
+      for (i64 i = 0; i < n; ++i) {
+        call_src.push_back(call.begin[b] + i);
+        call_dst.push_back(joined + held + i);
+      }
+      const i64 complete = (held + n) / r;
+      for (i64 g = 0; g < complete; ++g) {
+        latent_pos.push_back((seq.groups[l] + g) * r);
+        latent_dst.push_back(seq.slot * max_context + seq.groups[l] + g);
+      }
+      for (i64 j = complete * r; j < held + n; ++j) {
+        rest_src.push_back(joined + j);
+        rest_dst.push_back(seq.slot * r + (j - complete * r));
+      }
+      group_count[b] = complete;
+      n_lat += complete;
+      joined += held + n;
+    }
+    auto joined_kv = buffer::zeros(sz(joined * hd));
+    auto joined_gate = buffer::zeros(sz(joined * hd));
+    auto lat = buffer::zeros(sz(n_lat * hd));
+    for (const auto* b : {&joined_kv, &joined_gate, &lat}) TROUPE_TRY(*b);
+    auto up = [](const std::vector<i64>& v) { return index_buffer::of(v); };
+    auto d_held_src = up(held_src), d_held_dst = up(held_dst), d_call_src = up(call_src);
+    auto d_call_dst = up(call_dst), d_rest_src = up(rest_src), d_rest_dst = up(rest_dst);
+    for (const auto* b : {&d_held_src, &d_held_dst, &d_call_src, &d_call_dst, &d_rest_src,
+                          &d_rest_dst})
+      TROUPE_TRY(*b);
+    const auto held_n = static_cast<i64>(held_src.size());
+    const auto rest_n = static_cast<i64>(rest_src.size());
+    for (auto [from_store, from_call, into] :
+         {std::tuple{&L.pending_kv, &*c_kv, &*joined_kv},
+          std::tuple{&L.pending_gate, &*c_gate, &*joined_gate}}) {
+      TROUPE_TRY(copy_rows(from_store->data(), d_held_src->data(), into->data(),
+                           d_held_dst->data(), held_n, hd));
+      TROUPE_TRY(copy_rows(from_call->data(), d_call_src->data(), into->data(),
+                           d_call_dst->data(), T, hd));
+      TROUPE_TRY(copy_rows(into->data(), d_rest_src->data(), from_store->data(),
+                           d_rest_dst->data(), rest_n, hd));
+    }
+    i64 at = 0;
+    for (std::size_t b = 0; b < call.seqs.size(); ++b) {
+      if (group_count[b] == 0) continue;
+      TROUPE_TRY(compress_pool(joined_kv->data() + joined_at[b] * hd,
+                               joined_gate->data() + joined_at[b] * hd, group_count[b], r, hd,
+                               lat->data() + at * hd));
+      at += group_count[b];
+    }
+    latents = std::move(*lat);
+  }
+  const auto n_lat = static_cast<i64>(latent_pos.size());
+  for (std::size_t b = 0; b < call.seqs.size(); ++b) {
+    auto& seq = *call.seqs[b];
+    if (r > 1) seq.pending[l] = (seq.pending[l] + call.begin[b + 1] - call.begin[b]) % r;
+  }
+  if (n_lat == 0) return true;
+  auto d_pos = index_buffer::of(latent_pos);
+  auto d_dst = index_buffer::of(latent_dst);
+  TROUPE_TRY(d_pos);
+  TROUPE_TRY(d_dst);
+  TROUPE_TRY(rms_norm(latents.data(), n_lat, hd, L.c_norm.data(), eps));
+  if (host.owns_index_keys) {
+    auto keys = buffer::zeros(sz(n_lat * idh));
+    TROUPE_TRY(keys);
+    TROUPE_TRY(project(latents.data(), n_lat, hd, L.i_wk.data(), idh, keys->data()));
+    TROUPE_TRY(rms_norm(keys->data(), n_lat, idh, L.i_k_norm.data(), eps));
+    TROUPE_TRY(rope_rows(keys->data(), n_lat, idh, rope_compress.inv_freq.data(),
+                         rope_compress.dim, rope_compress.scaling, d_pos->data(), 1, false));
+    if (idh % 32 == 0) TROUPE_TRY(quant_fp4_blocks(keys->data(), n_lat * idh, 32, false));
+    TROUPE_TRY(copy_rows(keys->data(), nullptr, L.index_keys.data(), d_dst->data(), n_lat, idh));
+  }
+  TROUPE_TRY(rope_rows(latents.data(), n_lat, hd, rope_compress.inv_freq.data(),
+                       rope_compress.dim, rope_compress.scaling, d_pos->data(), 1, false));
+  if (hd % 16 == 0) TROUPE_TRY(quant_fp4_blocks(latents.data(), n_lat * hd, 16, true));
+  TROUPE_TRY(copy_rows(latents.data(), nullptr, L.compressed.data(), d_dst->data(), n_lat, hd));
+  for (std::size_t b = 0; b < call.seqs.size(); ++b) call.seqs[b]->groups[l] += group_count[b];
+  return true;
+}
+
+// The CSA2 indexer of index-source layer l: per query its index heads (rotated, FP4-rounded)
+// against the key owner's keys of its sequence, scored, masked past what its position sees (and,
+// after the candidate source, outside its kept blocks), and the top index_topk selected; a
+// candidate source keeps each query's top blocks for the index sources after it.
+result<bool> device_model::state::select(std::size_t l, const buffer& q_res, const buffer& a,
+                                         call_state& call) {
+  device_layer& L = layers[l];
+  const auto& host = W->layers[l];
+  const i64 T = call.T, D = c.hidden_size, qr = c.q_lora_rank;
+  const i64 nh = c.index_n_heads, idh = c.index_head_dim, K = c.index_topk;
+  const i64 bs = c.candidate_block_size, kb = c.candidate_topk_blocks;
+  auto i_q = buffer::zeros(sz(T * nh * idh));
+  auto i_w = buffer::zeros(sz(T * nh));
+  TROUPE_TRY(i_q);
+  TROUPE_TRY(i_w);
+  TROUPE_TRY(project(q_res.data(), T, qr, L.i_wq_b.data(), nh * idh, i_q->data()));
+  TROUPE_TRY(project(a.data(), T, D, L.i_weights.data(), nh, i_w->data()));
+  TROUPE_TRY(rope_rows(i_q->data(), T * nh, idh, rope_compress.inv_freq.data(), rope_compress.dim,
+                       rope_compress.scaling, call.d_positions.data(), nh, false));
+  if (idh % 32 == 0) TROUPE_TRY(quant_fp4_blocks(i_q->data(), T * nh * idh, 32, false));
+  if (call.index_src < 0) return true;
+  const auto src = sz(call.index_src);
+  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
+  const float heads_scale = 1.0f / std::sqrt(static_cast<float>(nh));
+  for (std::size_t b = 0; b < call.seqs.size(); ++b) {
+    const auto& seq = *call.seqs[b];
+    const i64 n_idx = seq.groups[src], t0 = call.begin[b], n = call.begin[b + 1] - t0;
+    if (n_idx == 0 || n == 0) continue;
+    // What each query sees: its visible groups, and its last visible candidate block.
+    std::vector<i64> reach(sz(n)), last(sz(n), -1);
+    for (i64 i = 0; i < n; ++i) {
+      const i64 visible = (call.positions[sz(t0 + i)] + 1) / host.ratio;
+      reach[sz(i)] = std::min(visible, n_idx);
+      if (visible >= 1 && (visible - 1) / bs < (n_idx + bs - 1) / bs) last[sz(i)] = (visible - 1) / bs;
+    }
+    auto d_reach = index_buffer::of(reach);
+    auto head_dot = buffer::zeros(sz(n * nh * n_idx));
+    auto scores = buffer::zeros(sz(n * n_idx));
+    TROUPE_TRY(d_reach);
+    TROUPE_TRY(head_dot);
+    TROUPE_TRY(scores);
+    TROUPE_TRY(project(i_q->data() + t0 * nh * idh, n * nh, idh,
+                       layers[src].index_keys.data() + seq.slot * max_context * idh, n_idx,
+                       head_dot->data()));
+    TROUPE_TRY(index_scores(head_dot->data(), i_w->data() + t0 * nh, n, nh, n_idx, sm_scale,
+                            heads_scale, scores->data()));
+    const bool masked = !host.candidate_source && host.uses_candidates && call.has_candidates[b];
+    TROUPE_TRY(mask_scores(scores->data(), n, n_idx, d_reach->data(),
+                           masked ? call.kept.data() + t0 * kb : nullptr,
+                           masked ? call.kept_n.data() + t0 : nullptr, kb, bs));
+    if (host.candidate_source) {
+      const i64 blocks = (n_idx + bs - 1) / bs;
+      auto d_last = index_buffer::of(last);
+      auto block_scores = buffer::zeros(sz(n * blocks));
+      TROUPE_TRY(d_last);
+      TROUPE_TRY(block_scores);
+      TROUPE_TRY(block_max(scores->data(), n, n_idx, bs, d_last->data(), block_scores->data()));
+      TROUPE_TRY(top_k_rows(block_scores->data(), n, blocks, kb, nullptr,
+                            call.kept.data() + t0 * kb, call.kept_n.data() + t0));
+      call.has_candidates[b] = true;
+    }
+    TROUPE_TRY(top_k_rows(scores->data(), n, n_idx, K, call.d_offsets.data() + t0,
+                          call.topk.data() + t0 * K, call.topk_n.data() + t0));
+  }
   return true;
 }
 
@@ -405,8 +677,10 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
   // The call's tokens, positions and ring bookkeeping, checked before anything runs.
-  std::vector<i64> tokens, positions, slots, chunk_start, chunk_row, ring_src, ring_dst;
+  call_state call;
+  std::vector<i64> tokens, slots, chunk_start, chunk_row, ring_src, ring_dst, offsets;
   std::vector<i64> ring_begin(sz(s.max_sequences), 0);
+  call.begin.push_back(0);
   for (std::size_t b = 0; b < batch.size(); ++b) {
     const auto it = s.sequences.find(batch[b].sequence);
     if (it == s.sequences.end())
@@ -415,9 +689,13 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
       if (batch[o].sequence == batch[b].sequence)
         return r::failure("device_model: sequence " + std::to_string(batch[b].sequence) +
                           " twice in one batch");
-    const auto& seq = it->second;
+    auto& seq = it->second;
     const i64 first_row = static_cast<i64>(tokens.size());
     const i64 n = static_cast<i64>(batch[b].tokens.size());
+    if (seq.length + n > s.max_context)
+      return r::failure("device_model: sequence " + std::to_string(batch[b].sequence) +
+                        " would hold " + std::to_string(seq.length + n) +
+                        " tokens, more than max_context " + std::to_string(s.max_context));
     // No bounded replay on the device yet: a ring holds everything from position 0 on.
     ring_begin[sz(seq.slot)] = std::max<i64>(0, seq.length - s.capacity);
     for (i64 i = 0; i < n; ++i) {
@@ -427,18 +705,24 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
                           " token " + std::to_string(i) + " is " + std::to_string(t) +
                           ", expected 0 <= id < " + std::to_string(V));
       tokens.push_back(t);
-      positions.push_back(seq.length + i);
+      call.positions.push_back(seq.length + i);
       slots.push_back(seq.slot);
       chunk_start.push_back(seq.length);
       chunk_row.push_back(first_row);
+      offsets.push_back(seq.slot * s.max_context);
       if (i >= n - s.capacity) {
         ring_src.push_back(first_row + i);
         ring_dst.push_back(seq.slot * s.capacity + (seq.length + i) % s.capacity);
       }
     }
+    call.seqs.push_back(&seq);
+    call.begin.push_back(static_cast<i64>(tokens.size()));
   }
   const i64 T = static_cast<i64>(tokens.size());
   if (T == 0) return std::vector<float>{};
+  call.T = T;
+  call.ring_rows = static_cast<i64>(ring_src.size());
+  call.has_candidates.assign(batch.size(), false);
   const bool has_engram = !c.engram_layer_ids.empty();
   if (has_engram && s.W->token_map.empty())
     return r::failure(
@@ -447,21 +731,35 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   std::vector<i64> hash_ids;
   if (has_engram) {
     std::vector<const std::vector<i64>*> recent;
-    std::vector<i64> seq_begin{0};
-    for (const auto& in : batch) {
-      recent.push_back(&s.sequences[in.sequence].engram_recent);
-      seq_begin.push_back(seq_begin.back() + static_cast<i64>(in.tokens.size()));
-    }
-    hash_ids = engram_hash_ids(*s.W, recent, seq_begin, tokens, positions);
+    for (const auto* seq : call.seqs) recent.push_back(&seq->engram_recent);
+    hash_ids = engram_hash_ids(*s.W, recent, call.begin, tokens, call.positions);
   }
 
-  auto up = [](const std::vector<i64>& v) { return index_buffer::of(v); };
-  auto d_tokens = up(tokens), d_positions = up(positions), d_slots = up(slots);
-  auto d_start = up(chunk_start), d_row = up(chunk_row), d_begin = up(ring_begin);
-  auto d_src = up(ring_src), d_dst = up(ring_dst);
-  for (const auto* b : {&d_tokens, &d_positions, &d_slots, &d_start, &d_row, &d_begin, &d_src,
-                        &d_dst})
-    TROUPE_TRY(*b);
+  auto up = [](const std::vector<i64>& v, index_buffer& into) -> result<bool> {
+    auto d = index_buffer::of(v);
+    TROUPE_TRY(d);
+    into = std::move(*d);
+    return true;
+  };
+  index_buffer d_tokens;
+  TROUPE_TRY(up(tokens, d_tokens));
+  TROUPE_TRY(up(call.positions, call.d_positions));
+  TROUPE_TRY(up(slots, call.d_slots));
+  TROUPE_TRY(up(chunk_start, call.d_start));
+  TROUPE_TRY(up(chunk_row, call.d_row));
+  TROUPE_TRY(up(ring_begin, call.d_ring_begin));
+  TROUPE_TRY(up(ring_src, call.d_ring_src));
+  TROUPE_TRY(up(ring_dst, call.d_ring_dst));
+  TROUPE_TRY(up(offsets, call.d_offsets));
+  auto topk = index_buffer::zeros(sz(T * std::max<i64>(c.index_topk, 1)));
+  auto topk_n = index_buffer::zeros(sz(T));
+  auto kept = index_buffer::zeros(sz(T * std::max<i64>(c.candidate_topk_blocks, 1)));
+  auto kept_n = index_buffer::zeros(sz(T));
+  for (auto* b : {&topk, &topk_n, &kept, &kept_n}) TROUPE_TRY(*b);
+  call.topk = std::move(*topk);
+  call.topk_n = std::move(*topk_n);
+  call.kept = std::move(*kept);
+  call.kept_n = std::move(*kept_n);
   std::vector<float> first_stream(sz(T * hc), 0.0f);
   for (i64 t = 0; t < T; ++t) first_stream[sz(t * hc)] = 1.0f;
   auto streams = buffer::zeros(sz(T * hc * D));
@@ -480,7 +778,7 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
     TROUPE_TRY(*b);
 
   // Embeddings, copied into every stream; the first site collapses stream 0 only.
-  TROUPE_TRY(embed_rows(s.embed.data(), d_tokens->data(), T, hc, D, streams->data()));
+  TROUPE_TRY(embed_rows(s.embed.data(), d_tokens.data(), T, hc, D, streams->data()));
   // One site: the mixes of the streams as they are, the collapse by the previous site's mix,
   // the site's norm and its function, the expansion back into the streams.
   auto site = [&](const buffer& fn, const buffer& scale, const buffer& base, const buffer& norm,
@@ -499,10 +797,8 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
     auto& L = s.layers[l];
     const auto& host = s.W->layers[l];
     if (host.engram_index >= 0) TROUPE_TRY(s.engram(host, L, hash_ids, T, *streams));
-    TROUPE_TRY(site(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, [&] {
-      return s.attention(L, *x, T, *d_positions, *d_slots, *d_start, *d_row, *d_begin, *d_src,
-                         *d_dst, static_cast<i64>(ring_src.size()), *out);
-    }));
+    TROUPE_TRY(site(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm,
+                    [&] { return s.attention(l, *x, call, *out); }));
     TROUPE_TRY(site(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm,
                     [&] { return s.moe(L, *x, T, *out); }));
   }
@@ -512,10 +808,10 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   TROUPE_TRY(s.project(x->data(), T, D, s.lm_head.data(), V, logits->data()));
   auto host = logits->download();
   TROUPE_TRY(host);
-  for (const auto& in : batch) {
-    auto& seq = s.sequences[in.sequence];
-    seq.length += static_cast<i64>(in.tokens.size());
-    if (has_engram) engram_remember(*s.W, seq.engram_recent, in.tokens);
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    auto& seq = *call.seqs[b];
+    seq.length += static_cast<i64>(batch[b].tokens.size());
+    if (has_engram) engram_remember(*s.W, seq.engram_recent, batch[b].tokens);
   }
   return std::move(*host);
 }

@@ -1,16 +1,20 @@
 // The DeepSeek-V4.1 forward pass on the device: the CPU engine's layer loop (kernels/model.cpp)
-// run as kernels of ops.hpp and FP32 GEMMs (lt_gemm::run_f32), with each sequence's SWA rings
-// in device memory. The first piece of the CUDA backend that computes logits.
+// run as kernels of ops.hpp and FP32 GEMMs (lt_gemm::run_f32), with each sequence's SWA rings,
+// compressed KV and indexer keys in device memory. The first piece of the CUDA backend that
+// computes logits.
 //
-// What it runs today, and what it refuses with a message: every layer must attend over the
-// sliding window only (compress ratio 0: no CSA2 compressor, indexer or compressed KV yet);
-// Engram layers read their table rows on the host (the tables stay in the mapped checkpoint,
-// as they must at full scale) and gate them in on the device; the DSpark draft layers are not
-// run. Weights are the CPU engine's fp32 copies (`model::tensors()`), not the checkpoint's
-// BF16 / FP8 / FP4 bytes, so memory is 4 bytes per parameter: a check of the layer loop on
-// small models, not a way to fit V4.1-Flash on a GPU. The routed experts run one GEMM per
-// expert on the rows the host's dispatch plan groups for it (kernels/ep_dispatch.hpp, one
-// rank), which needs the router's choices on the host once per layer.
+// What it runs: every V4.1 layer type of the backbone — sliding-window attention, CSA2
+// compressed layers (the compressor's groups, the indexer's top-k over the key owner's keys with
+// the candidate source's block mask, attention over the window and the selected compressed
+// entries) and Engram (table rows read on the host: the tables stay in the mapped checkpoint, as
+// they must at full scale), with mHC and the MoE. Not yet: the DSpark draft layers, bounded
+// replay, the encoder–decoder prefill, the KV block formats, rollback. Weights are the CPU
+// engine's fp32 copies (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so
+// memory is 4 bytes per parameter, and each sequence's compressed KV is allocated for
+// max_context tokens up front: a check of the layer loop on small models, not a way to fit
+// V4.1-Flash on a GPU. The routed experts run one GEMM per expert on the rows the host's
+// dispatch plan groups for it (kernels/ep_dispatch.hpp, one rank), which needs the router's
+// choices on the host once per layer; the indexer runs per sequence.
 //
 // This file is plain C++ over device pointers. troupe_cuda builds it with the CUDA runtime and
 // cuBLASLt; tests/cuda_host builds it with host memory and the kernels under the SIMT emulator
@@ -32,14 +36,17 @@ namespace troupe::kernels::cuda {
 struct device_model_options {
   /// Sequences open at once (their SWA rings are allocated up front).
   std::int64_t max_sequences = 16;
+  /// Tokens a sequence may hold: each KV source's compressed KV (and indexer keys) is
+  /// allocated for this many rows per sequence up front.
+  std::int64_t max_context = 4096;
 };
 
 class device_model {
  public:
   /// The weights of a loaded CPU model copied to the device, and empty rings. The model must
   /// outlive the device model (its Engram tables and token map are read at each call). Errors:
-  /// a layer the device cannot run yet (named), max_sequences < 1, a window longer than the
-  /// attention kernel takes, a failed allocation or copy.
+  /// max_sequences or max_context < 1, a window (plus index_topk selected entries) longer than
+  /// the attention kernel takes, a failed allocation or copy.
   static result<device_model> upload(const model& m, const device_model_options& options = {});
 
   device_model(device_model&&) noexcept;
@@ -55,8 +62,9 @@ class device_model {
 
   /// As model::forward: each sequence's tokens continue from its rings (prefill, chunked
   /// prefill and decode in one batch), logits [total tokens, vocab], sequences in batch order.
-  /// Errors (an unknown or repeated id, a token out of range) leave every sequence as it was; a
-  /// device failure halfway leaves the batch's sequences unusable (close them).
+  /// Errors (an unknown or repeated id, a token out of range, a sequence past max_context, an
+  /// Engram model without its token map) leave every sequence as it was; a device failure
+  /// halfway leaves the batch's sequences unusable (close them).
   result<std::vector<float>> forward(std::span<const step_input> batch);
 
   struct state;

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <string>
 #include <numeric>
 #include <unistd.h>
 
@@ -35,10 +36,10 @@ TEST_CASE("device: the forward pass (sliding golden) gives the CPU engine's logi
   CHECK(cmp.greedy_device == cmp.greedy_cpu);
 }
 
-TEST_CASE("device: Engram layers and whole fp8 blocks (tiny-window) against the CPU engine") {
+TEST_CASE("device: the tiny preset (CSA2, Engram, fp8 window rows) against the CPU engine") {
   const auto dir = std::filesystem::temp_directory_path() /
-                   ("troupe-test-cuda-tiny-window-" + std::to_string(::getpid()));
-  REQUIRE(write_random_model(dir, "tiny-window", 3));
+                   ("troupe-test-cuda-tiny-" + std::to_string(::getpid()));
+  REQUIRE(write_random_model(dir, "tiny", 3));
   auto m = model::load(dir);
   REQUIRE_MESSAGE(m, m.error());
   std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
@@ -49,10 +50,35 @@ TEST_CASE("device: Engram layers and whole fp8 blocks (tiny-window) against the 
   const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 64);
   std::filesystem::remove_all(dir);
   REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
-  MESSAGE("device_model on tiny-window: max |device - CPU| " << cmp.max_abs << " over "
+  MESSAGE("device_model on tiny: max |device - CPU| " << cmp.max_abs << " over "
           << cmp.rows << " rows (largest logit " << cmp.max_logit << "), greedy "
           << cmp.greedy_device.size() << " steps");
   CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
   CHECK(cmp.argmax_differs == 0);
   CHECK(cmp.greedy_device == cmp.greedy_cpu);
+}
+
+TEST_CASE("device: CSA2 layers (the golden mixed, qat and ratio4 models) against the CPU engine") {
+  for (const std::string name : {"mixed", "qat", "ratio4"}) {
+    CAPTURE(name);
+    auto m = model::load(std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model" /
+                         name);
+    REQUIRE_MESSAGE(m, m.error());
+    if (!m->text().engram_layer_ids.empty()) {
+      std::vector<std::int64_t> map(static_cast<std::size_t>(m->text().vocab_size));
+      std::iota(map.begin(), map.end(), 0);
+      for (auto& id : map) id %= m->text().engram_compressed_vocab_size;
+      REQUIRE(m->set_engram_token_map(map));
+    }
+    auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
+    REQUIRE_MESSAGE(dev, dev.error());
+    const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 64);
+    REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
+    MESSAGE("device_model on " << name << ": max |device - CPU| " << cmp.max_abs << " over "
+            << cmp.rows << " rows (largest logit " << cmp.max_logit << "), greedy "
+            << cmp.greedy_device.size() << " steps");
+    CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
+    CHECK(cmp.argmax_differs == 0);
+    CHECK(cmp.greedy_device == cmp.greedy_cpu);
+  }
 }

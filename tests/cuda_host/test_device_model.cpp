@@ -50,11 +50,11 @@ TEST_CASE("emulated device: the forward pass gives the CPU engine's logits and g
   simt::thread_order() = simt::order::ascending;
 }
 
-TEST_CASE("emulated device: Engram layers and whole fp8 blocks: tiny-window against the CPU") {
-  // Four sliding-window layers (head 32: the window rows go through the fp8 quantiser), Engram
-  // on the second, weights written in the released FP8 / FP4 formats.
-  const auto dir = testing::scratch_root() / "device-model-tiny-window";
-  REQUIRE(write_random_model(dir, "tiny-window", 3));
+TEST_CASE("emulated device: the tiny preset (CSA2, Engram, fp8 window rows) against the CPU") {
+  // Six layers (window, ratio 2 and 1, a candidate source), Engram on the second, head 32 (the
+  // window rows go through the fp8 quantiser), weights written in the released FP8 / FP4 formats.
+  const auto dir = testing::scratch_root() / "device-model-tiny";
+  REQUIRE(write_random_model(dir, "tiny", 3));
   auto m = model::load(dir);
   REQUIRE_MESSAGE(m, m.error());
   auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
@@ -73,8 +73,8 @@ TEST_CASE("emulated device: Engram layers and whole fp8 blocks: tiny-window agai
   REQUIRE(m->set_engram_token_map(identity));
   const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 24);
   REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
-  MESSAGE("tiny-window: max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
-                                             << " rows (largest logit " << cmp.max_logit << ")");
+  MESSAGE("tiny: max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
+                                      << " rows (largest logit " << cmp.max_logit << ")");
   CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
   CHECK(cmp.argmax_differs == 0);
   CHECK(cmp.greedy_device.size() == 24);
@@ -111,15 +111,42 @@ TEST_CASE("emulated device: sequences are checked, counted and freed") {
   CHECK(dev->open_sequence());  // its slot is free again
 }
 
-TEST_CASE("emulated device: a model with CSA2 layers is refused with the reason") {
-  auto m = model::load(golden / "mixed");
+TEST_CASE("emulated device: CSA2 layers (the compressor, indexer, candidate blocks) against the CPU") {
+  // mixed: ratio-2 and ratio-1 KV sources, three index sources, a candidate source, Engram;
+  // qat: a ratio-2 layer first; ratio4: ratio-4 groups, a top-2 indexer, no candidate source.
+  for (const std::string name : {"mixed", "qat", "ratio4"}) {
+    CAPTURE(name);
+    auto m = model::load(golden / name);
+    REQUIRE_MESSAGE(m, m.error());
+    if (!m->text().engram_layer_ids.empty()) {
+      std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
+      std::iota(identity.begin(), identity.end(), 0);
+      for (auto& id : identity) id %= m->text().engram_compressed_vocab_size;
+      REQUIRE(m->set_engram_token_map(identity));
+    }
+    auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
+    REQUIRE_MESSAGE(dev, dev.error());
+    const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 24);
+    REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
+    MESSAGE(name << ": max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
+                 << " rows (largest logit " << cmp.max_logit << ")");
+    CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
+    CHECK(cmp.argmax_differs == 0);
+    CHECK(cmp.greedy_device == cmp.greedy_cpu);
+  }
+}
+
+TEST_CASE("emulated device: a sequence longer than max_context is refused before anything runs") {
+  auto m = model::load(golden / "qat");
   REQUIRE(m);
-  auto dev = cuda::device_model::upload(*m);
-  REQUIRE_FALSE(dev);
-  CHECK(dev.error().find("layer 1 has compress ratio 2") != std::string::npos);
-  auto q = model::load(golden / "qat");
-  REQUIRE(q);
-  auto dq = cuda::device_model::upload(*q);
-  REQUIRE_FALSE(dq);
-  CHECK(dq.error().find("layer 0 has compress ratio 2") != std::string::npos);
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 1, .max_context = 8});
+  REQUIRE(dev);
+  auto id = dev->open_sequence();
+  REQUIRE(id);
+  const std::vector<std::int64_t> t{1, 2, 3, 4, 5, 6};
+  std::vector<step_input> call{{*id, t}};
+  REQUIRE(dev->forward(call));
+  CHECK(dev->forward(call).error() ==
+        "device_model: sequence 1 would hold 12 tokens, more than max_context 8");
+  CHECK(*dev->length(*id) == 6);
 }
