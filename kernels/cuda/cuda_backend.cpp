@@ -16,8 +16,7 @@ const char* const missing =
     "kernels/cuda/ops.hpp, the cuBLASLt BF16 and FP32 GEMMs, the NCCL EP all-to-all, and the "
     "backbone's forward pass on fp32 weights (device_model.hpp); missing: serving it through "
     "this interface, the routed experts' grouped GEMM on FP8/FP4 "
-    "weights, the DSpark draft layers, Block KV export/import and State KV on the device, "
-    "bounded replay); use device = \"cpu\"";
+    "weights, the DSpark draft layers and rollback on the device); use device = \"cpu\"";
 
 template <class T>
 result<T> not_implemented() {

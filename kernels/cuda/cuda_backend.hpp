@@ -6,7 +6,7 @@
 // follow (kernels/ep_dispatch.hpp, ep_group.hpp, device_layout.hpp) and the backbone's
 // forward pass on fp32 weights (device_model.hpp) exist; what serving V4.1 needs beyond them
 // does not (this interface over device_model, the routed experts' FP8/FP4 grouped GEMM, the
-// DSpark draft layers, the Block and State KV formats on the device). Rather than return wrong
+// DSpark draft layers and rollback on the device). Rather than return wrong
 // logits, `open` does the preflight a real open would do (finds the device, reads the config,
 // plans the device memory) and then fails with a message that says what is missing, so
 // `device = "cuda"` cannot be mistaken for a working engine. No instance is ever made; the

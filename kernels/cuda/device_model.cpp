@@ -50,9 +50,11 @@ struct device_layer {
 // A sequence's place in the rings and how far it has run.
 struct sequence_state {
   i64 slot = 0;
-  i64 length = 0;  // tokens run = the ring's end
+  i64 length = 0;      // tokens run = the ring's end
   std::vector<i64> engram_recent;  // its last compressed ids (engram_remember)
-  std::vector<i64> groups, pending;  // per layer: compressed groups held, unfinished group rows
+  // Per layer: no window row before ring_first (a cache imported after a bounded replay or an
+  // encoder–decoder prefill), compressed groups held, the unfinished group's rows.
+  std::vector<i64> ring_first, groups, pending;
 };
 
 // One forward call: its sequences' token ranges and the indexer's state the CPU model keeps in
@@ -92,7 +94,8 @@ struct failed {
 }  // namespace
 
 struct device_model::state {
-  const model::weights* W = nullptr;  // the CPU model's: its Engram tables and token map
+  const model* model_ = nullptr;      // the CPU model uploaded: new caches for export
+  const model::weights* W = nullptr;  // its weights: the Engram tables and token map
   text_config c;
   std::int64_t max_sequences = 0, capacity = 0;
   lt_gemm gemm;
@@ -158,6 +161,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   auto gemm = lt_gemm::create();
   if (!gemm) return r::failure(gemm.error());
   auto s = std::make_unique<state>(std::move(*gemm));
+  s->model_ = &m;
   s->W = &W;
   s->c = c;
   s->max_sequences = options.max_sequences;
@@ -261,9 +265,8 @@ result<sequence_id> device_model::open_sequence() {
                                         " sequences are open");
   *free = true;
   const sequence_id id = s.next_id++;
-  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0, {},
-                                   std::vector<i64>(s.layers.size(), 0),
-                                   std::vector<i64>(s.layers.size(), 0)};
+  const std::vector<i64> zeros(s.layers.size(), 0);
+  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0, {}, zeros, zeros, zeros};
   return id;
 }
 
@@ -281,6 +284,105 @@ result<std::int64_t> device_model::length(sequence_id id) const {
   if (it == s_->sequences.end())
     return result<std::int64_t>::failure("device_model: no sequence " + std::to_string(id));
   return it->second.length;
+}
+
+result<sequence_cache> device_model::export_sequence(sequence_id id) const {
+  using r = result<sequence_cache>;
+  const auto& s = *s_;
+  const auto it = s.sequences.find(id);
+  if (it == s.sequences.end()) return r::failure("device_model: no sequence " + std::to_string(id));
+  const auto& seq = it->second;
+  const i64 hd = s.c.head_dim, idh = s.c.index_head_dim;
+  sequence_cache out = s.model_->new_sequence();
+  out.length = seq.length;
+  out.rollback_floor = seq.length;
+  out.engram_recent = seq.engram_recent;
+  // Rows [first, first + n) of a store whose slot rows start at `at`, `width` floats each.
+  auto rows = [&](const buffer& store, i64 at, i64 n, i64 width) -> result<std::vector<float>> {
+    std::vector<float> v(sz(n * width));
+    if (n > 0)
+      TROUPE_TRY(copy_to_host(v.data(), store.data() + at * width, v.size() * sizeof(float)));
+    return v;
+  };
+  for (std::size_t l = 0; l < s.layers.size(); ++l) {
+    const auto& L = s.layers[l];
+    auto& lc = out.layers[l];
+    const i64 first = std::max(seq.ring_first[l], seq.length - s.capacity);
+    auto ring = rows(L.rings, seq.slot * s.capacity, s.capacity, hd);
+    TROUPE_TRY(ring);
+    lc.window.reset(first);
+    for (i64 p = first; p < seq.length; ++p) lc.window.push(ring->data() + (p % s.capacity) * hd);
+    if (!lc.is_kv_source) continue;
+    auto& cc = lc.compressed;
+    const i64 groups = seq.groups[l], held = seq.pending[l];
+    cc.groups = groups;
+    cc.pending_tokens = held;
+    if (cc.ratio > 1) {
+      auto kv = rows(L.pending_kv, seq.slot * cc.ratio, held, hd);
+      auto gate = rows(L.pending_gate, seq.slot * cc.ratio, held, hd);
+      TROUPE_TRY(kv);
+      TROUPE_TRY(gate);
+      cc.pending_kv = std::move(*kv);
+      cc.pending_gate = std::move(*gate);
+    }
+    auto kv = rows(L.compressed, seq.slot * s.max_context, groups, hd);
+    TROUPE_TRY(kv);
+    for (i64 g = 0; g < groups; ++g) cc.kv.append(kv->data() + g * hd);
+    if (L.index_keys.size() > 0) {
+      auto keys = rows(L.index_keys, seq.slot * s.max_context, groups, idh);
+      TROUPE_TRY(keys);
+      for (i64 g = 0; g < groups; ++g) cc.index_keys.append(keys->data() + g * idh);
+    }
+  }
+  return out;
+}
+
+result<sequence_id> device_model::import_sequence(const sequence_cache& cache) {
+  using r = result<sequence_id>;
+  auto& s = *s_;
+  if (cache.owner != s.W || cache.layers.size() != s.layers.size())
+    return r::failure("device_model: the cache was made by another model");
+  if (cache.length > s.max_context)
+    return r::failure("device_model: the cache holds " + std::to_string(cache.length) +
+                      " tokens, more than max_context " + std::to_string(s.max_context));
+  auto id = open_sequence();
+  if (!id) return id;
+  auto& seq = s.sequences[*id];
+  const i64 hd = s.c.head_dim, idh = s.c.index_head_dim;
+  auto put = [&](buffer& store, i64 at, const float* v, i64 n, i64 width) -> result<bool> {
+    if (n > 0) TROUPE_TRY(copy_to_device(store.data() + at * width, v, sz(n * width) * sizeof(float)));
+    return true;
+  };
+  auto fill = [&]() -> result<bool> {
+    seq.length = cache.length;
+    seq.engram_recent = cache.engram_recent;
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      auto& L = s.layers[l];
+      const auto& lc = cache.layers[l];
+      seq.ring_first[l] = lc.window.begin();
+      for (i64 p = lc.window.begin(); p < lc.window.end(); ++p)
+        TROUPE_TRY(put(L.rings, seq.slot * s.capacity + p % s.capacity, lc.window.at(p), 1, hd));
+      if (!lc.is_kv_source) continue;
+      const auto& cc = lc.compressed;
+      seq.groups[l] = cc.groups;
+      seq.pending[l] = cc.pending_tokens;
+      if (cc.ratio > 1) {
+        TROUPE_TRY(put(L.pending_kv, seq.slot * cc.ratio, cc.pending_kv.data(), cc.pending_tokens, hd));
+        TROUPE_TRY(put(L.pending_gate, seq.slot * cc.ratio, cc.pending_gate.data(),
+                       cc.pending_tokens, hd));
+      }
+      for (i64 g = 0; g < cc.kv.size(); ++g)
+        TROUPE_TRY(put(L.compressed, seq.slot * s.max_context + g, cc.kv.row(g), 1, hd));
+      for (i64 g = 0; g < cc.index_keys.size(); ++g)
+        TROUPE_TRY(put(L.index_keys, seq.slot * s.max_context + g, cc.index_keys.row(g), 1, idh));
+    }
+    return true;
+  };
+  if (auto ok = fill(); !ok) {
+    (void)close_sequence(*id);
+    return r::failure(ok.error());
+  }
+  return id;
 }
 
 // model.cpp's hc_mixes: the normalised flattened streams projected, then each token's mixes.
@@ -341,7 +443,7 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   args.q = q->data();
   args.rings = L.rings.data();
   args.positions = call.d_positions.data();
-  args.ring_begin = call.d_ring_begin.data();
+  args.ring_begin = call.d_ring_begin.data() + l * sz(max_sequences);
   args.sinks = L.attn_sink.data();
   args.inv_freq = rp.inv_freq.data();
   args.out = attn->data();
@@ -679,7 +781,8 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   // The call's tokens, positions and ring bookkeeping, checked before anything runs.
   call_state call;
   std::vector<i64> tokens, slots, chunk_start, chunk_row, ring_src, ring_dst, offsets;
-  std::vector<i64> ring_begin(sz(s.max_sequences), 0);
+  // Per layer and slot: the oldest position each ring holds.
+  std::vector<i64> ring_begin(s.layers.size() * sz(s.max_sequences), 0);
   call.begin.push_back(0);
   for (std::size_t b = 0; b < batch.size(); ++b) {
     const auto it = s.sequences.find(batch[b].sequence);
@@ -696,8 +799,9 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
       return r::failure("device_model: sequence " + std::to_string(batch[b].sequence) +
                         " would hold " + std::to_string(seq.length + n) +
                         " tokens, more than max_context " + std::to_string(s.max_context));
-    // No bounded replay on the device yet: a ring holds everything from position 0 on.
-    ring_begin[sz(seq.slot)] = std::max<i64>(0, seq.length - s.capacity);
+    for (std::size_t l = 0; l < s.layers.size(); ++l)
+      ring_begin[l * sz(s.max_sequences) + sz(seq.slot)] =
+          std::max<i64>(seq.ring_first[l], seq.length - s.capacity);
     for (i64 i = 0; i < n; ++i) {
       const i64 t = batch[b].tokens[sz(i)];
       if (t < 0 || t >= V)

@@ -7,8 +7,10 @@
 // compressed layers (the compressor's groups, the indexer's top-k over the key owner's keys with
 // the candidate source's block mask, attention over the window and the selected compressed
 // entries) and Engram (table rows read on the host: the tables stay in the mapped checkpoint, as
-// they must at full scale), with mHC and the MoE. Not yet: the DSpark draft layers, bounded
-// replay, the encoder–decoder prefill, the KV block formats, rollback. Weights are the CPU
+// they must at full scale), with mHC and the MoE; a sequence's cache moves to and from the CPU
+// engine's form (export_sequence / import_sequence), so the KV block formats, bounded replay
+// and the encoder–decoder prefill reach the device through the CPU engine. Not yet: the DSpark
+// draft layers, rollback. Weights are the CPU
 // engine's fp32 copies (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so
 // memory is 4 bytes per parameter, and each sequence's compressed KV is allocated for
 // max_context tokens up front: a check of the layer loop on small models, not a way to fit
@@ -59,6 +61,17 @@ class device_model {
   result<bool> close_sequence(sequence_id id);
   /// Tokens processed so far by a sequence.
   result<std::int64_t> length(sequence_id id) const;
+
+  /// A sequence's cache as the CPU engine holds it (kernels/kv_cache.hpp: window rings,
+  /// compressed KV, indexer keys, unfinished groups, Engram look-back), downloaded: a CPU model
+  /// continues it exactly as this device would, and kernels/kv_blocks.hpp serialises it, so a
+  /// sequence moves between GPU and CPU instances in the same Block / State / SWA KV bytes. It
+  /// cannot be rolled back below its length (the device keeps no rows for a rollback).
+  result<sequence_cache> export_sequence(sequence_id id) const;
+  /// A new sequence continuing `cache` (made by the same CPU model: fresh, computed, restored
+  /// from serialised KV, or after a bounded replay). Errors: another model's cache, a cache
+  /// longer than max_context, max_sequences already open.
+  result<sequence_id> import_sequence(const sequence_cache& cache);
 
   /// As model::forward: each sequence's tokens continue from its rings (prefill, chunked
   /// prefill and decode in one batch), logits [total tokens, vocab], sequences in batch order.

@@ -5,12 +5,14 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
 #include <numeric>
 
 #include "kernels/cuda/device_model.hpp"
+#include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
 #include "tests/cuda_host/device_model_check.hpp"
@@ -149,4 +151,113 @@ TEST_CASE("emulated device: a sequence longer than max_context is refused before
   CHECK(dev->forward(call).error() ==
         "device_model: sequence 1 would hold 12 tokens, more than max_context 8");
   CHECK(*dev->length(*id) == 6);
+}
+
+TEST_CASE("emulated device: a sequence moves between the device and the CPU in the KV formats") {
+  // The tiny preset (CSA2 ratio 2 and 1, Engram): a 131-token prompt holds one full block and
+  // leaves a ratio-2 group unfinished.
+  const auto dir = testing::scratch_root() / "device-model-move";
+  REQUIRE(write_random_model(dir, "tiny", 5));
+  auto m = model::load(dir);
+  REQUIRE(m);
+  std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
+  std::iota(identity.begin(), identity.end(), 0);
+  REQUIRE(m->set_engram_token_map(identity));
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 4});
+  REQUIRE(dev);
+  const std::int64_t V = m->text().vocab_size;
+  std::vector<std::int64_t> prompt(131), next(5);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % 256);
+  for (std::size_t i = 0; i < next.size(); ++i) next[i] = static_cast<std::int64_t>((i * 91 + 3) % 256);
+  // Each next token's logits from a CPU cache, one decode step at a time.
+  auto cpu_continue = [&](sequence_cache& c) {
+    std::vector<float> out;
+    for (const auto t : next) {
+      const std::vector<std::int64_t> one{t};
+      const sequence_input in{&c, one};
+      auto l = m->forward(std::span(&in, 1));
+      REQUIRE(l);
+      out.insert(out.end(), l->begin(), l->end());
+    }
+    return out;
+  };
+  auto dev_continue = [&](sequence_id id) {
+    std::vector<float> out;
+    for (const auto t : next) {
+      const std::vector<std::int64_t> one{t};
+      const step_input in{id, one};
+      auto l = dev->forward(std::span(&in, 1));
+      REQUIRE_MESSAGE(l, l.error());
+      out.insert(out.end(), l->begin(), l->end());
+    }
+    return out;
+  };
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double d = 0, big = 1;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      d = std::max(d, double(std::fabs(a[i] - b[i])));
+      big = std::max(big, double(std::fabs(b[i])));
+    }
+    MESSAGE("max difference " << d);
+    return d <= 1e-4 * big;
+  };
+  auto prefilled = m->new_sequence();
+  {
+    const sequence_input in{&prefilled, prompt};
+    REQUIRE(m->forward(std::span(&in, 1)));
+  }
+  auto reference_cache = prefilled;
+  const auto reference = cpu_continue(reference_cache);
+  REQUIRE(reference.size() == next.size() * static_cast<std::size_t>(V));
+
+  SUBCASE("device to CPU through the serialised Block, State and SWA KV") {
+    auto id = dev->open_sequence();
+    REQUIRE(id);
+    const step_input in{*id, prompt};
+    REQUIRE(dev->forward(std::span(&in, 1)));
+    auto exported = dev->export_sequence(*id);
+    REQUIRE_MESSAGE(exported, exported.error());
+    CHECK(exported->length == 131);
+    REQUIRE(full_blocks(*exported) == 1);
+    auto block = serialize_block(*exported, 0);
+    auto state = serialize_state(*exported);
+    auto swa = serialize_swa(*exported);
+    REQUIRE(block);
+    REQUIRE(state);
+    REQUIRE(swa);
+    auto restored = m->new_sequence();
+    REQUIRE(restore_block(restored, 0, *block));
+    REQUIRE(restore_state(restored, *state));
+    REQUIRE(restore_swa(restored, *swa));
+    CHECK(close(cpu_continue(restored), reference));
+  }
+  SUBCASE("CPU to device") {
+    auto id = dev->import_sequence(prefilled);
+    REQUIRE_MESSAGE(id, id.error());
+    CHECK(*dev->length(*id) == 131);
+    CHECK(close(dev_continue(*id), reference));
+  }
+  SUBCASE("a bounded replay on the CPU, continued on the device") {
+    // Recomputing the last 3 tokens: the rings start at 128, so the next tokens' windows reach
+    // back past what they hold.
+    auto blocks = m->new_sequence();
+    auto block = serialize_block(prefilled, 0);
+    REQUIRE(block);
+    REQUIRE(restore_block(blocks, 0, *block));
+    REQUIRE(m->replay(blocks, prompt, 2));
+    REQUIRE(blocks.layers[0].window.begin() == 128);
+    auto on_cpu = blocks;
+    const auto want = cpu_continue(on_cpu);
+    auto id = dev->import_sequence(blocks);
+    REQUIRE_MESSAGE(id, id.error());
+    CHECK(close(dev_continue(*id), want));
+  }
+  SUBCASE("refusals") {
+    auto other = model::load(golden / "sliding");
+    REQUIRE(other);
+    CHECK(dev->import_sequence(other->new_sequence()).error() ==
+          "device_model: the cache was made by another model");
+    CHECK_FALSE(dev->export_sequence(999));
+  }
 }
