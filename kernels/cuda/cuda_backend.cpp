@@ -1,32 +1,19 @@
-// The CUDA backend's preflight and its not-yet-implemented interface (kernels/cuda/cuda_backend.hpp).
+// The CUDA backend over the device forward pass (kernels/cuda/cuda_backend.hpp).
 #include "kernels/cuda/cuda_backend.hpp"
 
-#include <cstdio>
-
 #include "kernels/cuda/device.hpp"
-#include "kernels/device_layout.hpp"
-#include "kernels/model_config.hpp"
+#include "kernels/kv_blocks.hpp"
 
 namespace troupe::kernels::cuda {
 
 namespace {
 
-const char* const missing =
-    "the CUDA backend does not serve the DeepSeek-V4.1 model yet (built: the kernels of "
-    "kernels/cuda/ops.hpp, the cuBLASLt BF16 and FP32 GEMMs, the NCCL EP all-to-all, and the "
-    "backbone's forward pass on fp32 weights (device_model.hpp); missing: serving it through "
-    "this interface, the routed experts' grouped GEMM on FP8/FP4 "
-    "weights, the DSpark draft layers and rollback on the device); use device = \"cpu\"";
+std::string unknown(sequence_id id) { return "backend: no sequence " + std::to_string(id); }
 
 template <class T>
-result<T> not_implemented() {
-  return result<T>::failure(missing);
-}
-
-std::string gib(std::int64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / double(1 << 30));
-  return buf;
+result<T> not_on_device(const char* what) {
+  return result<T>::failure(std::string("cuda backend: ") + what +
+                            " is not on the device yet (use device = \"cpu\" for it)");
 }
 
 }  // namespace
@@ -36,65 +23,184 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(const std::filesystem::
   using r = result<std::unique_ptr<cuda_backend>>;
   auto dev = query_device(options.device);
   if (!dev) return r::failure(dev.error());
-  auto cfg = load_model_config(model_dir / "config.json");
-  if (!cfg) return r::failure(cfg.error());
-  device_layout_options lo;
-  lo.free_bytes = dev->free_bytes;
-  lo.reserve_bytes = options.reserve_bytes;
-  auto layout = plan_device_layout(*cfg, lo);
-  if (!layout) return r::failure(dev->name + ": " + layout.error());
-  return r::failure(std::string(missing) + " [preflight on " + dev->name + ": weights " +
-                    gib(layout->weight_bytes) + ", Block KV pool " +
-                    std::to_string(layout->kv_blocks) + " blocks]");
+  model_options mo;
+  mo.threads = options.threads;
+  auto m = model::load(model_dir, mo);
+  if (!m) return r::failure(m.error());
+  if (!options.engram_token_map.empty())
+    if (auto ok = m->set_engram_token_map(options.engram_token_map); !ok)
+      return r::failure(ok.error());
+  std::unique_ptr<cuda_backend> b(new cuda_backend(std::move(*m)));
+  auto device = device_model::upload(
+      b->model_, {.max_sequences = options.max_sequences, .max_context = options.max_context});
+  if (!device) return r::failure(dev->name + ": " + device.error());
+  b->device_ = std::make_unique<device_model>(std::move(*device));
+  return b;
 }
 
-sequence_id cuda_backend::open_sequence() { return 0; }
-result<bool> cuda_backend::close_sequence(sequence_id) { return not_implemented<bool>(); }
-result<std::int64_t> cuda_backend::length(sequence_id) const {
-  return not_implemented<std::int64_t>();
+result<sequence_id> cuda_backend::resident(sequence_id id) {
+  if (const auto it = on_device_.find(id); it != on_device_.end()) return it->second;
+  const auto host = on_host_.find(id);
+  if (host == on_host_.end()) return result<sequence_id>::failure(unknown(id));
+  auto dev = device_->import_sequence(host->second);
+  if (!dev) return dev;
+  on_host_.erase(host);
+  on_device_[id] = *dev;
+  return *dev;
 }
-result<std::vector<float>> cuda_backend::step(std::span<const step_input>) {
-  return not_implemented<std::vector<float>>();
+
+result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
+  if (const auto it = on_device_.find(id); it != on_device_.end()) {
+    auto cache = device_->export_sequence(it->second);
+    if (!cache) return result<sequence_cache*>::failure(cache.error());
+    (void)device_->close_sequence(it->second);
+    on_device_.erase(it);
+    on_host_[id] = std::move(*cache);
+  }
+  const auto it = on_host_.find(id);
+  if (it == on_host_.end()) return result<sequence_cache*>::failure(unknown(id));
+  return &it->second;
 }
-result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input>,
-                                                   std::span<const std::int64_t>,
-                                                   std::vector<float>*) {
-  return not_implemented<std::vector<float>>();
+
+result<sequence_cache> cuda_backend::snapshot(sequence_id id) const {
+  if (const auto it = on_device_.find(id); it != on_device_.end())
+    return device_->export_sequence(it->second);
+  const auto it = on_host_.find(id);
+  if (it == on_host_.end()) return result<sequence_cache>::failure(unknown(id));
+  return it->second;
 }
-result<bool> cuda_backend::rollback(sequence_id, std::int64_t) { return not_implemented<bool>(); }
+
+// A new sequence starts on the host: it reaches the device with its first step, so a sequence
+// that only imports KV and replays never holds device memory until it runs.
+sequence_id cuda_backend::open_sequence() {
+  const sequence_id id = next_++;
+  on_host_.emplace(id, model_.new_sequence());
+  return id;
+}
+
+result<bool> cuda_backend::close_sequence(sequence_id id) {
+  if (const auto it = on_device_.find(id); it != on_device_.end()) {
+    auto ok = device_->close_sequence(it->second);
+    on_device_.erase(it);
+    return ok;
+  }
+  if (on_host_.erase(id) == 0) return result<bool>::failure(unknown(id));
+  return true;
+}
+
+result<std::int64_t> cuda_backend::length(sequence_id id) const {
+  if (const auto it = on_device_.find(id); it != on_device_.end())
+    return device_->length(it->second);
+  const auto it = on_host_.find(id);
+  if (it == on_host_.end()) return result<std::int64_t>::failure(unknown(id));
+  return it->second.length;
+}
+
+result<std::vector<float>> cuda_backend::step(std::span<const step_input> batch) {
+  std::vector<step_input> inputs;
+  for (const auto& in : batch) {
+    auto dev = resident(in.sequence);
+    if (!dev) return result<std::vector<float>>::failure(dev.error());
+    inputs.push_back({*dev, in.tokens});
+  }
+  return device_->forward(inputs);
+}
+
+result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input> batch,
+                                                   std::span<const std::int64_t> rows,
+                                                   std::vector<float>* dspark_features) {
+  using r = result<std::vector<float>>;
+  if (dspark_features != nullptr) return not_on_device<std::vector<float>>("DSpark");
+  if (rows.size() != batch.size())
+    return r::failure("backend: " + std::to_string(rows.size()) + " row counts for " +
+                      std::to_string(batch.size()) + " sequences");
+  for (std::size_t b = 0; b < batch.size(); ++b)
+    if (rows[b] < 1 || rows[b] > static_cast<std::int64_t>(batch[b].tokens.size()))
+      return r::failure("backend: " + std::to_string(rows[b]) + " rows of a sequence's " +
+                        std::to_string(batch[b].tokens.size()) + " tokens");
+  auto all = step(batch);
+  if (!all) return all;
+  const auto V = static_cast<std::size_t>(model_.text().vocab_size);
+  std::vector<float> out;
+  std::size_t end = 0;
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    end += batch[b].tokens.size();
+    out.insert(out.end(), all->begin() + static_cast<std::ptrdiff_t>((end - rows[b]) * V),
+               all->begin() + static_cast<std::ptrdiff_t>(end * V));
+  }
+  return out;
+}
+
+result<bool> cuda_backend::rollback(sequence_id, std::int64_t) {
+  return not_on_device<bool>("rollback");
+}
 bool cuda_backend::has_draft() const { return false; }
 result<draft_output> cuda_backend::draft(std::span<const draft_request>) {
-  return not_implemented<draft_output>();
+  return not_on_device<draft_output>("DSpark");
 }
-result<std::string> cuda_backend::export_draft(sequence_id) const {
-  return not_implemented<std::string>();
+result<std::string> cuda_backend::export_draft(sequence_id id) const {
+  if (on_device_.count(id) == 0 && on_host_.count(id) == 0)
+    return result<std::string>::failure(unknown(id));
+  return std::string{};  // no draft context: the backend never drafts
 }
 result<bool> cuda_backend::import_draft(sequence_id, std::string_view) {
-  return not_implemented<bool>();
+  return not_on_device<bool>("DSpark");
 }
-result<std::string> cuda_backend::export_block(sequence_id, std::int64_t) const {
-  return not_implemented<std::string>();
+
+result<std::string> cuda_backend::export_block(sequence_id id, std::int64_t block) const {
+  auto cache = snapshot(id);
+  if (!cache) return result<std::string>::failure(cache.error());
+  return serialize_block(*cache, block);
 }
-result<bool> cuda_backend::import_block(sequence_id, std::int64_t, std::string_view) {
-  return not_implemented<bool>();
+
+result<bool> cuda_backend::import_block(sequence_id id, std::int64_t block,
+                                        std::string_view bytes) {
+  auto cache = on_host(id);
+  if (!cache) return result<bool>::failure(cache.error());
+  if ((*cache)->length != 0)
+    return result<bool>::failure("backend: sequence " + std::to_string(id) +
+                                 " already ran tokens; blocks are imported into a fresh one");
+  return restore_block(**cache, block, bytes);
 }
-result<std::int64_t> cuda_backend::full_blocks(sequence_id) const {
-  return not_implemented<std::int64_t>();
+
+result<std::int64_t> cuda_backend::full_blocks(sequence_id id) const {
+  auto cache = snapshot(id);
+  if (!cache) return result<std::int64_t>::failure(cache.error());
+  return kernels::full_blocks(*cache);
 }
-result<std::string> cuda_backend::export_state(sequence_id) const {
-  return not_implemented<std::string>();
+
+result<std::string> cuda_backend::export_state(sequence_id id) const {
+  auto cache = snapshot(id);
+  if (!cache) return result<std::string>::failure(cache.error());
+  return serialize_state(*cache);
 }
-result<std::string> cuda_backend::export_swa(sequence_id) const {
-  return not_implemented<std::string>();
+
+result<std::string> cuda_backend::export_swa(sequence_id id) const {
+  auto cache = snapshot(id);
+  if (!cache) return result<std::string>::failure(cache.error());
+  return serialize_swa(*cache);
 }
-result<bool> cuda_backend::import_state(sequence_id, std::string_view) {
-  return not_implemented<bool>();
+
+result<bool> cuda_backend::import_state(sequence_id id, std::string_view bytes) {
+  auto cache = on_host(id);
+  if (!cache) return result<bool>::failure(cache.error());
+  if ((*cache)->length != 0)
+    return result<bool>::failure("backend: sequence " + std::to_string(id) +
+                                 " already holds a state; it is imported into a fresh one");
+  return restore_state(**cache, bytes);
 }
-result<bool> cuda_backend::import_swa(sequence_id, std::string_view) {
-  return not_implemented<bool>();
+
+result<bool> cuda_backend::import_swa(sequence_id id, std::string_view bytes) {
+  auto cache = on_host(id);
+  if (!cache) return result<bool>::failure(cache.error());
+  return restore_swa(**cache, bytes);
 }
-result<std::vector<float>> cuda_backend::replay(sequence_id, std::span<const std::int64_t>) {
-  return not_implemented<std::vector<float>>();
+
+result<std::vector<float>> cuda_backend::replay(sequence_id id,
+                                                std::span<const std::int64_t> tokens) {
+  auto cache = on_host(id);
+  if (!cache) return result<std::vector<float>>::failure(cache.error());
+  return model_.replay(**cache, tokens);
 }
 
 }  // namespace troupe::kernels::cuda

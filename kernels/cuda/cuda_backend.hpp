@@ -1,43 +1,50 @@
-// `cuda_backend`: the model_backend (kernels/backend.hpp) of a CUDA GPU rank — not able to run
-// the model yet.
+// `cuda_backend`: the model_backend (kernels/backend.hpp) of a CUDA GPU rank, over the device
+// forward pass (device_model.hpp).
 //
-// The CUDA engine is being built from the bottom up: the kernels (kernels/cuda/ops.hpp), the
-// cuBLASLt GEMMs (gemm.hpp), the EP communicator (nccl_comm.hpp), the host-side plans they
-// follow (kernels/ep_dispatch.hpp, ep_group.hpp, device_layout.hpp) and the backbone's
-// forward pass on fp32 weights (device_model.hpp) exist; what serving V4.1 needs beyond them
-// does not (this interface over device_model, the routed experts' FP8/FP4 grouped GEMM, the
-// DSpark draft layers and rollback on the device). Rather than return wrong
-// logits, `open` does the preflight a real open would do (finds the device, reads the config,
-// plans the device memory) and then fails with a message that says what is missing, so
-// `device = "cuda"` cannot be mistaken for a working engine. No instance is ever made; the
-// class exists so the interface it must fill is fixed and compiled against.
+// A sequence lives on the device while it runs, or on the host while it is assembled from
+// imported KV: import_block / import_state / import_swa restore into the CPU engine's cache
+// (kernels/kv_blocks.hpp) and replay runs the CPU engine's bounded replay there; the next step
+// uploads it (device_model::import_sequence). export_block / export_state / export_swa /
+// full_blocks of a sequence on the device download its cache first (export_sequence), so the
+// bytes are the CPU backend's and KV moves between GPU and CPU instances. What it does not do
+// yet, each a failure that says so: rollback (a rejected speculative draft), the DSpark draft
+// layers (has_draft is false, so no engine asks it to draft). The weights are the CPU engine's
+// fp32 copies (device_model.hpp), so it serves models that fit the GPU at 4 bytes per
+// parameter; the CPU model it loads stays in host memory beside it (the Engram tables, replay).
+// Never run on a GPU yet: tests/cuda_host runs it on the emulated device, bench/gpu_check.sh
+// on a GPU.
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "kernels/backend.hpp"
+#include "kernels/cuda/device_model.hpp"
 #include "kernels/result.hpp"
 
 namespace troupe::kernels::cuda {
 
 struct cuda_backend_options {
   int device = 0;
-  /// Reserved device memory (activations, workspace, NCCL), as device_layout_options.
-  std::int64_t reserve_bytes = std::int64_t{4} << 30;
+  /// The device model's sequences and their longest context (device_model_options).
+  std::int64_t max_sequences = 64;
+  std::int64_t max_context = 4096;
+  /// The CPU engine's threads (imports, bounded replay).
+  int threads = 2;
+  /// Engram's token map (model::set_engram_token_map) for a model with Engram layers; empty:
+  /// none (such a model then refuses to step).
+  std::vector<std::int64_t> engram_token_map;
 };
 
 class cuda_backend final : public model_backend {
  public:
-  /// Always a failure today: "no CUDA device: ..." without a usable GPU, the config's or the
-  /// layout's error when the model is unreadable or does not fit, and otherwise "the CUDA
-  /// backend does not serve the DeepSeek-V4.1 model yet" with what is and is not built,
-  /// and the device memory plan it made.
+  /// Selects the device, loads the model on the CPU and copies its weights to the device.
+  /// Errors: "no CUDA device: ..." without a usable GPU, the model's load error, a failed
+  /// allocation (the fp32 weights do not fit).
   static result<std::unique_ptr<cuda_backend>> open(const std::filesystem::path& model_dir,
                                                      const cuda_backend_options& options = {});
 
-  // model_backend: unreachable (no instance exists); each returns the "not implemented"
-  // failure.
   sequence_id open_sequence() override;
   result<bool> close_sequence(sequence_id id) override;
   result<std::int64_t> length(sequence_id id) const override;
@@ -60,7 +67,19 @@ class cuda_backend final : public model_backend {
   result<std::vector<float>> replay(sequence_id id, std::span<const std::int64_t> tokens) override;
 
  private:
-  cuda_backend() = default;
+  explicit cuda_backend(model m) : model_(std::move(m)) {}
+  // The sequence on the device (uploading it from the host first); its device id.
+  result<sequence_id> resident(sequence_id id);
+  // The sequence's cache on the host (downloading it from the device, which lets it go).
+  result<sequence_cache*> on_host(sequence_id id);
+  // A copy of the sequence's cache, wherever it lives.
+  result<sequence_cache> snapshot(sequence_id id) const;
+
+  model model_;
+  std::unique_ptr<device_model> device_;
+  sequence_id next_ = 1;
+  std::map<sequence_id, sequence_id> on_device_;    // backend id → device_model id
+  std::map<sequence_id, sequence_cache> on_host_;   // sequences assembled on the host
 };
 
 }  // namespace troupe::kernels::cuda

@@ -3,17 +3,21 @@
 // device copies, since NCCL refuses two ranks on one GPU) equal to EP 1 (through NCCL).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
 
 #include "device_buffer.hpp"
+#include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/ep_dispatch.hpp"
 #include "kernels/ep_group.hpp"
+#include "kernels/model.hpp"
 
 using namespace troupe::kernels;
 using troupe::test::device_buffer;
@@ -189,10 +193,22 @@ TEST_CASE("two ranks of one NCCL communicator on the same GPU: refused by NCCL, 
   CHECK((*comms)[1].rank() == 1);
 }
 
-TEST_CASE("cuda_backend refuses to open a model it cannot run, saying what is missing") {
+TEST_CASE("cuda_backend opens a model and steps as cpu_backend does") {
   const std::string dir = std::string(TROUPE_SOURCE_DIR) + "/tests/kernels/golden/model/sliding";
-  auto b = cuda::cuda_backend::open(dir);
-  REQUIRE_FALSE(b.ok());
-  CHECK(b.error().find("does not serve the DeepSeek-V4.1 model yet") != std::string::npos);
-  CHECK(b.error().find("preflight on") != std::string::npos);
+  auto gpu = cuda::cuda_backend::open(dir);
+  REQUIRE_MESSAGE(gpu, gpu.error());
+  auto m = model::load(dir);
+  REQUIRE(m);
+  cpu_backend cpu(std::move(*m));
+  const std::vector<std::int64_t> prompt{3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 4, 6, 26};
+  const step_input gi{(*gpu)->open_sequence(), prompt}, ci{cpu.open_sequence(), prompt};
+  auto got = (*gpu)->step(std::span(&gi, 1));
+  auto want = cpu.step(std::span(&ci, 1));
+  REQUIRE_MESSAGE(got, got.error());
+  REQUIRE(want);
+  REQUIRE(got->size() == want->size());
+  float d = 0;
+  for (std::size_t i = 0; i < got->size(); ++i) d = std::max(d, std::fabs((*got)[i] - (*want)[i]));
+  MESSAGE("cuda_backend vs cpu_backend on the sliding golden: max difference " << d);
+  CHECK(d < 4e-4);
 }

@@ -2,8 +2,8 @@
 // kernels/cuda/*.cu built by the host compiler, their kernels running under the SIMT emulator
 // (simt.hpp), device memory as host memory, and the FP32 GEMM as a plain loop (each output a
 // sum in ascending k, another order than the CPU engine's BLAS, as cuBLASLt's is). With these,
-// kernels/cuda/device_model.cpp — built here as it is for troupe_cuda — runs the forward pass
-// in every test run. What this device cannot show is a real one's: its math library,
+// kernels/cuda/device_model.cpp and cuda_backend.cpp — built here as they are for troupe_cuda —
+// run the forward pass and the backend in every test run. What this device cannot show is a real one's: its math library,
 // scheduling, memory model and cuBLASLt's kernels (bench/gpu_check.sh runs those).
 #include "simt.hpp"  // first: the CUDA spellings, and TROUPE_LAUNCH on the emulator
 
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/moe_permute.cu"
@@ -18,6 +19,16 @@
 #include "kernels/cuda/portable_ops.cu"
 
 namespace troupe::kernels::cuda {
+
+result<device_info> query_device(int ordinal) {
+  if (ordinal != 0) return result<device_info>::failure("no CUDA device: the emulator has one");
+  device_info d;
+  d.name = "emulated device (the SIMT emulator on the CPU)";
+  d.major = 9;
+  d.sms = 1;
+  d.total_bytes = d.free_bytes = std::int64_t{1} << 32;
+  return d;
+}
 
 result<void*> device_alloc(std::size_t bytes) {
   void* p = std::malloc(bytes == 0 ? 1 : bytes);

@@ -1,0 +1,129 @@
+// cuda_backend (kernels/cuda/cuda_backend.hpp) on the emulated device against cpu_backend: the
+// same model_backend calls — steps, tails, KV exported from one and imported into the other,
+// bounded replay — give the same logits to rounding.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/model_init.hpp"
+#include "tests/kernels/scratch.hpp"
+
+using namespace troupe::kernels;
+
+namespace {
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
+  return d;
+}
+
+// Each of `next` as one decode step of `id`, the logits of all of them.
+std::vector<float> decode(model_backend& be, sequence_id id, const std::vector<std::int64_t>& next) {
+  std::vector<float> out;
+  for (const auto t : next) {
+    const std::vector<std::int64_t> one{t};
+    const step_input in{id, one};
+    const std::int64_t rows = 1;
+    auto l = be.step_tail(std::span(&in, 1), std::span(&rows, 1), nullptr);
+    REQUIRE_MESSAGE(l, l.error());
+    out.insert(out.end(), l->begin(), l->end());
+  }
+  return out;
+}
+
+// A sequence of `to` rebuilt from `from`'s serialised Block KV, then State and SWA KV.
+sequence_id move(const model_backend& from, sequence_id id, model_backend& to) {
+  const sequence_id moved = to.open_sequence();
+  auto blocks = from.full_blocks(id);
+  REQUIRE(blocks);
+  for (std::int64_t b = 0; b < *blocks; ++b) {
+    auto bytes = from.export_block(id, b);
+    REQUIRE(bytes);
+    REQUIRE(to.import_block(moved, b, *bytes));
+  }
+  auto state = from.export_state(id);
+  auto swa = from.export_swa(id);
+  REQUIRE(state);
+  REQUIRE(swa);
+  REQUIRE(to.import_state(moved, *state));
+  REQUIRE(to.import_swa(moved, *swa));
+  return moved;
+}
+
+}  // namespace
+
+TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV moves between them") {
+  const auto dir = testing::scratch_root() / "cuda-backend-tiny";
+  REQUIRE(write_random_model(dir, "tiny", 5));
+  std::vector<std::int64_t> identity(256);
+  std::iota(identity.begin(), identity.end(), 0);
+  auto loaded = model::load(dir);
+  REQUIRE(loaded);
+  REQUIRE(loaded->set_engram_token_map(identity));
+  cpu_backend cpu(std::move(*loaded));
+  auto gpu = cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity});
+  REQUIRE_MESSAGE(gpu, gpu.error());
+  auto& dev = **gpu;
+  CHECK_FALSE(dev.has_draft());
+
+  std::vector<std::int64_t> prompt(131), next{5, 77, 200, 13};
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % 256);
+  const sequence_id c = cpu.open_sequence(), g = dev.open_sequence();
+  const step_input ci{c, prompt}, gi{g, prompt};
+  auto want = cpu.step(std::span(&ci, 1));
+  auto got = dev.step(std::span(&gi, 1));
+  REQUIRE(want);
+  REQUIRE_MESSAGE(got, got.error());
+  CHECK(max_diff(*got, *want) < 1e-4);
+  CHECK(*dev.length(g) == 131);
+  CHECK(*dev.full_blocks(g) == *cpu.full_blocks(c));
+  CHECK(*dev.full_blocks(g) == 1);
+
+  // One pass through every case (each SUBCASE would run the prefill again: minutes on the
+  // emulator). Sequences c and g move first; the decode steps then continue them.
+  {  // device to CPU and CPU to device, through the serialised KV
+    const auto reference = decode(cpu, move(cpu, c, cpu), next);
+    const sequence_id to_cpu = move(dev, g, cpu);
+    CHECK(max_diff(decode(cpu, to_cpu, next), reference) == 0);  // the cached rows are rounded
+    const sequence_id to_dev = move(cpu, c, dev);
+    CHECK(*dev.length(to_dev) == 131);
+    CHECK(max_diff(decode(dev, to_dev, next), reference) < 1e-4);
+  }
+  {  // bounded replay of imported blocks
+    auto block = cpu.export_block(c, 0);
+    REQUIRE(block);
+    const sequence_id rc = cpu.open_sequence(), rg = dev.open_sequence();
+    REQUIRE(cpu.import_block(rc, 0, *block));
+    REQUIRE(dev.import_block(rg, 0, *block));
+    auto lc = cpu.replay(rc, prompt);
+    auto lg = dev.replay(rg, prompt);
+    REQUIRE(lc);
+    REQUIRE_MESSAGE(lg, lg.error());
+    CHECK(max_diff(*lg, *lc) == 0);  // both replays run on the CPU engine
+    CHECK(max_diff(decode(dev, rg, next), decode(cpu, rc, next)) < 1e-4);
+  }
+  // Decode steps of the sequences that never moved.
+  CHECK(max_diff(decode(dev, g, next), decode(cpu, c, next)) < 1e-4);
+  {  // what it refuses
+    CHECK(dev.rollback(g, 1).error() ==
+          "cuda backend: rollback is not on the device yet (use device = \"cpu\" for it)");
+    const step_input again{g, next};
+    const std::int64_t rows = 1;
+    std::vector<float> features;
+    CHECK(dev.step_tail(std::span(&again, 1), std::span(&rows, 1), &features).error() ==
+          "cuda backend: DSpark is not on the device yet (use device = \"cpu\" for it)");
+    CHECK(dev.import_block(g, 0, "x").error() ==
+          "backend: sequence 1 already ran tokens; blocks are imported into a fresh one");
+    CHECK(dev.length(999).error() == "backend: no sequence 999");
+    REQUIRE(dev.close_sequence(g));
+    CHECK_FALSE(dev.close_sequence(g));
+  }
+}
