@@ -5,9 +5,12 @@
 // (tests/cuda, bench/gpu_check.sh).
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -109,6 +112,32 @@ inline forward_comparison compare_with_cpu(const kernels::model& m,
     next = {out.greedy_cpu.back()};
   }
   return out;
+}
+
+/// A model without a tokenizer (a golden or a random preset) gets token id mod the compressed
+/// vocabulary as its Engram token map; nothing for a model without Engram layers.
+inline kernels::result<bool> set_identity_engram_map(kernels::model& m) {
+  if (m.text().engram_layer_ids.empty()) return true;
+  std::vector<std::int64_t> map(static_cast<std::size_t>(m.text().vocab_size));
+  std::iota(map.begin(), map.end(), 0);
+  for (auto& id : map) id %= m.text().engram_compressed_vocab_size;
+  return m.set_engram_token_map(map);
+}
+
+/// compare_with_cpu, its figures as a MESSAGE, and the checks: logits within 1e-4 of the
+/// largest, every argmax and every greedy token equal.
+inline void check_against_cpu(const std::string& what, const kernels::model& m,
+                              kernels::cuda::device_model& dev, std::int64_t greedy_steps) {
+  const auto cmp = compare_with_cpu(m, dev, greedy_steps);
+  REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
+  MESSAGE(what << ": max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
+               << " rows (largest logit " << cmp.max_logit << "), greedy "
+               << cmp.greedy_device.size() << " steps");
+  CHECK(cmp.calls == 6);
+  CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
+  CHECK(cmp.argmax_differs == 0);
+  CHECK(cmp.greedy_device.size() == static_cast<std::size_t>(greedy_steps));
+  CHECK(cmp.greedy_device == cmp.greedy_cpu);
 }
 
 }  // namespace troupe::test

@@ -1,6 +1,6 @@
 // The CUDA engine's forward pass (kernels/cuda/device_model.cpp) on the emulated device
 // (emulated_device.cpp): its kernels under the SIMT emulator, its GEMMs a plain loop, against
-// the CPU engine on the golden sliding-window model.
+// the CPU engine on the golden models and the tiny preset, and sequences moved between them.
 #include "simt.hpp"  // the emulator's thread order
 
 #include <doctest/doctest.h>
@@ -8,8 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
-
-#include <numeric>
 
 #include "kernels/cuda/device_model.hpp"
 #include "kernels/kv_blocks.hpp"
@@ -39,15 +37,7 @@ TEST_CASE("emulated device: the forward pass gives the CPU engine's logits and g
     simt::thread_order() = order;
     auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
     REQUIRE_MESSAGE(dev, dev.error());
-    const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 24);
-    REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
-    MESSAGE("max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
-                                  << " rows (largest logit " << cmp.max_logit << ")");
-    CHECK(cmp.calls == 6);
-    CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
-    CHECK(cmp.argmax_differs == 0);
-    CHECK(cmp.greedy_device.size() == 24);
-    CHECK(cmp.greedy_device == cmp.greedy_cpu);
+    troupe::test::check_against_cpu("sliding", *m, *dev, 24);
   }
   simt::thread_order() = simt::order::ascending;
 }
@@ -70,17 +60,8 @@ TEST_CASE("emulated device: the tiny preset (CSA2, Engram, fp8 window rows) agai
         "device_model: the Engram layers need the compressed token map "
         "(model::set_engram_token_map)");
   REQUIRE(dev->close_sequence(*id));
-  std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
-  std::iota(identity.begin(), identity.end(), 0);
-  REQUIRE(m->set_engram_token_map(identity));
-  const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 24);
-  REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
-  MESSAGE("tiny: max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
-                                      << " rows (largest logit " << cmp.max_logit << ")");
-  CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
-  CHECK(cmp.argmax_differs == 0);
-  CHECK(cmp.greedy_device.size() == 24);
-  CHECK(cmp.greedy_device == cmp.greedy_cpu);
+  REQUIRE(troupe::test::set_identity_engram_map(*m));
+  troupe::test::check_against_cpu("tiny", *m, *dev, 24);
 }
 
 TEST_CASE("emulated device: sequences are checked, counted and freed") {
@@ -120,21 +101,10 @@ TEST_CASE("emulated device: CSA2 layers (the compressor, indexer, candidate bloc
     CAPTURE(name);
     auto m = model::load(golden / name);
     REQUIRE_MESSAGE(m, m.error());
-    if (!m->text().engram_layer_ids.empty()) {
-      std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
-      std::iota(identity.begin(), identity.end(), 0);
-      for (auto& id : identity) id %= m->text().engram_compressed_vocab_size;
-      REQUIRE(m->set_engram_token_map(identity));
-    }
+    REQUIRE(troupe::test::set_identity_engram_map(*m));
     auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
     REQUIRE_MESSAGE(dev, dev.error());
-    const auto cmp = troupe::test::compare_with_cpu(*m, *dev, 24);
-    REQUIRE_MESSAGE(cmp.error.empty(), cmp.error);
-    MESSAGE(name << ": max |device - CPU| " << cmp.max_abs << " over " << cmp.rows
-                 << " rows (largest logit " << cmp.max_logit << ")");
-    CHECK(cmp.max_abs <= 1e-4 * std::max(1.0, cmp.max_logit));
-    CHECK(cmp.argmax_differs == 0);
-    CHECK(cmp.greedy_device == cmp.greedy_cpu);
+    troupe::test::check_against_cpu(name, *m, *dev, 24);
   }
 }
 
@@ -160,9 +130,7 @@ TEST_CASE("emulated device: a sequence moves between the device and the CPU in t
   REQUIRE(write_random_model(dir, "tiny", 5));
   auto m = model::load(dir);
   REQUIRE(m);
-  std::vector<std::int64_t> identity(static_cast<std::size_t>(m->text().vocab_size));
-  std::iota(identity.begin(), identity.end(), 0);
-  REQUIRE(m->set_engram_token_map(identity));
+  REQUIRE(troupe::test::set_identity_engram_map(*m));
   auto dev = cuda::device_model::upload(*m, {.max_sequences = 4});
   REQUIRE(dev);
   const std::int64_t V = m->text().vocab_size;
