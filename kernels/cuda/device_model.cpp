@@ -50,7 +50,7 @@ struct device_layer {
 // A sequence's place in the rings and how far it has run.
 struct sequence_state {
   i64 slot = 0;
-  i64 length = 0;      // tokens run = the ring's end
+  i64 length = 0;                  // tokens run = the ring's end
   std::vector<i64> engram_recent;  // its last compressed ids (engram_remember)
   // Per layer: no window row before ring_first (a cache imported after a bounded replay or an
   // encoder–decoder prefill), compressed groups held, the unfinished group's rows.
@@ -97,9 +97,8 @@ struct device_model::state {
   const model* model_ = nullptr;      // the CPU model uploaded: new caches for export
   const model::weights* W = nullptr;  // its weights: the Engram tables and token map
   text_config c;
-  std::int64_t max_sequences = 0, capacity = 0;
+  std::int64_t max_sequences = 0, max_context = 0, capacity = 0;  // capacity: a ring's rows
   lt_gemm gemm;
-  std::int64_t max_context = 0;
   buffer embed, norm, lm_head;
   // RoPE of the window layers (rope_main) and of the compressed layers and the indexer
   // (rope_compress).
