@@ -64,7 +64,9 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
   in.topo = *loaded.value;
   if (in.topo.cluster.hardware != "cpu")
     return fail(o.topology + ": hardware '" + in.topo.cluster.hardware
-                + "' needs the CUDA backend, which is not built yet; " + command
+                + "' needs a CUDA device port, which is not built yet (the CUDA backend "
+                  "exists, never run on a GPU, but no device actor runs it: docs/cuda.md); "
+                + command
                 + " runs the CPU backend (hardware = \"cpu\"; "
                   "examples/topologies/local-cpu.toml)");
   if (auto why = check_real_topology(in.topo); !why.empty())
