@@ -8,7 +8,7 @@
 #      unique-id message, the MoE layer at EP 2 on one GPU equal to EP 1 through NCCL,
 #      cuda_backend stepping as cpu_backend, the forward pass of kernels/cuda/device_model.hpp against the
 #      CPU engine on the golden models (sliding, mixed, qat, ratio4: window, CSA2 and Engram
-#      layers) and the tiny preset: logits and 64 greedy tokens),
+#      layers) and the tiny preset: logits and 64 greedy tokens; batch-invariant mode),
 #   3. runs the throughput benchmark (bench_cuda_kernels) and prints its table.
 # Fails loudly (exit 1) without a GPU. Budget: under 8 minutes on one H200 (each step has its
 # own timeout). Usage: bench/gpu_check.sh [build dir, default build-gpu]

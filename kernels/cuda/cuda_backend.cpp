@@ -32,7 +32,9 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(const std::filesystem::
       return r::failure(ok.error());
   std::unique_ptr<cuda_backend> b(new cuda_backend(std::move(*m)));
   auto device = device_model::upload(
-      b->model_, {.max_sequences = options.max_sequences, .max_context = options.max_context});
+      b->model_, {.max_sequences = options.max_sequences,
+                  .max_context = options.max_context,
+                  .batch_invariant = options.batch_invariant});
   if (!device) return r::failure(dev->name + ": " + device.error());
   b->device_ = std::make_unique<device_model>(std::move(*device));
   return b;

@@ -35,6 +35,8 @@ struct cuda_backend_options {
   /// Engram's token map (model::set_engram_token_map) for a model with Engram layers; empty:
   /// none (such a model then refuses to step).
   std::vector<std::int64_t> engram_token_map;
+  /// Batch-invariant projections (device_model_options::batch_invariant).
+  bool batch_invariant = false;
 };
 
 class cuda_backend final : public model_backend {

@@ -98,6 +98,7 @@ struct device_model::state {
   const model::weights* W = nullptr;  // its weights: the Engram tables and token map
   text_config c;
   std::int64_t max_sequences = 0, max_context = 0, capacity = 0;  // capacity: a ring's rows
+  bool batch_invariant = false;
   lt_gemm gemm;
   buffer embed, norm, lm_head;
   // RoPE of the window layers (rope_main) and of the compressed layers and the indexer
@@ -118,7 +119,10 @@ struct device_model::state {
   // y[m, n] (stride ldy) = x[m, k] (stride ldx) · w[n, k]ᵀ.
   result<bool> project(const float* x, i64 m, i64 k, const float* w, i64 n, float* y,
                        i64 ldx = 0, i64 ldy = 0) {
-    return gemm.run_f32(x, ldx == 0 ? k : ldx, w, k, y, ldy == 0 ? n : ldy, m, n, k);
+    if (ldx == 0) ldx = k;
+    if (ldy == 0) ldy = n;
+    if (batch_invariant) return project_rows(x, ldx, w, k, y, ldy, m, n, k);
+    return gemm.run_f32(x, ldx, w, k, y, ldy, m, n, k);
   }
 
   result<bool> mixes(const buffer& streams, i64 T, const buffer& fn, const buffer& scale,
@@ -165,6 +169,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   s->c = c;
   s->max_sequences = options.max_sequences;
   s->max_context = options.max_context;
+  s->batch_invariant = options.batch_invariant;
   s->capacity = capacity;
   s->slot_used.assign(sz(options.max_sequences), false);
   auto placement = place_experts(static_cast<std::int32_t>(c.n_routed_experts), 1);

@@ -41,6 +41,11 @@ struct device_model_options {
   /// Tokens a sequence may hold: each KV source's compressed KV (and indexer keys) is
   /// allocated for this many rows per sequence up front.
   std::int64_t max_context = 4096;
+  /// Batch-invariant mode: every projection runs project_rows (a fixed summation order per
+  /// output) instead of cuBLASLt, whose algorithm depends on the row count; a sequence's logits
+  /// are then bitwise the same whatever shares its batch and however its prefill is chunked.
+  /// Far slower.
+  bool batch_invariant = false;
 };
 
 class device_model {

@@ -163,4 +163,10 @@ result<bool> block_max(const float* scores, std::int64_t rows, std::int64_t n, s
                      stream);
 }
 
+result<bool> project_rows(const float* x, std::int64_t ldx, const float* w, std::int64_t ldw,
+                          float* y, std::int64_t ldy, std::int64_t m, std::int64_t n,
+                          std::int64_t k, void* stream) {
+  return launch_each("project_rows", m * n, project_fn{x, ldx, w, ldw, y, ldy, n, k}, stream);
+}
+
 }  // namespace troupe::kernels::cuda

@@ -46,3 +46,13 @@ TEST_CASE("device: the tiny preset (CSA2, Engram, fp8 window rows) against the C
   check(dir, "tiny");
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("device: batch-invariant mode gives a sequence the same bits in any batch") {
+  auto m = model::load(std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/mixed");
+  REQUIRE(m);
+  REQUIRE(troupe::test::set_identity_engram_map(*m));
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 3, .batch_invariant = true});
+  REQUIRE_MESSAGE(dev, dev.error());
+  const auto runs = troupe::test::alone_and_batched(*m, *dev);
+  CHECK(runs.batched == runs.alone);
+}

@@ -140,4 +140,46 @@ inline void check_against_cpu(const std::string& what, const kernels::model& m,
   CHECK(cmp.greedy_device == cmp.greedy_cpu);
 }
 
+/// One sequence's logit rows (its 20-token prompt's last, then three decode steps') run alone,
+/// and again as prompt chunks of 7 and 13 beside another sequence's prefill and decode steps:
+/// what batch-invariant mode must keep bitwise equal.
+struct two_runs {
+  std::vector<std::vector<float>> alone, batched;
+};
+inline two_runs alone_and_batched(const kernels::model& m, kernels::cuda::device_model& dev) {
+  using namespace troupe::kernels;
+  const std::int64_t V = m.text().vocab_size;
+  std::vector<std::int64_t> prompt(20), other(9);
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<std::int64_t>((i * 7 + 3) % static_cast<std::size_t>(V));
+  for (std::size_t i = 0; i < other.size(); ++i)
+    other[i] = static_cast<std::int64_t>((i * 5 + 1) % static_cast<std::size_t>(V));
+  const std::vector<std::int64_t> steps{9, 41, 17};
+  auto row = [&](const std::vector<float>& logits, std::int64_t r) {
+    return std::vector<float>(logits.begin() + r * V, logits.begin() + (r + 1) * V);
+  };
+  auto run = [&](std::vector<step_input> call) {
+    auto l = dev.forward(call);
+    REQUIRE_MESSAGE(l, l.error());
+    return std::move(*l);
+  };
+  two_runs out;
+  auto a = dev.open_sequence();
+  REQUIRE(a);
+  out.alone.push_back(row(run({{*a, prompt}}), 19));
+  for (const auto t : steps) out.alone.push_back(run({{*a, std::span(&t, 1)}}));
+  REQUIRE(dev.close_sequence(*a));
+  a = dev.open_sequence();
+  auto b = dev.open_sequence();
+  REQUIRE(a);
+  REQUIRE(b);
+  run({{*b, other}, {*a, std::span(prompt).first(7)}});
+  out.batched.push_back(row(run({{*a, std::span(prompt).subspan(7)}, {*b, std::span(other).first(1)}}), 12));
+  for (const auto t : steps)
+    out.batched.push_back(row(run({{*b, std::span(&t, 1)}, {*a, std::span(&t, 1)}}), 1));
+  REQUIRE(dev.close_sequence(*a));
+  REQUIRE(dev.close_sequence(*b));
+  return out;
+}
+
 }  // namespace troupe::test

@@ -1,10 +1,11 @@
 // The device the CPU tests run the CUDA engine's host code on: the launch wrappers of
 // kernels/cuda/*.cu built by the host compiler, their kernels running under the SIMT emulator
-// (simt.hpp), device memory as host memory, and the FP32 GEMM as a plain loop (each output a
-// sum in ascending k, another order than the CPU engine's BLAS, as cuBLASLt's is). With these,
-// kernels/cuda/device_model.cpp and cuda_backend.cpp — built here as they are for troupe_cuda —
-// run the forward pass and the backend in every test run. What this device cannot show is a real one's: its math library,
-// scheduling, memory model and cuBLASLt's kernels (bench/gpu_check.sh runs those).
+// (simt.hpp), device memory as host memory, and the FP32 GEMM as a plain loop (another order
+// than the CPU engine's BLAS, and one that depends on the row count, as cuBLASLt's does).
+// With these, kernels/cuda/device_model.cpp and cuda_backend.cpp — built here as they are for
+// troupe_cuda — run the forward pass and the backend in every test run. What this device
+// cannot show is a real one's: its math library, scheduling, memory model and cuBLASLt's
+// kernels (bench/gpu_check.sh runs those).
 #include "simt.hpp"  // first: the CUDA spellings, and TROUPE_LAUNCH on the emulator
 
 #include <cstdlib>
@@ -67,13 +68,22 @@ lt_gemm::~lt_gemm() = default;
 
 result<lt_gemm> lt_gemm::create(std::int64_t) { return lt_gemm(std::make_unique<state>()); }
 
+// Like cuBLASLt, whose algorithm (and so summation order) depends on the shape, the sum over k
+// runs in slices whose length depends on m (4, 8 or 16), the slices' partial sums added after:
+// a row's bits depend on how many rows share the call, which batch-invariant mode must avoid.
 result<bool> lt_gemm::run_f32(const float* x, std::int64_t ldx, const float* w, std::int64_t ldw,
                               float* y, std::int64_t ldy, std::int64_t m, std::int64_t n,
                               std::int64_t k, void*) {
+  const std::int64_t slice = std::int64_t{4} << (m % 3);
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
       float acc = 0.0f;
-      for (std::int64_t p = 0; p < k; ++p) acc += x[i * ldx + p] * w[j * ldw + p];
+      for (std::int64_t p0 = 0; p0 < k; p0 += slice) {
+        float part = 0.0f;
+        for (std::int64_t p = p0; p < k && p < p0 + slice; ++p)
+          part += x[i * ldx + p] * w[j * ldw + p];
+        acc += part;
+      }
       y[i * ldy + j] = acc;
     }
   return true;
