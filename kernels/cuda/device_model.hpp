@@ -9,12 +9,11 @@
 // entries) and Engram (table rows read on the host: the tables stay in the mapped checkpoint, as
 // they must at full scale), with mHC and the MoE; a sequence's cache moves to and from the CPU
 // engine's form (export_sequence / import_sequence), so the KV block formats, bounded replay
-// and the encoder–decoder prefill reach the device through the CPU engine. Not yet: the DSpark
-// draft layers, rollback. Weights are the CPU
-// engine's fp32 copies (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so
-// memory is 4 bytes per parameter, and each sequence's compressed KV is allocated for
-// max_context tokens up front: a check of the layer loop on small models, not a way to fit
-// V4.1-Flash on a GPU. The routed experts run one GEMM per expert on the rows the host's
+// and the encoder–decoder prefill reach the device through the CPU engine; batch-invariant
+// mode. Not yet: the DSpark draft layers, rollback. Weights are the CPU engine's fp32 copies
+// (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so memory is 4 bytes per
+// parameter, and each sequence's compressed KV is allocated for max_context tokens up front:
+// a check of the layer loop on small models, not a way to fit V4.1-Flash on a GPU. The routed experts run one GEMM per expert on the rows the host's
 // dispatch plan groups for it (kernels/ep_dispatch.hpp, one rank), which needs the router's
 // choices on the host once per layer; the indexer runs per sequence.
 //
