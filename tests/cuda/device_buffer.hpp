@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
 namespace troupe::test {
@@ -37,12 +36,5 @@ class device_buffer {
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
-
-inline std::vector<float> uniform(std::size_t n, std::uint32_t seed, float lo = -1, float hi = 1) {
-  std::mt19937 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + (hi - lo) * static_cast<float>(static_cast<double>(g()) / 4294967296.0);
-  return v;
-}
 
 }  // namespace troupe::test

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "device_buffer.hpp"
+#include "tests/cuda_host/kernel_test_support.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/gemm.hpp"
@@ -21,7 +22,7 @@
 
 using namespace troupe::kernels;
 using troupe::test::device_buffer;
-using troupe::test::uniform;
+using troupe::test::random_values;
 
 namespace {
 
@@ -147,7 +148,7 @@ TEST_CASE("a one-rank NCCL communicator formed through the unique-id message mov
   auto comm = one_rank_communicator();
   CHECK(comm.size() == 1);
   CHECK(comm.rank() == 0);
-  const auto x = uniform(static_cast<std::size_t>(10 * W), 3);
+  const auto x = random_values(static_cast<std::size_t>(10 * W), 3);
   device_buffer<float> send(x), recv(x.size());
   const std::vector<std::int32_t> counts{10}, offsets{0};
   auto moved = comm.all_to_all(send.get(), counts, offsets, recv.get(), counts, offsets, W, nullptr);
@@ -159,9 +160,9 @@ TEST_CASE("the MoE layer at EP 2 on one GPU equals EP 1 through NCCL bit for bit
   std::vector<std::int32_t> ids;
   for (std::int32_t t = 0; t < T; ++t)
     for (std::int32_t j = 0; j < K; ++j) ids.push_back((t * 5 + j * 3 + t / 7) % E);
-  auto x = uniform(static_cast<std::size_t>(T * W), 31);
-  const auto w = uniform(static_cast<std::size_t>(T * K), 32, 0, 1);
-  const auto experts = uniform(static_cast<std::size_t>(E * W * W), 33, -0.06f, 0.06f);
+  auto x = random_values(static_cast<std::size_t>(T * W), 31);
+  const auto w = random_values(static_cast<std::size_t>(T * K), 32, 0, 1);
+  const auto experts = random_values(static_cast<std::size_t>(E * W * W), 33, -0.06f, 0.06f);
   std::vector<std::uint16_t> experts_bf16(experts.size());
   for (std::size_t i = 0; i < experts.size(); ++i) experts_bf16[i] = cuda::to_bf16(experts[i]);
 

@@ -22,7 +22,7 @@ using troupe::test::device_buffer;
 using troupe::test::max_abs_diff;
 using troupe::test::released_rope;
 using troupe::test::window_args;
-using troupe::test::uniform;
+using troupe::test::random_values;
 
 namespace {
 // The largest |a − b| / max(|b|, floor) over the elements.
@@ -36,8 +36,8 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, do
 
 TEST_CASE("RMSNorm on the device matches the CPU's within 1e-5 relative") {
   const std::int64_t rows = 7, n = 5120;
-  auto x = uniform(static_cast<std::size_t>(rows * n), 1, -3, 3);
-  const auto w = uniform(static_cast<std::size_t>(n), 2, 0.5f, 1.5f);
+  auto x = random_values(static_cast<std::size_t>(rows * n), 1, -3, 3);
+  const auto w = random_values(static_cast<std::size_t>(n), 2, 0.5f, 1.5f);
   device_buffer<float> dx(x), dw(w);
   REQUIRE(cuda::rms_norm(dx.get(), rows, n, dw.get(), 1e-6f).ok());
   const auto got = dx.download();
@@ -59,7 +59,7 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
     swa_ring ring(hd, cap);
     ring.reset(starts[static_cast<std::size_t>(b)]);
     for (std::int64_t p = starts[static_cast<std::size_t>(b)]; p <= positions[static_cast<std::size_t>(b)]; ++p) {
-      auto row = uniform(static_cast<std::size_t>(hd), static_cast<std::uint32_t>(1000 * b + p));
+      auto row = random_values(static_cast<std::size_t>(hd), static_cast<std::uint32_t>(1000 * b + p));
       ring.push(row.data());
     }
     begin[static_cast<std::size_t>(b)] = ring.begin();
@@ -67,12 +67,12 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
       std::copy_n(ring.at(p), hd, rings.data() + (b * cap + p % cap) * hd);
     cpu.push_back(std::move(ring));
   }
-  const auto q = uniform(static_cast<std::size_t>(B * H * hd), 7, -0.2f, 0.2f);
-  const auto sinks = uniform(static_cast<std::size_t>(H), 8);
+  const auto q = random_values(static_cast<std::size_t>(B * H * hd), 7, -0.2f, 0.2f);
+  const auto sinks = random_values(static_cast<std::size_t>(H), 8);
 
   // The compressed KV of a CSA2 layer and each sequence's selected rows of it.
   const std::int64_t n_comp = 200, max_sel = 64;
-  const auto compressed = uniform(static_cast<std::size_t>(n_comp * hd), 9);
+  const auto compressed = random_values(static_cast<std::size_t>(n_comp * hd), 9);
   const std::vector<std::int64_t> n_sel{0, 5, 64};
   std::vector<std::int64_t> selected(static_cast<std::size_t>(B * max_sel), 0);
   for (std::int64_t b = 0; b < B; ++b)
@@ -119,31 +119,16 @@ TEST_CASE("decode attention over the window (and CSA2's selected entries) matche
 }
 
 TEST_CASE("the device gather and combine equal the host plan's bit for bit") {
-  const std::int32_t T = 33, k = 6, E = 384;
-  const std::int64_t W = 1024;
-  auto p = place_experts(E, 8);
-  REQUIRE(p.ok());
-  std::vector<std::int32_t> ids;
-  for (std::int32_t t = 0; t < T; ++t)
-    for (std::int32_t j = 0; j < k; ++j) ids.push_back((t * 37 + j * 61) % E);
-  auto plan = plan_dispatch(*p, ids, k);
-  REQUIRE(plan.ok());
-  const auto x = uniform(static_cast<std::size_t>(T * W), 11);
-  const auto w = uniform(static_cast<std::size_t>(T * k), 12, 0, 1);
-  const std::int64_t rows = static_cast<std::int64_t>(plan->send_copy.size());
-  std::vector<float> gathered(static_cast<std::size_t>(rows * W));
-  gather_rows(*plan, x.data(), W, gathered.data());
-  const auto returned = uniform(gathered.size(), 13);  // stands in for the experts' outputs
-  std::vector<float> combined(static_cast<std::size_t>(T * W));
-  combine_rows(*plan, returned.data(), w, W, combined.data());
-
-  device_buffer<float> dx(x), dw(w), dret(returned), dg(gathered.size()), dy(combined.size());
-  device_buffer<std::int32_t> dsend(plan->send_copy), drow(plan->copy_row);
-  REQUIRE(cuda::moe_gather_rows(dx.get(), dsend.get(), rows, k, W, dg.get()).ok());
-  REQUIRE(cuda::moe_combine_rows(dret.get(), drow.get(), dw.get(), T, k, W, dy.get()).ok());
+  const auto c = troupe::test::make_moe_case(33, 6, 384, 8, 61, 1024, 11);
+  device_buffer<float> dx(c.x), dw(c.weights), dret(c.returned), dg(c.gathered.size()),
+      dy(c.combined.size());
+  device_buffer<std::int32_t> dsend(c.plan.send_copy), drow(c.plan.copy_row);
+  REQUIRE(cuda::moe_gather_rows(dx.get(), dsend.get(), c.rows, c.k, c.width, dg.get()).ok());
+  REQUIRE(cuda::moe_combine_rows(dret.get(), drow.get(), dw.get(), c.T, c.k, c.width, dy.get())
+              .ok());
   const auto g = dg.download(), y = dy.download();
-  CHECK(std::memcmp(g.data(), gathered.data(), g.size() * 4) == 0);
-  CHECK(std::memcmp(y.data(), combined.data(), y.size() * 4) == 0);
+  CHECK(std::memcmp(g.data(), c.gathered.data(), g.size() * 4) == 0);
+  CHECK(std::memcmp(y.data(), c.combined.data(), y.size() * 4) == 0);
 }
 
 TEST_CASE("the cuBLASLt BF16 GEMM matches an fp32 GEMM of the same BF16 values within 1e-4 relative") {
@@ -152,8 +137,8 @@ TEST_CASE("the cuBLASLt BF16 GEMM matches an fp32 GEMM of the same BF16 values w
                                  std::array<std::int64_t, 4>{64, 512, 256, 4}}) {
     CAPTURE(m);
     CAPTURE(n);
-    auto x = uniform(static_cast<std::size_t>(batch * m * kk), 21);
-    auto w = uniform(static_cast<std::size_t>(batch * n * kk), 22, -0.05f, 0.05f);
+    auto x = random_values(static_cast<std::size_t>(batch * m * kk), 21);
+    auto w = random_values(static_cast<std::size_t>(batch * n * kk), 22, -0.05f, 0.05f);
     std::vector<std::uint16_t> xb(x.size()), wb(w.size());
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = cuda::from_bf16(xb[i] = cuda::to_bf16(x[i]));
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = cuda::from_bf16(wb[i] = cuda::to_bf16(w[i]));
@@ -178,11 +163,11 @@ TEST_CASE("the cuBLASLt BF16 GEMM matches an fp32 GEMM of the same BF16 values w
 // is bitwise the CPU's; what does differs by the device's expf (2 ulp) as it propagates.
 TEST_CASE("mHC collapse and expand on the device equal the CPU's bit for bit") {
   const std::int64_t T = 5, hc = 4, D = 4096;
-  const auto streams = uniform(static_cast<std::size_t>(T * hc * D), 31, -4, 4);
-  const auto pre = uniform(static_cast<std::size_t>(T * hc), 32, 0, 1);
-  const auto post = uniform(static_cast<std::size_t>(T * hc), 33, 0, 2);
-  const auto comb = uniform(static_cast<std::size_t>(T * hc * hc), 34, 0, 1);
-  const auto x = uniform(static_cast<std::size_t>(T * D), 35, -4, 4);
+  const auto streams = random_values(static_cast<std::size_t>(T * hc * D), 31, -4, 4);
+  const auto pre = random_values(static_cast<std::size_t>(T * hc), 32, 0, 1);
+  const auto post = random_values(static_cast<std::size_t>(T * hc), 33, 0, 2);
+  const auto comb = random_values(static_cast<std::size_t>(T * hc * hc), 34, 0, 1);
+  const auto x = random_values(static_cast<std::size_t>(T * D), 35, -4, 4);
   std::vector<float> collapsed(static_cast<std::size_t>(T * D)), expanded(streams.size());
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t d = 0; d < D; ++d) {
@@ -204,9 +189,9 @@ TEST_CASE("mHC collapse and expand on the device equal the CPU's bit for bit") {
 TEST_CASE("the device's mHC mixes match the CPU's within 1e-5") {
   const std::int64_t T = 64, hc = 4, mix = (2 + hc) * hc, iters = 20;
   const float hc_eps = 1e-6f;
-  const auto mixes = uniform(static_cast<std::size_t>(T * mix), 41, -3, 3);
-  const auto scale = uniform(3, 42, 0.5f, 2);
-  const auto base = uniform(static_cast<std::size_t>(mix), 43, -1, 1);
+  const auto mixes = random_values(static_cast<std::size_t>(T * mix), 41, -3, 3);
+  const auto scale = random_values(3, 42, 0.5f, 2);
+  const auto base = random_values(static_cast<std::size_t>(mix), 43, -1, 1);
   std::vector<float> pre(static_cast<std::size_t>(T * hc)), post(pre.size()),
       comb(static_cast<std::size_t>(T * hc * hc));
   for (std::int64_t t = 0; t < T; ++t)
@@ -226,9 +211,9 @@ TEST_CASE("the device's mHC mixes match the CPU's within 1e-5") {
 TEST_CASE("Engram's gated add on the device matches the CPU's within 1e-5 (relative above 1)") {
   const std::int64_t T = 3, hc = 4, D = 4096;
   const float eps = 1e-6f;
-  auto streams = uniform(static_cast<std::size_t>(T * hc * D), 51, -2, 2);
-  const auto kv = uniform(static_cast<std::size_t>(T * (hc + 1) * D), 52, -2, 2);
-  const auto weight = uniform(static_cast<std::size_t>(hc * D), 53, 0, 2);
+  auto streams = random_values(static_cast<std::size_t>(T * hc * D), 51, -2, 2);
+  const auto kv = random_values(static_cast<std::size_t>(T * (hc + 1) * D), 52, -2, 2);
+  const auto weight = random_values(static_cast<std::size_t>(hc * D), 53, 0, 2);
   device_buffer<float> ds(streams), dkv(kv), dw(weight);
   REQUIRE(cuda::engram_gate_add(ds.get(), dkv.get(), dw.get(), T, hc, D, eps).ok());
   for (std::int64_t t = 0; t < T; ++t)
@@ -244,9 +229,9 @@ TEST_CASE("Engram's gated add on the device matches the CPU's within 1e-5 (relat
 TEST_CASE("the device's clamped SwiGLU matches the CPU's within 1e-6 relative, row scales or not") {
   const std::int64_t rows = 7, width = 2048;
   const float limit = 10.0f;
-  const auto g0 = uniform(static_cast<std::size_t>(rows * width), 61, -15, 15);
-  const auto u = uniform(g0.size(), 62, -15, 15);
-  const auto row_scale = uniform(static_cast<std::size_t>(rows), 63, 0, 1);
+  const auto g0 = random_values(static_cast<std::size_t>(rows * width), 61, -15, 15);
+  const auto u = random_values(g0.size(), 62, -15, 15);
+  const auto row_scale = random_values(static_cast<std::size_t>(rows), 63, 0, 1);
   for (const bool scaled : {false, true}) {
     CAPTURE(scaled);
     auto want = g0;
@@ -267,7 +252,7 @@ TEST_CASE("the device's clamped SwiGLU matches the CPU's within 1e-6 relative, r
 TEST_CASE("the device's fp8 and fp4 cache quantisers equal the CPU's bit for bit") {
   // Blocks of every scale: values from 1e-6 (below the fp8 scale's 1e-4 floor) to 1e3.
   const std::int64_t n = 64 * 512;
-  auto x = uniform(static_cast<std::size_t>(n), 71, -1, 1);
+  auto x = random_values(static_cast<std::size_t>(n), 71, -1, 1);
   for (std::int64_t i = 0; i < n; ++i)
     x[static_cast<std::size_t>(i)] *= std::pow(10.0f, static_cast<float>((i / 32) % 10) - 6.0f);
   struct form {
@@ -300,7 +285,7 @@ TEST_CASE("RoPE on the device matches the CPU's apply_rope within 1e-6 of the ro
   const std::int64_t T = 6, H = 4, hd = 512;
   const rope_table rope = released_rope();
   const std::vector<std::int64_t> positions{0, 1, 127, 4096, 65535, 100000};
-  const auto x = uniform(static_cast<std::size_t>(T * H * hd), 81, -3, 3);
+  const auto x = random_values(static_cast<std::size_t>(T * H * hd), 81, -3, 3);
   for (const bool inverse : {false, true}) {
     CAPTURE(inverse);
     auto want = x;
@@ -319,9 +304,9 @@ TEST_CASE("the device's MoE router picks the CPU's experts, weights within 1e-6 
   // The released router's shape (384 experts, top 6, sqrtsoftplus, normalised, scaled 2.5) and
   // the other two scoring functions; a bias that moves choices, and tied logits.
   const std::int64_t T = 40, n = 384, k = 6;
-  auto logits = uniform(static_cast<std::size_t>(T * n), 91, -4, 4);
+  auto logits = random_values(static_cast<std::size_t>(T * n), 91, -4, 4);
   for (std::int64_t e = 0; e < 8; ++e) logits[static_cast<std::size_t>(e)] = 1.5f;  // a tie
-  const auto bias = uniform(static_cast<std::size_t>(n), 92, -0.05f, 0.05f);
+  const auto bias = random_values(static_cast<std::size_t>(n), 92, -0.05f, 0.05f);
   for (const char* func : {"sqrtsoftplus", "sigmoid", "softmax"}) {
     CAPTURE(func);
     text_config c;
@@ -355,8 +340,8 @@ TEST_CASE("the device's MoE router picks the CPU's experts, weights within 1e-6 
 
 TEST_CASE("the CSA2 compressor's pooling (within 4e-6) and indexer scores (bitwise) on the device") {
   const std::int64_t groups = 9, r = 4, hd = 512;
-  const auto kv = uniform(static_cast<std::size_t>(groups * r * hd), 101, -2, 2);
-  const auto gate = uniform(kv.size(), 102, -6, 6);
+  const auto kv = random_values(static_cast<std::size_t>(groups * r * hd), 101, -2, 2);
+  const auto gate = random_values(kv.size(), 102, -6, 6);
   std::vector<float> pooled(static_cast<std::size_t>(groups * hd));
   for (std::int64_t g = 0; g < groups; ++g)
     for (std::int64_t d = 0; d < hd; ++d)
@@ -368,8 +353,8 @@ TEST_CASE("the CSA2 compressor's pooling (within 4e-6) and indexer scores (bitwi
 
   // The released indexer: 64 heads, scores over 1,000 entries for 5 queries.
   const std::int64_t Q = 5, nh = 64, n = 1000;
-  const auto dots = uniform(static_cast<std::size_t>(Q * nh * n), 103, -3, 3);
-  const auto w = uniform(static_cast<std::size_t>(Q * nh), 104, -1, 1);
+  const auto dots = random_values(static_cast<std::size_t>(Q * nh * n), 103, -3, 3);
+  const auto w = random_values(static_cast<std::size_t>(Q * nh), 104, -1, 1);
   const float sm_scale = 1.0f / std::sqrt(128.0f), heads_scale = 1.0f / std::sqrt(64.0f);
   std::vector<float> scores(static_cast<std::size_t>(Q * n));
   for (std::int64_t q = 0; q < Q; ++q)
@@ -426,17 +411,17 @@ TEST_CASE("prefill attention: a chunk's queries over their ring and the chunk ma
   for (std::int64_t s = 0; s < 2; ++s) {
     swa_ring ring(hd, cap);
     for (std::int64_t p = 0; p < start[static_cast<std::size_t>(s)]; ++p)
-      ring.push(uniform(static_cast<std::size_t>(hd), static_cast<std::uint32_t>(5000 + p)).data());
+      ring.push(random_values(static_cast<std::size_t>(hd), static_cast<std::uint32_t>(5000 + p)).data());
     begin.push_back(ring.begin());
     for (std::int64_t p = ring.begin(); p < ring.end(); ++p)
       std::copy_n(ring.at(p), hd, rings.data() + (s * cap + p % cap) * hd);
     cpu.push_back(std::move(ring));
   }
   const std::int64_t Q = 65, max_sel = 8, n_comp = 50;
-  const auto chunk = uniform(static_cast<std::size_t>(Q * hd), 121);
-  const auto compressed = uniform(static_cast<std::size_t>(n_comp * hd), 122);
-  const auto q = uniform(static_cast<std::size_t>(Q * H * hd), 123, -0.2f, 0.2f);
-  const auto sinks = uniform(static_cast<std::size_t>(H), 124);
+  const auto chunk = random_values(static_cast<std::size_t>(Q * hd), 121);
+  const auto compressed = random_values(static_cast<std::size_t>(n_comp * hd), 122);
+  const auto q = random_values(static_cast<std::size_t>(Q * H * hd), 123, -0.2f, 0.2f);
+  const auto sinks = random_values(static_cast<std::size_t>(H), 124);
   std::vector<std::int64_t> positions, sequence, chunk_start, chunk_row, n_sel,
       selected(static_cast<std::size_t>(Q * max_sel), 0);
   for (std::int64_t s = 0, row = 0; s < 2; ++s)

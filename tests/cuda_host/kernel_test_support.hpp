@@ -1,6 +1,6 @@
 // What the tests of the CUDA kernels share (tests/cuda_host/ under the SIMT emulator, tests/cuda/
 // on a device): random inputs, the released RoPE, the CPU model's attention for one query head
-// written out, and the attention kernel's common arguments.
+// written out, the attention kernel's common arguments, and an MoE dispatch case.
 #pragma once
 
 #include <algorithm>
@@ -9,8 +9,11 @@
 #include <random>
 #include <vector>
 
+#include <doctest/doctest.h>
+
 #include "kernels/cpu_ops.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "kernels/ep_dispatch.hpp"
 #include "kernels/kv_cache.hpp"
 
 namespace troupe::test {
@@ -23,6 +26,40 @@ inline std::vector<float> random_values(std::size_t n, std::uint32_t seed, float
   std::vector<float> v(n);
   for (auto& x : v) x = u(g);
   return v;
+}
+
+/// T tokens' top-k copies of E experts over `ranks` ranks (token t's slot j routed to expert
+/// (t · 37 + j · stride) mod E) and rows of `width`: the plan, the inputs, and what the host
+/// reference's gather and combine give.
+struct moe_case {
+  std::int32_t T = 0, k = 0;
+  std::int64_t width = 0, rows = 0;
+  kernels::dispatch_plan plan;
+  std::vector<float> x, weights, returned, gathered, combined;
+};
+inline moe_case make_moe_case(std::int32_t T, std::int32_t k, std::int32_t E, std::int32_t ranks,
+                              std::int32_t stride, std::int64_t width, std::uint32_t seed) {
+  moe_case c;
+  c.T = T;
+  c.k = k;
+  c.width = width;
+  auto placement = kernels::place_experts(E, ranks);
+  REQUIRE(placement.ok());
+  std::vector<std::int32_t> ids;
+  for (std::int32_t t = 0; t < T; ++t)
+    for (std::int32_t j = 0; j < k; ++j) ids.push_back((t * 37 + j * stride) % E);
+  auto plan = kernels::plan_dispatch(*placement, ids, k);
+  REQUIRE(plan.ok());
+  c.plan = std::move(*plan);
+  c.x = random_values(static_cast<std::size_t>(T * width), seed);
+  c.weights = random_values(static_cast<std::size_t>(T * k), seed + 1, 0, 1);
+  c.rows = static_cast<std::int64_t>(c.plan.send_copy.size());
+  c.gathered.resize(static_cast<std::size_t>(c.rows * width));
+  kernels::gather_rows(c.plan, c.x.data(), width, c.gathered.data());
+  c.returned = random_values(c.gathered.size(), seed + 2);  // stands in for the experts' outputs
+  c.combined.resize(static_cast<std::size_t>(T * width));
+  kernels::combine_rows(c.plan, c.returned.data(), c.weights, width, c.combined.data());
+  return c;
 }
 
 /// The largest |a − b| over the elements.

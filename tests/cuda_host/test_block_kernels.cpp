@@ -144,31 +144,16 @@ TEST_CASE("emulated: Engram's gated add kernel equals the CPU's bit for bit") {
 }
 
 TEST_CASE("emulated: the MoE gather and combine kernels equal the host plan's bit for bit") {
-  const std::int32_t T = 9, k = 6, E = 64;
-  const std::int64_t W = 300;
-  auto placement = place_experts(E, 4);
-  REQUIRE(placement.ok());
-  std::vector<std::int32_t> ids;
-  for (std::int32_t t = 0; t < T; ++t)
-    for (std::int32_t j = 0; j < k; ++j) ids.push_back((t * 37 + j * 11) % E);
-  auto plan = plan_dispatch(*placement, ids, k);
-  REQUIRE(plan.ok());
-  const auto x = random_values(static_cast<std::size_t>(T * W), 31);
-  const auto w = random_values(static_cast<std::size_t>(T * k), 32, 0, 1);
-  const auto rows = static_cast<std::int64_t>(plan->send_copy.size());
-  std::vector<float> gathered(static_cast<std::size_t>(rows * W));
-  gather_rows(*plan, x.data(), W, gathered.data());
-  const auto returned = random_values(gathered.size(), 33);  // stands in for the experts' outputs
-  std::vector<float> combined(static_cast<std::size_t>(T * W));
-  combine_rows(*plan, returned.data(), w, W, combined.data());
+  const auto c = troupe::test::make_moe_case(9, 6, 64, 4, 11, 300, 31);
   in_both_orders([&] {
-    std::vector<float> g(gathered.size()), y(combined.size());
-    simt::launch({static_cast<unsigned>(rows)}, block, 0, cuda::gather_kernel, x.data(),
-                 plan->send_copy.data(), k, W, g.data());
-    simt::launch({static_cast<unsigned>(T)}, block, 0, cuda::combine_kernel, returned.data(),
-                 plan->copy_row.data(), w.data(), std::int64_t{T}, k, W, y.data());
-    CHECK(g == gathered);
-    CHECK(y == combined);
+    std::vector<float> g(c.gathered.size()), y(c.combined.size());
+    simt::launch({static_cast<unsigned>(c.rows)}, block, 0, cuda::gather_kernel, c.x.data(),
+                 c.plan.send_copy.data(), c.k, c.width, g.data());
+    simt::launch({static_cast<unsigned>(c.T)}, block, 0, cuda::combine_kernel, c.returned.data(),
+                 c.plan.copy_row.data(), c.weights.data(), std::int64_t{c.T}, c.k, c.width,
+                 y.data());
+    CHECK(g == c.gathered);
+    CHECK(y == c.combined);
   });
 }
 
