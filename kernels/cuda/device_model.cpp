@@ -631,6 +631,7 @@ result<bool> device_model::state::select(std::size_t l, const buffer& q_res, con
   const i64 T = call.T, D = c.hidden_size, qr = c.q_lora_rank;
   const i64 nh = c.index_n_heads, idh = c.index_head_dim, K = c.index_topk;
   const i64 bs = c.candidate_block_size, kb = c.candidate_topk_blocks;
+  if (call.index_src < 0) return true;  // no key owner has run: nothing to select from
   auto i_q = buffer::zeros(sz(T * nh * idh));
   auto i_w = buffer::zeros(sz(T * nh));
   TROUPE_TRY(i_q);
@@ -640,7 +641,6 @@ result<bool> device_model::state::select(std::size_t l, const buffer& q_res, con
   TROUPE_TRY(rope_rows(i_q->data(), T * nh, idh, rope_compress.inv_freq.data(), rope_compress.dim,
                        rope_compress.scaling, call.d_positions.data(), nh, false));
   if (idh % 32 == 0) TROUPE_TRY(quant_fp4_blocks(i_q->data(), T * nh * idh, 32, false));
-  if (call.index_src < 0) return true;
   const auto src = sz(call.index_src);
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(idh));
   const float heads_scale = 1.0f / std::sqrt(static_cast<float>(nh));
