@@ -1,6 +1,8 @@
 // The CUDA backend over the device forward pass (kernels/cuda/cuda_backend.hpp).
 #include "kernels/cuda/cuda_backend.hpp"
 
+#include <algorithm>
+
 #include "kernels/cuda/device.hpp"
 #include "kernels/kv_blocks.hpp"
 
@@ -21,8 +23,7 @@ result<T> not_on_device(const char* what) {
 result<std::unique_ptr<cuda_backend>> cuda_backend::open(const std::filesystem::path& model_dir,
                                                          const cuda_backend_options& options) {
   using r = result<std::unique_ptr<cuda_backend>>;
-  auto dev = query_device(options.device);
-  if (!dev) return r::failure(dev.error());
+  if (auto dev = query_device(options.device); !dev) return r::failure(dev.error());
   model_options mo;
   mo.threads = options.threads;
   auto m = model::load(model_dir, mo);
@@ -30,7 +31,15 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(const std::filesystem::
   if (!options.engram_token_map.empty())
     if (auto ok = m->set_engram_token_map(options.engram_token_map); !ok)
       return r::failure(ok.error());
-  std::unique_ptr<cuda_backend> b(new cuda_backend(std::move(*m)));
+  return open(std::move(*m), options);
+}
+
+result<std::unique_ptr<cuda_backend>> cuda_backend::open(model m,
+                                                         const cuda_backend_options& options) {
+  using r = result<std::unique_ptr<cuda_backend>>;
+  auto dev = query_device(options.device);
+  if (!dev) return r::failure(dev.error());
+  std::unique_ptr<cuda_backend> b(new cuda_backend(std::move(m), options.max_sequences));
   auto device = device_model::upload(
       b->model_, {.max_sequences = options.max_sequences,
                   .max_context = options.max_context,
@@ -40,22 +49,45 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(const std::filesystem::
   return b;
 }
 
-result<sequence_id> cuda_backend::resident(sequence_id id) {
-  if (const auto it = on_device_.find(id); it != on_device_.end()) return it->second;
+result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_input> batch) {
+  if (const auto it = on_device_.find(id); it != on_device_.end()) {
+    it->second.used = tick_;
+    return it->second.id;
+  }
   const auto host = on_host_.find(id);
   if (host == on_host_.end()) return result<sequence_id>::failure(unknown(id));
+  if (static_cast<std::int64_t>(on_device_.size()) >= max_resident_) {
+    // The device is full: the sequence that ran least recently, outside this batch, waits on
+    // the host.
+    auto in_batch = [&](sequence_id s) {
+      return std::any_of(batch.begin(), batch.end(),
+                         [&](const step_input& in) { return in.sequence == s; });
+    };
+    auto oldest = on_device_.end();
+    for (auto it = on_device_.begin(); it != on_device_.end(); ++it)
+      if (!in_batch(it->first) && (oldest == on_device_.end() || it->second.used < oldest->second.used))
+        oldest = it;
+    if (oldest == on_device_.end())
+      return result<sequence_id>::failure(
+          "cuda backend: a batch of " + std::to_string(batch.size()) +
+          " sequences, but the device holds " + std::to_string(max_resident_) +
+          " at once (max_sequences)");
+    if (auto moved = on_host(oldest->first); !moved)
+      return result<sequence_id>::failure(moved.error());
+    ++evictions_;
+  }
   auto dev = device_->import_sequence(host->second);
   if (!dev) return dev;
   on_host_.erase(host);
-  on_device_[id] = *dev;
+  on_device_[id] = {*dev, tick_};
   return *dev;
 }
 
 result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
-    auto cache = device_->export_sequence(it->second);
+    auto cache = device_->export_sequence(it->second.id);
     if (!cache) return result<sequence_cache*>::failure(cache.error());
-    (void)device_->close_sequence(it->second);
+    (void)device_->close_sequence(it->second.id);
     on_device_.erase(it);
     on_host_[id] = std::move(*cache);
   }
@@ -66,7 +98,7 @@ result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
 
 result<sequence_cache> cuda_backend::snapshot(sequence_id id) const {
   if (const auto it = on_device_.find(id); it != on_device_.end())
-    return device_->export_sequence(it->second);
+    return device_->export_sequence(it->second.id);
   const auto it = on_host_.find(id);
   if (it == on_host_.end()) return result<sequence_cache>::failure(unknown(id));
   return it->second;
@@ -82,7 +114,7 @@ sequence_id cuda_backend::open_sequence() {
 
 result<bool> cuda_backend::close_sequence(sequence_id id) {
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
-    auto ok = device_->close_sequence(it->second);
+    auto ok = device_->close_sequence(it->second.id);
     on_device_.erase(it);
     return ok;
   }
@@ -92,7 +124,7 @@ result<bool> cuda_backend::close_sequence(sequence_id id) {
 
 result<std::int64_t> cuda_backend::length(sequence_id id) const {
   if (const auto it = on_device_.find(id); it != on_device_.end())
-    return device_->length(it->second);
+    return device_->length(it->second.id);
   const auto it = on_host_.find(id);
   if (it == on_host_.end()) return result<std::int64_t>::failure(unknown(id));
   return it->second.length;
@@ -100,8 +132,9 @@ result<std::int64_t> cuda_backend::length(sequence_id id) const {
 
 result<std::vector<float>> cuda_backend::step(std::span<const step_input> batch) {
   std::vector<step_input> inputs;
+  ++tick_;
   for (const auto& in : batch) {
-    auto dev = resident(in.sequence);
+    auto dev = resident(in.sequence, batch);
     if (!dev) return result<std::vector<float>>::failure(dev.error());
     inputs.push_back({*dev, in.tokens});
   }

@@ -2,7 +2,8 @@
 // forward pass (device_model.hpp).
 //
 // A sequence lives on the device while it runs, or on the host while it is assembled from
-// imported KV: import_block / import_state / import_swa restore into the CPU engine's cache
+// imported KV or while it waits for room (beyond max_sequences, the sequence that ran least
+// recently is downloaded to the host until its next step): import_block / import_state / import_swa restore into the CPU engine's cache
 // (kernels/kv_blocks.hpp) and replay runs the CPU engine's bounded replay there; the next step
 // uploads it (device_model::import_sequence). export_block / export_state / export_swa /
 // full_blocks of a sequence on the device download its cache first (export_sequence), so the
@@ -27,7 +28,9 @@ namespace troupe::kernels::cuda {
 
 struct cuda_backend_options {
   int device = 0;
-  /// The device model's sequences and their longest context (device_model_options).
+  /// The device model's sequences and their longest context (device_model_options). More
+  /// sequences may be open: beyond max_sequences, the one that ran least recently waits in
+  /// host memory (its cache downloaded) until its next step uploads it again.
   std::int64_t max_sequences = 64;
   std::int64_t max_context = 4096;
   /// The CPU engine's threads (imports, bounded replay).
@@ -46,6 +49,13 @@ class cuda_backend final : public model_backend {
   /// allocation (the fp32 weights do not fit).
   static result<std::unique_ptr<cuda_backend>> open(const std::filesystem::path& model_dir,
                                                      const cuda_backend_options& options = {});
+  /// As above, on a model already loaded (its Engram token map set, when it has Engram
+  /// layers; options.threads and options.engram_token_map are then unused).
+  static result<std::unique_ptr<cuda_backend>> open(model m,
+                                                     const cuda_backend_options& options = {});
+
+  /// Sequences moved to host memory to make room on the device, so far.
+  std::uint64_t evictions() const { return evictions_; }
 
   sequence_id open_sequence() override;
   result<bool> close_sequence(sequence_id id) override;
@@ -69,9 +79,11 @@ class cuda_backend final : public model_backend {
   result<std::vector<float>> replay(sequence_id id, std::span<const std::int64_t> tokens) override;
 
  private:
-  explicit cuda_backend(model m) : model_(std::move(m)) {}
-  // The sequence on the device (uploading it from the host first); its device id.
-  result<sequence_id> resident(sequence_id id);
+  cuda_backend(model m, std::int64_t max_resident)
+      : model_(std::move(m)), max_resident_(max_resident) {}
+  // The sequence on the device (uploading it from the host first, after moving the least
+  // recently run sequence outside `batch` to the host when the device is full); its device id.
+  result<sequence_id> resident(sequence_id id, std::span<const step_input> batch);
   // The sequence's cache on the host (downloading it from the device, which lets it go).
   result<sequence_cache*> on_host(sequence_id id);
   // A copy of the sequence's cache, wherever it lives.
@@ -79,8 +91,15 @@ class cuda_backend final : public model_backend {
 
   model model_;
   std::unique_ptr<device_model> device_;
+  std::int64_t max_resident_;
   sequence_id next_ = 1;
-  std::map<sequence_id, sequence_id> on_device_;    // backend id → device_model id
+  std::uint64_t tick_ = 0;  // steps run: a resident sequence's `used` is its last one's
+  std::uint64_t evictions_ = 0;
+  struct resident_sequence {
+    sequence_id id;  // the device_model's
+    std::uint64_t used;
+  };
+  std::map<sequence_id, resident_sequence> on_device_;  // backend id → device_model's
   std::map<sequence_id, sequence_cache> on_host_;   // sequences assembled on the host
 };
 

@@ -127,3 +127,65 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
     CHECK_FALSE(dev.close_sequence(g));
   }
 }
+
+TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least recently waits on "
+          "the host") {
+  const auto dir = testing::scratch_root() / "cuda-backend-evict";
+  REQUIRE(write_random_model(dir, "tiny", 7));
+  std::vector<std::int64_t> identity(256);
+  std::iota(identity.begin(), identity.end(), 0);
+  auto loaded = model::load(dir);
+  REQUIRE(loaded);
+  REQUIRE(loaded->set_engram_token_map(identity));
+  auto gpu_model = model::load(dir);
+  REQUIRE(gpu_model);
+  REQUIRE(gpu_model->set_engram_token_map(identity));
+  cpu_backend cpu(std::move(*loaded));
+  cuda::cuda_backend_options options;
+  options.max_sequences = 2;
+  auto gpu = cuda::cuda_backend::open(std::move(*gpu_model), options);
+  REQUIRE_MESSAGE(gpu, gpu.error());
+  auto& dev = **gpu;
+
+  // Three sequences on a device that holds two: each prompt, then decode steps in an order
+  // that moves one to the host at every step.
+  std::vector<sequence_id> c, g;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::int64_t> prompt(9 + s);
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = static_cast<std::int64_t>((i * 53 + 7 * s + 1) % 256);
+    c.push_back(cpu.open_sequence());
+    g.push_back(dev.open_sequence());
+    const step_input ci{c.back(), prompt}, gi{g.back(), prompt};
+    auto want = cpu.step(std::span(&ci, 1));
+    auto got = dev.step(std::span(&gi, 1));
+    REQUIRE(want);
+    REQUIRE_MESSAGE(got, got.error());
+    CHECK(max_diff(*got, *want) < 1e-4);
+  }
+  CHECK(dev.evictions() == 1);  // the third prompt moved the first sequence to the host
+  for (const int s : {0, 1, 2, 0}) {
+    const std::vector<std::int64_t> t{static_cast<std::int64_t>(s * 31 + 4)};
+    CHECK(max_diff(decode(dev, g[s], t), decode(cpu, c[s], t)) < 1e-4);
+  }
+  CHECK(dev.evictions() == 5);
+  {  // a batch of two: the third one is the one that waits
+    const std::vector<std::int64_t> t1{9}, t2{10};
+    const step_input ci[] = {{c[1], t1}, {c[2], t2}}, gi[] = {{g[1], t1}, {g[2], t2}};
+    auto want = cpu.step(ci);
+    auto got = dev.step(gi);
+    REQUIRE_MESSAGE(got, got.error());
+    CHECK(max_diff(*got, *want) < 1e-4);
+    CHECK(dev.evictions() == 6);
+  }
+  {  // a batch larger than the device is refused, and every sequence goes on as before
+    const std::vector<std::int64_t> t{3};
+    const step_input all[] = {{g[0], t}, {g[1], t}, {g[2], t}};
+    CHECK(dev.step(all).error() ==
+          "cuda backend: a batch of 3 sequences, but the device holds 2 at once (max_sequences)");
+    for (int s = 0; s < 3; ++s) {
+      CHECK(*dev.length(g[s]) == *cpu.length(c[s]));
+      CHECK(max_diff(decode(dev, g[s], t), decode(cpu, c[s], t)) < 1e-4);
+    }
+  }
+}
