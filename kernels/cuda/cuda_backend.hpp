@@ -3,8 +3,9 @@
 //
 // A sequence lives on the device while it runs, or on the host while it is assembled from
 // imported KV or while it waits for room (beyond max_sequences, the sequence that ran least
-// recently is downloaded to the host until its next step): import_block / import_state / import_swa restore into the CPU engine's cache
-// (kernels/kv_blocks.hpp) and replay runs the CPU engine's bounded replay there; the next step
+// recently is downloaded to the host until its next step): import_block / import_state /
+// import_swa restore into the CPU engine's cache (kernels/kv_blocks.hpp) and replay runs the
+// CPU engine's bounded replay there; the next step
 // uploads it (device_model::import_sequence). export_block / export_state / export_swa /
 // full_blocks of a sequence on the device download its cache first (export_sequence), so the
 // bytes are the CPU backend's and KV moves between GPU and CPU instances. What it does not do
