@@ -5,10 +5,9 @@
 // imported KV or while it waits for room (beyond max_sequences, the sequence that ran least
 // recently is downloaded to the host until its next step): import_block / import_state /
 // import_swa restore into the CPU engine's cache (kernels/kv_blocks.hpp) and replay runs the
-// CPU engine's bounded replay there; the next step
-// uploads it (device_model::import_sequence). export_block / export_state / export_swa /
-// full_blocks of a sequence on the device download its cache first (export_sequence), so the
-// bytes are the CPU backend's and KV moves between GPU and CPU instances. What it does not do
+// CPU engine's bounded replay there; the next step uploads it (device_model::import_sequence).
+// export_block / export_state / export_swa / full_blocks of a sequence on the device download
+// its cache first (export_sequence), so the bytes are the CPU backend's and KV moves between GPU and CPU instances. What it does not do
 // yet, each a failure that says so: rollback (a rejected speculative draft), the DSpark draft
 // layers (has_draft is false, so no engine asks it to draft). The weights are the CPU engine's
 // fp32 copies (device_model.hpp), so it serves models that fit the GPU at 4 bytes per
