@@ -3,17 +3,18 @@
 //
 // A sequence lives on the device while it runs, or on the host while it is assembled from
 // imported KV or while it waits for room (beyond max_sequences, the sequence that ran least
-// recently is downloaded to the host until its next step): import_block / import_state /
-// import_swa restore into the CPU engine's cache (kernels/kv_blocks.hpp) and replay runs the
-// CPU engine's bounded replay there; the next step uploads it (device_model::import_sequence).
+// recently is downloaded to the host until its next step). import_block / import_state /
+// import_swa restore into the CPU engine's cache (kernels/kv_blocks.hpp), replay runs the CPU
+// engine's bounded replay there, and the next step uploads it (device_model::import_sequence).
 // export_block / export_state / export_swa / full_blocks of a sequence on the device download
-// its cache first (export_sequence), so the bytes are the CPU backend's and KV moves between GPU and CPU instances. What it does not do
-// yet, each a failure that says so: rollback (a rejected speculative draft), the DSpark draft
-// layers (has_draft is false, so no engine asks it to draft). The weights are the CPU engine's
-// fp32 copies (device_model.hpp), so it serves models that fit the GPU at 4 bytes per
-// parameter; the CPU model it loads stays in host memory beside it (the Engram tables, replay).
-// Never run on a GPU yet: tests/cuda_host runs it on the emulated device, bench/gpu_check.sh
-// on a GPU.
+// its cache first (export_sequence), so the bytes are the CPU backend's and KV moves between
+// GPU and CPU instances. What it does not do yet, each a failure that says so: rollback (a
+// rejected speculative draft), the DSpark draft layers (has_draft is false, so no engine asks
+// it to draft). The weights are the CPU engine's fp32 copies (device_model.hpp), so it serves
+// models that fit the GPU at 4 bytes per parameter; the CPU model it loads stays in host memory
+// beside it (the Engram tables, replay). The device port runs it as it runs the CPU backend
+// (ports/cpu_device.hpp, cpu_device_params::backend). Never run on a GPU yet: tests/cuda_host
+// runs it on the emulated device, bench/gpu_check.sh on a GPU.
 #pragma once
 
 #include <filesystem>
