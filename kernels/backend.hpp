@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -95,6 +97,10 @@ class model_backend {
   virtual result<std::vector<float>> replay(sequence_id id,
                                             std::span<const std::int64_t> tokens) = 0;
 };
+
+/// Makes a backend from a loaded model (a device port's choice of engine:
+/// ports::cpu_device_params::backend).
+using backend_opener = std::function<result<std::unique_ptr<model_backend>>(model)>;
 
 /// The exact CPU backend.
 class cpu_backend final : public model_backend {

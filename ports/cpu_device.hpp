@@ -1,7 +1,8 @@
-// cpu_device: the device port on the exact CPU engine (kernels::cpu_backend).
+// cpu_device: the device port on the exact CPU engine (kernels::cpu_backend), or on another
+// model_backend made from the same loaded model (`backend`: the CUDA one, kernels/cuda/).
 //
 // A GPU rank talks to its device only through runtime::device_port; in the simulated world a
-// perf model answers with modelled tokens. This is the real implementation on the CPU: it
+// perf model answers with modelled tokens. This is the real implementation: it
 // loads a DeepSeek-V4.1 model directory, keeps one KV cache per sequence, runs every step's
 // batch (prefill chunks and decode tokens mixed: continuous batching) in one backend step,
 // samples each requested token with kernels/sampling.hpp (counter-based: a draw depends only on
@@ -19,6 +20,7 @@
 // last bits of the logits.
 #pragma once
 
+#include "kernels/backend.hpp"
 #include "kernels/model.hpp"
 #include "kernels/result.hpp"
 #include "runtime/metrics.hpp"
@@ -28,6 +30,7 @@
 #include <caf/fwd.hpp>
 
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -123,8 +126,13 @@ struct cpu_device_params {
   /// (closed again), the fastest of three runs each.
   std::shared_ptr<step_profile> profile;
   /// Expert-parallel load balancing (expert_link); null: the MoEs run as one group and
-  /// nothing is counted.
+  /// nothing is counted. CPU backend only.
   std::shared_ptr<expert_link> experts;
+  /// The backend the device runs, made on its thread from the loaded model (its Engram map
+  /// set); null: the exact CPU backend (kernels::cpu_backend). A CUDA GPU rank sets
+  /// kernels::cuda::cuda_backend::opener here; a backend that fails to open is the device's
+  /// load error.
+  kernels::backend_opener backend;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its

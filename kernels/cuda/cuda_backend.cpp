@@ -49,6 +49,14 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(model m,
   return b;
 }
 
+backend_opener cuda_backend::opener(cuda_backend_options options) {
+  return [options](model m) -> result<std::unique_ptr<model_backend>> {
+    auto b = open(std::move(m), options);
+    if (!b) return result<std::unique_ptr<model_backend>>::failure(b.error());
+    return std::unique_ptr<model_backend>(std::move(*b));
+  };
+}
+
 result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_input> batch) {
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     it->second.used = tick_;

@@ -55,6 +55,9 @@ class cuda_backend final : public model_backend {
   static result<std::unique_ptr<cuda_backend>> open(model m,
                                                      const cuda_backend_options& options = {});
 
+  /// open(model, options) as a device port's backend_opener (ports/cpu_device.hpp).
+  static backend_opener opener(cuda_backend_options options);
+
   /// Sequences moved to host memory to make room on the device, so far.
   std::uint64_t evictions() const { return evictions_; }
 
