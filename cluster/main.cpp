@@ -1,5 +1,8 @@
 // troupe: the command-line interface of the troupe serving runtime.
 #include "cluster/deploy_cli.hpp"
+#if TROUPE_HAVE_CUDA
+#include "cluster/cuda_engine.hpp"
+#endif
 #include "cluster/recipe_cli.hpp"
 #include "cluster/launch/launch_command.hpp"
 #include "cluster/launch/node_agent.hpp"
@@ -176,7 +179,9 @@ int perf_model(const perf_model_args& a, bool tokens_given, bool requests_given)
 
 /// The inputs every real-world server takes (troupe serve, launch and node alike).
 void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& grace_s) {
-  cmd->add_option("topology", o.topology, "the topology file (hardware = \"cpu\")")->required();
+  cmd->add_option("topology", o.topology,
+                  "the topology file (its device: cpu, or cuda on NVIDIA hardware)")
+    ->required();
   cmd->add_option("--model", o.model,
                   "the model directory (config.json + safetensors, the released layout)")
     ->required();
@@ -188,7 +193,11 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "the Engram compressed-token map: a JSON file, or 'identity' for random models");
   cmd->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json(.gz) (default: the shipped DeepSeek-V4 tokenizer)");
-  cmd->add_option("--threads", o.device_threads, "CPU threads per device (default 2)");
+  cmd->add_option("--threads", o.device_threads,
+                  "CPU threads per device (default 2; on CUDA, of the CPU engine beside the GPU)");
+  cmd->add_option("--max-context", o.max_context,
+                  "longest context (prompt + output) of a request, in tokens (default: the "
+                  "model's; at most 16384 on CUDA devices, which allocate it per sequence)");
   cmd->add_option("--max-in-flight", o.max_in_flight,
                   "generation requests in flight at once; more get 429 (default 64)");
   cmd->add_option("--compile-threads", o.compile_threads,
@@ -253,6 +262,9 @@ int main(int argc, char** argv) {
   setenv("IPATH_NO_BACKTRACE", "1", 0);
   // The CPU engine's GEMMs on the CPU's vector units even where OpenBLAS does not know the CPU.
   troupe::kernels::reexec_with_blas_kernel_upgrade(argv);
+#if TROUPE_HAVE_CUDA
+  troupe::cluster::add_cuda_engine();  // device = "cuda" (cluster/device_engines.hpp)
+#endif
   CLI::App app{"troupe: an actor-model serving runtime for DeepSeek-V4.1-class MoE models"};
   app.require_subcommand(1);
   int rc = 0;

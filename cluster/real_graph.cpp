@@ -43,7 +43,10 @@ std::string check_real_topology(const topology& topo) {
     if (pool->gpus_per_instance != 1)
       return topo.source + ": pool '" + pool->name + "' has gpus_per_instance = "
              + std::to_string(pool->gpus_per_instance)
-             + "; the CPU backend runs one device per instance (set it to 1)";
+             + (topo.cluster.device == "cuda"
+                  ? "; the CUDA backend runs one GPU per instance so far (expert parallelism "
+                    "over NCCL is not in the device port yet: docs/cuda.md); set it to 1"
+                  : "; the CPU backend runs one device per instance (set it to 1)");
   return {};
 }
 

@@ -30,7 +30,6 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   auto keys = load_api_keys_option(o, command, err);
   if (!keys)
     return 1;
-  const auto& text = in->model.text;
   const auto* prefill_pool = find_pool(in->topo, pool_role::prefill);
   const auto* decode_pool = find_pool(in->topo, pool_role::decode);
 
@@ -82,7 +81,7 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
   ep.api_keys = std::move(*keys);
   ep.max_in_flight = o.max_in_flight;
   ep.max_context_tokens = static_cast<std::uint32_t>(
-    std::min<std::int64_t>(text.max_position_embeddings, std::numeric_limits<std::uint32_t>::max()));
+    std::min<std::uint64_t>(in->max_context, std::numeric_limits<std::uint32_t>::max()));
   ep.grace = o.grace;
   ep.codec = in->codec.get();
   ep.service = service;

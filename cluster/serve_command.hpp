@@ -43,8 +43,12 @@ struct serve_options {
   std::string engram_map;
   /// The tokenizer (tokenizer.json or .json.gz); empty: the shipped DeepSeek-V4 tokenizer.
   std::string tokenizer;
-  /// Threads of each CPU device (BLAS and attention).
+  /// Threads of each CPU device (BLAS and attention); on CUDA devices, of the CPU engine beside
+  /// the GPU (KV imports, bounded replay).
   int device_threads = 2;
+  /// The longest context (prompt + output) of a request, in tokens; 0: the model's, at most
+  /// 16384 on CUDA devices, which allocate it per sequence (cluster/device_engines.hpp).
+  std::uint64_t max_context = 0;
   /// Generation requests in flight at once (429 beyond).
   std::uint32_t max_in_flight = 64;
   /// Threads that compile structured-output grammars (actors::constraint_table's pool).

@@ -5,6 +5,7 @@
 #include "actors/type_ids.hpp"
 #include "cluster/launch/control_directory.hpp"
 #include "cluster/sim/history_checker.hpp"
+#include "cluster/device_engines.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/safetensors.hpp"
 #include "ports/cpu_device.hpp"
@@ -48,7 +49,7 @@ std::optional<std::pair<std::string, std::uint16_t>> parse_host_port(const std::
 }
 
 std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std::string& command,
-                                              std::ostream& err) {
+                                              std::ostream& err, bool devices_here) {
   auto fail = [&](const std::string& msg) -> std::optional<serve_inputs> {
     err << command << ": " << msg << "\n";
     return std::nullopt;
@@ -62,13 +63,25 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
     return std::nullopt;
   }
   in.topo = *loaded.value;
-  if (in.topo.cluster.hardware != "cpu")
+  // The engine of the GPU ranks: the topology's device.
+  const auto& device = in.topo.cluster.device;
+  if (device.empty())
     return fail(o.topology + ": hardware '" + in.topo.cluster.hardware
-                + "' needs a CUDA device port, which is not built yet (the CUDA backend "
-                  "exists, never run on a GPU, but no device actor runs it: docs/cuda.md); "
-                + command
-                + " runs the CPU backend (hardware = \"cpu\"; "
-                  "examples/topologies/local-cpu.toml)");
+                + "' has no device backend (the topology is for the simulator); add "
+                  "device = \"cpu\" to [cluster] to serve it on the CPU backend");
+  const device_engine* engine = nullptr;
+  if (device != "cpu") {
+    engine = find_device_engine(device);
+    if (engine == nullptr)
+      return fail(o.topology + ": device \"" + device + "\": this troupe was built without the "
+                  + (device == "cuda" ? "CUDA engine (CMake found no nvcc, cuBLASLt or NCCL: "
+                                        "docs/cuda.md)"
+                                      : "engine")
+                  + "; device = \"cpu\" runs the CPU backend");
+    if (auto why = devices_here ? engine->unusable() : std::string{}; !why.empty())
+      return fail(o.topology + ": device \"" + device + "\": " + why
+                  + " (device = \"cpu\" runs the CPU backend)");
+  }
   if (auto why = check_real_topology(in.topo); !why.empty())
     return fail(why);
 
@@ -84,16 +97,30 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
   if (!text.engram_layer_ids.empty() && o.engram_map.empty())
     return fail("the model has Engram layers: give --engram-map FILE.json (or identity for a "
                 "random model directory)");
+  const auto model_context = static_cast<std::uint64_t>(text.max_position_embeddings);
+  if (o.max_context == 1 || o.max_context > model_context)
+    return fail("--max-context " + std::to_string(o.max_context) + ": expected 2 .. "
+                + std::to_string(model_context) + " tokens (the model's context)");
+  in.max_context = o.max_context > 0 ? o.max_context : model_context;
+  if (o.max_context == 0 && engine != nullptr && engine->default_context > 0)
+    in.max_context = std::min(model_context, engine->default_context);
 
   // Speculative decoding: a known mode, and draft layers to propose with.
   if (!actors::parse_speculation(o.spec))
     return fail("--spec " + o.spec + ": expected off, fixed1 .. fixed5 or dspark");
+  if (engine != nullptr && o.spec != "off")
+    return fail("--spec " + o.spec + ": speculative decoding runs on the CPU backend only so "
+                "far (on CUDA, rollback and the DSpark draft layers are not on the device yet: "
+                "docs/cuda.md); use --spec off, or device = \"cpu\"");
   if (o.overlap != "on" && o.overlap != "off")
     return fail("--overlap " + o.overlap + ": expected on or off");
   if (o.eplb_ranks == 1 || o.eplb_ranks > text.n_routed_experts)
     return fail("--eplb " + std::to_string(o.eplb_ranks) + ": expected 2 .. "
                 + std::to_string(text.n_routed_experts)
                 + " ranks (the model's routed experts) for each device's EP group");
+  if (engine != nullptr && o.eplb_ranks > 0)
+    return fail("--eplb: expert-parallel load balancing runs on the CPU backend only so far "
+                "(docs/cuda.md); leave --eplb out, or use device = \"cpu\"");
   auto interval = runtime::parse_duration(o.eplb_interval);
   if (!interval || interval.value <= runtime::duration{0})
     return fail("--eplb-interval " + o.eplb_interval + ": expected a duration > 0 (e.g. 30s)");
@@ -267,7 +294,19 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     };
   }
   const auto experts = static_cast<std::uint32_t>(in.model.text.n_routed_experts);
-  gp.device = [&o, &metrics, constraints, profile, experts,
+  const auto* prefill_pool = find_pool(in.topo, pool_role::prefill);
+  const auto* decode_pool = find_pool(in.topo, pool_role::decode);
+  // Step budgets: the command line, else the topology's pools, else the defaults.
+  gp.max_batch = o.max_batch > 0 ? o.max_batch
+                 : decode_pool->max_batch > 0 ? decode_pool->max_batch : 64;
+  gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
+                     : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
+  gp.max_context = in.max_context;
+  kernels::backend_opener backend;  // null: the CPU backend
+  if (const auto* engine = find_device_engine(in.topo.cluster.device))
+    backend = engine->opener({.max_sequences = static_cast<std::int64_t>(gp.max_batch),
+                              .max_context = static_cast<std::int64_t>(gp.max_context)});
+  gp.device = [&o, &metrics, constraints, profile, experts, backend,
                interval = in.eplb_interval,
                window = in.window_memory](caf::actor_system& sys, pool_role role,
                                             std::uint32_t instance) {
@@ -275,6 +314,7 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     d.model_dir = o.model;
     d.threads = o.device_threads;
     d.batch_invariant = true;
+    d.backend = backend;
     d.engram_map = o.engram_map;
     d.keep_bytes = window;
     d.metrics = &metrics;
@@ -323,16 +363,7 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     auto root = XXH3_128bits(fp->data(), fp->size());
     gp.chain_root = actors::block_key{root.high64, root.low64};
   }
-  const auto& text = in.model.text;
-  const auto* prefill_pool = find_pool(in.topo, pool_role::prefill);
-  const auto* decode_pool = find_pool(in.topo, pool_role::decode);
-  gp.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(text));
-  gp.max_context = static_cast<std::uint64_t>(text.max_position_embeddings);
-  // Step budgets: the command line, else the topology's pools, else the defaults.
-  gp.max_batch = o.max_batch > 0 ? o.max_batch
-                 : decode_pool->max_batch > 0 ? decode_pool->max_batch : 64;
-  gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
-                     : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
+  gp.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(in.model.text));
   return gp;
 }
 

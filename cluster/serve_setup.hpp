@@ -42,16 +42,22 @@ struct serve_inputs {
   runtime::duration eplb_interval{};
   /// serve_options::window_memory, parsed.
   std::uint64_t window_memory = 0;
+  /// The longest context (prompt + output) a request may reach: serve_options::max_context,
+  /// else the model's max_position_embeddings, at most the device engine's default_context.
+  std::uint64_t max_context = 0;
 };
 
 /// "host:port" → (host, port); IPv6 as "[::1]:8000". Nothing on a malformed address.
 std::optional<std::pair<std::string, std::uint16_t>> parse_host_port(const std::string& s);
 
 /// Loads and checks the topology, the model directory, the Engram map and the tokenizer of
-/// `o` (the API keys and the listen address are the entrypoint's: see load_api_keys_option).
-/// On a problem, writes "<command>: <message>" lines to `err` and returns nothing.
+/// `o` (the API keys and the listen address are the entrypoint's: see load_api_keys_option),
+/// and that the topology's device engine is built in (cluster/device_engines.hpp) and, when
+/// `devices_here` (a process that runs devices, not a launcher or a control process), usable
+/// on this machine. On a problem, writes "<command>: <message>" lines to `err` and returns
+/// nothing.
 std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std::string& command,
-                                              std::ostream& err);
+                                              std::ostream& err, bool devices_here = true);
 
 /// The KV store's directory of a server: --kv-dir, else the topology's posix path (relative
 /// paths from the working directory), made absolute; empty for a topology with the simulated

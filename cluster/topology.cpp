@@ -87,7 +87,7 @@ void read_cluster(checker& c, const toml::table& root, topology& t) {
                       "add a [cluster] section with name, model and hardware");
   if (tbl == nullptr)
     return;
-  c.check_keys(*tbl, "cluster", {"name", "model", "hardware"});
+  c.check_keys(*tbl, "cluster", {"name", "model", "hardware", "device"});
   if (auto name = c.string(*tbl, "cluster", "name", true, "add e.g. name = \"my-cluster\""))
     t.cluster.name = *name;
   if (auto m = c.choice(*tbl, "cluster", "model", known_models(), "model", true,
@@ -96,6 +96,15 @@ void read_cluster(checker& c, const toml::table& root, topology& t) {
   if (auto h = c.choice(*tbl, "cluster", "hardware", known_hardware(), "hardware", true,
                         "add e.g. hardware = \"H800\""))
     t.cluster.hardware = *h;
+  const bool nvidia = t.cluster.hardware.starts_with("H") || t.cluster.hardware.starts_with("B");
+  t.cluster.device = t.cluster.hardware == "cpu" ? "cpu" : nvidia ? "cuda" : "";
+  if (auto d = c.choice(*tbl, "cluster", "device", {"cpu", "cuda"}, "device", false)) {
+    if (*d == "cuda" && !nvidia && !t.cluster.hardware.empty())
+      c.error(tbl->get("device")->source(), "cluster.device",
+              "device \"cuda\" needs NVIDIA hardware, not " + t.cluster.hardware,
+              "use hardware = \"H100\", \"H200\", \"H800\" or \"B200\", or device = \"cpu\"");
+    t.cluster.device = *d;
+  }
 }
 
 void read_storage(checker& c, const toml::table& root, topology& t) {
@@ -724,6 +733,7 @@ std::string describe(const topology& t) {
   line("cluster     {}", t.cluster.name);
   line("  model     {}", t.cluster.model);
   line("  hardware  {}", t.cluster.hardware);
+  line("  device    {}", t.cluster.device.empty() ? "none (simulator only)" : t.cluster.device);
   line("");
   line("storage");
   line("  backend   {}", to_string(t.storage.backend));

@@ -52,6 +52,11 @@ struct cluster_spec {
   std::string name;
   std::string model;    // one of known_models(), canonical spelling
   std::string hardware; // one of known_hardware(), canonical spelling
+  /// The engine `troupe serve` and `troupe launch` run each GPU rank on: "cpu" (the exact CPU
+  /// backend, one CPU device per rank) or "cuda" (the CUDA backend, one GPU per rank). Written
+  /// `device = ...`; by default "cpu" for hardware "cpu", "cuda" for an NVIDIA part, none for
+  /// Ascend950 (no backend: the topology is for the simulator only). The simulator ignores it.
+  std::string device;
 };
 
 /// [storage]: the persistent KV block store.

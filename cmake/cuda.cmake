@@ -2,9 +2,10 @@
 #
 # TROUPE_CUDA is AUTO (the default), ON or OFF. AUTO builds the CUDA parts when nvcc and NCCL
 # are found and skips them with a message otherwise; ON makes a missing toolkit a configure
-# error; OFF never looks. Nothing else in the build depends on the outcome: troupe_cuda is a
-# library beside troupe_kernels, and only its own tests (tests/cuda/) link it. Sets
-# TROUPE_CUDA_ENABLED, and, when enabled, the imported target troupe_nccl.
+# error; OFF never looks. The CPU build is complete either way: troupe_cuda is a library beside
+# troupe_kernels that its own tests (tests/cuda/) and the troupe CLI link when it is built (a
+# topology's device = "cuda" then runs on it; without it, troupe says it was built without the
+# CUDA engine). Sets TROUPE_CUDA_ENABLED, and, when enabled, the imported target troupe_nccl.
 #
 # The architectures default to "90;100" (Hopper and Blackwell: one -gencode each, to keep nvcc
 # time small); set CMAKE_CUDA_ARCHITECTURES to change them.

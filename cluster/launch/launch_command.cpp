@@ -777,6 +777,8 @@ std::vector<std::string> shared_node_args(const launch_options& o) {
     add("--max-batch", std::to_string(s.max_batch));
   if (s.prefill_chunk > 0)
     add("--prefill-chunk", std::to_string(s.prefill_chunk));
+  if (s.max_context > 0)
+    add("--max-context", std::to_string(s.max_context));
   if (s.spec != "off")
     add("--spec", s.spec);
   if (s.overlap != "on")
@@ -984,7 +986,7 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     err << command << ": " << msg << "\n";
     return 1;
   };
-  auto in = load_serve_inputs(o.serve, command, err);
+  auto in = load_serve_inputs(o.serve, command, err, false);
   if (!in)
     return 1;
   auto listen = parse_host_port(o.serve.listen);

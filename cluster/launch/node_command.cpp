@@ -83,7 +83,7 @@ int run_control(const node_options& o, std::ostream& err) {
     return 1;
   };
   const auto& so = o.serve;
-  auto in = load_serve_inputs(so, command, err);
+  auto in = load_serve_inputs(so, command, err, false);
   if (!in)
     return 1;
   auto listen = parse_host_port(so.listen);
@@ -229,8 +229,8 @@ int run_control(const node_options& o, std::ostream& err) {
   ep.models = {so.served_model_name.empty() ? in->topo.cluster.model : so.served_model_name};
   ep.api_keys = std::move(*keys);
   ep.max_in_flight = so.max_in_flight;
-  ep.max_context_tokens = static_cast<std::uint32_t>(std::min<std::int64_t>(
-    in->model.text.max_position_embeddings, std::numeric_limits<std::uint32_t>::max()));
+  ep.max_context_tokens = static_cast<std::uint32_t>(
+    std::min<std::uint64_t>(in->max_context, std::numeric_limits<std::uint32_t>::max()));
   ep.grace = so.grace;
   ep.codec = in->codec.get();
   ep.service = graph.service;

@@ -1,0 +1,29 @@
+// The CUDA engine of device = "cuda" (cluster/device_engines.hpp), registered by the troupe CLI
+// when it is built with troupe_cuda.
+#include "cluster/cuda_engine.hpp"
+
+#include "cluster/device_engines.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device.hpp"
+
+namespace troupe::cluster {
+
+void add_cuda_engine() {
+  device_engine e;
+  e.unusable = [] {
+    auto gpu = kernels::cuda::query_device(0);
+    return gpu ? std::string{} : gpu.error();
+  };
+  e.opener = [](const device_limits& limits) {
+    kernels::cuda::cuda_backend_options o;
+    o.max_sequences = limits.max_sequences;
+    o.max_context = limits.max_context;
+    o.batch_invariant = true;  // as the CPU devices of a served cluster are
+    return kernels::cuda::cuda_backend::opener(o);
+  };
+  // Each sequence's compressed KV is allocated for its whole context up front.
+  e.default_context = 16384;
+  add_device_engine("cuda", std::move(e));
+}
+
+} // namespace troupe::cluster
