@@ -8,7 +8,9 @@
 #      unique-id message, the MoE layer at EP 2 on one GPU equal to EP 1 through NCCL,
 #      cuda_backend stepping as cpu_backend, the forward pass of kernels/cuda/device_model.hpp against the
 #      CPU engine on the golden models (sliding, mixed, qat, ratio4: window, CSA2 and Engram
-#      layers) and the tiny preset: logits and 64 greedy tokens; batch-invariant mode),
+#      layers) and the tiny preset: logits and 64 greedy tokens; batch-invariant mode; the
+#      device port running cuda_backend as `troupe serve` runs a device = "cuda" rank: a CPU
+#      device's greedy tokens, KV moved from a CPU device to the GPU and back),
 #   3. runs the throughput benchmark (bench_cuda_kernels) and prints its table.
 # Fails loudly (exit 1) without a GPU. Budget: under 8 minutes on one H200 (each step has its
 # own timeout). Usage: bench/gpu_check.sh [build dir, default build-gpu]
@@ -48,7 +50,7 @@ say "host-side planning tests (CPU)"
 timeout 60 "$build/tests/test_cuda_host" -tce="emulated device*" \
   || { echo "test_cuda_host FAILED"; status=1; }
 
-say "device tests: kernels vs the CPU math, NCCL, EP 2 vs EP 1"
+say "device tests: kernels vs the CPU math, NCCL, EP 2 vs EP 1, the device port"
 timeout 120 "$build/tests/test_cuda" --success=false
 rc=$?
 if [ $rc -eq 77 ]; then die "test_cuda found no usable CUDA device"; fi

@@ -1,0 +1,103 @@
+// The device port (ports/cpu_device.hpp) running cuda_backend, as a CUDA GPU rank of
+// `troupe serve` runs it: the same messages as a CPU device, the same tokens, and KV that moves
+// between CPU and CUDA devices by kv_export / kv_import. Run on the emulated device
+// (tests/cuda_host/test_cuda_device.cpp) and on a GPU (tests/cuda/test_device_port.cpp).
+#pragma once
+
+#include "kernels/cuda/cuda_backend.hpp"
+#include "tests/ports/device_fixture.hpp"
+
+#include <cmath>
+
+namespace troupe::test {
+
+inline ports::cpu_device_params cuda_params(kernels::cuda::cuda_backend_options options = {}) {
+  auto p = tiny_params();
+  p.backend = kernels::cuda::cuda_backend::opener(options);
+  return p;
+}
+
+/// Each token's logprob on one device within rounding of the other's.
+inline void check_close(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    CHECK(std::fabs(a[i] - b[i]) < 1e-4);
+}
+
+/// Greedy decoding on a CUDA device gives a CPU device's tokens, alone and two in a step.
+inline void check_greedy_as_cpu(device_fixture& f) {
+  auto gpu = f.cpu(cuda_params());
+  auto host = f.cpu(tiny_params());
+  const auto pr = prompt(23, 1);
+  std::vector<float> lp_gpu, lp_host;
+  const auto on_gpu = f.greedy(gpu, 1, pr, 8, &lp_gpu);
+  CHECK(on_gpu == f.greedy(host, 1, pr, 8, &lp_host));
+  check_close(lp_gpu, lp_host);
+  // Two sequences in one step, beside each other's prefill.
+  const auto other = prompt(11, 2);
+  auto r = f.run(gpu, step({seq(1, pr.size() + 7, {on_gpu.back()}), seq(2, 0, other)}, 2));
+  auto w = f.run(host, step({seq(1, pr.size() + 7, {on_gpu.back()}), seq(2, 0, other)}, 2));
+  REQUIRE_MESSAGE(r, f.sys.render(r.error()));
+  REQUIRE(w);
+  REQUIRE(r->sampled.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(r->sampled[i].sequence == w->sampled[i].sequence);
+    CHECK(r->sampled[i].token == w->sampled[i].token);
+  }
+}
+
+/// A sequence prefilled on a CPU device continues on a CUDA device, and from there on a
+/// second CPU device, with the same tokens.
+inline void check_kv_both_ways(device_fixture& f) {
+  auto host = f.cpu(tiny_params());
+  auto gpu = f.cpu(cuda_params());
+  const auto pr = prompt(140, 8);  // one full 128-token block and a partial one
+  const auto first = f.greedy(host, 1, pr, 2);
+  auto snap = f.ask<runtime::kv_snapshot_ptr>(host, runtime::kv_export{1});
+  REQUIRE_MESSAGE(snap, f.sys.render(snap.error()));
+  CHECK((*snap)->blocks.size() == 1);
+  auto ok = f.ask<caf::ok_atom>(gpu, runtime::kv_import{5, *snap});
+  REQUIRE_MESSAGE(ok, f.sys.render(ok.error()));
+  std::vector<float> lp_gpu, lp_host;
+  const auto on_gpu = f.continue_greedy(gpu, 5, 141, first.back(), 4, &lp_gpu);
+  CHECK(on_gpu == f.continue_greedy(host, 1, 141, first.back(), 4, &lp_host));
+  check_close(lp_gpu, lp_host);
+
+  auto back = f.ask<runtime::kv_snapshot_ptr>(gpu, runtime::kv_export{5});
+  REQUIRE_MESSAGE(back, f.sys.render(back.error()));
+  CHECK((*back)->length == 145);
+  auto host2 = f.cpu(tiny_params());
+  REQUIRE(f.ask<caf::ok_atom>(host2, runtime::kv_import{9, *back}));
+  lp_gpu.clear();
+  lp_host.clear();
+  const auto after = f.continue_greedy(host2, 9, 145, on_gpu.back(), 3, &lp_host);
+  CHECK(after == f.continue_greedy(gpu, 5, 145, on_gpu.back(), 3, &lp_gpu));
+  check_close(lp_gpu, lp_host);
+}
+
+/// What a CUDA device refuses: expert-parallel load balancing (a load error that says so), a
+/// batch larger than the device holds (compute_failed, and its sequences go on).
+inline void check_refusals(device_fixture& f) {
+  using runtime::device_errc;
+  {
+    auto p = cuda_params();
+    p.experts = std::make_shared<ports::expert_link>(16);
+    auto dev = f.cpu(std::move(p));
+    auto r = f.run(dev, step({seq(1, 0, {3, 4})}));
+    REQUIRE_FALSE(r);
+    CHECK(runtime::is(r.error(), device_errc::load_failed));
+    CHECK(f.sys.render(r.error()).find("runs on the CPU backend only") != std::string::npos);
+  }
+  {
+    kernels::cuda::cuda_backend_options o;
+    o.max_sequences = 1;
+    auto dev = f.cpu(cuda_params(o));
+    auto r = f.run(dev, step({seq(1, 0, {3, 4}), seq(2, 0, {5})}));
+    REQUIRE_FALSE(r);
+    CHECK(runtime::is(r.error(), device_errc::compute_failed));
+    CHECK(f.sys.render(r.error()).find("the device holds 1 at once") != std::string::npos);
+    CHECK(f.run(dev, step({seq(1, 0, {3, 4})})));
+  }
+}
+
+} // namespace troupe::test
