@@ -16,6 +16,8 @@ void add_cuda_engine() {
   };
   e.opener = [](const device_limits& limits) {
     kernels::cuda::cuda_backend_options o;
+    if (auto gpus = kernels::cuda::device_count(); gpus && *gpus > 0)
+      o.device = static_cast<int>(limits.index % static_cast<std::uint32_t>(*gpus));
     o.max_sequences = limits.max_sequences;
     o.max_context = limits.max_context;
     o.batch_invariant = true;  // as the CPU devices of a served cluster are

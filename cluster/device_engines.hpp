@@ -19,12 +19,18 @@ struct device_limits {
   std::int64_t max_sequences = 64;
   /// The longest context (prompt + output) of a sequence.
   std::int64_t max_context = 4096;
+  /// The device's place in the cluster's order (a topology's prefill instances, then its
+  /// decode instances): the engine spreads devices over the GPUs it sees by it (index mod
+  /// their count), so the devices of one machine take GPUs of their own while there are
+  /// enough, and a process that sees one GPU (a Slurm step, a Kubernetes pod) takes that one.
+  std::uint32_t index = 0;
 };
 
 struct device_engine {
   /// Why this machine cannot run the engine ("no CUDA device: ..."); empty when it can.
   std::function<std::string()> unusable;
-  /// The backend of one device (ports::cpu_device_params::backend), batch-invariant.
+  /// The backend of one device (ports::cpu_device_params::backend), batch-invariant; called
+  /// once per device spawned (a restarted device included).
   std::function<kernels::backend_opener(const device_limits&)> opener;
   /// The context a device allocates for when --max-context does not say; 0: the model's.
   std::uint64_t default_context = 0;

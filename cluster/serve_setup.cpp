@@ -302,11 +302,12 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
                      : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
   gp.max_context = in.max_context;
-  kernels::backend_opener backend;  // null: the CPU backend
-  if (const auto* engine = find_device_engine(in.topo.cluster.device))
-    backend = engine->opener({.max_sequences = static_cast<std::int64_t>(gp.max_batch),
-                              .max_context = static_cast<std::int64_t>(gp.max_context)});
-  gp.device = [&o, &metrics, constraints, profile, experts, backend,
+  // The engine of a device other than the CPU one (load_serve_inputs found it registered).
+  const device_engine* engine = find_device_engine(in.topo.cluster.device);
+  gp.device = [&o, &metrics, constraints, profile, experts, engine,
+               limits = device_limits{.max_sequences = static_cast<std::int64_t>(gp.max_batch),
+                                      .max_context = static_cast<std::int64_t>(gp.max_context)},
+               prefill_instances = prefill_pool->instances.initial,
                interval = in.eplb_interval,
                window = in.window_memory](caf::actor_system& sys, pool_role role,
                                             std::uint32_t instance) {
@@ -314,7 +315,11 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     d.model_dir = o.model;
     d.threads = o.device_threads;
     d.batch_invariant = true;
-    d.backend = backend;
+    if (engine != nullptr) {
+      auto mine = limits;
+      mine.index = role == pool_role::prefill ? instance : prefill_instances + instance;
+      d.backend = engine->opener(mine);
+    }
     d.engram_map = o.engram_map;
     d.keep_bytes = window;
     d.metrics = &metrics;

@@ -6,6 +6,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/send.hpp>
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -78,14 +79,12 @@ bool says(const std::string& err, const std::string& what) {
 // Registers a stand-in "cuda" engine for one test.
 struct fake_cuda {
   std::string unusable;
-  device_limits seen;
-  int opened = 0;
+  std::vector<device_limits> opened;  // what each device's opener was asked for
   explicit fake_cuda(std::uint64_t default_context) {
     device_engine e;
     e.unusable = [this] { return unusable; };
     e.opener = [this](const device_limits& limits) {
-      seen = limits;
-      ++opened;
+      opened.push_back(limits);
       return kernels::backend_opener{};
     };
     e.default_context = default_context;
@@ -170,10 +169,21 @@ TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cann
   runtime::registry metrics;
   auto gp = make_real_graph_params(sys, o, *in, metrics, nullptr, "troupe serve", err);
   REQUIRE_MESSAGE(gp, err.str());
-  CHECK(cuda.opened == 1);
-  CHECK(cuda.seen.max_sequences == 12);
-  CHECK(cuda.seen.max_context == 3000);
   CHECK(gp->max_context == 3000);
+  CHECK(cuda.opened.empty());
+  // Each device spawned asks the engine for its backend, with its place: the prefill
+  // instances first, then the decode ones.
+  for (auto [role, instance] : {std::pair{pool_role::decode, 0u}, std::pair{pool_role::prefill, 0u},
+                                std::pair{pool_role::decode, 2u}})
+    caf::anon_send_exit(gp->device(sys, role, instance), caf::exit_reason::user_shutdown);
+  REQUIRE(cuda.opened.size() == 3);
+  CHECK(cuda.opened[0].index == 1);
+  CHECK(cuda.opened[1].index == 0);
+  CHECK(cuda.opened[2].index == 3);
+  for (const auto& l : cuda.opened) {
+    CHECK(l.max_sequences == 12);
+    CHECK(l.max_context == 3000);
+  }
 
   // On the CPU backend the context is the model's.
   auto cpu = d.options(d.topology("cpu"));
