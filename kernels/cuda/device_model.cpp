@@ -42,10 +42,15 @@ struct device_layer {
   // CSA2: the compressor (KV sources), the indexer (index sources; wk / k_norm: key owners).
   buffer c_wkv, c_wgate, c_norm, i_wq_b, i_weights, i_wk, i_k_norm;
   // Per sequence slot, max_context rows each: a KV source's compressed KV [*, head_dim] and,
-  // when it owns them, its indexer keys [*, index_head_dim]; the unfinished group's projected
-  // rows (ratio > 1) [ratio rows per slot, head_dim].
-  buffer compressed, index_keys, pending_kv, pending_gate;
+  // when it owns them, its indexer keys [*, index_head_dim]; and (ratio > 1) the projected rows
+  // of its last recent_rows(ratio) positions, the row of position p at p mod recent_rows: the
+  // unfinished group's, and those a rollback rebuilds it from [recent_rows per slot, head_dim].
+  buffer compressed, index_keys, recent_kv, recent_gate;
 };
+
+// Rows of a KV source's recent store per slot: the unfinished group (< ratio rows) after a
+// rollback of up to swa_rollback_tokens, as the CPU cache's recent rows.
+i64 recent_rows(i64 ratio) { return ratio + swa_rollback_tokens; }
 
 // A sequence's place in the rings and how far it has run.
 struct sequence_state {
@@ -55,6 +60,7 @@ struct sequence_state {
   // Per layer: no window row before ring_first (a cache imported after a bounded replay or an
   // encoder–decoder prefill), compressed groups held, the unfinished group's rows.
   std::vector<i64> ring_first, groups, pending;
+  i64 rollback_floor = 0;  // a rollback cannot go below it (kernels::rollback's rule)
 };
 
 // One forward call: its sequences' token ranges and the indexer's state the CPU model keeps in
@@ -242,8 +248,8 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
       d.compressed = store(options.max_context, c.head_dim);
       if (L.ratio > 1) {
         d.c_wgate = up(L.c_wgate);
-        d.pending_kv = store(L.ratio, c.head_dim);
-        d.pending_gate = store(L.ratio, c.head_dim);
+        d.recent_kv = store(recent_rows(L.ratio), c.head_dim);
+        d.recent_gate = store(recent_rows(L.ratio), c.head_dim);
       }
     }
     if (L.index_source) {
@@ -290,6 +296,37 @@ result<std::int64_t> device_model::length(sequence_id id) const {
   return it->second.length;
 }
 
+result<bool> device_model::rollback(sequence_id id, std::int64_t k) {
+  using r = result<bool>;
+  auto& s = *s_;
+  const auto it = s.sequences.find(id);
+  if (it == s.sequences.end()) return r::failure("device_model: no sequence " + std::to_string(id));
+  auto& seq = it->second;
+  // kernels::rollback's rules and messages.
+  if (k < 0 || k > swa_rollback_tokens)
+    return r::failure("rollback: " + std::to_string(k) + " tokens, expected 0 to " +
+                      std::to_string(swa_rollback_tokens));
+  if (seq.length - k < seq.rollback_floor)
+    return r::failure("rollback: " + std::to_string(k) + " tokens, only " +
+                      std::to_string(seq.length - seq.rollback_floor) +
+                      " since the start or the previous rollback");
+  // The rings, the compressed stores and the recent rows are addressed by position: the rows
+  // past the new length are dead, and the unfinished group's are in the recent store.
+  const i64 length = seq.length - k;
+  for (std::size_t l = 0; l < s.layers.size(); ++l) {
+    const auto& host = s.W->layers[l];
+    if (!host.kv_source) continue;
+    const i64 ratio = host.ratio;
+    seq.groups[l] = ratio > 1 ? length / ratio : length;
+    if (ratio > 1) seq.pending[l] = length - seq.groups[l] * ratio;
+  }
+  seq.engram_recent.resize(seq.engram_recent.size() -
+                           std::min<std::size_t>(seq.engram_recent.size(), sz(k)));
+  seq.length = length;
+  seq.rollback_floor = length;
+  return true;
+}
+
 result<sequence_cache> device_model::export_sequence(sequence_id id) const {
   using r = result<sequence_cache>;
   const auto& s = *s_;
@@ -322,12 +359,18 @@ result<sequence_cache> device_model::export_sequence(sequence_id id) const {
     cc.groups = groups;
     cc.pending_tokens = held;
     if (cc.ratio > 1) {
-      auto kv = rows(L.pending_kv, seq.slot * cc.ratio, held, hd);
-      auto gate = rows(L.pending_gate, seq.slot * cc.ratio, held, hd);
+      // The unfinished group: positions [length - held, length) of the recent store.
+      const i64 R = recent_rows(cc.ratio);
+      auto kv = rows(L.recent_kv, seq.slot * R, R, hd);
+      auto gate = rows(L.recent_gate, seq.slot * R, R, hd);
       TROUPE_TRY(kv);
       TROUPE_TRY(gate);
-      cc.pending_kv = std::move(*kv);
-      cc.pending_gate = std::move(*gate);
+      for (i64 p = seq.length - held; p < seq.length; ++p) {
+        const auto at = kv->begin() + (p % R) * hd;
+        cc.pending_kv.insert(cc.pending_kv.end(), at, at + hd);
+        const auto g = gate->begin() + (p % R) * hd;
+        cc.pending_gate.insert(cc.pending_gate.end(), g, g + hd);
+      }
     }
     auto kv = rows(L.compressed, seq.slot * s.max_context, groups, hd);
     TROUPE_TRY(kv);
@@ -359,6 +402,7 @@ result<sequence_id> device_model::import_sequence(const sequence_cache& cache) {
   };
   auto fill = [&]() -> result<bool> {
     seq.length = cache.length;
+    seq.rollback_floor = cache.length;  // the recent rows before the unfinished group stay behind
     seq.engram_recent = cache.engram_recent;
     for (std::size_t l = 0; l < s.layers.size(); ++l) {
       auto& L = s.layers[l];
@@ -371,9 +415,12 @@ result<sequence_id> device_model::import_sequence(const sequence_cache& cache) {
       seq.groups[l] = cc.groups;
       seq.pending[l] = cc.pending_tokens;
       if (cc.ratio > 1) {
-        TROUPE_TRY(put(L.pending_kv, seq.slot * cc.ratio, cc.pending_kv.data(), cc.pending_tokens, hd));
-        TROUPE_TRY(put(L.pending_gate, seq.slot * cc.ratio, cc.pending_gate.data(),
-                       cc.pending_tokens, hd));
+        const i64 R = recent_rows(cc.ratio);
+        for (i64 j = 0; j < cc.pending_tokens; ++j) {
+          const i64 slot_row = seq.slot * R + (cache.length - cc.pending_tokens + j) % R;
+          TROUPE_TRY(put(L.recent_kv, slot_row, cc.pending_kv.data() + j * hd, 1, hd));
+          TROUPE_TRY(put(L.recent_gate, slot_row, cc.pending_gate.data() + j * hd, 1, hd));
+        }
       }
       for (i64 g = 0; g < cc.kv.size(); ++g)
         TROUPE_TRY(put(L.compressed, seq.slot * s.max_context + g, cc.kv.row(g), 1, hd));
@@ -501,7 +548,7 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
 
 // The CSA2 compressor of KV-source layer l: each sequence's groups completed in this call
 // (ratio 1: every token; ratio r: the unfinished group's rows, then the call's, pooled r at a
-// time, the rest kept for the next call), normed; the key owner's indexer keys from them
+// time; the call's last rows join the recent store for the next call and a rollback), normed; the key owner's indexer keys from them
 // (projected, normed, rotated, FP4-rounded); then the groups rotated and FP4-rounded into the
 // compressed KV. Stores hold a sequence's rows at its slot × max_context.
 result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_state& call) {
@@ -531,7 +578,9 @@ result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_
     auto c_gate = buffer::zeros(sz(T * hd));
     TROUPE_TRY(c_gate);
     TROUPE_TRY(project(a.data(), T, D, L.c_wgate.data(), hd, c_gate->data()));
-    // Each sequence's unfinished rows, then its call rows, one after another in `joined`.
+    // Each sequence's unfinished rows, then its call rows, one after another in `joined`; the
+    // call's last R rows go to the recent store (by position).
+    const i64 R = recent_rows(r);
     std::vector<i64> held_src, held_dst, call_src, call_dst, rest_src, rest_dst, joined_at;
     i64 joined = 0, n_lat = 0;
     for (std::size_t b = 0; b < call.seqs.size(); ++b) {
@@ -539,21 +588,21 @@ result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_
       const i64 held = seq.pending[l], n = call.begin[b + 1] - call.begin[b];
       joined_at.push_back(joined);
       for (i64 j = 0; j < held; ++j) {
-        held_src.push_back(seq.slot * r + j);
+        held_src.push_back(seq.slot * R + (seq.length - held + j) % R);
         held_dst.push_back(joined + j);
       }
       for (i64 i = 0; i < n; ++i) {
         call_src.push_back(call.begin[b] + i);
         call_dst.push_back(joined + held + i);
+        if (i >= n - R) {
+          rest_src.push_back(joined + held + i);
+          rest_dst.push_back(seq.slot * R + (seq.length + i) % R);
+        }
       }
       const i64 complete = (held + n) / r;
       for (i64 g = 0; g < complete; ++g) {
         latent_pos.push_back((seq.groups[l] + g) * r);
         latent_dst.push_back(seq.slot * max_context + seq.groups[l] + g);
-      }
-      for (i64 j = complete * r; j < held + n; ++j) {
-        rest_src.push_back(joined + j);
-        rest_dst.push_back(seq.slot * r + (j - complete * r));
       }
       group_count[b] = complete;
       n_lat += complete;
@@ -572,8 +621,8 @@ result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_
     const auto held_n = static_cast<i64>(held_src.size());
     const auto rest_n = static_cast<i64>(rest_src.size());
     for (auto [from_store, from_call, into] :
-         {std::tuple{&L.pending_kv, &*c_kv, &*joined_kv},
-          std::tuple{&L.pending_gate, &*c_gate, &*joined_gate}}) {
+         {std::tuple{&L.recent_kv, &*c_kv, &*joined_kv},
+          std::tuple{&L.recent_gate, &*c_gate, &*joined_gate}}) {
       TROUPE_TRY(copy_rows(from_store->data(), d_held_src->data(), into->data(),
                            d_held_dst->data(), held_n, hd));
       TROUPE_TRY(copy_rows(from_call->data(), d_call_src->data(), into->data(),
@@ -774,7 +823,8 @@ result<bool> device_model::state::engram(const loaded::layer_weights& host, cons
   return true;
 }
 
-result<std::vector<float>> device_model::forward(std::span<const step_input> batch) {
+result<std::vector<float>> device_model::forward(std::span<const step_input> batch,
+                                                 std::vector<float>* dspark_features) {
   using r = result<std::vector<float>>;
   auto& s = *s_;
   const auto& c = s.c;
@@ -885,6 +935,29 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
                         &logits})
     TROUPE_TRY(*b);
 
+  // The DSpark features [T, targets, D]: at each target layer, the streams its attention site
+  // takes, averaged (the collapse with weights 1 / hc, the CPU model's sum in its order).
+  const auto& targets = c.dspark_target_layer_ids;
+  const auto n_targets = static_cast<i64>(targets.size());
+  buffer features, averaged, equal_mix;
+  std::vector<index_buffer> feature_rows;  // per target: token t's row t * targets + k
+  if (dspark_features != nullptr) {
+    auto f = buffer::zeros(sz(T * n_targets * D));
+    auto avg = buffer::zeros(sz(T * D));
+    auto mix_all = buffer::of(std::vector<float>(sz(T * hc), 1.0f / static_cast<float>(hc)));
+    for (auto* b : {&f, &avg, &mix_all}) TROUPE_TRY(*b);
+    features = std::move(*f);
+    averaged = std::move(*avg);
+    equal_mix = std::move(*mix_all);
+    for (i64 k = 0; k < n_targets; ++k) {
+      std::vector<i64> rows(sz(T));
+      for (i64 t = 0; t < T; ++t) rows[sz(t)] = t * n_targets + k;
+      auto d = index_buffer::of(rows);
+      TROUPE_TRY(d);
+      feature_rows.push_back(std::move(*d));
+    }
+  }
+
   // Embeddings, copied into every stream; the first site collapses stream 0 only.
   TROUPE_TRY(embed_rows(s.embed.data(), d_tokens.data(), T, hc, D, streams->data()));
   // One site: the mixes of the streams as they are, the collapse by the previous site's mix,
@@ -905,6 +978,13 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
     auto& L = s.layers[l];
     const auto& host = s.W->layers[l];
     if (host.engram_index >= 0) TROUPE_TRY(s.engram(host, L, hash_ids, T, *streams));
+    if (dspark_features != nullptr)
+      for (i64 k = 0; k < n_targets; ++k) {
+        if (targets[sz(k)] != static_cast<i64>(l)) continue;
+        TROUPE_TRY(hc_collapse(streams->data(), equal_mix.data(), T, hc, D, averaged.data()));
+        TROUPE_TRY(copy_rows(averaged.data(), nullptr, features.data(), feature_rows[sz(k)].data(),
+                             T, D));
+      }
     TROUPE_TRY(site(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm,
                     [&] { return s.attention(l, *x, call, *out); }));
     TROUPE_TRY(site(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm,
@@ -916,6 +996,11 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   TROUPE_TRY(s.project(x->data(), T, D, s.lm_head.data(), V, logits->data()));
   auto host = logits->download();
   TROUPE_TRY(host);
+  if (dspark_features != nullptr) {
+    auto f = features.download();
+    TROUPE_TRY(f);
+    *dspark_features = std::move(*f);
+  }
   for (std::size_t b = 0; b < batch.size(); ++b) {
     auto& seq = *call.seqs[b];
     seq.length += static_cast<i64>(batch[b].tokens.size());

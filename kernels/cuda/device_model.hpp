@@ -10,12 +10,14 @@
 // they must at full scale), with mHC and the MoE; a sequence's cache moves to and from the CPU
 // engine's form (export_sequence / import_sequence), so the KV block formats, bounded replay
 // and the encoder–decoder prefill reach the device through the CPU engine; batch-invariant
-// mode. Not yet: the DSpark draft layers, rollback. Weights are the CPU engine's fp32 copies
-// (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so memory is 4 bytes per
-// parameter, and each sequence's compressed KV is allocated for max_context tokens up front:
-// a check of the layer loop on small models, not a way to fit V4.1-Flash on a GPU. The routed experts run one GEMM per expert on the rows the host's
-// dispatch plan groups for it (kernels/ep_dispatch.hpp, one rank), which needs the router's
-// choices on the host once per layer; the indexer runs per sequence.
+// mode; rollback of a rejected draft; the DSpark draft features. Not yet: the DSpark draft
+// layers themselves (cuda_backend runs them on the host). Weights are the CPU engine's fp32
+// copies (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so memory is 4
+// bytes per parameter, and each sequence's compressed KV is allocated for max_context tokens
+// up front: a check of the layer loop on small models, not a way to fit V4.1-Flash on a GPU.
+// The routed experts run one GEMM per expert on the rows the host's dispatch plan groups for
+// it (kernels/ep_dispatch.hpp, one rank), which needs the router's choices on the host once
+// per layer; the indexer runs per sequence.
 //
 // This file is plain C++ over device pointers. troupe_cuda builds it with the CUDA runtime and
 // cuBLASLt; tests/cuda_host builds it with host memory and the kernels under the SIMT emulator
@@ -70,7 +72,8 @@ class device_model {
   /// compressed KV, indexer keys, unfinished groups, Engram look-back), downloaded: a CPU model
   /// continues it exactly as this device would, and kernels/kv_blocks.hpp serialises it, so a
   /// sequence moves between GPU and CPU instances in the same Block / State / SWA KV bytes. It
-  /// cannot be rolled back below its length (the device keeps no rows for a rollback).
+  /// cannot be rolled back below its length (the recent rows before its unfinished group stay
+  /// behind).
   result<sequence_cache> export_sequence(sequence_id id) const;
   /// A new sequence continuing `cache` (made by the same CPU model: fresh, computed, restored
   /// from serialised KV, or after a bounded replay). Errors: another model's cache, a cache
@@ -82,7 +85,15 @@ class device_model {
   /// Errors (an unknown or repeated id, a token out of range, a sequence past max_context, an
   /// Engram model without its token map) leave every sequence as it was; a device failure
   /// halfway leaves the batch's sequences unusable (close them).
-  result<std::vector<float>> forward(std::span<const step_input> batch);
+  /// `dspark_features`, when given, receives every token's DSpark draft features [T, target
+  /// layers, hidden] (model::forward's).
+  result<std::vector<float>> forward(std::span<const step_input> batch,
+                                     std::vector<float>* dspark_features = nullptr);
+  /// Undoes a sequence's last k <= 6 tokens (a rejected draft), as kernels::rollback does to a
+  /// CPU cache: afterwards it continues as if it never ran them. Only tokens run since it was
+  /// opened or imported, or since its previous rollback, can be undone. Errors: an unknown id,
+  /// k < 0 or k > 6, k beyond those tokens.
+  result<bool> rollback(sequence_id id, std::int64_t k);
 
   struct state;
 

@@ -56,3 +56,22 @@ TEST_CASE("device: batch-invariant mode gives a sequence the same bits in any ba
   const auto runs = troupe::test::alone_and_batched(*m, *dev);
   CHECK(runs.batched == runs.alone);
 }
+
+TEST_CASE("device: a rolled-back draft leaves the device as kernels::rollback leaves a CPU cache") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("troupe-test-cuda-rollback-" + std::to_string(::getpid()));
+  REQUIRE(write_random_model(dir, "tiny", 5));
+  for (const auto& d : {dir, std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/ratio4"}) {
+    auto m = model::load(d);
+    REQUIRE_MESSAGE(m, m.error());
+    REQUIRE(troupe::test::set_identity_engram_map(*m));
+    auto dev = cuda::device_model::upload(*m, {.max_sequences = 1});
+    REQUIRE_MESSAGE(dev, dev.error());
+    const auto r = troupe::test::compare_rollbacks(*m, *dev);
+    MESSAGE(d.filename().string() << ": largest |device - CPU| logit " << r.max_logit_diff
+                                  << ", feature " << r.max_feature_diff);
+    CHECK(r.max_logit_diff < 1e-4);
+    CHECK(r.max_feature_diff < 1e-4);
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -182,4 +182,70 @@ inline two_runs alone_and_batched(const kernels::model& m, kernels::cuda::device
   return out;
 }
 
+/// Speculative decoding's calls on the device and on the CPU engine side by side: a prompt,
+/// then rounds of a chunk of 1 + k tokens (k = 1 .. 6) of which the last `rejected` are rolled
+/// back (device_model::rollback against kernels::rollback), crossing CSA2 group boundaries;
+/// every chunk's logits and the DSpark features of each call, then decode steps after the last
+/// rollback. Returns the largest |device − CPU| logit and feature; fails on any error or on a
+/// refusal that differs from the CPU's.
+struct rollback_comparison {
+  double max_logit_diff = 0, max_feature_diff = 0;
+  std::int64_t rolled_back = 0;  // tokens undone
+};
+
+inline rollback_comparison compare_rollbacks(const kernels::model& m,
+                                             kernels::cuda::device_model& dev) {
+  using namespace troupe::kernels;
+  rollback_comparison out;
+  const std::int64_t V = m.text().vocab_size;
+  auto cache = m.new_sequence();
+  auto id = dev.open_sequence();
+  REQUIRE_MESSAGE(id, id.error());
+  auto diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double d = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
+    return d;
+  };
+  std::uint64_t z = 0x51ED270B27ull;
+  auto tokens = [&](std::int64_t n) {
+    std::vector<std::int64_t> t(static_cast<std::size_t>(n));
+    for (auto& v : t) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<std::int64_t>((z >> 33) % static_cast<std::uint64_t>(V));
+    }
+    return t;
+  };
+  auto both = [&](const std::vector<std::int64_t>& t) {
+    std::vector<float> f_cpu, f_dev;
+    const sequence_input ci{&cache, t};
+    auto want = m.forward(std::span(&ci, 1), nullptr, &f_cpu);
+    const step_input di{*id, t};
+    auto got = dev.forward(std::span(&di, 1), &f_dev);
+    REQUIRE_MESSAGE(want, want.error());
+    REQUIRE_MESSAGE(got, got.error());
+    out.max_logit_diff = std::max(out.max_logit_diff, diff(*got, *want));
+    out.max_feature_diff = std::max(out.max_feature_diff, diff(f_dev, f_cpu));
+  };
+  both(tokens(21));
+  for (std::int64_t round = 0; round < 12; ++round) {
+    const std::int64_t k = 1 + round % 6, rejected = (round * 5) % (k + 1);
+    both(tokens(1 + k));
+    auto want = kernels::rollback(cache, rejected);
+    auto got = dev.rollback(*id, rejected);
+    REQUIRE_MESSAGE(want, want.error());
+    REQUIRE_MESSAGE(got, got.error());
+    out.rolled_back += rejected;
+    auto length = dev.length(*id);
+    REQUIRE(length);
+    CHECK(*length == cache.length);
+  }
+  // What both refuse, with the same words: more than 6 tokens, and below the last rollback.
+  CHECK(dev.rollback(*id, 7).error() == kernels::rollback(cache, 7).error());
+  CHECK(dev.rollback(*id, 1).error() == kernels::rollback(cache, 1).error());
+  for (int i = 0; i < 3; ++i) both(tokens(1));
+  REQUIRE(dev.close_sequence(*id));
+  return out;
+}
+
 }  // namespace troupe::test
