@@ -25,6 +25,7 @@ void add_cuda_engine() {
   };
   // Each sequence's compressed KV is allocated for its whole context up front.
   e.default_context = 16384;
+  e.speculative = true;  // rollback on the device, the DSpark layers on the host
   add_device_engine("cuda", std::move(e));
 }
 

@@ -34,6 +34,8 @@ struct device_engine {
   std::function<kernels::backend_opener(const device_limits&)> opener;
   /// The context a device allocates for when --max-context does not say; 0: the model's.
   std::uint64_t default_context = 0;
+  /// Whether its backends roll back and draft (serve --spec).
+  bool speculative = false;
 };
 
 /// Registers `engine` as the engine of device = `name` (replacing one of that name).

@@ -108,10 +108,9 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
   // Speculative decoding: a known mode, and draft layers to propose with.
   if (!actors::parse_speculation(o.spec))
     return fail("--spec " + o.spec + ": expected off, fixed1 .. fixed5 or dspark");
-  if (engine != nullptr && o.spec != "off")
-    return fail("--spec " + o.spec + ": speculative decoding runs on the CPU backend only so "
-                "far (on CUDA, rollback and the DSpark draft layers are not on the device yet: "
-                "docs/cuda.md); use --spec off, or device = \"cpu\"");
+  if (engine != nullptr && !engine->speculative && o.spec != "off")
+    return fail("--spec " + o.spec + ": the engine of device \"" + device
+                + "\" does not run speculative decoding; use --spec off, or device = \"cpu\"");
   if (o.overlap != "on" && o.overlap != "off")
     return fail("--overlap " + o.overlap + ": expected on or off");
   if (o.eplb_ranks == 1 || o.eplb_ranks > text.n_routed_experts)

@@ -98,6 +98,24 @@ class model_backend {
                                             std::span<const std::int64_t> tokens) = 0;
 };
 
+/// The DSpark draft contexts of a backend's sequences and the draft calls over them (on the CPU
+/// model: cpu_backend's, and cuda_backend's until the draft layers run on the device). The
+/// backend checks that a sequence is its own before each call.
+class draft_contexts {
+ public:
+  /// model_backend::draft over `m`.
+  result<draft_output> draft(const model& m, std::span<const draft_request> batch);
+  /// model_backend::export_draft: empty when the sequence has no context.
+  std::string export_draft(sequence_id id) const;
+  /// model_backend::import_draft.
+  result<bool> import_draft(const model& m, sequence_id id, std::string_view bytes);
+  /// Forgets a sequence's context (closed).
+  void erase(sequence_id id) { states_.erase(id); }
+
+ private:
+  std::map<sequence_id, draft_state> states_;
+};
+
 /// Makes a backend from a loaded model (a device port's choice of engine:
 /// ports::cpu_device_params::backend).
 using backend_opener = std::function<result<std::unique_ptr<model_backend>>(model)>;
@@ -136,7 +154,7 @@ class cpu_backend final : public model_backend {
   model model_;
   sequence_id next_ = 1;
   std::map<sequence_id, sequence_cache> sequences_;
-  std::map<sequence_id, draft_state> drafts_;
+  draft_contexts drafts_;
 };
 
 }  // namespace troupe::kernels

@@ -58,37 +58,50 @@ result<bool> cpu_backend::rollback(sequence_id id, std::int64_t k) {
 
 bool cpu_backend::has_draft() const { return model_.has_draft(); }
 
-result<draft_output> cpu_backend::draft(std::span<const draft_request> batch) {
+result<draft_output> draft_contexts::draft(const model& m, std::span<const draft_request> batch) {
   std::vector<draft_input> inputs;
   for (const auto& in : batch) {
-    if (sequences_.count(in.sequence) == 0)
-      return result<draft_output>::failure(unknown(in.sequence));
-    auto [it, fresh] = drafts_.try_emplace(in.sequence);
-    if (fresh) it->second = model_.new_draft_state();
+    auto [it, fresh] = states_.try_emplace(in.sequence);
+    if (fresh) it->second = m.new_draft_state();
     if (it->second.length() != in.position) it->second.reset(in.position);
     if (in.anchor >= 0) {
       inputs.push_back({&it->second, in.features, in.anchor});
-    } else if (auto ok = model_.extend_draft(it->second, in.features); !ok) {
+    } else if (auto ok = m.extend_draft(it->second, in.features); !ok) {
       return result<draft_output>::failure(ok.error());
     }
   }
-  return model_.draft(inputs);
+  return m.draft(inputs);
+}
+
+std::string draft_contexts::export_draft(sequence_id id) const {
+  const auto it = states_.find(id);
+  return it == states_.end() ? std::string{} : serialize_draft(it->second);
+}
+
+result<bool> draft_contexts::import_draft(const model& m, sequence_id id, std::string_view bytes) {
+  if (!m.has_draft())
+    return result<bool>::failure("backend: a draft context for a model without draft layers");
+  auto state = m.new_draft_state();
+  if (auto ok = restore_draft(state, bytes); !ok) return ok;
+  states_.insert_or_assign(id, std::move(state));
+  return true;
+}
+
+result<draft_output> cpu_backend::draft(std::span<const draft_request> batch) {
+  for (const auto& in : batch)
+    if (sequences_.count(in.sequence) == 0)
+      return result<draft_output>::failure(unknown(in.sequence));
+  return drafts_.draft(model_, batch);
 }
 
 result<std::string> cpu_backend::export_draft(sequence_id id) const {
   if (sequences_.count(id) == 0) return result<std::string>::failure(unknown(id));
-  const auto it = drafts_.find(id);
-  return it == drafts_.end() ? std::string{} : serialize_draft(it->second);
+  return drafts_.export_draft(id);
 }
 
 result<bool> cpu_backend::import_draft(sequence_id id, std::string_view bytes) {
   if (sequences_.count(id) == 0) return result<bool>::failure(unknown(id));
-  if (!model_.has_draft())
-    return result<bool>::failure("backend: a draft context for a model without draft layers");
-  auto state = model_.new_draft_state();
-  if (auto ok = restore_draft(state, bytes); !ok) return ok;
-  drafts_.insert_or_assign(id, std::move(state));
-  return true;
+  return drafts_.import_draft(model_, id, bytes);
 }
 
 result<std::string> cpu_backend::export_block(sequence_id id, std::int64_t block) const {

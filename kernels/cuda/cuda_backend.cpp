@@ -12,12 +12,6 @@ namespace {
 
 std::string unknown(sequence_id id) { return "backend: no sequence " + std::to_string(id); }
 
-template <class T>
-result<T> not_on_device(const char* what) {
-  return result<T>::failure(std::string("cuda backend: ") + what +
-                            " is not on the device yet (use device = \"cpu\" for it)");
-}
-
 }  // namespace
 
 result<std::unique_ptr<cuda_backend>> cuda_backend::open(const std::filesystem::path& model_dir,
@@ -121,6 +115,7 @@ sequence_id cuda_backend::open_sequence() {
 }
 
 result<bool> cuda_backend::close_sequence(sequence_id id) {
+  drafts_.erase(id);
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     auto ok = device_->close_sequence(it->second.id);
     on_device_.erase(it);
@@ -139,6 +134,11 @@ result<std::int64_t> cuda_backend::length(sequence_id id) const {
 }
 
 result<std::vector<float>> cuda_backend::step(std::span<const step_input> batch) {
+  return run(batch, nullptr);
+}
+
+result<std::vector<float>> cuda_backend::run(std::span<const step_input> batch,
+                                             std::vector<float>* dspark_features) {
   std::vector<step_input> inputs;
   ++tick_;
   for (const auto& in : batch) {
@@ -146,14 +146,13 @@ result<std::vector<float>> cuda_backend::step(std::span<const step_input> batch)
     if (!dev) return result<std::vector<float>>::failure(dev.error());
     inputs.push_back({*dev, in.tokens});
   }
-  return device_->forward(inputs);
+  return device_->forward(inputs, dspark_features);
 }
 
 result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input> batch,
                                                    std::span<const std::int64_t> rows,
                                                    std::vector<float>* dspark_features) {
   using r = result<std::vector<float>>;
-  if (dspark_features != nullptr) return not_on_device<std::vector<float>>("DSpark");
   if (rows.size() != batch.size())
     return r::failure("backend: " + std::to_string(rows.size()) + " row counts for " +
                       std::to_string(batch.size()) + " sequences");
@@ -161,7 +160,7 @@ result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input> b
     if (rows[b] < 1 || rows[b] > static_cast<std::int64_t>(batch[b].tokens.size()))
       return r::failure("backend: " + std::to_string(rows[b]) + " rows of a sequence's " +
                         std::to_string(batch[b].tokens.size()) + " tokens");
-  auto all = step(batch);
+  auto all = run(batch, dspark_features);
   if (!all) return all;
   const auto V = static_cast<std::size_t>(model_.text().vocab_size);
   std::vector<float> out;
@@ -174,20 +173,35 @@ result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input> b
   return out;
 }
 
-result<bool> cuda_backend::rollback(sequence_id, std::int64_t) {
-  return not_on_device<bool>("rollback");
+result<bool> cuda_backend::rollback(sequence_id id, std::int64_t k) {
+  if (const auto it = on_device_.find(id); it != on_device_.end())
+    return device_->rollback(it->second.id, k);
+  const auto it = on_host_.find(id);
+  if (it == on_host_.end()) return result<bool>::failure(unknown(id));
+  return kernels::rollback(it->second, k);
 }
-bool cuda_backend::has_draft() const { return false; }
-result<draft_output> cuda_backend::draft(std::span<const draft_request>) {
-  return not_on_device<draft_output>("DSpark");
+
+bool cuda_backend::has_draft() const { return model_.has_draft(); }
+
+bool cuda_backend::holds(sequence_id id) const {
+  return on_device_.count(id) != 0 || on_host_.count(id) != 0;
 }
+
+// The draft layers run on the CPU engine, from the features the device computed.
+result<draft_output> cuda_backend::draft(std::span<const draft_request> batch) {
+  for (const auto& in : batch)
+    if (!holds(in.sequence)) return result<draft_output>::failure(unknown(in.sequence));
+  return drafts_.draft(model_, batch);
+}
+
 result<std::string> cuda_backend::export_draft(sequence_id id) const {
-  if (on_device_.count(id) == 0 && on_host_.count(id) == 0)
-    return result<std::string>::failure(unknown(id));
-  return std::string{};  // no draft context: the backend never drafts
+  if (!holds(id)) return result<std::string>::failure(unknown(id));
+  return drafts_.export_draft(id);
 }
-result<bool> cuda_backend::import_draft(sequence_id, std::string_view) {
-  return not_on_device<bool>("DSpark");
+
+result<bool> cuda_backend::import_draft(sequence_id id, std::string_view bytes) {
+  if (!holds(id)) return result<bool>::failure(unknown(id));
+  return drafts_.import_draft(model_, id, bytes);
 }
 
 result<std::string> cuda_backend::export_block(sequence_id id, std::int64_t block) const {

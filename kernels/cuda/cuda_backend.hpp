@@ -8,9 +8,10 @@
 // engine's bounded replay there, and the next step uploads it (device_model::import_sequence).
 // export_block / export_state / export_swa / full_blocks of a sequence on the device download
 // its cache first (export_sequence), so the bytes are the CPU backend's and KV moves between
-// GPU and CPU instances. What it does not do yet, each a failure that says so: rollback (a
-// rejected speculative draft), the DSpark draft layers (has_draft is false, so no engine asks
-// it to draft). The weights are the CPU engine's fp32 copies (device_model.hpp), so it serves
+// GPU and CPU instances. Speculative decoding: a rejected draft rolls back on the device
+// (device_model::rollback), step_tail's DSpark features come from the device, and the DSpark
+// draft layers run on the CPU engine from them (their contexts in host memory) until they run
+// on the device. The weights are the CPU engine's fp32 copies (device_model.hpp), so it serves
 // models that fit the GPU at 4 bytes per parameter; the CPU model it loads stays in host memory
 // beside it (the Engram tables, replay). The device port runs it as it runs the CPU backend
 // (ports/cpu_device.hpp, cpu_device_params::backend). Never run on a GPU yet: tests/cuda_host
@@ -92,6 +93,11 @@ class cuda_backend final : public model_backend {
   result<sequence_cache*> on_host(sequence_id id);
   // A copy of the sequence's cache, wherever it lives.
   result<sequence_cache> snapshot(sequence_id id) const;
+  // Whether the sequence is open (on the device or the host).
+  bool holds(sequence_id id) const;
+  // step / step_tail: the whole batch's logits, and its DSpark features when asked.
+  result<std::vector<float>> run(std::span<const step_input> batch,
+                                 std::vector<float>* dspark_features);
 
   model model_;
   std::unique_ptr<device_model> device_;
@@ -105,6 +111,7 @@ class cuda_backend final : public model_backend {
   };
   std::map<sequence_id, resident_sequence> on_device_;  // backend id → device_model's
   std::map<sequence_id, sequence_cache> on_host_;   // sequences assembled on the host
+  draft_contexts drafts_;  // the DSpark draft contexts, on the host
 };
 
 }  // namespace troupe::kernels::cuda

@@ -91,6 +91,12 @@ struct fake_cuda {
     add_device_engine("cuda", std::move(e));
   }
   ~fake_cuda() { remove_device_engine("cuda"); }
+  // Registers it again, rolling back and drafting or not.
+  void speculative(bool yes) {
+    auto e = *find_device_engine("cuda");
+    e.speculative = yes;
+    add_device_engine("cuda", std::move(e));
+  }
 };
 
 } // namespace
@@ -145,7 +151,10 @@ TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cann
              "instance so far"));
   auto spec = o;
   spec.spec = "fixed2";
-  CHECK(says(refusal(spec), "--spec fixed2: speculative decoding runs on the CPU backend only"));
+  CHECK(says(refusal(spec), "--spec fixed2: the engine of device \"cuda\" does not run "
+                            "speculative decoding"));
+  cuda.speculative(true);  // then the model's draft layers are what --spec needs
+  CHECK(says(refusal(spec), "model.safetensors"));
   auto eplb = o;
   eplb.eplb_ranks = 2;
   CHECK(says(refusal(eplb), "--eplb: expert-parallel load balancing runs on the CPU backend only"));

@@ -16,3 +16,7 @@ TEST_CASE_FIXTURE(device_fixture, "device port: KV moves from a CPU device to a 
 TEST_CASE_FIXTURE(device_fixture, "device port: what a CUDA device refuses") {
   troupe::test::check_refusals(*this);
 }
+
+TEST_CASE_FIXTURE(device_fixture, "device port: speculative decoding: verified drafts keep the CPU device's greedy tokens") {
+  troupe::test::check_speculation(*this);
+}

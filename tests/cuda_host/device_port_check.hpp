@@ -100,4 +100,57 @@ inline void check_refusals(device_fixture& f) {
   }
 }
 
+/// Speculative decoding on a CUDA device: steps that verify drafts (the CPU device's greedy
+/// tokens, one of them wrong in most rounds) draw exactly the CPU device's one-token greedy
+/// tokens, the rejected drafts rolled back on the device, while the device proposes its own
+/// drafts (the DSpark layers on the host, from the device's features) at every step. Both
+/// devices are batch-invariant, as troupe serve's are: a verify step's rows then round as the
+/// one-token steps' do (otherwise the GEMMs' row-count-dependent sums move an fp8 / fp4 code of
+/// the cached rows now and then, and a logprob by up to 1e-3).
+inline void check_speculation(device_fixture& f) {
+  kernels::cuda::cuda_backend_options invariant;
+  invariant.batch_invariant = true;
+  auto gpu = f.cpu(cuda_params(invariant));
+  auto host = f.cpu(tiny_params());
+  const auto pr = prompt(20, 9);
+  std::vector<float> ref_lp;
+  const auto ref = f.greedy(host, 1, pr, 30, &ref_lp);
+  const runtime::sampling greedy{.temperature = 0.0, .top_logprobs = 0};
+  auto first = seq(3, 0, pr, true, greedy);
+  first.propose = true;
+  auto r = f.run(gpu, step({first}));
+  REQUIRE_MESSAGE(r, f.sys.render(r.error()));
+  std::vector<runtime::sampled_token> got{r->sampled.at(0)};
+  std::uint32_t accepted = 0, rejected = 0, proposals = 0;
+  for (std::uint32_t round = 0; got.size() + 6 <= ref.size(); ++round) {
+    REQUIRE(r->drafts.size() == 1);  // the device proposed for the sequence that asked
+    CHECK_FALSE(r->drafts[0].tokens.empty());
+    ++proposals;
+    const std::uint32_t k = 1 + round % 5, wrong = (round * 3) % (k + 1);
+    std::vector<std::int32_t> tokens{got.back().token};
+    for (std::uint32_t j = 0; j < k; ++j) {
+      const auto t = ref[got.size() + j];
+      tokens.push_back(j == wrong ? (t + 1) % 256 : t);
+    }
+    auto s = seq(3, pr.size() + got.size() - 1, tokens, true, greedy);
+    s.verify = k;
+    s.propose = true;
+    r = f.run(gpu, step({s}));
+    REQUIRE_MESSAGE(r, f.sys.render(r.error()));
+    const auto answered = std::min(wrong, k) + 1;
+    REQUIRE(r->sampled.size() == answered);
+    accepted += answered - 1;
+    rejected += k - (answered - 1);
+    got.insert(got.end(), r->sampled.begin(), r->sampled.end());
+  }
+  CHECK(accepted > 0);
+  CHECK(rejected > 0);
+  CHECK(proposals > 3);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i].token == ref[i]);
+    CHECK(std::fabs(got[i].logprob - ref_lp[i]) < 1e-4);
+  }
+}
+
 } // namespace troupe::test

@@ -72,7 +72,7 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
   auto gpu = cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity});
   REQUIRE_MESSAGE(gpu, gpu.error());
   auto& dev = **gpu;
-  CHECK_FALSE(dev.has_draft());
+  CHECK(dev.has_draft());  // the tiny preset has DSpark layers: they run on the host
 
   std::vector<std::int64_t> prompt(131), next{5, 77, 200, 13};
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % 256);
@@ -112,14 +112,35 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
   }
   // Decode steps of the sequences that never moved.
   CHECK(max_diff(decode(dev, g, next), decode(cpu, c, next)) < 1e-4);
+  {  // a verify step: the tail rows and the DSpark features, a rollback, drafts from them
+    const std::vector<std::int64_t> chunk{17, 4, 250, 9};
+    const std::int64_t rows = 3;
+    const step_input ci{c, chunk}, gi{g, chunk};
+    std::vector<float> f_cpu, f_dev;
+    auto want = cpu.step_tail(std::span(&ci, 1), std::span(&rows, 1), &f_cpu);
+    auto got = dev.step_tail(std::span(&gi, 1), std::span(&rows, 1), &f_dev);
+    REQUIRE(want);
+    REQUIRE_MESSAGE(got, got.error());
+    CHECK(max_diff(*got, *want) < 1e-4);
+    CHECK_FALSE(f_dev.empty());
+    CHECK(max_diff(f_dev, f_cpu) < 1e-4);
+    REQUIRE(cpu.rollback(c, 2));
+    REQUIRE(dev.rollback(g, 2));
+    CHECK(*dev.length(g) == *cpu.length(c));
+    // Drafts from the first two tokens' features, anchored on the next token.
+    const auto width = f_cpu.size() / chunk.size();
+    const draft_request dc{c, *cpu.length(c) - 2, std::span(f_cpu).first(2 * width), 77};
+    const draft_request dg{g, *dev.length(g) - 2, std::span(f_dev).first(2 * width), 77};
+    auto d_cpu = cpu.draft(std::span(&dc, 1));
+    auto d_dev = dev.draft(std::span(&dg, 1));
+    REQUIRE_MESSAGE(d_cpu, d_cpu.error());
+    REQUIRE_MESSAGE(d_dev, d_dev.error());
+    CHECK(d_dev->tokens == d_cpu->tokens);
+    CHECK_FALSE(dev.export_draft(g)->empty());
+    CHECK(max_diff(decode(dev, g, next), decode(cpu, c, next)) < 1e-4);
+  }
   {  // what it refuses
-    CHECK(dev.rollback(g, 1).error() ==
-          "cuda backend: rollback is not on the device yet (use device = \"cpu\" for it)");
-    const step_input again{g, next};
-    const std::int64_t rows = 1;
-    std::vector<float> features;
-    CHECK(dev.step_tail(std::span(&again, 1), std::span(&rows, 1), &features).error() ==
-          "cuda backend: DSpark is not on the device yet (use device = \"cpu\" for it)");
+    CHECK(dev.rollback(g, 7).error() == "rollback: 7 tokens, expected 0 to 6");
     CHECK(dev.import_block(g, 0, "x").error() ==
           "backend: sequence 1 already ran tokens; blocks are imported into a fresh one");
     CHECK(dev.length(999).error() == "backend: no sequence 999");

@@ -16,3 +16,7 @@ TEST_CASE_FIXTURE(device_fixture, "emulated device: KV moves from a CPU device t
 TEST_CASE_FIXTURE(device_fixture, "emulated device: what a device port on cuda_backend refuses") {
   troupe::test::check_refusals(*this);
 }
+
+TEST_CASE_FIXTURE(device_fixture, "emulated device: speculative decoding on a CUDA device: verified drafts keep the CPU device's greedy tokens") {
+  troupe::test::check_speculation(*this);
+}
