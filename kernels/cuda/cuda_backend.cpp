@@ -52,6 +52,7 @@ backend_opener cuda_backend::opener(cuda_backend_options options) {
 }
 
 result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_input> batch) {
+  changed(id);  // it is about to run
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     it->second.used = tick_;
     return it->second.id;
@@ -86,6 +87,7 @@ result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_
 }
 
 result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
+  changed(id);
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     auto cache = device_->export_sequence(it->second.id);
     if (!cache) return result<sequence_cache*>::failure(cache.error());
@@ -98,12 +100,23 @@ result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
   return &it->second;
 }
 
-result<sequence_cache> cuda_backend::snapshot(sequence_id id) const {
-  if (const auto it = on_device_.find(id); it != on_device_.end())
-    return device_->export_sequence(it->second.id);
+result<const sequence_cache*> cuda_backend::snapshot(sequence_id id) const {
+  using r = result<const sequence_cache*>;
+  if (const auto it = on_device_.find(id); it != on_device_.end()) {
+    if (!downloaded_ || downloaded_->first != id) {
+      auto cache = device_->export_sequence(it->second.id);
+      if (!cache) return r::failure(cache.error());
+      downloaded_.emplace(id, std::move(*cache));
+    }
+    return &downloaded_->second;
+  }
   const auto it = on_host_.find(id);
-  if (it == on_host_.end()) return result<sequence_cache>::failure(unknown(id));
-  return it->second;
+  if (it == on_host_.end()) return r::failure(unknown(id));
+  return &it->second;
+}
+
+void cuda_backend::changed(sequence_id id) {
+  if (downloaded_ && downloaded_->first == id) downloaded_.reset();
 }
 
 // A new sequence starts on the host: it reaches the device with its first step, so a sequence
@@ -116,6 +129,7 @@ sequence_id cuda_backend::open_sequence() {
 
 result<bool> cuda_backend::close_sequence(sequence_id id) {
   drafts_.erase(id);
+  changed(id);
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     auto ok = device_->close_sequence(it->second.id);
     on_device_.erase(it);
@@ -174,6 +188,7 @@ result<std::vector<float>> cuda_backend::step_tail(std::span<const step_input> b
 }
 
 result<bool> cuda_backend::rollback(sequence_id id, std::int64_t k) {
+  changed(id);
   if (const auto it = on_device_.find(id); it != on_device_.end())
     return device_->rollback(it->second.id, k);
   const auto it = on_host_.find(id);
@@ -207,7 +222,7 @@ result<bool> cuda_backend::import_draft(sequence_id id, std::string_view bytes) 
 result<std::string> cuda_backend::export_block(sequence_id id, std::int64_t block) const {
   auto cache = snapshot(id);
   if (!cache) return result<std::string>::failure(cache.error());
-  return serialize_block(*cache, block);
+  return serialize_block(**cache, block);
 }
 
 result<bool> cuda_backend::import_block(sequence_id id, std::int64_t block,
@@ -221,21 +236,23 @@ result<bool> cuda_backend::import_block(sequence_id id, std::int64_t block,
 }
 
 result<std::int64_t> cuda_backend::full_blocks(sequence_id id) const {
+  if (const auto it = on_device_.find(id); it != on_device_.end())
+    return device_->full_blocks(it->second.id);
   auto cache = snapshot(id);
   if (!cache) return result<std::int64_t>::failure(cache.error());
-  return kernels::full_blocks(*cache);
+  return kernels::full_blocks(**cache);
 }
 
 result<std::string> cuda_backend::export_state(sequence_id id) const {
   auto cache = snapshot(id);
   if (!cache) return result<std::string>::failure(cache.error());
-  return serialize_state(*cache);
+  return serialize_state(**cache);
 }
 
 result<std::string> cuda_backend::export_swa(sequence_id id) const {
   auto cache = snapshot(id);
   if (!cache) return result<std::string>::failure(cache.error());
-  return serialize_swa(*cache);
+  return serialize_swa(**cache);
 }
 
 result<bool> cuda_backend::import_state(sequence_id id, std::string_view bytes) {

@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "kernels/backend.hpp"
 #include "kernels/cuda/device_model.hpp"
@@ -91,8 +93,11 @@ class cuda_backend final : public model_backend {
   result<sequence_id> resident(sequence_id id, std::span<const step_input> batch);
   // The sequence's cache on the host (downloading it from the device, which lets it go).
   result<sequence_cache*> on_host(sequence_id id);
-  // A copy of the sequence's cache, wherever it lives.
-  result<sequence_cache> snapshot(sequence_id id) const;
+  // The sequence's cache, wherever it lives: a sequence on the device is downloaded once for
+  // the exports that follow one another (its blocks, State and SWA KV) until it changes.
+  result<const sequence_cache*> snapshot(sequence_id id) const;
+  // Forgets the download of a sequence that is about to change or move.
+  void changed(sequence_id id);
   // Whether the sequence is open (on the device or the host).
   bool holds(sequence_id id) const;
   // step / step_tail: the whole batch's logits, and its DSpark features when asked.
@@ -112,6 +117,7 @@ class cuda_backend final : public model_backend {
   std::map<sequence_id, resident_sequence> on_device_;  // backend id → device_model's
   std::map<sequence_id, sequence_cache> on_host_;   // sequences assembled on the host
   draft_contexts drafts_;  // the DSpark draft contexts, on the host
+  mutable std::optional<std::pair<sequence_id, sequence_cache>> downloaded_;  // snapshot()'s
 };
 
 }  // namespace troupe::kernels::cuda

@@ -296,6 +296,21 @@ result<std::int64_t> device_model::length(sequence_id id) const {
   return it->second.length;
 }
 
+result<std::int64_t> device_model::full_blocks(sequence_id id) const {
+  const auto& s = *s_;
+  const auto it = s.sequences.find(id);
+  if (it == s.sequences.end())
+    return result<std::int64_t>::failure("device_model: no sequence " + std::to_string(id));
+  i64 blocks = -1;
+  for (std::size_t l = 0; l < s.layers.size(); ++l) {
+    const auto& host = s.W->layers[l];
+    if (!host.kv_source) continue;
+    const i64 b = it->second.groups[l] / std::max<i64>(1, kv_block_tokens / host.ratio);
+    blocks = blocks < 0 ? b : std::min(blocks, b);
+  }
+  return std::max<i64>(0, blocks);
+}
+
 result<bool> device_model::rollback(sequence_id id, std::int64_t k) {
   using r = result<bool>;
   auto& s = *s_;

@@ -67,6 +67,9 @@ class device_model {
   result<bool> close_sequence(sequence_id id);
   /// Tokens processed so far by a sequence.
   result<std::int64_t> length(sequence_id id) const;
+  /// Full 128-token blocks of a sequence's compressed KV (kernels::full_blocks of its export),
+  /// without downloading anything.
+  result<std::int64_t> full_blocks(sequence_id id) const;
 
   /// A sequence's cache as the CPU engine holds it (kernels/kv_cache.hpp: window rings,
   /// compressed KV, indexer keys, unfinished groups, Engram look-back), downloaded: a CPU model

@@ -138,6 +138,13 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
     CHECK(d_dev->tokens == d_cpu->tokens);
     CHECK_FALSE(dev.export_draft(g)->empty());
     CHECK(max_diff(decode(dev, g, next), decode(cpu, c, next)) < 1e-4);
+    // An export after decode steps is of the sequence as it is then, not of the download an
+    // export before them made.
+    (void)move(dev, g, cpu);
+    (void)decode(dev, g, next);
+    const sequence_id again = move(dev, g, cpu);
+    CHECK(*cpu.length(again) == *dev.length(g));
+    CHECK(max_diff(decode(cpu, again, next), decode(dev, g, next)) < 1e-4);
   }
   {  // what it refuses
     CHECK(dev.rollback(g, 7).error() == "rollback: 7 tokens, expected 0 to 6");

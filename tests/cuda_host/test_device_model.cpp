@@ -188,6 +188,7 @@ TEST_CASE("emulated device: a sequence moves between the device and the CPU in t
     REQUIRE_MESSAGE(exported, exported.error());
     CHECK(exported->length == 131);
     REQUIRE(full_blocks(*exported) == 1);
+    CHECK(*dev->full_blocks(*id) == 1);  // counted on the device, nothing downloaded
     auto block = serialize_block(*exported, 0);
     auto state = serialize_state(*exported);
     auto swa = serialize_swa(*exported);
