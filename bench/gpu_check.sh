@@ -11,11 +11,19 @@
 #      layers) and the tiny preset: logits and 64 greedy tokens; batch-invariant mode; the
 #      device port running cuda_backend as `troupe serve` runs a device = "cuda" rank: a CPU
 #      device's greedy tokens, KV moved from a CPU device to the GPU and back),
-#   3. runs the throughput benchmark (bench_cuda_kernels) and prints its table.
-# Fails loudly (exit 1) without a GPU. Budget: under 8 minutes on one H200 (each step has its
-# own timeout). Usage: bench/gpu_check.sh [build dir, default build-gpu]
+#   3. runs the throughput benchmark (bench_cuda_kernels) and prints its table,
+#   4. with --serve, also builds the troupe CLI and runs bench/serve_check.sh on
+#      examples/topologies/local-cuda.toml: `troupe serve` on the GPU (prefill and decode
+#      devices on cuda_backend), greedy replies over HTTP against troupe generate on the CPU,
+#      plain and with --spec dspark. The CLI's build takes minutes more: run it as a second
+#      call when the first passed.
+# Fails loudly (exit 1) without a GPU. Budget: under 8 minutes on one H200 without --serve
+# (each step has its own timeout). Usage: bench/gpu_check.sh [--serve] [build dir, default
+# build-gpu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+serve=0
+if [ "${1:-}" == "--serve" ]; then serve=1; shift; fi
 build=${1:-build-gpu}
 started=$(date +%s)
 say() { printf '\n== %s (%ds)\n' "$*" $(( $(date +%s) - started )); }
@@ -40,7 +48,10 @@ timeout 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -D
   -DCMAKE_CUDA_ARCHITECTURES="$cap" "${launcher[@]}" >"$build.configure.log" 2>&1 \
   || { tail -30 "$build.configure.log"; die "configure (log: $build.configure.log)"; }
 grep "CUDA engine" "$build.configure.log"
-timeout 300 ninja -C "$build" -j"$(nproc)" test_cuda_host test_cuda bench_cuda_kernels >"$build.build.log" 2>&1 \
+targets=(test_cuda_host test_cuda bench_cuda_kernels)
+build_limit=300
+if [ $serve -eq 1 ]; then targets+=(troupe); build_limit=540; fi
+timeout $build_limit ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$build.build.log" 2>&1 \
   || { tail -40 "$build.build.log"; die "build (log: $build.build.log)"; }
 
 status=0
@@ -62,6 +73,12 @@ timeout 90 "$build/tests/test_cuda" -tc="device: the forward pass*,device: the t
 
 say "throughput against the device's limits"
 timeout 120 "$build/bench/bench_cuda_kernels" || { echo "bench_cuda_kernels FAILED"; status=1; }
+
+if [ $serve -eq 1 ]; then
+  say "troupe serve on the GPU (bench/serve_check.sh, local-cuda.toml)"
+  timeout 300 bench/serve_check.sh "$build/troupe" examples/topologies/local-cuda.toml \
+    || { echo "serve_check FAILED"; status=1; }
+fi
 
 say "done"
 [ $status -eq 0 ] && echo "gpu_check: passed (kernel correctness); see the table for the throughput goals" \
