@@ -986,7 +986,10 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     err << command << ": " << msg << "\n";
     return 1;
   };
-  auto in = load_serve_inputs(o.serve, command, err, false);
+  // Every device process runs on this host unless a hosts file or Slurm places them: then
+  // this host must be able to run their engine (a GPU for device = "cuda").
+  const bool devices_here = o.hosts_file.empty() && !o.slurm && !o.dry_run;
+  auto in = load_serve_inputs(o.serve, command, err, devices_here);
   if (!in)
     return 1;
   auto listen = parse_host_port(o.serve.listen);
