@@ -54,8 +54,8 @@ std::optional<std::pair<std::string, std::uint16_t>> parse_host_port(const std::
 /// `o` (the API keys and the listen address are the entrypoint's: see load_api_keys_option),
 /// and that the topology's device engine is built in (cluster/device_engines.hpp) and, when
 /// `devices_here` (a process that runs devices, or a launcher that starts them on this host;
-/// not a control process), usable on this machine. On a problem, writes "<command>: <message>" lines to `err` and returns
-/// nothing.
+/// not a control process), usable on this machine. On a problem, writes "<command>: <message>"
+/// lines to `err` and returns nothing.
 std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std::string& command,
                                               std::ostream& err, bool devices_here = true);
 

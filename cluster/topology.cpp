@@ -96,7 +96,8 @@ void read_cluster(checker& c, const toml::table& root, topology& t) {
   if (auto h = c.choice(*tbl, "cluster", "hardware", known_hardware(), "hardware", true,
                         "add e.g. hardware = \"H800\""))
     t.cluster.hardware = *h;
-  const bool nvidia = t.cluster.hardware.starts_with("H") || t.cluster.hardware.starts_with("B");
+  const auto& hw = t.cluster.hardware;
+  const bool nvidia = hw == "H800" || hw == "H100" || hw == "H200" || hw == "B200";
   t.cluster.device = t.cluster.hardware == "cpu" ? "cpu" : nvidia ? "cuda" : "";
   if (auto d = c.choice(*tbl, "cluster", "device", {"cpu", "cuda"}, "device", false)) {
     if (*d == "cuda" && !nvidia && !t.cluster.hardware.empty())
