@@ -15,7 +15,7 @@ namespace troupe::cluster {
 
 /// What a device of a served cluster asks of its engine.
 struct device_limits {
-  /// Sequences it runs in one step (a decode batch).
+  /// Sequences it runs in one step (a decode batch, or the prompts of a prefill step).
   std::int64_t max_sequences = 64;
   /// The longest context (prompt + output) of a sequence.
   std::int64_t max_context = 4096;

@@ -303,9 +303,15 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   gp.max_context = in.max_context;
   // The engine of a device other than the CPU one (load_serve_inputs found it registered).
   const device_engine* engine = find_device_engine(in.topo.cluster.device);
+  // A device holds a step's sequences at once: a decode batch, or the prefill jobs of one step
+  // (each gets at least a 128-token share of the chunk, prefill_engine.hpp).
+  const auto per_step = static_cast<std::int64_t>(gp.max_batch);
+  const auto prefill_jobs = static_cast<std::int64_t>(
+    (gp.prefill_chunk + kernels::kv_block_tokens - 1) / kernels::kv_block_tokens);
   gp.device = [&o, &metrics, constraints, profile, experts, engine,
-               limits = device_limits{.max_sequences = static_cast<std::int64_t>(gp.max_batch),
+               limits = device_limits{.max_sequences = per_step,
                                       .max_context = static_cast<std::int64_t>(gp.max_context)},
+               prefill_limit = std::max(per_step, prefill_jobs),
                prefill_instances = prefill_pool->instances.initial,
                interval = in.eplb_interval,
                window = in.window_memory](caf::actor_system& sys, pool_role role,
@@ -317,6 +323,8 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     if (engine != nullptr) {
       auto mine = limits;
       mine.index = role == pool_role::prefill ? instance : prefill_instances + instance;
+      if (role == pool_role::prefill)
+        mine.max_sequences = prefill_limit;
       d.backend = engine->opener(mine);
     }
     d.engram_map = o.engram_map;

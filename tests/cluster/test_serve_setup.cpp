@@ -170,6 +170,7 @@ TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cann
   CHECK(in->max_context == 16384);
   o.max_context = 3000;
   o.max_batch = 12;
+  o.prefill_chunk = 2000;  // up to 16 prompts share a prefill step
   in = load_serve_inputs(o, "troupe serve", err);
   REQUIRE_MESSAGE(in, err.str());
   CHECK(in->max_context == 3000);
@@ -189,10 +190,10 @@ TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cann
   CHECK(cuda.opened[0].index == 1);
   CHECK(cuda.opened[1].index == 0);
   CHECK(cuda.opened[2].index == 3);
-  for (const auto& l : cuda.opened) {
-    CHECK(l.max_sequences == 12);
+  CHECK(cuda.opened[0].max_sequences == 12);  // a decode batch
+  CHECK(cuda.opened[1].max_sequences == 16);  // a prefill step's prompts
+  for (const auto& l : cuda.opened)
     CHECK(l.max_context == 3000);
-  }
 
   // On the CPU backend the context is the model's.
   auto cpu = d.options(d.topology("cpu"));

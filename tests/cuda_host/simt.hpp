@@ -6,8 +6,10 @@
 // on the calling thread, each running the kernel until it finishes or waits at a barrier:
 // __syncthreads waits for the whole block, a warp shuffle for the 32 threads of its warp
 // (each writes its value, all read their partner's, then all leave together). `__shared__`
-// variables are function-local statics (one block runs at a time, so one copy serves), the
-// dynamic shared memory a buffer of the launch's size. Device math is the host's (expf ...),
+// variables are function-local thread_local statics (one block runs at a time on a thread, so
+// one copy per thread serves), the dynamic shared memory a buffer of the launch's size. The
+// running block and the fiber stacks are per thread too, so devices driven from several
+// threads at once (a serving graph's prefill and decode devices) each run their own launches. Device math is the host's (expf ...),
 // and the fibers interleave only at barriers, in ascending or descending thread order (tests run
 // both: a value one thread writes and others read without a barrier between is then read
 // before it is written in one of them). What a real device adds (its math library, its
@@ -62,7 +64,7 @@ inline order& thread_order() {
 }
 
 inline block_state*& running() {
-  static block_state* state = nullptr;
+  static thread_local block_state* state = nullptr;
   return state;
 }
 
@@ -122,7 +124,7 @@ void launch(dim grid, dim block, std::size_t shared_bytes, void (*kernel)(Params
     throw std::invalid_argument("simt::launch: blocks must be one-dimensional warps");
   constexpr std::size_t stack_bytes = 64 * 1024;
   // One stack per thread, kept from launch to launch (a forward pass launches hundreds).
-  static std::vector<std::vector<char>> stacks;
+  static thread_local std::vector<std::vector<char>> stacks;
   while (stacks.size() < block.x) stacks.emplace_back(stack_bytes);
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
@@ -175,7 +177,7 @@ void launch(dim grid, dim block, std::size_t shared_bytes, void (*kernel)(Params
 #define __global__
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ static thread_local
 #define TROUPE_DYNAMIC_SHARED(type, name) type* name = ::troupe::test::simt::dynamic_shared<type>()
 #define threadIdx (::troupe::test::simt::self().index)
 #define blockIdx (::troupe::test::simt::running()->block_index)
