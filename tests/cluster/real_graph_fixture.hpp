@@ -301,4 +301,20 @@ inline std::vector<std::int32_t> generate_greedy(const std::vector<std::int32_t>
   return {g->tokens.begin(), g->tokens.end()};
 }
 
+/// A request with a 150-token prompt (more than one 128-token block) gets `troupe generate`'s 12
+/// greedy tokens, and the decode instance imported the prefill instance's KV (no recompute).
+inline void check_handoff(fixture& f) {
+  caf::scoped_actor self{f.w.system()};
+  const auto prompt = prompt_of(150, 1, f.vocab);
+  auto out = f.run(self, {f.request(1, prompt, 12, {})});
+  REQUIRE(out.size() == 1);
+  CHECK(out[1].tokens == generate_greedy(prompt, 12));
+  CHECK(out[1].end.reason == actors::finish_reason::length);
+  CHECK(out[1].end.prompt_tokens == 150);
+  CHECK(out[1].end.completion_tokens == 12);
+  CHECK(f.log->exported == 1);
+  CHECK(f.log->imported == 1);
+  CHECK(f.log->refused == 0);
+}
+
 } // namespace troupe::test

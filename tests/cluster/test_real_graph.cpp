@@ -50,18 +50,7 @@ struct six_requests {
 
 TEST_CASE("a served request's greedy tokens equal troupe generate's, through the KV hand-off") {
   fixture f;
-  caf::scoped_actor self{f.w.system()};
-  const auto prompt = prompt_of(150, 1, f.vocab);  // more than one 128-token block
-  auto out = f.run(self, {f.request(1, prompt, 12, {})});
-  REQUIRE(out.size() == 1);
-  CHECK(out[1].tokens == generate_greedy(prompt, 12));
-  CHECK(out[1].end.reason == actors::finish_reason::length);
-  CHECK(out[1].end.prompt_tokens == 150);
-  CHECK(out[1].end.completion_tokens == 12);
-  // The decode instance imported the prefill instance's KV (no recompute).
-  CHECK(f.log->exported == 1);
-  CHECK(f.log->imported == 1);
-  CHECK(f.log->refused == 0);
+  check_handoff(f);
 }
 
 TEST_CASE("a request served among 63 concurrent others gives the tokens it gives alone") {

@@ -24,15 +24,7 @@ kernels::backend_opener emulated_cuda() {
 TEST_CASE("emulated device: a request served on CUDA devices gets troupe generate's greedy "
           "tokens, through the KV hand-off between them") {
   fixture f{false, {}, 1, {}, {}, true, {}, 1, true, emulated_cuda()};
-  caf::scoped_actor self{f.w.system()};
-  const auto prompt = prompt_of(150, 1, f.vocab);  // more than one 128-token block
-  auto out = f.run(self, {f.request(1, prompt, 12, {})});
-  REQUIRE(out.size() == 1);
-  CHECK(out[1].tokens == generate_greedy(prompt, 12));
-  CHECK(out[1].end.reason == actors::finish_reason::length);
-  CHECK(f.log->exported == 1);  // the decode device imported the prefill device's KV
-  CHECK(f.log->imported == 1);
-  CHECK(f.log->refused == 0);
+  check_handoff(f);
 }
 
 TEST_CASE("emulated device: requests decoding together on CUDA devices get their tokens alone, "
