@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -246,6 +247,24 @@ inline rollback_comparison compare_rollbacks(const kernels::model& m,
   for (int i = 0; i < 3; ++i) both(tokens(1));
   REQUIRE(dev.close_sequence(*id));
   return out;
+}
+
+/// compare_rollbacks on the model in `dir` (uploaded with one sequence), checked: 20 tokens or
+/// more undone, logits and features within 1e-4 of the CPU engine's; the figures printed.
+inline void check_rollbacks(const std::filesystem::path& dir) {
+  CAPTURE(dir);
+  auto m = kernels::model::load(dir);
+  REQUIRE_MESSAGE(m, m.error());
+  REQUIRE(set_identity_engram_map(*m));
+  auto dev = kernels::cuda::device_model::upload(*m, {.max_sequences = 1});
+  REQUIRE_MESSAGE(dev, dev.error());
+  const auto r = compare_rollbacks(*m, *dev);
+  MESSAGE(dir.filename().string() << ": " << r.rolled_back << " tokens rolled back; largest "
+                                  << "|device - CPU| logit " << r.max_logit_diff << ", feature "
+                                  << r.max_feature_diff);
+  CHECK(r.rolled_back >= 20);
+  CHECK(r.max_logit_diff < 1e-4);
+  CHECK(r.max_feature_diff < 1e-4);
 }
 
 }  // namespace troupe::test

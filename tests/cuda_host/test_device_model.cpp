@@ -255,18 +255,5 @@ TEST_CASE("emulated device: a rolled-back draft leaves the device as kernels::ro
   // rollback reaches back into a completed group).
   const auto tiny = testing::scratch_root() / "device-rollback-tiny";
   REQUIRE(write_random_model(tiny, "tiny", 5));
-  for (const auto& dir : {tiny, golden / "ratio4"}) {
-    CAPTURE(dir);
-    auto m = model::load(dir);
-    REQUIRE_MESSAGE(m, m.error());
-    REQUIRE(troupe::test::set_identity_engram_map(*m));
-    auto dev = cuda::device_model::upload(*m, {.max_sequences = 1});
-    REQUIRE_MESSAGE(dev, dev.error());
-    const auto r = troupe::test::compare_rollbacks(*m, *dev);
-    MESSAGE(dir.filename().string() << ": " << r.rolled_back << " tokens rolled back; largest |device - CPU| logit "
-                                    << r.max_logit_diff << ", feature " << r.max_feature_diff);
-    CHECK(r.rolled_back >= 20);
-    CHECK(r.max_logit_diff < 1e-4);
-    CHECK(r.max_feature_diff < 1e-4);
-  }
+  for (const auto& dir : {tiny, golden / "ratio4"}) troupe::test::check_rollbacks(dir);
 }
