@@ -96,6 +96,9 @@ class model_backend {
   /// returns the next token's logits.
   virtual result<std::vector<float>> replay(sequence_id id,
                                             std::span<const std::int64_t> tokens) = 0;
+  /// Sequences moved out of device memory to make room so far (a GPU backend whose steps need
+  /// more sequences than it holds at once); 0 where every sequence stays where it is.
+  virtual std::uint64_t evictions() const { return 0; }
 };
 
 /// The DSpark draft contexts of a backend's sequences and the draft calls over them (on the CPU

@@ -93,6 +93,7 @@ struct device_metrics {
   runtime::counter* drafts_accepted = nullptr;
   runtime::counter* placements_applied = nullptr;
   runtime::counter* placements_refused = nullptr;
+  runtime::counter* evictions = nullptr;
 };
 
 struct cpu_device_state {
@@ -140,6 +141,8 @@ struct cpu_device_state {
   std::vector<std::uint64_t> reported;
   /// troupe_device_expert_tokens_total, one child per routed expert (with a link and metrics).
   std::vector<runtime::counter*> expert_tokens;
+  /// The backend's evictions already added to the metric.
+  std::uint64_t evictions_counted = 0;
   static inline const char* name = "cpu_device";
 };
 
@@ -190,6 +193,11 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
                                  "applied");
   m.placements_refused = counter("troupe_device_expert_placements_total", placements, "outcome",
                                  "refused");
+  m.evictions = runtime::counter_child(
+    reg, "troupe_device_evictions_total",
+    "Sequences the device moved out of its memory to make room for a step's (a CUDA device "
+    "holding more sequences than its max_sequences: they wait in host memory).",
+    {"device"}, {name});
   m.checksum_failures = runtime::counter_child(
     reg, "troupe_kv_checksum_failures_total",
     "KV handed to the device (hand-off snapshots, restored blocks) that failed its checksum "
@@ -624,6 +632,9 @@ caf::result<runtime::device_result> run_step(self_ptr self, runtime::device_step
   out.finished = self->clock().now();
   if (st.experts)
     report_expert_counts(st);
+  const auto evictions = st.backend->evictions();
+  inc(st.metrics.evictions, static_cast<double>(evictions - st.evictions_counted));
+  st.evictions_counted = evictions;
   inc(step.phase == runtime::step_phase::decode ? st.metrics.decode_tokens
                                                 : st.metrics.prefill_tokens,
       static_cast<double>(step.tokens));

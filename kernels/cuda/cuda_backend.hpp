@@ -62,7 +62,7 @@ class cuda_backend final : public model_backend {
   static backend_opener opener(cuda_backend_options options);
 
   /// Sequences moved to host memory to make room on the device, so far.
-  std::uint64_t evictions() const { return evictions_; }
+  std::uint64_t evictions() const override { return evictions_; }
 
   sequence_id open_sequence() override;
   result<bool> close_sequence(sequence_id id) override;

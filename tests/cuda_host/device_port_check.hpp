@@ -76,7 +76,8 @@ inline void check_kv_both_ways(device_fixture& f) {
 }
 
 /// What a CUDA device refuses: expert-parallel load balancing (a load error that says so), a
-/// batch larger than the device holds (compute_failed, and its sequences go on).
+/// batch larger than the device holds (compute_failed, and its sequences go on); sequences
+/// beyond what it holds wait in host memory, counted in troupe_device_evictions_total.
 inline void check_refusals(device_fixture& f) {
   using runtime::device_errc;
   {
@@ -91,12 +92,22 @@ inline void check_refusals(device_fixture& f) {
   {
     kernels::cuda::cuda_backend_options o;
     o.max_sequences = 1;
-    auto dev = f.cpu(cuda_params(o));
+    runtime::registry metrics;
+    auto p = cuda_params(o);
+    p.metrics = &metrics;
+    p.name = "gpu";
+    auto dev = f.cpu(std::move(p));
     auto r = f.run(dev, step({seq(1, 0, {3, 4}), seq(2, 0, {5})}));
     REQUIRE_FALSE(r);
     CHECK(runtime::is(r.error(), device_errc::compute_failed));
     CHECK(f.sys.render(r.error()).find("the device holds 1 at once") != std::string::npos);
+    // One at a time they run, each step moving the other to the host.
     CHECK(f.run(dev, step({seq(1, 0, {3, 4})})));
+    CHECK(f.run(dev, step({seq(2, 0, {5})})));
+    CHECK(f.run(dev, step({seq(1, 2, {6})})));
+    CHECK(metrics.expose().find("troupe_device_evictions_total{device=\"gpu\"} 2\n") !=
+          std::string::npos);
+    f.self->send_exit(dev, caf::exit_reason::user_shutdown);  // before `metrics` goes
   }
 }
 
