@@ -117,9 +117,6 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
     return fail("--eplb " + std::to_string(o.eplb_ranks) + ": expected 2 .. "
                 + std::to_string(text.n_routed_experts)
                 + " ranks (the model's routed experts) for each device's EP group");
-  if (engine != nullptr && o.eplb_ranks > 0)
-    return fail("--eplb: expert-parallel load balancing runs on the CPU backend only so far "
-                "(docs/cuda.md); leave --eplb out, or use device = \"cpu\"");
   auto interval = runtime::parse_duration(o.eplb_interval);
   if (!interval || interval.value <= runtime::duration{0})
     return fail("--eplb-interval " + o.eplb_interval + ": expected a duration > 0 (e.g. 30s)");

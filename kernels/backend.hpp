@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -96,6 +97,12 @@ class model_backend {
   /// returns the next token's logits.
   virtual result<std::vector<float>> replay(sequence_id id,
                                             std::span<const std::int64_t> tokens) = 0;
+  /// Tokens routed to each routed expert so far, summed over the main layers' MoEs
+  /// (model::expert_counts): what the expert-parallel load balancer places by.
+  virtual std::vector<std::uint64_t> expert_counts() const = 0;
+  /// Runs the MoEs by an expert placement from the next step on (model::set_expert_placement);
+  /// std::nullopt: as one group. Errors: a placement that does not fit the model.
+  virtual result<bool> set_expert_placement(std::optional<expert_placement> placement) = 0;
   /// Sequences moved out of device memory to make room so far (a GPU backend whose steps need
   /// more sequences than it holds at once); 0 where every sequence stays where it is.
   virtual std::uint64_t evictions() const { return 0; }
@@ -152,6 +159,10 @@ class cpu_backend final : public model_backend {
   result<bool> import_swa(sequence_id id, std::string_view bytes) override;
   result<std::vector<float>> replay(sequence_id id,
                                     std::span<const std::int64_t> tokens) override;
+  std::vector<std::uint64_t> expert_counts() const override { return model_.expert_counts(); }
+  result<bool> set_expert_placement(std::optional<expert_placement> placement) override {
+    return model_.set_expert_placement(std::move(placement));
+  }
 
  private:
   model model_;

@@ -62,6 +62,35 @@ result<expert_placement> place_experts(std::int32_t experts, std::int32_t ranks,
   return p;
 }
 
+result<bool> check_placement(const expert_placement& p, std::int32_t experts) {
+  using r = result<bool>;
+  const auto E = static_cast<std::size_t>(experts);
+  if (p.experts != experts)
+    return r::failure("expert placement: it places " + std::to_string(p.experts) +
+                      " experts, the model has " + std::to_string(experts) + " routed experts");
+  if (p.ranks < 1 || p.homes.size() != E || p.local.size() != static_cast<std::size_t>(p.ranks))
+    return r::failure("expert placement: " + std::to_string(p.ranks) + " ranks with " +
+                      std::to_string(p.local.size()) + " slot lists and " +
+                      std::to_string(p.homes.size()) + " home lists for " +
+                      std::to_string(p.experts) + " experts");
+  for (std::int32_t e = 0; e < experts; ++e) {
+    const auto& homes = p.homes[static_cast<std::size_t>(e)];
+    if (homes.empty())
+      return r::failure("expert placement: expert " + std::to_string(e) + " has no home");
+    for (auto rank : homes)
+      if (p.slot_of(rank, e) < 0)
+        return r::failure("expert placement: expert " + std::to_string(e) + " lists rank " +
+                          std::to_string(rank) + ", which does not hold it");
+  }
+  for (std::int32_t rank = 0; rank < p.ranks; ++rank)
+    for (auto e : p.local[static_cast<std::size_t>(rank)])
+      if (e < 0 || e >= experts)
+        return r::failure("expert placement: rank " + std::to_string(rank) + " holds expert " +
+                          std::to_string(e) + ", out of range [0, " + std::to_string(experts) +
+                          ")");
+  return true;
+}
+
 result<dispatch_plan> plan_dispatch(const expert_placement& placement,
                                     std::span<const std::int32_t> topk_ids, std::int32_t top_k) {
   using r = result<dispatch_plan>;

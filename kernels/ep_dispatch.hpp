@@ -54,6 +54,11 @@ struct expert_placement {
 result<expert_placement> place_experts(std::int32_t experts, std::int32_t ranks,
                                        std::span<const std::int32_t> replicated = {});
 
+/// Whether `p` places exactly `experts` routed experts consistently: every expert has a home,
+/// every home holds it, every held expert is in range. Errors name the first problem
+/// ("expert placement: ...").
+result<bool> check_placement(const expert_placement& p, std::int32_t experts);
+
 /// Where one source rank's token copies go. A copy is (token t, top-k slot j), numbered
 /// c = t·k + j.
 struct dispatch_plan {

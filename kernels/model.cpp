@@ -283,33 +283,13 @@ result<bool> model::set_expert_placement(std::optional<expert_placement> placeme
     W.placement.reset();
     return true;
   }
-  const auto& p = *placement;
-  const i64 E = W.cfg.text.n_routed_experts;
   if (W.expert_shards > 1)
     return r::failure("expert placement: the model evaluates " + std::to_string(W.expert_shards) +
                       " expert shards already (model_options::expert_shards)");
-  if (p.experts != E)
-    return r::failure("expert placement: it places " + std::to_string(p.experts) +
-                      " experts, the model has " + std::to_string(E) + " routed experts");
-  if (p.ranks < 1 || p.homes.size() != sz(p.experts) || p.local.size() != sz(p.ranks))
-    return r::failure("expert placement: " + std::to_string(p.ranks) + " ranks with " +
-                      std::to_string(p.local.size()) + " slot lists and " +
-                      std::to_string(p.homes.size()) + " home lists for " +
-                      std::to_string(p.experts) + " experts");
-  for (i64 e = 0; e < E; ++e) {
-    const auto& homes = p.homes[sz(e)];
-    if (homes.empty())
-      return r::failure("expert placement: expert " + std::to_string(e) + " has no home");
-    for (auto rank : homes)
-      if (p.slot_of(rank, static_cast<std::int32_t>(e)) < 0)
-        return r::failure("expert placement: expert " + std::to_string(e) + " lists rank " +
-                          std::to_string(rank) + ", which does not hold it");
-  }
-  for (i64 rank = 0; rank < p.ranks; ++rank)
-    for (auto e : p.local[sz(rank)])
-      if (e < 0 || e >= E)
-        return r::failure("expert placement: rank " + std::to_string(rank) + " holds expert " +
-                          std::to_string(e) + ", out of range [0, " + std::to_string(E) + ")");
+  if (auto ok = check_placement(*placement,
+                                static_cast<std::int32_t>(W.cfg.text.n_routed_experts));
+      !ok)
+    return ok;
   W.placement = std::move(placement);
   return true;
 }

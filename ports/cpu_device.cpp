@@ -98,9 +98,6 @@ struct device_metrics {
 
 struct cpu_device_state {
   std::unique_ptr<kernels::model_backend> backend;
-  /// The CPU model when the backend is the CPU one (expert counts and placements); null
-  /// otherwise.
-  kernels::model* cpu_model = nullptr;
   /// Set when the model could not be loaded: every request is answered with it.
   caf::error load_error;
   std::string model_id;
@@ -296,16 +293,12 @@ void load(cpu_device_state& st, cpu_device_params& p) {
   st.vocab = m->text().vocab_size;
   st.model_id = std::move(id);
   if (p.backend) {
-    if (p.experts)
-      return fail("expert-parallel load balancing (experts) runs on the CPU backend only");
     auto backend = p.backend(std::move(*m));
     if (!backend)
       return fail(backend.error());
     st.backend = std::move(*backend);
   } else {
-    auto cpu = std::make_unique<kernels::cpu_backend>(std::move(*m));
-    st.cpu_model = &cpu->cpu_model();
-    st.backend = std::move(cpu);
+    st.backend = std::make_unique<kernels::cpu_backend>(std::move(*m));
   }
   if (p.profile && p.profile->get().empty())
     measure(*st.backend, st.vocab, *p.profile);
@@ -409,7 +402,7 @@ void release(cpu_device_state& st, std::uint64_t seq) {
 
 /// Adds the router counts since the last report to the expert link.
 void report_expert_counts(cpu_device_state& st) {
-  auto counts = st.cpu_model->expert_counts();
+  auto counts = st.backend->expert_counts();
   st.reported.resize(counts.size(), 0);
   auto delta = counts;
   for (std::size_t e = 0; e < delta.size(); ++e) {
@@ -428,7 +421,7 @@ void switch_expert_placement(cpu_device_state& st) {
   auto next = st.experts->newer_than(st.placement_seen);
   if (!next)
     return;
-  inc(st.cpu_model->set_expert_placement(std::move(*next)).ok()
+  inc(st.backend->set_expert_placement(std::move(*next)).ok()
         ? st.metrics.placements_applied
         : st.metrics.placements_refused);
 }

@@ -126,7 +126,7 @@ struct cpu_device_params {
   /// (closed again), the fastest of three runs each.
   std::shared_ptr<step_profile> profile;
   /// Expert-parallel load balancing (expert_link); null: the MoEs run as one group and
-  /// nothing is counted. CPU backend only.
+  /// nothing is counted.
   std::shared_ptr<expert_link> experts;
   /// The backend the device runs, made on its thread from the loaded model (its Engram map
   /// set); null: the exact CPU backend (kernels::cpu_backend). A CUDA GPU rank sets

@@ -84,6 +84,10 @@ class cuda_backend final : public model_backend {
   result<bool> import_state(sequence_id id, std::string_view bytes) override;
   result<bool> import_swa(sequence_id id, std::string_view bytes) override;
   result<std::vector<float>> replay(sequence_id id, std::span<const std::int64_t> tokens) override;
+  std::vector<std::uint64_t> expert_counts() const override { return device_->expert_counts(); }
+  result<bool> set_expert_placement(std::optional<expert_placement> placement) override {
+    return device_->set_expert_placement(std::move(placement));
+  }
 
  private:
   cuda_backend(model m, std::int64_t max_resident)

@@ -115,7 +115,10 @@ struct device_model::state {
     std::int64_t dim = 0;
   } rope_main, rope_compress;
   std::vector<device_layer> layers;
-  expert_placement one_rank;  // every routed expert on this device
+  // The routed experts' placement: every one on one rank, or the expert balancer's (ranks
+  // evaluated one after another on this device); and the tokens routed to each expert.
+  expert_placement placement;
+  std::vector<std::uint64_t> routed;
   std::map<sequence_id, sequence_state> sequences;
   std::vector<bool> slot_used;
   sequence_id next_id = 1;
@@ -180,7 +183,8 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   s->slot_used.assign(sz(options.max_sequences), false);
   auto placement = place_experts(static_cast<std::int32_t>(c.n_routed_experts), 1);
   if (!placement) return r::failure(placement.error());
-  s->one_rank = std::move(*placement);
+  s->placement = std::move(*placement);
+  s->routed.assign(sz(c.n_routed_experts), 0);
 
   std::string error;
   auto up = [&](const loaded::matrix& x) {
@@ -295,6 +299,22 @@ result<std::int64_t> device_model::length(sequence_id id) const {
     return result<std::int64_t>::failure("device_model: no sequence " + std::to_string(id));
   return it->second.length;
 }
+
+result<bool> device_model::set_expert_placement(std::optional<expert_placement> placement) {
+  auto& s = *s_;
+  const auto experts = static_cast<std::int32_t>(s.c.n_routed_experts);
+  if (!placement) {
+    auto one = place_experts(experts, 1);
+    if (!one) return result<bool>::failure(one.error());
+    s.placement = std::move(*one);
+    return true;
+  }
+  if (auto ok = check_placement(*placement, experts); !ok) return ok;
+  s.placement = std::move(*placement);
+  return true;
+}
+
+std::vector<std::uint64_t> device_model::expert_counts() const { return s_->routed; }
 
 result<std::int64_t> device_model::full_blocks(sequence_id id) const {
   const auto& s = *s_;
@@ -775,7 +795,8 @@ result<bool> device_model::state::moe(device_layer& L, const buffer& a, i64 T, b
   TROUPE_TRY(ids64);
   TROUPE_TRY(weights);
   const std::vector<std::int32_t> ids(ids64->begin(), ids64->end());
-  auto plan = plan_dispatch(one_rank, ids, static_cast<std::int32_t>(k));
+  for (const auto e : ids) ++routed[sz(e)];
+  auto plan = plan_dispatch(placement, ids, static_cast<std::int32_t>(k));
   TROUPE_TRY(plan);
   const i64 rows = static_cast<i64>(plan->send_copy.size());
   std::vector<float> row_w(sz(rows)), ones(sz(T * k), 1.0f);
@@ -803,15 +824,17 @@ result<bool> device_model::state::moe(device_layer& L, const buffer& a, i64 T, b
     TROUPE_TRY(project(g->data(), m, I, e.w2.data(), D, out));
     return true;
   };
+  // The plan's rows: rank segments in rank order, local slots ascending inside each.
   i64 row = 0;
-  for (std::size_t slot = 0; slot < plan->expert_counts[0].size(); ++slot) {
-    const i64 m = plan->expert_counts[0][slot];
-    if (m == 0) continue;
-    const auto e = one_rank.local[0][slot];
-    TROUPE_TRY(expert(L.experts[sz(e)], sent->data() + row * D, m, row_scale->data() + row,
-                      returned->data() + row * D));
-    row += m;
-  }
+  for (std::size_t rank = 0; rank < plan->expert_counts.size(); ++rank)
+    for (std::size_t slot = 0; slot < plan->expert_counts[rank].size(); ++slot) {
+      const i64 m = plan->expert_counts[rank][slot];
+      if (m == 0) continue;
+      const auto e = placement.local[rank][slot];
+      TROUPE_TRY(expert(L.experts[sz(e)], sent->data() + row * D, m, row_scale->data() + row,
+                        returned->data() + row * D));
+      row += m;
+    }
   TROUPE_TRY(moe_combine_rows(returned->data(), copy_row->data(), unit->data(), T,
                               static_cast<std::int32_t>(k), D, y.data()));
   TROUPE_TRY(expert(L.shared, a.data(), T, nullptr, shared_y->data()));

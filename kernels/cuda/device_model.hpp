@@ -27,10 +27,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/ep_dispatch.hpp"
 #include "kernels/model.hpp"
 #include "kernels/result.hpp"
 
@@ -67,6 +69,14 @@ class device_model {
   result<bool> close_sequence(sequence_id id);
   /// Tokens processed so far by a sequence.
   result<std::int64_t> length(sequence_id id) const;
+  /// model::set_expert_placement's expert-parallel evaluation: each MoE runs the placement's
+  /// ranks one after another on this device (the grouping an EP group would compute, on one
+  /// GPU), each token's copies combined in top-k slot order as without one; in batch-invariant
+  /// mode the logits are bitwise those without a placement. std::nullopt: one rank again.
+  /// Errors: check_placement's.
+  result<bool> set_expert_placement(std::optional<expert_placement> placement);
+  /// Tokens routed to each routed expert so far, summed over the MoEs (model::expert_counts).
+  std::vector<std::uint64_t> expert_counts() const;
   /// Full 128-token blocks of a sequence's compressed KV (kernels::full_blocks of its export),
   /// without downloading anything.
   result<std::int64_t> full_blocks(sequence_id id) const;

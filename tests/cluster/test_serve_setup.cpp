@@ -155,9 +155,6 @@ TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cann
                             "speculative decoding"));
   cuda.speculative(true);  // then the model's draft layers are what --spec needs
   CHECK(says(refusal(spec), "model.safetensors"));
-  auto eplb = o;
-  eplb.eplb_ranks = 2;
-  CHECK(says(refusal(eplb), "--eplb: expert-parallel load balancing runs on the CPU backend only"));
   auto huge = o;
   huge.max_context = 2'000'000;
   CHECK(says(refusal(huge), "--max-context 2000000: expected 2 .. 1048576 tokens"));

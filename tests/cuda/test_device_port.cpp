@@ -20,3 +20,7 @@ TEST_CASE_FIXTURE(device_fixture, "device port: what a CUDA device refuses") {
 TEST_CASE_FIXTURE(device_fixture, "device port: speculative decoding: verified drafts keep the CPU device's greedy tokens") {
   troupe::test::check_speculation(*this);
 }
+
+TEST_CASE_FIXTURE(device_fixture, "device port: expert-parallel load balancing: the router's counts and a placement applied") {
+  troupe::test::check_expert_link(*this);
+}

@@ -8,6 +8,7 @@
 #include "tests/ports/device_fixture.hpp"
 
 #include <cmath>
+#include <numeric>
 
 namespace troupe::test {
 
@@ -75,20 +76,11 @@ inline void check_kv_both_ways(device_fixture& f) {
   check_close(lp_gpu, lp_host);
 }
 
-/// What a CUDA device refuses: expert-parallel load balancing (a load error that says so), a
-/// batch larger than the device holds (compute_failed, and its sequences go on); sequences
-/// beyond what it holds wait in host memory, counted in troupe_device_evictions_total.
+/// What a CUDA device refuses: a batch larger than the device holds (compute_failed, and its
+/// sequences go on); sequences beyond what it holds wait in host memory, counted in
+/// troupe_device_evictions_total.
 inline void check_refusals(device_fixture& f) {
   using runtime::device_errc;
-  {
-    auto p = cuda_params();
-    p.experts = std::make_shared<ports::expert_link>(16);
-    auto dev = f.cpu(std::move(p));
-    auto r = f.run(dev, step({seq(1, 0, {3, 4})}));
-    REQUIRE_FALSE(r);
-    CHECK(runtime::is(r.error(), device_errc::load_failed));
-    CHECK(f.sys.render(r.error()).find("runs on the CPU backend only") != std::string::npos);
-  }
   {
     kernels::cuda::cuda_backend_options o;
     o.max_sequences = 1;
@@ -162,6 +154,45 @@ inline void check_speculation(device_fixture& f) {
     CHECK(got[i].token == ref[i]);
     CHECK(std::fabs(got[i].logprob - ref_lp[i]) < 1e-4);
   }
+}
+
+/// Expert-parallel load balancing on a CUDA device (serve --eplb): the router's counts reach the
+/// expert link as a CPU device's do for the same step, and a placement with replicas over three
+/// ranks is applied at the next step with the same greedy token (batch-invariant devices).
+inline void check_expert_link(device_fixture& f) {
+  const std::int32_t experts = 8;  // the tiny preset's routed experts
+  auto link_for = [&](ports::cpu_device_params p, runtime::registry& metrics) {
+    auto link = std::make_shared<ports::expert_link>(experts);
+    p.experts = link;
+    p.metrics = &metrics;
+    p.name = "d";
+    return std::pair{f.cpu(std::move(p)), link};
+  };
+  kernels::cuda::cuda_backend_options invariant;
+  invariant.batch_invariant = true;
+  runtime::registry gpu_metrics, host_metrics;
+  auto [gpu, gpu_link] = link_for(cuda_params(invariant), gpu_metrics);
+  auto [host, host_link] = link_for(tiny_params(), host_metrics);
+  const auto pr = prompt(30, 5);
+  const auto first = f.token(gpu, step({seq(1, 0, pr)}));
+  CHECK(first == f.token(host, step({seq(1, 0, pr)})));
+  const auto counts = gpu_link->totals();
+  CHECK(counts == host_link->totals());
+  CHECK(std::accumulate(counts.begin(), counts.end(), std::uint64_t{0}) > 0);
+  // Two hot experts copied: the next step runs three ranks, the same token as one group.
+  const std::int32_t hot[] = {1, 6};
+  auto placed = kernels::place_experts(experts, 3, hot);
+  REQUIRE(placed);
+  gpu_link->propose(*placed);
+  host_link->propose(*placed);
+  const auto second = f.token(gpu, step({seq(1, pr.size(), {first})}));
+  CHECK(second == f.token(host, step({seq(1, pr.size(), {first})})));
+  const std::string applied =
+    "troupe_device_expert_placements_total{device=\"d\",outcome=\"applied\"} 1\n";
+  CHECK(gpu_metrics.expose().find(applied) != std::string::npos);
+  CHECK(host_metrics.expose().find(applied) != std::string::npos);
+  f.self->send_exit(gpu, caf::exit_reason::user_shutdown);  // before the registries go
+  f.self->send_exit(host, caf::exit_reason::user_shutdown);
 }
 
 } // namespace troupe::test

@@ -20,3 +20,7 @@ TEST_CASE_FIXTURE(device_fixture, "emulated device: what a device port on cuda_b
 TEST_CASE_FIXTURE(device_fixture, "emulated device: speculative decoding on a CUDA device: verified drafts keep the CPU device's greedy tokens") {
   troupe::test::check_speculation(*this);
 }
+
+TEST_CASE_FIXTURE(device_fixture, "emulated device: expert-parallel load balancing on a CUDA device: the router's counts and a placement applied") {
+  troupe::test::check_expert_link(*this);
+}

@@ -257,3 +257,45 @@ TEST_CASE("emulated device: a rolled-back draft leaves the device as kernels::ro
   REQUIRE(write_random_model(tiny, "tiny", 5));
   for (const auto& dir : {tiny, golden / "ratio4"}) troupe::test::check_rollbacks(dir);
 }
+
+TEST_CASE("emulated device: an expert placement runs its ranks one after another, with the same "
+          "logits in batch-invariant mode, and the router's counts are the CPU engine's") {
+  auto m = model::load(golden / "mixed", {.batch_invariant = true});
+  REQUIRE(m);
+  REQUIRE(troupe::test::set_identity_engram_map(*m));
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 2, .batch_invariant = true});
+  REQUIRE_MESSAGE(dev, dev.error());
+  const auto E = static_cast<std::int32_t>(m->text().n_routed_experts);
+  std::vector<std::int64_t> prompt(23);
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<std::int64_t>((i * 29 + 5) % static_cast<std::size_t>(m->text().vocab_size));
+  auto run = [&](std::span<const std::int64_t> tokens) {
+    auto id = dev->open_sequence();
+    REQUIRE(id);
+    const step_input in{*id, tokens};
+    auto l = dev->forward(std::span(&in, 1));
+    REQUIRE_MESSAGE(l, l.error());
+    REQUIRE(dev->close_sequence(*id));
+    return std::move(*l);
+  };
+  const auto one_group = run(prompt);
+  // The router's counts, as the CPU model counts the same tokens.
+  auto cache = m->new_sequence();
+  const sequence_input ci{&cache, prompt};
+  REQUIRE(m->forward(std::span(&ci, 1)));
+  CHECK(dev->expert_counts() == m->expert_counts());
+  // Three ranks with two hot experts copied: the same bits.
+  const std::int32_t hot[] = {0, 3};
+  auto placed = place_experts(E, 3, hot);
+  REQUIRE(placed);
+  REQUIRE(dev->set_expert_placement(*placed));
+  CHECK(run(prompt) == one_group);
+  // A placement of another model is refused, and the last one stays.
+  auto other = place_experts(E + 1, 2);
+  REQUIRE(other);
+  CHECK(dev->set_expert_placement(*other).error() ==
+        "expert placement: it places " + std::to_string(E + 1) + " experts, the model has " +
+            std::to_string(E) + " routed experts");
+  REQUIRE(dev->set_expert_placement(std::nullopt));
+  CHECK(run(prompt) == one_group);
+}
