@@ -54,8 +54,8 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
       << " prefill and " << decode_pool->instances.initial << " decode instance(s)"
       << (in->topo.cluster.device == "cpu"
             ? " (CPU devices, OpenBLAS kernel " + std::string(kernels::blas_kernel_name()) + ")"
-            : " (" + in->topo.cluster.device + " devices, context " + std::to_string(in->max_context)
-                + " tokens)")
+            : " (" + in->topo.cluster.device + " devices, context "
+                + std::to_string(in->max_context) + " tokens)")
       << (in->kv_dir.empty() ? std::string{" (no KV store)"}
                              : ", KV store in " + in->kv_dir.string()
                                  + (in->topo.storage.real_shards() > 1

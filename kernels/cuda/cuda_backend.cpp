@@ -68,7 +68,8 @@ result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_
     };
     auto oldest = on_device_.end();
     for (auto it = on_device_.begin(); it != on_device_.end(); ++it)
-      if (!in_batch(it->first) && (oldest == on_device_.end() || it->second.used < oldest->second.used))
+      if (!in_batch(it->first) &&
+          (oldest == on_device_.end() || it->second.used < oldest->second.used))
         oldest = it;
     if (oldest == on_device_.end())
       return result<sequence_id>::failure(

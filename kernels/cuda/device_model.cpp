@@ -583,9 +583,10 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
 
 // The CSA2 compressor of KV-source layer l: each sequence's groups completed in this call
 // (ratio 1: every token; ratio r: the unfinished group's rows, then the call's, pooled r at a
-// time; the call's last rows join the recent store for the next call and a rollback), normed; the key owner's indexer keys from them
-// (projected, normed, rotated, FP4-rounded); then the groups rotated and FP4-rounded into the
-// compressed KV. Stores hold a sequence's rows at its slot × max_context.
+// time; the call's last rows join the recent store for the next call and a rollback), normed;
+// the key owner's indexer keys from them (projected, normed, rotated, FP4-rounded); then the
+// groups rotated and FP4-rounded into the compressed KV. Stores hold a sequence's rows at its
+// slot × max_context.
 result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_state& call) {
   device_layer& L = layers[l];
   const auto& host = W->layers[l];

@@ -23,7 +23,8 @@ namespace {
 // A scratch directory with the small preset's config.json (all load_serve_inputs reads of a
 // model) and topology files.
 struct setup_dir {
-  fs::path root = fs::temp_directory_path() / ("troupe-test-serve-setup-" + std::to_string(::getpid()));
+  fs::path root =
+    fs::temp_directory_path() / ("troupe-test-serve-setup-" + std::to_string(::getpid()));
   setup_dir() {
     fs::create_directories(root / "model");
     auto config = kernels::preset_config_json("small");
@@ -116,8 +117,10 @@ TEST_CASE("a topology's device: cpu for hardware cpu, cuda for NVIDIA parts, non
   auto bad = load_topology(d.topology("cpu", "cuda"));
   REQUIRE_FALSE(bad.value);
   REQUIRE(bad.errors.size() == 1);
-  CHECK(says(bad.errors[0].to_string(), "cluster.device: device \"cuda\" needs NVIDIA hardware, not cpu"));
-  CHECK(says(load_topology(d.topology("H100", "tpu")).errors.at(0).to_string(), "unknown device 'tpu'"));
+  CHECK(says(bad.errors[0].to_string(),
+             "cluster.device: device \"cuda\" needs NVIDIA hardware, not cpu"));
+  CHECK(says(load_topology(d.topology("H100", "tpu")).errors.at(0).to_string(),
+             "unknown device 'tpu'"));
 }
 
 TEST_CASE("troupe serve refuses a device it has no engine for, and says why") {
