@@ -14,14 +14,18 @@ void add_cuda_engine() {
     auto gpu = kernels::cuda::query_device(0);
     return gpu ? std::string{} : gpu.error();
   };
-  e.opener = [](const device_limits& limits) {
+  // Called where a device is spawned (an actor): the backend it returns runs on the device's
+  // own thread, so the CUDA runtime is first touched there, GPU count included.
+  e.opener = [](const device_limits& limits) -> kernels::backend_opener {
     kernels::cuda::cuda_backend_options o;
-    if (auto gpus = kernels::cuda::device_count(); gpus && *gpus > 0)
-      o.device = static_cast<int>(limits.index % static_cast<std::uint32_t>(*gpus));
     o.max_sequences = limits.max_sequences;
     o.max_context = limits.max_context;
     o.batch_invariant = true;  // as the CPU devices of a served cluster are
-    return kernels::cuda::cuda_backend::opener(o);
+    return [o, index = limits.index](kernels::model m) mutable {
+      if (auto gpus = kernels::cuda::device_count(); gpus && *gpus > 0)
+        o.device = static_cast<int>(index % static_cast<std::uint32_t>(*gpus));
+      return kernels::cuda::cuda_backend::opener(o)(std::move(m));
+    };
   };
   // Each sequence's compressed KV is allocated for its whole context up front.
   e.default_context = 16384;
