@@ -58,18 +58,29 @@ sequence_id move(const model_backend& from, sequence_id id, model_backend& to) {
   return moved;
 }
 
+// The identity Engram map of the tiny preset.
+std::vector<std::int64_t> identity_map() {
+  std::vector<std::int64_t> identity(256);
+  std::iota(identity.begin(), identity.end(), 0);
+  return identity;
+}
+
+// The tiny preset in `dir`, loaded with the identity Engram map.
+model tiny_model(const std::filesystem::path& dir) {
+  auto m = model::load(dir);
+  REQUIRE(m);
+  REQUIRE(m->set_engram_token_map(identity_map()));
+  return std::move(*m);
+}
+
 }  // namespace
 
 TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV moves between them") {
   const auto dir = testing::scratch_root() / "cuda-backend-tiny";
   REQUIRE(write_random_model(dir, "tiny", 5));
-  std::vector<std::int64_t> identity(256);
-  std::iota(identity.begin(), identity.end(), 0);
-  auto loaded = model::load(dir);
-  REQUIRE(loaded);
-  REQUIRE(loaded->set_engram_token_map(identity));
-  cpu_backend cpu(std::move(*loaded));
-  auto gpu = cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity});
+  cpu_backend cpu(tiny_model(dir));
+  // Opened from the directory, the map given in the options.
+  auto gpu = cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity_map()});
   REQUIRE_MESSAGE(gpu, gpu.error());
   auto& dev = **gpu;
   CHECK(dev.has_draft());  // the tiny preset has DSpark layers: they run on the host
@@ -160,18 +171,10 @@ TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least re
           "the host") {
   const auto dir = testing::scratch_root() / "cuda-backend-evict";
   REQUIRE(write_random_model(dir, "tiny", 7));
-  std::vector<std::int64_t> identity(256);
-  std::iota(identity.begin(), identity.end(), 0);
-  auto loaded = model::load(dir);
-  REQUIRE(loaded);
-  REQUIRE(loaded->set_engram_token_map(identity));
-  auto gpu_model = model::load(dir);
-  REQUIRE(gpu_model);
-  REQUIRE(gpu_model->set_engram_token_map(identity));
-  cpu_backend cpu(std::move(*loaded));
+  cpu_backend cpu(tiny_model(dir));
   cuda::cuda_backend_options options;
   options.max_sequences = 2;
-  auto gpu = cuda::cuda_backend::open(std::move(*gpu_model), options);
+  auto gpu = cuda::cuda_backend::open(tiny_model(dir), options);
   REQUIRE_MESSAGE(gpu, gpu.error());
   auto& dev = **gpu;
 
