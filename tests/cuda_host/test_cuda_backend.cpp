@@ -80,7 +80,8 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
   REQUIRE(write_random_model(dir, "tiny", 5));
   cpu_backend cpu(tiny_model(dir));
   // Opened from the directory, the map given in the options.
-  auto gpu = cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity_map()});
+  auto gpu =
+      cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity_map()});
   REQUIRE_MESSAGE(gpu, gpu.error());
   auto& dev = **gpu;
   CHECK(dev.has_draft());  // the tiny preset has DSpark layers: they run on the host
