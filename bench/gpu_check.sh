@@ -9,6 +9,7 @@
 #      cuda_backend stepping as cpu_backend, the forward pass of kernels/cuda/device_model.hpp against the
 #      CPU engine on the golden models (sliding, mixed, qat, ratio4: window, CSA2 and Engram
 #      layers) and the tiny preset: logits and 64 greedy tokens; batch-invariant mode; the
+#      DSpark draft layers against the CPU engine's drafts; the
 #      device port running cuda_backend as `troupe serve` runs a device = "cuda" rank: a CPU
 #      device's greedy tokens, KV moved from a CPU device to the GPU and back),
 #   3. runs the throughput benchmark (bench_cuda_kernels) and prints its table,
@@ -67,8 +68,8 @@ rc=$?
 if [ $rc -eq 77 ]; then die "test_cuda found no usable CUDA device"; fi
 [ $rc -eq 0 ] || { echo "test_cuda FAILED (exit $rc)"; status=1; }
 
-say "the device forward pass vs the CPU engine on the golden models"
-timeout 90 "$build/tests/test_cuda" -tc="device: the forward pass*,device: the tiny preset*,cuda_backend opens*" --success=false | grep "MESSAGE" \
+say "the device forward pass and DSpark drafts vs the CPU engine"
+timeout 90 "$build/tests/test_cuda" -tc="device: the forward pass*,device: the tiny preset*,device: the DSpark draft layers*,cuda_backend opens*" --success=false | grep "MESSAGE" \
   || echo "(no figures: see the device tests above)"
 
 say "throughput against the device's limits"

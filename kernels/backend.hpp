@@ -108,9 +108,8 @@ class model_backend {
   virtual std::uint64_t evictions() const { return 0; }
 };
 
-/// The DSpark draft contexts of a backend's sequences and the draft calls over them (on the CPU
-/// model: cpu_backend's, and cuda_backend's until the draft layers run on the device). The
-/// backend checks that a sequence is its own before each call.
+/// The DSpark draft contexts of a backend's sequences and the draft calls over them, on the CPU
+/// model (cpu_backend's). The backend checks that a sequence is its own before each call.
 class draft_contexts {
  public:
   /// model_backend::draft over `m`.

@@ -1436,7 +1436,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
   if (W.draft_layers.empty())
     return fail::failure("draft: the checkpoint has no DSpark draft layers (mtp.*)");
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, B = c.dspark_block_size;
-  const i64 rank = c.dspark_markov_rank, S = static_cast<i64>(batch.size()), T = S * B;
+  const i64 S = static_cast<i64>(batch.size()), T = S * B;
   const i64 width = static_cast<i64>(c.dspark_target_layer_ids.size()) * D;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const gemm_mode mode{W.batch_invariant, W.workers.get(), W.jitter, W.jitter_seed};
@@ -1457,8 +1457,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
       return fail::failure(who + ": anchor token " + std::to_string(in.anchor) +
                            ", expected 0 <= id < " + std::to_string(V));
   }
-  draft_output res;
-  if (S == 0) return res;
+  if (S == 0) return draft_output{};
 
   for (i64 s = 0; s < S; ++s) append_draft_context(W, mode, *batch[sz(s)].state, batch[sz(s)].features);
 
@@ -1493,16 +1492,28 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
   hc_collapse(c, streams, pre_mix, T, hidden);  // h_k, before the final norm
   normed = hidden;
   for (i64 t = 0; t < T; ++t) rms_norm(normed.data() + t * D, D, W.draft_norm.data(), eps);
-  res.logits.resize(sz(T * V));
-  project(mode, normed.data(), T, D, W.lm_head.data(), V, res.logits.data());
+  std::vector<float> logits(sz(T * V));
+  project(mode, normed.data(), T, D, W.lm_head.data(), V, logits.data());
+  std::vector<std::int64_t> anchors;
+  for (const auto& in : batch) anchors.push_back(in.anchor);
+  return finish_draft(anchors, hidden, std::move(logits));
+}
 
+draft_output model::finish_draft(std::span<const std::int64_t> anchors,
+                                 std::span<const float> hidden, std::vector<float> logits) const {
+  const auto& W = *w_;
+  const auto& c = W.cfg.text;
+  const i64 D = c.hidden_size, V = c.vocab_size, B = c.dspark_block_size;
+  const i64 rank = c.dspark_markov_rank, S = static_cast<i64>(anchors.size()), T = S * B;
+  draft_output res;
+  res.logits = std::move(logits);
   // Semi-autoregressive drafting: the Markov bias of the previous token on each position.
   res.tokens.resize(sz(T));
   res.confidences.resize(sz(T));
   std::vector<float> bias(sz(V));
   const float* conf_w = W.confidence.data();
   for (i64 s = 0; s < S; ++s) {
-    i64 prev = batch[sz(s)].anchor;
+    i64 prev = anchors[sz(s)];
     for (i64 i = 0; i < B; ++i) {
       const i64 t = s * B + i;
       const float* e = W.markov_embed.data() + prev * rank;

@@ -177,6 +177,14 @@ class model {
   /// state of another model, features of the wrong width, a token out of range.
   result<draft_output> draft(std::span<const draft_input> batch) const;
 
+  /// The end of draft after its stages, for a backend that runs the stages itself (the CUDA
+  /// one): `hidden` [S·B, hidden_size] holds each block token's last-stage collapse h_k (before
+  /// the final norm) and `logits` [S·B, vocab] the LM head over norm(h_k); adds each draft's
+  /// Markov bias, takes the argmax and the confidence, semi-autoregressively from each
+  /// sequence's anchor, exactly as draft does. Sizes are the caller's to get right.
+  draft_output finish_draft(std::span<const std::int64_t> anchors, std::span<const float> hidden,
+                            std::vector<float> logits) const;
+
   /// Appends the features of tokens the target ran to a draft context without drafting (a
   /// prompt's prefill chunks before its last): what draft does first. Errors: no draft
   /// weights, a state of another model, features of the wrong width.

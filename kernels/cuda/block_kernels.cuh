@@ -116,11 +116,12 @@ __global__ void swa_decode_kernel(swa_decode_args a) {
   // Inverse RoPE over the trailing rope_dim channels, a pair per thread, as the CPU model.
   float* dst = a.out + (b * a.heads + h) * hd;
   const std::int64_t base = hd - a.rope_dim;
+  const std::int64_t rope_pos = a.rope_positions != nullptr ? a.rope_positions[b] : pos;
   for (std::int64_t i = threadIdx.x; i < base; i += blockDim.x) dst[i] = out[i];
   for (std::int64_t pair = threadIdx.x; pair < a.rope_dim / 2; pair += blockDim.x) {
     dst[base + 2 * pair] = out[base + 2 * pair];
     dst[base + 2 * pair + 1] = out[base + 2 * pair + 1];
-    portable::rope_pair(dst + base, pair, a.inv_freq[pair], static_cast<float>(pos),
+    portable::rope_pair(dst + base, pair, a.inv_freq[pair], static_cast<float>(rope_pos),
                         a.rope_scaling, /*inverse=*/true);
   }
 }

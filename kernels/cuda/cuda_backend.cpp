@@ -51,7 +51,8 @@ backend_opener cuda_backend::opener(cuda_backend_options options) {
   };
 }
 
-result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_input> batch) {
+result<sequence_id> cuda_backend::resident(sequence_id id,
+                                           const std::vector<sequence_id>& in_use) {
   changed(id);  // it is about to run
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     it->second.used = tick_;
@@ -63,8 +64,7 @@ result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_
     // The device is full: the sequence that ran least recently, outside this batch, waits on
     // the host.
     auto in_batch = [&](sequence_id s) {
-      return std::any_of(batch.begin(), batch.end(),
-                         [&](const step_input& in) { return in.sequence == s; });
+      return std::find(in_use.begin(), in_use.end(), s) != in_use.end();
     };
     auto oldest = on_device_.end();
     for (auto it = on_device_.begin(); it != on_device_.end(); ++it)
@@ -73,7 +73,7 @@ result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_
         oldest = it;
     if (oldest == on_device_.end())
       return result<sequence_id>::failure(
-          "cuda backend: a batch of " + std::to_string(batch.size()) +
+          "cuda backend: a batch of " + std::to_string(in_use.size()) +
           " sequences, but the device holds " + std::to_string(max_resident_) +
           " at once (max_sequences)");
     if (auto moved = on_host(oldest->first); !moved)
@@ -82,6 +82,13 @@ result<sequence_id> cuda_backend::resident(sequence_id id, std::span<const step_
   }
   auto dev = device_->import_sequence(host->second);
   if (!dev) return dev;
+  if (const auto d = host_drafts_.find(id); d != host_drafts_.end()) {
+    if (auto ok = device_->import_draft(*dev, d->second); !ok) {
+      (void)device_->close_sequence(*dev);
+      return result<sequence_id>::failure(ok.error());
+    }
+    host_drafts_.erase(d);
+  }
   on_host_.erase(host);
   on_device_[id] = {*dev, tick_};
   return *dev;
@@ -92,6 +99,9 @@ result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     auto cache = device_->export_sequence(it->second.id);
     if (!cache) return result<sequence_cache*>::failure(cache.error());
+    auto draft = device_->export_draft(it->second.id);
+    if (!draft) return result<sequence_cache*>::failure(draft.error());
+    if (*draft) host_drafts_.insert_or_assign(id, std::move(**draft));
     (void)device_->close_sequence(it->second.id);
     on_device_.erase(it);
     on_host_[id] = std::move(*cache);
@@ -129,7 +139,7 @@ sequence_id cuda_backend::open_sequence() {
 }
 
 result<bool> cuda_backend::close_sequence(sequence_id id) {
-  drafts_.erase(id);
+  host_drafts_.erase(id);
   changed(id);
   if (const auto it = on_device_.find(id); it != on_device_.end()) {
     auto ok = device_->close_sequence(it->second.id);
@@ -155,9 +165,11 @@ result<std::vector<float>> cuda_backend::step(std::span<const step_input> batch)
 result<std::vector<float>> cuda_backend::run(std::span<const step_input> batch,
                                              std::vector<float>* dspark_features) {
   std::vector<step_input> inputs;
+  std::vector<sequence_id> in_use;
+  for (const auto& in : batch) in_use.push_back(in.sequence);
   ++tick_;
   for (const auto& in : batch) {
-    auto dev = resident(in.sequence, batch);
+    auto dev = resident(in.sequence, in_use);
     if (!dev) return result<std::vector<float>>::failure(dev.error());
     inputs.push_back({*dev, in.tokens});
   }
@@ -203,21 +215,43 @@ bool cuda_backend::holds(sequence_id id) const {
   return on_device_.count(id) != 0 || on_host_.count(id) != 0;
 }
 
-// The draft layers run on the CPU engine, from the features the device computed.
+// The draft layers run on the device, so the batch's sequences are brought there first.
 result<draft_output> cuda_backend::draft(std::span<const draft_request> batch) {
-  for (const auto& in : batch)
+  std::vector<sequence_id> in_use;
+  for (const auto& in : batch) {
     if (!holds(in.sequence)) return result<draft_output>::failure(unknown(in.sequence));
-  return drafts_.draft(model_, batch);
+    in_use.push_back(in.sequence);
+  }
+  std::vector<draft_request> inputs;
+  for (const auto& in : batch) {
+    auto dev = resident(in.sequence, in_use);
+    if (!dev) return result<draft_output>::failure(dev.error());
+    inputs.push_back({*dev, in.position, in.features, in.anchor});
+  }
+  return device_->draft(inputs);
 }
 
 result<std::string> cuda_backend::export_draft(sequence_id id) const {
+  if (const auto it = on_device_.find(id); it != on_device_.end()) {
+    auto draft = device_->export_draft(it->second.id);
+    if (!draft) return result<std::string>::failure(draft.error());
+    return *draft ? serialize_draft(**draft) : std::string{};
+  }
   if (!holds(id)) return result<std::string>::failure(unknown(id));
-  return drafts_.export_draft(id);
+  const auto it = host_drafts_.find(id);
+  return it == host_drafts_.end() ? std::string{} : serialize_draft(it->second);
 }
 
 result<bool> cuda_backend::import_draft(sequence_id id, std::string_view bytes) {
   if (!holds(id)) return result<bool>::failure(unknown(id));
-  return drafts_.import_draft(model_, id, bytes);
+  if (!model_.has_draft())
+    return result<bool>::failure("backend: a draft context for a model without draft layers");
+  auto state = model_.new_draft_state();
+  if (auto ok = restore_draft(state, bytes); !ok) return ok;
+  if (const auto it = on_device_.find(id); it != on_device_.end())
+    return device_->import_draft(it->second.id, state);
+  host_drafts_.insert_or_assign(id, std::move(state));
+  return true;
 }
 
 result<std::string> cuda_backend::export_block(sequence_id id, std::int64_t block) const {

@@ -10,8 +10,8 @@
 // its cache first (export_sequence), so the bytes are the CPU backend's and KV moves between
 // GPU and CPU instances. Speculative decoding: a rejected draft rolls back on the device
 // (device_model::rollback), step_tail's DSpark features come from the device, and the DSpark
-// draft layers run on the CPU engine from them (their contexts in host memory) until they run
-// on the device. The weights are the CPU engine's fp32 copies (device_model.hpp), so it serves
+// draft layers run there too (device_model::draft), each sequence's draft context beside its
+// cache, moving to the host and back with it. The weights are the CPU engine's fp32 copies (device_model.hpp), so it serves
 // models that fit the GPU at 4 bytes per parameter; the CPU model it loads stays in host memory
 // beside it (the Engram tables, replay). The device port runs it as it runs the CPU backend
 // (ports/cpu_device.hpp, cpu_device_params::backend). Never run on a GPU yet: tests/cuda_host
@@ -92,10 +92,12 @@ class cuda_backend final : public model_backend {
  private:
   cuda_backend(model m, std::int64_t max_resident)
       : model_(std::move(m)), max_resident_(max_resident) {}
-  // The sequence on the device (uploading it from the host first, after moving the least
-  // recently run sequence outside `batch` to the host when the device is full); its device id.
-  result<sequence_id> resident(sequence_id id, std::span<const step_input> batch);
-  // The sequence's cache on the host (downloading it from the device, which lets it go).
+  // The sequence on the device (uploading it and its draft context from the host first, after
+  // moving the least recently run sequence not in `in_use` to the host when the device is
+  // full); its device id.
+  result<sequence_id> resident(sequence_id id, const std::vector<sequence_id>& in_use);
+  // The sequence's cache on the host (downloading it and its draft context from the device,
+  // which lets it go).
   result<sequence_cache*> on_host(sequence_id id);
   // The sequence's cache, wherever it lives: a sequence on the device is downloaded once for
   // the exports that follow one another (its blocks, State and SWA KV) until it changes.
@@ -120,7 +122,7 @@ class cuda_backend final : public model_backend {
   };
   std::map<sequence_id, resident_sequence> on_device_;  // backend id → device_model's
   std::map<sequence_id, sequence_cache> on_host_;   // sequences assembled on the host
-  draft_contexts drafts_;  // the DSpark draft contexts, on the host
+  std::map<sequence_id, draft_state> host_drafts_;  // draft contexts of sequences on the host
   mutable std::optional<std::pair<sequence_id, sequence_cache>> downloaded_;  // snapshot()'s
 };
 

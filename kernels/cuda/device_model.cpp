@@ -61,6 +61,17 @@ struct sequence_state {
   // encoder–decoder prefill), compressed groups held, the unfinished group's rows.
   std::vector<i64> ring_first, groups, pending;
   i64 rollback_floor = 0;  // a rollback cannot go below it (kernels::rollback's rule)
+  // Its DSpark draft context (the draft stages' rings at its slot): whether it has one, and the
+  // positions it holds, as a draft_state's rings (no row before draft_first).
+  bool drafting = false;
+  i64 draft_first = 0, draft_end = 0;
+};
+
+// One draft call's blocks: per block token its own position, the block's last, its sequence's
+// slot, the block's first position and first row; per slot the oldest context row held.
+struct draft_call {
+  i64 T = 0;
+  device_array<i64> d_positions, d_last, d_slots, d_start, d_row, d_ring_begin;
 };
 
 // One forward call: its sequences' token ranges and the indexer's state the CPU model keeps in
@@ -97,6 +108,55 @@ struct failed {
       return failed{troupe_try_.error()};                       \
   } while (false)
 
+// The mHC streams of T tokens [T, hc, hidden] and what one site needs: the mix the next site
+// collapses by (`pre`, stream 0's at first), the site's input x and output out [T, hidden].
+struct attention_buffers {
+  buffer q_res, q, kv, attn, grouped;
+
+  // An attention site's buffers for T tokens: q_res [T, q_lora_rank], q and attn [T, heads,
+  // head_dim], kv [T, head_dim], grouped [T, o_groups · o_lora_rank].
+  static result<attention_buffers> make(const text_config& c, i64 T) {
+    const i64 qh = c.num_attention_heads * c.head_dim;
+    const i64 sizes[] = {c.q_lora_rank, qh, c.head_dim, qh, c.o_groups * c.o_lora_rank};
+    attention_buffers a;
+    buffer* into[] = {&a.q_res, &a.q, &a.kv, &a.attn, &a.grouped};
+    for (std::size_t i = 0; i < 5; ++i) {
+      auto b = buffer::zeros(sz(T * sizes[i]));
+      TROUPE_TRY(b);
+      *into[i] = std::move(*b);
+    }
+    return a;
+  }
+};
+
+struct mhc_streams {
+  i64 T = 0;
+  buffer streams, expanded, flat, mix, pre, next_pre, post, comb, x, out;
+
+  static result<mhc_streams> make(const text_config& c, i64 T) {
+    const i64 hc = c.hc_mult, D = c.hidden_size;
+    std::vector<float> first_stream(sz(T * hc), 0.0f);
+    for (i64 t = 0; t < T; ++t) first_stream[sz(t * hc)] = 1.0f;
+    mhc_streams m;
+    m.T = T;
+    auto zeros = [](buffer& b, i64 n) -> result<bool> {
+      auto z = buffer::zeros(sz(n));
+      TROUPE_TRY(z);
+      b = std::move(*z);
+      return true;
+    };
+    for (auto* b : {&m.streams, &m.expanded, &m.flat}) TROUPE_TRY(zeros(*b, T * hc * D));
+    TROUPE_TRY(zeros(m.mix, T * (2 + hc) * hc));
+    for (auto* b : {&m.next_pre, &m.post}) TROUPE_TRY(zeros(*b, T * hc));
+    TROUPE_TRY(zeros(m.comb, T * hc * hc));
+    for (auto* b : {&m.x, &m.out}) TROUPE_TRY(zeros(*b, T * D));
+    auto pre = buffer::of(first_stream);
+    TROUPE_TRY(pre);
+    m.pre = std::move(*pre);
+    return m;
+  }
+};
+
 }  // namespace
 
 struct device_model::state {
@@ -122,6 +182,16 @@ struct device_model::state {
   std::map<sequence_id, sequence_state> sequences;
   std::vector<bool> slot_used;
   sequence_id next_id = 1;
+  // The DSpark draft stages (model.cpp's draft), when the checkpoint has them: their layers
+  // (each one's `rings` holds every slot's draft context for that stage), the context's
+  // projection and norm, the final norm, and their MoEs' config and one-rank placement.
+  struct draft_stages {
+    std::vector<device_layer> stages;
+    buffer main_proj, main_norm, norm;
+    text_config cfg;
+    expert_placement placement;
+  };
+  std::optional<draft_stages> draft;
 
   explicit state(lt_gemm g) : gemm(std::move(g)) {}
 
@@ -137,10 +207,42 @@ struct device_model::state {
   result<bool> mixes(const buffer& streams, i64 T, const buffer& fn, const buffer& scale,
                      const buffer& base, buffer& flat, buffer& mix, buffer& pre, buffer& post,
                      buffer& comb);
+  // One mHC site over the streams (model.cpp's run): the mixes of the streams as they are,
+  // the collapse by the previous site's mix, the site's norm, run() from m.x into m.out, the
+  // expansion back into the streams.
+  template <class Run>
+  result<bool> site(mhc_streams& m, const buffer& fn, const buffer& scale, const buffer& base,
+                    const buffer& site_norm, Run&& run) {
+    const i64 T = m.T, hc = c.hc_mult, D = c.hidden_size;
+    TROUPE_TRY(mixes(m.streams, T, fn, scale, base, m.flat, m.mix, m.next_pre, m.post, m.comb));
+    TROUPE_TRY(hc_collapse(m.streams.data(), m.pre.data(), T, hc, D, m.x.data()));
+    TROUPE_TRY(rms_norm(m.x.data(), T, D, site_norm.data(), static_cast<float>(c.rms_norm_eps)));
+    TROUPE_TRY(run());
+    TROUPE_TRY(hc_expand(m.streams.data(), m.out.data(), m.post.data(), m.comb.data(), T, hc, D,
+                         m.expanded.data()));
+    std::swap(m.streams, m.expanded);
+    std::swap(m.pre, m.next_pre);
+    return true;
+  }
+  // The queries q_res [T, q_lora_rank] and q [T, heads, head_dim] (rotated at each row's
+  // position) of a site's normed input a [T, hidden].
+  result<bool> queries(const device_layer& L, const float* a, i64 T, const rope& rp,
+                       const i64* positions, float* q_res, float* q);
+  // The shared K=V rows kv [T, head_dim] of a: projected, normed, rotated, FP8-rounded.
+  result<bool> kv_rows(const device_layer& L, const float* a, i64 T, const rope& rp,
+                       const i64* positions, float* kv);
+  // The grouped output projection of the heads' outputs attn [T, heads · head_dim] into out.
+  result<bool> output(const device_layer& L, const float* attn, i64 T, float* grouped,
+                      float* out);
   result<bool> attention(std::size_t l, const buffer& a, call_state& call, buffer& out);
   result<bool> compress(std::size_t l, const buffer& a, call_state& call);
   result<bool> select(std::size_t l, const buffer& q_res, const buffer& a, call_state& call);
-  result<bool> moe(device_layer& L, const buffer& a, i64 T, buffer& y);
+  // The MoE of a layer whose experts cfg counts, by a placement; counts (null: none) the
+  // tokens routed to each expert.
+  result<bool> moe(const text_config& cfg, device_layer& L, const expert_placement& by,
+                   std::vector<std::uint64_t>* counts, const buffer& a, i64 T, buffer& y);
+  result<bool> draft_attention(const device_layer& L, const buffer& a, const draft_call& call,
+                               buffer& out);
   result<bool> engram(const loaded::layer_weights& host, const device_layer& L,
                       const std::vector<i64>& hash_ids, i64 T, buffer& streams);
 };
@@ -163,12 +265,15 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   const i64 capacity = c.sliding_window + swa_rollback_tokens;
   const bool csa2 = std::any_of(W.layers.begin(), W.layers.end(),
                                 [](const auto& L) { return L.ratio != 0; });
-  const i64 keys = std::max(capacity, c.sliding_window + (csa2 ? c.index_topk : 0));
+  // A DSpark block's tokens see the window and the whole block.
+  const i64 keys = std::max({capacity, c.sliding_window + (csa2 ? c.index_topk : 0),
+                             W.draft_layers.empty() ? 0 : c.sliding_window + c.dspark_block_size});
   if (keys > swa_max_keys || c.sliding_window < 1)
     return r::failure("device_model: a window of " + std::to_string(c.sliding_window) +
                       " tokens (ring " + std::to_string(capacity) + ", " +
-                      std::to_string(csa2 ? c.index_topk : 0) +
-                      " selected compressed entries) is more than the " +
+                      std::to_string(csa2 ? c.index_topk : 0) + " selected compressed entries, " +
+                      std::to_string(W.draft_layers.empty() ? 0 : c.dspark_block_size) +
+                      " draft block tokens) is more than the " +
                       std::to_string(swa_max_keys) + " keys the attention kernel takes");
   auto gemm = lt_gemm::create();
   if (!gemm) return r::failure(gemm.error());
@@ -206,7 +311,19 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
                   W.rope_main.rope_dim};
   s->rope_compress = {up(loaded::matrix{W.rope_compress.inv_freq}), W.rope_compress.scaling,
                       W.rope_compress.rope_dim};
-  for (const auto& L : W.layers) {
+  const i64 slots = options.max_sequences;
+  auto store = [&](i64 rows, i64 width) {
+    if (!error.empty()) return buffer{};
+    auto b = buffer::zeros(sz(slots * rows * width));
+    if (!b) {
+      error = b.error();
+      return buffer{};
+    }
+    return std::move(*b);
+  };
+  // What every layer has, backbone or draft stage: the attention, the mHC sites, the MoE, and
+  // each sequence slot's window ring.
+  auto up_layer = [&](const loaded::layer_weights& L) {
     device_layer d;
     d.wq_a = up(L.wq_a);
     d.q_norm = up(L.q_norm);
@@ -228,6 +345,11 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     d.gate_bias = up(L.gate_bias);
     for (const auto& e : L.experts) d.experts.push_back(up_expert(e));
     d.shared = up_expert(L.shared);
+    d.rings = store(capacity, c.head_dim);
+    return d;
+  };
+  for (const auto& L : W.layers) {
+    device_layer d = up_layer(L);
     if (L.engram_index >= 0) {
       loaded::matrix weight{std::vector<float>(L.engram_q.v.size())};
       for (std::size_t i = 0; i < weight.v.size(); ++i)
@@ -235,17 +357,6 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
       d.engram_wkv = up(L.engram_wkv);
       d.engram_weight = up(weight);
     }
-    const i64 slots = options.max_sequences;
-    auto store = [&](i64 rows, i64 width) {
-      if (!error.empty()) return buffer{};
-      auto b = buffer::zeros(sz(slots * rows * width));
-      if (!b) {
-        error = b.error();
-        return buffer{};
-      }
-      return std::move(*b);
-    };
-    d.rings = store(capacity, c.head_dim);
     if (L.kv_source) {
       d.c_wkv = up(L.c_wkv);
       d.c_norm = up(L.c_norm);
@@ -266,6 +377,14 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
       d.index_keys = store(options.max_context, c.index_head_dim);
     }
     s->layers.push_back(std::move(d));
+  }
+  if (!W.draft_layers.empty()) {
+    auto draft_placement = place_experts(static_cast<std::int32_t>(W.draft_cfg.n_routed_experts), 1);
+    if (!draft_placement) return r::failure(draft_placement.error());
+    state::draft_stages d{{}, up(W.main_proj), up(W.main_norm), up(W.draft_norm), W.draft_cfg,
+                          std::move(*draft_placement)};
+    for (const auto& L : W.draft_layers) d.stages.push_back(up_layer(L));
+    s->draft = std::move(d);
   }
   if (!error.empty()) return r::failure("device_model: uploading the weights: " + error);
   return device_model(std::move(s));
@@ -359,6 +478,232 @@ result<bool> device_model::rollback(sequence_id id, std::int64_t k) {
                            std::min<std::size_t>(seq.engram_recent.size(), sz(k)));
   seq.length = length;
   seq.rollback_floor = length;
+  return true;
+}
+
+bool device_model::has_draft() const { return s_->draft.has_value(); }
+
+// model.cpp's draft_attention: every block token attends to the same keys, the last `window`
+// context rows before the block (its sequence's draft ring) and all B block rows. The kernel's
+// prefill form gives that when each query's position is the block's last and its window
+// window + B; the inverse RoPE of its output is at its own position.
+result<bool> device_model::state::draft_attention(const device_layer& L, const buffer& a,
+                                                  const draft_call& call, buffer& out) {
+  const i64 T = call.T, H = c.num_attention_heads, hd = c.head_dim;
+  auto buffers = attention_buffers::make(c, T);
+  TROUPE_TRY(buffers);
+  auto& [q_res, q, kv, attn, grouped] = *buffers;
+  TROUPE_TRY(queries(L, a.data(), T, rope_main, call.d_positions.data(), q_res.data(), q.data()));
+  TROUPE_TRY(kv_rows(L, a.data(), T, rope_main, call.d_positions.data(), kv.data()));
+  swa_decode_args args;
+  args.q = q.data();
+  args.rings = L.rings.data();
+  args.positions = call.d_last.data();
+  args.rope_positions = call.d_positions.data();
+  args.ring_begin = call.d_ring_begin.data();
+  args.sinks = L.attn_sink.data();
+  args.inv_freq = rope_main.inv_freq.data();
+  args.out = attn.data();
+  args.batch = T;
+  args.heads = H;
+  args.head_dim = hd;
+  args.capacity = capacity;
+  args.window = c.sliding_window + c.dspark_block_size;
+  args.rope_dim = rope_main.dim;
+  args.scaling = 1.0f / std::sqrt(static_cast<float>(hd));
+  args.rope_scaling = rope_main.scaling;
+  args.chunk = kv.data();
+  args.sequence = call.d_slots.data();
+  args.chunk_start = call.d_start.data();
+  args.chunk_row = call.d_row.data();
+  TROUPE_TRY(swa_decode_attention(args));
+  return output(L, attn.data(), T, grouped.data(), out.data());
+}
+
+result<draft_output> device_model::draft(std::span<const draft_request> batch) {
+  using r = result<draft_output>;
+  auto& s = *s_;
+  if (!s.draft) return r::failure("draft: the checkpoint has no DSpark draft layers (mtp.*)");
+  auto& dr = *s.draft;
+  const auto& c = s.c;
+  const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, B = c.dspark_block_size;
+  const i64 hd = c.head_dim, cap = s.capacity;
+  const i64 width = static_cast<i64>(c.dspark_target_layer_ids.size()) * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  // Checked before any context changes.
+  std::vector<sequence_state*> seqs;
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const auto& in = batch[b];
+    const auto it = s.sequences.find(in.sequence);
+    if (it == s.sequences.end())
+      return r::failure("device_model: no sequence " + std::to_string(in.sequence));
+    for (std::size_t o = 0; o < b; ++o)
+      if (batch[o].sequence == in.sequence)
+        return r::failure("device_model: sequence " + std::to_string(in.sequence) +
+                          " twice in one batch");
+    const std::string who = "draft: sequence " + std::to_string(b);
+    if (static_cast<i64>(in.features.size()) % width != 0)
+      return r::failure(who + ": expected features of width " + std::to_string(width) +
+                        " (targets x hidden_size), found " + std::to_string(in.features.size()) +
+                        " values");
+    if (in.anchor >= V)
+      return r::failure(who + ": anchor token " + std::to_string(in.anchor) +
+                        ", expected 0 <= id < " + std::to_string(V));
+    if (in.position < 0)
+      return r::failure(who + ": position " + std::to_string(in.position) + " is negative");
+    seqs.push_back(&it->second);
+  }
+
+  auto up = [](const auto& v, auto& into) -> result<bool> {
+    auto d = std::remove_reference_t<decltype(into)>::of(v);
+    TROUPE_TRY(d);
+    into = std::move(*d);
+    return true;
+  };
+  // The contexts: the features' rows main_norm(main_proj(f)), then every stage's K=V rows of
+  // them into its ring (a sequence's last `capacity` rows only: the others would be
+  // overwritten in the same slots).
+  std::vector<float> features;
+  std::vector<i64> positions, ring_src, ring_dst;
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    auto& seq = *seqs[b];
+    if (!seq.drafting || seq.draft_end != batch[b].position) {
+      seq.drafting = true;
+      seq.draft_first = seq.draft_end = batch[b].position;
+    }
+    const i64 n = static_cast<i64>(batch[b].features.size()) / width;
+    const i64 first_row = static_cast<i64>(positions.size());
+    features.insert(features.end(), batch[b].features.begin(), batch[b].features.end());
+    for (i64 i = 0; i < n; ++i) {
+      const i64 p = seq.draft_end + i;
+      positions.push_back(p);
+      if (i >= n - cap) {
+        ring_src.push_back(first_row + i);
+        ring_dst.push_back(seq.slot * cap + p % cap);
+      }
+    }
+  }
+  if (const i64 N = static_cast<i64>(positions.size()); N > 0) {
+    buffer d_features;
+    index_buffer d_positions, d_src, d_dst;
+    TROUPE_TRY(up(std::span<const float>(features), d_features));
+    TROUPE_TRY(up(std::span<const i64>(positions), d_positions));
+    TROUPE_TRY(up(std::span<const i64>(ring_src), d_src));
+    TROUPE_TRY(up(std::span<const i64>(ring_dst), d_dst));
+    auto ctx = buffer::zeros(sz(N * D));
+    auto kv = buffer::zeros(sz(N * hd));
+    TROUPE_TRY(ctx);
+    TROUPE_TRY(kv);
+    TROUPE_TRY(s.project(d_features.data(), N, width, dr.main_proj.data(), D, ctx->data()));
+    TROUPE_TRY(rms_norm(ctx->data(), N, D, dr.main_norm.data(), eps));
+    for (auto& L : dr.stages) {
+      TROUPE_TRY(s.kv_rows(L, ctx->data(), N, s.rope_main, d_positions.data(), kv->data()));
+      TROUPE_TRY(copy_rows(kv->data(), d_src.data(), L.rings.data(), d_dst.data(),
+                           static_cast<i64>(ring_src.size()), hd));
+    }
+  }
+  for (std::size_t b = 0; b < batch.size(); ++b)
+    seqs[b]->draft_end += static_cast<i64>(batch[b].features.size()) / width;
+
+  // The blocks [anchor, noise × (B − 1)] at positions draft_end .. draft_end + B − 1 through
+  // the stages (the mHC sites as the backbone's), then the final collapse h_k, its norm and
+  // the LM head.
+  std::vector<i64> anchors, tokens, block_positions, last, slots, start, row;
+  std::vector<i64> ring_begin(sz(s.max_sequences), 0);
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    if (batch[b].anchor < 0) continue;
+    const auto& seq = *seqs[b];
+    const i64 first_row = static_cast<i64>(tokens.size());
+    ring_begin[sz(seq.slot)] = std::max(seq.draft_first, seq.draft_end - cap);
+    anchors.push_back(batch[b].anchor);
+    for (i64 i = 0; i < B; ++i) {
+      tokens.push_back(i == 0 ? batch[b].anchor : c.dspark_noise_token_id);
+      block_positions.push_back(seq.draft_end + i);
+      last.push_back(seq.draft_end + B - 1);
+      slots.push_back(seq.slot);
+      start.push_back(seq.draft_end);
+      row.push_back(first_row);
+    }
+  }
+  const i64 T = static_cast<i64>(tokens.size());
+  if (T == 0) return draft_output{};
+  draft_call call;
+  call.T = T;
+  index_buffer d_tokens;
+  TROUPE_TRY(up(std::span<const i64>(tokens), d_tokens));
+  TROUPE_TRY(up(std::span<const i64>(block_positions), call.d_positions));
+  TROUPE_TRY(up(std::span<const i64>(last), call.d_last));
+  TROUPE_TRY(up(std::span<const i64>(slots), call.d_slots));
+  TROUPE_TRY(up(std::span<const i64>(start), call.d_start));
+  TROUPE_TRY(up(std::span<const i64>(row), call.d_row));
+  TROUPE_TRY(up(std::span<const i64>(ring_begin), call.d_ring_begin));
+  auto sites = mhc_streams::make(c, T);
+  auto logits = buffer::zeros(sz(T * V));
+  TROUPE_TRY(sites);
+  TROUPE_TRY(logits);
+  auto& m = *sites;
+  TROUPE_TRY(embed_rows(s.embed.data(), d_tokens.data(), T, hc, D, m.streams.data()));
+  for (auto& L : dr.stages) {
+    TROUPE_TRY(s.site(m, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm,
+                      [&] { return s.draft_attention(L, m.x, call, m.out); }));
+    TROUPE_TRY(s.site(m, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, [&] {
+      return s.moe(dr.cfg, L, dr.placement, nullptr, m.x, T, m.out);
+    }));
+  }
+  TROUPE_TRY(hc_collapse(m.streams.data(), m.pre.data(), T, hc, D, m.x.data()));
+  auto hidden = m.x.download();
+  TROUPE_TRY(hidden);
+  TROUPE_TRY(rms_norm(m.x.data(), T, D, dr.norm.data(), eps));
+  TROUPE_TRY(s.project(m.x.data(), T, D, s.lm_head.data(), V, logits->data()));
+  auto host_logits = logits->download();
+  TROUPE_TRY(host_logits);
+  return s.model_->finish_draft(anchors, *hidden, std::move(*host_logits));
+}
+
+result<std::optional<draft_state>> device_model::export_draft(sequence_id id) const {
+  using r = result<std::optional<draft_state>>;
+  const auto& s = *s_;
+  const auto it = s.sequences.find(id);
+  if (it == s.sequences.end()) return r::failure("device_model: no sequence " + std::to_string(id));
+  const auto& seq = it->second;
+  if (!s.draft || !seq.drafting) return std::optional<draft_state>{};
+  const i64 hd = s.c.head_dim, cap = s.capacity;
+  const i64 first = std::max(seq.draft_first, seq.draft_end - cap);
+  draft_state out = s.model_->new_draft_state();
+  std::vector<float> rows(sz(cap * hd));
+  for (std::size_t st = 0; st < s.draft->stages.size(); ++st) {
+    TROUPE_TRY(copy_to_host(rows.data(), s.draft->stages[st].rings.data() + seq.slot * cap * hd,
+                            rows.size() * sizeof(float)));
+    auto& ring = out.rings[st];
+    ring.reset(first);
+    for (i64 p = first; p < seq.draft_end; ++p) ring.push(rows.data() + (p % cap) * hd);
+  }
+  return std::optional<draft_state>(std::move(out));
+}
+
+result<bool> device_model::import_draft(sequence_id id, const draft_state& context) {
+  using r = result<bool>;
+  auto& s = *s_;
+  const auto it = s.sequences.find(id);
+  if (it == s.sequences.end()) return r::failure("device_model: no sequence " + std::to_string(id));
+  if (!s.draft) return r::failure("draft: the checkpoint has no DSpark draft layers (mtp.*)");
+  if (context.owner != s.W || context.rings.size() != s.draft->stages.size())
+    return r::failure("device_model: a draft context made by another model");
+  const auto& ring0 = context.rings.front();
+  for (const auto& ring : context.rings)
+    if (ring.begin() != ring0.begin() || ring.end() != ring0.end() ||
+        ring.width() != s.c.head_dim)
+      return r::failure("device_model: a draft context whose stages hold different positions");
+  auto& seq = it->second;
+  const i64 hd = s.c.head_dim, cap = s.capacity;
+  for (std::size_t st = 0; st < context.rings.size(); ++st)
+    for (i64 p = ring0.begin(); p < ring0.end(); ++p)
+      TROUPE_TRY(copy_to_device(s.draft->stages[st].rings.data() + (seq.slot * cap + p % cap) * hd,
+                                context.rings[st].at(p), sz(hd) * sizeof(float)));
+  seq.drafting = true;
+  seq.draft_first = ring0.begin();
+  seq.draft_end = ring0.end();
   return true;
 }
 
@@ -492,32 +837,18 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   device_layer& L = layers[l];
   const auto& host = W->layers[l];
   const i64 T = call.T;
-  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
-  const i64 G = c.o_groups, R = c.o_lora_rank;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const i64 H = c.num_attention_heads, hd = c.head_dim;
   const rope& rp = host.ratio != 0 ? rope_compress : rope_main;
-  auto q_res = buffer::zeros(sz(T * qr));
-  auto q = buffer::zeros(sz(T * H * hd));
-  auto kv = buffer::zeros(sz(T * hd));
-  auto attn = buffer::zeros(sz(T * H * hd));
-  auto grouped = buffer::zeros(sz(T * G * R));
-  for (const auto* b : {&q_res, &q, &kv, &attn, &grouped}) TROUPE_TRY(*b);
-  TROUPE_TRY(project(a.data(), T, D, L.wq_a.data(), qr, q_res->data()));
-  TROUPE_TRY(rms_norm(q_res->data(), T, qr, L.q_norm.data(), eps));
-  TROUPE_TRY(project(q_res->data(), T, qr, L.wq_b.data(), H * hd, q->data()));
-  TROUPE_TRY(project(a.data(), T, D, L.wkv.data(), hd, kv->data()));
-  TROUPE_TRY(rope_rows(q->data(), T * H, hd, rp.inv_freq.data(), rp.dim, rp.scaling,
-                       call.d_positions.data(), H, false));
-  TROUPE_TRY(rms_norm(kv->data(), T, hd, L.kv_norm.data(), eps));
-  TROUPE_TRY(rope_rows(kv->data(), T, hd, rp.inv_freq.data(), rp.dim, rp.scaling,
-                       call.d_positions.data(), 1, false));
-  // fake_quant_fp8_block32 leaves a row whose width is not a multiple of 32 as it is.
-  if (hd % 32 == 0) TROUPE_TRY(quant_fp8_blocks(kv->data(), T * hd, 32));
+  auto buffers = attention_buffers::make(c, T);
+  TROUPE_TRY(buffers);
+  auto& [q_res, q, kv, attn, grouped] = *buffers;
+  TROUPE_TRY(queries(L, a.data(), T, rp, call.d_positions.data(), q_res.data(), q.data()));
+  TROUPE_TRY(kv_rows(L, a.data(), T, rp, call.d_positions.data(), kv.data()));
 
   if (host.ratio != 0) {
     if (host.kv_source) TROUPE_TRY(compress(l, a, call));
     if (host.owns_index_keys) call.index_src = static_cast<i64>(l);
-    if (host.index_source) TROUPE_TRY(select(l, *q_res, a, call));
+    if (host.index_source) TROUPE_TRY(select(l, q_res, a, call));
     if (host.kv_source) call.compress_src = static_cast<i64>(l);
   }
 
@@ -526,13 +857,13 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   // of one); in a compressed layer, then the entries the last index source selected from the
   // last KV source's compressed KV.
   swa_decode_args args;
-  args.q = q->data();
+  args.q = q.data();
   args.rings = L.rings.data();
   args.positions = call.d_positions.data();
   args.ring_begin = call.d_ring_begin.data() + l * sz(max_sequences);
   args.sinks = L.attn_sink.data();
   args.inv_freq = rp.inv_freq.data();
-  args.out = attn->data();
+  args.out = attn.data();
   args.batch = T;
   args.heads = H;
   args.head_dim = hd;
@@ -541,7 +872,7 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   args.rope_dim = rp.dim;
   args.scaling = 1.0f / std::sqrt(static_cast<float>(hd));
   args.rope_scaling = rp.scaling;
-  args.chunk = kv->data();
+  args.chunk = kv.data();
   args.sequence = call.d_slots.data();
   args.chunk_start = call.d_start.data();
   args.chunk_row = call.d_row.data();
@@ -569,16 +900,40 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   TROUPE_TRY(swa_decode_attention(args));
   // Then the rows join the rings (only each sequence's last `capacity` rows: the others
   // would be overwritten in the same slots).
-  TROUPE_TRY(copy_rows(kv->data(), call.d_ring_src.data(), L.rings.data(),
+  TROUPE_TRY(copy_rows(kv.data(), call.d_ring_src.data(), L.rings.data(),
                        call.d_ring_dst.data(), call.ring_rows, hd));
+  return output(L, attn.data(), T, grouped.data(), out.data());
+}
 
-  const i64 per_group = H * hd / G;
-  for (i64 g = 0; g < G; ++g)
-    TROUPE_TRY(project(attn->data() + g * per_group, T, per_group,
-                       L.wo_a.data() + g * R * per_group, R, grouped->data() + g * R, H * hd,
-                       G * R));
-  TROUPE_TRY(project(grouped->data(), T, G * R, L.wo_b.data(), D, out.data()));
+result<bool> device_model::state::queries(const device_layer& L, const float* a, i64 T,
+                                          const rope& rp, const i64* positions, float* q_res,
+                                          float* q) {
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, qr = c.q_lora_rank;
+  TROUPE_TRY(project(a, T, D, L.wq_a.data(), qr, q_res));
+  TROUPE_TRY(rms_norm(q_res, T, qr, L.q_norm.data(), static_cast<float>(c.rms_norm_eps)));
+  TROUPE_TRY(project(q_res, T, qr, L.wq_b.data(), H * hd, q));
+  return rope_rows(q, T * H, hd, rp.inv_freq.data(), rp.dim, rp.scaling, positions, H, false);
+}
+
+result<bool> device_model::state::kv_rows(const device_layer& L, const float* a, i64 T,
+                                          const rope& rp, const i64* positions, float* kv) {
+  const i64 D = c.hidden_size, hd = c.head_dim;
+  TROUPE_TRY(project(a, T, D, L.wkv.data(), hd, kv));
+  TROUPE_TRY(rms_norm(kv, T, hd, L.kv_norm.data(), static_cast<float>(c.rms_norm_eps)));
+  TROUPE_TRY(rope_rows(kv, T, hd, rp.inv_freq.data(), rp.dim, rp.scaling, positions, 1, false));
+  // fake_quant_fp8_block32 leaves a row whose width is not a multiple of 32 as it is.
+  if (hd % 32 == 0) TROUPE_TRY(quant_fp8_blocks(kv, T * hd, 32));
   return true;
+}
+
+result<bool> device_model::state::output(const device_layer& L, const float* attn, i64 T,
+                                         float* grouped, float* out) {
+  const i64 D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
+  const i64 G = c.o_groups, R = c.o_lora_rank, per_group = H * hd / G;
+  for (i64 g = 0; g < G; ++g)
+    TROUPE_TRY(project(attn + g * per_group, T, per_group, L.wo_a.data() + g * R * per_group, R,
+                       grouped + g * R, H * hd, G * R));
+  return project(grouped, T, G * R, L.wo_b.data(), D, out);
 }
 
 // The CSA2 compressor of KV-source layer l: each sequence's groups completed in this call
@@ -776,10 +1131,13 @@ result<bool> device_model::state::select(std::size_t l, const buffer& q_res, con
 // per expert on its rows, the copies combined per token, then the shared expert added. The
 // CPU adds a token's experts in expert order; the combine adds them in top-k slot order
 // (the same terms, another rounding order).
-result<bool> device_model::state::moe(device_layer& L, const buffer& a, i64 T, buffer& y) {
-  const i64 D = c.hidden_size, E = c.n_routed_experts, I = c.moe_intermediate_size;
-  const i64 k = std::min(c.num_experts_per_tok, E);
-  const auto limit = static_cast<float>(c.swiglu_limit);
+result<bool> device_model::state::moe(const text_config& cfg, device_layer& L,
+                                      const expert_placement& by,
+                                      std::vector<std::uint64_t>* counts, const buffer& a, i64 T,
+                                      buffer& y) {
+  const i64 D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
+  const i64 k = std::min(cfg.num_experts_per_tok, E);
+  const auto limit = static_cast<float>(cfg.swiglu_limit);
   auto scores = buffer::zeros(sz(T * E));
   auto chosen = index_buffer::zeros(sz(T * k));
   auto chosen_w = buffer::zeros(sz(T * k));
@@ -787,17 +1145,18 @@ result<bool> device_model::state::moe(device_layer& L, const buffer& a, i64 T, b
   TROUPE_TRY(chosen);
   TROUPE_TRY(chosen_w);
   TROUPE_TRY(project(a.data(), T, D, L.gate.data(), E, scores->data()));
-  TROUPE_TRY(route_tokens(scores->data(), L.gate_bias.data(), T, E, k, router_scoring_of(c),
-                          static_cast<float>(c.gate_temp), c.norm_topk_prob,
-                          static_cast<float>(c.routed_scaling_factor), chosen->data(),
+  TROUPE_TRY(route_tokens(scores->data(), L.gate_bias.data(), T, E, k, router_scoring_of(cfg),
+                          static_cast<float>(cfg.gate_temp), cfg.norm_topk_prob,
+                          static_cast<float>(cfg.routed_scaling_factor), chosen->data(),
                           chosen_w->data()));
   auto ids64 = chosen->download();
   auto weights = chosen_w->download();
   TROUPE_TRY(ids64);
   TROUPE_TRY(weights);
   const std::vector<std::int32_t> ids(ids64->begin(), ids64->end());
-  for (const auto e : ids) ++routed[sz(e)];
-  auto plan = plan_dispatch(placement, ids, static_cast<std::int32_t>(k));
+  if (counts != nullptr)
+    for (const auto e : ids) ++(*counts)[sz(e)];
+  auto plan = plan_dispatch(by, ids, static_cast<std::int32_t>(k));
   TROUPE_TRY(plan);
   const i64 rows = static_cast<i64>(plan->send_copy.size());
   std::vector<float> row_w(sz(rows)), ones(sz(T * k), 1.0f);
@@ -831,7 +1190,7 @@ result<bool> device_model::state::moe(device_layer& L, const buffer& a, i64 T, b
     for (std::size_t slot = 0; slot < plan->expert_counts[rank].size(); ++slot) {
       const i64 m = plan->expert_counts[rank][slot];
       if (m == 0) continue;
-      const auto e = placement.local[rank][slot];
+      const auto e = by.local[rank][slot];
       TROUPE_TRY(expert(L.experts[sz(e)], sent->data() + row * D, m, row_scale->data() + row,
                         returned->data() + row * D));
       row += m;
@@ -868,7 +1227,6 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   auto& s = *s_;
   const auto& c = s.c;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
-  const i64 n_mix = (2 + hc) * hc;
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
   // The call's tokens, positions and ring bookkeeping, checked before anything runs.
@@ -957,22 +1315,11 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   call.topk_n = std::move(*topk_n);
   call.kept = std::move(*kept);
   call.kept_n = std::move(*kept_n);
-  std::vector<float> first_stream(sz(T * hc), 0.0f);
-  for (i64 t = 0; t < T; ++t) first_stream[sz(t * hc)] = 1.0f;
-  auto streams = buffer::zeros(sz(T * hc * D));
-  auto expanded = buffer::zeros(sz(T * hc * D));
-  auto flat = buffer::zeros(sz(T * hc * D));
-  auto mix = buffer::zeros(sz(T * n_mix));
-  auto pre = buffer::of(first_stream);  // the mix the next site collapses by
-  auto next_pre = buffer::zeros(sz(T * hc));
-  auto post = buffer::zeros(sz(T * hc));
-  auto comb = buffer::zeros(sz(T * hc * hc));
-  auto x = buffer::zeros(sz(T * D));
-  auto out = buffer::zeros(sz(T * D));
+  auto sites = mhc_streams::make(c, T);
   auto logits = buffer::zeros(sz(T * V));
-  for (const auto* b : {&streams, &expanded, &flat, &mix, &pre, &next_pre, &post, &comb, &x, &out,
-                        &logits})
-    TROUPE_TRY(*b);
+  TROUPE_TRY(sites);
+  TROUPE_TRY(logits);
+  auto& m = *sites;
 
   // The DSpark features [T, targets, D]: at each target layer, the streams its attention site
   // takes, averaged (the collapse with weights 1 / hc, the CPU model's sum in its order).
@@ -998,41 +1345,27 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   }
 
   // Embeddings, copied into every stream; the first site collapses stream 0 only.
-  TROUPE_TRY(embed_rows(s.embed.data(), d_tokens.data(), T, hc, D, streams->data()));
-  // One site: the mixes of the streams as they are, the collapse by the previous site's mix,
-  // the site's norm and its function, the expansion back into the streams.
-  auto site = [&](const buffer& fn, const buffer& scale, const buffer& base, const buffer& norm,
-                  auto&& run) -> result<bool> {
-      TROUPE_TRY(s.mixes(*streams, T, fn, scale, base, *flat, *mix, *next_pre, *post, *comb));
-    TROUPE_TRY(hc_collapse(streams->data(), pre->data(), T, hc, D, x->data()));
-    TROUPE_TRY(rms_norm(x->data(), T, D, norm.data(), eps));
-    TROUPE_TRY(run());
-    TROUPE_TRY(hc_expand(streams->data(), out->data(), post->data(), comb->data(), T, hc, D,
-                         expanded->data()));
-    std::swap(*streams, *expanded);
-    std::swap(*pre, *next_pre);
-    return true;
-  };
+  TROUPE_TRY(embed_rows(s.embed.data(), d_tokens.data(), T, hc, D, m.streams.data()));
   for (std::size_t l = 0; l < s.layers.size(); ++l) {
     auto& L = s.layers[l];
     const auto& host = s.W->layers[l];
-    if (host.engram_index >= 0) TROUPE_TRY(s.engram(host, L, hash_ids, T, *streams));
+    if (host.engram_index >= 0) TROUPE_TRY(s.engram(host, L, hash_ids, T, m.streams));
     if (dspark_features != nullptr)
       for (i64 k = 0; k < n_targets; ++k) {
         if (targets[sz(k)] != static_cast<i64>(l)) continue;
-        TROUPE_TRY(hc_collapse(streams->data(), equal_mix.data(), T, hc, D, averaged.data()));
+        TROUPE_TRY(hc_collapse(m.streams.data(), equal_mix.data(), T, hc, D, averaged.data()));
         TROUPE_TRY(copy_rows(averaged.data(), nullptr, features.data(), feature_rows[sz(k)].data(),
                              T, D));
       }
-    TROUPE_TRY(site(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm,
-                    [&] { return s.attention(l, *x, call, *out); }));
-    TROUPE_TRY(site(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm,
-                    [&] { return s.moe(L, *x, T, *out); }));
+    TROUPE_TRY(s.site(m, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm,
+                      [&] { return s.attention(l, m.x, call, m.out); }));
+    TROUPE_TRY(s.site(m, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm,
+                      [&] { return s.moe(c, L, s.placement, &s.routed, m.x, T, m.out); }));
   }
   // Final collapse, norm and LM head.
-  TROUPE_TRY(hc_collapse(streams->data(), pre->data(), T, hc, D, x->data()));
-  TROUPE_TRY(rms_norm(x->data(), T, D, s.norm.data(), eps));
-  TROUPE_TRY(s.project(x->data(), T, D, s.lm_head.data(), V, logits->data()));
+  TROUPE_TRY(hc_collapse(m.streams.data(), m.pre.data(), T, hc, D, m.x.data()));
+  TROUPE_TRY(rms_norm(m.x.data(), T, D, s.norm.data(), eps));
+  TROUPE_TRY(s.project(m.x.data(), T, D, s.lm_head.data(), V, logits->data()));
   auto host = logits->download();
   TROUPE_TRY(host);
   if (dspark_features != nullptr) {

@@ -10,8 +10,8 @@
 // they must at full scale), with mHC and the MoE; a sequence's cache moves to and from the CPU
 // engine's form (export_sequence / import_sequence), so the KV block formats, bounded replay
 // and the encoder–decoder prefill reach the device through the CPU engine; batch-invariant
-// mode; rollback of a rejected draft; the DSpark draft features. Not yet: the DSpark draft
-// layers themselves (cuda_backend runs them on the host). Weights are the CPU engine's fp32
+// mode; rollback of a rejected draft; the DSpark draft features and draft layers (each
+// sequence's draft context in device memory beside its rings). Weights are the CPU engine's fp32
 // copies (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so memory is 4
 // bytes per parameter, and each sequence's compressed KV is allocated for max_context tokens
 // up front: a check of the layer loop on small models, not a way to fit V4.1-Flash on a GPU.
@@ -107,6 +107,24 @@ class device_model {
   /// opened or imported, or since its previous rollback, can be undone. Errors: an unknown id,
   /// k < 0 or k > 6, k beyond those tokens.
   result<bool> rollback(sequence_id id, std::int64_t k);
+
+  /// Whether the model has DSpark draft layers (uploaded with the rest).
+  bool has_draft() const;
+  /// model_backend::draft on the device: each request's features (rows of forward's
+  /// `dspark_features` for the tokens its sequence kept, the first at `position`) join the
+  /// sequence's draft context, which restarts empty at `position` when it does not end there
+  /// (or the sequence has none yet); then the DSpark blocks of the requests with an anchor run
+  /// through the draft stages on the device, and the Markov bias, argmax and confidence of
+  /// model::finish_draft on the host. Errors (no draft layers, an unknown or repeated id,
+  /// features of the wrong width, an anchor out of range, a negative position) change no
+  /// context.
+  result<draft_output> draft(std::span<const draft_request> batch);
+  /// A sequence's draft context as the CPU engine holds one (kernels/kv_blocks.hpp's
+  /// serialize_draft writes it); std::nullopt when it has none. Errors: an unknown id.
+  result<std::optional<draft_state>> export_draft(sequence_id id) const;
+  /// Sets a sequence's draft context from one of the uploaded model (export_draft's, or the
+  /// CPU engine's). Errors: an unknown id, another model's state, stages of unequal extent.
+  result<bool> import_draft(sequence_id id, const draft_state& context);
 
   struct state;
 

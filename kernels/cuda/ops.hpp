@@ -56,6 +56,10 @@ struct swa_decode_args {
   const std::int64_t* sequence = nullptr;     // [batch]: each query's ring (prefill)
   const std::int64_t* chunk_start = nullptr;  // [batch]: the position the chunk's rows begin at
   const std::int64_t* chunk_row = nullptr;    // [batch]: the chunk row of that position
+  /// [batch]: the position of the output's inverse RoPE where it is not positions[b] (null:
+  /// positions[b]): a DSpark draft block, whose tokens all see the whole block, passes the
+  /// block's last position as positions[b] and each token's own here.
+  const std::int64_t* rope_positions = nullptr;
 };
 result<bool> swa_decode_attention(const swa_decode_args& a, void* stream = nullptr);
 

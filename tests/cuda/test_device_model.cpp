@@ -65,3 +65,11 @@ TEST_CASE("device: a rolled-back draft leaves the device as kernels::rollback le
   for (const auto& d : {dir, ratio4}) troupe::test::check_rollbacks(d);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("device: the DSpark draft layers give the CPU engine's drafts") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("troupe-test-cuda-drafts-" + std::to_string(::getpid()));
+  REQUIRE(write_random_model(dir, "tiny", 7));
+  troupe::test::check_drafts(dir);
+  std::filesystem::remove_all(dir);
+}

@@ -267,4 +267,156 @@ inline void check_rollbacks(const std::filesystem::path& dir) {
   CHECK(r.max_feature_diff < 1e-4);
 }
 
+/// The DSpark draft layers on the device (device_model::draft) against the CPU engine's
+/// (model::draft / extend_draft), both fed the CPU's features so that only the draft layers are
+/// compared: a context longer than the draft ring extended without drafting, two sequences
+/// drafted in one batch, drafted again after more features, one restarted at a position its
+/// context does not end at; each context exported and compared row by row with the CPU's, then
+/// imported into a fresh sequence, whose drafts must equal the original's bit for bit.
+struct draft_comparison {
+  double max_logit_diff = 0, max_confidence_diff = 0, max_context_diff = 0;
+  std::int64_t drafts = 0, tokens_differ = 0;
+};
+
+inline draft_comparison compare_drafts(const kernels::model& m, kernels::cuda::device_model& dev) {
+  using namespace troupe::kernels;
+  REQUIRE(m.has_draft());
+  REQUIRE(dev.has_draft());
+  draft_comparison out;
+  const auto& c = m.text();
+  const std::int64_t V = c.vocab_size;
+  const auto width = c.dspark_target_layer_ids.size() * static_cast<std::size_t>(c.hidden_size);
+  const std::int64_t ring = c.sliding_window + swa_rollback_tokens;
+  // Features of a real forward pass: a prompt longer than the draft ring.
+  const std::int64_t n = ring + 12;
+  std::vector<std::int64_t> prompt(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) prompt[static_cast<std::size_t>(i)] = (i * 29 + 3) % V;
+  auto cache = m.new_sequence();
+  std::vector<float> f;
+  const sequence_input in{&cache, prompt};
+  REQUIRE(m.forward(std::span(&in, 1), nullptr, &f));
+  REQUIRE(f.size() == static_cast<std::size_t>(n) * width);
+  auto rows = [&](std::int64_t first, std::int64_t count) {
+    return std::span<const float>(f).subspan(static_cast<std::size_t>(first) * width,
+                                             static_cast<std::size_t>(count) * width);
+  };
+  auto diff = [](const float* a, const float* b, std::size_t k) {
+    double d = 0;
+    for (std::size_t i = 0; i < k; ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
+    return d;
+  };
+  auto compare = [&](const draft_output& got, const draft_output& want) {
+    REQUIRE(got.tokens.size() == want.tokens.size());
+    REQUIRE(got.logits.size() == want.logits.size());
+    out.max_logit_diff = std::max(out.max_logit_diff,
+                                  diff(got.logits.data(), want.logits.data(), got.logits.size()));
+    out.max_confidence_diff =
+        std::max(out.max_confidence_diff,
+                 diff(got.confidences.data(), want.confidences.data(), got.confidences.size()));
+    for (std::size_t i = 0; i < got.tokens.size(); ++i)
+      out.tokens_differ += got.tokens[i] != want.tokens[i];
+    out.drafts += static_cast<std::int64_t>(got.tokens.size());
+  };
+  auto s0 = m.new_draft_state(), s1 = m.new_draft_state();
+  auto d0 = dev.open_sequence(), d1 = dev.open_sequence();
+  REQUIRE(d0);
+  REQUIRE(d1);
+  // 1. A context extended without drafting, then two sequences drafted in one batch.
+  const std::int64_t first = n - 10;
+  REQUIRE(m.extend_draft(s0, rows(0, first)));
+  const draft_request extend{*d0, 0, rows(0, first), -1};
+  auto none = dev.draft(std::span(&extend, 1));
+  REQUIRE_MESSAGE(none, none.error());
+  CHECK(none->tokens.empty());
+  auto round = [&](std::vector<draft_request> on_device, std::vector<draft_input> on_cpu) {
+    auto got = dev.draft(on_device);
+    auto want = m.draft(on_cpu);
+    REQUIRE_MESSAGE(got, got.error());
+    REQUIRE_MESSAGE(want, want.error());
+    compare(*got, *want);
+    return std::move(*got);
+  };
+  round({{*d0, first, rows(first, 10), 17}, {*d1, 0, rows(0, 9), 200}},
+        {{&s0, rows(first, 10), 17}, {&s1, rows(0, 9), 200}});
+  // 2. More features, as after a verify step.
+  round({{*d0, n, rows(3, 3), 5}, {*d1, 9, rows(20, 2), 99}},
+        {{&s0, rows(3, 3), 5}, {&s1, rows(20, 2), 99}});
+  // 3. A position the context does not end at: it restarts there.
+  s1.reset(50);
+  round({{*d1, 50, rows(7, 4), 1}}, {{&s1, rows(7, 4), 1}});
+  // 4. The contexts as the CPU holds them, and moved into a fresh sequence.
+  for (const auto& [id, cpu] : {std::pair{*d0, &s0}, std::pair{*d1, &s1}}) {
+    auto exported = dev.export_draft(id);
+    REQUIRE_MESSAGE(exported, exported.error());
+    REQUIRE(exported->has_value());
+    const auto& got = **exported;
+    REQUIRE(got.rings.size() == cpu->rings.size());
+    for (std::size_t st = 0; st < got.rings.size(); ++st) {
+      CHECK(got.rings[st].begin() == cpu->rings[st].begin());
+      REQUIRE(got.rings[st].end() == cpu->rings[st].end());
+      for (auto p = got.rings[st].begin(); p < got.rings[st].end(); ++p)
+        out.max_context_diff =
+            std::max(out.max_context_diff,
+                     diff(got.rings[st].at(p), cpu->rings[st].at(p),
+                          static_cast<std::size_t>(c.head_dim)));
+    }
+  }
+  auto exported = dev.export_draft(*d0);
+  REQUIRE(exported);
+  auto d2 = dev.open_sequence();
+  REQUIRE(d2);
+  auto fresh = dev.export_draft(*d2);
+  REQUIRE(fresh);
+  CHECK_FALSE(fresh->has_value());  // no context until a draft call or an import
+  REQUIRE(dev.import_draft(*d2, **exported));
+  const std::int64_t at = n + 3;
+  const draft_request a{*d0, at, rows(11, 2), 42}, b{*d2, at, rows(11, 2), 42};
+  auto from_original = dev.draft(std::span(&a, 1));
+  auto from_import = dev.draft(std::span(&b, 1));
+  REQUIRE(from_original);
+  REQUIRE(from_import);
+  CHECK(from_import->tokens == from_original->tokens);
+  CHECK(from_import->logits == from_original->logits);
+  // What it refuses, changing no context.
+  const draft_request narrow{*d0, at + 2, rows(0, 1).first(width - 1), 3};
+  CHECK(dev.draft(std::span(&narrow, 1)).error() ==
+        "draft: sequence 0: expected features of width " + std::to_string(width) +
+            " (targets x hidden_size), found " + std::to_string(width - 1) + " values");
+  const draft_request high{*d0, at + 2, {}, V};
+  CHECK(dev.draft(std::span(&high, 1)).error() ==
+        "draft: sequence 0: anchor token " + std::to_string(V) + ", expected 0 <= id < " +
+            std::to_string(V));
+  const draft_request twice[] = {{*d0, at + 2, {}, 1}, {*d0, at + 2, {}, 1}};
+  CHECK(dev.draft(twice).error() ==
+        "device_model: sequence " + std::to_string(*d0) + " twice in one batch");
+  const draft_request unknown{999, 0, {}, 1};
+  CHECK(dev.draft(std::span(&unknown, 1)).error() == "device_model: no sequence 999");
+  auto after = dev.export_draft(*d0);
+  REQUIRE(after);
+  CHECK((*after)->length() == at + 2);
+  for (auto id : {*d0, *d1, *d2}) REQUIRE(dev.close_sequence(id));
+  return out;
+}
+
+/// compare_drafts on the tiny preset in `dir`, checked: every draft token equal, logits and
+/// context rows within 1e-4 of the CPU engine's, confidences within 1e-5; the figures printed.
+inline void check_drafts(const std::filesystem::path& dir) {
+  auto m = kernels::model::load(dir);
+  REQUIRE_MESSAGE(m, m.error());
+  REQUIRE(set_identity_engram_map(*m));
+  auto dev = kernels::cuda::device_model::upload(*m, {.max_sequences = 3});
+  REQUIRE_MESSAGE(dev, dev.error());
+  const auto r = compare_drafts(*m, *dev);
+  MESSAGE("DSpark drafts on the device: " << r.drafts << " drafts, " << r.tokens_differ
+                                          << " tokens differ; largest |device - CPU| logit "
+                                          << r.max_logit_diff << ", confidence "
+                                          << r.max_confidence_diff << ", context row "
+                                          << r.max_context_diff);
+  CHECK(r.drafts >= 5 * m->text().dspark_block_size);
+  CHECK(r.tokens_differ == 0);
+  CHECK(r.max_logit_diff < 1e-4);
+  CHECK(r.max_confidence_diff < 1e-5);
+  CHECK(r.max_context_diff < 1e-4);
+}
+
 }  // namespace troupe::test

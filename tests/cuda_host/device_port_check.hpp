@@ -106,7 +106,7 @@ inline void check_refusals(device_fixture& f) {
 /// Speculative decoding on a CUDA device: steps that verify drafts (the CPU device's greedy
 /// tokens, one of them wrong in most rounds) draw exactly the CPU device's one-token greedy
 /// tokens, the rejected drafts rolled back on the device, while the device proposes its own
-/// drafts (the DSpark layers on the host, from the device's features) at every step. Both
+/// drafts (the DSpark layers on the device, from its features) at every step. Both
 /// devices are batch-invariant, as troupe serve's are: a verify step's rows then round as the
 /// one-token steps' do (otherwise the GEMMs' row-count-dependent sums move an fp8 / fp4 code of
 /// the cached rows now and then, and a logprob by up to 1e-3).

@@ -84,7 +84,7 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
       cuda::cuda_backend::open(dir, {.max_sequences = 4, .engram_token_map = identity_map()});
   REQUIRE_MESSAGE(gpu, gpu.error());
   auto& dev = **gpu;
-  CHECK(dev.has_draft());  // the tiny preset has DSpark layers: they run on the host
+  CHECK(dev.has_draft());  // the tiny preset has DSpark layers: they run on the device
 
   std::vector<std::int64_t> prompt(131), next{5, 77, 200, 13};
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % 256);
@@ -220,4 +220,59 @@ TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least re
       CHECK(max_diff(decode(dev, g[s], t), decode(cpu, c[s], t)) < 1e-4);
     }
   }
+}
+
+TEST_CASE("emulated device: the DSpark draft contexts live on the device and move with their "
+          "sequences") {
+  const auto dir = testing::scratch_root() / "cuda-backend-drafts";
+  REQUIRE(write_random_model(dir, "tiny", 9));
+  cpu_backend cpu(tiny_model(dir));
+  cuda::cuda_backend_options options;
+  options.max_sequences = 1;
+  auto gpu = cuda::cuda_backend::open(tiny_model(dir), options);
+  REQUIRE_MESSAGE(gpu, gpu.error());
+  auto& dev = **gpu;
+
+  // Features of a prompt from the CPU backend, fed to both: the draft layers are compared.
+  const std::vector<std::int64_t> prompt{3, 141, 59, 26, 5, 35, 89, 79, 32, 38};
+  const sequence_id c = cpu.open_sequence(), c2 = cpu.open_sequence();
+  const sequence_id g = dev.open_sequence(), g2 = dev.open_sequence();
+  std::vector<float> f;
+  const step_input ci{c, prompt};
+  const std::int64_t last = 1;
+  REQUIRE(cpu.step_tail(std::span(&ci, 1), std::span(&last, 1), &f));
+  const std::size_t width = f.size() / prompt.size();
+  auto rows = [&](std::size_t first, std::size_t n) {
+    return std::span<const float>(f).subspan(first * width, n * width);
+  };
+  auto both = [&](sequence_id on_cpu, sequence_id on_dev, std::int64_t position,
+                  std::span<const float> features, std::int64_t anchor) {
+    const draft_request rc{on_cpu, position, features, anchor}, rg{on_dev, position, features,
+                                                                   anchor};
+    auto want = cpu.draft(std::span(&rc, 1));
+    auto got = dev.draft(std::span(&rg, 1));
+    REQUIRE_MESSAGE(want, want.error());
+    REQUIRE_MESSAGE(got, got.error());
+    CHECK(got->tokens == want->tokens);
+    CHECK(max_diff(got->logits, want->logits) < 1e-4);
+  };
+  both(c, g, 0, rows(0, 8), 7);
+  // g2's prompt takes the device's only place: g and its draft context wait on the host.
+  const step_input gi{g2, prompt};
+  REQUIRE(dev.step_tail(std::span(&gi, 1), std::span(&last, 1), nullptr));
+  CHECK(dev.evictions() == 1);
+  auto on_host = dev.export_draft(g);
+  REQUIRE_MESSAGE(on_host, on_host.error());
+  CHECK(*on_host == *cpu.export_draft(c));  // the tiny model's context rows are exact
+  // Its next draft brings it back, the context with it (lost, the drafts would differ).
+  both(c, g, 8, rows(8, 2), 11);
+  CHECK(dev.evictions() == 2);
+  // A context imported into a sequence on the host reaches the device with it.
+  REQUIRE(cpu.import_draft(c2, *cpu.export_draft(c)));
+  REQUIRE(dev.import_draft(g2, *dev.export_draft(g)));
+  both(c2, g2, 10, rows(2, 1), 200);
+  CHECK(dev.evictions() == 3);
+  CHECK(dev.import_draft(g, "x").error() == cpu.import_draft(c, "x").error());
+  REQUIRE(dev.close_sequence(g2));
+  CHECK(dev.export_draft(g2).error() == "backend: no sequence 2");
 }

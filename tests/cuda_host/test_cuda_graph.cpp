@@ -1,7 +1,7 @@
 // The serving graph of `troupe serve` (cluster/real_graph.hpp, without HTTP) with every device on
 // cuda_backend, on the emulated device: a request's greedy tokens through the prefill → decode
 // KV hand-off between two CUDA devices, requests decoding together, and speculative decoding
-// (verify steps, rollbacks on the device, the DSpark drafts on the host) — each equal to troupe
+// (verify steps, rollbacks on the device, the DSpark drafts on the device) — each equal to troupe
 // generate's on the CPU.
 #include "kernels/cuda/cuda_backend.hpp"
 #include "tests/cluster/real_graph_fixture.hpp"

@@ -299,3 +299,9 @@ TEST_CASE("emulated device: an expert placement runs its ranks one after another
   REQUIRE(dev->set_expert_placement(std::nullopt));
   CHECK(run(prompt) == one_group);
 }
+
+TEST_CASE("emulated device: the DSpark draft layers give the CPU engine's drafts") {
+  const auto dir = testing::scratch_root() / "device-model-drafts";
+  REQUIRE(write_random_model(dir, "tiny", 7));
+  troupe::test::check_drafts(dir);
+}
