@@ -1,6 +1,7 @@
 #include "cluster/real_graph.hpp"
 
 #include "actors/instance.hpp"
+#include "cluster/autoscaling.hpp"
 #include "runtime/supervisor.hpp"
 
 #include <caf/actor_system.hpp>
@@ -96,12 +97,13 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
   return g;
 }
 
-runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_role role,
-                                                  const real_graph_params& params,
-                                                  const actors::kv_check_actor& kv,
-                                                  const caf::actor& lb,
-                                                  const std::vector<std::uint32_t>& instances,
-                                                  const caf::actor& kept_to) {
+namespace {
+
+// Makes the child spec of instance `id` of pool `role` (pool_supervisor_config's children, and
+// those the autoscaler orders).
+std::function<runtime::child_spec(actors::instance_id)>
+instance_maker(const topology& topo, pool_role role, const real_graph_params& params,
+               const actors::kv_check_actor& kv, const caf::actor& lb, const caf::actor& kept_to) {
   const auto& pool = *find_pool(topo, role);
   auto ports = actors::instance_ports{};
   ports.device = [make = params.device, role](caf::local_actor* self, actors::instance_id id,
@@ -110,8 +112,6 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
   };
   // Inside one process the KV moves between instances by handle: no link port.
   ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
-  runtime::supervisor_flags flags{runtime::strategy::one_for_one, 10, 1min, 1s, 2.0, 30s};
-  runtime::supervisor_config cfg{pool.name, flags, {}};
   // Prefill persists the prompt's blocks, decode those its output fills.
   actors::block_writer_params writer;
   if (params.store) {
@@ -124,22 +124,36 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
     pe.step_tokens = params.prefill_chunk;
     pe.draft_context = params.spec.spec != actors::speculation::off;
     pe.writer = writer;
-    for (auto i : instances)
-      cfg.children.push_back(actors::prefill_instance(
-        pool.name, i, 1, pe, ports, caf::actor_cast<actors::prefill_lb_actor>(lb),
-        params.keep_windows));
-  } else {
-    actors::decode_engine_params de;
-    de.max_batch = params.max_batch;
-    de.spec = params.spec.spec;
-    de.fixed_drafts = params.spec.fixed_drafts;
-    de.overlap = params.overlap;
-    de.step_cost = params.step_cost;
-    for (auto i : instances)
-      cfg.children.push_back(actors::decode_instance(
-        pool.name, i, 1, de, ports, caf::actor_cast<actors::decode_lb_actor>(lb), writer,
-        params.keep_windows ? kept_to : caf::actor{}));
+    return [name = pool.name, pe, ports, lb = caf::actor_cast<actors::prefill_lb_actor>(lb),
+            keep = params.keep_windows](actors::instance_id i) {
+      return actors::prefill_instance(name, i, 1, pe, ports, lb, keep);
+    };
   }
+  actors::decode_engine_params de;
+  de.max_batch = params.max_batch;
+  de.spec = params.spec.spec;
+  de.fixed_drafts = params.spec.fixed_drafts;
+  de.overlap = params.overlap;
+  de.step_cost = params.step_cost;
+  return [name = pool.name, de, ports, lb = caf::actor_cast<actors::decode_lb_actor>(lb), writer,
+          kept = params.keep_windows ? kept_to : caf::actor{}](actors::instance_id i) {
+    return actors::decode_instance(name, i, 1, de, ports, lb, writer, kept);
+  };
+}
+
+} // namespace
+
+runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_role role,
+                                                  const real_graph_params& params,
+                                                  const actors::kv_check_actor& kv,
+                                                  const caf::actor& lb,
+                                                  const std::vector<std::uint32_t>& instances,
+                                                  const caf::actor& kept_to) {
+  runtime::supervisor_flags flags{runtime::strategy::one_for_one, 10, 1min, 1s, 2.0, 30s};
+  runtime::supervisor_config cfg{find_pool(topo, role)->name, flags, {}};
+  const auto make = instance_maker(topo, role, params, kv, lb, kept_to);
+  for (auto i : instances)
+    cfg.children.push_back(make(i));
   return cfg;
 }
 
@@ -165,11 +179,42 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
                                        caf::actor_cast<caf::actor>(g.decode_lb),
                                        all(pool_role::decode),
                                        caf::actor_cast<caf::actor>(g.prefill_lb));
+  std::vector<runtime::child_spec> children{runtime::supervisor_child(std::move(prefill)),
+                                            runtime::supervisor_child(std::move(decode))};
+  if (topo.autoscaler.enabled) {
+    // The simulator's autoscaler, on the same pools: a child of the root it acts on, so it
+    // stops (first: it is the last child) and restarts with the graph.
+    actors::autoscaler_params ap;
+    ap.interval = topo.autoscaler.interval;
+    ap.limits = scale_limits_of(topo.autoscaler);
+    // No machines to acquire on one machine: an instance ordered starts at once and serves
+    // once its device has loaded the model; an inventory slot refills at once.
+    ap.join = runtime::duration{0};
+    ap.refill = runtime::duration{0};
+    ap.prefill_lb = g.prefill_lb;
+    ap.decode_lb = g.decode_lb;
+    // A prefill instance's capacity is measured (tokens per second of device time, once the
+    // engines have run a second); until then a prefill pool is never short.
+    ap.prefill = autoscaled_pool_of(
+      *find_pool(topo, pool_role::prefill), 1e18,
+      instance_maker(topo, pool_role::prefill, params, g.kv,
+                     caf::actor_cast<caf::actor>(g.prefill_lb), {}));
+    ap.decode = autoscaled_pool_of(
+      *find_pool(topo, pool_role::decode), static_cast<double>(params.max_batch),
+      instance_maker(topo, pool_role::decode, params, g.kv,
+                     caf::actor_cast<caf::actor>(g.decode_lb),
+                     caf::actor_cast<caf::actor>(g.prefill_lb)));
+    // No log: decisions are logged on stderr, and a record of each would grow for as long
+    // as the server runs.
+    children.push_back(runtime::child_spec{
+      "autoscaler", [ap](caf::local_actor* self) {
+        auto p = ap;
+        p.root = caf::actor_cast<caf::actor>(self);
+        return actors::spawn_autoscaler(self->system(), std::move(p));
+      }});
+  }
   g.cluster = runtime::spawn_supervisor(
-    sys, {topo.cluster.name,
-          {runtime::strategy::one_for_one, 10, 1min},
-          {runtime::supervisor_child(std::move(prefill)),
-           runtime::supervisor_child(std::move(decode))}});
+    sys, {topo.cluster.name, {runtime::strategy::one_for_one, 10, 1min}, std::move(children)});
   return g;
 }
 

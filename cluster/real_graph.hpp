@@ -111,10 +111,12 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
 void index_stored_blocks(caf::actor_system& sys, const runtime::store_port& store,
                          const actors::kv_check_actor& kv, std::chrono::seconds wait);
 
-/// Spawns the graph of a topology that passed check_real_topology. With a store, the CHECK
-/// role's index is first filled with the blocks the store holds (a restart finds the blocks
-/// written before it); that waits for the store's answer, up to `wait`, and on failure the
-/// index starts empty (the cache is an optimisation: the graph serves without it).
+/// Spawns the graph of a topology that passed check_real_topology. With the topology's
+/// autoscaler on, the pools grow and shrink as in the simulation (actors/autoscaler: the same
+/// actor and policy, docs/autoscaler.md), an instance ordered starting at once. With a store,
+/// the CHECK role's index is first filled with the blocks the store holds (a restart finds the
+/// blocks written before it); that waits for the store's answer, up to `wait`, and on failure
+/// the index starts empty (the cache is an optimisation: the graph serves without it).
 real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
                             const real_graph_params& params,
                             std::chrono::seconds wait = std::chrono::seconds(60));

@@ -1,6 +1,7 @@
 #include "cluster/serve_command.hpp"
 
 #include "actors/entrypoint/entrypoint.hpp"
+#include "cluster/autoscaling.hpp"
 #include "cluster/serve_setup.hpp"
 #include "kernels/cpu_ops.hpp"
 #include "runtime/units.hpp"
@@ -68,6 +69,13 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
                                                : std::string{})
                                           + ")"
                                       : std::string{}))
+      << (prefill_or_decode_scales(in->topo)
+            ? "; the autoscaler keeps " + std::to_string(prefill_pool->instances.min) + "-"
+                + std::to_string(prefill_pool->instances.max) + " prefill and "
+                + std::to_string(decode_pool->instances.min) + "-"
+                + std::to_string(decode_pool->instances.max) + " decode instances, deciding every "
+                + runtime::format_duration(in->topo.autoscaler.interval)
+            : std::string{})
       << (o.eplb_ranks > 0 ? "; experts re-placed over " + std::to_string(o.eplb_ranks)
                                + " EP ranks every " + runtime::format_duration(in->eplb_interval)
                            : std::string{})

@@ -116,7 +116,7 @@ struct pool_spec {
 
 /// [autoscaler]: how pools may grow and shrink.
 struct autoscaler_spec {
-  bool enabled = false;                    // the simulation runs the autoscaler only when set
+  bool enabled = false;                    // sim and serve run the autoscaler only when set
   caf::timespan interval{0};               // > 0
   std::uint32_t max_step_up = 0;           // instances per pool per interval, ≥ 1
   std::uint32_t max_step_down = 0;         // instances per pool per interval, ≥ 1

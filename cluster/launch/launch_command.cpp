@@ -1,5 +1,6 @@
 #include "cluster/launch/launch_command.hpp"
 
+#include "cluster/autoscaling.hpp"
 #include "cluster/launch/node_agent.hpp"
 #include "cluster/launch/real_faults.hpp"
 #include "cluster/launch/slurm_launch.hpp"
@@ -992,6 +993,9 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   auto in = load_serve_inputs(o.serve, command, err, devices_here);
   if (!in)
     return 1;
+  if (prefill_or_decode_scales(in->topo))
+    err << command << ": warning: [autoscaler] is on, but a launched cluster keeps its pools at "
+        << "their initial sizes (troupe serve and troupe sim run the autoscaler; docs/launch.md)\n";
   auto listen = parse_host_port(o.serve.listen);
   if (!listen)
     return fail("--listen '" + o.serve.listen + "': expected HOST:PORT, e.g. 127.0.0.1:8000");

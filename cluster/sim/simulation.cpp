@@ -1,6 +1,7 @@
 #include "cluster/sim/simulation.hpp"
 
 #include "actors/autoscaler/autoscaler.hpp"
+#include "cluster/autoscaling.hpp"
 #include "actors/fault_injector.hpp"
 #include "actors/instance.hpp"
 #include "actors/kv/kv_store.hpp"
@@ -538,19 +539,6 @@ nlohmann::json gpu_figures(const busy_table& busy, const topology& topo, runtime
           {"instance_up_s", std::move(per_instance_up)}};
 }
 
-/// The autoscaler's limits from the topology.
-actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
-  actors::scale_limits l;
-  l.max_step_up = a.max_step_up;
-  l.max_step_down = a.max_step_down;
-  l.over_provision = a.over_provision;
-  l.occupancy_limit = a.scale_down_occupancy_limit;
-  l.quota = a.quota;
-  l.inventory = a.ready_inventory;
-  l.scale_down_after = a.scale_down_after;
-  return l;
-}
-
 /// The performance model's options for an EP group of `ep` ranks under the run's expert load
 /// (sim_params::expert_skew, eplb) and structured output's masks and compiles
 /// (structured_mask_s, structured_compile_s).
@@ -597,24 +585,9 @@ actors::autoscaler_params autoscaler_params_for(
   step.sequences = 1;
   step.context_tokens = step.tokens;
   auto step_s = std::max(1e-9, runtime::to_seconds(per_gpu(step)));
-  ap.prefill = actors::autoscaled_pool{prefill.name,
-                                       false,
-                                       prefill.instances.min,
-                                       prefill.instances.initial,
-                                       prefill.instances.max,
-                                       prefill.gpus_per_instance,
-                                       static_cast<double>(pe.step_tokens) / step_s,
-                                       runtime::duration{0},
-                                       std::move(make_prefill)};
-  ap.decode = actors::autoscaled_pool{decode.name,
-                                      true,
-                                      decode.instances.min,
-                                      decode.instances.initial,
-                                      decode.instances.max,
-                                      decode.gpus_per_instance,
-                                      static_cast<double>(de.max_batch),
-                                      decode.grace,
-                                      std::move(make_decode)};
+  ap.prefill = autoscaled_pool_of(prefill, static_cast<double>(pe.step_tokens) / step_s,
+                                  std::move(make_prefill));
+  ap.decode = autoscaled_pool_of(decode, static_cast<double>(de.max_batch), std::move(make_decode));
   ap.fixed_gpus = vision != nullptr ? vision->gpus(vision->instances.initial) : 0;
   ap.log = std::move(log);
   return ap;

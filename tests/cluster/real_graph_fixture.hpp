@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 namespace troupe::test {
@@ -153,7 +154,8 @@ struct fixture {
                    int decode_instances = 1, actors::speculation_setting spec = {},
                    ports::step_profile::points step_times = {}, bool overlap = true,
                    const std::filesystem::path& model_dir = {}, int prefill_instances = 1,
-                   bool keep_windows = true, kernels::backend_opener backend = {}) {
+                   bool keep_windows = true, kernels::backend_opener backend = {},
+                   std::optional<cluster::topology> topology = {}, std::uint32_t max_batch = 64) {
     profile->set(std::move(step_times));
     log->corrupt_exports = corrupt;
     const auto dir = model_dir.empty() ? model_dirs::tiny() : model_dir;
@@ -179,9 +181,8 @@ struct fixture {
       d.engram_map = "identity";
       d.metrics = &metrics;
       // (A second prefill instance's device is "prefill-1", and so on.)
-      d.name = role == cluster::pool_role::prefill
-                 ? (id == 0 ? std::string("prefill") : "prefill-" + std::to_string(id))
-                 : "decode";
+      const std::string pool = role == cluster::pool_role::prefill ? "prefill" : "decode";
+      d.name = id == 0 ? pool : pool + "-" + std::to_string(id);
       if (role == cluster::pool_role::decode && p_spec.spec == actors::speculation::dspark)
         d.profile = profile;
       return spawn_watched(sys, ports::spawn_cpu_device(sys, std::move(d)), log);
@@ -195,10 +196,11 @@ struct fixture {
       p.store = store;
     }
     p.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(cfg->text));
-    p.max_batch = 64;
+    p.max_batch = max_batch;
     p.prefill_chunk = 64;
-    graph = cluster::spawn_real_graph(w.system(), test_topology(decode_instances, prefill_instances),
-                                      p);
+    graph = cluster::spawn_real_graph(
+      w.system(),
+      topology ? *topology : test_topology(decode_instances, prefill_instances), p);
   }
 
   ~fixture() {

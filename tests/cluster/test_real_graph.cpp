@@ -553,3 +553,101 @@ TEST_CASE("a draining decode instance hands its request over with its KV: exact 
   CHECK(f.log->refused.load() == 0);
   caf::anon_send_exit(injector, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("with the topology's autoscaler on, the decode pool grows under load and shrinks when "
+          "idle, every request getting its exact tokens") {
+  // Decode instances of two requests each, one to start with and at most two: with a margin
+  // above the need (over_provision), any load wants a second one; none, for 3 s, the minimum
+  // again. (Requests waiting for decode room retry every second and are not demand: without
+  // that delay the pool would shrink between a batch's end and the next retry.)
+  std::string text = topology_text;
+  const std::string one = "role = \"decode\"\ninstances = 1";
+  text.replace(text.find(one), one.size(),
+               "role = \"decode\"\ninstances = { min = 1, initial = 1, max = 2 }\ngrace = \"1s\"");
+  text += R"(
+[autoscaler]
+enabled = true
+interval = "100ms"
+max_step_up = 1
+max_step_down = 1
+over_provision = 0.1
+quota = 8
+scale_down_after = "3s"
+)";
+  auto topo = cluster::parse_topology(text, "autoscale.toml");
+  REQUIRE(topo.value);
+  fixture f(false, {}, 1, {}, {}, true, {}, 1, true, {}, *topo.value, 2);
+  caf::scoped_actor self{f.w.system()};
+  auto decode_instances = [&] {
+    std::size_t n = 0;
+    self->request(f.graph.cluster, 10s, runtime::which_children_atom::value)
+      .receive(
+        [&](const std::vector<runtime::child_info>& pools) {
+          for (const auto& p : pools)
+            if (p.id == "decode")
+              self->request(p.handle, 10s, runtime::which_children_atom::value)
+                .receive([&](const std::vector<runtime::child_info>& c) { n = c.size(); },
+                         [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+        },
+        [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+    return n;
+  };
+  auto online = [&] {
+    std::uint32_t n = 0;
+    self->request(f.graph.decode_lb, 10s, actors::pool_load_atom::value)
+      .receive([&](const actors::pool_load& l) { n = l.online; },
+               [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+    return n;
+  };
+  auto wait_until = [&](auto&& done) {
+    for (int i = 0; i < 1000 && !done(); ++i)
+      std::this_thread::sleep_for(20ms);
+    return done();
+  };
+  CHECK(decode_instances() == 1);
+  std::map<std::uint64_t, served> out;
+  std::size_t ended = 0;
+  auto submit = [&](actors::generation_request g) {
+    g.sink = caf::actor_cast<caf::actor>(self);
+    self->request(f.graph.service, 30s, std::move(g))
+      .receive([](const caf::actor&) {},
+               [&](const caf::error& e) { FAIL("refused: " << f.w.system().render(e)); });
+  };
+  auto collect = [&](std::size_t until) {
+    while (ended < until) {
+      bool timed_out = false;
+      self->receive(
+        [&](actors::generation_tokens& t) {
+          auto& s = out[t.id].tokens;
+          s.insert(s.end(), t.tokens.begin(), t.tokens.end());
+        },
+        [&](actors::generation_end& e) {
+          out[e.id].end = e;
+          ++ended;
+        },
+        caf::after(120s) >> [&] { timed_out = true; });
+      REQUIRE_FALSE(timed_out);
+    }
+  };
+  // Six long generations, two at a time on decode/0: the autoscaler orders decode/1, which
+  // joins and takes those still waiting.
+  std::map<std::uint64_t, std::vector<std::int32_t>> asked;
+  for (std::uint64_t id = 1; id <= 6; ++id) {
+    asked[id] = prompt_of(20, static_cast<std::uint32_t>(id), f.vocab);
+    submit(f.request(id, asked[id], 900, {}));
+  }
+  collect(6);
+  CHECK(f.metric("troupe_device_tokens_total{device=\"decode\",phase=\"decode\"}") > 0);
+  CHECK(f.metric("troupe_device_tokens_total{device=\"decode-1\",phase=\"decode\"}") > 0);
+  for (const auto& [id, prompt] : asked) {
+    CAPTURE(id);
+    CHECK(out[id].tokens == generate_greedy(prompt, 900));
+    CHECK(out[id].end.reason == actors::finish_reason::length);
+  }
+  // Idle: the pool drains decode/1 and is back at its minimum, and still serves.
+  REQUIRE(wait_until([&] { return decode_instances() == 1 && online() == 1; }));
+  const auto last = prompt_of(25, 9, f.vocab);
+  submit(f.request(7, last, 12, {}));
+  collect(7);
+  CHECK(out[7].tokens == generate_greedy(last, 12));
+}

@@ -192,6 +192,22 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     assert "fetcher" not in off.stdout
 
 
+def test_a_launch_says_it_keeps_the_pools_the_autoscaler_would_move(model_dir):
+    # local-cpu-autoscale.toml's decode pool may grow to 3: troupe serve runs the autoscaler,
+    # troupe launch starts the initial instances only, and says so.
+    autoscaled = os.path.join(ROOT, "examples/topologies/local-cpu-autoscale.toml")
+    out = subprocess.run([troupe(), "launch", autoscaled, "--model", model_dir, "--engram-map",
+                          "identity", "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ("troupe launch: warning: [autoscaler] is on, but a launched cluster keeps its pools at "
+            "their initial sizes") in out.stderr
+    assert [l.split()[0] for l in out.stdout.splitlines() if not l.startswith("#")] == [
+        "control", "store", "prefill/0", "fetcher/0", "decode/0"]
+    plain = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
+                            "identity", "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert "[autoscaler]" not in plain.stderr
+
+
 def test_dry_run_places_one_store_process_per_shard(model_dir, tmp_path):
     # storage.shards = 3: three store processes, shard i told by --index i, spread over the
     # hosts that take the store role.
