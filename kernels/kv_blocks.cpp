@@ -115,15 +115,16 @@ class writer {
     put_floats(v.data(), static_cast<i64>(v.size()));
   }
   // Rows [first, first + rows) of `p`, packed as `preferred` when every group packs exactly.
-  void put_rows(const paged_rows& p, i64 first, i64 rows, encoding preferred) {
-    const i64 w = p.width(), g = group_of(preferred);
+  // `rows` adjacent rows of width w from `at`.
+  void put_rows(const float* at, i64 rows, i64 w, encoding preferred) {
+    const i64 g = group_of(preferred);
     std::string packed;
     bool ok = w % g == 0;
     std::uint8_t scale = 0;
     std::vector<std::uint8_t> codes;
     for (i64 r = 0; r < rows && ok; ++r)
       for (i64 b = 0; b < w / g && ok; ++b) {
-        ok = pack_group(preferred, p.row(first + r) + b * g, g, scale, codes);
+        ok = pack_group(preferred, at + r * w + b * g, g, scale, codes);
         if (!ok) break;
         packed.push_back(static_cast<char>(scale));
         for (i64 i = 0; i < g; i += 2)
@@ -134,7 +135,7 @@ class writer {
       out_ += packed;
     } else {
       put<std::uint8_t>(raw_f32);
-      for (i64 r = 0; r < rows; ++r) put_floats(p.row(first + r), w);
+      put_floats(at, rows * w);
     }
   }
   // The frame around the payload written so far.
@@ -254,24 +255,33 @@ result<std::string> serialize_block(const sequence_cache& s, std::int64_t block)
     return result<std::string>::failure("serialize_block: block " + std::to_string(block) +
                                         " is not full (" + std::to_string(full_blocks(s)) +
                                         " full blocks)");
-  writer w;
-  w.put<std::uint64_t>(static_cast<std::uint64_t>(block));
-  std::uint32_t sources = 0;
-  for (const auto& l : s.layers) sources += l.is_kv_source ? 1 : 0;
-  w.put(sources);
+  // A block's rows are adjacent in a paged store.
+  std::vector<block_layer_rows> layers;
   for (std::size_t i = 0; i < s.layers.size(); ++i) {
     const auto& l = s.layers[i];
     if (!l.is_kv_source) continue;
     const auto& c = l.compressed;
     const i64 rows = rows_in_block(l), first = block * rows;
     const bool keys = c.index_keys.size() > first;
-    w.put(static_cast<std::uint32_t>(i));
-    w.put(static_cast<std::uint32_t>(c.ratio));
-    w.put(static_cast<std::uint32_t>(rows));
-    w.put(static_cast<std::uint32_t>(c.kv.width()));
-    w.put(static_cast<std::uint32_t>(keys ? c.index_keys.width() : 0));
-    w.put_rows(c.kv, first, rows, fp4_e4m3x16);
-    if (keys) w.put_rows(c.index_keys, first, rows, fp4_pow2x32);
+    layers.push_back({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(c.ratio), rows,
+                      c.kv.width(), keys ? c.index_keys.width() : 0, c.kv.row(first),
+                      keys ? c.index_keys.row(first) : nullptr});
+  }
+  return serialize_block_rows(block, layers);
+}
+
+std::string serialize_block_rows(std::int64_t block, std::span<const block_layer_rows> layers) {
+  writer w;
+  w.put<std::uint64_t>(static_cast<std::uint64_t>(block));
+  w.put(static_cast<std::uint32_t>(layers.size()));
+  for (const auto& l : layers) {
+    w.put(l.layer);
+    w.put(l.ratio);
+    w.put(static_cast<std::uint32_t>(l.rows));
+    w.put(static_cast<std::uint32_t>(l.width));
+    w.put(static_cast<std::uint32_t>(l.key_width));
+    w.put_rows(l.kv, l.rows, l.width, fp4_e4m3x16);
+    if (l.key_width > 0) w.put_rows(l.keys, l.rows, l.key_width, fp4_pow2x32);
   }
   return w.frame(block_magic);
 }

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -37,6 +38,19 @@ std::int64_t full_blocks(const sequence_cache& s);
 
 /// Block KV block `block` (< full_blocks(s)) of every KV-source layer.
 result<std::string> serialize_block(const sequence_cache& s, std::int64_t block);
+/// One KV-source layer's rows of a Block KV block: `rows` adjacent rows of its compressed KV
+/// (`width` values each) and, when it owns indexer keys, of those (`key_width`; 0 and null
+/// when it owns none).
+struct block_layer_rows {
+  std::uint32_t layer = 0, ratio = 0;
+  std::int64_t rows = 0, width = 0, key_width = 0;
+  const float* kv = nullptr;
+  const float* keys = nullptr;
+};
+/// What serialize_block writes for block `block`, from each KV-source layer's rows of it in
+/// layer order: the same bytes for a cache that lives elsewhere (a CUDA device's, which reads
+/// only the block's rows).
+std::string serialize_block_rows(std::int64_t block, std::span<const block_layer_rows> layers);
 /// Appends Block KV block `block` to `s`, whose KV-source layers must hold exactly `block` full
 /// blocks and nothing of a later one (blocks are restored in order, before the State KV).
 result<bool> restore_block(sequence_cache& s, std::int64_t block, std::string_view bytes);

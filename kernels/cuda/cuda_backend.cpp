@@ -254,7 +254,16 @@ result<bool> cuda_backend::import_draft(sequence_id id, std::string_view bytes) 
   return true;
 }
 
+// A block the decode filled reads its rows alone from the device. An export from block 0 of a
+// sequence with more blocks is a hand-off (its State and SWA KV follow): the whole cache is
+// downloaded once for all of them, as it is kept for the exports after.
 result<std::string> cuda_backend::export_block(sequence_id id, std::int64_t block) const {
+  if (const auto it = on_device_.find(id); it != on_device_.end()) {
+    const bool kept = downloaded_ && downloaded_->first == id;
+    auto full = device_->full_blocks(it->second.id);
+    if (!full) return result<std::string>::failure(full.error());
+    if (!kept && (block != 0 || *full <= 1)) return device_->export_block(it->second.id, block);
+  }
   auto cache = snapshot(id);
   if (!cache) return result<std::string>::failure(cache.error());
   return serialize_block(**cache, block);

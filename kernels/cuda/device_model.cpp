@@ -13,6 +13,7 @@
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/ep_dispatch.hpp"
+#include "kernels/kv_blocks.hpp"
 #include "kernels/kv_cache.hpp"
 #include "kernels/model_weights.hpp"
 
@@ -448,6 +449,44 @@ result<std::int64_t> device_model::full_blocks(sequence_id id) const {
     blocks = blocks < 0 ? b : std::min(blocks, b);
   }
   return std::max<i64>(0, blocks);
+}
+
+result<std::string> device_model::export_block(sequence_id id, std::int64_t block) const {
+  using r = result<std::string>;
+  const auto& s = *s_;
+  const auto it = s.sequences.find(id);
+  if (it == s.sequences.end()) return r::failure("device_model: no sequence " + std::to_string(id));
+  auto full = full_blocks(id);
+  if (!full) return r::failure(full.error());
+  if (block < 0 || block >= *full)
+    return r::failure("serialize_block: block " + std::to_string(block) + " is not full (" +
+                      std::to_string(*full) + " full blocks)");
+  const auto& seq = it->second;
+  const i64 hd = s.c.head_dim, idh = s.c.index_head_dim;
+  // Each KV source's rows of the block: groups [block · rows, (block + 1) · rows) of its store.
+  std::vector<std::vector<float>> held;
+  std::vector<block_layer_rows> layers;
+  for (std::size_t l = 0; l < s.layers.size(); ++l) {
+    const auto& host = s.W->layers[l];
+    if (!host.kv_source) continue;
+    const auto& L = s.layers[l];
+    const i64 rows = kv_block_tokens / std::max<i64>(1, host.ratio);
+    const i64 first = seq.slot * s.max_context + block * rows;
+    const bool keys = L.index_keys.size() > 0;
+    // (The rows' buffers move with `held`, their addresses stay.)
+    auto& kv = held.emplace_back(sz(rows * hd));
+    TROUPE_TRY(copy_to_host(kv.data(), L.compressed.data() + first * hd, kv.size() * sizeof(float)));
+    const float* kv_rows = kv.data();
+    const float* key_rows = nullptr;
+    if (keys) {
+      auto& k = held.emplace_back(sz(rows * idh));
+      TROUPE_TRY(copy_to_host(k.data(), L.index_keys.data() + first * idh, k.size() * sizeof(float)));
+      key_rows = k.data();
+    }
+    layers.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(host.ratio), rows,
+                      hd, keys ? idh : 0, kv_rows, key_rows});
+  }
+  return serialize_block_rows(block, layers);
 }
 
 result<bool> device_model::rollback(sequence_id id, std::int64_t k) {

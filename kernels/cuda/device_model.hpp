@@ -80,6 +80,11 @@ class device_model {
   /// Full 128-token blocks of a sequence's compressed KV (kernels::full_blocks of its export),
   /// without downloading anything.
   result<std::int64_t> full_blocks(sequence_id id) const;
+  /// serialize_block of a full block of a sequence (the bytes of kernels/kv_blocks.hpp, equal to
+  /// those of its export_sequence), downloading only that block's rows: what persisting the
+  /// blocks a decode fills costs per block, whatever the context. Errors: an unknown id, a
+  /// block that is not full (serialize_block's words).
+  result<std::string> export_block(sequence_id id, std::int64_t block) const;
 
   /// A sequence's cache as the CPU engine holds it (kernels/kv_cache.hpp: window rings,
   /// compressed KV, indexer keys, unfinished groups, Engram look-back), downloaded: a CPU model

@@ -200,6 +200,28 @@ TEST_CASE("emulated device: a sequence moves between the device and the CPU in t
     REQUIRE(restore_state(restored, *state));
     REQUIRE(restore_swa(restored, *swa));
     CHECK(close(cpu_continue(restored), reference));
+    // The block's rows read alone give the same bytes.
+    CHECK(*dev->export_block(*id, 0) == *block);
+  }
+  SUBCASE("a block's rows read alone give serialize_block's bytes") {
+    // A 300-token sequence (two full blocks and a partial one) made on the CPU and imported.
+    std::vector<std::int64_t> longer(300);
+    for (std::size_t i = 0; i < longer.size(); ++i)
+      longer[i] = static_cast<std::int64_t>((i * 53 + 7) % 256);
+    auto cache = m->new_sequence();
+    const sequence_input in{&cache, longer};
+    REQUIRE(m->forward(std::span(&in, 1)));
+    REQUIRE(full_blocks(cache) == 2);
+    auto id = dev->import_sequence(cache);
+    REQUIRE_MESSAGE(id, id.error());
+    for (std::int64_t b = 0; b < 2; ++b) {
+      CAPTURE(b);
+      auto got = dev->export_block(*id, b);
+      REQUIRE_MESSAGE(got, got.error());
+      CHECK(*got == *serialize_block(cache, b));
+    }
+    CHECK(dev->export_block(*id, 2).error() == serialize_block(cache, 2).error());
+    CHECK(dev->export_block(999, 0).error() == "device_model: no sequence 999");
   }
   SUBCASE("CPU to device") {
     auto id = dev->import_sequence(prefilled);
