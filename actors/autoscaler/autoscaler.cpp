@@ -287,7 +287,8 @@ void decide_and_act(autoscaler_ptr self) {
       pi.capacity_measured = true;
     }
     if (ps.spec.decode) {
-      pi.demand = static_cast<double>(ps.load.in_compute);
+      // In compute, and waiting for room: what the pool would hold if it could.
+      pi.demand = static_cast<double>(ps.load.in_compute + ps.load.waiting);
     } else {
       pi.demand = static_cast<double>(ps.load.routed_tokens - st.last_routed) / interval_s;
       st.last_routed = ps.load.routed_tokens;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "actors/lb/prefill_balancer.hpp"
+#include "runtime/time.hpp"
 
 #include <cstdint>
 #include <map>
@@ -38,6 +39,10 @@ struct decode_balancer_params {
   /// take its reserved KV beyond max_kv_tokens.
   std::uint32_t max_requests = 4096;
   std::uint64_t max_kv_tokens = 64ull << 20;
+  /// decode_lb: a request refused for want of room counts as waiting (demand the pool could
+  /// not take: pool_load::waiting) until this long after its last refusal, by which its next
+  /// retry is due (twice the requests' retry interval), or until it is booked.
+  runtime::duration waiting_window = std::chrono::seconds(2);
 };
 
 struct decode_balancer_stats {

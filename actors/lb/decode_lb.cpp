@@ -19,6 +19,10 @@ struct decode_lb_state {
   std::uint64_t drained = 0;
   /// Members excluded by a drain notice (until their engine exits).
   std::set<instance_id> draining;
+  /// Requests refused for want of room, by the time of their last refusal (until booked, or
+  /// past the waiting window).
+  std::map<std::uint64_t, runtime::time_point> waiting;
+  runtime::duration waiting_window{0};
   run_history_ptr history;
   static inline const char* name = "decode_lb";
 };
@@ -33,6 +37,7 @@ void record(lb_ptr self, instance_id id, booking_fact::kind_t kind, std::uint64_
 decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params params,
                                             run_history_ptr history) {
   self->state.balancer = std::make_unique<decode_balancer>(params);
+  self->state.waiting_window = params.waiting_window;
   self->state.history = std::move(history);
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
@@ -46,8 +51,11 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
     [self](const decode_route& r) -> caf::result<decode_assignment> {
       auto& st = self->state;
       auto id = st.balancer->route(r.kv_tokens, r.max_new_tokens);
-      if (!id)
+      if (!id) {
+        st.waiting[r.request] = self->clock().now();
         return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
+      }
+      st.waiting.erase(r.request);
       record(self, *id, booking_fact::book, r.kv_tokens + r.max_new_tokens);
       return decode_assignment{*id, st.engines.at(*id)};
     },
@@ -81,6 +89,11 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
         } else {
           load.draining.push_back(id);
         }
+      // Refusals older than the window: the request was served elsewhere, or gave up.
+      const auto now = self->clock().now();
+      for (auto it = st.waiting.begin(); it != st.waiting.end();)
+        it = now - it->second > st.waiting_window ? st.waiting.erase(it) : std::next(it);
+      load.waiting = st.waiting.size();
       return load;
     },
     [self](lb_stats_atom) {

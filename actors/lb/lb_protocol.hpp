@@ -36,6 +36,9 @@ struct pool_load {
   std::uint64_t routed_tokens = 0;
   /// decode_lb: requests booked on the online members (in compute). prefill_lb: 0.
   std::uint64_t in_compute = 0;
+  /// decode_lb: requests refused for want of room and not booked since, whose retry is due
+  /// (decode_balancer_params::waiting_window). prefill_lb: 0.
+  std::uint64_t waiting = 0;
   /// Members excluded by a drain notice (from the autoscaler or the fault injector) that are
   /// still alive: not online, leaving.
   std::vector<instance_id> draining;
@@ -44,7 +47,7 @@ struct pool_load {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pool_load& x) {
   return f(caf::meta::type_name("pool_load"), x.online, x.routed_tokens, x.in_compute,
-           x.draining);
+           x.waiting, x.draining);
 }
 
 /// Named counters of one balancer, e.g. {"routed_16K-64K", 1234}.

@@ -129,7 +129,7 @@ prefill_lb_actor::behavior_type prefill_lb_fn(lb_ptr self, prefill_lb_params par
     [self](pool_load_atom) {
       auto& st = self->state;
       return pool_load{static_cast<std::uint32_t>(st.engines.size() - st.draining.size()),
-                       st.routed_tokens, 0,
+                       st.routed_tokens, 0, 0,
                        std::vector<instance_id>(st.draining.begin(), st.draining.end())};
     },
     [self](lb_stats_atom) {

@@ -732,6 +732,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   actors::decode_balancer_params dlb;
   dlb.long_threshold = p.decode_long_threshold;
   dlb.long_share = p.decode_long_share;
+  dlb.waiting_window = 2 * p.retry_interval;
   dlb.max_requests = p.decode_requests_per_gpu * decode_pool->gpus_per_instance;
   // The KV a decode instance holds: its HBM left after weights and workspace (capacity.hpp).
   dlb.max_kv_tokens

@@ -232,6 +232,25 @@ struct device_model::state {
   // The shared K=V rows kv [T, head_dim] of a: projected, normed, rotated, FP8-rounded.
   result<bool> kv_rows(const device_layer& L, const float* a, i64 T, const rope& rp,
                        const i64* positions, float* kv);
+  // The attention kernel's arguments of T queries q of a layer, in the prefill form over its
+  // rings, into out; the caller adds positions, ring starts, window and the chunk's rows.
+  swa_decode_args window_args(const device_layer& L, const rope& rp, const float* q, float* out,
+                              i64 T) const {
+    swa_decode_args a;
+    a.q = q;
+    a.rings = L.rings.data();
+    a.sinks = L.attn_sink.data();
+    a.inv_freq = rp.inv_freq.data();
+    a.out = out;
+    a.batch = T;
+    a.heads = c.num_attention_heads;
+    a.head_dim = c.head_dim;
+    a.capacity = capacity;
+    a.rope_dim = rp.dim;
+    a.scaling = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    a.rope_scaling = rp.scaling;
+    return a;
+  }
   // The grouped output projection of the heads' outputs attn [T, heads · head_dim] into out.
   result<bool> output(const device_layer& L, const float* attn, i64 T, float* grouped,
                       float* out);
@@ -528,29 +547,17 @@ bool device_model::has_draft() const { return s_->draft.has_value(); }
 // window + B; the inverse RoPE of its output is at its own position.
 result<bool> device_model::state::draft_attention(const device_layer& L, const buffer& a,
                                                   const draft_call& call, buffer& out) {
-  const i64 T = call.T, H = c.num_attention_heads, hd = c.head_dim;
+  const i64 T = call.T;
   auto buffers = attention_buffers::make(c, T);
   TROUPE_TRY(buffers);
   auto& [q_res, q, kv, attn, grouped] = *buffers;
   TROUPE_TRY(queries(L, a.data(), T, rope_main, call.d_positions.data(), q_res.data(), q.data()));
   TROUPE_TRY(kv_rows(L, a.data(), T, rope_main, call.d_positions.data(), kv.data()));
-  swa_decode_args args;
-  args.q = q.data();
-  args.rings = L.rings.data();
+  auto args = window_args(L, rope_main, q.data(), attn.data(), T);
   args.positions = call.d_last.data();
   args.rope_positions = call.d_positions.data();
   args.ring_begin = call.d_ring_begin.data();
-  args.sinks = L.attn_sink.data();
-  args.inv_freq = rope_main.inv_freq.data();
-  args.out = attn.data();
-  args.batch = T;
-  args.heads = H;
-  args.head_dim = hd;
-  args.capacity = capacity;
   args.window = c.sliding_window + c.dspark_block_size;
-  args.rope_dim = rope_main.dim;
-  args.scaling = 1.0f / std::sqrt(static_cast<float>(hd));
-  args.rope_scaling = rope_main.scaling;
   args.chunk = kv.data();
   args.sequence = call.d_slots.data();
   args.chunk_start = call.d_start.data();
@@ -876,7 +883,7 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   device_layer& L = layers[l];
   const auto& host = W->layers[l];
   const i64 T = call.T;
-  const i64 H = c.num_attention_heads, hd = c.head_dim;
+  const i64 hd = c.head_dim;
   const rope& rp = host.ratio != 0 ? rope_compress : rope_main;
   auto buffers = attention_buffers::make(c, T);
   TROUPE_TRY(buffers);
@@ -895,22 +902,10 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   // first position in this call and the call's rows from there on (a decode step is a chunk
   // of one); in a compressed layer, then the entries the last index source selected from the
   // last KV source's compressed KV.
-  swa_decode_args args;
-  args.q = q.data();
-  args.rings = L.rings.data();
+  auto args = window_args(L, rp, q.data(), attn.data(), T);
   args.positions = call.d_positions.data();
   args.ring_begin = call.d_ring_begin.data() + l * sz(max_sequences);
-  args.sinks = L.attn_sink.data();
-  args.inv_freq = rp.inv_freq.data();
-  args.out = attn.data();
-  args.batch = T;
-  args.heads = H;
-  args.head_dim = hd;
-  args.capacity = capacity;
   args.window = c.sliding_window;
-  args.rope_dim = rp.dim;
-  args.scaling = 1.0f / std::sqrt(static_cast<float>(hd));
-  args.rope_scaling = rp.scaling;
   args.chunk = kv.data();
   args.sequence = call.d_slots.data();
   args.chunk_start = call.d_start.data();

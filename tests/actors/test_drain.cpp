@@ -259,3 +259,37 @@ TEST_CASE("drain of a prefill instance: it finishes its work, takes no more, and
   for (auto& e : *s.events)
     CHECK(e.kind != runtime::supervisor_event_kind::restarted);
 }
+
+TEST_CASE("decode_lb counts a request refused for want of room as waiting until its retry is "
+          "overdue, once however often it retries") {
+  runtime::world w{runtime::world_options{runtime::world_mode::sim, 1, 0, false,
+                                          register_actor_types}};
+  auto& sys = w.system();
+  decode_balancer_params p;
+  p.waiting_window = 2s;
+  auto dlb = spawn_decode_lb(sys, p);  // no instance: every route is refused
+  auto waiting = [&] {
+    auto load = testing::ask<pool_load>(sys, dlb, pool_load_atom::value);
+    w.driver().run_for(0s);
+    REQUIRE(load->has_value());
+    return (*load)->waiting;
+  };
+  auto route = [&](std::uint64_t request) {
+    auto refused = std::make_shared<bool>(false);
+    sys.spawn([dlb, request, refused](caf::event_based_actor* self) {
+      self->request(dlb, caf::infinite, decode_route{request, 100, 10})
+        .then([](const decode_assignment&) {}, [refused](const caf::error&) { *refused = true; });
+    });
+    w.driver().run_for(0s);
+    CHECK(*refused);
+  };
+  CHECK(waiting() == 0);
+  route(7);
+  CHECK(waiting() == 1);
+  w.driver().run_for(1s);
+  route(7);  // its retry: still one request waiting
+  route(8);
+  CHECK(waiting() == 2);
+  w.driver().run_for(2500ms);  // neither retried within the window: served elsewhere, or gone
+  CHECK(waiting() == 0);
+}

@@ -249,18 +249,18 @@ struct fixture {
     return g;
   }
 
-  /// Submits every request with `self` as the sink and collects each stream to its end.
-  std::map<std::uint64_t, served> run(caf::scoped_actor& self,
-                                      std::vector<actors::generation_request> requests) {
-    std::map<std::uint64_t, served> out;
-    for (auto& g : requests) {
-      g.sink = caf::actor_cast<caf::actor>(self);
-      self->request(graph.service, 30s, std::move(g))
-        .receive([](const caf::actor&) {},
-                 [&](const caf::error& e) { FAIL("refused: " << w.system().render(e)); });
-    }
+  /// Submits a request with `self` as the sink.
+  void submit(caf::scoped_actor& self, actors::generation_request g) {
+    g.sink = caf::actor_cast<caf::actor>(self);
+    self->request(graph.service, 30s, std::move(g))
+      .receive([](const caf::actor&) {},
+               [&](const caf::error& e) { FAIL("refused: " << w.system().render(e)); });
+  }
+
+  /// Collects the streams `self` receives into `out` until `ends` more of them have ended.
+  void collect(caf::scoped_actor& self, std::map<std::uint64_t, served>& out, std::size_t ends) {
     std::size_t ended = 0;
-    while (ended < requests.size()) {
+    while (ended < ends) {
       bool timed_out = false;
       self->receive(
         [&](actors::generation_tokens& t) {
@@ -274,6 +274,16 @@ struct fixture {
         caf::after(120s) >> [&] { timed_out = true; });
       REQUIRE_FALSE(timed_out);
     }
+  }
+
+  /// Submits every request with `self` as the sink and collects each stream to its end.
+  std::map<std::uint64_t, served> run(caf::scoped_actor& self,
+                                      std::vector<actors::generation_request> requests) {
+    std::map<std::uint64_t, served> out;
+    const auto n = requests.size();
+    for (auto& g : requests)
+      submit(self, std::move(g));
+    collect(self, out, n);
     return out;
   }
 };

@@ -556,10 +556,9 @@ TEST_CASE("a draining decode instance hands its request over with its KV: exact 
 
 TEST_CASE("with the topology's autoscaler on, the decode pool grows under load and shrinks when "
           "idle, every request getting its exact tokens") {
-  // Decode instances of two requests each, one to start with and at most two: with a margin
-  // above the need (over_provision), any load wants a second one; none, for 3 s, the minimum
-  // again. (Requests waiting for decode room retry every second and are not demand: without
-  // that delay the pool would shrink between a batch's end and the next retry.)
+  // Decode instances of two requests each, one to start with and at most two: six requests
+  // (two in compute, four waiting for room) want three; none, for 3 s, the minimum again (the
+  // delay keeps the pool from shrinking between a batch's end and the next retries).
   std::string text = topology_text;
   const std::string one = "role = \"decode\"\ninstances = 1";
   text.replace(text.find(one), one.size(),
@@ -570,7 +569,7 @@ enabled = true
 interval = "100ms"
 max_step_up = 1
 max_step_down = 1
-over_provision = 0.1
+over_provision = 0
 quota = 8
 scale_down_after = "3s"
 )";
@@ -606,37 +605,14 @@ scale_down_after = "3s"
   };
   CHECK(decode_instances() == 1);
   std::map<std::uint64_t, served> out;
-  std::size_t ended = 0;
-  auto submit = [&](actors::generation_request g) {
-    g.sink = caf::actor_cast<caf::actor>(self);
-    self->request(f.graph.service, 30s, std::move(g))
-      .receive([](const caf::actor&) {},
-               [&](const caf::error& e) { FAIL("refused: " << f.w.system().render(e)); });
-  };
-  auto collect = [&](std::size_t until) {
-    while (ended < until) {
-      bool timed_out = false;
-      self->receive(
-        [&](actors::generation_tokens& t) {
-          auto& s = out[t.id].tokens;
-          s.insert(s.end(), t.tokens.begin(), t.tokens.end());
-        },
-        [&](actors::generation_end& e) {
-          out[e.id].end = e;
-          ++ended;
-        },
-        caf::after(120s) >> [&] { timed_out = true; });
-      REQUIRE_FALSE(timed_out);
-    }
-  };
-  // Six long generations, two at a time on decode/0: the autoscaler orders decode/1, which
-  // joins and takes those still waiting.
+  // Six long generations, two at a time on decode/0 and the others waiting: the autoscaler
+  // orders decode/1, which joins and takes those still waiting.
   std::map<std::uint64_t, std::vector<std::int32_t>> asked;
   for (std::uint64_t id = 1; id <= 6; ++id) {
     asked[id] = prompt_of(20, static_cast<std::uint32_t>(id), f.vocab);
-    submit(f.request(id, asked[id], 900, {}));
+    f.submit(self, f.request(id, asked[id], 900, {}));
   }
-  collect(6);
+  f.collect(self, out, 6);
   CHECK(f.metric("troupe_device_tokens_total{device=\"decode\",phase=\"decode\"}") > 0);
   CHECK(f.metric("troupe_device_tokens_total{device=\"decode-1\",phase=\"decode\"}") > 0);
   for (const auto& [id, prompt] : asked) {
@@ -647,7 +623,7 @@ scale_down_after = "3s"
   // Idle: the pool drains decode/1 and is back at its minimum, and still serves.
   REQUIRE(wait_until([&] { return decode_instances() == 1 && online() == 1; }));
   const auto last = prompt_of(25, 9, f.vocab);
-  submit(f.request(7, last, 12, {}));
-  collect(7);
+  f.submit(self, f.request(7, last, 12, {}));
+  f.collect(self, out, 1);
   CHECK(out[7].tokens == generate_greedy(last, 12));
 }

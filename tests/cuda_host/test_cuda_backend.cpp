@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -71,6 +72,24 @@ model tiny_model(const std::filesystem::path& dir) {
   REQUIRE(m);
   REQUIRE(m->set_engram_token_map(identity_map()));
   return std::move(*m);
+}
+
+// The tiny preset (seed `seed`) in scratch directory `name`, served by cpu_backend and by a
+// cuda_backend that holds `max_sequences` sequences on the device at once.
+struct side_by_side {
+  cpu_backend cpu;
+  std::unique_ptr<cuda::cuda_backend> gpu;
+};
+
+side_by_side tiny_backends(const std::string& name, std::uint64_t seed,
+                           std::int64_t max_sequences) {
+  const auto dir = testing::scratch_root() / name;
+  REQUIRE(write_random_model(dir, "tiny", seed));
+  cuda::cuda_backend_options options;
+  options.max_sequences = max_sequences;
+  auto gpu = cuda::cuda_backend::open(tiny_model(dir), options);
+  REQUIRE_MESSAGE(gpu, gpu.error());
+  return {cpu_backend(tiny_model(dir)), std::move(*gpu)};
 }
 
 }  // namespace
@@ -170,14 +189,9 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
 
 TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least recently waits on "
           "the host") {
-  const auto dir = testing::scratch_root() / "cuda-backend-evict";
-  REQUIRE(write_random_model(dir, "tiny", 7));
-  cpu_backend cpu(tiny_model(dir));
-  cuda::cuda_backend_options options;
-  options.max_sequences = 2;
-  auto gpu = cuda::cuda_backend::open(tiny_model(dir), options);
-  REQUIRE_MESSAGE(gpu, gpu.error());
-  auto& dev = **gpu;
+  auto backends = tiny_backends("cuda-backend-evict", 7, 2);
+  auto& cpu = backends.cpu;
+  auto& dev = *backends.gpu;
 
   // Three sequences on a device that holds two: each prompt, then decode steps in an order
   // that moves one to the host at every step.
@@ -224,14 +238,9 @@ TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least re
 
 TEST_CASE("emulated device: the DSpark draft contexts live on the device and move with their "
           "sequences") {
-  const auto dir = testing::scratch_root() / "cuda-backend-drafts";
-  REQUIRE(write_random_model(dir, "tiny", 9));
-  cpu_backend cpu(tiny_model(dir));
-  cuda::cuda_backend_options options;
-  options.max_sequences = 1;
-  auto gpu = cuda::cuda_backend::open(tiny_model(dir), options);
-  REQUIRE_MESSAGE(gpu, gpu.error());
-  auto& dev = **gpu;
+  auto backends = tiny_backends("cuda-backend-drafts", 9, 1);
+  auto& cpu = backends.cpu;
+  auto& dev = *backends.gpu;
 
   // Features of a prompt from the CPU backend, fed to both: the draft layers are compared.
   const std::vector<std::int64_t> prompt{3, 141, 59, 26, 5, 35, 89, 79, 32, 38};
