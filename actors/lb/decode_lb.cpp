@@ -23,11 +23,21 @@ struct decode_lb_state {
   /// past the waiting window).
   std::map<std::uint64_t, runtime::time_point> waiting;
   runtime::duration waiting_window{0};
+  runtime::time_point pruned{};  // when `waiting` last lost its overdue entries
   run_history_ptr history;
   static inline const char* name = "decode_lb";
 };
 
 using lb_ptr = decode_lb_actor::stateful_pointer<decode_lb_state>;
+
+/// Forgets the refusals older than the window (the request was served elsewhere, or gave up).
+void prune_waiting(lb_ptr self) {
+  auto& st = self->state;
+  const auto now = self->clock().now();
+  for (auto it = st.waiting.begin(); it != st.waiting.end();)
+    it = now - it->second > st.waiting_window ? st.waiting.erase(it) : std::next(it);
+  st.pruned = now;
+}
 
 void record(lb_ptr self, instance_id id, booking_fact::kind_t kind, std::uint64_t reserved = 0) {
   if (auto& h = self->state.history)
@@ -52,6 +62,10 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       auto& st = self->state;
       auto id = st.balancer->route(r.kv_tokens, r.max_new_tokens);
       if (!id) {
+        // Pruned here too, once a window at most: without an autoscaler asking pool_load the
+        // refusals of requests that gave up would pile up.
+        if (self->clock().now() - st.pruned > st.waiting_window)
+          prune_waiting(self);
         st.waiting[r.request] = self->clock().now();
         return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
       }
@@ -89,10 +103,7 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
         } else {
           load.draining.push_back(id);
         }
-      // Refusals older than the window: the request was served elsewhere, or gave up.
-      const auto now = self->clock().now();
-      for (auto it = st.waiting.begin(); it != st.waiting.end();)
-        it = now - it->second > st.waiting_window ? st.waiting.erase(it) : std::next(it);
+      prune_waiting(self);
       load.waiting = st.waiting.size();
       return load;
     },
