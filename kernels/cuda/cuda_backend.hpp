@@ -6,9 +6,10 @@
 // recently is downloaded to the host until its next step). import_block / import_state /
 // import_swa restore into the CPU engine's cache (kernels/kv_blocks.hpp), replay runs the CPU
 // engine's bounded replay there, and the next step uploads it (device_model::import_sequence).
-// export_block / export_state / export_swa / full_blocks of a sequence on the device download
-// its cache first (export_sequence), so the bytes are the CPU backend's and KV moves between
-// GPU and CPU instances. Speculative decoding: a rejected draft rolls back on the device
+// export_state / export_swa and a hand-off's export_block of a sequence on the device download
+// its cache first (export_sequence); a block a decode filled is read alone
+// (device_model::export_block), and full_blocks counts on the device. The bytes are the CPU
+// backend's, so KV moves between GPU and CPU instances. Speculative decoding: a rejected draft rolls back on the device
 // (device_model::rollback), step_tail's DSpark features come from the device, and the DSpark
 // draft layers run there too (device_model::draft), each sequence's draft context beside its
 // cache, moving to the host and back with it. The weights are the CPU engine's fp32 copies (device_model.hpp), so it serves
