@@ -99,6 +99,45 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
 
 namespace {
 
+// The autoscaler's decisions as gauges and counters of `reg`: each pool's instances by state,
+// demand and target, and the instances it ordered and removed. Empty when a family cannot be
+// registered (a clash with another family of that name).
+std::function<void(const actors::scale_inputs&, const actors::scale_decision&)>
+decision_metrics(runtime::registry& reg) {
+  auto instances = reg.add_gauge("troupe_autoscaler_instances",
+                                 "A pool's instances at the autoscaler's last decision, by state.",
+                                 {"pool", "state"});
+  auto demand = reg.add_gauge(
+    "troupe_autoscaler_demand",
+    "A pool's demand at the last decision: prefill cache-missed tokens per second, decode "
+    "requests in compute or waiting for room.",
+    {"pool"});
+  auto target = reg.add_gauge("troupe_autoscaler_target",
+                              "Instances the autoscaler's last decision aims a pool at.", {"pool"});
+  auto scaled = reg.add_counter("troupe_autoscaler_scaled_total",
+                                "Instances the autoscaler ordered (up) or removed (down).",
+                                {"pool", "direction"});
+  if (!instances || !demand || !target || !scaled)
+    return {};
+  return [instances = *instances, demand = *demand, target = *target,
+          scaled = *scaled](const actors::scale_inputs& in, const actors::scale_decision& d) {
+    for (std::size_t k = 0; k < in.pools.size() && k < d.pools.size(); ++k) {
+      const auto& p = in.pools[k];
+      for (auto [state, n] : {std::pair{"online", p.online}, {"starting", p.starting},
+                              {"draining", p.draining}, {"down", p.down}})
+        if (auto g = instances->with({p.pool, state}))
+          (*g)->set(n);
+      if (auto g = demand->with({p.pool}))
+        (*g)->set(p.demand);
+      if (auto g = target->with({p.pool}))
+        (*g)->set(d.pools[k].target);
+      for (auto [direction, n] : {std::pair{"up", d.pools[k].up}, {"down", d.pools[k].down}})
+        if (auto c = scaled->with({p.pool, direction}))
+          (*c)->inc(n);
+    }
+  };
+}
+
 // Makes the child spec of instance `id` of pool `role` (pool_supervisor_config's children, and
 // those the autoscaler orders).
 std::function<runtime::child_spec(actors::instance_id)>
@@ -205,7 +244,9 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
                      caf::actor_cast<caf::actor>(g.decode_lb),
                      caf::actor_cast<caf::actor>(g.prefill_lb)));
     // No log: decisions are logged on stderr, and a record of each would grow for as long
-    // as the server runs.
+    // as the server runs; with a registry, the last one's figures are metrics.
+    if (params.metrics != nullptr)
+      ap.on_decision = decision_metrics(*params.metrics);
     children.push_back(runtime::child_spec{
       "autoscaler", [ap](caf::local_actor* self) {
         auto p = ap;

@@ -14,6 +14,7 @@
 #include "actors/lb/prefill_lb.hpp"
 #include "actors/request/generation_service.hpp"
 #include "cluster/topology.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/ports/device.hpp"
 #include "runtime/ports/store.hpp"
 #include "runtime/supervisor.hpp"
@@ -62,6 +63,9 @@ struct real_graph_params {
   /// Where the KV CHECK role, decode_lb and the requests record what they do, for a checker
   /// (actors/history.hpp; `troupe serve --check-history`); null: nothing is recorded.
   actors::run_history_ptr history;
+  /// Where the autoscaler (with the topology's on) reports each decision, as the
+  /// troupe_autoscaler_* families; null: nowhere. Must outlive the graph.
+  runtime::registry* metrics = nullptr;
 };
 
 struct real_graph {

@@ -274,6 +274,7 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                        const std::string& command, std::ostream& err,
                        runtime::store_port cluster_store) {
   real_graph_params gp;
+  gp.metrics = &metrics;
   if (o.check_history)
     gp.history = std::make_shared<actors::run_history>();
   // (--spec was checked by load_serve_inputs.)

@@ -303,6 +303,8 @@ void decide_and_act(autoscaler_ptr self) {
     in.pools.push_back(std::move(pi));
   }
   auto d = decide_scale(in, p.limits);
+  if (p.on_decision)
+    p.on_decision(in, d);
   // Decisions that change a pool at info level, holds at debug.
   auto logger = runtime::log::get("autoscaler");
   for (std::size_t k = 0; k < d.pools.size(); ++k) {

@@ -192,6 +192,9 @@ struct autoscaler_params {
   /// Polling period while a removed prefill instance finishes its work.
   runtime::duration finish_poll = std::chrono::seconds(1);
   std::shared_ptr<autoscaler_log> log;
+  /// Called with each decision's inputs and outcome, on the actor's thread (troupe serve's
+  /// metrics); may be empty.
+  std::function<void(const scale_inputs&, const scale_decision&)> on_decision;
   /// TEST ONLY — a planted bug that proves the autoscaler invariants are checked end to end:
   /// every scale-up orders one instance more than decided. Never set it otherwise.
   bool test_order_one_more = false;

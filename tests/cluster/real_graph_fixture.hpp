@@ -198,6 +198,7 @@ struct fixture {
     p.block_bytes = static_cast<std::uint64_t>(kernels::block_kv_bytes(cfg->text));
     p.max_batch = max_batch;
     p.prefill_chunk = 64;
+    p.metrics = &metrics;
     graph = cluster::spawn_real_graph(
       w.system(),
       topology ? *topology : test_topology(decode_instances, prefill_instances), p);

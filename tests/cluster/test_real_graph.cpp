@@ -620,8 +620,16 @@ scale_down_after = "3s"
     CHECK(out[id].tokens == generate_greedy(prompt, 900));
     CHECK(out[id].end.reason == actors::finish_reason::length);
   }
+  // The decisions as metrics: decode/1 ordered.
+  CHECK(f.metric("troupe_autoscaler_scaled_total{pool=\"decode\",direction=\"up\"}") >= 1);
   // Idle: the pool drains decode/1 and is back at its minimum, and still serves.
   REQUIRE(wait_until([&] { return decode_instances() == 1 && online() == 1; }));
+  CHECK(wait_until([&] {
+    return f.metric("troupe_autoscaler_instances{pool=\"decode\",state=\"online\"}") == 1 &&
+           f.metric("troupe_autoscaler_target{pool=\"decode\"}") == 1;
+  }));
+  CHECK(f.metric("troupe_autoscaler_scaled_total{pool=\"decode\",direction=\"down\"}") >= 1);
+  CHECK(f.metric("troupe_autoscaler_demand{pool=\"decode\"}") == 0);
   const auto last = prompt_of(25, 9, f.vocab);
   f.submit(self, f.request(7, last, 12, {}));
   f.collect(self, out, 1);
