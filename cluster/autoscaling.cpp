@@ -15,11 +15,14 @@ actors::scale_limits scale_limits_of(const autoscaler_spec& a) {
   return l;
 }
 
+bool autoscaled(const topology& topo, const pool_spec& pool) {
+  return topo.autoscaler.enabled && pool.role != pool_role::vision
+         && pool.instances.min != pool.instances.max;
+}
+
 bool prefill_or_decode_scales(const topology& topo) {
-  if (!topo.autoscaler.enabled)
-    return false;
   for (const auto& p : topo.pools)
-    if (p.role != pool_role::vision && p.instances.min != p.instances.max)
+    if (autoscaled(topo, p))
       return true;
   return false;
 }

@@ -1,6 +1,7 @@
 // The autoscaler's settings from a topology's [autoscaler] section and pools, shared by the two
 // worlds that run actors/autoscaler: the simulation (cluster/sim/simulation.cpp) and one
-// machine's real world (cluster/real_graph.cpp, `troupe serve`).
+// machine's real world (cluster/real_graph.cpp, `troupe serve`), and the control process of
+// `troupe launch` (cluster/launch/launched_pools.hpp).
 #pragma once
 
 #include "actors/autoscaler/autoscaler.hpp"
@@ -13,8 +14,11 @@ namespace troupe::cluster {
 /// The policy's limits (actors::decide_scale) from the topology's [autoscaler].
 actors::scale_limits scale_limits_of(const autoscaler_spec& a);
 
-/// Whether the autoscaler is on and may move a prefill or decode pool (its min differs from
-/// its max).
+/// Whether the autoscaler is on and may move prefill or decode pool `pool` (its min differs
+/// from its max): its instances may then have any index, not only those below `initial`.
+bool autoscaled(const topology& topo, const pool_spec& pool);
+
+/// Whether the autoscaler may move a prefill or decode pool of `topo`.
 bool prefill_or_decode_scales(const topology& topo);
 
 /// A pool the autoscaler manages: its bounds, GPUs and decode grace from the topology, the

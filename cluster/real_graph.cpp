@@ -196,6 +196,33 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
   return cfg;
 }
 
+actors::autoscaler_params real_autoscaler_params(
+  const topology& topo, const real_graph_params& params, const actors::prefill_lb_actor& prefill_lb,
+  const actors::decode_lb_actor& decode_lb,
+  std::function<runtime::child_spec(actors::instance_id)> make_prefill,
+  std::function<runtime::child_spec(actors::instance_id)> make_decode) {
+  actors::autoscaler_params ap;
+  ap.interval = topo.autoscaler.interval;
+  ap.limits = scale_limits_of(topo.autoscaler);
+  // No machines to acquire: an instance ordered starts at once and serves once its device has
+  // loaded the model; an inventory slot refills at once.
+  ap.join = runtime::duration{0};
+  ap.refill = runtime::duration{0};
+  ap.prefill_lb = prefill_lb;
+  ap.decode_lb = decode_lb;
+  // A prefill instance's capacity is measured (tokens per second of device time, once the
+  // engines have run a second); until then a prefill pool is never short.
+  ap.prefill = autoscaled_pool_of(*find_pool(topo, pool_role::prefill), 1e18,
+                                  std::move(make_prefill));
+  ap.decode = autoscaled_pool_of(*find_pool(topo, pool_role::decode),
+                                 static_cast<double>(params.max_batch), std::move(make_decode));
+  // No log: decisions are logged on stderr, and a record of each would grow for as long as the
+  // server runs; with a registry, the last one's figures are metrics.
+  if (params.metrics != nullptr)
+    ap.on_decision = decision_metrics(*params.metrics);
+  return ap;
+}
+
 real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
                             const real_graph_params& params, std::chrono::seconds wait) {
   real_graph g;
@@ -223,30 +250,13 @@ real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,
   if (topo.autoscaler.enabled) {
     // The simulator's autoscaler, on the same pools: a child of the root it acts on, so it
     // stops (first: it is the last child) and restarts with the graph.
-    actors::autoscaler_params ap;
-    ap.interval = topo.autoscaler.interval;
-    ap.limits = scale_limits_of(topo.autoscaler);
-    // No machines to acquire on one machine: an instance ordered starts at once and serves
-    // once its device has loaded the model; an inventory slot refills at once.
-    ap.join = runtime::duration{0};
-    ap.refill = runtime::duration{0};
-    ap.prefill_lb = g.prefill_lb;
-    ap.decode_lb = g.decode_lb;
-    // A prefill instance's capacity is measured (tokens per second of device time, once the
-    // engines have run a second); until then a prefill pool is never short.
-    ap.prefill = autoscaled_pool_of(
-      *find_pool(topo, pool_role::prefill), 1e18,
+    auto ap = real_autoscaler_params(
+      topo, params, g.prefill_lb, g.decode_lb,
       instance_maker(topo, pool_role::prefill, params, g.kv,
-                     caf::actor_cast<caf::actor>(g.prefill_lb), {}));
-    ap.decode = autoscaled_pool_of(
-      *find_pool(topo, pool_role::decode), static_cast<double>(params.max_batch),
+                     caf::actor_cast<caf::actor>(g.prefill_lb), {}),
       instance_maker(topo, pool_role::decode, params, g.kv,
                      caf::actor_cast<caf::actor>(g.decode_lb),
                      caf::actor_cast<caf::actor>(g.prefill_lb)));
-    // No log: decisions are logged on stderr, and a record of each would grow for as long
-    // as the server runs; with a registry, the last one's figures are metrics.
-    if (params.metrics != nullptr)
-      ap.on_decision = decision_metrics(*params.metrics);
     children.push_back(runtime::child_spec{
       "autoscaler", [ap](caf::local_actor* self) {
         auto p = ap;

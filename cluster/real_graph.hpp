@@ -8,6 +8,7 @@
 // stand in for tests; the actors are the simulator's own.
 #pragma once
 
+#include "actors/autoscaler/autoscaler.hpp"
 #include "actors/engine/decode_engine.hpp"
 #include "actors/kv/kv_store.hpp"
 #include "actors/lb/decode_lb.hpp"
@@ -114,6 +115,18 @@ runtime::supervisor_config pool_supervisor_config(const topology& topo, pool_rol
 /// `wait` for each answer. When the store does not answer, the index is left as it was.
 void index_stored_blocks(caf::actor_system& sys, const runtime::store_port& store,
                          const actors::kv_check_actor& kv, std::chrono::seconds wait);
+
+/// The autoscaler of the real world (`troupe serve`, and the control process of `troupe
+/// launch`): the topology's interval and limits; no machines to acquire (an instance ordered
+/// starts at once, an inventory slot refills at once); decode capacity params.max_batch
+/// requests, prefill capacity measured on the engines (never short before); the decisions'
+/// figures in params.metrics when set. `root` is left for the caller: the supervisor whose
+/// children are the pools, or their stand-ins.
+actors::autoscaler_params real_autoscaler_params(
+  const topology& topo, const real_graph_params& params, const actors::prefill_lb_actor& prefill_lb,
+  const actors::decode_lb_actor& decode_lb,
+  std::function<runtime::child_spec(actors::instance_id)> make_prefill,
+  std::function<runtime::child_spec(actors::instance_id)> make_decode);
 
 /// Spawns the graph of a topology that passed check_real_topology. With the topology's
 /// autoscaler on, the pools grow and shrink as in the simulation (actors/autoscaler: the same
