@@ -440,6 +440,7 @@ sigset_t stop_signals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);
   return signals;
 }
 
@@ -457,6 +458,7 @@ void block_stop_signals() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
   auto signals = stop_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
@@ -479,7 +481,9 @@ int poll_stop_signal(std::chrono::milliseconds timeout) {
   return 0;
 }
 
-const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
+const char* signal_name(int sig) {
+  return sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "SIGINT";
+}
 
 int wait_for_stop_signal() {
   for (;;)

@@ -108,20 +108,22 @@ int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real
 std::string warm_up(caf::actor_system& sys, const actors::generation_service& service,
                     caf::timespan timeout);
 
-/// Blocks SIGTERM and SIGINT in this thread and every thread it starts later (call before
-/// the actor system starts), so that poll_stop_signal / wait_for_stop_signal take them; and
+/// Blocks SIGTERM, SIGINT and SIGUSR1 in this thread and every thread it starts later (call
+/// before the actor system starts), so that poll_stop_signal / wait_for_stop_signal take them
+/// (SIGUSR1 stops as SIGTERM does, except that an instance process of `troupe launch` drains
+/// with its pool's grace instead of --grace: the launcher's removal for the autoscaler); and
 /// installs a handler that notes one reaching a thread that does not block it (a library's
 /// thread started earlier), instead of the default action ending the process.
 void block_stop_signals();
 
-/// Waits up to `timeout` for SIGTERM or SIGINT (block_stop_signals first); returns the
-/// signal, or 0 when none came.
+/// Waits up to `timeout` for a stop signal (block_stop_signals first); returns the signal, or
+/// 0 when none came.
 int poll_stop_signal(std::chrono::milliseconds timeout);
 
-/// Waits for SIGTERM or SIGINT (block_stop_signals first); returns the signal.
+/// Waits for a stop signal (block_stop_signals first); returns it.
 int wait_for_stop_signal();
 
-/// "SIGTERM" or "SIGINT", for messages about a stop signal.
+/// "SIGTERM", "SIGINT" or "SIGUSR1", for messages about a stop signal.
 const char* signal_name(int sig);
 
 } // namespace troupe::cluster

@@ -26,13 +26,14 @@ std::string source_of(const caf::actor_addr& watcher) {
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
                                    std::uint32_t store_replicas, caf::actor fetchers,
+                                   caf::actor scaler,
                                    std::chrono::milliseconds watcher_timeout,
                                    runtime::registry* metrics) {
   control_directory dir{caf::actor_cast<caf::actor>(control.kv),
                         caf::actor_cast<caf::actor>(control.prefill_lb),
                         caf::actor_cast<caf::actor>(control.decode_lb),
                         std::move(store_registry), store_shards, store_replicas,
-                        std::move(fetchers)};
+                        std::move(fetchers), std::move(scaler)};
   return sys.spawn([dir, watcher_timeout, metrics](caf::event_based_actor* self) -> caf::behavior {
     auto watchers = std::make_shared<std::vector<caf::actor>>();
     auto mirror = std::make_shared<runtime::metrics_mirror>(metrics);

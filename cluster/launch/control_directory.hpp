@@ -17,6 +17,7 @@
 #include "actors/wire_type_ids.hpp"
 #include "cluster/launch/block_fetcher.hpp"
 #include "cluster/launch/kv_bridge.hpp"
+#include "cluster/launch/launched_pools.hpp"
 #include "cluster/launch/store_bridge.hpp"
 #include "cluster/real_graph.hpp"
 
@@ -45,12 +46,16 @@ struct control_directory {
   std::uint32_t store_replicas = 1;
   /// The registry of the cluster's block fetcher processes (block_fetcher.hpp).
   caf::actor fetchers;
+  /// The autoscaler's stand-ins for the pools (launched_pools.hpp), where the launcher
+  /// registers and an instance process registers its balancer relay; invalid: the topology's
+  /// pools are not autoscaled.
+  caf::actor scaler;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_directory& x) {
   return f(caf::meta::type_name("control_directory"), x.kv, x.prefill_lb, x.decode_lb,
-           x.store_registry, x.store_shards, x.store_replicas, x.fetchers);
+           x.store_registry, x.store_shards, x.store_replicas, x.fetchers, x.scaler);
 }
 
 using directory_atom = caf::atom_constant<caf::atom("directory")>;
@@ -60,7 +65,9 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using mirror_tick_atom = caf::atom_constant<caf::atom("mirrortick")>;
 
-/// Spawns the directory of `control`: it answers (directory_atom) with a control_directory;
+/// Spawns the directory of `control` (with the store registry, fetcher registry and pool
+/// stand-ins given, each as control_directory names it): it answers (directory_atom) with a
+/// control_directory;
 /// (caf::join_atom, watcher) adds an instance process's watcher; (stopping_atom) sends
 /// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
 /// `watcher_timeout` has passed. With `metrics`, every second it asks each watcher for its
@@ -70,6 +77,7 @@ using mirror_tick_atom = caf::atom_constant<caf::atom("mirrortick")>;
 caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& control,
                                    caf::actor store_registry, std::uint32_t store_shards,
                                    std::uint32_t store_replicas, caf::actor fetchers,
+                                   caf::actor scaler,
                                    std::chrono::milliseconds watcher_timeout,
                                    runtime::registry* metrics = nullptr);
 
@@ -102,4 +110,6 @@ CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetch_block))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::fetched_block))
 CAF_ADD_TYPE_ID(troupe_launch, (troupe::runtime::metric_samples))
 CAF_ADD_TYPE_ID(troupe_launch, (std::vector<troupe::runtime::metric_samples>))
+CAF_ADD_TYPE_ID(troupe_launch, (troupe::cluster::launched_instance))
+CAF_ADD_TYPE_ID(troupe_launch, (std::vector<troupe::cluster::launched_instance>))
 CAF_END_TYPE_ID_BLOCK(troupe_launch)

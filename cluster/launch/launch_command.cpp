@@ -126,6 +126,15 @@ struct process_state {
   /// Killed by the launcher to join the control process on its new host: restarted at once,
   /// not counted against the restart intensity.
   bool rejoin = false;
+  /// Stopped on the autoscaler's order: removed once it exited, not restarted.
+  bool retiring = false;
+};
+
+/// An order of the autoscaler in the control process (launched_pools.hpp).
+struct scale_order {
+  bool start = true;
+  std::string role;
+  std::uint32_t index = 0;
 };
 
 /// Sets the value after `flag` in `argv`, if the flag is there.
@@ -137,12 +146,15 @@ void set_arg(std::vector<std::string>& argv, const std::string& flag, const std:
 
 class launcher {
 public:
+  /// `models`: a process of each instance role (prefill, decode, fetcher when the cluster
+  /// runs them) with index 0, whose command line an instance the autoscaler orders takes.
   launcher(caf::actor_system& sys, std::map<std::string, caf::actor> agents,
            std::vector<launch_host> hosts, const launch_options& o,
-           std::vector<launch_process> plan, std::string control, std::string listen_host,
+           std::vector<launch_process> plan, std::vector<launch_process> models,
+           std::string control, std::string listen_host,
            std::string ready_file, std::vector<process_action> faults, std::ostream& err)
     : self_(sys), agents_(std::move(agents)), hosts_(std::move(hosts)), o_(o),
-      control_(std::move(control)),
+      models_(std::move(models)), control_(std::move(control)),
       listen_host_(std::move(listen_host)), ready_file_(std::move(ready_file)),
       faults_(std::move(faults)), err_(err) {
     for (auto& [host, agent] : agents_)
@@ -172,17 +184,23 @@ public:
       std::optional<agent_exit> exited;
       std::optional<std::string> lost;
       std::optional<std::pair<std::string, caf::actor>> back;
+      std::optional<scale_order> order;
       self_->receive([&](agent_exit& e) { exited = std::move(e); },
                      [&](caf::down_msg& d) { lost = host_of(d.source); },
                      [&](agent_back_atom, std::string& host, caf::actor& agent) {
                        back.emplace(std::move(host), std::move(agent));
                      },
+                     [&](scale_start_atom, std::string& role, std::uint32_t index) {
+                       order = scale_order{true, std::move(role), index};
+                     },
+                     [&](scale_stop_atom, std::string& role, std::uint32_t index) {
+                       order = scale_order{false, std::move(role), index};
+                     },
                      caf::after(next_wait()) >> [] {});
       if (back)
         if (int status = host_back(back->first, std::move(back->second)); status >= 0)
           return stop_all(status);
-      int sig = poll_stop_signal(std::chrono::milliseconds(0));
-      if (sig == SIGTERM || sig == SIGINT) {
+      if (int sig = poll_stop_signal(std::chrono::milliseconds(0)); sig != 0) {
         err_ << "troupe launch: " << signal_name(sig)
              << ": stopping the cluster (instances drain first)\n";
         return stop_all(0);
@@ -200,7 +218,11 @@ public:
             return stop_all(1);
           write_state();
         }
+      if (order)
+        order->start ? scale_up(order->role, order->index)
+                     : scale_down(order->role, order->index);
       check_ready();
+      register_with_autoscaler();
       run_faults();
     }
   }
@@ -348,10 +370,10 @@ private:
     return "?";
   }
 
-  /// Sends `sig` to the process (through its host's agent) if it runs.
+  /// Sends `sig` to the process (through its host's agent) if it runs and its host is not lost.
   void signal(const process_state& p, int sig) {
-    if (p.pid != 0)
-      caf::anon_send(agents_.at(p.host), agent_signal{p.pid, sig});
+    if (auto agent = agents_.find(p.host); p.pid != 0 && agent != agents_.end())
+      caf::anon_send(agent->second, agent_signal{p.pid, sig});
   }
 
   bool start(process_state& p) {
@@ -390,6 +412,15 @@ private:
     p->pid = 0;
     err_ << "troupe launch: " << p->spec.name << " (pid " << pid << ") "
          << describe_status(status);
+    if (p->spec.role == "control")
+      autoscaler_ = caf::actor{};  // a restarted control process has a new one
+    if (p->retiring) {
+      err_ << "; removed\n";
+      auto name = p->spec.name;
+      remove(name);
+      write_state();
+      return -1;
+    }
     if (p->held) {
       // Killed by a fault: down until the fault releases it (no restart, no intensity).
       p->state = "down";
@@ -453,6 +484,18 @@ private:
   int lose_host(const std::string& host) {
     reconnect_later(host, agents_.at(host).address());
     agents_.erase(host);
+    // Those the autoscaler was removing are removed, not moved (a prefill instance's block
+    // fetcher, on the same host, follows it).
+    for (;;) {
+      auto p = std::find_if(procs_.begin(), procs_.end(), [&](const process_state& x) {
+        return x.host == host && x.retiring;
+      });
+      if (p == procs_.end())
+        break;
+      p->pid = 0;
+      auto name = p->spec.name;
+      remove(name);
+    }
     bool control = false;
     for (auto& p : procs_)
       if (p.host == host) {
@@ -522,6 +565,7 @@ private:
   }
 
   void write_state() {
+    tell_autoscaler();
     if (o_.state_file.empty())
       return;
     nlohmann::json procs = nlohmann::json::array();
@@ -735,6 +779,156 @@ private:
     return restart_later(p);
   }
 
+  process_state* find_named(const std::string& name) {
+    for (auto& p : procs_)
+      if (p.spec.name == name)
+        return &p;
+    return nullptr;
+  }
+
+  /// The autoscaler ordered instance `index` of `role`: its process starts on the live host
+  /// that takes the role and runs the fewest processes, with its block fetcher beside a
+  /// prefill instance when the cluster runs them. One that cannot start is reported failed.
+  void scale_up(const std::string& role, std::uint32_t index) {
+    const auto name = role + "/" + std::to_string(index);
+    if (find_named(name) != nullptr) {
+      tell_autoscaler();
+      return;
+    }
+    const launch_host* to = hosts_.empty() ? nullptr : least_loaded(role);
+    auto make = [&](const std::string& r) -> std::optional<process_state> {
+      auto m = std::find_if(models_.begin(), models_.end(),
+                            [&](const launch_process& x) { return x.role == r; });
+      if (m == models_.end() || (!hosts_.empty() && to == nullptr))
+        return std::nullopt;
+      process_state p;
+      p.spec = *m;
+      p.spec.name = r + "/" + std::to_string(index);
+      p.spec.index = index;
+      set_arg(p.spec.argv, "--index", std::to_string(index));
+      if (to != nullptr) {
+        p.spec.host = to->name;
+        set_arg(p.spec.argv, "--fabric-host", parse_host_port(to->agent)->first);
+      }
+      p.host = p.spec.host;
+      return p;
+    };
+    auto instance = make(role);
+    if (!instance) {
+      err_ << "troupe launch: the autoscaler ordered " << name << "; no live host takes the "
+           << role << " role\n";
+      failed_.push_back({role, index, "failed"});
+      tell_autoscaler();
+      return;
+    }
+    err_ << "troupe launch: the autoscaler orders " << name << "\n";
+    event("scale", *instance, {{"action", "start"}});
+    procs_.push_back(std::move(*instance));
+    if (!start(procs_.back())) {
+      procs_.pop_back();
+      failed_.push_back({role, index, "failed"});
+      write_state();
+      return;
+    }
+    if (role == "prefill")
+      if (auto fetcher = make("fetcher")) {
+        procs_.push_back(std::move(*fetcher));
+        if (!start(procs_.back()))
+          procs_.pop_back();  // the instance reads the store directly
+      }
+    write_state();
+  }
+
+  /// The autoscaler removes instance `index` of `role`: a running process gets a stop signal
+  /// (it drains) and is removed once it exited; one that does not run is removed at once.
+  void scale_down(const std::string& role, std::uint32_t index) {
+    auto* p = find_named(role + "/" + std::to_string(index));
+    if (p == nullptr) {
+      tell_autoscaler();
+      return;
+    }
+    err_ << "troupe launch: the autoscaler removes " << p->spec.name << "\n";
+    event("scale", *p, {{"action", "stop"}});
+    retire(*p);
+    write_state();
+  }
+
+  void retire(process_state& p) {
+    if (p.pid == 0) {
+      auto name = p.spec.name;
+      remove(name);
+      return;
+    }
+    p.retiring = true;
+    p.held = false;
+    p.restart_at.reset();
+    if (p.state == "stopped")
+      signal(p, SIGCONT);  // a stopped process cannot drain
+    // A decode instance drains with its pool's grace on SIGUSR1, as the autoscaler's drain has
+    // it; a prefill instance has no jobs left (the autoscaler waited), a fetcher nothing to
+    // drain.
+    signal(p, p.spec.role == "decode" ? SIGUSR1 : SIGTERM);
+    p.state = "draining";
+  }
+
+  /// Drops process `name` from the cluster; a prefill instance's block fetcher follows it.
+  void remove(const std::string& name) {
+    auto it = std::find_if(procs_.begin(), procs_.end(),
+                           [&](const process_state& p) { return p.spec.name == name; });
+    if (it == procs_.end())
+      return;
+    const bool prefill = it->spec.role == "prefill";
+    const auto index = it->spec.index;
+    procs_.erase(it);
+    if (prefill)
+      if (auto* f = find_named("fetcher/" + std::to_string(index)))
+        retire(*f);
+  }
+
+  /// Once the control process serves, and again after each of its restarts: registers with
+  /// its autoscaler's pool stand-ins (none when the topology does not autoscale), which then
+  /// hear of every change of the instance processes and send their orders here.
+  void register_with_autoscaler() {
+    auto* c = find_named("control");
+    if (c == nullptr || c->pid == 0 || c->pid == registered_pid_ || !fs::exists(ready_file_)
+        || clock::now() < next_registration_)
+      return;
+    next_registration_ = clock::now() + 1s;
+    auto hp = parse_host_port(control_);
+    auto directory = runtime::connect_actor(self_->system(), hp->first, hp->second, 3s);
+    if (!directory)
+      return;
+    std::optional<caf::actor> scaler;
+    self_->request(*directory, 5s, directory_atom::value)
+      .receive([&](const control_directory& d) { scaler = d.scaler; }, [](const caf::error&) {});
+    if (!scaler)
+      return;
+    registered_pid_ = c->pid;
+    if (!*scaler)
+      return;  // the topology's pools are not autoscaled
+    self_->request(*scaler, 5s, launcher_atom::value, caf::actor_cast<caf::actor>(self_.ptr()))
+      .receive([&](caf::ok_atom) { autoscaler_ = *scaler; }, [](const caf::error&) {});
+    if (!autoscaler_) {
+      registered_pid_ = 0;  // try again
+      return;
+    }
+    err_ << "troupe launch: the control process's autoscaler orders instances here\n";
+    tell_autoscaler();
+  }
+
+  /// The instance processes and their states, to the autoscaler's pool stand-ins.
+  void tell_autoscaler() {
+    if (!autoscaler_)
+      return;
+    std::vector<launched_instance> all;
+    for (const auto& p : procs_)
+      if (p.spec.role == "prefill" || p.spec.role == "decode")
+        all.push_back({p.spec.role, p.spec.index, p.state});
+    all.insert(all.end(), failed_.begin(), failed_.end());
+    failed_.clear();
+    caf::anon_send(autoscaler_, instances_atom::value, std::move(all));
+  }
+
   caf::scoped_actor self_;
   std::map<std::string, caf::actor> agents_;
   std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
@@ -742,6 +936,13 @@ private:
   std::vector<launch_host> hosts_;  // empty: one host, the agent in this process
   const launch_options& o_;
   std::vector<process_state> procs_;
+  std::vector<launch_process> models_;
+  /// The control process's pool stand-ins once registered with (invalid: none), the control
+  /// process registered with, the next try, and the orders that failed since last told.
+  caf::actor autoscaler_;
+  std::int32_t registered_pid_ = 0;
+  clock::time_point next_registration_{};
+  std::vector<launched_instance> failed_;
   std::string control_;
   std::string listen_host_;
   std::string ready_file_;
@@ -993,9 +1194,10 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   auto in = load_serve_inputs(o.serve, command, err, devices_here);
   if (!in)
     return 1;
-  if (prefill_or_decode_scales(in->topo))
-    err << command << ": warning: [autoscaler] is on, but a launched cluster keeps its pools at "
-        << "their initial sizes (troupe serve and troupe sim run the autoscaler; docs/launch.md)\n";
+  if (o.slurm && prefill_or_decode_scales(in->topo))
+    err << command << ": warning: [autoscaler] is on, but a Slurm job keeps its pools at their "
+        << "initial sizes (troupe launch without --slurm, troupe serve and troupe sim run the "
+        << "autoscaler; docs/launch.md)\n";
   auto listen = parse_host_port(o.serve.listen);
   if (!listen)
     return fail("--listen '" + o.serve.listen + "': expected HOST:PORT, e.g. 127.0.0.1:8000");
@@ -1130,8 +1332,13 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   }
   int status = 0;
   {
-    launcher l(sys, agents, hosts, o, std::move(plan), control_addr, listen->first,
-               ready_file, std::move(faults.actions), err);
+    // What an instance the autoscaler orders runs: the command line of index 0 of its role.
+    std::vector<launch_process> models;
+    for (auto& p : plan_launch(o, 1, 1, store_shards, control_addr, ready_file, hosts))
+      if (p.role == "prefill" || p.role == "decode" || p.role == "fetcher")
+        models.push_back(std::move(p));
+    launcher l(sys, agents, hosts, o, std::move(plan), std::move(models), control_addr,
+               listen->first, ready_file, std::move(faults.actions), err);
     status = l.run();
   }
   if (local)

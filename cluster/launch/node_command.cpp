@@ -3,6 +3,7 @@
 #include "actors/entrypoint/entrypoint.hpp"
 #include "actors/lb/lb_protocol.hpp"
 #include "cluster/launch/control_directory.hpp"
+#include "cluster/autoscaling.hpp"
 #include "cluster/launch/block_fetcher.hpp"
 #include "cluster/launch/store_bridge.hpp"
 #include "cluster/launch/teardown_limit.hpp"
@@ -151,15 +152,34 @@ int run_control(const node_options& o, std::ostream& err) {
   }
   // Where the prefill instances' block fetcher processes register (block_fetcher.hpp).
   auto fetchers = spawn_fetcher_registry(sys);
-  auto directory = spawn_control_directory(sys, graph, registry, store_shards, store_replicas, fetchers,
-                                           stopping_notice_limit, &metrics);
+  // With the topology's autoscaler on, it acts on stand-ins for the pools, which the launcher
+  // registers with and turns their orders into processes (launched_pools.hpp).
+  caf::actor scaler, autoscaler;
+  if (in->topo.autoscaler.enabled) {
+    const auto& prefill = find_pool(in->topo, pool_role::prefill)->name;
+    const auto& decode = find_pool(in->topo, pool_role::decode)->name;
+    scaler = spawn_launched_pools(sys, prefill, decode);
+    // The stand-in reads the instance's name; the launcher starts its process.
+    auto named = [](const std::string& pool) {
+      return [pool](actors::instance_id id) {
+        return runtime::child_spec{pool + "/" + std::to_string(id),
+                                   [](caf::local_actor*) { return caf::actor{}; }};
+      };
+    };
+    auto ap = real_autoscaler_params(in->topo, *gp, graph.prefill_lb, graph.decode_lb,
+                                     named(prefill), named(decode));
+    ap.root = scaler;
+    autoscaler = actors::spawn_autoscaler(sys, std::move(ap));
+  }
+  auto directory = spawn_control_directory(sys, graph, registry, store_shards, store_replicas,
+                                           fetchers, scaler, stopping_notice_limit, &metrics);
   // Every actor of this process ends with it (the actor system waits for them).
   auto stop_graph = [&] {
     for (auto h : {caf::actor_cast<caf::actor>(graph.kv),
                    caf::actor_cast<caf::actor>(graph.prefill_lb),
                    caf::actor_cast<caf::actor>(graph.decode_lb),
                    caf::actor_cast<caf::actor>(graph.service), front, link, registry,
-                   fetchers, directory})
+                   fetchers, directory, autoscaler, scaler})
       if (h)
         caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     if (gp->store)
@@ -518,7 +538,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   if (!in)
     return 1;
   const auto* pool = find_pool(in->topo, role);
-  if (o.index >= pool->instances.initial)
+  // The autoscaler numbers the instances it orders on from the initial ones.
+  if (o.index >= pool->instances.initial && !autoscaled(in->topo, *pool))
     return fail("--index " + std::to_string(o.index) + ": pool '" + pool->name + "' has "
                 + std::to_string(pool->instances.initial) + " instance(s) (0.."
                 + std::to_string(pool->instances.initial - 1) + ")");
@@ -582,6 +603,9 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   }
   auto relay = spawn_balancer_relay(
     sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, dir.prefill_lb, bridge);
+  // The autoscaler's stand-in for this instance finds its engine through the relay.
+  if (dir.scaler)
+    caf::anon_send(dir.scaler, caf::put_atom::value, name, relay);
   auto pool_sup = runtime::spawn_supervisor(
     sys, pool_supervisor_config(in->topo, role, *gp,
                                 caf::actor_cast<actors::kv_check_actor>(dir.kv), relay,
@@ -640,15 +664,18 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
       continue;  // after the notice, a signal (e.g. the launcher stopping the rest) changes nothing
     // Drain: the balancer excludes this instance; a decode engine serves for the grace
     // period, then forwards what it still holds; a prefill engine finishes its jobs.
-    err << command << ": " << signal_name(sig) << ": draining (grace " << so.grace.count()
-        << " s)\n";
+    // SIGUSR1 is the launcher removing this instance for the autoscaler: the pool's grace, as
+    // the autoscaler's drain has under troupe serve; otherwise --grace.
+    const auto grace = sig == SIGUSR1 ? pool->grace
+                                      : std::chrono::duration_cast<runtime::duration>(so.grace);
+    err << command << ": " << signal_name(sig) << ": draining (grace "
+        << runtime::to_seconds(grace) << " s)\n";
     caf::scoped_actor self{sys};
     caf::actor engine;
     self->request(relay, 10s, caf::get_atom::value)
       .receive([&](const caf::actor& e) { engine = e; }, [](const caf::error&) {});
     if (engine) {
-      runtime::duration grace = std::chrono::duration_cast<runtime::duration>(so.grace);
-      self->request(engine, so.grace + 120s, actors::drain_atom::value, grace)
+      self->request(engine, grace + 120s, actors::drain_atom::value, grace)
         .receive(
           [&](std::uint64_t forwarded) {
             err << command << ": drained; " << forwarded << " request(s) forwarded\n";
@@ -657,6 +684,10 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
             if (forwarded > 0 && bridge.link && !wait_for_handover(self, bridge, handover_limit))
               err << command << ": leaving before the forwarded KV was all pulled (after "
                   << handover_limit.count() << " s, or a second signal)\n";
+            // The autoscaler's drain of this instance is answered with it.
+            if (dir.scaler)
+              self->request(dir.scaler, 5s, left_atom::value, name, forwarded)
+                .receive([](caf::ok_atom) {}, [](const caf::error&) {});
           },
           [&](const caf::error& e) {
             err << command << ": drain failed: " << sys.render(e) << "\n";
@@ -760,7 +791,7 @@ int run_fetcher(const node_options& o, std::ostream& err) {
     return 1;
   }
   const auto* pool = find_pool(*topo.value, pool_role::prefill);
-  if (pool == nullptr || o.index >= pool->instances.initial)
+  if (pool == nullptr || (o.index >= pool->instances.initial && !autoscaled(*topo.value, *pool)))
     return fail("--index " + std::to_string(o.index) + ": the topology has no prefill instance "
                 + std::to_string(o.index));
   return run_joined(o, command, err, [&](caf::actor_system& sys, const joined_control& joined,

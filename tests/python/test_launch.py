@@ -192,20 +192,94 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     assert "fetcher" not in off.stdout
 
 
-def test_a_launch_says_it_keeps_the_pools_the_autoscaler_would_move(model_dir):
-    # local-cpu-autoscale.toml's decode pool may grow to 3: troupe serve runs the autoscaler,
-    # troupe launch starts the initial instances only, and says so.
-    autoscaled = os.path.join(ROOT, "examples/topologies/local-cpu-autoscale.toml")
-    out = subprocess.run([troupe(), "launch", autoscaled, "--model", model_dir, "--engram-map",
+AUTOSCALED = os.path.join(ROOT, "examples/topologies/local-cpu-autoscale.toml")
+
+
+def test_a_launch_runs_the_autoscaler_and_a_slurm_job_says_it_does_not(model_dir):
+    # local-cpu-autoscale.toml's decode pool may grow to 3: a launch starts the initial
+    # instances, and its control process runs the autoscaler (below); a Slurm job keeps the
+    # pools at their initial sizes, and says so.
+    out = subprocess.run([troupe(), "launch", AUTOSCALED, "--model", model_dir, "--engram-map",
                           "identity", "--dry-run"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert ("troupe launch: warning: [autoscaler] is on, but a launched cluster keeps its pools at "
-            "their initial sizes") in out.stderr
+    assert "[autoscaler]" not in out.stderr
     assert [l.split()[0] for l in out.stdout.splitlines() if not l.startswith("#")] == [
         "control", "store", "prefill/0", "fetcher/0", "decode/0"]
-    plain = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
-                            "identity", "--dry-run"], capture_output=True, text=True, timeout=120)
-    assert "[autoscaler]" not in plain.stderr
+    slurm = subprocess.run([troupe(), "launch", AUTOSCALED, "--model", model_dir, "--engram-map",
+                            "identity", "--slurm", "--dry-run"], capture_output=True, text=True,
+                           timeout=120)
+    assert slurm.returncode == 0, slurm.stderr
+    assert ("troupe launch: warning: [autoscaler] is on, but a Slurm job keeps its pools at their "
+            "initial sizes") in slurm.stderr
+
+
+def test_the_autoscaler_grows_a_launched_decode_pool_and_drains_what_it_removes(model_dir,
+                                                                                 tmp_path):
+    # Decode instances hold two requests each (--max-batch 2), the autoscaler decides every
+    # second with no margin. Two short streams fill decode/0, two long ones wait for room: the
+    # demand of four needs two instances, and the launcher starts decode/1 as an OS process,
+    # which takes the long ones. Once the short ones are done, two requests need one instance:
+    # two seconds later decode/1 is drained (grace 1 s), forwards the long streams with their
+    # KV to decode/0, and its process is removed. Every stream ends with exactly its
+    # undisturbed greedy tokens.
+    text = open(AUTOSCALED).read()
+    for old, new in (('interval = "10s"', 'interval = "1s"'),
+                     ('scale_down_after = "30s"', 'scale_down_after = "2s"'),
+                     ("over_provision = 0.25", "over_provision = 0"),
+                     ("max = 3 }", "max = 2 }"), ('grace = "5s"', 'grace = "1s"')):
+        assert old in text
+        text = text.replace(old, new)
+    topology = tmp_path / "autoscaled.toml"
+    topology.write_text(text)
+    short, long = 280, 480
+    bodies = [chat_body(f"Scale {i}: why do pools grow?", max_tokens=n, temperature=0)
+              for i, n in enumerate((short, short, long, long))]
+    wants = [generated_text(model_dir, b, b["max_tokens"])[0] for b in bodies]
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"),
+                ("--max-batch", "2"), str(topology))
+    try:
+        client = c.openai()
+
+        def one(body):
+            out, usage = "", None
+            for chunk in client.chat.completions.create(**body, stream=True,
+                                                         stream_options={"include_usage": True}):
+                usage = chunk.usage or usage
+                for ch in chunk.choices:
+                    out += (getattr(ch.delta, "reasoning_content", None) or "") + (ch.delta.content or "")
+            return out, usage
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            futures = []
+            for b in bodies:  # the short ones first: they take decode/0's two places
+                futures.append(pool.submit(one, b))
+                time.sleep(0.3)
+            results = [f.result(timeout=900) for f in futures]
+        for (got, usage), want, b in zip(results, wants, bodies):
+            assert usage is not None and usage.completion_tokens == b["max_tokens"]
+            assert got == want
+        deadline = time.monotonic() + 120
+        while any(p["name"] == "decode/1" for p in c.state()["processes"]):
+            assert time.monotonic() < deadline, "decode/1 was not removed:\n" + "".join(c.log)
+            time.sleep(0.2)
+        metrics = urllib.request.urlopen(c.url + "/metrics", timeout=30).read().decode()
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0, "".join(c.log)
+    log = "".join(c.log)
+    assert "troupe launch: the autoscaler orders decode/1\n" in log, log
+    assert "troupe node[decode/1]: model loaded; serving in the decode pool" in log, log
+    assert "troupe launch: the autoscaler removes decode/1\n" in log, log
+    assert re.search(r"troupe launch: decode/1 \(pid \d+\) exited with status 0; removed\n", log), log
+    # decode/1 held the long streams: it forwarded them, with their KV, to decode/0.
+    drained = re.findall(r"troupe node\[decode/1\]: drained; (\d+) request", log)
+    assert drained == ["2"], log
+    assert not any(p["name"] == "decode/2" for p in c.state()["processes"])
+    # The control process's /metrics has the autoscaler's decisions: one instance up, one down.
+    for direction in ("up", "down"):
+        m = re.search(r'^troupe_autoscaler_scaled_total\{pool="decode",direction="%s"\} (\S+)$'
+                      % direction, metrics, re.M)
+        assert m and float(m.group(1)) == 1, metrics
 
 
 def test_dry_run_places_one_store_process_per_shard(model_dir, tmp_path):
