@@ -1,6 +1,7 @@
 // The deployment commands of the troupe CLI (see deploy_cli.hpp).
 #include "cluster/deploy_cli.hpp"
 
+#include "cluster/autoscaling.hpp"
 #include "cluster/launch/k8s_manifests.hpp"
 #include "cluster/launch/slurm_job.hpp"
 #include "cluster/launch/yaml_writer.hpp"
@@ -41,6 +42,12 @@ std::optional<loaded_topology> load(const std::string& file, std::string_view co
     std::cerr << "troupe " << command << ": cannot read " << file << "\n";
     return std::nullopt;
   }
+  // What these deployments do not do, said up front.
+  if (cluster::prefill_or_decode_scales(*result.value))
+    std::cerr << "troupe " << command << ": warning: [autoscaler] is on, but "
+              << (command == "k8s" ? "these manifests keep" : "this job keeps")
+              << " the pools at their initial sizes (troupe launch and troupe serve run the "
+                 "autoscaler)\n";
   return loaded_topology{std::move(*result.value), text.str()};
 }
 

@@ -1278,6 +1278,12 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
         out << (i ? " " : "") << shell_quote(p.argv[i]);
       out << "\n";
     }
+    for (auto role : {pool_role::prefill, pool_role::decode})
+      if (const auto* pool = find_pool(in->topo, role); autoscaled(in->topo, *pool))
+        out << "# the autoscaler keeps " << to_string(role) << " at " << pool->instances.min
+            << " to " << pool->instances.max << " instance(s): those it orders run as "
+            << to_string(role) << "/<i> with " << to_string(role) << "/0's command line and "
+            << "--index <i>\n";
     if (!faults.actions.empty())
       out << "# fault actions (seconds after the cluster serves)\n";
     for (const auto& a : faults.actions) {

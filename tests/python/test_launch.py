@@ -205,6 +205,20 @@ def test_a_launch_runs_the_autoscaler_and_a_slurm_job_says_it_does_not(model_dir
     assert "[autoscaler]" not in out.stderr
     assert [l.split()[0] for l in out.stdout.splitlines() if not l.startswith("#")] == [
         "control", "store", "prefill/0", "fetcher/0", "decode/0"]
+    assert ("# the autoscaler keeps decode at 1 to 3 instance(s): those it orders run as "
+            "decode/<i> with decode/0's command line and --index <i>\n") in out.stdout
+    assert "autoscaler keeps prefill" not in out.stdout  # one prefill instance, fixed
+    # The Slurm job and the Kubernetes manifests do not scale: they say so.
+    for command in ("k8s", "slurm"):
+        made = subprocess.run([troupe(), command, AUTOSCALED], capture_output=True, text=True,
+                              timeout=120)
+        assert made.returncode == 0, made.stderr
+        assert (f"troupe {command}: warning: [autoscaler] is on, but "
+                f"{'these manifests keep' if command == 'k8s' else 'this job keeps'} the pools "
+                "at their initial sizes") in made.stderr
+        plain = subprocess.run([troupe(), command, TOPOLOGY], capture_output=True, text=True,
+                               timeout=120)
+        assert plain.returncode == 0 and "[autoscaler]" not in plain.stderr, plain.stderr
     slurm = subprocess.run([troupe(), "launch", AUTOSCALED, "--model", model_dir, "--engram-map",
                             "identity", "--slurm", "--dry-run"], capture_output=True, text=True,
                            timeout=120)
@@ -280,6 +294,60 @@ def test_the_autoscaler_grows_a_launched_decode_pool_and_drains_what_it_removes(
         m = re.search(r'^troupe_autoscaler_scaled_total\{pool="decode",direction="%s"\} (\S+)$'
                       % direction, metrics, re.M)
         assert m and float(m.group(1)) == 1, metrics
+
+
+def test_the_autoscaler_grows_a_launched_prefill_pool_and_removes_it_with_its_fetcher(model_dir,
+                                                                                     tmp_path):
+    # The prefill pool may grow to two, the decode pool stays at one. Once a prompt has given
+    # the prefill engine a second of device time (its capacity is then measured), a burst of
+    # long prompts is more than one instance computes in a second: the launcher starts
+    # prefill/1 and its block fetcher fetcher/1. Idle, the pool shrinks: prefill/1 is taken
+    # out of its balancer, stopped once it has no job left, and removed with its fetcher.
+    text = open(AUTOSCALED).read()
+    for old, new in (('interval = "10s"', 'interval = "1s"'),
+                     ('scale_down_after = "30s"', 'scale_down_after = "2s"'),
+                     ("over_provision = 0.25", "over_provision = 0"),
+                     ("instances = { min = 1, initial = 1, max = 3 }", "instances = 1"),
+                     ('role = "prefill"\ninstances = 1',
+                      'role = "prefill"\ninstances = { min = 1, initial = 1, max = 2 }')):
+        assert old in text
+        text = text.replace(old, new)
+    topology = tmp_path / "prefill-autoscaled.toml"
+    topology.write_text(text)
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"), (),
+                str(topology))
+    try:
+        client = c.openai()
+        first = client.chat.completions.create(**long_prompt("measure"))
+        assert first.usage.prompt_tokens > 400
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            burst = list(pool.map(lambda i: client.chat.completions.create(**long_prompt(f"b{i}-")),
+                                  range(4)))
+        assert all(r.usage.completion_tokens == 4 for r in burst)
+        deadline = time.monotonic() + 120
+        while True:
+            names = [p["name"] for p in c.state()["processes"]]
+            if "prefill/1" not in names and "fetcher/1" not in names and any(
+                    "removes prefill/1" in l for l in c.log):
+                break
+            assert time.monotonic() < deadline, "prefill/1 was not removed:\n" + "".join(c.log)
+            time.sleep(0.2)
+        # The pool serves on with its first instance (a short prompt: a long one would be a
+        # second of prefill work again, and the pool would grow again).
+        again = client.chat.completions.create(**chat_body("Still there?", max_tokens=4,
+                                                           temperature=0))
+        assert again.usage.completion_tokens == 4
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0, "".join(c.log)
+    log = "".join(c.log)
+    assert "troupe launch: the autoscaler orders prefill/1\n" in log, log
+    assert re.search(r"troupe launch: started fetcher/1 \(pid \d+\)\n", log), log
+    assert "troupe node[prefill/1]: model loaded; serving in the prefill pool" in log, log
+    assert "troupe launch: the autoscaler removes prefill/1\n" in log, log
+    assert re.search(r"troupe launch: prefill/1 \(pid \d+\) exited with status 0; removed\n", log), log
+    assert re.search(r"troupe launch: fetcher/1 \(pid \d+\) exited with status 0; removed\n", log), log
+    assert "orders prefill/2" not in log and "orders decode/" not in log, log
 
 
 def test_dry_run_places_one_store_process_per_shard(model_dir, tmp_path):
