@@ -227,6 +227,19 @@ def test_a_launch_runs_the_autoscaler_and_a_slurm_job_says_it_does_not(model_dir
             "initial sizes") in slurm.stderr
 
 
+def quick_autoscaled_topology(path, *changes):
+    """local-cpu-autoscale.toml deciding every second, with no margin and a 2 s scale-down
+    delay, and `changes` ((old, new) pairs), written to `path`."""
+    text = open(AUTOSCALED).read()
+    for old, new in (('interval = "10s"', 'interval = "1s"'),
+                     ('scale_down_after = "30s"', 'scale_down_after = "2s"'),
+                     ("over_provision = 0.25", "over_provision = 0"), *changes):
+        assert old in text
+        text = text.replace(old, new)
+    path.write_text(text)
+    return str(path)
+
+
 def test_the_autoscaler_grows_a_launched_decode_pool_and_drains_what_it_removes(model_dir,
                                                                                  tmp_path):
     # Decode instances hold two requests each (--max-batch 2), the autoscaler decides every
@@ -236,21 +249,14 @@ def test_the_autoscaler_grows_a_launched_decode_pool_and_drains_what_it_removes(
     # two seconds later decode/1 is drained (grace 1 s), forwards the long streams with their
     # KV to decode/0, and its process is removed. Every stream ends with exactly its
     # undisturbed greedy tokens.
-    text = open(AUTOSCALED).read()
-    for old, new in (('interval = "10s"', 'interval = "1s"'),
-                     ('scale_down_after = "30s"', 'scale_down_after = "2s"'),
-                     ("over_provision = 0.25", "over_provision = 0"),
-                     ("max = 3 }", "max = 2 }"), ('grace = "5s"', 'grace = "1s"')):
-        assert old in text
-        text = text.replace(old, new)
-    topology = tmp_path / "autoscaled.toml"
-    topology.write_text(text)
+    topology = quick_autoscaled_topology(tmp_path / "autoscaled.toml", ("max = 3 }", "max = 2 }"),
+                                         ('grace = "5s"', 'grace = "1s"'))
     short, long = 280, 480
     bodies = [chat_body(f"Scale {i}: why do pools grow?", max_tokens=n, temperature=0)
               for i, n in enumerate((short, short, long, long))]
     wants = [generated_text(model_dir, b, b["max_tokens"])[0] for b in bodies]
     c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"),
-                ("--max-batch", "2"), str(topology))
+                ("--max-batch", "2"), topology)
     try:
         client = c.openai()
 
@@ -303,19 +309,12 @@ def test_the_autoscaler_grows_a_launched_prefill_pool_and_removes_it_with_its_fe
     # long prompts is more than one instance computes in a second: the launcher starts
     # prefill/1 and its block fetcher fetcher/1. Idle, the pool shrinks: prefill/1 is taken
     # out of its balancer, stopped once it has no job left, and removed with its fetcher.
-    text = open(AUTOSCALED).read()
-    for old, new in (('interval = "10s"', 'interval = "1s"'),
-                     ('scale_down_after = "30s"', 'scale_down_after = "2s"'),
-                     ("over_provision = 0.25", "over_provision = 0"),
-                     ("instances = { min = 1, initial = 1, max = 3 }", "instances = 1"),
-                     ('role = "prefill"\ninstances = 1',
-                      'role = "prefill"\ninstances = { min = 1, initial = 1, max = 2 }')):
-        assert old in text
-        text = text.replace(old, new)
-    topology = tmp_path / "prefill-autoscaled.toml"
-    topology.write_text(text)
-    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"), (),
-                str(topology))
+    topology = quick_autoscaled_topology(
+        tmp_path / "prefill-autoscaled.toml",
+        ("instances = { min = 1, initial = 1, max = 3 }", "instances = 1"),
+        ('role = "prefill"\ninstances = 1',
+         'role = "prefill"\ninstances = { min = 1, initial = 1, max = 2 }'))
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"), (), topology)
     try:
         client = c.openai()
         first = client.chat.completions.create(**long_prompt("measure"))
