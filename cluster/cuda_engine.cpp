@@ -3,6 +3,8 @@
 #include "cluster/cuda_engine.hpp"
 
 #include "cluster/device_engines.hpp"
+#include "cluster/device_leases.hpp"
+#include "runtime/log.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
 
@@ -22,8 +24,22 @@ void add_cuda_engine() {
     o.max_context = limits.max_context;
     o.batch_invariant = true;  // as the CPU devices of a served cluster are
     return [o, index = limits.index](kernels::model m) mutable {
-      if (auto gpus = kernels::cuda::device_count(); gpus && *gpus > 0)
-        o.device = static_cast<int>(index % static_cast<std::uint32_t>(*gpus));
+      // The instance's GPU by index, or the next one no other device of this host holds
+      // (cluster/device_leases.hpp); the backend keeps the lease.
+      if (auto gpus = kernels::cuda::device_count(); gpus && *gpus > 0) {
+        std::vector<std::string> keys;
+        for (int g = 0; g < *gpus; ++g) {
+          auto id = kernels::cuda::pci_bus_id(g);
+          keys.push_back(id ? *id : "cuda" + std::to_string(g));
+        }
+        auto leased = lease_device(keys, index % static_cast<std::uint32_t>(*gpus));
+        o.device = static_cast<int>(leased.index);
+        o.hold = leased.lease;
+        if (!leased.lease)
+          runtime::log::get("device")->warn(
+            "every GPU of this host is held by another troupe device; sharing GPU {} ({})",
+            leased.index, keys[leased.index]);
+      }
       return kernels::cuda::cuda_backend::opener(o)(std::move(m));
     };
   };

@@ -40,6 +40,7 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(model m,
                   .batch_invariant = options.batch_invariant});
   if (!device) return r::failure(dev->name + ": " + device.error());
   b->device_ = std::make_unique<device_model>(std::move(*device));
+  b->hold_ = options.hold;
   return b;
 }
 

@@ -45,6 +45,8 @@ struct cuda_backend_options {
   std::vector<std::int64_t> engram_token_map;
   /// Batch-invariant projections (device_model_options::batch_invariant).
   bool batch_invariant = false;
+  /// Kept as long as the backend lives: e.g. the lease of its GPU (cluster/device_leases.hpp).
+  std::shared_ptr<const void> hold;
 };
 
 class cuda_backend final : public model_backend {
@@ -113,6 +115,7 @@ class cuda_backend final : public model_backend {
 
   model model_;
   std::unique_ptr<device_model> device_;
+  std::shared_ptr<const void> hold_;
   std::int64_t max_resident_;
   sequence_id next_ = 1;
   std::uint64_t tick_ = 0;  // steps run: a resident sequence's `used` is its last one's

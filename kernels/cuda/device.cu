@@ -18,6 +18,13 @@ result<int> device_count() {
   return n;
 }
 
+result<std::string> pci_bus_id(int ordinal) {
+  char id[32] = {};
+  if (auto e = cudaDeviceGetPCIBusId(id, sizeof id, ordinal); e != cudaSuccess)
+    return result<std::string>::failure("cudaDeviceGetPCIBusId: " + cuda_error_text(e));
+  return std::string(id);
+}
+
 result<device_info> query_device(int ordinal) {
   using r = result<device_info>;
   auto n = device_count();

@@ -35,6 +35,10 @@ struct device_info {
 /// device (no driver, no GPU).
 result<int> device_count();
 
+/// The PCI bus id of device `ordinal` ("0000:3B:00.0"), which names the GPU on its host
+/// whatever CUDA_VISIBLE_DEVICES numbers it as; creates no context.
+result<std::string> pci_bus_id(int ordinal);
+
 /// Selects device `ordinal` for this thread and describes it.
 result<device_info> query_device(int ordinal = 0);
 
