@@ -526,8 +526,8 @@ private:
                                                          : least_loaded(p.spec.role);
       if (to == nullptr) {
         p.state = "lost";
-        err_ << "troupe launch: " << p.spec.name << ": no live host takes the " << p.spec.role
-             << " role; it stays down\n";
+        err_ << "troupe launch: " << p.spec.name << ": " << no_host_for(p.spec.role)
+             << "; it stays down\n";
         continue;
       }
       if (int status = move_to(p, *to); status >= 0)
@@ -578,10 +578,16 @@ private:
                        {"restarts", p.restarts},
                        {"state", p.state}});
     nlohmann::json hosts = nlohmann::json::array();
-    for (const auto& h : hosts_)
-      hosts.push_back({{"name", h.name},
-                       {"agent", h.agent},
-                       {"state", agents_.count(h.name) ? "up" : "lost"}});
+    for (const auto& h : hosts_) {
+      nlohmann::json host{{"name", h.name},
+                          {"agent", h.agent},
+                          {"state", agents_.count(h.name) ? "up" : "lost"}};
+      if (h.devices) {
+        host["devices"] = *h.devices;
+        host["devices_taken"] = devices_taken(h);
+      }
+      hosts.push_back(std::move(host));
+    }
     nlohmann::json j{{"launcher_pid", getpid()},
                      {"control", control_},
                      {"http", http_.empty() ? nlohmann::json() : nlohmann::json(http_)},
@@ -693,7 +699,8 @@ private:
     const auto& h = *std::find_if(hosts_.begin(), hosts_.end(),
                                   [&](const launch_host& x) { return x.name == host; });
     for (auto& p : procs_) {
-      if (p.state != "lost" || !takes_role(h, p.spec.role, hosts_))
+      if (p.state != "lost" || !takes_role(h, p.spec.role, hosts_)
+          || (takes_device(p.spec.role) && !device_free(h)))
         continue;
       if (int status = move_to(p, h); status >= 0)
         return status;
@@ -717,12 +724,39 @@ private:
     return nullptr;
   }
 
-  /// The live host that takes `role` and runs the fewest processes (null: none).
+  /// Whether host `h` has a device free for another instance process: its `devices` are
+  /// more than the instance processes placed there (running, restarting, held down by a
+  /// fault or draining; not those that exited or wait `lost` for a host).
+  bool device_free(const launch_host& h) const {
+    return !h.devices || devices_taken(h) < *h.devices;
+  }
+
+  std::uint64_t devices_taken(const launch_host& h) const {
+    return static_cast<std::uint64_t>(
+      std::count_if(procs_.begin(), procs_.end(), [&](const process_state& p) {
+        return p.host == h.name && takes_device(p.spec.role) && p.state != "exited"
+               && p.state != "failed" && p.state != "lost";
+      }));
+  }
+
+  /// Why no live host takes a new process of `role` (for the messages).
+  std::string no_host_for(const std::string& role) const {
+    bool live = std::any_of(hosts_.begin(), hosts_.end(), [&](const launch_host& h) {
+      return agents_.count(h.name) != 0 && takes_role(h, role, hosts_);
+    });
+    return live ? "every live host that takes the " + role
+                    + " role has all its devices taken (the hosts file's `devices`)"
+                : "no live host takes the " + role + " role";
+  }
+
+  /// The live host that takes `role` (with a free device for an instance) and runs the fewest
+  /// processes (null: none).
   const launch_host* least_loaded(const std::string& role) const {
     const launch_host* to = nullptr;
     std::size_t fewest = 0;
     for (const auto& h : hosts_) {
-      if (agents_.count(h.name) == 0 || !takes_role(h, role, hosts_))
+      if (agents_.count(h.name) == 0 || !takes_role(h, role, hosts_)
+          || (takes_device(role) && !device_free(h)))
         continue;
       auto n = static_cast<std::size_t>(std::count_if(
         procs_.begin(), procs_.end(), [&](const process_state& q) { return q.host == h.name; }));
@@ -815,12 +849,16 @@ private:
     };
     auto instance = make(role);
     if (!instance) {
-      err_ << "troupe launch: the autoscaler ordered " << name << "; no live host takes the "
-           << role << " role\n";
+      // The autoscaler orders again at its next decisions: said once until that changes.
+      auto why = no_host_for(role);
+      if (unplaced_[role] != why)
+        err_ << "troupe launch: the autoscaler ordered " << name << "; " << why << "\n";
+      unplaced_[role] = why;
       failed_.push_back({role, index, "failed"});
       tell_autoscaler();
       return;
     }
+    unplaced_.erase(role);
     err_ << "troupe launch: the autoscaler orders " << name << "\n";
     event("scale", *instance, {{"action", "start"}});
     procs_.push_back(std::move(*instance));
@@ -943,6 +981,8 @@ private:
   std::int32_t registered_pid_ = 0;
   clock::time_point next_registration_{};
   std::vector<launched_instance> failed_;
+  /// Per role, why the autoscaler's last order of it found no host (said once).
+  std::map<std::string, std::string> unplaced_;
   std::string control_;
   std::string listen_host_;
   std::string ready_file_;
@@ -1084,8 +1124,17 @@ std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std:
         else
           problems.push_back(where
                              + ": roles is missing (a list of control, store, prefill, decode)");
+        if (auto devices = (*t)["devices"]; devices) {
+          auto n = devices.value<std::int64_t>();
+          if (!devices.is_integer() || !n || *n < 1 || *n > 65536)
+            problems.push_back(where + ": devices: expected a whole number from 1 to 65536 (the "
+                               "GPUs, or CPU engines, its prefill and decode instances may take)");
+          else
+            h.devices = static_cast<std::uint32_t>(*n);
+        }
         for (const auto& [k, v] : *t)
-          if (k.str() != "name" && k.str() != "agent" && k.str() != "roles")
+          if (k.str() != "name" && k.str() != "agent" && k.str() != "roles"
+              && k.str() != "devices")
             problems.push_back(where + ": unknown key '" + std::string(k.str()) + "'");
         for (const auto& other : hosts)
           if (other.name == h.name)
@@ -1107,11 +1156,14 @@ std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std:
   return std::nullopt;
 }
 
-std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
-                                        std::uint32_t decode, std::uint32_t store_shards,
-                                        const std::string& control,
-                                        const std::string& ready_file,
-                                        const std::vector<launch_host>& hosts) {
+bool takes_device(const std::string& role) { return role == "prefill" || role == "decode"; }
+
+sim::result<std::vector<launch_process>> plan_launch(const launch_options& o,
+                                                     std::uint32_t prefill, std::uint32_t decode,
+                                                     std::uint32_t store_shards,
+                                                     const std::string& control,
+                                                     const std::string& ready_file,
+                                                     const std::vector<launch_host>& hosts) {
   // The hosts each role may run on, and the next one to take an instance.
   auto takers = [&](const std::string& role) {
     std::vector<std::string> out;
@@ -1129,10 +1181,35 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   auto shared = shared_node_args(o);
   common.insert(common.end(), shared.begin(), shared.end());
   std::vector<launch_process> plan;
+  // Devices taken on each host so far, and the instance that found none free.
+  std::map<std::string, std::uint32_t> used;
+  std::string no_room;
+  auto room = [&](const std::string& host) {
+    auto h = std::find_if(hosts.begin(), hosts.end(),
+                          [&](const launch_host& x) { return x.name == host; });
+    return h == hosts.end() || !h->devices || used[host] < *h->devices;
+  };
   auto node = [&](std::string name, std::string role, std::uint32_t index,
                   std::vector<std::string> extra) {
     auto on = takers(role);
-    launch_process p{std::move(name), on[index % on.size()], std::move(role), index,
+    // Round-robin, an instance going on to the next host with a free device; a fetcher beside
+    // its prefill instance.
+    std::string host = on[index % on.size()];
+    if (role == "fetcher")
+      for (const auto& q : plan)
+        if (q.name == "prefill/" + std::to_string(index))
+          host = q.host;
+    if (takes_device(role)) {
+      for (std::size_t k = 0; k < on.size() && !room(host); ++k)
+        host = on[(index + k + 1) % on.size()];
+      if (!room(host)) {
+        if (no_room.empty())
+          no_room = name;
+        return;
+      }
+      ++used[host];
+    }
+    launch_process p{std::move(name), host, std::move(role), index,
                      {exe, "node", s.topology, "--role"}};
     p.argv.push_back(p.role);
     if (p.role != "store" && p.role != "fetcher")
@@ -1179,6 +1256,18 @@ std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t p
   }
   for (std::uint32_t i = 0; i < decode; ++i)
     node("decode/" + std::to_string(i), "decode", i, {});
+  if (!no_room.empty()) {
+    std::string role = no_room.substr(0, no_room.find('/'));
+    std::uint64_t devices = 0;
+    for (const auto& h : hosts)
+      if (takes_role(h, role, hosts))
+        devices += h.devices.value_or(0);
+    return sim::result<std::vector<launch_process>>::failure(
+      "no host has a free device for " + no_room + ": the hosts that take the " + role
+      + " role have " + std::to_string(devices) + " device(s) (the hosts file's `devices`), "
+      "and the topology's " + std::to_string(prefill) + " prefill and "
+      + std::to_string(decode) + " decode instance(s) take one each; add devices or hosts");
+  }
   return plan;
 }
 
@@ -1264,7 +1353,35 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
       err << command << ": warning: fault not executed: " << why << "\n";
   }
   const std::uint32_t store_shards = in->kv_dir.empty() ? 0 : in->topo.storage.real_shards();
-  auto plan = plan_launch(o, prefill, decode, store_shards, control_addr, ready_file, hosts);
+  auto planned = plan_launch(o, prefill, decode, store_shards, control_addr, ready_file, hosts);
+  if (!planned)
+    return fail(o.hosts_file + ": " + planned.error());
+  auto plan = std::move(*planned);
+  // Devices the autoscaler's new instances of a role can take (none: no bound).
+  auto free_devices = [&](const std::string& role) -> std::optional<std::uint64_t> {
+    std::uint64_t free = 0;
+    for (const auto& h : hosts) {
+      if (!takes_role(h, role, hosts))
+        continue;
+      if (!h.devices)
+        return std::nullopt;
+      auto taken = std::count_if(plan.begin(), plan.end(), [&](const launch_process& p) {
+        return p.host == h.name && takes_device(p.role);
+      });
+      free += *h.devices - static_cast<std::uint64_t>(taken);
+    }
+    return free;
+  };
+  for (auto role : {pool_role::prefill, pool_role::decode}) {
+    const auto* pool = find_pool(in->topo, role);
+    auto room = free_devices(std::string(to_string(role)));
+    if (!hosts.empty() && autoscaled(in->topo, *pool) && room
+        && pool->instances.max - pool->instances.initial > *room)
+      err << command << ": warning: the autoscaler may grow " << to_string(role) << " to "
+          << pool->instances.max << " instance(s), but the hosts that take the role have "
+          << *room << " free device(s) (the hosts file's `devices`): an order beyond them "
+          << "fails\n";
+  }
   if (o.dry_run) {
     out << "# " << plan.size() << " processes on "
         << (hosts.empty() ? std::string("this host") : std::to_string(hosts.size()) + " hosts")
@@ -1278,6 +1395,14 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
         out << (i ? " " : "") << shell_quote(p.argv[i]);
       out << "\n";
     }
+    for (const auto& h : hosts)
+      if (h.devices)
+        out << "# host " << h.name << ": "
+            << std::count_if(plan.begin(), plan.end(),
+                             [&](const launch_process& p) {
+                               return p.host == h.name && takes_device(p.role);
+                             })
+            << " of " << *h.devices << " device(s) taken\n";
     for (auto role : {pool_role::prefill, pool_role::decode})
       if (const auto* pool = find_pool(in->topo, role); autoscaled(in->topo, *pool))
         out << "# the autoscaler keeps " << to_string(role) << " at " << pool->instances.min
@@ -1340,7 +1465,9 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
   {
     // What an instance the autoscaler orders runs: the command line of index 0 of its role.
     std::vector<launch_process> models;
-    for (auto& p : plan_launch(o, 1, 1, store_shards, control_addr, ready_file, hosts))
+    // (Placed as the first instances of the initial plan were, so it fits where that did.)
+    auto first = plan_launch(o, 1, 1, store_shards, control_addr, ready_file, hosts);
+    for (auto& p : first ? *first : std::vector<launch_process>{})
       if (p.role == "prefill" || p.role == "decode" || p.role == "fetcher")
         models.push_back(std::move(p));
     launcher l(sys, agents, hosts, o, std::move(plan), std::move(models), control_addr,

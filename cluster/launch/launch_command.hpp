@@ -20,6 +20,7 @@
 #pragma once
 
 #include "cluster/launch/slurm_job.hpp"
+#include "cluster/sim/result.hpp"
 #include "cluster/serve_command.hpp"
 #include "runtime/transport.hpp"
 
@@ -80,17 +81,25 @@ struct launch_options {
 };
 
 /// A host of a hosts file: `[[host]]` with `name`, `agent = "HOST:PORT"` (where its `troupe
-/// agent` listens; its HOST is also the address the host's processes are reached at) and
+/// agent` listens; its HOST is also the address the host's processes are reached at),
 /// `roles` (any of "control", "store", "prefill", "decode": what may run there; the store
-/// process runs where the control process may when no host lists "store").
+/// process runs where the control process may when no host lists "store") and, optionally,
+/// `devices`: how many engine devices (GPUs; CPU engines for device = "cpu") the host has.
+/// Each prefill or decode instance process takes one; a host without `devices` takes any
+/// number.
 struct launch_host {
   std::string name;
   std::string agent;
   std::vector<std::string> roles;
+  std::optional<std::uint32_t> devices;
 };
 
-/// Reads and checks a hosts file: names unique, agents HOST:PORT, roles known, a host for
-/// each of control, prefill and decode. Nothing after the problems were written to `err`.
+/// Whether a process of `role` takes one of its host's devices (a prefill or decode instance).
+bool takes_device(const std::string& role);
+
+/// Reads and checks a hosts file: names unique, agents HOST:PORT, roles known, devices >= 1, a
+/// host for each of control, prefill and decode. Nothing after the problems were written to
+/// `err`.
 std::optional<std::vector<launch_host>> load_hosts(const std::string& file, std::ostream& err);
 
 /// One process of a launched cluster.
@@ -109,9 +118,10 @@ struct launch_process {
 /// cluster has no block store; store_process_name), then the instances (each prefill instance
 /// followed by its block fetcher when the cluster has a store and `o.block_fetchers`, on the
 /// same host), each pool's instances and the store's shards round-robin
-/// over the hosts that take its role (all on "local" when `hosts` is empty). `control` is the
-/// resolved control address.
-std::vector<launch_process> plan_launch(const launch_options& o, std::uint32_t prefill,
+/// over the hosts that take its role (all on "local" when `hosts` is empty), an instance
+/// skipping the hosts whose `devices` are all taken. `control` is the resolved control
+/// address. Fails when an instance finds no host with a free device.
+sim::result<std::vector<launch_process>> plan_launch(const launch_options& o, std::uint32_t prefill,
                                         std::uint32_t decode, std::uint32_t store_shards,
                                         const std::string& control,
                                         const std::string& ready_file,

@@ -370,6 +370,55 @@ def test_dry_run_places_one_store_process_per_shard(model_dir, tmp_path):
     assert "--external-store" in rows[0]
 
 
+def test_hosts_devices_bound_where_instances_go(model_dir, tmp_path):
+    # A host's `devices` is how many instance processes it takes: local-cpu-3's two decode
+    # instances skip host a, whose one device prefill/0 took, and go to b and c; its fetcher
+    # stays beside prefill/0. More instances than devices is refused before anything starts,
+    # and the autoscaler's room is said.
+    hosts = tmp_path / "hosts.toml"
+    def write(a, b, c):
+        hosts.write_text(
+            f'[[host]]\nname = "a"\nagent = "10.0.0.1:7000"\nroles = ["control", "prefill", "decode"]\n{a}'
+            f'[[host]]\nname = "b"\nagent = "10.0.0.2:7000"\nroles = ["decode"]\n{b}'
+            f'[[host]]\nname = "c"\nagent = "10.0.0.3:7000"\nroles = ["decode"]\n{c}')
+    def launch(topology=TOPOLOGY):
+        return subprocess.run([troupe(), "launch", topology, "--model", model_dir, "--engram-map",
+                               "identity", "--hosts", str(hosts), "--dry-run"],
+                              capture_output=True, text=True, timeout=120)
+    write("devices = 1\n", "devices = 1\n", "devices = 2\n")
+    out = launch()
+    assert out.returncode == 0, out.stderr
+    rows = {l.split()[0]: l.split()[1] for l in out.stdout.splitlines() if not l.startswith("#")}
+    assert rows == {"control": "a", "store": "a", "prefill/0": "a", "fetcher/0": "a",
+                    "decode/0": "b", "decode/1": "c"}, out.stdout
+    assert "# host a: 1 of 1 device(s) taken\n" in out.stdout
+    assert "# host c: 1 of 2 device(s) taken\n" in out.stdout
+    # Without `devices` a host takes any number: decode/1 goes round-robin to host a.
+    write("", "devices = 1\n", "devices = 1\n")
+    out = launch()
+    rows = {l.split()[0]: l.split()[1] for l in out.stdout.splitlines() if not l.startswith("#")}
+    assert out.returncode == 0 and rows["decode/0"] == "a" and rows["decode/1"] == "b", out.stdout
+    # Three instances, two devices.
+    write("devices = 1\n", "devices = 1\n", "")
+    hosts.write_text(hosts.read_text().replace('"c"\nagent = "10.0.0.3:7000"\nroles = ["decode"]',
+                                               '"c"\nagent = "10.0.0.3:7000"\nroles = ["store"]'))
+    out = launch()
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert ("no host has a free device for decode/1: the hosts that take the decode role have "
+            "2 device(s)") in out.stderr, out.stderr
+    # The autoscaler may want three decode instances where two fit.
+    write("devices = 1\n", "devices = 1\n", "devices = 1\n")
+    out = launch(AUTOSCALED)
+    assert out.returncode == 0, out.stderr
+    assert ("troupe launch: warning: the autoscaler may grow decode to 3 instance(s), but the "
+            "hosts that take the role have 1 free device(s)") in out.stderr, out.stderr
+    for bad in ("0", '"2"', "1.5"):
+        write(f"devices = {bad}\n", "", "")
+        out = launch()
+        assert out.returncode == 1, out.stderr
+        assert "host 1: devices: expected a whole number from 1 to 65536" in out.stderr, out.stderr
+
+
 def test_slurm_dry_run_prints_the_job_with_absolute_paths(model_dir):
     # `launch --slurm` turns the launch options into the heterogeneous job's: paths relative to
     # here become absolute (the job's machines see a shared file system), the control listens
