@@ -20,60 +20,9 @@
 # SIGTERM stops the whole cluster. Traffic goes only to the namespaces'
 # addresses. Needs root (ip netns); exits 77 (skipped) without it.
 #   bash tests/cluster/launch/hosts_netns.sh build/troupe
-set -euo pipefail
-TROUPE=$(realpath "$1")
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
-  echo "skipped: needs root and iproute2 for network namespaces"
-  exit 77
-fi
-TAG="tr$$"
-SW="$TAG-sw"
-NET=10.231.7
-WORK=$(mktemp -d /tmp/troupe-hosts-XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  sleep 1
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for i in 1 2 3; do ip netns del "$TAG-h$i" 2>/dev/null || true; done
-  ip netns del "$SW" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$WORK"/*.log; do echo "--- $(basename "$f")"; cat "$f"; done
-  exit 1
-}
-
-# The hosts and the switch.
-ip netns add "$SW"
-ip -n "$SW" link add br0 type bridge
-ip -n "$SW" link set br0 up
-for i in 1 2 3; do
-  ns="$TAG-h$i"
-  ip netns add "$ns"
-  ip link add "$TAG-v$i" type veth peer name "$TAG-p$i"
-  ip link set "$TAG-v$i" netns "$ns"
-  ip link set "$TAG-p$i" netns "$SW"
-  ip -n "$SW" link set "$TAG-p$i" master br0 up
-  ip -n "$ns" addr add "$NET.$i/24" dev "$TAG-v$i"
-  ip -n "$ns" link set "$TAG-v$i" up
-  ip -n "$ns" link set lo up
-done
-
-"$TROUPE" model init --preset small --seed 1 --out "$WORK/model" >/dev/null
-"$TROUPE" certs --out "$WORK/certs" --nodes cluster,h1,h2,h3 >/dev/null
-tls() { echo --tls-ca "$WORK/certs/ca.pem" --tls-cert "$WORK/certs/$1.pem" --tls-key "$WORK/certs/$1.key"; }
-
-# An agent per host.
-for i in 1 2 3; do
-  # shellcheck disable=SC2046
-  ip netns exec "$TAG-h$i" "$TROUPE" agent --listen "$NET.$i:7700" --name "h$i" $(tls "h$i") \
-    > "$WORK/agent$i.log" 2>&1 &
-  PIDS+=($!)
-done
+HOSTS=3 NET=10.231.7
+source "$(dirname "$0")/netns_hosts.sh" "$1"
+for i in 1 2 3; do start_agent "$i"; done
 cat > "$WORK/hosts.toml" <<TOML
 [[host]]
 name = "h1"
@@ -226,10 +175,7 @@ after=$(ask "Hello from h2" 40)
 
 # h3 comes back (its agent restarted): the launcher reconnects to it. Then h2 is lost: both
 # decode processes move to h3, the one live host left that takes the decode role, and serve.
-# shellcheck disable=SC2046
-ip netns exec "$TAG-h3" "$TROUPE" agent --listen "$NET.3:7700" --name h3 $(tls h3) \
-  > "$WORK/agent3-again.log" 2>&1 &
-PIDS+=($!)
+start_agent 3 "$WORK/agent3-again.log"
 for _ in $(seq 120); do
   grep -q "troupe launch: the agent of host h3 is back$" "$WORK/launch.log" && break
   sleep 0.5

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# `troupe launch --hosts` with the autoscaler and the hosts' `devices`, across three hosts
+# built on this machine (network namespaces, netns_hosts.sh): h1 takes the control process,
+# the store and prefill/0, h2 and h3 the decode instances, one device each. decode/0 goes to
+# h2; under load (six requests on instances that hold two) the autoscaler orders a second
+# decode instance, which the launcher starts on h3 (the host that takes the role with a device
+# free), bound to h3's address; its order of a third finds every decode host's device taken,
+# fails, and is said once however often the autoscaler asks again. Every request gets its
+# greedy tokens. Once idle the autoscaler removes decode/1: it drains, exits and h3's device
+# is free again. Needs root (ip netns); exits 77 (skipped) without it.
+#   bash tests/cluster/launch/hosts_autoscale_netns.sh build/troupe
+HOSTS=3 NET=10.231.8
+source "$(dirname "$0")/netns_hosts.sh" "$1"
+for i in 1 2 3; do start_agent "$i"; done
+cat > "$WORK/hosts.toml" <<TOML
+[[host]]
+name = "h1"
+agent = "$NET.1:7700"
+roles = ["control", "prefill"]
+devices = 1
+
+[[host]]
+name = "h2"
+agent = "$NET.2:7700"
+roles = ["decode"]
+devices = 1
+
+[[host]]
+name = "h3"
+agent = "$NET.3:7700"
+roles = ["decode"]
+devices = 1
+TOML
+# The autoscaler decides every second, with no margin, and removes an idle instance after 2 s.
+sed -e 's/interval = "10s"/interval = "1s"/' -e 's/scale_down_after = "30s"/scale_down_after = "2s"/' \
+  -e 's/over_provision = 0.25/over_provision = 0/' -e 's/grace = "5s"/grace = "1s"/' \
+  "$ROOT/examples/topologies/local-cpu-autoscale.toml" > "$WORK/topology.toml"
+[ "$(grep -c -E '^(interval = "1s"|scale_down_after = "2s"|over_provision = 0 |grace = "1s")' "$WORK/topology.toml")" = 4 ] \
+  || fail "the example topology changed: the test's edits do not apply"
+
+# shellcheck disable=SC2046
+ip netns exec "$TAG-h1" "$TROUPE" launch "$WORK/topology.toml" --model "$WORK/model" \
+  --engram-map identity --hosts "$WORK/hosts.toml" --max-batch 2 --listen "$NET.1:0" \
+  --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" $(tls cluster) \
+  > "$WORK/launch.log" 2>&1 &
+LAUNCHER=$!
+PIDS=("$LAUNCHER" "${PIDS[@]}")
+
+state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
+field() { state "next((p['$2'] for p in s['processes'] if p['name']=='$1'), '')"; }  # field NAME KEY
+taken() { state "next(h['devices_taken'] for h in s['hosts'] if h['name']=='$1')"; }
+for _ in $(seq 600); do
+  [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
+  kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
+  sleep 0.5
+done
+HTTP=$(state 's["http"]')
+[ -n "$HTTP" ] || fail "the cluster did not serve"
+echo "serving on $HTTP"
+[ "$(field decode/0 host)" = "h2" ] || fail "decode/0 placed on $(field decode/0 host), expected h2"
+[ "$(taken h2)/$(taken h3)" = "1/0" ] || fail "devices taken on h2/h3: $(taken h2)/$(taken h3)"
+
+ask() {  # a greedy request from h2's namespace; prints the completion tokens and the text
+  ip netns exec "$TAG-h2" curl -sS -m 600 "http://$HTTP/v1/chat/completions" \
+    -H 'content-type: application/json' \
+    -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
+    | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
+}
+want=$(ask "Why do pools grow?" 200)
+[ "${want%% *}" = "200" ] || fail "request: $want"
+
+# Six at once: three instances' worth.
+ASKS=()
+for i in 1 2 3 4 5 6; do
+  ask "Why do pools grow?" 200 > "$WORK/answer$i" &
+  ASKS+=($!)
+  sleep 0.2
+done
+for _ in $(seq 240); do
+  [ "$(field decode/1 state)" = "running" ] && break
+  sleep 0.5
+done
+[ "$(field decode/1 host)" = "h3" ] || fail "decode/1 is on '$(field decode/1 host)', expected h3"
+pid=$(field decode/1 pid)
+[ "$(ip netns identify "$pid")" = "$TAG-h3" ] || fail "decode/1 (pid $pid) is not in $TAG-h3"
+tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--fabric-host $NET.3 " \
+  || fail "decode/1 does not bind its fabric endpoint on h3"
+[ "$(taken h3)" = "1" ] || fail "h3's device is not taken by decode/1"
+for a in "${ASKS[@]}"; do wait "$a" || fail "a request under load failed"; done
+for i in 1 2 3 4 5 6; do
+  [ "$(cat "$WORK/answer$i")" = "$want" ] || fail "request $i under load: '$(cat "$WORK/answer$i")', alone: '$want'"
+done
+grep -q "troupe launch: the autoscaler orders decode/1$" "$WORK/launch.log" || fail "decode/1 was not ordered"
+refused="; every live host that takes the decode role has all its devices taken (the hosts file's \`devices\`)"
+[ "$(grep -c -F "$refused" "$WORK/launch.log")" = "1" ] \
+  || fail "the refused order was said $(grep -c -F "$refused" "$WORK/launch.log") times, not once"
+grep -q "troupe launch: the autoscaler orders decode/2" "$WORK/launch.log" && fail "decode/2 was started"
+echo "decode/1 placed on h3 under load; an order beyond the hosts' devices refused"
+
+# Idle: decode/1 is drained and removed, and h3's device is free again.
+for _ in $(seq 240); do
+  [ -z "$(field decode/1 name)" ] && break
+  sleep 0.5
+done
+[ -z "$(field decode/1 name)" ] || fail "decode/1 was not removed"
+grep -Eq "troupe launch: decode/1 \(pid [0-9]+\) exited with status 0; removed" "$WORK/launch.log" \
+  || fail "decode/1 did not exit cleanly"
+[ "$(taken h3)" = "0" ] || fail "h3's device is still taken"
+again=$(ask "Why do pools grow?" 200)
+[ "$again" = "$want" ] || fail "after the removal: '$again', before: '$want'"
+
+kill -TERM "$LAUNCHER"
+status=0
+wait "$LAUNCHER" || status=$?
+[ "$status" = "0" ] || fail "the launcher exited with $status"
+echo "1 passed, 0 failed"

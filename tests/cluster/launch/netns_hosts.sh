@@ -1,0 +1,60 @@
+# Sourced by the multi-host launch tests: hosts h1..h$HOSTS built on this machine as network
+# namespaces, joined by veth pairs to a bridge in one more namespace (the switch), at
+# $NET.1..$NET.$HOSTS; a small model and TLS certificates (`troupe certs`: one per host for
+# its agent, `cluster` for the cluster's processes) under $WORK. Defines TROUPE, ROOT, TAG,
+# NET, WORK, PIDS (killed at exit, with the namespaces and $WORK), fail, tls and
+# start_agent. Exits 77 (skipped) without root and iproute2.
+#   HOSTS=3 NET=10.231.7 source netns_hosts.sh build/troupe
+set -euo pipefail
+TROUPE=$(realpath "$1")
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
+  echo "skipped: needs root and iproute2 for network namespaces"
+  exit 77
+fi
+TAG="tr$$"
+SW="$TAG-sw"
+WORK=$(mktemp -d /tmp/troupe-hosts-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 1
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for i in $(seq "$HOSTS"); do ip netns del "$TAG-h$i" 2>/dev/null || true; done
+  ip netns del "$SW" 2>/dev/null || true
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$WORK"/*.log; do echo "--- $(basename "$f")"; cat "$f"; done
+  exit 1
+}
+
+# The hosts and the switch.
+ip netns add "$SW"
+ip -n "$SW" link add br0 type bridge
+ip -n "$SW" link set br0 up
+for i in $(seq "$HOSTS"); do
+  ns="$TAG-h$i"
+  ip netns add "$ns"
+  ip link add "$TAG-v$i" type veth peer name "$TAG-p$i"
+  ip link set "$TAG-v$i" netns "$ns"
+  ip link set "$TAG-p$i" netns "$SW"
+  ip -n "$SW" link set "$TAG-p$i" master br0 up
+  ip -n "$ns" addr add "$NET.$i/24" dev "$TAG-v$i"
+  ip -n "$ns" link set "$TAG-v$i" up
+  ip -n "$ns" link set lo up
+done
+
+"$TROUPE" model init --preset small --seed 1 --out "$WORK/model" >/dev/null
+"$TROUPE" certs --out "$WORK/certs" --nodes "cluster$(printf ',h%s' $(seq "$HOSTS"))" >/dev/null
+tls() { echo --tls-ca "$WORK/certs/ca.pem" --tls-cert "$WORK/certs/$1.pem" --tls-key "$WORK/certs/$1.key"; }
+
+# start_agent I [LOG]: host hI's agent, on $NET.I:7700, logging to $WORK/agentI.log (or LOG).
+start_agent() {
+  # shellcheck disable=SC2046
+  ip netns exec "$TAG-h$1" "$TROUPE" agent --listen "$NET.$1:7700" --name "h$1" $(tls "h$1") \
+    > "${2:-$WORK/agent$1.log}" 2>&1 &
+  PIDS+=($!)
+}
