@@ -4,7 +4,8 @@
 # exported link interfaces is (re)created here: caf::core, caf::io, caf::openssl,
 # OpenSSL::SSL, OpenSSL::Crypto, CapnProto::capnp, fmt::fmt,
 # spdlog::spdlog, PkgConfig::XXHASH, tomlplusplus::tomlplusplus, nlohmann_json::nlohmann_json,
-# ZLIB::ZLIB, PkgConfig::OPENBLAS, PkgConfig::LIBFABRIC, Threads::Threads, Boost::headers.
+# ZLIB::ZLIB, PkgConfig::OPENBLAS, PkgConfig::LIBFABRIC, PkgConfig::LIBNL_ROUTE, Threads::Threads,
+# Boost::headers.
 #
 # Inside find_package(troupe) a missing dependency makes troupe not found (troupe_FOUND FALSE
 # with a message naming it) instead of stopping the consumer's configure; in troupe's own build
@@ -95,5 +96,13 @@ if(NOT TARGET PkgConfig::LIBFABRIC)
   pkg_check_modules(LIBFABRIC QUIET IMPORTED_TARGET libfabric)
   if(NOT LIBFABRIC_FOUND)
     _troupe_missing("libfabric not found through pkg-config (libfabric; Debian: libfabric-dev)")
+  endif()
+endif()
+
+# libnl-route (troupe launch's link slowdowns, cluster/launch/net_shape): pkg-config only.
+if(NOT TARGET PkgConfig::LIBNL_ROUTE)
+  pkg_check_modules(LIBNL_ROUTE QUIET IMPORTED_TARGET libnl-route-3.0)
+  if(NOT LIBNL_ROUTE_FOUND)
+    _troupe_missing("libnl-route not found through pkg-config (libnl-route-3.0; Debian: libnl-route-3-dev)")
   endif()
 endif()

@@ -18,6 +18,7 @@ packages=(
   libopenblas-dev            # kernels: the CPU model's GEMMs
   libboost-dev               # the HTTP entrypoint: Boost.Beast and Boost.Asio (headers)
   libfabric-dev libfabric1   # the fabric link between processes (shm / tcp providers)
+  libnl-route-3-dev          # troupe launch's link slowdowns (traffic control over rtnetlink)
   doctest-dev                # tests
   iproute2 curl              # tests: troupe launch across network-namespace hosts
   python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv

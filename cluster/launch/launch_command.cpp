@@ -290,7 +290,8 @@ private:
           signal(p, SIGTERM);
           break;
         case process_action_kind::cut:
-          cut(p, a);
+        case process_action_kind::slow:
+          link_fault(p, a);
           continue;
       }
       // The duty cycle of a slowdown is too chatty for the terminal; the log has it all.
@@ -304,37 +305,58 @@ private:
       write_state();
   }
 
-  /// A link partition between `p` and the process `a.peer`: the agent of the peer's host cuts
-  /// that host off from `p`'s host for the cut's length (once per fault and pair of hosts).
-  void cut(const process_state& p, const process_action& a) {
+  /// A link fault between `p` and the process `a.peer`, once per fault and pair of hosts: a
+  /// partition (the agent of the peer's host cuts that host off from `p`'s host for the cut's
+  /// length) or a slowdown (the agents of both hosts slow what they send to each other).
+  void link_fault(const process_state& p, const process_action& a) {
     auto q = std::find_if(procs_.begin(), procs_.end(),
                           [&](const process_state& x) { return x.spec.name == a.peer; });
     if (q == procs_.end())
       return;
     auto hosts = std::minmax(p.host, q->host);
-    if (!cut_.insert({a.fault, hosts.first, hosts.second}).second)
+    if (!link_faults_.insert({a.fault, hosts.first, hosts.second}).second)
       return;
+    const bool cut = a.kind == process_action_kind::cut;
     const auto head = "troupe launch: fault " + std::to_string(a.fault) + ": ";
     const auto ends = " (" + p.spec.name + " <-> " + q->spec.name + ")";
+    const std::string not_done = cut ? "not cut: " : "not slowed: ";
     if (p.host == q->host) {
-      err_ << head << "not cut: both ends run on host " << p.host << ends << "\n";
+      err_ << head << not_done << "both ends run on host " << p.host << ends << "\n";
       return;
     }
-    if (agents_.count(q->host) == 0) {
-      err_ << head << "not cut: the agent of host " << q->host << " is lost" << ends << "\n";
-      return;
-    }
-    auto address = host_address(p.host);
-    if (!address) {
-      err_ << head << "not cut: " << address.error() << ends << "\n";
-      return;
+    // The hosts whose agents act, each with the address of the other end's host.
+    std::vector<std::pair<std::string, std::string>> acting;
+    for (const auto& [host, other] : cut ? std::vector<std::pair<std::string, std::string>>{
+                                             {q->host, p.host}}
+                                         : std::vector<std::pair<std::string, std::string>>{
+                                             {p.host, q->host}, {q->host, p.host}}) {
+      if (agents_.count(host) == 0) {
+        err_ << head << not_done << "the agent of host " << host << " is lost" << ends << "\n";
+        return;
+      }
+      auto address = host_address(other);
+      if (!address) {
+        err_ << head << not_done << address.error() << ends << "\n";
+        return;
+      }
+      acting.emplace_back(host, *address);
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(a.length).count();
-    caf::anon_send(agents_.at(q->host), agent_cut{*address, ms});
-    err_ << head << "cut " << p.host << " <-> " << q->host << " for " << ms / 1000.0 << " s"
-         << ends << "\n";
-    event("fault", p, {{"action", "cut"}, {"fault", a.fault}, {"peer", q->spec.name},
-                       {"hosts", {p.host, q->host}}, {"seconds", ms / 1000.0}});
+    for (const auto& [host, address] : acting)
+      if (cut)
+        caf::anon_send(agents_.at(host), agent_cut{address, ms});
+      else
+        caf::anon_send(agents_.at(host), agent_slow{address, a.factor, ms});
+    err_ << head << (cut ? "cut " : "slowed ") << p.host << " <-> " << q->host;
+    if (!cut)
+      err_ << " " << a.factor << "x";
+    err_ << " for " << ms / 1000.0 << " s" << ends << "\n";
+    nlohmann::json extra{{"action", cut ? "cut" : "slow"}, {"fault", a.fault},
+                         {"peer", q->spec.name}, {"hosts", {p.host, q->host}},
+                         {"seconds", ms / 1000.0}};
+    if (!cut)
+      extra["factor"] = a.factor;
+    event("fault", p, std::move(extra));
   }
 
   /// The numeric IP address by which the other hosts reach `host` (its agent's).
@@ -990,8 +1012,8 @@ private:
   std::deque<clock::time_point> restarts_;
   std::vector<process_action> faults_;
   std::size_t next_fault_ = 0;
-  /// Link cuts done: (fault, host, host).
-  std::set<std::tuple<std::size_t, std::string, std::string>> cut_;
+  /// Link cuts and slowdowns done: (fault, host, host).
+  std::set<std::tuple<std::size_t, std::string, std::string>> link_faults_;
   std::optional<clock::time_point> serving_since_;
   clock::time_point started_ = clock::now();
   std::ofstream events_;
@@ -1414,8 +1436,13 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     for (const auto& a : faults.actions) {
       out << "# " << std::fixed << std::setprecision(1) << runtime::to_seconds(a.at) << " "
           << to_string(a.kind) << " " << a.process;
-      if (a.kind == process_action_kind::cut)
-        out << " <-> " << a.peer << " for " << runtime::to_seconds(a.length) << " s";
+      if (a.kind == process_action_kind::cut || a.kind == process_action_kind::slow)
+        out << " <-> " << a.peer;
+      if (a.kind == process_action_kind::slow)
+        out << " by " << std::setprecision(4) << std::defaultfloat << a.factor << "x"
+            << std::fixed << std::setprecision(1);
+      if (a.kind == process_action_kind::cut || a.kind == process_action_kind::slow)
+        out << " for " << runtime::to_seconds(a.length) << " s";
       out << " (fault " << a.fault << ")\n";
     }
     return 0;

@@ -1,6 +1,7 @@
 #include "cluster/launch/node_agent.hpp"
 
 #include "cluster/launch/net_cut.hpp"
+#include "cluster/launch/net_shape.hpp"
 #include "cluster/serve_setup.hpp"
 
 #include <caf/actor_system.hpp>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <set>
 #include <memory>
 #include <ostream>
 #include <thread>
@@ -59,6 +61,8 @@ private:
 
 /// A cut's time is up (the address); sent by the agent to itself.
 using cut_over_atom = caf::atom_constant<caf::atom("cutover")>;
+/// A slowdown's time is up (the address, the factor); sent by the agent to itself.
+using slow_over_atom = caf::atom_constant<caf::atom("slowover")>;
 
 struct agent_state {
   std::string host;
@@ -67,7 +71,34 @@ struct agent_state {
   std::unique_ptr<reaper> reap;
   /// Addresses this host is cut off from → cuts of it not over yet.
   std::map<std::string, std::uint32_t> cuts;
+  /// Addresses this host's traffic to is slowed → the factors of the slowdowns not over yet.
+  std::map<std::string, std::multiset<double>> slowdowns;
+  link_shaper shaper;
 };
+
+/// Slows the traffic to `address` by the largest factor of its slowdowns not over yet, or
+/// lifts its slowdown when none is left; says so on stderr.
+caf::error reshape(agent_state& st, const std::string& address) {
+  const auto prefix = "troupe agent[" + st.host + "]: ";
+  auto it = st.slowdowns.find(address);
+  if (it == st.slowdowns.end() || it->second.empty()) {
+    st.slowdowns.erase(address);
+    auto e = st.shaper.lift(address);
+    std::cerr << prefix
+              << (e ? runtime::error_text(e) : "traffic to " + address + " at full speed again")
+              << "\n";
+    return e;
+  }
+  const double factor = *it->second.rbegin();
+  auto bits = st.shaper.slow(address, factor);
+  if (!bits) {
+    std::cerr << prefix << runtime::error_text(bits.error()) << "\n";
+    return bits.error();
+  }
+  std::cerr << prefix << "traffic to " << address << " slowed " << factor << "x, to "
+            << static_cast<double>(*bits) / 1e6 << " Mbit/s\n";
+  return {};
+}
 
 } // namespace
 
@@ -84,6 +115,7 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
       st->reap.reset();
       for (auto& [address, n] : st->cuts)
         set_cut_off(address, false);
+      st->shaper.lift_all();
     });
     return {
       [self, st](agent_spawn& s) -> caf::result<std::int32_t> {
@@ -144,6 +176,28 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
           std::cerr << prefix << runtime::error_text(e) << "\n";
         else
           std::cerr << prefix << "reconnected to " << address << "\n";
+      },
+      [self, st](const agent_slow& s) -> caf::result<caf::ok_atom> {
+        auto& factors = st->slowdowns[s.address];
+        auto mine = factors.insert(s.factor);
+        if (auto e = reshape(*st, s.address)) {
+          factors.erase(mine);
+          if (factors.empty())
+            st->slowdowns.erase(s.address);
+          return e;
+        }
+        const auto ms = std::max<std::int64_t>(0, s.milliseconds);
+        self->delayed_send(self, std::chrono::milliseconds(ms), slow_over_atom::value, s.address,
+                           s.factor);
+        return caf::ok_atom::value;
+      },
+      [st](slow_over_atom, const std::string& address, double factor) {
+        auto it = st->slowdowns.find(address);
+        if (it == st->slowdowns.end())
+          return;
+        if (auto f = it->second.find(factor); f != it->second.end())
+          it->second.erase(f);
+        reshape(*st, address);
       },
       [self, st](agent_exit& e) {
         auto it = st->owners.find(e.pid);

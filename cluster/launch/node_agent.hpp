@@ -12,9 +12,11 @@
 // agent_exit when it ends); agent_signal → ok (a pid the agent did not start, or one that
 // has already exited, is an error); agent_cut → ok, or the error: this host is cut off from
 // another host's address for a while (a link fault, net_cut.hpp), and the agent reconnects it
-// itself when the time is up (the launcher may be on the other side of the cut). When the
-// agent stops, it sends SIGKILL to the processes it started that are still running and lifts
-// its cuts.
+// itself when the time is up (the launcher may be on the other side of the cut); agent_slow →
+// ok, or the error: what this host sends to another host's address is slowed for a while (a
+// link slowdown, net_shape.hpp), lifted by the agent itself. When the agent stops, it sends
+// SIGKILL to the processes it started that are still running and lifts its cuts and
+// slowdowns.
 #pragma once
 
 #include "cluster/launch/control_directory.hpp"
@@ -65,6 +67,20 @@ typename Inspector::result_type inspect(Inspector& f, agent_cut& x) {
   return f(caf::meta::type_name("agent_cut"), x.address, x.milliseconds);
 }
 
+/// Slow what this host sends to numeric IPv4 `address` to its interface's speed divided by
+/// `factor` for `milliseconds` (a link slowdown, net_shape.hpp); while slowdowns of one address
+/// overlap, the largest factor holds, and the link is back to full speed when the last ends.
+struct agent_slow {
+  std::string address;
+  double factor = 1;
+  std::int64_t milliseconds = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_slow& x) {
+  return f(caf::meta::type_name("agent_slow"), x.address, x.factor, x.milliseconds);
+}
+
 /// Process `pid` on host `host` ended; `status` is waitpid's.
 struct agent_exit {
   std::string host;
@@ -93,4 +109,5 @@ CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_spawn))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_signal))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_exit))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_cut))
+CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_slow))
 CAF_END_TYPE_ID_BLOCK(troupe_launch_agent)

@@ -44,6 +44,7 @@ std::string to_string(process_action_kind k) {
     case process_action_kind::resume: return "resume";
     case process_action_kind::term: return "term";
     case process_action_kind::cut: return "cut";
+    case process_action_kind::slow: return "slow";
   }
   return "?";
 }
@@ -108,6 +109,31 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         act(std::min(t + stopped, end), process_action_kind::resume);
       }
     };
+    // A link fault: one action per pair of its ends' processes, carried out between their
+    // hosts.
+    auto link = [&](process_action_kind k) {
+      if (!hosts) {
+        skip(std::string("a link ") + (k == process_action_kind::cut ? "partition" : "slowdown")
+             + " needs hosts of their own (--hosts): the processes of one host share its "
+               "loopback");
+        return;
+      }
+      auto ends = [&](const sim::fault_place& p) {
+        return pool_processes(topo, p.pool, p.instance);
+      };
+      auto peers = ends(f.target.peer);
+      auto near = ends(f.target.place);
+      if (near.empty() || peers.empty()) {
+        skip("an end of the link has no process of a launched cluster");
+        return;
+      }
+      for (const auto& a : near)
+        for (const auto& b : peers)
+          if (a != b)
+            out.actions.push_back(process_action{f.at, k, a, i, b,
+                                                 f.duration.value_or(runtime::duration{0}),
+                                                 f.factor});
+    };
     switch (f.kind) {
       case sim::fault_kind::fail:
         if (procs.empty()) {
@@ -131,25 +157,7 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         break;
       case sim::fault_kind::partition:
         if (f.target.kind == target_kind::link) {
-          if (!hosts) {
-            skip("a link partition needs hosts of their own (--hosts): the processes of one "
-                 "host share its loopback");
-            break;
-          }
-          auto ends = [&](const sim::fault_place& p) {
-            return pool_processes(topo, p.pool, p.instance);
-          };
-          auto peers = ends(f.target.peer);
-          procs = ends(f.target.place);
-          if (procs.empty() || peers.empty()) {
-            skip("an end of the link has no process of a launched cluster");
-            break;
-          }
-          for (const auto& a : procs)
-            for (const auto& b : peers)
-              if (a != b)
-                out.actions.push_back(process_action{f.at, process_action_kind::cut, a, i, b,
-                                                     f.duration.value_or(runtime::duration{0})});
+          link(process_action_kind::cut);
           break;
         }
         if (procs.empty()) {
@@ -160,8 +168,15 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
         act(f.at + f.duration.value_or(runtime::duration{0}), process_action_kind::resume);
         break;
       case sim::fault_kind::slow:
+        if (f.target.kind == target_kind::link) {
+          if (f.factor <= 1)
+            skip("a factor of at most 1 slows nothing");
+          else
+            link(process_action_kind::slow);
+          break;
+        }
         if (procs.empty()) {
-          skip("link slowdowns are not executed yet");
+          skip("no process of a launched cluster is its target");
           break;
         }
         duty_cycle();

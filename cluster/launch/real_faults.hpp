@@ -21,10 +21,10 @@
 // A gpu target is its instance (one device per instance process). Every [[node]] is this
 // host, so a node target is every instance process of the pools whose role the node lists.
 // A shard target is the store process, which holds every shard's blocks (with
-// `store_process`: the cluster has one). A link partition needs hosts of their own (`hosts`:
-// `troupe launch --hosts`): the processes of one host share its loopback, so there it is not
-// executed, and neither are link slowdowns and surges (no real counterpart yet): they are
-// returned as not executed, with the reason.
+// `store_process`: the cluster has one). A link partition or slowdown needs hosts of their own (`hosts`:
+// `troupe launch --hosts`): the processes of one host share its loopback, so there neither
+// is executed; they and surges (traffic comes from a real cluster's clients) are returned as
+// not executed, with the reason.
 #pragma once
 
 #include "cluster/sim/fault_plan.hpp"
@@ -43,6 +43,7 @@ enum class process_action_kind {
   resume,   ///< SIGCONT
   term,     ///< SIGTERM (the process drains and exits)
   cut,      ///< cut the network between the hosts of `process` and `peer` for `length`
+  slow,     ///< slow the network between the hosts of `process` and `peer` by `factor` for `length`
 };
 
 std::string to_string(process_action_kind k);
@@ -52,9 +53,11 @@ struct process_action {
   process_action_kind kind = process_action_kind::kill;
   std::string process;      ///< "decode/0", "prefill/1"...
   std::size_t fault = 0;    ///< index of the fault in the timeline
-  /// A cut: the process at the link's other end, and how long the cut lasts.
+  /// A cut or slowdown: the process at the link's other end, and how long it lasts.
   std::string peer;
   runtime::duration length{0};
+  /// A slowdown: by how much.
+  double factor = 1;
 };
 
 struct real_fault_plan {

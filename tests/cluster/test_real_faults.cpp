@@ -106,6 +106,28 @@ TEST_CASE("a link partition on hosts cuts each pair of its ends' processes for i
   CHECK(local.not_executed[0].find("--hosts") != std::string::npos);
 }
 
+TEST_CASE("a link slowdown on hosts slows each pair of its ends' processes by its factor") {
+  const std::string plan = "[[fault]]\nat = \"6s\"\nkind = \"slow\"\n"
+                           "link = [\"decode/1\", \"prefill\"]\nfactor = 50\n"
+                           "duration = \"4s\"\n";
+  auto r = translate(plan, true, true);
+  CHECK(r.not_executed.empty());
+  REQUIRE(r.actions.size() == 1);
+  CHECK(r.actions[0].kind == process_action_kind::slow);
+  CHECK(r.actions[0].at == secs(6));
+  CHECK(r.actions[0].length == secs(4));
+  CHECK(r.actions[0].factor == 50);
+  CHECK(r.actions[0].process == "decode/1");
+  CHECK(r.actions[0].peer == "prefill/0");
+  CHECK(to_string(r.actions[0].kind) == "slow");
+  // No process is stopped for it (that is an instance's slowdown).
+  auto local = translate(plan);
+  CHECK(local.actions.empty());
+  REQUIRE(local.not_executed.size() == 1);
+  CHECK(local.not_executed[0].find("a link slowdown needs hosts of their own (--hosts)")
+        != std::string::npos);
+}
+
 TEST_CASE("a slowdown is a stop / resume duty cycle that stops 1 - 1/factor of the time") {
   auto r = translate("[[fault]]\nat = \"10s\"\nkind = \"slow\"\ninstance = \"decode/0\"\n"
                      "factor = 4\nduration = \"1s\"\n");

@@ -482,13 +482,16 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir):
     assert "started" not in out.stderr
 
 
-def test_a_link_partition_is_a_cut_between_hosts_and_not_executed_on_one(model_dir, tmp_path):
-    # A link fault names pools or instances; with --hosts it becomes a cut between the hosts of
-    # each pair of its ends' processes (hosts_netns.sh carries one out); on one host, where the
-    # processes share the loopback, it is not executed, and the launcher says why.
+def test_a_link_fault_is_carried_out_between_hosts_and_not_executed_on_one(model_dir, tmp_path):
+    # A link fault names pools or instances; with --hosts a partition becomes a cut, a slowdown
+    # a slowdown, between the hosts of each pair of its ends' processes (hosts_netns.sh and
+    # hosts_slow_link_netns.sh carry them out); on one host, where the processes share the
+    # loopback, neither is executed, and the launcher says why.
     plan = tmp_path / "plan.toml"
     plan.write_text('[[fault]]\nat = "3s"\nkind = "partition"\nlink = ["prefill/0", "decode"]\n'
-                    'duration = "2s"\n')
+                    'duration = "2s"\n'
+                    '[[fault]]\nat = "9s"\nkind = "slow"\nlink = ["decode/1", "prefill"]\n'
+                    'factor = 2.5\nduration = "4s"\n')
     hosts = tmp_path / "hosts.toml"
     hosts.write_text('[[host]]\nname = "a"\nagent = "10.0.0.1:7000"\nroles = ["control", "prefill"]\n'
                      '[[host]]\nname = "b"\nagent = "10.0.0.2:7000"\nroles = ["decode"]\n')
@@ -499,10 +502,15 @@ def test_a_link_partition_is_a_cut_between_hosts_and_not_executed_on_one(model_d
     assert [l for l in out.stdout.splitlines() if l.startswith("# 3.0")] == [
         "# 3.0 cut prefill/0 <-> decode/0 for 2.0 s (fault 0)",
         "# 3.0 cut prefill/0 <-> decode/1 for 2.0 s (fault 0)"]
+    assert [l for l in out.stdout.splitlines() if l.startswith("# 9.0")] == [
+        "# 9.0 slow decode/1 <-> prefill/0 by 2.5x for 4.0 s (fault 1)"]
+    assert "not executed" not in out.stderr
     local = subprocess.run(base, capture_output=True, text=True, timeout=120)
     assert local.returncode == 0, local.stderr
-    assert "cut" not in local.stdout
+    assert "cut" not in local.stdout and "slow" not in local.stdout
     assert ("fault not executed: 3.0s partition link prefill/0 <-> decode: a link partition "
+            "needs hosts of their own (--hosts)") in local.stderr
+    assert ("fault not executed: 9.0s slow link decode/1 <-> prefill: a link slowdown "
             "needs hosts of their own (--hosts)") in local.stderr
 
 
