@@ -112,6 +112,37 @@ bool takes_role(const launch_host& h, const std::string& role,
   return lists(h, role);
 }
 
+/// SIGHUP is the launcher's "read the hosts file again" (reload_hosts): blocked in every
+/// thread started from then on and taken without waiting, or noted by a handler when it
+/// reaches a thread that does not block it (a library's, started earlier).
+volatile std::sig_atomic_t caught_reload = 0;
+
+extern "C" void note_reload_signal(int) { caught_reload = 1; }
+
+void block_reload_signal() {
+  struct sigaction sa {};
+  sa.sa_handler = note_reload_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGHUP, &sa, nullptr);
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hup, nullptr);
+}
+
+bool poll_reload_signal() {
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  timespec now{0, 0};
+  bool taken = sigtimedwait(&hup, nullptr, &now) == SIGHUP;
+  if (caught_reload != 0) {
+    caught_reload = 0;
+    taken = true;
+  }
+  return taken;
+}
+
 struct process_state {
   launch_process spec;
   /// The host (its agent) the process runs on, and its pid there (0: not running).
@@ -128,6 +159,9 @@ struct process_state {
   bool rejoin = false;
   /// Stopped on the autoscaler's order: removed once it exited, not restarted.
   bool retiring = false;
+  /// Stopped because its host left the hosts file (or no longer takes its role): restarted
+  /// on another host once it exited, not counted against the restart intensity.
+  bool evacuating = false;
 };
 
 /// An order of the autoscaler in the control process (launched_pools.hpp).
@@ -200,6 +234,8 @@ public:
       if (back)
         if (int status = host_back(back->first, std::move(back->second)); status >= 0)
           return stop_all(status);
+      if (poll_reload_signal())
+        reload_hosts();
       if (int sig = poll_stop_signal(std::chrono::milliseconds(0)); sig != 0) {
         err_ << "troupe launch: " << signal_name(sig)
              << ": stopping the cluster (instances drain first)\n";
@@ -450,6 +486,13 @@ private:
       write_state();
       return -1;
     }
+    if (p->evacuating) {
+      p->evacuating = false;
+      err_ << "; its host left the hosts file\n";
+      evacuate(*p);
+      write_state();
+      return -1;
+    }
     if (p->rejoin) {
       p->rejoin = false;
       p->state = "restarting";
@@ -523,6 +566,7 @@ private:
       if (p.host == host) {
         event("lost", p, {{"host", host}});
         p.pid = 0;
+        p.evacuating = false;  // it moves now
         p.restart_at.reset();
         control = control || p.spec.role == "control";
       }
@@ -555,6 +599,7 @@ private:
       if (int status = move_to(p, *to); status >= 0)
         return status;
     }
+    drop_left_hosts();
     write_state();
     return -1;
   }
@@ -714,10 +759,14 @@ private:
   /// those that no live host took (`lost`), which start there as restarts. Returns -1, or
   /// the status to stop the cluster with (the restart intensity was exceeded).
   int host_back(const std::string& host, caf::actor agent) {
+    if (std::none_of(hosts_.begin(), hosts_.end(),
+                     [&](const launch_host& x) { return x.name == host; }))
+      return -1;  // it left the hosts file meanwhile
     self_->monitor(agent);
     agents_[host] = std::move(agent);
     write_state();
-    err_ << "troupe launch: the agent of host " << host << " is back\n";
+    err_ << "troupe launch: the agent of host " << host
+         << (joining_.erase(host) != 0 ? " joined" : " is back") << "\n";
     const auto& h = *std::find_if(hosts_.begin(), hosts_.end(),
                                   [&](const launch_host& x) { return x.name == host; });
     for (auto& p : procs_) {
@@ -729,6 +778,156 @@ private:
     }
     write_state();
     return -1;
+  }
+
+  /// SIGHUP: reads the hosts file again. A new host joins once its agent answers (tried every
+  /// 2 s); a host's new roles and devices count for the placements from now on; a host that
+  /// left the file, or no longer takes the role of a process it runs, has those processes
+  /// stopped (instances drain) and started on the other hosts as they exit (not counted as
+  /// restarts), and is dropped once it runs none. The control process's host must keep the
+  /// control role, and a host its agent address: such a file is refused, as a file with
+  /// problems, and the hosts stay as they were.
+  void reload_hosts() {
+    const std::string head = "troupe launch: SIGHUP: ";
+    if (o_.hosts_file.empty()) {
+      err_ << head << "no hosts file to read again (--hosts)\n";
+      return;
+    }
+    std::ostringstream problems;
+    auto loaded = load_hosts(o_.hosts_file, problems);
+    if (!loaded) {
+      err_ << head << "the hosts stay as they were:\n" << problems.str();
+      return;
+    }
+    auto find_new = [&](const std::string& name) {
+      return std::find_if(loaded->begin(), loaded->end(),
+                          [&](const launch_host& h) { return h.name == name; });
+    };
+    for (const auto& h : hosts_) {
+      auto n = find_new(h.name);
+      if (n != loaded->end() && n->agent != h.agent) {
+        err_ << head << "host " << h.name << " has a new agent address (" << n->agent
+             << ", was " << h.agent << "): remove it, send SIGHUP, then add it again; the "
+             << "hosts stay as they were\n";
+        return;
+      }
+    }
+    for (const auto& p : procs_)
+      if (p.spec.role == "control") {
+        auto n = find_new(p.host);
+        if (n == loaded->end() || !takes_role(*n, "control", *loaded)) {
+          err_ << head << "host " << p.host << " runs the control process, so it must stay "
+               << "and keep the control role; the hosts stay as they were\n";
+          return;
+        }
+      }
+    std::vector<std::string> joined, left;
+    for (const auto& n : *loaded)
+      if (std::none_of(hosts_.begin(), hosts_.end(),
+                       [&](const launch_host& h) { return h.name == n.name; }))
+        joined.push_back(n.name);
+    for (const auto& h : hosts_)
+      if (find_new(h.name) == loaded->end())
+        left.push_back(h.name);
+    // The hosts that left stay listed, taking no role, until their processes have moved (one
+    // that left and is back before that stays).
+    for (const auto& n : *loaded)
+      leaving_.erase(n.name);
+    leaving_.insert(left.begin(), left.end());
+    auto next = *loaded;
+    for (const auto& name : left) {
+      auto h = *std::find_if(hosts_.begin(), hosts_.end(),
+                             [&](const launch_host& x) { return x.name == name; });
+      h.roles.clear();
+      next.push_back(std::move(h));
+    }
+    hosts_ = std::move(next);
+    err_ << head << "read " << o_.hosts_file << ": " << hosts_.size() - left.size() << " host(s)";
+    for (const auto& name : joined)
+      err_ << ", " << name << " joins";
+    for (const auto& name : left)
+      err_ << ", " << name << " leaves";
+    err_ << "\n";
+    for (const auto& name : joined) {
+      joining_.insert(name);
+      reconnect_later(name, caf::actor_addr{});
+    }
+    // Processes on a host that no longer takes their role: stopped, to start elsewhere.
+    for (auto& p : procs_) {
+      auto h = std::find_if(hosts_.begin(), hosts_.end(),
+                            [&](const launch_host& x) { return x.name == p.host; });
+      // (A block fetcher follows its prefill instance: evacuate.)
+      if (h == hosts_.end() || takes_role(*h, p.spec.role, hosts_) || p.retiring
+          || p.spec.role == "fetcher")
+        continue;
+      if (p.pid != 0 && agents_.count(p.host) != 0) {
+        err_ << "troupe launch: " << p.spec.name << " leaves host " << p.host
+             << (takes_device(p.spec.role) ? " (it drains first)\n" : "\n");
+        p.evacuating = true;
+        signal(p, p.spec.role == "decode" ? SIGUSR1 : SIGTERM);
+      } else {
+        evacuate(p);
+      }
+    }
+    drop_left_hosts();
+    write_state();
+  }
+
+  /// Starts `p`, which left its host, on another one (a fetcher on its prefill instance's),
+  /// at once and not counted as a restart; with none for it, it stays `lost`.
+  void evacuate(process_state& p) {
+    const launch_host* to = p.spec.role == "fetcher" ? host_of_prefill(p.spec.index)
+                                                     : least_loaded(p.spec.role);
+    if (to == nullptr) {
+      p.state = "lost";
+      p.restart_at.reset();
+      err_ << "troupe launch: " << p.spec.name << ": " << no_host_for(p.spec.role)
+           << "; it stays down\n";
+    } else {
+      err_ << "troupe launch: " << p.spec.name << " moves from " << p.host << " to "
+           << to->name << "\n";
+      p.host = to->name;
+      set_arg(p.spec.argv, "--fabric-host", parse_host_port(to->agent)->first);
+      if (p.held) {
+        p.state = "down";
+      } else {
+        p.state = "restarting";
+        p.restart_at = clock::now();
+      }
+    }
+    // A prefill instance's block fetcher goes where it went.
+    if (p.spec.role == "prefill")
+      if (auto* f = find_named("fetcher/" + std::to_string(p.spec.index));
+          f != nullptr && f->host != p.host && !f->retiring) {
+        if (f->pid != 0 && agents_.count(f->host) != 0) {
+          f->evacuating = true;
+          signal(*f, SIGTERM);
+        } else {
+          evacuate(*f);
+        }
+      }
+    drop_left_hosts();
+  }
+
+  /// Drops the hosts that left the hosts file and run no process any more.
+  void drop_left_hosts() {
+    for (auto it = leaving_.begin(); it != leaving_.end();) {
+      const auto name = *it;
+      if (std::any_of(procs_.begin(), procs_.end(),
+                      [&](const process_state& p) { return p.host == name; })) {
+        ++it;
+        continue;
+      }
+      it = leaving_.erase(it);
+      if (auto a = agents_.find(name); a != agents_.end()) {
+        self_->demonitor(a->second);
+        agents_.erase(a);
+      }
+      hosts_.erase(std::remove_if(hosts_.begin(), hosts_.end(),
+                                  [&](const launch_host& h) { return h.name == name; }),
+                   hosts_.end());
+      err_ << "troupe launch: host " << name << " left\n";
+    }
   }
 
   /// Places `p` (gone with its host) on host `to`, its fabric endpoint bound to the address
@@ -943,6 +1142,7 @@ private:
     if (prefill)
       if (auto* f = find_named("fetcher/" + std::to_string(index)))
         retire(*f);
+    drop_left_hosts();
   }
 
   /// Once the control process serves, and again after each of its restarts: registers with
@@ -1005,6 +1205,9 @@ private:
   std::vector<launched_instance> failed_;
   /// Per role, why the autoscaler's last order of it found no host (said once).
   std::map<std::string, std::string> unplaced_;
+  /// Hosts added by a reload whose agent has not answered yet, and hosts that left the hosts
+  /// file but still run processes.
+  std::set<std::string> joining_, leaving_;
   std::string control_;
   std::string listen_host_;
   std::string ready_file_;
@@ -1464,6 +1667,7 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     if (auto e = runtime::check_tls(o.tls))
       return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
+  block_reload_signal();
   runtime::world w{real_world_options(true, o.tls)};
   auto& sys = w.system();
   std::map<std::string, caf::actor> agents;
