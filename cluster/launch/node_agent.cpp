@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <set>
@@ -66,6 +67,8 @@ using slow_over_atom = caf::atom_constant<caf::atom("slowover")>;
 
 struct agent_state {
   std::string host;
+  /// This process's binary: what the agent starts (as `troupe node`).
+  std::filesystem::path executable = std::filesystem::read_symlink("/proc/self/exe");
   /// pid → the actor that started it (receives its agent_exit).
   std::map<std::int32_t, caf::actor> owners;
   std::unique_ptr<reaper> reap;
@@ -121,6 +124,19 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
       [self, st](agent_spawn& s) -> caf::result<std::int32_t> {
         if (s.argv.empty())
           return caf::make_error(caf::sec::invalid_argument, "agent_spawn: empty argv");
+        // Only a cluster process of this agent's own binary: a peer of the cluster's CA runs
+        // `troupe node`, not any command, as the agent's user (docs/tls.md).
+        std::error_code ec;
+        if (s.argv.size() < 2 || s.argv[1] != "node"
+            || std::filesystem::weakly_canonical(s.argv[0], ec) != st->executable) {
+          std::cerr << "troupe agent[" << st->host << "]: refused to start '" << s.argv[0]
+                    << (s.argv.size() > 1 ? " " + s.argv[1] : std::string{}) << " ...'\n";
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "agent_spawn: the agent starts only `" + st->executable.string()
+                                   + " node ...` (its own binary), not '" + s.argv[0]
+                                   + (s.argv.size() > 1 ? " " + s.argv[1] : std::string{})
+                                   + " ...'");
+        }
         std::vector<char*> argv;
         for (auto& a : s.argv)
           argv.push_back(a.data());

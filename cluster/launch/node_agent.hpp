@@ -34,7 +34,9 @@
 namespace troupe::cluster {
 
 /// Start `argv` (argv[0]: the executable's path on the agent's host) in a process group of its
-/// own, with every signal unblocked.
+/// own, with every signal unblocked. Only `troupe node` of the agent's own binary: argv[0]
+/// must name the agent's executable (after resolving links) and argv[1] be "node"; anything
+/// else is refused (an error), so that a peer cannot run other commands as the agent's user.
 struct agent_spawn {
   std::vector<std::string> argv;
 };
