@@ -576,6 +576,13 @@ int main(int argc, char** argv) {
               "under one supervisor");
   add_server_options(launch, launch_opts.serve, launch_grace_s);
   add_tls_options(launch, launch_opts.tls);
+  launch->add_option("--node-tls-ca", launch_opts.node_tls.ca_file,
+                     "the CA file of the processes it starts, when not --tls-ca (with the "
+                     "agents and the launcher under a CA of their own: docs/tls.md)");
+  launch->add_option("--node-tls-cert", launch_opts.node_tls.cert_file,
+                     "the certificate of the processes it starts, when not --tls-cert");
+  launch->add_option("--node-tls-key", launch_opts.node_tls.key_file,
+                     "the key of the processes it starts, when not --tls-key");
   launch->add_option("--listen", launch_opts.serve.listen,
                      "HOST:PORT of the HTTP API (the control process; default 127.0.0.1:8000, with "
                      "--slurm 0.0.0.0:8000)");

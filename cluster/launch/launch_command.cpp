@@ -1237,9 +1237,10 @@ std::vector<std::string> shared_node_args(const launch_options& o) {
   };
   add("--engram-map", s.engram_map);
   add("--tokenizer", s.tokenizer);
-  add("--tls-ca", o.tls.ca_file);
-  add("--tls-cert", o.tls.cert_file);
-  add("--tls-key", o.tls.key_file);
+  const auto& tls = o.node_tls.enabled() ? o.node_tls : o.tls;
+  add("--tls-ca", tls.ca_file);
+  add("--tls-cert", tls.cert_file);
+  add("--tls-key", tls.key_file);
   if (s.max_batch > 0)
     add("--max-batch", std::to_string(s.max_batch));
   if (s.prefill_chunk > 0)
@@ -1284,15 +1285,11 @@ int launch_on_slurm(launch_options o, const topology& topo,
       path = fs::absolute(path).lexically_normal().string();
   };
   for (auto* path : {&s.topology, &s.model, &s.kv_dir, &s.tokenizer, &s.api_keys_file,
-                     &o.tls.ca_file, &o.tls.cert_file, &o.tls.key_file})
+                     &o.tls.ca_file, &o.tls.cert_file, &o.tls.key_file, &o.node_tls.ca_file,
+                     &o.node_tls.cert_file, &o.node_tls.key_file})
     absolute(*path);
   if (s.engram_map != "identity")
     absolute(s.engram_map);
-  if (o.tls.enabled())
-    if (auto e = runtime::check_tls(o.tls)) {
-      err << "troupe launch: TLS: " << runtime::error_text(e) << "\n";
-      return 1;
-    }
   auto job = o.slurm_job;
   if (job.topology_path.empty())
     job.topology_path = s.topology;
@@ -1520,6 +1517,13 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
     return fail("--control '" + o.control + "': expected HOST:PORT, e.g. 127.0.0.1:7000");
   if (!o.serve.api_keys_file.empty() && !load_api_keys_option(o.serve, command, err))
     return 1;
+  if (o.node_tls.enabled() && !o.tls.enabled())
+    return fail("--node-tls-ca, --node-tls-cert and --node-tls-key need --tls-ca, --tls-cert "
+                "and --tls-key (the launcher's own)");
+  for (const auto* tls : {&o.tls, &o.node_tls})
+    if (auto e = runtime::check_tls(*tls))
+      return fail(std::string(tls == &o.tls ? "TLS: " : "the processes' TLS (--node-tls-*): ")
+                  + runtime::error_text(e));
   if (o.slurm)
     return launch_on_slurm(o, in->topo, *listen, control->second, out, err);
   std::vector<launch_host> hosts;
@@ -1663,9 +1667,6 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
       << " decode)\n";
 
   // The agents that start the processes: one in this process, or each host's `troupe agent`.
-  if (o.tls.enabled())
-    if (auto e = runtime::check_tls(o.tls))
-      return fail("TLS: " + runtime::error_text(e));
   block_stop_signals();
   block_reload_signal();
   runtime::world w{real_world_options(true, o.tls)};

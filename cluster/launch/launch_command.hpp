@@ -60,6 +60,10 @@ struct launch_options {
   /// Mutual TLS between the launcher, the agents and every process (runtime/transport.hpp);
   /// the same CA, certificate and key files are given to every process (a shared filesystem).
   runtime::tls_options tls;
+  /// The TLS files of the processes the launcher starts, when they are not the launcher's own
+  /// (`tls`): with the agents and the launcher under a CA of their own, and the processes
+  /// under the cluster's, a process cannot reach an agent (docs/tls.md). Needs `tls`.
+  runtime::tls_options node_tls;
   /// The libfabric provider instances move KV between processes by ("tcp", "shm", "none").
   std::string fabric = "tcp";
   /// A block fetcher process beside each prefill instance (`fetcher/<i>`, on its host) reads

@@ -465,6 +465,31 @@ def test_slurm_options_are_refused_where_they_do_not_apply(model_dir, args, why)
     assert out.returncode != 0 and why in out.stderr, out.stderr
 
 
+def test_the_processes_tls_files_need_the_launcher_s_own(model_dir, tmp_path):
+    # --node-tls-* (the processes' files, apart from the launcher's) without --tls-*, or
+    # incomplete, is refused before anything starts.
+    base = [troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map", "identity",
+            "--dry-run"]
+    out = subprocess.run(base + ["--node-tls-ca", str(tmp_path / "ca.pem")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1 and ("--node-tls-ca, --node-tls-cert and --node-tls-key need "
+                                    "--tls-ca, --tls-cert and --tls-key") in out.stderr, out.stderr
+    certs = tmp_path / "certs"
+    made = subprocess.run([troupe(), "certs", "--out", str(certs), "--nodes", "launcher"],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    own = ["--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "launcher.pem"),
+           "--tls-key", str(certs / "launcher.key")]
+    out = subprocess.run(base + own + ["--node-tls-cert", str(certs / "launcher.pem")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "the processes' TLS (--node-tls-*): " in out.stderr, out.stderr
+    out = subprocess.run(base + own + ["--node-tls-ca", str(certs / "ca.pem"), "--node-tls-cert",
+                                       str(certs / "launcher.pem"), "--node-tls-key",
+                                       str(certs / "launcher.key")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def test_slurm_tls_needs_all_three_files(tmp_path):
     out = subprocess.run([troupe(), "slurm", TOPOLOGY, "--tls-ca", str(tmp_path / "ca.pem")],
                          capture_output=True, text=True, timeout=120)
