@@ -30,7 +30,7 @@ sed -e 's/interval = "10s"/interval = "1s"/' -e 's/scale_down_after = "30s"/scal
 # shellcheck disable=SC2046
 ip netns exec "$TAG-h1" "$TROUPE" launch "$WORK/topology.toml" --model "$WORK/model" \
   --engram-map identity --hosts "$WORK/hosts.toml" --max-batch 2 --listen "$NET.1:0" \
-  --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" $(tls cluster) \
+  --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" $(launcher_tls) \
   > "$WORK/launch.log" 2>&1 &
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")

@@ -5,9 +5,10 @@
 # (the hosts file lists no store role: it goes with the control process) and prefill/0 on
 # h1, decode/0 on h2 and decode/1 on h3, and starts them through the agents. The prompts' KV
 # crosses from h1 to h2 / h3 over the fabric link (libfabric tcp). Between the processes and
-# the agents the links are mutual TLS (`troupe certs`: a certificate per host for its agent,
-# one for the cluster's processes). The test checks
-# that each process runs in its host's namespace, that a client on h2 is served across the
+# the agents the links are mutual TLS (`troupe certs`: the agents and the launcher under a CA
+# that the agents alone trust, the cluster's processes under another). The test checks
+# that each process runs in its host's namespace, that an agent refuses the processes'
+# certificate and takes the launcher's, that a client on h2 is served across the
 # hosts, that the fault plan's 2 s partition of the link prefill/0 <-> decode/0 cuts h1 and h2
 # off from each other (h2's agent drops their packets; h3 still reaches both), that a request
 # sent meanwhile gets its fault-free tokens and nothing is lost over the cut, that a decode process killed on h2 is restarted there by its agent while requests
@@ -54,7 +55,7 @@ ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.
   --model "$WORK/model" --engram-map identity --hosts "$WORK/hosts.toml" \
   --faults "$WORK/faults.toml" \
   --listen "$NET.1:0" --threads 1 --grace 1 --kv-dir "$WORK/kv" --state "$WORK/state.json" \
-  $(tls cluster) > "$WORK/launch.log" 2>&1 &
+  $(launcher_tls) > "$WORK/launch.log" 2>&1 &
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 
@@ -82,9 +83,32 @@ for spec in control:h1 store:h1 prefill/0:h1 fetcher/0:h1 decode/0:h2 decode/1:h
   [ "$got" = "$host" ] || fail "$name placed on $got, expected $host"
   pid=$(state "next(p['pid'] for p in s['processes'] if p['name']=='$name')")
   [ "$(ip netns identify "$pid")" = "$TAG-$host" ] || fail "$name (pid $pid) is not in $TAG-$host"
-  tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--tls-cert $WORK/certs/cluster.pem" \
+  tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--tls-cert $WORK/certs/cluster/cluster.pem" \
     || fail "$name (pid $pid) was not started with the cluster's certificate"
 done
+
+# The agents trust only their own CA: the cluster's processes' certificate (which every node
+# process holds) is refused by an agent during the TLS handshake, the launcher's is not.
+tls_probe() {  # tls_probe DIR/NAME: "accepted" or "refused" by h2's agent, from h1
+  ip netns exec "$TAG-h1" python3 - "$WORK/certs/both.pem" "$WORK/certs/$1.pem" "$WORK/certs/$1.key" "$NET.2" <<'PY'
+import socket, ssl, sys
+ca, cert, key, host = sys.argv[1:]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname = False
+ctx.load_verify_locations(ca)
+ctx.load_cert_chain(cert, key)
+try:
+    s = ctx.wrap_socket(socket.create_connection((host, 7700), 5))
+    s.settimeout(2)
+    print("accepted" if s.recv(1) else "refused")
+except socket.timeout:
+    print("accepted")
+except (ssl.SSLError, OSError):
+    print("refused")
+PY
+}
+[ "$(tls_probe cluster/cluster)" = "refused" ] || fail "an agent accepted the cluster processes' certificate"
+[ "$(tls_probe agents/launcher)" = "accepted" ] || fail "an agent refused the launcher's certificate"
 
 ask() {  # a greedy request from host h2's namespace (FROM=h3: h3's); prints the completion tokens
   ip netns exec "$TAG-${FROM:-h2}" curl -sS -m 300 "http://$HTTP/v1/chat/completions" \

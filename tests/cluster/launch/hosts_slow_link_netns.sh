@@ -35,7 +35,7 @@ TOML
 ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.toml" \
   --model "$WORK/model" --engram-map identity --hosts "$WORK/hosts.toml" \
   --faults "$WORK/faults.toml" --listen "$NET.1:0" --threads 1 --grace 1 --kv-dir "$WORK/kv" \
-  --state "$WORK/state.json" $(tls cluster) > "$WORK/launch.log" 2>&1 &
+  --state "$WORK/state.json" $(launcher_tls) > "$WORK/launch.log" 2>&1 &
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 

@@ -1,9 +1,11 @@
 # Sourced by the multi-host launch tests: hosts h1..h$HOSTS built on this machine as network
 # namespaces, joined by veth pairs to a bridge in one more namespace (the switch), at
-# $NET.1..$NET.$HOSTS; a small model and TLS certificates (`troupe certs`: one per host for
-# its agent, `cluster` for the cluster's processes) under $WORK. Defines TROUPE, ROOT, TAG,
-# NET, WORK, PIDS (killed at exit, with the namespaces and $WORK), fail, tls and
-# start_agent. Exits 77 (skipped) without root and iproute2.
+# $NET.1..$NET.$HOSTS; a small model and TLS certificates under $WORK (`troupe certs`, two
+# CAs as docs/tls.md advises: one of the agents and the launcher, `launcher` and one per host;
+# one of the cluster's processes, `cluster`; every process but the agents trusts both).
+# Defines TROUPE, ROOT, TAG, NET, WORK, PIDS (killed at exit, with the namespaces and $WORK),
+# fail, launcher_tls (the launcher's TLS options, its processes' included) and start_agent.
+# Exits 77 (skipped) without root and iproute2.
 #   HOSTS=3 NET=10.231.7 source netns_hosts.sh build/troupe
 set -euo pipefail
 TROUPE=$(realpath "$1")
@@ -48,13 +50,20 @@ for i in $(seq "$HOSTS"); do
 done
 
 "$TROUPE" model init --preset small --seed 1 --out "$WORK/model" >/dev/null
-"$TROUPE" certs --out "$WORK/certs" --nodes "cluster$(printf ',h%s' $(seq "$HOSTS"))" >/dev/null
-tls() { echo --tls-ca "$WORK/certs/ca.pem" --tls-cert "$WORK/certs/$1.pem" --tls-key "$WORK/certs/$1.key"; }
+"$TROUPE" certs --out "$WORK/certs/agents" --nodes "launcher$(printf ',h%s' $(seq "$HOSTS"))" >/dev/null
+"$TROUPE" certs --out "$WORK/certs/cluster" --nodes cluster >/dev/null
+cat "$WORK/certs/agents/ca.pem" "$WORK/certs/cluster/ca.pem" > "$WORK/certs/both.pem"
+launcher_tls() {
+  echo --tls-ca "$WORK/certs/both.pem" --tls-cert "$WORK/certs/agents/launcher.pem" \
+    --tls-key "$WORK/certs/agents/launcher.key" --node-tls-ca "$WORK/certs/both.pem" \
+    --node-tls-cert "$WORK/certs/cluster/cluster.pem" --node-tls-key "$WORK/certs/cluster/cluster.key"
+}
 
 # start_agent I [LOG]: host hI's agent, on $NET.I:7700, logging to $WORK/agentI.log (or LOG).
 start_agent() {
-  # shellcheck disable=SC2046
-  ip netns exec "$TAG-h$1" "$TROUPE" agent --listen "$NET.$1:7700" --name "h$1" $(tls "h$1") \
+  ip netns exec "$TAG-h$1" "$TROUPE" agent --listen "$NET.$1:7700" --name "h$1" \
+    --tls-ca "$WORK/certs/agents/ca.pem" --tls-cert "$WORK/certs/agents/h$1.pem" \
+    --tls-key "$WORK/certs/agents/h$1.key" \
     > "${2:-$WORK/agent$1.log}" 2>&1 &
   PIDS+=($!)
 }
