@@ -16,10 +16,7 @@
 HOSTS=3 NET=10.231.8
 source "$(dirname "$0")/netns_hosts.sh" "$1"
 for i in 1 2 3; do start_agent "$i"; done
-host() {  # host I ROLES: a hosts file entry with one device
-  printf '[[host]]\nname = "h%s"\nagent = "%s.%s:7700"\nroles = %s\ndevices = 1\n\n' "$1" "$NET" "$1" "$2"
-}
-{ host 1 '["control", "prefill"]'; host 2 '["decode"]'; } > "$WORK/hosts.toml"
+{ host 1 '["control", "prefill"]' 1; host 2 '["decode"]' 1; } > "$WORK/hosts.toml"
 # The autoscaler decides every second, with no margin, and removes an idle instance after 2 s.
 sed -e 's/interval = "10s"/interval = "1s"/' -e 's/scale_down_after = "30s"/scale_down_after = "2s"/' \
   -e 's/over_provision = 0.25/over_provision = 0/' -e 's/grace = "5s"/grace = "1s"/' \
@@ -35,21 +32,12 @@ ip netns exec "$TAG-h1" "$TROUPE" launch "$WORK/topology.toml" --model "$WORK/mo
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 
-state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
-field() { state "next((p['$2'] for p in s['processes'] if p['name']=='$1'), '')"; }  # field NAME KEY
 taken() { state "next(h['devices_taken'] for h in s['hosts'] if h['name']=='$1')"; }
-for _ in $(seq 600); do
-  [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
-  kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
-  sleep 0.5
-done
-HTTP=$(state 's["http"]')
-[ -n "$HTTP" ] || fail "the cluster did not serve"
-echo "serving on $HTTP"
+wait_serving
 [ "$(field decode/0 host)" = "h2" ] || fail "decode/0 placed on $(field decode/0 host), expected h2"
 
 # h3 joins.
-host 3 '["decode"]' >> "$WORK/hosts.toml"
+host 3 '["decode"]' 1 >> "$WORK/hosts.toml"
 kill -HUP "$LAUNCHER"
 for _ in $(seq 100); do
   grep -q "troupe launch: the agent of host h3 joined$" "$WORK/launch.log" && break
@@ -60,12 +48,6 @@ grep -q "troupe launch: SIGHUP: read $WORK/hosts.toml: 3 host(s), h3 joins$" "$W
 grep -q "troupe launch: the agent of host h3 joined$" "$WORK/launch.log" || fail "h3 did not join"
 [ "$(taken h2)/$(taken h3)" = "1/0" ] || fail "devices taken on h2/h3: $(taken h2)/$(taken h3)"
 
-ask() {  # a greedy request from h2's namespace; prints the completion tokens and the text
-  ip netns exec "$TAG-h2" curl -sS -m 600 "http://$HTTP/v1/chat/completions" \
-    -H 'content-type: application/json' \
-    -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
-    | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
-}
 want=$(ask "Why do pools grow?" 200)
 [ "${want%% *}" = "200" ] || fail "request: $want"
 
@@ -111,7 +93,7 @@ again=$(ask "Why do pools grow?" 200)
 
 # A file that takes the control role from h1 is refused.
 cp "$WORK/hosts.toml" "$WORK/hosts-ok.toml"
-{ host 1 '["prefill"]'; host 2 '["decode", "control"]'; host 3 '["decode"]'; } > "$WORK/hosts.toml"
+{ host 1 '["prefill"]' 1; host 2 '["decode", "control"]' 1; host 3 '["decode"]' 1; } > "$WORK/hosts.toml"
 kill -HUP "$LAUNCHER"
 for _ in $(seq 50); do
   grep -q "SIGHUP: host h1 runs the control process" "$WORK/launch.log" && break
@@ -120,7 +102,7 @@ done
 grep -q "troupe launch: SIGHUP: host h1 runs the control process, so it must stay and keep the control role; the hosts stay as they were" \
   "$WORK/launch.log" || fail "a hosts file without h1's control role was not refused"
 # h2 leaves: decode/0 drains there and starts on h3; h2 is dropped.
-{ host 1 '["control", "prefill"]'; host 3 '["decode"]'; } > "$WORK/hosts.toml"
+{ host 1 '["control", "prefill"]' 1; host 3 '["decode"]' 1; } > "$WORK/hosts.toml"
 kill -HUP "$LAUNCHER"
 for _ in $(seq 240); do
   grep -q "troupe launch: host h2 left$" "$WORK/launch.log" && [ "$(field decode/0 state)" = "running" ] && break

@@ -24,22 +24,8 @@
 HOSTS=3 NET=10.231.7
 source "$(dirname "$0")/netns_hosts.sh" "$1"
 for i in 1 2 3; do start_agent "$i"; done
-cat > "$WORK/hosts.toml" <<TOML
-[[host]]
-name = "h1"
-agent = "$NET.1:7700"
-roles = ["control", "prefill"]
-
-[[host]]
-name = "h2"
-agent = "$NET.2:7700"
-roles = ["decode"]
-
-[[host]]
-name = "h3"
-agent = "$NET.3:7700"
-roles = ["decode", "control", "prefill"]
-TOML
+{ host 1 '["control", "prefill"]'; host 2 '["decode"]'; host 3 '["decode", "control", "prefill"]'; } \
+  > "$WORK/hosts.toml"
 
 # A fault plan: 12 s after the cluster serves, the link between prefill/0 (h1) and decode/0
 # (h2) is cut for 2 s (briefer than the 8 s in which a silent link is closed).
@@ -59,22 +45,13 @@ ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 
-state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
-field() { state "next(p['$2'] for p in s['processes'] if p['name']=='$1')"; }  # field NAME KEY
 wait_running() {  # wait_running NAME KEY VALUE: until NAME runs with KEY == VALUE (2 min at most)
   for _ in $(seq 240); do
     [ "$(field "$1" "$2")" = "$3" ] && [ "$(field "$1" state)" = "running" ] && return 0
     sleep 0.5
   done
 }
-for _ in $(seq 600); do
-  [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
-  kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
-  sleep 0.5
-done
-HTTP=$(state 's["http"]')
-[ -n "$HTTP" ] || fail "the cluster did not serve"
-echo "serving on $HTTP"
+wait_serving
 
 # Placement: each process on its host, and in that host's namespace.
 for spec in control:h1 store:h1 prefill/0:h1 fetcher/0:h1 decode/0:h2 decode/1:h3; do
@@ -110,12 +87,6 @@ PY
 [ "$(tls_probe cluster/cluster)" = "refused" ] || fail "an agent accepted the cluster processes' certificate"
 [ "$(tls_probe agents/launcher)" = "accepted" ] || fail "an agent refused the launcher's certificate"
 
-ask() {  # a greedy request from host h2's namespace (FROM=h3: h3's); prints the completion tokens
-  ip netns exec "$TAG-${FROM:-h2}" curl -sS -m 300 "http://$HTTP/v1/chat/completions" \
-    -H 'content-type: application/json' \
-    -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
-    | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
-}
 first=$(ask "Hello from h2" 8)
 [ "${first%% *}" = "8" ] || fail "request: $first"
 

@@ -11,17 +11,7 @@
 HOSTS=2 NET=10.231.9
 source "$(dirname "$0")/netns_hosts.sh" "$1"
 for i in 1 2; do start_agent "$i"; done
-cat > "$WORK/hosts.toml" <<TOML
-[[host]]
-name = "h1"
-agent = "$NET.1:7700"
-roles = ["control", "prefill"]
-
-[[host]]
-name = "h2"
-agent = "$NET.2:7700"
-roles = ["decode"]
-TOML
+{ host 1 '["control", "prefill"]'; host 2 '["decode"]'; } > "$WORK/hosts.toml"
 cat > "$WORK/faults.toml" <<TOML
 [[fault]]
 at = "8s"
@@ -39,22 +29,8 @@ ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.
 LAUNCHER=$!
 PIDS=("$LAUNCHER" "${PIDS[@]}")
 
-state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
-for _ in $(seq 600); do
-  [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
-  kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
-  sleep 0.5
-done
-HTTP=$(state 's["http"]')
-[ -n "$HTTP" ] || fail "the cluster did not serve"
-echo "serving on $HTTP"
+wait_serving
 
-ask() {  # a greedy request from h2's namespace; prints the completion tokens and the text
-  ip netns exec "$TAG-h2" curl -sS -m 300 "http://$HTTP/v1/chat/completions" \
-    -H 'content-type: application/json' \
-    -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
-    | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
-}
 # send FROM TO: seconds to send 8 MB over TCP from host FROM to host TO (acknowledged at the end).
 cat > "$WORK/bulk.py" <<'PY'
 import socket, sys, time

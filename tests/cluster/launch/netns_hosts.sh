@@ -4,8 +4,10 @@
 # CAs as docs/tls.md advises: one of the agents and the launcher, `launcher` and one per host;
 # one of the cluster's processes, `cluster`; every process but the agents trusts both).
 # Defines TROUPE, ROOT, TAG, NET, WORK, PIDS (killed at exit, with the namespaces and $WORK),
-# fail, launcher_tls (the launcher's TLS options, its processes' included) and start_agent.
-# Exits 77 (skipped) without root and iproute2.
+# fail, launcher_tls (the launcher's TLS options, its processes' included), start_agent, host
+# (a hosts file entry), and
+# for a launch whose --state is $WORK/state.json and pid $LAUNCHER: state, field,
+# wait_serving and ask. Exits 77 (skipped) without root and iproute2.
 #   HOSTS=3 NET=10.231.7 source netns_hosts.sh build/troupe
 set -euo pipefail
 TROUPE=$(realpath "$1")
@@ -66,4 +68,35 @@ start_agent() {
     --tls-key "$WORK/certs/agents/h$1.key" \
     > "${2:-$WORK/agent$1.log}" 2>&1 &
   PIDS+=($!)
+}
+
+# host I ROLES [DEVICES]: the hosts file entry of host hI, ROLES a TOML list.
+host() {
+  printf '[[host]]\nname = "h%s"\nagent = "%s.%s:7700"\nroles = %s\n' "$1" "$NET" "$1" "$2"
+  [ -z "${3:-}" ] || printf 'devices = %s\n' "$3"
+  echo
+}
+
+# state EXPR: a Python expression over the launch's --state JSON `s`, printed.
+state() { python3 -c "import json,sys; s=json.load(open('$WORK/state.json')); print(eval(sys.argv[1]))" "$1"; }
+# field NAME KEY: process NAME's KEY in the state ('' when there is no such process).
+field() { state "next((p['$2'] for p in s['processes'] if p['name']=='$1'), '')"; }
+# wait_serving: until the launch serves (5 min at most); sets HTTP to its address.
+wait_serving() {
+  for _ in $(seq 600); do
+    [ -f "$WORK/state.json" ] && [ "$(state 's["http"] or ""')" != "" ] && break
+    kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher exited"
+    sleep 0.5
+  done
+  HTTP=$(state 's["http"]')
+  [ -n "$HTTP" ] || fail "the cluster did not serve"
+  echo "serving on $HTTP"
+}
+# ask TEXT N: a greedy chat request of N tokens from h2's namespace (FROM=hI: hI's); prints
+# the completion tokens and the text.
+ask() {
+  ip netns exec "$TAG-${FROM:-h2}" curl -sS -m 600 "http://$HTTP/v1/chat/completions" \
+    -H 'content-type: application/json' \
+    -d "{\"model\":\"deepseek-v4.1-flash\",\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}],\"max_tokens\":$2,\"temperature\":0}" \
+    | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['usage']['completion_tokens'], r['choices'][0]['message'].get('reasoning_content','') + (r['choices'][0]['message'].get('content') or ''))"
 }
