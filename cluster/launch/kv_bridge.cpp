@@ -5,12 +5,14 @@
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
-#include <atomic>
+#include <openssl/rand.h>
+
 #include <cstring>
 #include <map>
 #include <memory>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 namespace troupe::cluster {
@@ -224,8 +226,14 @@ void offer_kept(Self* self, const caf::actor& e, const kv_bridge_params& params,
 } // namespace
 
 std::uint64_t next_offer_id() {
-  static std::atomic<std::uint64_t> next{1};
-  return next.fetch_add(1);
+  // Drawn by OpenSSL's CSPRNG: an id is the capability to pull the offer, and it reaches the
+  // puller only in a ticket over the middleman (TLS in a cluster), so no other peer of the
+  // fabric can guess one.
+  std::uint64_t id = 0;
+  while (id == 0)
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id) != 1)
+      throw std::runtime_error("troupe: OpenSSL's RAND_bytes failed to draw a fabric offer id");
+  return id;
 }
 
 std::string encode_snapshot(const runtime::kv_snapshot& s) {

@@ -53,7 +53,8 @@
 namespace troupe::cluster {
 
 /// A fresh id for an offer on this process's fabric link (the bridges and the store proxy
-/// share the link, so they share the ids).
+/// share the link, so they share the ids): 64 random bits, never 0, so that only a holder of
+/// the offer's ticket can pull it.
 std::uint64_t next_offer_id();
 
 /// A snapshot as one byte string (its model name, length, blocks, State and SWA KV with
