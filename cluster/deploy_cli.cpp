@@ -219,6 +219,9 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
                   "a PersistentVolumeClaim with the model directory (mounted at /model)");
   k8s->add_option("--model-host-path", k->opts.model_host_path,
                   "a directory on every machine with the model (mounted at /model)");
+  k8s->add_option("--tls-secret", k->opts.tls_secret,
+                  "a Secret with ca.crt, tls.crt and tls.key (troupe certs' files): mutual TLS "
+                  "between the pods");
   k8s->add_option("--store-pvc", k->opts.store_pvc,
                   "a claim for the KV block store, mounted at /kv by the store pod alone "
                   "(ReadWriteOnce will do)");

@@ -64,7 +64,24 @@ json volumes(const std::string& cluster, const k8s_options& o, bool gpu, bool st
     v.push_back({{"name", "kv-store"}, {"persistentVolumeClaim", {{"claimName", o.store_pvc}}}});
   if (gpu) // NCCL and the block fetcher's host staging use shared memory; 64 MiB is too little
     v.push_back({{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}});
+  if (!o.tls_secret.empty()) // readable by the owner only (mode 0400)
+    v.push_back({{"name", "tls"}, {"secret", {{"secretName", o.tls_secret}, {"defaultMode", 256}}}});
   return v;
+}
+
+json tls_mount() {
+  return {{"name", "tls"}, {"mountPath", std::string(k8s_tls_dir)}, {"readOnly", true}};
+}
+
+// --tls-ca / --tls-cert / --tls-key from the mounted Secret, when there is one.
+void add_tls_args(json& command, const k8s_options& o) {
+  if (o.tls_secret.empty())
+    return;
+  for (auto [flag, file] : {std::pair{"--tls-ca", "ca.crt"}, std::pair{"--tls-cert", "tls.crt"},
+                            std::pair{"--tls-key", "tls.key"}}) {
+    command.push_back(flag);
+    command.push_back(fmt::format("{}/{}", k8s_tls_dir, file));
+  }
 }
 
 json volume_mounts(const k8s_options& o, bool gpu, bool store) {
@@ -77,6 +94,8 @@ json volume_mounts(const k8s_options& o, bool gpu, bool store) {
     m.push_back({{"name", "kv-store"}, {"mountPath", "/kv"}});
   if (gpu)
     m.push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
+  if (!o.tls_secret.empty())
+    m.push_back(tls_mount());
   return m;
 }
 
@@ -149,6 +168,10 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
                             "(--model-host-path), not both");
   if (o.http_port == 0 || o.control_port == 0 || o.http_port == o.control_port)
     return failure::failure("the HTTP and control ports must be distinct and non-zero");
+  if (!o.tls_secret.empty() && (k8s_name(o.tls_secret) != o.tls_secret || o.tls_secret.size() > 253))
+    return failure::failure("--tls-secret '" + o.tls_secret
+                            + "': not a Kubernetes object name (lowercase letters, digits and "
+                              "'-', e.g. troupe-tls)");
   auto gpn = gpus_per_machine(topo, o.gpus_per_node);
   if (!gpn)
     return failure::failure(gpn.error());
@@ -229,6 +252,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
     if (store)
       command.push_back("--external-store");
     add_fabric_args(command);
+    add_tls_args(command, o);
     json container;
     container["name"] = "control";
     container["image"] = o.image;
@@ -283,6 +307,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
     command.push_back(control_address);
     add_data_args(command, o, true);
     add_fabric_args(command);
+    add_tls_args(command, o);
     json container;
     container["name"] = "store";
     container["image"] = o.image;
@@ -343,6 +368,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
                                   std::to_string(index), "--control", control_address});
       add_data_args(command, o, false);
       add_fabric_args(command);
+      add_tls_args(command, o);
       json container;
       container["name"] = role;
       container["image"] = o.image;
@@ -397,6 +423,7 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
                                       "--index", std::to_string(index), "--control",
                                       control_address});
         add_fabric_args(fetch_cmd);
+        add_tls_args(fetch_cmd, o);
         json fetcher;
         fetcher["name"] = "fetcher";
         fetcher["image"] = o.image;
@@ -407,6 +434,8 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
                                                 {"mountPath", std::string(k8s_topology_dir)},
                                                 {"readOnly", true}},
                                                shm_mount});
+        if (!o.tls_secret.empty())
+          fetcher["volumeMounts"].push_back(tls_mount());
         pod_spec["containers"].push_back(std::move(fetcher));
       }
 

@@ -15,7 +15,8 @@
 // every pod mounts. GPU requests come from gpus_per_instance, the decode pods' termination
 // grace period from the pool's drain grace, and their preStop hook starts the drain. A
 // prefill instance of one pod, in a cluster with a block store, has its block fetcher
-// (block_fetcher.hpp) as a second container that shares the pod's /dev/shm.
+// (block_fetcher.hpp) as a second container that shares the pod's /dev/shm. With a TLS
+// Secret every container mounts it and every process talks mutual TLS.
 //
 // The output is deterministic: the same topology text and options give the same objects in
 // the same order with the same keys, so manifests can be diffed and reviewed.
@@ -52,7 +53,14 @@ struct k8s_options {
   std::string store_pvc;               // a claim for the KV block store (the store pod's)
   /// A block fetcher container beside each one-pod prefill instance (cluster has a store).
   bool block_fetchers = true;
+  /// A Secret holding `ca.crt`, `tls.crt` and `tls.key` (the layout cert-manager writes):
+  /// every troupe container mounts it at k8s_tls_dir and its processes talk mutual TLS
+  /// (docs/tls.md); empty: plain TCP between the pods.
+  std::string tls_secret;
 };
+
+/// Where the TLS Secret is mounted (beside, not under, the topology's read-only mount).
+inline constexpr std::string_view k8s_tls_dir = "/etc/troupe-tls";
 
 /// The name of the ConfigMap key (and of the mounted file) that holds the topology.
 inline constexpr std::string_view k8s_topology_key = "topology.toml";

@@ -238,6 +238,43 @@ TEST_CASE("k8s volumes and namespace follow the options") {
   CHECK_FALSE(both.ok());
 }
 
+TEST_CASE("k8s with a TLS Secret: every container mounts it and every process talks TLS") {
+  k8s_options o;
+  o.tls_secret = "troupe-tls";
+  auto objects = manifests(load_example("small.toml"), o);
+  std::size_t containers = 0;
+  for (const auto& obj : objects) {
+    if (obj["kind"] != "Deployment" && obj["kind"] != "StatefulSet")
+      continue;
+    const auto& pod = obj["spec"]["template"]["spec"];
+    CHECK(pod["volumes"].dump().find(
+            R"({"name":"tls","secret":{"secretName":"troupe-tls","defaultMode":256}})")
+          != std::string::npos);
+    for (const auto& c : pod["containers"]) {
+      ++containers;
+      CHECK(c["volumeMounts"].dump().find(
+              R"({"name":"tls","mountPath":"/etc/troupe-tls","readOnly":true})")
+            != std::string::npos);
+      CHECK(c["command"].dump().find(
+              R"("--tls-ca","/etc/troupe-tls/ca.crt","--tls-cert","/etc/troupe-tls/tls.crt",)"
+              R"("--tls-key","/etc/troupe-tls/tls.key")")
+            != std::string::npos);
+    }
+  }
+  // control, store, prefill (with its fetcher) and decode.
+  CHECK(containers == 5);
+  // Without one: no TLS anywhere.
+  auto plain = manifests(load_example("small.toml"), k8s_options{});
+  for (const auto& obj : plain)
+    CHECK(obj.dump().find("tls") == std::string::npos);
+  o.image = "troupe:test";
+  o.tls_secret = "Troupe_TLS";
+  auto bad = k8s_manifests(load_example("small.toml").topo, "", o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().find("--tls-secret 'Troupe_TLS': not a Kubernetes object name")
+        != std::string::npos);
+}
+
 TEST_CASE("k8s: a store of several shards is one Deployment per shard, told its shard") {
   auto e = load_example("small.toml");
   e.topo.storage.shards = 3;
