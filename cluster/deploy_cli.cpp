@@ -222,6 +222,9 @@ void add_deploy_commands(CLI::App& app, int& rc, const std::string& version) {
   k8s->add_option("--tls-secret", k->opts.tls_secret,
                   "a Secret with ca.crt, tls.crt and tls.key (troupe certs' files): mutual TLS "
                   "between the pods");
+  k8s->add_flag("--network-policy", k->opts.network_policy,
+                "a NetworkPolicy: the pods take connections from one another only, but for the "
+                "HTTP API's port");
   k8s->add_option("--store-pvc", k->opts.store_pvc,
                   "a claim for the KV block store, mounted at /kv by the store pod alone "
                   "(ReadWriteOnce will do)");

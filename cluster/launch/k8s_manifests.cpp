@@ -209,6 +209,25 @@ k8s_manifests(const topology& topo, std::string_view topology_text, const k8s_op
     out.push_back(std::move(cm));
   }
 
+  // Connections among the cluster's pods only (the middleman's links, the fabric's, which
+  // carry KV in the clear), and to the HTTP API from anywhere.
+  if (o.network_policy) {
+    json np;
+    np["apiVersion"] = "networking.k8s.io/v1";
+    np["kind"] = "NetworkPolicy";
+    np["metadata"] = metadata(cluster, labels(cluster, "network"), o);
+    const json pods = {{"matchLabels",
+                        {{"app.kubernetes.io/name", "troupe"},
+                         {"app.kubernetes.io/instance", cluster}}}};
+    np["spec"] = {
+      {"podSelector", pods},
+      {"policyTypes", json::array({"Ingress"})},
+      {"ingress", json::array({{{"from", json::array({{{"podSelector", pods}}})}},
+                               {{"ports", json::array({{{"protocol", "TCP"},
+                                                        {"port", o.http_port}}})}}})}};
+    out.push_back(std::move(np));
+  }
+
   const std::string control = cluster + "-control";
   if (auto e = check_name(control, 63); !e.empty())
     return failure::failure(e);

@@ -57,6 +57,9 @@ struct k8s_options {
   /// every troupe container mounts it at k8s_tls_dir and its processes talk mutual TLS
   /// (docs/tls.md); empty: plain TCP between the pods.
   std::string tls_secret;
+  /// A NetworkPolicy: the cluster's pods take connections from one another only, but for the
+  /// HTTP API's port, open to every client.
+  bool network_policy = false;
 };
 
 /// Where the TLS Secret is mounted (beside, not under, the topology's read-only mount).
@@ -69,7 +72,8 @@ inline constexpr std::string_view k8s_topology_key = "topology.toml";
 inline constexpr std::string_view k8s_topology_dir = "/etc/troupe";
 
 /// The Kubernetes objects for `topo`, whose file text is `topology_text` (stored verbatim in
-/// the ConfigMap), in apply order: the ConfigMap, the control's headless and HTTP Services,
+/// the ConfigMap), in apply order: the ConfigMap, the NetworkPolicy (`network_policy`), the
+/// control's headless and HTTP Services,
 /// the control Deployment, the store Deployments (when there is a store, one per shard),
 /// then per pool (file order) and per instance index 0 … initial−1 a headless Service and a
 /// StatefulSet. Pools of zero initial instances emit nothing.

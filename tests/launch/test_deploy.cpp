@@ -275,6 +275,34 @@ TEST_CASE("k8s with a TLS Secret: every container mounts it and every process ta
         != std::string::npos);
 }
 
+TEST_CASE("k8s NetworkPolicy: the cluster's pods among themselves, the HTTP port to all") {
+  k8s_options o;
+  o.network_policy = true;
+  o.http_port = 8080;
+  auto objects = manifests(load_example("small.toml"), o);
+  auto policies = of_kind(objects, "NetworkPolicy");
+  REQUIRE(policies.size() == 1);
+  CHECK(objects.at(1)["kind"] == "NetworkPolicy");  // right after the ConfigMap
+  const auto& spec = (*policies[0])["spec"];
+  const json pods = {{"matchLabels",
+                      {{"app.kubernetes.io/name", "troupe"},
+                       {"app.kubernetes.io/instance", "small"}}}};
+  CHECK(spec["podSelector"] == pods);
+  CHECK(spec["policyTypes"] == json::array({"Ingress"}));
+  REQUIRE(spec["ingress"].size() == 2);
+  CHECK(spec["ingress"][0]["from"] == json::array({{{"podSelector", pods}}}));
+  CHECK(spec["ingress"][1]["ports"][0]["port"] == 8080);
+  CHECK_FALSE(spec["ingress"][1].contains("from"));
+  // Every pod of the cluster is selected.
+  for (const auto& obj : objects)
+    if (obj["kind"] == "Deployment" || obj["kind"] == "StatefulSet") {
+      const auto& l = obj["spec"]["template"]["metadata"]["labels"];
+      CHECK(l["app.kubernetes.io/name"] == "troupe");
+      CHECK(l["app.kubernetes.io/instance"] == "small");
+    }
+  CHECK(of_kind(manifests(load_example("small.toml")), "NetworkPolicy").empty());
+}
+
 TEST_CASE("k8s: a store of several shards is one Deployment per shard, told its shard") {
   auto e = load_example("small.toml");
   e.topo.storage.shards = 3;

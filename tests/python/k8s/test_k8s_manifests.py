@@ -30,7 +30,7 @@ OPTION_SETS = {
     "volumes": ["--namespace", "serving", "--model-pvc", "deepseek-weights",
                 "--store-pvc", "troupe-kv", "--image", "registry.example/troupe:1.2.3"],
     "host-model": ["--model-host-path", "/mnt/models/v4.1-flash", "--gpus-per-node", "4"],
-    "tls": ["--tls-secret", "troupe-tls", "--store-pvc", "troupe-kv"],
+    "tls": ["--tls-secret", "troupe-tls", "--store-pvc", "troupe-kv", "--network-policy"],
 }
 
 
