@@ -360,12 +360,13 @@ private:
       err_ << head << not_done << "both ends run on host " << p.host << ends << "\n";
       return;
     }
-    // The hosts whose agents act, each with the address of the other end's host.
+    // The hosts whose agents act (the peer's; for a slowdown both), each with the other end's
+    // host, then with that host's address.
+    std::vector<std::pair<std::string, std::string>> ends_of{{q->host, p.host}};
+    if (!cut)
+      ends_of.emplace_back(p.host, q->host);
     std::vector<std::pair<std::string, std::string>> acting;
-    for (const auto& [host, other] : cut ? std::vector<std::pair<std::string, std::string>>{
-                                             {q->host, p.host}}
-                                         : std::vector<std::pair<std::string, std::string>>{
-                                             {p.host, q->host}, {q->host, p.host}}) {
+    for (const auto& [host, other] : ends_of) {
       if (agents_.count(host) == 0) {
         err_ << head << not_done << "the agent of host " << host << " is lost" << ends << "\n";
         return;
