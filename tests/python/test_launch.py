@@ -840,8 +840,16 @@ def test_blocks_a_stopped_store_shard_missed_are_copied_to_it_once_it_answers(cl
     missed = blocks("0") - blocks("1")
     assert missed > 0, "".join(cluster.log)
     until_cached(cluster, long_prompt("after_stop_"))
-    deadline = time.monotonic() + 60
+    # Stopped for 32 s, store/1 was cut off (8 s without a heartbeat) and restarts once
+    # resumed; when that prompt's puts came before the new process joined, they were missed
+    # too, so a fresh prompt every 5 s gives the shard the put that starts the repair.
+    deadline = time.monotonic() + 90
+    next_prompt, fresh = time.monotonic() + 5, 0
     while blocks("1") < blocks("0") and time.monotonic() < deadline:
+        if time.monotonic() >= next_prompt:
+            fresh += 1
+            cluster.openai().chat.completions.create(**long_prompt(f"after_stop_{fresh}_"))
+            next_prompt = time.monotonic() + 5
         time.sleep(0.5)
     assert blocks("1") == blocks("0"), "".join(cluster.log)
 
