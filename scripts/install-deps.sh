@@ -20,6 +20,7 @@ packages=(
   libfabric-dev libfabric1   # the fabric link between processes (shm / tcp providers)
   libnl-route-3-dev          # troupe launch's link slowdowns (traffic control over rtnetlink)
   doctest-dev                # tests
+  libboost-context-dev       # tests: the SIMT emulator's fibers (tests/cuda_host/simt.hpp)
   iproute2 curl              # tests: troupe launch across network-namespace hosts
   python3 python3-venv       # tests/python: the official OpenAI / Anthropic SDKs in a venv
   python3-dev                # the Python package's extension module (pip install ., docs/python.md)

@@ -29,10 +29,12 @@ const std::filesystem::path golden = std::filesystem::path(TROUPE_SOURCE_DIR) /
 TEST_CASE("emulated device: the forward pass gives the CPU engine's logits and greedy tokens") {
   auto m = model::load(golden / "sliding");
   REQUIRE_MESSAGE(m, m.error());
-  // Both orders of a block's threads: a kernel that reads what another thread of its block
+  // Each order of a block's threads: a kernel that reads what another thread of its block
   // writes without a barrier between gets another result in one of them.
-  for (auto order : {simt::order::ascending, simt::order::descending}) {
-    const std::string thread_order = order == simt::order::ascending ? "ascending" : "descending";
+  for (auto order : {simt::order::ascending, simt::order::descending, simt::order::warp_by_warp}) {
+    const std::string thread_order = order == simt::order::ascending    ? "ascending"
+                                     : order == simt::order::descending ? "descending"
+                                                                        : "warp by warp";
     CAPTURE(thread_order);
     simt::thread_order() = order;
     auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
