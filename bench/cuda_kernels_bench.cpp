@@ -3,8 +3,10 @@
 // queries and outputs), and the routed experts' GEMM (one rank's experts at EP 8, equal rows per
 // expert, BF16 batched through cuBLASLt) as a share of peak dense BF16 tensor-core FLOP/s. The
 // peaks come from kernels/cuda/device.hpp (clock × bus width; SM count × clock × per-SM rate).
+// Also the indexer's top-k (radix select) against one read of its scores at peak HBM bandwidth,
+// and batch-invariant mode's tiled FP32 projection against the CUDA cores' unfused FP32 peak.
 // Prints a table; goals: attention >= 70 % of HBM, expert GEMM >= 60 % of peak. Exit status 0
-// when both kernels ran (met or not: the table says), 1 on any failure, 2 without a GPU.
+// when the four kernels ran (met or not: the table says), 1 on any failure, 2 without a GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -114,6 +116,38 @@ int main() {
   const double flops = 2.0 * experts * m * n * k;
   const double gemm_share = gemm_ok && dev->bf16_flops > 0 ? flops / gemm_s / dev->bf16_flops : 0;
 
+  // The indexer's top-k: 256 queries each choosing 512 of 16,384 compressed entries (a 64K
+  // context at ratio 4) by the radix select; its floor is reading the scores once at peak HBM
+  // bandwidth (it reads them five times, from L2 after the first where they fit).
+  const std::int64_t rows = 256, entries = 16384, top = 512;
+  float* index_scores = device_array<float>(static_cast<std::size_t>(rows * entries), -10, 10);
+  std::int64_t *top_idx = nullptr, *top_count = nullptr;
+  cudaMalloc(&top_idx, sizeof(std::int64_t) * rows * top);
+  cudaMalloc(&top_count, sizeof(std::int64_t) * rows);
+  auto select = [&] { return top_k_rows(index_scores, rows, entries, top, nullptr, top_idx, top_count); };
+  bool top_ok = index_scores != nullptr && select().ok() && cudaDeviceSynchronize() == cudaSuccess;
+  const double top_s = top_ok ? time_calls([&] { (void)select(); }) : 0;
+  top_ok = top_ok && cudaGetLastError() == cudaSuccess;
+  const double top_bytes = 4.0 * rows * entries;
+  failed |= !top_ok;
+
+  // Batch-invariant mode's projection (project_rows): 256 tokens through a 4096 x 4096 FP32
+  // weight, against the CUDA cores' FP32 peak without fused multiply-adds (128 lanes per SM,
+  // a multiply and an add per product: SMs x clock x 128 FLOP/s).
+  const std::int64_t pm = 256, pn = 4096, pk = 4096;
+  float* px = device_array<float>(static_cast<std::size_t>(pm * pk));
+  float* pw = device_array<float>(static_cast<std::size_t>(pn * pk), -0.05f, 0.05f);
+  float* py = nullptr;
+  cudaMalloc(&py, sizeof(float) * static_cast<std::size_t>(pm * pn));
+  auto project = [&] { return project_rows(px, pk, pw, pk, py, pn, pm, pn, pk); };
+  bool proj_ok = px != nullptr && pw != nullptr && py != nullptr && project().ok() &&
+                 cudaDeviceSynchronize() == cudaSuccess;
+  const double proj_s = proj_ok ? time_calls([&] { (void)project(); }, 5, 5) : 0;
+  proj_ok = proj_ok && cudaGetLastError() == cudaSuccess;
+  const double proj_flops = 2.0 * pm * pn * pk;
+  const double fp32_peak = dev->sms * dev->sm_clock_hz * 128;
+  failed |= !proj_ok;
+
   std::printf("\n| kernel | shape | time | achieved | share of peak | goal | met |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| SWA decode attention | %lld seqs x %lld heads x %lld, window %lld | %.1f us | %.2f TB/s | %.1f %% of HBM | >= 70 %% | %s |\n",
@@ -123,5 +157,14 @@ int main() {
               (long long)experts, (long long)m, (long long)n, (long long)k, gemm_s * 1e6,
               gemm_ok ? flops / gemm_s / 1e12 : 0.0, 100 * gemm_share,
               gemm_ok ? (gemm_share >= 0.6 ? "yes" : "no") : "FAILED");
+  std::printf("| indexer top-k (radix select) | %lld rows x %lld entries, k %lld | %.1f us | %.2f TB/s | %.1f %% of HBM | none set | %s |\n",
+              (long long)rows, (long long)entries, (long long)top, top_s * 1e6,
+              top_ok ? top_bytes / top_s / 1e12 : 0.0,
+              top_ok ? 100 * top_bytes / top_s / dev->hbm_bytes_per_s : 0.0, top_ok ? "-" : "FAILED");
+  std::printf("| batch-invariant projection (project_rows, FP32) | %lld x %lld x %lld | %.1f us | %.1f TFLOP/s | %.1f %% of unfused FP32 | none set | %s |\n",
+              (long long)pm, (long long)pn, (long long)pk, proj_s * 1e6,
+              proj_ok ? proj_flops / proj_s / 1e12 : 0.0,
+              proj_ok && fp32_peak > 0 ? 100 * proj_flops / proj_s / fp32_peak : 0.0,
+              proj_ok ? "-" : "FAILED");
   return failed ? 1 : 0;
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cuda/ops.hpp"
 #include "kernels/portable_math.hpp"
@@ -206,6 +207,178 @@ __global__ void top_k_kernel(const float* scores, std::int64_t n, std::int64_t k
     if (tid == 0) idx[r * k + taken] = prev_at + (offset != nullptr ? offset[r] : 0);
   }
   if (tid == 0) count[r] = taken;
+}
+
+// Batch-invariant mode's projection y[m, n] = x[m, k] · w[n, k]ᵀ in tiles: a block of 256
+// threads computes 64 × 64 outputs, each thread 4 × 4 of them (rows ty + 16 i, columns tx + 16 j),
+// reading x and w through shared memory 16 columns of k at a time. Every output is still its k
+// products summed in ascending order, each product and sum rounded on its own, from 0: the bits
+// of a thread per output (and of the row alone, whatever m is), with each value of x and w read
+// from global memory once per tile instead of once per output.
+inline constexpr int project_tile = 64, project_slab = 16;
+static_assert(block_threads == 16 * 16, "project_tiled_kernel: a 16 x 16 grid of threads");
+
+__global__ void project_tiled_kernel(const float* x, std::int64_t ldx, const float* w,
+                                     std::int64_t ldw, float* y, std::int64_t ldy, std::int64_t m,
+                                     std::int64_t n, std::int64_t k) {
+  // Slab-major, one padding column against bank conflicts: xs[j][r] is x[row0 + r, j0 + j].
+  __shared__ float xs[project_slab][project_tile + 1];
+  __shared__ float ws[project_slab][project_tile + 1];
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.y) * project_tile;
+  const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.x) * project_tile;
+  const int tx = static_cast<int>(threadIdx.x % 16), ty = static_cast<int>(threadIdx.x / 16);
+  float acc[4][4] = {};
+  for (std::int64_t j0 = 0; j0 < k; j0 += project_slab) {
+    // Consecutive threads read consecutive columns of k of one row.
+    for (int l = static_cast<int>(threadIdx.x); l < project_tile * project_slab;
+         l += static_cast<int>(blockDim.x)) {
+      const int r = l / project_slab, j = l % project_slab;
+      const std::int64_t gj = j0 + j, gr = row0 + r, gc = col0 + r;
+      xs[j][r] = gr < m && gj < k ? x[gr * ldx + gj] : 0.0f;
+      ws[j][r] = gc < n && gj < k ? w[gc * ldw + gj] : 0.0f;
+    }
+    __syncthreads();
+    const int slab = k - j0 < project_slab ? static_cast<int>(k - j0) : project_slab;
+    for (int j = 0; j < slab; ++j) {
+      float a[4], b[4];
+      for (int i = 0; i < 4; ++i) a[i] = xs[j][ty + 16 * i], b[i] = ws[j][tx + 16 * i];
+      for (int i = 0; i < 4; ++i)
+        for (int c = 0; c < 4; ++c) acc[i][c] = __fadd_rn(acc[i][c], __fmul_rn(a[i], b[c]));
+    }
+    __syncthreads();  // the slab read by every thread before the next one is written
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < 4; ++c) {
+      const std::int64_t r = row0 + ty + 16 * i, col = col0 + tx + 16 * c;
+      if (r < m && col < n) y[r * ldy + col] = acc[i][c];
+    }
+}
+
+// The indexer's order as an unsigned key: a higher score has a higher key; -0 counts as +0 (the
+// CPU's comparisons tie them). Scores are not NaN.
+__device__ inline std::uint32_t order_key(float v) {
+  if (v == 0.0f) v = 0.0f;
+  std::uint32_t b;
+  memcpy(&b, &v, sizeof b);
+  return (b & 0x80000000u) != 0 ? ~b : b | 0x80000000u;
+}
+
+// Entries per row that top_k_radix_kernel sorts in shared memory at most (8 bytes each, padded
+// to a power of two): V4.1's 512 indexer entries and 2,048 candidate blocks fit.
+inline constexpr std::int64_t radix_max_k = 4096;
+
+// top_k_kernel's selection in a fixed number of passes, for k <= radix_max_k and rows of under
+// 2^31 entries. One block per row: a radix select over the scores' keys, a byte at a time from
+// the top (a 256-bin histogram of the entries whose higher bytes match the prefix chosen so
+// far; -inf is never counted), finds the key T of the kk-th best entry, kk = min(k, entries
+// above -inf), and how many entries keyed T it takes (the lowest indices: warp ballots count
+// the ties before each one in row order). The kk entries go to shared memory as (key, ~index)
+// and a bitonic sort puts them in the order the CPU gives. Dynamic shared memory: 8 bytes times
+// the power of two at or above min(k, n).
+__global__ void top_k_radix_kernel(const float* scores, std::int64_t n, std::int64_t k,
+                                   const std::int64_t* offset, std::int64_t* idx,
+                                   std::int64_t* count) {
+  TROUPE_DYNAMIC_SHARED(std::uint64_t, picked);
+  __shared__ unsigned hist[256];
+  __shared__ unsigned warp_ties[block_threads / 32];
+  __shared__ unsigned chosen_prefix, chosen_want, chosen_ties, chosen_kk, filled;
+  const std::int64_t r = blockIdx.x;
+  const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* row = scores + r * n;
+  const std::uint32_t floor_key = order_key(-INFINITY);
+
+  std::uint32_t prefix = 0, mask = 0;
+  unsigned want = 0, ties = 0, kk = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (unsigned b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (std::int64_t i = tid; i < n; i += blockDim.x) {
+      const std::uint32_t key = order_key(row[i]);
+      if (key > floor_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      if (shift == 24) {
+        std::int64_t above = 0;
+        for (int b = 0; b < 256; ++b) above += hist[b];
+        chosen_kk = static_cast<unsigned>(above < k ? above : k);
+        chosen_want = chosen_kk;
+      }
+      // The bin holding the chosen_want-th best of the entries that match the prefix.
+      unsigned w = chosen_want, before = 0;
+      int b = 255;
+      if (w > 0) {
+        for (; b > 0 && before + hist[b] < w; --b) before += hist[b];
+        chosen_prefix = prefix | static_cast<std::uint32_t>(b) << shift;
+        chosen_want = w - before;
+        chosen_ties = hist[b];
+      }
+      filled = 0;
+    }
+    __syncthreads();
+    kk = chosen_kk;
+    if (kk == 0) break;
+    prefix = chosen_prefix;
+    want = chosen_want;
+    ties = chosen_ties;
+    mask |= 255u << shift;
+  }
+  if (kk == 0) {
+    if (tid == 0) count[r] = 0;
+    return;
+  }
+
+  // The entries above T, and `want` of the `ties` keyed T: all of them when that is all, else
+  // the first `want` in row order.
+  const std::uint32_t threshold = prefix;
+  auto pick = [&](std::int64_t i, std::uint32_t key) {
+    picked[atomicAdd(&filled, 1u)] =
+        static_cast<std::uint64_t>(key) << 32 | static_cast<std::uint32_t>(~static_cast<std::uint32_t>(i));
+  };
+  if (want == ties) {
+    for (std::int64_t i = tid; i < n; i += blockDim.x) {
+      const std::uint32_t key = order_key(row[i]);
+      if (key >= threshold) pick(i, key);
+    }
+  } else {
+    unsigned seen = 0;  // ties in the chunks before this one
+    for (std::int64_t base = 0; base < n; base += blockDim.x) {
+      const std::int64_t i = base + tid;
+      const std::uint32_t key = i < n ? order_key(row[i]) : 0;
+      const unsigned tied = __ballot_sync(0xffffffffu, key == threshold);
+      if (lane == 0) warp_ties[warp] = __popc(tied);
+      __syncthreads();
+      unsigned before = seen + __popc(tied & ((1u << lane) - 1u)), chunk = 0;
+      for (unsigned w = 0; w < blockDim.x / 32; ++w) {
+        before += w < warp ? warp_ties[w] : 0;
+        chunk += warp_ties[w];
+      }
+      if (key > threshold || (key == threshold && before < want)) pick(i, key);
+      seen += chunk;
+      __syncthreads();  // warp_ties read by every thread before the next chunk's counts
+    }
+  }
+
+  // Bitonic sort, descending, of the kk picks padded with zeros (below every pick) to a power of
+  // two.
+  unsigned size = 1;
+  while (size < kk) size <<= 1;
+  for (unsigned j = kk + tid; j < size; j += blockDim.x) picked[j] = 0;
+  __syncthreads();
+  for (unsigned run = 2; run <= size; run <<= 1)
+    for (unsigned stride = run / 2; stride > 0; stride >>= 1) {
+      for (unsigned i = tid; i < size; i += blockDim.x) {
+        const unsigned j = i ^ stride;
+        if (j <= i) continue;
+        const std::uint64_t a = picked[i], b = picked[j];
+        if ((i & run) == 0 ? a < b : a > b) picked[i] = b, picked[j] = a;
+      }
+      __syncthreads();
+    }
+  const std::int64_t add = offset != nullptr ? offset[r] : 0;
+  for (unsigned j = tid; j < kk; j += blockDim.x)
+    idx[r * k + j] = static_cast<std::int64_t>(~static_cast<std::uint32_t>(picked[j])) + add;
+  if (tid == 0) count[r] = kk;
 }
 
 }  // namespace

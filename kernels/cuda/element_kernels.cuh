@@ -168,25 +168,6 @@ struct add_fn {  // y += x
   __device__ void operator()(std::int64_t i) const { y[i] = y[i] + x[i]; }
 };
 
-// One element of y = x · wᵀ, its k products summed in ascending order (batch-invariant mode:
-// a row's result depends on that row alone, whatever m is).
-struct project_fn {
-  const float* x;
-  std::int64_t ldx;
-  const float* w;
-  std::int64_t ldw;
-  float* y;
-  std::int64_t ldy, n, k;
-  __device__ void operator()(std::int64_t i) const {
-    const std::int64_t r = i / n, c = i % n;
-    const float* a = x + r * ldx;
-    const float* b = w + c * ldw;
-    float acc = 0.0f;
-    for (std::int64_t j = 0; j < k; ++j) acc += a[j] * b[j];
-    y[r * ldy + c] = acc;
-  }
-};
-
 // The CSA2 indexer's masks (device_model.cpp), on scores [rows, n].
 struct mask_scores_fn {  // -inf past the row's reach, or outside the row's kept candidate blocks
   float* scores;

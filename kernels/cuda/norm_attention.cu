@@ -45,6 +45,14 @@ result<bool> top_k_rows(const float* scores, std::int64_t rows, std::int64_t n, 
                         void* stream) {
   if (rows <= 0) return true;
   if (k < 0) return result<bool>::failure("top_k_rows: k " + std::to_string(k));
+  const std::int64_t most = k < n ? k : n;
+  if (most <= radix_max_k && n < (std::int64_t{1} << 31)) {
+    std::size_t sorted = 1;
+    while (static_cast<std::int64_t>(sorted) < most) sorted <<= 1;
+    TROUPE_LAUNCH(top_k_radix_kernel, static_cast<unsigned>(rows), block_threads,
+                  sorted * sizeof(std::uint64_t), stream, scores, n, k, offset, idx, count);
+    return launched("top_k_rows");
+  }
   TROUPE_LAUNCH(top_k_kernel, static_cast<unsigned>(rows), block_threads, 0, stream, scores, n, k,
                 offset, idx, count);
   return launched("top_k_rows");

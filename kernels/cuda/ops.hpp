@@ -196,10 +196,11 @@ result<bool> mask_scores(float* scores, std::int64_t rows, std::int64_t n,
 result<bool> block_max(const float* scores, std::int64_t rows, std::int64_t n, std::int64_t block,
                        const std::int64_t* last, float* out, void* stream = nullptr);
 
-/// y[m, n] (row stride ldy) = x[m, k] (stride ldx) · w[n, k]ᵀ (stride ldw), a thread per
-/// output summing its k products in ascending order, each rounded on its own: a row's result
-/// depends on that row alone (batch-invariant mode). CUDA cores, no tiling: far slower than
-/// cuBLASLt.
+/// y[m, n] (row stride ldy) = x[m, k] (stride ldx) · w[n, k]ᵀ (stride ldw), each output its k
+/// products summed in ascending order, each rounded on its own: a row's result depends on that
+/// row alone (batch-invariant mode). Tiles of 64 × 64 outputs through shared memory on CUDA
+/// cores, FP32 without fused multiply-adds: far slower than cuBLASLt's BF16 tensor cores. At
+/// most 65535 × 64 rows per call.
 result<bool> project_rows(const float* x, std::int64_t ldx, const float* w, std::int64_t ldw,
                           float* y, std::int64_t ldy, std::int64_t m, std::int64_t n,
                           std::int64_t k, void* stream = nullptr);

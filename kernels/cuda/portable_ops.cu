@@ -166,7 +166,15 @@ result<bool> block_max(const float* scores, std::int64_t rows, std::int64_t n, s
 result<bool> project_rows(const float* x, std::int64_t ldx, const float* w, std::int64_t ldw,
                           float* y, std::int64_t ldy, std::int64_t m, std::int64_t n,
                           std::int64_t k, void* stream) {
-  return launch_each("project_rows", m * n, project_fn{x, ldx, w, ldw, y, ldy, n, k}, stream);
+  if (m <= 0 || n <= 0) return true;
+  if ((m + project_tile - 1) / project_tile > 65535)
+    return result<bool>::failure("project_rows: " + std::to_string(m) + " rows, more than " +
+                                 std::to_string(65535 * project_tile) + " in one call");
+  const dim3 grid(static_cast<unsigned>((n + project_tile - 1) / project_tile),
+                  static_cast<unsigned>((m + project_tile - 1) / project_tile));
+  TROUPE_LAUNCH(project_tiled_kernel, grid, block_threads, 0, stream, x, ldx, w, ldw, y, ldy, m,
+                n, k);
+  return launched("project_rows");
 }
 
 }  // namespace troupe::kernels::cuda

@@ -29,11 +29,13 @@ namespace {
 
 const simt::dim block{cuda::block_threads, 1, 1};
 
-// Runs `check` with the emulator scheduling threads in ascending, then in descending order.
+// Runs `check` with the emulator scheduling threads in ascending, then in descending order,
+// then warp by warp.
 template <class F>
-void in_both_orders(F check) {
-  for (const auto o : {simt::order::ascending, simt::order::descending}) {
-    CAPTURE(o == simt::order::ascending ? "ascending" : "descending");
+void in_each_order(F check) {
+  for (const auto o : {simt::order::ascending, simt::order::descending, simt::order::warp_by_warp}) {
+    CAPTURE(o == simt::order::ascending ? "ascending"
+                                         : o == simt::order::descending ? "descending" : "warp by warp");
     simt::thread_order() = o;
     check();
   }
@@ -48,7 +50,7 @@ TEST_CASE("emulated: the RMSNorm kernel's block reduction matches the CPU's with
   const auto w = random_values(static_cast<std::size_t>(n), 2, 0.5f, 1.5f);
   auto want = x0;
   for (std::int64_t r = 0; r < rows; ++r) rms_norm(want.data() + r * n, n, w.data(), 1e-6f);
-  in_both_orders([&] {
+  in_each_order([&] {
     auto got = x0;
     simt::launch({static_cast<unsigned>(rows)}, block, 0, cuda::rms_norm_kernel, got.data(), n,
                  w.data(), 1e-6f);
@@ -110,7 +112,7 @@ TEST_CASE("emulated: attention over window, CSA2 entries and a chunk: the CPU's 
                         compressed.data(), selected.data() + b * max_sel, n_sel[bi],
                         sinks.data(), rope, want.data() + b * H * hd);
   }
-  in_both_orders([&] {
+  in_each_order([&] {
     std::fill(got.begin(), got.end(), 0.0f);
     simt::launch({static_cast<unsigned>(Q), static_cast<unsigned>(H)}, block,
                  sizeof(float) * static_cast<std::size_t>(2 * hd + cuda::swa_max_keys),
@@ -135,7 +137,7 @@ TEST_CASE("emulated: Engram's gated add kernel equals the CPU's bit for bit") {
       const float gate = portable::engram_gate(h, row + k * D, weight.data() + k * D, D, eps);
       for (std::int64_t d = 0; d < D; ++d) h[d] = h[d] + gate * row[hc * D + d];
     }
-  in_both_orders([&] {
+  in_each_order([&] {
     auto got = streams;
     simt::launch({static_cast<unsigned>(T * hc)}, block, 0, cuda::engram_kernel, got.data(),
                  kv.data(), weight.data(), hc, D, eps);
@@ -145,7 +147,7 @@ TEST_CASE("emulated: Engram's gated add kernel equals the CPU's bit for bit") {
 
 TEST_CASE("emulated: the MoE gather and combine kernels equal the host plan's bit for bit") {
   const auto c = troupe::test::make_moe_case(9, 6, 64, 4, 11, 300, 31);
-  in_both_orders([&] {
+  in_each_order([&] {
     std::vector<float> g(c.gathered.size()), y(c.combined.size());
     simt::launch({static_cast<unsigned>(c.rows)}, block, 0, cuda::gather_kernel, c.x.data(),
                  c.plan.send_copy.data(), c.k, c.width, g.data());
@@ -157,43 +159,138 @@ TEST_CASE("emulated: the MoE gather and combine kernels equal the host plan's bi
   });
 }
 
-TEST_CASE("emulated: the indexer's top-k kernel picks as the CPU's partial_sort: ties, -inf, +inf") {
-  // Rows of few distinct values (many ties), some -inf (dropped), a +inf (a forced candidate
-  // block), shorter and longer than the block, and k above the finite entries.
-  const std::int64_t rows = 4, n = 700, k = 40;
-  std::vector<float> scores(static_cast<std::size_t>(rows * n));
-  std::mt19937 gen(9);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t e = 0; e < n; ++e) {
-      const auto v = static_cast<int>(gen() % 9);
-      scores[static_cast<std::size_t>(r * n + e)] = v == 0 ? -INFINITY : 0.25f * static_cast<float>(v);
-    }
-  scores[static_cast<std::size_t>(n + 650)] = INFINITY;
-  for (std::int64_t e = 30; e < n; ++e) scores[static_cast<std::size_t>(3 * n + e)] = -INFINITY;
-  const std::vector<std::int64_t> offset{0, 1000, 2000, 3000};
-  // The CPU model's top_finite: the first k by (score desc, index asc), then -inf dropped.
-  std::vector<std::vector<std::int64_t>> want(rows);
+namespace {
+
+// The CPU model's top_finite for each row of scores [rows, n]: the first k by (score desc,
+// index asc), -inf dropped, each index plus offset[row].
+std::vector<std::vector<std::int64_t>> cpu_top_k(const std::vector<float>& scores, std::int64_t rows,
+                                                 std::int64_t n, std::int64_t k,
+                                                 const std::vector<std::int64_t>& offset) {
+  std::vector<std::vector<std::int64_t>> want(static_cast<std::size_t>(rows));
+  const std::int64_t kk = std::min(k, n);
   for (std::int64_t r = 0; r < rows; ++r) {
     std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
     std::iota(idx.begin(), idx.end(), 0);
     const float* row = scores.data() + r * n;
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](auto a, auto b) {
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(), [&](auto a, auto b) {
       return row[a] != row[b] ? row[a] > row[b] : a < b;
     });
-    for (std::int64_t j = 0; j < k; ++j)
+    for (std::int64_t j = 0; j < kk; ++j)
       if (row[idx[static_cast<std::size_t>(j)]] != -INFINITY)
-        want[static_cast<std::size_t>(r)].push_back(idx[static_cast<std::size_t>(j)] + offset[static_cast<std::size_t>(r)]);
+        want[static_cast<std::size_t>(r)].push_back(idx[static_cast<std::size_t>(j)] +
+                                                    (offset.empty() ? 0 : offset[static_cast<std::size_t>(r)]));
   }
-  REQUIRE(want[3].size() < static_cast<std::size_t>(k));  // a row with fewer finite entries than k
-  in_both_orders([&] {
-    std::vector<std::int64_t> idx(static_cast<std::size_t>(rows * k), -1), count(rows, -1);
-    simt::launch({static_cast<unsigned>(rows)}, block, 0, cuda::top_k_kernel, scores.data(), n, k,
-                 offset.data(), idx.data(), count.data());
+  return want;
+}
+
+// Runs `select(idx, count)` in both thread orders and checks each row against cpu_top_k.
+template <class F>
+void check_top_k(const std::vector<float>& scores, std::int64_t rows, std::int64_t n,
+                 std::int64_t k, const std::vector<std::int64_t>& offset, F select) {
+  const auto want = cpu_top_k(scores, rows, n, k, offset);
+  in_each_order([&] {
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(rows * k), -1), count(static_cast<std::size_t>(rows), -1);
+    select(idx.data(), count.data());
     for (std::int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       const auto& w = want[static_cast<std::size_t>(r)];
       REQUIRE(count[static_cast<std::size_t>(r)] == static_cast<std::int64_t>(w.size()));
       CHECK(std::equal(w.begin(), w.end(), idx.begin() + r * k));
     }
+  });
+}
+
+// Rows of few distinct values (many ties), some -inf (dropped), a +inf (a forced candidate
+// block), and a row with fewer entries above -inf than k.
+std::vector<float> tied_scores(std::int64_t rows, std::int64_t n, unsigned seed) {
+  std::vector<float> scores(static_cast<std::size_t>(rows * n));
+  std::mt19937 gen(seed);
+  for (auto& s : scores) {
+    const auto v = static_cast<int>(gen() % 9);
+    s = v == 0 ? -INFINITY : 0.25f * static_cast<float>(v) - 1.0f;
+  }
+  scores[static_cast<std::size_t>(n + n - 50)] = INFINITY;
+  for (std::int64_t e = 30; e < n; ++e) scores[static_cast<std::size_t>((rows - 1) * n + e)] = -INFINITY;
+  return scores;
+}
+
+}  // namespace
+
+TEST_CASE("emulated: the indexer's k-pass top-k kernel picks as the CPU's partial_sort: ties, -inf, +inf") {
+  const std::int64_t rows = 4, n = 700, k = 40;
+  const auto scores = tied_scores(rows, n, 9);
+  const std::vector<std::int64_t> offset{0, 1000, 2000, 3000};
+  check_top_k(scores, rows, n, k, offset, [&](std::int64_t* idx, std::int64_t* count) {
+    simt::launch({static_cast<unsigned>(rows)}, block, 0, cuda::top_k_kernel, scores.data(), n, k,
+                 offset.data(), idx, count);
+  });
+}
+
+TEST_CASE("emulated: the indexer's radix-select top-k kernel picks as the CPU's partial_sort") {
+  auto radix = [](const std::vector<float>& scores, std::int64_t rows, std::int64_t n,
+                  std::int64_t k, const std::vector<std::int64_t>& offset) {
+    REQUIRE(std::min(k, n) <= cuda::radix_max_k);  // top_k_rows would take the radix kernel
+    std::size_t sorted = 1;  // its shared memory: a power of two of 8-byte picks
+    while (static_cast<std::int64_t>(sorted) < std::min(k, n)) sorted <<= 1;
+    check_top_k(scores, rows, n, k, offset, [&](std::int64_t* idx, std::int64_t* count) {
+      simt::launch({static_cast<unsigned>(rows)}, block, sorted * sizeof(std::uint64_t),
+                   cuda::top_k_radix_kernel, scores.data(), n, k,
+                   offset.empty() ? nullptr : offset.data(), idx, count);
+    });
+  };
+  SUBCASE("ties cut at the k-th entry, -inf, +inf, fewer entries than k") {
+    radix(tied_scores(4, 700, 9), 4, 700, 40, {0, 1000, 2000, 3000});
+  }
+  SUBCASE("V4.1's shapes: 512 of 3,000 distinct scores, 2,048 of 5,000 blocks of few values") {
+    const auto distinct = random_values(2 * 3000, 5, -40, 40);
+    radix(distinct, 2, 3000, 512, {});
+    radix(tied_scores(2, 5000, 11), 2, 5000, 2048, {7, 9});
+  }
+  SUBCASE("signs, -0 tied with +0 (in row order across chunks), subnormals, the largest floats") {
+    std::vector<float> row(1500, 0.0f);
+    for (std::size_t e = 0; e < row.size(); e += 3) row[e] = -0.0f;
+    row[10] = -1e-40f, row[20] = 1e-40f, row[30] = -3.4e38f, row[40] = 3.4e38f;
+    row[50] = -INFINITY, row[60] = INFINITY, row[70] = -2.5f, row[80] = 2.5f;
+    radix(row, 1, 1500, 700, {});
+    radix(row, 1, 1500, 3, {});
+  }
+  SUBCASE("k of 0, k above n, a row of -inf only") {
+    std::vector<float> rows(3 * 20);
+    std::iota(rows.begin(), rows.end(), -30.0f);
+    std::fill(rows.begin() + 20, rows.begin() + 40, -INFINITY);
+    radix(rows, 3, 20, 0, {});
+    radix(rows, 3, 20, 50, {});
+  }
+}
+
+TEST_CASE("emulated: project_rows' tiles sum each output's products in ascending order, each "
+          "row alone") {
+  // Partial tiles in both directions, a k that is not whole slabs, row strides wider than k.
+  const std::int64_t m = 70, n = 131, k = 37, ldx = 40, ldw = 45, ldy = 140;
+  const auto x = random_values(static_cast<std::size_t>(m * ldx), 21, -2, 2);
+  const auto w = random_values(static_cast<std::size_t>(n * ldw), 22, -2, 2);
+  std::vector<float> want(static_cast<std::size_t>(m * ldy), -7.0f);
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      float acc = 0.0f;
+      for (std::int64_t j = 0; j < k; ++j)
+        acc = __fadd_rn(acc, __fmul_rn(x[static_cast<std::size_t>(r * ldx + j)],
+                                       w[static_cast<std::size_t>(c * ldw + j)]));
+      want[static_cast<std::size_t>(r * ldy + c)] = acc;
+    }
+  auto project = [&](const float* rows, std::int64_t count, float* y) {
+    const simt::dim grid(static_cast<unsigned>((n + cuda::project_tile - 1) / cuda::project_tile),
+                         static_cast<unsigned>((count + cuda::project_tile - 1) / cuda::project_tile));
+    simt::launch(grid, block, 0, cuda::project_tiled_kernel, rows, ldx, w.data(), ldw, y, ldy,
+                 count, n, k);
+  };
+  in_each_order([&] {
+    std::vector<float> y(static_cast<std::size_t>(m * ldy), -7.0f);  // the stride's gaps kept
+    project(x.data(), m, y.data());
+    CHECK(y == want);
+    // Row 66 (the second tile of rows) alone: the same bits.
+    std::vector<float> alone(static_cast<std::size_t>(ldy), -7.0f);
+    project(x.data() + 66 * ldx, 1, alone.data());
+    CHECK(std::equal(alone.begin(), alone.end(), want.begin() + 66 * ldy));
   });
 }
