@@ -57,8 +57,8 @@ timeout $build_limit ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$build.bui
 
 status=0
 say "host-side planning tests (CPU)"
-# The emulated device's forward-pass and backend tests (minutes of CPU on one core) run in
-# every `make test`; here only the plans and kernels.
+# The emulated device's forward-pass and backend tests run in every `make test`; here only the
+# plans and kernels.
 timeout 60 "$build/tests/test_cuda_host" -tce="emulated device*" \
   || { echo "test_cuda_host FAILED"; status=1; }
 
