@@ -319,9 +319,12 @@ def test_the_autoscaler_grows_a_launched_prefill_pool_and_removes_it_with_its_fe
         client = c.openai()
         first = client.chat.completions.create(**long_prompt("measure"))
         assert first.usage.prompt_tokens > 400
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            burst = list(pool.map(lambda i: client.chat.completions.create(**long_prompt(f"b{i}-")),
-                                  range(4)))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+                burst = list(pool.map(
+                    lambda i: client.chat.completions.create(**long_prompt(f"b{i}-")), range(4)))
+        except openai.APIError as e:  # what the processes said, to tell why
+            raise AssertionError(f"the burst failed: {e}\n" + "".join(c.log)) from e
         assert all(r.usage.completion_tokens == 4 for r in burst)
         deadline = time.monotonic() + 120
         while True:
