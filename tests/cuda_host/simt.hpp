@@ -3,8 +3,8 @@
 // are checked on a machine without a GPU. Include it before the kernels' header.
 //
 // A launch runs the grid's blocks one after another; a block's threads are fibers
-// (Boost.Context: a switch costs a few nanoseconds, no system call) on the calling thread, each running the kernel until it finishes or waits at a barrier:
-// __syncthreads waits for the whole block, a warp shuffle or ballot for the 32 threads of its
+// (Boost.Context: a switch costs a few nanoseconds, no system call) on the calling thread,
+// each running the kernel until it finishes or waits at a barrier: __syncthreads waits for the whole block, a warp shuffle or ballot for the 32 threads of its
 // warp (each writes its value, all read the others', then all leave together). `__shared__`
 // variables are function-local thread_local statics (one block runs at a time on a thread, so
 // one copy per thread serves), the dynamic shared memory a buffer of the launch's size. The
@@ -62,7 +62,7 @@ struct block_state {
   std::vector<std::size_t> warp_arrived;
   std::vector<std::uint64_t> warp_generation;
   std::vector<float> warp_values;
-  std::uint64_t progress = 0;  // barriers passed and threads finished
+  std::uint64_t progress = 0;  // arrivals at barriers and threads finished
 };
 
 /// The order in which a launch's scheduler runs the threads of a block, pass after pass: every
@@ -119,26 +119,31 @@ inline void sync_warp(std::size_t warp) {
   while (b.warp_generation[warp] == generation) yield();
 }
 
-inline unsigned ballot(bool predicate) {
-  const std::size_t t = self().index.x, warp = t / 32, lane = t % 32;
-  block_state& b = *running();
-  b.warp_values[warp * 32 + lane] = predicate ? 1.0f : 0.0f;
-  sync_warp(warp);
-  unsigned bits = 0;
-  for (std::size_t l = 0; l < 32; ++l)
-    if (b.warp_values[warp * 32 + l] != 0.0f) bits |= 1u << l;
-  sync_warp(warp);
-  return bits;
-}
-
-inline float shfl_xor(float v, int lane_mask) {
+// Every lane of the caller's warp puts in `v`; returns read(the warp's 32 values, lane).
+template <class F>
+auto warp_exchange(float v, F read) {
   const std::size_t t = self().index.x, warp = t / 32, lane = t % 32;
   block_state& b = *running();
   b.warp_values[warp * 32 + lane] = v;
   sync_warp(warp);
-  const float partner = b.warp_values[warp * 32 + (lane ^ static_cast<std::size_t>(lane_mask))];
+  const auto got = read(&b.warp_values[warp * 32], lane);
   sync_warp(warp);  // nobody writes the next round's value before every lane has read
-  return partner;
+  return got;
+}
+
+inline unsigned ballot(bool predicate) {
+  return warp_exchange(predicate ? 1.0f : 0.0f, [](const float* values, std::size_t) {
+    unsigned bits = 0;
+    for (std::size_t l = 0; l < 32; ++l)
+      if (values[l] != 0.0f) bits |= 1u << l;
+    return bits;
+  });
+}
+
+inline float shfl_xor(float v, int lane_mask) {
+  return warp_exchange(v, [lane_mask](const float* values, std::size_t lane) {
+    return values[lane ^ static_cast<std::size_t>(lane_mask)];
+  });
 }
 
 template <class T>
@@ -214,12 +219,10 @@ void launch(dim grid, dim block, std::size_t shared_bytes, void (*kernel)(Params
                                   return std::move(b.threads[t].caller);
                                 });
         }
-        // Round robin until every thread has finished. A pass in which no thread finished and
-        // no barrier opened means the threads wait for each other for ever: a kernel bug.
+        // Round robin until every thread has finished. A pass in which no thread finished or
+        // reached a barrier means the threads wait for each other for ever: a kernel bug.
         for (std::size_t left = block.x; left > 0;) {
-          const std::uint64_t block_before = b.block_generation;
-          const std::vector<std::uint64_t> warps_before = b.warp_generation;
-          const std::size_t left_before = left;
+          const std::uint64_t before = b.progress;
           if (thread_order() == order::warp_by_warp) {
             for (std::size_t w0 = 0; w0 < b.threads.size(); w0 += 32) run_warp(b, w0);
           } else {
@@ -231,8 +234,7 @@ void launch(dim grid, dim block, std::size_t shared_bytes, void (*kernel)(Params
           }
           left = 0;
           for (const auto& th : b.threads) left += th.done ? 0 : 1;
-          if (left > 0 && left == left_before && b.block_generation == block_before &&
-              b.warp_generation == warps_before)
+          if (left > 0 && b.progress == before)
             throw std::logic_error("simt::launch: the block's threads wait for each other");
         }
         running() = nullptr;

@@ -294,3 +294,20 @@ TEST_CASE("emulated: project_rows' tiles sum each output's products in ascending
     CHECK(std::equal(alone.begin(), alone.end(), want.begin() + 66 * ldy));
   });
 }
+
+namespace {
+// A barrier that thread 0 skips: the others wait for it for ever.
+__global__ void skips_barrier_kernel(int* out) {
+  if (threadIdx.x != 0) __syncthreads();
+  out[threadIdx.x] = 1;
+}
+}  // namespace
+
+TEST_CASE("emulated: a barrier some threads never reach is reported, in every order") {
+  std::vector<int> out(block.x, 0);
+  in_each_order([&] {
+    CHECK_THROWS_WITH_AS(simt::launch({1}, block, 0, skips_barrier_kernel, out.data()),
+                         "simt::launch: the block's threads wait for each other",
+                         std::logic_error);
+  });
+}
