@@ -118,6 +118,21 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
                                   " does not divide n_routed_experts " +
                                   std::to_string(w.cfg.text.n_routed_experts));
   w.expert_shards = options.expert_shards;
+  if (options.ep) {
+    const auto& ep = *options.ep;
+    if (options.expert_shards > 1)
+      return result<model>::failure("model: expert_shards and an EP group exclude each other");
+    if (auto ok = check_placement(ep.placement,
+                                  static_cast<std::int32_t>(w.cfg.text.n_routed_experts));
+        !ok)
+      return result<model>::failure("model: EP group: " + ok.error());
+    if (!ep.exchange || ep.exchange->ranks() != ep.placement.ranks || ep.rank < 0
+        || ep.rank >= ep.placement.ranks)
+      return result<model>::failure("model: EP rank " + std::to_string(ep.rank) + " of a "
+                                    + std::to_string(ep.placement.ranks)
+                                    + "-rank placement needs an exchange of that many ranks");
+    w.ep = ep;
+  }
   w.routed_counts = std::make_unique<std::atomic<std::uint64_t>[]>(
       sz(std::max<i64>(0, w.cfg.text.n_routed_experts)));
   w.ckpt.emplace(std::move(*ck));
@@ -137,7 +152,9 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   };
   // What every layer has, backbone or draft stage: the attention's projections, norms and sinks,
   // the two mHC mixes, the norms, the router and its experts, the shared expert.
-  auto layer_core = [&](layer_weights& L, const std::string& p, i64 n_experts) {
+  // `held` (null: every one): the routed experts this model loads.
+  auto layer_core = [&](layer_weights& L, const std::string& p, i64 n_experts,
+                        const std::vector<std::int32_t>* held) {
     get(L.wq_a, p + "attn.wq_a.weight", {qr, D});
     get(L.q_norm, p + "attn.q_norm.weight", {qr});
     get(L.wq_b, p + "attn.wq_b.weight", {H * hd, qr});
@@ -158,6 +175,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     get(L.gate_bias, p + "ffn.gate.bias", {n_experts});
     L.experts.resize(sz(n_experts));
     for (i64 e = 0; e < n_experts; ++e) {
+      if (held != nullptr && std::find(held->begin(), held->end(), e) == held->end()) continue;
       const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
       get(L.experts[sz(e)].w1, q + "w1.weight", {I, D});
       get(L.experts[sz(e)].w2, q + "w2.weight", {D, I});
@@ -184,7 +202,8 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     L.owns_index_keys = L.index_source && L.kv_source;
     L.candidate_source = l == c.candidate_source_layer_id;
     L.uses_candidates = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < l;
-    layer_core(L, p, c.n_routed_experts);
+    layer_core(L, p, c.n_routed_experts,
+               w.ep ? &w.ep->placement.local[sz(w.ep->rank)] : nullptr);
     if (L.kv_source) {
       get(L.c_wkv, p + "attn.compressor.wkv.weight", {hd, D});
       if (L.ratio > 1) get(L.c_wgate, p + "attn.compressor.wgate.weight", {hd, D});
@@ -247,7 +266,7 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
     for (i64 i = 0; i < stages && failure.empty(); ++i) {
       auto& L = w.draft_layers[sz(i)];
       const std::string p = "mtp." + std::to_string(i) + ".";
-      layer_core(L, p, E);
+      layer_core(L, p, E, nullptr);
     }
     const std::string last = "mtp." + std::to_string(stages - 1) + ".";
     get(w.draft_norm, last + "norm.weight", {D});
@@ -279,6 +298,9 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
 result<bool> model::set_expert_placement(std::optional<expert_placement> placement) {
   using r = result<bool>;
   auto& W = *w_;
+  if (W.ep)
+    return r::failure("expert placement: this model is rank " + std::to_string(W.ep->rank)
+                      + " of an EP group, which places the experts");
   if (!placement) {
     W.placement.reset();
     return true;
@@ -912,11 +934,13 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
 // The routed experts of a placement's ranks on the token copies dispatched to them: `ids` and
 // `weights` [T, k] are each token's experts and gate weights. Each rank runs its local experts
 // on the rows plan_dispatch sends it; each token's outputs are then added into y in ascending
-// expert id (the order moe_site sums in without a placement).
+// expert id (the order moe_site sums in without a placement). As a rank of an EP group (`ep`
+// non-null, its placement `placement`) this model runs only its own rank's experts and gathers
+// the other ranks' rows through the group's exchange (throws ep_group_failed when it fails).
 void moe_placed(const text_config& c, const layer_weights& L, gemm_mode mode,
-                const expert_placement& placement, const std::vector<std::int32_t>& ids,
-                const std::vector<float>& weights, i64 k, const std::vector<float>& a, i64 T,
-                std::vector<float>& y) {
+                const expert_placement& placement, const ep_member* ep,
+                const std::vector<std::int32_t>& ids, const std::vector<float>& weights, i64 k,
+                const std::vector<float>& a, i64 T, std::vector<float>& y) {
   const i64 D = c.hidden_size;
   auto plan = plan_dispatch(placement, ids, static_cast<std::int32_t>(k));
   const auto& p = *plan;  // the ids are the router's, in range
@@ -924,8 +948,9 @@ void moe_placed(const text_config& c, const layer_weights& L, gemm_mode mode,
   std::vector<float> sent(sz(rows * D)), returned(sz(rows * D)), row_w(sz(rows));
   gather_rows(p, a.data(), D, sent.data());
   for (i64 i = 0; i < rows; ++i) row_w[sz(i)] = weights[sz(p.send_copy[sz(i)])];
-  i64 row = 0;
-  for (std::int32_t rank = 0; rank < p.ranks; ++rank)
+  for (std::int32_t rank = 0; rank < p.ranks; ++rank) {
+    if (ep != nullptr && rank != ep->rank) continue;
+    i64 row = p.send_offsets[sz(rank)];
     for (std::size_t slot = 0; slot < p.expert_counts[sz(rank)].size(); ++slot) {
       const i64 m = p.expert_counts[sz(rank)][slot];
       if (m == 0) continue;
@@ -934,6 +959,14 @@ void moe_placed(const text_config& c, const layer_weights& L, gemm_mode mode,
                      returned.data() + row * D);
       row += m;
     }
+  }
+  if (ep != nullptr) {
+    std::vector<i64> offsets(sz(p.ranks) + 1, rows * D);
+    for (std::int32_t rank = 0; rank < p.ranks; ++rank)
+      offsets[sz(rank)] = i64{p.send_offsets[sz(rank)]} * D;
+    if (auto ok = ep->exchange->all_gather(ep->rank, returned, offsets); !ok)
+      throw ep_group_failed(ok.error());
+  }
   std::vector<i64> order(sz(k));
   for (i64 t = 0; t < T; ++t) {
     std::iota(order.begin(), order.end(), i64{0});
@@ -954,8 +987,9 @@ void moe_placed(const text_config& c, const layer_weights& L, gemm_mode mode,
 // `placement` they run as its ranks would (moe_placed). `counts` (null: none) gets each routed
 // expert's tokens added.
 void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int shards,
-              const expert_placement* placement, std::atomic<std::uint64_t>* counts,
-              const std::vector<float>& a, i64 T, std::vector<float>& y) {
+              const expert_placement* placement, const ep_member* ep,
+              std::atomic<std::uint64_t>* counts, const std::vector<float>& a, i64 T,
+              std::vector<float>& y) {
   const i64 D = c.hidden_size;
   const i64 E = c.n_routed_experts;
   std::vector<float> gl(sz(T * E));
@@ -983,7 +1017,7 @@ void moe_site(const text_config& c, const layer_weights& L, gemm_mode mode, int 
   y.assign(sz(T * D), 0.0f);
   std::vector<float> partial, xe, ye, we;
   if (placement != nullptr && T > 0)
-    moe_placed(c, L, mode, *placement, ids, ids_w, k, a, T, y);
+    moe_placed(c, L, mode, *placement, ep, ids, ids_w, k, a, T, y);
   const i64 per_shard = E / shards;
   for (i64 shard = 0; placement == nullptr && shard < shards; ++shard) {
     std::vector<float>& acc = shards == 1 ? y : partial;
@@ -1047,6 +1081,18 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
                                       std::int64_t decoder_begin, std::int64_t head,
                                       std::vector<float>* dspark_features,
                                       std::span<const std::int64_t> tail) const {
+  try {
+    return run_layers(batch, layer_streams, decoder_begin, head, dspark_features, tail);
+  } catch (const ep_group_failed& e) {
+    return result<std::vector<float>>::failure(e.what());
+  }
+}
+
+result<std::vector<float>> model::run_layers(std::span<const sequence_input> batch,
+                                             std::vector<std::vector<float>>* layer_streams,
+                                             std::int64_t decoder_begin, std::int64_t head,
+                                             std::vector<float>* dspark_features,
+                                             std::span<const std::int64_t> tail) const {
   const auto& W = *w_;
   const auto& c = W.cfg.text;
   const i64 D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
@@ -1172,8 +1218,10 @@ result<std::vector<float>> model::run(std::span<const sequence_input> batch,
     hc_collapse(c, streams, attn_pre, T, collapsed);
     a = collapsed;
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    moe_site(c, L, mode, W.expert_shards, W.placement ? &*W.placement : nullptr,
-             W.routed_counts.get(), a, T, out);
+    const ep_member* ep = W.ep ? &*W.ep : nullptr;
+    const expert_placement* placement = ep ? &ep->placement
+                                           : W.placement ? &*W.placement : nullptr;
+    moe_site(c, L, mode, W.expert_shards, placement, ep, W.routed_counts.get(), a, T, out);
     hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
     if (layer_streams != nullptr) layer_streams->push_back(streams);
@@ -1484,7 +1532,7 @@ result<draft_output> model::draft(std::span<const draft_input> batch) const {
     hc_mixes(c, mode, streams, T, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, next_pre, post, comb);
     hc_collapse(c, streams, attn_pre, T, a);
     for (i64 t = 0; t < T; ++t) rms_norm(a.data() + t * D, D, L.ffn_norm.data(), eps);
-    moe_site(W.draft_cfg, L, mode, 1, nullptr, nullptr, a, T, out);
+    moe_site(W.draft_cfg, L, mode, 1, nullptr, nullptr, nullptr, a, T, out);
     hc_expand(c, out, post, comb, T, streams);
     pre_mix = next_pre;
   }

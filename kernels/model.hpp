@@ -19,6 +19,7 @@
 
 #include "kernels/engram_hash.hpp"
 #include "kernels/ep_dispatch.hpp"
+#include "kernels/ep_exchange.hpp"
 #include "kernels/kv_cache.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/result.hpp"
@@ -76,6 +77,15 @@ struct model_options {
   // each summed into a partial output, the partials summed in shard order), as EP ranks hold
   // them; must divide n_routed_experts. Changes only the summation order.
   int expert_shards = 1;
+  // Rank `ep->rank` of an expert-parallel group whose ranks are models of this process
+  // (kernels/ep_exchange.hpp): the model loads only the routed experts of the main layers that
+  // `ep->placement` puts on its rank (the rest of the model whole), and each main layer's MoE
+  // computes the rows of the token copies dispatched to its rank and gathers the other ranks'
+  // through `ep->exchange` before adding each token's outputs in ascending expert id: logits
+  // bitwise those of the whole model in batch-invariant mode. Every rank of the group must make
+  // the same forward calls on the same inputs at the same time (kernels/ep_group_backend.hpp
+  // does); a failed exchange fails the call, and the rank's caches are then unusable.
+  std::optional<ep_member> ep = std::nullopt;
   // A numerical-stability probe, off by default: every projection's output element y gets
   // y += jitter · u · rms(its output row), u in [-1, 1] drawn from (jitter_seed, y's bits, its
   // column) — a stand-in for another BLAS kernel's summation order. Running a computation with
@@ -118,7 +128,8 @@ class model {
   /// they may differ in the last bits. std::nullopt: back to one group. The expert-parallel
   /// load balancer switches placements between steps; not to be called during a forward.
   /// Errors: a placement of another expert count, or inconsistent (an expert without a home, a
-  /// home that does not list it), or together with model_options::expert_shards > 1.
+  /// home that does not list it), together with model_options::expert_shards > 1, or on a rank
+  /// of an EP group (model_options::ep: its placement is the group's).
   result<bool> set_expert_placement(std::optional<expert_placement> placement);
 
   /// Tokens routed to each routed expert since the model was loaded, summed over the main
@@ -232,6 +243,12 @@ class model {
                                  std::int64_t decoder_begin, std::int64_t head,
                                  std::vector<float>* dspark_features = nullptr,
                                  std::span<const std::int64_t> tail = {}) const;
+  // run's layers; throws ep_group_failed when an EP rank's exchange fails.
+  result<std::vector<float>> run_layers(std::span<const sequence_input> batch,
+                                        std::vector<std::vector<float>>* layer_streams,
+                                        std::int64_t decoder_begin, std::int64_t head,
+                                        std::vector<float>* dspark_features,
+                                        std::span<const std::int64_t> tail) const;
   std::unique_ptr<weights> w_;
 };
 

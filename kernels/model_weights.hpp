@@ -71,6 +71,9 @@ struct model::weights {
   std::vector<std::int64_t> token_map;  // token id -> compressed id (Engram)
   std::shared_ptr<block_pool> pool = std::make_shared<block_pool>();
   int expert_shards = 1;
+  // This model's place in an EP group of this process (model_options::ep); the main layers'
+  // experts it does not hold are empty matrices.
+  std::optional<ep_member> ep;
   // The EP placement the main layers' MoEs run by (set_expert_placement), and the router's
   // top-k counts per routed expert.
   std::optional<expert_placement> placement;
