@@ -135,7 +135,7 @@ int serve_troupe(unsigned max_in_flight) {
                                           actors::register_actor_types}};
   cluster::real_graph_params gp;
   gp.device = [script = script_tokens(codec)](caf::actor_system& sys, cluster::pool_role,
-                                              std::uint32_t) {
+                                              std::uint32_t, std::uint32_t) {
     ports::script_device_params d;
     d.script = script;
     d.at_end = ports::script_end::cycle;

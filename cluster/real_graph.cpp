@@ -9,6 +9,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
+#include <map>
 
 namespace troupe::cluster {
 
@@ -40,14 +41,18 @@ std::string check_real_topology(const topology& topo) {
   const auto* decode = find_pool(topo, pool_role::decode);
   if (prefill == nullptr || decode == nullptr)
     return topo.source + ": the real world needs a prefill and a decode pool";
-  for (const auto* pool : {prefill, decode})
-    if (pool->gpus_per_instance != 1)
-      return topo.source + ": pool '" + pool->name + "' has gpus_per_instance = "
-             + std::to_string(pool->gpus_per_instance)
-             + (topo.cluster.device == "cuda"
-                  ? "; the CUDA backend runs one GPU per instance so far (expert parallelism "
-                    "over NCCL is not in the device port yet: docs/cuda.md); set it to 1"
-                  : "; the CPU backend runs one device per instance (set it to 1)");
+  for (const auto* pool : {prefill, decode}) {
+    const auto n = std::to_string(pool->gpus_per_instance);
+    if (pool->gpus_per_instance != 1 && topo.cluster.device != "cpu")
+      return topo.source + ": pool '" + pool->name + "' has gpus_per_instance = " + n
+             + "; the " + (topo.cluster.device == "cuda" ? "CUDA" : topo.cluster.device)
+             + " backend runs one GPU per instance so far (expert parallelism over NCCL is not "
+               "in the device port yet: docs/cuda.md); set it to 1";
+    if (pool->ep_size != pool->gpus_per_instance)
+      return topo.source + ": pool '" + pool->name + "' has ep_size = "
+             + std::to_string(pool->ep_size) + " and gpus_per_instance = " + n
+             + "; the CPU backend runs an instance's ranks as one EP group (make them equal)";
+  }
   return {};
 }
 
@@ -145,9 +150,19 @@ instance_maker(const topology& topo, pool_role role, const real_graph_params& pa
                const actors::kv_check_actor& kv, const caf::actor& lb, const caf::actor& kept_to) {
   const auto& pool = *find_pool(topo, role);
   auto ports = actors::instance_ports{};
-  ports.device = [make = params.device, role](caf::local_actor* self, actors::instance_id id,
-                                              std::uint32_t, std::uint32_t) {
-    return make(self->system(), role, id);
+  // One device runs an incarnation's ranks (as threads of its EP group): the leader's call
+  // makes it, the other ranks', which start right after (the supervisor starts the ranks in
+  // order), watch the same device, so it going down takes each of them down. (Weak: a
+  // device lives as long as its instance's ranks hold it.)
+  auto leaders = std::make_shared<std::map<actors::instance_id, caf::actor_addr>>();
+  ports.device = [make = params.device, role, leaders](caf::local_actor* self,
+                                                       actors::instance_id id, std::uint32_t rank,
+                                                       std::uint32_t size) {
+    if (rank > 0)
+      return caf::actor_cast<runtime::device_port>((*leaders)[id]);
+    auto device = make(self->system(), role, id, size);
+    (*leaders)[id] = caf::actor_cast<caf::actor_addr>(device);
+    return device;
   };
   // Inside one process the KV moves between instances by handle: no link port.
   ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
@@ -164,8 +179,8 @@ instance_maker(const topology& topo, pool_role role, const real_graph_params& pa
     pe.draft_context = params.spec.spec != actors::speculation::off;
     pe.writer = writer;
     return [name = pool.name, pe, ports, lb = caf::actor_cast<actors::prefill_lb_actor>(lb),
-            keep = params.keep_windows](actors::instance_id i) {
-      return actors::prefill_instance(name, i, 1, pe, ports, lb, keep);
+            keep = params.keep_windows, ranks = pool.gpus_per_instance](actors::instance_id i) {
+      return actors::prefill_instance(name, i, ranks, pe, ports, lb, keep);
     };
   }
   actors::decode_engine_params de;
@@ -175,8 +190,9 @@ instance_maker(const topology& topo, pool_role role, const real_graph_params& pa
   de.overlap = params.overlap;
   de.step_cost = params.step_cost;
   return [name = pool.name, de, ports, lb = caf::actor_cast<actors::decode_lb_actor>(lb), writer,
-          kept = params.keep_windows ? kept_to : caf::actor{}](actors::instance_id i) {
-    return actors::decode_instance(name, i, 1, de, ports, lb, writer, kept);
+          kept = params.keep_windows ? kept_to : caf::actor{},
+          ranks = pool.gpus_per_instance](actors::instance_id i) {
+    return actors::decode_instance(name, i, ranks, de, ports, lb, writer, kept);
   };
 }
 

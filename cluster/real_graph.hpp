@@ -32,8 +32,12 @@
 namespace troupe::cluster {
 
 struct real_graph_params {
-  /// Makes the device of an instance of pool `pool` (role prefill or decode).
-  std::function<runtime::device_port(caf::actor_system&, pool_role role, std::uint32_t instance)>
+  /// Makes the device of an instance of pool `pool` (role prefill or decode) whose
+  /// incarnation has `ranks` ranks (the pool's gpus_per_instance): one device runs them all,
+  /// as an EP group of that many ranks (ports::cpu_device_params::ep_ranks), and each rank
+  /// actor of the instance watches it.
+  std::function<runtime::device_port(caf::actor_system&, pool_role role, std::uint32_t instance,
+                                     std::uint32_t ranks)>
     device;
   /// KV bytes of one 128-token block of the model (the CHECK role's accounting).
   std::uint64_t block_bytes = 0;

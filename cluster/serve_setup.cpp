@@ -117,6 +117,19 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
     return fail("--eplb " + std::to_string(o.eplb_ranks) + ": expected 2 .. "
                 + std::to_string(text.n_routed_experts)
                 + " ranks (the model's routed experts) for each device's EP group");
+  for (const auto role : {pool_role::prefill, pool_role::decode}) {
+    const auto* pool = find_pool(in.topo, role);
+    if (pool->gpus_per_instance > text.n_routed_experts)
+      return fail(o.topology + ": pool '" + pool->name + "' has gpus_per_instance = "
+                  + std::to_string(pool->gpus_per_instance) + "; the model has "
+                  + std::to_string(text.n_routed_experts)
+                  + " routed experts, at least one per rank of an instance's EP group");
+    if (pool->gpus_per_instance > 1 && o.eplb_ranks > 0)
+      return fail("--eplb " + std::to_string(o.eplb_ranks) + ": pool '" + pool->name
+                  + "' runs its instances as EP groups of " + std::to_string(pool->gpus_per_instance)
+                  + " ranks, which keep the placement they start with; drop --eplb, or set "
+                    "gpus_per_instance = 1");
+  }
   auto interval = runtime::parse_duration(o.eplb_interval);
   if (!interval || interval.value <= runtime::duration{0})
     return fail("--eplb-interval " + o.eplb_interval + ": expected a duration > 0 (e.g. 30s)");
@@ -313,9 +326,10 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                prefill_instances = prefill_pool->instances.initial,
                interval = in.eplb_interval,
                window = in.window_memory](caf::actor_system& sys, pool_role role,
-                                            std::uint32_t instance) {
+                                            std::uint32_t instance, std::uint32_t ranks) {
     ports::cpu_device_params d;
     d.model_dir = o.model;
+    d.ep_ranks = ranks;
     d.threads = o.device_threads;
     d.batch_invariant = true;
     if (engine != nullptr) {

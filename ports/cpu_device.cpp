@@ -2,6 +2,7 @@
 #include "ports/cpu_device.hpp"
 
 #include "kernels/backend.hpp"
+#include "kernels/ep_group_backend.hpp"
 #include "kernels/generate.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/safetensors.hpp"
@@ -252,8 +253,64 @@ void measure(kernels::model_backend& be, std::int64_t vocab, step_profile& profi
   profile.set(std::move(points));
 }
 
+/// Loads the ranks of an EP group (cpu_device_params::ep_ranks) into the state, or sets the
+/// load error.
+void load_group(cpu_device_state& st, cpu_device_params& p) {
+  auto fail = [&](const std::string& why) {
+    st.load_error = make_error(device_errc::load_failed, why);
+  };
+  if (p.model || p.backend || p.experts)
+    return fail("an EP group of " + std::to_string(p.ep_ranks)
+                + " ranks loads the CPU engine from a model directory, and keeps its expert "
+                  "placement (no loaded model, other backend or expert balancer)");
+  auto cfg = kernels::load_model_config(p.model_dir);
+  if (!cfg)
+    return fail(cfg.error());
+  auto placement = kernels::place_experts(static_cast<std::int32_t>(cfg->text.n_routed_experts),
+                                          static_cast<std::int32_t>(p.ep_ranks));
+  if (!placement)
+    return fail("an EP group of " + std::to_string(p.ep_ranks) + " ranks: " + placement.error());
+  std::string id = p.model_id;
+  if (id.empty()) {
+    auto fp = model_fingerprint(p.model_dir);
+    if (!fp)
+      return fail(fp.error());
+    id = *fp;
+  }
+  bool named = false;
+  auto prepare = [&](kernels::model& m) -> kernels::result<bool> {
+    if (p.engram_map.empty()) {
+      if (!m.text().engram_layer_ids.empty())
+        return kernels::result<bool>::failure(
+          "the model has Engram layers: give engram_map (a JSON file, or identity for a random "
+          "model directory)");
+      return true;
+    }
+    auto map = kernels::load_engram_token_map(m, p.engram_map);
+    if (!map)
+      return kernels::result<bool>::failure(map.error());
+    if (p.model_id.empty() && !named) {
+      id = with_map(id, *map);
+      named = true;
+    }
+    return m.set_engram_token_map(std::move(*map));
+  };
+  auto group = kernels::open_ep_group(
+    p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant}, *placement,
+    prepare);
+  if (!group)
+    return fail(group.error());
+  st.vocab = cfg->text.vocab_size;
+  st.model_id = std::move(id);
+  st.backend = std::move(*group);
+  if (p.profile && p.profile->get().empty())
+    measure(*st.backend, st.vocab, *p.profile);
+}
+
 /// Loads the model (on the device's thread) into the state, or sets the load error.
 void load(cpu_device_state& st, cpu_device_params& p) {
+  if (p.ep_ranks > 1)
+    return load_group(st, p);
   auto fail = [&](const std::string& why) {
     st.load_error = make_error(device_errc::load_failed, why);
   };

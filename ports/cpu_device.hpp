@@ -133,6 +133,14 @@ struct cpu_device_params {
   /// kernels::cuda::cuda_backend::opener here; a backend that fails to open is the device's
   /// load error.
   kernels::backend_opener backend;
+  /// The ranks of the device's instance, run as one expert-parallel group of this many
+  /// threads (kernels/ep_group_backend.hpp): each rank's model holds the routed experts of its
+  /// share of kernels::place_experts (contiguous ranges), the rest of the model whole, and the
+  /// ranks gather each other's expert rows at every MoE; the tokens are those of one model.
+  /// 1: one model. Above 1 only on the CPU engine from `model_dir` (not with `model`,
+  /// `backend` or `experts`: the group keeps its placement), and at most the model's routed
+  /// experts; otherwise the load fails and says why.
+  std::uint32_t ep_ranks = 1;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its

@@ -173,9 +173,11 @@ struct fixture {
     }
     p.device = [dir, log = log, this, p_spec = spec, backend](caf::actor_system& sys,
                                                               cluster::pool_role role,
-                                                              std::uint32_t id) {
+                                                              std::uint32_t id,
+                                                              std::uint32_t ranks) {
       ports::cpu_device_params d;
       d.model_dir = dir;
+      d.ep_ranks = ranks;
       d.backend = backend;
       d.threads = 1;
       d.engram_map = "identity";

@@ -635,3 +635,70 @@ scale_down_after = "3s"
   f.collect(self, out, 1);
   CHECK(out[7].tokens == generate_greedy(last, 12));
 }
+
+TEST_CASE("instances of several ranks run as EP groups, each rank holding its experts: exact "
+          "tokens, and a rank's exit re-forms its instance") {
+  // The tiny model's 8 routed experts over 2 prefill ranks and 3 decode ranks.
+  std::string text = topology_text;
+  for (auto [role, n] : {std::pair{"prefill", "2"}, {"decode", "3"}}) {
+    const std::string one = "role = \"" + std::string(role) + "\"\ninstances = 1\ngpus_per_instance = 1";
+    text.replace(text.find(one), one.size(),
+                 "role = \"" + std::string(role) + "\"\ninstances = 1\ngpus_per_instance = " + n);
+  }
+  auto topo = cluster::parse_topology(text, "ep.toml");
+  REQUIRE(topo.value);
+  REQUIRE(cluster::check_real_topology(*topo.value).empty());
+  fixture f(false, {}, 1, {}, {}, true, {}, 1, true, {}, *topo.value);
+  caf::scoped_actor self{f.w.system()};
+  auto children = [&](const caf::actor& of) {
+    std::vector<runtime::child_info> out;
+    self->request(of, 10s, runtime::which_children_atom::value)
+      .receive([&](std::vector<runtime::child_info>& c) { out = std::move(c); },
+               [&](const caf::error& e) { FAIL(f.w.system().render(e)); });
+    return out;
+  };
+  auto instance = [&](const std::string& pool) {
+    for (const auto& p : children(f.graph.cluster))
+      if (p.id == pool)
+        return caf::actor_cast<caf::actor>(children(caf::actor_cast<caf::actor>(p.handle)).at(0).handle);
+    FAIL("no pool " << pool);
+    return caf::actor{};
+  };
+  auto ranks = [&](const caf::actor& inst) {
+    std::vector<std::string> ids;
+    for (const auto& c : children(inst))
+      if (c.id.rfind("rank", 0) == 0)
+        ids.push_back(c.id);
+    return ids;
+  };
+  CHECK(ranks(instance("prefill")) == std::vector<std::string>{"rank0", "rank1"});
+  const auto decode = instance("decode");
+  CHECK(ranks(decode) == std::vector<std::string>{"rank0", "rank1", "rank2"});
+
+  check_handoff(f);
+  const auto prompt = prompt_of(60, 3, f.vocab);
+  std::vector<actors::generation_request> all;
+  for (std::uint64_t id = 2; id <= 6; ++id)
+    all.push_back(f.request(id, prompt, 6, {}));
+  auto out = f.run(self, std::move(all));
+  const auto exact = generate_greedy(prompt, 6);
+  for (auto& [id, s] : out) {
+    CAPTURE(id);
+    CHECK(s.tokens == exact);
+  }
+
+  // Rank 2 of the decode instance fails: the instance goes down as a whole and comes back
+  // (its pool restarts it), and serves the same tokens.
+  for (const auto& c : children(decode))
+    if (c.id == "rank2")
+      caf::anon_send_exit(c.handle, caf::exit_reason::kill);
+  caf::actor again;
+  for (int i = 0; i < 200 && (!again || again == decode); ++i) {
+    std::this_thread::sleep_for(50ms);
+    again = instance("decode");
+  }
+  REQUIRE(again != decode);
+  CHECK(ranks(again).size() == 3);
+  out = f.run(self, {f.request(7, prompt, 6, {})});
+  CHECK(out[7].tokens == exact);
+}

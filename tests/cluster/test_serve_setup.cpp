@@ -1,6 +1,7 @@
 // What `troupe serve` checks before it starts (cluster/serve_setup.hpp): the topology's device
 // and its engine (cluster/device_engines.hpp), and the options that depend on it.
 #include "cluster/device_engines.hpp"
+#include "cluster/real_graph.hpp"
 #include "cluster/serve_setup.hpp"
 #include "kernels/model_init.hpp"
 
@@ -135,6 +136,25 @@ TEST_CASE("troupe serve refuses a device it has no engine for, and says why") {
   CHECK(refusal(d.options(d.topology("H100", "cpu"))).empty());
 }
 
+TEST_CASE("troupe serve runs a CPU pool's instances of several ranks as EP groups: at most a "
+          "rank per routed expert, ep_size equal to the ranks, no --eplb") {
+  setup_dir d;
+  CHECK(refusal(d.options(d.topology("cpu", "", 4))).empty());
+  CHECK(says(refusal(d.options(d.topology("cpu", "", 64))),
+             "pool 'prefill' has gpus_per_instance = 64; the model has 16 routed experts, at "
+             "least one per rank of an instance's EP group"));
+  auto eplb = d.options(d.topology("cpu", "", 2));
+  eplb.eplb_ranks = 4;
+  CHECK(says(refusal(eplb), "--eplb 4: pool 'prefill' runs its instances as EP groups of 2 "
+                            "ranks, which keep the placement they start with"));
+  auto t = load_topology(d.topology("cpu", "", 4));
+  REQUIRE(t.value);
+  t.value->pools[1].ep_size = 2;
+  CHECK(says(check_real_topology(*t.value), "pool 'decode' has ep_size = 2 and "
+                                            "gpus_per_instance = 4; the CPU backend runs an "
+                                            "instance's ranks as one EP group (make them equal)"));
+}
+
 TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cannot run, the "
           "context it allocates for") {
   setup_dir d;
@@ -185,7 +205,7 @@ TEST_CASE("troupe serve on a cuda engine: the machine's GPU, the options it cann
   // instances first, then the decode ones.
   for (auto [role, instance] : {std::pair{pool_role::decode, 0u}, std::pair{pool_role::prefill, 0u},
                                 std::pair{pool_role::decode, 2u}})
-    caf::anon_send_exit(gp->device(sys, role, instance), caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(gp->device(sys, role, instance, 1), caf::exit_reason::user_shutdown);
   REQUIRE(cuda.opened.size() == 3);
   CHECK(cuda.opened[0].index == 1);
   CHECK(cuda.opened[1].index == 0);

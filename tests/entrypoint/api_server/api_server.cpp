@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     cluster::real_graph_params gp;
-    gp.device = [s](caf::actor_system& sys, cluster::pool_role, std::uint32_t) {
+    gp.device = [s](caf::actor_system& sys, cluster::pool_role, std::uint32_t, std::uint32_t) {
       ports::script_device_params d;
       d.script = s.tokens;
       d.step_delay = s.delay;
