@@ -664,6 +664,11 @@ int main(int argc, char** argv) {
   node->add_option("--index", node_opts.index,
                    "the instance's number in its pool (prefill, decode), the store's shard "
                    "(store), or the prefill instance whose blocks it fetches (fetcher)");
+  node->add_option("--gpus", node_opts.gpus,
+                   "prefill, decode: the instance's healthy GPUs, e.g. 0,1,3 (default: all of "
+                   "its gpus_per_instance); it runs on the first of them that make a valid EP "
+                   "size (docs/faults.md, EP resize)")
+    ->delimiter(',');
   node->add_option("--control", node_opts.control,
                    "HOST:PORT of the control process (control: where to publish it)")
     ->required();

@@ -2,6 +2,7 @@
 
 #include "actors/instance.hpp"
 #include "cluster/autoscaling.hpp"
+#include "cluster/sim/expert_placement.hpp"
 #include "runtime/supervisor.hpp"
 
 #include <caf/actor_system.hpp>
@@ -164,6 +165,14 @@ instance_maker(const topology& topo, pool_role role, const real_graph_params& pa
     (*leaders)[id] = caf::actor_cast<caf::actor_addr>(device);
     return device;
   };
+  if (!params.healthy_gpus.empty())
+    ports.gpus = [healthy = params.healthy_gpus, n = pool.gpus_per_instance,
+                  experts = params.experts](actors::instance_id) {
+      auto gpus = healthy;
+      gpus.resize(std::min<std::size_t>(
+        gpus.size(), sim::resized_ep(n, static_cast<std::uint32_t>(gpus.size()), experts)));
+      return gpus;
+    };
   // Inside one process the KV moves between instances by handle: no link port.
   ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
   // Prefill persists the prompt's blocks, decode those its output fills.

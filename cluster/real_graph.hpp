@@ -41,6 +41,13 @@ struct real_graph_params {
     device;
   /// KV bytes of one 128-token block of the model (the CHECK role's accounting).
   std::uint64_t block_bytes = 0;
+  /// The GPUs (ranks below the pool's gpus_per_instance, ascending) the instances may run on;
+  /// empty: all. An incarnation runs on the first resized_ep(gpus_per_instance, healthy,
+  /// experts) of them (cluster/sim/expert_placement.hpp: the simulator's EP resize rule), and
+  /// with none that make a valid size it cannot start (its pool supervisor retries).
+  std::vector<std::uint32_t> healthy_gpus;
+  /// The model's routed experts (the resize rule's limit; 0: none).
+  std::uint32_t experts = 0;
   /// Longest prompt accepted (tokens).
   std::uint64_t max_context = 1 << 20;
   /// Requests decoded together by a decode instance.

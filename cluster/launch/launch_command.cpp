@@ -5,6 +5,7 @@
 #include "cluster/launch/real_faults.hpp"
 #include "cluster/launch/slurm_launch.hpp"
 #include "cluster/serve_setup.hpp"
+#include "cluster/sim/expert_placement.hpp"
 #include "cluster/sim/fault_plan.hpp"
 #include "cluster/sim/result.hpp"
 
@@ -162,6 +163,12 @@ struct process_state {
   /// Stopped because its host left the hosts file (or no longer takes its role): restarted
   /// on another host once it exited, not counted against the restart intensity.
   bool evacuating = false;
+  /// An instance of several GPUs: those a fault plan failed, and the EP size its command line
+  /// forms on the others (its next start's; 0: none can form). Killed to re-form: restarted
+  /// at once, not counted against the restart intensity.
+  std::set<std::uint32_t> failed_gpus;
+  std::uint32_t ep = 0;
+  bool reforming = false;
 };
 
 /// An order of the autoscaler in the control process (launched_pools.hpp).
@@ -170,6 +177,20 @@ struct scale_order {
   std::string role;
   std::uint32_t index = 0;
 };
+
+/// The instance's `--gpus`: its healthy GPUs of `configured`, the flag removed when all are.
+void set_gpus(std::vector<std::string>& argv, const std::vector<std::uint32_t>& healthy,
+              std::uint32_t configured) {
+  auto f = std::find(argv.begin(), argv.end(), "--gpus");
+  if (f != argv.end())
+    argv.erase(f, std::min(f + 2, argv.end()));
+  if (healthy.size() == configured)
+    return;
+  std::string list;
+  for (auto g : healthy)
+    list += (list.empty() ? "" : ",") + std::to_string(g);
+  argv.insert(argv.end(), {"--gpus", list});
+}
 
 /// Sets the value after `flag` in `argv`, if the flag is there.
 void set_arg(std::vector<std::string>& argv, const std::string& flag, const std::string& value) {
@@ -329,6 +350,10 @@ private:
         case process_action_kind::slow:
           link_fault(p, a);
           continue;
+        case process_action_kind::fail_gpu:
+        case process_action_kind::heal_gpu:
+          gpu_fault(p, a);
+          continue;
       }
       // The duty cycle of a slowdown is too chatty for the terminal; the log has it all.
       if (a.kind != process_action_kind::stop && a.kind != process_action_kind::resume)
@@ -339,6 +364,52 @@ private:
     }
     if (changed)
       write_state();
+  }
+
+  /// A GPU of `p`'s instance fails or recovers: the instance's next start runs on its healthy
+  /// GPUs (`--gpus`, the EP resize rule of sim::resized_ep). A failure kills the process, which
+  /// restarts at once when those GPUs form an EP group and is held down otherwise; a recovery
+  /// restarts a process held down once they do.
+  void gpu_fault(process_state& p, const process_action& a) {
+    if (a.kind == process_action_kind::fail_gpu)
+      p.failed_gpus.insert(a.gpu);
+    else
+      p.failed_gpus.erase(a.gpu);
+    std::vector<std::uint32_t> healthy;
+    for (std::uint32_t g = 0; g < a.configured; ++g)
+      if (!p.failed_gpus.contains(g))
+        healthy.push_back(g);
+    // (The topology check keeps gpus_per_instance within the model's experts: no limit here.)
+    const auto size = sim::resized_ep(a.configured, static_cast<std::uint32_t>(healthy.size()), 0);
+    set_gpus(p.spec.argv, healthy, a.configured);
+    err_ << "troupe launch: fault " << a.fault << ": gpu " << a.gpu << " of " << p.spec.name
+         << (a.kind == process_action_kind::fail_gpu ? " failed" : " recovered") << "; "
+         << healthy.size() << " of " << a.configured << " healthy";
+    if (a.kind == process_action_kind::fail_gpu && size > 0) {
+      // Running: killed, and its exit restarts it. Restarting already: it starts with the
+      // new --gpus.
+      p.reforming = p.pid != 0;
+      signal(p, SIGKILL);
+      err_ << ", it re-forms as an EP group of " << size << "\n";
+    } else if (a.kind == process_action_kind::fail_gpu) {
+      p.held = true;
+      p.reforming = false;
+      p.restart_at.reset();
+      signal(p, SIGKILL);
+      err_ << ", too few for an EP group (" << (a.configured + 1) / 2
+           << " needed): down until enough recover\n";
+    } else if (p.held && size > 0) {
+      p.held = false;
+      if (p.pid == 0 && p.state == "down")
+        p.restart_at = clock::now();
+      err_ << ", it re-forms as an EP group of " << size << "\n";
+    } else {
+      err_ << (p.pid != 0 ? ", regained at its next restart\n" : "\n");
+    }
+    p.ep = size;
+    event("fault", p, {{"action", to_string(a.kind)}, {"fault", a.fault}, {"gpu", a.gpu},
+                       {"healthy_gpus", healthy}, {"ep", size}});
+    write_state();
   }
 
   /// A link fault between `p` and the process `a.peer`, once per fault and pair of hosts: a
@@ -494,6 +565,14 @@ private:
       write_state();
       return -1;
     }
+    if (p->reforming) {
+      p->reforming = false;
+      p->state = "restarting";
+      p->restart_at = clock::now();
+      err_ << "; restarts as an EP group of " << p->ep << "\n";
+      write_state();
+      return -1;
+    }
     if (p->rejoin) {
       p->rejoin = false;
       p->state = "restarting";
@@ -637,7 +716,7 @@ private:
     if (o_.state_file.empty())
       return;
     nlohmann::json procs = nlohmann::json::array();
-    for (const auto& p : procs_)
+    for (const auto& p : procs_) {
       procs.push_back({{"name", p.spec.name},
                        {"role", p.spec.role},
                        {"index", p.spec.index},
@@ -645,6 +724,11 @@ private:
                        {"pid", p.pid},
                        {"restarts", p.restarts},
                        {"state", p.state}});
+      if (p.ep > 0 || !p.failed_gpus.empty()) {
+        procs.back()["ep"] = p.ep;
+        procs.back()["failed_gpus"] = p.failed_gpus;
+      }
+    }
     nlohmann::json hosts = nlohmann::json::array();
     for (const auto& h : hosts_) {
       nlohmann::json host{{"name", h.name},
@@ -1651,6 +1735,8 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
             << std::fixed << std::setprecision(1);
       if (a.kind == process_action_kind::cut || a.kind == process_action_kind::slow)
         out << " for " << runtime::to_seconds(a.length) << " s";
+      if (a.kind == process_action_kind::fail_gpu || a.kind == process_action_kind::heal_gpu)
+        out << " gpu " << a.gpu << " of " << a.configured;
       out << " (fault " << a.fault << ")\n";
     }
     return 0;

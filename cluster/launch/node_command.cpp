@@ -8,6 +8,7 @@
 #include "cluster/launch/store_bridge.hpp"
 #include "cluster/launch/teardown_limit.hpp"
 #include "cluster/serve_setup.hpp"
+#include "cluster/sim/expert_placement.hpp"
 #include "cluster/sim/result.hpp"
 #include "ports/fabric_link.hpp"
 #include "ports/posix_store.hpp"
@@ -545,6 +546,22 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
                 + std::to_string(pool->instances.initial - 1) + ")");
   if (auto why = joining_problem(o); !why.empty())
     return fail(why);
+  // The EP group this process's instance forms: on the first of its healthy GPUs that make a
+  // valid size (the simulator's resize rule).
+  const auto configured = pool->gpus_per_instance;
+  const auto experts = static_cast<std::uint32_t>(in->model.text.n_routed_experts);
+  std::uint32_t ep = configured;
+  if (!o.gpus.empty()) {
+    for (std::size_t i = 0; i < o.gpus.size(); ++i)
+      if (o.gpus[i] >= configured || (i > 0 && o.gpus[i] <= o.gpus[i - 1]))
+        return fail("--gpus: expected ascending GPUs of the instance's " + std::to_string(configured)
+                    + " (0.." + std::to_string(configured - 1) + "), each once");
+    ep = sim::resized_ep(configured, static_cast<std::uint32_t>(o.gpus.size()), experts);
+    if (ep == 0)
+      return fail("--gpus: " + std::to_string(o.gpus.size()) + " healthy GPU(s) of "
+                  + std::to_string(configured) + " cannot form an EP group (it needs "
+                  + std::to_string((configured + 1) / 2) + ")");
+  }
   block_stop_signals();
   // The registry outlives the world, whose end waits for the actors that count into it.
   runtime::registry metrics;
@@ -601,6 +618,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
         caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     return 1;
   }
+  gp->healthy_gpus = o.gpus;
+  gp->experts = experts;
   auto relay = spawn_balancer_relay(
     sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, dir.prefill_lb, bridge);
   // The autoscaler's stand-in for this instance finds its engine through the relay.
@@ -646,9 +665,17 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
       self->request(relay, 1s, caf::get_atom::value)
         .receive([&](const caf::actor& e) { announced = static_cast<bool>(e); },
                  [](const caf::error&) {});
-      if (announced)
-        err << command << ": model loaded; serving in the " << o.role << " pool (OpenBLAS kernel "
-            << kernels::blas_kernel_name() << ")\n";
+      if (announced) {
+        err << command << ": model loaded; serving in the " << o.role << " pool";
+        if (configured > 1 || ep != configured) {
+          err << " as an EP group of " << ep << " rank(s) on GPU(s) ";
+          for (std::uint32_t r = 0; r < ep; ++r)
+            err << (r ? "," : "") << (o.gpus.empty() ? r : o.gpus[r]);
+          if (ep != configured)
+            err << " (EP " << configured << " -> " << ep << ")";
+        }
+        err << " (OpenBLAS kernel " << kernels::blas_kernel_name() << ")\n";
+      }
     }
     if (cluster_stopping->load()) {
       err << command << ": the control process is stopping the cluster\n";

@@ -47,6 +47,11 @@ struct node_options {
   bool external_store = false;
   /// The instance's number in its pool (prefill and decode roles).
   std::uint32_t index = 0;
+  /// Prefill and decode: the instance's healthy GPUs (ranks of its configured
+  /// gpus_per_instance, ascending); the instance runs on the first of them that make a valid
+  /// EP size (the EP resize rule, docs/faults.md). Empty: all of them. `troupe launch` passes
+  /// the GPUs a fault plan has not failed.
+  std::vector<std::uint32_t> gpus;
   /// HOST:PORT: where the control process publishes its directory (port 0: any free port),
   /// and where an instance process connects.
   std::string control;

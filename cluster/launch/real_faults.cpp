@@ -27,6 +27,12 @@ std::vector<std::string> pool_processes(const topology& topo, const std::string&
   return out;
 }
 
+std::uint32_t gpus_per_instance(const topology& topo, const std::string& pool_name) {
+  auto pool = std::find_if(topo.pools.begin(), topo.pools.end(),
+                           [&](const pool_spec& p) { return p.name == pool_name; });
+  return pool == topo.pools.end() ? 0 : pool->gpus_per_instance;
+}
+
 std::string describe(const sim::fault& f) {
   char at[32];
   std::snprintf(at, sizeof at, "%.1fs", runtime::to_seconds(f.at));
@@ -45,6 +51,8 @@ std::string to_string(process_action_kind k) {
     case process_action_kind::term: return "term";
     case process_action_kind::cut: return "cut";
     case process_action_kind::slow: return "slow";
+    case process_action_kind::fail_gpu: return "fail_gpu";
+    case process_action_kind::heal_gpu: return "heal_gpu";
   }
   return "?";
 }
@@ -134,8 +142,22 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
                                                  f.duration.value_or(runtime::duration{0}),
                                                  f.factor});
     };
+    // A gpu of an instance of several GPUs: the instance re-forms without it.
+    const auto configured = gpus_per_instance(topo, f.target.place.pool);
+    const bool ep_gpu = f.target.kind == target_kind::gpu && f.target.place.rank && configured > 1;
+    auto act_gpu = [&](runtime::duration at, process_action_kind k) {
+      for (const auto& p : procs)
+        out.actions.push_back(
+          process_action{at, k, p, i, {}, {}, 1, *f.target.place.rank, configured});
+    };
     switch (f.kind) {
       case sim::fault_kind::fail:
+        if (!procs.empty() && ep_gpu) {
+          act_gpu(f.at, process_action_kind::fail_gpu);
+          if (f.duration)
+            act_gpu(f.at + *f.duration, process_action_kind::heal_gpu);
+          break;
+        }
         if (procs.empty()) {
           skip("no process of a launched cluster is its target");
           break;
@@ -153,7 +175,10 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
           skip("no process of a launched cluster is its target");
           break;
         }
-        act(f.at, process_action_kind::release);
+        if (ep_gpu)
+          act_gpu(f.at, process_action_kind::heal_gpu);
+        else
+          act(f.at, process_action_kind::release);
         break;
       case sim::fault_kind::partition:
         if (f.target.kind == target_kind::link) {

@@ -10,6 +10,7 @@
 // | plan fault | on the target's processes |
 // |---|---|
 // | fail (gpu, instance, pool, node) | SIGKILL; with a `duration`, down until it ends; without, a gpu or node stays down until a `recover`, an instance or pool is restarted by the launcher at once |
+// | fail (gpu of an instance of several) | the GPU is marked failed and the process killed; it restarts at once on the GPUs left when they form an EP group (the EP resize rule), else stays down until enough recover; `duration` or a `recover` marks the GPU healthy again |
 // | recover | restarted at once (if held down by a fail) |
 // | partition (instance, pool, node) | SIGSTOP for the duration, then SIGCONT: alive but unreachable |
 // | partition (link A <-> B), with --hosts | the network between the hosts of A's and B's processes is cut for the duration: B's host drops every packet to and from A's host (its agent adds blackhole routing rules, and removes them itself when the duration ends) |
@@ -18,7 +19,7 @@
 // | store_fail (shard) | SIGKILL of the store process; with a `duration`, down until it ends, without, until a `recover` of the shard |
 // | store_slow (shard) by factor f | the store process's duty cycle, as `slow` |
 //
-// A gpu target is its instance (one device per instance process). Every [[node]] is this
+// A gpu target is its instance's process (its ranks are threads of that process). Every [[node]] is this
 // host, so a node target is every instance process of the pools whose role the node lists.
 // A shard target is the store process, which holds every shard's blocks (with
 // `store_process`: the cluster has one). A link partition or slowdown needs hosts of their own (`hosts`:
@@ -44,6 +45,13 @@ enum class process_action_kind {
   term,     ///< SIGTERM (the process drains and exits)
   cut,      ///< cut the network between the hosts of `process` and `peer` for `length`
   slow,     ///< slow the network between the hosts of `process` and `peer` by `factor` for `length`
+  /// GPU `gpu` of the process's instance (an EP group of several) failed: SIGKILL, and the
+  /// process restarts at once on its healthy GPUs when they form an EP group, else it is held
+  /// down until enough recover
+  fail_gpu,
+  /// GPU `gpu` is healthy again: a process held down for want of GPUs restarts once they form
+  /// a group; a running one regains it at its next restart
+  heal_gpu,
 };
 
 std::string to_string(process_action_kind k);
@@ -58,6 +66,10 @@ struct process_action {
   runtime::duration length{0};
   /// A slowdown: by how much.
   double factor = 1;
+  /// fail_gpu, heal_gpu: the GPU (rank) of the instance, and the instance's configured GPUs
+  /// (its pool's gpus_per_instance).
+  std::uint32_t gpu = 0;
+  std::uint32_t configured = 0;
 };
 
 struct real_fault_plan {

@@ -64,6 +64,34 @@ TEST_CASE("a gpu failure without a duration lasts until its recover") {
   CHECK(r.actions[1].fault == 1);
 }
 
+TEST_CASE("a gpu of an instance of several fails and recovers as that gpu: its instance re-forms "
+          "without it") {
+  auto r = load_topology(source_dir / "examples" / "topologies" / "local-cpu-ep.toml");
+  REQUIRE(r.ok());
+  auto plan = sim::parse_fault_plan(
+    "[[fault]]\nat = \"5s\"\nkind = \"fail\"\ngpu = \"decode/0/3\"\nduration = \"20s\"\n"
+    "[[fault]]\nat = \"6s\"\nkind = \"fail\"\ngpu = \"prefill/0/1\"\n"
+    "[[fault]]\nat = \"9s\"\nkind = \"recover\"\ngpu = \"prefill/0/1\"\n",
+    "plan.toml", *r.value);
+  REQUIRE(plan.ok());
+  auto out = plan_real_faults(sim::expand(*plan.value, runtime::rng{1}.split("faults"), 1h),
+                              *r.value, true, false);
+  REQUIRE(out.actions.size() == 4);
+  auto check = [&](std::size_t i, double at, process_action_kind kind, const char* process,
+                   std::uint32_t gpu, std::uint32_t configured) {
+    CAPTURE(i);
+    CHECK(out.actions[i].at == secs(at));
+    CHECK(out.actions[i].kind == kind);
+    CHECK(out.actions[i].process == process);
+    CHECK(out.actions[i].gpu == gpu);
+    CHECK(out.actions[i].configured == configured);
+  };
+  check(0, 5, process_action_kind::fail_gpu, "decode/0", 3, 4);
+  check(1, 6, process_action_kind::fail_gpu, "prefill/0", 1, 2);
+  check(2, 9, process_action_kind::heal_gpu, "prefill/0", 1, 2);
+  check(3, 25, process_action_kind::heal_gpu, "decode/0", 3, 4);
+}
+
 TEST_CASE("an instance failure is restarted at once, as its supervisor would") {
   auto r = translate("[[fault]]\nat = \"3s\"\nkind = \"fail\"\ninstance = \"prefill/0\"\n");
   REQUIRE(r.actions.size() == 2);

@@ -584,6 +584,65 @@ def test_a_fault_plan_is_executed_on_the_processes(model_dir, tmp_path):
     assert len(starts) >= 2 and starts[1]["t"] >= release["t"]
 
 
+def test_a_failed_gpu_of_an_ep_group_re_forms_its_instance_on_the_gpus_left(model_dir, tmp_path):
+    # examples/topologies/local-cpu-ep.toml: decode/0 is an EP group of 4 rank threads. GPU 2
+    # fails 1 s after the cluster serves: the process is killed and restarts at once on GPUs
+    # 0,1 (3 healthy, rounded down to the EP size rule's 2), answering the same greedy tokens
+    # as the full group; then GPUs 0 and 1 fail too, and with one healthy GPU of 4 it stays
+    # down until GPU 1 recovers and it can form a group of 2 again.
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[fault]]\nat = "1s"\nkind = "fail"\ngpu = "decode/0/2"\n'
+                    '[[fault]]\nat = "12s"\nkind = "fail"\ngpu = "decode/0/0"\n'
+                    '[[fault]]\nat = "12s"\nkind = "fail"\ngpu = "decode/0/1"\n'
+                    '[[fault]]\nat = "15s"\nkind = "recover"\ngpu = "decode/0/1"\n')
+    events = tmp_path / "events.jsonl"
+    body = chat_body("An expert-parallel group of four.", max_tokens=8, temperature=0)
+    want, _ = generated_text(model_dir, body, 8)
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"),
+                ["--faults", str(plan), "--events", str(events)],
+                topology=os.path.join(ROOT, "examples/topologies/local-cpu-ep.toml"))
+
+    def answer():
+        r = c.openai().chat.completions.create(**body)
+        return (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
+            r.choices[0].message.content or "")
+
+    def wait_for(what, cond):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            p = c.process("decode/0")
+            if cond(p):
+                return p
+            time.sleep(0.05)
+        pytest.fail("decode/0 never " + what + ":\n" + "".join(c.log))
+
+    try:
+        first = c.process("decode/0")["pid"]
+        p = wait_for("re-formed on 2 GPUs", lambda p: p["state"] == "running"
+                     and p["pid"] != first and p.get("ep") == 2)
+        assert p["failed_gpus"] == [2] and p["restarts"] == 0
+        deadline = time.monotonic() + 120
+        while not any("decode pool as an EP group of 2 rank(s) on GPU(s) 0,1 (EP 4 -> 2)" in l
+                      for l in c.log):
+            assert time.monotonic() < deadline, "".join(c.log)
+            time.sleep(0.1)
+        assert answer() == want
+        wait_for("went down with one GPU of 4", lambda p: p["state"] == "down" and p["ep"] == 0)
+        p = wait_for("came back on GPUs 1 and 3", lambda p: p["state"] == "running"
+                     and p["ep"] == 2 and p["failed_gpus"] == [0, 2])
+        assert answer() == want
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0
+    log = [json.loads(l) for l in events.read_text().splitlines()]
+    faults = [(e["action"], e["gpu"], e["healthy_gpus"], e["ep"]) for e in log
+              if e["event"] == "fault"]
+    assert faults == [("fail_gpu", 2, [0, 1, 3], 2), ("fail_gpu", 0, [1, 3], 2),
+                      ("fail_gpu", 1, [3], 0), ("heal_gpu", 1, [1, 3], 2)]
+    assert any("too few for an EP group (2 needed): down until enough recover" in l
+               for l in c.log)
+
+
 def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_dir, tmp_path):
     # Mutual TLS between the processes: every process presents a certificate of the cluster's
     # CA (`troupe certs`). A decode process with another CA's certificate, or with none, is
