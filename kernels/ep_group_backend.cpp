@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/ep_exchange.hpp"
+#include "kernels/model_weights.hpp"
 #include "kernels/worker_pool.hpp"
 
 namespace troupe::kernels {
@@ -141,6 +142,8 @@ result<std::unique_ptr<model_backend>> open_ep_group(
   using r = result<std::unique_ptr<model_backend>>;
   if (placement.ranks < 1) return r::failure("EP group: a placement of no ranks");
   if (!exchange) exchange = local_exchange(placement.ranks);
+  // One copy of each tensor for the whole group: the dense weights, and each expert once.
+  if (!options.tensors) options.tensors = std::make_shared<tensor_cache>();
   std::vector<std::unique_ptr<cpu_backend>> ranks;
   for (std::int32_t rank = 0; rank < placement.ranks; ++rank) {
     options.ep = ep_member{rank, placement, exchange};

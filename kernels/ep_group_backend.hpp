@@ -26,7 +26,8 @@
 namespace troupe::kernels {
 
 /// Loads `placement.ranks` rank models of the checkpoint in `dir` with `options` (its `ep` is
-/// set per rank; `expert_shards` must be 1), calls `prepare` on each (e.g. to set the Engram
+/// set per rank; `expert_shards` must be 1; the ranks share every tensor they load through
+/// `options.tensors`, a fresh cache when null), calls `prepare` on each (e.g. to set the Engram
 /// token map; null: nothing) and returns their group as one backend. The group's ranks run on
 /// `placement.ranks` threads, each rank's model with `options.threads` threads of its own, and
 /// meet in `exchange` (null: a local_exchange of placement.ranks ranks). Errors: a placement

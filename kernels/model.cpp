@@ -38,6 +38,15 @@ using loaded::matrix;
 
 }  // namespace
 
+result<loaded::matrix> tensor_cache::get(const std::string& name,
+                                        const std::function<result<loaded::matrix>()>& load) {
+  std::lock_guard lock(mutex_);
+  if (auto i = tensors_.find(name); i != tensors_.end()) return i->second;
+  auto r = load();
+  if (r) tensors_.emplace(name, *r);
+  return r;
+}
+
 result<loaded::matrix> model::weights::load(const std::string& hf,
                                             const std::vector<std::int64_t>& shape) const {
   const auto n = name(hf);
@@ -144,7 +153,9 @@ result<model> model::load(const std::filesystem::path& dir, model_options option
   std::string failure;
   auto get = [&](matrix& out, const std::string& name, std::vector<i64> shape) {
     if (!failure.empty()) return;
-    auto r = w.load(name, shape);
+    auto r = options.tensors
+               ? options.tensors->get(w.name(name), [&] { return w.load(name, shape); })
+               : w.load(name, shape);
     if (!r)
       failure = r.error();
     else
@@ -668,7 +679,7 @@ void engram_site(const model::weights& W, const layer_weights& L, const call_con
   std::vector<float> kv(sz(T * out_w));
   project(mode, rows.data(), T, cols * ehd, L.engram_wkv.data(), out_w, kv.data());
   std::vector<float> weight(sz(hc * D));
-  for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q.v[sz(i)] * L.engram_k.v[sz(i)];
+  for (i64 i = 0; i < hc * D; ++i) weight[sz(i)] = L.engram_q[sz(i)] * L.engram_k[sz(i)];
   for (i64 t = 0; t < T; ++t) {
     const float* value = kv.data() + t * out_w + hc * D;
     for (i64 k = 0; k < hc; ++k) {
@@ -914,7 +925,7 @@ void attention_site(const model::weights& W, const layer_weights& L, i64 l, call
                     kbuf.data() + row * hd);
       for (i64 k = 0; k < n_sel; ++k, ++row)
         std::copy_n(comp->kv.row(sh.topk[sz(t - t0)][sz(k)]), hd, kbuf.data() + row * hd);
-      sink_attention(q.data() + t * H * hd, kbuf.data(), H, nk, hd, scaling, L.attn_sink.v.data(),
+      sink_attention(q.data() + t * H * hd, kbuf.data(), H, nk, hd, scaling, L.attn_sink.data(),
                      probs.data(), attn_out.data() + t * H * hd, rope, p);
     });
     for (i64 t = t0; t < t1; ++t) lc.window.push(kv.data() + t * hd);
@@ -1421,7 +1432,7 @@ void draft_attention(const model::weights& W, std::size_t stage, gemm_mode mode,
       std::vector<float> kbuf(sz(nk * hd)), probs(sz(H * nk));
       for (i64 r = 0; r < n_ctx; ++r) std::copy_n(ring.at(first + r), hd, kbuf.data() + r * hd);
       std::copy_n(kv.data(), B * hd, kbuf.data() + n_ctx * hd);
-      sink_attention(q.data() + t * H * hd, kbuf.data(), H, nk, hd, scaling, L.attn_sink.v.data(),
+      sink_attention(q.data() + t * H * hd, kbuf.data(), H, nk, hd, scaling, L.attn_sink.data(),
                      probs.data(), attn_out.data() + t * H * hd, W.rope_main, p);
     });
   }

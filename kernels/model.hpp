@@ -67,6 +67,8 @@ struct draft_output {
   std::vector<float> logits;         // [S, B, vocab]: the draft logits (LM head + Markov bias)
 };
 
+class tensor_cache;  // kernels/model_weights.hpp
+
 struct model_options {
   int threads = 2;  // BLAS and attention threads
   // Batch-invariant mode: every projection runs row by row (GEMV), so a sequence's logits are
@@ -86,6 +88,10 @@ struct model_options {
   // the same forward calls on the same inputs at the same time (kernels/ep_group_backend.hpp
   // does); a failed exchange fails the call, and the rank's caches are then unusable.
   std::optional<ep_member> ep = std::nullopt;
+  // Tensors other models of this process loaded from the same checkpoint: each tensor is read
+  // once and shared, read-only (open_ep_group passes one cache to its ranks, which then hold
+  // one copy of the dense weights, and each routed expert once). Null: the model reads its own.
+  std::shared_ptr<tensor_cache> tensors = nullptr;
   // A numerical-stability probe, off by default: every projection's output element y gets
   // y += jitter · u · rms(its output row), u in [-1, 1] drawn from (jitter_seed, y's bits, its
   // column) — a stand-in for another BLAS kernel's summation order. Running a computation with

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,10 +24,39 @@ namespace troupe::kernels {
 
 namespace loaded {
 
+/// A loaded tensor's floats, immutable once loaded and shared by the models of this process
+/// that loaded the same tensor (model_options::tensors: an EP group's ranks).
 struct matrix {
-  std::vector<float> v;
-  const float* data() const { return v.data(); }
+  matrix() = default;
+  explicit matrix(std::vector<float> values)
+      : shared(std::make_shared<const std::vector<float>>(std::move(values))) {}
+  const std::vector<float>& values() const {
+    static const std::vector<float> none;
+    return shared ? *shared : none;
+  }
+  const float* data() const { return values().data(); }
+  std::size_t size() const { return values().size(); }
+  float operator[](std::size_t i) const { return values()[i]; }
+
+  std::shared_ptr<const std::vector<float>> shared;
 };
+
+}  // namespace loaded
+
+/// Tensors by checkpoint name, as the first model of a process to load each read them
+/// (model_options::tensors). Thread-safe.
+class tensor_cache {
+ public:
+  /// The tensor `name` already loaded, or `load()`'s, kept for the next model when it succeeds.
+  result<loaded::matrix> get(const std::string& name,
+                             const std::function<result<loaded::matrix>()>& load);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, loaded::matrix> tensors_;
+};
+
+namespace loaded {
 
 struct expert_weights {
   matrix w1, w2, w3;  // gate [I, D], down [D, I], up [I, D]

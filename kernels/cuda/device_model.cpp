@@ -314,7 +314,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   std::string error;
   auto up = [&](const loaded::matrix& x) {
     if (!error.empty()) return buffer{};
-    auto b = buffer::of(x.v);
+    auto b = buffer::of(x.values());
     if (!b) {
       error = b.error();
       return buffer{};
@@ -371,9 +371,10 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   for (const auto& L : W.layers) {
     device_layer d = up_layer(L);
     if (L.engram_index >= 0) {
-      loaded::matrix weight{std::vector<float>(L.engram_q.v.size())};
-      for (std::size_t i = 0; i < weight.v.size(); ++i)
-        weight.v[i] = L.engram_q.v[i] * L.engram_k.v[i];
+      std::vector<float> product(L.engram_q.size());
+      for (std::size_t i = 0; i < product.size(); ++i)
+        product[i] = L.engram_q[i] * L.engram_k[i];
+      const loaded::matrix weight{std::move(product)};
       d.engram_wkv = up(L.engram_wkv);
       d.engram_weight = up(weight);
     }

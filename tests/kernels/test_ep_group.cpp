@@ -146,15 +146,24 @@ TEST_CASE("EP ranks hold only their experts and give the whole model's logits bi
   for (const auto& placement : {*place_experts(8, 2), *place_experts(8, 3, hot)}) {
     CAPTURE(placement.ranks);
     auto ex = local_exchange(placement.ranks);
+    auto shared = std::make_shared<tensor_cache>();
     std::vector<model> ranks;
     for (std::int32_t r = 0; r < placement.ranks; ++r)
-      ranks.push_back(load({.batch_invariant = true, .ep = ep_member{r, placement, ex}}));
+      ranks.push_back(load({.batch_invariant = true, .ep = ep_member{r, placement, ex},
+                            .tensors = shared}));
+    // One copy of the dense weights for the group.
+    const auto& w0 = ranks[0].tensors();
+    const auto& w1 = ranks[1].tensors();
+    CHECK(w0.layers[2].wq_a.shared == w1.layers[2].wq_a.shared);
+    CHECK(w0.layers[5].shared.w2.shared == w1.layers[5].shared.w2.shared);
+    CHECK(w0.embed.shared == w1.embed.shared);
+    CHECK(w0.layers[0].wq_a.shared != whole.tensors().layers[0].wq_a.shared);
     for (std::int32_t r = 0; r < placement.ranks; ++r) {
       const auto& layer = ranks[std::size_t(r)].tensors().layers.front();
       const auto& local = placement.local[std::size_t(r)];
       for (std::int32_t e = 0; e < 8; ++e) {
         const bool held = std::find(local.begin(), local.end(), e) != local.end();
-        CHECK(layer.experts[std::size_t(e)].w1.v.empty() == !held);
+        CHECK((layer.experts[std::size_t(e)].w1.size() == 0) == !held);
       }
     }
     // Prompt, then greedy decoding: every rank's logits equal the whole model's.
