@@ -16,6 +16,14 @@
 // With DSpark draft layers in the model (the small preset has one stage), the draft call's
 // time per decode step is printed beside the target's decode step.
 //
+//   build/bench/bench_model --ep 2 [--prompt 256] [--decode 16] [--threads 2]
+//
+// --ep N times an expert-parallel group of N rank threads (kernels/ep_group_backend.hpp, each
+// rank with threads / N threads, so both use the same threads in all) against its peer in the
+// same run, the one model it splits: a prefill of --prompt tokens and --decode steps of a batch
+// of 8, batch-invariant as served, five rounds alternating, min and median, with the load
+// average. Their logits are compared too (bitwise equal is the EP group's contract).
+//
 // --model runs on an existing model directory (e.g. the one tools/model_bench_reference.py
 // times the `transformers` reference on) instead of writing the small preset.
 #include <cblas.h>
@@ -32,7 +40,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.hpp"
 #include "kernels/cpu_ops.hpp"
+#include "kernels/ep_group_backend.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
@@ -192,11 +202,103 @@ int replay_bench(const model& m, std::int64_t prompt) {
 
 }  // namespace
 
+// The EP group against the one model, in alternating rounds (see the header).
+int ep_bench(const std::filesystem::path& dir, int threads, int ranks, std::int64_t prompt,
+             std::int64_t decode) {
+  const auto identity = [](model& m) -> result<bool> {
+    std::vector<std::int64_t> map(std::size_t(m.text().vocab_size));
+    for (std::size_t i = 0; i < map.size(); ++i)
+      map[i] = std::int64_t(i) % m.text().engram_compressed_vocab_size;
+    return m.set_engram_token_map(map);
+  };
+  auto whole = model::load(dir, {.threads = threads, .batch_invariant = true});
+  if (!whole || !identity(*whole)) return std::fprintf(stderr, "cannot load %s\n", dir.c_str()), 1;
+  const auto& c = whole->text();
+  auto placement = place_experts(std::int32_t(c.n_routed_experts), ranks);
+  if (!placement) return std::fprintf(stderr, "%s\n", placement.error().c_str()), 1;
+  auto group = open_ep_group(dir, {.threads = std::max(1, threads / ranks), .batch_invariant = true},
+                             *placement, identity);
+  if (!group) return std::fprintf(stderr, "%s\n", group.error().c_str()), 1;
+  cpu_backend one(std::move(*whole));
+  constexpr std::int64_t batch = 8;
+  // One round on `b`: the prefill's and the decode's seconds, and every logit it produced.
+  auto round = [&](model_backend& b, std::vector<float>& logits) -> std::pair<double, double> {
+    logits.clear();
+    std::vector<sequence_id> ids;
+    std::vector<std::vector<std::int64_t>> prompts;
+    for (std::int64_t s = 0; s < batch; ++s) {
+      ids.push_back(b.open_sequence());
+      std::vector<std::int64_t> t(std::size_t(prompt / batch));
+      std::uint32_t x = 7 + std::uint32_t(s);
+      for (auto& v : t) v = std::int64_t((x = x * 1664525u + 1013904223u) >> 8) % c.vocab_size;
+      prompts.push_back(std::move(t));
+    }
+    std::vector<step_input> in;
+    for (std::int64_t s = 0; s < batch; ++s) in.push_back({ids[std::size_t(s)], prompts[std::size_t(s)]});
+    const std::vector<std::int64_t> last(batch, 1);
+    auto t0 = clock_type::now();
+    auto r = b.step_tail(in, last, nullptr);
+    const double pre = seconds_since(t0);
+    if (!r) return {-1, -1};
+    logits.insert(logits.end(), r->begin(), r->end());
+    std::vector<std::vector<std::int64_t>> next(batch, std::vector<std::int64_t>(1));
+    t0 = clock_type::now();
+    for (std::int64_t step = 0; step < decode; ++step) {
+      for (std::int64_t s = 0; s < batch; ++s) {
+        const float* row = r->data() + s * c.vocab_size;
+        next[std::size_t(s)][0] = std::max_element(row, row + c.vocab_size) - row;
+        in[std::size_t(s)].tokens = next[std::size_t(s)];
+      }
+      r = b.step_tail(in, last, nullptr);
+      if (!r) return {-1, -1};
+      logits.insert(logits.end(), r->begin(), r->end());
+    }
+    const double dec = seconds_since(t0);
+    for (auto id : ids) (void)b.close_sequence(id);
+    return {pre, dec};
+  };
+  std::vector<double> pre[2], dec[2];
+  std::vector<float> logits[2];
+  bool equal = true;
+  for (int k = 0; k < 5; ++k)
+    for (int w = 0; w < 2; ++w) {
+      auto [p, d] = round(w == 0 ? static_cast<model_backend&>(one) : **group, logits[w]);
+      if (p < 0) return std::fprintf(stderr, "a step failed\n"), 1;
+      pre[w].push_back(p);
+      dec[w].push_back(d);
+      if (w == 1) equal = equal && logits[0] == logits[1];
+    }
+  auto min_med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return std::pair{v.front(), v[v.size() / 2]};
+  };
+  double load = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  std::printf("EP group of %d rank threads (%d threads each) vs one model (%d threads), batch-"
+              "invariant, 5 rounds, load average %.2f; logits %s\n",
+              ranks, std::max(1, threads / ranks), threads, load,
+              equal ? "bitwise equal" : "DIFFER");
+  for (int w = 0; w < 2; ++w) {
+    auto [pmin, pmed] = min_med(pre[w]);
+    auto [dmin, dmed] = min_med(dec[w]);
+    std::printf("  %-10s prefill %lld tokens: %.1f / %.1f ms (min / median); decode %lld steps of "
+                "%lld: %.2f / %.2f ms per step\n",
+                w == 0 ? "one model" : "EP group", (long long)prompt, 1e3 * pmin, 1e3 * pmed,
+                (long long)decode, (long long)batch, 1e3 * dmin / double(decode),
+                1e3 * dmed / double(decode));
+  }
+  return equal ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   troupe::kernels::reexec_with_blas_kernel_upgrade(argv);  // the kernel troupe runs with
   std::int64_t prompt = 1024, decode = 32;
   int threads = 2;
   std::int64_t replay_prompt = 0;
+  int ep_ranks = 0;
   std::string model_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -210,6 +312,8 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[i + 1]);
     else if (a == "--replay")
       replay_prompt = std::atoll(argv[i + 1]);
+    else if (a == "--ep")
+      ep_ranks = std::atoi(argv[i + 1]);
   }
   const bool generated = model_dir.empty();
   const auto dir = generated ? std::filesystem::temp_directory_path() /
@@ -221,6 +325,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", written.error().c_str());
       return 1;
     }
+  }
+  if (ep_ranks > 0) {
+    const int rc = ep_bench(dir, threads, ep_ranks, prompt, decode);
+    if (generated) std::filesystem::remove_all(dir);
+    return rc;
   }
   auto m = model::load(dir, {.threads = threads});
   if (!m) {
