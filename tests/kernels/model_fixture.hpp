@@ -28,6 +28,17 @@ inline std::vector<float> run(const model& m, sequence_cache& cache, std::span<c
   return std::move(*r);
 }
 
+/// `n` token ids in [3, vocab), drawn from `seed` (a fixed linear congruential sequence).
+inline std::vector<std::int64_t> prompt(std::size_t n, std::uint32_t seed, std::int64_t vocab) {
+  std::vector<std::int64_t> t(n);
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (auto& v : t) {
+    x = x * 1664525u + 1013904223u;
+    v = std::int64_t(3 + (x >> 8) % std::uint32_t(vocab - 3));
+  }
+  return t;
+}
+
 /// max |a - b| / max |b| (0 when both are empty).
 inline double relative_error(std::span<const float> a, std::span<const float> b) {
   double diff = 0.0, scale = 0.0;

@@ -23,29 +23,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using testing::prompt;
+
 const fs::path& tiny_dir() {
   static const fs::path dir = testing::write_random_model(
     fs::path(TROUPE_SOURCE_DIR) / "tests/kernels/fixtures/tiny-v41-config.json", "ep-tiny", 17);
   return dir;
 }
 
-result<bool> identity_map(model& m) { return m.set_engram_token_map(*load_engram_token_map(m, "identity")); }
+result<bool> identity_map(model& m) {
+  return m.set_engram_token_map(*load_engram_token_map(m, "identity"));
+}
 
 model load(model_options options) {
   auto m = model::load(tiny_dir(), std::move(options));
   REQUIRE_MESSAGE(m.ok(), m.error());
   REQUIRE(identity_map(*m).ok());
   return std::move(*m);
-}
-
-std::vector<std::int64_t> prompt(std::size_t n, std::uint32_t seed, std::int64_t vocab) {
-  std::vector<std::int64_t> t(n);
-  std::uint32_t x = seed * 2654435761u + 7;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = std::int64_t(3 + (x >> 8) % std::uint32_t(vocab - 3));
-  }
-  return t;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

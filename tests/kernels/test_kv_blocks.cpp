@@ -25,6 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using testing::run;
+using testing::prompt;
 
 const fs::path source_dir = TROUPE_SOURCE_DIR;
 
@@ -51,15 +52,6 @@ model load_tiny(model_options options = {}) {
   return load_dir(dir, options);
 }
 
-std::vector<std::int64_t> prompt(std::size_t n, std::uint32_t seed, std::int64_t vocab) {
-  std::vector<std::int64_t> t(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = std::int64_t(3 + (x >> 8) % std::uint32_t(vocab - 3));
-  }
-  return t;
-}
 
 std::vector<float> last_row(const std::vector<float>& logits, std::int64_t vocab) {
   return {logits.end() - vocab, logits.end()};
