@@ -510,6 +510,23 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir):
     assert "started" not in out.stderr
 
 
+@pytest.mark.parametrize("gpus,why", [
+    ("3", "--gpus: 1 healthy GPU(s) of 4 cannot form an EP group (it needs 2)"),
+    ("0,5", "--gpus: expected ascending GPUs of the instance's 4 (0..3), each once"),
+    ("2,1", "--gpus: expected ascending GPUs of the instance's 4 (0..3), each once"),
+])
+def test_an_instance_process_refuses_gpus_that_cannot_form_its_ep_group(model_dir, gpus, why):
+    # What the launcher passes after GPU faults (--gpus, the healthy ones), checked before the
+    # process reaches for the control process.
+    out = subprocess.run([troupe(), "node", os.path.join(ROOT, "examples/topologies/local-cpu-ep.toml"),
+                          "--role", "decode", "--index", "0", "--control", "127.0.0.1:1",
+                          "--model", model_dir, "--engram-map", "identity", "--gpus", gpus,
+                          "--connect-timeout", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert why in out.stderr
+    assert "cannot reach the control process" not in out.stderr
+
+
 def test_a_link_fault_is_carried_out_between_hosts_and_not_executed_on_one(model_dir, tmp_path):
     # A link fault names pools or instances; with --hosts a partition becomes a cut, a slowdown
     # a slowdown, between the hosts of each pair of its ends' processes (hosts_netns.sh and
