@@ -400,7 +400,9 @@ private:
            << " needed): down until enough recover\n";
     } else if (p.held && size > 0) {
       p.held = false;
-      if (p.pid == 0 && p.state == "down")
+      if (p.pid != 0)
+        p.reforming = true;  // killed, its exit not seen yet: restarted when it is
+      else if (p.state == "down")
         p.restart_at = clock::now();
       err_ << ", it re-forms as an EP group of " << size << "\n";
     } else {
