@@ -28,13 +28,14 @@ for i in 1 2 3; do start_agent "$i"; done
   > "$WORK/hosts.toml"
 
 # A fault plan: 12 s after the cluster serves, the link between prefill/0 (h1) and decode/0
-# (h2) is cut for 2 s (briefer than the 8 s in which a silent link is closed).
+# (h2) is cut for 5 s (briefer than the 8 s in which a silent link is closed; long enough for
+# the three probes below to run inside it on a loaded machine: at 2 s one once ran after it).
 cat > "$WORK/faults.toml" <<TOML
 [[fault]]
 at = "12s"
 kind = "partition"
 link = ["prefill/0", "decode/0"]
-duration = "2s"
+duration = "5s"
 TOML
 
 ip netns exec "$TAG-h1" "$TROUPE" launch "$ROOT/examples/topologies/local-cpu-3.toml" \
@@ -97,12 +98,12 @@ reaches() {  # reaches FROM TO: a TCP connection from host FROM's namespace to T
   ip netns exec "$TAG-$1" python3 -c "import socket,sys; socket.create_connection(('$NET.${2#h}', 7700), 0.5).close()" 2>/dev/null
 }
 for _ in $(seq 600); do
-  grep -q "troupe agent\[h2\]: cut off from $NET.1 for 2000 ms" "$WORK/agent2.log" && break
+  grep -q "troupe agent\[h2\]: cut off from $NET.1 for 5000 ms" "$WORK/agent2.log" && break
   sleep 0.1
 done
-grep -q "troupe agent\[h2\]: cut off from $NET.1 for 2000 ms" "$WORK/agent2.log" \
+grep -q "troupe agent\[h2\]: cut off from $NET.1 for 5000 ms" "$WORK/agent2.log" \
   || fail "h2's agent did not cut h2 off from h1"
-grep -q "troupe launch: fault 0: cut h1 <-> h2 for 2 s (prefill/0 <-> decode/0)" "$WORK/launch.log" \
+grep -q "troupe launch: fault 0: cut h1 <-> h2 for 5 s (prefill/0 <-> decode/0)" "$WORK/launch.log" \
   || fail "the launcher did not cut the link of fault 0"
 reaches h1 h2 && fail "h1 reached h2 during the cut"
 reaches h2 h1 && fail "h2 reached h1 during the cut"
