@@ -106,6 +106,9 @@ class model_backend {
   /// Sequences moved out of device memory to make room so far (a GPU backend whose steps need
   /// more sequences than it holds at once); 0 where every sequence stays where it is.
   virtual std::uint64_t evictions() const { return 0; }
+  /// Why the backend can serve nothing more (an EP group whose rank failed); empty while it
+  /// can. A device whose backend says so stops, so that its instance re-forms.
+  virtual std::string broken() const { return {}; }
 };
 
 /// The DSpark draft contexts of a backend's sequences and the draft calls over them, on the CPU

@@ -79,6 +79,7 @@ class ep_group_backend final : public model_backend {
   result<std::vector<float>> replay(sequence_id id, std::span<const std::int64_t> tokens) override {
     return on_all([&](cpu_backend& b) { return b.replay(id, tokens); });
   }
+  std::string broken() const override { return failed_; }
   std::vector<std::uint64_t> expert_counts() const override {
     return ranks_[0]->expert_counts();  // every rank routes every token
   }

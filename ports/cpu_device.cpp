@@ -975,6 +975,16 @@ auto guarded(F f) -> decltype(f()) {
   }
 }
 
+/// A device whose backend can serve nothing more (kernels::model_backend::broken) stops with
+/// that reason once it has answered, so that the ranks watching it take its instance down and
+/// the instance re-forms.
+void stop_if_broken(self_ptr self) {
+  if (!self->state.backend)
+    return;
+  if (auto why = self->state.backend->broken(); !why.empty())
+    self->quit(make_error(device_errc::compute_failed, why));
+}
+
 runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
                                                   std::shared_ptr<cpu_device_params> params) {
   self->state.keep_limit = params->keep_bytes;
@@ -998,7 +1008,9 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
   params.reset();
   return {
     [self](runtime::device_step& step) {
-      return guarded([&] { return run_step(self, step); });
+      auto r = guarded([&] { return run_step(self, step); });
+      stop_if_broken(self);
+      return r;
     },
     [self](const runtime::device_release& r) {
       if (self->state.load_error)
@@ -1013,7 +1025,9 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
       return guarded([&] { return run_export(self->state, x); });
     },
     [self](const runtime::kv_import& x) {
-      return guarded([&] { return run_import(self->state, x); });
+      auto r = guarded([&] { return run_import(self->state, x); });
+      stop_if_broken(self);
+      return r;
     },
     [self](const runtime::kv_keep& x) {
       try {
@@ -1026,7 +1040,9 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
       return guarded([&] { return run_kept_export(self->state, x); });
     },
     [self](const runtime::kv_restore& x) {
-      return guarded([&] { return run_restore(self->state, x); });
+      auto r = guarded([&] { return run_restore(self->state, x); });
+      stop_if_broken(self);
+      return r;
     },
   };
 }

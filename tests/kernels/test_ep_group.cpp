@@ -16,6 +16,7 @@
 #include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_weights.hpp"
+#include "ep_fixture.hpp"
 #include "model_fixture.hpp"
 
 using namespace troupe::kernels;
@@ -50,30 +51,6 @@ std::int64_t argmax_last(const std::vector<float>& logits, std::int64_t vocab) {
   return std::max_element(logits.end() - vocab, logits.end()) - (logits.end() - vocab);
 }
 
-// An exchange that fails rank `rank`'s `nth` call (counting from 1): a rank whose device died
-// in the middle of a step. Every other call goes to the group's exchange.
-class failing_exchange final : public ep_exchange {
- public:
-  failing_exchange(std::int32_t ranks, std::int32_t rank, int nth)
-      : inner_(local_exchange(ranks)), rank_(rank), nth_(nth) {}
-  std::int32_t ranks() const override { return inner_->ranks(); }
-  result<bool> all_gather(std::int32_t rank, std::span<float> buffer,
-                          std::span<const std::int64_t> offsets) override {
-    if (rank == rank_ && ++calls_ == nth_) {
-      inner_->abort("rank " + std::to_string(rank) + "'s device failed");
-      return result<bool>::failure("rank " + std::to_string(rank) + "'s device failed");
-    }
-    return inner_->all_gather(rank, buffer, offsets);
-  }
-  void abort(const std::string& why) override { inner_->abort(why); }
-  void reset() override { inner_->reset(); }
-
- private:
-  std::shared_ptr<ep_exchange> inner_;
-  std::int32_t rank_;
-  int nth_;
-  int calls_ = 0;
-};
 
 }  // namespace
 
@@ -256,10 +233,11 @@ TEST_CASE("an EP group backend serves as the whole model's backend does") {
 
 TEST_CASE("a rank that fails in a step fails its whole EP group") {
   auto placement = *place_experts(8, 2);
-  auto ex = std::make_shared<failing_exchange>(2, 1, 8);  // rank 1, in its 8th MoE
+  auto ex = std::make_shared<testing::failing_exchange>(2, 1, 8);  // rank 1, in its 8th MoE
   auto opened = open_ep_group(tiny_dir(), {.batch_invariant = true}, placement, identity_map, ex);
   REQUIRE(opened.ok());
   auto& group = **opened;
+  CHECK(group.broken().empty());
   const auto id = group.open_sequence();
   const auto toks = prompt(20, 9, 256);
   auto first = group.step(std::vector<step_input>{{id, toks}});  // 6 MoEs: fine
@@ -268,6 +246,7 @@ TEST_CASE("a rank that fails in a step fails its whole EP group") {
   auto second = group.step(std::vector<step_input>{{id, t}});
   REQUIRE_FALSE(second.ok());
   CHECK(second.error() == "the EP group failed: rank 1: rank 1's device failed");
+  CHECK(group.broken() == second.error());
   // From then on every call that changes a sequence fails the same way.
   CHECK(group.step(std::vector<step_input>{{id, t}}).error() == second.error());
   CHECK(group.close_sequence(id).error() == second.error());

@@ -2,7 +2,9 @@
 // invariance, chunked prefill, validation, sampling and logprobs, release, and the KV hand-off.
 #include "device_fixture.hpp"
 
+#include "kernels/ep_group_backend.hpp"
 #include "kernels/sampling.hpp"
+#include "tests/kernels/ep_fixture.hpp"
 #include "ports/cpu_device.hpp"
 
 #include <doctest/doctest.h>
@@ -602,6 +604,49 @@ TEST_CASE_FIXTURE(device_fixture, "a CPU device runs on a model loaded by its ca
   p.model = load_tiny({.batch_invariant = true});
   auto dev = cpu(std::move(p));
   CHECK(greedy(dev, 1, pr, 4) == want);
+}
+
+TEST_CASE_FIXTURE(device_fixture, "a CPU device runs its instance's ranks as an EP group: the "
+                                  "tokens of one model, and it stops when a rank fails") {
+  const auto pr = prompt(19, 4);
+  const auto want = greedy(cpu(tiny_params()), 1, pr, 6);
+  for (std::uint32_t ranks : {2u, 3u}) {
+    auto p = tiny_params();
+    p.ep_ranks = ranks;
+    CHECK(greedy(cpu(std::move(p)), 1, pr, 6) == want);
+  }
+  auto too_many = tiny_params();
+  too_many.ep_ranks = 9;  // the tiny model has 8 routed experts
+  auto r = run(cpu(std::move(too_many)), step({seq(1, 0, pr)}));
+  REQUIRE_FALSE(r);
+  CHECK(sys.render(r.error()).find("an EP group of 9 ranks") != std::string::npos);
+
+  // Rank 1 of a 2-rank group fails in its 12th MoE (the second step): the step is answered
+  // with the group's failure and the device stops, so the ranks watching it take its instance
+  // down and it re-forms.
+  auto failing = tiny_params();
+  failing.backend = [dir = failing.model_dir](kernels::model) {
+    return kernels::open_ep_group(
+      dir, {.threads = 1, .batch_invariant = true}, *kernels::place_experts(8, 2),
+      [](kernels::model& m) {
+        return m.set_engram_token_map(*kernels::load_engram_token_map(m, "identity"));
+      },
+      std::make_shared<kernels::testing::failing_exchange>(2, 1, 12));
+  };
+  auto dev = cpu(std::move(failing));
+  self->monitor(dev);
+  const auto first = token(dev, step({seq(1, 0, pr)}));
+  CHECK(first == want[0]);
+  r = run(dev, step({seq(1, pr.size(), {first})}));
+  REQUIRE_FALSE(r);
+  CHECK(sys.render(r.error()).find("the EP group failed: rank 1: rank 1's device failed")
+        != std::string::npos);
+  bool down = false;
+  self->receive([&](caf::down_msg& d) {
+    down = true;
+    CHECK(sys.render(d.reason).find("the EP group failed") != std::string::npos);
+  }, caf::after(std::chrono::seconds(30)) >> [] {});
+  CHECK(down);
 }
 
 TEST_CASE_FIXTURE(device_fixture,
