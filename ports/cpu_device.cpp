@@ -253,34 +253,31 @@ void measure(kernels::model_backend& be, std::int64_t vocab, step_profile& profi
   profile.set(std::move(points));
 }
 
-/// Loads the ranks of an EP group (cpu_device_params::ep_ranks) into the state, or sets the
-/// load error.
-void load_group(cpu_device_state& st, cpu_device_params& p) {
+/// Loads the model (on the device's thread) into the state, or sets the load error: one model,
+/// or the ranks of an EP group (cpu_device_params::ep_ranks).
+void load(cpu_device_state& st, cpu_device_params& p) {
   auto fail = [&](const std::string& why) {
     st.load_error = make_error(device_errc::load_failed, why);
   };
-  if (p.model || p.backend || p.experts)
+  if (p.ep_ranks > 1 && (p.model || p.backend || p.experts))
     return fail("an EP group of " + std::to_string(p.ep_ranks)
                 + " ranks loads the CPU engine from a model directory, and keeps its expert "
                   "placement (no loaded model, other backend or expert balancer)");
-  auto cfg = kernels::load_model_config(p.model_dir);
-  if (!cfg)
-    return fail(cfg.error());
-  auto placement = kernels::place_experts(static_cast<std::int32_t>(cfg->text.n_routed_experts),
-                                          static_cast<std::int32_t>(p.ep_ranks));
-  if (!placement)
-    return fail("an EP group of " + std::to_string(p.ep_ranks) + " ranks: " + placement.error());
+  const bool preloaded = p.model.has_value();
   std::string id = p.model_id;
-  if (id.empty()) {
+  if (id.empty() && !p.model_dir.empty()) {
     auto fp = model_fingerprint(p.model_dir);
     if (!fp)
       return fail(fp.error());
     id = *fp;
   }
+  // Each loaded model (one, or every rank) gets its Engram map; the first names the id after it.
   bool named = false;
   auto prepare = [&](kernels::model& m) -> kernels::result<bool> {
+    if (id.empty())
+      id = private_model_id(m);  // a model loaded by the caller, without a directory or name
     if (p.engram_map.empty()) {
-      if (!m.text().engram_layer_ids.empty())
+      if (!m.text().engram_layer_ids.empty() && !preloaded)
         return kernels::result<bool>::failure(
           "the model has Engram layers: give engram_map (a JSON file, or identity for a random "
           "model directory)");
@@ -289,74 +286,48 @@ void load_group(cpu_device_state& st, cpu_device_params& p) {
     auto map = kernels::load_engram_token_map(m, p.engram_map);
     if (!map)
       return kernels::result<bool>::failure(map.error());
-    if (p.model_id.empty() && !named) {
+    if (p.model_id.empty() && !named)
       id = with_map(id, *map);
-      named = true;
-    }
+    named = true;
     return m.set_engram_token_map(std::move(*map));
   };
-  auto group = kernels::open_ep_group(
-    p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant}, *placement,
-    prepare);
-  if (!group)
-    return fail(group.error());
-  st.vocab = cfg->text.vocab_size;
-  st.model_id = std::move(id);
-  st.backend = std::move(*group);
-  if (p.profile && p.profile->get().empty())
-    measure(*st.backend, st.vocab, *p.profile);
-}
-
-/// Loads the model (on the device's thread) into the state, or sets the load error.
-void load(cpu_device_state& st, cpu_device_params& p) {
-  if (p.ep_ranks > 1)
-    return load_group(st, p);
-  auto fail = [&](const std::string& why) {
-    st.load_error = make_error(device_errc::load_failed, why);
-  };
-  const bool preloaded = p.model.has_value();
-  std::optional<kernels::model> m = std::move(p.model);
-  p.model.reset();
-  if (!m) {
-    auto loaded = kernels::model::load(
-      p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant});
-    if (!loaded)
-      return fail(loaded.error());
-    m.emplace(std::move(*loaded));
-  }
-  std::string id = p.model_id;
-  if (id.empty()) {
-    if (p.model_dir.empty()) {
-      id = private_model_id(*m);
-    } else {
-      auto fp = model_fingerprint(p.model_dir);
-      if (!fp)
-        return fail(fp.error());
-      id = *fp;
-    }
-  }
-  if (!p.engram_map.empty()) {
-    auto map = kernels::load_engram_token_map(*m, p.engram_map);
-    if (!map)
-      return fail(map.error());
-    if (p.model_id.empty())
-      id = with_map(id, *map);
-    if (auto ok = m->set_engram_token_map(std::move(*map)); !ok)
-      return fail(ok.error());
-  } else if (!m->text().engram_layer_ids.empty() && !preloaded) {
-    return fail("the model has Engram layers: give engram_map (a JSON file, or identity for a "
-                "random model directory)");
-  }
-  st.vocab = m->text().vocab_size;
-  st.model_id = std::move(id);
-  if (p.backend) {
-    auto backend = p.backend(std::move(*m));
-    if (!backend)
-      return fail(backend.error());
-    st.backend = std::move(*backend);
+  kernels::result<std::unique_ptr<kernels::model_backend>> backend =
+    kernels::result<std::unique_ptr<kernels::model_backend>>::failure("not loaded");
+  if (p.ep_ranks > 1) {
+    auto cfg = kernels::load_model_config(p.model_dir);
+    if (!cfg)
+      return fail(cfg.error());
+    auto placement = kernels::place_experts(
+      static_cast<std::int32_t>(cfg->text.n_routed_experts), static_cast<std::int32_t>(p.ep_ranks));
+    if (!placement)
+      return fail("an EP group of " + std::to_string(p.ep_ranks) + " ranks: " + placement.error());
+    backend = kernels::open_ep_group(
+      p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant}, *placement,
+      prepare);
+    st.vocab = cfg->text.vocab_size;
   } else {
-    st.backend = std::make_unique<kernels::cpu_backend>(std::move(*m));
+    std::optional<kernels::model> m = std::move(p.model);
+    p.model.reset();
+    if (!m) {
+      auto loaded = kernels::model::load(
+        p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant});
+      if (!loaded)
+        return fail(loaded.error());
+      m.emplace(std::move(*loaded));
+    }
+    if (auto ok = prepare(*m); !ok)
+      return fail(ok.error());
+    st.vocab = m->text().vocab_size;
+    if (p.backend)
+      backend = p.backend(std::move(*m));
+    else
+      backend = std::unique_ptr<kernels::model_backend>(
+        std::make_unique<kernels::cpu_backend>(std::move(*m)));
   }
+  if (!backend)
+    return fail(backend.error());
+  st.model_id = std::move(id);
+  st.backend = std::move(*backend);
   if (p.profile && p.profile->get().empty())
     measure(*st.backend, st.vocab, *p.profile);
 }
