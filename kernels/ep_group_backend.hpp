@@ -17,10 +17,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.hpp"
 #include "kernels/ep_dispatch.hpp"
 #include "kernels/ep_exchange.hpp"
+#include "kernels/ep_process.hpp"
 #include "kernels/model.hpp"
 
 namespace troupe::kernels {
@@ -30,12 +32,20 @@ namespace troupe::kernels {
 /// `options.tensors`, a fresh cache when null), calls `prepare` on each (e.g. to set the Engram
 /// token map; null: nothing) and returns their group as one backend. The group's ranks run on
 /// `placement.ranks` threads, each rank's model with `options.threads` threads of its own, and
-/// meet in `exchange` (null: a local_exchange of placement.ranks ranks). Errors: a placement
-/// that does not fit the model, an exchange of another size, a load or `prepare` failure
-/// (naming the rank).
+/// meet in `exchange` (null: a local_exchange of placement.ranks ranks).
+///
+/// With `peers` (kernels/ep_process.hpp), the ranks they hold run in those processes
+/// (serve_ep_peer at the other end of each socket, which the group then owns) and this process
+/// loads the others, rank 0 among them; the ranks meet in an exchange over the sockets (no
+/// `exchange` may be given), and every call that changes a sequence is sent to each peer.
+/// Returns once every peer has loaded.
+///
+/// Errors: a placement that does not fit the model, an exchange of another size, peers' ranks
+/// that overlap or include rank 0, a load or `prepare` failure (naming the rank, a peer's
+/// included), a peer gone before it loaded.
 result<std::unique_ptr<model_backend>> open_ep_group(
   const std::filesystem::path& dir, model_options options, const expert_placement& placement,
   const std::function<result<bool>(model&)>& prepare = {},
-  std::shared_ptr<ep_exchange> exchange = {});
+  std::shared_ptr<ep_exchange> exchange = {}, std::vector<ep_peer> peers = {});
 
 }  // namespace troupe::kernels

@@ -1,8 +1,14 @@
 // An expert-parallel group's ranks as threads of one process (kernels/ep_exchange.hpp,
 // model_options::ep, kernels/ep_group_backend.hpp): the exchange's all-gather and abort, rank
 // models that hold only their experts and give the whole model's logits bit for bit, and the
-// group as one backend (steps, KV export and import, a refused input, a failed rank).
+// group as one backend (steps, KV export and import, a refused input, a failed rank); then its
+// ranks spread over processes (kernels/ep_process.hpp: forked peers, one killed).
 #include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -163,14 +169,13 @@ TEST_CASE("EP ranks hold only their experts and give the whole model's logits bi
   CHECK(bad.error() == "model: EP rank 0 of a 2-rank placement needs an exchange of that many ranks");
 }
 
-TEST_CASE("an EP group backend serves as the whole model's backend does") {
+namespace {
+
+// The checks of a group that serves as the whole model's backend does: steps, KV both ways,
+// refused inputs that leave it usable.
+void check_serves_as_the_whole_model(model_backend& group) {
   cpu_backend whole(load({.batch_invariant = true}));
   const auto V = whole.cpu_model().text().vocab_size;
-  const std::int32_t hot[] = {5, 0};
-  auto opened = open_ep_group(tiny_dir(), {.batch_invariant = true}, *place_experts(8, 3, hot),
-                              identity_map);
-  REQUIRE_MESSAGE(opened.ok(), opened.error());
-  auto& group = **opened;
 
   // Two sequences in one batch, then 10 greedy steps of both: the same logits.
   const auto p0 = prompt(140, 1, V), p1 = prompt(9, 2, V);
@@ -231,6 +236,16 @@ TEST_CASE("an EP group backend serves as the whole model's backend does") {
   CHECK(group.close_sequence(g3).ok());
 }
 
+}  // namespace
+
+TEST_CASE("an EP group backend serves as the whole model's backend does") {
+  const std::int32_t hot[] = {5, 0};
+  auto opened = open_ep_group(tiny_dir(), {.batch_invariant = true}, *place_experts(8, 3, hot),
+                              identity_map);
+  REQUIRE_MESSAGE(opened.ok(), opened.error());
+  check_serves_as_the_whole_model(**opened);
+}
+
 TEST_CASE("a rank that fails in a step fails its whole EP group") {
   auto placement = *place_experts(8, 2);
   auto ex = std::make_shared<testing::failing_exchange>(2, 1, 8);  // rank 1, in its 8th MoE
@@ -250,4 +265,90 @@ TEST_CASE("a rank that fails in a step fails its whole EP group") {
   // From then on every call that changes a sequence fails the same way.
   CHECK(group.step(std::vector<step_input>{{id, t}}).error() == second.error());
   CHECK(group.close_sequence(id).error() == second.error());
+}
+
+namespace {
+
+// A peer process of an EP group (kernels/ep_process.hpp): a child that serves `ranks` at the
+// other end of a socketpair until the group closes it, and exits 0 then (3 on a load error).
+struct peer_process {
+  pid_t pid = -1;
+  int fd = -1;
+  int exit_status() const {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+peer_process start_peer(std::vector<std::int32_t> ranks, const expert_placement& placement,
+                        const fs::path& dir = tiny_dir()) {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(sv[0]);
+    auto ok = serve_ep_peer(sv[1], dir, {.batch_invariant = true}, placement, std::move(ranks),
+                            identity_map);
+    ::_exit(ok ? 0 : 3);
+  }
+  ::close(sv[1]);
+  return {pid, sv[0]};
+}
+
+}  // namespace
+
+TEST_CASE("an EP group whose ranks are in several processes serves as the whole model does") {
+  // Ranks 0 and 1 here; 2 and 3 in one peer process; 4 in another (one hot replica).
+  const std::int32_t hot[] = {5, 0};
+  const auto placement = *place_experts(8, 5, hot);
+  auto a = start_peer({2, 3}, placement), b = start_peer({4}, placement);
+  {
+    auto opened = open_ep_group(tiny_dir(), {.batch_invariant = true}, placement, identity_map,
+                                {}, {{a.fd, {2, 3}}, {b.fd, {4}}});
+    REQUIRE_MESSAGE(opened.ok(), opened.error());
+    check_serves_as_the_whole_model(**opened);
+    CHECK((*opened)->broken().empty());
+  }
+  // Closing the group ends its peers.
+  CHECK(a.exit_status() == 0);
+  CHECK(b.exit_status() == 0);
+}
+
+TEST_CASE("a peer process that dies fails its EP group, and one that cannot load fails the open") {
+  const auto placement = *place_experts(8, 3);
+  auto peer = start_peer({1, 2}, placement);
+  auto opened = open_ep_group(tiny_dir(), {.batch_invariant = true}, placement, identity_map, {},
+                              {{peer.fd, {1, 2}}});
+  REQUIRE_MESSAGE(opened.ok(), opened.error());
+  auto& group = **opened;
+  const auto id = group.open_sequence();
+  const auto toks = prompt(20, 9, 256);
+  REQUIRE(group.step(std::vector<step_input>{{id, toks}}).ok());
+  REQUIRE(::kill(peer.pid, SIGKILL) == 0);
+  CHECK(peer.exit_status() == 128 + SIGKILL);
+  const std::int64_t t[] = {7};
+  auto next = group.step(std::vector<step_input>{{id, t}});
+  REQUIRE_FALSE(next.ok());
+  CHECK(next.error().rfind("the EP group failed: rank 1: the process of ranks 1, 2 is gone", 0) == 0);
+  CHECK(group.broken() == next.error());
+  CHECK(group.close_sequence(id).error() == next.error());
+
+  // A peer whose ranks cannot load (a directory without the model) fails the group's open with
+  // its reason; so does a peer given ranks that are the leader's.
+  const auto missing = fs::temp_directory_path() / "troupe-ep-no-model";
+  auto bad = start_peer({1, 2}, placement, missing);
+  auto refused = open_ep_group(tiny_dir(), {.batch_invariant = true}, placement, identity_map, {},
+                               {{bad.fd, {1, 2}}});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().rfind("EP group rank 1: ", 0) == 0);
+  CHECK(bad.exit_status() == 3);
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  ::close(sv[1]);
+  refused = open_ep_group(tiny_dir(), {.batch_invariant = true}, placement, identity_map, {},
+                          {{sv[0], {0, 1}}});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error() == "EP group: a peer process's ranks must be distinct, above 0 and below 3");
 }
