@@ -20,6 +20,7 @@
 #include "kernels/generate.hpp"
 #include "kernels/model_init.hpp"
 #include "kernels/npy.hpp"
+#include "ports/rank_processes.hpp"
 #include "runtime/line_stream.hpp"
 #include "runtime/log.hpp"
 
@@ -692,6 +693,29 @@ int main(int argc, char** argv) {
     node_opts.connect_timeout = std::chrono::seconds(connect_timeout_s);
     troupe::cluster::reexec_with_huge_page_heap(node_opts, argv, shared_stderr());
     rc = troupe::cluster::run_node_command(node_opts, shared_stderr());
+  });
+
+  // troupe ep-rank: the ranks of an EP group beyond those its device runs as threads, started
+  // by the device with its end of a socket as --fd (ports/rank_processes.hpp); not run by hand.
+  troupe::ports::ep_rank_options rank_opts;
+  int rank_fd = -1;
+  bool rank_fast = false;
+  auto* ep_rank = app.add_subcommand(
+    "ep-rank", "ranks of an instance's EP group in a process of their own (started by the "
+               "instance's device: a pool's ranks_per_process)");
+  ep_rank->group("");
+  ep_rank->add_option("--model", rank_opts.model_dir, "the model directory")->required();
+  ep_rank->add_option("--engram-map", rank_opts.engram_map, "the Engram token map");
+  ep_rank->add_option("--threads", rank_opts.threads, "threads per rank")->check(CLI::Range(1, 1024));
+  ep_rank->add_option("--group", rank_opts.group, "ranks in the group")->required()
+    ->check(CLI::Range(2, 1 << 16));
+  ep_rank->add_option("--ranks", rank_opts.ranks, "this process's ranks, e.g. 2,3")->required()
+    ->delimiter(',');
+  ep_rank->add_option("--fd", rank_fd, "the socket to the instance's device")->required();
+  ep_rank->add_flag("--fast", rank_fast, "not batch-invariant");
+  ep_rank->callback([&] {
+    rank_opts.batch_invariant = !rank_fast;
+    rc = troupe::ports::run_ep_rank(rank_fd, rank_opts);
   });
 
   troupe::cli::add_recipe_commands(app, rc);

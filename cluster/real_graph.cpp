@@ -1,5 +1,7 @@
 #include "cluster/real_graph.hpp"
 
+#include "runtime/log.hpp"
+
 #include "actors/instance.hpp"
 #include "cluster/autoscaling.hpp"
 #include "cluster/sim/expert_placement.hpp"
@@ -165,14 +167,25 @@ instance_maker(const topology& topo, pool_role role, const real_graph_params& pa
     (*leaders)[id] = caf::actor_cast<caf::actor_addr>(device);
     return device;
   };
-  if (!params.healthy_gpus.empty())
-    ports.gpus = [healthy = params.healthy_gpus, n = pool.gpus_per_instance,
-                  experts = params.experts](actors::instance_id) {
+  if (!params.healthy_gpus.empty() || params.losses) {
+    auto healthy = params.healthy_gpus;
+    if (healthy.empty())
+      for (std::uint32_t g = 0; g < pool.gpus_per_instance; ++g)
+        healthy.push_back(g);
+    ports.gpus = [healthy, n = pool.gpus_per_instance, experts = params.experts, role,
+                  losses = params.losses, name = pool.name](actors::instance_id id) {
       auto gpus = healthy;
+      const auto lost = losses ? losses->lost(role, id) : 0;
+      gpus.resize(gpus.size() - std::min<std::size_t>(lost, gpus.size()));
       gpus.resize(std::min<std::size_t>(
         gpus.size(), sim::resized_ep(n, static_cast<std::uint32_t>(gpus.size()), experts)));
+      if (lost > 0)
+        runtime::log::get("instance")->warn(
+          "{}/{}: {} rank(s) lost with their processes; it forms on {} rank(s) (EP {} -> {})",
+          name, id, lost, gpus.size(), n, gpus.size());
       return gpus;
     };
+  }
   // Inside one process the KV moves between instances by handle: no link port.
   ports.link = [](caf::local_actor*, actors::instance_id) { return runtime::link_port{}; };
   // Prefill persists the prompt's blocks, decode those its output fills.
@@ -246,6 +259,17 @@ actors::autoscaler_params real_autoscaler_params(
   if (params.metrics != nullptr)
     ap.on_decision = decision_metrics(*params.metrics);
   return ap;
+}
+
+void rank_losses::lose(pool_role role, std::uint32_t instance, std::uint32_t ranks) {
+  std::lock_guard lock(mutex_);
+  lost_[{role, instance}] += ranks;
+}
+
+std::uint32_t rank_losses::lost(pool_role role, std::uint32_t instance) const {
+  std::lock_guard lock(mutex_);
+  auto it = lost_.find({role, instance});
+  return it == lost_.end() ? 0 : it->second;
 }
 
 real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,

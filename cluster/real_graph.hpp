@@ -27,9 +27,25 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 namespace troupe::cluster {
+
+/// Ranks each instance has lost for good: a process of some of its ranks died
+/// (ports::cpu_device_params::on_ranks_lost, reported from the devices' threads). Its later
+/// incarnations run on the ranks left, resized by the simulator's rule.
+class rank_losses {
+ public:
+  void lose(pool_role role, std::uint32_t instance, std::uint32_t ranks);
+  std::uint32_t lost(pool_role role, std::uint32_t instance) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<pool_role, std::uint32_t>, std::uint32_t> lost_;
+};
 
 struct real_graph_params {
   /// Makes the device of an instance of pool `pool` (role prefill or decode) whose
@@ -46,6 +62,8 @@ struct real_graph_params {
   /// experts) of them (cluster/sim/expert_placement.hpp: the simulator's EP resize rule), and
   /// with none that make a valid size it cannot start (its pool supervisor retries).
   std::vector<std::uint32_t> healthy_gpus;
+  /// Ranks the instances lost (their devices report into it: see `device`); null: none are.
+  std::shared_ptr<rank_losses> losses;
   /// The model's routed experts (the resize rule's limit; 0: none).
   std::uint32_t experts = 0;
   /// Longest prompt accepted (tokens).

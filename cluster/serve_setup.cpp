@@ -319,7 +319,18 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   const auto per_step = static_cast<std::int64_t>(gp.max_batch);
   const auto prefill_jobs = static_cast<std::int64_t>(
     (gp.prefill_chunk + kernels::kv_block_tokens - 1) / kernels::kv_block_tokens);
-  gp.device = [&o, &metrics, constraints, profile, experts, engine,
+  // A pool whose instances' ranks are split over processes: the devices start them (this
+  // program, `troupe ep-rank`), and a rank process that dies costs its instance those ranks.
+  std::filesystem::path rank_program;
+  for (const auto* pool : {prefill_pool, decode_pool})
+    if (pool->ranks_per_process > 0 && pool->ranks_per_process < pool->gpus_per_instance) {
+      std::error_code ec;
+      rank_program = std::filesystem::read_symlink("/proc/self/exe", ec);
+      gp.losses = std::make_shared<rank_losses>();
+    }
+  gp.device = [&o, &metrics, constraints, profile, experts, engine, rank_program,
+               losses = gp.losses,
+               split = std::pair{prefill_pool->ranks_per_process, decode_pool->ranks_per_process},
                limits = device_limits{.max_sequences = per_step,
                                       .max_context = static_cast<std::int64_t>(gp.max_context)},
                prefill_limit = std::max(per_step, prefill_jobs),
@@ -330,6 +341,12 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
     ports::cpu_device_params d;
     d.model_dir = o.model;
     d.ep_ranks = ranks;
+    d.ranks_per_process = role == pool_role::prefill ? split.first : split.second;
+    d.rank_program = rank_program;
+    if (losses)
+      d.on_ranks_lost = [losses, role, instance](std::uint32_t n) {
+        losses->lose(role, instance, n);
+      };
     d.threads = o.device_threads;
     d.batch_invariant = true;
     if (engine != nullptr) {

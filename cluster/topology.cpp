@@ -308,7 +308,7 @@ void read_pools(checker& c, const toml::table& root, topology& t,
     auto path = fmt::format("pool[{}]", i);
     c.check_keys(tbl, path,
                  {"name", "role", "instances", "gpus_per_instance", "ep_size", "buckets", "grace",
-                  "chunk_tokens", "max_batch"});
+                  "chunk_tokens", "max_batch", "ranks_per_process"});
     pool_spec pool;
     bool ok = true;
     ok = unique_name(c, tbl, path, "pool", "prefill", names, pool.name) && ok;
@@ -406,6 +406,21 @@ void read_pools(checker& c, const toml::table& root, topology& t,
         pool.chunk_tokens = static_cast<std::uint64_t>(*v);
       } else {
         pool.max_batch = static_cast<std::uint32_t>(*v);
+      }
+    }
+    // The real world's split of an instance's ranks over processes (0: all in one).
+    if (const auto* n = tbl.get("ranks_per_process")) {
+      auto v = c.integer(tbl, path, "ranks_per_process", 1, std::int64_t{1} << 16, false);
+      if (!v) {
+        ok = false;
+      } else if (pool.gpus_per_instance > 0 && *v > pool.gpus_per_instance) {
+        c.error(n->source(), join_path(path, "ranks_per_process"),
+                fmt::format("is {}, but an instance has {} rank(s) (gpus_per_instance)", *v,
+                            pool.gpus_per_instance),
+                "make it at most gpus_per_instance");
+        ok = false;
+      } else {
+        pool.ranks_per_process = static_cast<std::uint32_t>(*v);
       }
     }
     positions.push_back({tbl.get("name"), tbl.get("role"), tbl.get("instances"), &tbl});
@@ -781,6 +796,8 @@ std::string describe(const topology& t) {
       if (p.max_batch > 0)
         routing += fmt::format(", max batch {}", p.max_batch);
     }
+    if (p.ranks_per_process > 0 && p.ranks_per_process < p.gpus_per_instance)
+      routing += fmt::format(", {} rank(s) per process", p.ranks_per_process);
     line("  {:<{}}  {:<7}  {:>16}  {:>9}  {:>4}  {:>17}  {}", p.name, w, to_string(p.role),
          fmt::format("{}/{}/{}", p.instances.min, p.instances.initial, p.instances.max),
          p.gpus_per_instance, p.ep_size, fmt::format("{}/{}/{}", g.min, g.initial, g.max),

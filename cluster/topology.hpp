@@ -107,6 +107,10 @@ struct pool_spec {
   /// chunked-prefill step of an instance. Decode only: requests an instance decodes together.
   std::uint64_t chunk_tokens = 0;
   std::uint32_t max_batch = 0;
+  /// The real world's processes of an instance: its ranks beyond the first ranks_per_process
+  /// run in processes of their own, ranks_per_process each (ports/cpu_device.hpp). 0: every
+  /// rank a thread of the instance's process. At most gpus_per_instance; the simulator ignores it.
+  std::uint32_t ranks_per_process = 0;
 
   /// GPUs of `count` instances of this pool.
   std::uint64_t gpus(std::uint32_t count) const noexcept {

@@ -424,14 +424,20 @@ std::shared_ptr<ep_exchange> process_exchange(std::int32_t ranks, std::vector<st
 
 }  // namespace wire
 
+void refuse_ep_peer(int fd, std::size_t ranks, const std::string& why) {
+  wire::link leader(fd, {0});
+  (void) wire::send(leader, wire::frame::outcome,
+                    wire::encode_outcome(std::vector<std::string>(ranks, why)));
+}
+
 result<bool> serve_ep_peer(int fd, const std::filesystem::path& dir, model_options options,
                            const expert_placement& placement, std::vector<std::int32_t> ranks,
                            const std::function<result<bool>(model&)>& prepare) {
   using r = result<bool>;
   auto leader = std::make_shared<wire::link>(fd, std::vector<std::int32_t>{0});
   auto refuse = [&](const std::string& why) {
-    std::vector<std::string> errors(ranks.size(), why);
-    (void) wire::send(*leader, wire::frame::outcome, wire::encode_outcome(errors));
+    leader->fd = -1;  // closed by refuse_ep_peer
+    refuse_ep_peer(fd, ranks.size(), why);
     return r::failure(why);
   };
   if (ranks.empty() || ranks.front() < 1 || !std::is_sorted(ranks.begin(), ranks.end())

@@ -45,4 +45,8 @@ result<bool> serve_ep_peer(int fd, const std::filesystem::path& dir, model_optio
                            const expert_placement& placement, std::vector<std::int32_t> ranks,
                            const std::function<result<bool>(model&)>& prepare = {});
 
+/// Tells the leader at the other end of `fd` that this peer's `ranks` ranks cannot load, and
+/// why (what serve_ep_peer does when a load fails); closes `fd`.
+void refuse_ep_peer(int fd, std::size_t ranks, const std::string& why);
+
 }  // namespace troupe::kernels

@@ -1,5 +1,6 @@
 // The CPU device port (see cpu_device.hpp).
 #include "ports/cpu_device.hpp"
+#include "ports/rank_processes.hpp"
 
 #include "kernels/backend.hpp"
 #include "kernels/ep_group_backend.hpp"
@@ -98,6 +99,10 @@ struct device_metrics {
 };
 
 struct cpu_device_state {
+  /// The processes of the EP group's other ranks (ranks_per_process): reaped after `backend`,
+  /// which holds their sockets, is gone.
+  rank_processes peers;
+  std::function<void(std::uint32_t)> on_ranks_lost;
   std::unique_ptr<kernels::model_backend> backend;
   /// Set when the model could not be loaded: every request is answered with it.
   caf::error load_error;
@@ -253,6 +258,27 @@ void measure(kernels::model_backend& be, std::int64_t vocab, step_profile& profi
   profile.set(std::move(points));
 }
 
+} // namespace
+
+kernels::result<std::vector<std::int64_t>> set_engram_map(kernels::model& m,
+                                                          const std::string& map) {
+  using r = kernels::result<std::vector<std::int64_t>>;
+  if (map.empty()) {
+    if (!m.text().engram_layer_ids.empty())
+      return r::failure("the model has Engram layers: give engram_map (a JSON file, or identity "
+                        "for a random model directory)");
+    return std::vector<std::int64_t>{};
+  }
+  auto loaded = kernels::load_engram_token_map(m, map);
+  if (!loaded)
+    return r::failure(loaded.error());
+  if (auto ok = m.set_engram_token_map(*loaded); !ok)
+    return r::failure(ok.error());
+  return loaded;
+}
+
+namespace {
+
 /// Loads the model (on the device's thread) into the state, or sets the load error: one model,
 /// or the ranks of an EP group (cpu_device_params::ep_ranks).
 void load(cpu_device_state& st, cpu_device_params& p) {
@@ -276,20 +302,15 @@ void load(cpu_device_state& st, cpu_device_params& p) {
   auto prepare = [&](kernels::model& m) -> kernels::result<bool> {
     if (id.empty())
       id = private_model_id(m);  // a model loaded by the caller, without a directory or name
-    if (p.engram_map.empty()) {
-      if (!m.text().engram_layer_ids.empty() && !preloaded)
-        return kernels::result<bool>::failure(
-          "the model has Engram layers: give engram_map (a JSON file, or identity for a random "
-          "model directory)");
-      return true;
-    }
-    auto map = kernels::load_engram_token_map(m, p.engram_map);
+    if (p.engram_map.empty() && preloaded)
+      return true;  // it came with its map
+    auto map = set_engram_map(m, p.engram_map);
     if (!map)
       return kernels::result<bool>::failure(map.error());
-    if (p.model_id.empty() && !named)
+    if (!map->empty() && p.model_id.empty() && !named)
       id = with_map(id, *map);
     named = true;
-    return m.set_engram_token_map(std::move(*map));
+    return true;
   };
   kernels::result<std::unique_ptr<kernels::model_backend>> backend =
     kernels::result<std::unique_ptr<kernels::model_backend>>::failure("not loaded");
@@ -301,9 +322,23 @@ void load(cpu_device_state& st, cpu_device_params& p) {
       static_cast<std::int32_t>(cfg->text.n_routed_experts), static_cast<std::int32_t>(p.ep_ranks));
     if (!placement)
       return fail("an EP group of " + std::to_string(p.ep_ranks) + " ranks: " + placement.error());
+    std::vector<kernels::ep_peer> peers;
+    if (p.ranks_per_process > 0 && p.ranks_per_process < p.ep_ranks) {
+      auto started = st.peers.start(p.rank_program,
+                                    {.model_dir = p.model_dir,
+                                     .engram_map = p.engram_map,
+                                     .threads = p.threads,
+                                     .batch_invariant = p.batch_invariant,
+                                     .group = p.ep_ranks,
+                                     .ranks = {}},
+                                    p.ranks_per_process);
+      if (!started)
+        return fail(started.error());
+      peers = std::move(*started);
+    }
     backend = kernels::open_ep_group(
       p.model_dir, {.threads = p.threads, .batch_invariant = p.batch_invariant}, *placement,
-      prepare);
+      prepare, {}, std::move(peers));
     st.vocab = cfg->text.vocab_size;
   } else {
     std::optional<kernels::model> m = std::move(p.model);
@@ -952,13 +987,20 @@ auto guarded(F f) -> decltype(f()) {
 void stop_if_broken(self_ptr self) {
   if (!self->state.backend)
     return;
-  if (auto why = self->state.backend->broken(); !why.empty())
-    self->quit(make_error(device_errc::compute_failed, why));
+  auto why = self->state.backend->broken();
+  if (why.empty())
+    return;
+  // A rank process that died takes its ranks with it: the instance re-forms without them.
+  if (!self->state.peers.empty() && self->state.on_ranks_lost)
+    if (auto lost = self->state.peers.exited_ranks(std::chrono::milliseconds(500)); lost > 0)
+      self->state.on_ranks_lost(lost);
+  self->quit(make_error(device_errc::compute_failed, why));
 }
 
 runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
                                                   std::shared_ptr<cpu_device_params> params) {
   self->state.keep_limit = params->keep_bytes;
+  self->state.on_ranks_lost = params->on_ranks_lost;
   self->state.constraints = params->constraints;
   self->state.experts = params->experts;
   self->state.metrics = register_metrics(params->metrics, params->name);

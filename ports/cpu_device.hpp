@@ -141,6 +141,18 @@ struct cpu_device_params {
   /// `backend` or `experts`: the group keeps its placement), and at most the model's routed
   /// experts; otherwise the load fails and says why.
   std::uint32_t ep_ranks = 1;
+  /// With ep_ranks above it, the device runs the group's first `ranks_per_process` ranks as
+  /// threads and starts processes for the others, `ranks_per_process` ranks each (the last may
+  /// hold fewer): `rank_program ep-rank ...` (ports/rank_processes.hpp), joined to the device by
+  /// a socket each (kernels/ep_process.hpp); they load while the device does, and end when the
+  /// device does. 0, or ep_ranks or more: every rank a thread of this process.
+  std::uint32_t ranks_per_process = 0;
+  /// The program of the rank processes: the troupe executable.
+  std::filesystem::path rank_program;
+  /// Called on the device's thread when a rank process has died and its group with it, with
+  /// the ranks that process held, just before the device stops: its instance then re-forms
+  /// on the ranks left. Null: nobody is told.
+  std::function<void(std::uint32_t ranks)> on_ranks_lost;
 };
 
 /// Spawns a CPU device (detached: its own thread). Returns at once; the device then loads its
@@ -195,6 +207,12 @@ struct cpu_device_params {
 /// the step's router counts (and those of any replay or profile run since) to the link.
 /// Times in device_result are the actor clock's (wall time) around the step.
 runtime::device_port spawn_cpu_device(caf::actor_system& sys, cpu_device_params params);
+
+/// Sets the Engram token map that `map` names (cpu_device_params::engram_map's forms) on a
+/// freshly loaded model, and returns it; empty for no map, when the model has no Engram layers.
+/// Errors: a model with Engram layers and no map, a map that does not load or fit.
+kernels::result<std::vector<std::int64_t>> set_engram_map(kernels::model& m,
+                                                          const std::string& map);
 
 /// A name for the model stored in `dir`: the XXH3-64 of config.json, every tensor's name,
 /// dtype and shape, and samples of its bytes (all of a tensor up to 8 KiB, its first and last

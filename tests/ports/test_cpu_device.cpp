@@ -10,7 +10,13 @@
 #include <doctest/doctest.h>
 #include <xxhash.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <numeric>
 
@@ -647,6 +653,72 @@ TEST_CASE_FIXTURE(device_fixture, "a CPU device runs its instance's ranks as an 
     CHECK(sys.render(d.reason).find("the EP group failed") != std::string::npos);
   }, caf::after(std::chrono::seconds(30)) >> [] {});
   CHECK(down);
+}
+
+namespace {
+
+// The `troupe ep-rank` processes this test process started.
+std::vector<pid_t> rank_processes_here() {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::ifstream stat(e.path() / "stat"), cmd(e.path() / "cmdline");
+    std::string pid, comm, state, ppid, args;
+    if (!(stat >> pid >> comm >> state >> ppid) || std::stol(ppid) != ::getpid())
+      continue;
+    std::getline(cmd, args, '\0');
+    std::getline(cmd, args, '\0');
+    if (args == "ep-rank")
+      out.push_back(static_cast<pid_t>(std::stol(pid)));
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(device_fixture, "a CPU device runs an EP group's ranks in processes of their "
+                                  "own, and stops, saying how many ranks it lost, when one dies") {
+  const auto pr = prompt(19, 4);
+  const auto want = greedy(cpu(tiny_params()), 1, pr, 6);
+  auto lost = std::make_shared<std::atomic<std::uint32_t>>(0);
+  auto p = tiny_params();
+  p.ep_ranks = 4;
+  p.ranks_per_process = 2;  // ranks 0, 1 here; 2, 3 in one process
+  p.rank_program = TROUPE_PROGRAM;
+  p.on_ranks_lost = [lost](std::uint32_t n) { *lost += n; };
+  auto dev = cpu(std::move(p));
+  self->monitor(dev);
+  CHECK(greedy(dev, 1, pr, 6) == want);
+  const auto peers = rank_processes_here();
+  REQUIRE(peers.size() == 1);
+  REQUIRE(::kill(peers[0], SIGKILL) == 0);
+  auto r = run(dev, step({seq(2, 0, pr)}));
+  REQUIRE_FALSE(r);
+  CHECK(sys.render(r.error()).find("the EP group failed: rank 2: the process of ranks 2, 3 is gone")
+        != std::string::npos);
+  bool down = false;
+  self->receive([&](caf::down_msg&) { down = true; },
+                caf::after(std::chrono::seconds(30)) >> [] {});
+  CHECK(down);
+  CHECK(*lost == 2);
+  CHECK(rank_processes_here().empty());  // reaped
+
+  // Three processes of one rank each give the same tokens; a program that cannot start is the
+  // device's load error.
+  auto single = tiny_params();
+  single.ep_ranks = 4;
+  single.ranks_per_process = 1;
+  single.rank_program = TROUPE_PROGRAM;
+  CHECK(greedy(cpu(std::move(single)), 1, pr, 6) == want);
+  auto missing = tiny_params();
+  missing.ep_ranks = 2;
+  missing.ranks_per_process = 1;
+  missing.rank_program = "/nonexistent/troupe";
+  r = run(cpu(std::move(missing)), step({seq(1, 0, pr)}));
+  REQUIRE_FALSE(r);
+  CHECK(sys.render(r.error()).find("cannot start /nonexistent/troupe") != std::string::npos);
 }
 
 TEST_CASE_FIXTURE(device_fixture,
