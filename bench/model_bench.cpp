@@ -18,16 +18,19 @@
 //
 //   build/bench/bench_model --ep 2 [--prompt 256] [--decode 16] [--threads 2]
 //
-// --ep N times an expert-parallel group of N rank threads (kernels/ep_group_backend.hpp, each
-// rank with threads / N threads, so both use the same threads in all) against its peer in the
-// same run, the one model it splits: a prefill of --prompt tokens and --decode steps of a batch
-// of 8, batch-invariant as served, five rounds alternating, min and median, with the load
-// average. Their logits are compared too (bitwise equal is the EP group's contract).
+// --ep N times an expert-parallel group of N ranks (kernels/ep_group_backend.hpp, each rank with
+// threads / N threads, so all use the same threads in all), as threads of this process and as
+// one process per rank (kernels/ep_process.hpp: ranks 1.. forked, a socket each), against their
+// peer in the same run, the one model they split: a prefill of --prompt tokens and --decode
+// steps of a batch of 8, batch-invariant as served, five rounds alternating, min and median,
+// with the load average. Their logits are compared too (bitwise equal is the EP group's contract).
 //
 // --model runs on an existing model directory (e.g. the one tools/model_bench_reference.py
 // times the `transformers` reference on) instead of writing the small preset.
 #include <cblas.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +48,7 @@
 #include "kernels/ep_group_backend.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
+#include "kernels/model_config.hpp"
 #include "kernels/model_init.hpp"
 
 using namespace troupe::kernels;
@@ -211,14 +215,34 @@ int ep_bench(const std::filesystem::path& dir, int threads, int ranks, std::int6
       map[i] = std::int64_t(i) % m.text().engram_compressed_vocab_size;
     return m.set_engram_token_map(map);
   };
+  auto cfg = load_model_config(dir);
+  if (!cfg) return std::fprintf(stderr, "%s\n", cfg.error().c_str()), 1;
+  auto placement = place_experts(std::int32_t(cfg->text.n_routed_experts), ranks);
+  if (!placement) return std::fprintf(stderr, "%s\n", placement.error().c_str()), 1;
+  const model_options rank_options{.threads = std::max(1, threads / ranks), .batch_invariant = true};
+  // The group's ranks 1.. as processes of their own (forked before this one loads anything),
+  // a socket each to this process, which holds rank 0 (kernels/ep_process.hpp).
+  std::vector<ep_peer> peers;
+  std::vector<pid_t> children;
+  for (std::int32_t r = 1; r < ranks; ++r) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 1;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(sv[0]);
+      ::_exit(serve_ep_peer(sv[1], dir, rank_options, *placement, {r}, identity) ? 0 : 1);
+    }
+    ::close(sv[1]);
+    peers.push_back({sv[0], {r}});
+    children.push_back(pid);
+  }
   auto whole = model::load(dir, {.threads = threads, .batch_invariant = true});
   if (!whole || !identity(*whole)) return std::fprintf(stderr, "cannot load %s\n", dir.c_str()), 1;
   const auto& c = whole->text();
-  auto placement = place_experts(std::int32_t(c.n_routed_experts), ranks);
-  if (!placement) return std::fprintf(stderr, "%s\n", placement.error().c_str()), 1;
-  auto group = open_ep_group(dir, {.threads = std::max(1, threads / ranks), .batch_invariant = true},
-                             *placement, identity);
+  auto group = open_ep_group(dir, rank_options, *placement, identity);
   if (!group) return std::fprintf(stderr, "%s\n", group.error().c_str()), 1;
+  auto spread = open_ep_group(dir, rank_options, *placement, identity, {}, std::move(peers));
+  if (!spread) return std::fprintf(stderr, "%s\n", spread.error().c_str()), 1;
   cpu_backend one(std::move(*whole));
   constexpr std::int64_t batch = 8;
   // One round on `b`: the prefill's and the decode's seconds, and every logit it produced.
@@ -257,17 +281,21 @@ int ep_bench(const std::filesystem::path& dir, int threads, int ranks, std::int6
     for (auto id : ids) (void)b.close_sequence(id);
     return {pre, dec};
   };
-  std::vector<double> pre[2], dec[2];
-  std::vector<float> logits[2];
+  model_backend* contenders[] = {&one, group->get(), spread->get()};
+  const char* names[] = {"one model", "EP threads", "EP procs"};
+  std::vector<double> pre[3], dec[3];
+  std::vector<float> logits[3];
   bool equal = true;
   for (int k = 0; k < 5; ++k)
-    for (int w = 0; w < 2; ++w) {
-      auto [p, d] = round(w == 0 ? static_cast<model_backend&>(one) : **group, logits[w]);
+    for (int w = 0; w < 3; ++w) {
+      auto [p, d] = round(*contenders[w], logits[w]);
       if (p < 0) return std::fprintf(stderr, "a step failed\n"), 1;
       pre[w].push_back(p);
       dec[w].push_back(d);
-      if (w == 1) equal = equal && logits[0] == logits[1];
+      if (w > 0) equal = equal && logits[0] == logits[w];
     }
+  spread->reset();  // its peers see their sockets close and exit
+  for (auto pid : children) ::waitpid(pid, nullptr, 0);
   auto min_med = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return std::pair{v.front(), v[v.size() / 2]};
@@ -277,16 +305,17 @@ int ep_bench(const std::filesystem::path& dir, int threads, int ranks, std::int6
     if (std::fscanf(f, "%lf", &load) != 1) load = -1;
     std::fclose(f);
   }
-  std::printf("EP group of %d rank threads (%d threads each) vs one model (%d threads), batch-"
-              "invariant, 5 rounds, load average %.2f; logits %s\n",
+  std::printf("EP group of %d ranks (%d threads each) as threads of one process and as one "
+              "process per rank vs one model (%d threads), batch-invariant, 5 rounds, load "
+              "average %.2f; logits %s\n",
               ranks, std::max(1, threads / ranks), threads, load,
               equal ? "bitwise equal" : "DIFFER");
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < 3; ++w) {
     auto [pmin, pmed] = min_med(pre[w]);
     auto [dmin, dmed] = min_med(dec[w]);
     std::printf("  %-10s prefill %lld tokens: %.1f / %.1f ms (min / median); decode %lld steps of "
                 "%lld: %.2f / %.2f ms per step\n",
-                w == 0 ? "one model" : "EP group", (long long)prompt, 1e3 * pmin, 1e3 * pmed,
+                names[w], (long long)prompt, 1e3 * pmin, 1e3 * pmed,
                 (long long)decode, (long long)batch, 1e3 * dmin / double(decode),
                 1e3 * dmed / double(decode));
   }

@@ -289,6 +289,25 @@ TEST_CASE("the real world's step budgets belong to their roles") {
   CHECK_FALSE(zero.ok());
 }
 
+TEST_CASE("ranks_per_process splits an instance's ranks over processes, at most all of them") {
+  auto with = [](const std::string& line) {
+    auto text = std::string(minimal);
+    auto at = text.find("gpus_per_instance = 8\n");
+    text.insert(at + std::string("gpus_per_instance = 8\n").size(), line);
+    return parse_topology(text, "inline.toml");
+  };
+  auto ok = with("ranks_per_process = 4\n");
+  INFO(all_errors(ok));
+  REQUIRE(ok.ok());
+  CHECK(pool_named(*ok.value, "p").ranks_per_process == 4);
+  CHECK(pool_named(*ok.value, "d").ranks_per_process == 0);
+  auto too_many = with("ranks_per_process = 9\n");
+  REQUIRE_FALSE(too_many.ok());
+  CHECK(all_errors(too_many).find("pool[0].ranks_per_process: is 9, but an instance has 8 rank(s) "
+                                  "(gpus_per_instance)") != std::string::npos);
+  CHECK_FALSE(with("ranks_per_process = 0\n").ok());
+}
+
 TEST_CASE("storage.shards spreads the store over shards (unset, a real cluster has one); replicas copy it") {
   auto with = [](const std::string& line) {
     auto text = std::string(minimal);

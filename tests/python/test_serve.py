@@ -8,7 +8,9 @@ tests check what the server must get right whatever the model says: that the ser
 tokens are exactly `troupe generate`'s, alone and among 64 concurrent streams, that streams
 and usage agree, that max_tokens, stop sequences, seeds and API keys are honoured, that a
 client that leaves frees its request, and that structured output (response_format, text.format,
-output_config.format, strict tools) gives answers and calls that parse against their schema. Every call has a bounded timeout and retries are off.
+output_config.format, strict tools) gives answers and calls that parse against their schema, and
+that a decode instance whose EP group has ranks in a process of their own (local-cpu-ep-processes.toml)
+keeps every stream's tokens when that process is killed. Every call has a bounded timeout and retries are off.
 
 Run: TROUPE=build/troupe build/python-venv/bin/python -m pytest tests/python/test_serve.py
 (ctest -L sdk does both steps).
@@ -18,6 +20,7 @@ import concurrent.futures
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -43,9 +46,9 @@ def troupe():
 
 
 class Server:
-    def __init__(self, model_dir, keys_file, kv_dir, extra=()):
+    def __init__(self, model_dir, keys_file, kv_dir, extra=(), topology="local-cpu.toml"):
         self.proc = subprocess.Popen(
-            [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu.toml"),
+            [troupe(), "serve", os.path.join(ROOT, "examples/topologies", topology),
              "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
              "--api-keys", keys_file, "--max-in-flight", "80", "--grace", "10",
              "--kv-dir", kv_dir, "--check-history", *extra],
@@ -921,3 +924,72 @@ def test_expert_placements_switched_while_serving_change_no_answer(server, eplb_
         assert served_text(on.choices[0].message) == served_text(off.choices[0].message)
         if off.choices[0].logprobs is not None:
             assert on.choices[0].logprobs == off.choices[0].logprobs
+
+
+def rank_processes(pid):
+    """The `troupe ep-rank` processes (an EP group's ranks) that process `pid` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == pid and len(args) > 1 and args[1] == b"ep-rank":
+            found.append(int(entry))
+    return found
+
+
+def test_a_rank_process_killed_mid_stream_re_forms_its_instance_on_the_ranks_left(
+        server, model_dir, tmp_path):
+    # local-cpu-ep-processes.toml: decode/0 is an EP group of 4 ranks, 2 of them in a process
+    # of their own. Four greedy streams run; that process is killed once each has begun. Every
+    # stream completes with the plain server's text, and the instance re-forms on the 2 ranks
+    # left in its own process (EP 4 -> 2), which answers as the plain server does.
+    keys = tmp_path / "keys.txt"
+    keys.write_text(API_KEY + "\n")
+    s = Server(model_dir, str(keys), str(tmp_path / "kv"), topology="local-cpu-ep-processes.toml")
+    try:
+        peers = rank_processes(s.proc.pid)
+        assert len(peers) == 1, "".join(s.log)
+        prompts = [f"Count the ranks of group {i}." for i in range(4)]
+        want = [served_text(server.openai().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=32,
+            temperature=0).choices[0].message) for p in prompts]
+        begun = threading.Barrier(len(prompts) + 1, timeout=TIMEOUT_S)
+
+        def stream(p):
+            text, waited = "", False
+            for chunk in s.openai().chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=32,
+                    temperature=0, stream=True):
+                if chunk.choices:
+                    text += served_text(chunk.choices[0].delta)
+                    if text and not waited:
+                        waited = True
+                        begun.wait()
+            return text, time.monotonic()
+
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            futures = [pool.submit(stream, p) for p in prompts]
+            begun.wait()
+            os.kill(peers[0], signal.SIGKILL)
+            killed = time.monotonic()
+            got = [f.result(timeout=TIMEOUT_S) for f in futures]
+        assert [text for text, _ in got] == want
+        assert any(ended > killed for _, ended in got)  # streams were in flight
+        assert any("decode/0: 2 rank(s) lost with their processes; it forms on 2 rank(s) (EP 4 -> 2)"
+                   in line for line in s.log), "".join(s.log)
+        assert rank_processes(s.proc.pid) == []
+        after = s.openai().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompts[0]}], max_tokens=32,
+            temperature=0)
+        assert served_text(after.choices[0].message) == want[0]
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, "".join(s.log)
+    assert any("facts: no violations" in line for line in s.log), "".join(s.log)
