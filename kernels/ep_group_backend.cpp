@@ -178,7 +178,8 @@ result<std::unique_ptr<model_backend>> open_ep_group(
   if (placement.ranks < 1) return r::failure("EP group: a placement of no ranks");
   // The peers' sockets are the group's from here on (closed with it, or on an error).
   std::vector<std::shared_ptr<wire::link>> links;
-  for (auto& p : peers) links.push_back(std::make_shared<wire::link>(p.fd, std::move(p.ranks)));
+  for (auto& p : peers)
+    links.push_back(std::make_shared<wire::link>(p.fd, std::move(p.ranks), p.answer_within));
   std::vector<bool> held(static_cast<std::size_t>(placement.ranks), false);
   for (const auto& l : links)
     for (auto rank : l->ranks) {

@@ -1,5 +1,6 @@
 #include "kernels/ep_process.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -108,26 +109,47 @@ std::string link::name() const {
   return s;
 }
 
-result<bool> send(link& l, frame kind, std::string_view payload) {
-  const header h{static_cast<std::uint32_t>(kind), 0, payload.size()};
-  std::lock_guard lock(l.writing);
-  if (!l.dead && write_all(l.fd, reinterpret_cast<const char*>(&h), sizeof h)
-      && write_all(l.fd, payload.data(), payload.size()))
-    return true;
-  l.dead = true;
-  return result<bool>::failure(l.name() + " is gone (its socket closed)");
+const std::string& link::lose(const std::string& why) {
+  std::lock_guard lock(writing);
+  if (!dead) {
+    gone = why;
+    dead = true;
+  }
+  return gone;
 }
 
-result<std::pair<frame, std::string>> receive(link& l) {
+result<bool> send(link& l, frame kind, std::string_view payload) {
+  const header h{static_cast<std::uint32_t>(kind), 0, payload.size()};
+  {
+    std::lock_guard lock(l.writing);
+    if (l.dead) return result<bool>::failure(l.gone);
+    if (write_all(l.fd, reinterpret_cast<const char*>(&h), sizeof h)
+        && write_all(l.fd, payload.data(), payload.size()))
+      return true;
+  }
+  return result<bool>::failure(l.lose(l.name() + " is gone (its socket closed)"));
+}
+
+result<std::pair<frame, std::string>> receive(link& l, bool within_call) {
   using r = result<std::pair<frame, std::string>>;
+  if (l.dead) return r::failure(l.gone);
+  if (within_call && l.answer_within.count() >= 0) {
+    pollfd p{l.fd, POLLIN, 0};
+    int ready = 0;
+    do {
+      ready = ::poll(&p, 1, static_cast<int>(l.answer_within.count()));
+    } while (ready < 0 && errno == EINTR);
+    if (ready == 0)
+      return r::failure(l.lose(l.name() + " did not answer within "
+                               + std::to_string(l.answer_within.count()) + " ms"));
+  }
   header h{};
-  if (!l.dead && read_all(l.fd, reinterpret_cast<char*>(&h), sizeof h)) {
+  if (read_all(l.fd, reinterpret_cast<char*>(&h), sizeof h)) {
     std::string payload(h.length, '\0');
     if (read_all(l.fd, payload.data(), payload.size()))
       return std::pair{static_cast<frame>(h.kind), std::move(payload)};
   }
-  l.dead = true;
-  return r::failure(l.name() + " is gone (its socket closed)");
+  return r::failure(l.lose(l.name() + " is gone (its socket closed)"));
 }
 
 call call::of_batch(op what, std::span<const step_input> in, std::span<const std::int64_t> rows) {
@@ -200,16 +222,14 @@ result<std::vector<std::string>> await_outcome(link& l) {
     l.outcome.reset();
   } else {
     for (;;) {
-      auto f = receive(l);
+      auto f = receive(l, true);
       if (!f) return r::failure(f.error());
       if (f->first == frame::outcome) {
         payload = std::move(f->second);
         break;
       }
-      if (f->first != frame::segments) {
-        l.dead = true;
-        return r::failure(l.name() + " sent an unexpected frame");
-      }
+      if (f->first != frame::segments)
+        return r::failure(l.lose(l.name() + " sent an unexpected frame"));
     }
   }
   reader rd(payload);
@@ -217,10 +237,7 @@ result<std::vector<std::string>> await_outcome(link& l) {
   std::vector<std::string> errors;
   bool ok = rd.get(n) && n == l.ranks.size();
   for (std::uint64_t i = 0; ok && i < n; ++i) ok = rd.get_string(errors.emplace_back());
-  if (!ok || !rd.done()) {
-    l.dead = true;
-    return r::failure(l.name() + " sent a malformed outcome");
-  }
+  if (!ok || !rd.done()) return r::failure(l.lose(l.name() + " sent a malformed outcome"));
   return errors;
 }
 
@@ -255,8 +272,8 @@ result<bool> await_ready(link& l) {
     for (const auto& e : *errors)
       if (!e.empty()) return result<bool>::failure(e);
   }
-  l.dead = true;
-  return result<bool>::failure(l.name() + " sent an unexpected frame before its ranks loaded");
+  return result<bool>::failure(
+    l.lose(l.name() + " sent an unexpected frame before its ranks loaded"));
 }
 
 namespace {
@@ -377,7 +394,7 @@ class process_group final : public ep_exchange {
       return {};
     }
     for (auto& l : links_) {
-      auto f = receive(*l);
+      auto f = receive(*l, true);
       if (!f) return f.error();
       if (f->first == frame::outcome) {
         // The peer failed its call before this exchange: its outcome says why.
@@ -388,7 +405,7 @@ class process_group final : public ep_exchange {
       for (auto r : l->ranks) expected += segment(r).second;
       if (f->first != frame::segments
           || f->second.size() != static_cast<std::size_t>(expected) * sizeof(float))
-        return l->name() + " sent an unexpected frame in an exchange";
+        return l->lose(l->name() + " sent an unexpected frame in an exchange");
       const char* p = f->second.data();
       for (auto r : l->ranks) {
         const auto [b, n] = segment(r);

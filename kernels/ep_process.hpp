@@ -16,6 +16,7 @@
 // machine. Between machines a group's exchange would be an RDMA all-to-all (NCCL on GPUs).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -34,6 +35,10 @@ namespace troupe::kernels {
 struct ep_peer {
   int fd = -1;
   std::vector<std::int32_t> ranks;
+  /// How long the leader waits, within a call, for the peer's next word (its rows at an
+  /// exchange, the call's outcome) before it counts the peer gone: a process that hangs
+  /// (stopped, deadlocked) fails its group as one that died does.
+  std::chrono::milliseconds answer_within{std::chrono::seconds(60)};
 };
 
 /// Runs ranks `ranks` (ascending) of an EP group in this process, a peer of the leader at the

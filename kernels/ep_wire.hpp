@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -34,7 +35,9 @@ enum class frame : std::uint32_t {
 /// One process's socket to another of its group. Sends are serialised; a process reads a
 /// socket from one thread at a time (the exchange's, or the caller's between calls).
 struct link {
-  link(int fd, std::vector<std::int32_t> ranks) : fd(fd), ranks(std::move(ranks)) {}
+  link(int fd, std::vector<std::int32_t> ranks,
+       std::chrono::milliseconds answer_within = std::chrono::milliseconds(-1))
+      : fd(fd), ranks(std::move(ranks)), answer_within(answer_within) {}
   ~link();
   link(const link&) = delete;
   link& operator=(const link&) = delete;
@@ -44,17 +47,24 @@ struct link {
 
   int fd;
   std::vector<std::int32_t> ranks;
+  /// How long a receive within a call waits for the other end (negative: for ever).
+  std::chrono::milliseconds answer_within;
   std::mutex writing;
-  /// Set once the socket failed or ended: the other process is gone.
+  /// Set once the socket failed or ended, or the other end did not answer in time: the other
+  /// process is gone. `gone` then says why (set before `dead`, never changed after).
   std::atomic<bool> dead{false};
+  std::string gone;
+  /// Marks the link dead (the first reason stays) and returns why it is.
+  const std::string& lose(const std::string& why);
   /// An outcome the exchange read while it waited for segments (the peer failed its call
   /// before that exchange): the call's end takes it from here.
   std::optional<std::string> outcome;
 };
 
 result<bool> send(link& l, frame kind, std::string_view payload);
-/// The next frame. Errors: the socket ended or failed (the link is then dead).
-result<std::pair<frame, std::string>> receive(link& l);
+/// The next frame; `within_call`: within l.answer_within. Errors: the socket ended or failed,
+/// or nothing came in time (the link is then dead).
+result<std::pair<frame, std::string>> receive(link& l, bool within_call = false);
 
 /// A call of the group that every rank runs (model_backend's calls that change a sequence).
 struct call {

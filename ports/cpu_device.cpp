@@ -984,16 +984,26 @@ auto guarded(F f) -> decltype(f()) {
 /// A device whose backend can serve nothing more (kernels::model_backend::broken) stops with
 /// that reason once it has answered, so that the ranks watching it take its instance down and
 /// the instance re-forms.
+/// Reports the ranks of the rank processes a signal ended (on_ranks_lost); returns whether any
+/// did.
+bool report_lost_ranks(cpu_device_state& st) {
+  if (st.peers.empty())
+    return false;
+  const auto lost = st.peers.killed_ranks(std::chrono::milliseconds(500));
+  if (lost > 0 && st.on_ranks_lost)
+    st.on_ranks_lost(lost);
+  return lost > 0;
+}
+
+/// Stops the device when its backend can serve nothing more (an EP group whose rank failed),
+/// after it told which ranks went with a rank process that died: its instance re-forms.
 void stop_if_broken(self_ptr self) {
   if (!self->state.backend)
     return;
   auto why = self->state.backend->broken();
   if (why.empty())
     return;
-  // A rank process that died takes its ranks with it: the instance re-forms without them.
-  if (!self->state.peers.empty() && self->state.on_ranks_lost)
-    if (auto lost = self->state.peers.exited_ranks(std::chrono::milliseconds(500)); lost > 0)
-      self->state.on_ranks_lost(lost);
+  report_lost_ranks(self->state);
   self->quit(make_error(device_errc::compute_failed, why));
 }
 
@@ -1019,6 +1029,9 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
     self->state.load_error = make_error(device_errc::load_failed, e.what());
   }
   params.reset();
+  // A rank process that died while the group loaded: a load failure that re-forming cures.
+  if (self->state.load_error && report_lost_ranks(self->state))
+    self->quit(self->state.load_error);
   return {
     [self](runtime::device_step& step) {
       auto r = guarded([&] { return run_step(self, step); });

@@ -80,19 +80,23 @@ kernels::result<std::vector<kernels::ep_peer>> rank_processes::start(
       return undo("EP rank processes: cannot start " + program.string() + ": "
                   + std::strerror(err));
     }
-    children_.push_back({pid, static_cast<std::uint32_t>(ranks.size()), false});
+    children_.push_back({pid, static_cast<std::uint32_t>(ranks.size())});
     peers.push_back({sv[0], std::move(ranks)});
   }
   return peers;
 }
 
-std::uint32_t rank_processes::exited_ranks(std::chrono::milliseconds wait) {
+std::uint32_t rank_processes::killed_ranks(std::chrono::milliseconds wait) {
   const auto until = std::chrono::steady_clock::now() + wait;
   for (;;) {
     std::uint32_t ranks = 0;
     for (auto& c : children_) {
-      if (!c.exited && ::waitpid(c.pid, nullptr, WNOHANG) == c.pid) c.exited = true;
-      if (c.exited) ranks += c.ranks;
+      int status = 0;
+      if (!c.exited && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.exited = true;
+        c.killed = WIFSIGNALED(status);
+      }
+      if (c.killed) ranks += c.ranks;
     }
     if (ranks > 0 || std::chrono::steady_clock::now() >= until) return ranks;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

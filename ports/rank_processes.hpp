@@ -47,9 +47,10 @@ class rank_processes {
                                                        ep_rank_options o,
                                                        std::uint32_t per_process);
 
-  /// Ranks held by the processes that have exited (a group whose peer died: it waits up to
-  /// `wait` for one to be found), each process counted once.
-  std::uint32_t exited_ranks(std::chrono::milliseconds wait);
+  /// Ranks held by the processes that a signal ended (killed, crashed: not those that exited
+  /// by themselves, after the group closed their sockets or could not load); for a group whose
+  /// peer died it waits up to `wait` for one to be found.
+  std::uint32_t killed_ranks(std::chrono::milliseconds wait);
 
   bool empty() const { return children_.empty(); }
 
@@ -58,6 +59,7 @@ class rank_processes {
     pid_t pid = -1;
     std::uint32_t ranks = 0;
     bool exited = false;
+    bool killed = false;
   };
   void reap_all();
   std::vector<child> children_;

@@ -335,6 +335,20 @@ TEST_CASE("a peer process that dies fails its EP group, and one that cannot load
   CHECK(group.broken() == next.error());
   CHECK(group.close_sequence(id).error() == next.error());
 
+  // A peer that hangs (stopped) fails its group once it has not answered in time.
+  auto stopped = start_peer({1, 2}, placement);
+  auto slow = open_ep_group(tiny_dir(), {.batch_invariant = true}, placement, identity_map, {},
+                            {{stopped.fd, {1, 2}, std::chrono::milliseconds(300)}});
+  REQUIRE_MESSAGE(slow.ok(), slow.error());
+  const auto sid = (*slow)->open_sequence();
+  REQUIRE(::kill(stopped.pid, SIGSTOP) == 0);
+  auto hung = (*slow)->step(std::vector<step_input>{{sid, toks}});
+  REQUIRE_FALSE(hung.ok());
+  CHECK(hung.error() == "the EP group failed: rank 1: the process of ranks 1, 2 did not answer "
+                        "within 300 ms");
+  REQUIRE(::kill(stopped.pid, SIGKILL) == 0);
+  CHECK(stopped.exit_status() == 128 + SIGKILL);
+
   // A peer whose ranks cannot load (a directory without the model) fails the group's open with
   // its reason; so does a peer given ranks that are the leader's.
   const auto missing = fs::temp_directory_path() / "troupe-ep-no-model";

@@ -719,6 +719,31 @@ TEST_CASE_FIXTURE(device_fixture, "a CPU device runs an EP group's ranks in proc
   r = run(cpu(std::move(missing)), step({seq(1, 0, pr)}));
   REQUIRE_FALSE(r);
   CHECK(sys.render(r.error()).find("cannot start /nonexistent/troupe") != std::string::npos);
+
+  // A rank process killed while the group loads: the device reports its ranks lost and stops
+  // (re-forming cures it), where a load that failed for good leaves the device answering why.
+  const auto script = std::filesystem::temp_directory_path() / "troupe-test-rank-dies.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nkill -9 $$\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  *lost = 0;
+  auto dying = tiny_params();
+  dying.ep_ranks = 3;
+  dying.ranks_per_process = 2;
+  dying.rank_program = script;
+  dying.on_ranks_lost = [lost](std::uint32_t n) { *lost += n; };
+  auto doomed = cpu(std::move(dying));
+  self->monitor(doomed);
+  down = false;
+  self->receive([&](caf::down_msg& d) {
+    down = true;
+    CHECK(sys.render(d.reason).find("the process of rank 2 is gone") != std::string::npos);
+  }, caf::after(std::chrono::seconds(30)) >> [] {});
+  CHECK(down);
+  CHECK(*lost == 1);
+  std::filesystem::remove(script);
 }
 
 TEST_CASE_FIXTURE(device_fixture,
