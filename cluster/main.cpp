@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -261,6 +262,13 @@ int main(int argc, char** argv) {
   // printed "terminated with signal 11 ... Backtrace:" and never exited, so troupe launch could
   // not restart it). Without the handler a crash is a crash, which the launcher restarts.
   setenv("IPATH_NO_BACKTRACE", "1", 0);
+  // Its constructor also handles SIGINT, SIGTERM, SIGILL, SIGABRT, SIGBUS and SIGSEGV by
+  // calling exit() from the handler, which deadlocks when the signal lands in malloc (seen: a
+  // `troupe serve` sent SIGTERM while it loaded the tokenizer hung in exit for good). Back to
+  // the defaults: a stop signal before the command blocks them ends the process, a crash is a
+  // crash.
+  for (int sig : {SIGINT, SIGTERM, SIGILL, SIGABRT, SIGBUS, SIGSEGV})
+    std::signal(sig, SIG_DFL);
   // The CPU engine's GEMMs on the CPU's vector units even where OpenBLAS does not know the CPU.
   troupe::kernels::reexec_with_blas_kernel_upgrade(argv);
 #if TROUPE_HAVE_CUDA
