@@ -80,9 +80,16 @@ int run_serve_command(const serve_options& o, std::ostream& err) {
                                + " EP ranks every " + runtime::format_duration(in->eplb_interval)
                            : std::string{})
       << "...\n";
-  if (auto why = warm_up(sys, service, std::chrono::minutes(10)); !why.empty()) {
+  int stopped_by = 0;
+  if (auto why = warm_up(sys, service, std::chrono::minutes(10), cluster, stopped_by);
+      !why.empty()) {
     caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-    return fail(why);
+    if (gp->store)
+      caf::anon_send_exit(gp->store, caf::exit_reason::user_shutdown);
+    if (stopped_by == 0)
+      return fail(why);
+    err << "troupe serve: " << why << ": stopped\n";
+    return 0;
   }
 
   actors::entrypoint_params ep;

@@ -437,8 +437,10 @@ int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real
 /// Sends one short request through the whole graph and waits for its end: both devices have
 /// loaded the model and every actor on the path answers. Returns an error message, or empty.
 std::string warm_up(caf::actor_system& sys, const actors::generation_service& service,
-                    caf::timespan timeout) {
+                    caf::timespan timeout, const caf::actor& cluster, int& stopped_by) {
   caf::scoped_actor self{sys};
+  if (cluster)
+    self->monitor(cluster);
   actors::generation_request g;
   g.id = 0;  // the entrypoint numbers client requests from 1
   g.prompt = {0, 1};
@@ -446,21 +448,37 @@ std::string warm_up(caf::actor_system& sys, const actors::generation_service& se
   g.sampling.temperature = 0;
   g.sink = caf::actor_cast<caf::actor>(self);
   std::string failure;
+  caf::actor request;
   self->request(service, timeout, std::move(g))
-    .receive([](const caf::actor&) {},
+    .receive([&](const caf::actor& r) { request = r; },
              [&](const caf::error& e) { failure = "warm-up refused: " + sys.render(e); });
   if (!failure.empty())
     return failure;
+  // Half-second waits, so that a stop signal or the cluster's end is seen while models load.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool ended = false;
   while (!ended && failure.empty()) {
-    self->receive([](const actors::generation_tokens&) {},
-                  [&](const actors::generation_end& end) {
-                    ended = true;
-                    if (end.reason == actors::finish_reason::error)
-                      failure = "warm-up request failed: " + end.error;
-                  },
-                  caf::after(timeout) >> [&] { failure = "warm-up request timed out"; });
+    self->receive(
+      [](const actors::generation_tokens&) {},
+      [&](const actors::generation_end& end) {
+        ended = true;
+        if (end.reason == actors::finish_reason::error)
+          failure = "warm-up request failed: " + end.error;
+      },
+      [&](const caf::down_msg& d) {
+        failure = "the cluster stopped while loading: " + sys.render(d.reason);
+      },
+      caf::after(std::chrono::milliseconds(500)) >> [&] {
+        if (int sig = poll_stop_signal(std::chrono::milliseconds(0)); sig != 0) {
+          stopped_by = sig;
+          failure = std::string(signal_name(sig)) + " while loading";
+        } else if (std::chrono::steady_clock::now() > deadline) {
+          failure = "warm-up request timed out";
+        }
+      });
   }
+  if (!ended)  // given up: the request must not wait on for instances that will not come
+    self->send(request, actors::cancel_atom::value);
   return failure;
 }
 

@@ -104,9 +104,11 @@ int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real
 
 /// Sends one short greedy request through `service` and waits for its end, up to `timeout`
 /// for each answer: every device on the path has loaded the model and every actor answers.
-/// Returns an error message, or empty.
+/// Returns an error message, or empty. It gives up at once when `cluster` (when valid: the
+/// pools' root supervisor) goes down meanwhile ("the cluster stopped while loading: ...") and
+/// when a stop signal arrives (block_stop_signals first): the signal is then in *stopped_by.
 std::string warm_up(caf::actor_system& sys, const actors::generation_service& service,
-                    caf::timespan timeout);
+                    caf::timespan timeout, const caf::actor& cluster, int& stopped_by);
 
 /// Blocks SIGTERM, SIGINT and SIGUSR1 in this thread and every thread it starts later (call
 /// before the actor system starts), so that poll_stop_signal / wait_for_stop_signal take them

@@ -239,9 +239,13 @@ int run_control(const node_options& o, std::ostream& err) {
       }
     }
   }
-  if (auto why = warm_up(sys, graph.service, 10min); !why.empty()) {
+  int stopped_by = 0;
+  if (auto why = warm_up(sys, graph.service, 10min, {}, stopped_by); !why.empty()) {
     stop_graph();
-    return fail(why);
+    if (stopped_by == 0)
+      return fail(why);
+    err << command << ": " << why << ": stopped\n";
+    return 0;
   }
 
   actors::entrypoint_params ep;
