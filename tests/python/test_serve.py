@@ -848,6 +848,29 @@ def test_an_unknown_spec_or_overlap_mode_is_refused_before_anything_starts(
     assert "loading" not in run.stderr
 
 
+def test_a_stop_signal_while_the_models_load_stops_the_server_at_once(model_dir, tmp_path):
+    # Sent as soon as the server says it is loading (its devices still loading the model, the
+    # warm-up request waiting for them): it stops within seconds, status 0, nothing left behind.
+    proc = subprocess.Popen(
+        [troupe(), "serve", os.path.join(ROOT, "examples/topologies/local-cpu-ep-processes.toml"),
+         "--model", model_dir, "--engram-map", "identity", "--listen", "127.0.0.1:0",
+         "--kv-dir", str(tmp_path / "kv")], stderr=subprocess.PIPE, text=True)
+    log = []
+    for line in proc.stderr:
+        log.append(line)
+        if "loading" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    log += proc.stderr.readlines()
+    assert proc.wait(timeout=60) == 0, "".join(log)
+    assert time.monotonic() - started < 30, "".join(log)
+    assert log[-1].startswith("troupe serve: SIGTERM while loading: stopped") or \
+        log[-1] == "troupe serve: stopped\n", "".join(log)
+    time.sleep(1)  # (they exit once their sockets close)
+    assert rank_processes(model_dir=model_dir) == []
+
+
 @pytest.fixture(scope="module")
 def spec_server(model_dir, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys-spec") / "keys.txt"
@@ -926,8 +949,9 @@ def test_expert_placements_switched_while_serving_change_no_answer(server, eplb_
             assert on.choices[0].logprobs == off.choices[0].logprobs
 
 
-def rank_processes(pid):
-    """The `troupe ep-rank` processes (an EP group's ranks) that process `pid` started."""
+def rank_processes(pid=None, model_dir=None):
+    """The `troupe ep-rank` processes (an EP group's ranks) that process `pid` started, or,
+    without a pid, those of any process on `model_dir`."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -939,7 +963,8 @@ def rank_processes(pid):
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if ppid == pid and len(args) > 1 and args[1] == b"ep-rank":
+        if len(args) > 1 and args[1] == b"ep-rank" and (
+                ppid == pid if pid is not None else model_dir.encode() in args):
             found.append(int(entry))
     return found
 
