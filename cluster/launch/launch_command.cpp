@@ -1720,6 +1720,14 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
                              })
             << " of " << *h.devices << " device(s) taken\n";
     for (auto role : {pool_role::prefill, pool_role::decode})
+      if (const auto* pool = find_pool(in->topo, role);
+          pool->ranks_per_process > 0 && pool->ranks_per_process < pool->gpus_per_instance) {
+        const auto k = pool->ranks_per_process, n = pool->gpus_per_instance;
+        out << "# each " << to_string(role) << " process runs ranks 0-" << k - 1 << " of its "
+            << n << " and starts " << (n - 1) / k << " troupe ep-rank process(es) for ranks "
+            << k << "-" << n - 1 << " (ranks_per_process = " << k << ")\n";
+      }
+    for (auto role : {pool_role::prefill, pool_role::decode})
       if (const auto* pool = find_pool(in->topo, role); autoscaled(in->topo, *pool))
         out << "# the autoscaler keeps " << to_string(role) << " at " << pool->instances.min
             << " to " << pool->instances.max << " instance(s): those it orders run as "

@@ -678,8 +678,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
           if (ep != configured)
             err << " (EP " << configured << " -> " << ep << ")";
           if (const auto k = pool->ranks_per_process; k > 0 && k < ep)
-            err << ", ranks " << k << "-" << ep - 1 << " in " << (ep - k + k - 1) / k
-                << " process(es) of " << k << " rank(s)";
+            err << ", ranks " << k << "-" << ep - 1 << " in " << (ep - 1) / k
+                << " process(es) of their own";
         }
         err << " (OpenBLAS kernel " << kernels::blas_kernel_name() << ")\n";
       }

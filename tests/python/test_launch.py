@@ -195,6 +195,17 @@ def test_dry_run_prints_every_process_with_its_command_line(model_dir):
 AUTOSCALED = os.path.join(ROOT, "examples/topologies/local-cpu-autoscale.toml")
 
 
+def test_dry_run_says_which_ranks_an_instance_process_starts_processes_for(model_dir):
+    out = subprocess.run([troupe(), "launch",
+                          os.path.join(ROOT, "examples/topologies/local-cpu-ep-processes.toml"),
+                          "--model", model_dir, "--engram-map", "identity", "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ("# each decode process runs ranks 0-1 of its 4 and starts 1 troupe ep-rank "
+            "process(es) for ranks 2-3 (ranks_per_process = 2)\n") in out.stdout
+    assert "each prefill process" not in out.stdout  # its 2 ranks are threads
+
+
 def test_a_launch_runs_the_autoscaler_and_a_slurm_job_says_it_does_not(model_dir):
     # local-cpu-autoscale.toml's decode pool may grow to 3: a launch starts the initial
     # instances, and its control process runs the autoscaler (below); a Slurm job keeps the
