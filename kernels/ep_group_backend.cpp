@@ -30,28 +30,29 @@ class ep_group_backend final : public model_backend {
 
   sequence_id open_sequence() override {
     // Every rank counts its ids from 1 and opens the same sequences: the same id.
-    auto id = on_all(wire::call::of(op::open),
+    auto id = on_all([] { return wire::call::of(op::open); },
                      [](cpu_backend& b) { return result<sequence_id>(b.open_sequence()); });
     return id ? *id : ranks_[0]->open_sequence();  // a failed group fails its later calls
   }
   result<bool> close_sequence(sequence_id id) override {
-    return on_all(wire::call::of(op::close, id),
+    return on_all([&] { return wire::call::of(op::close, id); },
                   [&](cpu_backend& b) { return b.close_sequence(id); });
   }
   result<std::int64_t> length(sequence_id id) const override { return ranks_[0]->length(id); }
   result<std::vector<float>> step(std::span<const step_input> batch) override {
-    return on_all(wire::call::of_batch(op::step, batch),
+    return on_all([&] { return wire::call::of_batch(op::step, batch); },
                   [&](cpu_backend& b) { return b.step(batch); });
   }
   result<std::vector<float>> step_tail(std::span<const step_input> batch,
                                        std::span<const std::int64_t> rows,
                                        std::vector<float>* dspark_features) override {
-    return on_all(wire::call::of_batch(op::step_tail, batch, rows), [&](cpu_backend& b) {
+    return on_all([&] { return wire::call::of_batch(op::step_tail, batch, rows); },
+                  [&](cpu_backend& b) {
       return b.step_tail(batch, rows, &b == ranks_[0].get() ? dspark_features : nullptr);
     });
   }
   result<bool> rollback(sequence_id id, std::int64_t k) override {
-    return on_all(wire::call::of(op::rollback, id, k),
+    return on_all([&] { return wire::call::of(op::rollback, id, k); },
                   [&](cpu_backend& b) { return b.rollback(id, k); });
   }
   bool has_draft() const override { return ranks_[0]->has_draft(); }
@@ -70,9 +71,8 @@ class ep_group_backend final : public model_backend {
     return ranks_[0]->export_block(id, block);
   }
   result<bool> import_block(sequence_id id, std::int64_t block, std::string_view bytes) override {
-    auto c = wire::call::of(op::import_block, id, block);
-    c.bytes = bytes;
-    return on_all(c, [&](cpu_backend& b) { return b.import_block(id, block, bytes); });
+    return on_all([&] { return wire::call::of(op::import_block, id, block, bytes); },
+                  [&](cpu_backend& b) { return b.import_block(id, block, bytes); });
   }
   result<std::int64_t> full_blocks(sequence_id id) const override {
     return ranks_[0]->full_blocks(id);
@@ -84,19 +84,16 @@ class ep_group_backend final : public model_backend {
     return ranks_[0]->export_swa(id);
   }
   result<bool> import_state(sequence_id id, std::string_view bytes) override {
-    auto c = wire::call::of(op::import_state, id);
-    c.bytes = bytes;
-    return on_all(c, [&](cpu_backend& b) { return b.import_state(id, bytes); });
+    return on_all([&] { return wire::call::of(op::import_state, id, bytes); },
+                  [&](cpu_backend& b) { return b.import_state(id, bytes); });
   }
   result<bool> import_swa(sequence_id id, std::string_view bytes) override {
-    auto c = wire::call::of(op::import_swa, id);
-    c.bytes = bytes;
-    return on_all(c, [&](cpu_backend& b) { return b.import_swa(id, bytes); });
+    return on_all([&] { return wire::call::of(op::import_swa, id, bytes); },
+                  [&](cpu_backend& b) { return b.import_swa(id, bytes); });
   }
   result<std::vector<float>> replay(sequence_id id, std::span<const std::int64_t> tokens) override {
-    auto c = wire::call::of(op::replay, id);
-    c.rows.assign(tokens.begin(), tokens.end());
-    return on_all(c, [&](cpu_backend& b) { return b.replay(id, tokens); });
+    return on_all([&] { return wire::call::of_tokens(op::replay, id, tokens); },
+                  [&](cpu_backend& b) { return b.replay(id, tokens); });
   }
   std::string broken() const override { return failed_; }
   std::vector<std::uint64_t> expert_counts() const override {
@@ -109,17 +106,18 @@ class ep_group_backend final : public model_backend {
   }
 
  private:
-  // Runs the call on every rank at once: `c` sent to the peer processes, `fn` on this process's
+  // Runs the call on every rank at once: `call()` sent to the peer processes (made only when
+  // there are some), `fn` on this process's
   // ranks, a thread each. A rank that fails aborts the exchange, so the ranks waiting in it
   // return. When every rank failed with the same error outside the exchange (an input every
   // rank refused before changing anything) the call fails and the group goes on; any other
   // failure (a peer process gone included) fails the group for good. Answers are rank 0's.
-  template <class F>
-  auto on_all(const wire::call& c, F&& fn) -> decltype(fn(std::declval<cpu_backend&>())) {
+  template <class C, class F>
+  auto on_all(C&& call, F&& fn) -> decltype(fn(std::declval<cpu_backend&>())) {
     using R = decltype(fn(std::declval<cpu_backend&>()));
     if (!failed_.empty()) return R::failure(failed_);
     if (!peers_.empty()) {
-      const auto bytes = wire::encode(c);
+      const auto bytes = wire::encode(call());
       for (auto& p : peers_) (void) wire::send(*p, wire::frame::call, bytes);  // a gone peer's
     }                                                                          // outcome says so
     std::vector<std::string> errors(static_cast<std::size_t>(exchange_->ranks()));

@@ -78,11 +78,18 @@ struct call {
   std::vector<std::int64_t> rows;  // step_tail's; replay's tokens
   std::string bytes;               // the imports'
 
-  static call of(op what, sequence_id id = 0, std::int64_t k = 0) {
+  static call of(op what, sequence_id id = 0, std::int64_t k = 0, std::string_view bytes = {}) {
     call c;
     c.what = what;
     c.id = id;
     c.k = k;
+    c.bytes = bytes;
+    return c;
+  }
+  static call of(op what, sequence_id id, std::string_view bytes) { return of(what, id, 0, bytes); }
+  static call of_tokens(op what, sequence_id id, std::span<const std::int64_t> tokens) {
+    auto c = of(what, id);
+    c.rows.assign(tokens.begin(), tokens.end());
     return c;
   }
   static call of_batch(op what, std::span<const step_input> in,
