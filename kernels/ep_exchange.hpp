@@ -6,7 +6,7 @@
 // memory holds 1/N of the routed experts, the rest of the model whole).
 //
 // An exchange is shared by the ranks of one formation. `local_exchange` joins threads of one
-// process; a member that fails calls abort, and every call then fails (one communication
+// process (kernels/ep_process.hpp joins those of several); a member that fails calls abort, and every call then fails (one communication
 // domain, as an NCCL communicator that was aborted: the group must re-form).
 #pragma once
 

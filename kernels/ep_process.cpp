@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 
+#include "kernels/byte_io.hpp"
 #include "kernels/ep_wire.hpp"
 #include "kernels/model_weights.hpp"
 #include "kernels/worker_pool.hpp"
@@ -47,53 +48,31 @@ bool read_all(int fd, char* p, std::size_t n) {
   return true;
 }
 
-class writer {
+class writer : public byte_writer {
  public:
-  template <class T>
-  void put(T v) {
-    out_.append(reinterpret_cast<const char*>(&v), sizeof v);
-  }
   template <class T>
   void put_span(std::span<const T> v) {
     put<std::uint64_t>(v.size());
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size_bytes());
+    put_bytes(v.data(), v.size_bytes());
   }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
 };
 
-class reader {
+class reader : public byte_reader {
  public:
-  explicit reader(std::string_view in) : in_(in) {}
-  template <class T>
-  bool get(T& v) {
-    if (in_.size() < sizeof v) return false;
-    std::memcpy(&v, in_.data(), sizeof v);
-    in_.remove_prefix(sizeof v);
-    return true;
-  }
+  using byte_reader::byte_reader;
   template <class T>
   bool get_vector(std::vector<T>& v) {
     std::uint64_t n = 0;
-    if (!get(n) || n > in_.size() / sizeof(T)) return false;
+    if (!get(n) || n > left() / sizeof(T)) return false;
     v.resize(n);
-    std::memcpy(v.data(), in_.data(), n * sizeof(T));
-    in_.remove_prefix(n * sizeof(T));
-    return true;
+    return get_bytes(v.data(), n * sizeof(T));
   }
   bool get_string(std::string& s) {
     std::uint64_t n = 0;
-    if (!get(n) || n > in_.size()) return false;
-    s.assign(in_.data(), n);
-    in_.remove_prefix(n);
-    return true;
+    if (!get(n) || n > left()) return false;
+    s.resize(n);
+    return get_bytes(s.data(), n);
   }
-  bool done() const { return in_.empty(); }
-
- private:
-  std::string_view in_;
 };
 
 }  // namespace
@@ -278,10 +257,12 @@ result<bool> await_ready(link& l) {
 
 namespace {
 
-// As local_exchange's two phases, among this process's ranks; the last of them to post talks to
-// the other processes (the leader: reads each peer's segments into its own buffer, which then
-// holds every segment, and sends it to every peer; a peer: sends its segments, reads the whole
-// buffer), and the others copy from its buffer.
+// Two phases per call among this process's ranks: every rank posts its buffer, and the last of
+// them fills its own with every segment (the other local ranks' from their buffers; with other
+// processes, the leader reads each peer's segments and sends every peer the whole buffer, a peer
+// sends its segments and reads the whole buffer), which the others then copy; every rank then
+// reports its copy done, and the buffers may change again. A generation number tells one call's
+// waits from the next one's.
 class process_group final : public ep_exchange {
  public:
   process_group(std::int32_t ranks, std::vector<std::int32_t> local,
@@ -440,6 +421,14 @@ std::shared_ptr<ep_exchange> process_exchange(std::int32_t ranks, std::vector<st
 }
 
 }  // namespace wire
+
+std::shared_ptr<ep_exchange> local_exchange(std::int32_t ranks) {
+  // Every rank is this process's: the group of one process.
+  const auto n = std::max(1, ranks);
+  std::vector<std::int32_t> all(static_cast<std::size_t>(n));
+  for (std::int32_t r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = r;
+  return wire::process_exchange(n, std::move(all), {}, true);
+}
 
 void refuse_ep_peer(int fd, std::size_t ranks, const std::string& why) {
   wire::link leader(fd, {0});

@@ -1,5 +1,7 @@
 #include "kernels/kv_blocks.hpp"
 
+#include "kernels/byte_io.hpp"
+
 #include <xxhash.h>
 
 #include <array>
@@ -101,15 +103,9 @@ bool pack_group(encoding e, const float* v, i64 n, std::uint8_t& scale_byte,
   return false;
 }
 
-class writer {
+class writer : public byte_writer {
  public:
-  template <class T>
-  void put(T v) {
-    out_.append(reinterpret_cast<const char*>(&v), sizeof v);
-  }
-  void put_floats(const float* v, i64 n) {
-    out_.append(reinterpret_cast<const char*>(v), sz(n) * sizeof(float));
-  }
+  void put_floats(const float* v, i64 n) { put_bytes(v, sz(n) * sizeof(float)); }
   void put_floats(const std::vector<float>& v) {
     put<std::uint64_t>(v.size());
     put_floats(v.data(), static_cast<i64>(v.size()));
@@ -150,28 +146,12 @@ class writer {
     f.append(reinterpret_cast<const char*>(&h), sizeof h);
     return f;
   }
-
- private:
-  std::string out_;
 };
 
-class reader {
+class reader : public byte_reader {
  public:
-  explicit reader(std::string_view in) : in_(in) {}
-  template <class T>
-  bool get(T& v) {
-    if (in_.size() < sizeof v) return false;
-    std::memcpy(&v, in_.data(), sizeof v);
-    in_.remove_prefix(sizeof v);
-    return true;
-  }
-  bool get_floats(float* v, i64 n) {
-    const std::size_t bytes = sz(n) * sizeof(float);
-    if (n < 0 || in_.size() < bytes) return false;
-    std::memcpy(v, in_.data(), bytes);
-    in_.remove_prefix(bytes);
-    return true;
-  }
+  using byte_reader::byte_reader;
+  bool get_floats(float* v, i64 n) { return n >= 0 && get_bytes(v, sz(n) * sizeof(float)); }
   bool get_floats(std::vector<float>& v, std::uint64_t limit) {
     std::uint64_t n = 0;
     if (!get(n) || n > limit || n * sizeof(float) > in_.size()) return false;
@@ -202,10 +182,6 @@ class reader {
     }
     return true;
   }
-  bool done() const { return in_.empty(); }
-
- private:
-  std::string_view in_;
 };
 
 // The payload of a framed string, or why there is none.
