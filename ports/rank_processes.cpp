@@ -71,6 +71,8 @@ kernels::result<std::vector<kernels::ep_peer>> rank_processes::start(
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, sv[1], 3);  // dup2 clears close-on-exec
+    // Nothing else of the device's process (its listening sockets, other groups' sockets).
+    posix_spawn_file_actions_addclosefrom_np(&actions, 4);
     pid_t pid = -1;
     const int err = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
