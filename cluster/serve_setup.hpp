@@ -103,7 +103,7 @@ int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real
                       bool all_ended, const std::string& command, std::ostream& err);
 
 /// Sends one short greedy request through `service` and waits for its end, up to `timeout`
-/// for each answer: every device on the path has loaded the model and every actor answers.
+/// in all: every device on the path has loaded the model and every actor answers.
 /// Returns an error message, or empty. It gives up at once when `cluster` (when valid: the
 /// pools' root supervisor) goes down meanwhile ("the cluster stopped while loading: ...") and
 /// when a stop signal arrives (block_stop_signals first): the signal is then in *stopped_by.
