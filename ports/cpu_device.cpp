@@ -11,6 +11,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/result.hpp>
+#include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
 #include <xxhash.h>
@@ -1032,6 +1033,19 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
   // A rank process that died while the group loaded: a load failure that re-forming cures.
   if (self->state.load_error && report_lost_ranks(self->state))
     self->quit(self->state.load_error);
+  // One that dies while the group waits for work: the device stops without waiting for its
+  // next step to find out, and the instance re-forms on the ranks left.
+  if (!self->state.load_error && !self->state.peers.empty())
+    self->state.peers.watch([lost = self->state.on_ranks_lost,
+                             me = caf::actor_cast<caf::actor_addr>(self)](std::uint32_t ranks,
+                                                                           const std::string& why) {
+      if (lost)
+        lost(ranks);
+      if (auto device = caf::actor_cast<caf::actor>(me))
+        caf::anon_send(device, caf::exit_msg{device.address(),
+                                             make_error(device_errc::compute_failed,
+                                                        "the EP group lost ranks: " + why)});
+    });
   return {
     [self](runtime::device_step& step) {
       auto r = guarded([&] { return run_step(self, step); });

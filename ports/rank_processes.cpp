@@ -6,8 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -28,22 +33,97 @@ std::string joined(const std::vector<std::int32_t>& ranks) {
 
 }  // namespace
 
+std::optional<pid_t> find_rank_process(pid_t parent, std::uint32_t rank) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const auto name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // stat: "pid (comm) state ppid ...", the comm may hold spaces and parentheses.
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    if (!(rest >> state >> ppid) || ppid != parent) continue;
+    std::ifstream cmdline(e.path() / "cmdline");
+    std::vector<std::string> argv;
+    for (std::string arg; std::getline(cmdline, arg, '\0');) argv.push_back(arg);
+    if (argv.size() < 2 || argv[1] != "ep-rank") continue;
+    auto flag = std::find(argv.begin(), argv.end(), "--ranks");
+    if (flag == argv.end() || std::next(flag) == argv.end()) continue;
+    std::istringstream ranks(*std::next(flag));
+    for (std::string r; std::getline(ranks, r, ',');)
+      if (r == std::to_string(rank)) return static_cast<pid_t>(std::stol(name));
+  }
+  return std::nullopt;
+}
+
+struct rank_processes::children {
+  struct child {
+    pid_t pid = -1;
+    std::vector<std::int32_t> ranks;
+    bool exited = false;
+    int status = 0;
+    bool counted = false;  // its ranks were reported lost
+  };
+  std::mutex mutex;
+  std::condition_variable stop_watching;
+  bool stopping = false;
+  std::vector<child> all;
+
+  /// Reaps those that ended; returns the ranks of those a signal ended that were not counted
+  /// yet (counting them), with how. Called with the mutex held.
+  std::uint32_t newly_killed(std::string& why) {
+    std::uint32_t ranks = 0;
+    for (auto& c : all) {
+      if (!c.exited && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.exited = true;
+      if (!c.exited || !WIFSIGNALED(c.status) || c.counted) continue;
+      c.counted = true;
+      ranks += static_cast<std::uint32_t>(c.ranks.size());
+      std::string list;
+      for (auto r : c.ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      why += (why.empty() ? "" : "; ") + std::string("the process of rank")
+             + (c.ranks.size() > 1 ? "s " : " ") + list + " (pid " + std::to_string(c.pid)
+             + ") was killed by SIG" + ::sigabbrev_np(WTERMSIG(c.status));
+    }
+    return ranks;
+  }
+
+  bool any_counted() const {
+    return std::any_of(all.begin(), all.end(), [](const child& c) { return c.counted; });
+  }
+};
+
+rank_processes::rank_processes() : children_(std::make_unique<children>()) {}
+
 rank_processes::rank_processes(rank_processes&& o) noexcept
-    : children_(std::exchange(o.children_, {})) {}
+    : children_(std::exchange(o.children_, nullptr)),
+      watcher_(std::move(o.watcher_)) {}
 
 rank_processes& rank_processes::operator=(rank_processes&& o) noexcept {
   if (this != &o) {
     reap_all();
-    children_ = std::exchange(o.children_, {});
+    children_ = std::exchange(o.children_, nullptr);
+    watcher_ = std::move(o.watcher_);
   }
   return *this;
 }
 
 rank_processes::~rank_processes() { reap_all(); }
 
+bool rank_processes::empty() const {
+  if (!children_) return true;  // moved from
+  std::lock_guard lock(children_->mutex);
+  return children_->all.empty();
+}
+
 kernels::result<std::vector<kernels::ep_peer>> rank_processes::start(
   const std::filesystem::path& program, ep_rank_options o, std::uint32_t per_process) {
   using r = kernels::result<std::vector<kernels::ep_peer>>;
+  if (!children_) children_ = std::make_unique<children>();  // moved from
   std::vector<kernels::ep_peer> peers;
   auto undo = [&](const std::string& why) {
     for (auto& p : peers) ::close(p.fd);
@@ -82,32 +162,58 @@ kernels::result<std::vector<kernels::ep_peer>> rank_processes::start(
       return undo("EP rank processes: cannot start " + program.string() + ": "
                   + std::strerror(err));
     }
-    children_.push_back({pid, static_cast<std::uint32_t>(ranks.size())});
+    {
+      std::lock_guard lock(children_->mutex);
+      children_->all.push_back({pid, ranks});
+    }
     peers.push_back({sv[0], std::move(ranks)});
   }
   return peers;
 }
 
 std::uint32_t rank_processes::killed_ranks(std::chrono::milliseconds wait) {
+  if (!children_) return 0;  // moved from
   const auto until = std::chrono::steady_clock::now() + wait;
   for (;;) {
-    std::uint32_t ranks = 0;
-    for (auto& c : children_) {
-      int status = 0;
-      if (!c.exited && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.exited = true;
-        c.killed = WIFSIGNALED(status);
-      }
-      if (c.killed) ranks += c.ranks;
+    std::string why;
+    {
+      std::lock_guard lock(children_->mutex);
+      const auto ranks = children_->newly_killed(why);
+      if (ranks > 0 || children_->any_counted() || std::chrono::steady_clock::now() >= until)
+        return ranks;
     }
-    if (ranks > 0 || std::chrono::steady_clock::now() >= until) return ranks;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 
+void rank_processes::watch(killed_fn on_killed) {
+  watcher_ = std::thread([c = children_.get(), on_killed = std::move(on_killed)] {
+    std::unique_lock lock(c->mutex);
+    while (!c->stopping) {
+      std::string why;
+      // Told with the mutex held: a killed_ranks() meanwhile waits until the loss is known.
+      if (const auto ranks = c->newly_killed(why); ranks > 0) {
+        on_killed(ranks, why);
+        return;
+      }
+      c->stop_watching.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  });
+}
+
 void rank_processes::reap_all() {
+  if (!children_) return;  // moved from
+  if (watcher_.joinable()) {
+    {
+      std::lock_guard lock(children_->mutex);
+      children_->stopping = true;
+    }
+    children_->stop_watching.notify_all();
+    watcher_.join();
+  }
+  std::lock_guard lock(children_->mutex);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  for (auto& c : children_) {
+  for (auto& c : children_->all) {
     while (!c.exited && ::waitpid(c.pid, nullptr, WNOHANG) != c.pid) {
       if (std::chrono::steady_clock::now() >= until) {
         ::kill(c.pid, SIGKILL);
@@ -118,7 +224,8 @@ void rank_processes::reap_all() {
     }
     c.exited = true;
   }
-  children_.clear();
+  children_->all.clear();
+  children_->stopping = false;
 }
 
 int run_ep_rank(int fd, const ep_rank_options& o) {

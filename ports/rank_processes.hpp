@@ -9,7 +9,11 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/ep_process.hpp"
@@ -34,11 +38,13 @@ struct ep_rank_options {
 /// not within two seconds is killed).
 class rank_processes {
  public:
-  rank_processes() = default;
+  /// Told, from the watcher's thread, the ranks of the processes a signal ended and how.
+  using killed_fn = std::function<void(std::uint32_t ranks, const std::string& why)>;
+
+  rank_processes();
   rank_processes(rank_processes&&) noexcept;
   rank_processes& operator=(rank_processes&&) noexcept;
   ~rank_processes();
-
   /// Starts `program ep-rank ...` for ranks per_process .. group-1 of `o`'s group, per_process
   /// ranks each (the last may hold fewer); `o.ranks` is ignored. Returns the peers to open the
   /// group with (kernels::open_ep_group), whose sockets the group then owns. Errors: the
@@ -46,24 +52,28 @@ class rank_processes {
   kernels::result<std::vector<kernels::ep_peer>> start(const std::filesystem::path& program,
                                                        ep_rank_options o,
                                                        std::uint32_t per_process);
-
   /// Ranks held by the processes that a signal ended (killed, crashed: not those that exited
-  /// by themselves, after the group closed their sockets or could not load); for a group whose
-  /// peer died it waits up to `wait` for one to be found.
+  /// by themselves, after the group closed their sockets or could not load) and that neither
+  /// this nor the watcher counted before; while none was ever found it waits up to `wait` for
+  /// one (a group whose peer's socket ended finds the process gone a moment later).
   std::uint32_t killed_ranks(std::chrono::milliseconds wait);
-
-  bool empty() const { return children_.empty(); }
+  /// Watches the processes from a thread of its own (every 100 ms) until one is found ended
+  /// by a signal: then calls `on_killed` once with the ranks of those found (counted: a later
+  /// killed_ranks does not count them again), so that an idle group learns it lost a rank.
+  void watch(killed_fn on_killed);
+  bool empty() const;
 
  private:
-  struct child {
-    pid_t pid = -1;
-    std::uint32_t ranks = 0;
-    bool exited = false;
-    bool killed = false;
-  };
+  struct children;
   void reap_all();
-  std::vector<child> children_;
+  std::unique_ptr<children> children_;
+  std::thread watcher_;
 };
+
+/// The `troupe ep-rank` child of process `parent` that serves `rank` of its group, as its
+/// command line says (read from /proc); none: no such child runs (it died, or the group that
+/// would start it has not yet).
+std::optional<pid_t> find_rank_process(pid_t parent, std::uint32_t rank);
 
 /// The `troupe ep-rank --fd N` process: serves `o.ranks` of the group at the other end of `fd`
 /// (kernels::serve_ep_peer) with the model's Engram map set. Returns its exit code: 0 once the

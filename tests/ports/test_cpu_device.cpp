@@ -6,6 +6,7 @@
 #include "kernels/sampling.hpp"
 #include "tests/kernels/ep_fixture.hpp"
 #include "ports/cpu_device.hpp"
+#include "ports/rank_processes.hpp"
 
 #include <doctest/doctest.h>
 #include <xxhash.h>
@@ -693,17 +694,24 @@ TEST_CASE_FIXTURE(device_fixture, "a CPU device runs an EP group's ranks in proc
   CHECK(greedy(dev, 1, pr, 6) == want);
   const auto peers = rank_processes_here();
   REQUIRE(peers.size() == 1);
+  // What a launcher's fault finds the process of a GPU's rank by.
+  CHECK(ports::find_rank_process(::getpid(), 2) == peers[0]);
+  CHECK(ports::find_rank_process(::getpid(), 3) == peers[0]);
+  CHECK_FALSE(ports::find_rank_process(::getpid(), 1));
+  CHECK_FALSE(ports::find_rank_process(::getppid(), 2));
+  // Idle, the device finds out by itself (no step has to fail first).
   REQUIRE(::kill(peers[0], SIGKILL) == 0);
-  auto r = run(dev, step({seq(2, 0, pr)}));
-  REQUIRE_FALSE(r);
-  CHECK(sys.render(r.error()).find("the EP group failed: rank 2: the process of ranks 2, 3 is gone")
-        != std::string::npos);
   bool down = false;
-  self->receive([&](caf::down_msg&) { down = true; },
-                caf::after(std::chrono::seconds(30)) >> [] {});
+  self->receive([&](caf::down_msg& d) {
+    down = true;
+    CHECK(sys.render(d.reason).find("the EP group lost ranks: the process of ranks 2, 3 (pid "
+                                    + std::to_string(peers[0]) + ") was killed by SIGKILL")
+          != std::string::npos);
+  }, caf::after(std::chrono::seconds(30)) >> [] {});
   CHECK(down);
   CHECK(*lost == 2);
   CHECK(rank_processes_here().empty());  // reaped
+  CHECK_FALSE(ports::find_rank_process(::getpid(), 2));
 
   // Three processes of one rank each give the same tokens; a program that cannot start is the
   // device's load error.
@@ -716,7 +724,7 @@ TEST_CASE_FIXTURE(device_fixture, "a CPU device runs an EP group's ranks in proc
   missing.ep_ranks = 2;
   missing.ranks_per_process = 1;
   missing.rank_program = "/nonexistent/troupe";
-  r = run(cpu(std::move(missing)), step({seq(1, 0, pr)}));
+  auto r = run(cpu(std::move(missing)), step({seq(1, 0, pr)}));
   REQUIRE_FALSE(r);
   CHECK(sys.render(r.error()).find("cannot start /nonexistent/troupe") != std::string::npos);
 
