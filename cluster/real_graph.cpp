@@ -179,10 +179,12 @@ instance_maker(const topology& topo, pool_role role, const real_graph_params& pa
       gpus.resize(gpus.size() - std::min<std::size_t>(lost, gpus.size()));
       gpus.resize(std::min<std::size_t>(
         gpus.size(), sim::resized_ep(n, static_cast<std::uint32_t>(gpus.size()), experts)));
-      if (lost > 0)
+      if (lost > 0) {
         runtime::log::get("instance")->warn(
           "{}/{}: {} rank(s) lost with their processes; it forms on {} rank(s) (EP {} -> {})",
           name, id, lost, gpus.size(), n, gpus.size());
+        losses->formed(role, id, static_cast<std::uint32_t>(gpus.size()));
+      }
       return gpus;
     };
   }
@@ -270,6 +272,21 @@ std::uint32_t rank_losses::lost(pool_role role, std::uint32_t instance) const {
   std::lock_guard lock(mutex_);
   auto it = lost_.find({role, instance});
   return it == lost_.end() ? 0 : it->second;
+}
+
+void rank_losses::on_formed(formed_fn f) {
+  std::lock_guard lock(mutex_);
+  formed_ = std::move(f);
+}
+
+void rank_losses::formed(pool_role role, std::uint32_t instance, std::uint32_t ranks) const {
+  formed_fn f;
+  {
+    std::lock_guard lock(mutex_);
+    f = formed_;
+  }
+  if (f)
+    f(role, instance, ranks);
 }
 
 real_graph spawn_real_graph(caf::actor_system& sys, const topology& topo,

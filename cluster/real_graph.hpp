@@ -39,12 +39,19 @@ namespace troupe::cluster {
 /// incarnations run on the ranks left, resized by the simulator's rule.
 class rank_losses {
  public:
+  /// Called (from the instance's actor) with the EP size an incarnation of an instance that
+  /// lost ranks forms.
+  using formed_fn = std::function<void(pool_role, std::uint32_t instance, std::uint32_t ranks)>;
+
   void lose(pool_role role, std::uint32_t instance, std::uint32_t ranks);
   std::uint32_t lost(pool_role role, std::uint32_t instance) const;
+  void on_formed(formed_fn f);
+  void formed(pool_role role, std::uint32_t instance, std::uint32_t ranks) const;
 
  private:
   mutable std::mutex mutex_;
   std::map<std::pair<pool_role, std::uint32_t>, std::uint32_t> lost_;
+  formed_fn formed_;
 };
 
 struct real_graph_params {

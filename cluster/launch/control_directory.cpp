@@ -9,6 +9,9 @@
 #include <caf/send.hpp>
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -36,6 +39,12 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
                         std::move(fetchers), std::move(scaler)};
   return sys.spawn([dir, watcher_timeout, metrics](caf::event_based_actor* self) -> caf::behavior {
     auto watchers = std::make_shared<std::vector<caf::actor>>();
+    // The launcher, and the latest re-formation of each instance process (pid, ranks).
+    struct reforms {
+      caf::actor launcher;
+      std::map<std::string, std::pair<std::int32_t, std::uint32_t>> latest;
+    };
+    auto re = std::make_shared<reforms>();
     auto mirror = std::make_shared<runtime::metrics_mirror>(metrics);
     self->set_down_handler([watchers, mirror](caf::down_msg& m) {
       mirror->forget(source_of(m.source));
@@ -55,6 +64,17 @@ caf::actor spawn_control_directory(caf::actor_system& sys, const control_graph& 
                 std::vector<runtime::metric_samples>& samples) { mirror->apply(source, samples); },
               [](const caf::error&) {});
         self->delayed_send(self, std::chrono::seconds(1), mirror_tick_atom::value);
+      },
+      [self, re](launcher_atom, const caf::actor& launcher) {
+        re->launcher = launcher;
+        for (const auto& [name, r] : re->latest)
+          self->send(launcher, reformed_atom::value, name, r.first, r.second);
+        return caf::ok_atom::value;
+      },
+      [self, re](reformed_atom a, const std::string& name, std::int32_t pid, std::uint32_t ranks) {
+        re->latest[name] = {pid, ranks};
+        if (re->launcher)
+          self->send(re->launcher, a, name, pid, ranks);
       },
       [self, watchers](caf::join_atom, const caf::actor& watcher) {
         self->monitor(watcher);

@@ -64,11 +64,17 @@ using stopping_atom = caf::atom_constant<caf::atom("stopping")>;
 /// the directory's own timer to ask them all.
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using mirror_tick_atom = caf::atom_constant<caf::atom("mirrortick")>;
+/// (reformed_atom, name, pid, ranks): instance process `name` ("decode/0", process `pid`) lost
+/// EP rank processes and re-formed on `ranks` ranks. An instance process tells the directory;
+/// the directory tells the launcher registered with it ((launcher_atom, launcher) -> ok), and
+/// on registration every report it has.
+using reformed_atom = caf::atom_constant<caf::atom("reformed")>;
 
 /// Spawns the directory of `control` (with the store registry, fetcher registry and pool
 /// stand-ins given, each as control_directory names it): it answers (directory_atom) with a
 /// control_directory;
-/// (caf::join_atom, watcher) adds an instance process's watcher; (stopping_atom) sends
+/// (caf::join_atom, watcher) adds an instance process's watcher; (launcher_atom, launcher)
+/// registers the launcher, which then gets the reformed_atom reports; (stopping_atom) sends
 /// (stopping_atom) to every watcher and answers (caf::ok_atom) once each has answered or
 /// `watcher_timeout` has passed. With `metrics`, every second it asks each watcher for its
 /// process's metrics (metrics_atom) and mirrors them there (runtime::metrics_mirror): the

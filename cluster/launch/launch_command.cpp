@@ -169,6 +169,11 @@ struct process_state {
   std::set<std::uint32_t> failed_gpus;
   std::uint32_t ep = 0;
   bool reforming = false;
+  /// The failed GPUs when the running process started (its group's rank r runs on the r-th
+  /// of the others), and the EP size it re-formed to after losing rank processes, as it
+  /// reported (0: none lost).
+  std::set<std::uint32_t> started_failed;
+  std::uint32_t ep_now = 0;
 };
 
 /// An order of the autoscaler in the control process (launched_pools.hpp).
@@ -241,6 +246,8 @@ public:
       std::optional<std::pair<std::string, caf::actor>> back;
       std::optional<scale_order> order;
       self_->receive([&](agent_exit& e) { exited = std::move(e); },
+                     [&](reformed_atom, const std::string& name, std::int32_t pid,
+                         std::uint32_t ranks) { reformed(name, pid, ranks); },
                      [&](caf::down_msg& d) { lost = host_of(d.source); },
                      [&](agent_back_atom, std::string& host, caf::actor& agent) {
                        back.emplace(std::move(host), std::move(agent));
@@ -279,7 +286,7 @@ public:
         order->start ? scale_up(order->role, order->index)
                      : scale_down(order->role, order->index);
       check_ready();
-      register_with_autoscaler();
+      register_with_control();
       run_faults();
     }
   }
@@ -385,6 +392,45 @@ private:
     err_ << "troupe launch: fault " << a.fault << ": gpu " << a.gpu << " of " << p.spec.name
          << (a.kind == process_action_kind::fail_gpu ? " failed" : " recovered") << "; "
          << healthy.size() << " of " << a.configured << " healthy";
+    nlohmann::json done{{"action", to_string(a.kind)}, {"fault", a.fault}, {"gpu", a.gpu},
+                        {"healthy_gpus", healthy}, {"ep", size}};
+    if (a.kind == process_action_kind::fail_gpu && size > 0 && p.pid != 0
+        && p.state == "running") {
+      // The running group's rank on that GPU: none (the GPU is not in it), one of its
+      // process's threads, or one of its rank processes, which alone goes.
+      std::optional<std::uint32_t> rank;
+      std::uint32_t at_start = 0;
+      for (std::uint32_t g = 0; g < a.configured; ++g)
+        if (!p.started_failed.contains(g)) {
+          if (g == a.gpu)
+            rank = at_start;
+          ++at_start;
+        }
+      const auto running = p.ep_now > 0 ? p.ep_now : sim::resized_ep(a.configured, at_start, 0);
+      if (!rank || *rank >= running) {
+        err_ << "; its running EP group of " << running << " does not use it\n";
+        p.ep = size;
+        event("fault", p, done);
+        write_state();
+        return;
+      }
+      auto agent = agents_.find(p.host);
+      if (a.ranks_per_process > 0 && *rank >= a.ranks_per_process && agent != agents_.end()) {
+        // (None found: its group is still starting them; the whole process goes, below.)
+        std::optional<std::int32_t> child;
+        self_->request(agent->second, 5s, agent_signal_rank{p.pid, *rank, SIGKILL})
+          .receive([&](std::int32_t pid) { child = pid; }, [](const caf::error&) {});
+        if (child) {
+          err_ << ", the process of its rank " << *rank << " (pid " << *child
+               << ") is killed: the instance re-forms on the ranks left\n";
+          p.ep = size;
+          done["rank_process"] = *child;
+          event("fault", p, done);
+          write_state();
+          return;
+        }
+      }
+    }
     if (a.kind == process_action_kind::fail_gpu && size > 0) {
       // Running: killed, and its exit restarts it. Restarting already: it starts with the
       // new --gpus.
@@ -409,8 +455,20 @@ private:
       err_ << (p.pid != 0 ? ", regained at its next restart\n" : "\n");
     }
     p.ep = size;
-    event("fault", p, {{"action", to_string(a.kind)}, {"fault", a.fault}, {"gpu", a.gpu},
-                       {"healthy_gpus", healthy}, {"ep", size}});
+    event("fault", p, done);
+    write_state();
+  }
+
+  /// Instance process `name` (process `pid`) lost rank processes and re-formed on `ranks`
+  /// ranks (its report through the control process; one of an earlier process is stale).
+  void reformed(const std::string& name, std::int32_t pid, std::uint32_t ranks) {
+    auto* p = find_named(name);
+    if (p == nullptr || p->pid != pid || p->ep_now == ranks)
+      return;
+    p->ep_now = ranks;
+    err_ << "troupe launch: " << name << " lost EP rank processes and re-formed as an EP group of "
+         << ranks << " (until its next restart)\n";
+    event("reform", *p, {{"ep", ranks}});
     write_state();
   }
 
@@ -525,6 +583,8 @@ private:
     if (!ok)
       return false;
     p.state = "running";
+    p.started_failed = p.failed_gpus;
+    p.ep_now = 0;
     err_ << "troupe launch: started " << p.spec.name << " (pid " << p.pid
          << (agents_.size() > 1 ? " on " + p.host : std::string{}) << ")\n";
     event("start", p, {{"restarts", p.restarts}});
@@ -730,6 +790,8 @@ private:
         procs.back()["ep"] = p.ep;
         procs.back()["failed_gpus"] = p.failed_gpus;
       }
+      if (p.ep_now > 0)
+        procs.back()["ep_now"] = p.ep_now;
     }
     nlohmann::json hosts = nlohmann::json::array();
     for (const auto& h : hosts_) {
@@ -1233,9 +1295,10 @@ private:
   }
 
   /// Once the control process serves, and again after each of its restarts: registers with
-  /// its autoscaler's pool stand-ins (none when the topology does not autoscale), which then
-  /// hear of every change of the instance processes and send their orders here.
-  void register_with_autoscaler() {
+  /// its directory, which passes on the instance processes' re-formations, and with its
+  /// autoscaler's pool stand-ins (none when the topology does not autoscale), which then hear
+  /// of every change of the instance processes and send their orders here.
+  void register_with_control() {
     auto* c = find_named("control");
     if (c == nullptr || c->pid == 0 || c->pid == registered_pid_ || !fs::exists(ready_file_)
         || clock::now() < next_registration_)
@@ -1249,6 +1312,12 @@ private:
     self_->request(*directory, 5s, directory_atom::value)
       .receive([&](const control_directory& d) { scaler = d.scaler; }, [](const caf::error&) {});
     if (!scaler)
+      return;
+    // The directory passes on what the instance processes report (reformed_atom).
+    bool registered = false;
+    self_->request(*directory, 5s, launcher_atom::value, caf::actor_cast<caf::actor>(self_.ptr()))
+      .receive([&](caf::ok_atom) { registered = true; }, [](const caf::error&) {});
+    if (!registered)
       return;
     registered_pid_ = c->pid;
     if (!*scaler)

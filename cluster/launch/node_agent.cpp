@@ -3,6 +3,7 @@
 #include "cluster/launch/net_cut.hpp"
 #include "cluster/launch/net_shape.hpp"
 #include "cluster/serve_setup.hpp"
+#include "ports/rank_processes.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -167,6 +168,20 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string host) {
           return caf::make_error(caf::sec::runtime_error,
                                  std::string("kill: ") + std::strerror(errno));
         return caf::ok_atom::value;
+      },
+      [st](const agent_signal_rank& s) -> caf::result<std::int32_t> {
+        if (st->owners.count(s.pid) == 0)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "agent_signal_rank: no running process " + std::to_string(s.pid));
+        auto child = ports::find_rank_process(s.pid, s.rank);
+        if (!child)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "no rank process of " + std::to_string(s.pid) + " serves rank "
+                                   + std::to_string(s.rank));
+        if (kill(*child, s.signal) != 0)
+          return caf::make_error(caf::sec::runtime_error,
+                                 std::string("kill: ") + std::strerror(errno));
+        return static_cast<std::int32_t>(*child);
       },
       [self, st](const agent_cut& c) -> caf::result<caf::ok_atom> {
         const auto prefix = "troupe agent[" + st->host + "]: ";

@@ -10,7 +10,8 @@
 //
 // Protocol: agent_spawn → the new process's pid (the sender owns it, and receives an
 // agent_exit when it ends); agent_signal → ok (a pid the agent did not start, or one that
-// has already exited, is an error); agent_cut → ok, or the error: this host is cut off from
+// has already exited, is an error); agent_signal_rank → the pid of the EP rank process of
+// one of those that it signalled; agent_cut → ok, or the error: this host is cut off from
 // another host's address for a while (a link fault, net_cut.hpp), and the agent reconnects it
 // itself when the time is up (the launcher may be on the other side of the cut); agent_slow →
 // ok, or the error: what this host sends to another host's address is slowed for a while (a
@@ -55,6 +56,20 @@ struct agent_signal {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_signal& x) {
   return f(caf::meta::type_name("agent_signal"), x.pid, x.signal);
+}
+
+/// Send `signal` to the `troupe ep-rank` child of process `pid` (one this agent started) that
+/// serves rank `rank` of its instance's EP group (ports::find_rank_process) → that child's
+/// pid; an error when no child of `pid` serves it (none started yet, or it died).
+struct agent_signal_rank {
+  std::int32_t pid = 0;
+  std::uint32_t rank = 0;
+  std::int32_t signal = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_signal_rank& x) {
+  return f(caf::meta::type_name("agent_signal_rank"), x.pid, x.rank, x.signal);
 }
 
 /// Cut this host off from numeric IP `address` (every packet to and from it dropped) for
@@ -109,6 +124,7 @@ int run_agent_command(const std::string& listen, const std::string& name,
 CAF_BEGIN_TYPE_ID_BLOCK(troupe_launch_agent, caf::id_block::troupe_launch::end)
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_spawn))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_signal))
+CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_signal_rank))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_exit))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_cut))
 CAF_ADD_TYPE_ID(troupe_launch_agent, (troupe::cluster::agent_slow))

@@ -624,6 +624,12 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   }
   gp->healthy_gpus = o.gpus;
   gp->experts = experts;
+  // An instance that lost rank processes re-forms on the ranks left: the launcher hears it.
+  if (gp->losses)
+    gp->losses->on_formed([directory = joined->directory, name, pid = ::getpid()](
+                            pool_role, std::uint32_t, std::uint32_t ranks) {
+      caf::anon_send(directory, reformed_atom::value, name, static_cast<std::int32_t>(pid), ranks);
+    });
   auto relay = spawn_balancer_relay(
     sys, role == pool_role::prefill ? dir.prefill_lb : dir.decode_lb, dir.prefill_lb, bridge);
   // The autoscaler's stand-in for this instance finds its engine through the relay.

@@ -27,10 +27,10 @@ std::vector<std::string> pool_processes(const topology& topo, const std::string&
   return out;
 }
 
-std::uint32_t gpus_per_instance(const topology& topo, const std::string& pool_name) {
+const pool_spec* pool_named(const topology& topo, const std::string& pool_name) {
   auto pool = std::find_if(topo.pools.begin(), topo.pools.end(),
                            [&](const pool_spec& p) { return p.name == pool_name; });
-  return pool == topo.pools.end() ? 0 : pool->gpus_per_instance;
+  return pool == topo.pools.end() ? nullptr : &*pool;
 }
 
 std::string describe(const sim::fault& f) {
@@ -143,12 +143,13 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
                                                  f.factor});
     };
     // A gpu of an instance of several GPUs: the instance re-forms without it.
-    const auto configured = gpus_per_instance(topo, f.target.place.pool);
+    const auto* pool = pool_named(topo, f.target.place.pool);
+    const auto configured = pool != nullptr ? pool->gpus_per_instance : 0;
     const bool ep_gpu = f.target.kind == target_kind::gpu && f.target.place.rank && configured > 1;
     auto act_gpu = [&](runtime::duration at, process_action_kind k) {
       for (const auto& p : procs)
-        out.actions.push_back(
-          process_action{at, k, p, i, {}, {}, 1, *f.target.place.rank, configured});
+        out.actions.push_back(process_action{at, k, p, i, {}, {}, 1, *f.target.place.rank,
+                                             configured, pool->ranks_per_process});
     };
     switch (f.kind) {
       case sim::fault_kind::fail:

@@ -47,7 +47,9 @@ enum class process_action_kind {
   slow,     ///< slow the network between the hosts of `process` and `peer` by `factor` for `length`
   /// GPU `gpu` of the process's instance (an EP group of several) failed: SIGKILL, and the
   /// process restarts at once on its healthy GPUs when they form an EP group, else it is held
-  /// down until enough recover
+  /// down until enough recover; when the GPU's rank runs in a rank process of the instance
+  /// (`ranks_per_process`), SIGKILL of that process instead, and the instance re-forms by
+  /// itself on the ranks left
   fail_gpu,
   /// GPU `gpu` is healthy again: a process held down for want of GPUs restarts once they form
   /// a group; a running one regains it at its next restart
@@ -70,6 +72,8 @@ struct process_action {
   /// (its pool's gpus_per_instance).
   std::uint32_t gpu = 0;
   std::uint32_t configured = 0;
+  /// ...and the ranks its process runs itself (its pool's ranks_per_process; 0: all of them).
+  std::uint32_t ranks_per_process = 0;
 };
 
 struct real_fault_plan {

@@ -671,6 +671,79 @@ def test_a_failed_gpu_of_an_ep_group_re_forms_its_instance_on_the_gpus_left(mode
                for l in c.log)
 
 
+def test_a_failed_gpu_of_a_rank_process_takes_that_process_alone(model_dir, tmp_path):
+    # examples/topologies/local-cpu-ep-processes.toml: decode/0 is an EP group of 4 ranks, 2-3
+    # in a rank process of its own. GPU 3 fails 1 s after the cluster serves: only that rank
+    # process is killed, decode/0's process stays and re-forms on ranks 0-1, and says so (the
+    # state's ep_now); GPU 2 failing at 25 s is not in that group: nothing stops. Killed, the
+    # process restarts on its healthy GPUs 0,1, as a group of 2 from the start.
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[fault]]\nat = "1s"\nkind = "fail"\ngpu = "decode/0/3"\n'
+                    '[[fault]]\nat = "25s"\nkind = "fail"\ngpu = "decode/0/2"\n')
+    events = tmp_path / "events.jsonl"
+    body = chat_body("Ranks in processes of their own.", max_tokens=8, temperature=0)
+    want, _ = generated_text(model_dir, body, 8)
+    c = Cluster(model_dir, str(tmp_path / "kv"), str(tmp_path / "state.json"),
+                ["--faults", str(plan), "--events", str(events)],
+                topology=os.path.join(ROOT, "examples/topologies/local-cpu-ep-processes.toml"))
+
+    def answer():
+        r = c.openai().chat.completions.create(**body)
+        return (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
+            r.choices[0].message.content or "")
+
+    def wait_for(what, cond):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            p = c.process("decode/0")
+            if cond(p):
+                return p
+            time.sleep(0.05)
+        pytest.fail("decode/0 never " + what + ":\n" + "".join(c.log))
+
+    def rank_processes(parent):
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/cmdline") as f:
+                    argv = f.read().split("\0")
+            except (OSError, IndexError):
+                continue
+            if ppid == parent and argv[1:2] == ["ep-rank"]:
+                out.append(int(pid))
+        return out
+
+    try:
+        first = c.process("decode/0")["pid"]
+        ranks = rank_processes(first)
+        assert len(ranks) == 1
+        p = wait_for("re-formed on 2 ranks", lambda p: p.get("ep_now") == 2)
+        assert p["pid"] == first and p["restarts"] == 0 and p["state"] == "running"
+        assert p["failed_gpus"] == [3] and p["ep"] == 2
+        assert rank_processes(first) == []
+        assert answer() == want
+        p = wait_for("took GPU 2's failure", lambda p: p["failed_gpus"] == [2, 3])
+        assert p["pid"] == first and p["ep_now"] == 2
+        assert answer() == want
+        os.kill(first, signal.SIGKILL)
+        p = wait_for("restarted", lambda p: p["state"] == "running" and p["pid"] != first)
+        assert "ep_now" not in p and p["ep"] == 2 and p["restarts"] == 1
+        assert answer() == want
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0
+    log = [json.loads(l) for l in events.read_text().splitlines()]
+    faults = [(e["action"], e["gpu"], e["healthy_gpus"], e["ep"], e.get("rank_process"))
+              for e in log if e["event"] == "fault"]
+    assert faults == [("fail_gpu", 3, [0, 1, 2], 2, ranks[0]), ("fail_gpu", 2, [0, 1], 2, None)]
+    assert [(e["process"], e["pid"], e["ep"]) for e in log if e["event"] == "reform"] == [
+        ("decode/0", first, 2)]
+    assert any("the process of its rank 3 (pid %d) is killed" % ranks[0] in l for l in c.log)
+    assert any("its running EP group of 2 does not use it" in l for l in c.log)
+
+
 def test_with_tls_a_process_without_the_cluster_s_certificate_cannot_join(model_dir, tmp_path):
     # Mutual TLS between the processes: every process presents a certificate of the cluster's
     # CA (`troupe certs`). A decode process with another CA's certificate, or with none, is
