@@ -163,6 +163,9 @@ struct process_state {
   /// Stopped because its host left the hosts file (or no longer takes its role): restarted
   /// on another host once it exited, not counted against the restart intensity.
   bool evacuating = false;
+  /// Between hosts for that reason: from its stop there until it runs on the other. The
+  /// autoscaler's orders of its role wait meanwhile (its pool is short only until it is back).
+  bool moving = false;
   /// An instance of several GPUs: those a fault plan failed, and the EP size its command line
   /// forms on the others (its next start's; 0: none can form). Killed to re-form: restarted
   /// at once, not counted against the restart intensity.
@@ -583,6 +586,7 @@ private:
     if (!ok)
       return false;
     p.state = "running";
+    p.moving = false;
     p.started_failed = p.failed_gpus;
     p.ep_now = 0;
     err_ << "troupe launch: started " << p.spec.name << " (pid " << p.pid
@@ -734,6 +738,7 @@ private:
                                                          : least_loaded(p.spec.role);
       if (to == nullptr) {
         p.state = "lost";
+        p.moving = false;
         err_ << "troupe launch: " << p.spec.name << ": " << no_host_for(p.spec.role)
              << "; it stays down\n";
         continue;
@@ -1013,6 +1018,7 @@ private:
         err_ << "troupe launch: " << p.spec.name << " leaves host " << p.host
              << (takes_device(p.spec.role) ? " (it drains first)\n" : "\n");
         p.evacuating = true;
+        p.moving = true;
         signal(p, p.spec.role == "decode" ? SIGUSR1 : SIGTERM);
       } else {
         evacuate(p);
@@ -1027,6 +1033,7 @@ private:
   void evacuate(process_state& p) {
     const launch_host* to = p.spec.role == "fetcher" ? host_of_prefill(p.spec.index)
                                                      : least_loaded(p.spec.role);
+    p.moving = to != nullptr && !p.held;
     if (to == nullptr) {
       p.state = "lost";
       p.restart_at.reset();
@@ -1199,6 +1206,21 @@ private:
       tell_autoscaler();
       return;
     }
+    // An instance of the role on its way to another host: the pool is short until it arrives,
+    // and a new one would take the device it goes to. The autoscaler orders again at its next
+    // decisions if it still wants to.
+    auto mover = std::find_if(procs_.begin(), procs_.end(), [&](const process_state& p) {
+      return p.spec.role == role && p.moving && !p.retiring;
+    });
+    if (mover != procs_.end()) {
+      auto why = "not started while " + mover->spec.name + " moves to another host";
+      if (unplaced_[role] != why)
+        err_ << "troupe launch: the autoscaler ordered " << name << "; " << why << "\n";
+      unplaced_[role] = why;
+      failed_.push_back({role, index, "failed"});
+      tell_autoscaler();
+      return;
+    }
     const launch_host* to = hosts_.empty() ? nullptr : least_loaded(role);
     auto make = [&](const std::string& r) -> std::optional<process_state> {
       auto m = std::find_if(models_.begin(), models_.end(),
@@ -1339,7 +1361,7 @@ private:
     std::vector<launched_instance> all;
     for (const auto& p : procs_)
       if (p.spec.role == "prefill" || p.spec.role == "decode")
-        all.push_back({p.spec.role, p.spec.index, p.state});
+        all.push_back({p.spec.role, p.spec.index, p.moving ? "moving" : p.state});
     all.insert(all.end(), failed_.begin(), failed_.end());
     failed_.clear();
     caf::anon_send(autoscaler_, instances_atom::value, std::move(all));

@@ -178,7 +178,8 @@ caf::behavior pool_stand_in(caf::event_based_actor* self, std::string pool, std:
       children rows;
       for (auto& [i, m] : st->members)
         if (m.state != "ordered")
-          rows.push_back({pool + "/" + std::to_string(i), m.state == "running" ? m.node : caf::actor{}, 0});
+          rows.push_back({pool + "/" + std::to_string(i),
+                          m.state == "running" || m.state == "moving" ? m.node : caf::actor{}, 0});
       return rows;
     },
     [self, st, role](runtime::start_child_atom, runtime::child_spec& spec) -> caf::result<caf::actor> {

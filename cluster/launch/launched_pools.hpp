@@ -12,7 +12,9 @@
 //     error, and the autoscaler makes no decision;
 //   - a pool lists the instance processes of its role the launcher reports (instances_atom,
 //     pushed at registration and on every change), each as "<pool>/<index>" with a handle while
-//     its process runs and none while it is down (restarting after a crash, killed by a fault);
+//     its process runs or moves to another host (the autoscaler counts it as starting, not as
+//     down: it does not replace it) and none while it is down (restarting after a crash,
+//     killed by a fault);
 //     `start_child` orders the process (scale_start_atom) and answers once the launcher lists
 //     it, `stop_child` orders its stop (scale_stop_atom: SIGTERM, the process drains and is not
 //     restarted) and answers once the launcher no longer lists it;
@@ -45,7 +47,8 @@ struct launched_instance {
   std::string role;
   std::uint32_t index = 0;
   /// The launcher's state of the process: "running", "restarting", "down", "stopped" (a
-  /// SIGSTOP fault), "lost" (its host is gone), "exited"; "failed" once when it could not be
+  /// SIGSTOP fault), "lost" (its host is gone), "exited", "moving" (its host left the hosts
+  /// file: from its drain there until it runs on another); "failed" once when it could not be
   /// started.
   std::string state;
 };
