@@ -1254,9 +1254,13 @@ result<std::vector<float>> model::run_layers(std::span<const sequence_input> bat
     }
     collapsed = std::move(last);
   }
-  for (i64 t = 0; t < rows; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
-  std::vector<float> logits(sz(rows * V));
-  project(mode, collapsed.data(), rows, D, W.lm_head.data(), V, logits.data());
+  // An EP group's answer is rank 0's: the other ranks skip the head (a vocab-wide GEMM).
+  std::vector<float> logits;
+  if (W.ep == std::nullopt || W.ep->rank == 0) {
+    for (i64 t = 0; t < rows; ++t) rms_norm(collapsed.data() + t * D, D, W.norm.data(), eps);
+    logits.resize(sz(rows * V));
+    project(mode, collapsed.data(), rows, D, W.lm_head.data(), V, logits.data());
+  }
 
   // Advance the caches.
   for (i64 s = 0; s < S; ++s) {

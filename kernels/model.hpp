@@ -83,8 +83,10 @@ struct model_options {
   // (kernels/ep_exchange.hpp): the model loads only the routed experts of the main layers that
   // `ep->placement` puts on its rank (the rest of the model whole), and each main layer's MoE
   // computes the rows of the token copies dispatched to its rank and gathers the other ranks'
-  // through `ep->exchange` before adding each token's outputs in ascending expert id: logits
-  // bitwise those of the whole model in batch-invariant mode. Every rank of the group must make
+  // through `ep->exchange` before adding each token's outputs in ascending expert id: rank 0's
+  // logits are bitwise those of the whole model in batch-invariant mode; the other ranks skip
+  // the LM head (their forward calls return empty logits: the group's answer is rank 0's,
+  // ep_group_backend.hpp), as they skip nothing else. Every rank of the group must make
   // the same forward calls on the same inputs at the same time (kernels/ep_group_backend.hpp
   // does); a failed exchange fails the call, and the rank's caches are then unusable.
   std::optional<ep_member> ep = std::nullopt;
