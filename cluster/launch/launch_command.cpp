@@ -342,17 +342,25 @@ private:
           }
           break;
         case process_action_kind::stop:
-          if (p.pid != 0) {
-            signal(p, SIGSTOP);
-            p.state = "stopped";
+        case process_action_kind::resume: {
+          const bool stop = a.kind == process_action_kind::stop;
+          if (p.pid == 0)
+            break;
+          // A GPU's rank in a rank process stops alone; one the group does not use, nothing.
+          const auto at = a.configured > 1 ? place_of(p, a) : gpu_place{};
+          if (at.home == gpu_home::unused)
+            continue;
+          if (at.home == gpu_home::rank_process) {
+            if (auto child = signal_rank(p, at.rank, stop ? SIGSTOP : SIGCONT)) {
+              event("fault", p, {{"action", to_string(a.kind)}, {"fault", a.fault},
+                                 {"gpu", a.gpu}, {"rank_process", *child}});
+              continue;
+            }
           }
+          signal(p, stop ? SIGSTOP : SIGCONT);
+          p.state = stop ? "stopped" : "running";
           break;
-        case process_action_kind::resume:
-          if (p.pid != 0) {
-            signal(p, SIGCONT);
-            p.state = "running";
-          }
-          break;
+        }
         case process_action_kind::term:
           signal(p, SIGTERM);
           break;
@@ -400,31 +408,19 @@ private:
     if (a.kind == process_action_kind::fail_gpu && size > 0 && p.pid != 0
         && p.state == "running") {
       // The running group's rank on that GPU: none (the GPU is not in it), one of its
-      // process's threads, or one of its rank processes, which alone goes.
-      std::optional<std::uint32_t> rank;
-      std::uint32_t at_start = 0;
-      for (std::uint32_t g = 0; g < a.configured; ++g)
-        if (!p.started_failed.contains(g)) {
-          if (g == a.gpu)
-            rank = at_start;
-          ++at_start;
-        }
-      const auto running = p.ep_now > 0 ? p.ep_now : sim::resized_ep(a.configured, at_start, 0);
-      if (!rank || *rank >= running) {
-        err_ << "; its running EP group of " << running << " does not use it\n";
+      // process's threads, or one of its rank processes, which alone goes (none found: its
+      // group is still starting them; the whole process goes, below).
+      const auto at = place_of(p, a);
+      if (at.home == gpu_home::unused) {
+        err_ << "; its running EP group of " << at.running << " does not use it\n";
         p.ep = size;
         event("fault", p, done);
         write_state();
         return;
       }
-      auto agent = agents_.find(p.host);
-      if (a.ranks_per_process > 0 && *rank >= a.ranks_per_process && agent != agents_.end()) {
-        // (None found: its group is still starting them; the whole process goes, below.)
-        std::optional<std::int32_t> child;
-        self_->request(agent->second, 5s, agent_signal_rank{p.pid, *rank, SIGKILL})
-          .receive([&](std::int32_t pid) { child = pid; }, [](const caf::error&) {});
-        if (child) {
-          err_ << ", the process of its rank " << *rank << " (pid " << *child
+      if (at.home == gpu_home::rank_process)
+        if (auto child = signal_rank(p, at.rank, SIGKILL)) {
+          err_ << ", the process of its rank " << at.rank << " (pid " << *child
                << ") is killed: the instance re-forms on the ranks left\n";
           p.ep = size;
           done["rank_process"] = *child;
@@ -432,7 +428,6 @@ private:
           write_state();
           return;
         }
-      }
     }
     if (a.kind == process_action_kind::fail_gpu && size > 0) {
       // Running: killed, and its exit restarts it. Restarting already: it starts with the
@@ -460,6 +455,51 @@ private:
     p.ep = size;
     event("fault", p, done);
     write_state();
+  }
+
+  enum class gpu_home { process, rank_process, unused };
+  struct gpu_place {
+    gpu_home home = gpu_home::process;
+    /// Its rank in the running group, and the group's size.
+    std::uint32_t rank = 0;
+    std::uint32_t running = 0;
+  };
+
+  /// Where GPU a.gpu of running process `p`'s instance (a.configured GPUs) runs now: as rank r
+  /// of its group (the r-th of the GPUs healthy when it started, below the group's size: its
+  /// EP size then, or the one it re-formed to), a thread of the process or one of its rank
+  /// processes (r >= a.ranks_per_process); or not in the group.
+  gpu_place place_of(const process_state& p, const process_action& a) const {
+    std::optional<std::uint32_t> rank;
+    std::uint32_t healthy = 0;
+    for (std::uint32_t g = 0; g < a.configured; ++g)
+      if (!p.started_failed.contains(g)) {
+        if (g == a.gpu)
+          rank = healthy;
+        ++healthy;
+      }
+    gpu_place at;
+    at.running = p.ep_now > 0 ? p.ep_now : sim::resized_ep(a.configured, healthy, 0);
+    if (!rank || *rank >= at.running) {
+      at.home = gpu_home::unused;
+      return at;
+    }
+    at.rank = *rank;
+    if (a.ranks_per_process > 0 && *rank >= a.ranks_per_process)
+      at.home = gpu_home::rank_process;
+    return at;
+  }
+
+  /// Sends `sig` to the rank process of `p` that serves rank `rank` (its host's agent finds
+  /// it); returns its pid, or none when there is no such process (or no agent).
+  std::optional<std::int32_t> signal_rank(const process_state& p, std::uint32_t rank, int sig) {
+    auto agent = agents_.find(p.host);
+    if (agent == agents_.end())
+      return std::nullopt;
+    std::optional<std::int32_t> child;
+    self_->request(agent->second, 5s, agent_signal_rank{p.pid, rank, sig})
+      .receive([&](std::int32_t pid) { child = pid; }, [](const caf::error&) {});
+    return child;
   }
 
   /// Instance process `name` (process `pid`) lost rank processes and re-formed on `ranks`
@@ -1838,6 +1878,11 @@ int run_launch_command(const launch_options& o, std::ostream& out, std::ostream&
         out << " for " << runtime::to_seconds(a.length) << " s";
       if (a.kind == process_action_kind::fail_gpu || a.kind == process_action_kind::heal_gpu)
         out << " gpu " << a.gpu << " of " << a.configured;
+      if ((a.kind == process_action_kind::stop || a.kind == process_action_kind::resume)
+          && a.configured > 1)
+        out << " gpu " << a.gpu << " of " << a.configured
+            << (a.ranks_per_process > 0 && a.gpu >= a.ranks_per_process
+                  ? " (its rank process)" : "");
       out << " (fault " << a.fault << ")\n";
     }
     return 0;

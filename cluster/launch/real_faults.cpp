@@ -98,9 +98,20 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
       case target_kind::none:
         break;
     }
+    // A gpu of an instance of several GPUs: the instance re-forms without it when it fails;
+    // stopped or slowed, it is that GPU's rank that stops (process_action::gpu).
+    const auto* pool = pool_named(topo, f.target.place.pool);
+    const auto configured = pool != nullptr ? pool->gpus_per_instance : 0;
+    const bool ep_gpu = f.target.kind == target_kind::gpu && f.target.place.rank && configured > 1;
     auto act = [&](runtime::duration at, process_action_kind k) {
-      for (const auto& p : procs)
+      for (const auto& p : procs) {
         out.actions.push_back(process_action{at, k, p, i, {}, {}});
+        if (ep_gpu) {
+          out.actions.back().gpu = *f.target.place.rank;
+          out.actions.back().configured = configured;
+          out.actions.back().ranks_per_process = pool->ranks_per_process;
+        }
+      }
     };
     // A slowdown by f.factor: of each 200 ms period, stopped for 1 − 1/factor of it.
     auto duty_cycle = [&] {
@@ -142,10 +153,6 @@ real_fault_plan plan_real_faults(const std::vector<sim::fault>& timeline, const 
                                                  f.duration.value_or(runtime::duration{0}),
                                                  f.factor});
     };
-    // A gpu of an instance of several GPUs: the instance re-forms without it.
-    const auto* pool = pool_named(topo, f.target.place.pool);
-    const auto configured = pool != nullptr ? pool->gpus_per_instance : 0;
-    const bool ep_gpu = f.target.kind == target_kind::gpu && f.target.place.rank && configured > 1;
     auto act_gpu = [&](runtime::duration at, process_action_kind k) {
       for (const auto& p : procs)
         out.actions.push_back(process_action{at, k, p, i, {}, {}, 1, *f.target.place.rank,

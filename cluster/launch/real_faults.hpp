@@ -68,8 +68,10 @@ struct process_action {
   runtime::duration length{0};
   /// A slowdown: by how much.
   double factor = 1;
-  /// fail_gpu, heal_gpu: the GPU (rank) of the instance, and the instance's configured GPUs
-  /// (its pool's gpus_per_instance).
+  /// fail_gpu, heal_gpu, and stop / resume of a GPU target: the GPU (rank) of the instance,
+  /// and the instance's configured GPUs (its pool's gpus_per_instance; 0: the target is not a
+  /// GPU of an instance of several). A GPU whose rank runs in a rank process of the instance
+  /// stops and resumes alone (a straggler the group waits for).
   std::uint32_t gpu = 0;
   std::uint32_t configured = 0;
   /// ...and the ranks its process runs itself (its pool's ranks_per_process; 0: all of them).

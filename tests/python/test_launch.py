@@ -671,15 +671,19 @@ def test_a_failed_gpu_of_an_ep_group_re_forms_its_instance_on_the_gpus_left(mode
                for l in c.log)
 
 
-def test_a_failed_gpu_of_a_rank_process_takes_that_process_alone(model_dir, tmp_path):
+def test_a_slowed_or_failed_gpu_of_a_rank_process_takes_that_process_alone(model_dir, tmp_path):
     # examples/topologies/local-cpu-ep-processes.toml: decode/0 is an EP group of 4 ranks, 2-3
-    # in a rank process of its own. GPU 3 fails 1 s after the cluster serves: only that rank
-    # process is killed, decode/0's process stays and re-forms on ranks 0-1, and says so (the
-    # state's ep_now); GPU 2 failing at 25 s is not in that group: nothing stops. Killed, the
-    # process restarts on its healthy GPUs 0,1, as a group of 2 from the start.
+    # in a rank process of its own. GPU 3 is slowed 4x for 4 s 1 s after the cluster serves:
+    # its rank process alone is stopped and resumed (a straggler the group waits for). Then it
+    # fails: only that rank process is killed, decode/0's process stays and re-forms on ranks
+    # 0-1, and says so (the state's ep_now); GPU 2 failing at 30 s is not in that group:
+    # nothing stops. Killed, the process restarts on its healthy GPUs 0,1, as a group of 2
+    # from the start.
     plan = tmp_path / "plan.toml"
-    plan.write_text('[[fault]]\nat = "1s"\nkind = "fail"\ngpu = "decode/0/3"\n'
-                    '[[fault]]\nat = "25s"\nkind = "fail"\ngpu = "decode/0/2"\n')
+    plan.write_text('[[fault]]\nat = "1s"\nkind = "slow"\ngpu = "decode/0/3"\nfactor = 4\n'
+                    'duration = "4s"\n'
+                    '[[fault]]\nat = "6s"\nkind = "fail"\ngpu = "decode/0/3"\n'
+                    '[[fault]]\nat = "30s"\nkind = "fail"\ngpu = "decode/0/2"\n')
     events = tmp_path / "events.jsonl"
     body = chat_body("Ranks in processes of their own.", max_tokens=8, temperature=0)
     want, _ = generated_text(model_dir, body, 8)
@@ -719,6 +723,8 @@ def test_a_failed_gpu_of_a_rank_process_takes_that_process_alone(model_dir, tmp_
         first = c.process("decode/0")["pid"]
         ranks = rank_processes(first)
         assert len(ranks) == 1
+        time.sleep(1.5)
+        assert answer() == want  # while its rank process is slowed
         p = wait_for("re-formed on 2 ranks", lambda p: p.get("ep_now") == 2)
         assert p["pid"] == first and p["restarts"] == 0 and p["state"] == "running"
         assert p["failed_gpus"] == [3] and p["ep"] == 2
@@ -735,8 +741,11 @@ def test_a_failed_gpu_of_a_rank_process_takes_that_process_alone(model_dir, tmp_
         c.stop()
     assert c.proc.returncode == 0
     log = [json.loads(l) for l in events.read_text().splitlines()]
+    slowed = [(e["action"], e["gpu"], e["rank_process"]) for e in log
+              if e["event"] == "fault" and e["action"] in ("stop", "resume")]
+    assert len(slowed) >= 30 and set(slowed) == {("stop", 3, ranks[0]), ("resume", 3, ranks[0])}
     faults = [(e["action"], e["gpu"], e["healthy_gpus"], e["ep"], e.get("rank_process"))
-              for e in log if e["event"] == "fault"]
+              for e in log if e["event"] == "fault" and e["action"] not in ("stop", "resume")]
     assert faults == [("fail_gpu", 3, [0, 1, 2], 2, ranks[0]), ("fail_gpu", 2, [0, 1], 2, None)]
     assert [(e["process"], e["pid"], e["ep"]) for e in log if e["event"] == "reform"] == [
         ("decode/0", first, 2)]
