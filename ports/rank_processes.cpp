@@ -85,9 +85,12 @@ struct rank_processes::children {
       ranks += static_cast<std::uint32_t>(c.ranks.size());
       std::string list;
       for (auto r : c.ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      const char* name = ::sigabbrev_np(WTERMSIG(c.status));
       why += (why.empty() ? "" : "; ") + std::string("the process of rank")
              + (c.ranks.size() > 1 ? "s " : " ") + list + " (pid " + std::to_string(c.pid)
-             + ") was killed by SIG" + ::sigabbrev_np(WTERMSIG(c.status));
+             + ") was killed by "
+             + (name != nullptr ? "SIG" + std::string(name)
+                                : "signal " + std::to_string(WTERMSIG(c.status)));
     }
     return ranks;
   }

@@ -347,7 +347,9 @@ private:
           if (p.pid == 0)
             break;
           // A GPU's rank in a rank process stops alone; one the group does not use, nothing.
-          const auto at = a.configured > 1 ? place_of(p, a) : gpu_place{};
+          // (A process stopped whole, its rank process not found then, resumes whole.)
+          const auto at = a.configured > 1 && (stop || p.state != "stopped") ? place_of(p, a)
+                                                                           : gpu_place{};
           if (at.home == gpu_home::unused)
             continue;
           if (at.home == gpu_home::rank_process) {
