@@ -132,16 +132,19 @@ TEST_CASE("the pools are listed once a launcher has registered, with its instanc
   CHECK_FALSE(f.list(f.root));
   f.launcher->request(f.root, 5s, launcher_atom::value, caf::actor_cast<caf::actor>(f.launcher))
     .receive([](caf::ok_atom) {}, [](caf::error&) { FAIL("not registered"); });
-  f.report({{"prefill", 0, "running"}, {"decode", 0, "running"}, {"decode", 1, "restarting"}});
+  f.report({{"prefill", 0, "running"}, {"decode", 0, "running"}, {"decode", 1, "restarting"},
+            {"decode", 2, "moving"}});
   auto pools = f.list(f.root);
   REQUIRE(pools);
   REQUIRE(pools->size() == 2);
   CHECK((*pools)[0].id == "prefill-pool");
   CHECK((*pools)[1].id == "decode-pool");
   CHECK(f.members(f.pool("prefill-pool")) == std::vector<std::string>{"prefill-pool/0:up"});
-  // A process that does not run is a member without a handle: down capacity.
+  // A process that does not run is a member without a handle: down capacity. One moving to
+  // another host keeps its handle: the autoscaler counts it as starting, not as down (it would
+  // replace it and retire it).
   CHECK(f.members(f.pool("decode-pool"))
-        == std::vector<std::string>{"decode-pool/0:up", "decode-pool/1:down"});
+        == std::vector<std::string>{"decode-pool/0:up", "decode-pool/1:down", "decode-pool/2:up"});
   // A launcher that goes away (it stopped, or its process died): no pools again.
   {
     caf::scoped_actor other{f.world.system()};
