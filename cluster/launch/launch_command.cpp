@@ -1248,19 +1248,22 @@ private:
       tell_autoscaler();
       return;
     }
-    // An instance of the role on its way to another host: the pool is short until it arrives,
-    // and a new one would take the device it goes to. The autoscaler orders again at its next
-    // decisions if it still wants to.
-    auto mover = std::find_if(procs_.begin(), procs_.end(), [&](const process_state& p) {
-      return p.spec.role == role && p.moving && !p.retiring;
-    });
-    if (mover != procs_.end()) {
-      auto why = "not started while " + mover->spec.name + " moves to another host";
+    // The order fails; the autoscaler orders again at its next decisions: said once until
+    // the reason changes.
+    auto refuse = [&](const std::string& why) {
       if (unplaced_[role] != why)
         err_ << "troupe launch: the autoscaler ordered " << name << "; " << why << "\n";
       unplaced_[role] = why;
       failed_.push_back({role, index, "failed"});
       tell_autoscaler();
+    };
+    // An instance of the role on its way to another host: the pool is short until it arrives,
+    // and a new one would take the device it goes to.
+    auto mover = std::find_if(procs_.begin(), procs_.end(), [&](const process_state& p) {
+      return p.spec.role == role && p.moving && !p.retiring;
+    });
+    if (mover != procs_.end()) {
+      refuse("not started while " + mover->spec.name + " moves to another host");
       return;
     }
     const launch_host* to = hosts_.empty() ? nullptr : least_loaded(role);
@@ -1283,13 +1286,7 @@ private:
     };
     auto instance = make(role);
     if (!instance) {
-      // The autoscaler orders again at its next decisions: said once until that changes.
-      auto why = no_host_for(role);
-      if (unplaced_[role] != why)
-        err_ << "troupe launch: the autoscaler ordered " << name << "; " << why << "\n";
-      unplaced_[role] = why;
-      failed_.push_back({role, index, "failed"});
-      tell_autoscaler();
+      refuse(no_host_for(role));
       return;
     }
     unplaced_.erase(role);

@@ -90,6 +90,22 @@ class Cluster:
         return openai.OpenAI(api_key="unused", base_url=self.url + "/v1", max_retries=0,
                              timeout=600)
 
+    def answer(self, body):
+        """The text (reasoning, then content) of a non-streamed chat completion."""
+        r = self.openai().chat.completions.create(**body)
+        return (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
+            r.choices[0].message.content or "")
+
+    def wait_for(self, name, what, cond):
+        """Process `name`'s state once cond(state) holds (within 120 s)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            p = self.process(name)
+            if cond(p):
+                return p
+            time.sleep(0.05)
+        pytest.fail(name + " never " + what + ":\n" + "".join(self.log))
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -630,23 +646,9 @@ def test_a_failed_gpu_of_an_ep_group_re_forms_its_instance_on_the_gpus_left(mode
                 ["--faults", str(plan), "--events", str(events)],
                 topology=os.path.join(ROOT, "examples/topologies/local-cpu-ep.toml"))
 
-    def answer():
-        r = c.openai().chat.completions.create(**body)
-        return (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
-            r.choices[0].message.content or "")
-
-    def wait_for(what, cond):
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            p = c.process("decode/0")
-            if cond(p):
-                return p
-            time.sleep(0.05)
-        pytest.fail("decode/0 never " + what + ":\n" + "".join(c.log))
-
     try:
         first = c.process("decode/0")["pid"]
-        p = wait_for("re-formed on 2 GPUs", lambda p: p["state"] == "running"
+        p = c.wait_for("decode/0", "re-formed on 2 GPUs", lambda p: p["state"] == "running"
                      and p["pid"] != first and p.get("ep") == 2)
         assert p["failed_gpus"] == [2] and p["restarts"] == 0
         deadline = time.monotonic() + 120
@@ -654,11 +656,12 @@ def test_a_failed_gpu_of_an_ep_group_re_forms_its_instance_on_the_gpus_left(mode
                       for l in c.log):
             assert time.monotonic() < deadline, "".join(c.log)
             time.sleep(0.1)
-        assert answer() == want
-        wait_for("went down with one GPU of 4", lambda p: p["state"] == "down" and p["ep"] == 0)
-        p = wait_for("came back on GPUs 1 and 3", lambda p: p["state"] == "running"
+        assert c.answer(body) == want
+        c.wait_for("decode/0", "went down with one GPU of 4",
+                   lambda p: p["state"] == "down" and p["ep"] == 0)
+        p = c.wait_for("decode/0", "came back on GPUs 1 and 3", lambda p: p["state"] == "running"
                      and p["ep"] == 2 and p["failed_gpus"] == [0, 2])
-        assert answer() == want
+        assert c.answer(body) == want
     finally:
         c.stop()
     assert c.proc.returncode == 0
@@ -691,20 +694,6 @@ def test_a_slowed_or_failed_gpu_of_a_rank_process_takes_that_process_alone(model
                 ["--faults", str(plan), "--events", str(events)],
                 topology=os.path.join(ROOT, "examples/topologies/local-cpu-ep-processes.toml"))
 
-    def answer():
-        r = c.openai().chat.completions.create(**body)
-        return (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
-            r.choices[0].message.content or "")
-
-    def wait_for(what, cond):
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            p = c.process("decode/0")
-            if cond(p):
-                return p
-            time.sleep(0.05)
-        pytest.fail("decode/0 never " + what + ":\n" + "".join(c.log))
-
     def rank_processes(parent):
         out = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -724,19 +713,20 @@ def test_a_slowed_or_failed_gpu_of_a_rank_process_takes_that_process_alone(model
         ranks = rank_processes(first)
         assert len(ranks) == 1
         time.sleep(1.5)
-        assert answer() == want  # while its rank process is slowed
-        p = wait_for("re-formed on 2 ranks", lambda p: p.get("ep_now") == 2)
+        assert c.answer(body) == want  # while its rank process is slowed
+        p = c.wait_for("decode/0", "re-formed on 2 ranks", lambda p: p.get("ep_now") == 2)
         assert p["pid"] == first and p["restarts"] == 0 and p["state"] == "running"
         assert p["failed_gpus"] == [3] and p["ep"] == 2
         assert rank_processes(first) == []
-        assert answer() == want
-        p = wait_for("took GPU 2's failure", lambda p: p["failed_gpus"] == [2, 3])
+        assert c.answer(body) == want
+        p = c.wait_for("decode/0", "took GPU 2's failure", lambda p: p["failed_gpus"] == [2, 3])
         assert p["pid"] == first and p["ep_now"] == 2
-        assert answer() == want
+        assert c.answer(body) == want
         os.kill(first, signal.SIGKILL)
-        p = wait_for("restarted", lambda p: p["state"] == "running" and p["pid"] != first)
+        p = c.wait_for("decode/0", "restarted",
+                       lambda p: p["state"] == "running" and p["pid"] != first)
         assert "ep_now" not in p and p["ep"] == 2 and p["restarts"] == 1
-        assert answer() == want
+        assert c.answer(body) == want
     finally:
         c.stop()
     assert c.proc.returncode == 0
