@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -74,10 +75,11 @@ caf::result<T> ask_all(runtime::store_port::pointer self,
 }
 
 /// A put or delete sent to every copy: the copies still to answer, whether the answer went,
-/// and the first copy's error.
+/// the first success, and the first copy's error.
 struct copies_answer {
   std::size_t left = 0;
   bool answered = false;
+  std::optional<runtime::store_stats> first_ok;
   caf::error first_error;
   /// The shards that failed, for `settled`.
   std::vector<std::uint32_t> failed;
@@ -89,46 +91,57 @@ struct copy_set {
   std::vector<runtime::store_port> ports;
 };
 
-/// Sends `msg` to every copy of its key; answers the stats of the first copy that succeeds,
-/// or once every copy has failed, the first copy's error. `heard(shard, ok)` learns each
-/// copy's outcome as it comes, `settled(failed shards)` the shards that failed once all have
-/// answered and at least one succeeded.
+/// When a message sent to every copy is answered: at the first copy that succeeds (a put: one
+/// copy written can be served), or once every copy has answered (a delete: no copy is left
+/// behind when it is answered).
+enum class answer_at { first_success, all_copies };
+
+/// Sends `msg` to every copy of its key; answers the stats of the first copy that succeeds (as
+/// `when` says), or once every copy has failed, the first copy's error. `heard(shard, ok)`
+/// learns each copy's outcome as it comes, `settled(failed shards)` the shards that failed
+/// once all have answered and at least one succeeded.
 template <class Msg, class Heard, class Settled>
 caf::result<runtime::store_stats> to_all_copies(runtime::store_port::pointer self,
                                                 const copy_set& copies,
                                                 std::chrono::seconds timeout, Msg msg,
-                                                Heard heard, Settled settled) {
+                                                answer_at when, Heard heard, Settled settled) {
   auto rp = self->make_response_promise<runtime::store_stats>();
   auto g = std::make_shared<copies_answer>();
   g->left = copies.ports.size();
+  auto answer = [g, rp, when, settled]() mutable {
+    if (!g->answered && g->first_ok && (when == answer_at::first_success || g->left == 0)) {
+      g->answered = true;
+      rp.deliver(*g->first_ok);
+    }
+    if (g->left != 0)
+      return;
+    if (!g->answered) {  // every copy failed
+      g->answered = true;
+      rp.deliver(g->first_error);
+    } else if (!g->failed.empty()) {
+      settled(g->failed);
+    }
+  };
   for (std::size_t i = 0; i < copies.ports.size(); ++i) {
     // The last copy takes the message; the others a copy of it (a put's payload too).
     auto m = i + 1 < copies.ports.size() ? Msg{msg} : std::move(msg);
     const auto shard = copies.shards[i];
     self->request(copies.ports[i], timeout, std::move(m))
       .then(
-        [g, rp, heard, settled, shard](runtime::store_stats& st) mutable {
+        [g, heard, answer, shard](runtime::store_stats& st) mutable {
           --g->left;
           heard(shard, true);
-          if (!g->answered) {
-            g->answered = true;
-            rp.deliver(std::move(st));
-          }
-          if (g->left == 0 && !g->failed.empty())
-            settled(g->failed);
+          if (!g->first_ok)
+            g->first_ok = std::move(st);
+          answer();
         },
-        [g, rp, i, heard, settled, shard](caf::error& e) mutable {
+        [g, i, heard, answer, shard](caf::error& e) mutable {
           --g->left;
           heard(shard, false);
           g->failed.push_back(shard);
-          if (i == 0)
+          if (i == 0 || !g->first_error)
             g->first_error = std::move(e);
-          if (g->left == 0 && !g->answered) {
-            g->answered = true;
-            rp.deliver(g->first_error ? g->first_error : e);
-          } else if (g->left == 0) {
-            settled(g->failed);
-          }
+          answer();
         });
   }
   return rp;
@@ -363,7 +376,8 @@ store_router(runtime::store_port::pointer self,
             repairs->lost->inc();  // beyond what the router keeps: never copied
         repairs->update_pending();
       };
-      return to_all_copies(self, copy_set_of(p.key), timeout, std::move(p), heard, missed);
+      return to_all_copies(self, copy_set_of(p.key), timeout, std::move(p),
+                           answer_at::first_success, heard, missed);
     },
     [self, shard, copies, replicas, timeout,
      heard](const runtime::store_get& g) -> caf::result<runtime::store_object> {
@@ -388,7 +402,7 @@ store_router(runtime::store_port::pointer self,
      heard](const runtime::store_delete& d) -> caf::result<runtime::store_stats> {
       if (replicas <= 1)
         return self->delegate(shard(d.key), d);
-      return to_all_copies(self, copy_set_of(d.key), timeout, d, heard,
+      return to_all_copies(self, copy_set_of(d.key), timeout, d, answer_at::all_copies, heard,
                            [](const std::vector<std::uint32_t>&) {});
     },
     [self, shards, timeout](const runtime::store_list& l) {
