@@ -91,6 +91,8 @@ struct device_metrics {
   runtime::counter* restored_replayed = nullptr;
   runtime::counter* restore_rejected = nullptr;
   runtime::counter* checksum_failures = nullptr;
+  runtime::counter* imported = nullptr;
+  runtime::counter* import_refused = nullptr;
   runtime::counter* drafts_proposed = nullptr;
   runtime::counter* drafts_verified = nullptr;
   runtime::counter* drafts_accepted = nullptr;
@@ -202,6 +204,12 @@ device_metrics register_metrics(runtime::registry* reg, const std::string& name)
     "Sequences the device moved out of its memory to make room for a step's (a CUDA device "
     "holding more sequences than its max_sequences: they wait in host memory).",
     {"device"}, {name});
+  const char* imports = "Hand-off snapshots (a prefill's or a drained decode instance's KV) the "
+                        "device imported, or refused (another model's, a checksum, bytes or "
+                        "blocks that do not make the sequence): those requests recompute their "
+                        "context.";
+  m.imported = counter("troupe_kv_imports_total", imports, "outcome", "imported");
+  m.import_refused = counter("troupe_kv_imports_total", imports, "outcome", "refused");
   m.checksum_failures = runtime::counter_child(
     reg, "troupe_kv_checksum_failures_total",
     "KV handed to the device (hand-off snapshots, restored blocks) that failed its checksum "
@@ -1066,6 +1074,7 @@ runtime::device_port::behavior_type cpu_device_fn(self_ptr self,
     },
     [self](const runtime::kv_import& x) {
       auto r = guarded([&] { return run_import(self->state, x); });
+      inc(r.flag == caf::rt_error ? self->state.metrics.import_refused : self->state.metrics.imported);
       stop_if_broken(self);
       return r;
     },

@@ -198,6 +198,8 @@ TEST_CASE("corrupt handed-off KV is refused by the decode device and the context
   CHECK(f.log->exported == 1);
   CHECK(f.log->refused == 1);
   CHECK(f.log->imported == 0);
+  CHECK(f.metric("troupe_kv_imports_total{device=\"decode\",outcome=\"refused\"}") == 1);
+  CHECK(f.metric("troupe_kv_imports_total{device=\"decode\",outcome=\"imported\"}") == 0);
   // Never decoded from the corrupt KV: the same tokens as the exact engine.
   CHECK(out[1].tokens == generate_greedy(prompt, 6));
 }
