@@ -248,6 +248,16 @@ void add_tls_options(CLI::App* cmd, troupe::runtime::tls_options& tls) {
   cmd->add_option("--tls-key", tls.key_file, "this process's private key");
 }
 
+/// --kv-stream on|off: a prompt's blocks cross to its decode process while its prefill
+/// computes, or in one transfer after it.
+void add_kv_stream_option(CLI::App* cmd, bool& on) {
+  cmd->add_option_function<std::string>(
+        "--kv-stream", [&on](const std::string& v) { on = v == "on"; },
+        "on (default): a prompt's full blocks cross to the decode process booked for it as its "
+        "prefill chunks compute them; off: its KV crosses in one transfer after the prefill")
+    ->check(CLI::IsMember({"on", "off"}));
+}
+
 void finish_server_options(troupe::cluster::serve_options& o, long grace_s) {
   o.grace = std::chrono::seconds(grace_s);
   if (o.tokenizer.empty())
@@ -611,6 +621,7 @@ int main(int argc, char** argv) {
   launch->add_option("--seed", launch_opts.seed, "seed of the fault plan's expansion (default 1)");
   launch->add_option("--fabric", launch_opts.fabric,
                      "the libfabric provider KV crosses processes by: tcp (default), shm, or none");
+  add_kv_stream_option(launch, launch_opts.kv_stream);
   troupe::cli::add_block_fetchers_option(
     launch, launch_opts.block_fetchers,
     "a block fetcher process beside each prefill instance reads its cached blocks into shared "
@@ -687,6 +698,7 @@ int main(int argc, char** argv) {
                    "the libfabric provider KV and block store payloads cross processes by: tcp "
                    "(default), shm, or none (the decode side recomputes; store payloads go in "
                    "CAF messages)");
+  add_kv_stream_option(node, node_opts.kv_stream);
   node->add_option("--fabric-host", node_opts.fabric_host,
                    "the address the fabric endpoint binds to (default: 127.0.0.1 for an "
                    "instance, the --control host for the control process; auto: the address "

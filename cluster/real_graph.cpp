@@ -100,6 +100,7 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
   gp.services.progress_every = 1;
   gp.services.chain_root = params.chain_root;
   gp.services.history = params.history;
+  gp.services.stream_kv = params.stream_kv;
   gp.max_context = params.max_context;
   g.service = actors::spawn_generation_service(sys, gp);
   return g;

@@ -97,6 +97,10 @@ struct real_graph_params {
   /// The parent of every chain's first block: names the model, so blocks of another model's
   /// KV (a store directory reused after a model change) never match (block_key.hpp).
   actors::block_key chain_root;
+  /// The instances are processes of their own with KV bridges over a fabric (`troupe
+  /// launch`): requests book their decode instance as their prefill begins, so that the
+  /// prompt's blocks cross while the rest computes (request_services::stream_kv).
+  bool stream_kv = false;
   /// Where the KV CHECK role, decode_lb and the requests record what they do, for a checker
   /// (actors/history.hpp; `troupe serve --check-history`); null: nothing is recorded.
   actors::run_history_ptr history;

@@ -93,8 +93,10 @@ struct decode_job {
   /// The context's KV from the prefill instance (prefill_done::kv), or empty. An in-process
   /// handle, not serialised.
   runtime::kv_snapshot_ptr kv;
-  /// Across processes: where the KV's bytes are offered (prefill_done::kv_ticket).
+  /// Across processes: where the KV's bytes are offered (prefill_done::kv_ticket), and the
+  /// runs of blocks before them (prefill_done::kv_parts), which the KV bridge joins.
   runtime::fabric_ticket kv_ticket;
+  std::vector<kv_part> kv_parts;
   /// The request's structured-output constraint, for a device in another process to rebuild
   /// (format empty: none).
   runtime::constraint_spec constraint{};
@@ -104,7 +106,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_job& x) {
   return f(caf::meta::type_name("decode_job"), x.request, x.context_tokens, x.output_tokens,
            x.kv_bytes, x.parent, x.parent_blocks, x.traffic, x.progress_every, x.next, x.context,
-           x.sampling, x.stop_ids, x.kv_ticket, x.constraint);
+           x.sampling, x.stop_ids, x.kv_ticket, x.kv_parts, x.constraint);
 }
 
 /// `tokens` of the job's output have been generated and delivered so far (a multiple of the

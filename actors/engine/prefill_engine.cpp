@@ -2,6 +2,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
@@ -53,6 +54,12 @@ struct job_state {
   std::shared_ptr<runtime::kv_snapshot> fetched_blocks;
   bool asking_keeper = false;
   runtime::kv_snapshot_ptr kept;
+  /// A streaming job (prefill_job::stream_kv): where its runs of full blocks go (its sender),
+  /// the blocks asked of the device so far, and whether one of those exports failed (the
+  /// export at the end then holds every block).
+  caf::actor parts_to;
+  std::uint64_t streamed = 0;
+  bool stream_failed = false;
   caf::typed_response_promise<prefill_done> rp;
 };
 
@@ -96,28 +103,40 @@ void forget(prefill_engine_state& st, std::map<std::uint64_t, job_state>::iterat
   st.jobs.erase(i);
 }
 
-/// Answers a finished job (with its KV, when exported) and forgets it.
-void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv) {
+/// Has the block writer persist the blocks of `kv` that the job computed (those it restored
+/// are in the store already, refreshed by the CHECK role's match); `kv->blocks[0]` is sequence
+/// block `kv_first`.
+void persist(engine_ptr self, const job_state& j, const runtime::kv_snapshot_ptr& kv,
+             std::uint64_t kv_first) {
+  auto& st = self->state;
+  if (!st.writer || !kv)
+    return;
+  const auto first = std::max(kv_first, j.job.cached_tokens / block_tokens);
+  const auto end = std::min<std::uint64_t>(j.job.chain.size(), kv_first + kv->blocks.size());
+  if (end <= first)
+    return;
+  const auto chain = j.job.chain.begin();
+  self->send(st.writer,
+             store_blocks{std::vector<block_key>(chain + static_cast<std::ptrdiff_t>(first),
+                                                 chain + static_cast<std::ptrdiff_t>(end)),
+                          kv, first - kv_first, j.job.traffic});
+}
+
+/// Answers a finished job (with its KV from block `kv_first` on, when exported) and forgets
+/// it.
+void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv,
+             std::uint64_t kv_first = 0) {
   auto& st = self->state;
   auto i = st.jobs.find(request);
   if (i == st.jobs.end())
     return;
   auto& j = i->second;
-  // The blocks it computed go to the store while the KV moves on (those it restored are there
-  // already, refreshed by the CHECK role's match).
-  if (st.writer && kv) {
-    const auto first = j.job.cached_tokens / block_tokens;
-    const auto blocks = std::min<std::uint64_t>(j.job.chain.size(), kv->blocks.size());
-    if (blocks > first) {
-      const auto chain = j.job.chain.begin();
-      self->send(st.writer,
-                 store_blocks{std::vector<block_key>(chain + static_cast<std::ptrdiff_t>(first),
-                                                     chain + static_cast<std::ptrdiff_t>(blocks)),
-                              kv, first, j.job.traffic});
-    }
-  }
-  j.rp.deliver(prefill_done{request, st.params.instance, j.started_at, self->clock().now(),
-                            std::move(j.next), j.job.cached_tokens, std::move(kv)});
+  // The blocks it computed go to the store while the KV moves on.
+  persist(self, j, kv, kv_first);
+  prefill_done done{request, st.params.instance, j.started_at, self->clock().now(),
+                    std::move(j.next), j.job.cached_tokens, std::move(kv)};
+  done.kv_first_block = done.kv ? kv_first : 0;
+  j.rp.deliver(std::move(done));
   // The KV has been handed on with the answer: the device forgets the sequence.
   self->send(st.device, runtime::device_release{request});
   forget(st, i);
@@ -139,10 +158,50 @@ void try_finish(engine_ptr self, std::uint64_t request) {
     return;
   }
   i->second.exporting = true;
-  self->request(st.device, caf::infinite, runtime::kv_export{request})
-    .then([self, request](runtime::kv_snapshot_ptr kv) { deliver(self, request, std::move(kv)); },
-          // Without a snapshot the decode instance recomputes the context.
-          [self, request](const caf::error&) { deliver(self, request, nullptr); });
+  // A streaming job's runs went out already: the rest follows them, unless one failed.
+  const auto first = i->second.stream_failed ? 0 : i->second.streamed;
+  self->request(st.device, caf::infinite, runtime::kv_export{request, first})
+    .then(
+      [self, request, first](runtime::kv_snapshot_ptr kv) {
+        auto i = self->state.jobs.find(request);
+        if (first > 0 && i != self->state.jobs.end() && i->second.stream_failed) {
+          // A run's export failed after this one was asked: export everything.
+          i->second.streamed = 0;
+          i->second.exporting = false;
+          try_finish(self, request);
+          return;
+        }
+        deliver(self, request, std::move(kv), first);
+      },
+      // Without a snapshot the decode instance recomputes the context.
+      [self, request](const caf::error&) { deliver(self, request, nullptr); });
+}
+
+/// A streaming job whose chunk completed full blocks, with more to compute: those blocks are
+/// exported now and sent to its sender, to move while the rest computes (the device answers
+/// after the step just done, before the next one).
+void stream_blocks(engine_ptr self, std::uint64_t request, job_state& j) {
+  if (!j.parts_to || j.stream_failed || j.remaining == 0)
+    return;
+  const auto full = j.computed / block_tokens;
+  if (full <= j.streamed)
+    return;
+  const auto first = j.streamed;
+  j.streamed = full;
+  auto& st = self->state;
+  self->request(st.device, caf::infinite, runtime::kv_export{request, first, true})
+    .then(
+      [self, request, first](runtime::kv_snapshot_ptr kv) {
+        auto i = self->state.jobs.find(request);
+        if (i == self->state.jobs.end())
+          return;
+        persist(self, i->second, kv, first);
+        caf::anon_send(i->second.parts_to, prefill_kv_part{request, first, std::move(kv)});
+      },
+      [self, request](const caf::error&) {
+        if (auto i = self->state.jobs.find(request); i != self->state.jobs.end())
+          i->second.stream_failed = true;
+      });
 }
 
 /// The job may compute from where it stands.
@@ -368,6 +427,7 @@ void step(engine_ptr self) {
             if (st.params.kept)
               st.params.kept(key);
           }
+          stream_blocks(self, id, j);
           try_finish(self, id);
         }
         step(self);
@@ -411,6 +471,9 @@ prefill_engine_actor::behavior_type prefill_engine_fn(engine_ptr self,
       job_state j;
       j.job = job;
       j.received_at = self->clock().now();
+      // (The sender before the promise: making it takes over the sender.)
+      if (job.stream_kv && !job.tokens.empty())
+        j.parts_to = caf::actor_cast<caf::actor>(self->current_sender());
       if (!job.tokens.empty()) {
         j.job.cached_tokens = 0;
         j.job.fetch_bytes = 0;

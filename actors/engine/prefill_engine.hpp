@@ -34,6 +34,11 @@
 // it computed (not those it restored) are persisted by the engine's block writer
 // (store_blocks): reserved, written to the store, then committed in the CHECK role.
 //
+// A streaming job (prefill_job::stream_kv, set by the KV bridge of a launched prefill process)
+// has the full blocks each chunk completed exported at once, while more of it is left to
+// compute, and sent to its sender as prefill_kv_part runs; its final export holds the blocks
+// after them (prefill_done::kv_first_block), or all of them when a run's export failed.
+//
 // Protocol: a `prefill_job` request is answered with `prefill_done` when the job's last token
 // is computed and its fetched KV is complete. `(cancel_atom, request)` drops a job (its
 // requester has gone): it is answered with an error and its sequence leaves the device.
@@ -50,6 +55,7 @@
 #include "runtime/time.hpp"
 
 #include <caf/actor_control_block.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
@@ -88,12 +94,57 @@ struct prefill_job {
   /// read, and restores exactly with it. Null: none known (the device's own copy, or bounded
   /// replay).
   caf::strong_actor_ptr keeper{};
+  /// Real world, across processes: the decode engine (the KV bridge in front of it) the
+  /// request booked when its prefill began (request_services::stream_kv), which pulls the
+  /// job's KV parts while the rest of the prompt computes. Null: none booked yet.
+  caf::strong_actor_ptr kv_to{};
+  /// Real world (the KV bridge in front of the engine sets it): export the job's full blocks
+  /// as its chunks complete them and send each run to the job's sender (prefill_kv_part), so
+  /// that they cross to the decode process while the rest computes; the export at the end
+  /// then holds only the blocks after those (prefill_done::kv_first_block).
+  bool stream_kv = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
   return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
-           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint, x.keeper);
+           x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint, x.keeper,
+           x.kv_to, x.stream_kv);
+}
+
+/// A run of a streaming job's full blocks, exported while its prefill goes on: blocks
+/// [first_block, first_block + kv->blocks.size()) of its sequence, in `kv->blocks` (no State
+/// or SWA KV). The engine sends the runs in order to the job's sender (the KV bridge), all of
+/// them before the job's prefill_done. In-process only.
+struct prefill_kv_part {
+  std::uint64_t request = 0;
+  std::uint64_t first_block = 0;
+  runtime::kv_snapshot_ptr kv;
+};
+
+/// Across processes: where one run of a request's blocks is offered (prefill_kv_part's bytes
+/// on the prefill process's fabric link: kv_bridge's encoding of a blocks-only snapshot).
+struct kv_part {
+  std::uint64_t first_block = 0;
+  std::uint64_t blocks = 0;
+  runtime::fabric_ticket ticket{};
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_part& x) {
+  return f(caf::meta::type_name("kv_part"), x.first_block, x.blocks, x.ticket);
+}
+
+/// The prefill bridge tells the decode bridge the request booked (prefill_job::kv_to) of a
+/// run of blocks offered for `request`; it pulls the bytes at once. No reply.
+struct kv_part_offered {
+  std::uint64_t request = 0;
+  kv_part part;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_part_offered& x) {
+  return f(caf::meta::type_name("kv_part_offered"), x.request, x.part);
 }
 
 /// An engine's report to the prefill balancer: its device now keeps the window state (SWA
@@ -169,12 +220,18 @@ struct prefill_done {
   /// Across processes: where the fabric link offers the KV's bytes (`troupe launch`'s KV
   /// bridge sets it; empty id 0 in one process and in the simulated world).
   runtime::fabric_ticket kv_ticket{};
+  /// A streaming job (prefill_job::stream_kv): `kv` holds blocks from this one on (its
+  /// blocks[0] is this block); the ones before went out as prefill_kv_part runs.
+  std::uint64_t kv_first_block = 0;
+  /// Across processes: where those runs are offered, in order (the KV bridge sets them); the
+  /// decode side joins them to `kv_ticket`'s bytes.
+  std::vector<kv_part> kv_parts{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_done& x) {
   return f(caf::meta::type_name("prefill_done"), x.request, x.instance, x.started, x.finished,
-           x.next, x.cached_tokens, x.kv_ticket);
+           x.next, x.cached_tokens, x.kv_ticket, x.kv_first_block, x.kv_parts);
 }
 
 /// Work counters of an engine (prefill or decode).
@@ -286,3 +343,5 @@ prefill_engine_actor spawn_prefill_engine(caf::local_actor* parent, prefill_engi
                                           std::function<void()> leave = {});
 
 } // namespace troupe::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::prefill_kv_part)

@@ -9,6 +9,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 #include <functional>
@@ -43,6 +44,7 @@ struct request_state {
   /// handle in one process, by fabric ticket across processes (troupe launch).
   runtime::kv_snapshot_ptr kv;
   runtime::fabric_ticket kv_ticket;
+  std::vector<kv_part> kv_parts;
   /// The engine of the current job (cancel reaches it there) and the balancer booking it holds.
   caf::actor engine;
   std::function<void()> release;
@@ -54,6 +56,11 @@ struct request_state {
   /// The last decode job was forwarded by a draining instance: the next one carries the
   /// sliding-window rings with the KV.
   bool forwarded_kv = false;
+  /// services.stream_kv: the decode instance booked as the prefill began (its KV bridge pulls
+  /// the prompt's blocks as they are computed), and the KV tokens and output it was booked for.
+  std::optional<decode_assignment> early;
+  std::uint64_t early_kv = 0;
+  std::uint64_t early_new = 0;
   static inline const char* name = "request";
 };
 
@@ -64,8 +71,18 @@ using request_ptr = caf::stateful_actor<request_state>*;
 /// by less than this per request, and the release settles it exactly).
 constexpr std::uint64_t kv_grow_every = 64;
 
+/// Gives back the decode booking made as the prefill began (it is not used).
+void release_early(request_ptr self) {
+  auto& st = self->state;
+  if (!st.early)
+    return;
+  self->send(st.services.decode, decode_release{st.early->instance, st.early_kv, st.early_new, 0});
+  st.early.reset();
+}
+
 void finish(request_ptr self, std::string failure) {
   auto& st = self->state;
+  release_early(self);
   auto& o = st.outcome;
   o.completed = failure.empty();
   o.failure = std::move(failure);
@@ -161,6 +178,7 @@ void reroute(request_ptr self, const std::string& phase, const std::string& why)
   auto& st = self->state;
   auto& o = st.outcome;
   ++o.reroutes;
+  release_early(self);
   if (st.services.test_drop_on_reroute) {
     finish(self, ""); // the planted bug: claims completion with the stream cut short
     return;
@@ -208,106 +226,125 @@ void deliver(request_ptr self, std::vector<std::int32_t> ids,
     self->send(st.spec.stream, generation_tokens{st.spec.id, std::move(ids), std::move(logprobs)});
 }
 
+void decode(request_ptr self);
+
+/// Runs the decode job on the instance `a` booked for it.
+void start_decode(request_ptr self, const decode_assignment& a, std::uint64_t kv_tokens,
+                  std::uint64_t max_new) {
+  auto& st = self->state;
+  st.outcome.decode_instance = a.instance;
+  decode_job job;
+  job.request = st.spec.id;
+  job.context_tokens = kv_tokens;
+  job.output_tokens = max_new;
+  job.kv_bytes = kv_tokens * st.services.kv_bytes_per_token;
+  // A forwarded request brings its sliding-window rings too.
+  if (st.forwarded_kv)
+    job.kv_bytes += st.services.swa_ring_bytes;
+  st.forwarded_kv = false;
+  // The blocks decode fills continue the prompt's chain (in the real world, from the
+  // chain's root when the prompt holds no full block).
+  if (!st.spec.chain.empty()) {
+    job.parent = st.spec.chain.back();
+    job.parent_blocks = st.spec.chain.size();
+  } else if (!st.spec.prompt.empty()) {
+    job.parent = st.services.chain_root;
+  }
+  job.traffic = st.spec.traffic;
+  job.progress_every = st.services.progress_every;
+  job.next = st.last;
+  job.sampling = st.spec.sampling;
+  job.stop_ids = st.spec.stop_ids;
+  job.constraint = st.spec.constraint;
+  if (!st.spec.prompt.empty()) {
+    job.context = st.spec.prompt;
+    job.context.insert(job.context.end(), st.output.begin(),
+                       st.output.end() - (st.output.empty() ? 0 : 1));
+  }
+  // The KV of the prefill that just ended, or the one a draining decode instance
+  // forwarded (a decode job after a failure recomputes or re-prefills instead).
+  job.kv = std::move(st.kv);
+  st.kv = nullptr;
+  job.kv_ticket = std::exchange(st.kv_ticket, {});
+  job.kv_parts = std::exchange(st.kv_parts, {});
+  st.progress = 0;
+  // The KV it appended there: one token per token delivered by this job, reported to
+  // the balancer as progress notices arrive (decode_progress below).
+  st.grown = 0;
+  book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens, max_new] {
+    self->send(self->state.services.decode,
+               decode_release{a.instance, kv_tokens, max_new, self->state.grown});
+  });
+  auto lost = [self](const std::string& why) {
+    auto& st = self->state;
+    release_booking(self);
+    // What the client has, it keeps: the next job starts after it. (The planted bug
+    // forgets it, so those positions are streamed again.)
+    if (st.services.test_replay_on_reroute) {
+      st.delivered -= st.progress;
+      if (!st.output.empty())
+        st.output.resize(st.output.size() - st.progress);
+    }
+    st.progress = 0;
+    reroute(self, "decode", why);
+  };
+  auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
+    lost("decode instance " + std::to_string(a.instance)
+         + " down: " + self->system().render(reason));
+  });
+  self->request(a.engine, caf::infinite, std::move(job))
+    .then(
+      [self, attempt](decode_done& done) {
+        auto& st = self->state;
+        if (attempt != st.attempt)
+          return;
+        unwatch(self);
+        deliver(self, std::move(done.ids), std::move(done.logprobs));
+        release_booking(self);
+        if (done.forwarded && !st.outcome.stopped) {
+          // Its instance drained: the tokens generated there have reached the client
+          // (an exact count), and the KV goes with the request to another instance.
+          st.progress = 0;
+          ++st.outcome.forwards;
+          st.forwarded_kv = true;
+          st.kv = std::move(done.kv);
+          st.kv_ticket = std::move(done.kv_ticket);
+          decode(self);
+          return;
+        }
+        finish(self, "");
+      },
+      [self, lost, attempt](const caf::error& err) {
+        if (attempt != self->state.attempt)
+          return;
+        unwatch(self);
+        lost(self->system().render(err));
+      });
+}
+
 void decode(request_ptr self) {
   auto& st = self->state;
   // The context: the prompt plus every token delivered but the last, which the job feeds.
   auto kv_tokens = st.spec.input_tokens + (st.delivered > 0 ? st.delivered - 1 : 0);
   // The balancer reserves room for the KV of every token still to come.
   auto max_new = st.spec.output_tokens > st.delivered ? st.spec.output_tokens - st.delivered : 0;
+  // The instance booked as the prefill began, whose bridge has pulled the prompt's blocks.
+  if (st.early && st.early_kv == kv_tokens && st.early_new == max_new) {
+    auto a = *st.early;
+    st.early.reset();
+    start_decode(self, a, kv_tokens, max_new);
+    return;
+  }
+  release_early(self);
   self->request(st.services.decode, caf::infinite, decode_route{st.spec.id, kv_tokens, max_new})
     .then(
       [self, kv_tokens, max_new](const decode_assignment& a) {
-        auto& st = self->state;
-        st.outcome.decode_instance = a.instance;
-        decode_job job;
-        job.request = st.spec.id;
-        job.context_tokens = kv_tokens;
-        job.output_tokens = max_new;
-        job.kv_bytes = kv_tokens * st.services.kv_bytes_per_token;
-        // A forwarded request brings its sliding-window rings too.
-        if (st.forwarded_kv)
-          job.kv_bytes += st.services.swa_ring_bytes;
-        st.forwarded_kv = false;
-        // The blocks decode fills continue the prompt's chain (in the real world, from the
-        // chain's root when the prompt holds no full block).
-        if (!st.spec.chain.empty()) {
-          job.parent = st.spec.chain.back();
-          job.parent_blocks = st.spec.chain.size();
-        } else if (!st.spec.prompt.empty()) {
-          job.parent = st.services.chain_root;
-        }
-        job.traffic = st.spec.traffic;
-        job.progress_every = st.services.progress_every;
-        job.next = st.last;
-        job.sampling = st.spec.sampling;
-        job.stop_ids = st.spec.stop_ids;
-        job.constraint = st.spec.constraint;
-        if (!st.spec.prompt.empty()) {
-          job.context = st.spec.prompt;
-          job.context.insert(job.context.end(), st.output.begin(),
-                             st.output.end() - (st.output.empty() ? 0 : 1));
-        }
-        // The KV of the prefill that just ended, or the one a draining decode instance
-        // forwarded (a decode job after a failure recomputes or re-prefills instead).
-        job.kv = std::move(st.kv);
-        st.kv = nullptr;
-        job.kv_ticket = std::exchange(st.kv_ticket, {});
-        st.progress = 0;
-        // The KV it appended there: one token per token delivered by this job, reported to
-        // the balancer as progress notices arrive (decode_progress below).
-        st.grown = 0;
-        book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, kv_tokens, max_new] {
-          self->send(self->state.services.decode,
-                     decode_release{a.instance, kv_tokens, max_new, self->state.grown});
-        });
-        auto lost = [self](const std::string& why) {
-          auto& st = self->state;
-          release_booking(self);
-          // What the client has, it keeps: the next job starts after it. (The planted bug
-          // forgets it, so those positions are streamed again.)
-          if (st.services.test_replay_on_reroute) {
-            st.delivered -= st.progress;
-            if (!st.output.empty())
-              st.output.resize(st.output.size() - st.progress);
-          }
-          st.progress = 0;
-          reroute(self, "decode", why);
-        };
-        auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
-          lost("decode instance " + std::to_string(a.instance)
-               + " down: " + self->system().render(reason));
-        });
-        self->request(a.engine, caf::infinite, std::move(job))
-          .then(
-            [self, attempt](decode_done& done) {
-              auto& st = self->state;
-              if (attempt != st.attempt)
-                return;
-              unwatch(self);
-              deliver(self, std::move(done.ids), std::move(done.logprobs));
-              release_booking(self);
-              if (done.forwarded && !st.outcome.stopped) {
-                // Its instance drained: the tokens generated there have reached the client
-                // (an exact count), and the KV goes with the request to another instance.
-                st.progress = 0;
-                ++st.outcome.forwards;
-                st.forwarded_kv = true;
-                st.kv = std::move(done.kv);
-                st.kv_ticket = std::move(done.kv_ticket);
-                decode(self);
-                return;
-              }
-              finish(self, "");
-            },
-            [self, lost, attempt](const caf::error& err) {
-              if (attempt != self->state.attempt)
-                return;
-              unwatch(self);
-              lost(self->system().render(err));
-            });
+        start_decode(self, a, kv_tokens, max_new);
       },
       retry_or_fail(self, "decode routing", [self] { decode(self); }));
 }
+
+void run_prefill(request_ptr self, const prefill_assignment& a, prefill_job job);
 
 void prefill(request_ptr self, std::uint64_t cached_tokens) {
   auto& st = self->state;
@@ -342,62 +379,88 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});
         });
-        auto lost = [self](const std::string& why) {
-          release_booking(self);
-          reroute(self, "prefill", why);
-        };
-        auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
-          lost("prefill instance " + std::to_string(a.instance)
-               + " down: " + self->system().render(reason));
-        });
-        self->request(a.engine, caf::infinite, std::move(job))
-          .then(
-            [self, attempt](prefill_done& done) {
-              auto& st = self->state;
-              if (attempt != st.attempt)
-                return;
-              unwatch(self);
-              release_booking(self);
-              st.kv = std::move(done.kv);
-              st.kv_ticket = std::move(done.kv_ticket);
-              if (!st.first_delivered) {
-                st.first_delivered = true;
-                st.cached_used = done.cached_tokens;
-                // The engine's clock may be another host's: its times count only as a
-                // duration, anchored at the answer's arrival here.
-                st.outcome.first_token = self->clock().now();
-                st.outcome.prefill_started = st.outcome.first_token - (done.finished - done.started);
-                // The prompt's full blocks are persisted as the KV moves on to decode: in the
-                // simulated world here (anonymous: the store's reply must not come back to
-                // this actor), in the real world by the prefill instance, which has their
-                // bytes and makes them hits once they are in the store.
-                if (!st.spec.chain.empty() && st.spec.prompt.empty())
-                  caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
-              }
-              // The token drawn after the context leaves with the end of prefill.
-              if (st.delivered < st.spec.output_tokens) {
-                std::vector<runtime::sampled_token> lp;
-                auto token = done.next.token;
-                if (st.spec.sampling.top_logprobs >= 0)
-                  lp.push_back(std::move(done.next));
-                deliver(self, {token}, std::move(lp));
-              }
-              if (st.outcome.stopped) {
-                finish(self, "");
-                return;
-              }
-              decode(self);
-            },
-            [self, lost, attempt](const caf::error& err) {
-              if (attempt != self->state.attempt)
-                return;
-              unwatch(self);
-              lost(self->system().render(err));
-            });
+        // Across processes the decode instance is booked now, so that the prompt's blocks
+        // cross to it while the rest of the prompt computes. (Without one free now, the
+        // request routes decode when the prefill ends, as in one process.)
+        const auto max_new = st.spec.output_tokens > st.delivered + 1
+                               ? st.spec.output_tokens - st.delivered - 1 : 0;
+        if (st.services.stream_kv && !st.spec.prompt.empty() && max_new > 0) {
+          self->request(st.services.decode, caf::infinite,
+                        decode_route{st.spec.id, context, max_new})
+            .then(
+              [self, a, job, context, max_new](const decode_assignment& d) mutable {
+                auto& st = self->state;
+                st.early = d;
+                st.early_kv = context;
+                st.early_new = max_new;
+                job.kv_to = caf::actor_cast<caf::strong_actor_ptr>(d.engine);
+                run_prefill(self, a, std::move(job));
+              },
+              [self, a, job](const caf::error&) mutable { run_prefill(self, a, std::move(job)); });
+          return;
+        }
+        run_prefill(self, a, std::move(job));
       },
       retry_or_fail(self, "prefill routing", [self, cached_tokens] {
         prefill(self, cached_tokens);
       }));
+}
+
+/// Runs the prefill job on the instance `a` booked for it.
+void run_prefill(request_ptr self, const prefill_assignment& a, prefill_job job) {
+  auto lost = [self](const std::string& why) {
+    release_booking(self);
+    reroute(self, "prefill", why);
+  };
+  auto attempt = watch(self, a.engine, [self, lost, a](const caf::error& reason) {
+    lost("prefill instance " + std::to_string(a.instance)
+         + " down: " + self->system().render(reason));
+  });
+  self->request(a.engine, caf::infinite, std::move(job))
+    .then(
+      [self, attempt](prefill_done& done) {
+        auto& st = self->state;
+        if (attempt != st.attempt)
+          return;
+        unwatch(self);
+        release_booking(self);
+        st.kv = std::move(done.kv);
+        st.kv_ticket = std::move(done.kv_ticket);
+        st.kv_parts = std::move(done.kv_parts);
+        if (!st.first_delivered) {
+          st.first_delivered = true;
+          st.cached_used = done.cached_tokens;
+          // The engine's clock may be another host's: its times count only as a
+          // duration, anchored at the answer's arrival here.
+          st.outcome.first_token = self->clock().now();
+          st.outcome.prefill_started = st.outcome.first_token - (done.finished - done.started);
+          // The prompt's full blocks are persisted as the KV moves on to decode: in the
+          // simulated world here (anonymous: the store's reply must not come back to
+          // this actor), in the real world by the prefill instance, which has their
+          // bytes and makes them hits once they are in the store.
+          if (!st.spec.chain.empty() && st.spec.prompt.empty())
+            caf::anon_send(st.services.kv, kv_insert{st.spec.chain, st.spec.traffic});
+        }
+        // The token drawn after the context leaves with the end of prefill.
+        if (st.delivered < st.spec.output_tokens) {
+          std::vector<runtime::sampled_token> lp;
+          auto token = done.next.token;
+          if (st.spec.sampling.top_logprobs >= 0)
+            lp.push_back(std::move(done.next));
+          deliver(self, {token}, std::move(lp));
+        }
+        if (st.outcome.stopped) {
+          finish(self, "");
+          return;
+        }
+        decode(self);
+      },
+      [self, lost, attempt](const caf::error& err) {
+        if (attempt != self->state.attempt)
+          return;
+        unwatch(self);
+        lost(self->system().render(err));
+      });
 }
 
 void match(request_ptr self) {

@@ -188,6 +188,11 @@ struct request_services {
   /// model, so that one model's cached blocks never match another's prompts. Decode continues
   /// a prompt shorter than a block from it.
   block_key chain_root{};
+  /// Real world across processes (`troupe launch`): book the decode instance as the prefill
+  /// begins and name it in the prefill job (prefill_job::kv_to), so that the KV bridges move
+  /// the prompt's blocks while the rest of it computes. Off: decode is routed when the
+  /// prefill ends (one process, where the KV moves by handle, and the simulated world).
+  bool stream_kv = false;
   /// Where the request records its admission, each token it delivers and its end
   /// (history.hpp); none when null.
   run_history_ptr history{};

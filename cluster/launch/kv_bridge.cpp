@@ -13,6 +13,7 @@
 #include <set>
 #include <span>
 #include <stdexcept>
+#include <variant>
 #include <vector>
 
 namespace troupe::cluster {
@@ -223,6 +224,41 @@ void offer_kept(Self* self, const caf::actor& e, const kv_bridge_params& params,
       [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
 }
 
+/// A streaming prefill job's runs of blocks (prefill_kv_part) as its bridge offers them: the
+/// decode bridge its request booked (told of each run), the runs offered in order, and whether
+/// an offer failed.
+struct stream {
+  caf::actor kv_to;
+  std::vector<actors::kv_part> parts;
+  bool broken = false;
+};
+
+/// The runs offered are blocks 0..`blocks` - 1 in order, none missing.
+bool runs_cover(const stream& s, std::uint64_t blocks) {
+  std::uint64_t next = 0;
+  for (const auto& p : s.parts) {
+    if (p.first_block != next)
+      return false;
+    next += p.blocks;
+  }
+  return !s.broken && next == blocks;
+}
+
+stream take_stream(std::map<std::uint64_t, stream>& streams, std::uint64_t request) {
+  stream s;
+  if (auto it = streams.find(request); it != streams.end()) {
+    s = std::move(it->second);
+    streams.erase(it);
+  }
+  return s;
+}
+
+/// Runs nobody will pull (their job failed, or the rest could not follow them) leave the link.
+void withdraw_parts(const kv_bridge_params& params, const stream& s) {
+  for (const auto& p : s.parts)
+    caf::anon_send(params.link, runtime::fabric_withdraw{p.ticket.id});
+}
+
 } // namespace
 
 std::uint64_t next_offer_id() {
@@ -294,33 +330,58 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
     // The keeper (in another process) of each job whose engine asks for a kept window state:
     // the engine asks the bridge, which asks the keeper and pulls the ticket it answers.
     auto keepers = std::make_shared<std::map<std::uint64_t, caf::actor>>();
+    auto streams = std::make_shared<std::map<std::uint64_t, stream>>();
     // Runs the job on the engine; its answer goes back through the bridge.
-    auto run = [self, e, params, jobs, keepers](actors::prefill_job job, caf::response_promise rp) {
+    auto run = [self, e, params, jobs, keepers, streams](actors::prefill_job job,
+                                                          caf::response_promise rp) {
         auto request = job.request;
         if (job.keeper) {
           (*keepers)[request] = caf::actor_cast<caf::actor>(job.keeper);
           job.keeper = caf::actor_cast<caf::strong_actor_ptr>(self);
         }
+        // With a fabric, the job's blocks go out as its chunks complete them.
+        if (params.link && params.stream && !job.tokens.empty()) {
+          job.stream_kv = true;
+          (*streams)[request].kv_to = caf::actor_cast<caf::actor>(job.kv_to);
+        }
         self->request(e, caf::infinite, std::move(job))
           .then(
-            [self, rp, params, request, jobs, keepers](actors::prefill_done& d) mutable {
+            [self, rp, params, request, jobs, keepers, streams](actors::prefill_done& d) mutable {
               keepers->erase(request);
               if (auto refused = job_answered(*jobs, params, request)) {
+                withdraw_parts(params, take_stream(*streams, request));
                 rp.deliver(std::move(refused));
                 return;
               }
               if (!d.kv) {
+                withdraw_parts(params, take_stream(*streams, request));
                 rp.deliver(std::move(d));
                 return;
               }
               auto kv = std::move(d.kv);
-              offer(self, params, *kv, [rp, d = std::move(d)](runtime::fabric_ticket t) mutable {
-                d.kv_ticket = std::move(t);
-                rp.deliver(std::move(d));
-              });
+              offer(self, params, *kv,
+                    [rp, params, streams, request, d = std::move(d)](runtime::fabric_ticket t) mutable {
+                      // The link answers offers in order: every run's offer has been answered.
+                      auto ran = take_stream(*streams, request);
+                      if (d.kv_first_block > 0 && !runs_cover(ran, d.kv_first_block)) {
+                        // A run could not be offered: the rest alone is no use (decode
+                        // recomputes the context).
+                        withdraw_parts(params, ran);
+                        if (t.id != 0)
+                          caf::anon_send(params.link, runtime::fabric_withdraw{t.id});
+                        t = {};
+                      } else if (d.kv_first_block > 0) {
+                        d.kv_parts = std::move(ran.parts);
+                      } else {
+                        withdraw_parts(params, ran);
+                      }
+                      d.kv_ticket = std::move(t);
+                      rp.deliver(std::move(d));
+                    });
             },
-            [rp, params, request, jobs, keepers](caf::error& err) mutable {
+            [rp, params, request, jobs, keepers, streams](caf::error& err) mutable {
               keepers->erase(request);
+              withdraw_parts(params, take_stream(*streams, request));
               auto refused = job_answered(*jobs, params, request);
               rp.deliver(refused ? std::move(refused) : std::move(err));
             });
@@ -382,6 +443,29 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
       [self, e, jobs](refused_atom, std::uint64_t request, std::string& why) {
         job_refused(self, *jobs, e, request, std::move(why));
       },
+      [self, params, streams](actors::prefill_kv_part& p) {
+        // A run of a streaming job's blocks: offered now, and the decode side told at once.
+        if (streams->count(p.request) == 0 || !p.kv)
+          return;
+        const auto request = p.request;
+        actors::kv_part part{p.first_block, p.kv->blocks.size(), {}};
+        offer(self, params, *p.kv, [self, params, streams, request, part](runtime::fabric_ticket t) mutable {
+          part.ticket = std::move(t);
+          auto s = streams->find(request);
+          if (s == streams->end()) {  // the job ended meanwhile (it failed)
+            if (part.ticket.id != 0)
+              caf::anon_send(params.link, runtime::fabric_withdraw{part.ticket.id});
+            return;
+          }
+          if (part.ticket.id == 0) {
+            s->second.broken = true;
+            return;
+          }
+          s->second.parts.push_back(part);
+          if (s->second.kv_to)
+            self->send(s->second.kv_to, actors::kv_part_offered{request, part});
+        });
+      },
       [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
       [self, e](actors::drain_atom a, runtime::duration grace) {
         return self->delegate(e, a, grace);
@@ -394,10 +478,84 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
 
 namespace {
 
+using forget_runs_atom = caf::atom_constant<caf::atom("forgetruns")>;
+
+/// A pulled snapshot, or why there is none.
+using pulled_kv = std::optional<runtime::kv_snapshot>;
+using pulled_fn = std::function<void(pulled_kv, std::string)>;
+
+/// A run of a request's blocks pulled as its prefill went on (kv_part_offered): the snapshot
+/// once here (or why it could not be had), and what waits for it.
+struct early_run {
+  bool done = false;
+  pulled_kv kv;
+  std::string why;
+  std::vector<pulled_fn> waiters;
+};
+
 struct decode_bridge_state {
   /// Request id → the requester its progress notices go to.
   std::map<std::uint64_t, caf::actor> requesters;
+  /// Offer id → a run pulled before its decode job came, and request id → its runs' ids.
+  std::map<std::uint64_t, early_run> early;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> early_of;
 };
+
+/// Pulls a ticket's bytes and decodes them as a snapshot; `then(snapshot, "")` or
+/// `then(nullopt, why)`.
+template <class Self>
+void pull_snapshot(Self* self, const kv_bridge_params& params, const runtime::fabric_ticket& t,
+                   pulled_fn then) {
+  self->request(params.link, params.pull_timeout + std::chrono::seconds(5),
+                runtime::fabric_pull{t, params.pull_timeout})
+    .then(
+      [params, then](runtime::fabric_pulled& got) {
+        auto s = decode_snapshot(got.bytes);
+        if (!s) {
+          then(std::nullopt, "the bytes pulled are not a KV snapshot");
+          return;
+        }
+        if (params.counters) {
+          ++params.counters->pulled;
+          params.counters->pulled_bytes += got.bytes.size();
+        }
+        then(std::move(s), "");
+      },
+      [then](const caf::error& e) { then(std::nullopt, caf::to_string(e)); });
+}
+
+/// The runs a decode job's KV comes in, then the rest (prefill_done::kv_parts and kv_ticket),
+/// joined into one snapshot once all are here.
+struct kv_assembly {
+  std::vector<pulled_kv> runs;
+  pulled_kv rest;
+  std::size_t left = 0;
+  std::string why;
+};
+
+/// The joined snapshot: the runs' blocks (blocks 0.. in order, as `parts` say, of the same
+/// model) before the rest's; or why they do not join.
+std::variant<runtime::kv_snapshot, std::string> join_runs(kv_assembly& a,
+                                                          const std::vector<actors::kv_part>& parts) {
+  if (!a.why.empty())
+    return a.why;
+  auto& rest = *a.rest;
+  std::vector<runtime::kv_bytes> blocks;
+  std::uint64_t next = 0;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    auto& run = *a.runs[k];
+    if (parts[k].first_block != next || run.blocks.size() != parts[k].blocks
+        || run.model != rest.model)
+      return std::string("its runs of blocks do not join up");
+    next += parts[k].blocks;
+    for (auto& b : run.blocks)
+      blocks.push_back(std::move(b));
+  }
+  for (auto& b : rest.blocks)
+    blocks.push_back(std::move(b));
+  rest.blocks = std::move(blocks);
+  return std::move(rest);
+}
 
 } // namespace
 
@@ -440,35 +598,56 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
               rp.deliver(refused ? std::move(refused) : std::move(err));
             });
       };
-      // Pulls the job's KV over the fabric when it has a ticket and no handle, then runs it.
-      auto fetch_and_run = [self, params, run](actors::decode_job job, caf::response_promise rp) {
+      // A run of blocks: the one pulled early (taken from the table), or pulled now.
+      auto obtain = [self, params](const runtime::fabric_ticket& t, pulled_fn then) {
+        auto& early = self->state.early;
+        auto it = early.find(t.id);
+        if (it == early.end()) {
+          pull_snapshot(self, params, t, std::move(then));
+        } else if (it->second.done) {
+          auto run = std::move(it->second);
+          early.erase(it);
+          then(std::move(run.kv), std::move(run.why));
+        } else {
+          it->second.waiters.push_back(std::move(then));
+        }
+      };
+      // Pulls the job's KV over the fabric when it has a ticket and no handle (its runs of
+      // blocks too, or takes those pulled while its prefill computed), then runs it.
+      auto fetch_and_run = [self, params, run, obtain](actors::decode_job job,
+                                                      caf::response_promise rp) {
         if (job.kv || job.kv_ticket.id == 0 || !params.link) {
           run(std::move(job), rp);
           return;
         }
-        auto ticket = job.kv_ticket;
-        self->request(params.link, params.pull_timeout + std::chrono::seconds(5),
-                      runtime::fabric_pull{ticket, params.pull_timeout})
-          .then(
-            [params, run, rp, job](runtime::fabric_pulled& got) mutable {
-              if (auto s = decode_snapshot(got.bytes)) {
-                job.kv = std::make_shared<const runtime::kv_snapshot>(std::move(*s));
-                if (params.counters) {
-                  ++params.counters->pulled;
-                  params.counters->pulled_bytes += got.bytes.size();
-                }
-              } else {
-                pull_failed(params, job.request, "the bytes pulled are not a KV snapshot");
-              }
-              job.kv_ticket = {};
-              run(std::move(job), rp);
-            },
-            [params, run, rp, job](const caf::error& e) mutable {
-              // The KV could not be had: the engine recomputes the context.
-              pull_failed(params, job.request, caf::to_string(e));
-              job.kv_ticket = {};
-              run(std::move(job), rp);
-            });
+        auto a = std::make_shared<kv_assembly>();
+        a->runs.resize(job.kv_parts.size());
+        a->left = job.kv_parts.size() + 1;
+        auto job_ptr = std::make_shared<actors::decode_job>(std::move(job));
+        auto arrived = [self, params, run, rp, a, job_ptr]() mutable {
+          if (--a->left > 0)
+            return;
+          auto& job = *job_ptr;
+          auto joined = join_runs(*a, job.kv_parts);
+          if (auto* kv = std::get_if<runtime::kv_snapshot>(&joined))
+            job.kv = std::make_shared<const runtime::kv_snapshot>(std::move(*kv));
+          else  // the KV could not be had: the engine recomputes the context
+            pull_failed(params, job.request, std::get<std::string>(joined));
+          job.kv_ticket = {};
+          job.kv_parts.clear();
+          run(std::move(job), rp);
+        };
+        auto landed = [a, arrived](pulled_kv* slot) {
+          return [a, arrived, slot](pulled_kv kv, std::string why) mutable {
+            if (!kv && a->why.empty())
+              a->why = std::move(why);
+            *slot = std::move(kv);
+            arrived();
+          };
+        };
+        for (std::size_t k = 0; k < job_ptr->kv_parts.size(); ++k)
+          obtain(job_ptr->kv_parts[k].ticket, landed(&a->runs[k]));
+        pull_snapshot(self, params, job_ptr->kv_ticket, landed(&a->rest));
       };
       return {
         [self, params, fetch_and_run, jobs](actors::decode_job& job) {
@@ -514,6 +693,46 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
           auto rp = self->make_response_promise();
           offer_kept(self, e, params, g, rp);
           return rp;
+        },
+        [self, params](actors::kv_part_offered& o) {
+          // A run of blocks of a request booked here, offered while its prefill goes on:
+          // pulled now, held for its decode job (forgotten after the offers' lifetime).
+          const auto id = o.part.ticket.id;
+          if (!params.link || id == 0 || self->state.early.count(id) > 0)
+            return;
+          auto& of = self->state.early_of[o.request];
+          if (of.empty())
+            self->delayed_send(self, params.offer_ttl, forget_runs_atom::value, o.request);
+          of.push_back(id);
+          self->state.early[id];
+          pull_snapshot(self, params, o.part.ticket, [self, params, id](pulled_kv kv, std::string why) {
+            auto it = self->state.early.find(id);
+            if (it == self->state.early.end())
+              return;
+            if (it->second.waiters.empty()) {  // pulled before its job came
+              if (kv && params.counters)
+                ++params.counters->pulled_early;
+              it->second.done = true;
+              it->second.kv = std::move(kv);
+              it->second.why = std::move(why);
+              return;
+            }
+            auto waiters = std::move(it->second.waiters);
+            self->state.early.erase(it);
+            // One job takes a run (its ticket is in that job alone).
+            waiters.front()(std::move(kv), std::move(why));
+          });
+        },
+        [self](forget_runs_atom, std::uint64_t request) {
+          // Runs whose job never came here (the request went elsewhere, or failed).
+          auto of = self->state.early_of.find(request);
+          if (of == self->state.early_of.end())
+            return;
+          for (auto id : of->second)
+            if (auto it = self->state.early.find(id);
+                it != self->state.early.end() && it->second.waiters.empty())
+              self->state.early.erase(it);
+          self->state.early_of.erase(of);
         },
       };
     });

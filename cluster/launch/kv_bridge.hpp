@@ -7,10 +7,16 @@
 // balancer in its place:
 // - in front of a prefill engine, a prefill_done that carries KV has its snapshot serialised
 //   and offered on the process's fabric link (ports/fabric_link.hpp); the answer carries the
-//   ticket (prefill_done::kv_ticket) instead of the handle;
+//   ticket (prefill_done::kv_ticket) instead of the handle. With `stream`, the bridge has its
+//   engine stream each job's full blocks as its chunks complete them (prefill_kv_part): each
+//   run is offered at once, and the decode bridge the request booked (prefill_job::kv_to) is
+//   told (kv_part_offered) and pulls it while the prefill goes on; the answer then carries the
+//   rest's ticket and the runs' (prefill_done::kv_parts);
 // - in front of a decode engine, a decode_job with a ticket and no handle first pulls the
-//   bytes from the ticket's endpoint and rebuilds the snapshot (a pull that fails leaves the
-//   job without KV: the engine recomputes the context, as after a refused import); a
+//   bytes from the ticket's endpoint and rebuilds the snapshot, its runs of blocks joined
+//   before the rest (those pulled early taken from the bridge's table; a pull that fails, or
+//   runs that do not join up, leave the job without KV: the engine recomputes the context,
+//   as after a refused import); a
 //   forwarded decode_done (drain) has its KV offered like prefill's. Progress notices, which
 //   the engine sends to its job's sender (the bridge), go on to the requester;
 // - window-state pulls (prefill_job::keeper, kept_state_get): a prefill job whose keeper is in
@@ -67,6 +73,8 @@ std::optional<runtime::kv_snapshot> decode_snapshot(std::string_view bytes);
 struct kv_bridge_counters {
   std::atomic<std::uint64_t> offered{0}, offered_bytes{0};
   std::atomic<std::uint64_t> pulled{0}, pulled_bytes{0}, pull_failures{0};
+  /// Runs of blocks pulled while their request's prefill still computed (of `pulled`).
+  std::atomic<std::uint64_t> pulled_early{0};
   std::atomic<std::uint64_t> jobs{0}, offering{0};
 };
 
@@ -77,6 +85,9 @@ struct kv_bridge_params {
   /// A pull that takes longer fails (the job recomputes).
   std::chrono::seconds pull_timeout{30};
   std::shared_ptr<kv_bridge_counters> counters;
+  /// A prefill bridge has its engine stream each job's full blocks as its chunks compute them
+  /// (prefill_job::stream_kv), and offers them at once; off: one offer after the prefill.
+  bool stream = true;
   /// Told each problem an operator should see (a pull that failed), as one line without its
   /// end; called on the bridge's thread. Null: nothing is said.
   std::function<void(const std::string&)> warn;

@@ -1670,6 +1670,8 @@ sim::result<std::vector<launch_process>> plan_launch(const launch_options& o,
     } else {
       p.argv.insert(p.argv.end(), {"--fabric", o.fabric});
     }
+    if (!o.kv_stream)
+      p.argv.insert(p.argv.end(), {"--kv-stream", "off"});
     plan.push_back(std::move(p));
   };
   std::vector<std::string> control_extra{"--listen", s.listen};

@@ -66,6 +66,9 @@ struct launch_options {
   runtime::tls_options node_tls;
   /// The libfabric provider instances move KV between processes by ("tcp", "shm", "none").
   std::string fabric = "tcp";
+  /// Passed to every process: a prompt's blocks cross while its prefill computes (on), or in
+  /// one transfer after it (off; node_options::kv_stream).
+  bool kv_stream = true;
   /// A block fetcher process beside each prefill instance (`fetcher/<i>`, on its host) reads
   /// the cached blocks its engine asks for (block_fetcher.hpp), when the cluster has a store.
   bool block_fetchers = true;

@@ -127,6 +127,9 @@ int run_control(const node_options& o, std::ostream& err) {
         caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
     return 1;
   }
+  // The instances' bridges move KV over their fabric links, the prompt's blocks while the
+  // rest of it computes.
+  gp->stream_kv = o.fabric != "none" && o.kv_stream;
   const auto origin = sys.clock().now();
   auto graph = spawn_control_graph(sys, in->topo, *gp);
   // A store of this process: the instances reach it through its store front, the payloads
@@ -589,6 +592,7 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   kv_bridge_params bridge;
   bridge.counters = std::make_shared<kv_bridge_counters>();
   bridge.constraints = constraints;
+  bridge.stream = o.kv_stream;
   // From the bridge's thread while the main thread may write too: one write per line.
   bridge.warn = [command](const std::string& what) {
     const auto line = command + ": " + what + "\n";
@@ -647,7 +651,8 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
     if (bridge.link) {
       err << command << ": KV over the fabric: " << c.offered << " offered ("
           << c.offered_bytes / 1024 << " KiB), " << c.pulled << " pulled (" << c.pulled_bytes / 1024
-          << " KiB), " << c.pull_failures << " failed pull(s)\n";
+          << " KiB; " << c.pulled_early << " run(s) of blocks while their prefill computed), "
+          << c.pull_failures << " failed pull(s)\n";
       limit.watch(caf::actor_cast<caf::actor>(bridge.link), "the fabric link");
       caf::anon_send_exit(bridge.link, caf::exit_reason::user_shutdown);
     }

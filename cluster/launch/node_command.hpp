@@ -61,6 +61,9 @@ struct node_options {
   /// decode side recomputes and block store payloads travel in CAF messages), and the
   /// address its endpoint binds to (one the other processes reach).
   std::string fabric = "tcp";
+  /// With a fabric: a prompt's full blocks cross to its decode process as its prefill chunks
+  /// compute them (kv_bridge.hpp); off: the KV crosses in one transfer after the prefill.
+  bool kv_stream = true;
   /// Empty: 127.0.0.1 for an instance; for the control process (whose fabric link serves the
   /// block store's payloads, store_bridge.hpp) the host of `control`.
   std::string fabric_host;

@@ -9,6 +9,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace troupe;
@@ -378,4 +380,180 @@ TEST_CASE("an instance process's relay reports a decode engine's kept window sta
   CHECK_FALSE(p.keeper);
   for (auto h : {relay, bridge, caf::actor_cast<caf::actor>(engine)})
     caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+using go_atom = caf::atom_constant<caf::atom("go")>;
+
+/// Blocks [first, first + n) of `whole` as a run (a blocks-only snapshot).
+runtime::kv_snapshot_ptr run_of(const runtime::kv_snapshot& whole, std::size_t first,
+                                std::size_t n) {
+  auto r = std::make_shared<runtime::kv_snapshot>();
+  r->model = whole.model;
+  r->length = (first + n) * 128;
+  r->blocks.assign(whole.blocks.begin() + static_cast<std::ptrdiff_t>(first),
+                   whole.blocks.begin() + static_cast<std::ptrdiff_t>(first + n));
+  return r;
+}
+
+/// A prefill engine whose streaming jobs send blocks 0-1 and 2-3 of `whole` as runs to their
+/// sender at once, and answer with the rest (block 4 on, State and SWA KV) only when told `go`:
+/// the runs cross while it "computes".
+caf::behavior streaming_engine_fn(caf::event_based_actor* self, runtime::kv_snapshot whole,
+                                  std::shared_ptr<std::vector<bool>> streamed) {
+  auto held = std::make_shared<std::vector<std::pair<caf::response_promise, actors::prefill_done>>>();
+  return {
+    [self, whole, streamed, held](actors::prefill_job& job) {
+      streamed->push_back(job.stream_kv);
+      auto to = caf::actor_cast<caf::actor>(self->current_sender());
+      auto rp = self->make_response_promise();
+      actors::prefill_done done;
+      done.request = job.request;
+      done.kv_first_block = 4;
+      auto rest = std::make_shared<runtime::kv_snapshot>(whole);
+      rest->blocks.erase(rest->blocks.begin(), rest->blocks.begin() + 4);
+      done.kv = rest;
+      self->send(to, actors::prefill_kv_part{job.request, 0, run_of(whole, 0, 2)});
+      self->send(to, actors::prefill_kv_part{job.request, 2, run_of(whole, 2, 2)});
+      held->emplace_back(rp, std::move(done));
+      return rp;
+    },
+    [held](go_atom) {
+      for (auto& [rp, done] : *held)
+        rp.deliver(std::move(done));
+      held->clear();
+    },
+    [](actors::engine_stats_atom) { return actors::engine_stats{}; },
+    [](actors::drain_atom, runtime::duration) { return std::uint64_t{0}; },
+    [](actors::cancel_atom, std::uint64_t) {},
+  };
+}
+
+/// A decode engine that keeps each job's KV.
+caf::behavior kv_keeping_engine_fn(caf::event_based_actor*,
+                                   std::shared_ptr<std::vector<runtime::kv_snapshot_ptr>> got) {
+  return {
+    [got](actors::decode_job& job) {
+      got->push_back(job.kv);
+      actors::decode_done d;
+      d.request = job.request;
+      return d;
+    },
+    [](actors::engine_stats_atom) { return actors::engine_stats{}; },
+    [](actors::drain_atom, runtime::duration) { return std::uint64_t{0}; },
+    [](actors::drain_end_atom) {},
+    [](actors::cancel_atom, std::uint64_t) {},
+  };
+}
+
+} // namespace
+
+TEST_CASE("a prompt's blocks cross to the decode process booked for it while its prefill "
+          "computes, and its decode job gets them joined to the rest") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  ports::fabric_params fp;
+  fp.provider = "tcp";
+  auto link_p = ports::spawn_fabric_link(sys, fp);
+  auto link_d = ports::spawn_fabric_link(sys, fp);
+  auto link_o = ports::spawn_fabric_link(sys, fp);
+  REQUIRE(link_p);
+  REQUIRE(link_d);
+  REQUIRE(link_o);
+  auto whole = sample();
+  whole.length = 5 * 128 + 7;
+  whole.blocks.clear();
+  for (int i = 0; i < 5; ++i)
+    whole.blocks.push_back(runtime::kv_bytes{std::string(900 + 10 * i, static_cast<char>('k' + i)),
+                                             0x2222u * static_cast<unsigned>(i + 1)});
+  auto streamed = std::make_shared<std::vector<bool>>();
+  auto prefill = sys.spawn(streaming_engine_fn, whole, streamed);
+  auto got_d = std::make_shared<std::vector<runtime::kv_snapshot_ptr>>();
+  auto got_o = std::make_shared<std::vector<runtime::kv_snapshot_ptr>>();
+  auto decode_d = sys.spawn(kv_keeping_engine_fn, got_d);
+  auto decode_o = sys.spawn(kv_keeping_engine_fn, got_o);
+  auto params = [](runtime::fabric_link_port link) {
+    kv_bridge_params p;
+    p.link = std::move(link);
+    p.counters = std::make_shared<kv_bridge_counters>();
+    return p;
+  };
+  auto pp = params(*link_p);
+  auto pd = params(*link_d);
+  auto po = params(*link_o);
+  auto bridge_p = spawn_prefill_bridge(sys, caf::actor_cast<actors::prefill_engine_actor>(prefill), pp);
+  auto bridge_d = spawn_decode_bridge(sys, caf::actor_cast<actors::decode_engine_actor>(decode_d), pd);
+  auto bridge_o = spawn_decode_bridge(sys, caf::actor_cast<actors::decode_engine_actor>(decode_o), po);
+  caf::scoped_actor self{sys};
+  // Prefills `request`, naming `kv_to` as the decode side booked (or none); `ready()` is
+  // awaited (bounded) before the engine answers.
+  auto prefill_job = [&](std::uint64_t request, caf::strong_actor_ptr kv_to, auto ready) {
+    actors::prefill_job job;
+    job.request = request;
+    job.input_tokens = 647;
+    job.tokens.assign(647, 1);
+    job.kv_to = std::move(kv_to);
+    auto answer = self->request(bridge_p, std::chrono::seconds(60), std::move(job));
+    for (int i = 0; i < 1000 && !ready(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(ready());
+    self->send(prefill, go_atom::value);
+    actors::prefill_done done;
+    std::move(answer).receive([&](actors::prefill_done& d) { done = std::move(d); },
+                              [&](const caf::error& e) { FAIL(sys.render(e)); });
+    return done;
+  };
+  auto decode_job = [&](const actors::decode_engine_actor& at, const actors::prefill_done& d) {
+    actors::decode_job job;
+    job.request = d.request;
+    job.kv_ticket = d.kv_ticket;
+    job.kv_parts = d.kv_parts;
+    self->request(at, std::chrono::seconds(60), std::move(job))
+      .receive([](const actors::decode_done&) {}, [&](const caf::error& e) { FAIL(sys.render(e)); });
+  };
+
+  // Booked decode process: it pulls both runs while the prefill is still computing.
+  auto d1 = prefill_job(1, caf::actor_cast<caf::strong_actor_ptr>(bridge_d),
+                        [&] { return pd.counters->pulled_early == 2; });
+  REQUIRE(streamed->size() == 1);
+  CHECK(streamed->front());  // the bridge asked its engine to stream the job's blocks
+  CHECK(d1.kv_first_block == 4);
+  REQUIRE(d1.kv_parts.size() == 2);
+  CHECK(d1.kv_parts[0].first_block == 0);
+  CHECK(d1.kv_parts[1].first_block == 2);
+  CHECK(d1.kv_parts[1].blocks == 2);
+  CHECK(d1.kv_ticket.id != 0);
+  CHECK(pp.counters->offered == 3);
+  decode_job(bridge_d, d1);
+  REQUIRE(got_d->size() == 1);
+  REQUIRE(got_d->front() != nullptr);
+  CHECK(same(*got_d->front(), whole));  // blocks 0..4 in order, then State and SWA KV
+  CHECK(pd.counters->pulled == 3);
+  CHECK(pd.counters->pulled_early == 2);
+  CHECK(pd.counters->pull_failures == 0);
+
+  // No decode side booked: its decode process pulls the runs and the rest together.
+  auto d2 = prefill_job(2, nullptr, [&] { return pp.counters->offered == 5; });
+  REQUIRE(d2.kv_parts.size() == 2);
+  decode_job(bridge_o, d2);
+  REQUIRE(got_o->size() == 1);
+  REQUIRE(got_o->front() != nullptr);
+  CHECK(same(*got_o->front(), whole));
+  CHECK(po.counters->pulled == 3);
+  CHECK(po.counters->pulled_early == 0);
+
+  // Runs that do not join up (one left out) are no KV: the engine recomputes, and it is said.
+  auto d3 = prefill_job(3, nullptr, [&] { return pp.counters->offered == 8; });
+  REQUIRE(d3.kv_parts.size() == 2);
+  d3.kv_parts.erase(d3.kv_parts.begin());
+  decode_job(bridge_o, d3);
+  REQUIRE(got_o->size() == 2);
+  CHECK(got_o->back() == nullptr);
+  CHECK(po.counters->pull_failures == 1);
+  for (auto h : {caf::actor_cast<caf::actor>(bridge_p), caf::actor_cast<caf::actor>(bridge_d),
+                 caf::actor_cast<caf::actor>(bridge_o), prefill, decode_d, decode_o,
+                 caf::actor_cast<caf::actor>(*link_p), caf::actor_cast<caf::actor>(*link_d),
+                 caf::actor_cast<caf::actor>(*link_o)})
+    self->send_exit(h, caf::exit_reason::user_shutdown);
 }

@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 
 #include "../ports/store_drivers.hpp"
+#include "actors/engine/prefill_engine.hpp"
 #include "actors/fault_injector.hpp"
 #include "tests/cluster/real_graph_fixture.hpp"
 
+#include <caf/after.hpp>
 #include <caf/stateful_actor.hpp>
 
 #include <fstream>
@@ -703,4 +705,75 @@ TEST_CASE("instances of several ranks run as EP groups, each rank holding its ex
   CHECK(ranks(again).size() == 3);
   out = f.run(self, {f.request(7, prompt, 6, {})});
   CHECK(out[7].tokens == exact);
+}
+
+TEST_CASE("a streaming prefill job sends its full blocks as its chunks compute them; joined to "
+          "the rest they are the whole KV, byte for byte, and a decode device continues it") {
+  device_fixture d;
+  auto cpu = [&](const char* name) {
+    ports::cpu_device_params p;
+    p.model_dir = model_dirs::tiny();
+    p.threads = 1;
+    p.engram_map = "identity";
+    p.name = name;
+    return d.cpu(std::move(p));
+  };
+  auto prefill_dev = cpu("prefill");
+  auto decode_dev = cpu("decode");
+  auto cfg = kernels::load_model_config(model_dirs::tiny());
+  REQUIRE(cfg.ok());
+  actors::prefill_engine_params pe;
+  pe.step_tokens = 64;  // 300 tokens: chunks end at 64, 128, 192, 256 and 300
+  auto engine = actors::spawn_prefill_engine(d.self.ptr(), pe, prefill_dev, runtime::link_port{});
+  const auto prompt = prompt_of(300, 5, cfg->text.vocab_size);
+  auto prefill = [&](std::uint64_t request, bool stream) {
+    actors::prefill_job job{request, prompt.size(), 0, 0, prompt, {}};
+    job.sampling.temperature = 0;
+    job.stream_kv = stream;
+    actors::prefill_done done;
+    d.self->request(engine, 60s, std::move(job))
+      .receive([&](actors::prefill_done& x) { done = std::move(x); },
+               [&](const caf::error& e) { FAIL(d.sys.render(e)); });
+    return done;
+  };
+  auto streamed = prefill(1, true);
+  // The runs came before the answer, in order: block 0 after the second chunk, block 1 after
+  // the fourth; the answer holds the rest (no full block) and the window state.
+  std::vector<actors::prefill_kv_part> runs;
+  for (bool more = true; more;)
+    d.self->receive([&](actors::prefill_kv_part& p) { runs.push_back(std::move(p)); },
+                    caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
+  REQUIRE(runs.size() == 2);
+  CHECK(runs[0].request == 1);
+  CHECK(runs[0].first_block == 0);
+  CHECK(runs[1].first_block == 1);
+  REQUIRE(streamed.kv);
+  CHECK(streamed.kv_first_block == 2);
+  CHECK(streamed.kv->blocks.empty());
+  CHECK(streamed.kv->length == 300);
+  // The same prompt without streaming: one export of everything.
+  auto whole = prefill(2, false);
+  REQUIRE(whole.kv);
+  CHECK(whole.kv_first_block == 0);
+  REQUIRE(whole.kv->blocks.size() == 2);
+  CHECK(whole.next.token == streamed.next.token);
+  auto joined = std::make_shared<runtime::kv_snapshot>(*streamed.kv);
+  for (const auto& r : runs) {
+    REQUIRE(r.kv);
+    CHECK(r.kv->model == whole.kv->model);
+    for (const auto& b : r.kv->blocks)
+      joined->blocks.push_back(b);
+  }
+  REQUIRE(joined->blocks.size() == 2);
+  for (std::size_t b = 0; b < 2; ++b)
+    CHECK(joined->blocks[b].bytes == whole.kv->blocks[b].bytes);
+  CHECK(joined->state.bytes == whole.kv->state.bytes);
+  CHECK(joined->swa.bytes == whole.kv->swa.bytes);
+  // A decode device imports it and continues exactly as the whole prompt's greedy run.
+  CHECK(d.ask<caf::ok_atom>(decode_dev, runtime::kv_import{7, joined}));
+  const auto next = d.continue_greedy(decode_dev, 7, prompt.size(), streamed.next.token, 4);
+  auto alone = generate_greedy(prompt, 5);
+  CHECK(streamed.next.token == alone[0]);
+  CHECK(next == std::vector<std::int32_t>(alone.begin() + 1, alone.end()));
+  d.self->send_exit(engine, caf::exit_reason::user_shutdown);
 }

@@ -173,6 +173,11 @@ def cluster(model_dir, tmp_path_factory):
     assert sum(p for k in ("decode/0", "decode/1") for _, p, _ in fabric.get(k, [])) > 0
     assert sum(f for v in fabric.values() for _, _, f in v) == 0, "".join(c.log)
     assert sum(o for o, _, _ in fabric.get("decode/0", [])) > 0  # the drain's forwards
+    # Long prompts' blocks crossed to their booked decode process while their prefill computed
+    # (--kv-stream, on by default).
+    early = [int(m.group(1)) for l in c.log
+             if (m := re.match(r"troupe node\[decode/\d\]: KV over the fabric: .*; (\d+) run\(s\)", l))]
+    assert sum(early) > 0, "".join(c.log)
     # prefill/0 read the cached prompts' blocks through its block fetcher process, in shared
     # memory.
     through = [int(m.group(1)) for l in c.log
@@ -1073,6 +1078,39 @@ def test_the_control_process_shows_the_instance_processes_device_metrics(cluster
         cluster.openai().chat.completions.create(**chat_body(f"Balance {i}.", max_tokens=2,
                                                              temperature=0))
     assert store_metric(cluster, applied, 2) >= 2
+
+
+def kv_imports(cluster):
+    """The decode devices' hand-off imports on the control's /metrics, by outcome."""
+    text = urllib.request.urlopen(cluster.url + "/metrics", timeout=30).read().decode()
+    out = {"imported": 0.0, "refused": 0.0}
+    for m in re.finditer(r'^troupe_kv_imports_total\{device="decode/\d+",outcome="(\w+)"\} (\S+)$',
+                         text, re.M):
+        out[m.group(1)] += float(m.group(2))
+    return out
+
+
+def test_a_long_prompt_s_blocks_cross_while_its_prefill_computes(cluster, model_dir):
+    # local-cpu-3 prefills in 512-token chunks: this prompt's full blocks stream to the decode
+    # process its request booked as the prefill began (the module's teardown checks they were
+    # pulled while it computed), whose device imports them joined to the rest: the tokens are
+    # troupe generate's, with no recompute.
+    before = kv_imports(cluster)
+    prompt = "Stream this. " + " ".join(f"Row {i} holds item {i * 7 % 101}." for i in range(260))
+    body = chat_body(prompt, max_tokens=4, temperature=0)
+    want, tokens = generated_text(model_dir, body, 4)
+    r = cluster.openai().chat.completions.create(**body)
+    assert r.usage.prompt_tokens > 1536, r.usage  # four chunks or more
+    text = (getattr(r.choices[0].message, "reasoning_content", None) or "") + (
+        r.choices[0].message.content or "")
+    assert text == want
+    for _ in range(50):  # the instances' metrics are mirrored every second
+        after = kv_imports(cluster)
+        if after["imported"] > before["imported"]:
+            break
+        time.sleep(0.2)
+    assert after["imported"] > before["imported"], after
+    assert after["refused"] == before["refused"], after
 
 
 def test_served_greedy_tokens_equal_troupe_generate(cluster, model_dir):
