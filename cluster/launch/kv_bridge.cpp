@@ -162,10 +162,17 @@ void job_ended(const kv_bridge_params& params) {
     --params.counters->jobs;
 }
 
+/// An offer nobody pulled is withdrawn `offer_ttl` from now.
+void expire(const kv_bridge_params& p, std::uint64_t id) {
+  caf::delayed_anon_send(p.link, p.offer_ttl, runtime::fabric_withdraw{id});
+}
+
 /// Offers a snapshot's bytes on the link; `then(ticket)` gets the ticket, or an empty one when
-/// the offer failed (the receiver then recomputes).
+/// the offer failed (the receiver then recomputes). The offer expires (`expire`), unless
+/// `expiring` is false: a streaming job's run, whose time counts from the job's end.
 template <class Self, class Then>
-void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv, Then then) {
+void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv, Then then,
+           bool expiring = true) {
   if (!p.link) {  // no fabric (--fabric none): the receiver recomputes
     then(runtime::fabric_ticket{});
     return;
@@ -178,13 +185,14 @@ void offer(Self* self, const kv_bridge_params& p, const runtime::kv_snapshot& kv
   self->request(p.link, std::chrono::seconds(30),
                 runtime::fabric_offer{id, std::move(bytes), true})
     .then(
-      [self, p, id, size, then](runtime::fabric_ticket& t) mutable {
+      [self, p, id, size, then, expiring](runtime::fabric_ticket& t) mutable {
         if (p.counters) {
           ++p.counters->offered;
           p.counters->offered_bytes += size;
           --p.counters->offering;
         }
-        caf::delayed_anon_send(p.link, p.offer_ttl, runtime::fabric_withdraw{id});
+        if (expiring)
+          expire(p, id);
         then(std::move(t));
       },
       [p, then](const caf::error&) mutable {
@@ -371,6 +379,9 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
                           caf::anon_send(params.link, runtime::fabric_withdraw{t.id});
                         t = {};
                       } else if (d.kv_first_block > 0) {
+                        // The runs' offers expire with the rest's, counted from now.
+                        for (const auto& p : ran.parts)
+                          expire(params, p.ticket.id);
                         d.kv_parts = std::move(ran.parts);
                       } else {
                         withdraw_parts(params, ran);
@@ -464,7 +475,7 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
           s->second.parts.push_back(part);
           if (s->second.kv_to)
             self->send(s->second.kv_to, actors::kv_part_offered{request, part});
-        });
+        }, false);
       },
       [self, e](actors::engine_stats_atom a) { return self->delegate(e, a); },
       [self, e](actors::drain_atom a, runtime::duration grace) {
@@ -493,12 +504,19 @@ struct early_run {
   std::vector<pulled_fn> waiters;
 };
 
+/// A request's runs pulled early: their offer ids, and how many have come (the runs are
+/// forgotten `offer_ttl` after the last one, if its job has not taken them).
+struct early_runs {
+  std::vector<std::uint64_t> ids;
+  std::uint64_t count = 0;
+};
+
 struct decode_bridge_state {
   /// Request id → the requester its progress notices go to.
   std::map<std::uint64_t, caf::actor> requesters;
-  /// Offer id → a run pulled before its decode job came, and request id → its runs' ids.
+  /// Offer id → a run pulled before its decode job came, and request id → its runs.
   std::map<std::uint64_t, early_run> early;
-  std::map<std::uint64_t, std::vector<std::uint64_t>> early_of;
+  std::map<std::uint64_t, early_runs> early_of;
 };
 
 /// Pulls a ticket's bytes and decodes them as a snapshot; `then(snapshot, "")` or
@@ -701,9 +719,9 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
           if (!params.link || id == 0 || self->state.early.count(id) > 0)
             return;
           auto& of = self->state.early_of[o.request];
-          if (of.empty())
-            self->delayed_send(self, params.offer_ttl, forget_runs_atom::value, o.request);
-          of.push_back(id);
+          of.ids.push_back(id);
+          self->delayed_send(self, params.offer_ttl, forget_runs_atom::value, o.request,
+                             ++of.count);
           self->state.early[id];
           pull_snapshot(self, params, o.part.ticket, [self, params, id](pulled_kv kv, std::string why) {
             auto it = self->state.early.find(id);
@@ -723,12 +741,13 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
             waiters.front()(std::move(kv), std::move(why));
           });
         },
-        [self](forget_runs_atom, std::uint64_t request) {
-          // Runs whose job never came here (the request went elsewhere, or failed).
+        [self](forget_runs_atom, std::uint64_t request, std::uint64_t count) {
+          // Runs whose job never came here (the request went elsewhere, or failed), once no
+          // run of it came for offer_ttl.
           auto of = self->state.early_of.find(request);
-          if (of == self->state.early_of.end())
+          if (of == self->state.early_of.end() || of->second.count != count)
             return;
-          for (auto id : of->second)
+          for (auto id : of->second.ids)
             if (auto it = self->state.early.find(id);
                 it != self->state.early.end() && it->second.waiters.empty())
               self->state.early.erase(it);
