@@ -347,11 +347,11 @@ actors::prefill_engine_actor spawn_prefill_bridge(caf::actor_system& sys,
           (*keepers)[request] = caf::actor_cast<caf::actor>(job.keeper);
           job.keeper = caf::actor_cast<caf::strong_actor_ptr>(self);
         }
-        // With a fabric, the job's blocks go out as its chunks complete them.
-        if (params.link && params.stream && !job.tokens.empty()) {
-          job.stream_kv = true;
+        // With a fabric, the job's blocks go out as its chunks complete them (whatever the
+        // requester asked: the runs must reach this bridge's link).
+        job.stream_kv = params.link && params.stream && !job.tokens.empty();
+        if (job.stream_kv)
           (*streams)[request].kv_to = caf::actor_cast<caf::actor>(job.kv_to);
-        }
         self->request(e, caf::infinite, std::move(job))
           .then(
             [self, rp, params, request, jobs, keepers, streams](actors::prefill_done& d) mutable {
@@ -730,6 +730,8 @@ actors::decode_engine_actor spawn_decode_bridge(caf::actor_system& sys,
             if (it->second.waiters.empty()) {  // pulled before its job came
               if (kv && params.counters)
                 ++params.counters->pulled_early;
+              if (kv && params.runs_pulled_early)
+                params.runs_pulled_early->inc();
               it->second.done = true;
               it->second.kv = std::move(kv);
               it->second.why = std::move(why);

@@ -45,6 +45,7 @@
 #include "actors/entrypoint/structured_output.hpp"
 #include "actors/engine/prefill_engine.hpp"
 #include "runtime/ports/device.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/ports/fabric.hpp"
 
 #include <caf/fwd.hpp>
@@ -88,6 +89,9 @@ struct kv_bridge_params {
   /// A prefill bridge has its engine stream each job's full blocks as its chunks compute them
   /// (prefill_job::stream_kv), and offers them at once; off: one offer after the prefill.
   bool stream = true;
+  /// Counts the runs of blocks a decode bridge pulled while their prefill computed (as
+  /// kv_bridge_counters::pulled_early), for /metrics; null: not counted there.
+  runtime::counter* runs_pulled_early = nullptr;
   /// Told each problem an operator should see (a pull that failed), as one line without its
   /// end; called on the bridge's thread. Null: nothing is said.
   std::function<void(const std::string&)> warn;

@@ -593,6 +593,12 @@ int run_instance(const node_options& o, pool_role role, std::ostream& err) {
   bridge.counters = std::make_shared<kv_bridge_counters>();
   bridge.constraints = constraints;
   bridge.stream = o.kv_stream;
+  if (o.role == "decode")
+    bridge.runs_pulled_early = runtime::counter_child(
+      &metrics, "troupe_kv_runs_pulled_early_total",
+      "Runs of a prompt's full blocks this decode process pulled while the prompt's prefill "
+      "still computed (troupe launch --kv-stream on).",
+      {"instance"}, {o.role + "/" + std::to_string(o.index)});
   // From the bridge's thread while the main thread may write too: one write per line.
   bridge.warn = [command](const std::string& what) {
     const auto line = command + ": " + what + "\n";
