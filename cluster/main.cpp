@@ -413,6 +413,12 @@ int main(int argc, char** argv) {
                   "how a KV cache hit's sliding-window state is rebuilt: bounded (default: "
                   "recompute the prompt's last window) or exact (layer by layer over the "
                   "window's receptive field)");
+  sim->add_option_function<std::string>(
+        "--kv-stream", [&](const std::string& v) { sim_opts.kv_stream = v == "on"; },
+        "on: a prompt's full blocks move to the decode instance booked as its prefill begins "
+        "while its chunks compute, and the hand-off after it moves the rest (troupe launch's "
+        "default); off (default): one transfer of the whole KV after the prefill")
+    ->check(CLI::IsMember({"on", "off"}));
   sim->add_option("--expert-skew", sim_opts.expert_skew,
                   "the routed experts' load: Zipf exponent over the experts (default 0: every "
                   "expert alike); each EP group waits for its busiest rank");

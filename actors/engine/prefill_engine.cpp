@@ -135,7 +135,7 @@ void deliver(engine_ptr self, std::uint64_t request, runtime::kv_snapshot_ptr kv
   persist(self, j, kv, kv_first);
   prefill_done done{request, st.params.instance, j.started_at, self->clock().now(),
                     std::move(j.next), j.job.cached_tokens, std::move(kv)};
-  done.kv_first_block = done.kv ? kv_first : 0;
+  done.kv_first_block = done.kv ? kv_first : j.job.tokens.empty() ? j.streamed : 0;
   j.rp.deliver(std::move(done));
   // The KV has been handed on with the answer: the device forgets the sequence.
   self->send(st.device, runtime::device_release{request});
@@ -179,15 +179,18 @@ void try_finish(engine_ptr self, std::uint64_t request) {
 
 /// A streaming job whose chunk completed full blocks, with more to compute: those blocks are
 /// exported now and sent to its sender, to move while the rest computes (the device answers
-/// after the step just done, before the next one).
+/// after the step just done, before the next one). The simulated world moves no bytes: it
+/// counts the blocks, which the hand-off after the prefill leaves out.
 void stream_blocks(engine_ptr self, std::uint64_t request, job_state& j) {
-  if (!j.parts_to || j.stream_failed || j.remaining == 0)
+  if (!j.job.stream_kv || j.stream_failed || j.remaining == 0)
     return;
-  const auto full = j.computed / block_tokens;
+  const auto full = j.position / block_tokens;
   if (full <= j.streamed)
     return;
   const auto first = j.streamed;
   j.streamed = full;
+  if (!j.parts_to)
+    return;
   auto& st = self->state;
   self->request(st.device, caf::infinite, runtime::kv_export{request, first, true})
     .then(

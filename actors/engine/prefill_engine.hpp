@@ -98,10 +98,11 @@ struct prefill_job {
   /// request booked when its prefill began (request_services::stream_kv), which pulls the
   /// job's KV parts while the rest of the prompt computes. Null: none booked yet.
   caf::strong_actor_ptr kv_to{};
-  /// Real world (the KV bridge in front of the engine sets it): export the job's full blocks
-  /// as its chunks complete them and send each run to the job's sender (prefill_kv_part), so
-  /// that they cross to the decode process while the rest computes; the export at the end
-  /// then holds only the blocks after those (prefill_done::kv_first_block).
+  /// Export the job's full blocks as its chunks complete them and send each run to the job's
+  /// sender (prefill_kv_part), so that they cross to the decode instance while the rest
+  /// computes; the export at the end then holds only the blocks after those
+  /// (prefill_done::kv_first_block). Set by the request (request_services::stream_kv) and by
+  /// the KV bridge in front of a launched engine; the simulated world counts the blocks only.
   bool stream_kv = false;
 };
 
@@ -221,7 +222,8 @@ struct prefill_done {
   /// bridge sets it; empty id 0 in one process and in the simulated world).
   runtime::fabric_ticket kv_ticket{};
   /// A streaming job (prefill_job::stream_kv): `kv` holds blocks from this one on (its
-  /// blocks[0] is this block); the ones before went out as prefill_kv_part runs.
+  /// blocks[0] is this block); the ones before went out as prefill_kv_part runs (in the
+  /// simulated world, would have: the hand-off moves only the rest's bytes).
   std::uint64_t kv_first_block = 0;
   /// Across processes: where those runs are offered, in order (the KV bridge sets them); the
   /// decode side joins them to `kv_ticket`'s bytes.

@@ -61,6 +61,9 @@ struct request_state {
   std::optional<decode_assignment> early;
   std::uint64_t early_kv = 0;
   std::uint64_t early_new = 0;
+  /// The blocks of the last prefill that went to the booked decode instance while it computed
+  /// (prefill_done::kv_first_block): that instance's hand-off moves only the rest.
+  std::uint64_t streamed_blocks = 0;
   static inline const char* name = "request";
 };
 
@@ -228,9 +231,10 @@ void deliver(request_ptr self, std::vector<std::int32_t> ids,
 
 void decode(request_ptr self);
 
-/// Runs the decode job on the instance `a` booked for it.
+/// Runs the decode job on the instance `a` booked for it (`early`: as the prefill began, so
+/// that it holds the blocks the prefill streamed to it).
 void start_decode(request_ptr self, const decode_assignment& a, std::uint64_t kv_tokens,
-                  std::uint64_t max_new) {
+                  std::uint64_t max_new, bool early) {
   auto& st = self->state;
   st.outcome.decode_instance = a.instance;
   decode_job job;
@@ -242,6 +246,9 @@ void start_decode(request_ptr self, const decode_assignment& a, std::uint64_t kv
   if (st.forwarded_kv)
     job.kv_bytes += st.services.swa_ring_bytes;
   st.forwarded_kv = false;
+  if (early)
+    job.kv_bytes -= std::min(job.kv_bytes, std::exchange(st.streamed_blocks, 0) * block_tokens
+                                             * st.services.kv_bytes_per_token);
   // The blocks decode fills continue the prompt's chain (in the real world, from the
   // chain's root when the prompt holds no full block).
   if (!st.spec.chain.empty()) {
@@ -332,14 +339,14 @@ void decode(request_ptr self) {
   if (st.early && st.early_kv == kv_tokens && st.early_new == max_new) {
     auto a = *st.early;
     st.early.reset();
-    start_decode(self, a, kv_tokens, max_new);
+    start_decode(self, a, kv_tokens, max_new, true);
     return;
   }
   release_early(self);
   self->request(st.services.decode, caf::infinite, decode_route{st.spec.id, kv_tokens, max_new})
     .then(
       [self, kv_tokens, max_new](const decode_assignment& a) {
-        start_decode(self, a, kv_tokens, max_new);
+        start_decode(self, a, kv_tokens, max_new, false);
       },
       retry_or_fail(self, "decode routing", [self] { decode(self); }));
 }
@@ -369,6 +376,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
         prefill_job job{st.spec.id, context, cached_tokens,
                         cached_tokens * st.services.kv_bytes_per_token, {}, st.spec.sampling};
         job.constraint = st.spec.constraint;  // the simulated world costs its compile
+        job.stream_kv = st.services.stream_kv;
         if (!st.spec.prompt.empty()) {
           job.tokens = st.spec.prompt;
           job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());
@@ -379,12 +387,12 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
         book(self, caf::actor_cast<caf::actor>(a.engine), [self, a, uncached] {
           self->send(self->state.services.prefill, prefill_release{a.instance, uncached});
         });
-        // Across processes the decode instance is booked now, so that the prompt's blocks
-        // cross to it while the rest of the prompt computes. (Without one free now, the
-        // request routes decode when the prefill ends, as in one process.)
+        // With stream_kv the decode instance is booked now, so that the prompt's blocks cross
+        // to it while the rest of the prompt computes. (Without one free now, the request
+        // routes decode when the prefill ends.)
         const auto max_new = st.spec.output_tokens > st.delivered + 1
                                ? st.spec.output_tokens - st.delivered - 1 : 0;
-        if (st.services.stream_kv && !st.spec.prompt.empty() && max_new > 0) {
+        if (st.services.stream_kv && max_new > 0) {
           self->request(st.services.decode, caf::infinite,
                         decode_route{st.spec.id, context, max_new})
             .then(
@@ -427,6 +435,7 @@ void run_prefill(request_ptr self, const prefill_assignment& a, prefill_job job)
         st.kv = std::move(done.kv);
         st.kv_ticket = std::move(done.kv_ticket);
         st.kv_parts = std::move(done.kv_parts);
+        st.streamed_blocks = done.kv_first_block;
         if (!st.first_delivered) {
           st.first_delivered = true;
           st.cached_used = done.cached_tokens;

@@ -188,10 +188,12 @@ struct request_services {
   /// model, so that one model's cached blocks never match another's prompts. Decode continues
   /// a prompt shorter than a block from it.
   block_key chain_root{};
-  /// Real world across processes (`troupe launch`): book the decode instance as the prefill
-  /// begins and name it in the prefill job (prefill_job::kv_to), so that the KV bridges move
-  /// the prompt's blocks while the rest of it computes. Off: decode is routed when the
-  /// prefill ends (one process, where the KV moves by handle, and the simulated world).
+  /// Book the decode instance as the prefill begins, name it in the prefill job
+  /// (prefill_job::kv_to) and have the job stream its full blocks (prefill_job::stream_kv), so
+  /// that they move while the rest of the prompt computes: the KV bridges of `troupe launch`
+  /// do, and the simulated world's hand-off then moves only the rest's bytes (`troupe sim
+  /// --kv-stream on`). Off: decode is routed when the prefill ends (`troupe serve`, where the
+  /// KV moves by handle in one process).
   bool stream_kv = false;
   /// Where the request records its admission, each token it delivers and its end
   /// (history.hpp); none when null.

@@ -233,6 +233,7 @@ int run_sim_command(const sim_command_options& o, std::ostream& out, std::ostrea
     return 1;
   }
   options.params.exact_rebuild = o.swa_rebuild == "exact";
+  options.params.stream_kv = o.kv_stream;
   progress_bar bar{stderr, !o.quiet};
   if (bar.active())
     options.progress = [&bar](const sim_progress_info& p) {

@@ -53,6 +53,8 @@ struct sim_command_options {
   double structured = 0.0;
   /// How a hit's window state is rebuilt: bounded or exact (sim_params::exact_rebuild).
   std::string swa_rebuild = "bounded";
+  /// on: a prompt's blocks move to its decode instance while its prefill computes.
+  bool kv_stream = false;
   /// The experts' load drift (one hot rank on per this duration; empty: none) and the expert
   /// balancer's interval (sim_params::expert_drift, eplb_interval).
   std::string expert_drift;

@@ -1013,6 +1013,7 @@ result<sim_outcome> simulate(const topology& topo, record_stream next_record, st
   services.test_replay_on_reroute = p.test_replay_on_reroute;
   services.swa_ring_bytes = static_cast<std::uint64_t>(std::llround(model->swa_ring_bytes()));
   services.history = history;
+  services.stream_kv = p.stream_kv;
   auto source = spawn_trace_source(sys, std::move(workload), services, log);
 
   // Drive the virtual clock in slices until every request has ended.

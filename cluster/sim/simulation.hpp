@@ -106,6 +106,10 @@ struct sim_params {
   /// last window (false) or exactly, layer by layer over its receptive field
   /// (prefill_engine_params::exact_rebuild_layers; docs/simulation.md, "Bounded replay").
   bool exact_rebuild = false;
+  /// A prompt's full blocks move to the decode instance booked as its prefill began while its
+  /// chunks compute (`troupe launch --kv-stream`: request_services::stream_kv), so the hand-off
+  /// after the prefill moves only the rest. Off: one transfer of the whole KV after it.
+  bool stream_kv = false;
   /// Block TTLs by traffic class name that replace the topology's `storage.ttl` entries (the
   /// swarm draws short ones, so that blocks expire within a run). Empty: the topology's.
   std::map<std::string, runtime::duration> kv_ttl;
