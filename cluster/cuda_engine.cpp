@@ -43,7 +43,7 @@ void add_cuda_engine() {
       return kernels::cuda::cuda_backend::opener(o)(std::move(m));
     };
   };
-  // Each sequence's compressed KV is allocated for its whole context up front.
+  // The device's pool of compressed-KV pages holds every sequence at this context.
   e.default_context = 16384;
   e.speculative = true;  // rollback on the device, the DSpark layers on the host
   add_device_engine("cuda", std::move(e));

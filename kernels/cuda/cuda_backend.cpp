@@ -37,6 +37,8 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(model m,
   auto device = device_model::upload(
       b->model_, {.max_sequences = options.max_sequences,
                   .max_context = options.max_context,
+                  .page_tokens = options.page_tokens,
+                  .kv_tokens = options.kv_tokens,
                   .batch_invariant = options.batch_invariant});
   if (!device) return r::failure(dev->name + ": " + device.error());
   b->device_ = std::make_unique<device_model>(std::move(*device));
@@ -61,26 +63,8 @@ result<sequence_id> cuda_backend::resident(sequence_id id,
   }
   const auto host = on_host_.find(id);
   if (host == on_host_.end()) return result<sequence_id>::failure(unknown(id));
-  if (static_cast<std::int64_t>(on_device_.size()) >= max_resident_) {
-    // The device is full: the sequence that ran least recently, outside this batch, waits on
-    // the host.
-    auto in_batch = [&](sequence_id s) {
-      return std::find(in_use.begin(), in_use.end(), s) != in_use.end();
-    };
-    auto oldest = on_device_.end();
-    for (auto it = on_device_.begin(); it != on_device_.end(); ++it)
-      if (!in_batch(it->first) &&
-          (oldest == on_device_.end() || it->second.used < oldest->second.used))
-        oldest = it;
-    if (oldest == on_device_.end())
-      return result<sequence_id>::failure(
-          "cuda backend: a batch of " + std::to_string(in_use.size()) +
-          " sequences, but the device holds " + std::to_string(max_resident_) +
-          " at once (max_sequences)");
-    if (auto moved = on_host(oldest->first); !moved)
-      return result<sequence_id>::failure(moved.error());
-    ++evictions_;
-  }
+  if (auto room = make_room(true, device_->pages_for(host->second.length), in_use); !room)
+    return result<sequence_id>::failure(room.error());
   auto dev = device_->import_sequence(host->second);
   if (!dev) return dev;
   if (const auto d = host_drafts_.find(id); d != host_drafts_.end()) {
@@ -93,6 +77,35 @@ result<sequence_id> cuda_backend::resident(sequence_id id,
   on_host_.erase(host);
   on_device_[id] = {*dev, tick_};
   return *dev;
+}
+
+result<bool> cuda_backend::make_room(bool sequence, std::int64_t pages,
+                                     const std::vector<sequence_id>& in_use) {
+  auto full = [&] {
+    return (sequence && static_cast<std::int64_t>(on_device_.size()) >= max_resident_) ||
+           device_->free_pages() < pages;
+  };
+  while (full()) {
+    auto oldest = on_device_.end();
+    for (auto it = on_device_.begin(); it != on_device_.end(); ++it)
+      if (std::find(in_use.begin(), in_use.end(), it->first) == in_use.end() &&
+          (oldest == on_device_.end() || it->second.used < oldest->second.used))
+        oldest = it;
+    if (oldest == on_device_.end()) {
+      if (sequence && static_cast<std::int64_t>(on_device_.size()) >= max_resident_)
+        return result<bool>::failure(
+            "cuda backend: a batch of " + std::to_string(in_use.size()) +
+            " sequences, but the device holds " + std::to_string(max_resident_) +
+            " at once (max_sequences)");
+      return result<bool>::failure(
+          "cuda backend: a batch of " + std::to_string(in_use.size()) + " sequences needs " +
+          std::to_string(pages) + " more KV pages, and " + std::to_string(device_->free_pages()) +
+          " are free with every other sequence on the host (kv_tokens)");
+    }
+    if (auto moved = on_host(oldest->first); !moved) return result<bool>::failure(moved.error());
+    ++evictions_;
+  }
+  return true;
 }
 
 result<sequence_cache*> cuda_backend::on_host(sequence_id id) {
@@ -174,6 +187,18 @@ result<std::vector<float>> cuda_backend::run(std::span<const step_input> batch,
     if (!dev) return result<std::vector<float>>::failure(dev.error());
     inputs.push_back({*dev, in.tokens});
   }
+  // The pages the batch's tokens take.
+  std::int64_t pages = 0;
+  for (const auto& in : inputs) {
+    auto length = device_->length(in.sequence);
+    if (!length) return result<std::vector<float>>::failure(length.error());
+    auto more = device_->pages_to_grow(in.sequence,
+                                       *length + static_cast<std::int64_t>(in.tokens.size()));
+    if (!more) return result<std::vector<float>>::failure(more.error());
+    pages += *more;
+  }
+  if (auto room = make_room(false, pages, in_use); !room)
+    return result<std::vector<float>>::failure(room.error());
   return device_->forward(inputs, dspark_features);
 }
 

@@ -33,11 +33,14 @@ namespace troupe::kernels::cuda {
 
 struct cuda_backend_options {
   int device = 0;
-  /// The device model's sequences and their longest context (device_model_options). More
-  /// sequences may be open: beyond max_sequences, the one that ran least recently waits in
-  /// host memory (its cache downloaded) until its next step uploads it again.
+  /// The device model's sequences, their longest context and its pool of compressed-KV pages
+  /// (device_model_options). More sequences may be open: beyond max_sequences, or when a step
+  /// needs more pages than are free, the one that ran least recently waits in host memory (its
+  /// cache downloaded) until its next step uploads it again.
   std::int64_t max_sequences = 64;
   std::int64_t max_context = 4096;
+  std::int64_t page_tokens = 256;
+  std::int64_t kv_tokens = 0;
   /// The CPU engine's threads (imports, bounded replay).
   int threads = 2;
   /// Engram's token map (model::set_engram_token_map) for a model with Engram layers; empty:
@@ -96,9 +99,12 @@ class cuda_backend final : public model_backend {
   cuda_backend(model m, std::int64_t max_resident)
       : model_(std::move(m)), max_resident_(max_resident) {}
   // The sequence on the device (uploading it and its draft context from the host first, after
-  // moving the least recently run sequence not in `in_use` to the host when the device is
-  // full); its device id.
+  // making room); its device id.
   result<sequence_id> resident(sequence_id id, const std::vector<sequence_id>& in_use);
+  // Moves the sequences that ran least recently, outside `in_use` (the batch), to the host
+  // until the device has room for one more sequence (when `sequence`) and `pages` free pages.
+  // Errors: the batch does not fit with every other sequence on the host.
+  result<bool> make_room(bool sequence, std::int64_t pages, const std::vector<sequence_id>& in_use);
   // The sequence's cache on the host (downloading it and its draft context from the device,
   // which lets it go).
   result<sequence_cache*> on_host(sequence_id id);

@@ -12,6 +12,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "kernels/cuda/paging.hpp"
 #include "kernels/ep_dispatch.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/kv_cache.hpp"
@@ -42,10 +43,11 @@ struct device_layer {
   buffer engram_wkv, engram_weight;
   // CSA2: the compressor (KV sources), the indexer (index sources; wk / k_norm: key owners).
   buffer c_wkv, c_wgate, c_norm, i_wq_b, i_weights, i_wk, i_k_norm;
-  // Per sequence slot, max_context rows each: a KV source's compressed KV [*, head_dim] and,
-  // when it owns them, its indexer keys [*, index_head_dim]; and (ratio > 1) the projected rows
-  // of its last recent_rows(ratio) positions, the row of position p at p mod recent_rows: the
-  // unfinished group's, and those a rollback rebuilds it from [recent_rows per slot, head_dim].
+  // In pages (kernels/cuda/paging.hpp), page_tokens / ratio rows each: a KV source's compressed
+  // KV [*, head_dim] and, when it owns them, its indexer keys [*, index_head_dim]. Per sequence
+  // slot, when ratio > 1: the projected rows of its last recent_rows(ratio) positions, the row
+  // of position p at p mod recent_rows: the unfinished group's, and those a rollback rebuilds it
+  // from [recent_rows per slot, head_dim].
   buffer compressed, index_keys, recent_kv, recent_gate;
 };
 
@@ -58,6 +60,7 @@ struct sequence_state {
   i64 slot = 0;
   i64 length = 0;                  // tokens run = the ring's end
   std::vector<i64> engram_recent;  // its last compressed ids (engram_remember)
+  std::vector<i64> pages;          // its compressed KV's pages, in context order
   // Per layer: no window row before ring_first (a cache imported after a bounded replay or an
   // encoder–decoder prefill), compressed groups held, the unfinished group's rows.
   std::vector<i64> ring_first, groups, pending;
@@ -83,11 +86,13 @@ struct call_state {
   std::vector<sequence_state*> seqs;
   std::vector<i64> positions;   // per row
   device_array<i64> d_positions, d_slots, d_start, d_row, d_ring_begin, d_ring_src, d_ring_dst;
-  device_array<i64> d_offsets;  // per row: its slot's first row in a compressed store
+  // The page ids of every sequence of the call, one after another, and per row where its
+  // sequence's begin.
+  device_array<i64> d_pages, d_pages_at;
   i64 ring_rows = 0;
   // The last KV source and key owner run in this call (-1: none yet), each sequence's
-  // selected compressed entries [T, index_topk] and count [T] (0 until an index source
-  // selects), and its candidate blocks [T, candidate_topk_blocks] and count.
+  // selected compressed entries [T, index_topk] (its group numbers) and count [T] (0 until an
+  // index source selects), and its candidate blocks [T, candidate_topk_blocks] and count.
   i64 compress_src = -1, index_src = -1;
   device_array<i64> topk, topk_n, kept, kept_n;
   std::vector<bool> has_candidates;
@@ -165,6 +170,10 @@ struct device_model::state {
   const model::weights* W = nullptr;  // its weights: the Engram tables and token map
   text_config c;
   std::int64_t max_sequences = 0, max_context = 0, capacity = 0;  // capacity: a ring's rows
+  // The compressed KV's pages: context tokens per page, and the pages no sequence holds (the
+  // next one taken from the back).
+  std::int64_t page_tokens = 0;
+  std::vector<i64> free_pages;
   bool batch_invariant = false;
   lt_gemm gemm;
   buffer embed, norm, lm_head;
@@ -195,6 +204,45 @@ struct device_model::state {
   std::optional<draft_stages> draft;
 
   explicit state(lt_gemm g) : gemm(std::move(g)) {}
+
+  // Why `need` more pages cannot be had.
+  std::string pages_short(i64 need) const {
+    return "device_model: " + std::to_string(need) + " more KV pages needed, " +
+           std::to_string(free_pages.size()) + " free (pages of " + std::to_string(page_tokens) +
+           " tokens)";
+  }
+  // A page's rows in the compressed stores of KV-source layer l.
+  i64 page_rows(std::size_t l) const { return page_tokens / std::max<i64>(1, W->layers[l].ratio); }
+  // Pages a sequence of `tokens` tokens holds.
+  i64 pages_for(i64 tokens) const { return (tokens + page_tokens - 1) / page_tokens; }
+  // Pages a sequence takes from the pool to hold `tokens` tokens.
+  i64 pages_to_grow(const sequence_state& seq, i64 tokens) const {
+    return std::max<i64>(0, pages_for(tokens) - static_cast<i64>(seq.pages.size()));
+  }
+  // Gives a sequence the pages it lacks for `tokens` tokens; the caller checked there are.
+  void grow(sequence_state& seq, i64 tokens) {
+    for (i64 n = pages_to_grow(seq, tokens); n > 0; --n) {
+      seq.pages.push_back(free_pages.back());
+      free_pages.pop_back();
+    }
+  }
+  // The store row of a sequence's group g in KV-source layer l.
+  i64 row_of(const sequence_state& seq, std::size_t l, i64 g) const {
+    return paged_row(seq.pages.data(), page_rows(l), g);
+  }
+  // Groups [first, first + n) of a sequence in a store of layer l, `width` floats a row, into
+  // host memory, a page's run of rows at a time.
+  result<bool> download_groups(const sequence_state& seq, std::size_t l, const float* store,
+                               i64 first, i64 n, i64 width, float* host) const {
+    const i64 per = page_rows(l);
+    for (i64 g = first; g < first + n;) {
+      const i64 run = std::min(first + n - g, per - g % per);
+      TROUPE_TRY(copy_to_host(host + (g - first) * width, store + row_of(seq, l, g) * width,
+                              sz(run * width) * sizeof(float)));
+      g += run;
+    }
+    return true;
+  }
 
   // y[m, n] (stride ldy) = x[m, k] (stride ldx) · w[n, k]ᵀ.
   result<bool> project(const float* x, i64 m, i64 k, const float* w, i64 n, float* y,
@@ -282,6 +330,15 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   if (options.max_context < 1)
     return r::failure("device_model: max_context must be at least 1, not " +
                       std::to_string(options.max_context));
+  if (options.page_tokens < 1 || options.kv_tokens < 0)
+    return r::failure("device_model: pages of " + std::to_string(options.page_tokens) +
+                      " tokens, a pool of " + std::to_string(options.kv_tokens) +
+                      " tokens: expected at least 1 and 0 (max_sequences x max_context)");
+  for (const auto& L : W.layers)
+    if (L.kv_source && L.ratio > 1 && options.page_tokens % L.ratio != 0)
+      return r::failure("device_model: pages of " + std::to_string(options.page_tokens) +
+                        " tokens do not hold whole groups of the compressor's ratio " +
+                        std::to_string(L.ratio));
   const i64 capacity = c.sliding_window + swa_rollback_tokens;
   const bool csa2 = std::any_of(W.layers.begin(), W.layers.end(),
                                 [](const auto& L) { return L.ratio != 0; });
@@ -306,6 +363,11 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   s->batch_invariant = options.batch_invariant;
   s->capacity = capacity;
   s->slot_used.assign(sz(options.max_sequences), false);
+  s->page_tokens = options.page_tokens;
+  const i64 pool = options.kv_tokens > 0 ? options.kv_tokens
+                                         : options.max_sequences * options.max_context;
+  const i64 pages = s->pages_for(pool);
+  for (i64 p = pages - 1; p >= 0; --p) s->free_pages.push_back(p);  // page 0 is taken first
   auto placement = place_experts(static_cast<std::int32_t>(c.n_routed_experts), 1);
   if (!placement) return r::failure(placement.error());
   s->placement = std::move(*placement);
@@ -335,6 +397,16 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   auto store = [&](i64 rows, i64 width) {
     if (!error.empty()) return buffer{};
     auto b = buffer::zeros(sz(slots * rows * width));
+    if (!b) {
+      error = b.error();
+      return buffer{};
+    }
+    return std::move(*b);
+  };
+  // A compressed store: every page's rows.
+  auto paged = [&](i64 rows_per_page, i64 width) {
+    if (!error.empty()) return buffer{};
+    auto b = buffer::zeros(sz(pages * rows_per_page * width));
     if (!b) {
       error = b.error();
       return buffer{};
@@ -381,7 +453,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     if (L.kv_source) {
       d.c_wkv = up(L.c_wkv);
       d.c_norm = up(L.c_norm);
-      d.compressed = store(options.max_context, c.head_dim);
+      d.compressed = paged(options.page_tokens / std::max<i64>(1, L.ratio), c.head_dim);
       if (L.ratio > 1) {
         d.c_wgate = up(L.c_wgate);
         d.recent_kv = store(recent_rows(L.ratio), c.head_dim);
@@ -395,7 +467,7 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     if (L.owns_index_keys) {
       d.i_wk = up(L.i_wk);
       d.i_k_norm = up(L.i_k_norm);
-      d.index_keys = store(options.max_context, c.index_head_dim);
+      d.index_keys = paged(options.page_tokens / std::max<i64>(1, L.ratio), c.index_head_dim);
     }
     s->layers.push_back(std::move(d));
   }
@@ -420,7 +492,9 @@ result<sequence_id> device_model::open_sequence() {
   *free = true;
   const sequence_id id = s.next_id++;
   const std::vector<i64> zeros(s.layers.size(), 0);
-  s.sequences[id] = sequence_state{free - s.slot_used.begin(), 0, {}, zeros, zeros, zeros};
+  auto& seq = s.sequences[id];
+  seq.slot = free - s.slot_used.begin();
+  seq.ring_first = seq.groups = seq.pending = zeros;
   return id;
 }
 
@@ -429,6 +503,8 @@ result<bool> device_model::close_sequence(sequence_id id) {
   if (it == s_->sequences.end())
     return result<bool>::failure("device_model: no sequence " + std::to_string(id));
   s_->slot_used[sz(it->second.slot)] = false;
+  const auto& pages = it->second.pages;
+  s_->free_pages.insert(s_->free_pages.end(), pages.rbegin(), pages.rend());
   s_->sequences.erase(it);
   return true;
 }
@@ -438,6 +514,19 @@ result<std::int64_t> device_model::length(sequence_id id) const {
   if (it == s_->sequences.end())
     return result<std::int64_t>::failure("device_model: no sequence " + std::to_string(id));
   return it->second.length;
+}
+
+std::int64_t device_model::free_pages() const {
+  return static_cast<std::int64_t>(s_->free_pages.size());
+}
+
+std::int64_t device_model::pages_for(std::int64_t tokens) const { return s_->pages_for(tokens); }
+
+result<std::int64_t> device_model::pages_to_grow(sequence_id id, std::int64_t tokens) const {
+  auto it = s_->sequences.find(id);
+  if (it == s_->sequences.end())
+    return result<std::int64_t>::failure("device_model: no sequence " + std::to_string(id));
+  return s_->pages_to_grow(it->second, tokens);
 }
 
 result<bool> device_model::set_expert_placement(std::optional<expert_placement> placement) {
@@ -491,16 +580,15 @@ result<std::string> device_model::export_block(sequence_id id, std::int64_t bloc
     if (!host.kv_source) continue;
     const auto& L = s.layers[l];
     const i64 rows = kv_block_tokens / std::max<i64>(1, host.ratio);
-    const i64 first = seq.slot * s.max_context + block * rows;
     const bool keys = L.index_keys.size() > 0;
     // (The rows' buffers move with `held`, their addresses stay.)
     auto& kv = held.emplace_back(sz(rows * hd));
-    TROUPE_TRY(copy_to_host(kv.data(), L.compressed.data() + first * hd, kv.size() * sizeof(float)));
+    TROUPE_TRY(s.download_groups(seq, l, L.compressed.data(), block * rows, rows, hd, kv.data()));
     const float* kv_rows = kv.data();
     const float* key_rows = nullptr;
     if (keys) {
       auto& k = held.emplace_back(sz(rows * idh));
-      TROUPE_TRY(copy_to_host(k.data(), L.index_keys.data() + first * idh, k.size() * sizeof(float)));
+      TROUPE_TRY(s.download_groups(seq, l, L.index_keys.data(), block * rows, rows, idh, k.data()));
       key_rows = k.data();
     }
     layers.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(host.ratio), rows,
@@ -799,13 +887,13 @@ result<sequence_cache> device_model::export_sequence(sequence_id id) const {
         cc.pending_gate.insert(cc.pending_gate.end(), g, g + hd);
       }
     }
-    auto kv = rows(L.compressed, seq.slot * s.max_context, groups, hd);
-    TROUPE_TRY(kv);
-    for (i64 g = 0; g < groups; ++g) cc.kv.append(kv->data() + g * hd);
+    std::vector<float> kv(sz(groups * hd));
+    TROUPE_TRY(s.download_groups(seq, l, L.compressed.data(), 0, groups, hd, kv.data()));
+    for (i64 g = 0; g < groups; ++g) cc.kv.append(kv.data() + g * hd);
     if (L.index_keys.size() > 0) {
-      auto keys = rows(L.index_keys, seq.slot * s.max_context, groups, idh);
-      TROUPE_TRY(keys);
-      for (i64 g = 0; g < groups; ++g) cc.index_keys.append(keys->data() + g * idh);
+      std::vector<float> keys(sz(groups * idh));
+      TROUPE_TRY(s.download_groups(seq, l, L.index_keys.data(), 0, groups, idh, keys.data()));
+      for (i64 g = 0; g < groups; ++g) cc.index_keys.append(keys.data() + g * idh);
     }
   }
   return out;
@@ -819,9 +907,12 @@ result<sequence_id> device_model::import_sequence(const sequence_cache& cache) {
   if (cache.length > s.max_context)
     return r::failure("device_model: the cache holds " + std::to_string(cache.length) +
                       " tokens, more than max_context " + std::to_string(s.max_context));
+  if (const i64 need = s.pages_for(cache.length); need > static_cast<i64>(s.free_pages.size()))
+    return r::failure(s.pages_short(need));
   auto id = open_sequence();
   if (!id) return id;
   auto& seq = s.sequences[*id];
+  s.grow(seq, cache.length);
   const i64 hd = s.c.head_dim, idh = s.c.index_head_dim;
   auto put = [&](buffer& store, i64 at, const float* v, i64 n, i64 width) -> result<bool> {
     if (n > 0) TROUPE_TRY(copy_to_device(store.data() + at * width, v, sz(n * width) * sizeof(float)));
@@ -850,9 +941,9 @@ result<sequence_id> device_model::import_sequence(const sequence_cache& cache) {
         }
       }
       for (i64 g = 0; g < cc.kv.size(); ++g)
-        TROUPE_TRY(put(L.compressed, seq.slot * s.max_context + g, cc.kv.row(g), 1, hd));
+        TROUPE_TRY(put(L.compressed, s.row_of(seq, l, g), cc.kv.row(g), 1, hd));
       for (i64 g = 0; g < cc.index_keys.size(); ++g)
-        TROUPE_TRY(put(L.index_keys, seq.slot * s.max_context + g, cc.index_keys.row(g), 1, idh));
+        TROUPE_TRY(put(L.index_keys, s.row_of(seq, l, g), cc.index_keys.row(g), 1, idh));
     }
     return true;
   };
@@ -911,11 +1002,12 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
   args.sequence = call.d_slots.data();
   args.chunk_start = call.d_start.data();
   args.chunk_row = call.d_row.data();
-  index_buffer selected_n;  // the selection counts, with sequences whose source is empty at 0
+  // The selection as rows of the store (selected_rows), with its counts (selected_n: a copy
+  // with sequences whose source is still empty at 0, when there are any).
+  index_buffer selected_rows, selected_n;
   if (host.ratio != 0 && call.compress_src >= 0) {
     const auto src = sz(call.compress_src);
     args.compressed = layers[src].compressed.data();
-    args.selected = call.topk.data();
     args.max_selected = c.index_topk;
     args.n_selected = call.topk_n.data();
     bool empty = false;
@@ -931,6 +1023,13 @@ result<bool> device_model::state::attention(std::size_t l, const buffer& a, call
       selected_n = std::move(*n);
       args.n_selected = selected_n.data();
     }
+    // The indexer selected groups; the kernel reads rows of the sequence's pages.
+    auto rows = index_buffer::zeros(sz(std::max<i64>(T * c.index_topk, 1)));
+    TROUPE_TRY(rows);
+    TROUPE_TRY(paged_rows(call.topk.data(), args.n_selected, T, c.index_topk, call.d_pages.data(),
+                          call.d_pages_at.data(), page_rows(src), rows->data()));
+    selected_rows = std::move(*rows);
+    args.selected = selected_rows.data();
   }
   TROUPE_TRY(swa_decode_attention(args));
   // Then the rows join the rings (only each sequence's last `capacity` rows: the others
@@ -975,8 +1074,7 @@ result<bool> device_model::state::output(const device_layer& L, const float* att
 // (ratio 1: every token; ratio r: the unfinished group's rows, then the call's, pooled r at a
 // time; the call's last rows join the recent store for the next call and a rollback), normed;
 // the key owner's indexer keys from them (projected, normed, rotated, FP4-rounded); then the
-// groups rotated and FP4-rounded into the compressed KV. Stores hold a sequence's rows at its
-// slot × max_context.
+// groups rotated and FP4-rounded into the compressed KV, at their rows in the sequence's pages.
 result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_state& call) {
   device_layer& L = layers[l];
   const auto& host = W->layers[l];
@@ -996,7 +1094,7 @@ result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_
       const auto& seq = *call.seqs[b];
       for (i64 t = call.begin[b]; t < call.begin[b + 1]; ++t) {
         latent_pos.push_back(seq.groups[l] + (t - call.begin[b]));
-        latent_dst.push_back(seq.slot * max_context + latent_pos.back());
+        latent_dst.push_back(row_of(seq, l, latent_pos.back()));
       }
       group_count[b] = call.begin[b + 1] - call.begin[b];
     }
@@ -1028,7 +1126,7 @@ result<bool> device_model::state::compress(std::size_t l, const buffer& a, call_
       const i64 complete = (held + n) / r;
       for (i64 g = 0; g < complete; ++g) {
         latent_pos.push_back((seq.groups[l] + g) * r);
-        latent_dst.push_back(seq.slot * max_context + seq.groups[l] + g);
+        latent_dst.push_back(row_of(seq, l, seq.groups[l] + g));
       }
       group_count[b] = complete;
       n_lat += complete;
@@ -1130,14 +1228,22 @@ result<bool> device_model::state::select(std::size_t l, const buffer& q_res, con
       reach[sz(i)] = std::min(visible, n_idx);
       if (visible >= 1 && (visible - 1) / bs < (n_idx + bs - 1) / bs) last[sz(i)] = (visible - 1) / bs;
     }
+    // The key owner's keys of the sequence, gathered from its pages.
+    std::vector<i64> key_rows(sz(n_idx));
+    for (i64 g = 0; g < n_idx; ++g) key_rows[sz(g)] = row_of(seq, src, g);
+    auto d_key_rows = index_buffer::of(key_rows);
+    auto keys = buffer::zeros(sz(n_idx * idh));
     auto d_reach = index_buffer::of(reach);
     auto head_dot = buffer::zeros(sz(n * nh * n_idx));
     auto scores = buffer::zeros(sz(n * n_idx));
+    TROUPE_TRY(d_key_rows);
+    TROUPE_TRY(keys);
     TROUPE_TRY(d_reach);
     TROUPE_TRY(head_dot);
     TROUPE_TRY(scores);
-    TROUPE_TRY(project(i_q->data() + t0 * nh * idh, n * nh, idh,
-                       layers[src].index_keys.data() + seq.slot * max_context * idh, n_idx,
+    TROUPE_TRY(copy_rows(layers[src].index_keys.data(), d_key_rows->data(), keys->data(), nullptr,
+                         n_idx, idh));
+    TROUPE_TRY(project(i_q->data() + t0 * nh * idh, n * nh, idh, keys->data(), n_idx,
                        head_dot->data()));
     TROUPE_TRY(index_scores(head_dot->data(), i_w->data() + t0 * nh, n, nh, n_idx, sm_scale,
                             heads_scale, scores->data()));
@@ -1156,8 +1262,8 @@ result<bool> device_model::state::select(std::size_t l, const buffer& q_res, con
                             call.kept.data() + t0 * kb, call.kept_n.data() + t0));
       call.has_candidates[b] = true;
     }
-    TROUPE_TRY(top_k_rows(scores->data(), n, n_idx, K, call.d_offsets.data() + t0,
-                          call.topk.data() + t0 * K, call.topk_n.data() + t0));
+    TROUPE_TRY(top_k_rows(scores->data(), n, n_idx, K, nullptr, call.topk.data() + t0 * K,
+                          call.topk_n.data() + t0));
   }
   return true;
 }
@@ -1266,7 +1372,8 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
 
   // The call's tokens, positions and ring bookkeeping, checked before anything runs.
   call_state call;
-  std::vector<i64> tokens, slots, chunk_start, chunk_row, ring_src, ring_dst, offsets;
+  std::vector<i64> tokens, slots, chunk_start, chunk_row, ring_src, ring_dst;
+  i64 new_pages = 0;
   // Per layer and slot: the oldest position each ring holds.
   std::vector<i64> ring_begin(s.layers.size() * sz(s.max_sequences), 0);
   call.begin.push_back(0);
@@ -1299,15 +1406,16 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
       slots.push_back(seq.slot);
       chunk_start.push_back(seq.length);
       chunk_row.push_back(first_row);
-      offsets.push_back(seq.slot * s.max_context);
       if (i >= n - s.capacity) {
         ring_src.push_back(first_row + i);
         ring_dst.push_back(seq.slot * s.capacity + (seq.length + i) % s.capacity);
       }
     }
+    new_pages += s.pages_to_grow(seq, seq.length + n);
     call.seqs.push_back(&seq);
     call.begin.push_back(static_cast<i64>(tokens.size()));
   }
+  if (new_pages > static_cast<i64>(s.free_pages.size())) return r::failure(s.pages_short(new_pages));
   const i64 T = static_cast<i64>(tokens.size());
   if (T == 0) return std::vector<float>{};
   call.T = T;
@@ -1323,6 +1431,15 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
     std::vector<const std::vector<i64>*> recent;
     for (const auto* seq : call.seqs) recent.push_back(&seq->engram_recent);
     hash_ids = engram_hash_ids(*s.W, recent, call.begin, tokens, call.positions);
+  }
+  // The pages the call's tokens take, and every sequence's page table for the kernels.
+  std::vector<i64> pages, pages_at;
+  for (std::size_t b = 0; b < call.seqs.size(); ++b) {
+    auto& seq = *call.seqs[b];
+    s.grow(seq, seq.length + call.begin[b + 1] - call.begin[b]);
+    pages_at.insert(pages_at.end(), sz(call.begin[b + 1] - call.begin[b]),
+                    static_cast<i64>(pages.size()));
+    pages.insert(pages.end(), seq.pages.begin(), seq.pages.end());
   }
 
   auto up = [](const std::vector<i64>& v, index_buffer& into) -> result<bool> {
@@ -1340,7 +1457,8 @@ result<std::vector<float>> device_model::forward(std::span<const step_input> bat
   TROUPE_TRY(up(ring_begin, call.d_ring_begin));
   TROUPE_TRY(up(ring_src, call.d_ring_src));
   TROUPE_TRY(up(ring_dst, call.d_ring_dst));
-  TROUPE_TRY(up(offsets, call.d_offsets));
+  TROUPE_TRY(up(pages, call.d_pages));
+  TROUPE_TRY(up(pages_at, call.d_pages_at));
   auto topk = index_buffer::zeros(sz(T * std::max<i64>(c.index_topk, 1)));
   auto topk_n = index_buffer::zeros(sz(T));
   auto kept = index_buffer::zeros(sz(T * std::max<i64>(c.candidate_topk_blocks, 1)));

@@ -13,8 +13,10 @@
 // mode; rollback of a rejected draft; the DSpark draft features and draft layers (each
 // sequence's draft context in device memory beside its rings). Weights are the CPU engine's fp32
 // copies (`model::tensors()`), not the checkpoint's BF16 / FP8 / FP4 bytes, so memory is 4
-// bytes per parameter, and each sequence's compressed KV is allocated for max_context tokens
-// up front: a check of the layer loop on small models, not a way to fit V4.1-Flash on a GPU.
+// bytes per parameter: a check of the layer loop on small models, not a way to fit V4.1-Flash
+// on a GPU. The compressed KV and indexer keys live in pages of a pool all sequences share
+// (kernels/cuda/paging.hpp): a sequence takes a page per page_tokens tokens as it grows and
+// gives them back when closed.
 // The routed experts run one GEMM per expert on the rows the host's dispatch plan groups for
 // it (kernels/ep_dispatch.hpp, one rank), which needs the router's choices on the host once
 // per layer; the indexer runs per sequence.
@@ -41,9 +43,14 @@ namespace troupe::kernels::cuda {
 struct device_model_options {
   /// Sequences open at once (their SWA rings are allocated up front).
   std::int64_t max_sequences = 16;
-  /// Tokens a sequence may hold: each KV source's compressed KV (and indexer keys) is
-  /// allocated for this many rows per sequence up front.
+  /// Tokens a sequence may hold.
   std::int64_t max_context = 4096;
+  /// Context tokens a page of compressed KV holds (a multiple of every compressor's ratio; in
+  /// a store of ratio r a page is page_tokens / r rows).
+  std::int64_t page_tokens = 256;
+  /// Tokens the page pool holds, all sequences together (rounded up to whole pages); 0:
+  /// max_sequences × max_context, so that no sequence within max_context ever lacks a page.
+  std::int64_t kv_tokens = 0;
   /// Batch-invariant mode: every projection runs project_rows (a fixed summation order per
   /// output) instead of cuBLASLt, whose algorithm depends on the row count; a sequence's logits
   /// are then bitwise the same whatever shares its batch and however its prefill is chunked.
@@ -55,7 +62,8 @@ class device_model {
  public:
   /// The weights of a loaded CPU model copied to the device, and empty rings. The model must
   /// outlive the device model (its Engram tables and token map are read at each call). Errors:
-  /// max_sequences or max_context < 1, a window (plus index_topk selected entries) longer than
+  /// max_sequences, max_context or page_tokens < 1, pages that do not hold whole compressor
+  /// groups, kv_tokens < 0, a window (plus index_topk selected entries) longer than
   /// the attention kernel takes, a failed allocation or copy.
   static result<device_model> upload(const model& m, const device_model_options& options = {});
 
@@ -65,10 +73,16 @@ class device_model {
 
   /// A new, empty sequence. Errors: max_sequences already open.
   result<sequence_id> open_sequence();
-  /// Frees a sequence's rings. Errors: an unknown id.
+  /// Frees a sequence's rings and pages. Errors: an unknown id.
   result<bool> close_sequence(sequence_id id);
   /// Tokens processed so far by a sequence.
   result<std::int64_t> length(sequence_id id) const;
+  /// Pages of the pool no sequence holds.
+  std::int64_t free_pages() const;
+  /// Pages a sequence of `tokens` tokens holds.
+  std::int64_t pages_for(std::int64_t tokens) const;
+  /// Pages sequence `id` takes from the pool to hold `tokens` tokens. Errors: an unknown id.
+  result<std::int64_t> pages_to_grow(sequence_id id, std::int64_t tokens) const;
   /// model::set_expert_placement's expert-parallel evaluation: each MoE runs the placement's
   /// ranks one after another on this device (the grouping an EP group would compute, on one
   /// GPU), each token's copies combined in top-k slot order as without one; in batch-invariant
@@ -95,13 +109,14 @@ class device_model {
   result<sequence_cache> export_sequence(sequence_id id) const;
   /// A new sequence continuing `cache` (made by the same CPU model: fresh, computed, restored
   /// from serialised KV, or after a bounded replay). Errors: another model's cache, a cache
-  /// longer than max_context, max_sequences already open.
+  /// longer than max_context, fewer free pages than it takes, max_sequences already open.
   result<sequence_id> import_sequence(const sequence_cache& cache);
 
   /// As model::forward: each sequence's tokens continue from its rings (prefill, chunked
   /// prefill and decode in one batch), logits [total tokens, vocab], sequences in batch order.
-  /// Errors (an unknown or repeated id, a token out of range, a sequence past max_context, an
-  /// Engram model without its token map) leave every sequence as it was; a device failure
+  /// Errors (an unknown or repeated id, a token out of range, a sequence past max_context, fewer
+  /// free pages than the call's tokens take, an Engram model without its token map) leave every
+  /// sequence as it was; a device failure
   /// halfway leaves the batch's sequences unusable (close them).
   /// `dspark_features`, when given, receives every token's DSpark draft features [T, target
   /// layers, hidden] (model::forward's).

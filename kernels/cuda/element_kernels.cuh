@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/paging.hpp"
 #include "kernels/portable_math.hpp"
 
 namespace troupe::kernels::cuda {
@@ -145,6 +146,19 @@ struct embed_fn {  // every stream of token t starts as the embedding row of tok
   float* out;
   __device__ void operator()(std::int64_t i) const {
     out[i] = table[tokens[i / (copies * D)] * D + i % D];
+  }
+};
+
+struct paged_rows_fn {  // entry j < count[r] of row r: its sequence's group -> its store row
+  const std::int64_t* groups;
+  const std::int64_t* count;
+  const std::int64_t* pages;
+  const std::int64_t* pages_at;
+  std::int64_t k, rows;
+  std::int64_t* out;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = i / k;
+    if (i % k < count[r]) out[i] = paged_row(pages + pages_at[r], rows, groups[i]);
   }
 };
 

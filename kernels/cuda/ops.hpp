@@ -172,6 +172,14 @@ result<bool> copy_rows(const float* src, const std::int64_t* src_rows, float* ds
                        const std::int64_t* dst_rows, std::int64_t rows, std::int64_t width,
                        void* stream = nullptr);
 
+/// The paged compressed KV's store rows of selected groups (kernels/cuda/paging.hpp): for each
+/// row r < rows of groups [rows, k] and j < count[r], out[r · k + j] = the row of group
+/// groups[r · k + j] in a store of `page_rows` rows per page, of the sequence whose page ids
+/// start at pages + pages_at[r]. Entries from count[r] on are left as they are.
+result<bool> paged_rows(const std::int64_t* groups, const std::int64_t* count, std::int64_t rows,
+                        std::int64_t k, const std::int64_t* pages, const std::int64_t* pages_at,
+                        std::int64_t page_rows, std::int64_t* out, void* stream = nullptr);
+
 /// y[i] += x[i] for i < n.
 result<bool> add_into(float* y, const float* x, std::int64_t n, void* stream = nullptr);
 

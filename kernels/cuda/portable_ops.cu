@@ -143,6 +143,15 @@ result<bool> copy_rows(const float* src, const std::int64_t* src_rows, float* ds
                      stream);
 }
 
+result<bool> paged_rows(const std::int64_t* groups, const std::int64_t* count, std::int64_t rows,
+                        std::int64_t k, const std::int64_t* pages, const std::int64_t* pages_at,
+                        std::int64_t page_rows, std::int64_t* out, void* stream) {
+  if (page_rows < 1)
+    return result<bool>::failure("paged_rows: " + std::to_string(page_rows) + " rows per page");
+  return launch_each("paged_rows", rows * k,
+                     paged_rows_fn{groups, count, pages, pages_at, k, page_rows, out}, stream);
+}
+
 result<bool> add_into(float* y, const float* x, std::int64_t n, void* stream) {
   return launch_each("add_into", n, add_fn{y, x}, stream);
 }

@@ -22,7 +22,8 @@ void check(const std::filesystem::path& dir, const std::string& what) {
   auto m = model::load(dir);
   REQUIRE_MESSAGE(m, m.error());
   REQUIRE(troupe::test::set_identity_engram_map(*m));
-  auto dev = cuda::device_model::upload(*m, {.max_sequences = 3});
+  // Pages of 4 tokens: the sequences' compressed KV lies in pages they took in turns.
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 3, .page_tokens = 4});
   REQUIRE_MESSAGE(dev, dev.error());
   troupe::test::check_against_cpu("device_model on " + what, *m, *dev, 64);
 }

@@ -75,18 +75,22 @@ model tiny_model(const std::filesystem::path& dir) {
 }
 
 // The tiny preset (seed `seed`) in scratch directory `name`, served by cpu_backend and by a
-// cuda_backend that holds `max_sequences` sequences on the device at once.
+// cuda_backend that holds `max_sequences` sequences on the device at once, and a pool of
+// `kv_tokens` (0: the default) in pages of `page_tokens`.
 struct side_by_side {
   cpu_backend cpu;
   std::unique_ptr<cuda::cuda_backend> gpu;
 };
 
 side_by_side tiny_backends(const std::string& name, std::uint64_t seed,
-                           std::int64_t max_sequences) {
+                           std::int64_t max_sequences, std::int64_t page_tokens = 256,
+                           std::int64_t kv_tokens = 0) {
   const auto dir = testing::scratch_root() / name;
   REQUIRE(write_random_model(dir, "tiny", seed));
   cuda::cuda_backend_options options;
   options.max_sequences = max_sequences;
+  options.page_tokens = page_tokens;
+  options.kv_tokens = kv_tokens;
   auto gpu = cuda::cuda_backend::open(tiny_model(dir), options);
   REQUIRE_MESSAGE(gpu, gpu.error());
   return {cpu_backend(tiny_model(dir)), std::move(*gpu)};
@@ -234,6 +238,48 @@ TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least re
       CHECK(max_diff(decode(dev, g[s], t), decode(cpu, c[s], t)) < 1e-4);
     }
   }
+}
+
+TEST_CASE("emulated device: when a step needs more KV pages than are free, the sequence that "
+          "ran least recently waits on the host") {
+  // Room for four sequences but pages for 48 tokens (six of 8): three 14-token prompts take
+  // two pages each, and the third sequence's decode steps need a third page at token 17.
+  auto backends = tiny_backends("cuda-backend-pages", 7, 4, 8, 48);
+  auto& cpu = backends.cpu;
+  auto& dev = *backends.gpu;
+  std::vector<sequence_id> c, g;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::int64_t> prompt(14);
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = static_cast<std::int64_t>((i * 29 + 5 * s + 2) % 256);
+    c.push_back(cpu.open_sequence());
+    g.push_back(dev.open_sequence());
+    const step_input ci{c.back(), prompt}, gi{g.back(), prompt};
+    auto want = cpu.step(std::span(&ci, 1));
+    auto got = dev.step(std::span(&gi, 1));
+    REQUIRE(want);
+    REQUIRE_MESSAGE(got, got.error());
+    CAPTURE(s);
+    CHECK(max_diff(*got, *want) < 1e-4);
+  }
+  CHECK(dev.evictions() == 0);
+  // Sequence 2 decodes to 17 tokens: its third page moves sequence 0 (run least recently) to
+  // the host; then sequence 0 comes back in place of sequence 1.
+  const std::vector<std::int64_t> t{40, 41, 42};
+  CHECK(max_diff(decode(dev, g[2], t), decode(cpu, c[2], t)) < 1e-4);
+  CHECK(dev.evictions() == 1);
+  CHECK(max_diff(decode(dev, g[0], t), decode(cpu, c[0], t)) < 1e-4);
+  CHECK(dev.evictions() == 2);
+  for (int s = 0; s < 3; ++s) CHECK(*dev.length(g[s]) == *cpu.length(c[s]));
+  {  // a batch whose pages do not fit even with every other sequence on the host is refused
+    std::vector<std::int64_t> many(40, 7);
+    const step_input all[] = {{g[0], many}, {g[2], t}};
+    CHECK(dev.step(all).error() ==
+          "cuda backend: a batch of 2 sequences needs 5 more KV pages, and 0 are free with "
+          "every other sequence on the host (kv_tokens)");
+    for (int s : {0, 2}) CHECK(*dev.length(g[s]) == *cpu.length(c[s]));
+  }
+  CHECK(max_diff(decode(dev, g[1], t), decode(cpu, c[1], t)) < 1e-4);
 }
 
 TEST_CASE("emulated device: the DSpark draft contexts live on the device and move with their "

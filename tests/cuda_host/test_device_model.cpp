@@ -110,6 +110,84 @@ TEST_CASE("emulated device: CSA2 layers (the compressor, indexer, candidate bloc
   }
 }
 
+TEST_CASE("emulated device: compressed KV in pages of a few tokens, interleaved between "
+          "sequences") {
+  // Pages of 4 tokens (2 rows of a ratio-2 store, 1 of ratio 4, 4 of ratio 1): the prefill
+  // takes pages in a run, then the two sequences' decode steps take them in turns, so each
+  // sequence's groups lie in pages scattered over the stores.
+  for (const std::string name : {"mixed", "ratio4"}) {
+    CAPTURE(name);
+    auto m = model::load(golden / name);
+    REQUIRE_MESSAGE(m, m.error());
+    REQUIRE(troupe::test::set_identity_engram_map(*m));
+    auto dev = cuda::device_model::upload(*m, {.max_sequences = 3, .page_tokens = 4});
+    REQUIRE_MESSAGE(dev, dev.error());
+    troupe::test::check_against_cpu(name, *m, *dev, 24);
+  }
+}
+
+TEST_CASE("emulated device: a call that needs more pages than are free is refused before "
+          "anything runs") {
+  auto m = model::load(golden / "qat");  // ratio 2
+  REQUIRE(m);
+  CHECK(cuda::device_model::upload(*m, {.page_tokens = 3}).error() ==
+        "device_model: pages of 3 tokens do not hold whole groups of the compressor's ratio 2");
+  CHECK(cuda::device_model::upload(*m, {.page_tokens = 0}).error() ==
+        "device_model: pages of 0 tokens, a pool of 0 tokens: expected at least 1 and 0 "
+        "(max_sequences x max_context)");
+  // A pool of 4 pages of 4 tokens.
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 2, .page_tokens = 4, .kv_tokens = 14});
+  REQUIRE(dev);
+  CHECK(dev->free_pages() == 4);
+  CHECK(dev->pages_for(0) == 0);
+  CHECK(dev->pages_for(9) == 3);
+  auto a = dev->open_sequence();
+  auto b = dev->open_sequence();
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(*dev->pages_to_grow(*a, 12) == 3);
+  CHECK(dev->pages_to_grow(999, 1).error() == "device_model: no sequence 999");
+  std::vector<std::int64_t> twelve(12), eight(8);
+  for (std::size_t i = 0; i < twelve.size(); ++i) twelve[i] = static_cast<std::int64_t>(i * 5 + 1);
+  for (std::size_t i = 0; i < eight.size(); ++i) eight[i] = static_cast<std::int64_t>(i * 7 + 2);
+  const step_input first{*a, twelve};
+  REQUIRE(dev->forward(std::span(&first, 1)));
+  CHECK(dev->free_pages() == 1);
+  CHECK(*dev->pages_to_grow(*a, 13) == 1);
+  // b's 8 tokens need 2 pages; with a decode step of a beside them, 3.
+  const std::vector<std::int64_t> one{3};
+  const step_input both[] = {{*a, one}, {*b, eight}};
+  CHECK(dev->forward(both).error() == "device_model: 3 more KV pages needed, 1 free (pages of 4 tokens)");
+  CHECK(*dev->length(*a) == 12);  // nothing ran
+  CHECK(*dev->length(*b) == 0);
+  CHECK(dev->free_pages() == 1);
+  // a's pages come back when it closes, and b runs on them as the CPU engine does.
+  REQUIRE(dev->close_sequence(*a));
+  CHECK(dev->free_pages() == 4);
+  auto empty = dev->import_sequence(m->new_sequence());  // an empty cache takes no page
+  REQUIRE(empty);
+  CHECK(dev->free_pages() == 4);
+  REQUIRE(dev->close_sequence(*empty));
+  const step_input second{*b, eight};
+  auto got = dev->forward(std::span(&second, 1));
+  REQUIRE_MESSAGE(got, got.error());
+  CHECK(dev->free_pages() == 2);
+  auto cpu = m->new_sequence();
+  const sequence_input in{&cpu, eight};
+  auto want = m->forward(std::span(&in, 1));
+  REQUIRE(want);
+  REQUIRE(got->size() == want->size());
+  double d = 0;
+  for (std::size_t i = 0; i < want->size(); ++i) d = std::max(d, double(std::fabs((*got)[i] - (*want)[i])));
+  CHECK(d < 1e-4);
+  // A cache longer than the free pages hold is not imported.
+  auto long_cache = m->new_sequence();
+  const sequence_input twelve_in{&long_cache, twelve};
+  REQUIRE(m->forward(std::span(&twelve_in, 1)));
+  CHECK(dev->import_sequence(long_cache).error() ==
+        "device_model: 3 more KV pages needed, 2 free (pages of 4 tokens)");
+}
+
 TEST_CASE("emulated device: a sequence longer than max_context is refused before anything runs") {
   auto m = model::load(golden / "qat");
   REQUIRE(m);
@@ -133,8 +211,23 @@ TEST_CASE("emulated device: a sequence moves between the device and the CPU in t
   auto m = model::load(dir);
   REQUIRE(m);
   REQUIRE(troupe::test::set_identity_engram_map(*m));
-  auto dev = cuda::device_model::upload(*m, {.max_sequences = 4});
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 4, .page_tokens = 6});
   REQUIRE(dev);
+  {
+    // Pages of 6 tokens (3 rows of the ratio-2 store, so a block's 64 rows cross pages), and
+    // scattered: two sequences take them in turns, then one of them closes, so the sequences
+    // below get every other page first.
+    auto f1 = dev->open_sequence();
+    auto f2 = dev->open_sequence();
+    REQUIRE(f1);
+    REQUIRE(f2);
+    const std::vector<std::int64_t> six{1, 2, 3, 4, 5, 6};
+    for (int i = 0; i < 8; ++i) {
+      const step_input in[] = {{*f1, six}, {*f2, six}};
+      REQUIRE(dev->forward(in));
+    }
+    REQUIRE(dev->close_sequence(*f1));
+  }
   const std::int64_t V = m->text().vocab_size;
   std::vector<std::int64_t> prompt(131), next(5);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % 256);

@@ -193,3 +193,24 @@ TEST_CASE("emulated: the router, CSA2 and weight kernels equal the CPU engine's 
   run_each(rows * fc, cuda::dequant_fn{w4.data(), s4.data(), fc, 32, 0, d4.data()});
   CHECK(same_bits(d4, want4));
 }
+
+TEST_CASE("emulated: the paged-rows kernel maps each row's selected groups through its pages") {
+  // Two sequences' page tables (pages of 3 rows), rows 0-1 of the first and 2-4 of the second,
+  // 4 entries a row of which count[r] are selected; the rest must stay as they were.
+  const std::int64_t k = 4, rows = 5, per = 3;
+  const std::vector<std::int64_t> pages{7, 2, 9, 4, 0, 5};  // sequence 0: 7 2 9; 1: 4 0 5
+  const std::vector<std::int64_t> at{0, 0, 3, 3, 3};
+  const std::vector<std::int64_t> count{4, 2, 0, 3, 4};
+  std::vector<std::int64_t> groups(static_cast<std::size_t>(rows * k));
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i] = static_cast<std::int64_t>(i * 5 % 9);
+  std::vector<std::int64_t> out(groups.size(), -1), want(groups.size(), -1);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < count[static_cast<std::size_t>(r)]; ++j) {
+      const auto g = groups[static_cast<std::size_t>(r * k + j)];
+      want[static_cast<std::size_t>(r * k + j)] =
+          pages[static_cast<std::size_t>(at[static_cast<std::size_t>(r)] + g / per)] * per + g % per;
+    }
+  run_each(rows * k, cuda::paged_rows_fn{groups.data(), count.data(), pages.data(), at.data(), k,
+                                         per, out.data()});
+  CHECK(out == want);
+}
