@@ -28,6 +28,7 @@ CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kept_state_get))
 CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kept_state))
 CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kv_part))
 CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kv_part_offered))
+CAF_ADD_TYPE_ID(troupe_actors_wire, (troupe::actors::kv_part_streamed))
 CAF_END_TYPE_ID_BLOCK(troupe_actors_wire)
 
 namespace troupe::actors {

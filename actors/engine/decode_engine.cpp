@@ -659,6 +659,13 @@ decode_engine_actor::behavior_type decode_engine_fn(engine_ptr self, decode_engi
     [self](const kept_state_get& g) -> caf::result<kept_state> {
       return answer_kept_state(self, self->state.device, g);
     },
+    [self](const kv_part_streamed& part) {
+      // The bytes occupy the link now; the job's own transfer queues behind them.
+      if (self->state.ingress != nullptr && part.bytes > 0)
+        self->request(self->state.ingress, caf::infinite,
+                      runtime::link_transfer{part.request, part.bytes})
+          .then([](const runtime::link_delivery&) {});
+    },
   };
 }
 

@@ -172,7 +172,8 @@ using decode_engine_actor
                      caf::replies_to<engine_stats_atom>::with<engine_stats>,
                      caf::replies_to<drain_atom, runtime::duration>::with<std::uint64_t>,
                      caf::reacts_to<drain_end_atom>, caf::reacts_to<cancel_atom, std::uint64_t>,
-                     caf::replies_to<kept_state_get>::with<kept_state>>;
+                     caf::replies_to<kept_state_get>::with<kept_state>,
+                     caf::reacts_to<kv_part_streamed>>;
 
 /// Speculative decoding: none; every sequence verifies the same number of drafts; or DSpark's
 /// per-step choice (speculation.hpp).

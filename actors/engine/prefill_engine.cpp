@@ -180,7 +180,8 @@ void try_finish(engine_ptr self, std::uint64_t request) {
 /// A streaming job whose chunk completed full blocks, with more to compute: those blocks are
 /// exported now and sent to its sender, to move while the rest computes (the device answers
 /// after the step just done, before the next one). The simulated world moves no bytes: it
-/// counts the blocks, which the hand-off after the prefill leaves out.
+/// counts the blocks, which the hand-off after the prefill leaves out, and puts their bytes on
+/// the booked decode instance's hand-off link now (kv_part_streamed).
 void stream_blocks(engine_ptr self, std::uint64_t request, job_state& j) {
   if (!j.job.stream_kv || j.stream_failed || j.remaining == 0)
     return;
@@ -189,8 +190,13 @@ void stream_blocks(engine_ptr self, std::uint64_t request, job_state& j) {
     return;
   const auto first = j.streamed;
   j.streamed = full;
-  if (!j.parts_to)
+  if (!j.parts_to) {
+    if (j.job.kv_to && j.job.kv_bytes_per_token > 0)
+      caf::anon_send(caf::actor_cast<caf::actor>(j.job.kv_to),
+                     kv_part_streamed{request, (full - first) * block_tokens
+                                                 * j.job.kv_bytes_per_token});
     return;
+  }
   auto& st = self->state;
   self->request(st.device, caf::infinite, runtime::kv_export{request, first, true})
     .then(

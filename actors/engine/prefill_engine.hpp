@@ -102,15 +102,18 @@ struct prefill_job {
   /// sender (prefill_kv_part), so that they cross to the decode instance while the rest
   /// computes; the export at the end then holds only the blocks after those
   /// (prefill_done::kv_first_block). Set by the request (request_services::stream_kv) and by
-  /// the KV bridge in front of a launched engine; the simulated world counts the blocks only.
+  /// the KV bridge in front of a launched engine. The simulated world moves no bytes: it counts
+  /// the blocks and tells kv_to how many bytes cross its hand-off link (kv_part_streamed).
   bool stream_kv = false;
+  /// The simulated world: a token's KV bytes (what a streamed block occupies on the link).
+  std::uint64_t kv_bytes_per_token = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_job& x) {
   return f(caf::meta::type_name("prefill_job"), x.request, x.input_tokens, x.cached_tokens,
            x.fetch_bytes, x.tokens, x.sampling, x.chain, x.traffic, x.constraint, x.keeper,
-           x.kv_to, x.stream_kv);
+           x.kv_to, x.stream_kv, x.kv_bytes_per_token);
 }
 
 /// A run of a streaming job's full blocks, exported while its prefill goes on: blocks
@@ -146,6 +149,20 @@ struct kv_part_offered {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_part_offered& x) {
   return f(caf::meta::type_name("kv_part_offered"), x.request, x.part);
+}
+
+/// The simulated world's streamed KV (prefill_job::stream_kv): `bytes` of a request's blocks
+/// leave its prefill instance now for the decode instance the request booked
+/// (prefill_job::kv_to), over that instance's hand-off link, ahead of the rest that the
+/// request's decode_job brings. No reply.
+struct kv_part_streamed {
+  std::uint64_t request = 0;
+  std::uint64_t bytes = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_part_streamed& x) {
+  return f(caf::meta::type_name("kv_part_streamed"), x.request, x.bytes);
 }
 
 /// An engine's report to the prefill balancer: its device now keeps the window state (SWA

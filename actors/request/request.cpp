@@ -377,6 +377,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
                         cached_tokens * st.services.kv_bytes_per_token, {}, st.spec.sampling};
         job.constraint = st.spec.constraint;  // the simulated world costs its compile
         job.stream_kv = st.services.stream_kv;
+        job.kv_bytes_per_token = st.services.kv_bytes_per_token;
         if (!st.spec.prompt.empty()) {
           job.tokens = st.spec.prompt;
           job.tokens.insert(job.tokens.end(), st.output.begin(), st.output.end());

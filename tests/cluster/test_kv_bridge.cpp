@@ -128,6 +128,7 @@ engine_fn(actors::decode_engine_actor::pointer self, std::shared_ptr<actors::con
     [](actors::drain_end_atom) {},
     [](actors::cancel_atom, std::uint64_t) {},
     answer_kept(std::move(kept)),
+    [](const actors::kv_part_streamed&) {},
   };
 }
 
