@@ -393,26 +393,19 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
                   W.rope_main.rope_dim};
   s->rope_compress = {up(loaded::matrix{W.rope_compress.inv_freq}), W.rope_compress.scaling,
                       W.rope_compress.rope_dim};
+  auto zeros = [&](i64 n) {
+    if (!error.empty()) return buffer{};
+    auto b = buffer::zeros(sz(n));
+    if (!b) {
+      error = b.error();
+      return buffer{};
+    }
+    return std::move(*b);
+  };
+  // A store of `rows` rows per sequence slot; a compressed store of `rows` per page.
   const i64 slots = options.max_sequences;
-  auto store = [&](i64 rows, i64 width) {
-    if (!error.empty()) return buffer{};
-    auto b = buffer::zeros(sz(slots * rows * width));
-    if (!b) {
-      error = b.error();
-      return buffer{};
-    }
-    return std::move(*b);
-  };
-  // A compressed store: every page's rows.
-  auto paged = [&](i64 rows_per_page, i64 width) {
-    if (!error.empty()) return buffer{};
-    auto b = buffer::zeros(sz(pages * rows_per_page * width));
-    if (!b) {
-      error = b.error();
-      return buffer{};
-    }
-    return std::move(*b);
-  };
+  auto store = [&](i64 rows, i64 width) { return zeros(slots * rows * width); };
+  auto paged = [&](i64 rows, i64 width) { return zeros(pages * rows * width); };
   // What every layer has, backbone or draft stage: the attention, the mHC sites, the MoE, and
   // each sequence slot's window ring.
   auto up_layer = [&](const loaded::layer_weights& L) {

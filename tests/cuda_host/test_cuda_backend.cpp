@@ -40,6 +40,19 @@ std::vector<float> decode(model_backend& be, sequence_id id, const std::vector<s
   return out;
 }
 
+// A new sequence on each backend prefilled with `prompt`, their logits compared; their ids.
+std::pair<sequence_id, sequence_id> prefill_both(model_backend& cpu, model_backend& dev,
+                                                 const std::vector<std::int64_t>& prompt) {
+  const sequence_id c = cpu.open_sequence(), g = dev.open_sequence();
+  const step_input ci{c, prompt}, gi{g, prompt};
+  auto want = cpu.step(std::span(&ci, 1));
+  auto got = dev.step(std::span(&gi, 1));
+  REQUIRE(want);
+  REQUIRE_MESSAGE(got, got.error());
+  CHECK(max_diff(*got, *want) < 1e-4);
+  return {c, g};
+}
+
 // A sequence of `to` rebuilt from `from`'s serialised Block KV, then State and SWA KV.
 sequence_id move(const model_backend& from, sequence_id id, model_backend& to) {
   const sequence_id moved = to.open_sequence();
@@ -204,14 +217,9 @@ TEST_CASE("emulated device: beyond max_sequences, the sequence that ran least re
     std::vector<std::int64_t> prompt(9 + s);
     for (std::size_t i = 0; i < prompt.size(); ++i)
       prompt[i] = static_cast<std::int64_t>((i * 53 + 7 * s + 1) % 256);
-    c.push_back(cpu.open_sequence());
-    g.push_back(dev.open_sequence());
-    const step_input ci{c.back(), prompt}, gi{g.back(), prompt};
-    auto want = cpu.step(std::span(&ci, 1));
-    auto got = dev.step(std::span(&gi, 1));
-    REQUIRE(want);
-    REQUIRE_MESSAGE(got, got.error());
-    CHECK(max_diff(*got, *want) < 1e-4);
+    const auto [cs, gs] = prefill_both(cpu, dev, prompt);
+    c.push_back(cs);
+    g.push_back(gs);
   }
   CHECK(dev.evictions() == 1);  // the third prompt moved the first sequence to the host
   for (const int s : {0, 1, 2, 0}) {
@@ -252,15 +260,9 @@ TEST_CASE("emulated device: when a step needs more KV pages than are free, the s
     std::vector<std::int64_t> prompt(14);
     for (std::size_t i = 0; i < prompt.size(); ++i)
       prompt[i] = static_cast<std::int64_t>((i * 29 + 5 * s + 2) % 256);
-    c.push_back(cpu.open_sequence());
-    g.push_back(dev.open_sequence());
-    const step_input ci{c.back(), prompt}, gi{g.back(), prompt};
-    auto want = cpu.step(std::span(&ci, 1));
-    auto got = dev.step(std::span(&gi, 1));
-    REQUIRE(want);
-    REQUIRE_MESSAGE(got, got.error());
-    CAPTURE(s);
-    CHECK(max_diff(*got, *want) < 1e-4);
+    const auto [cs, gs] = prefill_both(cpu, dev, prompt);
+    c.push_back(cs);
+    g.push_back(gs);
   }
   CHECK(dev.evictions() == 0);
   // Sequence 2 decodes to 17 tokens: its third page moves sequence 0 (run least recently) to
