@@ -199,7 +199,8 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "CPU threads per device (default 2; on CUDA, of the CPU engine beside the GPU)");
   cmd->add_option("--max-context", o.max_context,
                   "longest context (prompt + output) of a request, in tokens (default: the "
-                  "model's; at most 16384 on CUDA devices, which allocate it per sequence)");
+                  "model's; at most 16384 on CUDA devices, whose KV page pool holds each of a step's "
+                  "sequences at it)");
   cmd->add_option("--max-in-flight", o.max_in_flight,
                   "generation requests in flight at once; more get 429 (default 64)");
   cmd->add_option("--compile-threads", o.compile_threads,

@@ -47,7 +47,8 @@ struct serve_options {
   /// the GPU (KV imports, bounded replay).
   int device_threads = 2;
   /// The longest context (prompt + output) of a request, in tokens; 0: the model's, at most
-  /// 16384 on CUDA devices, which allocate it per sequence (cluster/device_engines.hpp).
+  /// 16384 on CUDA devices, whose compressed-KV page pool holds each of a step's sequences at it
+  /// (cluster/device_engines.hpp).
   std::uint64_t max_context = 0;
   /// Generation requests in flight at once (429 beyond).
   std::uint32_t max_in_flight = 64;
