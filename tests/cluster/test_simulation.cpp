@@ -439,6 +439,26 @@ TEST_CASE("decode batch and KV occupancy are reported against the instance's cap
   CHECK(out.report["gpus"]["pools"]["prefill"]["input_tokens_per_node_s"].get<double>() > 0);
 }
 
+namespace {
+
+/// `records` on `r`'s topology with --kv-stream on or off and a hand-off link of `bandwidth`
+/// bytes/s: every request completes, its invariants checked and none broken; the report.
+nlohmann::json kv_stream_run(const replay& r, const std::vector<request_record>& records,
+                             std::uint64_t seed, double bandwidth, bool stream) {
+  sim_options o;
+  o.seed = seed;
+  o.params.stream_kv = stream;
+  o.params.handoff_bandwidth = bandwidth;
+  auto out = run_simulation(r.topo, records, o);
+  REQUIRE(out.ok());
+  CHECK(out->report["requests"]["completed"] == records.size());
+  CHECK(out->report["invariants"]["checked"] == records.size());
+  CHECK(out->report["invariants"]["violations"].size() == 0);
+  return out->report;
+}
+
+} // namespace
+
 TEST_CASE("--kv-stream: a prompt's blocks cross the hand-off link while it prefills: decode "
           "starts sooner, but never before every byte crossed") {
   // One 16,384-token prompt and a 100 MB/s hand-off link, slower than the prefill: the streamed
@@ -451,19 +471,8 @@ TEST_CASE("--kv-stream: a prompt's blocks cross the hand-off link while it prefi
   one.output_tokens = 2;
   for (std::uint64_t b = 0; b < 1024; ++b)
     one.blocks.push_back(0x5eed0000 + b);
-  auto with = [&](bool stream) {
-    sim_options o;
-    o.seed = 1;
-    o.params.stream_kv = stream;
-    o.params.handoff_bandwidth = 100e6;
-    auto out = run_simulation(r.topo, std::vector<request_record>{one}, o);
-    REQUIRE(out.ok());
-    CHECK(out->report["requests"]["completed"] == 1);
-    CHECK(out->report["invariants"]["violations"].size() == 0);
-    return out->report;
-  };
-  const auto off = with(false);
-  const auto on = with(true);
+  const auto off = kv_stream_run(r, {one}, 1, 100e6, false);
+  const auto on = kv_stream_run(r, {one}, 1, 100e6, true);
   const auto ms = [](const nlohmann::json& rep, const char* what) {
     return rep["latency_ms"][what]["p50"].get<double>();
   };
@@ -478,20 +487,10 @@ TEST_CASE("--kv-stream: a prompt's blocks cross the hand-off link while it prefi
 TEST_CASE("--kv-stream over a trace: every request completes exactly, and the slowest finish "
           "sooner") {
   replay r{200};
-  auto with = [&](bool stream) {
-    sim_options o;
-    o.seed = 3;
-    o.params.stream_kv = stream;
-    o.params.handoff_bandwidth = 2e9;  // a hand-off that takes time to move a prompt's KV
-    auto out = run_simulation(r.topo, r.records, o);
-    REQUIRE(out.ok());
-    CHECK(out->report["requests"]["completed"] == 200);
-    CHECK(out->report["invariants"]["checked"] == 200);
-    CHECK(out->report["invariants"]["violations"].size() == 0);
-    return out->report;
-  };
-  const auto off = with(false);
-  const auto on = with(true);
+  // A 2 GB/s hand-off takes time to move a prompt's KV.
+  REQUIRE(r.records.size() == 200);
+  const auto off = kv_stream_run(r, r.records, 3, 2e9, false);
+  const auto on = kv_stream_run(r, r.records, 3, 2e9, true);
   // The median barely moves (the streamed blocks take the same link time, and an early
   // booking picks its decode instance one prefill sooner); the tail gains.
   const auto e2e = [](const nlohmann::json& rep, const char* p) {

@@ -124,13 +124,7 @@ TEST_CASE("emulated device: cuda_backend serves as cpu_backend does, and KV move
 
   std::vector<std::int64_t> prompt(131), next{5, 77, 200, 13};
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % 256);
-  const sequence_id c = cpu.open_sequence(), g = dev.open_sequence();
-  const step_input ci{c, prompt}, gi{g, prompt};
-  auto want = cpu.step(std::span(&ci, 1));
-  auto got = dev.step(std::span(&gi, 1));
-  REQUIRE(want);
-  REQUIRE_MESSAGE(got, got.error());
-  CHECK(max_diff(*got, *want) < 1e-4);
+  const auto [c, g] = prefill_both(cpu, dev, prompt);
   CHECK(*dev.length(g) == 131);
   CHECK(*dev.full_blocks(g) == *cpu.full_blocks(c));
   CHECK(*dev.full_blocks(g) == 1);
