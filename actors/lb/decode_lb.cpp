@@ -3,9 +3,11 @@
 #include "runtime/errors.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <deque>
 #include <map>
 #include <set>
 
@@ -24,6 +26,11 @@ struct decode_lb_state {
   std::map<std::uint64_t, runtime::time_point> waiting;
   runtime::duration waiting_window{0};
   runtime::time_point pruned{};  // when `waiting` last lost its overdue entries
+  /// The requests refused for want of room, oldest first, to tell when room may have come
+  /// (decode_room_atom): ids in order, and each one's actor while it is to be told (an id
+  /// whose entry is gone was booked or told already, and is skipped).
+  std::deque<std::uint64_t> refused_order;
+  std::map<std::uint64_t, caf::actor_addr> refused;
   run_history_ptr history;
   static inline const char* name = "decode_lb";
 };
@@ -37,6 +44,24 @@ void prune_waiting(lb_ptr self) {
   for (auto it = st.waiting.begin(); it != st.waiting.end();)
     it = now - it->second > st.waiting_window ? st.waiting.erase(it) : std::next(it);
   st.pruned = now;
+}
+
+/// Tells the `n` oldest refused requests still waiting that room may have come.
+void tell_refused(lb_ptr self, std::size_t n) {
+  auto& st = self->state;
+  while (n > 0 && !st.refused_order.empty()) {
+    const auto id = st.refused_order.front();
+    st.refused_order.pop_front();
+    auto it = st.refused.find(id);
+    if (it == st.refused.end())
+      continue;
+    auto request = caf::actor_cast<caf::actor>(it->second);
+    st.refused.erase(it);
+    if (request) {  // it may have ended meanwhile
+      caf::anon_send(request, decode_room_atom::value);
+      --n;
+    }
+  }
 }
 
 void record(lb_ptr self, instance_id id, booking_fact::kind_t kind, std::uint64_t reserved = 0) {
@@ -67,15 +92,20 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
         if (self->clock().now() - st.pruned > st.waiting_window)
           prune_waiting(self);
         st.waiting[r.request] = self->clock().now();
+        if (st.refused.emplace(r.request, caf::actor_cast<caf::actor_addr>(self->current_sender()))
+              .second)
+          st.refused_order.push_back(r.request);
         return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
       }
       st.waiting.erase(r.request);
+      st.refused.erase(r.request);
       record(self, *id, booking_fact::book, r.kv_tokens + r.max_new_tokens);
       return decode_assignment{*id, st.engines.at(*id)};
     },
     [self](const decode_release& r) {
       self->state.balancer->complete(r.instance, r.kv_tokens, r.max_new_tokens, r.grown);
       record(self, r.instance, booking_fact::release, r.kv_tokens + r.max_new_tokens);
+      tell_refused(self, 1);
     },
     [self](const decode_grow& g) { self->state.balancer->grow(g.instance, g.tokens); },
     [self](add_instance_atom, instance_id id, decode_engine_actor& engine) {
@@ -84,6 +114,7 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
       st.engines[id] = std::move(engine);
       st.balancer->add_instance(id);
       record(self, id, booking_fact::join);
+      tell_refused(self, st.refused.size());
     },
     [self](drain_instance_atom, instance_id id) {
       // Its engine stays a member (monitored) until it exits; it just takes no new routes.

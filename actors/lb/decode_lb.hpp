@@ -69,6 +69,12 @@ typename Inspector::result_type inspect(Inspector& f, decode_grow& x) {
   return f(caf::meta::type_name("decode_grow"), x.instance, x.tokens);
 }
 
+/// Sent by decode_lb to a request it refused for want of room once room may have come (a
+/// booking ended, an instance joined): the request asks again at once instead of at its next
+/// retry (request.hpp). The oldest refused request is told per booking that ends; every one
+/// when an instance joins.
+using decode_room_atom = caf::atom_constant<caf::atom("decroom")>;
+
 /// Replies: decode_route -> decode_assignment, or errc::unavailable when no engine has room.
 using decode_lb_actor
   = caf::typed_actor<caf::replies_to<decode_route>::with<decode_assignment>,

@@ -136,6 +136,14 @@ bool past_deadline(request_ptr self, runtime::duration ahead = runtime::duration
   return self->clock().now() + ahead - st.outcome.admitted > st.services.deadline;
 }
 
+/// Runs the retry a refusal left, if any.
+void retry_now(request_ptr self) {
+  auto again = std::move(self->state.retry);
+  self->state.retry = nullptr;
+  if (again)
+    again();
+}
+
 /// A balancer had no instance for it: try `again` after the retry interval unless that is
 /// past the deadline; any other routing error ends the request.
 auto retry_or_fail(request_ptr self, std::string phase, std::function<void()> again) {
@@ -588,12 +596,10 @@ caf::behavior request_fn(request_ptr self, request_spec spec, request_services s
       release_booking(self);
       finish(self, "cancelled");
     },
-    [self](retry_atom) {
-      auto again = std::move(self->state.retry);
-      self->state.retry = nullptr;
-      if (again)
-        again();
-    },
+    [self](retry_atom) { retry_now(self); },
+    // decode_lb refused it for want of room, and room may have come: ask now, not at the timer
+    // (which, when it fires, finds nothing to retry, or the next refusal's retry a little early).
+    [self](decode_room_atom) { retry_now(self); },
   };
 }
 

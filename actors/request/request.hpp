@@ -25,7 +25,8 @@
 //     the new instance's link; nothing is re-prefilled. A forward is not a reroute (it does
 //     not count towards `max_reroutes`); `forwards` counts them;
 //   - when no instance can take it (routing answers `unavailable`, e.g. while the only decode
-//     instance restarts), it asks again every `retry_interval`;
+//     instance restarts), it asks again every `retry_interval`, or at once when decode_lb
+//     says room may have come (decode_room_atom: a booking ended, an instance joined);
 //   - it fails with an explicit reason when it cannot be served within `deadline` of its
 //     admission or after `max_reroutes` reroutes (the deadline is checked whenever it would
 //     retry or reroute, not while a job runs);

@@ -293,3 +293,63 @@ TEST_CASE("decode_lb counts a request refused for want of room as waiting until 
   w.driver().run_for(2500ms);  // neither retried within the window: served elsewhere, or gone
   CHECK(waiting() == 0);
 }
+
+TEST_CASE("decode_lb tells the oldest request it refused for want of room when a booking ends, "
+          "and every one it refused when an instance joins") {
+  runtime::world w{runtime::world_options{runtime::world_mode::sim, 1, 0, false,
+                                          register_actor_types}};
+  auto& sys = w.system();
+  decode_balancer_params p;
+  p.max_requests = 1;
+  auto dlb = spawn_decode_lb(sys, p);
+  auto idle_engine = [&] {  // never asked anything here
+    return caf::actor_cast<decode_engine_actor>(
+      sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+        self->set_default_handler(caf::drop);
+        return {[](int) {}};
+      }));
+  };
+  caf::anon_send(dlb, add_instance_atom::value, instance_id{0}, idle_engine());
+  w.driver().run_for(0s);
+  struct told {
+    bool booked = false, refused = false;
+    int rooms = 0;
+  };
+  // A request: asks for a route, and counts the room messages it gets (kept alive here, as a
+  // waiting request is by its retry timer).
+  std::vector<caf::actor> alive;
+  auto request = [&](std::uint64_t id) {
+    auto t = std::make_shared<told>();
+    alive.push_back(sys.spawn([dlb, id, t](caf::event_based_actor* self) -> caf::behavior {
+      self->request(dlb, caf::infinite, decode_route{id, 100, 10})
+        .then([t](const decode_assignment&) { t->booked = true; },
+              [t](const caf::error&) { t->refused = true; });
+      return {[t](decode_room_atom) { ++t->rooms; }};
+    }));
+    w.driver().run_for(0s);
+    return t;
+  };
+  auto a = request(1);
+  auto b = request(2);
+  auto c = request(3);
+  CHECK(a->booked);
+  CHECK((b->refused && c->refused));
+  caf::anon_send(dlb, decode_release{0, 100, 10, 0});  // a ends: b, refused first, is told
+  w.driver().run_for(0s);
+  CHECK(b->rooms == 1);
+  CHECK(c->rooms == 0);
+  auto d = request(4);  // room for one: d takes it; b never asked again
+  CHECK(d->booked);
+  caf::anon_send(dlb, add_instance_atom::value, instance_id{1}, idle_engine());
+  w.driver().run_for(0s);
+  CHECK(b->rooms == 1);  // told already
+  CHECK(c->rooms == 1);
+  auto e = request(5);
+  CHECK(e->booked);  // the new instance's room
+  caf::anon_send(dlb, decode_release{0, 100, 10, 0});  // nobody refused is left to tell
+  w.driver().run_for(0s);
+  CHECK((b->rooms == 1 && c->rooms == 1));
+  for (auto& r : alive)
+    caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  w.driver().run_for(0s);
+}

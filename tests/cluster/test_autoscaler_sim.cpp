@@ -113,7 +113,7 @@ TEST_CASE("the autoscaler grows the pools for a surge and shrinks them after, lo
   // ends, so they are forwarded with their KV.
   for (auto& p : topo.pools)
     if (p.role == pool_role::decode)
-      p.grace = 2s;
+      p.grace = 500ms;
   auto records = chat(4, 8min);
   sim_options o;
   o.seed = 1;
