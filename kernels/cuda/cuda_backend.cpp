@@ -39,6 +39,8 @@ result<std::unique_ptr<cuda_backend>> cuda_backend::open(model m,
                   .max_context = options.max_context,
                   .page_tokens = options.page_tokens,
                   .kv_tokens = options.kv_tokens,
+                  .memory_fraction = options.memory_fraction,
+                  .work_bytes = options.work_bytes,
                   .batch_invariant = options.batch_invariant});
   if (!device) return r::failure(dev->name + ": " + device.error());
   b->device_ = std::make_unique<device_model>(std::move(*device));

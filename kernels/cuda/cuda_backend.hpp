@@ -34,13 +34,16 @@ namespace troupe::kernels::cuda {
 struct cuda_backend_options {
   int device = 0;
   /// The device model's sequences, their longest context and its pool of compressed-KV pages
-  /// (device_model_options). More sequences may be open: beyond max_sequences, or when a step
-  /// needs more pages than are free, the one that ran least recently waits in host memory (its
-  /// cache downloaded) until its next step uploads it again.
+  /// (device_model_options: kv_tokens 0 sizes the pool from the device's memory, within
+  /// memory_fraction of it less work_bytes). More sequences may be open: beyond max_sequences,
+  /// or when a step needs more pages than are free, the one that ran least recently waits in
+  /// host memory (its cache downloaded) until its next step uploads it again.
   std::int64_t max_sequences = 64;
   std::int64_t max_context = 4096;
   std::int64_t page_tokens = 256;
   std::int64_t kv_tokens = 0;
+  double memory_fraction = 0.9;
+  std::int64_t work_bytes = std::int64_t{1} << 30;
   /// The CPU engine's threads (imports, bounded replay).
   int threads = 2;
   /// Engram's token map (model::set_engram_token_map) for a model with Engram layers; empty:
@@ -67,6 +70,10 @@ class cuda_backend final : public model_backend {
   /// open(model, options) as a device port's backend_opener (ports/cpu_device.hpp).
   static backend_opener opener(cuda_backend_options options);
 
+  /// The device's page pool: context tokens it holds (all sequences together), and device
+  /// bytes per page.
+  std::int64_t kv_tokens() const { return device_->kv_tokens(); }
+  std::int64_t page_bytes() const { return device_->page_bytes(); }
   /// Sequences moved to host memory to make room on the device, so far.
   std::uint64_t evictions() const override { return evictions_; }
 

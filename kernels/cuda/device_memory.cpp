@@ -23,6 +23,13 @@ result<void*> device_alloc(std::size_t bytes) {
   return p;
 }
 
+result<memory_info> device_memory() {
+  std::size_t free_b = 0, total_b = 0;
+  if (auto c = checked("cudaMemGetInfo", cudaMemGetInfo(&free_b, &total_b)); !c)
+    return result<memory_info>::failure(c.error());
+  return memory_info{static_cast<std::int64_t>(free_b), static_cast<std::int64_t>(total_b)};
+}
+
 void device_free(void* p) noexcept {
   if (p != nullptr) cudaFree(p);
 }

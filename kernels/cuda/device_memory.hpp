@@ -24,6 +24,13 @@ result<bool> copy_to_host(void* dst, const void* src, std::size_t bytes);
 result<bool> copy_on_device(void* dst, const void* src, std::size_t bytes);
 result<bool> zero_device(void* p, std::size_t bytes);
 
+/// The current device's memory: what is free now and its total (cudaMemGetInfo).
+struct memory_info {
+  std::int64_t free_bytes = 0;
+  std::int64_t total_bytes = 0;
+};
+result<memory_info> device_memory();
+
 /// n elements of T in device memory, freed with the array.
 template <class T>
 class device_array {

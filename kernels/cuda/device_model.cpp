@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -172,7 +173,7 @@ struct device_model::state {
   std::int64_t max_sequences = 0, max_context = 0, capacity = 0;  // capacity: a ring's rows
   // The compressed KV's pages: context tokens per page, and the pages no sequence holds (the
   // next one taken from the back).
-  std::int64_t page_tokens = 0;
+  std::int64_t page_tokens = 0, pages = 0, page_bytes = 0;
   std::vector<i64> free_pages;
   bool batch_invariant = false;
   lt_gemm gemm;
@@ -333,7 +334,12 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   if (options.page_tokens < 1 || options.kv_tokens < 0)
     return r::failure("device_model: pages of " + std::to_string(options.page_tokens) +
                       " tokens, a pool of " + std::to_string(options.kv_tokens) +
-                      " tokens: expected at least 1 and 0 (max_sequences x max_context)");
+                      " tokens: expected at least 1 and 0 (what the memory has room for)");
+  if (!(options.memory_fraction > 0 && options.memory_fraction <= 1) || options.work_bytes < 0)
+    return r::failure("device_model: a memory fraction of " +
+                      std::to_string(options.memory_fraction) + " and " +
+                      std::to_string(options.work_bytes) +
+                      " bytes for a call's work: expected a fraction in (0, 1] and bytes >= 0");
   for (const auto& L : W.layers)
     if (L.kv_source && L.ratio > 1 && options.page_tokens % L.ratio != 0)
       return r::failure("device_model: pages of " + std::to_string(options.page_tokens) +
@@ -352,6 +358,9 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
                       std::to_string(W.draft_layers.empty() ? 0 : c.dspark_block_size) +
                       " draft block tokens) is more than the " +
                       std::to_string(swa_max_keys) + " keys the attention kernel takes");
+  // Free memory before anything of this model is on the device: what it takes is its own.
+  auto free_before = device_memory();
+  if (!free_before) return r::failure("device_model: " + free_before.error());
   auto gemm = lt_gemm::create();
   if (!gemm) return r::failure(gemm.error());
   auto s = std::make_unique<state>(std::move(*gemm));
@@ -364,10 +373,6 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
   s->capacity = capacity;
   s->slot_used.assign(sz(options.max_sequences), false);
   s->page_tokens = options.page_tokens;
-  const i64 pool = options.kv_tokens > 0 ? options.kv_tokens
-                                         : options.max_sequences * options.max_context;
-  const i64 pages = s->pages_for(pool);
-  for (i64 p = pages - 1; p >= 0; --p) s->free_pages.push_back(p);  // page 0 is taken first
   auto placement = place_experts(static_cast<std::int32_t>(c.n_routed_experts), 1);
   if (!placement) return r::failure(placement.error());
   s->placement = std::move(*placement);
@@ -402,10 +407,9 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     }
     return std::move(*b);
   };
-  // A store of `rows` rows per sequence slot; a compressed store of `rows` per page.
+  // A store of `rows` rows per sequence slot (the paged stores come once the pool is sized).
   const i64 slots = options.max_sequences;
   auto store = [&](i64 rows, i64 width) { return zeros(slots * rows * width); };
-  auto paged = [&](i64 rows, i64 width) { return zeros(pages * rows * width); };
   // What every layer has, backbone or draft stage: the attention, the mHC sites, the MoE, and
   // each sequence slot's window ring.
   auto up_layer = [&](const loaded::layer_weights& L) {
@@ -446,7 +450,6 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     if (L.kv_source) {
       d.c_wkv = up(L.c_wkv);
       d.c_norm = up(L.c_norm);
-      d.compressed = paged(options.page_tokens / std::max<i64>(1, L.ratio), c.head_dim);
       if (L.ratio > 1) {
         d.c_wgate = up(L.c_wgate);
         d.recent_kv = store(recent_rows(L.ratio), c.head_dim);
@@ -460,7 +463,6 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     if (L.owns_index_keys) {
       d.i_wk = up(L.i_wk);
       d.i_k_norm = up(L.i_k_norm);
-      d.index_keys = paged(options.page_tokens / std::max<i64>(1, L.ratio), c.index_head_dim);
     }
     s->layers.push_back(std::move(d));
   }
@@ -473,6 +475,62 @@ result<device_model> device_model::upload(const model& m, const device_model_opt
     s->draft = std::move(d);
   }
   if (!error.empty()) return r::failure("device_model: uploading the weights: " + error);
+
+  // The page pool: kv_tokens, or what the memory left within memory_fraction has room for.
+  auto page_floats = [&](const loaded::layer_weights& L, i64 width) {
+    return options.page_tokens / std::max<i64>(1, L.ratio) * width;
+  };
+  for (const auto& L : W.layers)
+    s->page_bytes += static_cast<i64>(sizeof(float)) *
+                     ((L.kv_source ? page_floats(L, c.head_dim) : 0) +
+                      (L.owns_index_keys ? page_floats(L, c.index_head_dim) : 0));
+  const i64 most = s->pages_for(options.max_sequences * options.max_context);
+  if (options.kv_tokens > 0) {
+    s->pages = s->pages_for(options.kv_tokens);
+  } else if (s->page_bytes == 0) {
+    s->pages = most;  // no layer keeps compressed KV: pages hold nothing
+  } else {
+    auto mem = device_memory();
+    if (!mem) return r::failure("device_model: " + mem.error());
+    const auto size_text = [](double b) {  // in GiB, MiB or KiB, whichever reads best
+      const char* unit = b >= 0x1p30 ? "GiB" : b >= 0x1p20 ? "MiB" : "KiB";
+      const double scale = b >= 0x1p30 ? 0x1p30 : b >= 0x1p20 ? 0x1p20 : 0x1p10;
+      char text[32];
+      std::snprintf(text, sizeof text, "%.2f %s", b / scale, unit);
+      return std::string(text);
+    };
+    // This model may fill its share of the device (what other processes or models hold is
+    // theirs: several may share a GPU, each with its own fraction), within what is free.
+    const double share = options.memory_fraction * static_cast<double>(mem->total_bytes);
+    const double own = static_cast<double>(free_before->free_bytes - mem->free_bytes);
+    const double room = std::min(share - own, static_cast<double>(mem->free_bytes)) -
+                        static_cast<double>(options.work_bytes);
+    const i64 fit = room > 0 ? static_cast<i64>(room / static_cast<double>(s->page_bytes)) : 0;
+    s->pages = std::min(most, fit);
+    if (s->pages < s->pages_for(options.max_context)) {
+      char share_text[32];
+      std::snprintf(share_text, sizeof share_text, "%g", options.memory_fraction);
+      return r::failure(
+        "device_model: no room for one sequence of " + std::to_string(options.max_context) +
+        " tokens: it takes " + std::to_string(s->pages_for(options.max_context)) +
+        " KV pages of " + size_text(static_cast<double>(s->page_bytes)) + ", and " +
+        std::to_string(fit) + " fit: of " + size_text(share) + " (" + share_text +
+        " of the device's " + size_text(static_cast<double>(mem->total_bytes)) +
+        ") the weights and rings take " + size_text(own) + ", " +
+        size_text(static_cast<double>(mem->free_bytes)) + " is free, and " +
+        size_text(static_cast<double>(options.work_bytes)) +
+        " is kept for a call's work; lower the context or raise the memory fraction");
+    }
+  }
+  for (std::size_t l = 0; l < W.layers.size(); ++l) {
+    const auto& L = W.layers[l];
+    if (L.kv_source) s->layers[l].compressed = zeros(s->pages * page_floats(L, c.head_dim));
+    if (L.owns_index_keys)
+      s->layers[l].index_keys = zeros(s->pages * page_floats(L, c.index_head_dim));
+  }
+  if (!error.empty())
+    return r::failure("device_model: allocating " + std::to_string(s->pages) + " KV pages: " + error);
+  for (i64 p = s->pages - 1; p >= 0; --p) s->free_pages.push_back(p);  // page 0 is taken first
   return device_model(std::move(s));
 }
 
@@ -508,6 +566,12 @@ result<std::int64_t> device_model::length(sequence_id id) const {
     return result<std::int64_t>::failure("device_model: no sequence " + std::to_string(id));
   return it->second.length;
 }
+
+std::int64_t device_model::pages() const { return s_->pages; }
+
+std::int64_t device_model::kv_tokens() const { return s_->pages * s_->page_tokens; }
+
+std::int64_t device_model::page_bytes() const { return s_->page_bytes; }
 
 std::int64_t device_model::free_pages() const {
   return static_cast<std::int64_t>(s_->free_pages.size());

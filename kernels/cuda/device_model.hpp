@@ -48,9 +48,18 @@ struct device_model_options {
   /// Context tokens a page of compressed KV holds (a multiple of every compressor's ratio; in
   /// a store of ratio r a page is page_tokens / r rows).
   std::int64_t page_tokens = 256;
-  /// Tokens the page pool holds, all sequences together (rounded up to whole pages); 0:
-  /// max_sequences × max_context, so that no sequence within max_context ever lacks a page.
+  /// Tokens the page pool holds, all sequences together (rounded up to whole pages); 0: as
+  /// many as the device's memory has room for (memory_fraction), and at most max_sequences ×
+  /// max_context, so that no sequence within max_context ever lacks a page.
   std::int64_t kv_tokens = 0;
+  /// With kv_tokens 0: the share of the device's total memory this model may fill, its
+  /// weights, rings, page pool and a call's work included (vLLM's gpu_memory_utilization).
+  /// The share is its own: what other processes or models hold does not count against it
+  /// (models sharing a GPU each take their fraction), but the pool takes only free memory.
+  double memory_fraction = 0.9;
+  /// With kv_tokens 0: bytes of that share left free for a call's activations and logits
+  /// (allocated per call, with the GEMM's workspace).
+  std::int64_t work_bytes = std::int64_t{1} << 30;
   /// Batch-invariant mode: every projection runs project_rows (a fixed summation order per
   /// output) instead of cuBLASLt, whose algorithm depends on the row count; a sequence's logits
   /// are then bitwise the same whatever shares its batch and however its prefill is chunked.
@@ -63,8 +72,9 @@ class device_model {
   /// The weights of a loaded CPU model copied to the device, and empty rings. The model must
   /// outlive the device model (its Engram tables and token map are read at each call). Errors:
   /// max_sequences, max_context or page_tokens < 1, pages that do not hold whole compressor
-  /// groups, kv_tokens < 0, a window (plus index_topk selected entries) longer than
-  /// the attention kernel takes, a failed allocation or copy.
+  /// groups, kv_tokens < 0, memory_fraction outside (0, 1], a window (plus index_topk selected
+  /// entries) longer than the attention kernel takes, a pool sized from memory too small for
+  /// one sequence of max_context (the message gives the figures), a failed allocation or copy.
   static result<device_model> upload(const model& m, const device_model_options& options = {});
 
   device_model(device_model&&) noexcept;
@@ -77,6 +87,12 @@ class device_model {
   result<bool> close_sequence(sequence_id id);
   /// Tokens processed so far by a sequence.
   result<std::int64_t> length(sequence_id id) const;
+  /// Pages of the pool, and its context tokens (pages × page_tokens).
+  std::int64_t pages() const;
+  std::int64_t kv_tokens() const;
+  /// Device bytes a page takes over every store (each KV source's compressed KV, each key
+  /// owner's indexer keys).
+  std::int64_t page_bytes() const;
   /// Pages of the pool no sequence holds.
   std::int64_t free_pages() const;
   /// Pages a sequence of `tokens` tokens holds.

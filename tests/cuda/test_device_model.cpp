@@ -74,3 +74,19 @@ TEST_CASE("device: the DSpark draft layers give the CPU engine's drafts") {
   troupe::test::check_drafts(dir);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("device: the page pool sized from the GPU's memory") {
+  // On a GPU with memory to spare, every sequence at max_context; with a fraction below what
+  // the weights take, refused with the figures (cudaMemGetInfo's, as the emulated device's).
+  auto m = model::load(std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/kernels/golden/model/mixed");
+  REQUIRE_MESSAGE(m, m.error());
+  REQUIRE(troupe::test::set_identity_engram_map(*m));
+  auto dev = cuda::device_model::upload(*m, {.max_sequences = 3, .max_context = 1024});
+  REQUIRE_MESSAGE(dev, dev.error());
+  CHECK(dev->pages() == 3 * 1024 / 256);
+  CHECK(dev->page_bytes() > 0);
+  auto none = cuda::device_model::upload(
+    *m, {.max_sequences = 3, .max_context = 1024, .memory_fraction = 1e-6});
+  REQUIRE_FALSE(none);
+  CHECK(none.error().starts_with("device_model: no room for one sequence of 1024 tokens"));
+}

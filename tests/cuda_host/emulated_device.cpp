@@ -8,9 +8,14 @@
 // kernels (bench/gpu_check.sh runs those).
 #include "simt.hpp"  // first: the CUDA spellings, and TROUPE_LAUNCH on the emulator
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+
+#include "emulated_device.hpp"
 
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_memory.hpp"
@@ -19,7 +24,45 @@
 #include "kernels/cuda/norm_attention.cu"
 #include "kernels/cuda/portable_ops.cu"
 
+namespace {
+
+// The emulated memory: its capacity and each allocation's size (devices of several threads
+// share it, as the devices of one GPU would).
+struct emulated_memory {
+  std::mutex mu;
+  std::int64_t total = std::int64_t{1} << 32;
+  std::int64_t used = 0;
+  std::map<void*, std::int64_t> sizes;
+};
+
+emulated_memory& memory() {
+  static emulated_memory m;
+  return m;
+}
+
+}  // namespace
+
+namespace troupe::test {
+
+void set_emulated_memory(std::int64_t total_bytes) {
+  std::lock_guard lock{memory().mu};
+  memory().total = total_bytes;
+}
+
+std::int64_t emulated_memory_used() {
+  std::lock_guard lock{memory().mu};
+  return memory().used;
+}
+
+}  // namespace troupe::test
+
 namespace troupe::kernels::cuda {
+
+result<memory_info> device_memory() {
+  auto& m = memory();
+  std::lock_guard lock{m.mu};
+  return memory_info{std::max<std::int64_t>(0, m.total - m.used), m.total};
+}
 
 result<device_info> query_device(int ordinal) {
   if (ordinal != 0) return result<device_info>::failure("no CUDA device: the emulator has one");
@@ -27,17 +70,38 @@ result<device_info> query_device(int ordinal) {
   d.name = "emulated device (the SIMT emulator on the CPU)";
   d.major = 9;
   d.sms = 1;
-  d.total_bytes = d.free_bytes = std::int64_t{1} << 32;
+  auto mem = device_memory();
+  d.total_bytes = mem->total_bytes;
+  d.free_bytes = mem->free_bytes;
   return d;
 }
 
 result<void*> device_alloc(std::size_t bytes) {
+  auto& m = memory();
+  std::lock_guard lock{m.mu};
+  const auto n = static_cast<std::int64_t>(bytes);
+  if (n > m.total - m.used)
+    return result<void*>::failure("emulated device: out of memory: " + std::to_string(bytes) +
+                                  " bytes asked, " + std::to_string(m.total - m.used) + " free");
   void* p = std::malloc(bytes == 0 ? 1 : bytes);
-  if (p == nullptr) return result<void*>::failure("emulated device: out of memory");
+  if (p == nullptr) return result<void*>::failure("emulated device: out of host memory");
+  m.sizes[p] = n;
+  m.used += n;
   return p;
 }
 
-void device_free(void* p) noexcept { std::free(p); }
+void device_free(void* p) noexcept {
+  if (p == nullptr) return;
+  auto& m = memory();
+  {
+    std::lock_guard lock{m.mu};
+    if (auto it = m.sizes.find(p); it != m.sizes.end()) {
+      m.used -= it->second;
+      m.sizes.erase(it);
+    }
+  }
+  std::free(p);
+}
 
 result<bool> copy_to_device(void* dst, const void* src, std::size_t bytes) {
   std::memcpy(dst, src, bytes);

@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <string>
 
+#include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_model.hpp"
 #include "kernels/kv_blocks.hpp"
 #include "kernels/model.hpp"
 #include "kernels/model_init.hpp"
+#include "kernels/model_weights.hpp"
 #include "tests/cuda_host/device_model_check.hpp"
+#include "tests/cuda_host/emulated_device.hpp"
 #include "tests/kernels/scratch.hpp"
 
 using namespace troupe::kernels;
@@ -134,7 +137,7 @@ TEST_CASE("emulated device: a call that needs more pages than are free is refuse
         "device_model: pages of 3 tokens do not hold whole groups of the compressor's ratio 2");
   CHECK(cuda::device_model::upload(*m, {.page_tokens = 0}).error() ==
         "device_model: pages of 0 tokens, a pool of 0 tokens: expected at least 1 and 0 "
-        "(max_sequences x max_context)");
+        "(what the memory has room for)");
   // A pool of 4 pages of 4 tokens.
   auto dev = cuda::device_model::upload(*m, {.max_sequences = 2, .page_tokens = 4, .kv_tokens = 14});
   REQUIRE(dev);
@@ -186,6 +189,107 @@ TEST_CASE("emulated device: a call that needs more pages than are free is refuse
   REQUIRE(m->forward(std::span(&twelve_in, 1)));
   CHECK(dev->import_sequence(long_cache).error() ==
         "device_model: 3 more KV pages needed, 2 free (pages of 4 tokens)");
+}
+
+TEST_CASE("emulated device: without kv_tokens the page pool takes the memory the fraction "
+          "leaves") {
+  auto m = model::load(golden / "mixed");  // ratio-2 and ratio-1 KV sources, indexer keys
+  REQUIRE(m);
+  REQUIRE(troupe::test::set_identity_engram_map(*m));
+  // Sequences of 24 tokens in pages of 4: 6 pages each, 18 for three.
+  cuda::device_model_options o{.max_sequences = 3, .max_context = 24, .page_tokens = 4,
+                               .memory_fraction = 0.5, .work_bytes = 1000};
+  const std::int64_t before = troupe::test::emulated_memory_used();
+  std::int64_t page = 0, weights = 0;
+  {
+    // Memory to spare: every sequence's pages, and no more.
+    auto dev = cuda::device_model::upload(*m, o);
+    REQUIRE_MESSAGE(dev, dev.error());
+    CHECK(dev->pages() == 18);
+    CHECK(dev->kv_tokens() == 72);
+    page = dev->page_bytes();
+    // Per page of 4 tokens: 4 / ratio fp32 rows of head_dim in each KV source's store and of
+    // index_head_dim in each key owner's.
+    const auto& W = m->tensors();
+    std::int64_t floats = 0;
+    for (const auto& L : W.layers) {
+      const std::int64_t rows = 4 / std::max<std::int64_t>(1, L.ratio);
+      if (L.kv_source) floats += rows * W.cfg.text.head_dim;
+      if (L.owns_index_keys) floats += rows * W.cfg.text.index_head_dim;
+    }
+    CHECK(floats > 0);
+    CHECK(page == 4 * floats);
+    weights = troupe::test::emulated_memory_used() - before - 18 * page;  // weights and rings
+    CHECK(weights > 0);
+  }
+  CHECK(troupe::test::emulated_memory_used() == before);  // all of it freed with the device
+  // A total whose half leaves room for 10 pages and half of one after the model's weights and
+  // rings and the call's work; what others hold (`before`) is not the model's.
+  auto total_for = [&](std::int64_t pages) {
+    return 2 * (weights + o.work_bytes + pages * page + page / 2);
+  };
+  troupe::test::set_emulated_memory(before + total_for(10));
+  {
+    auto dev = cuda::device_model::upload(*m, o);
+    REQUIRE_MESSAGE(dev, dev.error());
+    CHECK(dev->pages() == 10);
+    CHECK(dev->free_pages() == 10);
+    // One sequence at max_context fits; a second of 20 tokens beside it does not.
+    auto a = dev->open_sequence();
+    auto b = dev->open_sequence();
+    REQUIRE((a && b));
+    std::vector<std::int64_t> full(24), twenty(20);
+    for (std::size_t i = 0; i < full.size(); ++i) full[i] = static_cast<std::int64_t>(i * 3 % 50 + 1);
+    for (std::size_t i = 0; i < twenty.size(); ++i) twenty[i] = static_cast<std::int64_t>(i * 5 % 50 + 2);
+    const step_input first{*a, full};
+    REQUIRE(dev->forward(std::span(&first, 1)));
+    const step_input second{*b, twenty};
+    CHECK(dev->forward(std::span(&second, 1)).error() ==
+          "device_model: 5 more KV pages needed, 4 free (pages of 4 tokens)");
+  }
+  {
+    // Another model on the device holding 7 pages' worth does not count against this one's
+    // share (the memory stays free enough for it) ...
+    auto other = cuda::device_alloc(static_cast<std::size_t>(7 * page));
+    REQUIRE(other);
+    {
+      auto dev = cuda::device_model::upload(*m, o);
+      REQUIRE_MESSAGE(dev, dev.error());
+      CHECK(dev->pages() == 10);
+    }
+    // ... but the pool takes free memory only: the whole device as the share, and a total that
+    // leaves 8 pages and half of one free after the weights and the work.
+    auto all = o;
+    all.memory_fraction = 1;
+    troupe::test::set_emulated_memory(troupe::test::emulated_memory_used() + weights +
+                                      o.work_bytes + 8 * page + page / 2);
+    auto squeezed = cuda::device_model::upload(*m, all);
+    REQUIRE_MESSAGE(squeezed, squeezed.error());
+    CHECK(squeezed->pages() == 8);
+    cuda::device_free(*other);
+  }
+  // Room for 5 pages: not one sequence of 24 tokens.
+  troupe::test::set_emulated_memory(before + total_for(5));
+  auto small = cuda::device_model::upload(*m, o);
+  REQUIRE_FALSE(small);
+  CHECK(small.error().starts_with("device_model: no room for one sequence of 24 tokens: it takes "
+                                  "6 KV pages of "));
+  CHECK(small.error().find(" KiB, and 5 fit: of ") != std::string::npos);
+  CHECK(small.error().ends_with("is kept for a call's work; lower the context or raise the "
+                                "memory fraction"));
+  // A pool asked for in tokens is allocated as asked, and fails as an allocation fails.
+  o.kv_tokens = std::int64_t{1} << 40;
+  auto huge = cuda::device_model::upload(*m, o);
+  REQUIRE_FALSE(huge);
+  CHECK(huge.error().starts_with("device_model: allocating 274877906944 KV pages: emulated "
+                                 "device: out of memory"));
+  troupe::test::set_emulated_memory(std::int64_t{1} << 32);
+  CHECK(troupe::test::emulated_memory_used() == before);
+  o.kv_tokens = 0;
+  o.memory_fraction = 1.5;
+  CHECK(cuda::device_model::upload(*m, o).error() ==
+        "device_model: a memory fraction of 1.500000 and 1000 bytes for a call's work: expected "
+        "a fraction in (0, 1] and bytes >= 0");
 }
 
 TEST_CASE("emulated device: a sequence longer than max_context is refused before anything runs") {
