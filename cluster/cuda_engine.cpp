@@ -22,8 +22,11 @@ void add_cuda_engine() {
     kernels::cuda::cuda_backend_options o;
     o.max_sequences = limits.max_sequences;
     o.max_context = limits.max_context;
+    o.kv_tokens = limits.kv_tokens;
+    o.memory_fraction = limits.memory_fraction;
     o.batch_invariant = true;  // as the CPU devices of a served cluster are
-    return [o, index = limits.index](kernels::model m) mutable {
+    return [o, index = limits.index](kernels::model m) mutable
+           -> kernels::result<std::unique_ptr<kernels::model_backend>> {
       // The instance's GPU by index, or the next one no other device of this host holds
       // (cluster/device_leases.hpp); the backend keeps the lease.
       if (auto gpus = kernels::cuda::device_count(); gpus && *gpus > 0) {
@@ -40,7 +43,18 @@ void add_cuda_engine() {
             "every GPU of this host is held by another troupe device; sharing GPU {} ({})",
             leased.index, keys[leased.index]);
       }
-      return kernels::cuda::cuda_backend::opener(o)(std::move(m));
+      auto b = kernels::cuda::cuda_backend::open(std::move(m), o);
+      if (!b)
+        return kernels::result<std::unique_ptr<kernels::model_backend>>::failure(
+          b.error().find("no room for one sequence") == std::string::npos
+            ? b.error()
+            : b.error() + " (--max-context, --gpu-memory-utilization)");
+      runtime::log::get("device")->info(
+        "GPU {}: a KV page pool of {} tokens ({:.2f} GiB; --kv-tokens, --gpu-memory-utilization "
+        "{})", o.device, (*b)->kv_tokens(),
+        static_cast<double>((*b)->kv_tokens() / o.page_tokens * (*b)->page_bytes()) / (1 << 30),
+        o.memory_fraction);
+      return std::unique_ptr<kernels::model_backend>(std::move(*b));
     };
   };
   // The device's pool of compressed-KV pages holds every sequence at this context.

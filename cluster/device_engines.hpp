@@ -19,6 +19,11 @@ struct device_limits {
   std::int64_t max_sequences = 64;
   /// The longest context (prompt + output) of a sequence.
   std::int64_t max_context = 4096;
+  /// Tokens of KV the device keeps in its memory for its sequences together (an engine with a
+  /// pool of its own, as CUDA's pages); 0: as many as memory_fraction of its memory has room
+  /// for.
+  std::int64_t kv_tokens = 0;
+  double memory_fraction = 0.9;
   /// The device's place in the cluster's order (a topology's prefill instances, then its
   /// decode instances): the engine spreads devices over the GPUs it sees by it (index mod
   /// their count), so the devices of one machine take GPUs of their own while there are

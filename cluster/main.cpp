@@ -201,6 +201,15 @@ void add_server_options(CLI::App* cmd, troupe::cluster::serve_options& o, long& 
                   "longest context (prompt + output) of a request, in tokens (default: the "
                   "model's; at most 16384 on CUDA devices, whose KV page pool holds each of a step's "
                   "sequences at it)");
+  cmd->add_option("--gpu-memory-utilization", o.gpu_memory_fraction,
+                  "CUDA devices: the share of each GPU's memory a device may fill, weights and "
+                  "its KV page pool included, as vLLM's option (default 0.9)")
+    ->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--kv-tokens", o.kv_tokens,
+                  "tokens of KV a decode instance holds: requests wait for room beyond it (each "
+                  "books its context and output budget); on CUDA also each device's page pool "
+                  "(default: no limit but the batch; on CUDA the pool takes what "
+                  "--gpu-memory-utilization leaves, at most a step's sequences at --max-context)");
   cmd->add_option("--max-in-flight", o.max_in_flight,
                   "generation requests in flight at once; more get 429 (default 64)");
   cmd->add_option("--compile-threads", o.compile_threads,

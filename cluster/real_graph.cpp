@@ -89,6 +89,8 @@ control_graph spawn_control_graph(caf::actor_system& sys, const topology& topo,
   g.prefill_lb = actors::spawn_prefill_lb(sys, plb);
   actors::decode_balancer_params dlb;
   dlb.max_requests = params.max_batch;
+  if (params.decode_kv_tokens > 0)
+    dlb.max_kv_tokens = params.decode_kv_tokens;
   g.decode_lb = actors::spawn_decode_lb(sys, dlb, params.history);
 
   // The front door.

@@ -77,6 +77,10 @@ struct real_graph_params {
   std::uint64_t max_context = 1 << 20;
   /// Requests decoded together by a decode instance.
   std::uint32_t max_batch = 64;
+  /// KV tokens a decode instance holds: decode_lb books each request's context and output
+  /// budget against it, and a request finds no room until bookings end (serve --kv-tokens);
+  /// 0: the balancer's default (64M: the batch limits first).
+  std::uint64_t decode_kv_tokens = 0;
   /// Prompt tokens per prefill step.
   std::uint64_t prefill_chunk = 512;
   /// Speculative decoding on the decode instances, and DSpark's step-time curve (a decode

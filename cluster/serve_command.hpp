@@ -50,6 +50,12 @@ struct serve_options {
   /// 16384 on CUDA devices, whose compressed-KV page pool holds each of a step's sequences at it
   /// (cluster/device_engines.hpp).
   std::uint64_t max_context = 0;
+  /// KV tokens a decode instance holds (decode_lb books each request's context and output
+  /// budget against it), and a CUDA device's pool of compressed-KV pages (all of the device's
+  /// sequences together); 0: no limit but the batch, and a CUDA pool of what the GPU's memory
+  /// has room for within gpu_memory_fraction of it (cluster/device_engines.hpp).
+  std::uint64_t kv_tokens = 0;
+  double gpu_memory_fraction = 0.9;
   /// Generation requests in flight at once (429 beyond).
   std::uint32_t max_in_flight = 64;
   /// Threads that compile structured-output grammars (actors::constraint_table's pool).

@@ -104,6 +104,10 @@ std::optional<serve_inputs> load_serve_inputs(const serve_options& o, const std:
   in.max_context = o.max_context > 0 ? o.max_context : model_context;
   if (o.max_context == 0 && engine != nullptr && engine->default_context > 0)
     in.max_context = std::min(model_context, engine->default_context);
+  if (o.kv_tokens > 0 && o.kv_tokens < in.max_context)
+    return fail("--kv-tokens " + std::to_string(o.kv_tokens) + ": below the longest context (" +
+                std::to_string(in.max_context) + " tokens, --max-context): a request that long "
+                "could never be booked on a decode instance");
 
   // Speculative decoding: a known mode, and draft layers to propose with.
   if (!actors::parse_speculation(o.spec))
@@ -312,6 +316,7 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
   gp.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
                      : prefill_pool->chunk_tokens > 0 ? prefill_pool->chunk_tokens : 512;
   gp.max_context = in.max_context;
+  gp.decode_kv_tokens = o.kv_tokens;
   // The engine of a device other than the CPU one (load_serve_inputs found it registered).
   const device_engine* engine = find_device_engine(in.topo.cluster.device);
   // A device holds a step's sequences at once: a decode batch, or the prefill jobs of one step
@@ -332,7 +337,9 @@ make_real_graph_params(caf::actor_system& sys, const serve_options& o, const ser
                losses = gp.losses,
                split = std::pair{prefill_pool->ranks_per_process, decode_pool->ranks_per_process},
                limits = device_limits{.max_sequences = per_step,
-                                      .max_context = static_cast<std::int64_t>(gp.max_context)},
+                                      .max_context = static_cast<std::int64_t>(gp.max_context),
+                                      .kv_tokens = static_cast<std::int64_t>(o.kv_tokens),
+                                      .memory_fraction = o.gpu_memory_fraction},
                prefill_limit = std::max(per_step, prefill_jobs),
                prefill_instances = prefill_pool->instances.initial,
                interval = in.eplb_interval,
@@ -418,7 +425,8 @@ int check_run_history(caf::actor_system& sys, const serve_inputs& in, const real
   sim::history_expectations expect;
   expect.origin = origin;
   expect.ttl = sim::ttl_of_classes(in.topo.storage.ttl);
-  expect.decode_kv_tokens = actors::decode_balancer_params{}.max_kv_tokens;
+  expect.decode_kv_tokens = gp.decode_kv_tokens > 0 ? gp.decode_kv_tokens
+                                                    : actors::decode_balancer_params{}.max_kv_tokens;
   expect.decode_max_requests = gp.max_batch;
   expect.restart_time = std::chrono::seconds(1);  // the pools' restart delay (real_graph.cpp)
   expect.run_finished = all_ended;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
 #include <algorithm>
@@ -1464,6 +1465,13 @@ std::vector<std::string> shared_node_args(const launch_options& o) {
     add("--prefill-chunk", std::to_string(s.prefill_chunk));
   if (s.max_context > 0)
     add("--max-context", std::to_string(s.max_context));
+  if (s.kv_tokens > 0)
+    add("--kv-tokens", std::to_string(s.kv_tokens));
+  if (s.gpu_memory_fraction != serve_options{}.gpu_memory_fraction) {
+    char fraction[32];  // the shortest text that reads back as the same double
+    const auto end = std::to_chars(fraction, fraction + sizeof fraction, s.gpu_memory_fraction).ptr;
+    add("--gpu-memory-utilization", std::string(fraction, end));
+  }
   if (s.spec != "off")
     add("--spec", s.spec);
   if (s.overlap != "on")

@@ -184,10 +184,15 @@ def cluster(model_dir, tmp_path_factory):
 
 def test_dry_run_prints_every_process_with_its_command_line(model_dir):
     out = subprocess.run([troupe(), "launch", TOPOLOGY, "--model", model_dir, "--engram-map",
-                          "identity", "--control", "127.0.0.1:7100", "--compile-threads", "3", "--dry-run"],
+                          "identity", "--control", "127.0.0.1:7100", "--compile-threads", "3",
+                          "--max-context", "8192", "--kv-tokens", "8192",
+                          "--gpu-memory-utilization", "0.45", "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [l.split() for l in out.stdout.splitlines() if not l.startswith("#")]
+    for r in rows[0], rows[2], rows[4], rows[5]:  # decode_lb's KV limit, the devices' pools
+        assert r[r.index("--kv-tokens") + 1] == "8192"
+        assert r[r.index("--gpu-memory-utilization") + 1] == "0.45"
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("control", "local", "control"), ("store", "local", "store"),
         ("prefill/0", "local", "prefill"), ("fetcher/0", "local", "fetcher"),

@@ -175,6 +175,42 @@ def test_64_concurrent_streams_all_complete_and_one_equals_it_alone(server, mode
     assert results[0][0] == want
 
 
+def test_kv_tokens_make_requests_wait_for_decode_room_and_all_complete(model_dir, tmp_path):
+    """--kv-tokens 512: the decode instance books each request's prompt (~90 tokens) and its
+    100-token budget, so two of four concurrent requests decode at once and the others wait
+    for a booking to end; every one completes, and the history check at the stop holds every
+    booking to the 512 tokens."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text(API_KEY + "\n")
+    s = Server(model_dir, str(keys), str(tmp_path / "kv"),
+               extra=("--max-context", "512", "--kv-tokens", "512"))
+    try:
+        client = s.openai()
+
+        def one(i):
+            times = []  # when each content chunk arrived
+            for chunk in client.chat.completions.create(
+                    **chat_body(f"Request {i} of four, say something.", max_tokens=100,
+                                temperature=0), stream=True):
+                if any((getattr(c.delta, "reasoning_content", None) or c.delta.content)
+                       for c in chunk.choices):
+                    times.append(time.monotonic())
+            return times
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            runs = list(pool.map(one, range(4)))
+        assert all(len(t) >= 90 for t in runs), [len(t) for t in runs]
+        # A request decodes once booked: its second token comes after its decode booking.
+        # Had all four been booked at once, every second token would come ~90 decode steps
+        # before any request's tenth-to-last token; with room for two, the last to start
+        # decoding starts after one of the first two ended, ten steps after that token.
+        assert max(t[1] for t in runs) > min(t[-10] for t in runs)
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, "".join(s.log)
+    assert any("facts: no violations" in line for line in s.log), "".join(s.log)
+
+
 # -- the three APIs ----------------------------------------------------------------------------
 
 def test_chat_stream_equals_the_non_streamed_reply_and_counts_usage(server):
@@ -835,6 +871,7 @@ def test_an_unsupported_schema_is_refused_naming_its_keyword(server):
     ("--eplb", "1", "--eplb 1: expected 2 .. 16 ranks"),
     ("--eplb-interval", "soon", "--eplb-interval soon: expected a duration > 0"),
     ("--window-memory", "lots", "--window-memory: 'lots' is not a size"),
+    ("--kv-tokens", "100", "--kv-tokens 100: below the longest context ("),
 ])
 def test_an_unknown_spec_or_overlap_mode_is_refused_before_anything_starts(
         model_dir, tmp_path, flag, value, message):
