@@ -92,8 +92,10 @@ decode_lb_actor::behavior_type decode_lb_fn(lb_ptr self, decode_balancer_params 
         if (self->clock().now() - st.pruned > st.waiting_window)
           prune_waiting(self);
         st.waiting[r.request] = self->clock().now();
-        if (st.refused.emplace(r.request, caf::actor_cast<caf::actor_addr>(self->current_sender()))
-              .second)
+        if (r.waits
+            && st.refused.emplace(r.request,
+                                  caf::actor_cast<caf::actor_addr>(self->current_sender()))
+                 .second)
           st.refused_order.push_back(r.request);
         return runtime::make_error(runtime::errc::unavailable, "no decode instance has room");
       }

@@ -25,11 +25,15 @@ struct decode_route {
   std::uint64_t request = 0;
   std::uint64_t kv_tokens = 0;
   std::uint64_t max_new_tokens = 0;
+  /// Refused, the request waits for room (and is told when it may have come: decode_room_atom);
+  /// false: a booking tried early (as the prefill begins), which the request goes on without.
+  bool waits = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_route& x) {
-  return f(caf::meta::type_name("decode_route"), x.request, x.kv_tokens, x.max_new_tokens);
+  return f(caf::meta::type_name("decode_route"), x.request, x.kv_tokens, x.max_new_tokens,
+           x.waits);
 }
 
 struct decode_assignment {

@@ -403,7 +403,7 @@ void prefill(request_ptr self, std::uint64_t cached_tokens) {
                                ? st.spec.output_tokens - st.delivered - 1 : 0;
         if (st.services.stream_kv && max_new > 0) {
           self->request(st.services.decode, caf::infinite,
-                        decode_route{st.spec.id, context, max_new})
+                        decode_route{st.spec.id, context, max_new, false})
             .then(
               [self, a, job, context, max_new](const decode_assignment& d) mutable {
                 auto& st = self->state;

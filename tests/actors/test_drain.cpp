@@ -295,7 +295,7 @@ TEST_CASE("decode_lb counts a request refused for want of room as waiting until 
 }
 
 TEST_CASE("decode_lb tells the oldest request it refused for want of room when a booking ends, "
-          "and every one it refused when an instance joins") {
+          "and every one waiting when an instance joins") {
   runtime::world w{runtime::world_options{runtime::world_mode::sim, 1, 0, false,
                                           register_actor_types}};
   auto& sys = w.system();
@@ -318,10 +318,10 @@ TEST_CASE("decode_lb tells the oldest request it refused for want of room when a
   // A request: asks for a route, and counts the room messages it gets (kept alive here, as a
   // waiting request is by its retry timer).
   std::vector<caf::actor> alive;
-  auto request = [&](std::uint64_t id) {
+  auto request = [&](std::uint64_t id, bool waits = true) {
     auto t = std::make_shared<told>();
-    alive.push_back(sys.spawn([dlb, id, t](caf::event_based_actor* self) -> caf::behavior {
-      self->request(dlb, caf::infinite, decode_route{id, 100, 10})
+    alive.push_back(sys.spawn([dlb, id, waits, t](caf::event_based_actor* self) -> caf::behavior {
+      self->request(dlb, caf::infinite, decode_route{id, 100, 10, waits})
         .then([t](const decode_assignment&) { t->booked = true; },
               [t](const caf::error&) { t->refused = true; });
       return {[t](decode_room_atom) { ++t->rooms; }};
@@ -340,10 +340,13 @@ TEST_CASE("decode_lb tells the oldest request it refused for want of room when a
   CHECK(c->rooms == 0);
   auto d = request(4);  // room for one: d takes it; b never asked again
   CHECK(d->booked);
+  auto early = request(6, false);  // an early booking, which the request goes on without
+  CHECK(early->refused);
   caf::anon_send(dlb, add_instance_atom::value, instance_id{1}, idle_engine());
   w.driver().run_for(0s);
   CHECK(b->rooms == 1);  // told already
   CHECK(c->rooms == 1);
+  CHECK(early->rooms == 0);
   auto e = request(5);
   CHECK(e->booked);  // the new instance's room
   caf::anon_send(dlb, decode_release{0, 100, 10, 0});  // nobody refused is left to tell
