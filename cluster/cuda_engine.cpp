@@ -5,6 +5,7 @@
 #include "cluster/device_engines.hpp"
 #include "cluster/device_leases.hpp"
 #include "runtime/log.hpp"
+#include "runtime/units.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
 
@@ -43,17 +44,19 @@ void add_cuda_engine() {
             "every GPU of this host is held by another troupe device; sharing GPU {} ({})",
             leased.index, keys[leased.index]);
       }
+      // The limits the device was given, in the flags that set them.
+      const auto limits_text = fmt::format("--max-context {}, --gpu-memory-utilization {}, "
+                                           "--kv-tokens {}", o.max_context, o.memory_fraction,
+                                           o.kv_tokens);
       auto b = kernels::cuda::cuda_backend::open(std::move(m), o);
       if (!b)
         return kernels::result<std::unique_ptr<kernels::model_backend>>::failure(
-          b.error().find("no room for one sequence") == std::string::npos
-            ? b.error()
-            : b.error() + " (--max-context, --gpu-memory-utilization)");
-      runtime::log::get("device")->info(
-        "GPU {}: a KV page pool of {} tokens ({:.2f} GiB; --kv-tokens, --gpu-memory-utilization "
-        "{})", o.device, (*b)->kv_tokens(),
-        static_cast<double>((*b)->kv_tokens() / o.page_tokens * (*b)->page_bytes()) / (1 << 30),
-        o.memory_fraction);
+          b.error() + " (" + limits_text + ")");
+      const auto pool_bytes = (*b)->kv_tokens() / o.page_tokens * (*b)->page_bytes();
+      runtime::log::get("device")->info("GPU {}: a KV page pool of {} tokens, {} ({})", o.device,
+                                        (*b)->kv_tokens(),
+                                        runtime::format_bytes(static_cast<std::uint64_t>(pool_bytes)),
+                                        limits_text);
       return std::unique_ptr<kernels::model_backend>(std::move(*b));
     };
   };
